@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs everything Relay needs from Debian 12's packages. Idempotent: a second run installs nothing.
+# Usage: scripts/setup.sh [--with-slurm] [--with-torch]   (test.sh asks for both; demo.sh for neither)
+set -euo pipefail
+pkgs=(cmake g++ make pkg-config python3 libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libcli11-dev
+      libtomlplusplus-dev libdnnl-dev libgtest-dev)
+for a in "$@"; do
+  case "$a" in
+    --with-slurm) pkgs+=(slurm-wlm slurm-wlm-basic-plugins munge libpmix2 openmpi-bin) ;;
+    --with-torch) pkgs+=(python3-torch python3-h5py python3-numpy) ;;
+    *) echo "setup.sh: unknown option '$a' (known: --with-slurm, --with-torch)" >&2; exit 2 ;;
+  esac
+done
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "setup.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
