@@ -33,8 +33,12 @@ std::string process_prefix();         // "[rank N] " or "" before MPI
 
 }  // namespace relay
 
-#define RELAY_ASSERT(cond, msg)                                                         \
-  do {                                                                                  \
-    if (!(cond)) ::relay::fatal(::relay::cat("internal check failed: ", #cond, ": ", msg), \
-                                __FILE__, __LINE__);                                    \
+// Internal invariants (bugs, not user mistakes): msg is a stream expression.
+#define RELAY_ASSERT(cond, msg)                                                  \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      std::ostringstream relay_assert_os_;                                       \
+      relay_assert_os_ << "internal check failed: " #cond ": " << msg;           \
+      ::relay::fatal(relay_assert_os_.str(), __FILE__, __LINE__);                \
+    }                                                                            \
   } while (0)

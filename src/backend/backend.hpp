@@ -1,0 +1,100 @@
+// The one interface between the model and the hardware (ggml's backend pattern): every operation
+// the layers, losses and optimizers need. The CPU backend is the reference; CUDA is tested against it.
+// All float tensors are float32 row-major; "rows" is the batch dimension.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.hpp"
+
+namespace relay {
+
+enum class Activation { relu, gelu, tanh };  // gelu is the exact erf form, as torch.nn.GELU()
+enum class Precision { fp32, bf16 };          // bf16: GEMM inputs in bfloat16, fp32 accumulation
+
+struct AdamWArgs {  // torch.optim.AdamW
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1 on the first update (bias correction)
+};
+struct SgdArgs {  // torch.optim.SGD, dampening 0, nesterov false
+  float lr, momentum, weight_decay;
+  bool first_step;  // the momentum buffer is initialised to the first gradient, as torch does
+};
+
+class Backend : public Allocator {
+ public:
+  ~Backend() override = default;
+  virtual std::string describe() const = 0;  // "cpu: oneDNN, 2 threads" / "cuda:0 NVIDIA H100 ..."
+  virtual void set_precision(Precision p) = 0;
+
+  // --- memory -------------------------------------------------------------------------------
+  // Host memory suited to transfers (pinned on CUDA, plain on CPU).
+  virtual std::shared_ptr<std::byte> allocate_host(size_t bytes) = 0;
+  virtual void upload(Tensor& dst, const void* host_src) = 0;      // dst.bytes() bytes
+  virtual void download(void* host_dst, const Tensor& src) = 0;    // src.bytes() bytes; synchronous
+  virtual void copy(Tensor& dst, const Tensor& src) = 0;           // same shape and dtype
+  virtual void fill(Tensor& x, float value) = 0;
+  virtual void synchronize() = 0;
+  virtual void* native_stream() { return nullptr; }                // cudaStream_t on CUDA
+
+  // --- linear algebra -------------------------------------------------------------------------
+  // y (m, n) = alpha * op(a) @ op(b) + beta * y, where op(a) is (m, k) and op(b) is (k, n).
+  virtual void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y,
+                      float alpha, float beta) = 0;
+  // y (n, f) += bias (f), broadcast over rows.
+  virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
+  // db (f) = beta * db + sum over rows of dy (n, f).
+  virtual void bias_grad(const Tensor& dy, Tensor& db, float beta) = 0;
+
+  // --- elementwise ----------------------------------------------------------------------------
+  virtual void activation_forward(Activation act, const Tensor& x, Tensor& y) = 0;
+  // dx = dy * act'(x); dx may alias dy.
+  virtual void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  virtual void scale(Tensor& x, float s) = 0;
+  // Sum of squares of all elements, returned to the host (gradient norms).
+  virtual double sum_squares(const Tensor& x) = 0;
+
+  // --- layernorm over the last dimension (torch.nn.LayerNorm) ---------------------------------
+  // x, y (n, d); gamma, beta (d); mean, rstd (n) are saved for the backward pass.
+  virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                                 Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+  virtual void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                        const Tensor& mean, const Tensor& rstd, Tensor& dx) = 0;
+  // dgamma += sum over rows of dy * xhat; dbeta += sum over rows of dy.
+  virtual void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                         const Tensor& rstd, Tensor& dgamma, Tensor& dbeta) = 0;
+
+  // --- losses ---------------------------------------------------------------------------------
+  // logits (n, c), targets i32 (n) -> losses (n) = -log softmax(logits)[target];
+  // if dlogits: dlogits (n, c) = (softmax - onehot) * grad_scale.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale,
+                             Tensor& losses, Tensor* dlogits) = 0;
+  // pred, target (n, k) -> losses (n) = mean over k of (pred - target)^2;
+  // if dpred: dpred (n, k) = 2 (pred - target) / k * grad_scale.
+  virtual void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses,
+                   Tensor* dpred) = 0;
+  // out i32 (n) = argmax over columns of logits (n, c), first maximum wins.
+  virtual void argmax(const Tensor& logits, Tensor& out) = 0;
+
+  // --- optimizers (exact torch.optim update rules) --------------------------------------------
+  virtual void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                          const AdamWArgs& args) = 0;
+  // momentum_buffer is undefined when momentum == 0.
+  virtual void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args) = 0;
+};
+
+struct BackendOptions {
+  Device device = Device::cpu;
+  int threads = 1;        // CPU threads for this rank
+  int gpu = 0;            // CUDA device index (local rank mod visible GPUs)
+  Precision precision = Precision::fp32;
+};
+
+// Makes the backend for the options; a clear relay::Error when the device is not available
+// (train.device = "cuda" in a build without CUDA, or on a machine without a GPU).
+std::unique_ptr<Backend> make_backend(const BackendOptions& opts);
+// Number of usable CUDA devices (0 in a CPU-only build or without a GPU).
+int cuda_device_count();
+
+}  // namespace relay

@@ -1,0 +1,43 @@
+// One interface for all communication between ranks: point-to-point activations and gradients,
+// all-reduce of gradient buckets, broadcast, host-scalar reductions and barriers.
+// Implementations: MpiCommunicator (CPU, and GPU staged through host) and NcclCommunicator (GPU).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/tensor.hpp"
+
+namespace relay {
+
+enum class ReduceOp { sum, max, min };
+
+// A pending non-blocking operation; the tensors involved must stay alive until wait() returns.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;  // true once complete; drives progress
+};
+using RequestPtr = std::unique_ptr<Request>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "mpi" or "nccl"
+
+  // Non-blocking point-to-point on tensors (device memory on GPU backends). Messages between one
+  // pair with one tag arrive in the order they were sent.
+  virtual RequestPtr isend(const Tensor& t, int peer, int tag) = 0;
+  virtual RequestPtr irecv(Tensor& t, int peer, int tag) = 0;
+  // In-place sum over all members; non-blocking.
+  virtual RequestPtr iallreduce_sum(Tensor& t) = 0;
+  virtual void broadcast(Tensor& t, int root) = 0;
+
+  // Blocking reductions of a few host doubles (losses, norms, flags); always exact and ordered.
+  virtual void allreduce_host(double* values, int count, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+};
+
+}  // namespace relay

@@ -1,0 +1,62 @@
+// Tensor views over backend-owned storage.
+#include "core/tensor.hpp"
+
+#include <algorithm>
+
+namespace relay {
+
+size_t dtype_size(DType dt) { return dt == DType::f32 ? 4 : 4; }
+const char* dtype_name(DType dt) { return dt == DType::f32 ? "float32" : "int32"; }
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Tensor::Tensor(Allocator& alloc, Shape shape, DType dtype)
+    : shape_(std::move(shape)), dtype_(dtype), device_(alloc.device()) {
+  for (int64_t d : shape_) RELAY_ASSERT(d >= 0, "negative dimension in " << shape_str(shape_));
+  mem_ = alloc.allocate(std::max<size_t>(bytes(), 4));
+}
+
+float* Tensor::f32() {
+  RELAY_ASSERT(dtype_ == DType::f32, "tensor is " << dtype_name(dtype_));
+  return static_cast<float*>(raw());
+}
+const float* Tensor::f32() const {
+  RELAY_ASSERT(dtype_ == DType::f32, "tensor is " << dtype_name(dtype_));
+  return static_cast<const float*>(raw());
+}
+int32_t* Tensor::i32() {
+  RELAY_ASSERT(dtype_ == DType::i32, "tensor is " << dtype_name(dtype_));
+  return static_cast<int32_t*>(raw());
+}
+const int32_t* Tensor::i32() const {
+  RELAY_ASSERT(dtype_ == DType::i32, "tensor is " << dtype_name(dtype_));
+  return static_cast<const int32_t*>(raw());
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t count) const {
+  RELAY_ASSERT(ndim() >= 1 && begin >= 0 && count >= 0 && begin + count <= shape_[0],
+               "rows(" << begin << ", " << count << ") of " << shape_str(shape_));
+  Tensor t = *this;
+  t.shape_[0] = count;
+  t.offset_ += static_cast<size_t>(begin * (shape_[0] ? numel() / shape_[0] : 0)) * dtype_size(dtype_);
+  return t;
+}
+
+Tensor Tensor::view(Shape shape) const {
+  RELAY_ASSERT(shape_numel(shape) == numel(), "view " << shape_str(shape) << " of " << shape_str(shape_));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+}  // namespace relay

@@ -1,0 +1,66 @@
+// Tensor: a shaped, typed view of memory owned by a Backend (host memory for the CPU backend,
+// device memory for CUDA). Row-major; views share storage, so slicing micro-batches is free.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace relay {
+
+enum class DType : uint8_t { f32, i32 };
+enum class Device : uint8_t { cpu, cuda };
+using Shape = std::vector<int64_t>;
+
+size_t dtype_size(DType dt);
+const char* dtype_name(DType dt);
+std::string shape_str(const Shape& s);  // "[256, 1024]"
+int64_t shape_numel(const Shape& s);
+
+// Where tensor memory comes from; every Backend is one (core does not depend on backend/).
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  virtual std::shared_ptr<std::byte> allocate(size_t bytes) = 0;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates through the backend; contents are undefined until written.
+  Tensor(Allocator& alloc, Shape shape, DType dtype = DType::f32);
+
+  bool defined() const { return mem_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t size(int d) const { return shape_.at(static_cast<size_t>(d < 0 ? d + ndim() : d)); }
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+  void* raw() { return mem_.get() + offset_; }
+  const void* raw() const { return mem_.get() + offset_; }
+  float* f32();
+  const float* f32() const;
+  int32_t* i32();
+  const int32_t* i32() const;
+
+  // Rows [begin, begin + count) of the leading dimension, sharing storage.
+  Tensor rows(int64_t begin, int64_t count) const;
+  // Same storage, another shape with the same number of elements.
+  Tensor view(Shape shape) const;
+
+ private:
+  std::shared_ptr<std::byte> mem_;
+  size_t offset_ = 0;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  Device device_ = Device::cpu;
+};
+
+}  // namespace relay
