@@ -14,6 +14,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
+// An error that every rank has agreed on (see comm/agree.hpp); the rank that saw it has printed it.
+class AgreedError : public Error {
+ public:
+  explicit AgreedError(const std::string& msg) : Error(msg) {}
+};
+
 // Builds a message from stream pieces: throw Error(cat("key '", k, "' must be > 0, got ", v));
 template <typename... Args>
 std::string cat(const Args&... args) {

@@ -1,0 +1,298 @@
+#include "io/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "io/hdf5_util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace relay {
+
+namespace {
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) throw Error(cat("checkpoint: cannot open ", path, " to fsync it"));
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw Error(cat("checkpoint: fsync of ", path, " failed"));
+}
+
+void atomic_replace(const std::string& tmp, const std::string& path) {
+  fsync_path(tmp, false);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error(cat("checkpoint: cannot rename ", tmp, " to ", path));
+  fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(), true);
+}
+
+void put_str_attr(hid_t obj, const char* name, const std::string& value, const std::string& ctx) {
+  H5Type t(RELAY_H5_CHECK(H5Tcopy(H5T_C_S1), ctx));
+  RELAY_H5_CHECK(H5Tset_size(t.get(), H5T_VARIABLE), ctx);
+  RELAY_H5_CHECK(H5Tset_cset(t.get(), H5T_CSET_UTF8), ctx);
+  H5Space sp(RELAY_H5_CHECK(H5Screate(H5S_SCALAR), ctx));
+  H5Attr a(RELAY_H5_CHECK(H5Acreate2(obj, name, t.get(), sp.get(), H5P_DEFAULT, H5P_DEFAULT), ctx));
+  const char* p = value.c_str();
+  RELAY_H5_CHECK(H5Awrite(a.get(), t.get(), &p), ctx);
+}
+
+void put_i64_attr(hid_t obj, const char* name, int64_t v, const std::string& ctx) {
+  H5Space sp(RELAY_H5_CHECK(H5Screate(H5S_SCALAR), ctx));
+  H5Attr a(RELAY_H5_CHECK(H5Acreate2(obj, name, H5T_STD_I64LE, sp.get(), H5P_DEFAULT, H5P_DEFAULT), ctx));
+  RELAY_H5_CHECK(H5Awrite(a.get(), H5T_NATIVE_INT64, &v), ctx);
+}
+
+std::string get_str_attr(hid_t obj, const char* name, const std::string& ctx) {
+  if (RELAY_H5_CHECK(H5Aexists(obj, name), ctx) <= 0) throw Error(cat(ctx, ": attribute '", name, "' is missing"));
+  H5Attr a(RELAY_H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT), ctx));
+  H5Type ft(RELAY_H5_CHECK(H5Aget_type(a.get()), ctx));
+  if (H5Tget_class(ft.get()) != H5T_STRING) throw Error(cat(ctx, ": attribute '", name, "' is not a string"));
+  if (H5Tis_variable_str(ft.get()) > 0) {
+    H5Type mt(RELAY_H5_CHECK(H5Tcopy(H5T_C_S1), ctx));
+    RELAY_H5_CHECK(H5Tset_size(mt.get(), H5T_VARIABLE), ctx);
+    RELAY_H5_CHECK(H5Tset_cset(mt.get(), H5Tget_cset(ft.get())), ctx);
+    char* p = nullptr;
+    RELAY_H5_CHECK(H5Aread(a.get(), mt.get(), &p), ctx);
+    std::string s = p ? p : "";
+    H5free_memory(p);
+    return s;
+  }
+  size_t n = H5Tget_size(ft.get());
+  std::string s(n, '\0');
+  RELAY_H5_CHECK(H5Aread(a.get(), ft.get(), s.data()), ctx);
+  return s.substr(0, s.find('\0'));
+}
+
+int64_t get_i64_attr(hid_t obj, const char* name, const std::string& ctx) {
+  if (RELAY_H5_CHECK(H5Aexists(obj, name), ctx) <= 0) throw Error(cat(ctx, ": attribute '", name, "' is missing"));
+  H5Attr a(RELAY_H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT), ctx));
+  int64_t v = 0;
+  RELAY_H5_CHECK(H5Aread(a.get(), H5T_NATIVE_INT64, &v), ctx);
+  return v;
+}
+
+// Creates every missing group along "a/b/c" and returns the deepest one.
+hid_t ensure_group(hid_t file, const std::string& path, const std::string& ctx) {
+  hid_t cur = H5Gopen2(file, "/", H5P_DEFAULT);
+  size_t at = 0;
+  while (at < path.size()) {
+    size_t slash = path.find('/', at);
+    std::string part = path.substr(at, slash == std::string::npos ? std::string::npos : slash - at);
+    hid_t next = H5Lexists(cur, part.c_str(), H5P_DEFAULT) > 0 ? H5Gopen2(cur, part.c_str(), H5P_DEFAULT)
+                                                              : H5Gcreate2(cur, part.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Gclose(cur);
+    cur = RELAY_H5_CHECK(next, ctx);
+    if (slash == std::string::npos) break;
+    at = slash + 1;
+  }
+  return cur;
+}
+
+}  // namespace
+
+std::string checkpoint_file_name(int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "step_%08lld.h5", static_cast<long long>(step));
+  return buf;
+}
+
+void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
+                           const std::vector<CheckpointTensor>& tensors) {
+  const std::string tmp = cat(path, ".tmp-", ::getpid());
+  const std::string ctx = cat("checkpoint ", tmp);
+  {
+    Hdf5Lock lock;
+    H5File f(RELAY_H5_CHECK(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), ctx));
+    hid_t root = f.get();
+    put_str_attr(root, "format", kCheckpointFormat, ctx);
+    put_i64_attr(root, "version", kCheckpointVersion, ctx);
+    put_i64_attr(root, "step", meta.step, ctx);
+    put_str_attr(root, "config", meta.config_toml, ctx);
+    put_i64_attr(root, "dp", meta.dp, ctx);
+    put_i64_attr(root, "pp", meta.pp, ctx);
+    put_i64_attr(root, "virtual_stages", meta.virtual_stages, ctx);
+    put_str_attr(root, "schedule", meta.schedule, ctx);
+    {
+      H5Handle<H5Gclose> g(ensure_group(root, "optimizer", ctx));
+      put_str_attr(g.get(), "name", meta.optimizer, ctx);
+      put_i64_attr(g.get(), "step", meta.optimizer_step, ctx);
+    }
+    {
+      H5Handle<H5Gclose> g(ensure_group(root, "data", ctx));
+      put_i64_attr(g.get(), "epoch", meta.epoch, ctx);
+      put_i64_attr(g.get(), "position", meta.position, ctx);
+      put_i64_attr(g.get(), "batch_size", meta.batch_size, ctx);
+      put_i64_attr(g.get(), "samples", meta.samples, ctx);
+      put_i64_attr(g.get(), "shuffle", meta.shuffle ? 1 : 0, ctx);
+    }
+    {
+      // Relay's random numbers are counter-based: (seed, stream, position) is the whole state.
+      H5Handle<H5Gclose> g(ensure_group(root, "rng", ctx));
+      put_i64_attr(g.get(), "model_seed", static_cast<int64_t>(meta.model_seed), ctx);
+      put_i64_attr(g.get(), "data_seed", static_cast<int64_t>(meta.data_seed), ctx);
+      put_i64_attr(g.get(), "data_stream", meta.epoch, ctx);
+      put_i64_attr(g.get(), "data_offset", meta.samples ? meta.position % meta.samples : 0, ctx);
+    }
+    for (const auto& t : tensors) {
+      RELAY_ASSERT(static_cast<int64_t>(t.data.size()) == shape_numel(t.shape), "tensor " << t.name << " size");
+      size_t slash = t.name.rfind('/');
+      H5Handle<H5Gclose> g(ensure_group(root, t.name.substr(0, slash), ctx));
+      std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+      H5Space sp(RELAY_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), ctx));
+      H5Dataset d(RELAY_H5_CHECK(H5Dcreate2(g.get(), t.name.substr(slash + 1).c_str(), H5T_IEEE_F32LE, sp.get(),
+                                            H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                                 cat(ctx, ": ", t.name)));
+      RELAY_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.data()),
+                     cat(ctx, ": ", t.name));
+    }
+    put_i64_attr(root, "complete", 1, ctx);  // written last: a file without it was cut short
+    RELAY_H5_CHECK(H5Fflush(root, H5F_SCOPE_GLOBAL), ctx);
+    RELAY_H5_CHECK(H5Fclose(f.release()), ctx);
+  }
+  if (const char* crash = std::getenv("RELAY_FAULT_CRASH_BEFORE_RENAME"))
+    if (std::atoll(crash) == meta.step) {
+      std::fprintf(stderr, "RELAY_FAULT_CRASH_BEFORE_RENAME: exiting after writing %s, before the rename\n",
+                   tmp.c_str());
+      std::_Exit(86);
+    }
+  atomic_replace(tmp, path);
+}
+
+CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
+  const std::string ctx = cat("checkpoint ", path);
+  if (!fs::exists(path)) throw Error(cat(ctx, ": no such file"));
+  Hdf5Lock lock;
+  htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  if (is_h5 <= 0) throw Error(cat(ctx, ": not an HDF5 file (truncated or not a checkpoint)"));
+  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file_ < 0) throw Error(cat(ctx, ": cannot be opened, the file is truncated or corrupt (", h5_error_message(), ")"));
+  hid_t f = static_cast<hid_t>(file_);
+  if (H5Aexists(f, "format") <= 0 || get_str_attr(f, "format", ctx) != kCheckpointFormat)
+    throw Error(cat(ctx, ": not a Relay checkpoint (root attribute format != \"", kCheckpointFormat, "\")"));
+  int64_t version = get_i64_attr(f, "version", ctx);
+  if (version > kCheckpointVersion)
+    throw Error(cat(ctx, ": format version ", version, " is newer than this relay supports (", kCheckpointVersion,
+                    "); hint: resume with a newer relay"));
+  if (H5Aexists(f, "complete") <= 0 || get_i64_attr(f, "complete", ctx) != 1)
+    throw Error(cat(ctx, ": incomplete checkpoint (it was cut short while being written)"));
+  meta_.step = get_i64_attr(f, "step", ctx);
+  meta_.config_toml = get_str_attr(f, "config", ctx);
+  meta_.dp = get_i64_attr(f, "dp", ctx);
+  meta_.pp = get_i64_attr(f, "pp", ctx);
+  meta_.virtual_stages = get_i64_attr(f, "virtual_stages", ctx);
+  meta_.schedule = get_str_attr(f, "schedule", ctx);
+  H5Handle<H5Gclose> opt(RELAY_H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT), ctx + ": group /optimizer"));
+  meta_.optimizer = get_str_attr(opt.get(), "name", ctx + ": /optimizer");
+  meta_.optimizer_step = get_i64_attr(opt.get(), "step", ctx + ": /optimizer");
+  H5Handle<H5Gclose> data(RELAY_H5_CHECK(H5Gopen2(f, "data", H5P_DEFAULT), ctx + ": group /data"));
+  meta_.epoch = get_i64_attr(data.get(), "epoch", ctx + ": /data");
+  meta_.position = get_i64_attr(data.get(), "position", ctx + ": /data");
+  meta_.batch_size = get_i64_attr(data.get(), "batch_size", ctx + ": /data");
+  meta_.samples = get_i64_attr(data.get(), "samples", ctx + ": /data");
+  meta_.shuffle = get_i64_attr(data.get(), "shuffle", ctx + ": /data") != 0;
+  H5Handle<H5Gclose> rng(RELAY_H5_CHECK(H5Gopen2(f, "rng", H5P_DEFAULT), ctx + ": group /rng"));
+  meta_.model_seed = static_cast<uint64_t>(get_i64_attr(rng.get(), "model_seed", ctx + ": /rng"));
+  meta_.data_seed = static_cast<uint64_t>(get_i64_attr(rng.get(), "data_seed", ctx + ": /rng"));
+}
+
+CheckpointReader::~CheckpointReader() {
+  if (file_ >= 0) {
+    Hdf5Lock lock;
+    H5Fclose(static_cast<hid_t>(file_));
+  }
+}
+
+std::vector<std::pair<std::string, Shape>> CheckpointReader::tensors() const {
+  std::vector<std::pair<std::string, Shape>> out;
+  Hdf5Lock lock;
+  struct Ctx { std::vector<std::pair<std::string, Shape>>* out; hid_t file; };
+  Ctx c{&out, static_cast<hid_t>(file_)};
+  auto visit = [](hid_t obj, const char* name, const H5O_info_t* info, void* op) -> herr_t {
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    auto* cx = static_cast<Ctx*>(op);
+    hid_t d = H5Dopen2(obj, name, H5P_DEFAULT);
+    if (d < 0) return -1;
+    hid_t sp = H5Dget_space(d);
+    auto dims = h5_shape(sp);
+    H5Sclose(sp);
+    H5Dclose(d);
+    cx->out->emplace_back(name, Shape(dims.begin(), dims.end()));
+    return 0;
+  };
+  RELAY_H5_CHECK(H5Ovisit(static_cast<hid_t>(file_), H5_INDEX_NAME, H5_ITER_INC, visit, &c), cat("checkpoint ", path_));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool CheckpointReader::has(const std::string& name) const {
+  Hdf5Lock lock;
+  hid_t f = static_cast<hid_t>(file_);
+  size_t at = 0;
+  while (true) {  // H5Lexists needs every intermediate group to exist
+    size_t slash = name.find('/', at);
+    std::string prefix = name.substr(0, slash);
+    if (H5Lexists(f, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (slash == std::string::npos) return true;
+    at = slash + 1;
+  }
+}
+
+void CheckpointReader::read(const std::string& name, const Shape& expected, float* out) const {
+  const std::string ctx = cat("checkpoint ", path_, ": tensor ", name);
+  if (!has(name)) throw Error(cat(ctx, " is missing (expected shape ", shape_str(expected), ")"));
+  Hdf5Lock lock;
+  H5Dataset d(RELAY_H5_CHECK(H5Dopen2(static_cast<hid_t>(file_), name.c_str(), H5P_DEFAULT), ctx));
+  H5Space sp(RELAY_H5_CHECK(H5Dget_space(d.get()), ctx));
+  auto dims = h5_shape(sp.get());
+  Shape got(dims.begin(), dims.end());
+  if (got != expected)
+    throw Error(cat(ctx, " has shape ", shape_str(got), " in the checkpoint but the model expects ", shape_str(expected)));
+  RELAY_H5_CHECK(H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out),
+                 cat(ctx, " (the file may be truncated or corrupt)"));
+}
+
+void write_latest(const std::string& dir, const std::string& file_name) {
+  std::string path = dir + "/latest", tmp = cat(path, ".tmp-", ::getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) throw Error(cat("checkpoint: cannot write ", tmp));
+    f << file_name << "\n";
+    f.flush();
+    if (!f) throw Error(cat("checkpoint: cannot write ", tmp));
+  }
+  atomic_replace(tmp, path);
+}
+
+std::string read_latest(const std::string& dir) {
+  std::ifstream f(dir + "/latest");
+  if (!f) return "";
+  std::string name;
+  std::getline(f, name);
+  return name;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep) {
+  std::vector<std::string> files, deleted;
+  if (keep < 1 || !fs::is_directory(dir)) return deleted;
+  for (auto& e : fs::directory_iterator(dir)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) == 0 && n.size() > 3 && n.substr(n.size() - 3) == ".h5") files.push_back(n);
+  }
+  std::sort(files.begin(), files.end());  // zero-padded steps sort by name
+  std::string latest = read_latest(dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < files.size(); ++i) {
+    if (files[i] == latest) continue;  // never delete what latest names
+    fs::remove(fs::path(dir) / files[i]);
+    deleted.push_back(files[i]);
+  }
+  return deleted;
+}
+
+}  // namespace relay

@@ -1,0 +1,71 @@
+// HDF5 helpers: the global lock, error-stack messages for RELAY_H5_CHECK, type and shape names.
+#include "io/hdf5_util.hpp"
+
+namespace relay {
+
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+Hdf5Lock::Hdf5Lock() : lock_(hdf5_mutex()) { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+namespace {
+
+herr_t collect_error(unsigned /*n*/, const H5E_error2_t* e, void* data) {
+  auto* out = static_cast<std::vector<std::string>*>(data);
+  std::string s = e->func_name ? e->func_name : "";
+  if (e->desc && *e->desc) s += cat(s.empty() ? "" : ": ", e->desc);
+  out->push_back(s);
+  return 0;
+}
+
+}  // namespace
+
+std::string h5_error_message() {
+  std::vector<std::string> entries;  // outermost (the API call) first
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &entries);
+  H5Eclear2(H5E_DEFAULT);
+  if (entries.empty()) return "no message on the HDF5 error stack";
+  if (entries.size() == 1) return entries.front();
+  return cat(entries.front(), " (cause: ", entries.back(), ")");
+}
+
+void h5_fail(const char* call, const std::string& context, const char* file, int line) {
+  throw Error(cat(context, ": HDF5 call ", call, " failed (", file, ":", line, "): ", h5_error_message()));
+}
+
+std::string h5_type_name(hid_t type) {
+  const size_t bytes = H5Tget_size(type);
+  std::string order = H5Tget_order(type) == H5T_ORDER_BE && bytes > 1 ? " (big-endian)" : "";
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER:
+      return cat(H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int", 8 * bytes, order);
+    case H5T_FLOAT: return cat("float", 8 * bytes, order);
+    case H5T_STRING: return "string";
+    case H5T_BITFIELD: return "bitfield";
+    case H5T_OPAQUE: return "opaque";
+    case H5T_COMPOUND: return "compound";
+    case H5T_REFERENCE: return "reference";
+    case H5T_ENUM: return "enum";
+    case H5T_VLEN: return "vlen";
+    case H5T_ARRAY: return "array";
+    default: return "unknown type";
+  }
+}
+
+std::vector<int64_t> h5_shape(hid_t space) {
+  const int rank = H5Sget_simple_extent_ndims(space);
+  if (rank <= 0) return {};
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += cat(i ? ", " : "", shape[i]);
+  return s + "]";
+}
+
+}  // namespace relay

@@ -1,0 +1,29 @@
+// GEMM through oneDNN's dnnl_sgemm (row-major, like the rest of Relay).
+#include <dnnl.h>
+#include <omp.h>
+
+#include "core/error.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
+
+namespace relay::cpu {
+
+namespace {
+int g_threads = 1;
+}
+
+void set_threads(int threads) {
+  g_threads = threads < 1 ? 1 : threads;
+  omp_set_num_threads(g_threads);
+}
+int threads() { return g_threads; }
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (st != dnnl_success)
+    fatal(cat("dnnl_sgemm(", m, "x", n, "x", k, ") failed with oneDNN status ", static_cast<int>(st)), __FILE__,
+          __LINE__);
+}
+
+}  // namespace relay::cpu

@@ -1,0 +1,58 @@
+// Device helpers shared by the kernels in kernels/cuda/*.cu (llm.c's cuda_utils.cuh): launch sizes
+// and deterministic block reductions. Included only from .cu files.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace relay::cuda {
+
+constexpr int kBlock = 256;         // threads per block for row and elementwise kernels
+constexpr int64_t kMaxGrid = 4096;  // elementwise kernels use grid-stride loops beyond this
+
+inline unsigned grid_for(int64_t count) {
+  int64_t blocks = (count + kBlock - 1) / kBlock;
+  return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
+}
+
+#ifdef __CUDACC__
+template <typename T>
+__device__ inline T warp_sum(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ inline float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Sum over the block, returned to every thread. blockDim.x must be a multiple of 32 (at most 1024).
+// The summation order is fixed, so results are bitwise reproducible. The first __syncthreads()
+// keeps a second call in the same kernel from overwriting values a slow warp is still reading.
+template <typename T>
+__device__ inline T block_sum(T v) {
+  __shared__ T partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  T total = lane < warps ? partial[lane] : T(0);
+  return warp_sum(total);
+}
+
+__device__ inline float block_max(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float m = lane < warps ? partial[lane] : -INFINITY;
+  return warp_max(m);
+}
+#endif  // __CUDACC__
+
+}  // namespace relay::cuda

@@ -1,0 +1,136 @@
+// CPU backend: shape checks, then the kernels in kernels/cpu.
+#include "backend/cpu_backend.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/cpu_kernels.hpp"
+
+namespace relay {
+
+namespace {
+void same_shape(const Tensor& a, const Tensor& b, const char* what) {
+  RELAY_ASSERT(a.shape() == b.shape(), what << ": " << shape_str(a.shape()) << " vs " << shape_str(b.shape()));
+}
+int64_t rows_of(const Tensor& t) { return t.ndim() == 0 ? 1 : t.size(0); }
+int64_t cols_of(const Tensor& t) { return t.ndim() <= 1 ? 1 : t.numel() / t.size(0); }
+}  // namespace
+
+CpuBackend::CpuBackend(int threads) : threads_(threads < 1 ? 1 : threads) { cpu::set_threads(threads_); }
+
+std::string CpuBackend::describe() const { return cat("cpu (oneDNN sgemm, ", threads_, " thread", threads_ > 1 ? "s" : "", ")"); }
+
+void CpuBackend::set_precision(Precision p) {
+  if (p != Precision::fp32)
+    throw Error("train.precision = \"bf16\" is only supported with train.device = \"cuda\"; the CPU backend runs fp32");
+}
+
+std::shared_ptr<std::byte> CpuBackend::allocate(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw Error(cat("out of host memory allocating ", bytes, " bytes"));
+  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+}
+
+void CpuBackend::upload(Tensor& dst, const void* host_src) { std::memcpy(dst.raw(), host_src, dst.bytes()); }
+void CpuBackend::download(void* host_dst, const Tensor& src) { std::memcpy(host_dst, src.raw(), src.bytes()); }
+void CpuBackend::copy(Tensor& dst, const Tensor& src) {
+  RELAY_ASSERT(dst.numel() == src.numel() && dst.dtype() == src.dtype(), "copy size mismatch");
+  if (dst.raw() != src.raw()) std::memcpy(dst.raw(), src.raw(), src.bytes());
+}
+void CpuBackend::fill(Tensor& x, float value) { cpu::fill(x.f32(), value, x.numel()); }
+
+void CpuBackend::matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
+                        float beta) {
+  RELAY_ASSERT(a.ndim() == 2 && b.ndim() == 2 && y.ndim() == 2, "matmul needs 2-d tensors");
+  int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
+  int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
+  RELAY_ASSERT(k == kb && y.size(0) == m && y.size(1) == n,
+               "matmul shapes " << shape_str(a.shape()) << (trans_a ? "^T" : "") << " @ " << shape_str(b.shape())
+                                << (trans_b ? "^T" : "") << " -> " << shape_str(y.shape()));
+  cpu::gemm(trans_a, trans_b, m, n, k, alpha, a.f32(), a.size(1), b.f32(), b.size(1), beta, y.f32(), y.size(1));
+}
+
+void CpuBackend::add_bias(Tensor& y, const Tensor& bias) {
+  RELAY_ASSERT(bias.numel() == cols_of(y), "bias " << shape_str(bias.shape()) << " for " << shape_str(y.shape()));
+  cpu::add_bias(y.f32(), bias.f32(), rows_of(y), cols_of(y));
+}
+void CpuBackend::bias_grad(const Tensor& dy, Tensor& db, float beta) {
+  RELAY_ASSERT(db.numel() == cols_of(dy), "bias grad " << shape_str(db.shape()) << " for " << shape_str(dy.shape()));
+  cpu::bias_grad(dy.f32(), db.f32(), rows_of(dy), cols_of(dy), beta);
+}
+
+void CpuBackend::activation_forward(Activation act, const Tensor& x, Tensor& y) {
+  same_shape(x, y, "activation_forward");
+  switch (act) {
+    case Activation::relu: cpu::relu_forward(x.f32(), y.f32(), x.numel()); break;
+    case Activation::gelu: cpu::gelu_forward(x.f32(), y.f32(), x.numel()); break;
+    case Activation::tanh: cpu::tanh_forward(x.f32(), y.f32(), x.numel()); break;
+  }
+}
+void CpuBackend::activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  same_shape(x, dy, "activation_backward");
+  same_shape(x, dx, "activation_backward");
+  switch (act) {
+    case Activation::relu: cpu::relu_backward(x.f32(), dy.f32(), dx.f32(), x.numel()); break;
+    case Activation::gelu: cpu::gelu_backward(x.f32(), dy.f32(), dx.f32(), x.numel()); break;
+    case Activation::tanh: cpu::tanh_backward(x.f32(), dy.f32(), dx.f32(), x.numel()); break;
+  }
+}
+void CpuBackend::scale(Tensor& x, float s) { cpu::scale(x.f32(), s, x.numel()); }
+double CpuBackend::sum_squares(const Tensor& x) { return cpu::sum_squares(x.f32(), x.numel()); }
+
+void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                   Tensor& mean, Tensor& rstd) {
+  same_shape(x, y, "layernorm_forward");
+  RELAY_ASSERT(gamma.numel() == cols_of(x) && beta.numel() == cols_of(x) && mean.numel() == rows_of(x) &&
+                   rstd.numel() == rows_of(x),
+               "layernorm shapes for " << shape_str(x.shape()));
+  cpu::layernorm_forward(x.f32(), gamma.f32(), beta.f32(), eps, y.f32(), mean.f32(), rstd.f32(), rows_of(x),
+                         cols_of(x));
+}
+void CpuBackend::layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                          const Tensor& rstd, Tensor& dx) {
+  same_shape(x, dy, "layernorm_backward_input");
+  same_shape(x, dx, "layernorm_backward_input");
+  cpu::layernorm_backward_input(dy.f32(), x.f32(), gamma.f32(), mean.f32(), rstd.f32(), dx.f32(), rows_of(x),
+                                cols_of(x));
+}
+void CpuBackend::layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                           Tensor& dgamma, Tensor& dbeta) {
+  same_shape(x, dy, "layernorm_backward_weight");
+  cpu::layernorm_backward_weight(dy.f32(), x.f32(), mean.f32(), rstd.f32(), dgamma.f32(), dbeta.f32(), rows_of(x),
+                                 cols_of(x));
+}
+
+void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
+                               Tensor* dlogits) {
+  RELAY_ASSERT(targets.numel() == rows_of(logits) && losses.numel() == rows_of(logits), "cross_entropy shapes");
+  if (dlogits) same_shape(logits, *dlogits, "cross_entropy dlogits");
+  cpu::cross_entropy(logits.f32(), targets.i32(), grad_scale, losses.f32(), dlogits ? dlogits->f32() : nullptr,
+                     rows_of(logits), cols_of(logits));
+}
+void CpuBackend::mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred) {
+  same_shape(pred, target, "mse");
+  RELAY_ASSERT(losses.numel() == rows_of(pred), "mse losses");
+  cpu::mse(pred.f32(), target.f32(), grad_scale, losses.f32(), dpred ? dpred->f32() : nullptr, rows_of(pred),
+           cols_of(pred));
+}
+void CpuBackend::argmax(const Tensor& logits, Tensor& out) {
+  RELAY_ASSERT(out.numel() == rows_of(logits), "argmax out");
+  cpu::argmax(logits.f32(), out.i32(), rows_of(logits), cols_of(logits));
+}
+
+void CpuBackend::adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                            const AdamWArgs& a) {
+  same_shape(param, grad, "adamw grad");
+  cpu::adamw_step(param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), param.numel(), a.lr, a.beta1, a.beta2,
+                  a.eps, a.weight_decay, a.step);
+}
+void CpuBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdArgs& a) {
+  same_shape(param, grad, "sgd grad");
+  cpu::sgd_step(param.f32(), grad.f32(), a.momentum != 0.f ? buf.f32() : nullptr, param.numel(), a.lr, a.momentum,
+                a.weight_decay, a.first_step);
+}
+
+}  // namespace relay

@@ -1,0 +1,48 @@
+// The CPU backend: the reference implementation of every Backend operation (oneDNN GEMMs, OpenMP loops).
+#pragma once
+#include "backend/backend.hpp"
+
+namespace relay {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads);
+  Device device() const override { return Device::cpu; }
+  std::string describe() const override;
+  void set_precision(Precision p) override;
+
+  std::shared_ptr<std::byte> allocate(size_t bytes) override;
+  std::shared_ptr<std::byte> allocate_host(size_t bytes) override { return allocate(bytes); }
+  void upload(Tensor& dst, const void* host_src) override;
+  void download(void* host_dst, const Tensor& src) override;
+  void copy(Tensor& dst, const Tensor& src) override;
+  void fill(Tensor& x, float value) override;
+  void synchronize() override {}
+
+  void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
+              float beta) override;
+  void add_bias(Tensor& y, const Tensor& bias) override;
+  void bias_grad(const Tensor& dy, Tensor& db, float beta) override;
+  void activation_forward(Activation act, const Tensor& x, Tensor& y) override;
+  void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override;
+  void scale(Tensor& x, float s) override;
+  double sum_squares(const Tensor& x) override;
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
+                         Tensor& rstd) override;
+  void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                const Tensor& rstd, Tensor& dx) override;
+  void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                 Tensor& dgamma, Tensor& dbeta) override;
+  void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
+                     Tensor* dlogits) override;
+  void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred) override;
+  void argmax(const Tensor& logits, Tensor& out) override;
+  void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  const AdamWArgs& args) override;
+  void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args) override;
+
+ private:
+  int threads_;
+};
+
+}  // namespace relay

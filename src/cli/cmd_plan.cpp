@@ -1,0 +1,125 @@
+// relay plan --config FILE: the pipeline plan without MPI: stages, the step x rank grid of the
+// schedule, the simulated bubble (equal F/B/W costs, and with --measure per-layer costs timed here)
+// and the peak number of micro-batches whose activations each stage holds.
+#include <chrono>
+#include <cstdio>
+
+#include "backend/backend.hpp"
+#include "cli/commands.hpp"
+#include "core/rng.hpp"
+#include "io/dataset.hpp"
+#include "model/layer.hpp"
+#include "parallel/simulator.hpp"
+#include "train/model_layout.hpp"
+
+namespace relay {
+
+CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
+  auto* c = app.add_subcommand("plan", "Print the pipeline plan and its simulated bubble (no MPI needed)");
+  c->add_option("--config,-c", o.config, "TOML config file")->required();
+  c->add_option("--set", o.overrides, "Override a key: --set section.key=value");
+  c->add_flag("--measure", o.measure, "Also time every layer's forward, backward-input and backward-weight here");
+  c->add_option("--input-dim", o.input_dim, "Input width D when data.train is not there yet");
+  return c;
+}
+
+namespace {
+
+struct LayerTimes { double f = 0, b = 0, w = 0; };
+
+// Times one layer on this machine's CPU at the micro-batch size (median-free: mean of a few repeats).
+LayerTimes time_layer(Backend& be, const LayerConfig& lc, int index, LayerShape s, int64_t rows) {
+  auto layer = make_layer(be, lc, index, s, 1);
+  Tensor x(be, {rows, s.in}), y(be, {rows, s.out}), dy(be, {rows, s.out}), dx(be, {rows, s.in});
+  std::vector<float> h(static_cast<size_t>(rows * std::max(s.in, s.out)));
+  Rng rng(7, static_cast<uint64_t>(index));
+  for (auto& v : h) v = float(rng.normal());
+  be.upload(x, h.data());
+  be.upload(dy, h.data());
+  for (auto& p : layer->params()) {
+    p.grad = Tensor(be, p.value.shape());
+    be.fill(p.grad, 0.f);
+  }
+  LayerSaved saved;
+  layer->allocate_saved(be, rows, saved);
+  auto clock = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  LayerTimes t;
+  const int reps = 5;
+  for (int r = -1; r < reps; ++r) {  // r = -1 warms up
+    double t0 = clock();
+    layer->forward(be, x, y, saved);
+    be.synchronize();
+    double t1 = clock();
+    layer->backward_input(be, x, dy, dx, saved);
+    be.synchronize();
+    double t2 = clock();
+    layer->backward_weight(be, x, dy, saved);
+    be.synchronize();
+    double t3 = clock();
+    if (r >= 0) {
+      t.f += (t1 - t0) / reps;
+      t.b += (t2 - t1) / reps;
+      t.w += (t3 - t2) / reps;
+    }
+  }
+  return t;
+}
+
+void print_sim(const char* title, const ScheduleShape& shape, const SimResult& sim) {
+  std::printf("\n%s\n%s", title, render_grid(shape, sim).c_str());
+  std::printf("bubble fraction %.4f (idle time / (ranks x makespan)); makespan %.4g\n", sim.bubble_fraction,
+              sim.makespan);
+  for (size_t s = 0; s < sim.idle.size(); ++s)
+    std::printf("  pp rank %zu: busy %.4g, idle %.4g, peak micro-batches holding activations %d\n", s, sim.busy[s],
+                sim.idle[s], sim.peak_live_micro_batches[s]);
+}
+
+}  // namespace
+
+int run_plan_command(const PlanOptions& o) {
+  Config cfg = load_config(o.config, o.overrides);
+  int64_t D = o.input_dim;
+  if (D <= 0) {
+    DatasetSpec spec;
+    spec.targets = cfg.model.loss == "mse" ? TargetKind::dense : TargetKind::class_index;
+    D = Hdf5Dataset(cfg.data.train, spec, "data.train").features();
+  }
+  ModelLayout layout = make_layout(cfg, D);
+  ScheduleShape shape{parse_schedule_kind(cfg.parallel.schedule), static_cast<int>(cfg.parallel.pp),
+                      static_cast<int>(cfg.parallel.virtual_stages), static_cast<int>(cfg.train.micro_batches)};
+  validate_schedule_shape(shape);
+  const int64_t B = cfg.train.batch_size, dp = cfg.parallel.dp, m = cfg.train.micro_batches;
+  if (B % (dp * m) != 0)
+    throw Error(cat("train.batch_size = ", B, " must be divisible by parallel.dp x train.micro_batches = ", dp * m));
+  const int64_t rows = B / (dp * m);
+  std::printf("plan for %s: dp %lld x pp %lld = %lld ranks, schedule %s, v = %d, %lld micro-batches of %lld samples\n",
+              cfg.source.c_str(), static_cast<long long>(dp), static_cast<long long>(cfg.parallel.pp),
+              static_cast<long long>(dp * cfg.parallel.pp), cfg.parallel.schedule.c_str(), shape.v,
+              static_cast<long long>(m), static_cast<long long>(rows));
+  std::printf("model: %lld parameters, input width %lld; stages:\n%s", static_cast<long long>(layout.param_count()),
+              static_cast<long long>(D), describe_partition(layout.chunks, layout.layers, shape.pp).c_str());
+  auto lists = generate_all(shape);
+  SimResult eq = simulate(shape, lists, Costs{});
+  print_sim("schedule with equal F, B and W costs (F = forward, B = backward-input, W = backward-weight):", shape, eq);
+  if (o.measure) {
+    auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
+    Costs c;
+    c.chunk_forward.assign(static_cast<size_t>(layout.num_chunks()), 0);
+    c.chunk_backward_input = c.chunk_backward_weight = c.chunk_forward;
+    std::printf("\nmeasured per-layer times on this machine (1 thread, %lld rows), ms:\n", static_cast<long long>(rows));
+    for (size_t i = 0; i < layout.layers.size(); ++i) {
+      LayerTimes t = time_layer(*be, layout.layers[i], static_cast<int>(i), layout.shapes[i], rows);
+      std::printf("  layer %2zu %-10s F %8.3f  B %8.3f  W %8.3f\n", i, layout.layers[i].type.c_str(), 1e3 * t.f,
+                  1e3 * t.b, 1e3 * t.w);
+      size_t ch = static_cast<size_t>(layout.chunk_of_layer(static_cast<int>(i)));
+      c.chunk_forward[ch] += t.f;
+      c.chunk_backward_input[ch] += t.b;
+      c.chunk_backward_weight[ch] += t.w;
+    }
+    SimResult ms = simulate(shape, lists, c);
+    print_sim("schedule with the measured costs (time in seconds):", shape, ms);
+  }
+  return 0;
+}
+
+}  // namespace relay

@@ -1,0 +1,52 @@
+// relay train --config FILE [--set section.key=value ...]
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "cli/commands.hpp"
+#include "comm/agree.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "train/trainer.hpp"
+
+namespace relay {
+
+CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
+  auto* c = app.add_subcommand("train", "Train the model a TOML config describes (run under mpirun/srun for dp x pp ranks)");
+  c->add_option("--config,-c", o.config, "TOML config file")->required();
+  c->add_option("--set", o.overrides, "Override a key: --set section.key=value (TOML value syntax)")
+      ->allow_extra_args(false);
+  c->footer("Exit codes: 0 done; 75 stopped early by SIGTERM/SIGUSR1 or train.time_limit after writing a "
+            "checkpoint (resumable: rerun with checkpoint.resume = \"auto\"); 1 error.");
+  return c;
+}
+
+int run_train_command(const TrainOptions& o, int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  set_process_identity(rank, "");
+  int code = 1;
+  try {
+    Config cfg;
+    agree_on_errors(MPI_COMM_WORLD, [&] { cfg = load_config(o.config, o.overrides); });
+    code = run_training(cfg);
+  } catch (const AgreedError&) {
+    code = 1;  // printed once by the rank that saw it; every rank got here
+  } catch (const Error& e) {
+    // Seen by this rank alone, mid-run: the others may be waiting on it, so end the whole job.
+    print_error(e.what());
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    code = 1;
+  } catch (const std::exception& e) {
+    print_error(cat("unexpected: ", e.what()));
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    code = 1;
+  }
+  MPI_Finalize();
+  return code;
+}
+
+}  // namespace relay

@@ -1,0 +1,32 @@
+// Subcommands of the relay binary, one file each (micromamba's layout): an options struct, a
+// function that registers it with CLI11, and a run function returning the exit code.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+namespace relay {
+
+struct TrainOptions { std::string config; std::vector<std::string> overrides; };
+CLI::App* add_train_command(CLI::App& app, TrainOptions& o);
+int run_train_command(const TrainOptions& o, int argc, char** argv);
+
+struct PlanOptions { std::string config; std::vector<std::string> overrides; bool measure = false; int64_t input_dim = 0; };
+CLI::App* add_plan_command(CLI::App& app, PlanOptions& o);
+int run_plan_command(const PlanOptions& o);
+
+struct DataOptions {
+  std::string out, file;
+  int64_t samples = 0, features = 0, classes = 0;
+  uint64_t seed = 0, teacher_seed = 1234;
+};
+CLI::App* add_data_command(CLI::App& app, DataOptions& o, CLI::App** synth, CLI::App** inspect);
+int run_data_synth(const DataOptions& o);
+int run_data_inspect(const DataOptions& o);
+
+struct CkptOptions { std::string file; };
+CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect);
+int run_ckpt_inspect(const CkptOptions& o);
+
+}  // namespace relay

@@ -1,0 +1,33 @@
+// Communicator over an MPI communicator. Host tensors are sent in place; device tensors (CUDA with
+// parallel.comm = "mpi") are staged through host buffers, so several ranks can share one GPU.
+#pragma once
+#include <mpi.h>
+
+#include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+
+namespace relay {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Does not take ownership of comm.
+  MpiCommunicator(MPI_Comm comm, Backend& backend);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+  MPI_Comm comm() const { return comm_; }
+
+  RequestPtr isend(const Tensor& t, int peer, int tag) override;
+  RequestPtr irecv(Tensor& t, int peer, int tag) override;
+  RequestPtr iallreduce_sum(Tensor& t) override;
+  void broadcast(Tensor& t, int root) override;
+  void allreduce_host(double* values, int count, ReduceOp op) override;
+  void barrier() override;
+
+ private:
+  MPI_Comm comm_;
+  Backend& be_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace relay

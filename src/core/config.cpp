@@ -1,0 +1,350 @@
+// TOML -> Config with strict validation: unknown sections and keys, wrong types and out-of-range
+// values are errors naming the file and the key.
+#include "core/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace relay {
+
+namespace {
+
+const char* type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::array: return "array";
+    case toml::node_type::table: return "table";
+    default: return "date/time";
+  }
+}
+
+// Reads one section with a fixed set of keys, checking types.
+class Section {
+ public:
+  Section(const toml::table* t, std::string name, std::string source, std::set<std::string> known)
+      : t_(t), name_(std::move(name)), source_(std::move(source)) {
+    if (!t_) return;
+    for (auto&& [k, v] : *t_)
+      if (!known.count(std::string(k.str())))
+        fail(std::string(k.str()), cat("unknown key (known keys in [", name_, "]: ", join(known), ")"));
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    throw Error(cat(source_, ": ", name_, ".", key, ": ", why));
+  }
+  const toml::node* get(const std::string& key) const { return t_ ? t_->get(key) : nullptr; }
+
+  void str(const std::string& key, std::string& out, bool required = false) const {
+    auto* n = get(key);
+    if (!n) { if (required) fail(key, "required key is missing"); return; }
+    if (!n->is_string()) fail(key, cat("expected a string, got ", type_name(*n)));
+    out = n->value<std::string>().value();
+  }
+  void integer(const std::string& key, int64_t& out, int64_t lo, int64_t hi, bool required = false) const {
+    auto* n = get(key);
+    if (!n) { if (required) fail(key, "required key is missing"); return; }
+    if (!n->is_integer()) fail(key, cat("expected an integer, got ", type_name(*n)));
+    int64_t v = n->value<int64_t>().value();
+    if (v < lo || v > hi) fail(key, cat("must be in [", lo, ", ", hi, "], got ", v));
+    out = v;
+  }
+  void u64(const std::string& key, uint64_t& out) const {
+    int64_t v = static_cast<int64_t>(out);
+    integer(key, v, 0, INT64_MAX);
+    out = static_cast<uint64_t>(v);
+  }
+  void real(const std::string& key, double& out, double lo, double hi, bool lo_open = false) const {
+    auto* n = get(key);
+    if (!n) return;
+    if (!n->is_number()) fail(key, cat("expected a number, got ", type_name(*n)));
+    double v = n->is_integer() ? double(n->value<int64_t>().value()) : n->value<double>().value();
+    if (!std::isfinite(v) || v < lo || v > hi || (lo_open && v == lo))
+      fail(key, cat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", v));
+    out = v;
+  }
+  void boolean(const std::string& key, bool& out) const {
+    auto* n = get(key);
+    if (!n) return;
+    if (!n->is_boolean()) fail(key, cat("expected true or false, got ", type_name(*n)));
+    out = n->value<bool>().value();
+  }
+  void choice(const std::string& key, std::string& out, const std::set<std::string>& allowed) const {
+    str(key, out);
+    if (!allowed.count(out)) fail(key, cat("must be one of ", join(allowed), ", got \"", out, "\""));
+  }
+  static std::string join(const std::set<std::string>& s) {
+    std::string r;
+    for (auto& x : s) r += (r.empty() ? "" : ", ") + x;
+    return r;
+  }
+
+ private:
+  const toml::table* t_;
+  std::string name_, source_;
+};
+
+void apply_override(toml::table& root, const std::string& ov, const std::string& source) {
+  auto eq = ov.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw Error(cat("--set ", ov, ": expected section.key=value"));
+  std::string path = ov.substr(0, eq), value = ov.substr(eq + 1);
+  auto dot = path.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == path.size() || path.find('.', dot + 1) != std::string::npos)
+    throw Error(cat("--set ", ov, ": the key must be section.key, got \"", path, "\""));
+  std::string section = path.substr(0, dot), key = path.substr(dot + 1);
+  toml::node_view<toml::node> parsed;
+  toml::table holder;
+  try {
+    holder = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    holder = toml::table{};
+    holder.insert("v", value);  // a bare word is a string: --set run.dir=runs/x
+  }
+  if (!root.contains(section)) root.insert(section, toml::table{});
+  auto* sec = root.get(section)->as_table();
+  if (!sec) throw Error(cat(source, ": ", section, " is not a table"));
+  sec->insert_or_assign(key, *holder.get("v"));
+}
+
+std::string toml_quote(const std::string& s) {
+  std::ostringstream os;
+  os << toml::value<std::string>(s);
+  return os.str();
+}
+
+}  // namespace
+
+double parse_duration(const std::string& text, const std::string& key) {
+  auto bad = [&]() -> Error {
+    return Error(cat(key, ": cannot read \"", text, "\" as a duration (examples: \"3h50m\", \"90m\", \"45s\", \"01:30:00\")"));
+  };
+  if (text.empty()) throw bad();
+  if (text.find(':') != std::string::npos) {  // [[HH:]MM:]SS
+    double total = 0;
+    std::stringstream ss(text);
+    std::string part;
+    int parts = 0;
+    while (std::getline(ss, part, ':')) {
+      if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos) throw bad();
+      total = total * 60 + std::stod(part);
+      ++parts;
+    }
+    if (parts > 3) throw bad();
+    return total;
+  }
+  double total = 0;
+  size_t i = 0;
+  bool any = false;
+  while (i < text.size()) {
+    size_t j = i;
+    while (j < text.size() && (std::isdigit(static_cast<unsigned char>(text[j])) || text[j] == '.')) ++j;
+    if (j == i) throw bad();
+    double v = std::stod(text.substr(i, j - i));
+    double unit = 1;
+    if (j < text.size()) {
+      char u = text[j++];
+      if (u == 'h') unit = 3600; else if (u == 'm') unit = 60; else if (u == 's') unit = 1; else if (u == 'd') unit = 86400;
+      else throw bad();
+    } else if (any) {
+      throw bad();  // "3h50" is ambiguous
+    }
+    total += v * unit;
+    any = true;
+    i = j;
+  }
+  return total;
+}
+
+Config parse_config_text(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw Error(cat(source, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ",
+                    e.description()));
+  }
+  for (auto& ov : overrides) apply_override(root, ov, source);
+
+  const std::set<std::string> sections = {"run", "model", "data", "train", "optimizer", "lr_schedule", "parallel",
+                                          "checkpoint"};
+  for (auto&& [k, v] : root) {
+    if (!sections.count(std::string(k.str())))
+      throw Error(cat(source, ": unknown section [", k.str(), "] (known: ", Section::join(sections), ")"));
+    if (!v.is_table()) throw Error(cat(source, ": ", k.str(), " must be a table [", k.str(), "]"));
+  }
+  auto tab = [&](const char* n) { return root.get(n) ? root.get(n)->as_table() : nullptr; };
+  Config c;
+  c.source = source;
+
+  Section run(tab("run"), "run", source, {"dir"});
+  run.str("dir", c.run.dir);
+  if (c.run.dir.empty()) run.fail("dir", "must not be empty");
+
+  Section model(tab("model"), "model", source, {"seed", "loss", "layers"});
+  model.u64("seed", c.model.seed);
+  model.choice("loss", c.model.loss, {"cross_entropy", "mse"});
+  auto* layers = model.get("layers");
+  if (!layers) model.fail("layers", "required key is missing");
+  if (!layers->is_array()) model.fail("layers", cat("expected an array of tables, got ", type_name(*layers)));
+  int idx = 0;
+  for (auto& ln : *layers->as_array()) {
+    std::string lname = cat("layers[", idx, "]");
+    if (!ln.is_table()) model.fail(lname, "expected a table like { type = \"linear\", out = 256 }");
+    Section l(ln.as_table(), cat("model.layers[", idx, "]"), source, {"type", "out", "eps"});
+    LayerConfig lc;
+    l.choice("type", lc.type, {"linear", "relu", "gelu", "tanh", "layernorm"});
+    if (lc.type == "linear") l.integer("out", lc.out, 1, int64_t(1) << 31, true);
+    else if (l.get("out")) l.fail("out", cat("only linear layers take 'out' (this layer is ", lc.type, ")"));
+    if (lc.type == "layernorm") l.real("eps", lc.eps, 0, 1, true);
+    else if (l.get("eps")) l.fail("eps", cat("only layernorm layers take 'eps' (this layer is ", lc.type, ")"));
+    c.model.layers.push_back(lc);
+    ++idx;
+  }
+  if (c.model.layers.empty()) model.fail("layers", "must hold at least one layer");
+  bool any_linear = false;
+  for (auto& l : c.model.layers) any_linear |= l.type == "linear";
+  if (!any_linear) model.fail("layers", "needs at least one linear layer");
+
+  Section data(tab("data"), "data", source, {"train", "eval", "shuffle", "seed"});
+  data.str("train", c.data.train, true);
+  data.str("eval", c.data.eval);
+  data.boolean("shuffle", c.data.shuffle);
+  data.u64("seed", c.data.seed);
+
+  Section train(tab("train"), "train", source,
+                {"steps", "batch_size", "micro_batches", "log_every", "eval_every", "clip_grad_norm", "device",
+                 "precision", "threads", "time_limit"});
+  train.integer("steps", c.train.steps, 1, INT64_MAX / 4, true);
+  train.integer("batch_size", c.train.batch_size, 1, int64_t(1) << 31, true);
+  train.integer("micro_batches", c.train.micro_batches, 1, 1 << 20);
+  train.integer("log_every", c.train.log_every, 1, INT64_MAX);
+  train.integer("eval_every", c.train.eval_every, 0, INT64_MAX);
+  train.real("clip_grad_norm", c.train.clip_grad_norm, 0, 1e30);
+  train.choice("device", c.train.device, {"cpu", "cuda", "auto"});
+  train.choice("precision", c.train.precision, {"fp32", "bf16"});
+  train.integer("threads", c.train.threads, 0, 4096);
+  train.str("time_limit", c.train.time_limit);
+  if (!c.train.time_limit.empty()) parse_duration(c.train.time_limit, source + ": train.time_limit");
+
+  Section opt(tab("optimizer"), "optimizer", source, {"name", "lr", "betas", "eps", "weight_decay", "momentum"});
+  opt.choice("name", c.optimizer.name, {"adamw", "sgd"});
+  opt.real("lr", c.optimizer.lr, 0, 1e6);
+  if (auto* b = opt.get("betas")) {
+    auto* arr = b->as_array();
+    if (!arr || arr->size() != 2 || !(*arr)[0].is_number() || !(*arr)[1].is_number())
+      opt.fail("betas", "expected two numbers like [0.9, 0.999]");
+    auto num = [](const toml::node& n) { return n.is_integer() ? double(n.value<int64_t>().value()) : n.value<double>().value(); };
+    c.optimizer.beta1 = num((*arr)[0]);
+    c.optimizer.beta2 = num((*arr)[1]);
+    for (double v : {c.optimizer.beta1, c.optimizer.beta2})
+      if (!(v >= 0 && v < 1)) opt.fail("betas", cat("each beta must be in [0, 1), got ", v));
+  }
+  opt.real("eps", c.optimizer.eps, 0, 1, true);
+  opt.real("weight_decay", c.optimizer.weight_decay, 0, 1e6);
+  opt.real("momentum", c.optimizer.momentum, 0, 1);
+  if (c.optimizer.name == "adamw" && c.optimizer.momentum != 0)
+    opt.fail("momentum", "is an SGD setting; with optimizer.name = \"adamw\" use optimizer.betas");
+
+  Section lrs(tab("lr_schedule"), "lr_schedule", source, {"name", "warmup_steps", "min_lr"});
+  lrs.choice("name", c.lr_schedule.name, {"constant", "cosine"});
+  lrs.integer("warmup_steps", c.lr_schedule.warmup_steps, 0, INT64_MAX);
+  lrs.real("min_lr", c.lr_schedule.min_lr, 0, 1e6);
+  if (c.lr_schedule.warmup_steps > c.train.steps)
+    lrs.fail("warmup_steps", cat("must be <= train.steps (", c.train.steps, "), got ", c.lr_schedule.warmup_steps));
+  if (c.lr_schedule.min_lr > c.optimizer.lr)
+    lrs.fail("min_lr", cat("must be <= optimizer.lr (", c.optimizer.lr, "), got ", c.lr_schedule.min_lr));
+
+  Section par(tab("parallel"), "parallel", source,
+              {"dp", "pp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm"});
+  par.integer("dp", c.parallel.dp, 1, 1 << 20);
+  par.integer("pp", c.parallel.pp, 1, 1 << 16);
+  par.choice("schedule", c.parallel.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
+  par.integer("virtual_stages", c.parallel.virtual_stages, 1, 1024);
+  par.real("bucket_mb", c.parallel.bucket_mb, 0, 1e6, true);
+  par.choice("comm", c.parallel.comm, {"auto", "nccl", "mpi"});
+  if (auto* b = par.get("balance")) {
+    auto* arr = b->as_array();
+    if (!arr) par.fail("balance", cat("expected an array of integers, got ", type_name(*b)));
+    for (auto& e : *arr) {
+      if (!e.is_integer() || e.value<int64_t>().value() < 1)
+        par.fail("balance", "every entry must be an integer >= 1 (the number of config layers in that stage)");
+      c.parallel.balance.push_back(e.value<int64_t>().value());
+    }
+  }
+
+  Section ck(tab("checkpoint"), "checkpoint", source, {"dir", "every", "keep", "save_initial", "resume"});
+  ck.str("dir", c.checkpoint.dir);
+  ck.integer("every", c.checkpoint.every, 0, INT64_MAX);
+  ck.integer("keep", c.checkpoint.keep, 0, INT64_MAX);
+  ck.boolean("save_initial", c.checkpoint.save_initial);
+  ck.str("resume", c.checkpoint.resume);
+  if (c.checkpoint.resume.empty()) ck.fail("resume", "must be \"none\", \"auto\" or a checkpoint path");
+  if (c.checkpoint.dir.empty()) c.checkpoint.dir = c.run.dir + "/checkpoints";
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream f(path);
+  if (!f) throw Error(cat("--config ", path, ": cannot open the file"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_config_text(ss.str(), path, overrides);
+}
+
+std::string Config::to_toml() const {
+  std::ostringstream o;
+  auto q = [](const std::string& s) { return toml_quote(s); };
+  auto num = [](double v) {
+    std::ostringstream s;
+    s.precision(17);
+    s << v;
+    std::string r = s.str();
+    if (r.find_first_of(".eEn") == std::string::npos) r += ".0";
+    return r;
+  };
+  o << "[run]\ndir = " << q(run.dir) << "\n\n";
+  o << "[model]\nseed = " << model.seed << "\nloss = " << q(model.loss) << "\nlayers = [\n";
+  for (auto& l : model.layers) {
+    o << "  { type = " << q(l.type);
+    if (l.type == "linear") o << ", out = " << l.out;
+    if (l.type == "layernorm") o << ", eps = " << num(l.eps);
+    o << " },\n";
+  }
+  o << "]\n\n[data]\ntrain = " << q(data.train) << "\n";
+  if (!data.eval.empty()) o << "eval = " << q(data.eval) << "\n";
+  o << "shuffle = " << (data.shuffle ? "true" : "false") << "\nseed = " << data.seed << "\n\n";
+  o << "[train]\nsteps = " << train.steps << "\nbatch_size = " << train.batch_size
+    << "\nmicro_batches = " << train.micro_batches << "\nlog_every = " << train.log_every
+    << "\neval_every = " << train.eval_every << "\nclip_grad_norm = " << num(train.clip_grad_norm)
+    << "\ndevice = " << q(train.device) << "\nprecision = " << q(train.precision) << "\nthreads = " << train.threads
+    << "\n";
+  if (!train.time_limit.empty()) o << "time_limit = " << q(train.time_limit) << "\n";
+  o << "\n[optimizer]\nname = " << q(optimizer.name) << "\nlr = " << num(optimizer.lr) << "\nbetas = ["
+    << num(optimizer.beta1) << ", " << num(optimizer.beta2) << "]\neps = " << num(optimizer.eps)
+    << "\nweight_decay = " << num(optimizer.weight_decay) << "\nmomentum = " << num(optimizer.momentum) << "\n\n";
+  o << "[lr_schedule]\nname = " << q(lr_schedule.name) << "\nwarmup_steps = " << lr_schedule.warmup_steps
+    << "\nmin_lr = " << num(lr_schedule.min_lr) << "\n\n";
+  o << "[parallel]\ndp = " << parallel.dp << "\npp = " << parallel.pp << "\nschedule = " << q(parallel.schedule)
+    << "\nvirtual_stages = " << parallel.virtual_stages << "\n";
+  if (!parallel.balance.empty()) {
+    o << "balance = [";
+    for (size_t i = 0; i < parallel.balance.size(); ++i) o << (i ? ", " : "") << parallel.balance[i];
+    o << "]\n";
+  }
+  o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm) << "\n\n";
+  o << "[checkpoint]\ndir = " << q(checkpoint.dir) << "\nevery = " << checkpoint.every << "\nkeep = " << checkpoint.keep
+    << "\nsave_initial = " << (checkpoint.save_initial ? "true" : "false") << "\nresume = " << q(checkpoint.resume)
+    << "\n";
+  return o.str();
+}
+
+}  // namespace relay

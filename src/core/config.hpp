@@ -1,0 +1,86 @@
+// The run configuration: a TOML file plus --set overrides, validated once into typed structs.
+// Every key is a public interface (README "Config keys"). Errors name the file and the key.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace relay {
+
+struct LayerConfig {        // one entry of model.layers
+  std::string type;         // linear | relu | gelu | tanh | layernorm
+  int64_t out = 0;          // linear only
+  double eps = 1e-5;        // layernorm only
+};
+
+struct Config {
+  std::string source;  // the config file's path, for messages
+
+  struct Run { std::string dir = "runs/relay"; } run;
+  struct Model {
+    uint64_t seed = 1;
+    std::string loss = "cross_entropy";  // cross_entropy | mse
+    std::vector<LayerConfig> layers;
+  } model;
+  struct Data {
+    std::string train;
+    std::string eval;  // optional
+    bool shuffle = true;
+    uint64_t seed = 2;
+  } data;
+  struct Train {
+    int64_t steps = 0;
+    int64_t batch_size = 0;     // global batch per optimizer step
+    int64_t micro_batches = 1;  // per data-parallel replica
+    int64_t log_every = 10;
+    int64_t eval_every = 0;     // 0 = only at the end
+    double clip_grad_norm = 0;  // 0 = off
+    std::string device = "cpu";     // cpu | cuda | auto
+    std::string precision = "fp32"; // fp32 | bf16 (cuda)
+    int64_t threads = 0;            // CPU threads per rank; 0 = the cores given to this rank
+    std::string time_limit;         // e.g. "3h50m"; empty = none
+  } train;
+  struct Optimizer {
+    std::string name = "adamw";  // adamw | sgd
+    double lr = 1e-3;
+    double beta1 = 0.9, beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.01;
+    double momentum = 0.0;
+  } optimizer;
+  struct LrSchedule {
+    std::string name = "constant";  // constant | cosine
+    int64_t warmup_steps = 0;
+    double min_lr = 0.0;
+  } lr_schedule;
+  struct Parallel {
+    int64_t dp = 1, pp = 1;
+    std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
+    int64_t virtual_stages = 1;
+    std::vector<int64_t> balance;   // layers per chunk; empty = balanced by FLOPs
+    double bucket_mb = 25.0;
+    std::string comm = "auto";      // auto | nccl | mpi
+  } parallel;
+  struct Checkpoint {
+    std::string dir;         // default <run.dir>/checkpoints
+    int64_t every = 0;       // 0 = only at the end
+    int64_t keep = 0;        // 0 = keep all
+    bool save_initial = false;
+    std::string resume = "none";  // none | auto | a path
+  } checkpoint;
+
+  // The effective configuration as TOML text (every key, defaults filled in); loading it back gives
+  // the same Config.
+  std::string to_toml() const;
+};
+
+// Loads and validates. overrides are "section.key=value" strings (value in TOML syntax, or a bare
+// string). Throws relay::Error naming the file and key on any problem.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config parse_config_text(const std::string& text, const std::string& source,
+                         const std::vector<std::string>& overrides = {});
+
+// "3h50m", "90m", "45s", "2h", "01:30:00", "3600" -> seconds. Throws Error naming `key`.
+double parse_duration(const std::string& text, const std::string& key);
+
+}  // namespace relay

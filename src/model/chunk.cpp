@@ -1,0 +1,100 @@
+// Forward, backward-input and backward-weight over a chunk's layers with per-slot buffers.
+#include "model/chunk.hpp"
+
+namespace relay {
+
+ModelChunk::ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Layer>> layers, bool is_first, bool is_last)
+    : be_(be), id_(id), layers_(std::move(layers)), is_first_(is_first), is_last_(is_last) {
+  RELAY_ASSERT(!layers_.empty(), "chunk " << id << " has no layers");
+  first_param_layer_ = layers_.size();
+  for (size_t k = 0; k < layers_.size(); ++k)
+    if (!layers_[k]->params().empty()) { first_param_layer_ = k; break; }
+}
+
+std::vector<Param*> ModelChunk::params() {
+  std::vector<Param*> out;
+  for (auto& l : layers_)
+    for (auto& p : l->params()) out.push_back(&p);
+  return out;
+}
+
+bool ModelChunk::needs_input_grad(size_t k) const {
+  // The first chunk's input is data: layers up to and including the first parametrised one need no dx.
+  return !(is_first_ && k <= first_param_layer_);
+}
+
+ModelChunk::Slot& ModelChunk::slot(int s, int64_t rows) {
+  RELAY_ASSERT(s >= 0, "negative slot");
+  if (static_cast<size_t>(s) >= slots_.size()) slots_.resize(static_cast<size_t>(s) + 1);
+  Slot& sl = slots_[static_cast<size_t>(s)];
+  if (sl.capacity < rows) {  // first use (or a larger eval batch): allocate once, reuse afterwards
+    size_t L = layers_.size();
+    sl.capacity = rows;
+    sl.acts.assign(L + 1, Tensor());
+    sl.grads.assign(L + 1, Tensor());
+    sl.saved.assign(L, LayerSaved());
+    sl.acts[0] = Tensor(be_, {rows, in_width()});
+    for (size_t k = 0; k < L; ++k) {
+      sl.acts[k + 1] = Tensor(be_, {rows, layers_[k]->shape().out});
+      sl.grads[k + 1] = Tensor(be_, {rows, layers_[k]->shape().out});
+      layers_[k]->allocate_saved(be_, rows, sl.saved[k]);
+    }
+    if (!is_first_) sl.grads[0] = Tensor(be_, {rows, in_width()});
+  }
+  return sl;
+}
+
+Tensor ModelChunk::input(int s, int64_t rows) { return slot(s, rows).acts[0].rows(0, rows); }
+Tensor ModelChunk::output_grad(int s, int64_t rows) { return slot(s, rows).grads.back().rows(0, rows); }
+
+Tensor ModelChunk::forward_output(int s, int64_t rows) { return slot(s, rows).acts.back().rows(0, rows); }
+Tensor ModelChunk::input_grad(int s, int64_t rows) {
+  RELAY_ASSERT(!is_first_, "the first chunk computes no input gradient");
+  return slot(s, rows).grads[0].rows(0, rows);
+}
+
+Tensor ModelChunk::forward(int s, int64_t rows) {
+  Slot& sl = slot(s, rows);
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    Tensor y = sl.acts[k + 1].rows(0, rows);
+    layers_[k]->forward(be_, sl.acts[k].rows(0, rows), y, sl.saved[k]);
+  }
+  return sl.acts.back().rows(0, rows);
+}
+
+Tensor ModelChunk::backward_input(int s, int64_t rows) {
+  Slot& sl = slot(s, rows);
+  for (size_t k = layers_.size(); k-- > 0;) {
+    if (!needs_input_grad(k)) break;
+    Tensor dx = sl.grads[k].rows(0, rows);
+    layers_[k]->backward_input(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), dx, sl.saved[k]);
+  }
+  return is_first_ ? Tensor() : sl.grads[0].rows(0, rows);
+}
+
+void ModelChunk::backward_weight(int s, int64_t rows, const std::function<void(int)>& layer_done) {
+  Slot& sl = slot(s, rows);
+  for (size_t k = layers_.size(); k-- > 0;) {
+    if (layers_[k]->params().empty()) continue;
+    layers_[k]->backward_weight(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), sl.saved[k]);
+    if (layer_done) layer_done(layers_[k]->index());
+  }
+}
+
+Tensor ModelChunk::backward(int s, int64_t rows, const std::function<void(int)>& layer_done) {
+  Slot& sl = slot(s, rows);
+  for (size_t k = layers_.size(); k-- > 0;) {
+    Tensor x = sl.acts[k].rows(0, rows), dy = sl.grads[k + 1].rows(0, rows);
+    if (!layers_[k]->params().empty()) {
+      layers_[k]->backward_weight(be_, x, dy, sl.saved[k]);
+      if (layer_done) layer_done(layers_[k]->index());
+    }
+    if (needs_input_grad(k)) {
+      Tensor dx = sl.grads[k].rows(0, rows);
+      layers_[k]->backward_input(be_, x, dy, dx, sl.saved[k]);
+    }
+  }
+  return is_first_ ? Tensor() : sl.grads[0].rows(0, rows);
+}
+
+}  // namespace relay

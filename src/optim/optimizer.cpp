@@ -1,0 +1,89 @@
+#include "optim/optimizer.hpp"
+
+#include <cmath>
+
+namespace relay {
+
+namespace {
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const Config::Optimizer& c, Backend& be, std::vector<Param*> params) : cfg_(c), be_(be), params_(std::move(params)) {
+    for (Param* p : params_) {
+      m_.emplace_back(be, p->value.shape());
+      v_.emplace_back(be, p->value.shape());
+      be.fill(m_.back(), 0.f);
+      be.fill(v_.back(), 0.f);
+    }
+  }
+  std::string name() const override { return "adamw"; }
+  void step(float lr) override {
+    ++step_;
+    AdamWArgs a{lr, float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), float(cfg_.weight_decay), step_};
+    for (size_t i = 0; i < params_.size(); ++i) be_.adamw_step(params_[i]->value, params_[i]->grad, m_[i], v_[i], a);
+  }
+  std::vector<OptimizerState> state() override {
+    std::vector<OptimizerState> s;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      s.push_back({"exp_avg", params_[i]->name, &m_[i]});
+      s.push_back({"exp_avg_sq", params_[i]->name, &v_[i]});
+    }
+    return s;
+  }
+
+ private:
+  Config::Optimizer cfg_;
+  Backend& be_;
+  std::vector<Param*> params_;
+  std::vector<Tensor> m_, v_;  // same shapes as the parameters
+};
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const Config::Optimizer& c, Backend& be, std::vector<Param*> params) : cfg_(c), be_(be), params_(std::move(params)) {
+    for (Param* p : params_) {
+      buf_.emplace_back();
+      if (cfg_.momentum != 0) {
+        buf_.back() = Tensor(be, p->value.shape());
+        be.fill(buf_.back(), 0.f);
+      }
+    }
+  }
+  std::string name() const override { return "sgd"; }
+  void step(float lr) override {
+    SgdArgs a{lr, float(cfg_.momentum), float(cfg_.weight_decay), step_ == 0};
+    for (size_t i = 0; i < params_.size(); ++i) be_.sgd_step(params_[i]->value, params_[i]->grad, buf_[i], a);
+    ++step_;
+  }
+  std::vector<OptimizerState> state() override {
+    std::vector<OptimizerState> s;
+    if (cfg_.momentum != 0)
+      for (size_t i = 0; i < params_.size(); ++i) s.push_back({"momentum_buffer", params_[i]->name, &buf_[i]});
+    return s;
+  }
+
+ private:
+  Config::Optimizer cfg_;
+  Backend& be_;
+  std::vector<Param*> params_;
+  std::vector<Tensor> buf_;  // momentum buffers; undefined when momentum == 0
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const Config::Optimizer& cfg, Backend& be, std::vector<Param*> params) {
+  if (cfg.name == "adamw") return std::make_unique<AdamW>(cfg, be, std::move(params));
+  if (cfg.name == "sgd") return std::make_unique<Sgd>(cfg, be, std::move(params));
+  throw Error(cat("optimizer.name: unknown optimizer \"", cfg.name, "\""));
+}
+
+double learning_rate(const Config::LrSchedule& s, double base_lr, int64_t step, int64_t total) {
+  if (s.name == "constant") return base_lr;
+  if (s.warmup_steps > 0 && step <= s.warmup_steps) return base_lr * double(step) / double(s.warmup_steps);
+  if (total <= s.warmup_steps) return base_lr;
+  double progress = double(step - s.warmup_steps) / double(total - s.warmup_steps);
+  progress = std::min(1.0, std::max(0.0, progress));
+  return s.min_lr + 0.5 * (base_lr - s.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+}  // namespace relay

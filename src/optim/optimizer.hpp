@@ -1,0 +1,42 @@
+// Optimizers with torch.optim's exact update rules (AdamW: Loshchilov & Hutter, decoupled weight
+// decay with bias correction; SGD with momentum as torch.optim.SGD, dampening 0, no Nesterov).
+// State tensors are named as in torch.optim's state: exp_avg, exp_avg_sq, momentum_buffer.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "core/config.hpp"
+#include "model/layer.hpp"
+
+namespace relay {
+
+struct OptimizerState {
+  std::string kind;    // "exp_avg", "exp_avg_sq", "momentum_buffer"
+  std::string param;   // "0.weight"
+  Tensor* tensor;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;
+  // One update of every parameter with learning rate lr; increments step_count().
+  virtual void step(float lr) = 0;
+  // Every state tensor, for checkpoints.
+  virtual std::vector<OptimizerState> state() = 0;
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+
+ protected:
+  int64_t step_ = 0;  // updates done so far
+};
+
+std::unique_ptr<Optimizer> make_optimizer(const Config::Optimizer& cfg, Backend& be, std::vector<Param*> params);
+
+// Learning rate for update number `step` (1-based) of `total`: "constant", or "cosine" = linear
+// warm-up over warmup_steps, then cosine decay reaching min_lr at the last step.
+double learning_rate(const Config::LrSchedule& s, double base_lr, int64_t step, int64_t total);
+
+}  // namespace relay

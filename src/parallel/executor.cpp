@@ -1,0 +1,156 @@
+#include "parallel/executor.hpp"
+
+#include <chrono>
+
+namespace relay {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+enum MsgKind { kActivation = 0, kGrad = 1 };
+}  // namespace
+
+Executor::Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, std::map<int, ModelChunk*> chunks,
+                   Loss* loss, GradBuckets& buckets, const ScheduleShape& shape, std::vector<Action> actions,
+                   int64_t mb_rows, int64_t global_batch)
+    : be_(be), grid_(grid), comm_(pp_comm), chunks_(std::move(chunks)), loss_(loss), buckets_(buckets),
+      shape_(shape), actions_(std::move(actions)), mb_rows_(mb_rows),
+      grad_scale_(1.f / static_cast<float>(global_batch)), last_chunk_(num_chunks(shape) - 1) {}
+
+int Executor::tag(int kind, int chunk, int mb) const {
+  // Unique per (kind, chunk, micro-batch) within a step; MPI guarantees at least 32767 tags.
+  return ((mb * num_chunks(shape_) + chunk) * 2 + kind) % 32768;
+}
+
+ModelChunk& Executor::chunk(int c) {
+  auto it = chunks_.find(c);
+  RELAY_ASSERT(it != chunks_.end(), "chunk " << c << " is not on pp rank " << grid_.pp_rank);
+  return *it->second;
+}
+
+void Executor::upload_targets(int slot, int64_t row0, int64_t rows, const StepData& d) {
+  Tensor t = loss_->targets(slot, rows);
+  if (loss_->kind() == LossKind::cross_entropy) be_.upload(t, d.class_targets + row0);
+  else be_.upload(t, d.dense_targets + row0 * t.size(1));
+}
+
+void Executor::wait_all_sends() {
+  for (auto& r : sends_) r->wait();
+  sends_.clear();
+}
+
+StepStats Executor::run_step(const StepData& data) {
+  StepStats st;
+  const double t_step = now_s();
+  const int m = shape_.m;
+  weight_done_.clear();
+  buckets_.zero();
+  auto weights_hook = [&](int c) -> std::function<void(int)> {
+    // Only the last micro-batch of a chunk makes its layers' gradients final.
+    if (weight_done_[c] + 1 < m) return {};
+    return [this](int layer) { buckets_.layer_ready(layer); };
+  };
+  for (const Action& a : actions_) {
+    const int c = a.chunk, mb = a.micro_batch;
+    const double t0 = now_s();
+    bool compute = false;
+    switch (a.op) {
+      case Op::forward: {
+        ModelChunk& ch = chunk(c);
+        if (c == 0) {
+          Tensor in = ch.input(mb, mb_rows_);
+          be_.upload(in, data.inputs + mb * mb_rows_ * ch.in_width());
+        } else if (chunks_.count(c - 1)) {  // previous chunk on this rank (pp == 1)
+          Tensor in = ch.input(mb, mb_rows_);
+          be_.copy(in, chunk(c - 1).forward_output(mb, mb_rows_));
+        }
+        Tensor out = ch.forward(mb, mb_rows_);
+        if (c == last_chunk_) {
+          upload_targets(mb, mb * mb_rows_, mb_rows_, data);
+          Tensor dout = ch.output_grad(mb, mb_rows_);
+          st.loss_sum += loss_->forward_backward(mb, out, dout, grad_scale_);
+        }
+        compute = true;
+        break;
+      }
+      case Op::backward:
+      case Op::backward_input: {
+        ModelChunk& ch = chunk(c);
+        if (c < last_chunk_ && chunks_.count(c + 1)) {  // next chunk on this rank (pp == 1)
+          Tensor g = ch.output_grad(mb, mb_rows_);
+          be_.copy(g, chunk(c + 1).input_grad(mb, mb_rows_));
+        }
+        if (a.op == Op::backward) {
+          ch.backward(mb, mb_rows_, weights_hook(c));
+          ++weight_done_[c];
+        } else {
+          ch.backward_input(mb, mb_rows_);
+        }
+        compute = true;
+        break;
+      }
+      case Op::backward_weight:
+        chunk(c).backward_weight(mb, mb_rows_, weights_hook(c));
+        ++weight_done_[c];
+        compute = true;
+        break;
+      case Op::send_activation:
+        sends_.push_back(comm_.isend(chunk(c).forward_output(mb, mb_rows_), peer_of_chunk(c + 1), tag(kActivation, c + 1, mb)));
+        break;
+      case Op::recv_activation: {
+        Tensor in = chunk(c).input(mb, mb_rows_);
+        comm_.irecv(in, peer_of_chunk(c - 1), tag(kActivation, c, mb))->wait();
+        st.wait_s += now_s() - t0;
+        break;
+      }
+      case Op::send_grad:
+        sends_.push_back(comm_.isend(chunk(c).input_grad(mb, mb_rows_), peer_of_chunk(c - 1), tag(kGrad, c - 1, mb)));
+        break;
+      case Op::recv_grad: {
+        Tensor g = chunk(c).output_grad(mb, mb_rows_);
+        comm_.irecv(g, peer_of_chunk(c + 1), tag(kGrad, c, mb))->wait();
+        st.wait_s += now_s() - t0;
+        break;
+      }
+      case Op::allreduce_grads:
+        break;  // buckets were started by the weight hooks as their layers finished
+      case Op::optimizer_step: {
+        const double tw = now_s();
+        buckets_.finish();
+        wait_all_sends();
+        st.wait_s += now_s() - tw;
+        break;
+      }
+    }
+    if (compute) {
+      st.compute_s += now_s() - t0;
+      buckets_.progress();
+    }
+  }
+  st.step_s = now_s() - t_step;
+  return st;
+}
+
+void Executor::evaluate(int64_t rows, const StepData& data, double& loss_sum, int64_t& correct) {
+  // One forward pass through every chunk in order; slot m is reserved for evaluation.
+  const int slot = shape_.m;
+  loss_sum = 0;
+  correct = 0;
+  for (auto& [c, ch] : chunks_) {
+    Tensor in = ch->input(slot, rows);
+    if (c == 0) be_.upload(in, data.inputs);
+    else if (chunks_.count(c - 1)) be_.copy(in, chunk(c - 1).forward_output(slot, rows));
+    else comm_.irecv(in, peer_of_chunk(c - 1), tag(kActivation, c, slot))->wait();
+    Tensor out = ch->forward(slot, rows);
+    if (c == last_chunk_) {
+      upload_targets(slot, 0, rows, data);
+      loss_->evaluate(slot, out, loss_sum, correct);
+    } else if (!chunks_.count(c + 1)) {
+      sends_.push_back(comm_.isend(out, peer_of_chunk(c + 1), tag(kActivation, c + 1, slot)));
+    }
+  }
+  wait_all_sends();
+}
+
+}  // namespace relay

@@ -1,0 +1,94 @@
+#include "parallel/partition.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.hpp"
+
+namespace relay {
+
+std::vector<ChunkRange> partition_layers(const std::vector<LayerConfig>& layers, const std::vector<LayerShape>& shapes,
+                                         int chunks, const std::vector<int64_t>& balance,
+                                         const std::vector<double>& measured_costs) {
+  const int n = static_cast<int>(layers.size());
+  std::vector<ChunkRange> out;
+  if (!balance.empty()) {
+    if (static_cast<int>(balance.size()) != chunks)
+      throw Error(cat("parallel.balance has ", balance.size(), " entries but the pipeline has ", chunks,
+                      " stages (parallel.pp x parallel.virtual_stages); give one layer count per stage"));
+    int64_t sum = 0;
+    for (int64_t b : balance) sum += b;
+    if (sum != n)
+      throw Error(cat("parallel.balance sums to ", sum, " layers but model.layers has ", n,
+                      " (every layer must belong to exactly one stage)"));
+    int at = 0;
+    for (int64_t b : balance) {
+      out.push_back({at, at + static_cast<int>(b)});
+      at += static_cast<int>(b);
+    }
+    return out;
+  }
+  // Units: a parametrised layer with the parameter-free layers after it (leading ones join the first).
+  std::vector<int> unit_start;
+  for (int i = 0; i < n; ++i)
+    if (layer_has_params(layers[static_cast<size_t>(i)])) unit_start.push_back(i);
+  if (unit_start.empty()) throw Error("model.layers needs at least one linear layer");
+  unit_start[0] = 0;  // leading parameter-free layers join the first unit
+  const int u = static_cast<int>(unit_start.size());
+  if (u < chunks)
+    throw Error(cat("the model has ", u, " parametrised layers but the pipeline has ", chunks,
+                    " stages (parallel.pp x parallel.virtual_stages); each stage needs at least one "
+                    "(hint: lower parallel.pp or set parallel.balance explicitly)"));
+  std::vector<double> cost(static_cast<size_t>(u), 0.0);
+  for (int k = 0; k < u; ++k) {
+    int e = k + 1 < u ? unit_start[static_cast<size_t>(k) + 1] : n;
+    for (int i = unit_start[static_cast<size_t>(k)]; i < e; ++i)
+      cost[static_cast<size_t>(k)] += measured_costs.empty()
+                                          ? layer_flops(layers[static_cast<size_t>(i)], shapes[static_cast<size_t>(i)])
+                                          : measured_costs[static_cast<size_t>(i)];
+  }
+  // Minimise the most expensive chunk (linear partition by dynamic programming over units).
+  std::vector<double> prefix(static_cast<size_t>(u) + 1, 0.0);
+  for (int k = 0; k < u; ++k) prefix[static_cast<size_t>(k) + 1] = prefix[static_cast<size_t>(k)] + cost[static_cast<size_t>(k)];
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[c][k]: minimal max-cost splitting the first k units into c chunks; cut[c][k] the last cut.
+  std::vector<std::vector<double>> best(static_cast<size_t>(chunks) + 1, std::vector<double>(static_cast<size_t>(u) + 1, inf));
+  std::vector<std::vector<int>> cut(static_cast<size_t>(chunks) + 1, std::vector<int>(static_cast<size_t>(u) + 1, 0));
+  best[0][0] = 0;
+  for (int c = 1; c <= chunks; ++c)
+    for (int k = c; k <= u; ++k)
+      for (int j = c - 1; j < k; ++j) {
+        double v = std::max(best[static_cast<size_t>(c) - 1][static_cast<size_t>(j)],
+                            prefix[static_cast<size_t>(k)] - prefix[static_cast<size_t>(j)]);
+        if (v < best[static_cast<size_t>(c)][static_cast<size_t>(k)] - 1e-9) {
+          best[static_cast<size_t>(c)][static_cast<size_t>(k)] = v;
+          cut[static_cast<size_t>(c)][static_cast<size_t>(k)] = j;
+        }
+      }
+  std::vector<int> unit_bounds(static_cast<size_t>(chunks) + 1);
+  unit_bounds[static_cast<size_t>(chunks)] = u;
+  for (int c = chunks, k = u; c > 0; --c) {
+    k = cut[static_cast<size_t>(c)][static_cast<size_t>(k)];
+    unit_bounds[static_cast<size_t>(c) - 1] = k;
+  }
+  for (int c = 0; c < chunks; ++c) {
+    int b = unit_start[static_cast<size_t>(unit_bounds[static_cast<size_t>(c)])];
+    int e = unit_bounds[static_cast<size_t>(c) + 1] < u ? unit_start[static_cast<size_t>(unit_bounds[static_cast<size_t>(c) + 1])] : n;
+    out.push_back({b, e});
+  }
+  return out;
+}
+
+std::string describe_partition(const std::vector<ChunkRange>& parts, const std::vector<LayerConfig>& layers, int pp) {
+  std::string s;
+  for (size_t c = 0; c < parts.size(); ++c) {
+    s += cat("  stage ", c, " (pp rank ", static_cast<int>(c) % pp, "): layers ", parts[c].begin, "..",
+             parts[c].end - 1, " [");
+    for (int i = parts[c].begin; i < parts[c].end; ++i)
+      s += cat(i > parts[c].begin ? " " : "", layers[static_cast<size_t>(i)].type);
+    s += "]\n";
+  }
+  return s;
+}
+
+}  // namespace relay

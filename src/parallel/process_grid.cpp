@@ -1,0 +1,44 @@
+#include "parallel/process_grid.hpp"
+
+#include <unistd.h>
+
+#include "comm/mpi_check.hpp"
+#include "core/error.hpp"
+
+namespace relay {
+
+void local_rank_and_size(int& local_rank, int& local_size) {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_rank(node, &local_rank));
+  MPI_CHECK(MPI_Comm_size(node, &local_size));
+  MPI_CHECK(MPI_Comm_free(&node));
+}
+
+ProcessGrid make_process_grid(int dp, int pp) {
+  ProcessGrid g;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g.world_rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g.world_size));
+  if (g.world_size != dp * pp)
+    throw Error(cat("the job has ", g.world_size, " ranks but parallel.dp x parallel.pp = ", dp, " x ", pp, " = ",
+                    dp * pp, " (hint: launch ", dp * pp, " ranks, e.g. mpirun -np ", dp * pp,
+                    ", or change parallel.dp/parallel.pp)"));
+  g.dp = dp;
+  g.pp = pp;
+  g.pp_rank = g.world_rank / dp;
+  g.dp_rank = g.world_rank % dp;
+  local_rank_and_size(g.local_rank, g.local_size);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  g.host = host;
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.pp_rank, g.dp_rank, &g.dp_comm));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.dp_rank, g.pp_rank, &g.pp_comm));
+  return g;
+}
+
+void free_process_grid(ProcessGrid& g) {
+  if (g.dp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.dp_comm);
+  if (g.pp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.pp_comm);
+}
+
+}  // namespace relay

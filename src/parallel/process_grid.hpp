@@ -1,0 +1,33 @@
+// The dp x pp process grid, built once from MPI_COMM_WORLD and passed by reference (no singleton).
+// Rank order: world rank = pp_rank * dp + dp_rank, so data-parallel neighbours are adjacent.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+
+namespace relay {
+
+struct ProcessGrid {
+  int world_rank = 0, world_size = 1;
+  int dp = 1, pp = 1;
+  int dp_rank = 0, pp_rank = 0;
+  int local_rank = 0, local_size = 1;  // among the ranks on this node (MPI_COMM_TYPE_SHARED)
+  std::string host;
+  MPI_Comm dp_comm = MPI_COMM_NULL;  // same pp_rank; its rank == dp_rank
+  MPI_Comm pp_comm = MPI_COMM_NULL;  // same dp_rank; its rank == pp_rank
+
+  bool is_first_stage() const { return pp_rank == 0; }
+  bool is_last_stage() const { return pp_rank == pp - 1; }
+  int prev() const { return pp_rank - 1; }  // pp_comm ranks; -1 on the first stage
+  int next() const { return is_last_stage() ? -1 : pp_rank + 1; }
+  int world_rank_of(int pp_r, int dp_r) const { return pp_r * dp + dp_r; }
+};
+
+// Node-local rank and size (for threads per rank and GPU choice); usable before the grid exists.
+void local_rank_and_size(int& local_rank, int& local_size);
+
+// Splits MPI_COMM_WORLD. Throws relay::Error (the same on every rank) when world size != dp * pp.
+ProcessGrid make_process_grid(int dp, int pp);
+void free_process_grid(ProcessGrid& g);
+
+}  // namespace relay

@@ -1,0 +1,162 @@
+#include "train/checkpointing.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "comm/mpi_check.hpp"
+
+namespace fs = std::filesystem;
+
+namespace relay {
+
+std::vector<ManifestEntry> checkpoint_manifest(const ModelLayout& layout, const Config::Optimizer& opt) {
+  std::vector<ManifestEntry> m;
+  auto params = layout.params();
+  auto owner = [&](const std::string& n) { return layout.pp_rank_of_chunk(layout.chunk_of_layer(layout.layer_of_param(n))); };
+  for (auto& [n, s] : params) m.push_back({"model/" + n, s, owner(n)});
+  std::vector<std::string> kinds;
+  if (opt.name == "adamw") kinds = {"exp_avg", "exp_avg_sq"};
+  else if (opt.momentum != 0) kinds = {"momentum_buffer"};
+  for (auto& k : kinds)
+    for (auto& [n, s] : params) m.push_back({"optimizer/" + k + "/" + n, s, owner(n)});
+  return m;
+}
+
+namespace {
+
+// This rank's tensor for a manifest entry.
+Tensor* local_tensor(CheckpointContext& ctx, const std::string& name) {
+  if (name.rfind("model/", 0) == 0) return &ctx.params.at(name.substr(6))->value;
+  for (auto& st : ctx.optimizer.state())
+    if (name == "optimizer/" + st.kind + "/" + st.param) return st.tensor;
+  RELAY_ASSERT(false, "no local tensor for " << name);
+}
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
+  const ProcessGrid& g = ctx.grid;
+  const double t0 = now_s();
+  auto manifest = checkpoint_manifest(ctx.layout, ctx.cfg.optimizer);
+  const std::string dir = ctx.cfg.checkpoint.dir;
+  const std::string path = dir + "/" + checkpoint_file_name(step);
+  if (g.world_rank == 0) {
+    std::vector<CheckpointTensor> tensors;
+    tensors.reserve(manifest.size());
+    for (auto& e : manifest) {
+      CheckpointTensor t{e.name, e.shape, std::vector<float>(static_cast<size_t>(shape_numel(e.shape)))};
+      if (e.pp_rank == 0) ctx.be.download(t.data.data(), *local_tensor(ctx, e.name));
+      else
+        MPI_CHECK(MPI_Recv(t.data.data(), static_cast<int>(t.data.size()), MPI_FLOAT, g.world_rank_of(e.pp_rank, 0),
+                           7, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+      tensors.push_back(std::move(t));
+    }
+    CheckpointMeta meta;
+    meta.step = step;
+    meta.config_toml = ctx.cfg.to_toml();
+    meta.dp = g.dp;
+    meta.pp = g.pp;
+    meta.virtual_stages = ctx.cfg.parallel.virtual_stages;
+    meta.schedule = ctx.cfg.parallel.schedule;
+    meta.optimizer = ctx.optimizer.name();
+    meta.optimizer_step = ctx.optimizer.step_count();
+    meta.batch_size = ctx.cfg.train.batch_size;
+    meta.samples = ctx.samples;
+    meta.position = step * ctx.cfg.train.batch_size;
+    meta.epoch = ctx.samples ? meta.position / ctx.samples : 0;
+    meta.shuffle = ctx.cfg.data.shuffle;
+    meta.data_seed = ctx.cfg.data.seed;
+    meta.model_seed = ctx.cfg.model.seed;
+    fs::create_directories(dir);
+    write_checkpoint_file(path, meta, tensors);
+    write_latest(dir, checkpoint_file_name(step));
+    auto deleted = prune_checkpoints(dir, ctx.cfg.checkpoint.keep);
+    double mb = double(fs::file_size(path)) / (1024.0 * 1024.0);
+    std::printf("checkpoint step %lld: %s (%.1f MiB in %.2f s)%s\n", static_cast<long long>(step), path.c_str(), mb,
+                now_s() - t0, deleted.empty() ? "" : cat(", pruned ", deleted.size(), " older").c_str());
+    std::fflush(stdout);
+  } else if (g.dp_rank == 0) {
+    std::vector<float> buf;
+    for (auto& e : manifest) {
+      if (e.pp_rank != g.pp_rank) continue;
+      buf.resize(static_cast<size_t>(shape_numel(e.shape)));
+      ctx.be.download(buf.data(), *local_tensor(ctx, e.name));
+      MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, 0, 7, MPI_COMM_WORLD));
+    }
+  }
+  // Nobody goes on (or exits) before the file and `latest` are in place.
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  return path;
+}
+
+std::string resolve_resume_path(const Config& cfg) {
+  const std::string& r = cfg.checkpoint.resume;
+  if (r == "none") return "";
+  if (r == "auto") {
+    std::string latest = read_latest(cfg.checkpoint.dir);
+    if (latest.empty()) return "";
+    std::string p = cfg.checkpoint.dir + "/" + latest;
+    if (!fs::exists(p))
+      throw Error(cat("checkpoint.resume = \"auto\": ", cfg.checkpoint.dir, "/latest names ", latest,
+                      " but that file does not exist"));
+    return p;
+  }
+  if (fs::is_directory(r)) {  // a checkpoint directory: its latest
+    std::string latest = read_latest(r);
+    if (latest.empty()) throw Error(cat("checkpoint.resume = \"", r, "\": the directory has no 'latest' file"));
+    return r + "/" + latest;
+  }
+  if (!fs::exists(r)) throw Error(cat("checkpoint.resume = \"", r, "\": no such file"));
+  return r;
+}
+
+int64_t load_checkpoint(CheckpointContext& ctx, const std::string& path) {
+  CheckpointReader reader(path);
+  const auto& meta = reader.meta();
+  const std::string where = cat("checkpoint ", path);
+  if (meta.optimizer != ctx.cfg.optimizer.name)
+    throw Error(cat(where, " was written with optimizer \"", meta.optimizer, "\" but optimizer.name = \"",
+                    ctx.cfg.optimizer.name, "\""));
+  if (meta.batch_size != ctx.cfg.train.batch_size)
+    throw Error(cat(where, " was written with train.batch_size = ", meta.batch_size, " but this run has ",
+                    ctx.cfg.train.batch_size, " (the data order would change)"));
+  if (meta.samples != ctx.samples)
+    throw Error(cat(where, " was written for a training set of ", meta.samples, " samples but data.train has ",
+                    ctx.samples));
+  if (meta.step > ctx.cfg.train.steps)
+    throw Error(cat(where, " holds step ", meta.step, " but train.steps = ", ctx.cfg.train.steps));
+  auto manifest = checkpoint_manifest(ctx.layout, ctx.cfg.optimizer);
+  // Check the whole model first, on every rank, so every rank reports the same mismatch.
+  std::map<std::string, Shape> in_file;
+  for (auto& [n, s] : reader.tensors()) in_file[n] = s;
+  for (auto& e : manifest) {
+    auto it = in_file.find(e.name);
+    if (it == in_file.end())
+      throw Error(cat(where, ": tensor ", e.name, " (shape ", shape_str(e.shape),
+                      ") is missing; the checkpoint was written for another model or optimizer"));
+    if (it->second != e.shape)
+      throw Error(cat(where, ": tensor ", e.name, " has shape ", shape_str(it->second), " in the checkpoint but the model expects ",
+                      shape_str(e.shape)));
+  }
+  for (auto& [n, s] : in_file)
+    if (n.rfind("model/", 0) == 0) {
+      bool known = false;
+      for (auto& e : manifest) known |= e.name == n;
+      if (!known)
+        throw Error(cat(where, ": tensor ", n, " ", shape_str(s), " is not part of this model (model.layers differs)"));
+    }
+  std::vector<float> buf;
+  for (auto& e : manifest) {
+    if (e.pp_rank != ctx.grid.pp_rank) continue;
+    buf.resize(static_cast<size_t>(shape_numel(e.shape)));
+    reader.read(e.name, e.shape, buf.data());
+    ctx.be.upload(*local_tensor(ctx, e.name), buf.data());
+  }
+  ctx.optimizer.set_step_count(meta.optimizer_step);
+  return meta.step;
+}
+
+}  // namespace relay

@@ -1,0 +1,43 @@
+// Moving checkpoints between the ranks and the file: every pipeline stage's dp_rank 0 sends its
+// parameters and optimizer state to world rank 0, which writes one file of whole tensors; on resume
+// every rank reads the tensors of its own chunks, whatever layout wrote the file.
+#pragma once
+#include <map>
+#include <string>
+
+#include "io/checkpoint.hpp"
+#include "optim/optimizer.hpp"
+#include "parallel/process_grid.hpp"
+#include "train/model_layout.hpp"
+
+namespace relay {
+
+struct CheckpointContext {
+  const Config& cfg;
+  const ProcessGrid& grid;
+  const ModelLayout& layout;
+  Backend& be;
+  std::map<std::string, Param*> params;  // this rank's parameters by name
+  Optimizer& optimizer;
+  int64_t samples = 0;  // training set size (sampler position)
+};
+
+// Every tensor a checkpoint of this model and optimizer holds, with its owning pipeline rank.
+struct ManifestEntry {
+  std::string name;  // "model/0.weight", "optimizer/exp_avg/0.weight"
+  Shape shape;
+  int pp_rank;
+};
+std::vector<ManifestEntry> checkpoint_manifest(const ModelLayout& layout, const Config::Optimizer& opt);
+
+// Collective over MPI_COMM_WORLD. Returns the file's path (on every rank) after rank 0 has written it,
+// updated `latest` and pruned old files; rank 0 logs its size and time.
+std::string save_checkpoint(CheckpointContext& ctx, int64_t step);
+
+// Which file checkpoint.resume names ("none" -> "", "auto" -> latest or "", else the path).
+std::string resolve_resume_path(const Config& cfg);
+// Loads this rank's tensors and the optimizer step; checks every tensor of the model against the
+// file first (names and shapes) and the optimizer name. Returns the step the file holds.
+int64_t load_checkpoint(CheckpointContext& ctx, const std::string& path);
+
+}  // namespace relay

@@ -1,0 +1,33 @@
+// Rank 0's training log: a line every train.log_every steps (step, loss, lr, grad norm, samples/s,
+// elapsed, ETA) and the same records as JSON lines in <run.dir>/metrics.jsonl.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace relay {
+
+struct StepRecord {
+  int64_t step;
+  double loss, lr, grad_norm, samples_per_s;
+  double elapsed_s, eta_s;
+};
+
+class MetricsLog {
+ public:
+  // resume_step >= 0 keeps the records of steps <= resume_step (a resumed run continues the file,
+  // and steps after the checkpoint are logged again by the resumed run); -1 starts a fresh file.
+  MetricsLog(const std::string& path, int64_t resume_step);
+  void train(const StepRecord& r);
+  void eval(int64_t step, double loss, double accuracy, bool has_accuracy);
+  void note(const std::string& line);  // printed only
+
+ private:
+  void append(const std::string& json);
+  std::string path_;
+  std::ofstream out_;
+};
+
+std::string format_duration(double seconds);  // "1h02m03s", "4m05s", "12.3s"
+
+}  // namespace relay

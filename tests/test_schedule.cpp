@@ -1,0 +1,456 @@
+// Pipeline schedules and their simulator: every schedule over a table of sizes is accepted, the
+// simulator reproduces the published bubbles (GPipe arXiv:1811.06965, Megatron arXiv:2104.04473,
+// Zero Bubble arXiv:2401.10241), and broken hand-made lists are rejected with a message that says why.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+
+#include "parallel/schedule.hpp"
+#include "parallel/simulator.hpp"
+
+namespace relay {
+namespace {
+
+constexpr ScheduleKind kAllKinds[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+                                      ScheduleKind::zb_h1};
+constexpr int kPipelineSizes[] = {1, 2, 3, 4, 8};
+constexpr int kMicroBatches[] = {1, 2, 3, 4, 6, 8, 12, 16};
+constexpr double kTol = 1e-9;
+
+bool valid(const ScheduleShape& s) {
+  try {
+    validate_schedule_shape(s);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string describe(const ScheduleShape& s) {
+  return cat(schedule_kind_name(s.kind), " pp=", s.pp, " v=", s.v, " m=", s.m);
+}
+
+// Every valid shape of the table: pp x m x v in {1, 2, 3}, for each kind. m includes multiples of 3
+// so that interleaved runs on 3 ranks too.
+std::vector<ScheduleShape> table() {
+  std::vector<ScheduleShape> shapes;
+  for (ScheduleKind kind : kAllKinds) {
+    for (int pp : kPipelineSizes) {
+      for (int m : kMicroBatches) {
+        for (int v : {1, 2, 3}) {
+          if (valid({kind, pp, v, m})) shapes.push_back({kind, pp, v, m});
+        }
+      }
+    }
+  }
+  return shapes;
+}
+
+double total(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
+
+// Runs f, expects an exception of type E whose message holds every piece.
+template <typename E>
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& pieces) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one mentioning '" << pieces.front() << "'";
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const std::string& piece : pieces) {
+      EXPECT_NE(msg.find(piece), std::string::npos) << "missing '" << piece << "' in:\n" << msg;
+    }
+  }
+}
+
+void expect_invalid(const ScheduleShape& s, const std::vector<std::string>& pieces) {
+  SCOPED_TRACE(describe(s));
+  expect_error<Error>([&] { validate_schedule_shape(s); }, pieces);
+}
+
+void expect_rejected(const ScheduleShape& s, const std::vector<std::vector<Action>>& lists,
+                     const std::vector<std::string>& pieces) {
+  expect_error<ScheduleError>([&] { simulate(s, lists, Costs{}); }, pieces);
+}
+
+Action forward(int c, int mb) { return {Op::forward, c, mb}; }
+Action backward(int c, int mb) { return {Op::backward, c, mb}; }
+Action backward_input(int c, int mb) { return {Op::backward_input, c, mb}; }
+Action send_activation(int c, int mb) { return {Op::send_activation, c, mb}; }
+Action recv_activation(int c, int mb) { return {Op::recv_activation, c, mb}; }
+Action send_grad(int c, int mb) { return {Op::send_grad, c, mb}; }
+Action recv_grad(int c, int mb) { return {Op::recv_grad, c, mb}; }
+Action allreduce_grads(int c) { return {Op::allreduce_grads, c, -1}; }
+Action optimizer_step() { return {Op::optimizer_step, -1, -1}; }
+
+// ---- names and validation ------------------------------------------------------------------------
+
+TEST(ScheduleKind, ParsesEveryNameAndBack) {
+  for (ScheduleKind kind : kAllKinds) EXPECT_EQ(parse_schedule_kind(schedule_kind_name(kind)), kind);
+  EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::one_f_one_b);
+  EXPECT_EQ(parse_schedule_kind("zb-h1"), ScheduleKind::zb_h1);
+  expect_error<Error>([] { parse_schedule_kind("1F1B"); }, {"parallel.schedule", "\"1F1B\"", "\"zb-h1\""});
+}
+
+TEST(ScheduleKind, ActionsPrintTheirFields) {
+  EXPECT_STREQ(op_name(Op::backward_weight), "backward_weight");
+  EXPECT_EQ(to_string(recv_grad(3, 7)), "recv_grad(chunk 3, mb 7)");
+  EXPECT_EQ(to_string(allreduce_grads(2)), "allreduce_grads(chunk 2)");
+  EXPECT_EQ(to_string(optimizer_step()), "optimizer_step");
+}
+
+TEST(ValidateScheduleShape, NamesTheKeysOfEachMistake) {
+  using K = ScheduleKind;
+  expect_invalid({K::one_f_one_b, 0, 1, 4}, {"parallel.pp", ">= 1", "got 0"});
+  expect_invalid({K::one_f_one_b, 2, 0, 4}, {"parallel.virtual_stages", "got 0"});
+  expect_invalid({K::gpipe, 2, 1, 0}, {"train.micro_batches", "got 0"});
+  expect_invalid({K::one_f_one_b, 2, 2, 4},
+                 {"parallel.virtual_stages = 2", "parallel.schedule = \"interleaved\"", "\"1f1b\""});
+  expect_invalid({K::interleaved, 1, 2, 4}, {"parallel.pp >= 2", "got parallel.pp = 1"});
+  expect_invalid({K::interleaved, 4, 1, 4}, {"parallel.virtual_stages >= 2"});
+  expect_invalid({K::interleaved, 4, 2, 6},
+                 {"train.micro_batches", "multiple of parallel.pp", "= 6", "= 4", "parallel.virtual_stages = 2"});
+  expect_invalid({K::zb_h1, 4, 1, 3}, {"\"zb-h1\"", "train.micro_batches >= parallel.pp", "= 3", "= 4"});
+  // gpipe and 1f1b run any m >= 1, also fewer micro-batches than ranks.
+  EXPECT_NO_THROW(validate_schedule_shape({K::gpipe, 8, 1, 1}));
+  EXPECT_NO_THROW(validate_schedule_shape({K::one_f_one_b, 8, 1, 1}));
+  expect_error<Error>([] { generate_schedule({K::one_f_one_b, 2, 1, 4}, 2); }, {"pipeline rank 2", "parallel.pp = 2"});
+}
+
+// ---- every generated schedule --------------------------------------------------------------------
+
+TEST(GenerateSchedule, EveryShapeOfTheTableIsAcceptedBySimulator) {
+  const auto shapes = table();
+  EXPECT_GE(shapes.size(), 60u);  // the table must not silently shrink
+  for (const ScheduleShape& s : shapes) {
+    SCOPED_TRACE(describe(s));
+    EXPECT_NO_THROW(simulate(s, generate_all(s), Costs{}));
+    Costs slow_links;
+    slow_links.comm = 0.37;
+    EXPECT_NO_THROW(simulate(s, generate_all(s), slow_links));
+  }
+}
+
+TEST(GenerateSchedule, IsDeterministicAndEachRankGetsItsOwnList) {
+  for (const ScheduleShape& s : table()) {
+    SCOPED_TRACE(describe(s));
+    const auto all = generate_all(s);
+    ASSERT_EQ(all.size(), static_cast<size_t>(s.pp));
+    for (int rank = 0; rank < s.pp; ++rank) {
+      EXPECT_EQ(generate_schedule(s, rank), all[rank]);
+      for (const Action& a : all[rank]) {
+        if (a.op != Op::optimizer_step) {
+          EXPECT_EQ(chunk_rank(s, a.chunk), rank) << to_string(a);
+        }
+      }
+    }
+    EXPECT_EQ(generate_all(s), all);
+  }
+}
+
+TEST(GenerateSchedule, OneRankHasNoMessages) {
+  for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::zb_h1}) {
+    const auto list = generate_schedule({kind, 1, 1, 4}, 0);
+    for (const Action& a : list) {
+      EXPECT_TRUE(a.op != Op::send_activation && a.op != Op::recv_activation && a.op != Op::send_grad &&
+                  a.op != Op::recv_grad)
+          << schedule_kind_name(kind) << ": " << to_string(a);
+    }
+  }
+}
+
+// allreduce_grads(c) follows chunk c's last weight gradient, with at most that action's send_grad in
+// between, and optimizer_step closes every list.
+TEST(GenerateSchedule, AllReduceFollowsLastWeightGradientAndOptimizerStepIsLast) {
+  for (const ScheduleShape& s : table()) {
+    SCOPED_TRACE(describe(s));
+    for (const auto& list : generate_all(s)) {
+      ASSERT_FALSE(list.empty());
+      EXPECT_EQ(list.back(), optimizer_step());
+      EXPECT_EQ(std::count(list.begin(), list.end(), optimizer_step()), 1);
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (list[i].op != Op::allreduce_grads) continue;
+        ASSERT_GE(i, 1u);
+        size_t j = i - 1;
+        if (list[j].op == Op::send_grad) --j;
+        EXPECT_TRUE((list[j].op == Op::backward || list[j].op == Op::backward_weight) && list[j].chunk == list[i].chunk)
+            << "allreduce at " << i << " follows " << to_string(list[j]);
+      }
+    }
+  }
+}
+
+// ---- bubbles: the papers' closed forms -----------------------------------------------------------
+
+TEST(Bubble, GPipeAndOneFOneBMatchTheClosedForm) {
+  int checked = 0;
+  for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b}) {
+    for (int p : kPipelineSizes) {
+      for (int m : kMicroBatches) {
+        const ScheduleShape s{kind, p, 1, m};
+        SCOPED_TRACE(describe(s));
+        const SimResult r = simulate(s, generate_all(s), Costs{});
+        EXPECT_NEAR(r.bubble_fraction, double(p - 1) / (m + p - 1), kTol);
+        EXPECT_NEAR(r.makespan, 3.0 * (m + p - 1), kTol);  // F + B + W = 3 per micro-batch and per ramp step
+        for (int rank = 0; rank < p; ++rank) {
+          EXPECT_NEAR(r.busy[rank], 3.0 * m, kTol);
+          EXPECT_NEAR(r.idle[rank], r.makespan - r.busy[rank], kTol);
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 80);
+}
+
+TEST(Bubble, InterleavedMatchesTheClosedForm) {
+  int checked = 0;
+  for (int p : kPipelineSizes) {
+    for (int m : kMicroBatches) {
+      for (int v : {2, 3}) {
+        const ScheduleShape s{ScheduleKind::interleaved, p, v, m};
+        if (!valid(s)) continue;
+        SCOPED_TRACE(describe(s));
+        const double want = double(p - 1) / (v * m + p - 1);
+        // Each chunk holds 1/v of the layers, so it costs 1/v of a whole stage...
+        Costs split;
+        split.chunk_forward.assign(p * v, 1.0 / v);
+        split.chunk_backward_input.assign(p * v, 1.0 / v);
+        split.chunk_backward_weight.assign(p * v, 1.0 / v);
+        const SimResult r = simulate(s, generate_all(s), split);
+        EXPECT_NEAR(r.bubble_fraction, want, kTol);
+        EXPECT_NEAR(r.makespan, 3.0 * m + 3.0 * (p - 1) / v, kTol);
+        // ...and equal costs only scale time.
+        EXPECT_NEAR(simulate(s, generate_all(s), Costs{}).bubble_fraction, want, kTol);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 30);
+}
+
+TEST(Bubble, ZbH1IdlesOneThirdOfOneFOneB) {
+  int checked = 0;
+  for (int p : kPipelineSizes) {
+    for (int m : kMicroBatches) {
+      if (m < p) continue;
+      SCOPED_TRACE(cat("pp=", p, " m=", m));
+      const ScheduleShape zb{ScheduleKind::zb_h1, p, 1, m};
+      const ScheduleShape ofob{ScheduleKind::one_f_one_b, p, 1, m};
+      const double zb_idle = total(simulate(zb, generate_all(zb), Costs{}).idle);
+      const double ofob_idle = total(simulate(ofob, generate_all(ofob), Costs{}).idle);
+      EXPECT_NEAR(zb_idle, ofob_idle / 3, kTol);
+      EXPECT_NEAR(zb_idle, double(p) * (p - 1), kTol);  // (p-1)(F+B-W) on each rank
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 29);
+}
+
+// The paper's bubble for ZB-H1, (p-1)(F+B-W) per rank, holds for any B as long as a W fits in the
+// time of an F (a longer W no longer fits the slots 1F1B leaves it).
+TEST(Bubble, ZbH1IdlesFPlusBMinusWPerRank) {
+  for (double b : {1.0, 1.5, 2.0}) {
+    for (double w : {0.5, 0.8, 1.0}) {
+      for (int p : {2, 4, 8}) {
+        for (int m : {p, 2 * p, 16}) {
+          SCOPED_TRACE(cat("B=", b, " W=", w, " pp=", p, " m=", m));
+          const ScheduleShape s{ScheduleKind::zb_h1, p, 1, m};
+          Costs costs;
+          costs.backward_input = b;
+          costs.backward_weight = w;
+          const SimResult r = simulate(s, generate_all(s), costs);
+          for (int rank = 0; rank < p; ++rank) EXPECT_NEAR(r.idle[rank], (p - 1) * (1 + b - w), kTol);
+        }
+      }
+    }
+  }
+}
+
+// ---- memory --------------------------------------------------------------------------------------
+
+TEST(Memory, PeakLiveMicroBatches) {
+  for (int p : kPipelineSizes) {
+    for (int m : kMicroBatches) {
+      SCOPED_TRACE(cat("pp=", p, " m=", m));
+      const ScheduleShape gpipe{ScheduleKind::gpipe, p, 1, m};
+      const ScheduleShape ofob{ScheduleKind::one_f_one_b, p, 1, m};
+      const auto gpipe_peak = simulate(gpipe, generate_all(gpipe), Costs{}).peak_live_micro_batches;
+      const auto ofob_peak = simulate(ofob, generate_all(ofob), Costs{}).peak_live_micro_batches;
+      for (int rank = 0; rank < p; ++rank) {
+        EXPECT_EQ(gpipe_peak[rank], m);
+        EXPECT_EQ(ofob_peak[rank], std::min(p - rank, m));
+      }
+      const ScheduleShape zb{ScheduleKind::zb_h1, p, 1, m};
+      if (!valid(zb)) continue;
+      EXPECT_EQ(simulate(zb, generate_all(zb), Costs{}).peak_live_micro_batches, ofob_peak);
+      // ZB-H1 holds a micro-batch's weight-gradient inputs until its W: pp of them on every rank,
+      // which is 1F1B's peak (on rank 0).
+      const auto lists = generate_all(zb);
+      for (int rank = 0; rank < p; ++rank) {
+        int live = 0, peak = 0;
+        for (const Action& a : lists[rank]) {
+          live += (a.op == Op::forward) - (a.op == Op::backward_weight);
+          peak = std::max(peak, live);
+        }
+        EXPECT_EQ(peak, p) << "rank " << rank;
+      }
+    }
+  }
+}
+
+// ---- times: small cases worked by hand -----------------------------------------------------------
+
+TEST(Simulator, RecvWaitsForTheLink) {
+  // gpipe, 2 ranks, 1 micro-batch, comm 0.5: F on rank 0 [0,1), arrives 1.5, F on rank 1 [1.5,2.5),
+  // B on rank 1 [2.5,4.5), gradient arrives 5, B on rank 0 [5,7).
+  const ScheduleShape s{ScheduleKind::gpipe, 2, 1, 1};
+  Costs costs;
+  costs.comm = 0.5;
+  const SimResult r = simulate(s, generate_all(s), costs);
+  EXPECT_NEAR(r.makespan, 7, kTol);
+  ASSERT_EQ(r.timeline[1].size(), 2u);
+  EXPECT_NEAR(r.timeline[1][0].start, 1.5, kTol);
+  EXPECT_NEAR(r.timeline[0][1].start, 5, kTol);
+  EXPECT_NEAR(r.bubble_fraction, (4.0 + 4.0) / 14, kTol);
+}
+
+TEST(Simulator, PerChunkCostsOverrideTheScalars) {
+  // gpipe, 2 ranks, 2 micro-batches, chunk 1 forwards in 2: rank 0 F [0,2), rank 1 F [1,5),
+  // rank 1 B (2 each) [5,9), rank 0 B [7,11).
+  const ScheduleShape s{ScheduleKind::gpipe, 2, 1, 2};
+  Costs costs;
+  costs.forward = 100;  // overridden
+  costs.chunk_forward = {1, 2};
+  const SimResult r = simulate(s, generate_all(s), costs);
+  EXPECT_NEAR(r.makespan, 11, kTol);
+  EXPECT_NEAR(r.busy[0], 6, kTol);
+  EXPECT_NEAR(r.busy[1], 8, kTol);
+  EXPECT_NEAR(r.bubble_fraction, 8.0 / 22, kTol);
+  costs.chunk_forward = {1, 2, 3};
+  expect_error<Error>([&] { simulate(s, generate_all(s), costs); }, {"Costs.chunk_forward", "3 entries", "= 2"});
+}
+
+// ---- broken lists ---------------------------------------------------------------------------------
+
+TEST(SimulatorRejects, TwoRanksThatBothReceiveFirst) {
+  const ScheduleShape s{ScheduleKind::gpipe, 2, 1, 1};
+  const std::vector<std::vector<Action>> lists = {
+      {recv_grad(0, 0), forward(0, 0), send_activation(0, 0), backward(0, 0), allreduce_grads(0), optimizer_step()},
+      {recv_activation(1, 0), forward(1, 0), backward(1, 0), send_grad(1, 0), allreduce_grads(1), optimizer_step()},
+  };
+  expect_rejected(s, lists,
+                  {"deadlock",
+                   "rank 0, action 0 recv_grad(chunk 0, mb 0) waits for send_grad(chunk 1, mb 0) from rank 1, which "
+                   "sends it at its action 3 but is blocked at action 0 recv_activation(chunk 1, mb 0)",
+                   "rank 1, action 0 recv_activation(chunk 1, mb 0) waits for send_activation(chunk 0, mb 0)"});
+}
+
+TEST(SimulatorRejects, RecvWhoseSendNeverComes) {
+  const ScheduleShape s{ScheduleKind::gpipe, 2, 1, 1};
+  const std::vector<std::vector<Action>> lists = {
+      {forward(0, 0), recv_grad(0, 0), backward(0, 0), allreduce_grads(0), optimizer_step()},
+      {recv_activation(1, 0), forward(1, 0), backward(1, 0), send_grad(1, 0), allreduce_grads(1), optimizer_step()},
+  };
+  expect_rejected(s, lists,
+                  {"deadlock", "send_activation(chunk 0, mb 0) from rank 0, which never sends it",
+                   "what ran before the deadlock", "rank 0 | F0"});
+}
+
+TEST(SimulatorRejects, ForwardWithoutItsRecvActivation) {
+  const ScheduleShape s{ScheduleKind::one_f_one_b, 2, 1, 2};
+  auto lists = generate_all(s);
+  lists[1].erase(std::find(lists[1].begin(), lists[1].end(), recv_activation(1, 0)));
+  expect_rejected(s, lists,
+                  {"rank 1, action 0 forward(chunk 1, mb 0)", "before it arrives",
+                   "no recv_activation(chunk 1, mb 0) before it"});
+}
+
+TEST(SimulatorRejects, BackwardWithoutItsRecvGrad) {
+  const ScheduleShape s{ScheduleKind::zb_h1, 2, 1, 2};
+  auto lists = generate_all(s);
+  lists[0].erase(std::find(lists[0].begin(), lists[0].end(), recv_grad(0, 1)));
+  expect_rejected(s, lists, {"rank 0", "backward_input(chunk 0, mb 1)", "no recv_grad(chunk 0, mb 1) before it"});
+}
+
+TEST(SimulatorRejects, MicroBatchWithoutItsBackward) {
+  const ScheduleShape s{ScheduleKind::gpipe, 1, 1, 2};
+  expect_rejected(s, {{forward(0, 0), forward(0, 1), backward(0, 0)}},
+                  {"micro-batch 1 of chunk 0 (rank 0) is unfinished", "never runs backward"});
+  // With the all-reduce in place, it is the all-reduce that comes too early.
+  expect_rejected(s, {{forward(0, 0), forward(0, 1), backward(0, 0), allreduce_grads(0), optimizer_step()}},
+                  {"rank 0, action 3 allreduce_grads(chunk 0)", "before the chunk's last weight gradient",
+                   "micro-batch 1"});
+  const ScheduleShape zb{ScheduleKind::zb_h1, 1, 1, 1};
+  expect_rejected(zb, {{forward(0, 0), backward_input(0, 0), optimizer_step()}},
+                  {"optimizer_step", "before allreduce_grads(chunk 0)"});
+}
+
+TEST(SimulatorRejects, DuplicatedForward) {
+  const ScheduleShape s{ScheduleKind::one_f_one_b, 2, 1, 2};
+  auto lists = generate_all(s);
+  auto it = std::find(lists[0].begin(), lists[0].end(), forward(0, 1));
+  lists[0].insert(it + 1, forward(0, 1));
+  expect_rejected(s, lists, {"rank 0", "forward(chunk 0, mb 1)", "micro-batch 1 of chunk 0 is forwarded twice"});
+}
+
+TEST(SimulatorRejects, MisplacedOptimizerStep) {
+  const ScheduleShape s{ScheduleKind::one_f_one_b, 1, 1, 1};
+  const std::vector<Action> good = {forward(0, 0), backward(0, 0), allreduce_grads(0), optimizer_step()};
+  EXPECT_NO_THROW(simulate(s, {good}, Costs{}));
+  auto twice = good;
+  twice.push_back(optimizer_step());
+  expect_rejected(s, {twice}, {"action 4 optimizer_step", "duplicate optimizer_step"});
+  auto missing = good;
+  missing.pop_back();
+  expect_rejected(s, {missing}, {"rank 0", "without optimizer_step"});
+  auto early = good;
+  std::swap(early[2], early[3]);
+  expect_rejected(s, {early}, {"optimizer_step", "before allreduce_grads(chunk 0)"});
+}
+
+TEST(SimulatorRejects, AllReduceBeforeTheLastWeightGradient) {
+  const ScheduleShape s{ScheduleKind::zb_h1, 1, 1, 2};
+  auto list = generate_schedule(s, 0);
+  const auto it = std::find(list.begin(), list.end(), allreduce_grads(0));
+  std::rotate(it - 1, it, it + 1);  // swap with the W before it
+  expect_rejected(s, {list}, {"allreduce_grads(chunk 0)", "before the chunk's last weight gradient", "micro-batch 1"});
+}
+
+TEST(SimulatorRejects, ActionsOnTheWrongRankOrOutOfRange) {
+  const ScheduleShape s{ScheduleKind::gpipe, 2, 1, 1};
+  auto lists = generate_all(s);
+  lists[0].insert(lists[0].begin(), forward(1, 0));
+  expect_rejected(s, lists, {"rank 0, action 0 forward(chunk 1, mb 0)", "lives on rank 1"});
+  lists = generate_all(s);
+  lists[0][0] = forward(0, 5);
+  expect_rejected(s, lists, {"micro-batch is outside [0, train.micro_batches = 1)"});
+  const ScheduleShape one{ScheduleKind::gpipe, 1, 1, 1};
+  expect_rejected(one, {{forward(0, 0), send_activation(0, 0)}}, {"send_activation(chunk 0, mb 0)", "last chunk"});
+}
+
+// ---- the grid ------------------------------------------------------------------------------------
+
+TEST(RenderGrid, OneFOneBOnTwoRanksWorkedByHand) {
+  // Rank 0: F0 [0,1), F1 [1,2), B0 [4,6), B1 [7,9). Rank 1: F0 [1,2), B0 [2,4), F1 [4,5), B1 [5,7).
+  const ScheduleShape s{ScheduleKind::one_f_one_b, 2, 1, 2};
+  const std::string grid = render_grid(s, simulate(s, generate_all(s), Costs{}));
+  EXPECT_EQ(grid,
+            "rank 0 | F0 F1 .  .  B0 B0 .  B1 B1\n"
+            "rank 1 | .  F0 B0 B0 F1 B1 B1 .  .\n"
+            "(a column is 1 time unit; F forward, B backward or backward_input, W backward_weight; '.' idle)\n");
+}
+
+TEST(RenderGrid, ShowsChunksAndWeightGradients) {
+  const ScheduleShape inter{ScheduleKind::interleaved, 2, 2, 2};
+  const std::string grid = render_grid(inter, simulate(inter, generate_all(inter), Costs{}));
+  EXPECT_NE(grid.find("rank 1 | .    F0.1 F1.1 F0.3"), std::string::npos) << grid;
+  EXPECT_NE(grid.find("F1.3"), std::string::npos) << grid;
+  const ScheduleShape zb{ScheduleKind::zb_h1, 2, 1, 2};
+  const std::string zb_grid = render_grid(zb, simulate(zb, generate_all(zb), Costs{}));
+  EXPECT_NE(zb_grid.find("rank 1 | .  F0 B0 F1 B1 W0 W1"), std::string::npos) << zb_grid;
+}
+
+}  // namespace
+}  // namespace relay
