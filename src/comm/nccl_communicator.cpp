@@ -9,20 +9,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include "comm/mpi_check.hpp"
 #include "kernels/cuda/cuda_check.cuh"
-
-#define RELAY_NCCL_MPI_CHECK(call) ::relay::check_mpi((call), #call, __FILE__, __LINE__)
 
 namespace relay {
 namespace {
-
-void check_mpi(int rc, const char* call, const char* file, int line) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  fatal(cat("MPI call ", call, " failed: ", std::string(msg, static_cast<size_t>(len))), file, line);
-}
 
 constexpr int kIdTag = 7301;        // MPI tags on this communicator's private MPI_Comm_dup
 constexpr int kTagCheckTag = 7302;
@@ -62,9 +53,9 @@ class NcclRequest final : public Request {
     expected_tag_ = tag;
     tag_buf_ = tag;
     if (is_recv)
-      RELAY_NCCL_MPI_CHECK(MPI_Irecv(&tag_buf_, 1, MPI_INT, peer, kTagCheckTag, comm, &mpi_req_));
+      MPI_CHECK(MPI_Irecv(&tag_buf_, 1, MPI_INT, peer, kTagCheckTag, comm, &mpi_req_));
     else
-      RELAY_NCCL_MPI_CHECK(MPI_Isend(&tag_buf_, 1, MPI_INT, peer, kTagCheckTag, comm, &mpi_req_));
+      MPI_CHECK(MPI_Isend(&tag_buf_, 1, MPI_INT, peer, kTagCheckTag, comm, &mpi_req_));
   }
 
   ~NcclRequest() override {
@@ -81,7 +72,7 @@ class NcclRequest final : public Request {
     CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
     waited_ = true;
     if (checking_ && mpi_req_ != MPI_REQUEST_NULL) {
-      RELAY_NCCL_MPI_CHECK(MPI_Wait(&mpi_req_, MPI_STATUS_IGNORE));
+      MPI_CHECK(MPI_Wait(&mpi_req_, MPI_STATUS_IGNORE));
       verify_tag();
     }
   }
@@ -96,7 +87,7 @@ class NcclRequest final : public Request {
     CUDA_CHECK(err);
     if (checking_ && mpi_req_ != MPI_REQUEST_NULL) {
       int done = 0;
-      RELAY_NCCL_MPI_CHECK(MPI_Test(&mpi_req_, &done, MPI_STATUS_IGNORE));
+      MPI_CHECK(MPI_Test(&mpi_req_, &done, MPI_STATUS_IGNORE));
       if (!done) return false;
       verify_tag();
     }
@@ -132,13 +123,13 @@ class NcclCommunicator final : public Communicator {
     RELAY_ASSERT(compute_ != nullptr, "the CUDA backend has no stream");
     CUDA_CHECK(cudaGetDevice(&device_));  // the backend made its GPU current on this thread
 
-    RELAY_NCCL_MPI_CHECK(MPI_Comm_dup(comm, &mpi_comm_));
-    RELAY_NCCL_MPI_CHECK(MPI_Comm_rank(mpi_comm_, &rank_));
-    RELAY_NCCL_MPI_CHECK(MPI_Comm_size(mpi_comm_, &size_));
+    MPI_CHECK(MPI_Comm_dup(comm, &mpi_comm_));
+    MPI_CHECK(MPI_Comm_rank(mpi_comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(mpi_comm_, &size_));
 
     ncclUniqueId id;
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    RELAY_NCCL_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_comm_));
+    MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_comm_));
     NCCL_CHECK(ncclCommInitRank(&group_comm_, size_, id, rank_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&coll_stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
@@ -232,11 +223,11 @@ class NcclCommunicator final : public Communicator {
 
   void allreduce_host(double* values, int count, ReduceOp op) override {
     if (count == 0) return;
-    RELAY_NCCL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, mpi_op(op), mpi_comm_));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, mpi_op(op), mpi_comm_));
   }
 
   // Host-side only, like MPI_Barrier: synchronize the backend first to include GPU work.
-  void barrier() override { RELAY_NCCL_MPI_CHECK(MPI_Barrier(mpi_comm_)); }
+  void barrier() override { MPI_CHECK(MPI_Barrier(mpi_comm_)); }
 
  private:
   // One two-rank communicator per ordered pair, created in a global order of pairs that every rank
@@ -258,13 +249,13 @@ class NcclCommunicator final : public Communicator {
           ncclUniqueId id;
           if (rank_ == sender) {
             NCCL_CHECK(ncclGetUniqueId(&id));
-            RELAY_NCCL_MPI_CHECK(MPI_Send(&id, sizeof(id), MPI_BYTE, peer, kIdTag, mpi_comm_));
+            MPI_CHECK(MPI_Send(&id, sizeof(id), MPI_BYTE, peer, kIdTag, mpi_comm_));
             NCCL_CHECK(ncclCommInitRank(&send_comms_[peer], 2, id, 0));
             NCCL_CHECK(ncclGroupStart());
             NCCL_CHECK(ncclSend(token, 1, ncclFloat32, 1, send_comms_[peer], coll_stream_));
             NCCL_CHECK(ncclGroupEnd());
           } else {
-            RELAY_NCCL_MPI_CHECK(MPI_Recv(&id, sizeof(id), MPI_BYTE, peer, kIdTag, mpi_comm_, MPI_STATUS_IGNORE));
+            MPI_CHECK(MPI_Recv(&id, sizeof(id), MPI_BYTE, peer, kIdTag, mpi_comm_, MPI_STATUS_IGNORE));
             NCCL_CHECK(ncclCommInitRank(&recv_comms_[peer], 2, id, 1));
             NCCL_CHECK(ncclGroupStart());
             NCCL_CHECK(ncclRecv(token, 1, ncclFloat32, 0, recv_comms_[peer], coll_stream_));

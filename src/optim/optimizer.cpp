@@ -86,4 +86,9 @@ double learning_rate(const Config::LrSchedule& s, double base_lr, int64_t step, 
   return s.min_lr + 0.5 * (base_lr - s.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
+double clip_factor(double total_norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  return std::min(1.0, max_norm / (total_norm + 1e-6));
+}
+
 }  // namespace relay

@@ -39,4 +39,8 @@ std::unique_ptr<Optimizer> make_optimizer(const Config::Optimizer& cfg, Backend&
 // warm-up over warmup_steps, then cosine decay reaching min_lr at the last step.
 double learning_rate(const Config::LrSchedule& s, double base_lr, int64_t step, int64_t total);
 
+// torch.nn.utils.clip_grad_norm_: gradients are multiplied by min(1, max_norm / (total_norm + 1e-6));
+// returns that factor (1 when max_norm is 0, i.e. clipping is off).
+double clip_factor(double total_norm, double max_norm);
+
 }  // namespace relay

@@ -309,10 +309,8 @@ int run_training(const Config& cfg) {
       if (rank0) print_error(msg);
       throw AgreedError(msg);
     }
-    if (cfg.train.clip_grad_norm > 0) {  // torch.nn.utils.clip_grad_norm_
-      double coef = cfg.train.clip_grad_norm / (norm + 1e-6);
-      if (coef < 1.0) r.buckets->scale(static_cast<float>(coef));
-    }
+    const double clip = clip_factor(norm, cfg.train.clip_grad_norm);
+    if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
     const double lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, steps);
     r.optimizer->step(static_cast<float>(lr));
     ++window_steps;

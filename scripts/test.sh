@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs what the tests need, builds, and runs every test (unit, multi-rank mpirun, Slurm, PyTorch
+# golden references). Works on a fresh Debian 12 machine. Usage: scripts/test.sh [ctest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh --with-slurm --with-torch
+./scripts/build.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cd build
+ctest --output-on-failure --timeout 1200 "$@"

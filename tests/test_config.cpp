@@ -1,0 +1,98 @@
+// Config errors name the file and the key; --set overrides; the effective config round-trips.
+#include <gtest/gtest.h>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+
+using namespace relay;
+
+namespace {
+const char* kBase = R"(
+[model]
+layers = [ { type = "linear", out = 8 }, { type = "gelu" }, { type = "linear", out = 3 } ]
+[data]
+train = "t.h5"
+[train]
+steps = 10
+batch_size = 4
+)";
+
+std::string error_of(const std::string& text, const std::vector<std::string>& ov = {}) {
+  try {
+    parse_config_text(text, "cfg.toml", ov);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Config, MinimalLoadsWithDefaults) {
+  Config c = parse_config_text(kBase, "cfg.toml");
+  EXPECT_EQ(c.model.layers.size(), 3u);
+  EXPECT_EQ(c.optimizer.name, "adamw");
+  EXPECT_EQ(c.parallel.dp, 1);
+  EXPECT_EQ(c.checkpoint.dir, c.run.dir + "/checkpoints");
+}
+
+TEST(Config, UnknownKeyNamesFileAndKey) {
+  std::string e = error_of(std::string(kBase) + "[optimizer]\nlearning_rate = 0.1\n");
+  EXPECT_NE(e.find("cfg.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("optimizer.learning_rate"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key"), std::string::npos) << e;
+  EXPECT_NE(error_of(std::string(kBase) + "[trian]\n").find("unknown section [trian]"), std::string::npos);
+}
+
+TEST(Config, WrongTypeNamesKeyAndTypes) {
+  std::string e = error_of(kBase, {"train.steps=\"ten\""});
+  EXPECT_NE(e.find("train.steps"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected an integer, got string"), std::string::npos) << e;
+}
+
+TEST(Config, MissingRequiredKey) {
+  std::string e = error_of("[model]\nlayers = [ { type = \"linear\", out = 2 } ]\n[train]\nsteps = 1\nbatch_size = 1\n");
+  EXPECT_NE(e.find("data.train"), std::string::npos) << e;
+  EXPECT_NE(e.find("required key is missing"), std::string::npos) << e;
+}
+
+TEST(Config, BadValues) {
+  EXPECT_NE(error_of(kBase, {"train.steps=0"}).find("train.steps: must be in [1"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"optimizer.name=\"adam\""}).find("optimizer.name: must be one of adamw, sgd"),
+            std::string::npos);
+  EXPECT_NE(error_of(kBase, {"parallel.schedule=\"pipedream\""}).find("parallel.schedule"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"optimizer.betas=[0.9]"}).find("optimizer.betas"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"lr_schedule.warmup_steps=11"}).find("lr_schedule.warmup_steps"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"train.time_limit=\"3 hours\""}).find("train.time_limit"), std::string::npos);
+  std::string layer = error_of("[model]\nlayers = [ { type = \"linear\" } ]\n[data]\ntrain=\"x\"\n[train]\nsteps=1\nbatch_size=1\n");
+  EXPECT_NE(layer.find("model.layers[0].out"), std::string::npos) << layer;
+  std::string conv = error_of("[model]\nlayers = [ { type = \"conv\", out = 3 } ]\n[data]\ntrain=\"x\"\n[train]\nsteps=1\nbatch_size=1\n");
+  EXPECT_NE(conv.find("model.layers[0].type"), std::string::npos) << conv;
+}
+
+TEST(Config, OverridesAndBareStrings) {
+  Config c = parse_config_text(kBase, "cfg.toml", {"train.steps=25", "run.dir=runs/x", "parallel.balance=[1, 2]"});
+  EXPECT_EQ(c.train.steps, 25);
+  EXPECT_EQ(c.run.dir, "runs/x");
+  EXPECT_EQ(c.parallel.balance, (std::vector<int64_t>{1, 2}));
+  EXPECT_NE(error_of(kBase, {"steps=3"}).find("section.key"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"train.nope=3"}).find("train.nope"), std::string::npos);
+}
+
+TEST(Config, EffectiveConfigRoundTrips) {
+  Config c = parse_config_text(kBase, "cfg.toml", {"optimizer.lr=0.0123", "parallel.balance=[2, 1]", "train.time_limit=\"1h\""});
+  std::string text = c.to_toml();
+  Config d = parse_config_text(text, "effective.toml");
+  EXPECT_EQ(d.to_toml(), text);
+  EXPECT_DOUBLE_EQ(d.optimizer.lr, 0.0123);
+  EXPECT_EQ(d.parallel.balance, c.parallel.balance);
+}
+
+TEST(Config, Durations) {
+  EXPECT_DOUBLE_EQ(parse_duration("3h50m", "k"), 3 * 3600 + 50 * 60);
+  EXPECT_DOUBLE_EQ(parse_duration("90m", "k"), 5400);
+  EXPECT_DOUBLE_EQ(parse_duration("45s", "k"), 45);
+  EXPECT_DOUBLE_EQ(parse_duration("01:30:00", "k"), 5400);
+  EXPECT_DOUBLE_EQ(parse_duration("3600", "k"), 3600);
+  EXPECT_THROW(parse_duration("3h50", "k"), Error);
+  EXPECT_THROW(parse_duration("soon", "k"), Error);
+}

@@ -1,0 +1,171 @@
+// Every CPU kernel against a naive double-precision reference (tests/test_layers.cpp checks the
+// layers' backward passes with finite differences).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
+
+using namespace relay;
+
+namespace {
+std::vector<float> randn(size_t n, uint64_t stream, float scale = 1.f) {
+  Rng r(42, stream);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(r.normal()) * scale;
+  return v;
+}
+void expect_close(const std::vector<float>& a, const std::vector<double>& b, double rtol, double atol, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], b[i], atol + rtol * std::abs(b[i])) << what << " at " << i;
+}
+}  // namespace
+
+struct GemmCase { bool ta, tb; int64_t m, n, k; };
+class GemmTest : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmTest, MatchesNaive) {
+  auto c = GetParam();
+  cpu::set_threads(2);
+  auto a = randn(size_t(c.m * c.k), 1), b = randn(size_t(c.k * c.n), 2), y = randn(size_t(c.m * c.n), 3);
+  std::vector<double> ref(y.size());
+  const float alpha = 0.75f, beta = 0.5f;
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        double av = c.ta ? a[size_t(p * c.m + i)] : a[size_t(i * c.k + p)];
+        double bv = c.tb ? b[size_t(j * c.k + p)] : b[size_t(p * c.n + j)];
+        s += av * bv;
+      }
+      ref[size_t(i * c.n + j)] = alpha * s + beta * y[size_t(i * c.n + j)];
+    }
+  cpu::gemm(c.ta, c.tb, c.m, c.n, c.k, alpha, a.data(), c.ta ? c.m : c.k, b.data(), c.tb ? c.k : c.n, beta, y.data(), c.n);
+  expect_close(y, ref, 1e-5, 1e-5 * std::sqrt(double(c.k)), "gemm");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
+                         ::testing::Values(GemmCase{false, false, 1, 1, 1}, GemmCase{false, true, 3, 7, 5},
+                                           GemmCase{true, false, 17, 9, 33}, GemmCase{true, true, 8, 16, 4},
+                                           GemmCase{false, true, 127, 65, 255}, GemmCase{true, false, 64, 128, 300}));
+
+TEST(CpuKernels, BiasAndBiasGrad) {
+  const int64_t r = 37, c = 129;
+  auto y = randn(size_t(r * c), 4), b = randn(size_t(c), 5);
+  std::vector<double> ref(y.size());
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) ref[size_t(i * c + j)] = double(y[size_t(i * c + j)]) + b[size_t(j)];
+  auto yy = y;
+  cpu::add_bias(yy.data(), b.data(), r, c);
+  expect_close(yy, ref, 1e-6, 1e-6, "add_bias");
+  std::vector<float> db(size_t(c), 1.f);
+  std::vector<double> dref(size_t(c));
+  for (int64_t j = 0; j < c; ++j) {
+    double s = 0;
+    for (int64_t i = 0; i < r; ++i) s += y[size_t(i * c + j)];
+    dref[size_t(j)] = 1.0 + s;  // beta = 1 accumulates
+  }
+  cpu::bias_grad(y.data(), db.data(), r, c, 1.f);
+  expect_close(db, dref, 1e-5, 1e-5, "bias_grad");
+}
+
+TEST(CpuKernels, Activations) {
+  auto x = randn(1000, 6, 3.f), dy = randn(1000, 7);
+  std::vector<float> y(x.size()), dx(x.size());
+  std::vector<double> ry(x.size()), rdx(x.size());
+  auto check = [&](auto fwd, auto bwd, auto f, auto df, const char* name) {
+    fwd(x.data(), y.data(), int64_t(x.size()));
+    bwd(x.data(), dy.data(), dx.data(), int64_t(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      ry[i] = f(double(x[i]));
+      rdx[i] = dy[i] * df(double(x[i]));
+    }
+    expect_close(y, ry, 1e-6, 1e-6, name);
+    expect_close(dx, rdx, 1e-5, 1e-6, name);
+  };
+  check(cpu::relu_forward, cpu::relu_backward, [](double v) { return v > 0 ? v : 0.0; },
+        [](double v) { return v > 0 ? 1.0 : 0.0; }, "relu");
+  check(cpu::tanh_forward, cpu::tanh_backward, [](double v) { return std::tanh(v); },
+        [](double v) { return 1 - std::tanh(v) * std::tanh(v); }, "tanh");
+  check(cpu::gelu_forward, cpu::gelu_backward, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); },
+        [](double v) { return 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-v * v / 2) / std::sqrt(2 * M_PI); },
+        "gelu");
+}
+
+TEST(CpuKernels, SumSquaresAndScaleAreThreadCountIndependent) {
+  auto x = randn(300001, 8);
+  double ref = 0;
+  for (float v : x) ref += double(v) * v;
+  cpu::set_threads(1);
+  double one = cpu::sum_squares(x.data(), int64_t(x.size()));
+  cpu::set_threads(2);
+  double two = cpu::sum_squares(x.data(), int64_t(x.size()));
+  EXPECT_EQ(one, two);  // bitwise: fixed blocks summed in order
+  EXPECT_NEAR(one, ref, 1e-9 * ref);
+  cpu::scale(x.data(), 0.5f, int64_t(x.size()));
+  EXPECT_NEAR(cpu::sum_squares(x.data(), int64_t(x.size())), ref / 4, 1e-9 * ref);
+}
+
+TEST(CpuKernels, LayerNormForwardMatchesTorchFormula) {
+  const int64_t r = 5, d = 33;
+  auto x = randn(size_t(r * d), 9, 2.f), g = randn(size_t(d), 10), b = randn(size_t(d), 11);
+  std::vector<float> y(x.size()), mean(size_t(r)), rstd(size_t(r));
+  cpu::layernorm_forward(x.data(), g.data(), b.data(), 1e-5f, y.data(), mean.data(), rstd.data(), r, d);
+  std::vector<double> ref(x.size());
+  for (int64_t i = 0; i < r; ++i) {
+    double mu = 0, var = 0;
+    for (int64_t j = 0; j < d; ++j) mu += x[size_t(i * d + j)];
+    mu /= d;
+    for (int64_t j = 0; j < d; ++j) var += std::pow(x[size_t(i * d + j)] - mu, 2);
+    var /= d;  // biased, as torch
+    for (int64_t j = 0; j < d; ++j)
+      ref[size_t(i * d + j)] = (x[size_t(i * d + j)] - mu) / std::sqrt(var + 1e-5) * g[size_t(j)] + b[size_t(j)];
+  }
+  expect_close(y, ref, 1e-5, 1e-5, "layernorm");
+}
+
+TEST(CpuKernels, CrossEntropyAndArgmax) {
+  const int64_t r = 6, c = 11;
+  auto z = randn(size_t(r * c), 12, 5.f);
+  std::vector<int32_t> t = {0, 10, 3, 3, 7, 1};
+  std::vector<float> loss(size_t(r)), dz(z.size());
+  const float scale = 0.25f;
+  cpu::cross_entropy(z.data(), t.data(), scale, loss.data(), dz.data(), r, c);
+  std::vector<double> rl(size_t(r)), rdz(z.size());
+  for (int64_t i = 0; i < r; ++i) {
+    double s = 0;
+    for (int64_t j = 0; j < c; ++j) s += std::exp(double(z[size_t(i * c + j)]));
+    rl[size_t(i)] = std::log(s) - z[size_t(i * c + t[size_t(i)])];
+    for (int64_t j = 0; j < c; ++j)
+      rdz[size_t(i * c + j)] = (std::exp(double(z[size_t(i * c + j)])) / s - (j == t[size_t(i)])) * scale;
+  }
+  expect_close(loss, rl, 1e-5, 1e-5, "ce loss");
+  expect_close(dz, rdz, 1e-5, 1e-7, "ce grad");
+  std::vector<int32_t> am(size_t(r));
+  cpu::argmax(z.data(), am.data(), r, c);
+  for (int64_t i = 0; i < r; ++i) {
+    int32_t best = 0;
+    for (int32_t j = 1; j < c; ++j)
+      if (z[size_t(i * c + j)] > z[size_t(i * c + best)]) best = j;
+    EXPECT_EQ(am[size_t(i)], best);
+  }
+}
+
+TEST(CpuKernels, Mse) {
+  const int64_t r = 4, k = 3;
+  auto p = randn(size_t(r * k), 13), t = randn(size_t(r * k), 14);
+  std::vector<float> loss(size_t(r)), dp(p.size());
+  cpu::mse(p.data(), t.data(), 0.5f, loss.data(), dp.data(), r, k);
+  for (int64_t i = 0; i < r; ++i) {
+    double s = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      double e = double(p[size_t(i * k + j)]) - t[size_t(i * k + j)];
+      s += e * e;
+      EXPECT_NEAR(dp[size_t(i * k + j)], 2 * e / k * 0.5, 1e-6);
+    }
+    EXPECT_NEAR(loss[size_t(i)], s / k, 1e-6);
+  }
+}
