@@ -127,11 +127,13 @@ void expect_numel(const Tensor& t, int64_t numel, const char* op, const char* na
                                       << " elements, expected " << numel);
 }
 
-// (rows, cols) of a tensor read as a matrix over its last dimension.
-int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.size(-1); }
-int64_t leading_rows(const Tensor& t) {
-  const int64_t d = last_dim(t);
-  return d == 0 ? 0 : t.numel() / d;
+// A tensor read as a matrix (rows, cols): the leading dimension is the rows, the rest the columns;
+// a vector is one column. The same convention as the CPU reference backend.
+int64_t rows_of(const Tensor& t) { return t.ndim() == 0 ? 1 : t.size(0); }
+int64_t cols_of(const Tensor& t) {
+  int64_t cols = 1;
+  for (int d = 1; d < t.ndim(); ++d) cols *= t.size(d);
+  return cols;
 }
 
 class CudaBackend final : public Backend {
@@ -216,7 +218,7 @@ class CudaBackend final : public Backend {
     bind();
     expect_cuda(src, "copy", "src", src.dtype());
     expect_cuda(dst, "copy", "dst", src.dtype());
-    RELAY_ASSERT(dst.shape() == src.shape(),
+    RELAY_ASSERT(dst.numel() == src.numel(),
                  "copy: dst " << shape_str(dst.shape()) << " vs src " << shape_str(src.shape()));
     if (src.bytes() == 0 || dst.raw() == src.raw()) return;
     CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDeviceToDevice, stream_));
@@ -291,18 +293,18 @@ class CudaBackend final : public Backend {
     bind();
     expect_cuda(y, "add_bias", "y");
     expect_cuda(bias, "add_bias", "bias");
-    const int64_t f = last_dim(y);
+    const int64_t f = cols_of(y);
     expect_numel(bias, f, "add_bias", "bias");
-    cuda::add_bias(y.f32(), bias.f32(), leading_rows(y), f, stream_);
+    cuda::add_bias(y.f32(), bias.f32(), rows_of(y), f, stream_);
   }
 
   void bias_grad(const Tensor& dy, Tensor& db, float beta) override {
     bind();
     expect_cuda(dy, "bias_grad", "dy");
     expect_cuda(db, "bias_grad", "db");
-    const int64_t f = last_dim(dy);
+    const int64_t f = cols_of(dy);
     expect_numel(db, f, "bias_grad", "db");
-    cuda::bias_grad(dy.f32(), db.f32(), leading_rows(dy), f, beta, stream_);
+    cuda::bias_grad(dy.f32(), db.f32(), rows_of(dy), f, beta, stream_);
   }
 
   // --- elementwise ----------------------------------------------------------------------------
@@ -356,7 +358,7 @@ class CudaBackend final : public Backend {
     expect_cuda(y, op, "y");
     expect_cuda(mean, op, "mean");
     expect_cuda(rstd, op, "rstd");
-    const int64_t d = last_dim(x), n = leading_rows(x);
+    const int64_t d = cols_of(x), n = rows_of(x);
     expect_numel(gamma, d, op, "gamma");
     expect_numel(beta, d, op, "beta");
     expect_numel(y, x.numel(), op, "y");
@@ -375,7 +377,7 @@ class CudaBackend final : public Backend {
     expect_cuda(mean, op, "mean");
     expect_cuda(rstd, op, "rstd");
     expect_cuda(dx, op, "dx");
-    const int64_t d = last_dim(x), n = leading_rows(x);
+    const int64_t d = cols_of(x), n = rows_of(x);
     expect_numel(dy, x.numel(), op, "dy");
     expect_numel(dx, x.numel(), op, "dx");
     expect_numel(gamma, d, op, "gamma");
@@ -395,7 +397,7 @@ class CudaBackend final : public Backend {
     expect_cuda(rstd, op, "rstd");
     expect_cuda(dgamma, op, "dgamma");
     expect_cuda(dbeta, op, "dbeta");
-    const int64_t d = last_dim(x), n = leading_rows(x);
+    const int64_t d = cols_of(x), n = rows_of(x);
     expect_numel(dy, x.numel(), op, "dy");
     expect_numel(mean, n, op, "mean");
     expect_numel(rstd, n, op, "rstd");
@@ -414,8 +416,7 @@ class CudaBackend final : public Backend {
     expect_cuda(logits, op, "logits");
     expect_cuda(targets, op, "targets", DType::i32);
     expect_cuda(losses, op, "losses");
-    RELAY_ASSERT(logits.ndim() == 2, op << ": logits " << shape_str(logits.shape()) << " must be (n, classes)");
-    const int64_t n = logits.size(0), c = logits.size(1);
+    const int64_t n = rows_of(logits), c = cols_of(logits);
     expect_numel(targets, n, op, "targets");
     expect_numel(losses, n, op, "losses");
     float* dl = nullptr;
@@ -433,7 +434,7 @@ class CudaBackend final : public Backend {
     expect_cuda(pred, op, "pred");
     expect_cuda(target, op, "target");
     expect_cuda(losses, op, "losses");
-    const int64_t k = last_dim(pred), n = leading_rows(pred);
+    const int64_t k = cols_of(pred), n = rows_of(pred);
     expect_numel(target, pred.numel(), op, "target");
     expect_numel(losses, n, op, "losses");
     float* dp = nullptr;
@@ -449,9 +450,8 @@ class CudaBackend final : public Backend {
     bind();
     expect_cuda(logits, "argmax", "logits");
     expect_cuda(out, "argmax", "out", DType::i32);
-    RELAY_ASSERT(logits.ndim() == 2, "argmax: logits " << shape_str(logits.shape()) << " must be (n, classes)");
-    expect_numel(out, logits.size(0), "argmax", "out");
-    cuda::argmax(logits.f32(), out.i32(), logits.size(0), logits.size(1), stream_);
+    expect_numel(out, rows_of(logits), "argmax", "out");
+    cuda::argmax(logits.f32(), out.i32(), rows_of(logits), cols_of(logits), stream_);
   }
 
   // --- optimizers -----------------------------------------------------------------------------

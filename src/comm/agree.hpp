@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <functional>
+#include <string>
 
 namespace relay {
 

@@ -150,10 +150,12 @@ class NcclCommunicator final : public Communicator {
     streams.push_back(coll_stream_);
     for (cudaStream_t s : streams)
       if (s) cudaStreamSynchronize(s);
-    for (ncclComm_t c : send_comms_)
+    // ncclCommDestroy is a collective among a communicator's ranks on one node: destroy in the same
+    // global order as creation, or two ranks could each wait in a different communicator.
+    for_each_pair_comm([](int, bool, ncclComm_t& c) {
       if (c) ncclCommDestroy(c);
-    for (ncclComm_t c : recv_comms_)
-      if (c) ncclCommDestroy(c);
+      c = nullptr;
+    });
     if (group_comm_) ncclCommDestroy(group_comm_);
     for (cudaStream_t s : streams)
       if (s) cudaStreamDestroy(s);
@@ -230,41 +232,49 @@ class NcclCommunicator final : public Communicator {
   void barrier() override { MPI_CHECK(MPI_Barrier(mpi_comm_)); }
 
  private:
-  // One two-rank communicator per ordered pair, created in a global order of pairs that every rank
-  // follows, so each blocking step finds its partner: the lowest unfinished pair always has both
-  // members waiting on it. Each is warmed up with a one-element message: NCCL connects a peer (all
-  // its point-to-point channels, whatever the message size) inside the first ncclGroupEnd that uses
-  // it, and that blocks the host until the peer connects too. Done later, a rank's first send to its
-  // peer would block until the peer posted its first receive, and two first sends would deadlock.
-  void create_pair_comms() {
-    float* token = nullptr;  // (1) scratch for the warm-up message
-    CUDA_CHECK(cudaMalloc(&token, sizeof(float)));
-    CUDA_CHECK(cudaMemsetAsync(token, 0, sizeof(float), coll_stream_));
-    for (int lo = 0; lo < size_; ++lo) {
+  // Calls f(peer, is_sender, comm) on this rank's pair communicators in the global order of
+  // (lo, hi, direction) that every rank follows.
+  template <typename F>
+  void for_each_pair_comm(F&& f) {
+    for (int lo = 0; lo < size_; ++lo)
       for (int hi = lo + 1; hi < size_; ++hi) {
         if (rank_ != lo && rank_ != hi) continue;
         const int peer = rank_ == lo ? hi : lo;
         for (int direction = 0; direction < 2; ++direction) {
-          const int sender = direction == 0 ? lo : hi;
-          ncclUniqueId id;
-          if (rank_ == sender) {
-            NCCL_CHECK(ncclGetUniqueId(&id));
-            MPI_CHECK(MPI_Send(&id, sizeof(id), MPI_BYTE, peer, kIdTag, mpi_comm_));
-            NCCL_CHECK(ncclCommInitRank(&send_comms_[peer], 2, id, 0));
-            NCCL_CHECK(ncclGroupStart());
-            NCCL_CHECK(ncclSend(token, 1, ncclFloat32, 1, send_comms_[peer], coll_stream_));
-            NCCL_CHECK(ncclGroupEnd());
-          } else {
-            MPI_CHECK(MPI_Recv(&id, sizeof(id), MPI_BYTE, peer, kIdTag, mpi_comm_, MPI_STATUS_IGNORE));
-            NCCL_CHECK(ncclCommInitRank(&recv_comms_[peer], 2, id, 1));
-            NCCL_CHECK(ncclGroupStart());
-            NCCL_CHECK(ncclRecv(token, 1, ncclFloat32, 0, recv_comms_[peer], coll_stream_));
-            NCCL_CHECK(ncclGroupEnd());
-          }
-          CUDA_CHECK(cudaStreamSynchronize(coll_stream_));
+          const bool is_sender = rank_ == (direction == 0 ? lo : hi);
+          const auto p = static_cast<size_t>(peer);
+          f(peer, is_sender, is_sender ? send_comms_[p] : recv_comms_[p]);
         }
       }
-    }
+  }
+
+  // One two-rank communicator per ordered pair, created in the global order above, so each blocking
+  // step finds its partner: the lowest unfinished pair always has both members waiting on it. Each
+  // is warmed up with a one-element message: NCCL connects a peer (all its point-to-point channels,
+  // whatever the message size) inside the first ncclGroupEnd that uses it, and that blocks the host
+  // until the peer connects too. Left to the first real message, a rank's first send would block
+  // until its peer posted a receive, and two ranks that both send first would deadlock.
+  void create_pair_comms() {
+    float* token = nullptr;  // (1) scratch for the warm-up message
+    CUDA_CHECK(cudaMalloc(&token, sizeof(float)));
+    CUDA_CHECK(cudaMemsetAsync(token, 0, sizeof(float), coll_stream_));
+    for_each_pair_comm([&](int peer, bool is_sender, ncclComm_t& comm) {
+      ncclUniqueId id;
+      if (is_sender) {
+        NCCL_CHECK(ncclGetUniqueId(&id));
+        MPI_CHECK(MPI_Send(&id, sizeof(id), MPI_BYTE, peer, kIdTag, mpi_comm_));
+      } else {
+        MPI_CHECK(MPI_Recv(&id, sizeof(id), MPI_BYTE, peer, kIdTag, mpi_comm_, MPI_STATUS_IGNORE));
+      }
+      NCCL_CHECK(ncclCommInitRank(&comm, 2, id, is_sender ? 0 : 1));  // the sender is rank 0
+      NCCL_CHECK(ncclGroupStart());
+      if (is_sender)
+        NCCL_CHECK(ncclSend(token, 1, ncclFloat32, 1, comm, coll_stream_));
+      else
+        NCCL_CHECK(ncclRecv(token, 1, ncclFloat32, 0, comm, coll_stream_));
+      NCCL_CHECK(ncclGroupEnd());
+      CUDA_CHECK(cudaStreamSynchronize(coll_stream_));
+    });
     CUDA_CHECK(cudaFree(token));
   }
 

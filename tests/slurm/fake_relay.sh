@@ -44,8 +44,12 @@ for s in "${sets[@]}"; do
   [[ $s == *.*=* ]] || error "--set '$s': expected section.key=value"
   cfg[${s%%=*}]=${s#*=}
 done
+for k in "${!cfg[@]}"; do  # like Relay, refuse keys it does not know (checked for [train] only)
+  [[ $k != train.* || $k =~ ^train\.(steps|batch_size|micro_batches|log_every|eval_every|clip_grad_norm|device|precision|threads|time_limit)$ ]] \
+    || error "$config: $k: unknown key"
+done
 steps=${cfg[train.steps]:-}
-[[ $steps =~ ^[0-9]+$ && $steps -gt 0 ]] || error "train.steps must be a positive integer, got '${steps}' (config $config)"
+[[ $steps =~ ^[0-9]+$ && $steps -gt 0 ]] || error "$config: train.steps: must be a positive integer, got '${steps}'"
 (( cfg[parallel.dp] * cfg[parallel.pp] == world )) \
   || error "world size $world != parallel.dp x parallel.pp = ${cfg[parallel.dp]} x ${cfg[parallel.pp]}"
 run_dir=${cfg[run.dir]:?run.dir missing}

@@ -5,7 +5,8 @@
 # watchdog if the test itself is killed (ctest's timeout sends SIGKILL, which runs no trap).
 # Where the daemons cannot be started the test prints "SKIPPED: <reason>" and exits 77, which ctest
 # reports as skipped; RELAY_SLURM_REQUIRED=1 turns that into a failure (for CI that must run them).
-# RELAY_SLURM_KEEP=1 keeps the temporary directory for a post-mortem.
+# RELAY_SLURM_KEEP=1 keeps the temporary directory for a post-mortem; RELAY_SLURM_CONF_EXTRA holds
+# extra slurm.conf lines (a later line overrides an earlier one).
 
 HARNESS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$HARNESS_DIR/../.." && pwd)
@@ -83,7 +84,9 @@ if [[ -n \$steps ]]; then
 fi
 munged --socket="$d/run/munge.socket" --stop >/dev/null 2>&1 || kill \$(cat "$d/run/munged.pid" 2>/dev/null) 2>/dev/null
 touch "$d/stopped"
-[[ \${RELAY_SLURM_KEEP:-0} == 1 ]] && echo "harness: kept $d" >&2 || rm -rf "$d"
+# Only ever delete a directory this harness made (mktemp's relay-slurm.XXXXXX).
+if [[ \${RELAY_SLURM_KEEP:-0} == 1 ]]; then echo "harness: kept $d" >&2
+elif [[ \$(basename "$d") == relay-slurm.?????? && -e "$d/slurm.conf" ]]; then rm -rf "$d"; fi
 EOF
 }
 
@@ -101,6 +104,19 @@ slurm_dump_logs() {
   done
 }
 
+# wait_daemon NAME TIMEOUT_S CHECK...: waits until CHECK succeeds; gives up at once when the daemon
+# we started has exited (its fatal error is then the last thing in its log).
+wait_daemon() {
+  local name=$1 deadline=$(( $(date +%s) + $2 )); shift 2
+  until "$@"; do
+    kill -0 "$(cat "$SLURM_HARNESS_DIR/run/$name.pid" 2>/dev/null)" 2>/dev/null \
+      || { _why="$name exited"; return 1; }
+    (( $(date +%s) < deadline )) || { _why="$name did not get ready in time"; return 1; }
+    sleep 0.2
+  done
+}
+_last_words() { tail -q -n 3 "$SLURM_HARNESS_DIR/log/$1.log" "$SLURM_HARNESS_DIR/log/$1.stderr" 2>/dev/null | tr '\n' ' '; }
+
 # slurm_start [CPUS]: starts munged, slurmctld and slurmd; returns when the node is idle.
 # The node advertises max(CPUS, nproc) CPUs (default 8) so that dp=2 x pp=2 = 4 tasks fit on two
 # cores: Slurm then allocates them without --overcommit, and the tasks share the real cores.
@@ -116,7 +132,7 @@ slurm_start() {
   SLURM_HARNESS_DIR=$d
   # munged refuses a socket directory that others cannot traverse, and a key readable by others.
   chmod 755 "$d"
-  mkdir -p "$d"/{munge,run,state,spool,log,tmp,jobs}
+  mkdir -p "$d"/{munge,run,state,spool,log,tmp,work}
   chmod 700 "$d/munge"; chmod 755 "$d/run"
   _write_stop_script
   trap 'rc=$?; slurm_stop; exit $rc' EXIT
@@ -185,6 +201,7 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 NodeName=$SLURM_NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$SLURM_NODE Default=YES MaxTime=INFINITE State=UP
+${RELAY_SLURM_CONF_EXTRA:-}
 EOF
   : >"$d/plugstack.conf"
   export SLURM_CONF=$d/slurm.conf
@@ -192,21 +209,22 @@ EOF
   # -D keeps the daemons in the foreground so that $! is their pid.
   slurmctld -D -i -f "$d/slurm.conf" </dev/null >>"$d/log/slurmctld.stderr" 2>&1 &
   echo $! >"$d/run/slurmctld.pid"
-  wait_until 30 scontrol ping >/dev/null 2>&1 || true
-  scontrol ping 2>/dev/null | grep -q 'is UP' \
-    || skip "slurmctld did not answer within 30 s: $(tail -n 3 "$d/log/slurmctld.log" "$d/log/slurmctld.stderr" 2>/dev/null | tr '\n' ' ')"
+  _ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
+  wait_daemon slurmctld 30 _ctld_up \
+    || skip "slurmctld did not start ($_why): $(_last_words slurmctld)"
   slurmd -D -N "$SLURM_NODE" -f "$d/slurm.conf" </dev/null >>"$d/log/slurmd.stderr" 2>&1 &
   echo $! >"$d/run/slurmd.pid"
   _node_idle() { sinfo -h -n "$SLURM_NODE" -o %T 2>/dev/null | grep -qx idle; }
-  wait_until 30 _node_idle \
-    || skip "slurmd did not register an idle node within 30 s (state: $(sinfo -h -o %T 2>/dev/null)): $(tail -n 3 "$d/log/slurmd.log" "$d/log/slurmd.stderr" 2>/dev/null | tr '\n' ' ')"
+  wait_daemon slurmd 30 _node_idle \
+    || skip "slurmd did not bring the node up ($_why; node state: $(sinfo -h -o %T 2>/dev/null)): $(_last_words slurmd)"
   SLURM_START_SECONDS=$(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   log "harness: Slurm up in ${SLURM_START_SECONDS}s (node $SLURM_NODE, $cpus CPUs, ports $ctld_port/$slurmd_port, dir $d)"
 
   # Jobs inherit this environment (sbatch's default --export=ALL). Four ranks share two cores:
   # Open MPI must yield while it waits, or a spinning rank starves the one it waits for.
   export OMPI_MCA_mpi_yield_when_idle=1
-  export SLURM_JOBS_DIR=$d/jobs
+  # Scratch space for the test's data, configs and job output; removed with the rest.
+  WORK_DIR=$d/work
 }
 
 # --- jobs -----------------------------------------------------------------------------------------
@@ -223,10 +241,11 @@ _job_in_state() { [[ $(job_field "$1" JobState) =~ ^($2)$ ]]; }
 # wait_job_state ID TIMEOUT_S REGEX: waits until the job's state matches REGEX (e.g. RUNNING).
 wait_job_state() { wait_until "$2" _job_in_state "$1" "$3"; }
 
-# wait_job_done ID TIMEOUT_S: waits for a final state and prints it; fails the test on timeout.
+# wait_job_done ID TIMEOUT_S: waits for a final state and sets JOB_STATE; fails the test on timeout.
+# (Not in $(...): a failure there would end only the subshell.)
 wait_job_done() {
   local final='COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED'
   wait_job_state "$1" "$2" "$final" \
     || fail "job $1 not done after $2 s (state $(job_field "$1" JobState), reason $(job_field "$1" Reason))"
-  job_field "$1" JobState
+  JOB_STATE=$(job_field "$1" JobState)
 }

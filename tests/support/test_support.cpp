@@ -70,3 +70,85 @@ bool contains(const std::string& haystack, const std::string& needle) {
 }
 
 }  // namespace relay::test
+
+#include "io/checkpoint.hpp"
+
+namespace relay::test {
+
+Problem make_problem(const std::string& dir, int64_t samples, int64_t features, int64_t classes) {
+  Problem p{dir, dir + "/train.h5", dir + "/eval.h5", dir + "/config.toml"};
+  auto synth = [&](const std::string& out, int64_t n, int seed) {
+    RunResult r = run_command(relay_binary() + " data synth --out " + out + " --samples " + std::to_string(n) +
+                              " --features " + std::to_string(features) + " --classes " + std::to_string(classes) +
+                              " --seed " + std::to_string(seed));
+    if (r.exit_code != 0) throw std::runtime_error("relay data synth failed: " + r.output);
+  };
+  synth(p.data, samples, 11);
+  synth(p.eval, samples / 4, 12);
+  write_file(p.config, R"([run]
+dir = ")" + dir + R"(/run"
+[model]
+seed = 3
+loss = "cross_entropy"
+layers = [
+  { type = "linear", out = 24 }, { type = "gelu" },
+  { type = "linear", out = 24 }, { type = "tanh" },
+  { type = "linear", out = 24 }, { type = "layernorm" },
+  { type = "linear", out = 24 }, { type = "relu" },
+  { type = "linear", out = 24 }, { type = "gelu" },
+  { type = "linear", out = 24 }, { type = "gelu" },
+  { type = "linear", out = 24 }, { type = "tanh" },
+  { type = ")" + std::string("linear\", out = ") + std::to_string(classes) + R"( },
+]
+[data]
+train = ")" + p.data + R"("
+shuffle = true
+seed = 5
+[train]
+steps = 6
+batch_size = 64
+micro_batches = 1
+log_every = 1
+clip_grad_norm = 0.5
+[optimizer]
+name = "adamw"
+lr = 0.01
+weight_decay = 0.01
+[lr_schedule]
+name = "cosine"
+warmup_steps = 2
+min_lr = 0.001
+)");
+  return p;
+}
+
+RunResult train(int ranks, const std::string& config, const std::vector<std::string>& overrides, int timeout_s) {
+  std::string cmd = (ranks == 1 ? relay_binary() : mpirun_relay(ranks)) + " train --config " + config;
+  for (auto& o : overrides) cmd += " --set '" + o + "'";
+  return run_command(cmd, timeout_s);
+}
+
+std::vector<double> read_losses(const std::string& run_dir) {
+  std::vector<double> out;
+  std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto at = line.find("\"loss\": ");
+    if (at == std::string::npos) continue;
+    out.push_back(std::stod(line.substr(at + 8)));
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<float>> read_checkpoint(const std::string& path) {
+  CheckpointReader r(path);
+  std::map<std::string, std::vector<float>> out;
+  for (auto& [name, shape] : r.tensors()) {
+    std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+    r.read(name, shape, v.data());
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+}  // namespace relay::test

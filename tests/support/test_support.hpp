@@ -1,5 +1,6 @@
 // Helpers shared by the tests: temporary directories, running the real binary, reading files.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,24 @@ std::string source_dir();
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& text);
 bool contains(const std::string& haystack, const std::string& needle);
+
+}  // namespace relay::test
+
+namespace relay::test {
+
+// A small training problem on real files: a synthetic dataset made by `relay data synth` and a
+// config whose model has 8 linear layers (enough for pp = 4 x v = 2 chunks).
+struct Problem {
+  std::string dir, data, eval, config;
+};
+Problem make_problem(const std::string& dir, int64_t samples = 512, int64_t features = 16, int64_t classes = 5);
+
+// Runs `relay train` on `ranks` ranks (1 = no mpirun) with --set overrides; returns exit code and output.
+RunResult train(int ranks, const std::string& config, const std::vector<std::string>& overrides, int timeout_s = 300);
+
+// Per-step training losses from <run_dir>/metrics.jsonl (index = step - 1).
+std::vector<double> read_losses(const std::string& run_dir);
+// Every tensor of a checkpoint by name.
+std::map<std::string, std::vector<float>> read_checkpoint(const std::string& path);
 
 }  // namespace relay::test
