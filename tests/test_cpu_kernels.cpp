@@ -62,7 +62,7 @@ TEST(CpuKernels, BiasAndBiasGrad) {
   cpu::add_bias(yy.data(), b.data(), r, c);
   expect_close(yy, ref, 1e-6, 1e-6, "add_bias");
   std::vector<float> db(size_t(c), 1.f);
-  std::vector<double> dref(size_t(c));
+  std::vector<double> dref(static_cast<size_t>(c));
   for (int64_t j = 0; j < c; ++j) {
     double s = 0;
     for (int64_t i = 0; i < r; ++i) s += y[size_t(i * c + j)];
@@ -112,7 +112,7 @@ TEST(CpuKernels, SumSquaresAndScaleAreThreadCountIndependent) {
 TEST(CpuKernels, LayerNormForwardMatchesTorchFormula) {
   const int64_t r = 5, d = 33;
   auto x = randn(size_t(r * d), 9, 2.f), g = randn(size_t(d), 10), b = randn(size_t(d), 11);
-  std::vector<float> y(x.size()), mean(size_t(r)), rstd(size_t(r));
+  std::vector<float> y(x.size()), mean(static_cast<size_t>(r)), rstd(static_cast<size_t>(r));
   cpu::layernorm_forward(x.data(), g.data(), b.data(), 1e-5f, y.data(), mean.data(), rstd.data(), r, d);
   std::vector<double> ref(x.size());
   for (int64_t i = 0; i < r; ++i) {
@@ -131,10 +131,10 @@ TEST(CpuKernels, CrossEntropyAndArgmax) {
   const int64_t r = 6, c = 11;
   auto z = randn(size_t(r * c), 12, 5.f);
   std::vector<int32_t> t = {0, 10, 3, 3, 7, 1};
-  std::vector<float> loss(size_t(r)), dz(z.size());
+  std::vector<float> loss(static_cast<size_t>(r)), dz(z.size());
   const float scale = 0.25f;
   cpu::cross_entropy(z.data(), t.data(), scale, loss.data(), dz.data(), r, c);
-  std::vector<double> rl(size_t(r)), rdz(z.size());
+  std::vector<double> rl(static_cast<size_t>(r)), rdz(z.size());
   for (int64_t i = 0; i < r; ++i) {
     double s = 0;
     for (int64_t j = 0; j < c; ++j) s += std::exp(double(z[size_t(i * c + j)]));
@@ -144,7 +144,7 @@ TEST(CpuKernels, CrossEntropyAndArgmax) {
   }
   expect_close(loss, rl, 1e-5, 1e-5, "ce loss");
   expect_close(dz, rdz, 1e-5, 1e-7, "ce grad");
-  std::vector<int32_t> am(size_t(r));
+  std::vector<int32_t> am(static_cast<size_t>(r));
   cpu::argmax(z.data(), am.data(), r, c);
   for (int64_t i = 0; i < r; ++i) {
     int32_t best = 0;
@@ -157,7 +157,7 @@ TEST(CpuKernels, CrossEntropyAndArgmax) {
 TEST(CpuKernels, Mse) {
   const int64_t r = 4, k = 3;
   auto p = randn(size_t(r * k), 13), t = randn(size_t(r * k), 14);
-  std::vector<float> loss(size_t(r)), dp(p.size());
+  std::vector<float> loss(static_cast<size_t>(r)), dp(p.size());
   cpu::mse(p.data(), t.data(), 0.5f, loss.data(), dp.data(), r, k);
   for (int64_t i = 0; i < r; ++i) {
     double s = 0;

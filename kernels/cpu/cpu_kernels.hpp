@@ -40,9 +40,9 @@ void mse(const float* pred, const float* target, float grad_scale, float* losses
          int64_t k);
 void argmax(const float* logits, int32_t* out, int64_t rows, int64_t classes);
 
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
-                float weight_decay, int64_t step);
-void sgd_step(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1, double beta2,
+                double eps, double weight_decay, int64_t step);
+void sgd_step(float* p, const float* g, float* buf, int64_t n, double lr, double momentum, double weight_decay,
               bool first_step);
 
 }  // namespace relay::cpu

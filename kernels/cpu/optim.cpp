@@ -6,33 +6,34 @@
 
 namespace relay::cpu {
 
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
-                float weight_decay, int64_t step) {
-  const double bc1 = 1.0 - std::pow(double(beta1), double(step));
-  const double bc2 = 1.0 - std::pow(double(beta2), double(step));
-  const float step_size = float(double(lr) / bc1);
-  const float bc2_sqrt = float(std::sqrt(bc2));
-  const float decay = 1.f - lr * weight_decay;
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1, double beta2,
+                double eps, double weight_decay, int64_t step) {
+  const double bc1 = 1.0 - std::pow(beta1, double(step));
+  const double bc2 = 1.0 - std::pow(beta2, double(step));
+  const float b1 = float(beta1), omb1 = float(1.0 - beta1), b2 = float(beta2), omb2 = float(1.0 - beta2);
+  const float step_size = float(lr / bc1), bc2_sqrt = float(std::sqrt(bc2)), epsf = float(eps);
+  const float decay = float(1.0 - lr * weight_decay);
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
     float pi = p[i] * decay;
-    m[i] = beta1 * m[i] + (1.f - beta1) * g[i];
-    v[i] = beta2 * v[i] + (1.f - beta2) * g[i] * g[i];
-    float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    m[i] = b1 * m[i] + omb1 * g[i];
+    v[i] = b2 * v[i] + omb2 * g[i] * g[i];
+    float denom = std::sqrt(v[i]) / bc2_sqrt + epsf;
     p[i] = pi - step_size * (m[i] / denom);
   }
 }
 
-void sgd_step(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
+void sgd_step(float* p, const float* g, float* buf, int64_t n, double lr, double momentum, double weight_decay,
               bool first_step) {
+  const float lrf = float(lr), mom = float(momentum), wd = float(weight_decay);
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
-    float d = g[i] + weight_decay * p[i];
-    if (momentum != 0.f) {
-      buf[i] = first_step ? d : momentum * buf[i] + d;
+    float d = g[i] + wd * p[i];
+    if (mom != 0.f) {
+      buf[i] = first_step ? d : mom * buf[i] + d;
       d = buf[i];
     }
-    p[i] -= lr * d;
+    p[i] -= lrf * d;
   }
 }
 

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/error.hpp"
+
 namespace relay::cuda {
 
 constexpr int kBlock = 256;         // threads per block for row and elementwise kernels
@@ -14,6 +16,12 @@ constexpr int64_t kMaxGrid = 4096;  // elementwise kernels use grid-stride loops
 inline unsigned grid_for(int64_t count) {
   int64_t blocks = (count + kBlock - 1) / kBlock;
   return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
+}
+
+// One block per row: gridDim.x is limited to 2^31 - 1.
+inline unsigned grid_rows(int64_t rows) {
+  RELAY_ASSERT(rows >= 0 && rows <= 0x7fffffff, "too many rows for one kernel launch: " << rows);
+  return static_cast<unsigned>(rows);
 }
 
 #ifdef __CUDACC__

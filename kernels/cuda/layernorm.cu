@@ -104,7 +104,7 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
   RELAY_ASSERT(eps >= 0.0f, "layernorm_forward: eps " << eps);
   if (n == 0) return;
   RELAY_ASSERT(x && gamma && beta && y && mean && rstd, "layernorm_forward: null pointer");
-  layernorm_forward_kernel<<<static_cast<unsigned>(n), kBlock, 0, stream>>>(x, gamma, beta, eps, y, mean, rstd, d);
+  layernorm_forward_kernel<<<grid_rows(n), kBlock, 0, stream>>>(x, gamma, beta, eps, y, mean, rstd, d);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -113,7 +113,7 @@ void layernorm_backward_input(const float* dy, const float* x, const float* gamm
   RELAY_ASSERT(n >= 0 && d > 0, "layernorm_backward_input: n " << n << ", d " << d);
   if (n == 0) return;
   RELAY_ASSERT(dy && x && gamma && mean && rstd && dx, "layernorm_backward_input: null pointer");
-  layernorm_backward_input_kernel<<<static_cast<unsigned>(n), kBlock, 0, stream>>>(dy, x, gamma, mean, rstd, dx, d);
+  layernorm_backward_input_kernel<<<grid_rows(n), kBlock, 0, stream>>>(dy, x, gamma, mean, rstd, dx, d);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -105,7 +105,7 @@ void cross_entropy(const float* logits, const int32_t* targets, float grad_scale
   RELAY_ASSERT(n >= 0 && c > 0, "cross_entropy: n " << n << ", c " << c);
   if (n == 0) return;
   RELAY_ASSERT(logits && targets && losses, "cross_entropy: null pointer");
-  cross_entropy_kernel<<<static_cast<unsigned>(n), kBlock, 0, stream>>>(logits, targets, grad_scale, losses,
+  cross_entropy_kernel<<<grid_rows(n), kBlock, 0, stream>>>(logits, targets, grad_scale, losses,
                                                                         dlogits, c);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -115,7 +115,7 @@ void mse(const float* pred, const float* target, float grad_scale, float* losses
   RELAY_ASSERT(n >= 0 && k > 0, "mse: n " << n << ", k " << k);
   if (n == 0) return;
   RELAY_ASSERT(pred && target && losses, "mse: null pointer");
-  mse_kernel<<<static_cast<unsigned>(n), kBlock, 0, stream>>>(pred, target, grad_scale, losses, dpred, k);
+  mse_kernel<<<grid_rows(n), kBlock, 0, stream>>>(pred, target, grad_scale, losses, dpred, k);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -123,7 +123,7 @@ void argmax(const float* logits, int32_t* out, int64_t n, int64_t c, cudaStream_
   RELAY_ASSERT(n >= 0 && c > 0 && c <= INT32_MAX, "argmax: n " << n << ", c " << c);
   if (n == 0) return;
   RELAY_ASSERT(logits && out, "argmax: null pointer");
-  argmax_kernel<<<static_cast<unsigned>(n), kBlock, 0, stream>>>(logits, out, c);
+  argmax_kernel<<<grid_rows(n), kBlock, 0, stream>>>(logits, out, c);
   CUDA_CHECK(cudaGetLastError());
 }
 

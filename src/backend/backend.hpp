@@ -13,12 +13,14 @@ namespace relay {
 enum class Activation { relu, gelu, tanh };  // gelu is the exact erf form, as torch.nn.GELU()
 enum class Precision { fp32, bf16 };          // bf16: GEMM inputs in bfloat16, fp32 accumulation
 
+// Hyperparameters stay double, as torch's Python scalars do; kernels derive their float constants
+// (1 - beta2, lr / bias correction, ...) in double first, so they round exactly as torch's do.
 struct AdamWArgs {  // torch.optim.AdamW
-  float lr, beta1, beta2, eps, weight_decay;
+  double lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1 on the first update (bias correction)
 };
 struct SgdArgs {  // torch.optim.SGD, dampening 0, nesterov false
-  float lr, momentum, weight_decay;
+  double lr, momentum, weight_decay;
   bool first_step;  // the momentum buffer is initialised to the first gradient, as torch does
 };
 

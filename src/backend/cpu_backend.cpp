@@ -129,7 +129,7 @@ void CpuBackend::adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, 
 }
 void CpuBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const SgdArgs& a) {
   same_shape(param, grad, "sgd grad");
-  cpu::sgd_step(param.f32(), grad.f32(), a.momentum != 0.f ? buf.f32() : nullptr, param.numel(), a.lr, a.momentum,
+  cpu::sgd_step(param.f32(), grad.f32(), a.momentum != 0.0 ? buf.f32() : nullptr, param.numel(), a.lr, a.momentum,
                 a.weight_decay, a.first_step);
 }
 

@@ -1,6 +1,6 @@
 // The CUDA backend: every op is a cuBLAS GEMM or a launcher from kernels/cuda, queued on the one
 // stream this backend owns, so ops run in program order without host synchronisation. Only
-// download, sum_squares and synchronize wait for the GPU (and upload, so callers may reuse buffers).
+// download, sum_squares and synchronize wait for the GPU.
 #include "backend/cuda_backend.hpp"
 
 #include <cublas_v2.h>
@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstring>
 #include <mutex>
@@ -149,6 +150,7 @@ class CudaBackend final : public Backend {
     pool_ = std::make_shared<DevicePool>();
     reduce_scratch_ = pool_->allocate((cuda::kSumSquaresMaxBlocks + 1) * sizeof(double));
     host_scalar_ = allocate_host(sizeof(double));
+    for (Staging& slot : staging_) CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
     set_precision(opts.precision);
   }
 
@@ -159,6 +161,8 @@ class CudaBackend final : public Backend {
     bf16_a_.reset();
     bf16_b_.reset();
     reduce_scratch_.reset();
+    for (Staging& slot : staging_)
+      if (slot.copied) cudaEventDestroy(slot.copied);
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -194,15 +198,26 @@ class CudaBackend final : public Backend {
     return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { cudaFreeHost(q); });
   }
 
-  // Synchronous, like llm.c's batch copies: the caller may overwrite host_src as soon as this returns,
-  // whether it is pinned (where cudaMemcpyAsync would still be reading it) or pageable.
+  // Through a pinned staging buffer: the caller may overwrite host_src as soon as this returns, and
+  // the copy is queued without draining the stream (a copy straight from pageable memory would
+  // synchronise it). The host waits only when the upload two calls back is still being copied.
   void upload(Tensor& dst, const void* host_src) override {
     bind();
     RELAY_ASSERT(dst.defined() && dst.device() == Device::cuda, "upload: destination is not a CUDA tensor");
-    if (dst.bytes() == 0) return;
+    const size_t bytes = dst.bytes();
+    if (bytes == 0) return;
     RELAY_ASSERT(host_src, "upload: null host pointer");
-    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), host_src, dst.bytes(), cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    Staging& slot = staging_[next_staging_];
+    next_staging_ = (next_staging_ + 1) % staging_.size();
+    CUDA_CHECK(cudaEventSynchronize(slot.copied));  // its last copy has read the buffer (no-op if none)
+    if (slot.capacity < bytes) {
+      slot.buffer.reset();
+      slot.buffer = allocate_host(bytes);
+      slot.capacity = bytes;
+    }
+    std::memcpy(slot.buffer.get(), host_src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), slot.buffer.get(), bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(slot.copied, stream_));
   }
 
   void download(void* host_dst, const Tensor& src) override {
@@ -514,6 +529,13 @@ class CudaBackend final : public Backend {
   size_t bf16_a_bytes_ = 0, bf16_b_bytes_ = 0;
   std::shared_ptr<std::byte> reduce_scratch_;   // (kSumSquaresMaxBlocks + 1) doubles
   std::shared_ptr<std::byte> host_scalar_;      // one pinned double for sum_squares
+  struct Staging {
+    std::shared_ptr<std::byte> buffer;  // pinned
+    size_t capacity = 0;
+    cudaEvent_t copied = nullptr;  // recorded after the copy that last read buffer
+  };
+  std::array<Staging, 2> staging_;
+  size_t next_staging_ = 0;
 };
 
 }  // namespace

@@ -17,9 +17,9 @@ class AdamW final : public Optimizer {
     }
   }
   std::string name() const override { return "adamw"; }
-  void step(float lr) override {
+  void step(double lr) override {
     ++step_;
-    AdamWArgs a{lr, float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), float(cfg_.weight_decay), step_};
+    AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_};
     for (size_t i = 0; i < params_.size(); ++i) be_.adamw_step(params_[i]->value, params_[i]->grad, m_[i], v_[i], a);
   }
   std::vector<OptimizerState> state() override {
@@ -50,8 +50,8 @@ class Sgd final : public Optimizer {
     }
   }
   std::string name() const override { return "sgd"; }
-  void step(float lr) override {
-    SgdArgs a{lr, float(cfg_.momentum), float(cfg_.weight_decay), step_ == 0};
+  void step(double lr) override {
+    SgdArgs a{lr, cfg_.momentum, cfg_.weight_decay, step_ == 0};
     for (size_t i = 0; i < params_.size(); ++i) be_.sgd_step(params_[i]->value, params_[i]->grad, buf_[i], a);
     ++step_;
   }

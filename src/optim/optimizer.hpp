@@ -23,7 +23,7 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
   // One update of every parameter with learning rate lr; increments step_count().
-  virtual void step(float lr) = 0;
+  virtual void step(double lr) = 0;
   // Every state tensor, for checkpoints.
   virtual std::vector<OptimizerState> state() = 0;
   int64_t step_count() const { return step_; }

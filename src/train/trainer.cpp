@@ -312,7 +312,7 @@ int run_training(const Config& cfg) {
     const double clip = clip_factor(norm, cfg.train.clip_grad_norm);
     if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
     const double lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, steps);
-    r.optimizer->step(static_cast<float>(lr));
+    r.optimizer->step(lr);
     ++window_steps;
     if (rank0 && (step % cfg.train.log_every == 0 || step == steps)) {
       double t = now_s(), sps = double(window_steps * B) / std::max(1e-9, t - window_t0);

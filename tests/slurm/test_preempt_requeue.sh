@@ -5,7 +5,7 @@
 # and the same losses, bit for bit, as an uninterrupted run of the same config and layout.
 # Under srun --mpi=pmix and under mpirun.
 #   bash tests/slurm/test_preempt_requeue.sh [path/to/relay]     exit 0 pass, 1 fail, 77 skipped
-# RELAY_TEST_PREEMPT_STEPS (default 1500) and RELAY_TEST_PREEMPT_HIDDEN (256) set the run's length.
+# RELAY_TEST_PREEMPT_STEPS (default 2000) and RELAY_TEST_PREEMPT_HIDDEN (4096) set the run's length.
 set -uo pipefail
 source "$(dirname "$0")/harness.sh"
 source "$(dirname "$0")/relay_fixture.sh"
@@ -13,8 +13,8 @@ use_relay_binary "${1:-}"
 
 slurm_start
 make_data "$WORK_DIR/data"
-steps=${RELAY_TEST_PREEMPT_STEPS:-1500}
-write_config "$WORK_DIR/test.toml" "$WORK_DIR/data" "${RELAY_TEST_PREEMPT_HIDDEN:-256}"
+steps=${RELAY_TEST_PREEMPT_STEPS:-2000}
+write_config "$WORK_DIR/test.toml" "$WORK_DIR/data" "${RELAY_TEST_PREEMPT_HIDDEN:-4096}"
 
 # submit LAUNCHER NAME: sbatch relay-cpu.sbatch; sets JOB, RUN_DIR and OUT.
 submit() {
@@ -49,9 +49,9 @@ for launcher in srun mpirun; do
   wait_until 120 _requeued || { show; fail "$launcher: job $JOB neither requeued nor ended within 120 s of SIGUSR1"; }
   (( $(job_field "$JOB" Restarts) >= 1 )) \
     || { show; fail "$launcher: job $JOB was not requeued (state $(job_field "$JOB" JobState); did the run finish before the signal? raise RELAY_TEST_PREEMPT_STEPS)"; }
-  t_requeued=$(date +%s.%N)
+  stop_s=$(seconds_since "$t_signal") t_requeued=$(date +%s.%N)
   wait_job_state "$JOB" 300 RUNNING || { show; fail "$launcher: requeued job $JOB did not start again within 300 s"; }
-  log "$launcher: signal -> checkpoint, exit 75, requeue: $(seconds_since "$t_signal") s; requeue -> running again: $(seconds_since "$t_requeued") s"
+  log "$launcher: signal -> checkpoint, exit 75, requeue: $stop_s s; requeue -> running again: $(seconds_since "$t_requeued") s"
   wait_job_done "$JOB" 600
   log "$launcher: job $JOB $JOB_STATE, exit code $(job_field "$JOB" ExitCode), restarts $(job_field "$JOB" Restarts)"
 
