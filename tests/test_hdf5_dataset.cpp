@@ -4,6 +4,7 @@
 // and class balance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <initializer_list>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/rng.hpp"
 #include "io/dataset.hpp"
 #include "io/hdf5_util.hpp"
 #include "io/inspect.hpp"
@@ -126,6 +128,29 @@ TEST(Hdf5Dataset, ReadsArbitraryRowsWithInt64Targets) {
     for (size_t i = 0; i < rows.size(); ++i) {
       for (int j = 0; j < 7; ++j) ASSERT_EQ(x[i * 7 + j], 100.0f * rows[i] + j) << "row " << rows[i];
       ASSERT_EQ(y[i], rows[i] % 5) << "row " << rows[i];
+    }
+  }
+}
+
+TEST(Hdf5Dataset, ReadsManyScatteredRows) {
+  // Enough runs that the selection is built from several leaves merged by H5Scombine_select.
+  TempDir dir;
+  const std::string path = dir.file("d.h5");
+  write_h5(path, {inputs(1000, 5), class_targets(1000, 7)});
+  const Hdf5Dataset data(path, class_spec(5, 7), "data.train");
+  const std::vector<int64_t> shuffled = permutation(1000, 3, 0);
+  std::vector<int64_t> rows;
+  for (int i = 0; i < 700; ++i) rows.push_back(shuffled[i % 400]);  // 400 distinct rows, 300 repeats
+  std::vector<int64_t> sorted_rows(shuffled.begin(), shuffled.begin() + 400);
+  std::sort(sorted_rows.begin(), sorted_rows.end());
+  for (const auto& request : {rows, sorted_rows}) {
+    std::vector<float> x(request.size() * 5);
+    std::vector<int32_t> y(request.size());
+    data.read_inputs(request, x.data());
+    data.read_targets(request, y.data());
+    for (size_t i = 0; i < request.size(); ++i) {
+      for (int j = 0; j < 5; ++j) ASSERT_EQ(x[i * 5 + j], 100.0f * request[i] + j) << "row " << request[i];
+      ASSERT_EQ(y[i], request[i] % 7) << "row " << request[i];
     }
   }
 }

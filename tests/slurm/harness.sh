@@ -199,15 +199,16 @@ Waittime=0
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-# Four count-only GPUs (gres.conf names no device files): enough for Slurm to schedule
-# relay-gpu.sbatch's --gpus-per-node, nothing more; no device is bound or hidden.
+# Four pretend GPUs (gres.conf names four empty files): enough for Slurm to schedule
+# relay-gpu.sbatch's --gpus-per-node and set CUDA_VISIBLE_DEVICES; there is no device behind them.
 GresTypes=gpu
 NodeName=$SLURM_NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb Gres=gpu:4 State=UNKNOWN
 PartitionName=debug Nodes=$SLURM_NODE Default=YES MaxTime=INFINITE State=UP
 ${RELAY_SLURM_CONF_EXTRA:-}
 EOF
   : >"$d/plugstack.conf"
-  echo "Name=gpu Count=4" >"$d/gres.conf"
+  mkdir -p "$d/dev"; touch "$d"/dev/gpu{0..3}
+  echo "Name=gpu File=$d/dev/gpu[0-3]" >"$d/gres.conf"
   export SLURM_CONF=$d/slurm.conf
 
   # -D keeps the daemons in the foreground so that $! is their pid.
