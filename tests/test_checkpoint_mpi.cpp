@@ -114,6 +114,7 @@ TEST_F(Checkpoints, MismatchesAreClearErrorsBeforeTraining) {
   auto expect_error = [&](const std::vector<std::string>& ov, const std::string& needle, int ranks = 1) {
     std::vector<std::string> all = {"run.dir=" + q(run("bad"))};
     all.insert(all.end(), ov.begin(), ov.end());
+    if (ranks == 2) all.push_back("parallel.pp=2");
     RunResult r = train(ranks, p_.config, all, 60);
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.exit_code, 124) << "timed out: " << r.output;

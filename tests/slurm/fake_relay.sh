@@ -50,7 +50,7 @@ for k in "${!cfg[@]}"; do  # like Relay, refuse keys it does not know (checked f
 done
 steps=${cfg[train.steps]:-}
 [[ $steps =~ ^[0-9]+$ && $steps -gt 0 ]] || error "$config: train.steps: must be a positive integer, got '${steps}'"
-(( cfg[parallel.dp] * cfg[parallel.pp] == world )) \
+(( ${cfg[parallel.dp]} * ${cfg[parallel.pp]} == world )) \
   || error "world size $world != parallel.dp x parallel.pp = ${cfg[parallel.dp]} x ${cfg[parallel.pp]}"
 run_dir=${cfg[run.dir]:?run.dir missing}
 ckpt_dir=${cfg[checkpoint.dir]:-$run_dir/checkpoints}
@@ -84,8 +84,9 @@ fi
 
 for (( step = start + 1; step <= steps; step++ )); do
   sleep "${FAKE_RELAY_STEP_SECONDS:-0.05}"
-  if [[ $rank == 0 ]] && (( step % cfg[train.log_every] == 0 )); then
-    loss=$(awk -v s="$step" 'BEGIN { printf "%.6f", 2.0 / (1.0 + 0.01 * s) }')
+  if [[ $rank == 0 ]] && (( step % ${cfg[train.log_every]} == 0 )); then
+    # 2 / (1 + step / 100), in integer micro-units: no command substitution for a signal to land in.
+    micro=$(( 200000000 / (100 + step) )); printf -v loss '%d.%06d' $((micro / 1000000)) $((micro % 1000000))
     echo "step $step/$steps loss $loss"
     printf '{"step": %d, "loss": %s, "lr": 0.001, "grad_norm": 1.0, "samples_per_s": 1000.0}\n' "$step" "$loss" >>"$metrics"
   fi
