@@ -3,7 +3,7 @@
 #include "io/dataset.hpp"
 
 #include <algorithm>
-#include <climits>
+#include <cstdint>
 #include <filesystem>
 #include <utility>
 
@@ -32,8 +32,6 @@ bool is_int32_or_int64(hid_t type) {
   return H5Tget_class(type) == H5T_INTEGER && H5Tget_sign(type) == H5T_SGN_2 && (bytes == 4 || bytes == 8);
 }
 
-// Reads `rows` (any order, repeats allowed) of a dataset of rank `rank` whose rows hold `width`
-// elements into out (rows.size(), width), converting to mem_type. Rows must be in range.
 struct Run {
   hsize_t start, count;  // rows [start, start + count)
 };

@@ -101,7 +101,7 @@ void setup_communicators(Run& r) {
     throw Error("parallel.comm = \"nccl\" needs train.device = \"cuda\"");
 #ifdef RELAY_HAVE_CUDA
   if (nccl) {
-    r.dp_comm = make_nccl_communicator(r.grid.dp_comm, *r.be);
+    r.dp_comm = make_nccl_communicator(r.grid.dp_comm, *r.be, /*point_to_point=*/false);
     r.pp_comm = make_nccl_communicator(r.grid.pp_comm, *r.be);
     return;
   }

@@ -94,5 +94,8 @@ check_final_checkpoint() {
   [[ -s $dir/$want ]] || fail "$dir/$want missing or empty"
 }
 
+# show FILE: a job's output for a failure report, without the per-step log lines.
+show() { echo "----- $1 (last 60 lines that are not per-step log lines)"; grep -v '^step ' "$1" | tail -n 60; }
+
 # metrics_steps RUN_DIR: how many training records metrics.jsonl holds (0 before it exists).
 metrics_steps() { [[ -e $1/metrics.jsonl ]] && awk '/"loss"/ { n++ } END { print n + 0 }' "$1/metrics.jsonl" || echo 0; }

@@ -27,7 +27,6 @@ write_config "$WORK_DIR/test.toml" "$WORK_DIR/data" 64
 mkdir -p "$WORK_DIR/elsewhere" "$WORK_DIR/repo/jobscripts" "$WORK_DIR/repo/build" "$WORK_DIR/norepo/jobscripts"
 cp "$CPU" "$WORK_DIR/repo/jobscripts/"; cp "$FAKE" "$WORK_DIR/repo/build/relay"
 cp "$CPU" "$WORK_DIR/norepo/jobscripts/"
-show() { echo "----- $1 (without the per-step lines)"; grep -v '^step ' "$1" | tail -n 60; }
 # ranks_signalled OUT N: each of ranks 0..3 reported SIGUSR1 N times.
 ranks_signalled() {
   local r

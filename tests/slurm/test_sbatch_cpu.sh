@@ -22,11 +22,10 @@ for launcher in srun mpirun; do
        --set data.eval="$WORK_DIR/data/eval.h5" --set train.eval_every=30) || fail "sbatch failed"
   wait_job_done "$id" 300; state=$JOB_STATE
   log "$launcher: job $id $state, exit code $(job_field "$id" ExitCode), restarts $(job_field "$id" Restarts)"
-  show() { echo "----- $out"; cat "$out"; }
-  [[ $state == COMPLETED && $(job_field "$id" ExitCode) == 0:0 ]] || { show; fail "$launcher: job $id ended $state"; }
-  [[ $(job_field "$id" Restarts) == 0 ]] || { show; fail "$launcher: a finished run was requeued"; }
-  grep -q "running: $launcher " "$out" || { show; fail "$launcher: the job did not launch with $launcher"; }
-  grep -Eq "^step +$steps\b.*loss" "$out" || { show; fail "$launcher: no training log line for step $steps in the job output"; }
+  [[ $state == COMPLETED && $(job_field "$id" ExitCode) == 0:0 ]] || { show "$out"; fail "$launcher: job $id ended $state"; }
+  [[ $(job_field "$id" Restarts) == 0 ]] || { show "$out"; fail "$launcher: a finished run was requeued"; }
+  grep -q "running: $launcher " "$out" || { show "$out"; fail "$launcher: the job did not launch with $launcher"; }
+  grep -Eq "^step +$steps\b.*loss" "$out" || { show "$out"; fail "$launcher: no training log line for step $steps in the job output"; }
   check_train_steps "$run_dir" "$steps"
   check_final_checkpoint "$run_dir" "$steps"
 done
