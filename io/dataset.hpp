@@ -17,6 +17,7 @@ struct DatasetSpec {
   int64_t features = -1;  // expected D (the model's input width), -1 = any
   TargetKind targets = TargetKind::class_index;
   int64_t num_classes = -1;  // class_index: every target must be in [0, num_classes); -1 = don't check
+                             // (the pipeline stages that never read targets skip the scan)
   int64_t target_dim = -1;   // dense: expected K, -1 = any
 };
 
@@ -24,8 +25,8 @@ class Hdf5Dataset {
  public:
   // Opens and validates: the file exists and is HDF5; /inputs and /targets exist with the right
   // ranks and dtypes; N is equal for both; D == spec.features; K == spec.target_dim; every class
-  // index is in [0, spec.num_classes) (negative indices are always rejected). Failures are
-  // relay::Error, prefixed with `what` (the config key that named the file, e.g. "data.train"):
+  // index is in [0, spec.num_classes) (a scan of /targets, skipped when num_classes is -1). Failures
+  // are relay::Error, prefixed with `what` (the config key that named the file, e.g. "data.train"):
   //   "data.train: /work/x.h5: dataset /targets has 1000 rows but /inputs has 999"
   Hdf5Dataset(const std::string& path, const DatasetSpec& spec, const std::string& what);
   ~Hdf5Dataset();
@@ -42,7 +43,7 @@ class Hdf5Dataset {
   // requested rows are read: they are sorted, merged into runs, selected as one union of
   // hyperslabs, read in one H5Dread and scattered into the requested order.
   void read_inputs(const std::vector<int64_t>& rows, float* out) const;       // out (n, D)
-  void read_targets(const std::vector<int64_t>& rows, int32_t* out) const;    // class_index: out (n)
+  void read_targets(const std::vector<int64_t>& rows, int32_t* out) const;    // class_index: out (n), as int32
   void read_targets(const std::vector<int64_t>& rows, float* out) const;      // dense: out (n, K)
 
  private:

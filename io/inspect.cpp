@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <climits>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <vector>
 
@@ -98,20 +100,22 @@ std::string percent(int64_t part, int64_t whole) {
   return s;
 }
 
-// Per-class sample counts, reading /targets in chunks.
-std::vector<int64_t> class_counts(const Hdf5Dataset& data) {
+// Per-class sample counts, reading /targets in chunks; a negative index is an error for any model.
+std::map<int64_t, int64_t> class_counts(const Hdf5Dataset& data) {
   const int64_t chunk = int64_t{1} << 20;
   std::vector<int64_t> rows;
   std::vector<int32_t> labels;
-  std::vector<int64_t> counts;
+  std::map<int64_t, int64_t> counts;
   for (int64_t start = 0; start < data.samples(); start += chunk) {
     rows.resize(static_cast<size_t>(std::min(chunk, data.samples() - start)));
     std::iota(rows.begin(), rows.end(), start);
     labels.resize(rows.size());
     data.read_targets(rows, labels.data());
-    for (int32_t c : labels) {
-      if (static_cast<size_t>(c) >= counts.size()) counts.resize(static_cast<size_t>(c) + 1, 0);
-      ++counts[static_cast<size_t>(c)];
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (labels[i] < 0 || labels[i] == INT32_MAX)  // HDF5 clips int64 indices beyond int32 to INT32_MAX
+        throw Error(cat(data.path(), ": dataset /targets has class index ", labels[i] < 0 ? "" : ">= ", labels[i],
+                        " at row ", rows[i], ", expected a class index in [0, 2^31 - 1)"));
+      ++counts[labels[i]];
     }
   }
   return counts;
@@ -149,26 +153,29 @@ std::string inspect_dataset(const std::string& path) {
     return out;
   }
 
-  const std::vector<int64_t> counts = class_counts(data);
-  const int64_t classes = static_cast<int64_t>(counts.size());
+  const std::map<int64_t, int64_t> counts = class_counts(data);
+  const int64_t classes = counts.rbegin()->first + 1;  // indices 0 .. max
   out += cat("targets: class indices in [0, ", classes - 1, "], ", classes, " classes (loss cross_entropy)\n");
   out += "class counts:\n";
   if (classes <= 32) {
     out += "   class     samples   share\n";
     for (int64_t c = 0; c < classes; ++c) {
+      const auto it = counts.find(c);
+      const int64_t n = it == counts.end() ? 0 : it->second;
       char line[96];
-      std::snprintf(line, sizeof line, "  %6lld  %10lld  %6s\n", static_cast<long long>(c),
-                    static_cast<long long>(counts[c]), percent(counts[c], data.samples()).c_str());
+      std::snprintf(line, sizeof line, "  %6lld  %10lld  %6s\n", static_cast<long long>(c), static_cast<long long>(n),
+                    percent(n, data.samples()).c_str());
       out += line;
     }
   } else {
-    const auto lo = std::min_element(counts.begin(), counts.end());
-    const auto hi = std::max_element(counts.begin(), counts.end());
-    out += cat("  fewest: class ", lo - counts.begin(), " with ", *lo, " (", percent(*lo, data.samples()), ")\n");
-    out += cat("  most:   class ", hi - counts.begin(), " with ", *hi, " (", percent(*hi, data.samples()), ")\n");
+    auto by_count = [](const auto& a, const auto& b) { return a.second < b.second; };
+    const auto lo = std::min_element(counts.begin(), counts.end(), by_count);
+    const auto hi = std::max_element(counts.begin(), counts.end(), by_count);
+    out += cat("  fewest: class ", lo->first, " with ", lo->second, " (", percent(lo->second, data.samples()), ")\n");
+    out += cat("  most:   class ", hi->first, " with ", hi->second, " (", percent(hi->second, data.samples()), ")\n");
   }
-  const int64_t empty = std::count(counts.begin(), counts.end(), int64_t{0});
-  if (empty > 0) out += cat("note: ", empty, " class indices below ", classes - 1, " have no samples\n");
+  const int64_t empty = classes - static_cast<int64_t>(counts.size());
+  if (empty > 0) out += cat("note: ", empty, " of the class indices 0..", classes - 1, " have no samples\n");
   out += cat("ok: valid training data for loss cross_entropy with model input width ", data.features(),
              " and output width >= ", classes, "\n");
   return out;
