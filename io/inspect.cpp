@@ -2,8 +2,8 @@
 #include "io/inspect.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <climits>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -32,9 +32,7 @@ TargetKind guess_target_kind(const std::string& path) {
   return dense ? TargetKind::dense : TargetKind::class_index;
 }
 
-struct Listing {
-  std::vector<std::string> lines;
-};
+using Lines = std::vector<std::string>;
 
 herr_t list_dataset(hid_t root, const char* name, const H5L_info_t*, void* data) {
   H5Object obj(H5Oopen(root, name, H5P_DEFAULT));
@@ -47,7 +45,7 @@ herr_t list_dataset(hid_t root, const char* name, const H5L_info_t*, void* data)
   char line[512];
   std::snprintf(line, sizeof line, "  /%-22s %-10s %s", name, h5_type_name(type.get()).c_str(),
                 shape_string(h5_shape(space.get())).c_str());
-  static_cast<Listing*>(data)->lines.push_back(line);
+  static_cast<Lines*>(data)->push_back(line);
   return 0;
 }
 
@@ -90,7 +88,7 @@ herr_t list_attribute(hid_t loc, const char* name, const H5A_info_t*, void* data
   if (!attr) return 0;
   char line[512];
   std::snprintf(line, sizeof line, "  %-23s %s", name, attribute_value(attr.get()).c_str());
-  static_cast<Listing*>(data)->lines.push_back(line);
+  static_cast<Lines*>(data)->push_back(line);
   return 0;
 }
 
@@ -129,7 +127,7 @@ std::string inspect_dataset(const std::string& path) {
   spec.targets = kind;
   const Hdf5Dataset data(path, spec, "");  // throws if training would reject the file
 
-  Listing datasets, attributes;
+  Lines datasets, attributes;
   {
     Hdf5Lock lock;
     H5File file(RELAY_H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path));
@@ -140,10 +138,10 @@ std::string inspect_dataset(const std::string& path) {
   }
 
   std::string out = cat("file: ", path, "\ndatasets:\n");
-  for (const auto& l : datasets.lines) out += l + "\n";
-  if (!attributes.lines.empty()) {
+  for (const auto& l : datasets) out += l + "\n";
+  if (!attributes.empty()) {
     out += "attributes:\n";
-    for (const auto& l : attributes.lines) out += l + "\n";
+    for (const auto& l : attributes) out += l + "\n";
   }
   out += cat("samples (N): ", data.samples(), "\nfeatures (D): ", data.features(), "\n");
   if (kind == TargetKind::dense) {

@@ -416,6 +416,11 @@ TEST(Inspect, ListsClassCounts) {
   EXPECT_TRUE(test::contains(text, "4 classes")) << text;
   EXPECT_TRUE(test::contains(text, "3   30.0%")) << text;
   EXPECT_TRUE(test::contains(text, "2   20.0%")) << text;
+
+  write_h5(path, {inputs(4, 2), Array{"targets", H5T_STD_I32LE, {4}, {0, 2, 0, 2}}});  // no class 1
+  const std::string gap = inspect_dataset(path);
+  EXPECT_TRUE(test::contains(gap, "3 classes")) << gap;
+  EXPECT_TRUE(test::contains(gap, "1 of the class indices 0..2 have no samples")) << gap;
 }
 
 TEST(Inspect, RejectsInvalidFiles) {

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# CPU benchmark (measures, never fails): the 1024 -> 4 x 4096 GELU -> 10 MLP, batch 256, AdamW, run
+#   serially (all cores), data-parallel (dp = 2, one thread per rank), pipeline-parallel (pp = 2, one
+#   thread per rank) under each schedule, and PyTorch's twin. GFLOP/s = 6 x parameters x samples/s.
+#   Idle = the time each stage waited in receives and final waits, measured by the executor, per step,
+#   beside the simulator's bubble for the same schedule with equal F/B/W costs.
+# Usage: bench/bench_cpu.sh [relay binary (build/relay)] [steps (30)] [micro-batches for pp (8)]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RELAY=$(realpath "${1:-build/relay}")
+STEPS=${2:-30}
+M=${3:-8}
+CORES=$(nproc)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+work=$(mktemp -d /tmp/relay-bench-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+"$RELAY" data synth --out "$work/train.h5" --samples 2048 --features 1024 --classes 10 --seed 1 >/dev/null
+PARAMS=$((1024*4096+4096 + 3*(4096*4096+4096) + 4096*10+10))
+LOG=$((STEPS / 3))
+common=(--config configs/bench_mlp.toml --set "data.train=\"$work/train.h5\"" --set train.steps=$STEPS --set train.log_every=$LOG)
+
+printf "# Relay CPU benchmark: %s, %d cores, %d steps, %d parameters\n" "$(lscpu | sed -n 's/^Model name: *//p')" "$CORES" "$STEPS" "$PARAMS"
+printf "# samples/s: mean over the log windows after the first; GFLOP/s = 6 x params x samples/s\n"
+printf "# final loss must equal the serial run's to 1e-4 (the 'ok' column)\n"
+printf "%-26s %6s %8s %11s %9s %10s  %s\n" "run" "ranks" "threads" "samples/s" "GFLOP/s" "final_loss" "ok  idle per stage (measured | simulated)"
+
+serial_loss=""
+run() {  # name ranks threads schedule-overrides...
+  local name=$1 ranks=$2 threads=$3; shift 3
+  local dir="$work/$name" out
+  if [[ $ranks == 1 ]]; then
+    out=$(OMP_NUM_THREADS=$threads RELAY_STAGE_STATS=1 "$RELAY" train "${common[@]}" --set "run.dir=\"$dir\"" "$@" 2>&1)
+  else
+    out=$(mpirun --oversubscribe --bind-to none -np "$ranks" -x OMP_NUM_THREADS=$threads -x RELAY_STAGE_STATS=1 \
+          "$RELAY" train "${common[@]}" --set "run.dir=\"$dir\"" "$@" 2>&1)
+  fi
+  local sps loss idle sim
+  sps=$(python3 -c "
+import json,sys
+r=[json.loads(l) for l in open('$dir/metrics.jsonl') if '\"loss\"' in l]
+w=[x['samples_per_s'] for x in r if x['step']>$LOG]
+print('%.1f'%(sum(w)/len(w)))")
+  loss=$(python3 -c "
+import json
+r=[json.loads(l) for l in open('$dir/metrics.jsonl') if '\"loss\"' in l]
+print('%.6f'%r[-1]['loss'])")
+  [[ -z $serial_loss ]] && serial_loss=$loss
+  local ok; ok=$(python3 -c "print('ok' if abs($loss-$serial_loss)<=1e-4*abs($serial_loss) else 'BAD')")
+  idle=$(echo "$out" | awk '/^stage-stats/ {printf "pp%s/dp%s %.0f%% ", $5, $7, 100*$11/$13}')
+  sim=$(echo "$out" | sed -n 's/.*simulated pipeline bubble \([0-9.]*%\).*/\1/p')
+  printf "%-26s %6d %8d %11s %9.1f %10s  %s  %s| sim %s\n" "$name" "$ranks" "$threads" "$sps" \
+    "$(python3 -c "print(6*$PARAMS*$sps/1e9)")" "$loss" "$ok" "$idle" "$sim"
+}
+
+run serial 1 $CORES
+run serial_1thread 1 1
+run dp2 2 1 --set parallel.dp=2
+for s in gpipe 1f1b zb-h1; do
+  run "pp2_${s}_m$M" 2 1 --set parallel.pp=2 --set "parallel.schedule=\"$s\"" --set train.micro_batches=$M
+done
+run "pp2_interleaved_v2_m$M" 2 1 --set parallel.pp=2 --set 'parallel.schedule="interleaved"' --set parallel.virtual_stages=2 \
+  --set train.micro_batches=$M --set 'parallel.balance=[2, 2, 2, 3]'
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  echo "# PyTorch twin (same model, batch and optimizer):"
+  /usr/bin/python3 bench/torch_mlp.py "$STEPS" "$CORES"
+  /usr/bin/python3 bench/torch_mlp.py "$STEPS" 1
+else
+  echo "# PyTorch not installed (scripts/setup.sh --with-torch): no comparison"
+fi
