@@ -7,7 +7,7 @@ pkgs=(cmake g++ make pkg-config python3 libopenmpi-dev openmpi-bin libhdf5-dev h
 for a in "$@"; do
   case "$a" in
     --with-slurm) pkgs+=(slurm-wlm slurm-wlm-basic-plugins munge libpmix2 openmpi-bin) ;;
-    --with-torch) pkgs+=(python3-torch python3-h5py python3-numpy) ;;
+    --with-torch) pkgs+=(python3-torch python3-h5py python3-numpy libopenblas0-pthread) ;;  # torch uses libblas.so.3: OpenBLAS, not the reference BLAS
     *) echo "setup.sh: unknown option '$a' (known: --with-slurm, --with-torch)" >&2; exit 2 ;;
   esac
 done

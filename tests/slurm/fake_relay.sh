@@ -58,12 +58,12 @@ every=${cfg[checkpoint.every]}
 metrics=$run_dir/metrics.jsonl
 
 stop=""
-trap 'stop=SIGUSR1; echo "[rank $rank] got SIGUSR1"' USR1
-trap 'stop=SIGTERM; echo "[rank $rank] got SIGTERM"' TERM
+trap 'stop=10; echo "[rank $rank] got SIGUSR1"' USR1
+trap 'stop=15; echo "[rank $rank] got SIGTERM"' TERM
 
 checkpoint() {  # rank 0 writes step_%08d.h5 and points latest at it
   [[ $rank == 0 ]] || return 0
-  local f; f=$(printf 'step_%08d.h5' "$1")
+  local f; printf -v f 'step_%08d.h5' "$1"
   echo "fake checkpoint at step $1" >"$ckpt_dir/$f"; echo "$f" >"$ckpt_dir/latest"
 }
 
@@ -78,7 +78,7 @@ import json, sys
 path, start = sys.argv[1], int(sys.argv[2])
 keep = [l for l in open(path) if l.strip() and json.loads(l)["step"] <= start]
 open(path, "w").writelines(keep)' "$metrics" "$start"
-  echo "[rank $rank] resumed from $ckpt_dir/$latest at step $start"
+  [[ $rank == 0 ]] && echo "relay: resumed from $ckpt_dir/$latest at step $start"
 fi
 [[ $rank == 0 ]] && mkdir -p "$run_dir" "$ckpt_dir"
 
@@ -93,7 +93,7 @@ for (( step = start + 1; step <= steps; step++ )); do
   (( every > 0 && step % every == 0 && step < steps )) && checkpoint "$step"
   if [[ -n $stop ]]; then
     checkpoint "$step"
-    echo "[rank $rank] stopped by $stop at step $step; checkpoint written; exit 75"
+    [[ $rank == 0 ]] && echo "relay: stopping at step $step on signal $stop; checkpoint written, exit code 75 (resumable)"
     exit 75
   fi
 done

@@ -35,12 +35,14 @@ wait_until() {
 # --- starting and stopping ------------------------------------------------------------------------
 SLURM_HARNESS_DIR=""
 
-# A port nobody listens on, so that a site's own Slurm (6817/6818) or a second harness can coexist.
+# A port no socket uses, in any state, below Linux's ephemeral range (32768-60999) so that no
+# outgoing connection takes it between the check and the bind; not $1 (the other daemon's port).
+# A site's own Slurm (6817/6818) or a second harness can run beside this one.
 _free_port() {
   local p
   for _ in $(seq 50); do
-    p=$(( 20000 + RANDOM % 30000 ))
-    [[ -z $(ss -Hltn "sport = :$p" 2>/dev/null) ]] && { echo "$p"; return 0; }
+    p=$(( 20000 + RANDOM % 12000 ))
+    [[ $p != "${1:-}" && -z $(ss -Hant "( sport = :$p )" 2>/dev/null) ]] && { echo "$p"; return 0; }
   done
   return 1
 }
@@ -115,7 +117,11 @@ wait_daemon() {
     sleep 0.2
   done
 }
-_last_words() { tail -q -n 3 "$SLURM_HARNESS_DIR/log/$1.log" "$SLURM_HARNESS_DIR/log/$1.stderr" 2>/dev/null | tr '\n' ' '; }
+# _last_words DAEMON: its errors, else the end of its log, on one line.
+_last_words() {
+  local f=$SLURM_HARNESS_DIR/log/$1
+  { grep -hiE 'error|fatal' "$f.log" "$f.stderr" || tail -q -n 3 "$f.log" "$f.stderr"; } 2>/dev/null | tail -n 4 | tr '\n' ' '
+}
 
 # slurm_start [CPUS]: starts munged, slurmctld and slurmd; returns when the node is idle.
 # The node advertises max(CPUS, nproc) CPUs (default 8) so that dp=2 x pp=2 = 4 tasks fit on two
@@ -151,7 +157,7 @@ slurm_start() {
     || skip "munged started but a credential does not round-trip through it"
 
   local ctld_port slurmd_port
-  ctld_port=$(_free_port) && slurmd_port=$(_free_port) || skip "no free TCP port for slurmctld/slurmd"
+  ctld_port=$(_free_port) && slurmd_port=$(_free_port "$ctld_port") || skip "no free TCP port for slurmctld/slurmd"
   SLURM_NODE=$(hostname -s)
   local mem_mb; mem_mb=$(free -m | awk '/^Mem:/ { print int($2 * 0.9) }')
   cat >"$d/slurm.conf" <<EOF
@@ -199,7 +205,7 @@ Waittime=0
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-# Four pretend GPUs (gres.conf names four empty files): enough for Slurm to schedule
+# Four pretend GPUs (gres.conf names four stand-in device files): enough for Slurm to schedule
 # relay-gpu.sbatch's --gpus-per-node and set CUDA_VISIBLE_DEVICES; there is no device behind them.
 GresTypes=gpu
 NodeName=$SLURM_NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb Gres=gpu:4 State=UNKNOWN
@@ -207,7 +213,10 @@ PartitionName=debug Nodes=$SLURM_NODE Default=YES MaxTime=INFINITE State=UP
 ${RELAY_SLURM_CONF_EXTRA:-}
 EOF
   : >"$d/plugstack.conf"
-  mkdir -p "$d/dev"; touch "$d"/dev/gpu{0..3}
+  # slurmd wants character devices; copies of /dev/null where mknod is allowed, else plain files
+  # (slurmd then logs "not a valid character or block device" and carries on).
+  mkdir -p "$d/dev"
+  for g in 0 1 2 3; do mknod "$d/dev/gpu$g" c 1 3 2>/dev/null || touch "$d/dev/gpu$g"; done
   echo "Name=gpu File=$d/dev/gpu[0-3]" >"$d/gres.conf"
   export SLURM_CONF=$d/slurm.conf
 

@@ -63,6 +63,7 @@ for launcher in srun mpirun; do
   [[ $resumed =~ step_0*([0-9]+)\.h5\ at\ step\ ([0-9]+)$ ]] || { show "$OUT"; fail "$launcher: the requeued run did not resume from a checkpoint"; }
   k=${BASH_REMATCH[2]}
   (( BASH_REMATCH[1] == k && k >= steps / 3 && k < steps )) || { show "$OUT"; fail "$launcher: resumed at step $k, expected in [$((steps / 3)), $steps)"; }
+  grep -Eq "stopping at step $k on signal 10\b" "$OUT" || { show "$OUT"; fail "$launcher: Relay did not report stopping at step $k on SIGUSR1"; }
   [[ -s $RUN_DIR/checkpoints/$(printf 'step_%08d.h5' "$k") ]] || fail "$launcher: the stop checkpoint of step $k is missing"
   log "$launcher: stopped at step $k of $steps, resumed there"
   check_train_steps "$RUN_DIR" "$steps"
