@@ -48,8 +48,14 @@ print('%.6f'%r[-1]['loss'])")
   local ok; ok=$(python3 -c "print('ok' if abs($loss-$serial_loss)<=1e-4*abs($serial_loss) else 'BAD')")
   idle=$(echo "$out" | awk '/^stage-stats/ {printf "pp%s/dp%s %.0f%% ", $5, $7, 100*$11/$13}')
   sim=$(echo "$out" | sed -n 's/.*simulated pipeline bubble \([0-9.]*%\).*/\1/p')
-  printf "%-26s %6d %8d %11s %9.1f %10s  %s  %s| sim %s\n" "$name" "$ranks" "$threads" "$sps" \
-    "$(python3 -c "print(6*$PARAMS*$sps/1e9)")" "$loss" "$ok" "$idle" "$sim"
+  # The simulator again, with every layer's F, B and W timed here (relay plan --measure): unequal stages.
+  local measured=""
+  if [[ $name == pp* ]]; then
+    measured=$("$RELAY" plan --measure "${common[@]}" "$@" 2>/dev/null | sed -n '/measured costs/,$p' |
+      awk '/makespan/ {ms=$NF} /pp rank/ {gsub(",","",$6); printf "pp%s %.0f%% ", substr($3,1,length($3)-1), 100*$7/ms}')
+  fi
+  printf "%-26s %6d %8d %11s %9.1f %10s  %s  %s| sim equal costs %s%s\n" "$name" "$ranks" "$threads" "$sps" \
+    "$(python3 -c "print(6*$PARAMS*$sps/1e9)")" "$loss" "$ok" "$idle" "$sim" "${measured:+, measured costs $measured}"
 }
 
 run serial 1 $CORES
