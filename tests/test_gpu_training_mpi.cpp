@@ -1,0 +1,99 @@
+// Training on the GPU with the real binary (issue "CUDA backend"): (dp, pp) = (1, 1) in fp32 matches
+// the CPU run; dp = 2 and pp = 2 with parallel.comm = "mpi" on one GPU match the serial run; a
+// checkpoint written on the GPU resumes on the CPU and the other way round. Tolerance as the
+// equivalence tests: |a - b| <= 1e-6 + 1e-5 |b|. Skipped, with the reason, without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/backend.hpp"
+#include "support/test_support.hpp"
+
+using namespace relay::test;
+
+namespace {
+
+std::string q(const std::string& s) { return "\"" + s + "\""; }
+
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 + 1e-5 * std::abs(b[i])) << what << " step " << i + 1;
+}
+
+void expect_close(const std::map<std::string, std::vector<float>>& a, const std::map<std::string, std::vector<float>>& b,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (auto& [name, v] : b) {
+    ASSERT_TRUE(a.count(name)) << what << ": " << name;
+    for (size_t i = 0; i < v.size(); ++i)
+      ASSERT_NEAR(a.at(name)[i], v[i], 1e-6 + 1e-5 * std::abs(v[i])) << what << ": " << name << "[" << i << "]";
+  }
+}
+
+class GpuTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (relay::cuda_device_count() == 0)
+      GTEST_SKIP() << "no CUDA device: this build or machine has no GPU (relay was built "
+#ifdef RELAY_HAVE_CUDA
+                      "with the CUDA backend, but no device is visible)";
+#else
+                      "without the CUDA backend)";
+#endif
+    p_ = make_problem(dir_.path());
+  }
+  std::string ckpt(const std::string& run, int step) const {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "/checkpoints/step_%08d.h5", step);
+    return dir_.file(run) + buf;
+  }
+  TempDir dir_;
+  Problem p_;
+};
+
+}  // namespace
+
+TEST_F(GpuTraining, SerialFp32MatchesCpu) {
+  RunResult cpu = train(1, p_.config, {"run.dir=" + q(dir_.file("cpu"))});
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  RunResult gpu = train(1, p_.config, {"run.dir=" + q(dir_.file("gpu")), "train.device=\"cuda\""});
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  expect_close(read_losses(dir_.file("gpu")), read_losses(dir_.file("cpu")), "losses");
+  expect_close(read_checkpoint(ckpt("gpu", 6)), read_checkpoint(ckpt("cpu", 6)), "final tensors");
+}
+
+TEST_F(GpuTraining, DataAndPipelineParallelOverMpiOnOneGpuMatchSerial) {
+  RunResult serial = train(1, p_.config, {"run.dir=" + q(dir_.file("serial")), "train.device=\"cuda\""});
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  for (std::string layout : {"parallel.dp=2", "parallel.pp=2"}) {
+    std::string run = dir_.file(layout.substr(9, 2));
+    RunResult r = train(2, p_.config, {"run.dir=" + q(run), "train.device=\"cuda\"", "parallel.comm=\"mpi\"", layout,
+                                       "train.micro_batches=2"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_close(read_losses(run), read_losses(dir_.file("serial")), layout);
+  }
+}
+
+TEST_F(GpuTraining, CheckpointsMoveBetweenGpuAndCpu) {
+  RunResult ref = train(1, p_.config, {"run.dir=" + q(dir_.file("ref")), "checkpoint.every=3"});
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  RunResult g = train(1, p_.config, {"run.dir=" + q(dir_.file("g")), "train.device=\"cuda\"", "checkpoint.every=3"});
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  // GPU checkpoint -> CPU run, and CPU checkpoint -> GPU run.
+  RunResult gc = train(1, p_.config, {"run.dir=" + q(dir_.file("gc")), "checkpoint.resume=" + q(ckpt("g", 3))});
+  ASSERT_EQ(gc.exit_code, 0) << gc.output;
+  RunResult cg = train(1, p_.config, {"run.dir=" + q(dir_.file("cg")), "train.device=\"cuda\"",
+                                      "checkpoint.resume=" + q(ckpt("ref", 3))});
+  ASSERT_EQ(cg.exit_code, 0) << cg.output;
+  expect_close(read_checkpoint(ckpt("gc", 6)), read_checkpoint(ckpt("ref", 6)), "GPU checkpoint resumed on CPU");
+  expect_close(read_checkpoint(ckpt("cg", 6)), read_checkpoint(ckpt("ref", 6)), "CPU checkpoint resumed on GPU");
+}
+
+TEST(GpuDevice, CudaWithoutAGpuIsAClearError) {
+  if (relay::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present: the error path cannot be shown";
+  TempDir dir;
+  Problem p = make_problem(dir.path());
+  RunResult r = train(1, p.config, {"run.dir=" + q(dir.file("x")), "train.device=\"cuda\""}, 60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "train.device = \"cuda\"")) << r.output;
+}
