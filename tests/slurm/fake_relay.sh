@@ -81,6 +81,9 @@ open(path, "w").writelines(keep)' "$metrics" "$start"
   [[ $rank == 0 ]] && echo "relay: resumed from $ckpt_dir/$latest at step $start"
 fi
 [[ $rank == 0 ]] && mkdir -p "$run_dir" "$ckpt_dir"
+# Relay's ranks agree to stop and pass a barrier before any exits (mpirun aborts the others when one
+# exits non-zero); a file per rank stands in for it. Each rank clears its own from an earlier run.
+barrier=$run_dir/.fake-stopped; mkdir -p "$barrier"; rm -f "$barrier/$rank"
 
 for (( step = start + 1; step <= steps; step++ )); do
   sleep "${FAKE_RELAY_STEP_SECONDS:-0.05}"
@@ -93,6 +96,11 @@ for (( step = start + 1; step <= steps; step++ )); do
   (( every > 0 && step % every == 0 && step < steps )) && checkpoint "$step"
   if [[ -n $stop ]]; then
     checkpoint "$step"
+    touch "$barrier/$rank"
+    for (( i = 0; i < 300; i++ )); do
+      arrived=("$barrier"/*); (( ${#arrived[@]} >= world )) && break
+      sleep 0.1
+    done
     [[ $rank == 0 ]] && echo "relay: stopping at step $step on signal $stop; checkpoint written, exit code 75 (resumable)"
     exit 75
   fi
