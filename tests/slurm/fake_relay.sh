@@ -96,12 +96,12 @@ for (( step = start + 1; step <= steps; step++ )); do
   (( every > 0 && step % every == 0 && step < steps )) && checkpoint "$step"
   if [[ -n $stop ]]; then
     checkpoint "$step"
+    [[ $rank == 0 ]] && echo "relay: stopping at step $step on signal $stop; checkpoint written, exit code 75 (resumable)"
     touch "$barrier/$rank"
     for (( i = 0; i < 300; i++ )); do
       arrived=("$barrier"/*); (( ${#arrived[@]} >= world )) && break
       sleep 0.1
     done
-    [[ $rank == 0 ]] && echo "relay: stopping at step $step on signal $stop; checkpoint written, exit code 75 (resumable)"
     exit 75
   fi
 done
