@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tests/slurm/harness.sh: a private, single-node Slurm built from Debian's packages (munge, slurmctld,
 # slurmd 22.05) for the job-script tests. Sourced by tests/slurm/test_*.sh, which call slurm_start.
 # Every file (munge key and socket, slurm.conf, state, spool, logs, pids) lives in one temporary
@@ -100,9 +101,9 @@ slurm_stop() {
 slurm_dump_logs() {
   local d=$SLURM_HARNESS_DIR f
   [[ -n $d && -d $d ]] || return 0
-  for f in "$d"/log/*.log; do
+  for f in "$d"/log/slurmctld.log "$d"/log/slurmd.log; do
     [[ -s $f ]] || continue
-    echo "----- last lines of $f"; tail -n 25 "$f"
+    echo "----- last lines of $f"; tail -n 15 "$f"
   done
 }
 

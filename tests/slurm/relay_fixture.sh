@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tests/slurm/relay_fixture.sh: what the Slurm tests need around a Relay run: the binary, a synthetic
 # dataset, a small config, and checks on metrics.jsonl and checkpoints. Sourced after harness.sh.
 
