@@ -7,6 +7,7 @@
 #include "comm/agree.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "train/signals.hpp"
 #include "train/trainer.hpp"
 
 namespace relay {
@@ -22,6 +23,8 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
 }
 
 int run_train_command(const TrainOptions& o, int argc, char** argv) {
+  // Before MPI_Init: a SIGUSR1/SIGTERM that arrives during start-up must set the stop flag, not kill us.
+  install_stop_signal_handlers();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0, size = 1;

@@ -221,7 +221,6 @@ EvalResult evaluate(Run& r) {
 }  // namespace
 
 int run_training(const Config& cfg) {
-  install_stop_signal_handlers();
   const double t_start = now_s();
   Run r(cfg);
   // Phase 1: grid (world size check) and backend. Every rank sees the same config, so the same error.
