@@ -273,7 +273,7 @@ int run_training(const Config& cfg) {
   if (cfg.checkpoint.save_initial && r.start_step == 0) save_checkpoint(ckpt, 0);
 
   double last_ckpt_s = 0, window_t0 = now_s(), loop_t0 = now_s();
-  int64_t window_steps = 0, last_saved = r.start_step;
+  int64_t window_steps = 0;
   double compute_sum = 0, wait_sum = 0, stepwall_sum = 0;
   int64_t stat_steps = 0;
   for (int64_t step = r.start_step + 1; step <= steps; ++step) {
@@ -297,11 +297,10 @@ int run_training(const Config& cfg) {
     double elapsed = now_s() - t_start;
     double avg_step = (now_s() - loop_t0) / double(step - r.start_step);
     bool out_of_time = rank0 && time_limit > 0 && elapsed + 2 * avg_step + 1.5 * last_ckpt_s >= time_limit;
-    double v[3] = {st.loss_sum, (stop_requested() || out_of_time) ? 1.0 : 0.0, norm};
-    double mx[2] = {v[1], 0};
-    r.world->allreduce_host(v, 1, ReduceOp::sum);
-    r.world->allreduce_host(mx, 1, ReduceOp::max);
-    const double loss = v[0] / double(B);
+    double loss_sum = st.loss_sum, stop_flag = (stop_requested() || out_of_time) ? 1.0 : 0.0;
+    r.world->allreduce_host(&loss_sum, 1, ReduceOp::sum);
+    r.world->allreduce_host(&stop_flag, 1, ReduceOp::max);
+    const double loss = loss_sum / double(B);
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       std::string msg = cat("the loss is ", loss, " (gradient norm ", norm, ") at step ", step,
                             "; training stopped (hint: lower optimizer.lr, set train.clip_grad_norm, or check the data)");
@@ -323,12 +322,11 @@ int run_training(const Config& cfg) {
       EvalResult e = evaluate(r);
       if (rank0) log->eval(step, e.loss, e.accuracy, r.loss ? r.loss->kind() == LossKind::cross_entropy : cfg.model.loss == "cross_entropy");
     }
-    const bool stop = mx[0] > 0 && step < steps;
+    const bool stop = stop_flag > 0 && step < steps;
     if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop) {
       double t = now_s();
       save_checkpoint(ckpt, step);
       last_ckpt_s = now_s() - t;
-      last_saved = step;
     }
     if (stop) {
       if (rank0) {
@@ -340,7 +338,6 @@ int run_training(const Config& cfg) {
       return kExitResumable;
     }
   }
-  (void)last_saved;
   if (rank0 && stat_steps > 0)
     std::printf("relay: done. rank 0 per step: compute %.4f s, waiting %.4f s (%.1f%% idle; simulated bubble %.1f%%)\n",
                 compute_sum / double(stat_steps), wait_sum / double(stat_steps),
