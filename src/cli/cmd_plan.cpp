@@ -85,13 +85,8 @@ int run_plan_command(const PlanOptions& o) {
     D = Hdf5Dataset(cfg.data.train, spec, "data.train").features();
   }
   ModelLayout layout = make_layout(cfg, D);
-  ScheduleShape shape{parse_schedule_kind(cfg.parallel.schedule), static_cast<int>(cfg.parallel.pp),
-                      static_cast<int>(cfg.parallel.virtual_stages), static_cast<int>(cfg.train.micro_batches)};
-  validate_schedule_shape(shape);
-  const int64_t B = cfg.train.batch_size, dp = cfg.parallel.dp, m = cfg.train.micro_batches;
-  if (B % (dp * m) != 0)
-    throw Error(cat("train.batch_size = ", B, " must be divisible by parallel.dp x train.micro_batches = ", dp * m));
-  const int64_t rows = B / (dp * m);
+  const ScheduleShape shape = schedule_shape(cfg);
+  const int64_t dp = cfg.parallel.dp, m = cfg.train.micro_batches, rows = micro_batch_rows(cfg);
   std::printf("plan for %s: dp %lld x pp %lld = %lld ranks, schedule %s, v = %d, %lld micro-batches of %lld samples\n",
               cfg.source.c_str(), static_cast<long long>(dp), static_cast<long long>(cfg.parallel.pp),
               static_cast<long long>(dp * cfg.parallel.pp), cfg.parallel.schedule.c_str(), shape.v,

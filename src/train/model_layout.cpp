@@ -57,4 +57,20 @@ ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<
   return l;
 }
 
+ScheduleShape schedule_shape(const Config& cfg) {
+  ScheduleShape s{parse_schedule_kind(cfg.parallel.schedule), static_cast<int>(cfg.parallel.pp),
+                  static_cast<int>(cfg.parallel.virtual_stages), static_cast<int>(cfg.train.micro_batches)};
+  validate_schedule_shape(s);
+  return s;
+}
+
+int64_t micro_batch_rows(const Config& cfg) {
+  // B = dp x micro_batches x micro-batch size.
+  const int64_t B = cfg.train.batch_size, m = cfg.train.micro_batches, dp = cfg.parallel.dp;
+  if (B % (dp * m) != 0)
+    throw Error(cat("train.batch_size = ", B, " must be divisible by parallel.dp x train.micro_batches = ", dp, " x ", m,
+                    " = ", dp * m, " (each replica splits its share into equal micro-batches)"));
+  return B / (dp * m);
+}
+
 }  // namespace relay

@@ -8,6 +8,7 @@
 #include "core/config.hpp"
 #include "model/layer.hpp"
 #include "parallel/partition.hpp"
+#include "parallel/schedule.hpp"
 
 namespace relay {
 
@@ -31,5 +32,11 @@ struct ModelLayout {
 // Output width = the last linear layer's out; needs no data.
 int64_t model_output_dim(const std::vector<LayerConfig>& layers);
 ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<double>& measured_costs = {});
+
+// The schedule's (kind, pp, v, m) from [parallel] and train.micro_batches, validated (Error naming keys).
+ScheduleShape schedule_shape(const Config& cfg);
+// Samples per micro-batch: train.batch_size / (parallel.dp x train.micro_batches); an Error naming the
+// keys when it does not divide.
+int64_t micro_batch_rows(const Config& cfg);
 
 }  // namespace relay

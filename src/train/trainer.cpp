@@ -131,18 +131,12 @@ void setup_data_and_model(Run& r) {
     es.features = D;
     r.eval_data.emplace(cfg.data.eval, es, "data.eval");
   }
-  // Batch arithmetic: B = dp x micro_batches x micro-batch size.
-  const int64_t B = cfg.train.batch_size, m = cfg.train.micro_batches, dp = cfg.parallel.dp;
-  if (B % (dp * m) != 0)
-    throw Error(cat("train.batch_size = ", B, " must be divisible by parallel.dp x train.micro_batches = ", dp, " x ", m,
-                    " = ", dp * m, " (each replica splits its share into equal micro-batches)"));
-  r.replica_rows = B / dp;
-  r.mb_rows = B / (dp * m);
+  const int64_t B = cfg.train.batch_size;
+  r.mb_rows = micro_batch_rows(cfg);
+  r.replica_rows = r.mb_rows * cfg.train.micro_batches;
 
   r.layout = make_layout(cfg, D);
-  r.shape = ScheduleShape{parse_schedule_kind(cfg.parallel.schedule), static_cast<int>(cfg.parallel.pp),
-                          static_cast<int>(cfg.parallel.virtual_stages), static_cast<int>(m)};
-  validate_schedule_shape(r.shape);
+  r.shape = schedule_shape(cfg);
   auto lists = generate_all(r.shape);
   SimResult sim = simulate(r.shape, lists, Costs{});  // rejects deadlocks before anything runs
   r.predicted_bubble = sim.bubble_fraction;
