@@ -17,20 +17,6 @@ namespace {
 
 std::string q(const std::string& s) { return "\"" + s + "\""; }
 
-void expect_same_tensors(const std::map<std::string, std::vector<float>>& a,
-                         const std::map<std::string, std::vector<float>>& b, double rel, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (auto& [name, v] : a) {
-    ASSERT_TRUE(b.count(name)) << what << ": " << name;
-    const auto& w = b.at(name);
-    ASSERT_EQ(v.size(), w.size()) << name;
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (rel == 0) ASSERT_EQ(v[i], w[i]) << what << ": " << name << "[" << i << "]";
-      else ASSERT_NEAR(v[i], w[i], 1e-6 + rel * std::abs(w[i])) << what << ": " << name << "[" << i << "]";
-    }
-  }
-}
-
 class Checkpoints : public ::testing::Test {
  protected:
   void SetUp() override { p_ = make_problem(dir_.path()); }

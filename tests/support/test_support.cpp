@@ -71,6 +71,10 @@ bool contains(const std::string& haystack, const std::string& needle) {
 
 }  // namespace relay::test
 
+#include <gtest/gtest.h>
+
+#include <cmath>
+
 #include "io/checkpoint.hpp"
 
 namespace relay::test {
@@ -149,6 +153,20 @@ std::map<std::string, std::vector<float>> read_checkpoint(const std::string& pat
     out[name] = std::move(v);
   }
   return out;
+}
+
+void expect_same_tensors(const std::map<std::string, std::vector<float>>& a,
+                         const std::map<std::string, std::vector<float>>& b, double rel, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (auto& [name, v] : a) {
+    ASSERT_TRUE(b.count(name)) << what << ": " << name;
+    const auto& w = b.at(name);
+    ASSERT_EQ(v.size(), w.size()) << name;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (rel == 0) ASSERT_EQ(v[i], w[i]) << what << ": " << name << "[" << i << "]";
+      else ASSERT_NEAR(v[i], w[i], 1e-6 + rel * std::abs(w[i])) << what << ": " << name << "[" << i << "]";
+    }
+  }
 }
 
 }  // namespace relay::test

@@ -52,5 +52,9 @@ RunResult train(int ranks, const std::string& config, const std::vector<std::str
 std::vector<double> read_losses(const std::string& run_dir);
 // Every tensor of a checkpoint by name.
 std::map<std::string, std::vector<float>> read_checkpoint(const std::string& path);
+// gtest assertions that a and b hold the same tensors: bitwise when rel == 0, else
+// |a - b| <= 1e-6 + rel |b|. `what` labels failures.
+void expect_same_tensors(const std::map<std::string, std::vector<float>>& a,
+                         const std::map<std::string, std::vector<float>>& b, double rel, const std::string& what);
 
 }  // namespace relay::test
