@@ -131,6 +131,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
       put_i64_attr(g.get(), "batch_size", meta.batch_size, ctx);
       put_i64_attr(g.get(), "samples", meta.samples, ctx);
       put_i64_attr(g.get(), "shuffle", meta.shuffle ? 1 : 0, ctx);
+      if (!meta.tokenizer.empty()) put_str_attr(g.get(), "tokenizer", meta.tokenizer, ctx);
     }
     {
       // Relay's random numbers are counter-based: (seed, stream, position) is the whole state.
@@ -197,6 +198,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   meta_.batch_size = get_i64_attr(data.get(), "batch_size", ctx + ": /data");
   meta_.samples = get_i64_attr(data.get(), "samples", ctx + ": /data");
   meta_.shuffle = get_i64_attr(data.get(), "shuffle", ctx + ": /data") != 0;
+  if (H5Aexists(data.get(), "tokenizer") > 0) meta_.tokenizer = get_str_attr(data.get(), "tokenizer", ctx + ": /data");
   H5Handle<H5Gclose> rng(RELAY_H5_CHECK(H5Gopen2(f, "rng", H5P_DEFAULT), ctx + ": group /rng"));
   meta_.model_seed = static_cast<uint64_t>(get_i64_attr(rng.get(), "model_seed", ctx + ": /rng"));
   meta_.data_seed = static_cast<uint64_t>(get_i64_attr(rng.get(), "data_seed", ctx + ": /rng"));

@@ -18,6 +18,7 @@ namespace relay {
 struct HostBatch {
   int64_t step = -1;
   std::vector<float> inputs;           // (count, D); empty unless inputs were requested
+  std::vector<int32_t> tokens;         // TEMP
   std::vector<int32_t> class_targets;  // (count); class_index targets, when targets were requested
   std::vector<float> dense_targets;    // (count, K); dense targets, when targets were requested
 };
@@ -29,6 +30,8 @@ class Prefetcher {
   // pipeline stage needs inputs, the last needs targets). `data` must outlive the Prefetcher.
   Prefetcher(const Hdf5Dataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin, int64_t count,
              bool want_inputs, bool want_targets);
+  Prefetcher(const class TokenDataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin, int64_t count,
+             bool want_inputs, bool want_targets);  // TEMP
   ~Prefetcher();  // stops and joins the thread
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;

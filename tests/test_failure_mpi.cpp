@@ -39,7 +39,7 @@ TEST_F(Failure, WorldSizeNotDpTimesPp) {
 
 TEST_F(Failure, BadBalance) {
   RunResult r = run(2, {"parallel.pp=2", "parallel.balance=[3, 3]"});
-  EXPECT_TRUE(contains(r.output, "parallel.balance sums to 6 layers but model.layers has 15")) << r.output;
+  EXPECT_TRUE(contains(r.output, "parallel.balance sums to 6 blocks but the model has 15")) << r.output;
   RunResult e = run(2, {"parallel.pp=2", "parallel.balance=[16]"});
   EXPECT_TRUE(contains(e.output, "parallel.balance has 1 entries but the pipeline has 2 stages")) << e.output;
 }

@@ -4,10 +4,11 @@
 
 #include <cmath>
 #include <functional>
+#include <set>
 
 #include "backend/backend.hpp"
 #include "core/rng.hpp"
-#include "model/layer.hpp"
+#include "model/model_spec.hpp"
 
 using namespace relay;
 
@@ -46,17 +47,22 @@ Vec forward_double(const std::string& type, const Vec& x, int64_t rows, int64_t 
 
 void gradcheck(const LayerConfig& cfg, int64_t rows, int64_t in) {
   auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
-  LayerShape s{in, cfg.type == "linear" ? cfg.out : in};
-  auto layer = make_layer(*be, cfg, 3, s, 7);
+  Config mc;
+  mc.model.layers = {cfg};
+  const BlockSpec spec = make_model_spec(mc, in).blocks.at(0);
+  struct { int64_t in, out; } s{spec.in, spec.out};
+  ParamStore store(*be, 7);
+  auto layer = make_block(spec, store);
   Rng rng(5, 1);
   Vec x(size_t(rows * in)), R(size_t(rows * s.out));  // loss = sum(y * R)
   for (auto& v : x) v = rng.normal() * 1.5;
   for (auto& v : R) v = rng.normal();
   Vec w, b;
-  auto& ps = layer->params();
+  const auto& ps = layer->params();
   if (!ps.empty()) {
     // Random, non-trivial parameters (layernorm starts at 1 and 0).
-    for (auto& p : ps) {
+    for (Param* pp : ps) {
+      Param& p = *pp;
       std::vector<float> h(size_t(p.value.numel()));
       for (auto& v : h) v = float(rng.normal() * 0.5 + (p.name.find("weight") != std::string::npos && cfg.type == "layernorm" ? 1.0 : 0.0));
       be->upload(p.value, h.data());
@@ -70,7 +76,7 @@ void gradcheck(const LayerConfig& cfg, int64_t rows, int64_t in) {
   Tensor tx(*be, {rows, in}), ty(*be, {rows, s.out}), tdy(*be, {rows, s.out}), tdx(*be, {rows, in});
   be->upload(tx, xf.data());
   be->upload(tdy, Rf.data());
-  LayerSaved saved;
+  BlockSaved saved;
   layer->allocate_saved(*be, rows, saved);
   layer->forward(*be, tx, ty, saved);
   layer->backward_input(*be, tx, tdy, tdx, saved);
@@ -123,16 +129,17 @@ TEST(LayerGradcheck, Relu) { gradcheck({"relu", 0, 1e-5}, 4, 11); }
 TEST(LayerGradcheck, LayerNorm) { gradcheck({"layernorm", 0, 1e-5}, 6, 13); }
 
 TEST(LayerInit, TorchDefaultsAndPureFunctionOfSeedAndIndex) {
-  auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
-  auto a = make_layer(*be, {"linear", 64, 1e-5}, 2, {100, 64}, 9);
-  auto b = make_layer(*be, {"linear", 64, 1e-5}, 2, {100, 64}, 9);
-  auto c = make_layer(*be, {"linear", 64, 1e-5}, 3, {100, 64}, 9);
-  std::vector<float> wa(6400), wb(6400), wc(6400);
-  be->download(wa.data(), a->params()[0].value);
-  be->download(wb.data(), b->params()[0].value);
-  be->download(wc.data(), c->params()[0].value);
+  Config c;
+  c.model.layers = {{"relu", 0, 1e-5}, {"relu", 0, 1e-5}, {"linear", 64, 1e-5}, {"linear", 64, 1e-5},
+                    {"layernorm", 0, 1e-5}};
+  const ModelSpec m = make_model_spec(c, 100);
+  const ParamSpec& w2 = m.blocks[2].params[0];
+  ParamSpec w3 = m.blocks[2].params[0];
+  w3.init.stream = 3;  // the same layer at index 3
+  auto wa = initial_values(w2, 9), wb = initial_values(w2, 9), wc = initial_values(w3, 9);
   EXPECT_EQ(wa, wb);  // same (seed, index): same values, whatever else exists
   EXPECT_NE(wa, wc);  // another index: other values
+  ASSERT_EQ(wa.size(), 6400u);
   double bound = 1.0 / std::sqrt(100.0), mean = 0, sq = 0;
   for (float v : wa) {
     EXPECT_LE(std::abs(v), bound);
@@ -142,14 +149,66 @@ TEST(LayerInit, TorchDefaultsAndPureFunctionOfSeedAndIndex) {
   mean /= 6400;
   EXPECT_NEAR(mean, 0.0, 0.01);
   EXPECT_NEAR(sq / 6400, bound * bound / 3, 0.1 * bound * bound / 3);  // variance of U(-b, b)
-  auto ln = make_layer(*be, {"layernorm", 0, 1e-5}, 4, {8, 8}, 9);
-  std::vector<float> g(8), bb(8);
-  be->download(g.data(), ln->params()[0].value);
-  be->download(bb.data(), ln->params()[1].value);
-  for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(g[size_t(i)], 1.f);
-    EXPECT_EQ(bb[size_t(i)], 0.f);
-  }
-  EXPECT_EQ(a->params()[0].name, "2.weight");
-  EXPECT_EQ(a->params()[1].name, "2.bias");
+  for (float v : initial_values(m.blocks[4].params[0], 9)) EXPECT_EQ(v, 1.f);
+  for (float v : initial_values(m.blocks[4].params[1], 9)) EXPECT_EQ(v, 0.f);
+  EXPECT_EQ(w2.name, "2.weight");
+  EXPECT_EQ(m.blocks[2].params[1].name, "2.bias");
+  // The bias continues the weight's stream: the draws after the weight's 6400.
+  Rng rng(9, 2);
+  for (int i = 0; i < 6400; ++i) rng.next_u64();
+  EXPECT_EQ(initial_values(m.blocks[2].params[1], 9)[0], float(rng.uniform(-bound, bound)));
+}
+
+Config gpt_config(int64_t layers, bool tie) {
+  Config c;
+  c.model.type = "gpt";
+  c.model.vocab_size = 50257;
+  c.model.block_size = 1024;
+  c.model.n_layer = layers;
+  c.model.n_head = 12;
+  c.model.n_embd = 768;
+  c.model.tie_embeddings = tie;
+  return c;
+}
+
+TEST(GptSpec, Gpt2SmallHasNanoGptNamesShapesAndParameterCount) {
+  const ModelSpec m = make_model_spec(gpt_config(12, true), 0);
+  ASSERT_EQ(m.blocks.size(), 14u);  // embedding, 12 transformer blocks, head
+  EXPECT_EQ(m.blocks.front().kind, BlockKind::embedding);
+  EXPECT_EQ(m.blocks.back().kind, BlockKind::head);
+  int64_t n = 0;
+  std::set<std::string> seen;
+  for (auto& b : m.blocks)
+    for (auto& p : b.params)
+      if (seen.insert(p.name).second) n += shape_numel(p.shape);
+  EXPECT_EQ(n, 124439808);  // GPT-2 124M with tied embeddings, as nanoGPT counts it (wpe included)
+  EXPECT_EQ(m.blocks[1].params[2].name, "transformer.h.0.attn.c_attn.weight");
+  EXPECT_EQ(m.blocks[1].params[2].shape, (Shape{2304, 768}));
+  EXPECT_EQ(m.blocks.back().params.back().name, "transformer.wte.weight");  // tied head
+  const ModelSpec u = make_model_spec(gpt_config(12, false), 0);
+  EXPECT_EQ(u.blocks.back().params.back().name, "lm_head.weight");
+}
+
+TEST(GptSpec, InitialisationIsGpt2sAndAPureFunctionOfSeedAndName) {
+  Config c = gpt_config(4, true);
+  c.model.vocab_size = 300;
+  c.model.block_size = 64;
+  c.model.n_embd = 96;
+  c.model.n_head = 4;
+  const ModelSpec m = make_model_spec(c, 0);
+  auto stddev = [](const std::vector<float>& v) {
+    double s = 0;
+    for (float x : v) s += double(x) * x;
+    return std::sqrt(s / double(v.size()));
+  };
+  const auto& blk = m.blocks[1].params;  // ln_1.w, ln_1.b, c_attn.w, c_attn.b, c_proj.w, c_proj.b, ...
+  EXPECT_NEAR(stddev(initial_values(blk[2], 1)), 0.02, 0.002);
+  EXPECT_NEAR(stddev(initial_values(blk[4], 1)), 0.02 / std::sqrt(8.0), 0.001);   // attn.c_proj
+  EXPECT_NEAR(stddev(initial_values(blk[10], 1)), 0.02 / std::sqrt(8.0), 0.001);  // mlp.c_proj
+  for (float v : initial_values(blk[3], 1)) EXPECT_EQ(v, 0.f);
+  for (float v : initial_values(blk[0], 1)) EXPECT_EQ(v, 1.f);
+  // The head's tied weight initialises exactly as the embedding's (two stages hold equal copies).
+  EXPECT_EQ(initial_values(m.blocks.back().params.back(), 1), initial_values(m.blocks[0].params[0], 1));
+  EXPECT_NE(initial_values(m.blocks[1].params[2], 1), initial_values(m.blocks[2].params[2], 1));
+  EXPECT_NE(initial_values(blk[2], 1), initial_values(blk[2], 2));
 }

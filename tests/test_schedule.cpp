@@ -432,6 +432,52 @@ TEST(SimulatorRejects, ActionsOnTheWrongRankOrOutOfRange) {
 
 // ---- the grid ------------------------------------------------------------------------------------
 
+// A weight shared by chunk 0 and the last chunk (GPT's tied embedding) is reduced over their two
+// ranks by reduce_tied_grads, after their all-reduces and before their optimizer steps.
+TEST(TiedWeights, EveryShapeOfTheTableAddsTheReductionOnTheTwoEndRanks) {
+  for (ScheduleShape s : table()) {
+    s.tied = true;
+    auto lists = generate_all(s);
+    EXPECT_NO_THROW(simulate(s, lists, Costs{})) << describe(s);
+    for (int r = 0; r < s.pp; ++r) {
+      const auto& l = lists[static_cast<size_t>(r)];
+      const long n = std::count_if(l.begin(), l.end(), [](const Action& a) { return a.op == Op::reduce_tied_grads; });
+      const bool end_rank = s.pp > 1 && (r == 0 || r == s.pp - 1);
+      EXPECT_EQ(n, end_rank ? 1 : 0) << describe(s) << " rank " << r;
+      if (end_rank) {
+        EXPECT_EQ(l[l.size() - 2].op, Op::reduce_tied_grads) << describe(s);
+        EXPECT_EQ(l[l.size() - 2].chunk, r == 0 ? 0 : num_chunks(s) - 1) << describe(s);
+      }
+    }
+  }
+}
+
+TEST(TiedWeights, ARankThatNeverReducesIsADeadlockNamingItsPartner) {
+  ScheduleShape s{ScheduleKind::one_f_one_b, 3, 1, 4, true};
+  auto lists = generate_all(s);
+  auto& last = lists[2];
+  last.erase(std::find_if(last.begin(), last.end(), [](const Action& a) { return a.op == Op::reduce_tied_grads; }));
+  try {
+    simulate(s, lists, Costs{});
+    FAIL() << "accepted a reduce_tied_grads without its partner";
+  } catch (const ScheduleError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("waits for rank 2 to reach its reduce_tied_grads"), std::string::npos) << m;
+  }
+  // And an optimizer step that skips the reduction on a tied rank is rejected.
+  auto lists2 = generate_all(s);
+  auto& first = lists2[0];
+  first.erase(std::find_if(first.begin(), first.end(), [](const Action& a) { return a.op == Op::reduce_tied_grads; }));
+  auto& other = lists2[2];
+  other.erase(std::find_if(other.begin(), other.end(), [](const Action& a) { return a.op == Op::reduce_tied_grads; }));
+  try {
+    simulate(s, lists2, Costs{});
+    FAIL() << "accepted an optimizer_step before reduce_tied_grads";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("runs before reduce_tied_grads(chunk 0)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RenderGrid, OneFOneBOnTwoRanksWorkedByHand) {
   // Rank 0: F0 [0,1), F1 [1,2), B0 [4,6), B1 [7,9). Rank 1: F0 [1,2), B0 [2,4), F1 [4,5), B1 [5,7).
   const ScheduleShape s{ScheduleKind::one_f_one_b, 2, 1, 2};

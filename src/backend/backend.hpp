@@ -10,7 +10,9 @@
 
 namespace relay {
 
-enum class Activation { relu, gelu, tanh };  // gelu is the exact erf form, as torch.nn.GELU()
+// gelu is the exact erf form, as torch.nn.GELU(); gelu_tanh is GPT-2's tanh approximation,
+// torch.nn.GELU(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+enum class Activation { relu, gelu, tanh, gelu_tanh };
 enum class Precision { fp32, bf16 };          // bf16: GEMM inputs in bfloat16, fp32 accumulation
 
 // Hyperparameters stay double, as torch's Python scalars do; kernels derive their float constants
@@ -54,6 +56,8 @@ class Backend : public Allocator {
   // dx = dy * act'(x); dx may alias dy.
   virtual void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void scale(Tensor& x, float s) = 0;
+  // y = a + b (same shape); y may alias a or b (residual connections and their gradients).
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& y) = 0;
   // Sum of squares of all elements, returned to the host (gradient norms).
   virtual double sum_squares(const Tensor& x) = 0;
 
@@ -69,7 +73,8 @@ class Backend : public Allocator {
 
   // --- losses ---------------------------------------------------------------------------------
   // logits (n, c), targets i32 (n) -> losses (n) = -log softmax(logits)[target];
-  // if dlogits: dlogits (n, c) = (softmax - onehot) * grad_scale.
+  // if dlogits: dlogits (n, c) = (softmax - onehot) * grad_scale. dlogits may alias logits (the
+  // vocabulary-sized loss of a language model never stores more than its logits).
   virtual void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale,
                              Tensor& losses, Tensor* dlogits) = 0;
   // pred, target (n, k) -> losses (n) = mean over k of (pred - target)^2;
@@ -78,6 +83,30 @@ class Backend : public Allocator {
                    Tensor* dpred) = 0;
   // out i32 (n) = argmax over columns of logits (n, c), first maximum wins.
   virtual void argmax(const Tensor& logits, Tensor& out) = 0;
+
+  // --- language models (GPT-2) -----------------------------------------------------------------
+  // tokens i32 (n) with n = sequences x T, position of row r = r % T;
+  // out (n, C) = wte[tokens[r]] + wpe[r % T]; wte (V, C), wpe (block_size, C), T <= block_size.
+  // Every token id must be in [0, V) (checked when data is read, not here).
+  virtual void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T,
+                                 Tensor& out) = 0;
+  // dwte (V, C) += scatter of dout (n, C) by token; dwpe (block_size, C) += sum over sequences of dout.
+  // Deterministic: the same inputs give the same bits on every run and thread count (no atomics).
+  virtual void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte,
+                                  Tensor& dwpe) = 0;
+  // Causal multi-head self-attention of GPT-2 over n = B x T rows.
+  // qkv (B*T, 3C): row = [q | k | v], head h uses columns [h*hd, (h+1)*hd) of each part, hd = C / H.
+  // att (B, H, T, T): the softmax probabilities (saved for backward; entries above the diagonal are 0).
+  // out (B*T, C): heads concatenated, out[b,t,h] = sum_{s<=t} att[b,h,t,s] v[b,s,h]; scale 1/sqrt(hd).
+  virtual void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) = 0;
+  // dout (B*T, C), qkv and att from forward -> dqkv (B*T, 3C) (overwritten, not accumulated).
+  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T,
+                                  int64_t H, Tensor& dqkv) = 0;
+  // Generation with a key-value cache, one new position t for each of n sequences:
+  // qkv (n, 3C) of position t; kcache, vcache (n, Tmax, C): row t of each is overwritten with this k, v,
+  // then out (n, C) = causal attention of q over cached positions [0, t].
+  virtual void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
+                                Tensor& out) = 0;
 
   // --- optimizers (exact torch.optim update rules) --------------------------------------------
   virtual void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,

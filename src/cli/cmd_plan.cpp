@@ -8,7 +8,7 @@
 #include "cli/commands.hpp"
 #include "core/rng.hpp"
 #include "io/dataset.hpp"
-#include "model/layer.hpp"
+#include "model/model_spec.hpp"
 #include "parallel/simulator.hpp"
 #include "train/model_layout.hpp"
 
@@ -27,20 +27,28 @@ namespace {
 
 struct LayerTimes { double f = 0, b = 0, w = 0; };
 
-// Times one layer on this machine's CPU at the micro-batch size (median-free: mean of a few repeats).
-LayerTimes time_layer(Backend& be, const LayerConfig& lc, int index, LayerShape s, int64_t rows) {
-  auto layer = make_layer(be, lc, index, s, 1);
-  Tensor x(be, {rows, s.in}), y(be, {rows, s.out}), dy(be, {rows, s.out}), dx(be, {rows, s.in});
-  std::vector<float> h(static_cast<size_t>(rows * std::max(s.in, s.out)));
-  Rng rng(7, static_cast<uint64_t>(index));
+// Times one block on this machine's CPU at the micro-batch size (median-free: mean of a few repeats).
+LayerTimes time_block(Backend& be, const BlockSpec& spec, int64_t rows) {
+  ParamStore store(be, 1);
+  auto layer = make_block(spec, store);
+  const bool tokens = spec.in == 0;
+  Tensor x = tokens ? Tensor(be, {rows}, DType::i32) : Tensor(be, {rows, spec.in});
+  Tensor y(be, {rows, spec.out}), dy(be, {rows, spec.out}), dx(be, {rows, std::max<int64_t>(1, spec.in)});
+  std::vector<float> h(static_cast<size_t>(rows * std::max(spec.in, spec.out)));
+  Rng rng(7, static_cast<uint64_t>(spec.index));
   for (auto& v : h) v = float(rng.normal());
-  be.upload(x, h.data());
-  be.upload(dy, h.data());
-  for (auto& p : layer->params()) {
-    p.grad = Tensor(be, p.value.shape());
-    be.fill(p.grad, 0.f);
+  if (tokens) {
+    std::vector<int32_t> ids(static_cast<size_t>(rows), 0);
+    be.upload(x, ids.data());
+  } else {
+    be.upload(x, h.data());
   }
-  LayerSaved saved;
+  be.upload(dy, h.data());
+  for (Param* p : store.all()) {
+    p->grad = Tensor(be, p->value.shape());
+    be.fill(p->grad, 0.f);
+  }
+  BlockSaved saved;
   layer->allocate_saved(be, rows, saved);
   auto clock = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
   LayerTimes t;
@@ -50,7 +58,7 @@ LayerTimes time_layer(Backend& be, const LayerConfig& lc, int index, LayerShape 
     layer->forward(be, x, y, saved);
     be.synchronize();
     double t1 = clock();
-    layer->backward_input(be, x, dy, dx, saved);
+    if (!tokens) layer->backward_input(be, x, dy, dx, saved);
     be.synchronize();
     double t2 = clock();
     layer->backward_weight(be, x, dy, saved);
@@ -79,20 +87,22 @@ void print_sim(const char* title, const ScheduleShape& shape, const SimResult& s
 int run_plan_command(const PlanOptions& o) {
   Config cfg = load_config(o.config, o.overrides);
   int64_t D = o.input_dim;
-  if (D <= 0) {
+  if (D <= 0 && !cfg.model.is_gpt()) {
     DatasetSpec spec;
     spec.targets = cfg.model.loss == "mse" ? TargetKind::dense : TargetKind::class_index;
     D = Hdf5Dataset(cfg.data.train, spec, "data.train").features();
   }
   ModelLayout layout = make_layout(cfg, D);
-  const ScheduleShape shape = schedule_shape(cfg);
+  ScheduleShape shape = schedule_shape(cfg);
+  shape.tied = !layout.shared_params().empty();
   const int64_t dp = cfg.parallel.dp, m = cfg.train.micro_batches, rows = micro_batch_rows(cfg);
   std::printf("plan for %s: dp %lld x pp %lld = %lld ranks, schedule %s, v = %d, %lld micro-batches of %lld samples\n",
               cfg.source.c_str(), static_cast<long long>(dp), static_cast<long long>(cfg.parallel.pp),
               static_cast<long long>(dp * cfg.parallel.pp), cfg.parallel.schedule.c_str(), shape.v,
               static_cast<long long>(m), static_cast<long long>(rows));
-  std::printf("model: %lld parameters, input width %lld; stages:\n%s", static_cast<long long>(layout.param_count()),
-              static_cast<long long>(D), describe_partition(layout.chunks, layout.layers, shape.pp).c_str());
+  std::printf("model: %s, %lld parameters, input width %lld; stages:\n%s", cfg.model.type.c_str(),
+              static_cast<long long>(layout.param_count()), static_cast<long long>(D),
+              describe_partition(layout.chunks, layout.blocks(), shape.pp).c_str());
   auto lists = generate_all(shape);
   SimResult eq = simulate(shape, lists, Costs{});
   print_sim("schedule with equal F, B and W costs (F = forward, B = backward-input, W = backward-weight):", shape, eq);
@@ -101,12 +111,13 @@ int run_plan_command(const PlanOptions& o) {
     Costs c;
     c.chunk_forward.assign(static_cast<size_t>(layout.num_chunks()), 0);
     c.chunk_backward_input = c.chunk_backward_weight = c.chunk_forward;
-    std::printf("\nmeasured per-layer times on this machine (1 thread, %lld rows), ms:\n", static_cast<long long>(rows));
-    for (size_t i = 0; i < layout.layers.size(); ++i) {
-      LayerTimes t = time_layer(*be, layout.layers[i], static_cast<int>(i), layout.shapes[i], rows);
-      std::printf("  layer %2zu %-10s F %8.3f  B %8.3f  W %8.3f\n", i, layout.layers[i].type.c_str(), 1e3 * t.f,
+    const int64_t act_rows = rows * layout.model.seq_len;
+    std::printf("\nmeasured per-block times on this machine (1 thread, %lld rows), ms:\n", static_cast<long long>(act_rows));
+    for (const BlockSpec& b : layout.blocks()) {
+      LayerTimes t = time_block(*be, b, act_rows);
+      std::printf("  block %2d %-11s F %8.3f  B %8.3f  W %8.3f\n", b.index, block_kind_name(b.kind), 1e3 * t.f,
                   1e3 * t.b, 1e3 * t.w);
-      size_t ch = static_cast<size_t>(layout.chunk_of_layer(static_cast<int>(i)));
+      size_t ch = static_cast<size_t>(layout.chunk_of_block(b.index));
       c.chunk_forward[ch] += t.f;
       c.chunk_backward_input[ch] += t.b;
       c.chunk_backward_weight[ch] += t.w;

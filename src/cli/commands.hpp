@@ -25,6 +25,16 @@ CLI::App* add_data_command(CLI::App& app, DataOptions& o, CLI::App** synth, CLI:
 int run_data_synth(const DataOptions& o);
 int run_data_inspect(const DataOptions& o);
 
+struct GenerateOptions {
+  std::string checkpoint, prompt, prompt_tokens, device = "cpu", tokens_out;
+  int64_t max_new_tokens = 0, top_k = 0;
+  double temperature = 1.0;
+  uint64_t seed = 1;
+  std::vector<std::string> tokenizer_files;
+};
+CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o);
+int run_generate_command(const GenerateOptions& o);
+
 struct CkptOptions { std::string file; };
 CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect);
 int run_ckpt_inspect(const CkptOptions& o);

@@ -189,30 +189,53 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   run.str("dir", c.run.dir);
   if (c.run.dir.empty()) run.fail("dir", "must not be empty");
 
-  Section model(tab("model"), "model", source, {"seed", "loss", "layers"});
+  Section model(tab("model"), "model", source,
+                {"type", "seed", "loss", "layers", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias",
+                 "tie_embeddings", "init_std"});
+  model.choice("type", c.model.type, {"mlp", "gpt"});
   model.u64("seed", c.model.seed);
   model.choice("loss", c.model.loss, {"cross_entropy", "mse"});
-  auto* layers = model.get("layers");
-  if (!layers) model.fail("layers", "required key is missing");
-  if (!layers->is_array()) model.fail("layers", cat("expected an array of tables, got ", type_name(*layers)));
-  int idx = 0;
-  for (auto& ln : *layers->as_array()) {
-    std::string lname = cat("layers[", idx, "]");
-    if (!ln.is_table()) model.fail(lname, "expected a table like { type = \"linear\", out = 256 }");
-    Section l(ln.as_table(), cat("model.layers[", idx, "]"), source, {"type", "out", "eps"});
-    LayerConfig lc;
-    l.choice("type", lc.type, {"linear", "relu", "gelu", "tanh", "layernorm"});
-    if (lc.type == "linear") l.integer("out", lc.out, 1, int64_t(1) << 31, true);
-    else if (l.get("out")) l.fail("out", cat("only linear layers take 'out' (this layer is ", lc.type, ")"));
-    if (lc.type == "layernorm") l.real("eps", lc.eps, 0, 1, true);
-    else if (l.get("eps")) l.fail("eps", cat("only layernorm layers take 'eps' (this layer is ", lc.type, ")"));
-    c.model.layers.push_back(lc);
-    ++idx;
+  if (c.model.is_gpt()) {
+    for (const char* k : {"layers"})
+      if (model.get(k)) model.fail(k, "is an MLP key; a model.type = \"gpt\" model is given by vocab_size, block_size, "
+                                      "n_layer, n_head and n_embd");
+    if (c.model.loss != "cross_entropy") model.fail("loss", "a GPT model trains with \"cross_entropy\" (next-token loss)");
+    model.integer("vocab_size", c.model.vocab_size, 1, int64_t(1) << 31, true);
+    model.integer("block_size", c.model.block_size, 1, int64_t(1) << 20, true);
+    model.integer("n_layer", c.model.n_layer, 1, 1 << 16, true);
+    model.integer("n_head", c.model.n_head, 1, 1 << 16, true);
+    model.integer("n_embd", c.model.n_embd, 1, int64_t(1) << 20, true);
+    model.boolean("bias", c.model.bias);
+    model.boolean("tie_embeddings", c.model.tie_embeddings);
+    model.real("init_std", c.model.init_std, 0, 10, true);
+    if (c.model.n_embd % c.model.n_head != 0)
+      model.fail("n_embd", cat("= ", c.model.n_embd, " must be divisible by model.n_head = ", c.model.n_head,
+                               " (each head gets n_embd / n_head channels)"));
+  } else {
+    for (const char* k : {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tie_embeddings", "init_std"})
+      if (model.get(k)) model.fail(k, "is a GPT key; set model.type = \"gpt\" to use it");
+    auto* layers = model.get("layers");
+    if (!layers) model.fail("layers", "required key is missing");
+    if (!layers->is_array()) model.fail("layers", cat("expected an array of tables, got ", type_name(*layers)));
+    int idx = 0;
+    for (auto& ln : *layers->as_array()) {
+      std::string lname = cat("layers[", idx, "]");
+      if (!ln.is_table()) model.fail(lname, "expected a table like { type = \"linear\", out = 256 }");
+      Section l(ln.as_table(), cat("model.layers[", idx, "]"), source, {"type", "out", "eps"});
+      LayerConfig lc;
+      l.choice("type", lc.type, {"linear", "relu", "gelu", "tanh", "layernorm"});
+      if (lc.type == "linear") l.integer("out", lc.out, 1, int64_t(1) << 31, true);
+      else if (l.get("out")) l.fail("out", cat("only linear layers take 'out' (this layer is ", lc.type, ")"));
+      if (lc.type == "layernorm") l.real("eps", lc.eps, 0, 1, true);
+      else if (l.get("eps")) l.fail("eps", cat("only layernorm layers take 'eps' (this layer is ", lc.type, ")"));
+      c.model.layers.push_back(lc);
+      ++idx;
+    }
+    if (c.model.layers.empty()) model.fail("layers", "must hold at least one layer");
+    bool any_linear = false;
+    for (auto& l : c.model.layers) any_linear |= l.type == "linear";
+    if (!any_linear) model.fail("layers", "needs at least one linear layer");
   }
-  if (c.model.layers.empty()) model.fail("layers", "must hold at least one layer");
-  bool any_linear = false;
-  for (auto& l : c.model.layers) any_linear |= l.type == "linear";
-  if (!any_linear) model.fail("layers", "needs at least one linear layer");
 
   Section data(tab("data"), "data", source, {"train", "eval", "shuffle", "seed"});
   data.str("train", c.data.train, true);
@@ -312,14 +335,23 @@ std::string Config::to_toml() const {
     return r;
   };
   o << "[run]\ndir = " << q(run.dir) << "\n\n";
-  o << "[model]\nseed = " << model.seed << "\nloss = " << q(model.loss) << "\nlayers = [\n";
-  for (auto& l : model.layers) {
-    o << "  { type = " << q(l.type);
-    if (l.type == "linear") o << ", out = " << l.out;
-    if (l.type == "layernorm") o << ", eps = " << num(l.eps);
-    o << " },\n";
+  o << "[model]\ntype = " << q(model.type) << "\nseed = " << model.seed << "\nloss = " << q(model.loss) << "\n";
+  if (model.is_gpt()) {
+    o << "vocab_size = " << model.vocab_size << "\nblock_size = " << model.block_size << "\nn_layer = " << model.n_layer
+      << "\nn_head = " << model.n_head << "\nn_embd = " << model.n_embd << "\nbias = " << (model.bias ? "true" : "false")
+      << "\ntie_embeddings = " << (model.tie_embeddings ? "true" : "false") << "\ninit_std = " << num(model.init_std)
+      << "\n";
+  } else {
+    o << "layers = [\n";
+    for (auto& l : model.layers) {
+      o << "  { type = " << q(l.type);
+      if (l.type == "linear") o << ", out = " << l.out;
+      if (l.type == "layernorm") o << ", eps = " << num(l.eps);
+      o << " },\n";
+    }
+    o << "]\n";
   }
-  o << "]\n\n[data]\ntrain = " << q(data.train) << "\n";
+  o << "\n[data]\ntrain = " << q(data.train) << "\n";
   if (!data.eval.empty()) o << "eval = " << q(data.eval) << "\n";
   o << "shuffle = " << (data.shuffle ? "true" : "false") << "\nseed = " << data.seed << "\n\n";
   o << "[train]\nsteps = " << train.steps << "\nbatch_size = " << train.batch_size

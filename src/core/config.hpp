@@ -18,9 +18,16 @@ struct Config {
 
   struct Run { std::string dir = "runs/relay"; } run;
   struct Model {
+    std::string type = "mlp";            // mlp | gpt
     uint64_t seed = 1;
-    std::string loss = "cross_entropy";  // cross_entropy | mse
-    std::vector<LayerConfig> layers;
+    std::string loss = "cross_entropy";  // cross_entropy | mse (mlp only)
+    std::vector<LayerConfig> layers;     // mlp only
+    // gpt only: GPT-2's decoder-only transformer (GPT-2 124M: 12 layers, 12 heads, 768 wide, 1024, 50257)
+    int64_t vocab_size = 0, block_size = 0, n_layer = 0, n_head = 0, n_embd = 0;
+    bool bias = true;
+    bool tie_embeddings = true;
+    double init_std = 0.02;
+    bool is_gpt() const { return type == "gpt"; }
   } model;
   struct Data {
     std::string train;

@@ -1,26 +1,32 @@
-// Forward, backward-input and backward-weight over a chunk's layers with per-slot buffers.
+// Forward, backward-input and backward-weight over a chunk's blocks with per-slot buffers.
 #include "model/chunk.hpp"
+
+#include <set>
 
 namespace relay {
 
-ModelChunk::ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Layer>> layers, bool is_first, bool is_last)
-    : be_(be), id_(id), layers_(std::move(layers)), is_first_(is_first), is_last_(is_last) {
-  RELAY_ASSERT(!layers_.empty(), "chunk " << id << " has no layers");
-  first_param_layer_ = layers_.size();
-  for (size_t k = 0; k < layers_.size(); ++k)
-    if (!layers_[k]->params().empty()) { first_param_layer_ = k; break; }
+ModelChunk::ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Block>> blocks, bool is_first, bool is_last,
+                       bool alias_output_grad)
+    : be_(be), id_(id), blocks_(std::move(blocks)), is_first_(is_first), is_last_(is_last),
+      alias_output_grad_(alias_output_grad) {
+  RELAY_ASSERT(!blocks_.empty(), "chunk " << id << " has no blocks");
+  first_param_block_ = blocks_.size();
+  for (size_t k = 0; k < blocks_.size(); ++k)
+    if (!blocks_[k]->params().empty()) { first_param_block_ = k; break; }
 }
 
 std::vector<Param*> ModelChunk::params() {
   std::vector<Param*> out;
-  for (auto& l : layers_)
-    for (auto& p : l->params()) out.push_back(&p);
+  std::set<Param*> seen;
+  for (auto& b : blocks_)
+    for (Param* p : b->params())
+      if (seen.insert(p).second) out.push_back(p);
   return out;
 }
 
 bool ModelChunk::needs_input_grad(size_t k) const {
-  // The first chunk's input is data: layers up to and including the first parametrised one need no dx.
-  return !(is_first_ && k <= first_param_layer_);
+  // The first chunk's input is data: blocks up to and including the first parametrised one need no dx.
+  return !(is_first_ && k <= first_param_block_) && blocks_[k]->spec().in > 0;
 }
 
 ModelChunk::Slot& ModelChunk::slot(int s, int64_t rows) {
@@ -28,16 +34,17 @@ ModelChunk::Slot& ModelChunk::slot(int s, int64_t rows) {
   if (static_cast<size_t>(s) >= slots_.size()) slots_.resize(static_cast<size_t>(s) + 1);
   Slot& sl = slots_[static_cast<size_t>(s)];
   if (sl.capacity < rows) {  // first use (or a larger eval batch): allocate once, reuse afterwards
-    size_t L = layers_.size();
+    size_t L = blocks_.size();
     sl.capacity = rows;
     sl.acts.assign(L + 1, Tensor());
     sl.grads.assign(L + 1, Tensor());
-    sl.saved.assign(L, LayerSaved());
-    sl.acts[0] = Tensor(be_, {rows, in_width()});
+    sl.saved.assign(L, BlockSaved());
+    sl.acts[0] = in_width() == 0 ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {rows, in_width()});
     for (size_t k = 0; k < L; ++k) {
-      sl.acts[k + 1] = Tensor(be_, {rows, layers_[k]->shape().out});
-      sl.grads[k + 1] = Tensor(be_, {rows, layers_[k]->shape().out});
-      layers_[k]->allocate_saved(be_, rows, sl.saved[k]);
+      const int64_t w = blocks_[k]->spec().out;
+      sl.acts[k + 1] = Tensor(be_, {rows, w});
+      sl.grads[k + 1] = (k + 1 == L && alias_output_grad_) ? sl.acts[k + 1] : Tensor(be_, {rows, w});
+      blocks_[k]->allocate_saved(be_, rows, sl.saved[k]);
     }
     if (!is_first_) sl.grads[0] = Tensor(be_, {rows, in_width()});
   }
@@ -55,44 +62,40 @@ Tensor ModelChunk::input_grad(int s, int64_t rows) {
 
 Tensor ModelChunk::forward(int s, int64_t rows) {
   Slot& sl = slot(s, rows);
-  for (size_t k = 0; k < layers_.size(); ++k) {
+  for (size_t k = 0; k < blocks_.size(); ++k) {
     Tensor y = sl.acts[k + 1].rows(0, rows);
-    layers_[k]->forward(be_, sl.acts[k].rows(0, rows), y, sl.saved[k]);
+    blocks_[k]->forward(be_, sl.acts[k].rows(0, rows), y, sl.saved[k]);
   }
   return sl.acts.back().rows(0, rows);
 }
 
 Tensor ModelChunk::backward_input(int s, int64_t rows) {
   Slot& sl = slot(s, rows);
-  for (size_t k = layers_.size(); k-- > 0;) {
+  for (size_t k = blocks_.size(); k-- > 0;) {
     if (!needs_input_grad(k)) break;
     Tensor dx = sl.grads[k].rows(0, rows);
-    layers_[k]->backward_input(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), dx, sl.saved[k]);
+    blocks_[k]->backward_input(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), dx, sl.saved[k]);
   }
   return is_first_ ? Tensor() : sl.grads[0].rows(0, rows);
 }
 
-void ModelChunk::backward_weight(int s, int64_t rows, const std::function<void(int)>& layer_done) {
+void ModelChunk::backward_weight(int s, int64_t rows) {
   Slot& sl = slot(s, rows);
-  for (size_t k = layers_.size(); k-- > 0;) {
-    if (layers_[k]->params().empty()) continue;
-    layers_[k]->backward_weight(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), sl.saved[k]);
-    if (layer_done) layer_done(layers_[k]->index());
-  }
+  for (size_t k = blocks_.size(); k-- > 0;)
+    if (!blocks_[k]->params().empty())
+      blocks_[k]->backward_weight(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), sl.saved[k]);
 }
 
-Tensor ModelChunk::backward(int s, int64_t rows, const std::function<void(int)>& layer_done) {
+Tensor ModelChunk::backward(int s, int64_t rows) {
   Slot& sl = slot(s, rows);
-  for (size_t k = layers_.size(); k-- > 0;) {
+  for (size_t k = blocks_.size(); k-- > 0;) {
     Tensor x = sl.acts[k].rows(0, rows), dy = sl.grads[k + 1].rows(0, rows);
-    if (!layers_[k]->params().empty()) {
-      layers_[k]->backward_weight(be_, x, dy, sl.saved[k]);
-      if (layer_done) layer_done(layers_[k]->index());
-    }
+    // Input gradient first: a block's backward_input may leave intermediates its backward_weight reads.
     if (needs_input_grad(k)) {
       Tensor dx = sl.grads[k].rows(0, rows);
-      layers_[k]->backward_input(be_, x, dy, dx, sl.saved[k]);
+      blocks_[k]->backward_input(be_, x, dy, dx, sl.saved[k]);
     }
+    if (!blocks_[k]->params().empty()) blocks_[k]->backward_weight(be_, x, dy, sl.saved[k]);
   }
   return is_first_ ? Tensor() : sl.grads[0].rows(0, rows);
 }

@@ -8,7 +8,7 @@
 
 #include "backend/backend.hpp"
 #include "core/config.hpp"
-#include "model/layer.hpp"
+#include "model/param.hpp"
 
 namespace relay {
 

@@ -2,41 +2,45 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 
 namespace relay {
 
-GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Param*>& params,
-                         const std::vector<int>& layer_of, double bucket_mb)
+GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb)
     : be_(be), comm_(comm) {
-  // Reverse layer order; a layer's parameters never straddle two buckets.
+  // Per (chunk, counts_in_norm), reverse block order; a block's parameters never straddle two buckets.
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return layer_of[a] > layer_of[b]; });
+  auto key = [&](size_t i) { return std::make_tuple(params[i].chunk, !params[i].counts_in_norm, -params[i].block); };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
   const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4));
   std::vector<std::vector<size_t>> groups;
   int64_t fill = 0;
-  int last_layer = -1;
-  for (size_t i : order) {
-    bool new_layer = layer_of[i] != last_layer;
-    if (groups.empty() || (new_layer && fill >= cap)) {
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
+    const bool new_group = k == 0 || params[i].chunk != params[order[k - 1]].chunk ||
+                           params[i].counts_in_norm != params[order[k - 1]].counts_in_norm;
+    const bool new_block = k == 0 || params[i].block != params[order[k - 1]].block;
+    if (new_group || (new_block && fill >= cap)) {
       groups.emplace_back();
       fill = 0;
     }
     groups.back().push_back(i);
-    fill += params[i]->value.numel();
-    last_layer = layer_of[i];
+    fill += params[i].param->value.numel();
   }
   for (auto& g : groups) {
     int64_t total = 0;
-    for (size_t i : g) total += params[i]->value.numel();
+    for (size_t i : g) total += params[i].param->value.numel();
     Bucket b;
     b.flat = Tensor(be, {total});
+    b.chunk = params[g.front()].chunk;
+    b.counts_in_norm = params[g.front()].counts_in_norm;
     int64_t at = 0;
     for (size_t i : g) {
-      int64_t n = params[i]->value.numel();
-      params[i]->grad = b.flat.rows(at, n).view(params[i]->value.shape());
+      Param* p = params[i].param;
+      const int64_t n = p->value.numel();
+      p->grad = b.flat.rows(at, n).view(p->value.shape());
       at += n;
-      b.layers.insert(layer_of[i]);
     }
     buckets_.push_back(std::move(b));
   }
@@ -45,7 +49,6 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Para
 void GradBuckets::zero() {
   for (auto& b : buckets_) {
     be_.fill(b.flat, 0.f);
-    b.ready.clear();
     b.request.reset();
     b.launched = false;
   }
@@ -57,12 +60,9 @@ void GradBuckets::launch(Bucket& b) {
   if (comm_) b.request = comm_->iallreduce_sum(b.flat);
 }
 
-void GradBuckets::layer_ready(int layer) {
+void GradBuckets::launch_chunk(int chunk) {
   for (auto& b : buckets_)
-    if (b.layers.count(layer)) {
-      b.ready.insert(layer);
-      if (b.ready.size() == b.layers.size()) launch(b);
-    }
+    if (b.chunk == chunk) launch(b);
 }
 
 void GradBuckets::progress() {
@@ -78,7 +78,8 @@ void GradBuckets::finish() {
 
 double GradBuckets::sum_squares() {
   double s = 0;
-  for (auto& b : buckets_) s += be_.sum_squares(b.flat);
+  for (auto& b : buckets_)
+    if (b.counts_in_norm) s += be_.sum_squares(b.flat);
   return s;
 }
 

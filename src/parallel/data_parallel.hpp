@@ -1,35 +1,41 @@
 // Data parallelism: gradient buckets (PyTorch DDP's design, Li et al., arXiv:2006.15704).
-// Every parameter's gradient is a view into a flat bucket; buckets are filled in reverse layer order
-// (the order backward finishes them) up to parallel.bucket_mb, and each bucket's non-blocking
-// all-reduce starts as soon as its last layer's gradients are final, overlapping the rest of backward.
+// Every parameter's gradient is a view into a flat bucket. Buckets never mix model chunks; within a
+// chunk they are filled in reverse block order up to parallel.bucket_mb, and the schedule's
+// allreduce_grads(chunk) action starts the chunk's non-blocking all-reduces once its last weight
+// gradient is done, overlapping the rest of the step (other chunks' backward, pipeline cool-down).
 #pragma once
-#include <set>
 #include <vector>
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
-#include "model/layer.hpp"
+#include "model/param.hpp"
 
 namespace relay {
 
+struct BucketParam {
+  Param* param;
+  int chunk;           // the chunk whose allreduce_grads reduces it (the lowest chunk using it)
+  int block;           // its first block, for the bucket order
+  bool counts_in_norm; // false for the second copy of a weight held by two stages (counted once)
+};
+
 class GradBuckets {
  public:
-  // comm is null when dp == 1 (then nothing is communicated). layer_of[i] is params[i]'s config layer.
-  GradBuckets(Backend& be, Communicator* comm, const std::vector<Param*>& params, const std::vector<int>& layer_of,
-              double bucket_mb);
+  // comm is null when dp == 1 (then nothing is communicated).
+  GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb);
   void zero();                    // start of a step
-  void layer_ready(int layer);    // this layer's gradients are final for the step
+  void launch_chunk(int chunk);   // allreduce_grads(chunk): start the chunk's all-reduces
   void progress();                // let MPI advance outstanding all-reduces
-  void finish();                  // launch what is left and wait for every all-reduce
-  double sum_squares();           // of all gradients held here (after finish)
+  void finish();                  // wait for every all-reduce (launching any not yet started)
+  double sum_squares();           // of the gradients that count in the norm (after finish)
   void scale(float s);
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
 
  private:
   struct Bucket {
-    Tensor flat;            // (numel) every gradient of the bucket
-    std::set<int> layers;   // config layers whose gradients live here
-    std::set<int> ready;
+    Tensor flat;  // (numel) every gradient of the bucket
+    int chunk = 0;
+    bool counts_in_norm = true;
     RequestPtr request;
     bool launched = false;
   };

@@ -13,10 +13,13 @@ enum MsgKind { kActivation = 0, kGrad = 1 };
 
 Executor::Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, std::map<int, ModelChunk*> chunks,
                    Loss* loss, GradBuckets& buckets, const ScheduleShape& shape, std::vector<Action> actions,
-                   int64_t mb_rows, int64_t global_batch)
+                   int64_t mb_rows, int64_t seq_len, int64_t global_batch, Communicator* tied_comm,
+                   std::vector<Param*> tied)
     : be_(be), grid_(grid), comm_(pp_comm), chunks_(std::move(chunks)), loss_(loss), buckets_(buckets),
-      shape_(shape), actions_(std::move(actions)), mb_rows_(mb_rows),
-      grad_scale_(1.f / static_cast<float>(global_batch)), last_chunk_(num_chunks(shape) - 1) {}
+      shape_(shape), actions_(std::move(actions)), mb_rows_(mb_rows), seq_len_(seq_len), rows_(mb_rows * seq_len),
+      // The loss is the mean over every row (target token) of the global batch.
+      grad_scale_(1.f / static_cast<float>(global_batch * seq_len)), last_chunk_(num_chunks(shape) - 1),
+      tied_comm_(tied_comm), tied_(std::move(tied)) {}
 
 int Executor::tag(int kind, int chunk, int mb) const {
   // Unique per (kind, chunk, micro-batch) within a step; MPI guarantees at least 32767 tags.
@@ -29,10 +32,16 @@ ModelChunk& Executor::chunk(int c) {
   return *it->second;
 }
 
-void Executor::upload_targets(int slot, int64_t row0, int64_t rows, const StepData& d) {
-  Tensor t = loss_->targets(slot, rows);
-  if (loss_->kind() == LossKind::cross_entropy) be_.upload(t, d.class_targets + row0);
-  else be_.upload(t, d.dense_targets + row0 * t.size(1));
+void Executor::upload_input(ModelChunk& ch, int slot, int64_t sample0, int64_t samples, const StepData& d) {
+  Tensor in = ch.input(slot, samples * seq_len_);
+  if (ch.in_width() == 0) be_.upload(in, d.tokens + sample0 * seq_len_);  // (samples x T) token ids
+  else be_.upload(in, d.inputs + sample0 * ch.in_width());                 // (samples, D)
+}
+
+void Executor::upload_targets(int slot, int64_t sample0, int64_t samples, const StepData& d) {
+  Tensor t = loss_->targets(slot, samples * seq_len_);
+  if (loss_->kind() == LossKind::cross_entropy) be_.upload(t, d.class_targets + sample0 * seq_len_);
+  else be_.upload(t, d.dense_targets + sample0 * t.size(1));
 }
 
 void Executor::wait_all_sends() {
@@ -40,17 +49,17 @@ void Executor::wait_all_sends() {
   sends_.clear();
 }
 
+void Executor::reduce_tied() {
+  // The data-parallel sums first (this pair's ranks hold replica sums of their own copy), then the
+  // pair's sum: a + b on one rank and b + a on the other are the same float, so the copies stay equal.
+  buckets_.finish();
+  for (Param* p : tied_) tied_comm_->iallreduce_sum(p->grad)->wait();
+}
+
 StepStats Executor::run_step(const StepData& data) {
   StepStats st;
   const double t_step = now_s();
-  const int m = shape_.m;
-  weight_done_.clear();
   buckets_.zero();
-  auto weights_hook = [&](int c) -> std::function<void(int)> {
-    // Only the last micro-batch of a chunk makes its layers' gradients final.
-    if (weight_done_[c] + 1 < m) return {};
-    return [this](int layer) { buckets_.layer_ready(layer); };
-  };
   for (const Action& a : actions_) {
     const int c = a.chunk, mb = a.micro_batch;
     const double t0 = now_s();
@@ -59,16 +68,15 @@ StepStats Executor::run_step(const StepData& data) {
       case Op::forward: {
         ModelChunk& ch = chunk(c);
         if (c == 0) {
-          Tensor in = ch.input(mb, mb_rows_);
-          be_.upload(in, data.inputs + mb * mb_rows_ * ch.in_width());
+          upload_input(ch, mb, mb * mb_rows_, mb_rows_, data);
         } else if (chunks_.count(c - 1)) {  // previous chunk on this rank (pp == 1)
-          Tensor in = ch.input(mb, mb_rows_);
-          be_.copy(in, chunk(c - 1).forward_output(mb, mb_rows_));
+          Tensor in = ch.input(mb, rows_);
+          be_.copy(in, chunk(c - 1).forward_output(mb, rows_));
         }
-        Tensor out = ch.forward(mb, mb_rows_);
+        Tensor out = ch.forward(mb, rows_);
         if (c == last_chunk_) {
           upload_targets(mb, mb * mb_rows_, mb_rows_, data);
-          Tensor dout = ch.output_grad(mb, mb_rows_);
+          Tensor dout = ch.output_grad(mb, rows_);
           st.loss_sum += loss_->forward_backward(mb, out, dout, grad_scale_);
         }
         compute = true;
@@ -78,48 +86,47 @@ StepStats Executor::run_step(const StepData& data) {
       case Op::backward_input: {
         ModelChunk& ch = chunk(c);
         if (c < last_chunk_ && chunks_.count(c + 1)) {  // next chunk on this rank (pp == 1)
-          Tensor g = ch.output_grad(mb, mb_rows_);
-          be_.copy(g, chunk(c + 1).input_grad(mb, mb_rows_));
+          Tensor g = ch.output_grad(mb, rows_);
+          be_.copy(g, chunk(c + 1).input_grad(mb, rows_));
         }
-        if (a.op == Op::backward) {
-          ch.backward(mb, mb_rows_, weights_hook(c));
-          ++weight_done_[c];
-        } else {
-          ch.backward_input(mb, mb_rows_);
-        }
+        if (a.op == Op::backward) ch.backward(mb, rows_);
+        else ch.backward_input(mb, rows_);
         compute = true;
         break;
       }
       case Op::backward_weight:
-        chunk(c).backward_weight(mb, mb_rows_, weights_hook(c));
-        ++weight_done_[c];
+        chunk(c).backward_weight(mb, rows_);
         compute = true;
         break;
       case Op::send_activation:
-        sends_.push_back(comm_.isend(chunk(c).forward_output(mb, mb_rows_), peer_of_chunk(c + 1), tag(kActivation, c + 1, mb)));
+        sends_.push_back(comm_.isend(chunk(c).forward_output(mb, rows_), peer_of_chunk(c + 1), tag(kActivation, c + 1, mb)));
         break;
       case Op::recv_activation: {
-        Tensor in = chunk(c).input(mb, mb_rows_);
+        Tensor in = chunk(c).input(mb, rows_);
         comm_.irecv(in, peer_of_chunk(c - 1), tag(kActivation, c, mb))->wait();
         st.wait_s += now_s() - t0;
         break;
       }
       case Op::send_grad:
-        sends_.push_back(comm_.isend(chunk(c).input_grad(mb, mb_rows_), peer_of_chunk(c - 1), tag(kGrad, c - 1, mb)));
+        sends_.push_back(comm_.isend(chunk(c).input_grad(mb, rows_), peer_of_chunk(c - 1), tag(kGrad, c - 1, mb)));
         break;
       case Op::recv_grad: {
-        Tensor g = chunk(c).output_grad(mb, mb_rows_);
+        Tensor g = chunk(c).output_grad(mb, rows_);
         comm_.irecv(g, peer_of_chunk(c + 1), tag(kGrad, c, mb))->wait();
         st.wait_s += now_s() - t0;
         break;
       }
       case Op::allreduce_grads:
-        break;  // buckets were started by the weight hooks as their layers finished
+        buckets_.launch_chunk(c);
+        break;
+      case Op::reduce_tied_grads:
+        reduce_tied();
+        st.wait_s += now_s() - t0;
+        break;
       case Op::optimizer_step: {
-        const double tw = now_s();
         buckets_.finish();
         wait_all_sends();
-        st.wait_s += now_s() - tw;
+        st.wait_s += now_s() - t0;
         break;
       }
     }
@@ -132,19 +139,23 @@ StepStats Executor::run_step(const StepData& data) {
   return st;
 }
 
-void Executor::evaluate(int64_t rows, const StepData& data, double& loss_sum, int64_t& correct) {
+void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct) {
   // One forward pass through every chunk in order; slot m is reserved for evaluation.
   const int slot = shape_.m;
+  const int64_t rows = samples * seq_len_;
   loss_sum = 0;
   correct = 0;
   for (auto& [c, ch] : chunks_) {
-    Tensor in = ch->input(slot, rows);
-    if (c == 0) be_.upload(in, data.inputs);
-    else if (chunks_.count(c - 1)) be_.copy(in, chunk(c - 1).forward_output(slot, rows));
-    else comm_.irecv(in, peer_of_chunk(c - 1), tag(kActivation, c, slot))->wait();
+    if (c == 0) {
+      upload_input(*ch, slot, 0, samples, data);
+    } else {
+      Tensor in = ch->input(slot, rows);
+      if (chunks_.count(c - 1)) be_.copy(in, chunk(c - 1).forward_output(slot, rows));
+      else comm_.irecv(in, peer_of_chunk(c - 1), tag(kActivation, c, slot))->wait();
+    }
     Tensor out = ch->forward(slot, rows);
     if (c == last_chunk_) {
-      upload_targets(slot, 0, rows, data);
+      upload_targets(slot, 0, samples, data);
       loss_->evaluate(slot, out, loss_sum, correct);
     } else if (!chunks_.count(c + 1)) {
       sends_.push_back(comm_.isend(out, peer_of_chunk(c + 1), tag(kActivation, c + 1, slot)));

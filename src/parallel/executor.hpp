@@ -1,7 +1,7 @@
 // The executor: a plain interpreter of one rank's schedule (schedule.hpp), validated beforehand by
 // the simulator. It runs forwards and backwards on the rank's model chunks, moves activations and
-// gradients between stages with non-blocking point-to-point, and starts gradient-bucket
-// all-reduces as soon as the last micro-batch's weight gradients are final.
+// gradients between stages with non-blocking point-to-point, starts a chunk's gradient-bucket
+// all-reduces at its allreduce_grads action and sums a tied weight's two copies at reduce_tied_grads.
 #pragma once
 #include <map>
 #include <vector>
@@ -15,16 +15,19 @@
 
 namespace relay {
 
-// A replica's slice of one global batch on the host: inputs (rows, D) on the first stage, targets
-// (rows) class indices or (rows, K) dense on the last; micro-batch i is rows [i*mb_rows, (i+1)*mb_rows).
+// A replica's slice of one global batch on the host, samples [i*mb_rows, (i+1)*mb_rows) forming
+// micro-batch i. First stage: inputs (samples, D) for the MLP or tokens (samples, T) for GPT. Last
+// stage: class_targets (samples x T) (T = 1 for the MLP) or dense_targets (samples, K).
 struct StepData {
   const float* inputs = nullptr;
+  const int32_t* tokens = nullptr;
   const int32_t* class_targets = nullptr;
   const float* dense_targets = nullptr;
 };
 
 struct StepStats {
-  double loss_sum = 0;     // sum of per-sample losses of this rank's micro-batches (last stage only)
+  double loss_sum = 0;     // sum of per-row losses (samples, or tokens for GPT) of this rank's micro-batches
+                           // (last stage only)
   double compute_s = 0;    // time in forward/backward actions
   double wait_s = 0;       // time blocked in receives and the final waits: the measured bubble
   double step_s = 0;
@@ -33,20 +36,26 @@ struct StepStats {
 class Executor {
  public:
   // chunks: this rank's chunks by global chunk id. loss: non-null on the rank holding the last chunk.
+  // seq_len: activation rows per sample (T for GPT, 1 for the MLP). tied: this rank's copies of weights
+  // held by two pipeline ranks, summed over tied_comm (the pair) at reduce_tied_grads.
   Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, std::map<int, ModelChunk*> chunks,
            Loss* loss, GradBuckets& buckets, const ScheduleShape& shape, std::vector<Action> actions,
-           int64_t mb_rows, int64_t global_batch);
+           int64_t mb_rows, int64_t seq_len, int64_t global_batch, Communicator* tied_comm = nullptr,
+           std::vector<Param*> tied = {});
   // Runs every action up to and including optimizer_step's synchronisation point: afterwards the
   // gradients are averaged over data-parallel replicas and ready for clipping and the update.
   StepStats run_step(const StepData& data);
-  // Forward only over `rows` samples (eval); returns on the last stage the loss sum and correct count.
-  void evaluate(int64_t rows, const StepData& data, double& loss_sum, int64_t& correct);
+  // Forward only over `samples` samples (eval); returns on the last stage the loss sum and correct
+  // count over their rows (samples x seq_len).
+  void evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct);
 
  private:
   int peer_of_chunk(int chunk) const { return chunk % shape_.pp; }  // pp_comm rank
   int tag(int kind, int chunk, int mb) const;
   ModelChunk& chunk(int c);
-  void upload_targets(int slot, int64_t row0, int64_t rows, const StepData& d);
+  void upload_input(ModelChunk& ch, int slot, int64_t sample0, int64_t samples, const StepData& d);
+  void upload_targets(int slot, int64_t sample0, int64_t samples, const StepData& d);
+  void reduce_tied();
   void wait_all_sends();
 
   Backend& be_;
@@ -57,11 +66,14 @@ class Executor {
   GradBuckets& buckets_;
   ScheduleShape shape_;
   std::vector<Action> actions_;
-  int64_t mb_rows_;
+  int64_t mb_rows_;   // samples per micro-batch
+  int64_t seq_len_;   // rows per sample
+  int64_t rows_;      // activation rows per micro-batch: mb_rows_ x seq_len_
   float grad_scale_;
   int last_chunk_;
+  Communicator* tied_comm_;
+  std::vector<Param*> tied_;
   std::vector<RequestPtr> sends_;
-  std::map<int, int> weight_done_;  // chunk -> micro-batches whose weight gradients are done this step
 };
 
 }  // namespace relay

@@ -7,20 +7,31 @@
 
 namespace relay {
 
-std::vector<ChunkRange> partition_layers(const std::vector<LayerConfig>& layers, const std::vector<LayerShape>& shapes,
-                                         int chunks, const std::vector<int64_t>& balance,
+namespace {
+// "embedding + 4 transformer + head" or "8 layers", for messages.
+std::string model_blocks_hint(const std::vector<BlockSpec>& blocks) {
+  int transformers = 0;
+  for (auto& b : blocks) transformers += b.kind == BlockKind::transformer;
+  if (!blocks.empty() && blocks.front().kind == BlockKind::embedding)
+    return cat("embedding + ", transformers, " transformer blocks (model.n_layer) + head");
+  return cat(blocks.size(), " entries of model.layers");
+}
+}  // namespace
+
+std::vector<ChunkRange> partition_blocks(const std::vector<BlockSpec>& blocks, int chunks,
+                                         const std::vector<int64_t>& balance,
                                          const std::vector<double>& measured_costs) {
-  const int n = static_cast<int>(layers.size());
+  const int n = static_cast<int>(blocks.size());
   std::vector<ChunkRange> out;
   if (!balance.empty()) {
     if (static_cast<int>(balance.size()) != chunks)
       throw Error(cat("parallel.balance has ", balance.size(), " entries but the pipeline has ", chunks,
-                      " stages (parallel.pp x parallel.virtual_stages); give one layer count per stage"));
+                      " stages (parallel.pp x parallel.virtual_stages); give one block count per stage"));
     int64_t sum = 0;
     for (int64_t b : balance) sum += b;
     if (sum != n)
-      throw Error(cat("parallel.balance sums to ", sum, " layers but model.layers has ", n,
-                      " (every layer must belong to exactly one stage)"));
+      throw Error(cat("parallel.balance sums to ", sum, " blocks but the model has ", n,
+                      " (every block must belong to exactly one stage; ", n, " = ", model_blocks_hint(blocks), ")"));
     int at = 0;
     for (int64_t b : balance) {
       out.push_back({at, at + static_cast<int>(b)});
@@ -31,20 +42,21 @@ std::vector<ChunkRange> partition_layers(const std::vector<LayerConfig>& layers,
   // Units: a parametrised layer with the parameter-free layers after it (leading ones join the first).
   std::vector<int> unit_start;
   for (int i = 0; i < n; ++i)
-    if (layer_has_params(layers[static_cast<size_t>(i)])) unit_start.push_back(i);
+    if (blocks[static_cast<size_t>(i)].starts_unit) unit_start.push_back(i);
   if (unit_start.empty()) throw Error("model.layers needs at least one linear layer");
   unit_start[0] = 0;  // leading parameter-free layers join the first unit
   const int u = static_cast<int>(unit_start.size());
   if (u < chunks)
-    throw Error(cat("the model has ", u, " parametrised layers but the pipeline has ", chunks,
+    throw Error(cat("the model has ", u, " blocks that can start a stage (", model_blocks_hint(blocks),
+                    ") but the pipeline has ", chunks,
                     " stages (parallel.pp x parallel.virtual_stages); each stage needs at least one "
-                    "(hint: lower parallel.pp or set parallel.balance explicitly)"));
+                    "(hint: lower parallel.pp or parallel.virtual_stages)"));
   std::vector<double> cost(static_cast<size_t>(u), 0.0);
   for (int k = 0; k < u; ++k) {
     int e = k + 1 < u ? unit_start[static_cast<size_t>(k) + 1] : n;
     for (int i = unit_start[static_cast<size_t>(k)]; i < e; ++i)
       cost[static_cast<size_t>(k)] += measured_costs.empty()
-                                          ? layer_flops(layers[static_cast<size_t>(i)], shapes[static_cast<size_t>(i)])
+                                          ? blocks[static_cast<size_t>(i)].flops
                                           : measured_costs[static_cast<size_t>(i)];
   }
   // Minimise the most expensive chunk (linear partition by dynamic programming over units).
@@ -79,13 +91,13 @@ std::vector<ChunkRange> partition_layers(const std::vector<LayerConfig>& layers,
   return out;
 }
 
-std::string describe_partition(const std::vector<ChunkRange>& parts, const std::vector<LayerConfig>& layers, int pp) {
+std::string describe_partition(const std::vector<ChunkRange>& parts, const std::vector<BlockSpec>& blocks, int pp) {
   std::string s;
   for (size_t c = 0; c < parts.size(); ++c) {
-    s += cat("  stage ", c, " (pp rank ", static_cast<int>(c) % pp, "): layers ", parts[c].begin, "..",
+    s += cat("  stage ", c, " (pp rank ", static_cast<int>(c) % pp, "): blocks ", parts[c].begin, "..",
              parts[c].end - 1, " [");
     for (int i = parts[c].begin; i < parts[c].end; ++i)
-      s += cat(i > parts[c].begin ? " " : "", layers[static_cast<size_t>(i)].type);
+      s += cat(i > parts[c].begin ? " " : "", block_kind_name(blocks[static_cast<size_t>(i)].kind));
     s += "]\n";
   }
   return s;

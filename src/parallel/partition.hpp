@@ -1,25 +1,28 @@
-// Cuts the model's layers into pp x v contiguous chunks (chunk c runs on pipeline rank c % pp):
-// from parallel.balance, or balanced by forward FLOPs with every parameter-free layer kept with the
-// parametrised layer before it (GPipe's partitioning by cost, arXiv:1811.06965).
+// Cuts the model's blocks into pp x v contiguous chunks (chunk c runs on pipeline rank c % pp):
+// from parallel.balance (blocks per chunk), or balanced by forward FLOPs with every block that cannot
+// start a stage (an MLP's parameter-free layer) kept with the block before it (GPipe's partitioning
+// by cost, arXiv:1811.06965). A GPT model's blocks are its embedding, n_layer transformer blocks and
+// its head.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
-#include "model/layer.hpp"
+#include "model/block.hpp"
 
 namespace relay {
 
 struct ChunkRange {
-  int begin = 0, end = 0;  // config layer indices [begin, end)
+  int begin = 0, end = 0;  // block indices [begin, end)
 };
 
 // Throws relay::Error naming parallel.balance / parallel.pp when a partition is impossible.
-std::vector<ChunkRange> partition_layers(const std::vector<LayerConfig>& layers, const std::vector<LayerShape>& shapes,
-                                         int chunks, const std::vector<int64_t>& balance,
+// measured_costs: per block, replacing the FLOP estimate (relay plan --measure).
+std::vector<ChunkRange> partition_blocks(const std::vector<BlockSpec>& blocks, int chunks,
+                                         const std::vector<int64_t>& balance,
                                          const std::vector<double>& measured_costs = {});
 
-std::string describe_partition(const std::vector<ChunkRange>& parts, const std::vector<LayerConfig>& layers, int pp);
+std::string describe_partition(const std::vector<ChunkRange>& parts, const std::vector<BlockSpec>& blocks, int pp);
 
 }  // namespace relay

@@ -37,6 +37,7 @@ const char* op_name(Op op) {
     case Op::send_grad: return "send_grad";
     case Op::recv_grad: return "recv_grad";
     case Op::allreduce_grads: return "allreduce_grads";
+    case Op::reduce_tied_grads: return "reduce_tied_grads";
     case Op::optimizer_step: return "optimizer_step";
   }
   return "?";
@@ -44,7 +45,7 @@ const char* op_name(Op op) {
 
 std::string to_string(const Action& a) {
   if (a.op == Op::optimizer_step) return op_name(a.op);
-  if (a.op == Op::allreduce_grads) return cat(op_name(a.op), "(chunk ", a.chunk, ")");
+  if (a.op == Op::allreduce_grads || a.op == Op::reduce_tied_grads) return cat(op_name(a.op), "(chunk ", a.chunk, ")");
   return cat(op_name(a.op), "(chunk ", a.chunk, ", mb ", a.micro_batch, ")");
 }
 
@@ -171,7 +172,7 @@ std::vector<Action> zb_h1_compute(const ScheduleShape& s, int rank) {
 // produced the tensor. Chunk c's gradients are all-reduced right after its last weight gradient
 // (and the send_grad that goes with it, so the upstream rank is not kept waiting), and the
 // optimizer step closes the list.
-std::vector<Action> with_messages(const ScheduleShape& s, const std::vector<Action>& compute) {
+std::vector<Action> with_messages(const ScheduleShape& s, int rank, const std::vector<Action>& compute) {
   const int last = num_chunks(s) - 1;
   const bool remote = s.pp > 1;  // with pp > 1, neighbouring chunks always live on different ranks
   std::vector<int> weight_grads(static_cast<size_t>(num_chunks(s)), 0);
@@ -193,6 +194,12 @@ std::vector<Action> with_messages(const ScheduleShape& s, const std::vector<Acti
       out.push_back({Op::allreduce_grads, c, -1});
     }
   }
+  // A weight shared by chunk 0 and the last chunk is summed over the two ranks once both have their
+  // data-parallel sums (Megatron-LM's embedding group), so the two copies stay bitwise equal.
+  if (s.tied && remote) {
+    if (rank == chunk_rank(s, 0)) out.push_back({Op::reduce_tied_grads, 0, -1});
+    if (rank == chunk_rank(s, last)) out.push_back({Op::reduce_tied_grads, last, -1});
+  }
   out.push_back({Op::optimizer_step, -1, -1});
   return out;
 }
@@ -205,10 +212,10 @@ std::vector<Action> generate_schedule(const ScheduleShape& s, int pp_rank) {
     throw Error(cat("pipeline rank ", pp_rank, " is outside [0, parallel.pp = ", s.pp, ")"));
   }
   switch (s.kind) {
-    case ScheduleKind::gpipe: return with_messages(s, gpipe_compute(s, pp_rank));
-    case ScheduleKind::one_f_one_b: return with_messages(s, one_f_one_b_compute(s, pp_rank));
-    case ScheduleKind::interleaved: return with_messages(s, interleaved_compute(s, pp_rank));
-    case ScheduleKind::zb_h1: return with_messages(s, zb_h1_compute(s, pp_rank));
+    case ScheduleKind::gpipe: return with_messages(s, pp_rank, gpipe_compute(s, pp_rank));
+    case ScheduleKind::one_f_one_b: return with_messages(s, pp_rank, one_f_one_b_compute(s, pp_rank));
+    case ScheduleKind::interleaved: return with_messages(s, pp_rank, interleaved_compute(s, pp_rank));
+    case ScheduleKind::zb_h1: return with_messages(s, pp_rank, zb_h1_compute(s, pp_rank));
   }
   return {};
 }

@@ -25,12 +25,15 @@ enum class Op {
   send_grad,        // chunk c's input gradient to chunk c-1's rank; never blocks
   recv_grad,        // chunk c's output gradient from chunk c+1's rank; blocks
   allreduce_grads,  // data-parallel all-reduce of chunk c's gradients, after its last weight gradient
+  reduce_tied_grads,  // sum the gradient of a weight held by two stages (GPT's tied embedding: chunk 0
+                      // on the first rank, the last chunk on the last) over the pair; both ranks run it
   optimizer_step,   // the last action of every list
 };
 const char* op_name(Op op);
 
 // chunk: global model-chunk id in [0, pp*v); chunk c lives on pipeline rank c % pp.
-// micro_batch: in [0, m). allreduce_grads has micro_batch -1; optimizer_step has chunk and micro_batch -1.
+// micro_batch: in [0, m). allreduce_grads and reduce_tied_grads have micro_batch -1; optimizer_step has
+// chunk and micro_batch -1.
 struct Action {
   Op op;
   int chunk;
@@ -45,6 +48,8 @@ struct ScheduleShape {
   int pp;
   int v;
   int m;
+  bool tied = false;  // chunk 0 and the last chunk share a weight (tied embeddings); with pp > 1 the
+                      // lists of their two ranks end with reduce_tied_grads before optimizer_step
 };
 inline int num_chunks(const ScheduleShape& s) { return s.pp * s.v; }
 inline int chunk_rank(const ScheduleShape& s, int chunk) { return chunk % s.pp; }

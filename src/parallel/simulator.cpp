@@ -49,6 +49,8 @@ class Replay {
     grad_sent_.assign(pairs, kNotSent);
     weight_grads_.assign(static_cast<size_t>(num_chunks(s)), 0);
     allreduced_.assign(static_cast<size_t>(num_chunks(s)), 0);
+    tied_arrival_.assign(2, kNotSent);
+    tied_done_.assign(2, 0);
     next_.assign(ranks, 0);
     clock_.assign(ranks, 0);
     live_.assign(ranks, 0);
@@ -91,8 +93,8 @@ class Replay {
       return;
     }
     if (a.chunk < 0 || a.chunk > last_) reject(rank, a, cat("chunk is outside [0, pp*v = ", last_ + 1, ")"));
-    if (a.op == Op::allreduce_grads) {
-      if (a.micro_batch != -1) reject(rank, a, "allreduce_grads takes micro-batch -1");
+    if (a.op == Op::allreduce_grads || a.op == Op::reduce_tied_grads) {
+      if (a.micro_batch != -1) reject(rank, a, cat(op_name(a.op), " takes micro-batch -1"));
     } else if (a.micro_batch < 0 || a.micro_batch >= s_.m) {
       reject(rank, a, cat("micro-batch is outside [0, train.micro_batches = ", s_.m, ")"));
     }
@@ -207,9 +209,27 @@ class Replay {
         }
         allreduced_[c] = 1;
         break;
+      case Op::reduce_tied_grads: {
+        // A two-rank collective: it returns once the partner has reached its own reduce_tied_grads.
+        if (!s_.tied || s_.pp == 1) reject(rank, a, "the model shares no weight between two pipeline ranks");
+        if (c != 0 && c != last_) reject(rank, a, "only chunk 0 and the last chunk share the tied weight");
+        const size_t side = c == 0 ? 0 : 1;
+        if (tied_arrival_[side] == kNotSent) {
+          if (!allreduced_[c]) reject(rank, a, cat("runs before allreduce_grads(chunk ", c, ")"));
+          tied_arrival_[side] = clock_[rank];
+        }
+        if (tied_arrival_[1 - side] == kNotSent) return false;
+        clock_[rank] = std::max(clock_[rank], tied_arrival_[1 - side]);
+        tied_done_[side] = 1;
+        break;
+      }
       case Op::optimizer_step:
         for (int chunk = rank; chunk <= last_; chunk += s_.pp) {
           if (!allreduced_[chunk]) reject(rank, a, cat("runs before allreduce_grads(chunk ", chunk, ")"));
+        }
+        if (s_.tied && s_.pp > 1) {
+          if (on(rank, 0) && !tied_done_[0]) reject(rank, a, "runs before reduce_tied_grads(chunk 0)");
+          if (on(rank, last_) && !tied_done_[1]) reject(rank, a, cat("runs before reduce_tied_grads(chunk ", last_, ")"));
         }
         stepped_[rank] = 1;
         break;
@@ -224,6 +244,13 @@ class Replay {
     for (int rank = 0; rank < s_.pp; ++rank) {
       if (next_[rank] >= lists_[rank].size()) continue;
       const Action& a = lists_[rank][next_[rank]];
+      if (a.op == Op::reduce_tied_grads) {
+        const int partner = chunk_rank(s_, a.chunk == 0 ? last_ : 0);
+        msg += cat("\n  rank ", rank, ", action ", next_[rank], " ", to_string(a), " waits for rank ", partner,
+                   " to reach its reduce_tied_grads, but rank ", partner, " is blocked at action ", next_[partner],
+                   next_[partner] < lists_[partner].size() ? " " + to_string(lists_[partner][next_[partner]]) : "");
+        continue;
+      }
       const bool activation = a.op == Op::recv_activation;
       const Action send = activation ? Action{Op::send_activation, a.chunk - 1, a.micro_batch}
                                      : Action{Op::send_grad, a.chunk + 1, a.micro_batch};
@@ -287,6 +314,9 @@ class Replay {
   // Per chunk.
   std::vector<int> weight_grads_;
   std::vector<char> allreduced_;
+  // reduce_tied_grads of chunk 0 [0] and of the last chunk [1]: arrival time and completion.
+  std::vector<double> tied_arrival_;
+  std::vector<char> tied_done_;
   // Per rank.
   std::vector<size_t> next_;
   std::vector<double> clock_;

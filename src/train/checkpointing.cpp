@@ -13,13 +13,12 @@ namespace relay {
 std::vector<ManifestEntry> checkpoint_manifest(const ModelLayout& layout, const Config::Optimizer& opt) {
   std::vector<ManifestEntry> m;
   auto params = layout.params();
-  auto owner = [&](const std::string& n) { return layout.pp_rank_of_chunk(layout.chunk_of_layer(layout.layer_of_param(n))); };
-  for (auto& [n, s] : params) m.push_back({"model/" + n, s, owner(n)});
+  for (auto& p : params) m.push_back({"model/" + p.name, p.shape, p.pp_ranks});
   std::vector<std::string> kinds;
   if (opt.name == "adamw") kinds = {"exp_avg", "exp_avg_sq"};
   else if (opt.momentum != 0) kinds = {"momentum_buffer"};
   for (auto& k : kinds)
-    for (auto& [n, s] : params) m.push_back({"optimizer/" + k + "/" + n, s, owner(n)});
+    for (auto& p : params) m.push_back({"optimizer/" + k + "/" + p.name, p.shape, p.pp_ranks});
   return m;
 }
 
@@ -48,9 +47,9 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
     tensors.reserve(manifest.size());
     for (auto& e : manifest) {
       CheckpointTensor t{e.name, e.shape, std::vector<float>(static_cast<size_t>(shape_numel(e.shape)))};
-      if (e.pp_rank == 0) ctx.be.download(t.data.data(), *local_tensor(ctx, e.name));
+      if (e.owner() == 0) ctx.be.download(t.data.data(), *local_tensor(ctx, e.name));
       else
-        MPI_CHECK(MPI_Recv(t.data.data(), static_cast<int>(t.data.size()), MPI_FLOAT, g.world_rank_of(e.pp_rank, 0),
+        MPI_CHECK(MPI_Recv(t.data.data(), static_cast<int>(t.data.size()), MPI_FLOAT, g.world_rank_of(e.owner(), 0),
                            7, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
       tensors.push_back(std::move(t));
     }
@@ -70,6 +69,7 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
     meta.shuffle = ctx.cfg.data.shuffle;
     meta.data_seed = ctx.cfg.data.seed;
     meta.model_seed = ctx.cfg.model.seed;
+    meta.tokenizer = ctx.tokenizer;
     fs::create_directories(dir);
     write_checkpoint_file(path, meta, tensors);
     write_latest(dir, checkpoint_file_name(step));
@@ -81,7 +81,7 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
   } else if (g.dp_rank == 0) {
     std::vector<float> buf;
     for (auto& e : manifest) {
-      if (e.pp_rank != g.pp_rank) continue;
+      if (e.owner() != g.pp_rank) continue;
       buf.resize(static_cast<size_t>(shape_numel(e.shape)));
       ctx.be.download(buf.data(), *local_tensor(ctx, e.name));
       MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, 0, 7, MPI_COMM_WORLD));
@@ -146,11 +146,11 @@ int64_t load_checkpoint(CheckpointContext& ctx, const std::string& path) {
       bool known = false;
       for (auto& e : manifest) known |= e.name == n;
       if (!known)
-        throw Error(cat(where, ": tensor ", n, " ", shape_str(s), " is not part of this model (model.layers differs)"));
+        throw Error(cat(where, ": tensor ", n, " ", shape_str(s), " is not part of this model (the [model] section differs)"));
     }
   std::vector<float> buf;
   for (auto& e : manifest) {
-    if (e.pp_rank != ctx.grid.pp_rank) continue;
+    if (!e.held_by(ctx.grid.pp_rank)) continue;  // a tied weight's two copies both load the one tensor
     buf.resize(static_cast<size_t>(shape_numel(e.shape)));
     reader.read(e.name, e.shape, buf.data());
     ctx.be.upload(*local_tensor(ctx, e.name), buf.data());

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "io/checkpoint.hpp"
+#include "model/param.hpp"
 #include "optim/optimizer.hpp"
 #include "parallel/process_grid.hpp"
 #include "train/model_layout.hpp"
@@ -20,13 +21,19 @@ struct CheckpointContext {
   std::map<std::string, Param*> params;  // this rank's parameters by name
   Optimizer& optimizer;
   int64_t samples = 0;  // training set size (sampler position)
+  std::string tokenizer;  // a GPT model's data tokenizer ("bytes" | "gpt2"), stored for `relay generate`
 };
 
 // Every tensor a checkpoint of this model and optimizer holds, with its owning pipeline rank.
 struct ManifestEntry {
   std::string name;  // "model/0.weight", "optimizer/exp_avg/0.weight"
   Shape shape;
-  int pp_rank;
+  std::vector<int> pp_ranks;  // holders; the first (the owner) sends it to rank 0 when saving
+  int owner() const { return pp_ranks.front(); }
+  bool held_by(int pp_rank) const {
+    for (int r : pp_ranks) if (r == pp_rank) return true;
+    return false;
+  }
 };
 std::vector<ManifestEntry> checkpoint_manifest(const ModelLayout& layout, const Config::Optimizer& opt);
 

@@ -33,7 +33,8 @@ std::string format_duration(double s) {
   return buf;
 }
 
-MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) : path_(path) {
+MetricsLog::MetricsLog(const std::string& path, int64_t resume_step, int64_t tokens_per_sample)
+    : path_(path), tokens_per_sample_(tokens_per_sample) {
   std::vector<std::string> keep;
   if (resume_step >= 0) {
     std::ifstream in(path);
@@ -58,13 +59,16 @@ void MetricsLog::append(const std::string& json) {
 }
 
 void MetricsLog::train(const StepRecord& r) {
-  std::printf("step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %.1f samples/s | elapsed %s | ETA %s\n",
-              static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, r.samples_per_s,
+  const double tokens_per_s = r.samples_per_s * double(tokens_per_sample_);
+  const std::string rate = tokens_per_sample_ > 0 ? cat(static_cast<long long>(tokens_per_s), " tokens/s")
+                                                  : cat(static_cast<long long>(r.samples_per_s * 10) / 10.0, " samples/s");
+  std::printf("step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %s | elapsed %s | ETA %s\n",
+              static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, rate.c_str(),
               format_duration(r.elapsed_s).c_str(), format_duration(r.eta_s).c_str());
   std::fflush(stdout);
   append(cat("{\"step\": ", r.step, ", \"loss\": ", json_number(r.loss), ", \"lr\": ", json_number(r.lr),
              ", \"grad_norm\": ", json_number(r.grad_norm), ", \"samples_per_s\": ", json_number(r.samples_per_s),
-             "}"));
+             tokens_per_sample_ > 0 ? cat(", \"tokens_per_s\": ", json_number(tokens_per_s)) : std::string(), "}"));
 }
 
 void MetricsLog::eval(int64_t step, double loss, double accuracy, bool has_accuracy) {

@@ -17,7 +17,8 @@ class MetricsLog {
  public:
   // resume_step >= 0 keeps the records of steps <= resume_step (a resumed run continues the file,
   // and steps after the checkpoint are logged again by the resumed run); -1 starts a fresh file.
-  MetricsLog(const std::string& path, int64_t resume_step);
+  // tokens_per_sample > 0 (a language model's sequence length) adds tokens/s to the log.
+  MetricsLog(const std::string& path, int64_t resume_step, int64_t tokens_per_sample = 0);
   void train(const StepRecord& r);
   void eval(int64_t step, double loss, double accuracy, bool has_accuracy);
   void note(const std::string& line);  // printed only
@@ -25,6 +26,7 @@ class MetricsLog {
  private:
   void append(const std::string& json);
   std::string path_;
+  int64_t tokens_per_sample_;
   std::ofstream out_;
 };
 

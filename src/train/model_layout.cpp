@@ -1,59 +1,61 @@
 #include "train/model_layout.hpp"
 
-#include <cstdlib>
+#include <algorithm>
+#include <map>
 
 namespace relay {
 
-int ModelLayout::chunk_of_layer(int layer) const {
+int ModelLayout::chunk_of_block(int block) const {
   for (int c = 0; c < num_chunks(); ++c)
-    if (layer >= chunks[static_cast<size_t>(c)].begin && layer < chunks[static_cast<size_t>(c)].end) return c;
-  RELAY_ASSERT(false, "layer " << layer << " is in no chunk");
+    if (block >= chunks[static_cast<size_t>(c)].begin && block < chunks[static_cast<size_t>(c)].end) return c;
+  RELAY_ASSERT(false, "block " << block << " is in no chunk");
 }
 
-std::vector<std::pair<std::string, Shape>> ModelLayout::params() const {
-  std::vector<std::pair<std::string, Shape>> out;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const auto& s = shapes[i];
-    if (layers[i].type == "linear") {
-      out.emplace_back(cat(i, ".weight"), Shape{s.out, s.in});
-      out.emplace_back(cat(i, ".bias"), Shape{s.out});
-    } else if (layers[i].type == "layernorm") {
-      out.emplace_back(cat(i, ".weight"), Shape{s.in});
-      out.emplace_back(cat(i, ".bias"), Shape{s.in});
+std::vector<ParamEntry> ModelLayout::params() const {
+  std::vector<ParamEntry> out;
+  std::map<std::string, size_t> at;
+  for (const BlockSpec& b : model.blocks) {
+    const int rank = pp_rank_of_chunk(chunk_of_block(b.index));
+    for (const ParamSpec& p : b.params) {
+      auto it = at.find(p.name);
+      if (it == at.end()) {
+        at[p.name] = out.size();
+        out.push_back({p.name, p.shape, {rank}});
+      } else {
+        auto& ranks = out[it->second].pp_ranks;
+        if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
+      }
     }
   }
+  for (auto& e : out) std::stable_sort(e.pp_ranks.begin() + 1, e.pp_ranks.end());
   return out;
 }
 
-int ModelLayout::layer_of_param(const std::string& name) const { return std::atoi(name.c_str()); }
+std::vector<ParamEntry> ModelLayout::shared_params() const {
+  std::vector<ParamEntry> out;
+  for (auto& e : params())
+    if (e.pp_ranks.size() > 1) out.push_back(e);
+  return out;
+}
 
 int64_t ModelLayout::param_count() const {
   int64_t n = 0;
-  for (size_t i = 0; i < layers.size(); ++i) n += layer_param_count(layers[i], shapes[i]);
+  for (auto& e : params()) n += shape_numel(e.shape);
   return n;
 }
 
 double ModelLayout::forward_flops_per_sample() const {
   double f = 0;
-  for (size_t i = 0; i < layers.size(); ++i) f += layer_flops(layers[i], shapes[i]);
-  return f;
-}
-
-int64_t model_output_dim(const std::vector<LayerConfig>& layers) {
-  for (size_t i = layers.size(); i-- > 0;)
-    if (layers[i].type == "linear") return layers[i].out;
-  throw Error("model.layers needs at least one linear layer");
+  for (auto& b : model.blocks) f += b.flops;
+  return f * double(model.seq_len);
 }
 
 ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<double>& measured_costs) {
   ModelLayout l;
-  l.layers = cfg.model.layers;
-  l.input_dim = input_dim;
-  l.shapes = infer_shapes(l.layers, input_dim);
-  l.output_dim = l.shapes.back().out;
+  l.model = make_model_spec(cfg, input_dim);
   l.pp = static_cast<int>(cfg.parallel.pp);
   l.v = static_cast<int>(cfg.parallel.virtual_stages);
-  l.chunks = partition_layers(l.layers, l.shapes, l.pp * l.v, cfg.parallel.balance, measured_costs);
+  l.chunks = partition_blocks(l.model.blocks, l.pp * l.v, cfg.parallel.balance, measured_costs);
   return l;
 }
 

@@ -1,36 +1,42 @@
-// The whole model as every rank sees it: layer shapes, the cut into pipeline chunks, and the global
-// list of parameter names and shapes (the checkpoint manifest). Pure: no MPI, no allocation.
+// The whole model as every rank sees it: its blocks, the cut into pipeline chunks, and the global list
+// of parameters (the checkpoint manifest) with the pipeline ranks that hold each one. A tied weight
+// (GPT's token embedding, used by the embedding and the head) is one parameter; when its two blocks
+// sit on two pipeline ranks, both hold a copy. Pure: no MPI, no allocation.
 #pragma once
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "core/config.hpp"
-#include "model/layer.hpp"
+#include "model/model_spec.hpp"
 #include "parallel/partition.hpp"
 #include "parallel/schedule.hpp"
 
 namespace relay {
 
-struct ModelLayout {
-  std::vector<LayerConfig> layers;
-  std::vector<LayerShape> shapes;
-  int64_t input_dim = 0, output_dim = 0;
-  int pp = 1, v = 1;
-  std::vector<ChunkRange> chunks;  // pp * v contiguous ranges
-
-  int num_chunks() const { return static_cast<int>(chunks.size()); }
-  int chunk_of_layer(int layer) const;
-  int pp_rank_of_chunk(int c) const { return c % pp; }
-  // Every parameter of the model in layer order: ("0.weight", [out, in]), ...
-  std::vector<std::pair<std::string, Shape>> params() const;
-  int layer_of_param(const std::string& name) const;  // "3.bias" -> 3
-  int64_t param_count() const;
-  double forward_flops_per_sample() const;
+struct ParamEntry {
+  std::string name;
+  Shape shape;
+  std::vector<int> pp_ranks;  // ranks holding a copy, ascending; the first is the owner (checkpoints)
 };
 
-// Output width = the last linear layer's out; needs no data.
-int64_t model_output_dim(const std::vector<LayerConfig>& layers);
+struct ModelLayout {
+  ModelSpec model;
+  int pp = 1, v = 1;
+  std::vector<ChunkRange> chunks;  // pp * v contiguous block ranges
+
+  const std::vector<BlockSpec>& blocks() const { return model.blocks; }
+  int num_chunks() const { return static_cast<int>(chunks.size()); }
+  int chunk_of_block(int block) const;
+  int pp_rank_of_chunk(int c) const { return c % pp; }
+  // Every parameter of the model once, in block order.
+  std::vector<ParamEntry> params() const;
+  // Parameters held by more than one pipeline rank (a tied embedding with pp > 1).
+  std::vector<ParamEntry> shared_params() const;
+  int64_t param_count() const;
+  double forward_flops_per_sample() const;  // a sample is a sequence of seq_len tokens for GPT
+};
+
+// input_dim: the MLP's feature count (ignored for GPT).
 ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<double>& measured_costs = {});
 
 // The schedule's (kind, pp, v, m) from [parallel] and train.micro_batches, validated (Error naming keys).

@@ -48,7 +48,7 @@ std::string source_dir() { return RELAY_SOURCE_DIR; }
 std::string mpirun_relay(int ranks) {
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " +
          std::string(RELAY_MPIEXEC) + " --oversubscribe --bind-to none -np " + std::to_string(ranks) +
-         " -x OMP_NUM_THREADS=1 " + relay_binary();
+         " -x OMP_NUM_THREADS=1 " + (std::getenv("RELAY_VERIFY_TIED") ? "-x RELAY_VERIFY_TIED " : "") + relay_binary();
 }
 
 std::string read_file(const std::string& path) {
@@ -76,6 +76,7 @@ bool contains(const std::string& haystack, const std::string& needle) {
 #include <cmath>
 
 #include "io/checkpoint.hpp"
+#include "io/hdf5_util.hpp"
 
 namespace relay::test {
 
@@ -118,6 +119,78 @@ clip_grad_norm = 0.5
 name = "adamw"
 lr = 0.01
 weight_decay = 0.01
+[lr_schedule]
+name = "cosine"
+warmup_steps = 2
+min_lr = 0.001
+)");
+  return p;
+}
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,
+                      const std::string& tokenizer, bool u16) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (f < 0) throw std::runtime_error("cannot create " + path);
+  hsize_t n = tokens.size();
+  hid_t sp = H5Screate_simple(1, &n, nullptr);
+  hid_t d = H5Dcreate2(f, "tokens", u16 ? H5T_STD_U16LE : H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data());
+  H5Dclose(d);
+  H5Sclose(sp);
+  hid_t as = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate2(f, "vocab_size", H5T_STD_I64LE, as, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, &vocab_size);
+  H5Aclose(a);
+  hid_t st = H5Tcopy(H5T_C_S1);
+  H5Tset_size(st, tokenizer.size());
+  a = H5Acreate2(f, "tokenizer", st, as, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, st, tokenizer.c_str());
+  H5Aclose(a);
+  H5Tclose(st);
+  H5Sclose(as);
+  H5Fclose(f);
+}
+
+Problem make_gpt_problem(const std::string& dir, int64_t tokens, int64_t vocab, int64_t block_size) {
+  Problem p{dir, dir + "/tokens.h5", dir + "/tokens_eval.h5", dir + "/gpt.toml"};
+  // Text-like data: words from a small alphabet, so the model has something to learn.
+  auto text = [&](int64_t n, uint64_t seed) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    uint64_t x = seed;
+    for (auto& v : t) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
+      if ((x >> 20) % 5 == 0) v = 0;  // a frequent "space"
+    }
+    return t;
+  };
+  write_token_file(p.data, text(tokens, 7), vocab, "bytes");
+  write_token_file(p.eval, text(tokens / 4, 8), vocab, "bytes");
+  write_file(p.config, R"([run]
+dir = ")" + dir + R"(/run"
+[model]
+type = "gpt"
+seed = 3
+vocab_size = )" + std::to_string(vocab) + R"(
+block_size = )" + std::to_string(block_size) + R"(
+n_layer = 4
+n_head = 2
+n_embd = 16
+[data]
+train = ")" + p.data + R"("
+eval = ")" + p.eval + R"("
+shuffle = true
+seed = 5
+[train]
+steps = 6
+batch_size = 8
+micro_batches = 1
+log_every = 1
+clip_grad_norm = 1.0
+[optimizer]
+name = "adamw"
+lr = 0.01
+weight_decay = 0.1
 [lr_schedule]
 name = "cosine"
 warmup_steps = 2

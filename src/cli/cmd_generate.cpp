@@ -1,0 +1,120 @@
+// relay generate --checkpoint FILE (--prompt TEXT | --prompt-tokens FILE) --max-new-tokens N
+//   [--temperature T --top-k K --seed S] [--tokenizer-files vocab.json merges.txt] [--device cpu|cuda]
+//   [--tokens-out FILE]
+// Text from a GPT checkpoint on one rank with a key-value cache (model/gpt_generate.hpp). The
+// checkpoint names its tokenizer; "gpt2" needs GPT-2's vocab.json and merges.txt to encode a text
+// prompt and to print text.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "backend/backend.hpp"
+#include "cli/commands.hpp"
+#include "io/checkpoint.hpp"
+#include "io/tokenizer.hpp"
+#include "model/gpt_generate.hpp"
+#include "model/model_spec.hpp"
+
+namespace relay {
+
+CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
+  auto* c = app.add_subcommand("generate", "Generate text from a GPT checkpoint (one rank, CPU or GPU)");
+  c->add_option("--checkpoint", o.checkpoint, "Checkpoint file (step_XXXXXXXX.h5) of a model.type = \"gpt\" run")->required();
+  auto* p = c->add_option("--prompt", o.prompt, "Prompt text");
+  auto* pt = c->add_option("--prompt-tokens", o.prompt_tokens, "File of whitespace-separated prompt token ids");
+  p->excludes(pt);
+  c->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate")->required()->check(CLI::Range(0, 1 << 24));
+  c->add_option("--temperature", o.temperature, "Sampling temperature; 0 = greedy (argmax)")->check(CLI::Range(0.0, 100.0));
+  c->add_option("--top-k", o.top_k, "Sample from the k most likely tokens; 0 = all")->check(CLI::Range(0, 1 << 30));
+  c->add_option("--seed", o.seed, "Random seed: the same seed gives the same text");
+  c->add_option("--tokenizer-files", o.tokenizer_files, "GPT-2's vocab.json and merges.txt (tokenizer \"gpt2\")")
+      ->expected(2);
+  c->add_option("--device", o.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  c->add_option("--tokens-out", o.tokens_out, "Also write prompt + generated token ids here (one line)");
+  return c;
+}
+
+namespace {
+
+std::vector<int32_t> read_token_ids(const std::string& path, int64_t vocab) {
+  std::ifstream f(path);
+  if (!f) throw Error(cat("--prompt-tokens ", path, ": cannot open the file"));
+  std::vector<int32_t> ids;
+  std::string word;
+  while (f >> word) {
+    char* end = nullptr;
+    long long v = std::strtoll(word.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v >= vocab)
+      throw Error(cat("--prompt-tokens ", path, ": token ", ids.size(), " is \"", word, "\"; expected an integer in [0, ",
+                      vocab, ") (model.vocab_size)"));
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) throw Error(cat("--prompt-tokens ", path, ": the file holds no token ids"));
+  return ids;
+}
+
+}  // namespace
+
+int run_generate_command(const GenerateOptions& o) {
+  CheckpointReader reader(o.checkpoint);
+  const Config cfg = parse_config_text(reader.meta().config_toml, o.checkpoint + " (its config)");
+  if (!cfg.model.is_gpt())
+    throw Error(cat("--checkpoint ", o.checkpoint, " holds a model.type = \"", cfg.model.type,
+                    "\" model; relay generate needs a GPT checkpoint"));
+  const std::string kind = reader.meta().tokenizer.empty() ? "bytes" : reader.meta().tokenizer;
+  std::unique_ptr<Tokenizer> tok;
+  if (kind == "bytes") tok = make_tokenizer("bytes", "", "");
+  else if (o.tokenizer_files.size() == 2) tok = make_tokenizer(kind, o.tokenizer_files[0], o.tokenizer_files[1]);
+  std::vector<int32_t> prompt;
+  if (!o.prompt_tokens.empty()) {
+    prompt = read_token_ids(o.prompt_tokens, cfg.model.vocab_size);
+  } else {
+    if (o.prompt.empty()) throw Error("relay generate needs --prompt TEXT or --prompt-tokens FILE");
+    if (!tok)
+      throw Error(cat("the checkpoint was trained on \"", kind, "\" tokens; --prompt needs --tokenizer-files vocab.json "
+                      "merges.txt (or give --prompt-tokens)"));
+    prompt = tok->encode(o.prompt);
+    for (int32_t t : prompt)
+      if (t >= cfg.model.vocab_size)
+        throw Error(cat("--prompt encodes to token ", t, " but the model's vocab_size is ", cfg.model.vocab_size));
+  }
+
+  BackendOptions bo;
+  bo.device = o.device == "cuda" ? Device::cuda : Device::cpu;
+  bo.threads = std::max(1u, std::thread::hardware_concurrency());
+  auto be = make_backend(bo);
+  ParamStore store(*be, cfg.model.seed);
+  std::vector<float> buf;
+  for (const BlockSpec& b : make_model_spec(cfg, 0).blocks)
+    for (const ParamSpec& p : b.params) {
+      if (store.find(p.name)) continue;
+      Param* param = store.get(p);
+      buf.resize(static_cast<size_t>(shape_numel(p.shape)));
+      reader.read("model/" + p.name, p.shape, buf.data());
+      be->upload(param->value, buf.data());
+    }
+  GptGenerator gen(*be, cfg, store);
+  SamplingOptions so;
+  so.max_new_tokens = o.max_new_tokens;
+  so.temperature = o.temperature;
+  so.top_k = o.top_k;
+  so.seed = o.seed;
+  const std::vector<int32_t> out = gen.generate(prompt, so);
+  if (!o.tokens_out.empty()) {
+    std::ofstream f(o.tokens_out, std::ios::trunc);
+    if (!f) throw Error(cat("--tokens-out ", o.tokens_out, ": cannot write the file"));
+    for (size_t i = 0; i < out.size(); ++i) f << (i ? " " : "") << out[i];
+    f << "\n";
+  }
+  if (tok) {
+    std::fwrite(tok->decode(out).data(), 1, tok->decode(out).size(), stdout);
+    std::printf("\n");
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
+    std::printf("\n(token ids: pass --tokenizer-files vocab.json merges.txt to print text)\n");
+  }
+  return 0;
+}
+
+}  // namespace relay

@@ -1,0 +1,62 @@
+// Blocks: the coarse units a model is cut into for pipeline stages. An MLP block is one config layer
+// (linear, activation, layernorm); a GPT model is embedding -> n_layer transformer blocks -> head.
+// A block maps its input activation (rows, in) to (rows, out) and keeps, per micro-batch slot, the
+// tensors its backward needs. Its parameters are handles into the ParamStore (param_store.hpp).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "model/param.hpp"
+
+namespace relay {
+
+enum class BlockKind { linear, relu, gelu, tanh, layernorm, embedding, transformer, head };
+const char* block_kind_name(BlockKind k);
+
+// Everything known about a block before anything is allocated: what the partitioner, `relay plan`,
+// the checkpoint manifest and the factory need. Made by model_spec.cpp, the one place that knows
+// every kind.
+struct BlockSpec {
+  BlockKind kind;
+  int index = 0;            // position in the model, 0-based
+  int64_t in = 0, out = 0;  // activation widths per row; in == 0: the input is token ids (rows) i32
+  std::vector<ParamSpec> params;
+  double flops = 0;         // forward FLOPs per row (sample for the MLP, token for GPT)
+  // kind-specific settings
+  double eps = 1e-5;        // layernorm, transformer, head
+  int64_t n_head = 0;       // transformer
+  int64_t seq_len = 1;      // T: rows per sequence (GPT), 1 for the MLP
+  bool bias = true;         // transformer, head: Linear and LayerNorm biases
+  bool starts_unit = true;  // a stage may begin here (false for an MLP's parameter-free layer)
+};
+
+// Tensors one block keeps for one micro-batch in flight (its input is kept by the chunk).
+struct BlockSaved {
+  std::vector<Tensor> t;
+};
+
+class Block {
+ public:
+  Block(BlockSpec spec, std::vector<Param*> params) : spec_(std::move(spec)), params_(std::move(params)) {}
+  virtual ~Block() = default;
+  const BlockSpec& spec() const { return spec_; }
+  const std::vector<Param*>& params() const { return params_; }
+
+  // Sizes `saved` for `rows` rows (once per slot; reused every step).
+  virtual void allocate_saved(Backend&, int64_t rows, BlockSaved&) {}
+  // x (rows, in) -> y (rows, out); token ids x i32 (rows) when spec().in == 0.
+  virtual void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& saved) = 0;
+  // dy (rows, out) -> dx (rows, in), from the saved input x. Never called when in == 0.
+  virtual void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& saved) = 0;
+  // Accumulates the parameter gradients (Param::grad) from dy and the saved input x.
+  virtual void backward_weight(Backend&, const Tensor&, const Tensor&, BlockSaved&) {}
+
+ protected:
+  Param& param(size_t i) { return *params_[i]; }
+  BlockSpec spec_;
+  std::vector<Param*> params_;  // in spec_.params order
+};
+
+}  // namespace relay

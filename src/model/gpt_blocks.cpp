@@ -1,0 +1,217 @@
+// GPT-2's blocks (Radford et al. 2019; nanoGPT's model.py is the reference module): the embedding
+// (token + learned position), the pre-LayerNorm transformer block (causal multi-head self-attention
+// and a 4x GELU-tanh MLP, each with a residual) and the head (ln_f, then logits against the token
+// embedding when tied). Rows are tokens: a micro-batch of S sequences of T tokens has S*T rows.
+#include <cmath>
+
+#include "model/blocks.hpp"
+
+namespace relay {
+
+namespace {
+
+// x i32 (n) token ids -> y (n, C) = wte[x] + wpe[position]. Params: wte (V, C), wpe (block_size, C).
+class Embedding final : public Block {
+ public:
+  using Block::Block;
+  void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
+    be.embedding_forward(x, param(0).value, param(1).value, spec_.seq_len, y);
+  }
+  void backward_input(Backend&, const Tensor&, const Tensor&, Tensor&, BlockSaved&) override {
+    RELAY_ASSERT(false, "the embedding has no input gradient (its input is token ids)");
+  }
+  void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved&) override {
+    be.embedding_backward(x, dy, spec_.seq_len, param(0).grad, param(1).grad);
+  }
+};
+
+// Parameter roles of a transformer block, in spec order; biases are absent when model.bias = false.
+struct TransformerParams {
+  Param *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *mproj_w, *mproj_b;
+};
+
+TransformerParams transformer_params(const std::vector<Param*>& p, bool bias) {
+  TransformerParams r{};
+  size_t i = 0;
+  auto next = [&](bool present) { return present ? p.at(i++) : nullptr; };
+  r.ln1_w = next(true);
+  r.ln1_b = next(bias);
+  r.attn_w = next(true);
+  r.attn_b = next(bias);
+  r.proj_w = next(true);
+  r.proj_b = next(bias);
+  r.ln2_w = next(true);
+  r.ln2_b = next(bias);
+  r.fc_w = next(true);
+  r.fc_b = next(bias);
+  r.mproj_w = next(true);
+  r.mproj_b = next(bias);
+  RELAY_ASSERT(i == p.size(), "transformer block: " << p.size() << " params, expected " << i);
+  return r;
+}
+
+// LayerNorm without a bias (model.bias = false) uses a zero beta that is never trained.
+const Tensor& beta_or_zero(const Param* b, const Tensor& zero) { return b ? b->value : zero; }
+
+// y = x + proj(attn(ln_1(x))); out = y + mproj(gelu(fc(ln_2(y)))). x, out (n, C).
+class Transformer final : public Block {
+ public:
+  Transformer(const BlockSpec& spec, std::vector<Param*> params)
+      : Block(spec, std::move(params)), p_(transformer_params(params_, spec.bias)) {}
+
+  // saved.t: the forward's intermediates, then the backward-input's gradients that backward-weight reads.
+  enum : size_t { kLn1, kMean1, kRstd1, kQkv, kAtt, kAtty, kRes1, kLn2, kMean2, kRstd2, kFch, kFcg,
+                  kGRes1, kGFch, kGLn2, kGQkv, kGLn1, kCount };
+  void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
+    const int64_t C = spec_.in, T = spec_.seq_len, H = spec_.n_head, B = n / T;
+    s.t.resize(kCount);
+    s.t[kLn1] = Tensor(be, {n, C});
+    s.t[kMean1] = Tensor(be, {n});
+    s.t[kRstd1] = Tensor(be, {n});
+    s.t[kQkv] = Tensor(be, {n, 3 * C});
+    s.t[kAtt] = Tensor(be, {B, H, T, T});
+    s.t[kAtty] = Tensor(be, {n, C});
+    s.t[kRes1] = Tensor(be, {n, C});
+    s.t[kLn2] = Tensor(be, {n, C});
+    s.t[kMean2] = Tensor(be, {n});
+    s.t[kRstd2] = Tensor(be, {n});
+    s.t[kFch] = Tensor(be, {n, 4 * C});
+    s.t[kFcg] = Tensor(be, {n, 4 * C});
+    s.t[kGRes1] = Tensor(be, {n, C});
+    s.t[kGFch] = Tensor(be, {n, 4 * C});
+    s.t[kGLn2] = Tensor(be, {n, C});
+    s.t[kGQkv] = Tensor(be, {n, 3 * C});
+    s.t[kGLn1] = Tensor(be, {n, C});
+    if (!spec_.bias) {
+      zero_ = Tensor(be, {C});
+      be.fill(zero_, 0.f);
+    }
+  }
+
+  void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
+    const int64_t n = x.size(0), T = spec_.seq_len;
+    auto v = [&](size_t k) { return view(s, k, n); };
+    Tensor ln1 = v(kLn1), mean1 = v(kMean1), rstd1 = v(kRstd1), qkv = v(kQkv), att = att_view(s, n), atty = v(kAtty);
+    Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
+    be.layernorm_forward(x, p_.ln1_w->value, beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
+    linear(be, ln1, *p_.attn_w, p_.attn_b, qkv);                          // (n, 3C)
+    be.attention_forward(qkv, n / T, T, spec_.n_head, att, atty);          // (n, C)
+    linear(be, atty, *p_.proj_w, p_.proj_b, res1);                        // (n, C)
+    be.add(res1, x, res1);                                                // residual 1
+    be.layernorm_forward(res1, p_.ln2_w->value, beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
+    linear(be, ln2, *p_.fc_w, p_.fc_b, fch);                              // (n, 4C)
+    be.activation_forward(Activation::gelu_tanh, fch, fcg);
+    linear(be, fcg, *p_.mproj_w, p_.mproj_b, y);                          // (n, C)
+    be.add(y, res1, y);                                                   // residual 2
+  }
+
+  void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
+    const int64_t n = x.size(0), T = spec_.seq_len;
+    auto v = [&](size_t k) { return view(s, k, n); };
+    Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
+    be.matmul(dy, false, p_.mproj_w->value, false, g_fch, 1.f, 0.f);                 // (n, 4C) d gelu out
+    be.activation_backward(Activation::gelu_tanh, v(kFch), g_fch, g_fch);            // (n, 4C) d fc out
+    be.matmul(g_fch, false, p_.fc_w->value, false, g_ln2, 1.f, 0.f);                 // (n, C) d ln_2 out
+    Tensor tmp = g_ln1;                                                               // (n, C) scratch
+    be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->value, v(kMean2), v(kRstd2), tmp);
+    be.add(dy, tmp, g_res1);                                                          // (n, C) d res1
+    be.matmul(g_res1, false, p_.proj_w->value, false, tmp, 1.f, 0.f);                // (n, C) d atty
+    be.attention_backward(tmp, v(kQkv), att_view(s, n), n / T, T, spec_.n_head, g_qkv);  // (n, 3C)
+    be.matmul(g_qkv, false, p_.attn_w->value, false, g_ln1, 1.f, 0.f);              // (n, C) d ln_1 out
+    be.layernorm_backward_input(g_ln1, x, p_.ln1_w->value, v(kMean1), v(kRstd1), dx);
+    be.add(dx, g_res1, dx);                                                           // residual 1
+  }
+
+  void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
+    const int64_t n = x.size(0);
+    auto v = [&](size_t k) { return view(s, k, n); };
+    linear_grad(be, dy, v(kFcg), *p_.mproj_w, p_.mproj_b);
+    linear_grad(be, v(kGFch), v(kLn2), *p_.fc_w, p_.fc_b);
+    ln_grad(be, v(kGLn2), v(kRes1), v(kMean2), v(kRstd2), *p_.ln2_w, p_.ln2_b);
+    linear_grad(be, v(kGRes1), v(kAtty), *p_.proj_w, p_.proj_b);
+    linear_grad(be, v(kGQkv), v(kLn1), *p_.attn_w, p_.attn_b);
+    ln_grad(be, v(kGLn1), x, v(kMean1), v(kRstd1), *p_.ln1_w, p_.ln1_b);
+  }
+
+ private:
+  static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, n); }
+  Tensor att_view(BlockSaved& s, int64_t n) const { return s.t[kAtt].rows(0, n / spec_.seq_len); }
+  // y (n, out) = x (n, in) @ W^T (+ b)
+  static void linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y) {
+    be.matmul(x, false, w.value, true, y, 1.f, 0.f);
+    if (b) be.add_bias(y, b->value);
+  }
+  // dW (out, in) += dy^T @ x; db (out) += colsum(dy)
+  static void linear_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w, Param* b) {
+    be.matmul(dy, true, x, false, w.grad, 1.f, 1.f);
+    if (b) be.bias_grad(dy, b->grad, 1.f);
+  }
+  void ln_grad(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd, Param& w,
+               Param* b) {
+    if (b) {
+      be.layernorm_backward_weight(dy, x, mean, rstd, w.grad, b->grad);
+    } else {  // the beta gradient goes to a scratch vector that no optimizer sees
+      if (!dbeta_scratch_.defined()) dbeta_scratch_ = Tensor(be, {spec_.in});
+      be.layernorm_backward_weight(dy, x, mean, rstd, w.grad, dbeta_scratch_);
+    }
+  }
+
+  TransformerParams p_;
+  Tensor zero_, dbeta_scratch_;  // (C), only when model.bias = false
+};
+
+// x (n, C) -> logits (n, V) = ln_f(x) @ W^T, W the token embedding (tied) or lm_head.weight.
+// Params: ln_f.weight, [ln_f.bias], W (V, C). saved: ln_f out (n, C), mean, rstd (n), d ln_f out (n, C).
+class Head final : public Block {
+ public:
+  Head(const BlockSpec& spec, std::vector<Param*> params) : Block(spec, std::move(params)) {
+    ln_w_ = params_[0];
+    ln_b_ = spec.bias ? params_[1] : nullptr;
+    w_ = params_.back();
+  }
+  void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
+    const int64_t C = spec_.in;
+    s.t = {Tensor(be, {n, C}), Tensor(be, {n}), Tensor(be, {n}), Tensor(be, {n, C})};
+    if (!spec_.bias) {
+      zero_ = Tensor(be, {C});
+      be.fill(zero_, 0.f);
+      dbeta_scratch_ = Tensor(be, {C});
+    }
+  }
+  void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
+    const int64_t n = x.size(0);
+    Tensor lnf = s.t[0].rows(0, n), mean = s.t[1].rows(0, n), rstd = s.t[2].rows(0, n);
+    be.layernorm_forward(x, ln_w_->value, beta_or_zero(ln_b_, zero_), float(spec_.eps), lnf, mean, rstd);
+    be.matmul(lnf, false, w_->value, true, y, 1.f, 0.f);  // (n, C) @ (C, V)
+  }
+  void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
+    const int64_t n = x.size(0);
+    Tensor g = s.t[3].rows(0, n);
+    be.matmul(dy, false, w_->value, false, g, 1.f, 0.f);  // (n, V) @ (V, C)
+    be.layernorm_backward_input(g, x, ln_w_->value, s.t[1].rows(0, n), s.t[2].rows(0, n), dx);
+  }
+  void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
+    const int64_t n = x.size(0);
+    be.matmul(dy, true, s.t[0].rows(0, n), false, w_->grad, 1.f, 1.f);  // (V, n) @ (n, C)
+    be.layernorm_backward_weight(s.t[3].rows(0, n), x, s.t[1].rows(0, n), s.t[2].rows(0, n), ln_w_->grad,
+                                 ln_b_ ? ln_b_->grad : dbeta_scratch_);
+  }
+
+ private:
+  Param *ln_w_, *ln_b_, *w_;
+  Tensor zero_, dbeta_scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*> params) {
+  switch (spec.kind) {
+    case BlockKind::embedding: return std::make_unique<Embedding>(spec, std::move(params));
+    case BlockKind::transformer: return std::make_unique<Transformer>(spec, std::move(params));
+    case BlockKind::head: return std::make_unique<Head>(spec, std::move(params));
+    default: break;
+  }
+  RELAY_ASSERT(false, "make_gpt_block: not a GPT block kind: " << block_kind_name(spec.kind));
+}
+
+}  // namespace relay

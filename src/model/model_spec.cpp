@@ -1,0 +1,150 @@
+// Block specs for the two model families. MLP: one block per config layer, initialised as
+// torch.nn.Linear / LayerNorm from (model.seed, layer index). GPT: GPT-2's parameters with nanoGPT's
+// state_dict names, weights N(0, init_std) from (model.seed, name), c_proj weights
+// N(0, init_std / sqrt(2 n_layer)), biases 0, layernorms 1 and 0.
+#include "model/model_spec.hpp"
+
+#include <cmath>
+
+#include "model/blocks.hpp"
+
+namespace relay {
+
+const char* block_kind_name(BlockKind k) {
+  switch (k) {
+    case BlockKind::linear: return "linear";
+    case BlockKind::relu: return "relu";
+    case BlockKind::gelu: return "gelu";
+    case BlockKind::tanh: return "tanh";
+    case BlockKind::layernorm: return "layernorm";
+    case BlockKind::embedding: return "embedding";
+    case BlockKind::transformer: return "transformer";
+    case BlockKind::head: return "head";
+  }
+  return "?";
+}
+
+namespace {
+
+ParamInit constant(double v) { return {ParamInit::constant, v, 0, 0}; }
+
+ModelSpec mlp_spec(const Config& cfg, int64_t input_dim) {
+  ModelSpec m;
+  m.input_dim = input_dim;
+  int64_t w = input_dim;
+  const auto& layers = cfg.model.layers;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerConfig& l = layers[i];
+    BlockSpec b;
+    b.index = static_cast<int>(i);
+    b.in = w;
+    const std::string n = std::to_string(i);
+    if (l.type == "linear") {
+      b.kind = BlockKind::linear;
+      b.out = l.out;
+      // torch: kaiming_uniform_(a=sqrt(5)) gives U(-1/sqrt(in), 1/sqrt(in)); the bias uses the same bound
+      // and continues the weight's random stream.
+      const double bound = 1.0 / std::sqrt(double(w));
+      b.params = {{n + ".weight", {l.out, w}, {ParamInit::uniform, bound, i, 0}},
+                  {n + ".bias", {l.out}, {ParamInit::uniform, bound, i, static_cast<uint64_t>(l.out * w)}}};
+      b.flops = 2.0 * double(w) * double(l.out);
+    } else if (l.type == "layernorm") {
+      b.kind = BlockKind::layernorm;
+      b.out = w;
+      b.eps = l.eps;
+      b.params = {{n + ".weight", {w}, constant(1)}, {n + ".bias", {w}, constant(0)}};
+      b.flops = 8.0 * double(w);
+    } else {
+      b.kind = l.type == "relu" ? BlockKind::relu : l.type == "gelu" ? BlockKind::gelu : BlockKind::tanh;
+      b.out = w;
+      b.flops = (l.type == "gelu" ? 10.0 : 1.0) * double(w);
+      b.starts_unit = false;  // parameter-free layers stay with the layer before them
+    }
+    w = b.out;
+    m.blocks.push_back(std::move(b));
+  }
+  if (!m.blocks.empty()) m.blocks.front().starts_unit = true;
+  m.output_dim = w;
+  return m;
+}
+
+ModelSpec gpt_spec(const Config& cfg) {
+  const auto& c = cfg.model;
+  const int64_t V = c.vocab_size, T = c.block_size, C = c.n_embd, L = c.n_layer;
+  const double std_w = c.init_std, std_proj = c.init_std / std::sqrt(2.0 * double(L));
+  auto normal = [](const std::string& name, double s) { return ParamInit{ParamInit::normal, s, name_stream(name), 0}; };
+  auto w = [&](const std::string& name, Shape shape, double s) { return ParamSpec{name, std::move(shape), normal(name, s)}; };
+  ModelSpec m;
+  m.gpt = true;
+  m.seq_len = T;
+  m.output_dim = V;
+  const ParamSpec wte = w("transformer.wte.weight", {V, C}, std_w);
+
+  BlockSpec emb;
+  emb.kind = BlockKind::embedding;
+  emb.in = 0;
+  emb.out = C;
+  emb.seq_len = T;
+  emb.params = {wte, w("transformer.wpe.weight", {T, C}, std_w)};
+  emb.flops = double(C);
+  m.blocks.push_back(emb);
+
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = "transformer.h." + std::to_string(i) + ".";
+    BlockSpec b;
+    b.kind = BlockKind::transformer;
+    b.in = b.out = C;
+    b.seq_len = T;
+    b.n_head = c.n_head;
+    b.bias = c.bias;
+    auto add = [&](ParamSpec s, bool present = true) { if (present) b.params.push_back(std::move(s)); };
+    add({p + "ln_1.weight", {C}, constant(1)});
+    add({p + "ln_1.bias", {C}, constant(0)}, c.bias);
+    add(w(p + "attn.c_attn.weight", {3 * C, C}, std_w));
+    add({p + "attn.c_attn.bias", {3 * C}, constant(0)}, c.bias);
+    add(w(p + "attn.c_proj.weight", {C, C}, std_proj));
+    add({p + "attn.c_proj.bias", {C}, constant(0)}, c.bias);
+    add({p + "ln_2.weight", {C}, constant(1)});
+    add({p + "ln_2.bias", {C}, constant(0)}, c.bias);
+    add(w(p + "mlp.c_fc.weight", {4 * C, C}, std_w));
+    add({p + "mlp.c_fc.bias", {4 * C}, constant(0)}, c.bias);
+    add(w(p + "mlp.c_proj.weight", {C, 4 * C}, std_proj));
+    add({p + "mlp.c_proj.bias", {C}, constant(0)}, c.bias);
+    // Per token: 2 x (3C^2 + C^2 + 4C^2 + 4C^2) in the projections, 2 x 2 x T x C in QK^T and att @ V.
+    b.flops = 24.0 * double(C) * double(C) + 4.0 * double(T) * double(C);
+    m.blocks.push_back(std::move(b));
+  }
+
+  BlockSpec head;
+  head.kind = BlockKind::head;
+  head.in = C;
+  head.out = V;
+  head.seq_len = T;
+  head.bias = c.bias;
+  head.params.push_back({"transformer.ln_f.weight", {C}, constant(1)});
+  if (c.bias) head.params.push_back({"transformer.ln_f.bias", {C}, constant(0)});
+  head.params.push_back(c.tie_embeddings ? wte : w("lm_head.weight", {V, C}, std_w));
+  head.flops = 2.0 * double(C) * double(V);
+  m.blocks.push_back(head);
+  for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
+  return m;
+}
+
+}  // namespace
+
+ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
+  return cfg.model.is_gpt() ? gpt_spec(cfg) : mlp_spec(cfg, input_dim);
+}
+
+std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store) {
+  std::vector<Param*> params;
+  for (const ParamSpec& p : spec.params) params.push_back(store.get(p));
+  switch (spec.kind) {
+    case BlockKind::embedding:
+    case BlockKind::transformer:
+    case BlockKind::head: return make_gpt_block(spec, std::move(params));
+    default: return make_mlp_block(spec, std::move(params));
+  }
+}
+
+}  // namespace relay

@@ -1,0 +1,28 @@
+// The registry of block kinds: from the config, the model as a list of BlockSpecs (shapes, parameter
+// specs, FLOPs) and the factory that builds one block. The only place that knows every kind.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "model/block.hpp"
+#include "model/param.hpp"
+
+namespace relay {
+
+struct ModelSpec {
+  bool gpt = false;
+  std::vector<BlockSpec> blocks;
+  int64_t seq_len = 1;      // rows per sample: T for GPT (a sample is a sequence), 1 for the MLP
+  int64_t input_dim = 0;    // MLP: features per sample; GPT: 0 (token ids)
+  int64_t output_dim = 0;   // the loss's width: classes / targets (MLP) or vocab_size (GPT)
+};
+
+// input_dim: the MLP's feature count (from the data); ignored for GPT.
+ModelSpec make_model_spec(const Config& cfg, int64_t input_dim);
+
+// Builds the block with its parameters taken from (or created in) the store.
+std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store);
+
+}  // namespace relay

@@ -1,0 +1,58 @@
+// ParamStore and the initialisation rules (torch.nn.Linear's uniform bound for the MLP, GPT-2's normal).
+#include "core/rng.hpp"
+#include "model/param.hpp"
+
+namespace relay {
+
+uint64_t name_stream(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::vector<float> initial_values(const ParamSpec& spec, uint64_t model_seed) {
+  std::vector<float> v(static_cast<size_t>(shape_numel(spec.shape)));
+  const ParamInit& in = spec.init;
+  if (in.kind == ParamInit::constant) {
+    for (auto& x : v) x = float(in.a);
+    return v;
+  }
+  Rng rng(model_seed, in.stream);
+  for (uint64_t i = 0; i < in.skip; ++i) rng.next_u64();
+  if (in.kind == ParamInit::uniform)
+    for (auto& x : v) x = float(rng.uniform(-in.a, in.a));
+  else
+    for (auto& x : v) x = float(in.a * rng.normal());
+  return v;
+}
+
+Param* ParamStore::get(const ParamSpec& spec) {
+  if (Param* p = find(spec.name)) {
+    RELAY_ASSERT(p->value.shape() == spec.shape, "parameter " << spec.name << " requested with shape "
+                                                                << shape_str(spec.shape) << " and "
+                                                                << shape_str(p->value.shape()));
+    return p;
+  }
+  params_.push_back({spec.name, Tensor(be_, spec.shape), {}});
+  Param* p = &params_.back();
+  auto v = initial_values(spec, seed_);
+  be_.upload(p->value, v.data());
+  by_name_[spec.name] = p;
+  return p;
+}
+
+Param* ParamStore::find(const std::string& name) {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+std::vector<Param*> ParamStore::all() {
+  std::vector<Param*> out;
+  for (auto& p : params_) out.push_back(&p);
+  return out;
+}
+
+}  // namespace relay

@@ -1,0 +1,61 @@
+// Evaluation: every replica scores its share of the eval set with forward passes only; the sums are
+// reduced over the world. For GPT the loss is the mean over every target token and the accuracy is
+// next-token accuracy.
+#include "train/run_state.hpp"
+
+namespace relay {
+
+EvalResult evaluate(Run& r) {
+  const ProcessGrid& g = r.grid;
+  const DataSource& ev = r.eval_data;
+  const int64_t N = ev.samples(), T = r.layout.model.seq_len;
+  // Replica d scores samples [d*N/dp, (d+1)*N/dp) in batches of at most the replica's training samples.
+  const int64_t lo = g.dp_rank * N / g.dp, hi = (g.dp_rank + 1) * N / g.dp;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  std::vector<int64_t> rows;
+  std::vector<float> inputs, dense;
+  std::vector<int32_t> tokens, cls;
+  for (int64_t at = lo; at < hi; at += r.replica_rows) {
+    const int64_t n = std::min(r.replica_rows, hi - at);
+    rows.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = at + i;
+    StepData d;
+    if (ev.tokens) {
+      tokens.resize(static_cast<size_t>(n * T));  // (n, T)
+      cls.resize(static_cast<size_t>(n * T));     // (n, T)
+      ev.tokens->read(rows, g.is_first_stage() ? tokens.data() : nullptr, g.is_last_stage() ? cls.data() : nullptr);
+      d.tokens = tokens.data();
+      d.class_targets = cls.data();
+    } else {
+      const Hdf5Dataset& f = *ev.features;
+      if (g.is_first_stage()) {
+        inputs.resize(static_cast<size_t>(n * f.features()));  // (n, D)
+        f.read_inputs(rows, inputs.data());
+        d.inputs = inputs.data();
+      }
+      if (g.is_last_stage()) {
+        if (f.target_kind() == TargetKind::class_index) {
+          cls.resize(static_cast<size_t>(n));
+          f.read_targets(rows, cls.data());
+          d.class_targets = cls.data();
+        } else {
+          dense.resize(static_cast<size_t>(n * f.target_dim()));  // (n, K)
+          f.read_targets(rows, dense.data());
+          d.dense_targets = dense.data();
+        }
+      }
+    }
+    double ls = 0;
+    int64_t c = 0;
+    r.executor->evaluate(n, d, ls, c);
+    loss_sum += ls;
+    correct += c;
+  }
+  double v[2] = {loss_sum, double(correct)};
+  r.world->allreduce_host(v, 2, ReduceOp::sum);
+  const double rows_total = double(N) * double(T);
+  return {v[0] / rows_total, v[1] / rows_total};
+}
+
+}  // namespace relay

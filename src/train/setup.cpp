@@ -1,0 +1,178 @@
+// Building a rank's run: the process grid and backend, the communicators, the data, the model's
+// chunks with their parameter store, the gradient buckets, the optimizer and the executor.
+#include <sched.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "comm/mpi_check.hpp"
+#include "core/error.hpp"
+#include "parallel/simulator.hpp"
+#include "train/run_state.hpp"
+#ifdef RELAY_HAVE_CUDA
+#include "comm/nccl_communicator.hpp"
+#endif
+
+namespace relay {
+
+namespace {
+
+// CPU threads for this rank: train.threads, else OMP_NUM_THREADS, else the cores this process may
+// use (its affinity mask) shared among the ranks of this node when they were not bound.
+int threads_for_rank(const Config& cfg, int local_size) {
+  if (cfg.train.threads > 0) return static_cast<int>(cfg.train.threads);
+  if (const char* e = std::getenv("OMP_NUM_THREADS"))
+    if (std::atoi(e) > 0) return std::atoi(e);
+  cpu_set_t set;
+  int affinity = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  int hw = static_cast<int>(std::thread::hardware_concurrency());
+  if (affinity < hw) return std::max(1, affinity);  // bound by the launcher: use what we were given
+  return std::max(1, affinity / std::max(1, local_size));
+}
+
+Device resolve_device(const std::string& d) {
+  if (d == "cpu") return Device::cpu;
+  if (d == "cuda") return Device::cuda;
+  return cuda_device_count() > 0 ? Device::cuda : Device::cpu;
+}
+
+bool use_nccl(const Run& r) { return r.be->device() == Device::cuda && r.cfg.parallel.comm != "mpi"; }
+
+std::unique_ptr<Communicator> make_group_comm(Run& r, MPI_Comm c, bool point_to_point) {
+#ifdef RELAY_HAVE_CUDA
+  if (use_nccl(r)) return make_nccl_communicator(c, *r.be, point_to_point);
+#endif
+  (void)point_to_point;
+  return std::make_unique<MpiCommunicator>(c, *r.be);
+}
+
+void open_data(Run& r) {
+  const Config& cfg = r.cfg;
+  if (cfg.model.is_gpt()) {
+    r.train_data.tokens.emplace(cfg.data.train, cfg.model.block_size, cfg.model.vocab_size, "data.train");
+    if (!cfg.data.eval.empty()) {
+      r.eval_data.tokens.emplace(cfg.data.eval, cfg.model.block_size, cfg.model.vocab_size, "data.eval");
+      if (r.eval_data.tokens->tokenizer() != r.train_data.tokens->tokenizer())
+        throw Error(cat("data.eval: ", cfg.data.eval, " was tokenized with \"", r.eval_data.tokens->tokenizer(),
+                        "\" but data.train (", cfg.data.train, ") with \"", r.train_data.tokens->tokenizer(), "\""));
+    }
+    return;
+  }
+  // Every rank reads the file's shapes; only the last stage, which reads targets, checks class ranges.
+  LossKind lk = parse_loss(cfg.model.loss);
+  DatasetSpec spec;
+  spec.targets = lk == LossKind::cross_entropy ? TargetKind::class_index : TargetKind::dense;
+  const int64_t out_dim = make_model_spec(cfg, 1).output_dim;  // widths after the input do not depend on it
+  if (r.grid.is_last_stage()) {
+    if (lk == LossKind::cross_entropy) spec.num_classes = out_dim;
+    else spec.target_dim = out_dim;
+  }
+  r.train_data.features.emplace(cfg.data.train, spec, "data.train");
+  if (!cfg.data.eval.empty()) {
+    DatasetSpec es = spec;
+    es.features = r.train_data.features->features();
+    r.eval_data.features.emplace(cfg.data.eval, es, "data.eval");
+  }
+}
+
+}  // namespace
+
+void setup_grid_and_backend(Run& r) {
+  const Config& cfg = r.cfg;
+  r.grid = make_process_grid(static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.pp));
+  set_process_identity(r.grid.world_rank, r.grid.host);
+  BackendOptions bo;
+  bo.device = resolve_device(cfg.train.device);
+  bo.threads = threads_for_rank(cfg, r.grid.local_size);
+  bo.precision = cfg.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  if (bo.device == Device::cuda) {
+    int n = cuda_device_count();
+    if (n == 0) throw Error("train.device = \"cuda\" but no CUDA device is visible (hint: check CUDA_VISIBLE_DEVICES, or use train.device = \"cpu\")");
+    bo.gpu = r.grid.local_rank % n;
+  }
+  r.be = make_backend(bo);
+  const char* verify = std::getenv("RELAY_VERIFY_TIED");
+  r.verify_tied = verify && std::string(verify) == "1";
+}
+
+void setup_communicators(Run& r) {
+  r.world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, *r.be);
+  if (r.cfg.parallel.comm == "nccl" && r.be->device() != Device::cuda)
+    throw Error("parallel.comm = \"nccl\" needs train.device = \"cuda\"");
+  r.dp_comm = make_group_comm(r, r.grid.dp_comm, /*point_to_point=*/false);
+  r.pp_comm = make_group_comm(r, r.grid.pp_comm, /*point_to_point=*/true);
+  // The embedding group (Megatron-LM): the first and last pipeline rank of each replica. Split on
+  // every rank (a collective); only used when the model ties a weight across them.
+  const ProcessGrid& g = r.grid;
+  const bool member = g.pp > 1 && r.cfg.model.is_gpt() && r.cfg.model.tie_embeddings &&
+                      (g.is_first_stage() || g.is_last_stage());
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, member ? g.dp_rank : MPI_UNDEFINED, g.pp_rank, &r.tied_mpi));
+  if (member) r.tied_comm = make_group_comm(r, r.tied_mpi, /*point_to_point=*/false);
+}
+
+void setup_data_and_model(Run& r) {
+  const Config& cfg = r.cfg;
+  const ProcessGrid& g = r.grid;
+  open_data(r);
+  const int64_t B = cfg.train.batch_size;
+  r.mb_rows = micro_batch_rows(cfg);
+  r.replica_rows = r.mb_rows * cfg.train.micro_batches;
+
+  r.layout = make_layout(cfg, r.train_data.features ? r.train_data.features->features() : 0);
+  const auto shared = r.layout.shared_params();
+  r.shape = schedule_shape(cfg);
+  r.shape.tied = !shared.empty();
+  auto lists = generate_all(r.shape);
+  SimResult sim = simulate(r.shape, lists, Costs{});  // rejects deadlocks before anything runs
+  r.predicted_bubble = sim.bubble_fraction;
+
+  // This rank's chunks: c = pp_rank, pp_rank + pp, ...
+  r.store = std::make_unique<ParamStore>(*r.be, cfg.model.seed);
+  const int last = r.layout.num_chunks() - 1;
+  const bool lm = r.layout.model.gpt;
+  for (int c = g.pp_rank; c <= last; c += g.pp) {
+    const ChunkRange& cr = r.layout.chunks[static_cast<size_t>(c)];
+    std::vector<std::unique_ptr<Block>> blocks;
+    for (int i = cr.begin; i < cr.end; ++i) blocks.push_back(make_block(r.layout.blocks()[static_cast<size_t>(i)], *r.store));
+    auto ch = std::make_unique<ModelChunk>(*r.be, c, std::move(blocks), c == 0, c == last, lm && c == last);
+    r.chunk_map[c] = ch.get();
+    r.chunks.push_back(std::move(ch));
+  }
+  // Buckets: each parameter with the lowest of its chunks here (whose all-reduce comes last), and a
+  // tied weight's copy on the last stage kept out of the gradient norm (counted once, on the first).
+  std::vector<BucketParam> bucket_params;
+  std::vector<Param*> tied;
+  for (auto& ch : r.chunks)
+    for (auto& b : ch->blocks())
+      for (Param* p : b->params()) {
+        if (r.params.count(p->name)) continue;
+        r.params[p->name] = p;
+        bool second_copy = false;
+        for (auto& e : shared)
+          if (e.name == p->name) {
+            tied.push_back(p);
+            second_copy = e.pp_ranks.front() != g.pp_rank;
+          }
+        bucket_params.push_back({p, ch->id(), b->spec().index, !second_copy});
+      }
+  if (r.chunk_map.count(last))
+    r.loss = std::make_unique<Loss>(*r.be, lm ? LossKind::cross_entropy : parse_loss(cfg.model.loss),
+                                    r.layout.model.output_dim);
+  r.buckets = std::make_unique<GradBuckets>(*r.be, g.dp > 1 ? r.dp_comm.get() : nullptr, bucket_params,
+                                            cfg.parallel.bucket_mb);
+  std::vector<Param*> my_params;
+  for (auto& bp : bucket_params) my_params.push_back(bp.param);
+  r.optimizer = make_optimizer(cfg.optimizer, *r.be, my_params);
+  r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,
+                                          lists[static_cast<size_t>(g.pp_rank)], r.mb_rows, r.layout.model.seq_len, B,
+                                          r.tied_comm.get(), tied);
+}
+
+void teardown(Run& r) {
+  r.prefetcher.reset();
+  r.tied_comm.reset();
+  if (r.tied_mpi != MPI_COMM_NULL) MPI_Comm_free(&r.tied_mpi);
+  free_process_grid(r.grid);
+}
+
+}  // namespace relay
