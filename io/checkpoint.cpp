@@ -49,35 +49,6 @@ void put_i64_attr(hid_t obj, const char* name, int64_t v, const std::string& ctx
   RELAY_H5_CHECK(H5Awrite(a.get(), H5T_NATIVE_INT64, &v), ctx);
 }
 
-std::string get_str_attr(hid_t obj, const char* name, const std::string& ctx) {
-  if (RELAY_H5_CHECK(H5Aexists(obj, name), ctx) <= 0) throw Error(cat(ctx, ": attribute '", name, "' is missing"));
-  H5Attr a(RELAY_H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT), ctx));
-  H5Type ft(RELAY_H5_CHECK(H5Aget_type(a.get()), ctx));
-  if (H5Tget_class(ft.get()) != H5T_STRING) throw Error(cat(ctx, ": attribute '", name, "' is not a string"));
-  if (H5Tis_variable_str(ft.get()) > 0) {
-    H5Type mt(RELAY_H5_CHECK(H5Tcopy(H5T_C_S1), ctx));
-    RELAY_H5_CHECK(H5Tset_size(mt.get(), H5T_VARIABLE), ctx);
-    RELAY_H5_CHECK(H5Tset_cset(mt.get(), H5Tget_cset(ft.get())), ctx);
-    char* p = nullptr;
-    RELAY_H5_CHECK(H5Aread(a.get(), mt.get(), &p), ctx);
-    std::string s = p ? p : "";
-    H5free_memory(p);
-    return s;
-  }
-  size_t n = H5Tget_size(ft.get());
-  std::string s(n, '\0');
-  RELAY_H5_CHECK(H5Aread(a.get(), ft.get(), s.data()), ctx);
-  return s.substr(0, s.find('\0'));
-}
-
-int64_t get_i64_attr(hid_t obj, const char* name, const std::string& ctx) {
-  if (RELAY_H5_CHECK(H5Aexists(obj, name), ctx) <= 0) throw Error(cat(ctx, ": attribute '", name, "' is missing"));
-  H5Attr a(RELAY_H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT), ctx));
-  int64_t v = 0;
-  RELAY_H5_CHECK(H5Aread(a.get(), H5T_NATIVE_INT64, &v), ctx);
-  return v;
-}
-
 // Creates every missing group along "a/b/c" and returns the deepest one.
 hid_t ensure_group(hid_t file, const std::string& path, const std::string& ctx) {
   hid_t cur = H5Gopen2(file, "/", H5P_DEFAULT);
@@ -175,33 +146,33 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file_ < 0) throw Error(cat(ctx, ": cannot be opened, the file is truncated or corrupt (", h5_error_message(), ")"));
   hid_t f = static_cast<hid_t>(file_);
-  if (H5Aexists(f, "format") <= 0 || get_str_attr(f, "format", ctx) != kCheckpointFormat)
+  if (H5Aexists(f, "format") <= 0 || h5_read_str_attr(f, "format", ctx) != kCheckpointFormat)
     throw Error(cat(ctx, ": not a Relay checkpoint (root attribute format != \"", kCheckpointFormat, "\")"));
-  int64_t version = get_i64_attr(f, "version", ctx);
+  int64_t version = h5_read_i64_attr(f, "version", ctx);
   if (version > kCheckpointVersion)
     throw Error(cat(ctx, ": format version ", version, " is newer than this relay supports (", kCheckpointVersion,
                     "); hint: resume with a newer relay"));
-  if (H5Aexists(f, "complete") <= 0 || get_i64_attr(f, "complete", ctx) != 1)
+  if (H5Aexists(f, "complete") <= 0 || h5_read_i64_attr(f, "complete", ctx) != 1)
     throw Error(cat(ctx, ": incomplete checkpoint (it was cut short while being written)"));
-  meta_.step = get_i64_attr(f, "step", ctx);
-  meta_.config_toml = get_str_attr(f, "config", ctx);
-  meta_.dp = get_i64_attr(f, "dp", ctx);
-  meta_.pp = get_i64_attr(f, "pp", ctx);
-  meta_.virtual_stages = get_i64_attr(f, "virtual_stages", ctx);
-  meta_.schedule = get_str_attr(f, "schedule", ctx);
+  meta_.step = h5_read_i64_attr(f, "step", ctx);
+  meta_.config_toml = h5_read_str_attr(f, "config", ctx);
+  meta_.dp = h5_read_i64_attr(f, "dp", ctx);
+  meta_.pp = h5_read_i64_attr(f, "pp", ctx);
+  meta_.virtual_stages = h5_read_i64_attr(f, "virtual_stages", ctx);
+  meta_.schedule = h5_read_str_attr(f, "schedule", ctx);
   H5Handle<H5Gclose> opt(RELAY_H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT), ctx + ": group /optimizer"));
-  meta_.optimizer = get_str_attr(opt.get(), "name", ctx + ": /optimizer");
-  meta_.optimizer_step = get_i64_attr(opt.get(), "step", ctx + ": /optimizer");
+  meta_.optimizer = h5_read_str_attr(opt.get(), "name", ctx + ": /optimizer");
+  meta_.optimizer_step = h5_read_i64_attr(opt.get(), "step", ctx + ": /optimizer");
   H5Handle<H5Gclose> data(RELAY_H5_CHECK(H5Gopen2(f, "data", H5P_DEFAULT), ctx + ": group /data"));
-  meta_.epoch = get_i64_attr(data.get(), "epoch", ctx + ": /data");
-  meta_.position = get_i64_attr(data.get(), "position", ctx + ": /data");
-  meta_.batch_size = get_i64_attr(data.get(), "batch_size", ctx + ": /data");
-  meta_.samples = get_i64_attr(data.get(), "samples", ctx + ": /data");
-  meta_.shuffle = get_i64_attr(data.get(), "shuffle", ctx + ": /data") != 0;
-  if (H5Aexists(data.get(), "tokenizer") > 0) meta_.tokenizer = get_str_attr(data.get(), "tokenizer", ctx + ": /data");
+  meta_.epoch = h5_read_i64_attr(data.get(), "epoch", ctx + ": /data");
+  meta_.position = h5_read_i64_attr(data.get(), "position", ctx + ": /data");
+  meta_.batch_size = h5_read_i64_attr(data.get(), "batch_size", ctx + ": /data");
+  meta_.samples = h5_read_i64_attr(data.get(), "samples", ctx + ": /data");
+  meta_.shuffle = h5_read_i64_attr(data.get(), "shuffle", ctx + ": /data") != 0;
+  if (H5Aexists(data.get(), "tokenizer") > 0) meta_.tokenizer = h5_read_str_attr(data.get(), "tokenizer", ctx + ": /data");
   H5Handle<H5Gclose> rng(RELAY_H5_CHECK(H5Gopen2(f, "rng", H5P_DEFAULT), ctx + ": group /rng"));
-  meta_.model_seed = static_cast<uint64_t>(get_i64_attr(rng.get(), "model_seed", ctx + ": /rng"));
-  meta_.data_seed = static_cast<uint64_t>(get_i64_attr(rng.get(), "data_seed", ctx + ": /rng"));
+  meta_.model_seed = static_cast<uint64_t>(h5_read_i64_attr(rng.get(), "model_seed", ctx + ": /rng"));
+  meta_.data_seed = static_cast<uint64_t>(h5_read_i64_attr(rng.get(), "data_seed", ctx + ": /rng"));
 }
 
 CheckpointReader::~CheckpointReader() {

@@ -68,4 +68,33 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+std::string h5_read_str_attr(hid_t obj, const char* name, const std::string& ctx) {
+  if (RELAY_H5_CHECK(H5Aexists(obj, name), ctx) <= 0) throw Error(cat(ctx, ": attribute '", name, "' is missing"));
+  H5Attr a(RELAY_H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT), ctx));
+  H5Type ft(RELAY_H5_CHECK(H5Aget_type(a.get()), ctx));
+  if (H5Tget_class(ft.get()) != H5T_STRING) throw Error(cat(ctx, ": attribute '", name, "' is not a string"));
+  if (H5Tis_variable_str(ft.get()) > 0) {
+    H5Type mt(RELAY_H5_CHECK(H5Tcopy(H5T_C_S1), ctx));
+    RELAY_H5_CHECK(H5Tset_size(mt.get(), H5T_VARIABLE), ctx);
+    RELAY_H5_CHECK(H5Tset_cset(mt.get(), H5Tget_cset(ft.get())), ctx);
+    char* p = nullptr;
+    RELAY_H5_CHECK(H5Aread(a.get(), mt.get(), &p), ctx);
+    std::string s = p ? p : "";
+    H5free_memory(p);
+    return s;
+  }
+  size_t n = H5Tget_size(ft.get());
+  std::string s(n, '\0');
+  RELAY_H5_CHECK(H5Aread(a.get(), ft.get(), s.data()), ctx);
+  return s.substr(0, s.find('\0'));
+}
+
+int64_t h5_read_i64_attr(hid_t obj, const char* name, const std::string& ctx) {
+  if (RELAY_H5_CHECK(H5Aexists(obj, name), ctx) <= 0) throw Error(cat(ctx, ": attribute '", name, "' is missing"));
+  H5Attr a(RELAY_H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT), ctx));
+  int64_t v = 0;
+  RELAY_H5_CHECK(H5Aread(a.get(), H5T_NATIVE_INT64, &v), ctx);
+  return v;
+}
+
 }  // namespace relay

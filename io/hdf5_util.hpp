@@ -79,6 +79,11 @@ std::string h5_type_name(hid_t type);
 std::vector<int64_t> h5_shape(hid_t space);
 std::string shape_string(const std::vector<int64_t>& shape);  // "[1000, 64]"
 
+// Scalar attributes of obj (a file, group or dataset): a string (fixed or variable length, as h5py
+// writes them) and any integer type as int64. Errors name `ctx` and the attribute.
+std::string h5_read_str_attr(hid_t obj, const char* name, const std::string& ctx);
+int64_t h5_read_i64_attr(hid_t obj, const char* name, const std::string& ctx);
+
 }  // namespace relay
 
 // Checks an HDF5 call (negative = failure); `context` names the file and dataset and is only built

@@ -5,7 +5,16 @@ namespace relay {
 
 Prefetcher::Prefetcher(const Hdf5Dataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin,
                        int64_t count, bool want_inputs, bool want_targets)
+    : Prefetcher(&data, nullptr, sampler, first_step, begin, count, want_inputs, want_targets) {}
+
+Prefetcher::Prefetcher(const TokenDataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin,
+                       int64_t count, bool want_inputs, bool want_targets)
+    : Prefetcher(nullptr, &data, sampler, first_step, begin, count, want_inputs, want_targets) {}
+
+Prefetcher::Prefetcher(const Hdf5Dataset* data, const TokenDataset* tokens, SamplerSpec sampler, int64_t first_step,
+                       int64_t begin, int64_t count, bool want_inputs, bool want_targets)
     : data_(data),
+      tokens_(tokens),
       sampler_(sampler),
       first_step_(first_step),
       begin_(begin),
@@ -71,16 +80,24 @@ void Prefetcher::run() {
 void Prefetcher::fill(HostBatch& batch, int64_t step) {
   sampler_.batch(step, begin_, count_, rows_);
   batch.step = step;
-  if (want_inputs_) {
-    batch.inputs.resize(static_cast<size_t>(count_ * data_.features()));
-    data_.read_inputs(rows_, batch.inputs.data());
+  if (tokens_) {
+    const size_t n = static_cast<size_t>(count_ * tokens_->block_size());
+    if (want_inputs_) batch.tokens.resize(n);
+    if (want_targets_) batch.class_targets.resize(n);
+    tokens_->read(rows_, want_inputs_ ? batch.tokens.data() : nullptr,
+                  want_targets_ ? batch.class_targets.data() : nullptr);
+    return;
   }
-  if (want_targets_ && data_.target_kind() == TargetKind::class_index) {
+  if (want_inputs_) {
+    batch.inputs.resize(static_cast<size_t>(count_ * data_->features()));
+    data_->read_inputs(rows_, batch.inputs.data());
+  }
+  if (want_targets_ && data_->target_kind() == TargetKind::class_index) {
     batch.class_targets.resize(static_cast<size_t>(count_));
-    data_.read_targets(rows_, batch.class_targets.data());
+    data_->read_targets(rows_, batch.class_targets.data());
   } else if (want_targets_) {
-    batch.dense_targets.resize(static_cast<size_t>(count_ * data_.target_dim()));
-    data_.read_targets(rows_, batch.dense_targets.data());
+    batch.dense_targets.resize(static_cast<size_t>(count_ * data_->target_dim()));
+    data_->read_targets(rows_, batch.dense_targets.data());
   }
 }
 

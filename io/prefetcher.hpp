@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/dataset.hpp"
+#include "io/token_dataset.hpp"
 #include "io/sampler.hpp"
 
 namespace relay {
@@ -18,8 +19,8 @@ namespace relay {
 struct HostBatch {
   int64_t step = -1;
   std::vector<float> inputs;           // (count, D); empty unless inputs were requested
-  std::vector<int32_t> tokens;         // TEMP
-  std::vector<int32_t> class_targets;  // (count); class_index targets, when targets were requested
+  std::vector<int32_t> tokens;         // (count, T) token ids of a language model's sequences
+  std::vector<int32_t> class_targets;  // (count) class indices, or (count, T) next tokens; when requested
   std::vector<float> dense_targets;    // (count, K); dense targets, when targets were requested
 };
 
@@ -30,8 +31,9 @@ class Prefetcher {
   // pipeline stage needs inputs, the last needs targets). `data` must outlive the Prefetcher.
   Prefetcher(const Hdf5Dataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin, int64_t count,
              bool want_inputs, bool want_targets);
-  Prefetcher(const class TokenDataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin, int64_t count,
-             bool want_inputs, bool want_targets);  // TEMP
+  // The same over a token file: sequences are the samples; inputs fill `tokens`, targets `class_targets`.
+  Prefetcher(const TokenDataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin, int64_t count,
+             bool want_inputs, bool want_targets);
   ~Prefetcher();  // stops and joins the thread
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -46,11 +48,14 @@ class Prefetcher {
     bool ready = false;  // filled and not yet handed back; guarded by mutex_
     std::exception_ptr error;
   };
+  Prefetcher(const Hdf5Dataset* data, const TokenDataset* tokens, SamplerSpec sampler, int64_t first_step,
+             int64_t begin, int64_t count, bool want_inputs, bool want_targets);
   void run();  // the thread: fills slot (step - first_step) % 2 whenever it is free
   void fill(HostBatch& batch, int64_t step);
   Slot& slot_of(int64_t step) { return slots_[static_cast<size_t>((step - first_step_) % 2)]; }
 
-  const Hdf5Dataset& data_;
+  const Hdf5Dataset* data_;            // one of these two
+  const TokenDataset* tokens_;
   Sampler sampler_;            // used by the thread only
   std::vector<int64_t> rows_;  // (count) sample indices of the step being read; thread only
   const int64_t first_step_, begin_, count_;

@@ -56,6 +56,6 @@ TEST(EndToEnd, PlanPrintsGridBubbleAndPeakMemory) {
   RunResult m = run_command(relay_binary() + " plan --measure --config " + p.config +
                             " --set parallel.pp=2 --set train.micro_batches=4 --set parallel.schedule='\"zb-h1\"'");
   ASSERT_EQ(m.exit_code, 0) << m.output;
-  EXPECT_TRUE(contains(m.output, "measured per-layer times")) << m.output;
+  EXPECT_TRUE(contains(m.output, "measured per-block times")) << m.output;
   EXPECT_TRUE(contains(m.output, "schedule with the measured costs")) << m.output;
 }

@@ -115,8 +115,8 @@ void gradcheck(const LayerConfig& cfg, int64_t rows, int64_t in) {
     for (size_t i = 0; i < x.size(); ++i) ASSERT_FLOAT_EQ(g[i], x[i] > 0 ? Rf[i] : 0.f);
   }
   if (!ps.empty()) {
-    check(w, ps[0].grad, "weight");
-    check(b, ps[1].grad, "bias");
+    check(w, ps[0]->grad, "weight");
+    check(b, ps[1]->grad, "bias");
   }
 }
 

@@ -19,6 +19,9 @@ void relu_forward(const float* x, float* y, int64_t n);
 void relu_backward(const float* x, const float* dy, float* dx, int64_t n);
 void gelu_forward(const float* x, float* y, int64_t n);                                  // exact erf form
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
+void gelu_tanh_forward(const float* x, float* y, int64_t n);                             // GPT-2's tanh form
+void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n);
+void add(const float* a, const float* b, float* y, int64_t n);                            // y may alias a or b
 void tanh_forward(const float* x, float* y, int64_t n);
 void tanh_backward(const float* x, const float* dy, float* dx, int64_t n);
 void scale(float* x, float s, int64_t n);
@@ -39,6 +42,21 @@ void cross_entropy(const float* logits, const int32_t* targets, float grad_scale
 void mse(const float* pred, const float* target, float grad_scale, float* losses, float* dpred, int64_t rows,
          int64_t k);
 void argmax(const float* logits, int32_t* out, int64_t rows, int64_t classes);
+
+// GPT-2 (kernels/cpu/transformer.cpp). tokens (rows), position of row r = r % T.
+// out (rows, C) = wte[tokens] + wpe[r % T]; backward: dwte, dwpe += (deterministic, no atomics).
+void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
+                       int64_t C, int64_t T);
+void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
+                        int64_t T);
+// Causal self-attention: qkv (B*T, 3C) [q | k | v], att (B, H, T, T) probabilities, out (B*T, C).
+void attention_forward(const float* qkv, float* att, float* out, int64_t B, int64_t T, int64_t C, int64_t H);
+// dqkv (B*T, 3C) is overwritten.
+void attention_backward(const float* dout, const float* qkv, const float* att, float* dqkv, int64_t B, int64_t T,
+                        int64_t C, int64_t H);
+// One position t of n sequences: qkv (n, 3C); caches (n, Tmax, C), row t written; out (n, C).
+void attention_decode(const float* qkv, float* kcache, float* vcache, float* out, int64_t n, int64_t t, int64_t Tmax,
+                      int64_t C, int64_t H);
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1, double beta2,
                 double eps, double weight_decay, int64_t step);

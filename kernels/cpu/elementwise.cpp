@@ -98,6 +98,36 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
     dx[i] = dy[i] * (cdf + x[i] * pdf);
   }
 }
+// GPT-2's GELU, torch.nn.GELU(approximate="tanh"): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3);
+// tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2|u|), vectorisable through exp_neg_approx.
+namespace {
+inline float tanh_approx(float u) {
+  const float e = exp_neg_approx(-2.f * (u < 0.f ? -u : u));
+  const float t = (1.f - e) / (1.f + e);
+  return u < 0.f ? -t : t;
+}
+constexpr float kGeluK = 0.79788456080286536f;  // sqrt(2 / pi)
+}  // namespace
+void gelu_tanh_forward(const float* x, float* y, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.f + tanh_approx(kGeluK * (v + 0.044715f * v * v * v)));
+  }
+}
+void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float t = tanh_approx(kGeluK * (v + 0.044715f * v * v * v));
+    const float du = kGeluK * (1.f + 3.f * 0.044715f * v * v);
+    dx[i] = dy[i] * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du);
+  }
+}
+void add(const float* a, const float* b, float* y, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
 void tanh_forward(const float* x, float* y, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);

@@ -66,6 +66,7 @@ void CpuBackend::activation_forward(Activation act, const Tensor& x, Tensor& y) 
     case Activation::relu: cpu::relu_forward(x.f32(), y.f32(), x.numel()); break;
     case Activation::gelu: cpu::gelu_forward(x.f32(), y.f32(), x.numel()); break;
     case Activation::tanh: cpu::tanh_forward(x.f32(), y.f32(), x.numel()); break;
+    case Activation::gelu_tanh: cpu::gelu_tanh_forward(x.f32(), y.f32(), x.numel()); break;
   }
 }
 void CpuBackend::activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
@@ -75,7 +76,13 @@ void CpuBackend::activation_backward(Activation act, const Tensor& x, const Tens
     case Activation::relu: cpu::relu_backward(x.f32(), dy.f32(), dx.f32(), x.numel()); break;
     case Activation::gelu: cpu::gelu_backward(x.f32(), dy.f32(), dx.f32(), x.numel()); break;
     case Activation::tanh: cpu::tanh_backward(x.f32(), dy.f32(), dx.f32(), x.numel()); break;
+    case Activation::gelu_tanh: cpu::gelu_tanh_backward(x.f32(), dy.f32(), dx.f32(), x.numel()); break;
   }
+}
+void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
+  same_shape(a, b, "add");
+  same_shape(a, y, "add");
+  cpu::add(a.f32(), b.f32(), y.f32(), a.numel());
 }
 void CpuBackend::scale(Tensor& x, float s) { cpu::scale(x.f32(), s, x.numel()); }
 double CpuBackend::sum_squares(const Tensor& x) { return cpu::sum_squares(x.f32(), x.numel()); }
@@ -119,6 +126,42 @@ void CpuBackend::mse(const Tensor& pred, const Tensor& target, float grad_scale,
 void CpuBackend::argmax(const Tensor& logits, Tensor& out) {
   RELAY_ASSERT(out.numel() == rows_of(logits), "argmax out");
   cpu::argmax(logits.f32(), out.i32(), rows_of(logits), cols_of(logits));
+}
+
+void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T,
+                                   Tensor& out) {
+  const int64_t n = tokens.numel(), C = wte.size(1);
+  RELAY_ASSERT(tokens.dtype() == DType::i32 && out.numel() == n * C && wpe.size(1) == C && T <= wpe.size(0),
+               "embedding_forward shapes: tokens " << shape_str(tokens.shape()) << ", wte " << shape_str(wte.shape())
+                                                   << ", wpe " << shape_str(wpe.shape()) << ", T " << T);
+  cpu::embedding_forward(tokens.i32(), wte.f32(), wpe.f32(), out.f32(), n, C, T);
+}
+void CpuBackend::embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe) {
+  const int64_t n = tokens.numel(), C = dwte.size(1);
+  RELAY_ASSERT(dout.numel() == n * C && dwpe.size(1) == C && T <= dwpe.size(0), "embedding_backward shapes");
+  cpu::embedding_backward(tokens.i32(), dout.f32(), dwte.f32(), dwpe.f32(), n, C, T);
+}
+void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) {
+  const int64_t C = qkv.size(1) / 3;
+  RELAY_ASSERT(qkv.numel() == B * T * 3 * C && att.numel() == B * H * T * T && out.numel() == B * T * C && C % H == 0,
+               "attention_forward shapes: qkv " << shape_str(qkv.shape()) << ", B " << B << ", T " << T << ", H " << H);
+  cpu::attention_forward(qkv.f32(), att.f32(), out.f32(), B, T, C, H);
+}
+void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T,
+                                    int64_t H, Tensor& dqkv) {
+  const int64_t C = qkv.size(1) / 3;
+  same_shape(qkv, dqkv, "attention_backward");
+  RELAY_ASSERT(dout.numel() == B * T * C && att.numel() == B * H * T * T, "attention_backward shapes");
+  cpu::attention_backward(dout.f32(), qkv.f32(), att.f32(), dqkv.f32(), B, T, C, H);
+}
+void CpuBackend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
+                                  Tensor& out) {
+  const int64_t n = qkv.size(0), C = qkv.size(1) / 3, Tmax = kcache.size(1);
+  RELAY_ASSERT(kcache.shape() == vcache.shape() && kcache.size(0) == n && kcache.size(2) == C && t < Tmax &&
+                   out.numel() == n * C,
+               "attention_decode shapes: qkv " << shape_str(qkv.shape()) << ", cache " << shape_str(kcache.shape())
+                                               << ", t " << t);
+  cpu::attention_decode(qkv.f32(), kcache.f32(), vcache.f32(), out.f32(), n, t, Tmax, C, H);
 }
 
 void CpuBackend::adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,

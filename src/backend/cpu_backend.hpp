@@ -25,6 +25,7 @@ class CpuBackend final : public Backend {
   void bias_grad(const Tensor& dy, Tensor& db, float beta) override;
   void activation_forward(Activation act, const Tensor& x, Tensor& y) override;
   void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& y) override;
   void scale(Tensor& x, float s) override;
   double sum_squares(const Tensor& x) override;
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
@@ -37,6 +38,12 @@ class CpuBackend final : public Backend {
                      Tensor* dlogits) override;
   void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred) override;
   void argmax(const Tensor& logits, Tensor& out) override;
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe) override;
+  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T, int64_t H,
+                          Tensor& dqkv) override;
+  void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H, Tensor& out) override;
   void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                   const AdamWArgs& args) override;
   void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args) override;

@@ -36,11 +36,9 @@ Device resolve_device(const std::string& d) {
   return cuda_device_count() > 0 ? Device::cuda : Device::cpu;
 }
 
-bool use_nccl(const Run& r) { return r.be->device() == Device::cuda && r.cfg.parallel.comm != "mpi"; }
-
 std::unique_ptr<Communicator> make_group_comm(Run& r, MPI_Comm c, bool point_to_point) {
 #ifdef RELAY_HAVE_CUDA
-  if (use_nccl(r)) return make_nccl_communicator(c, *r.be, point_to_point);
+  if (r.be->device() == Device::cuda && r.cfg.parallel.comm != "mpi") return make_nccl_communicator(c, *r.be, point_to_point);
 #endif
   (void)point_to_point;
   return std::make_unique<MpiCommunicator>(c, *r.be);

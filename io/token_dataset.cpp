@@ -1,0 +1,90 @@
+// TokenDataset: opening and validating a token file, and reading sequences by hyperslab.
+#include "io/token_dataset.hpp"
+
+#include <algorithm>
+#include <filesystem>
+
+namespace relay {
+
+TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t model_vocab, const std::string& what)
+    : path_(path), where_(cat(what, ": ", path)), block_size_(block_size) {
+  if (!std::filesystem::exists(path)) throw Error(cat(where_, ": no such file"));
+  Hdf5Lock lock;
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw Error(cat(where_, ": not an HDF5 file (hint: make one with relay data tokenize)"));
+  file_ = H5File(RELAY_H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), where_));
+  if (H5Lexists(file_.get(), "tokens", H5P_DEFAULT) <= 0)
+    throw Error(cat(where_, ": dataset /tokens is missing (a token file holds /tokens with attributes vocab_size and "
+                            "tokenizer; hint: relay data tokenize)"));
+  tokens_ = H5Dataset(RELAY_H5_CHECK(H5Dopen2(file_.get(), "tokens", H5P_DEFAULT), where_ + ": dataset /tokens"));
+  H5Space space(RELAY_H5_CHECK(H5Dget_space(tokens_.get()), where_));
+  const auto shape = h5_shape(space.get());
+  H5Type type(RELAY_H5_CHECK(H5Dget_type(tokens_.get()), where_));
+  const std::string tn = h5_type_name(type.get());
+  if (shape.size() != 1 || (tn != "uint16" && tn != "int32"))
+    throw Error(cat(where_, ": dataset /tokens is ", tn, " ", shape_string(shape),
+                    "; expected a 1-D uint16 or int32 array of token ids"));
+  length_ = shape[0];
+  // Attributes on the file (h5py: f.attrs[...]) or on /tokens.
+  auto holder = [&](const char* name) { return H5Aexists(file_.get(), name) > 0 ? file_.get() : tokens_.get(); };
+  vocab_size_ = h5_read_i64_attr(holder("vocab_size"), "vocab_size", where_);
+  tokenizer_ = h5_read_str_attr(holder("tokenizer"), "tokenizer", where_);
+  if (tokenizer_ != "bytes" && tokenizer_ != "gpt2")
+    throw Error(cat(where_, ": attribute tokenizer is \"", tokenizer_, "\"; expected \"bytes\" or \"gpt2\""));
+  if (vocab_size_ < 1 || vocab_size_ > model_vocab)
+    throw Error(cat(where_, ": the file's vocab_size is ", vocab_size_, " (tokenizer \"", tokenizer_,
+                    "\") but model.vocab_size = ", model_vocab,
+                    "; the model needs a vocabulary at least as large as the data's (tokenizer mismatch?)"));
+  sequences_ = length_ > 0 ? (length_ - 1) / block_size_ : 0;
+  if (sequences_ < 1)
+    throw Error(cat(where_, ": /tokens holds ", length_, " tokens, fewer than one sequence of model.block_size + 1 = ",
+                    block_size_ + 1));
+  scan(model_vocab);
+}
+
+TokenDataset::~TokenDataset() {
+  Hdf5Lock lock;
+  tokens_.reset();
+  file_.reset();
+}
+
+void TokenDataset::scan(int64_t model_vocab) {
+  // Called under the lock. Chunks of 1 Mi tokens keep the memory flat for any file size.
+  const int64_t chunk = int64_t(1) << 20;
+  std::vector<int32_t> buf;
+  H5Space file_space(RELAY_H5_CHECK(H5Dget_space(tokens_.get()), where_));
+  for (int64_t at = 0; at < length_; at += chunk) {
+    const hsize_t start = static_cast<hsize_t>(at), count = static_cast<hsize_t>(std::min(chunk, length_ - at));
+    buf.resize(count);
+    RELAY_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), where_);
+    H5Space mem(RELAY_H5_CHECK(H5Screate_simple(1, &count, nullptr), where_));
+    RELAY_H5_CHECK(H5Dread(tokens_.get(), H5T_NATIVE_INT32, mem.get(), file_space.get(), H5P_DEFAULT, buf.data()),
+                   where_ + ": dataset /tokens");
+    for (hsize_t i = 0; i < count; ++i)
+      if (buf[i] < 0 || buf[i] >= model_vocab)
+        throw Error(cat(where_, ": token ", buf[i], " at position ", at + int64_t(i), " of /tokens is outside [0, ",
+                        model_vocab, ") (model.vocab_size)"));
+  }
+}
+
+void TokenDataset::read(const std::vector<int64_t>& seqs, int32_t* inputs, int32_t* targets) const {
+  const int64_t T = block_size_;
+  std::vector<int32_t> buf(static_cast<size_t>(T + 1));  // (T + 1) one sequence
+  Hdf5Lock lock;
+  H5Space file_space(RELAY_H5_CHECK(H5Dget_space(tokens_.get()), where_));
+  const hsize_t count = static_cast<hsize_t>(T + 1);
+  H5Space mem(RELAY_H5_CHECK(H5Screate_simple(1, &count, nullptr), where_));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t s = seqs[i];
+    if (s < 0 || s >= sequences_)
+      throw Error(cat(where_, ": sequence ", s, " requested but the file holds ", sequences_));
+    const hsize_t start = static_cast<hsize_t>(s * T);
+    RELAY_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), where_);
+    RELAY_H5_CHECK(H5Dread(tokens_.get(), H5T_NATIVE_INT32, mem.get(), file_space.get(), H5P_DEFAULT, buf.data()),
+                   where_ + ": dataset /tokens");
+    if (inputs) std::copy(buf.begin(), buf.end() - 1, inputs + i * static_cast<size_t>(T));
+    if (targets) std::copy(buf.begin() + 1, buf.end(), targets + i * static_cast<size_t>(T));
+  }
+}
+
+}  // namespace relay

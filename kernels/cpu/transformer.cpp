@@ -1,0 +1,164 @@
+// CPU reference kernels of GPT-2 (llm.c's train_gpt2.c is the model for the loops): token + position
+// embedding and its deterministic backward, causal multi-head self-attention forward/backward with the
+// softmax probabilities saved, and one decoding step with a key-value cache. Parallel loops split
+// work so that every output element is accumulated by one thread in a fixed order: the results do not
+// depend on the thread count.
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.hpp"
+
+namespace relay::cpu {
+
+void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
+                       int64_t C, int64_t T) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* e = wte + int64_t(tokens[r]) * C;
+    const float* p = wpe + (r % T) * C;
+    float* o = out + r * C;
+    for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+  }
+}
+
+void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
+                        int64_t T) {
+  // Each thread owns a range of channels and visits the rows in order: no two threads write one element.
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* d = dout + r * C;
+      float* e = dwte + int64_t(tokens[r]) * C;
+      float* p = dwpe + (r % T) * C;
+      for (int64_t c = c0; c < c1; ++c) {
+        e[c] += d[c];
+        p[c] += d[c];
+      }
+    }
+  }
+}
+
+void attention_forward(const float* qkv, float* att, float* out, int64_t B, int64_t T, int64_t C, int64_t H) {
+  const int64_t hd = C / H, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hd));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        const float* q = qkv + (b * T + t) * C3 + h * hd;
+        float* a = att + ((b * H + h) * T + t) * T;  // (T) row t of this head's probabilities
+        float mx = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {
+          const float* k = qkv + (b * T + s) * C3 + C + h * hd;
+          float dot = 0;
+          for (int64_t i = 0; i < hd; ++i) dot += q[i] * k[i];
+          a[s] = dot * scale;
+          mx = std::max(mx, a[s]);
+        }
+        float sum = 0;
+        for (int64_t s = 0; s <= t; ++s) sum += (a[s] = std::exp(a[s] - mx));
+        const float inv = 1.0f / sum;
+        for (int64_t s = 0; s <= t; ++s) a[s] *= inv;
+        for (int64_t s = t + 1; s < T; ++s) a[s] = 0;
+        float* o = out + (b * T + t) * C + h * hd;
+        for (int64_t i = 0; i < hd; ++i) o[i] = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          const float* v = qkv + (b * T + s) * C3 + 2 * C + h * hd;
+          for (int64_t i = 0; i < hd; ++i) o[i] += a[s] * v[i];
+        }
+      }
+    }
+}
+
+void attention_backward(const float* dout, const float* qkv, const float* att, float* dqkv, int64_t B, int64_t T,
+                        int64_t C, int64_t H) {
+  const int64_t hd = C / H, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hd));
+#pragma omp parallel
+  {
+    std::vector<float> datt(static_cast<size_t>(T)), dpre(static_cast<size_t>(T));  // (T) scratch rows
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < T; ++t)  // this (b, h) owns these columns of dq, dk and dv
+          for (int64_t part = 0; part < 3; ++part) {
+            float* d = dqkv + (b * T + t) * C3 + part * C + h * hd;
+            for (int64_t i = 0; i < hd; ++i) d[i] = 0;
+          }
+        for (int64_t t = 0; t < T; ++t) {
+          const float* a = att + ((b * H + h) * T + t) * T;
+          const float* dy = dout + (b * T + t) * C + h * hd;
+          const float* q = qkv + (b * T + t) * C3 + h * hd;
+          float* dq = dqkv + (b * T + t) * C3 + h * hd;
+          // out = att @ v: d att and d v.
+          for (int64_t s = 0; s <= t; ++s) {
+            const float* v = qkv + (b * T + s) * C3 + 2 * C + h * hd;
+            float* dv = dqkv + (b * T + s) * C3 + 2 * C + h * hd;
+            float dot = 0;
+            for (int64_t i = 0; i < hd; ++i) {
+              dot += dy[i] * v[i];
+              dv[i] += a[s] * dy[i];
+            }
+            datt[static_cast<size_t>(s)] = dot;
+          }
+          // softmax: d pre = att * (d att - sum(att * d att)).
+          float inner = 0;
+          for (int64_t s = 0; s <= t; ++s) inner += a[s] * datt[static_cast<size_t>(s)];
+          for (int64_t s = 0; s <= t; ++s) dpre[static_cast<size_t>(s)] = a[s] * (datt[static_cast<size_t>(s)] - inner);
+          // pre = scale q . k: d q and d k.
+          for (int64_t s = 0; s <= t; ++s) {
+            const float* k = qkv + (b * T + s) * C3 + C + h * hd;
+            float* dk = dqkv + (b * T + s) * C3 + C + h * hd;
+            const float g = dpre[static_cast<size_t>(s)] * scale;
+            for (int64_t i = 0; i < hd; ++i) {
+              dq[i] += g * k[i];
+              dk[i] += g * q[i];
+            }
+          }
+        }
+      }
+  }
+}
+
+void attention_decode(const float* qkv, float* kcache, float* vcache, float* out, int64_t n, int64_t t, int64_t Tmax,
+                      int64_t C, int64_t H) {
+  const int64_t hd = C / H, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  for (int64_t b = 0; b < n; ++b) {
+    const float* row = qkv + b * C3;
+    float* kc = kcache + b * Tmax * C;
+    float* vc = vcache + b * Tmax * C;
+    for (int64_t c = 0; c < C; ++c) {
+      kc[t * C + c] = row[C + c];
+      vc[t * C + c] = row[2 * C + c];
+    }
+    std::vector<float> a(static_cast<size_t>(t + 1));
+    for (int64_t h = 0; h < H; ++h) {
+      const float* q = row + h * hd;
+      float mx = -INFINITY;
+      for (int64_t s = 0; s <= t; ++s) {
+        const float* k = kc + s * C + h * hd;
+        float dot = 0;
+        for (int64_t i = 0; i < hd; ++i) dot += q[i] * k[i];
+        a[static_cast<size_t>(s)] = dot * scale;
+        mx = std::max(mx, a[static_cast<size_t>(s)]);
+      }
+      float sum = 0;
+      for (int64_t s = 0; s <= t; ++s) sum += (a[static_cast<size_t>(s)] = std::exp(a[static_cast<size_t>(s)] - mx));
+      const float inv = 1.0f / sum;
+      float* o = out + b * C + h * hd;
+      for (int64_t i = 0; i < hd; ++i) o[i] = 0;
+      for (int64_t s = 0; s <= t; ++s) {
+        const float* v = vc + s * C + h * hd;
+        const float p = a[static_cast<size_t>(s)] * inv;
+        for (int64_t i = 0; i < hd; ++i) o[i] += p * v[i];
+      }
+    }
+  }
+}
+
+}  // namespace relay::cpu
