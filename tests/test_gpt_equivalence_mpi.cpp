@@ -20,6 +20,9 @@ namespace {
 
 constexpr double kRel = 1e-5, kAbs = 1e-6;
 
+struct Case;
+void PrintTo(const Case& c, std::ostream* os);
+
 struct Case {
   std::string model;  // "tied" (default), "untied", "nobias"
   int dp, pp;
@@ -33,6 +36,8 @@ struct Case {
     return s;
   }
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
 std::vector<std::string> model_overrides(const std::string& model) {
   if (model == "untied") return {"model.tie_embeddings=false"};
@@ -147,7 +152,8 @@ TEST(GptTraining, LossStartsNearLnVocabAndFalls) {
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
   std::string run = dir.file("run");
-  RunResult r = train(1, p.config, {"run.dir=\"" + run + "\"", "train.steps=40", "lr_schedule.warmup_steps=0"});
+  RunResult r = train(1, p.config, {"run.dir=\"" + run + "\"", "train.steps=40", "lr_schedule.warmup_steps=0",
+                                     "optimizer.lr=0.01", "lr_schedule.min_lr=0.001"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto losses = read_losses(run);
   ASSERT_EQ(losses.size(), 40u);
