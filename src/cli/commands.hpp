@@ -18,10 +18,14 @@ int run_plan_command(const PlanOptions& o);
 
 struct DataOptions {
   std::string out, file;
+  std::vector<std::string> inputs;                 // tokenize
+  std::string tokenizer, vocab, merges, eval_out;  // tokenize
+  double eval_fraction = 0;
   int64_t samples = 0, features = 0, classes = 0;
   uint64_t seed = 0, teacher_seed = 1234;
 };
-CLI::App* add_data_command(CLI::App& app, DataOptions& o, CLI::App** synth, CLI::App** inspect);
+CLI::App* add_data_command(CLI::App& app, DataOptions& o, CLI::App** synth, CLI::App** inspect, CLI::App** tokenize);
+int run_data_tokenize(const DataOptions& o);
 int run_data_synth(const DataOptions& o);
 int run_data_inspect(const DataOptions& o);
 

@@ -14,10 +14,10 @@ int main(int argc, char** argv) {
   relay::DataOptions data;
   relay::CkptOptions ckpt;
   relay::GenerateOptions generate;
-  CLI::App *synth = nullptr, *inspect = nullptr, *ckpt_inspect = nullptr;
+  CLI::App *synth = nullptr, *inspect = nullptr, *tokenize = nullptr, *ckpt_inspect = nullptr;
   CLI::App* train_cmd = relay::add_train_command(app, train);
   CLI::App* plan_cmd = relay::add_plan_command(app, plan);
-  relay::add_data_command(app, data, &synth, &inspect);
+  relay::add_data_command(app, data, &synth, &inspect, &tokenize);
   relay::add_ckpt_command(app, ckpt, &ckpt_inspect);
   CLI::App* generate_cmd = relay::add_generate_command(app, generate);
   try {
@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) return relay::run_plan_command(plan);
     if (synth->parsed()) return relay::run_data_synth(data);
     if (inspect->parsed()) return relay::run_data_inspect(data);
+    if (tokenize->parsed()) return relay::run_data_tokenize(data);
     if (ckpt_inspect->parsed()) return relay::run_ckpt_inspect(ckpt);
     if (generate_cmd->parsed()) return relay::run_generate_command(generate);
   } catch (const relay::Error& e) {
