@@ -8,9 +8,11 @@
 #include <cmath>
 
 #include "io/checkpoint.hpp"
+#include "io/token_dataset.hpp"
 #include "support/test_support.hpp"
 
 using namespace relay::test;
+using relay::write_token_file;
 
 namespace {
 

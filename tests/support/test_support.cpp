@@ -76,7 +76,7 @@ bool contains(const std::string& haystack, const std::string& needle) {
 #include <cmath>
 
 #include "io/checkpoint.hpp"
-#include "io/hdf5_util.hpp"
+#include "io/token_dataset.hpp"
 
 namespace relay::test {
 
@@ -125,30 +125,6 @@ warmup_steps = 2
 min_lr = 0.001
 )");
   return p;
-}
-
-void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,
-                      const std::string& tokenizer, bool u16) {
-  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (f < 0) throw std::runtime_error("cannot create " + path);
-  hsize_t n = tokens.size();
-  hid_t sp = H5Screate_simple(1, &n, nullptr);
-  hid_t d = H5Dcreate2(f, "tokens", u16 ? H5T_STD_U16LE : H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data());
-  H5Dclose(d);
-  H5Sclose(sp);
-  hid_t as = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(f, "vocab_size", H5T_STD_I64LE, as, H5P_DEFAULT, H5P_DEFAULT);
-  H5Awrite(a, H5T_NATIVE_INT64, &vocab_size);
-  H5Aclose(a);
-  hid_t st = H5Tcopy(H5T_C_S1);
-  H5Tset_size(st, tokenizer.size());
-  a = H5Acreate2(f, "tokenizer", st, as, H5P_DEFAULT, H5P_DEFAULT);
-  H5Awrite(a, st, tokenizer.c_str());
-  H5Aclose(a);
-  H5Tclose(st);
-  H5Sclose(as);
-  H5Fclose(f);
 }
 
 Problem make_gpt_problem(const std::string& dir, int64_t tokens, int64_t vocab, int64_t block_size) {

@@ -45,13 +45,9 @@ struct Problem {
 };
 Problem make_problem(const std::string& dir, int64_t samples = 512, int64_t features = 16, int64_t classes = 5);
 
-// A small GPT problem: token files written here with HDF5 (/tokens int32, vocab_size and tokenizer
-// attributes), byte-like text of `tokens` tokens below `vocab`, and a config of a 4-layer GPT
+// A small GPT problem: token files written by relay::write_token_file (io/token_dataset.hpp), byte-like text of `tokens` tokens below `vocab`, and a config of a 4-layer GPT
 // (6 blocks: embedding, 4 transformer blocks, head; tied embeddings) training 6 steps.
 Problem make_gpt_problem(const std::string& dir, int64_t tokens = 4097, int64_t vocab = 96, int64_t block_size = 16);
-// Writes a token file: /tokens as int32 (or uint16 when `u16`) with the two attributes.
-void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,
-                      const std::string& tokenizer, bool u16 = false);
 
 // Runs `relay train` on `ranks` ranks (1 = no mpirun) with --set overrides; returns exit code and output.
 RunResult train(int ranks, const std::string& config, const std::vector<std::string>& overrides, int timeout_s = 300);
