@@ -34,6 +34,8 @@ constexpr double kTolBf16 = 2e-2;    // bf16 GEMM inputs (8-bit mantissa) agains
 constexpr double kTolSumSq = 1e-9;   // both backends square and sum in double
 constexpr double kTolMlp = 1e-4;     // a chain of ~15 fp32 ops
 constexpr double kTolMlpBf16 = 5e-2;  // the same chain with bf16 GEMMs
+constexpr double kTolAttention = 2e-5;  // fp32 dot products and softmax sums of up to T terms, in
+                                        // another order (and expf) than the CPU's
 
 struct Output {
   std::string name;
@@ -108,6 +110,7 @@ const char* act_name(Activation a) {
     case Activation::relu: return "relu";
     case Activation::gelu: return "gelu";
     case Activation::tanh: return "tanh";
+    case Activation::gelu_tanh: return "gelu_tanh";
   }
   return "?";
 }
@@ -192,7 +195,7 @@ std::vector<OpCase> all_cases() {
     }
 
     // activations; the backward also in place (dx aliasing dy)
-    for (Activation act : {Activation::relu, Activation::gelu, Activation::tanh}) {
+    for (Activation act : {Activation::relu, Activation::gelu, Activation::tanh, Activation::gelu_tanh}) {
       const std::string a = act_name(act);
       add(a + "_forward_" + d, kTolFp32, [=](Backend& be) {
         Tensor x = input(be, s, 30, -4, 4), y(be, s);
@@ -294,6 +297,55 @@ std::vector<OpCase> all_cases() {
         return o;
       });
     }
+  }
+  // residual add, also in place (y aliasing a)
+  for (const Shape& s : shapes) {
+    add("add_" + dims(s), kTolFp32, [s](Backend& be) {
+      Tensor a = input(be, s, 90), b = input(be, s, 91), y(be, s);
+      be.add(a, b, y);
+      be.add(a, b, a);
+      return std::vector{out(be, "y", y), out(be, "a_inplace", a)};
+    });
+  }
+  // cross-entropy over a vocabulary, its gradient written over the logits (a language model's loss)
+  for (int64_t V : {int64_t(65), int64_t(50257)}) {
+    add("cross_entropy_inplace_16x" + std::to_string(V), kTolFp32, [V](Backend& be) {
+      Tensor logits = input(be, {16, V}, 92, -8, 8), targets = class_targets(be, 16, V, 93), losses(be, {16});
+      be.cross_entropy(logits, targets, 1.0f / 16, losses, &logits);
+      return std::vector{out(be, "losses", losses), out(be, "dlogits", logits)};
+    });
+  }
+  // GPT-2: embedding with repeated tokens (its backward accumulates), attention, KV-cache decoding
+  struct Gpt { int64_t B, T, H, C, V; };
+  for (Gpt g : {Gpt{1, 1, 1, 4, 7}, Gpt{2, 5, 2, 6, 11}, Gpt{3, 64, 4, 64, 300}, Gpt{2, 256, 12, 768, 50257}}) {
+    const std::string d = "B" + std::to_string(g.B) + "_T" + std::to_string(g.T) + "_H" + std::to_string(g.H) + "_C" +
+                          std::to_string(g.C);
+    const int64_t n = g.B * g.T;
+    add("embedding_forward_backward_" + d + "_V" + std::to_string(g.V), kTolFp32, [g, n](Backend& be) {
+      Tensor tok = class_targets(be, n, std::min<int64_t>(g.V, 5), 94);  // ids 0..4: many repeats
+      Tensor wte = input(be, {g.V, g.C}, 95), wpe = input(be, {g.T, g.C}, 96), y(be, {n, g.C});
+      be.embedding_forward(tok, wte, wpe, g.T, y);
+      Tensor dy = input(be, {n, g.C}, 97), dwte = input(be, {g.V, g.C}, 98), dwpe = input(be, {g.T, g.C}, 99);
+      be.embedding_backward(tok, dy, g.T, dwte, dwpe);
+      return std::vector{out(be, "y", y), out(be, "dwte", dwte), out(be, "dwpe", dwpe)};
+    });
+    add("attention_forward_backward_" + d, kTolAttention, [g, n](Backend& be) {
+      Tensor qkv = input(be, {n, 3 * g.C}, 100, -2, 2), att(be, {g.B, g.H, g.T, g.T}), y(be, {n, g.C});
+      be.attention_forward(qkv, g.B, g.T, g.H, att, y);
+      Tensor dy = input(be, {n, g.C}, 101), dqkv = input(be, {n, 3 * g.C}, 102);  // overwritten
+      be.attention_backward(dy, qkv, att, g.B, g.T, g.H, dqkv);
+      return std::vector{out(be, "out", y), out(be, "att", att), out(be, "dqkv", dqkv)};
+    });
+    if (g.T <= 64)
+      add("attention_decode_" + d, kTolAttention, [g](Backend& be) {
+        Tensor qkv = input(be, {g.T, 3 * g.C}, 103, -2, 2);  // positions of one sequence, decoded one by one
+        Tensor kc(be, {1, g.T, g.C}), vc(be, {1, g.T, g.C}), o(be, {g.T, g.C});
+        for (int64_t t = 0; t < g.T; ++t) {
+          Tensor ot = o.rows(t, 1);
+          be.attention_decode(qkv.rows(t, 1), kc, vc, t, g.H, ot);
+        }
+        return std::vector{out(be, "out", o), out(be, "kcache", kc), out(be, "vcache", vc)};
+      });
   }
   return cases;
 }

@@ -87,3 +87,25 @@ TEST(GpuDevice, CudaWithoutAGpuIsAClearError) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "train.device = \"cuda\"")) << r.output;
 }
+
+// GPT on the GPU: the serial run matches the CPU's, and dp = 2 x pp = 2 over MPI on one GPU (tied
+// embeddings split across the stages) matches the GPU's serial run; generation runs on the GPU.
+TEST_F(GpuTraining, GptMatchesCpuAndParallelLayouts) {
+  Problem g = make_gpt_problem(dir_.path() + "/gpt");
+  RunResult cpu = train(1, g.config, {"run.dir=" + q(dir_.file("gcpu"))});
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  RunResult gpu = train(1, g.config, {"run.dir=" + q(dir_.file("ggpu")), "train.device=\"cuda\""});
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  expect_close(read_losses(dir_.file("ggpu")), read_losses(dir_.file("gcpu")), "GPT losses, GPU vs CPU");
+  expect_same_tensors(read_checkpoint(ckpt("ggpu", 6)), read_checkpoint(ckpt("gcpu", 6)), 1e-5, "GPT tensors");
+  RunResult par = train(4, g.config, {"run.dir=" + q(dir_.file("g22")), "train.device=\"cuda\"", "parallel.comm=\"mpi\"",
+                                      "parallel.dp=2", "parallel.pp=2", "train.micro_batches=2"});
+  ASSERT_EQ(par.exit_code, 0) << par.output;
+  expect_close(read_losses(dir_.file("g22")), read_losses(dir_.file("ggpu")), "GPT dp2 x pp2 on the GPU");
+  RunResult gen = run_command("echo 1 2 3 | " + relay_binary() + " generate --device cuda --checkpoint " +
+                              ckpt("ggpu", 6) + " --prompt-tokens /dev/stdin --max-new-tokens 8 --temperature 0");
+  RunResult gen_cpu = run_command("echo 1 2 3 | " + relay_binary() + " generate --device cpu --checkpoint " +
+                                  ckpt("ggpu", 6) + " --prompt-tokens /dev/stdin --max-new-tokens 8 --temperature 0");
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  EXPECT_EQ(gen.output, gen_cpu.output) << "greedy tokens on the GPU and the CPU";
+}

@@ -11,12 +11,14 @@ namespace relay::cuda {
 
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 
 template <ActKind A>
 __device__ inline float act_forward(float x) {
   if constexpr (A == ActKind::relu) return x > 0.0f ? x : 0.0f;
   if constexpr (A == ActKind::gelu) return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
   if constexpr (A == ActKind::tanh) return tanhf(x);
+  if constexpr (A == ActKind::gelu_tanh) return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
   return 0.0f;
 }
 
@@ -31,6 +33,10 @@ __device__ inline float act_derivative(float x) {
   if constexpr (A == ActKind::tanh) {
     const float t = tanhf(x);
     return 1.0f - t * t;
+  }
+  if constexpr (A == ActKind::gelu_tanh) {
+    const float t = tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
   }
   return 0.0f;
 }
@@ -58,6 +64,9 @@ void activation_forward(ActKind act, const float* x, float* y, int64_t count, cu
     case ActKind::relu: activation_forward_kernel<ActKind::relu><<<grid, kBlock, 0, stream>>>(x, y, count); break;
     case ActKind::gelu: activation_forward_kernel<ActKind::gelu><<<grid, kBlock, 0, stream>>>(x, y, count); break;
     case ActKind::tanh: activation_forward_kernel<ActKind::tanh><<<grid, kBlock, 0, stream>>>(x, y, count); break;
+    case ActKind::gelu_tanh:
+      activation_forward_kernel<ActKind::gelu_tanh><<<grid, kBlock, 0, stream>>>(x, y, count);
+      break;
   }
   CUDA_CHECK(cudaGetLastError());
 }
@@ -71,6 +80,9 @@ void activation_backward(ActKind act, const float* x, const float* dy, float* dx
     case ActKind::relu: activation_backward_kernel<ActKind::relu><<<grid, kBlock, 0, stream>>>(x, dy, dx, count); break;
     case ActKind::gelu: activation_backward_kernel<ActKind::gelu><<<grid, kBlock, 0, stream>>>(x, dy, dx, count); break;
     case ActKind::tanh: activation_backward_kernel<ActKind::tanh><<<grid, kBlock, 0, stream>>>(x, dy, dx, count); break;
+    case ActKind::gelu_tanh:
+      activation_backward_kernel<ActKind::gelu_tanh><<<grid, kBlock, 0, stream>>>(x, dy, dx, count);
+      break;
   }
   CUDA_CHECK(cudaGetLastError());
 }

@@ -19,6 +19,12 @@ __global__ void scale_kernel(float* x, float s, int64_t count) {
     x[i] *= s;
 }
 
+// No __restrict__: y may alias a or b (each element is read before it is written, by one thread).
+__global__ void add_kernel(const float* a, const float* b, float* y, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = a[i] + b[i];
+}
+
 __global__ void cast_to_bf16_kernel(const float* x, __nv_bfloat16* y, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
     y[i] = __float2bfloat16_rn(x[i]);
@@ -49,6 +55,13 @@ void scale(float* x, float s, int64_t count, cudaStream_t stream) {
   RELAY_ASSERT(count >= 0 && (count == 0 || x), "scale: count " << count);
   if (count == 0) return;
   scale_kernel<<<grid_for(count), kBlock, 0, stream>>>(x, s, count);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void add(const float* a, const float* b, float* y, int64_t count, cudaStream_t stream) {
+  RELAY_ASSERT(count >= 0 && (count == 0 || (a && b && y)), "add: count " << count);
+  if (count == 0) return;
+  add_kernel<<<grid_for(count), kBlock, 0, stream>>>(a, b, y, count);
   CUDA_CHECK(cudaGetLastError());
 }
 

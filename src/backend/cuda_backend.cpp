@@ -23,6 +23,7 @@
 #include "kernels/cuda/loss.cuh"
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/sum_squares.cuh"
+#include "kernels/cuda/transformer.cuh"
 
 namespace relay {
 namespace {
@@ -110,6 +111,7 @@ cuda::ActKind kernel_act(Activation act) {
     case Activation::relu: return cuda::ActKind::relu;
     case Activation::gelu: return cuda::ActKind::gelu;
     case Activation::tanh: return cuda::ActKind::tanh;
+    case Activation::gelu_tanh: return cuda::ActKind::gelu_tanh;
   }
   RELAY_ASSERT(false, "unknown activation " << static_cast<int>(act));
   return cuda::ActKind::relu;
@@ -342,6 +344,16 @@ class CudaBackend final : public Backend {
     cuda::activation_backward(kernel_act(act), x.f32(), dy.f32(), dx.f32(), x.numel(), stream_);
   }
 
+  void add(const Tensor& a, const Tensor& b, Tensor& y) override {
+    bind();
+    expect_cuda(a, "add", "a");
+    expect_cuda(b, "add", "b");
+    expect_cuda(y, "add", "y");
+    expect_numel(b, a.numel(), "add", "b");
+    expect_numel(y, a.numel(), "add", "y");
+    cuda::add(a.f32(), b.f32(), y.f32(), a.numel(), stream_);
+  }
+
   void scale(Tensor& x, float s) override {
     bind();
     expect_cuda(x, "scale", "x");
@@ -467,6 +479,78 @@ class CudaBackend final : public Backend {
     expect_cuda(out, "argmax", "out", DType::i32);
     expect_numel(out, rows_of(logits), "argmax", "out");
     cuda::argmax(logits.f32(), out.i32(), rows_of(logits), cols_of(logits), stream_);
+  }
+
+  // --- language models (GPT-2) ---------------------------------------------------------------
+
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out) override {
+    bind();
+    const char* op = "embedding_forward";
+    expect_cuda(tokens, op, "tokens", DType::i32);
+    expect_cuda(wte, op, "wte");
+    expect_cuda(wpe, op, "wpe");
+    expect_cuda(out, op, "out");
+    const int64_t n = tokens.numel(), C = cols_of(wte);
+    RELAY_ASSERT(cols_of(wpe) == C && T <= rows_of(wpe), op << ": wpe " << shape_str(wpe.shape()) << " for T " << T);
+    expect_numel(out, n * C, op, "out");
+    cuda::embedding_forward(tokens.i32(), wte.f32(), wpe.f32(), out.f32(), n, C, T, stream_);
+  }
+
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe) override {
+    bind();
+    const char* op = "embedding_backward";
+    expect_cuda(tokens, op, "tokens", DType::i32);
+    expect_cuda(dout, op, "dout");
+    expect_cuda(dwte, op, "dwte");
+    expect_cuda(dwpe, op, "dwpe");
+    const int64_t n = tokens.numel(), C = cols_of(dwte);
+    expect_numel(dout, n * C, op, "dout");
+    RELAY_ASSERT(cols_of(dwpe) == C && T <= rows_of(dwpe), op << ": dwpe " << shape_str(dwpe.shape()) << " for T " << T);
+    cuda::embedding_backward(tokens.i32(), dout.f32(), dwte.f32(), dwpe.f32(), n, C, T, stream_);
+  }
+
+  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) override {
+    bind();
+    const char* op = "attention_forward";
+    expect_cuda(qkv, op, "qkv");
+    expect_cuda(att, op, "att");
+    expect_cuda(out, op, "out");
+    const int64_t C = cols_of(qkv) / 3;
+    expect_numel(qkv, B * T * 3 * C, op, "qkv");
+    expect_numel(att, B * H * T * T, op, "att");
+    expect_numel(out, B * T * C, op, "out");
+    cuda::attention_forward(qkv.f32(), att.f32(), out.f32(), B, T, C, H, stream_);
+  }
+
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T, int64_t H,
+                          Tensor& dqkv) override {
+    bind();
+    const char* op = "attention_backward";
+    expect_cuda(dout, op, "dout");
+    expect_cuda(qkv, op, "qkv");
+    expect_cuda(att, op, "att");
+    expect_cuda(dqkv, op, "dqkv");
+    const int64_t C = cols_of(qkv) / 3;
+    expect_numel(dout, B * T * C, op, "dout");
+    expect_numel(att, B * H * T * T, op, "att");
+    expect_numel(dqkv, qkv.numel(), op, "dqkv");
+    // (B, H, T, T) pre-softmax gradient; the pool hands it to later work on this stream only.
+    Tensor scratch(*this, {B, H, T, T});
+    cuda::attention_backward(dout.f32(), qkv.f32(), att.f32(), dqkv.f32(), scratch.f32(), B, T, C, H, stream_);
+  }
+
+  void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H, Tensor& out) override {
+    bind();
+    const char* op = "attention_decode";
+    expect_cuda(qkv, op, "qkv");
+    expect_cuda(kcache, op, "kcache");
+    expect_cuda(vcache, op, "vcache");
+    expect_cuda(out, op, "out");
+    const int64_t n = rows_of(qkv), C = cols_of(qkv) / 3;
+    RELAY_ASSERT(kcache.ndim() == 3 && kcache.shape() == vcache.shape() && kcache.size(0) == n && kcache.size(2) == C,
+                 op << ": caches " << shape_str(kcache.shape()) << " for qkv " << shape_str(qkv.shape()));
+    expect_numel(out, n * C, op, "out");
+    cuda::attention_decode(qkv.f32(), kcache.f32(), vcache.f32(), out.f32(), n, t, kcache.size(1), C, H, stream_);
   }
 
   // --- optimizers -----------------------------------------------------------------------------

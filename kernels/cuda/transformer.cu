@@ -1,0 +1,206 @@
+// Embedding, causal attention and KV-cache decoding kernels (llm.c's attention_forward_kernel1 and
+// its CPU backward are the model for the loops). Each thread owns its outputs and visits its inputs
+// in a fixed order, so results are bitwise reproducible and no float atomics are used.
+#include "kernels/cuda/transformer.cuh"
+
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_utils.cuh"
+
+namespace relay::cuda {
+
+// kernels ---------------------------------------------------------------------------------------
+
+__global__ void embedding_forward_kernel(const int32_t* tokens, const float* wte, const float* wpe, float* out,
+                                         int64_t rows, int64_t C, int64_t T) {
+  const int64_t n = rows * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / C, c = i % C;
+    out[i] = wte[int64_t(tokens[r]) * C + c] + wpe[(r % T) * C + c];
+  }
+}
+
+// One thread per channel: it walks every row in order and adds into that row's token (dwte).
+__global__ void embedding_backward_wte_kernel(const int32_t* tokens, const float* dout, float* dwte, int64_t rows,
+                                              int64_t C) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x)
+    for (int64_t r = 0; r < rows; ++r) dwte[int64_t(tokens[r]) * C + c] += dout[r * C + c];
+}
+
+// One thread per (position, channel): the sum over sequences in order.
+__global__ void embedding_backward_wpe_kernel(const float* dout, float* dwpe, int64_t rows, int64_t C, int64_t T) {
+  const int64_t n = T * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / C, c = i % C;
+    float s = 0.0f;
+    for (int64_t r = t; r < rows; r += T) s += dout[r * C + c];
+    dwpe[i] += s;
+  }
+}
+
+// One thread per (b, t, h): scores, softmax and the weighted sum of values for one query.
+__global__ void attention_forward_kernel(const float* qkv, float* att, float* out, int64_t B, int64_t T, int64_t C,
+                                         int64_t H) {
+  const int64_t hd = C / H, C3 = 3 * C, n = B * T * H;
+  const float scale = rsqrtf(float(hd));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t h = i % H, t = (i / H) % T, b = i / (H * T);
+    const float* q = qkv + (b * T + t) * C3 + h * hd;
+    float* a = att + ((b * H + h) * T + t) * T;
+    float mx = -INFINITY;
+    for (int64_t s = 0; s <= t; ++s) {
+      const float* k = qkv + (b * T + s) * C3 + C + h * hd;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+      a[s] = dot * scale;
+      mx = fmaxf(mx, a[s]);
+    }
+    float sum = 0.0f;
+    for (int64_t s = 0; s <= t; ++s) {
+      a[s] = expf(a[s] - mx);
+      sum += a[s];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t s = 0; s <= t; ++s) a[s] *= inv;
+    for (int64_t s = t + 1; s < T; ++s) a[s] = 0.0f;
+    float* o = out + (b * T + t) * C + h * hd;
+    for (int64_t d = 0; d < hd; ++d) {
+      float acc = 0.0f;
+      for (int64_t s = 0; s <= t; ++s) acc += a[s] * qkv[(b * T + s) * C3 + 2 * C + h * hd + d];
+      o[d] = acc;
+    }
+  }
+}
+
+// One thread per (b, h, t): d att[t, s] = dout_t . v_s, then the softmax backward into
+// scratch[t, s] = att (d att - sum_r att d att) x scale (0 above the diagonal).
+__global__ void attention_dpre_kernel(const float* dout, const float* qkv, const float* att, float* dpre, int64_t B,
+                                      int64_t T, int64_t C, int64_t H) {
+  const int64_t hd = C / H, C3 = 3 * C, n = B * H * T;
+  const float scale = rsqrtf(float(hd));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i % T, h = (i / T) % H, b = i / (T * H);
+    const float* a = att + i * T;
+    const float* dy = dout + (b * T + t) * C + h * hd;
+    float* g = dpre + i * T;
+    float inner = 0.0f;
+    for (int64_t s = 0; s <= t; ++s) {
+      const float* v = qkv + (b * T + s) * C3 + 2 * C + h * hd;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) dot += dy[d] * v[d];
+      g[s] = dot;  // d att, for now
+      inner += a[s] * dot;
+    }
+    for (int64_t s = 0; s <= t; ++s) g[s] = a[s] * (g[s] - inner) * scale;
+    for (int64_t s = t + 1; s < T; ++s) g[s] = 0.0f;
+  }
+}
+
+// One thread per (b, t, h, d): dq = sum_s g[t, s] k_s; dk_t = sum_{r >= t} g[r, t] q_r;
+// dv_t = sum_{r >= t} att[r, t] dout_r.
+__global__ void attention_dqkv_kernel(const float* dout, const float* qkv, const float* att, const float* dpre,
+                                      float* dqkv, int64_t B, int64_t T, int64_t C, int64_t H) {
+  const int64_t hd = C / H, C3 = 3 * C, n = B * T * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % C, t = (i / C) % T, b = i / (C * T), h = c / hd, d = c % hd;
+    const float* g = dpre + (b * H + h) * T * T;  // (T, T)
+    const float* a = att + (b * H + h) * T * T;
+    float dq = 0.0f, dk = 0.0f, dv = 0.0f;
+    for (int64_t s = 0; s <= t; ++s) dq += g[t * T + s] * qkv[(b * T + s) * C3 + C + h * hd + d];
+    for (int64_t r = t; r < T; ++r) {
+      dk += g[r * T + t] * qkv[(b * T + r) * C3 + h * hd + d];
+      dv += a[r * T + t] * dout[(b * T + r) * C + h * hd + d];
+    }
+    float* row = dqkv + (b * T + t) * C3;
+    row[c] = dq;
+    row[C + c] = dk;
+    row[2 * C + c] = dv;
+  }
+}
+
+__global__ void kv_store_kernel(const float* qkv, float* kcache, float* vcache, int64_t n, int64_t t, int64_t Tmax,
+                                int64_t C) {
+  const int64_t m = n * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = i / C, c = i % C;
+    kcache[(b * Tmax + t) * C + c] = qkv[b * 3 * C + C + c];
+    vcache[(b * Tmax + t) * C + c] = qkv[b * 3 * C + 2 * C + c];
+  }
+}
+
+constexpr int kMaxHeadDim = 256;
+
+// One thread per (b, h): an online softmax over the cached positions [0, t].
+__global__ void attention_decode_kernel(const float* qkv, const float* kcache, const float* vcache, float* out,
+                                        int64_t n, int64_t t, int64_t Tmax, int64_t C, int64_t H) {
+  const int64_t hd = C / H;
+  const float scale = rsqrtf(float(hd));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * H; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = i / H, h = i % H;
+    const float* q = qkv + b * 3 * C + h * hd;
+    float acc[kMaxHeadDim];
+    for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t s = 0; s <= t; ++s) {
+      const float* k = kcache + (b * Tmax + s) * C + h * hd;
+      const float* v = vcache + (b * Tmax + s) * C + h * hd;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+      const float z = dot * scale, m2 = fmaxf(mx, z), shrink = expf(mx - m2), w = expf(z - m2);
+      sum = sum * shrink + w;
+      for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * shrink + w * v[d];
+      mx = m2;
+    }
+    for (int64_t d = 0; d < hd; ++d) out[b * C + h * hd + d] = acc[d] / sum;
+  }
+}
+
+// launchers -------------------------------------------------------------------------------------
+
+void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows, int64_t C,
+                       int64_t T, cudaStream_t stream) {
+  RELAY_ASSERT(rows >= 0 && C > 0 && T > 0, "embedding_forward: rows " << rows << ", C " << C << ", T " << T);
+  if (rows == 0) return;
+  embedding_forward_kernel<<<grid_for(rows * C), kBlock, 0, stream>>>(tokens, wte, wpe, out, rows, C, T);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
+                        int64_t T, cudaStream_t stream) {
+  RELAY_ASSERT(rows >= 0 && C > 0 && T > 0, "embedding_backward: rows " << rows << ", C " << C << ", T " << T);
+  if (rows == 0) return;
+  embedding_backward_wte_kernel<<<grid_for(C), kBlock, 0, stream>>>(tokens, dout, dwte, rows, C);
+  CUDA_CHECK(cudaGetLastError());
+  embedding_backward_wpe_kernel<<<grid_for(T * C), kBlock, 0, stream>>>(dout, dwpe, rows, C, T);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void attention_forward(const float* qkv, float* att, float* out, int64_t B, int64_t T, int64_t C, int64_t H,
+                       cudaStream_t stream) {
+  RELAY_ASSERT(B > 0 && T > 0 && H > 0 && C % H == 0, "attention_forward: B " << B << ", T " << T << ", C " << C
+                                                                              << ", H " << H);
+  attention_forward_kernel<<<grid_for(B * T * H), kBlock, 0, stream>>>(qkv, att, out, B, T, C, H);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void attention_backward(const float* dout, const float* qkv, const float* att, float* dqkv, float* scratch, int64_t B,
+                        int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
+  RELAY_ASSERT(B > 0 && T > 0 && H > 0 && C % H == 0 && scratch, "attention_backward: B " << B << ", T " << T
+                                                                                         << ", C " << C << ", H " << H);
+  attention_dpre_kernel<<<grid_for(B * H * T), kBlock, 0, stream>>>(dout, qkv, att, scratch, B, T, C, H);
+  CUDA_CHECK(cudaGetLastError());
+  attention_dqkv_kernel<<<grid_for(B * T * C), kBlock, 0, stream>>>(dout, qkv, att, scratch, dqkv, B, T, C, H);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void attention_decode(const float* qkv, float* kcache, float* vcache, float* out, int64_t n, int64_t t, int64_t Tmax,
+                      int64_t C, int64_t H, cudaStream_t stream) {
+  RELAY_ASSERT(n > 0 && H > 0 && C % H == 0 && C / H <= kMaxHeadDim && t >= 0 && t < Tmax,
+               "attention_decode: n " << n << ", t " << t << ", Tmax " << Tmax << ", C " << C << ", H " << H
+                                      << " (head dim at most " << kMaxHeadDim << ")");
+  kv_store_kernel<<<grid_for(n * C), kBlock, 0, stream>>>(qkv, kcache, vcache, n, t, Tmax, C);
+  CUDA_CHECK(cudaGetLastError());
+  attention_decode_kernel<<<grid_for(n * H), kBlock, 0, stream>>>(qkv, kcache, vcache, out, n, t, Tmax, C, H);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace relay::cuda
