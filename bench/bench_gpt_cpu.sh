@@ -19,7 +19,7 @@ printf "%-8s %-34s %12s %9s %12s %9s %7s\n" "model" "shape (V, T, L, H, C, batch
   "GFLOP/s" "ratio"
 bench() {  # name V T L H C B
   local name=$1 V=$2 T=$3 L=$4 H=$5 C=$6 B=$7
-  python3 - "$work/$name.h5" "$V" $((B * T * (STEPS + 2) + 1)) <<'PY'
+  /usr/bin/python3 - "$work/$name.h5" "$V" $((B * T * (STEPS + 2) + 1)) <<'PY'
 import sys, h5py, numpy as np
 path, V, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with h5py.File(path, "w") as f:
@@ -29,7 +29,7 @@ PY
   local dir="$work/run-$name"
   OMP_NUM_THREADS=$THREADS "$RELAY" train --config configs/gpt-small-bytes.toml --set "run.dir=\"$dir\"" \
     --set "data.train=\"$work/$name.h5\"" --set 'data.eval=""' --set train.steps=$STEPS --set train.log_every=1 \
-    --set train.batch_size=$B --set train.micro_batches=1 --set train.threads=$THREADS --set model.vocab_size=$V \
+    --set train.batch_size=$B --set train.micro_batches=1 --set lr_schedule.warmup_steps=0 --set train.threads=$THREADS --set model.vocab_size=$V \
     --set model.block_size=$T --set model.n_layer=$L --set model.n_head=$H --set model.n_embd=$C >/dev/null
   local relay_tps params
   relay_tps=$(python3 -c "
