@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -29,7 +30,7 @@ void fsync_path(const std::string& path, bool directory) {
 void atomic_replace(const std::string& tmp, const std::string& path) {
   fsync_path(tmp, false);
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error(cat("checkpoint: cannot rename ", tmp, " to ", path));
+    throw Error(cat("checkpoint: cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
   fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(), true);
 }
 
@@ -74,13 +75,19 @@ std::string checkpoint_file_name(int64_t step) {
   return buf;
 }
 
-void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
-                           const std::vector<CheckpointTensor>& tensors) {
-  const std::string tmp = cat(path, ".tmp-", ::getpid());
+namespace {
+
+// The HDF5 part of write_checkpoint_file: everything into `tmp`, closed. Throws Error on failure.
+void write_tmp_file(const std::string& tmp, const CheckpointMeta& meta, const std::vector<CheckpointTensor>& tensors,
+                    const std::function<void()>& on_tensor) {
   const std::string ctx = cat("checkpoint ", tmp);
   {
     Hdf5Lock lock;
-    H5File f(RELAY_H5_CHECK(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), ctx));
+    // Strong close: closing the file closes every object in it, so a failed write leaves nothing open
+    // for HDF5's exit handler to flush into a full disk.
+    H5Plist fapl(RELAY_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), ctx));
+    RELAY_H5_CHECK(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), ctx);
+    H5File f(RELAY_H5_CHECK(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), ctx));
     hid_t root = f.get();
     put_str_attr(root, "format", kCheckpointFormat, ctx);
     put_i64_attr(root, "version", kCheckpointVersion, ctx);
@@ -123,10 +130,28 @@ void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
                                  cat(ctx, ": ", t.name)));
       RELAY_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.data()),
                      cat(ctx, ": ", t.name));
+      if (on_tensor) on_tensor();
     }
     put_i64_attr(root, "complete", 1, ctx);  // written last: a file without it was cut short
     RELAY_H5_CHECK(H5Fflush(root, H5F_SCOPE_GLOBAL), ctx);
     RELAY_H5_CHECK(H5Fclose(f.release()), ctx);
+  }
+}
+
+}  // namespace
+
+void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
+                           const std::vector<CheckpointTensor>& tensors, const std::function<void()>& on_tensor) {
+  const std::string tmp = cat(path, ".tmp-", ::getpid());
+  try {
+    write_tmp_file(tmp, meta, tensors, on_tensor);
+  } catch (const Error& e) {
+    std::error_code ec;
+    fs::remove(tmp, ec);  // never leave a partial file behind; the previous checkpoint stays as it was
+    const fs::space_info sp = fs::space(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path(), ec);
+    throw Error(cat(e.what(), "; the partial file was removed",
+                    !ec && sp.available < (64u << 20) ? cat(" (", sp.available >> 20, " MiB free on that filesystem)") : "",
+                    "; the previous checkpoint and 'latest' are unchanged"));
   }
   if (const char* crash = std::getenv("RELAY_FAULT_CRASH_BEFORE_RENAME"))
     if (std::atoll(crash) == meta.step) {
@@ -134,7 +159,13 @@ void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
                    tmp.c_str());
       std::_Exit(86);
     }
-  atomic_replace(tmp, path);
+  try {
+    atomic_replace(tmp, path);
+  } catch (const Error&) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
 }
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
@@ -233,14 +264,20 @@ void CheckpointReader::read(const std::string& name, const Shape& expected, floa
 
 void write_latest(const std::string& dir, const std::string& file_name) {
   std::string path = dir + "/latest", tmp = cat(path, ".tmp-", ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) throw Error(cat("checkpoint: cannot write ", tmp));
-    f << file_name << "\n";
-    f.flush();
-    if (!f) throw Error(cat("checkpoint: cannot write ", tmp));
+  try {
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      if (!f) throw Error(cat("checkpoint: cannot write ", tmp, ": ", std::strerror(errno)));
+      f << file_name << "\n";
+      f.flush();
+      if (!f) throw Error(cat("checkpoint: cannot write ", tmp, ": ", std::strerror(errno)));
+    }
+    atomic_replace(tmp, path);
+  } catch (const Error&) {
+    std::error_code ec;
+    fs::remove(tmp, ec);  // `latest` still names the previous checkpoint
+    throw;
   }
-  atomic_replace(tmp, path);
 }
 
 std::string read_latest(const std::string& dir) {
@@ -249,6 +286,19 @@ std::string read_latest(const std::string& dir) {
   std::string name;
   std::getline(f, name);
   return name;
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool tmp = name.find(".tmp-") != std::string::npos &&
+                     (name.rfind("step_", 0) == 0 || name.rfind("latest", 0) == 0);
+    if (tmp && fs::remove(entry.path(), ec)) removed.push_back(name);
+  }
+  return removed;
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep) {

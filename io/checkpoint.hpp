@@ -3,6 +3,7 @@
 // Written under a temporary name, fsynced and renamed into place; `latest` is replaced the same way.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,8 +37,12 @@ struct CheckpointTensor {
 // Writes `path` atomically: <path>.tmp-<pid>, flush, fsync, rename, fsync of the directory.
 // If the environment variable RELAY_FAULT_CRASH_BEFORE_RENAME equals meta.step, the process exits
 // (status 86) after the temporary file is complete and before the rename: the crash-safety test hook.
+// On any failure (disk full, permission denied, quota) the temporary file is removed, the error names
+// the file, the tensor and the OS's reason, and `path` is untouched. on_tensor (may be empty) is called
+// after each tensor is written (the progress watchdog's poll point).
 void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
-                           const std::vector<CheckpointTensor>& tensors);
+                           const std::vector<CheckpointTensor>& tensors,
+                           const std::function<void()>& on_tensor = {});
 
 class CheckpointReader {
  public:
@@ -62,6 +67,9 @@ class CheckpointReader {
 void write_latest(const std::string& dir, const std::string& file_name);
 std::string read_latest(const std::string& dir);  // "" when there is none
 std::string checkpoint_file_name(int64_t step);    // "step_%08d.h5"
+// Removes temporary files a dead writer left in dir ("step_*.h5.tmp-PID", "latest.tmp-PID"): only one
+// job writes to a checkpoint directory, so at its start any such file is debris. Returns their names.
+std::vector<std::string> remove_stale_temporaries(const std::string& dir);
 // Deletes all but the newest `keep` complete step_*.h5 files in dir (keep >= 1); returns what it deleted.
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep);
 

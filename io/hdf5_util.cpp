@@ -32,7 +32,20 @@ std::string h5_error_message() {
 }
 
 void h5_fail(const char* call, const std::string& context, const char* file, int line) {
-  throw Error(cat(context, ": HDF5 call ", call, " failed (", file, ":", line, "): ", h5_error_message()));
+  std::string detail = h5_error_message();
+  for (char& c : detail)
+    if (c == '\n') c = ' ';  // HDF5 embeds ctime()'s newline: keep the error on one line
+  // A failed write or open carries the OS's reason ("errno = 28, error message = 'No space left on
+  // device'"): say it first, in plain words.
+  std::string os;
+  const auto at = detail.find("error message = '");
+  if (at != std::string::npos) {
+    const auto end = detail.find('\'', at + 17);
+    if (end != std::string::npos) os = detail.substr(at + 17, end - at - 17);
+  }
+  const std::string short_call = std::string(call).substr(0, std::string(call).find('('));
+  throw Error(cat(context, ": ", os.empty() ? "" : os + " (", short_call, " failed",
+                  os.empty() ? "" : ")", "; HDF5 at ", file, ":", line, ": ", detail));
 }
 
 std::string h5_type_name(hid_t type) {
@@ -67,6 +80,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   for (size_t i = 0; i < shape.size(); ++i) s += cat(i ? ", " : "", shape[i]);
   return s + "]";
 }
+
+void hdf5_disable_exit_cleanup() { H5dont_atexit(); }
 
 std::string h5_read_str_attr(hid_t obj, const char* name, const std::string& ctx) {
   if (RELAY_H5_CHECK(H5Aexists(obj, name), ctx) <= 0) throw Error(cat(ctx, ": attribute '", name, "' is missing"));

@@ -79,6 +79,11 @@ std::string h5_type_name(hid_t type);
 std::vector<int64_t> h5_shape(hid_t space);
 std::string shape_string(const std::vector<int64_t>& shape);  // "[1000, 64]"
 
+// Call first thing in main, before any HDF5 call: HDF5's own exit handler closes the files still
+// open, and one whose close already failed (a checkpoint write into a full disk) crashes it
+// (SIGSEGV in H5F__close_cb). Relay closes every file it opens itself, so the handler is switched off.
+void hdf5_disable_exit_cleanup();
+
 // Scalar attributes of obj (a file, group or dataset): a string (fixed or variable length, as h5py
 // writes them) and any integer type as int64. Errors name `ctx` and the attribute.
 std::string h5_read_str_attr(hid_t obj, const char* name, const std::string& ctx);

@@ -1,10 +1,12 @@
 // relay train --config FILE [--set section.key=value ...]
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "cli/commands.hpp"
 #include "comm/agree.hpp"
+#include "comm/watchdog.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "train/signals.hpp"
@@ -35,7 +37,15 @@ int run_train_command(const TrainOptions& o, int argc, char** argv) {
   try {
     Config cfg;
     agree_on_errors(MPI_COMM_WORLD, [&] { cfg = load_config(o.config, o.overrides); });
+    // From here on every blocking wait is watched (parallel.timeout); world rank = pp_rank x dp + dp_rank.
+    const double timeout = cfg.parallel.timeout == "0" ? 0 : parse_duration(cfg.parallel.timeout, "parallel.timeout");
+    const int dp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.dp));
+    Watchdog watchdog(MPI_COMM_WORLD, timeout, [dp](int r) {
+      return cat("rank ", r, " (stage ", r / dp, ", replica ", r % dp, ")");
+    });
+    set_active_watchdog(&watchdog);
     code = run_training(cfg);
+    set_active_watchdog(nullptr);
   } catch (const AgreedError&) {
     code = 1;  // printed once by the rank that saw it; every rank got here
   } catch (const Error& e) {

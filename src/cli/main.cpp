@@ -4,8 +4,10 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "io/hdf5_util.hpp"
 
 int main(int argc, char** argv) {
+  relay::hdf5_disable_exit_cleanup();
   CLI::App app{"relay: hybrid data x pipeline parallel training over MPI (CPU: oneDNN, GPU: CUDA + NCCL)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "relay 0.1.0");

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "comm/mpi_check.hpp"
+#include "comm/watchdog.hpp"
 #include "core/error.hpp"
 
 namespace relay {
@@ -28,7 +29,9 @@ void agree_on_errors(MPI_Comm comm, const std::function<void()>& phase) {
     message = e.what();
   }
   int mine = message.empty() ? size : rank, first = size;
-  MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  MPI_Request req;
+  MPI_CHECK(MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, &req));
+  watchdog_wait(&req, "the other ranks to finish setting up");
   if (first == size) return;
   if (first == rank && !agreed) print_error(message);
   throw AgreedError(message.empty() ? "another rank failed" : message);

@@ -17,6 +17,9 @@ class Request {
   virtual ~Request() = default;
   virtual void wait() = 0;
   virtual bool test() = 0;  // true once complete; drives progress
+  // What a wait on this request waits for, for the progress watchdog's message
+  // ("its activation of micro-batch 3"); set by the caller before wait().
+  std::string what = "a message";
 };
 using RequestPtr = std::unique_ptr<Request>;
 
@@ -36,7 +39,8 @@ class Communicator {
   virtual void broadcast(Tensor& t, int root) = 0;
 
   // Blocking reductions of a few host doubles (losses, norms, flags); always exact and ordered.
-  virtual void allreduce_host(double* values, int count, ReduceOp op) = 0;
+  // `what` names the reduction in the progress watchdog's message.
+  virtual void allreduce_host(double* values, int count, ReduceOp op, const std::string& what = "a host reduction") = 0;
   virtual void barrier() = 0;
 };
 

@@ -3,6 +3,8 @@
 #pragma once
 #include <mpi.h>
 
+#include <vector>
+
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 
@@ -21,13 +23,14 @@ class MpiCommunicator final : public Communicator {
   RequestPtr irecv(Tensor& t, int peer, int tag) override;
   RequestPtr iallreduce_sum(Tensor& t) override;
   void broadcast(Tensor& t, int root) override;
-  void allreduce_host(double* values, int count, ReduceOp op) override;
+  void allreduce_host(double* values, int count, ReduceOp op, const std::string& what = "a host reduction") override;
   void barrier() override;
 
  private:
   MPI_Comm comm_;
   Backend& be_;
   int rank_ = 0, size_ = 1;
+  std::vector<int> world_rank_;  // of each member, for the watchdog's messages
 };
 
 }  // namespace relay

@@ -6,10 +6,15 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
+#include "comm/agree.hpp"
 #include "comm/mpi_check.hpp"
+#include "comm/watchdog.hpp"
 #include "kernels/cuda/cuda_check.cuh"
 
 namespace relay {
@@ -139,9 +144,13 @@ class NcclCommunicator final : public Communicator {
     send_streams_.assign(static_cast<size_t>(size_), nullptr);
     recv_streams_.assign(static_cast<size_t>(size_), nullptr);
     if (point_to_point) create_pair_comms();
+    start_watchdog();
   }
 
   ~NcclCommunicator() override {
+    stop_ = true;
+    if (watchdog_.joinable()) watchdog_.join();
+    if (aborted_) return;  // the communicators are gone
     // No CHECKs: this may run during shutdown. Let queued communication finish before its
     // communicator goes away.
     cudaSetDevice(device_);
@@ -223,13 +232,54 @@ class NcclCommunicator final : public Communicator {
     finish(coll_stream_)->wait();
   }
 
-  void allreduce_host(double* values, int count, ReduceOp op) override {
+  void allreduce_host(double* values, int count, ReduceOp op, const std::string& what) override {
     if (count == 0) return;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, mpi_op(op), mpi_comm_));
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, mpi_op(op), mpi_comm_, &req));
+    watchdog_wait(&req, what);
   }
 
   // Host-side only, like MPI_Barrier: synchronize the backend first to include GPU work.
-  void barrier() override { MPI_CHECK(MPI_Barrier(mpi_comm_)); }
+  void barrier() override {
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibarrier(mpi_comm_, &req));
+    watchdog_wait(&req, "a barrier");
+  }
+
+  // NCCL's side of the progress watchdog (PyTorch's ProcessGroupNCCL does the same): a thread polls
+  // ncclCommGetAsyncError and this rank's progress; on an asynchronous NCCL error, or when the main
+  // thread has made no progress for parallel.timeout plus a margin (it is stuck inside a GPU wait
+  // behind an NCCL operation whose peer never comes, so it cannot answer the MPI watchdog), it aborts
+  // the communicators: the pending operations fail, the main thread's CUDA check reports it and ends
+  // the job through MPI_Abort.
+  void start_watchdog() {
+    Watchdog* wd = active_watchdog();
+    if (!wd || wd->timeout() <= 0) return;
+    const double limit = wd->timeout() + 30.0;
+    watchdog_ = std::thread([this, wd, limit] {
+      while (!stop_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        std::string why;
+        std::vector<ncclComm_t> comms = {group_comm_};
+        for (auto* v : {&send_comms_, &recv_comms_})
+          for (ncclComm_t c : *v)
+            if (c) comms.push_back(c);
+        for (ncclComm_t c : comms) {
+          ncclResult_t st = ncclSuccess;
+          if (c && ncclCommGetAsyncError(c, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress)
+            why = cat("NCCL reported an asynchronous error: ", ncclGetErrorString(st));
+        }
+        if (why.empty() && wd->seconds_since_progress() > limit)
+          why = cat("made no progress for ", static_cast<long long>(wd->seconds_since_progress()),
+                    " s inside NCCL communication at ", wd->context(), " (parallel.timeout = ", wd->timeout(), " s)");
+        if (why.empty()) continue;
+        print_error(cat("NCCL watchdog: ", why, "; aborting this rank's NCCL communicators"));
+        for (ncclComm_t c : comms) ncclCommAbort(c);
+        aborted_ = true;
+        return;
+      }
+    });
+  }
 
  private:
   // Calls f(peer, is_sender, comm) on this rank's pair communicators in the global order of
@@ -319,6 +369,9 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t coll_stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // reused: a stream wait captures the event's state when it is queued
   std::vector<ncclComm_t> send_comms_, recv_comms_;      // by peer: (me -> peer), (peer -> me)
+  std::thread watchdog_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> aborted_{false};
   std::vector<cudaStream_t> send_streams_, recv_streams_;  // by peer, made on first use
 };
 

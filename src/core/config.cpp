@@ -287,13 +287,15 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     lrs.fail("min_lr", cat("must be <= optimizer.lr (", c.optimizer.lr, "), got ", c.lr_schedule.min_lr));
 
   Section par(tab("parallel"), "parallel", source,
-              {"dp", "pp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm"});
+              {"dp", "pp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "timeout"});
   par.integer("dp", c.parallel.dp, 1, 1 << 20);
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
   par.choice("schedule", c.parallel.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
   par.integer("virtual_stages", c.parallel.virtual_stages, 1, 1024);
   par.real("bucket_mb", c.parallel.bucket_mb, 0, 1e6, true);
   par.choice("comm", c.parallel.comm, {"auto", "nccl", "mpi"});
+  par.str("timeout", c.parallel.timeout);
+  if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, source + ": parallel.timeout");
   if (auto* b = par.get("balance")) {
     auto* arr = b->as_array();
     if (!arr) par.fail("balance", cat("expected an array of integers, got ", type_name(*b)));
@@ -372,7 +374,8 @@ std::string Config::to_toml() const {
     for (size_t i = 0; i < parallel.balance.size(); ++i) o << (i ? ", " : "") << parallel.balance[i];
     o << "]\n";
   }
-  o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm) << "\n\n";
+  o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm) << "\ntimeout = "
+    << q(parallel.timeout) << "\n\n";
   o << "[checkpoint]\ndir = " << q(checkpoint.dir) << "\nevery = " << checkpoint.every << "\nkeep = " << checkpoint.keep
     << "\nsave_initial = " << (checkpoint.save_initial ? "true" : "false") << "\nresume = " << q(checkpoint.resume)
     << "\n";

@@ -67,6 +67,7 @@ struct Config {
     std::vector<int64_t> balance;   // layers per chunk; empty = balanced by FLOPs
     double bucket_mb = 25.0;
     std::string comm = "auto";      // auto | nccl | mpi
+    std::string timeout = "10m";    // progress watchdog; "0" = off
   } parallel;
   struct Checkpoint {
     std::string dir;         // default <run.dir>/checkpoints

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "comm/watchdog.hpp"
+
 namespace relay {
 
 namespace {
@@ -53,7 +55,11 @@ void Executor::reduce_tied() {
   // The data-parallel sums first (this pair's ranks hold replica sums of their own copy), then the
   // pair's sum: a + b on one rank and b + a on the other are the same float, so the copies stay equal.
   buckets_.finish();
-  for (Param* p : tied_) tied_comm_->iallreduce_sum(p->grad)->wait();
+  for (Param* p : tied_) {
+    RequestPtr r = tied_comm_->iallreduce_sum(p->grad);
+    r->what = cat("the tied-weight reduction of ", p->name);
+    r->wait();
+  }
 }
 
 StepStats Executor::run_step(const StepData& data) {
@@ -100,19 +106,25 @@ StepStats Executor::run_step(const StepData& data) {
         break;
       case Op::send_activation:
         sends_.push_back(comm_.isend(chunk(c).forward_output(mb, rows_), peer_of_chunk(c + 1), tag(kActivation, c + 1, mb)));
+        sends_.back()->what = cat("the delivery of its activation of micro-batch ", mb, " (chunk ", c, ")");
         break;
       case Op::recv_activation: {
         Tensor in = chunk(c).input(mb, rows_);
-        comm_.irecv(in, peer_of_chunk(c - 1), tag(kActivation, c, mb))->wait();
+        RequestPtr r = comm_.irecv(in, peer_of_chunk(c - 1), tag(kActivation, c, mb));
+        r->what = cat("its activation of micro-batch ", mb, " (chunk ", c, ")");
+        r->wait();
         st.wait_s += now_s() - t0;
         break;
       }
       case Op::send_grad:
         sends_.push_back(comm_.isend(chunk(c).input_grad(mb, rows_), peer_of_chunk(c - 1), tag(kGrad, c - 1, mb)));
+        sends_.back()->what = cat("the delivery of its gradient of micro-batch ", mb, " (chunk ", c, ")");
         break;
       case Op::recv_grad: {
         Tensor g = chunk(c).output_grad(mb, rows_);
-        comm_.irecv(g, peer_of_chunk(c + 1), tag(kGrad, c, mb))->wait();
+        RequestPtr r = comm_.irecv(g, peer_of_chunk(c + 1), tag(kGrad, c, mb));
+        r->what = cat("its gradient of micro-batch ", mb, " (chunk ", c, ")");
+        r->wait();
         st.wait_s += now_s() - t0;
         break;
       }
@@ -134,6 +146,7 @@ StepStats Executor::run_step(const StepData& data) {
       st.compute_s += now_s() - t0;
       buckets_.progress();
     }
+    watchdog_progress();  // an action done: answer the watchdog's questions
   }
   st.step_s = now_s() - t_step;
   return st;
@@ -151,9 +164,14 @@ void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum,
     } else {
       Tensor in = ch->input(slot, rows);
       if (chunks_.count(c - 1)) be_.copy(in, chunk(c - 1).forward_output(slot, rows));
-      else comm_.irecv(in, peer_of_chunk(c - 1), tag(kActivation, c, slot))->wait();
+      else {
+        RequestPtr r = comm_.irecv(in, peer_of_chunk(c - 1), tag(kActivation, c, slot));
+        r->what = cat("its evaluation activation (chunk ", c, ")");
+        r->wait();
+      }
     }
     Tensor out = ch->forward(slot, rows);
+    watchdog_progress();
     if (c == last_chunk_) {
       upload_targets(slot, 0, samples, data);
       loss_->evaluate(slot, out, loss_sum, correct);

@@ -3,8 +3,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <cstdlib>
+#include <functional>
+#include <thread>
 
+#include "comm/agree.hpp"
 #include "comm/mpi_check.hpp"
+#include "comm/watchdog.hpp"
 
 namespace fs = std::filesystem;
 
@@ -42,15 +47,21 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
   auto manifest = checkpoint_manifest(ctx.layout, ctx.cfg.optimizer);
   const std::string dir = ctx.cfg.checkpoint.dir;
   const std::string path = dir + "/" + checkpoint_file_name(step);
+  std::function<void()> write;  // rank 0's part, run inside the agreement below
   if (g.world_rank == 0) {
     std::vector<CheckpointTensor> tensors;
     tensors.reserve(manifest.size());
     for (auto& e : manifest) {
       CheckpointTensor t{e.name, e.shape, std::vector<float>(static_cast<size_t>(shape_numel(e.shape)))};
-      if (e.owner() == 0) ctx.be.download(t.data.data(), *local_tensor(ctx, e.name));
-      else
-        MPI_CHECK(MPI_Recv(t.data.data(), static_cast<int>(t.data.size()), MPI_FLOAT, g.world_rank_of(e.owner(), 0),
-                           7, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+      if (e.owner() == 0) {
+        ctx.be.download(t.data.data(), *local_tensor(ctx, e.name));
+      } else {
+        const int from = g.world_rank_of(e.owner(), 0);
+        MPI_Request req;
+        MPI_CHECK(MPI_Irecv(t.data.data(), static_cast<int>(t.data.size()), MPI_FLOAT, from, 7, MPI_COMM_WORLD, &req));
+        watchdog_wait(&req, cat("tensor ", e.name, " of the step-", step, " checkpoint"), from);
+      }
+      watchdog_progress();
       tensors.push_back(std::move(t));
     }
     CheckpointMeta meta;
@@ -70,25 +81,42 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
     meta.data_seed = ctx.cfg.data.seed;
     meta.model_seed = ctx.cfg.model.seed;
     meta.tokenizer = ctx.tokenizer;
-    fs::create_directories(dir);
-    write_checkpoint_file(path, meta, tensors);
-    write_latest(dir, checkpoint_file_name(step));
-    auto deleted = prune_checkpoints(dir, ctx.cfg.checkpoint.keep);
-    double mb = double(fs::file_size(path)) / (1024.0 * 1024.0);
-    std::printf("checkpoint step %lld: %s (%.1f MiB in %.2f s)%s\n", static_cast<long long>(step), path.c_str(), mb,
-                now_s() - t0, deleted.empty() ? "" : cat(", pruned ", deleted.size(), " older").c_str());
-    std::fflush(stdout);
+    write = [&, tensors = std::move(tensors), meta] {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) throw Error(cat("checkpoint.dir ", dir, ": cannot create the directory: ", ec.message()));
+      // RELAY_FAULT_SLOW_CHECKPOINT=S (tests): S seconds per tensor, a slow filesystem that still
+      // makes progress (the watchdog must not end the job).
+      const char* slow = std::getenv("RELAY_FAULT_SLOW_CHECKPOINT");
+      const double per_tensor = slow ? std::atof(slow) : 0.0;
+      write_checkpoint_file(path, meta, tensors, [per_tensor] {
+        if (per_tensor > 0) std::this_thread::sleep_for(std::chrono::duration<double>(per_tensor));
+        watchdog_progress();
+      });
+      write_latest(dir, checkpoint_file_name(step));
+      auto deleted = prune_checkpoints(dir, ctx.cfg.checkpoint.keep);
+      double mb = double(fs::file_size(path)) / (1024.0 * 1024.0);
+      std::printf("checkpoint step %lld: %s (%.1f MiB in %.2f s)%s\n", static_cast<long long>(step), path.c_str(), mb,
+                  now_s() - t0, deleted.empty() ? "" : cat(", pruned ", deleted.size(), " older").c_str());
+      std::fflush(stdout);
+    };
   } else if (g.dp_rank == 0) {
     std::vector<float> buf;
     for (auto& e : manifest) {
       if (e.owner() != g.pp_rank) continue;
       buf.resize(static_cast<size_t>(shape_numel(e.shape)));
       ctx.be.download(buf.data(), *local_tensor(ctx, e.name));
-      MPI_CHECK(MPI_Send(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, 0, 7, MPI_COMM_WORLD));
+      MPI_Request req;
+      MPI_CHECK(MPI_Isend(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, 0, 7, MPI_COMM_WORLD, &req));
+      watchdog_wait(&req, cat("rank 0 to take tensor ", e.name, " of the step-", step, " checkpoint"), 0);
     }
   }
-  // Nobody goes on (or exits) before the file and `latest` are in place.
-  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  // Rank 0 writes; every rank learns the outcome, so a failed write (disk full, permission, quota)
+  // ends every rank with rank 0's one-line message and exit code 1, the previous checkpoint and
+  // `latest` untouched. Nobody goes on before the file and `latest` are in place.
+  agree_on_errors(MPI_COMM_WORLD, [&] {
+    if (write) write();
+  });
   return path;
 }
 

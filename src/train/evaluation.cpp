@@ -53,7 +53,7 @@ EvalResult evaluate(Run& r) {
     correct += c;
   }
   double v[2] = {loss_sum, double(correct)};
-  r.world->allreduce_host(v, 2, ReduceOp::sum);
+  r.world->allreduce_host(v, 2, ReduceOp::sum, "the evaluation reduction");
   const double rows_total = double(N) * double(T);
   return {v[0] / rows_total, v[1] / rows_total};
 }

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "comm/agree.hpp"
+#include "comm/watchdog.hpp"
 #include "train/checkpointing.hpp"
 #include "train/metrics.hpp"
 #include "train/run_state.hpp"
@@ -70,11 +71,11 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   // Gradient norm over all stages (replicas hold equal gradients after the all-reduce; a tied weight
   // counts once).
   double sq = r.buckets->sum_squares();
-  r.pp_comm->allreduce_host(&sq, 1, ReduceOp::sum);
+  r.pp_comm->allreduce_host(&sq, 1, ReduceOp::sum, "the gradient-norm reduction");
   res.grad_norm = std::sqrt(sq);
   double loss_sum = res.stats.loss_sum, stop_flag = want_stop ? 1.0 : 0.0;
-  r.world->allreduce_host(&loss_sum, 1, ReduceOp::sum);
-  r.world->allreduce_host(&stop_flag, 1, ReduceOp::max);
+  r.world->allreduce_host(&loss_sum, 1, ReduceOp::sum, "the loss reduction");
+  r.world->allreduce_host(&stop_flag, 1, ReduceOp::max, "the stop-flag reduction");
   res.loss = loss_sum / (double(cfg.train.batch_size) * double(r.layout.model.seq_len));
   res.stop = stop_flag > 0;
   if (!std::isfinite(res.loss) || !std::isfinite(res.grad_norm)) {
@@ -101,6 +102,8 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
     if (!f) throw Error(cat("run.dir: cannot write ", cfg.run.dir, "/config.toml"));
     f << cfg.to_toml();
   }
+  for (const auto& name : remove_stale_temporaries(cfg.checkpoint.dir))
+    std::printf("relay: removed %s/%s, left by a checkpoint writer that died\n", cfg.checkpoint.dir.c_str(), name.c_str());
   auto log = std::make_unique<MetricsLog>(cfg.run.dir + "/metrics.jsonl", resume_path.empty() ? -1 : r.start_step,
                                           r.layout.model.gpt ? r.layout.model.seq_len : 0);
   std::printf("relay: effective config (saved as %s/config.toml)\n%s\n", cfg.run.dir.c_str(), cfg.to_toml().c_str());
@@ -172,6 +175,7 @@ int run_training(const Config& cfg) {
     // Rank 0 decides the time limit; any rank's signal counts.
     const double avg_step = step > r.start_step + 1 ? (now_s() - loop_t0) / double(step - r.start_step - 1) : 0;
     const bool out_of_time = rank0 && time_limit > 0 && now_s() - t_start + 2 * avg_step + 1.5 * last_ckpt_s >= time_limit;
+    if (Watchdog* wd = active_watchdog()) wd->set_context(cat("step ", step));
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
     totals.compute_s += res.stats.compute_s;
     totals.wait_s += res.stats.wait_s;
