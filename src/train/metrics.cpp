@@ -1,5 +1,7 @@
 #include "train/metrics.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +25,15 @@ int64_t record_step(const std::string& line) {
   return std::atoll(line.c_str() + at + 7);
 }
 }  // namespace
+
+double resident_mib() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? double(resident) * double(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0) : 0;
+}
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -68,7 +79,8 @@ void MetricsLog::train(const StepRecord& r) {
   std::fflush(stdout);
   append(cat("{\"step\": ", r.step, ", \"loss\": ", json_number(r.loss), ", \"lr\": ", json_number(r.lr),
              ", \"grad_norm\": ", json_number(r.grad_norm), ", \"samples_per_s\": ", json_number(r.samples_per_s),
-             tokens_per_sample_ > 0 ? cat(", \"tokens_per_s\": ", json_number(tokens_per_s)) : std::string(), "}"));
+             tokens_per_sample_ > 0 ? cat(", \"tokens_per_s\": ", json_number(tokens_per_s)) : std::string(),
+             ", \"rss_mib\": ", json_number(r.rss_mib), ", \"rss_max_mib\": ", json_number(r.rss_max_mib), "}"));
 }
 
 void MetricsLog::eval(int64_t step, double loss, double accuracy, bool has_accuracy) {

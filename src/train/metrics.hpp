@@ -11,7 +11,11 @@ struct StepRecord {
   int64_t step;
   double loss, lr, grad_norm, samples_per_s;
   double elapsed_s, eta_s;
+  double rss_mib = 0, rss_max_mib = 0;  // resident memory: rank 0's, and the largest over all ranks
 };
+
+// This process's resident set size in MiB (/proc/self/statm), 0 where unavailable.
+double resident_mib();
 
 class MetricsLog {
  public:

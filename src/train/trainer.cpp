@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "comm/agree.hpp"
+#include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
 #include "train/checkpointing.hpp"
 #include "train/metrics.hpp"
@@ -124,6 +125,24 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
   return log;
 }
 
+// Where every rank runs, gathered on rank 0 at start: host, node-local rank, CPU threads and device,
+// each computed on its own host (what a multi-node job needs checked first).
+std::string placement_table(Run& r) {
+  const ProcessGrid& g = r.grid;
+  constexpr int kLen = 160;
+  char mine[kLen] = {};
+  std::snprintf(mine, kLen, "  rank %d (stage %d, replica %d) on %s: local rank %d of %d, %s", g.world_rank, g.pp_rank,
+                g.dp_rank, g.host.c_str(), g.local_rank, g.local_size, r.be->describe().c_str());
+  std::vector<char> all(g.world_rank == 0 ? static_cast<size_t>(kLen) * static_cast<size_t>(g.world_size) : 0);
+  MPI_Request req;
+  MPI_CHECK(MPI_Igather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, 0, MPI_COMM_WORLD, &req));
+  watchdog_wait(&req, "the placement report");
+  std::string table;
+  for (int i = 0; i < (g.world_rank == 0 ? g.world_size : 0); ++i)
+    table += std::string(all.data() + static_cast<size_t>(i) * kLen) + "\n";
+  return table;
+}
+
 void start_prefetcher(Run& r) {
   const ProcessGrid& g = r.grid;
   const bool want_in = g.is_first_stage(), want_tg = g.is_last_stage();
@@ -159,9 +178,13 @@ int run_training(const Config& cfg) {
     resume_path = resolve_resume_path(cfg);
     if (!resume_path.empty()) r.start_step = load_checkpoint(ckpt, resume_path);
   });
+  const std::string placement = placement_table(r);
   std::unique_ptr<MetricsLog> log;
   agree_on_errors(MPI_COMM_WORLD, [&] {
-    if (rank0) log = start_log(r, resume_path);
+    if (!rank0) return;
+    log = start_log(r, resume_path);
+    std::printf("relay: placement\n%s", placement.c_str());
+    std::fflush(stdout);
   });
   start_prefetcher(r);
   if (cfg.checkpoint.save_initial && r.start_step == 0) save_checkpoint(ckpt, 0);
@@ -181,12 +204,16 @@ int run_training(const Config& cfg) {
     totals.wait_s += res.stats.wait_s;
     totals.step_s += res.stats.step_s;
     ++window_steps;
-    if (rank0 && (step % cfg.train.log_every == 0 || step == steps)) {
-      const double t = now_s(), per_s = double(window_steps * cfg.train.batch_size) / std::max(1e-9, t - window_t0);
-      const double eta = (t - loop_t0) / double(step - r.start_step) * double(steps - step);
-      log->train({step, res.loss, res.lr, res.grad_norm, per_s, t - t_start, eta});
-      window_t0 = t;
-      window_steps = 0;
+    if (step % cfg.train.log_every == 0 || step == steps) {  // every rank: the memory reduction
+      double rss = resident_mib(), rss_max = rss;
+      r.world->allreduce_host(&rss_max, 1, ReduceOp::max, "the memory report");
+      if (rank0) {
+        const double t = now_s(), per_s = double(window_steps * cfg.train.batch_size) / std::max(1e-9, t - window_t0);
+        const double eta = (t - loop_t0) / double(step - r.start_step) * double(steps - step);
+        log->train({step, res.loss, res.lr, res.grad_norm, per_s, t - t_start, eta, rss, rss_max});
+        window_t0 = t;
+        window_steps = 0;
+      }
     }
     if (r.eval_data.defined() && ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || step == steps)) {
       EvalResult e = evaluate(r);

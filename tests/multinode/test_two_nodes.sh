@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Relay on two "nodes" of this machine: two network namespaces, each with its own host name (a UTS
+# namespace: node1, node2) and its own address on a private bridge (10.77.x.1 and .2, the bridge in a
+# third namespace), Open MPI's TCP transport between them, and mpirun reaching node2 through
+# plm_rsh_agent = a script that runs the command with `ip netns exec` instead of ssh. Checks:
+#   - local rank, threads and device are computed per host (the placement table: 2 ranks per node);
+#   - dp 2 x pp 2 spans both nodes (stage 0 on node1, stage 1 on node2) and matches the same run on
+#     one host bitwise;
+#   - the step-20 checkpoint (written by rank 0 on node1) resumes with the ranks placed round-robin
+#     (stage 0 and stage 1 on both nodes) and continues the one-host run's losses exactly.
+# Root only; exits 77 (skipped) with the reason where namespaces cannot be made.
+set -uo pipefail
+RELAY=$(realpath "$1")
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+skip() { echo "SKIPPED: $*"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
+[ "$(id -u)" -eq 0 ] || skip "needs root to make network namespaces"
+command -v ip >/dev/null && command -v unshare >/dev/null || skip "needs ip (iproute2) and unshare"
+id=$$
+NS0=relay-br-$id NS1=relay-n1-$id NS2=relay-n2-$id
+SUB=10.77.$((id % 250)).
+WORK=$(mktemp -d /tmp/relay-2node-XXXXXX)
+cleanup() { ip netns del "$NS1" 2>/dev/null; ip netns del "$NS2" 2>/dev/null; ip netns del "$NS0" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+ip netns add "$NS0" 2>/dev/null || skip "cannot create a network namespace (ip netns add failed)"
+ip netns add "$NS1" && ip netns add "$NS2" || skip "cannot create network namespaces"
+ip -n "$NS0" link add br0 type bridge || skip "cannot create a bridge"
+for n in 1 2; do
+  ns=relay-n$n-$id
+  ip link add "v$n-$id" netns "$ns" type veth peer name "p$n" netns "$NS0" || skip "cannot create veth pairs"
+  ip -n "$ns" link set "v$n-$id" name eth0
+  ip -n "$ns" addr add "${SUB}$n/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip -n "$NS0" link set "p$n" master br0
+  ip -n "$NS0" link set "p$n" up
+done
+ip -n "$NS0" link set br0 up
+
+# ssh stand-in: "agent HOST COMMAND..." runs COMMAND on that "node" (its namespaces), as ssh would.
+cat > "$WORK/agent.sh" <<AGENT
+#!/usr/bin/env bash
+host=\$1; shift
+case \$host in
+  ${SUB}1|node1) ns=$NS1; name=node1 ;;
+  ${SUB}2|node2) ns=$NS2; name=node2 ;;
+  *) echo "agent: unknown host \$host" >&2; exit 1 ;;
+esac
+exec ip netns exec \$ns unshare --uts bash -c "hostname \$name; \$*"
+AGENT
+chmod +x "$WORK/agent.sh"
+
+"$RELAY" data synth --out "$WORK/train.h5" --samples 512 --features 16 --classes 5 --seed 11 >/dev/null || fail "data synth"
+cat > "$WORK/config.toml" <<TOML
+[model]
+seed = 3
+layers = [ { type = "linear", out = 32 }, { type = "gelu" }, { type = "linear", out = 32 }, { type = "tanh" },
+           { type = "linear", out = 32 }, { type = "layernorm" }, { type = "linear", out = 5 } ]
+[data]
+train = "$WORK/train.h5"
+[train]
+steps = 40
+batch_size = 64
+micro_batches = 2
+log_every = 1
+[parallel]
+dp = 2
+pp = 2
+timeout = "30s"
+[checkpoint]
+every = 20
+TOML
+MCA=(--mca plm_rsh_agent "$WORK/agent.sh" --mca btl tcp,self --mca btl_tcp_if_include "${SUB}0/24"
+     --mca oob_tcp_if_include "${SUB}0/24" --mca plm_rsh_no_tree_spawn 1)
+# mpirun runs on node1; ranks go to node1 and node2 by the host list and mapping given.
+on_two_nodes() {  # mapping args... -- relay args...
+  local map=()
+  while [ "$1" != "--" ]; do map+=("$1"); shift; done; shift
+  timeout 300 ip netns exec "$NS1" unshare --uts bash -c 'hostname node1; exec "$@"' _ \
+    mpirun --host "${SUB}1:2,${SUB}2:2" "${MCA[@]}" "${map[@]}" -np 4 -x OMP_NUM_THREADS \
+    "$RELAY" train --config "$WORK/config.toml" "$@"
+}
+losses() { python3 -c "
+import json,sys
+print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1/metrics.jsonl"; }
+
+# The same job on one host, for reference.
+mpirun --oversubscribe --bind-to none -np 4 "$RELAY" train --config "$WORK/config.toml" --set "run.dir=\"$WORK/one\"" \
+  > "$WORK/one.log" 2>&1 || { tail "$WORK/one.log"; fail "the one-host run failed"; }
+
+# 1. By slot: ranks 0, 1 (stage 0) on node1 and ranks 2, 3 (stage 1) on node2.
+on_two_nodes --map-by slot -- --set "run.dir=\"$WORK/two\"" > "$WORK/two.log" 2>&1 || { tail -30 "$WORK/two.log"; fail "the two-node run failed"; }
+grep -A4 "relay: placement" "$WORK/two.log"
+for r in "rank 0 (stage 0, replica 0) on node1: local rank 0 of 2" "rank 1 (stage 0, replica 1) on node1: local rank 1 of 2" \
+         "rank 2 (stage 1, replica 0) on node2: local rank 0 of 2" "rank 3 (stage 1, replica 1) on node2: local rank 1 of 2"; do
+  grep -q "$r" "$WORK/two.log" || fail "placement: no line '$r'"
+done
+grep -q "on node2: local rank 0 of 2, cpu (oneDNN sgemm, 1 thread)" "$WORK/two.log" || fail "threads per rank on node2"
+[ "$(losses "$WORK/two")" == "$(losses "$WORK/one")" ] || fail "two-node losses differ from the one-host run"
+echo "dp 2 x pp 2 across node1 (stage 0) and node2 (stage 1): all 40 losses equal the one-host run's"
+
+# 2. Resume node1's step-20 checkpoint with the ranks placed round-robin (each stage on both nodes).
+on_two_nodes --map-by node -- --set "run.dir=\"$WORK/moved\"" \
+  --set "checkpoint.resume=\"$WORK/two/checkpoints/step_00000020.h5\"" > "$WORK/moved.log" 2>&1 ||
+  { tail -30 "$WORK/moved.log"; fail "the resume with ranks moved failed"; }
+grep -A4 "relay: placement" "$WORK/moved.log"
+grep -q "rank 1 (stage 0, replica 1) on node2" "$WORK/moved.log" || fail "the ranks were not moved"
+ref=$(losses "$WORK/one" | cut -d' ' -f21-)
+[ "$(losses "$WORK/moved")" == "$ref" ] || fail "the resumed run's losses (steps 21-40) differ from the one-host run's"
+echo "step-20 checkpoint from node1 resumed with ranks round-robin over node1 and node2: steps 21-40 equal"
+echo "1 passed, 0 failed"
