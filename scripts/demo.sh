@@ -25,7 +25,7 @@ $MPIRUN -np 4 $RELAY train --config configs/demo.toml --set run.dir=runs/demo-re
   --set checkpoint.resume=runs/demo-4ranks/checkpoints/step_00000400.h5
 $RELAY ckpt inspect runs/demo-resumed/checkpoints/step_00000600.h5 | head -4
 
-acc() { grep eval_accuracy "$1/metrics.jsonl" | tail -1 | sed 's/.*"eval_accuracy": \([0-9.]*\).*/\1/'; }
+acc() { grep eval_accuracy "$1/metrics.jsonl" | tail -1 | sed "s/.*\"eval_accuracy\": *\([0-9.]*\).*/\1/"; }
 echo
 echo "final eval accuracy: serial $(acc runs/demo-serial), 4 ranks $(acc runs/demo-4ranks), resumed on another layout $(acc runs/demo-resumed)"
 echo "results: runs/demo-*/metrics.jsonl, config.toml and checkpoints/ (h5py-readable; see README)"

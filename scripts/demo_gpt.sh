@@ -35,7 +35,7 @@ echo; echo "=== 3. a sample from the final checkpoint (temperature 0.8, top-k 40
 $RELAY generate --checkpoint runs/gpt-4ranks/checkpoints/step_00002000.h5 --prompt "The meaning of life is" \
   --max-new-tokens 300 --temperature 0.8 --top-k 40 --seed 7
 
-loss() { grep eval_loss "$1/metrics.jsonl" | tail -1 | sed 's/.*"eval_loss": \([0-9.]*\).*/\1/'; }
+loss() { grep eval_loss "$1/metrics.jsonl" | tail -1 | sed "s/.*\"eval_loss\": *\([0-9.]*\).*/\1/"; }
 echo
 echo "final eval loss: 4 ranks $(loss runs/gpt-4ranks) (training took ${took} s), resumed on another layout $(loss runs/gpt-resumed)"
 python3 - "$(loss runs/gpt-4ranks)" "$(loss runs/gpt-resumed)" <<'PY'

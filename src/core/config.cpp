@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -328,11 +329,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 std::string Config::to_toml() const {
   std::ostringstream o;
   auto q = [](const std::string& s) { return toml_quote(s); };
+  // The shortest text that reads back as the same double: numbers print as the user wrote them
+  // (lr = 0.003, not 0.0030000000000000001), and a saved config loads back to the same Config.
   auto num = [](double v) {
-    std::ostringstream s;
-    s.precision(17);
-    s << v;
-    std::string r = s.str();
+    char buf[64];
+    const auto res = std::to_chars(buf, buf + sizeof buf, v);
+    std::string r(buf, res.ptr);
     if (r.find_first_of(".eEn") == std::string::npos) r += ".0";
     return r;
   };

@@ -114,6 +114,7 @@ StepStats Executor::run_step(const StepData& data) {
         r->what = cat("its activation of micro-batch ", mb, " (chunk ", c, ")");
         r->wait();
         st.wait_s += now_s() - t0;
+        st.pipeline_wait_s += now_s() - t0;
         break;
       }
       case Op::send_grad:
@@ -126,6 +127,7 @@ StepStats Executor::run_step(const StepData& data) {
         r->what = cat("its gradient of micro-batch ", mb, " (chunk ", c, ")");
         r->wait();
         st.wait_s += now_s() - t0;
+        st.pipeline_wait_s += now_s() - t0;
         break;
       }
       case Op::allreduce_grads:
@@ -134,9 +136,11 @@ StepStats Executor::run_step(const StepData& data) {
       case Op::reduce_tied_grads:
         reduce_tied();
         st.wait_s += now_s() - t0;
+        st.allreduce_wait_s += now_s() - t0;
         break;
       case Op::optimizer_step: {
         buckets_.finish();
+        st.allreduce_wait_s += now_s() - t0;
         wait_all_sends();
         st.wait_s += now_s() - t0;
         break;

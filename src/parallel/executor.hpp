@@ -30,6 +30,8 @@ struct StepStats {
                            // (last stage only)
   double compute_s = 0;    // time in forward/backward actions
   double wait_s = 0;       // time blocked in receives and the final waits: the measured bubble
+  double pipeline_wait_s = 0;   // of which in receives of activations and gradients
+  double allreduce_wait_s = 0;  // of which in the all-reduces at the end of the step
   double step_s = 0;
 };
 

@@ -8,23 +8,34 @@
 #include <sstream>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.hpp"
 
 namespace relay {
 
 namespace {
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
+// JSON numbers through the library; a non-finite value (a diverged loss) is null, as JSON has no NaN.
+nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 int64_t record_step(const std::string& line) {
-  auto at = line.find("\"step\":");
-  if (at == std::string::npos) return -1;
-  return std::atoll(line.c_str() + at + 7);
+  try {
+    return nlohmann::json::parse(line).value("step", int64_t(-1));
+  } catch (const nlohmann::json::exception&) {
+    return -1;  // a line cut short by a crash: dropped
+  }
 }
 }  // namespace
+
+double peak_resident_mib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  double kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib / 1024.0;
+}
 
 double resident_mib() {
   std::FILE* f = std::fopen("/proc/self/statm", "r");
@@ -77,10 +88,21 @@ void MetricsLog::train(const StepRecord& r) {
               static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, rate.c_str(),
               format_duration(r.elapsed_s).c_str(), format_duration(r.eta_s).c_str());
   std::fflush(stdout);
-  append(cat("{\"step\": ", r.step, ", \"loss\": ", json_number(r.loss), ", \"lr\": ", json_number(r.lr),
-             ", \"grad_norm\": ", json_number(r.grad_norm), ", \"samples_per_s\": ", json_number(r.samples_per_s),
-             tokens_per_sample_ > 0 ? cat(", \"tokens_per_s\": ", json_number(tokens_per_s)) : std::string(),
-             ", \"rss_mib\": ", json_number(r.rss_mib), ", \"rss_max_mib\": ", json_number(r.rss_max_mib), "}"));
+  nlohmann::ordered_json j;
+  j["step"] = r.step;
+  j["loss"] = number(r.loss);
+  j["lr"] = number(r.lr);
+  j["grad_norm"] = number(r.grad_norm);
+  j["samples_per_s"] = number(r.samples_per_s);
+  if (tokens_per_sample_ > 0) j["tokens_per_s"] = number(tokens_per_s);
+  j["flops_per_s"] = number(r.flops_per_s);
+  j["input_wait_s"] = number(r.input_wait_s);
+  j["pipeline_wait_s"] = number(r.pipeline_wait_s);
+  j["allreduce_wait_s"] = number(r.allreduce_wait_s);
+  j["rss_mib"] = number(r.rss_mib);
+  j["rss_max_mib"] = number(r.rss_max_mib);
+  j["peak_rss_max_mib"] = number(r.peak_rss_max_mib);
+  append(j.dump());
 }
 
 void MetricsLog::eval(int64_t step, double loss, double accuracy, bool has_accuracy) {
@@ -89,8 +111,11 @@ void MetricsLog::eval(int64_t step, double loss, double accuracy, bool has_accur
   else
     std::printf("eval step %6lld | eval loss %.6f\n", static_cast<long long>(step), loss);
   std::fflush(stdout);
-  append(cat("{\"step\": ", step, ", \"eval_loss\": ", json_number(loss),
-             ", \"eval_accuracy\": ", has_accuracy ? json_number(accuracy) : std::string("null"), "}"));
+  nlohmann::ordered_json j;
+  j["step"] = step;
+  j["eval_loss"] = number(loss);
+  j["eval_accuracy"] = has_accuracy ? number(accuracy) : nlohmann::json(nullptr);
+  append(j.dump());
 }
 
 void MetricsLog::note(const std::string& line) {

@@ -12,7 +12,15 @@ struct StepRecord {
   double loss, lr, grad_norm, samples_per_s;
   double elapsed_s, eta_s;
   double rss_mib = 0, rss_max_mib = 0;  // resident memory: rank 0's, and the largest over all ranks
+  double peak_rss_max_mib = 0;          // the largest peak resident memory (VmHWM) over all ranks
+  double flops_per_s = 0;               // achieved training FLOP/s: 6 x params (+ attention) x samples/s
+  // Rank 0's mean per step over the logging window: waiting for the next batch, for pipeline
+  // messages, and for the data-parallel (and tied-weight) all-reduces at the end of the step.
+  double input_wait_s = 0, pipeline_wait_s = 0, allreduce_wait_s = 0;
 };
+
+// This process's peak resident set size in MiB (VmHWM in /proc/self/status), 0 where unavailable.
+double peak_resident_mib();
 
 // This process's resident set size in MiB (/proc/self/statm), 0 where unavailable.
 double resident_mib();

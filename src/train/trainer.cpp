@@ -51,6 +51,7 @@ void verify_tied_copies(Run& r, int64_t step) {
 
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
+  double input_wait_s = 0;  // waiting for the prefetcher's next batch
   bool stop = false;  // a stop signal or the time limit, agreed by every rank
   StepStats stats;
 };
@@ -60,6 +61,7 @@ struct StepResult {
 StepResult train_step(Run& r, int64_t step, bool want_stop) {
   const Config& cfg = r.cfg;
   StepData data;
+  const double t_in = now_s();
   if (r.prefetcher) {
     const HostBatch& hb = r.prefetcher->next();
     data.inputs = hb.inputs.empty() ? nullptr : hb.inputs.data();
@@ -68,6 +70,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
     data.dense_targets = hb.dense_targets.empty() ? nullptr : hb.dense_targets.data();
   }
   StepResult res;
+  res.input_wait_s = now_s() - t_in;
   res.stats = r.executor->run_step(data);
   // Gradient norm over all stages (replicas hold equal gradients after the all-reduce; a tied weight
   // counts once).
@@ -193,7 +196,14 @@ int run_training(const Config& cfg) {
   const double time_limit = cfg.train.time_limit.empty() ? 0 : parse_duration(cfg.train.time_limit, "train.time_limit");
   double last_ckpt_s = 0, window_t0 = now_s(), loop_t0 = now_s();
   int64_t window_steps = 0;
-  StepStats totals;
+  StepStats totals, window;
+  double window_input_wait = 0;
+  // Training FLOPs per sample: 6 x parameters, plus attention's 12 x n_layer x n_embd x T per token.
+  const double flops_per_sample =
+      6.0 * double(r.layout.param_count()) * double(r.layout.model.seq_len) +
+      (cfg.model.is_gpt() ? 12.0 * double(cfg.model.n_layer * cfg.model.n_embd) * double(cfg.model.block_size) *
+                                double(cfg.model.block_size)
+                          : 0.0);
   for (int64_t step = r.start_step + 1; step <= steps; ++step) {
     // Rank 0 decides the time limit; any rank's signal counts.
     const double avg_step = step > r.start_step + 1 ? (now_s() - loop_t0) / double(step - r.start_step - 1) : 0;
@@ -203,17 +213,32 @@ int run_training(const Config& cfg) {
     totals.compute_s += res.stats.compute_s;
     totals.wait_s += res.stats.wait_s;
     totals.step_s += res.stats.step_s;
+    window.pipeline_wait_s += res.stats.pipeline_wait_s;
+    window.allreduce_wait_s += res.stats.allreduce_wait_s;
+    window_input_wait += res.input_wait_s;
     ++window_steps;
     if (step % cfg.train.log_every == 0 || step == steps) {  // every rank: the memory reduction
-      double rss = resident_mib(), rss_max = rss;
-      r.world->allreduce_host(&rss_max, 1, ReduceOp::max, "the memory report");
+      const double rss = resident_mib();
+      double mem[2] = {rss, peak_resident_mib()};
+      r.world->allreduce_host(mem, 2, ReduceOp::max, "the memory report");
       if (rank0) {
         const double t = now_s(), per_s = double(window_steps * cfg.train.batch_size) / std::max(1e-9, t - window_t0);
         const double eta = (t - loop_t0) / double(step - r.start_step) * double(steps - step);
-        log->train({step, res.loss, res.lr, res.grad_norm, per_s, t - t_start, eta, rss, rss_max});
+        StepRecord rec{step, res.loss, res.lr, res.grad_norm, per_s, t - t_start, eta};
+        rec.rss_mib = rss;
+        rec.rss_max_mib = mem[0];
+        rec.peak_rss_max_mib = mem[1];
+        rec.flops_per_s = flops_per_sample * per_s;
+        const double n = double(std::max<int64_t>(1, window_steps));
+        rec.input_wait_s = window_input_wait / n;
+        rec.pipeline_wait_s = window.pipeline_wait_s / n;
+        rec.allreduce_wait_s = window.allreduce_wait_s / n;
+        log->train(rec);
         window_t0 = t;
-        window_steps = 0;
       }
+      window_steps = 0;
+      window = StepStats{};
+      window_input_wait = 0;
     }
     if (r.eval_data.defined() && ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || step == steps)) {
       EvalResult e = evaluate(r);

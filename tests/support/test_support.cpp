@@ -195,9 +195,9 @@ std::vector<double> read_losses(const std::string& run_dir) {
   std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
   std::string line;
   while (std::getline(in, line)) {
-    auto at = line.find("\"loss\": ");
+    auto at = line.find("\"loss\":");
     if (at == std::string::npos) continue;
-    out.push_back(std::stod(line.substr(at + 8)));
+    out.push_back(std::stod(line.substr(at + 7)));  // stod skips the space, if any
   }
   return out;
 }
