@@ -92,9 +92,13 @@ std::array<std::string, 256> byte_to_unicode() {
   return m;
 }
 
-// GPT-2's pre-tokenizer (tiktoken's "gpt2" pattern).
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// GPT-2's pre-tokenizer (tiktoken's "gpt2" pattern) with \s spelled out as Unicode's White_Space
+// property, which tiktoken's regex engine uses: PCRE2's \s also matches U+180E (a space before
+// Unicode 6.3), and " \u180Ea" would split differently from tiktoken.
+#define RELAY_WS "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+constexpr const char* kGpt2Pattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" RELAY_WS
+                                     "\\p{L}\\p{N}]+|[" RELAY_WS "]+(?![^" RELAY_WS "])|[" RELAY_WS "]+";
+#undef RELAY_WS
 
 class Gpt2Tokenizer final : public Tokenizer {
  public:

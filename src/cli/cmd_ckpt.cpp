@@ -4,16 +4,24 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include <algorithm>
+#include <cctype>
+
 #include "io/checkpoint.hpp"
+#include "io/safetensors.hpp"
 
 namespace relay {
 
-CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect) {
+CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect, CLI::App** export_cmd) {
   auto* c = app.add_subcommand("ckpt", "Work with checkpoints");
   c->require_subcommand(1);
   auto* i = c->add_subcommand("inspect", "Print a checkpoint's step, layout and tensors; check it is complete");
   i->add_option("file", o.file, "Checkpoint file (step_XXXXXXXX.h5)")->required();
   *inspect = i;
+  auto* e = c->add_subcommand("export", "Write a checkpoint's weights as safetensors, named as PyTorch's state_dict");
+  e->add_option("file", o.file, "Checkpoint file (step_XXXXXXXX.h5)")->required();
+  e->add_option("--out", o.out, "Output .safetensors file")->required();
+  *export_cmd = e;
   return c;
 }
 
@@ -39,6 +47,36 @@ int run_ckpt_inspect(const CkptOptions& o) {
     std::printf("    %-40s %s\n", name.c_str(), shape_str(shape).c_str());
   }
   std::printf("  %lld values, all readable\n", static_cast<long long>(total));
+  return 0;
+}
+
+}  // namespace relay
+
+namespace relay {
+
+// The model's tensors (not the optimizer's), named as the equivalent PyTorch module's state_dict: the
+// MLP as torch.nn.Sequential ("0.weight", ...), GPT as nanoGPT's module (tests/torch/nanogpt_ref.py;
+// a tied head is the one tensor transformer.wte.weight). Layer order, as state_dict lists them.
+int run_ckpt_export(const CkptOptions& o) {
+  CheckpointReader r(o.file);
+  std::vector<std::pair<std::string, Shape>> names;
+  for (auto& [name, shape] : r.tensors())
+    if (name.rfind("model/", 0) == 0) names.emplace_back(name.substr(6), shape);
+  auto layer = [](const std::string& n) { return std::isdigit(static_cast<unsigned char>(n[0])) ? std::stoll(n) : -1LL; };
+  std::stable_sort(names.begin(), names.end(), [&](const auto& a, const auto& b) { return layer(a.first) < layer(b.first); });
+  std::vector<CheckpointTensor> tensors;
+  int64_t values = 0;
+  for (auto& [name, shape] : names) {
+    CheckpointTensor t{name, shape, std::vector<float>(static_cast<size_t>(shape_numel(shape)))};
+    r.read("model/" + name, shape, t.data.data());
+    values += shape_numel(shape);
+    tensors.push_back(std::move(t));
+  }
+  write_safetensors(o.out, tensors, {{"format", "pt"}, {"relay_checkpoint", o.file},
+                                     {"relay_step", std::to_string(r.meta().step)}});
+  std::printf("wrote %s: %zu tensors, %lld values (step %lld of %s), named as the PyTorch module's state_dict\n",
+              o.out.c_str(), tensors.size(), static_cast<long long>(values), static_cast<long long>(r.meta().step),
+              o.file.c_str());
   return 0;
 }
 

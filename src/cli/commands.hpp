@@ -39,8 +39,9 @@ struct GenerateOptions {
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o);
 int run_generate_command(const GenerateOptions& o);
 
-struct CkptOptions { std::string file; };
-CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect);
+struct CkptOptions { std::string file, out; };
+CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect, CLI::App** export_cmd);
 int run_ckpt_inspect(const CkptOptions& o);
+int run_ckpt_export(const CkptOptions& o);
 
 }  // namespace relay

@@ -16,11 +16,12 @@ int main(int argc, char** argv) {
   relay::DataOptions data;
   relay::CkptOptions ckpt;
   relay::GenerateOptions generate;
-  CLI::App *synth = nullptr, *inspect = nullptr, *tokenize = nullptr, *ckpt_inspect = nullptr;
+  CLI::App *synth = nullptr, *inspect = nullptr, *tokenize = nullptr, *ckpt_inspect = nullptr,
+           *ckpt_export = nullptr;
   CLI::App* train_cmd = relay::add_train_command(app, train);
   CLI::App* plan_cmd = relay::add_plan_command(app, plan);
   relay::add_data_command(app, data, &synth, &inspect, &tokenize);
-  relay::add_ckpt_command(app, ckpt, &ckpt_inspect);
+  relay::add_ckpt_command(app, ckpt, &ckpt_inspect, &ckpt_export);
   CLI::App* generate_cmd = relay::add_generate_command(app, generate);
   try {
     app.parse(argc, argv);
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
     if (inspect->parsed()) return relay::run_data_inspect(data);
     if (tokenize->parsed()) return relay::run_data_tokenize(data);
     if (ckpt_inspect->parsed()) return relay::run_ckpt_inspect(ckpt);
+    if (ckpt_export->parsed()) return relay::run_ckpt_export(ckpt);
     if (generate_cmd->parsed()) return relay::run_generate_command(generate);
   } catch (const relay::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

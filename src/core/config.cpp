@@ -191,10 +191,11 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   if (c.run.dir.empty()) run.fail("dir", "must not be empty");
 
   Section model(tab("model"), "model", source,
-                {"type", "seed", "loss", "layers", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias",
+                {"type", "seed", "init_from", "loss", "layers", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias",
                  "tie_embeddings", "init_std"});
   model.choice("type", c.model.type, {"mlp", "gpt"});
   model.u64("seed", c.model.seed);
+  model.str("init_from", c.model.init_from);
   model.choice("loss", c.model.loss, {"cross_entropy", "mse"});
   if (c.model.is_gpt()) {
     for (const char* k : {"layers"})
@@ -340,6 +341,7 @@ std::string Config::to_toml() const {
   };
   o << "[run]\ndir = " << q(run.dir) << "\n\n";
   o << "[model]\ntype = " << q(model.type) << "\nseed = " << model.seed << "\nloss = " << q(model.loss) << "\n";
+  if (!model.init_from.empty()) o << "init_from = " << q(model.init_from) << "\n";
   if (model.is_gpt()) {
     o << "vocab_size = " << model.vocab_size << "\nblock_size = " << model.block_size << "\nn_layer = " << model.n_layer
       << "\nn_head = " << model.n_head << "\nn_embd = " << model.n_embd << "\nbias = " << (model.bias ? "true" : "false")

@@ -19,6 +19,7 @@ struct Config {
   struct Run { std::string dir = "runs/relay"; } run;
   struct Model {
     std::string type = "mlp";            // mlp | gpt
+    std::string init_from;               // a .safetensors file of initial weights (PyTorch names); "" = none
     uint64_t seed = 1;
     std::string loss = "cross_entropy";  // cross_entropy | mse (mlp only)
     std::vector<LayerConfig> layers;     // mlp only

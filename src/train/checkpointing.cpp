@@ -7,7 +7,10 @@
 #include <functional>
 #include <thread>
 
+#include <set>
+
 #include "comm/agree.hpp"
+#include "io/safetensors.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
 
@@ -118,6 +121,36 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
     if (write) write();
   });
   return path;
+}
+
+void load_init_from(CheckpointContext& ctx, const std::string& path) {
+  SafetensorsFile file(path);
+  const std::string where = cat("model.init_from = \"", path, "\"");
+  std::set<std::string> known;
+  for (auto& p : ctx.layout.params()) {
+    known.insert(p.name);
+    const auto* e = file.find(p.name);
+    if (!e) throw Error(cat(where, ": tensor ", p.name, " ", shape_str(p.shape), " is missing"));
+    if (e->shape != p.shape)
+      throw Error(cat(where, ": tensor ", p.name, " has shape ", shape_str(e->shape), " but the model expects ",
+                      shape_str(p.shape)));
+  }
+  for (auto& e : file.entries()) {
+    // A tied head saved by a module that keeps the name (nanoGPT's state_dict lists lm_head.weight,
+    // the same tensor as transformer.wte.weight) and attention-mask buffers are not parameters.
+    const bool tied_alias = e.name == "lm_head.weight" && !known.count("lm_head.weight");
+    const bool buffer = e.name.size() > 9 && (e.name.rfind(".attn.bias") == e.name.size() - 10 ||
+                                              e.name.rfind(".attn.masked_bias") == e.name.size() - 17);
+    if (!known.count(e.name) && !tied_alias && !buffer)
+      throw Error(cat(where, ": tensor ", e.name, " ", shape_str(e.shape),
+                      " is not a parameter of this model (check the [model] section)"));
+  }
+  std::vector<float> buf;
+  for (auto& [name, param] : ctx.params) {
+    buf.resize(static_cast<size_t>(param->value.numel()));
+    file.read(name, param->value.shape(), buf.data());
+    ctx.be.upload(param->value, buf.data());
+  }
 }
 
 std::string resolve_resume_path(const Config& cfg) {

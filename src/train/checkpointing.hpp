@@ -41,6 +41,12 @@ std::vector<ManifestEntry> checkpoint_manifest(const ModelLayout& layout, const 
 // updated `latest` and pruned old files; rank 0 logs its size and time.
 std::string save_checkpoint(CheckpointContext& ctx, int64_t step);
 
+// model.init_from: this rank's parameters from a safetensors file named as the PyTorch module's
+// state_dict (relay ckpt export writes one; so does safetensors.torch.save_file(model.state_dict())).
+// Every rank checks the whole model against the file first (missing tensors, shapes, tensors the model
+// does not have), so every rank reports the same mismatch. Optimizer state starts at zero.
+void load_init_from(CheckpointContext& ctx, const std::string& path);
+
 // Which file checkpoint.resume names ("none" -> "", "auto" -> latest or "", else the path).
 std::string resolve_resume_path(const Config& cfg);
 // Loads this rank's tensors and the optimizer step; checks every tensor of the model against the

