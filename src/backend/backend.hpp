@@ -26,9 +26,14 @@ struct SgdArgs {  // torch.optim.SGD, dampening 0, nesterov false
   bool first_step;  // the momentum buffer is initialised to the first gradient, as torch does
 };
 
+namespace detail {
+struct HostMarks;  // the host clock's timing marks (backend.cpp)
+}
+
 class Backend : public Allocator {
  public:
-  ~Backend() override = default;
+  Backend();
+  ~Backend() override;
   virtual std::string describe() const = 0;  // "cpu: oneDNN, 2 threads" / "cuda:0 NVIDIA H100 ..."
   virtual void set_precision(Precision p) = 0;
 
@@ -41,6 +46,15 @@ class Backend : public Allocator {
   virtual void fill(Tensor& x, float value) = 0;
   virtual void synchronize() = 0;
   virtual void* native_stream() { return nullptr; }                // cudaStream_t on CUDA
+
+  // --- timing for traces ------------------------------------------------------------------------
+  // A mark at this point of the backend's execution order: the host clock on the CPU, a CUDA event
+  // on the GPU (so spans measure the GPU's work, not the host's asynchronous launches).
+  // mark_seconds(mark) is its time since this backend's first mark, valid once the work queued
+  // before it has run (after synchronize()). clear_marks() drops them all (the first mark restarts).
+  virtual int64_t timing_mark();
+  virtual double mark_seconds(int64_t mark);
+  virtual void clear_marks();
 
   // --- linear algebra -------------------------------------------------------------------------
   // y (m, n) = alpha * op(a) @ op(b) + beta * y, where op(a) is (m, k) and op(b) is (k, n).
@@ -113,6 +127,9 @@ class Backend : public Allocator {
                           const AdamWArgs& args) = 0;
   // momentum_buffer is undefined when momentum == 0.
   virtual void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args) = 0;
+
+ private:
+  std::unique_ptr<detail::HostMarks> host_marks_;
 };
 
 struct BackendOptions {

@@ -157,6 +157,7 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     // No CHECKs: this may run during shutdown after an error elsewhere.
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
@@ -256,6 +257,28 @@ class CudaBackend final : public Backend {
   }
 
   void* native_stream() override { return stream_; }
+
+  // CUDA events in stream order: a trace measures the GPU's work, not the host's launches. Events are
+  // pooled and reused after clear_marks().
+  int64_t timing_mark() override {
+    bind();
+    if (marks_used_ == marks_.size()) {
+      cudaEvent_t e = nullptr;
+      CUDA_CHECK(cudaEventCreate(&e));
+      marks_.push_back(e);
+    }
+    CUDA_CHECK(cudaEventRecord(marks_[marks_used_], stream_));
+    return static_cast<int64_t>(marks_used_++);
+  }
+  double mark_seconds(int64_t mark) override {
+    bind();
+    RELAY_ASSERT(mark >= 0 && static_cast<size_t>(mark) < marks_used_, "timing mark " << mark);
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventSynchronize(marks_[static_cast<size_t>(mark)]));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[0], marks_[static_cast<size_t>(mark)]));
+    return double(ms) / 1000.0;
+  }
+  void clear_marks() override { marks_used_ = 0; }
 
   // --- linear algebra -------------------------------------------------------------------------
 
@@ -606,6 +629,8 @@ class CudaBackend final : public Backend {
   int device_;
   cudaDeviceProp prop_{};
   cudaStream_t stream_ = nullptr;
+  std::vector<cudaEvent_t> marks_;  // timing marks, the first marks_used_ in use
+  size_t marks_used_ = 0;
   cublasHandle_t cublas_ = nullptr;
   Precision precision_ = Precision::fp32;
   std::shared_ptr<DevicePool> pool_;

@@ -3,6 +3,8 @@
 // and the peak number of micro-batches whose activations each stage holds.
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "backend/backend.hpp"
 #include "cli/commands.hpp"
@@ -10,6 +12,7 @@
 #include "io/dataset.hpp"
 #include "model/model_spec.hpp"
 #include "parallel/simulator.hpp"
+#include "parallel/trace.hpp"
 #include "train/model_layout.hpp"
 
 namespace relay {
@@ -20,6 +23,8 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--set", o.overrides, "Override a key: --set section.key=value");
   c->add_flag("--measure", o.measure, "Also time every layer's forward, backward-input and backward-weight here");
   c->add_option("--input-dim", o.input_dim, "Input width D when data.train is not there yet");
+  c->add_option("--trace", o.trace, "Also write the simulated schedule (1 time unit = 1 ms) as a Chrome trace-event "
+                                    "file, the format of a run's trace.json, to open side by side");
   return c;
 }
 
@@ -73,6 +78,27 @@ LayerTimes time_block(Backend& be, const BlockSpec& spec, int64_t rows) {
   return t;
 }
 
+// The simulated schedule in the format of a run's trace.json (parallel/trace.hpp): one process per
+// pipeline rank, compute spans on track 0, one time unit = 1 ms.
+void write_sim_trace(const std::string& path, const ScheduleShape& shape, const SimResult& sim) {
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t r = 0; r < sim.timeline.size(); ++r) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r},
+                      {"args", {{"name", cat("pipeline rank ", r, " (simulated)")}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 0}, {"args", {{"name", "compute"}}}});
+    for (const TimedAction& t : sim.timeline[r]) {
+      const char* op = op_name(t.action.op);
+      events.push_back({{"ph", "X"}, {"name", compute_span_name(op, t.action.micro_batch, t.action.chunk, shape.v > 1)},
+                        {"cat", "compute"}, {"pid", r}, {"tid", 0}, {"ts", t.start * 1000.0},
+                        {"dur", (t.end - t.start) * 1000.0},
+                        {"args", {{"step", 1}, {"micro_batch", t.action.micro_batch}, {"chunk", t.action.chunk}, {"op", op}}}});
+    }
+  }
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) throw Error(cat("--trace ", path, ": cannot write the file"));
+  f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+}
+
 void print_sim(const char* title, const ScheduleShape& shape, const SimResult& sim) {
   std::printf("\n%s\n%s", title, render_grid(shape, sim).c_str());
   std::printf("bubble fraction %.4f (idle time / (ranks x makespan)); makespan %.4g\n", sim.bubble_fraction,
@@ -106,6 +132,10 @@ int run_plan_command(const PlanOptions& o) {
   auto lists = generate_all(shape);
   SimResult eq = simulate(shape, lists, Costs{});
   print_sim("schedule with equal F, B and W costs (F = forward, B = backward-input, W = backward-weight):", shape, eq);
+  if (!o.trace.empty()) {
+    write_sim_trace(o.trace, shape, eq);
+    std::printf("wrote the simulated schedule to %s (1 time unit = 1 ms)\n", o.trace.c_str());
+  }
   if (o.measure) {
     auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
     Costs c;

@@ -12,7 +12,12 @@ struct TrainOptions { std::string config; std::vector<std::string> overrides; };
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o);
 int run_train_command(const TrainOptions& o, int argc, char** argv);
 
-struct PlanOptions { std::string config; std::vector<std::string> overrides; bool measure = false; int64_t input_dim = 0; };
+struct PlanOptions {
+  std::string config, trace;
+  std::vector<std::string> overrides;
+  bool measure = false;
+  int64_t input_dim = 0;
+};
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& o);
 int run_plan_command(const PlanOptions& o);
 

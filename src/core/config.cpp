@@ -176,7 +176,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   for (auto& ov : overrides) apply_override(root, ov, source);
 
   const std::set<std::string> sections = {"run", "model", "data", "train", "optimizer", "lr_schedule", "parallel",
-                                          "checkpoint"};
+                                          "checkpoint", "trace"};
   for (auto&& [k, v] : root) {
     if (!sections.count(std::string(k.str())))
       throw Error(cat(source, ": unknown section [", k.str(), "] (known: ", Section::join(sections), ")"));
@@ -308,6 +308,17 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     }
   }
 
+  Section tr(tab("trace"), "trace", source, {"steps"});
+  if (auto* st = tr.get("steps")) {
+    auto* arr = st->as_array();
+    if (!arr || arr->size() != 2 || !(*arr)[0].is_integer() || !(*arr)[1].is_integer())
+      tr.fail("steps", "expected two step numbers [first, last], like [10, 12]");
+    c.trace.first = (*arr)[0].value<int64_t>().value();
+    c.trace.last = (*arr)[1].value<int64_t>().value();
+    if (c.trace.first < 1 || c.trace.last < c.trace.first)
+      tr.fail("steps", cat("must be [first, last] with 1 <= first <= last, got [", c.trace.first, ", ", c.trace.last, "]"));
+  }
+
   Section ck(tab("checkpoint"), "checkpoint", source, {"dir", "every", "keep", "save_initial", "resume"});
   ck.str("dir", c.checkpoint.dir);
   ck.integer("every", c.checkpoint.every, 0, INT64_MAX);
@@ -380,6 +391,7 @@ std::string Config::to_toml() const {
   }
   o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm) << "\ntimeout = "
     << q(parallel.timeout) << "\n\n";
+  if (trace.on()) o << "[trace]\nsteps = [" << trace.first << ", " << trace.last << "]\n\n";
   o << "[checkpoint]\ndir = " << q(checkpoint.dir) << "\nevery = " << checkpoint.every << "\nkeep = " << checkpoint.keep
     << "\nsave_initial = " << (checkpoint.save_initial ? "true" : "false") << "\nresume = " << q(checkpoint.resume)
     << "\n";

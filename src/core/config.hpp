@@ -70,6 +70,10 @@ struct Config {
     std::string comm = "auto";      // auto | nccl | mpi
     std::string timeout = "10m";    // progress watchdog; "0" = off
   } parallel;
+  struct Trace {
+    int64_t first = 0, last = -1;  // steps = [first, last]; off when last < first (the default)
+    bool on() const { return last >= first && first >= 1; }
+  } trace;
   struct Checkpoint {
     std::string dir;         // default <run.dir>/checkpoints
     int64_t every = 0;       // 0 = only at the end

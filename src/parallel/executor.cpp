@@ -69,6 +69,7 @@ StepStats Executor::run_step(const StepData& data) {
   for (const Action& a : actions_) {
     const int c = a.chunk, mb = a.micro_batch;
     const double t0 = now_s();
+    const int64_t m0 = tracer_ ? tracer_->mark() : 0;
     bool compute = false;
     switch (a.op) {
       case Op::forward: {
@@ -150,10 +151,34 @@ StepStats Executor::run_step(const StepData& data) {
       st.compute_s += now_s() - t0;
       buckets_.progress();
     }
+    if (tracer_) trace(a, m0, compute);
     watchdog_progress();  // an action done: answer the watchdog's questions
   }
   st.step_s = now_s() - t_step;
   return st;
+}
+
+void Executor::trace(const Action& a, int64_t m0, bool compute) {
+  TraceSpan s;
+  s.op = op_name(a.op);
+  s.step = trace_step_;
+  s.micro_batch = a.micro_batch;
+  s.chunk = a.chunk;
+  s.begin = m0;
+  if (compute) {
+    s.name = compute_span_name(op_name(a.op), a.micro_batch, a.chunk, shape_.v > 1);
+  } else if (a.op == Op::recv_activation || a.op == Op::recv_grad) {
+    s.track = kTrackComm;
+    s.name = cat(a.op == Op::recv_activation ? "recv act " : "recv grad ", a.micro_batch);
+  } else if (a.op == Op::optimizer_step || a.op == Op::reduce_tied_grads) {
+    s.track = kTrackComm;  // the end-of-step wait for the all-reduces (and the tied-weight sum)
+    s.op = a.op == Op::optimizer_step ? "allreduce_grads" : "reduce_tied_grads";
+    s.name = a.op == Op::optimizer_step ? "allreduce" : "tied sum";
+  } else {
+    return;  // sends and all-reduce launches do not block
+  }
+  s.end = tracer_->mark();
+  tracer_->add(std::move(s));
 }
 
 void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct) {

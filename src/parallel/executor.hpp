@@ -12,6 +12,7 @@
 #include "parallel/data_parallel.hpp"
 #include "parallel/process_grid.hpp"
 #include "parallel/schedule.hpp"
+#include "parallel/trace.hpp"
 
 namespace relay {
 
@@ -47,6 +48,11 @@ class Executor {
   // Runs every action up to and including optimizer_step's synchronisation point: afterwards the
   // gradients are averaged over data-parallel replicas and ready for clipping and the update.
   StepStats run_step(const StepData& data);
+  // Record the next run_step's spans in tracer as step `step` (null: do not trace).
+  void set_trace(Tracer* tracer, int64_t step) {
+    tracer_ = tracer;
+    trace_step_ = step;
+  }
   // Forward only over `samples` samples (eval); returns on the last stage the loss sum and correct
   // count over their rows (samples x seq_len).
   void evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct);
@@ -58,6 +64,7 @@ class Executor {
   void upload_input(ModelChunk& ch, int slot, int64_t sample0, int64_t samples, const StepData& d);
   void upload_targets(int slot, int64_t sample0, int64_t samples, const StepData& d);
   void reduce_tied();
+  void trace(const Action& a, int64_t begin_mark, bool compute);
   void wait_all_sends();
 
   Backend& be_;
@@ -76,6 +83,8 @@ class Executor {
   Communicator* tied_comm_;
   std::vector<Param*> tied_;
   std::vector<RequestPtr> sends_;
+  Tracer* tracer_ = nullptr;
+  int64_t trace_step_ = 0;
 };
 
 }  // namespace relay

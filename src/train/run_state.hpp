@@ -19,6 +19,7 @@
 #include "parallel/data_parallel.hpp"
 #include "parallel/executor.hpp"
 #include "parallel/process_grid.hpp"
+#include "parallel/trace.hpp"
 #include "train/model_layout.hpp"
 
 namespace relay {
@@ -50,6 +51,7 @@ struct Run {
   std::map<std::string, Param*> params;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<Prefetcher> prefetcher;
+  std::unique_ptr<Tracer> tracer;  // [trace] steps; null when off
   ScheduleShape shape{};
   int64_t mb_rows = 0, replica_rows = 0, start_step = 0;
   double predicted_bubble = 0;

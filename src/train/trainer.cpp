@@ -60,8 +60,14 @@ struct StepResult {
 // loss and gradient norm, clipping and the update. `want_stop` is this rank's vote to stop after it.
 StepResult train_step(Run& r, int64_t step, bool want_stop) {
   const Config& cfg = r.cfg;
+  Tracer* tr = r.tracer && r.tracer->on(step) ? r.tracer.get() : nullptr;
+  r.executor->set_trace(tr, step);
+  auto span = [&](const char* name, const char* op, int track, int64_t begin) {
+    if (tr) tr->add({name, op, track, step, -1, -1, begin, tr->mark()});
+  };
   StepData data;
   const double t_in = now_s();
+  const int64_t m_in = tr ? tr->mark() : 0;
   if (r.prefetcher) {
     const HostBatch& hb = r.prefetcher->next();
     data.inputs = hb.inputs.empty() ? nullptr : hb.inputs.data();
@@ -71,7 +77,9 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   }
   StepResult res;
   res.input_wait_s = now_s() - t_in;
+  span("data", "data_wait", kTrackInput, m_in);
   res.stats = r.executor->run_step(data);
+  const int64_t m_opt = tr ? tr->mark() : 0;
   // Gradient norm over all stages (replicas hold equal gradients after the all-reduce; a tied weight
   // counts once).
   double sq = r.buckets->sum_squares();
@@ -92,6 +100,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
   res.lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, cfg.train.steps);
   r.optimizer->step(res.lr);
+  span("optimizer", "optimizer_step", kTrackCompute, m_opt);  // norm, reductions, clipping, update
   if (r.verify_tied) verify_tied_copies(r, step);
   return res;
 }
@@ -146,6 +155,23 @@ std::string placement_table(Run& r) {
   return table;
 }
 
+// Collective: the measured timelines into <run.dir>/trace.json, and the measured bubble beside the
+// simulated one.
+void write_trace(Run& r) {
+  if (!r.tracer) return;
+  const ProcessGrid& g = r.grid;
+  const std::string path = r.cfg.run.dir + "/trace.json";
+  const double bubble =
+      r.tracer->write(path, cat("rank ", g.world_rank, " (stage ", g.pp_rank, ", replica ", g.dp_rank, ")"));
+  if (g.world_rank == 0) {
+    std::printf("relay: trace of steps %lld-%lld in %s (open it in Perfetto or chrome://tracing); measured bubble "
+                "%.1f%% of the traced steps, simulated %.1f%% (equal F/B/W costs)\n",
+                static_cast<long long>(r.tracer->first()), static_cast<long long>(r.tracer->last()), path.c_str(),
+                100.0 * bubble, 100.0 * r.predicted_bubble);
+    std::fflush(stdout);
+  }
+}
+
 void start_prefetcher(Run& r) {
   const ProcessGrid& g = r.grid;
   const bool want_in = g.is_first_stage(), want_tg = g.is_last_stage();
@@ -191,6 +217,7 @@ int run_training(const Config& cfg) {
     std::fflush(stdout);
   });
   start_prefetcher(r);
+  if (cfg.trace.on()) r.tracer = std::make_unique<Tracer>(*r.be, MPI_COMM_WORLD, cfg.trace.first, cfg.trace.last);
   if (cfg.checkpoint.save_initial && r.start_step == 0) save_checkpoint(ckpt, 0);
 
   const int64_t steps = cfg.train.steps;
@@ -241,14 +268,19 @@ int run_training(const Config& cfg) {
       window = StepStats{};
       window_input_wait = 0;
     }
+    Tracer* tr = r.tracer && r.tracer->on(step) ? r.tracer.get() : nullptr;
     if (r.eval_data.defined() && ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || step == steps)) {
+      const int64_t m = tr ? tr->mark() : 0;
       EvalResult e = evaluate(r);
+      if (tr) tr->add({"eval", "eval", kTrackCompute, step, -1, -1, m, tr->mark()});
       if (rank0) log->eval(step, e.loss, e.accuracy, cfg.model.is_gpt() || cfg.model.loss == "cross_entropy");
     }
     const bool stop = res.stop && step < steps;
     if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop) {
       const double t = now_s();
+      const int64_t m = tr ? tr->mark() : 0;
       save_checkpoint(ckpt, step);
+      if (tr) tr->add({"checkpoint", "checkpoint", kTrackCompute, step, -1, -1, m, tr->mark()});
       last_ckpt_s = now_s() - t;
     }
     if (stop) {
@@ -258,6 +290,7 @@ int run_training(const Config& cfg) {
                     stop_signal() ? cat("signal ", stop_signal()).c_str() : "train.time_limit", kExitResumable);
         std::fflush(stdout);
       }
+      write_trace(r);
       teardown(r);
       return kExitResumable;
     }
@@ -276,6 +309,7 @@ int run_training(const Config& cfg) {
                 totals.step_s / double(stat_steps));
     std::fflush(stdout);
   }
+  write_trace(r);
   teardown(r);
   return 0;
 }
