@@ -23,7 +23,7 @@ inline const char* cuda_error_hint(cudaError_t e) {
     case cudaErrorInvalidDevice:
       return "the GPU index is not visible to this rank: check ranks per node against GPUs per node";
     case cudaErrorMemoryAllocation:
-      return "out of GPU memory: lower train.micro_batch or the model size, and check nvidia-smi for "
+      return "out of GPU memory: raise train.micro_batches (smaller micro-batches) or lower train.batch_size or the model size, and check nvidia-smi for "
              "other processes on this GPU (two ranks sharing one GPU?)";
     case cudaErrorDevicesUnavailable:
       return "the GPU is busy or in exclusive-process mode and already used by another process";
@@ -51,7 +51,7 @@ inline const char* cublas_error_hint(cublasStatus_t s) {
     case CUBLAS_STATUS_NOT_INITIALIZED:
       return "cuBLAS could not start: usually out of GPU memory, or no usable GPU";
     case CUBLAS_STATUS_ALLOC_FAILED:
-      return "out of GPU memory inside cuBLAS: lower train.micro_batch or the model size";
+      return "out of GPU memory inside cuBLAS: raise train.micro_batches (smaller micro-batches) or lower train.batch_size or the model size";
     case CUBLAS_STATUS_ARCH_MISMATCH:
     case CUBLAS_STATUS_NOT_SUPPORTED:
       return "this GPU does not support the GEMM's types: bf16 GEMMs need compute capability 8.0 "

@@ -96,6 +96,7 @@ void MetricsLog::train(const StepRecord& r) {
   j["samples_per_s"] = number(r.samples_per_s);
   if (tokens_per_sample_ > 0) j["tokens_per_s"] = number(tokens_per_s);
   j["flops_per_s"] = number(r.flops_per_s);
+  if (r.mfu >= 0) j["mfu"] = number(r.mfu);
   j["input_wait_s"] = number(r.input_wait_s);
   j["pipeline_wait_s"] = number(r.pipeline_wait_s);
   j["allreduce_wait_s"] = number(r.allreduce_wait_s);

@@ -14,6 +14,7 @@ struct StepRecord {
   double rss_mib = 0, rss_max_mib = 0;  // resident memory: rank 0's, and the largest over all ranks
   double peak_rss_max_mib = 0;          // the largest peak resident memory (VmHWM) over all ranks
   double flops_per_s = 0;               // achieved training FLOP/s: 6 x params (+ attention) x samples/s
+  double mfu = -1;                      // flops_per_s / (GPU peak x ranks) on a GPU in the peak table; -1 = n/a
   // Rank 0's mean per step over the logging window: waiting for the next batch, for pipeline
   // messages, and for the data-parallel (and tied-weight) all-reduces at the end of the step.
   double input_wait_s = 0, pipeline_wait_s = 0, allreduce_wait_s = 0;

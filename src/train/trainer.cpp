@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/gpu_peaks.hpp"
 #include "comm/agree.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
@@ -224,6 +225,11 @@ int run_training(const Config& cfg) {
   const double time_limit = cfg.train.time_limit.empty() ? 0 : parse_duration(cfg.train.time_limit, "train.time_limit");
   double last_ckpt_s = 0, window_t0 = now_s(), loop_t0 = now_s();
   int64_t window_steps = 0;
+  // MFU on GPUs of the peak table (src/backend/gpu_peaks.cpp).
+  const double peak_flops = r.be->device() == Device::cuda
+                                ? gpu_peak_flops(r.be->describe(), cfg.train.precision == "bf16" ? Precision::bf16
+                                                                                                 : Precision::fp32)
+                                : 0.0;
   StepStats totals, window;
   double window_input_wait = 0;
   // Training FLOPs per sample: 6 x parameters, plus attention's 12 x n_layer x n_embd x T per token.
@@ -257,6 +263,7 @@ int run_training(const Config& cfg) {
         rec.rss_max_mib = mem[0];
         rec.peak_rss_max_mib = mem[1];
         rec.flops_per_s = flops_per_sample * per_s;
+        if (peak_flops > 0) rec.mfu = rec.flops_per_s / (peak_flops * double(g.world_size));
         const double n = double(std::max<int64_t>(1, window_steps));
         rec.input_wait_s = window_input_wait / n;
         rec.pipeline_wait_s = window.pipeline_wait_s / n;
