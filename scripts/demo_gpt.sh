@@ -3,7 +3,8 @@
 # builds, tokenizes Debian's fortunes (2.6 MB of English, byte-level), trains the small GPT of
 # configs/gpt-small-bytes.toml on 4 ranks (dp = 2 x pp = 2, 1F1B, tied embeddings split across the
 # two stages), resumes its step-1000 checkpoint on another layout (dp = 1 x pp = 4, ZB-H1) to the
-# end, and prints a generated sample. Checks: the eval loss falls below 2.3 nats per byte (from
+# end, prints a generated sample, and draws the runs (scripts/plot_run.py; the 4-rank run traces steps
+# 1201-1202 into trace.json for the pipeline picture). Checks: the eval loss falls below 2.3 nats per byte (from
 # ln 256 = 5.55) and the resumed run ends within 0.01 of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ CFG=configs/gpt-small-bytes.toml
 echo; echo "=== 1. 4 ranks: dp = 2 x pp = 2, 1F1B (runs/gpt-4ranks)"
 start=$(date +%s)
 $MPIRUN -np 4 $RELAY train --config $CFG --set run.dir=runs/gpt-4ranks --set parallel.dp=2 --set parallel.pp=2 \
-  --set checkpoint.keep=0
+  --set checkpoint.keep=0 --set 'trace.steps=[1201, 1202]'
 took=$(( $(date +%s) - start ))
 echo; echo "=== 2. resume step 1000 of the 4-rank run on dp = 1 x pp = 4, ZB-H1 (runs/gpt-resumed)"
 $MPIRUN -np 4 $RELAY train --config $CFG --set run.dir=runs/gpt-resumed --set parallel.pp=4 \
@@ -34,6 +35,10 @@ $MPIRUN -np 4 $RELAY train --config $CFG --set run.dir=runs/gpt-resumed --set pa
 echo; echo "=== 3. a sample from the final checkpoint (temperature 0.8, top-k 40)"
 $RELAY generate --checkpoint runs/gpt-4ranks/checkpoints/step_00002000.h5 --prompt "The meaning of life is" \
   --max-new-tokens 300 --temperature 0.8 --top-k 40 --seed 7
+
+echo; echo "=== 4. pictures of the two runs (runs/gpt-plots: metrics.png, pipeline.png from the 4-rank run's trace)"
+python3 scripts/plot_run.py runs/gpt-4ranks runs/gpt-resumed --out runs/gpt-plots
+python3 scripts/plot_run.py runs/gpt-4ranks --out runs/gpt-plots/4ranks
 
 loss() { grep eval_loss "$1/metrics.jsonl" | tail -1 | sed "s/.*\"eval_loss\": *\([0-9.]*\).*/\1/"; }
 echo
