@@ -122,6 +122,7 @@ Hdf5Dataset::Hdf5Dataset(const std::string& path, const DatasetSpec& spec, const
   if (!fs::exists(path, ec))
     throw Error(cat(where_, ": file not found (hint: `relay data synth` writes a synthetic training set)"));
   if (fs::is_directory(path, ec)) throw Error(cat(where_, ": is a directory, expected an HDF5 file"));
+  file_size_ = fs::file_size(path, ec);
 
   Hdf5Lock lock;
   try {
@@ -255,6 +256,7 @@ void Hdf5Dataset::read_inputs(const std::vector<int64_t>& rows, float* out) cons
   check_rows(rows);
   Hdf5Lock lock;
   read_rows(inputs_.get(), H5T_NATIVE_FLOAT, 2, features_, rows, out, where_, "/inputs");
+  check_file_not_shrunk(path_, file_size_, where_);
 }
 
 void Hdf5Dataset::read_targets(const std::vector<int64_t>& rows, int32_t* out) const {
@@ -264,6 +266,7 @@ void Hdf5Dataset::read_targets(const std::vector<int64_t>& rows, int32_t* out) c
   Hdf5Lock lock;
   // int64 files are converted by HDF5 (which clips); the constructor range-checked them if asked to.
   read_rows(targets_.get(), H5T_NATIVE_INT32, 1, 1, rows, out, where_, "/targets");
+  check_file_not_shrunk(path_, file_size_, where_);
 }
 
 void Hdf5Dataset::read_targets(const std::vector<int64_t>& rows, float* out) const {
@@ -271,6 +274,7 @@ void Hdf5Dataset::read_targets(const std::vector<int64_t>& rows, float* out) con
   check_rows(rows);
   Hdf5Lock lock;
   read_rows(targets_.get(), H5T_NATIVE_FLOAT, 2, target_dim_, rows, out, where_, "/targets");
+  check_file_not_shrunk(path_, file_size_, where_);
 }
 
 }  // namespace relay

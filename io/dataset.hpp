@@ -53,6 +53,7 @@ class Hdf5Dataset {
 
   std::string path_;
   std::string where_;  // message prefix: "data.train: /work/x.h5"
+  uint64_t file_size_ = 0;  // at open: reads check the file has not shrunk since
   int64_t samples_ = 0, features_ = 0, target_dim_ = 1;
   TargetKind kind_ = TargetKind::class_index;
   H5File file_;

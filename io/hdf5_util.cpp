@@ -1,6 +1,8 @@
 // HDF5 helpers: the global lock, error-stack messages for RELAY_H5_CHECK, type and shape names.
 #include "io/hdf5_util.hpp"
 
+#include <filesystem>
+
 namespace relay {
 
 std::mutex& hdf5_mutex() {
@@ -82,6 +84,15 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 }
 
 void hdf5_disable_exit_cleanup() { H5dont_atexit(); }
+
+void check_file_not_shrunk(const std::string& path, uint64_t size_at_open, const std::string& where) {
+  std::error_code ec;
+  const auto now = std::filesystem::file_size(path, ec);
+  if (ec) throw Error(cat(where, ": the file became unreadable during the run (", ec.message(), ")"));
+  if (now < size_at_open)
+    throw Error(cat(where, ": the file shrank from ", size_at_open, " to ", now,
+                    " bytes during the run (truncated or being rewritten); the batch just read is not trusted"));
+}
 
 std::string h5_read_str_attr(hid_t obj, const char* name, const std::string& ctx) {
   if (RELAY_H5_CHECK(H5Aexists(obj, name), ctx) <= 0) throw Error(cat(ctx, ": attribute '", name, "' is missing"));

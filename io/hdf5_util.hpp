@@ -84,6 +84,11 @@ std::string shape_string(const std::vector<int64_t>& shape);  // "[1000, 64]"
 // (SIGSEGV in H5F__close_cb). Relay closes every file it opens itself, so the handler is switched off.
 void hdf5_disable_exit_cleanup();
 
+// A data file must not change under a running job: HDF5 reads the bytes past a shortened file as
+// zeros, so a file truncated mid-run (a full quota, a copy still in progress) would train on zeros
+// silently. Throws an Error naming the file and both sizes when it is gone or shorter than at open.
+void check_file_not_shrunk(const std::string& path, uint64_t size_at_open, const std::string& where);
+
 // Scalar attributes of obj (a file, group or dataset): a string (fixed or variable length, as h5py
 // writes them) and any integer type as int64. Errors name `ctx` and the attribute.
 std::string h5_read_str_attr(hid_t obj, const char* name, const std::string& ctx);

@@ -11,6 +11,7 @@ namespace relay {
 TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t model_vocab, const std::string& what)
     : path_(path), where_(cat(what, ": ", path)), block_size_(block_size) {
   if (!std::filesystem::exists(path)) throw Error(cat(where_, ": no such file"));
+  file_size_ = std::filesystem::file_size(path);
   Hdf5Lock lock;
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw Error(cat(where_, ": not an HDF5 file (hint: make one with relay data tokenize)"));
@@ -90,6 +91,7 @@ void TokenDataset::read(const std::vector<int64_t>& seqs, int32_t* inputs, int32
     if (inputs) std::copy(buf.begin(), buf.end() - 1, inputs + i * static_cast<size_t>(T));
     if (targets) std::copy(buf.begin() + 1, buf.end(), targets + i * static_cast<size_t>(T));
   }
+  check_file_not_shrunk(path_, file_size_, where_);
 }
 
 void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,

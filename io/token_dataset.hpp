@@ -41,6 +41,7 @@ class TokenDataset {
   void scan(int64_t model_vocab);
 
   std::string path_, where_;
+  uint64_t file_size_ = 0;  // at open: reads check the file has not shrunk since
   int64_t block_size_ = 0, length_ = 0, sequences_ = 0, vocab_size_ = 0;
   std::string tokenizer_;
   int32_t min_token_ = INT32_MAX, max_token_ = INT32_MIN;

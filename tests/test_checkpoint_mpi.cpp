@@ -188,14 +188,7 @@ TEST_F(Checkpoints, SigtermToOneRankCheckpointsEverywhereAndResumes) {
   RunResult ref = train(4, p_.config, long_run(run("ref")), 600);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   // Start the job, wait for 50 logged steps, then SIGTERM world rank 2 only.
-  std::string cmd = mpirun_relay(4) + " train --config " + p_.config;
-  for (auto& o : long_run(run("s"))) cmd += " --set '" + o + "'";
-  std::string script = cmd + " & MP=$!\n"
-      "for i in $(seq 1 600); do [ -f " + run("s") + "/metrics.jsonl ] && [ $(wc -l < " + run("s") + "/metrics.jsonl) -ge 50 ] && break; sleep 0.05; done\n"
-      "for p in $(pgrep -x relay); do if tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=2 && "
-      "tr '\\0' ' ' < /proc/$p/cmdline | grep -q '" + run("s") + "'; then kill -TERM $p; echo signalled $p; fi; done\n"
-      "wait $MP; echo exit=$?\n";
-  RunResult r = run_command(script, 600);
+  RunResult r = signal_rank_midrun(4, p_.config, long_run(run("s")), run("s"), 50, 2, "TERM");
   ASSERT_TRUE(contains(r.output, "signalled")) << r.output;
   ASSERT_TRUE(contains(r.output, "exit=75")) << r.output;
   ASSERT_TRUE(contains(r.output, "stopping at step")) << r.output;

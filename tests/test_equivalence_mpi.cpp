@@ -97,18 +97,7 @@ TEST_P(Equivalence, MatchesSerialRun) {
   auto tensors = read_checkpoint(run + "/checkpoints/step_00000006.h5");
   const auto& rt = serial_tensors_[c.optimizer];
   ASSERT_EQ(tensors.size(), rt.size());
-  double worst = 0;
-  std::string worst_at;
-  for (auto& [name, v] : rt) {
-    ASSERT_TRUE(tensors.count(name)) << name;
-    const auto& got = tensors[name];
-    ASSERT_EQ(got.size(), v.size()) << name;
-    for (size_t i = 0; i < v.size(); ++i) {
-      double excess = std::abs(double(got[i]) - v[i]) - (kAbs + kRel * std::abs(v[i]));
-      if (excess > worst) { worst = excess; worst_at = name + "[" + std::to_string(i) + "]"; }
-    }
-  }
-  EXPECT_LE(worst, 0.0) << "tensor " << worst_at << " differs from the serial run beyond tolerance";
+  expect_tensors_within(tensors, rt, kRel, kAbs, "against the serial run");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Equivalence, ::testing::ValuesIn(all_cases()),

@@ -17,12 +17,8 @@ using relay::write_token_file;
 
 namespace {
 
-std::string q(const std::string& s) { return "\"" + s + "\""; }
-size_t count(const std::string& s, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) ++n;
-  return n;
-}
+std::string q(const std::string& s) { return quoted(s); }
+size_t count(const std::string& s, const std::string& needle) { return count_of(s, needle); }
 
 class Gpt : public ::testing::Test {
  protected:
@@ -114,14 +110,7 @@ TEST_F(Gpt, ExactResumeIsBitwiseAndSigtermMidRunResumes) {
   };
   RunResult ref = train(4, p_.config, long_run(run("ref")), 600);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
-  std::string cmd = mpirun_relay(4) + " train --config " + p_.config;
-  for (auto& o : long_run(run("s"))) cmd += " --set '" + o + "'";
-  std::string script = cmd + " & MP=$!\n"
-      "for i in $(seq 1 600); do [ -f " + run("s") + "/metrics.jsonl ] && [ $(wc -l < " + run("s") + "/metrics.jsonl) -ge 30 ] && break; sleep 0.05; done\n"
-      "for p in $(pgrep -x relay); do if tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=3 && "
-      "tr '\\0' ' ' < /proc/$p/cmdline | grep -q '" + run("s") + "'; then kill -TERM $p; echo signalled $p; fi; done\n"
-      "wait $MP; echo exit=$?\n";
-  RunResult r = run_command(script, 600);
+  RunResult r = signal_rank_midrun(4, p_.config, long_run(run("s")), run("s"), 30, 3, "TERM");
   ASSERT_TRUE(contains(r.output, "signalled")) << r.output;
   ASSERT_TRUE(contains(r.output, "exit=75")) << r.output;
   std::string latest = relay::read_latest(run("s") + "/checkpoints");

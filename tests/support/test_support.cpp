@@ -213,6 +213,50 @@ std::map<std::string, std::vector<float>> read_checkpoint(const std::string& pat
   return out;
 }
 
+void expect_tensors_within(const std::map<std::string, std::vector<float>>& got,
+                           const std::map<std::string, std::vector<float>>& ref, double rel_tol, double abs_tol,
+                           const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double worst = 0;
+  std::string worst_at;
+  for (auto& [name, v] : ref) {
+    ASSERT_TRUE(got.count(name)) << what << ": " << name;
+    const auto& g = got.at(name);
+    ASSERT_EQ(g.size(), v.size()) << what << ": " << name;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const double excess = std::abs(double(g[i]) - v[i]) - (abs_tol + rel_tol * std::abs(v[i]));
+      if (excess > worst) {
+        worst = excess;
+        worst_at = name + "[" + std::to_string(i) + "]";
+      }
+    }
+  }
+  EXPECT_LE(worst, 0.0) << what << ": tensor " << worst_at << " differs beyond tolerance";
+}
+
+RunResult signal_rank_midrun(int ranks, const std::string& config, const std::vector<std::string>& overrides,
+                             const std::string& run_dir, int after_lines, int rank, const std::string& signal) {
+  std::string cmd = mpirun_relay(ranks) + " train --config " + config;
+  for (auto& o : overrides) cmd += " --set '" + o + "'";
+  const std::string metrics = run_dir + "/metrics.jsonl";
+  std::string script = cmd + " & MP=$!\n"
+      "for i in $(seq 1 600); do [ -f " + metrics + " ] && [ $(wc -l < " + metrics + ") -ge " +
+      std::to_string(after_lines) + " ] && break; sleep 0.05; done\n"
+      "for p in $(pgrep -x relay); do if tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=" +
+      std::to_string(rank) + " && tr '\\0' ' ' < /proc/$p/cmdline | grep -q '" + run_dir + "'; then kill -" + signal +
+      " $p; echo signalled $p; fi; done\n"
+      "wait $MP; echo exit=$?\n";
+  return run_command(script, 600);
+}
+
+std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
+size_t count_of(const std::string& s, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) ++n;
+  return n;
+}
+
 void expect_same_tensors(const std::map<std::string, std::vector<float>>& a,
                          const std::map<std::string, std::vector<float>>& b, double rel, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;

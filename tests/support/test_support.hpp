@@ -56,6 +56,19 @@ RunResult train(int ranks, const std::string& config, const std::vector<std::str
 std::vector<double> read_losses(const std::string& run_dir);
 // Every tensor of a checkpoint by name.
 std::map<std::string, std::vector<float>> read_checkpoint(const std::string& path);
+// gtest assertion that every tensor of `got` is within |a - b| <= abs_tol + rel_tol |b| of `ref`
+// (same names and sizes), naming the worst element when not.
+void expect_tensors_within(const std::map<std::string, std::vector<float>>& got,
+                           const std::map<std::string, std::vector<float>>& ref, double rel_tol, double abs_tol,
+                           const std::string& what);
+// Runs `relay train` (mpirun_relay(ranks) with these --set overrides) in the background, waits until
+// run_dir/metrics.jsonl holds `after_lines` lines, sends `signal` to world rank `rank` only, waits for
+// the job; the output ends with "exit=<code>" and holds "signalled <pid>".
+RunResult signal_rank_midrun(int ranks, const std::string& config, const std::vector<std::string>& overrides,
+                             const std::string& run_dir, int after_lines, int rank, const std::string& signal);
+// "\"s\"" for TOML strings in --set overrides; how often `needle` occurs in `s`.
+std::string quoted(const std::string& s);
+size_t count_of(const std::string& s, const std::string& needle);
 // gtest assertions that a and b hold the same tensors: bitwise when rel == 0, else
 // |a - b| <= 1e-6 + rel |b|. `what` labels failures.
 void expect_same_tensors(const std::map<std::string, std::vector<float>>& a,
