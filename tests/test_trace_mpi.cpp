@@ -1,7 +1,8 @@
 // Measured timelines ([trace] steps) from the real binary on 4 ranks (dp 2 x pp 2): trace.json is a
 // Chrome trace-event file holding every rank (named with its stage and replica) and, for every traced
 // step, every micro-batch's forward and backward (and, under ZB-H1, backward-weight) in exactly the
-// order of that rank's schedule, with no two spans overlapping on one track. `relay plan --trace`
+// order of that rank's schedule, with no two spans overlapping on one track, and every gradient
+// bucket's all-reduce (launch to completion, async spans since they overlap). `relay plan --trace`
 // writes the simulated schedule in the same format.
 #include <gtest/gtest.h>
 
@@ -33,10 +34,12 @@ void check_trace(const std::string& schedule, int m) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "measured bubble")) << r.output;
   const auto j = nlohmann::json::parse(read_file(run + "/trace.json"));
+  std::map<int, int> bucket_allreduces;  // rank -> async all-reduce spans begun
   std::map<int, std::string> names;
   std::map<std::pair<int, int>, std::vector<Span>> tracks;  // (rank, track) -> spans
   for (const auto& e : j.at("traceEvents")) {
     if (e["ph"] == "M" && e["name"] == "process_name") names[e["pid"].get<int>()] = e["args"]["name"];
+    if (e["ph"] == "b" && e["args"]["op"] == "allreduce_grads") ++bucket_allreduces[e["pid"].get<int>()];
     if (e["ph"] != "X") continue;
     const auto& a = e["args"];
     tracks[{e["pid"].get<int>(), e["tid"].get<int>()}].push_back(
@@ -68,6 +71,7 @@ void check_trace(const std::string& schedule, int m) {
       EXPECT_EQ(got, want) << "rank " << rank << " step " << step;
     }
     EXPECT_FALSE((tracks[{rank, 2}].empty())) << "no data-wait spans on rank " << rank;
+    EXPECT_GE(bucket_allreduces[rank], 2) << "each traced step's gradient-bucket all-reduces on rank " << rank;
   }
   // Nothing outside the traced steps.
   for (auto& [key, spans] : tracks)

@@ -57,6 +57,7 @@ void GradBuckets::zero() {
 void GradBuckets::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
+  if (tracer_) b.launch_mark = tracer_->mark();
   if (comm_) b.request = comm_->iallreduce_sum(b.flat);
 }
 
@@ -72,8 +73,14 @@ void GradBuckets::progress() {
 
 void GradBuckets::finish() {
   for (auto& b : buckets_) launch(b);
-  for (auto& b : buckets_)
-    if (b.request) b.request->wait();
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    if (!b.request) continue;
+    b.request->wait();
+    if (tracer_)
+      tracer_->add({cat("allreduce bucket ", k), "allreduce_grads", kTrackComm, trace_step_, -1, b.chunk,
+                    b.launch_mark, tracer_->mark(), static_cast<int64_t>(k)});
+  }
 }
 
 double GradBuckets::sum_squares() {

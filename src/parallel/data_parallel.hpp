@@ -9,6 +9,7 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "model/param.hpp"
+#include "parallel/trace.hpp"
 
 namespace relay {
 
@@ -30,6 +31,11 @@ class GradBuckets {
   double sum_squares();           // of the gradients that count in the norm (after finish)
   void scale(float s);
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
+  // Record each bucket's all-reduce (launch to completion) of this step in tracer (null: do not).
+  void set_trace(Tracer* tracer, int64_t step) {
+    tracer_ = tracer;
+    trace_step_ = step;
+  }
 
  private:
   struct Bucket {
@@ -38,11 +44,14 @@ class GradBuckets {
     bool counts_in_norm = true;
     RequestPtr request;
     bool launched = false;
+    int64_t launch_mark = 0;  // when traced
   };
   void launch(Bucket& b);
   Backend& be_;
   Communicator* comm_;
   std::vector<Bucket> buckets_;
+  Tracer* tracer_ = nullptr;
+  int64_t trace_step_ = 0;
 };
 
 }  // namespace relay

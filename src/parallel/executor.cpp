@@ -66,6 +66,7 @@ StepStats Executor::run_step(const StepData& data) {
   StepStats st;
   const double t_step = now_s();
   buckets_.zero();
+  buckets_.set_trace(tracer_, trace_step_);
   for (const Action& a : actions_) {
     const int c = a.chunk, mb = a.micro_batch;
     const double t0 = now_s();

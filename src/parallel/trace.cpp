@@ -38,9 +38,17 @@ double Tracer::write(const std::string& path, const std::string& process_name) {
   for (const TraceSpan& s : spans_) {
     const double t0 = be_.mark_seconds(s.begin) * 1e6, t1 = be_.mark_seconds(s.end) * 1e6;
     const char* cat_name = s.track == kTrackCompute ? "compute" : s.track == kTrackComm ? "comm" : "input";
+    const nlohmann::json args = {{"step", s.step}, {"micro_batch", s.micro_batch}, {"chunk", s.chunk}, {"op", s.op}};
+    if (s.async_id >= 0) {  // overlapping in-flight operations: an async pair on the track
+      const std::string id = cat(rank, ".", s.step, ".", s.async_id);
+      mine.push_back({{"ph", "b"}, {"name", s.name}, {"cat", cat_name}, {"id", id}, {"pid", rank}, {"tid", s.track},
+                      {"ts", t0}, {"args", args}});
+      mine.push_back({{"ph", "e"}, {"name", s.name}, {"cat", cat_name}, {"id", id}, {"pid", rank}, {"tid", s.track},
+                      {"ts", std::max(t0, t1)}});
+      continue;
+    }
     mine.push_back({{"ph", "X"}, {"name", s.name}, {"cat", cat_name}, {"pid", rank}, {"tid", s.track}, {"ts", t0},
-                    {"dur", std::max(0.0, t1 - t0)},
-                    {"args", {{"step", s.step}, {"micro_batch", s.micro_batch}, {"chunk", s.chunk}, {"op", s.op}}}});
+                    {"dur", std::max(0.0, t1 - t0)}, {"args", args}});
   }
   nlohmann::json meta = nlohmann::json::array();
   meta.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", process_name}}}});
@@ -72,6 +80,7 @@ double Tracer::write(const std::string& path, const std::string& process_name) {
     for (const auto& e : part["meta"]) events.push_back(e);
     for (const auto& e : part["spans"]) {
       events.push_back(e);
+      if (e["ph"] != "X") continue;
       const std::string op = e["args"]["op"];
       if (op == "forward" || op == "backward" || op == "backward_input" || op == "backward_weight" ||
           op == "optimizer_step" || op == "recv_activation" || op == "recv_grad" || op == "allreduce_grads" ||

@@ -25,6 +25,8 @@ struct TraceSpan {
   int64_t step = 0;
   int micro_batch = -1, chunk = -1;
   int64_t begin = 0, end = 0;  // backend timing marks
+  int64_t async_id = -1;       // >= 0: an async span ("b"/"e" events), which may overlap others on its
+                               // track: a gradient bucket's all-reduce, from its launch to its completion
 };
 
 class Tracer {

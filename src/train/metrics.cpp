@@ -103,6 +103,7 @@ void MetricsLog::train(const StepRecord& r) {
   j["rss_mib"] = number(r.rss_mib);
   j["rss_max_mib"] = number(r.rss_max_mib);
   j["peak_rss_max_mib"] = number(r.peak_rss_max_mib);
+  j["peak_rss_mib_per_rank"] = r.peak_rss_mib_per_rank;
   append(j.dump());
 }
 

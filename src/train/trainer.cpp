@@ -254,6 +254,11 @@ int run_training(const Config& cfg) {
     if (step % cfg.train.log_every == 0 || step == steps) {  // every rank: the memory reduction
       const double rss = resident_mib();
       double mem[2] = {rss, peak_resident_mib()};
+      // Every rank's peak resident memory, for the record, and the largest of each.
+      std::vector<double> peaks(rank0 ? static_cast<size_t>(g.world_size) : 0);
+      MPI_Request req;
+      MPI_CHECK(MPI_Igather(&mem[1], 1, MPI_DOUBLE, peaks.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD, &req));
+      watchdog_wait(&req, "the memory report");
       r.world->allreduce_host(mem, 2, ReduceOp::max, "the memory report");
       if (rank0) {
         const double t = now_s(), per_s = double(window_steps * cfg.train.batch_size) / std::max(1e-9, t - window_t0);
@@ -262,6 +267,7 @@ int run_training(const Config& cfg) {
         rec.rss_mib = rss;
         rec.rss_max_mib = mem[0];
         rec.peak_rss_max_mib = mem[1];
+        rec.peak_rss_mib_per_rank = peaks;
         rec.flops_per_s = flops_per_sample * per_s;
         if (peak_flops > 0) rec.mfu = rec.flops_per_s / (peak_flops * double(g.world_size));
         const double n = double(std::max<int64_t>(1, window_steps));
