@@ -37,8 +37,8 @@ $RELAY generate --checkpoint runs/gpt-4ranks/checkpoints/step_00002000.h5 --prom
   --max-new-tokens 300 --temperature 0.8 --top-k 40 --seed 7
 
 echo; echo "=== 4. pictures of the two runs (runs/gpt-plots: metrics.png, pipeline.png from the 4-rank run's trace)"
-python3 scripts/plot_run.py runs/gpt-4ranks runs/gpt-resumed --out runs/gpt-plots
-python3 scripts/plot_run.py runs/gpt-4ranks --out runs/gpt-plots/4ranks
+/usr/bin/python3 scripts/plot_run.py runs/gpt-4ranks runs/gpt-resumed --out runs/gpt-plots
+/usr/bin/python3 scripts/plot_run.py runs/gpt-4ranks --out runs/gpt-plots/4ranks
 
 loss() { grep eval_loss "$1/metrics.jsonl" | tail -1 | sed "s/.*\"eval_loss\": *\([0-9.]*\).*/\1/"; }
 echo

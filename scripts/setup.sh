@@ -8,7 +8,7 @@ pkgs=(cmake g++ make pkg-config python3 libopenmpi-dev openmpi-bin libhdf5-dev h
       fortunes)  # fortunes: offline English text for the GPT demo and tests (/usr/share/games/fortunes)
 for a in "$@"; do
   case "$a" in
-    --with-slurm) pkgs+=(slurm-wlm slurm-wlm-basic-plugins munge libpmix2 openmpi-bin) ;;
+    --with-slurm) pkgs+=(slurm-wlm slurm-wlm-basic-plugins munge libpmix2 openmpi-bin iproute2) ;;  # iproute2: the two-node test
     --with-torch) pkgs+=(python3-torch python3-h5py python3-numpy libopenblas0-pthread python3-venv) ;;  # venv: tiktoken for the tokenizer test  # torch uses libblas.so.3: OpenBLAS, not the reference BLAS
     *) echo "setup.sh: unknown option '$a' (known: --with-slurm, --with-torch)" >&2; exit 2 ;;
   esac
