@@ -7,6 +7,7 @@
 #include "cli/commands.hpp"
 #include "comm/agree.hpp"
 #include "comm/watchdog.hpp"
+#include "parallel/process_grid.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "train/signals.hpp"
@@ -40,9 +41,7 @@ int run_train_command(const TrainOptions& o, int argc, char** argv) {
     // From here on every blocking wait is watched (parallel.timeout); world rank = pp_rank x dp + dp_rank.
     const double timeout = cfg.parallel.timeout == "0" ? 0 : parse_duration(cfg.parallel.timeout, "parallel.timeout");
     const int dp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.dp));
-    Watchdog watchdog(MPI_COMM_WORLD, timeout, [dp](int r) {
-      return cat("rank ", r, " (stage ", r / dp, ", replica ", r % dp, ")");
-    });
+    Watchdog watchdog(MPI_COMM_WORLD, timeout, [dp](int r) { return rank_label(r, dp); });
     set_active_watchdog(&watchdog);
     code = run_training(cfg);
     set_active_watchdog(nullptr);

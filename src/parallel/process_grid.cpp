@@ -41,4 +41,8 @@ void free_process_grid(ProcessGrid& g) {
   if (g.pp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.pp_comm);
 }
 
+std::string rank_label(int world_rank, int dp) {
+  return cat("rank ", world_rank, " (stage ", world_rank / dp, ", replica ", world_rank % dp, ")");
+}
+
 }  // namespace relay

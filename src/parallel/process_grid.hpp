@@ -23,6 +23,10 @@ struct ProcessGrid {
   int world_rank_of(int pp_r, int dp_r) const { return pp_r * dp + dp_r; }
 };
 
+// "rank 2 (stage 1, replica 0)": how messages, traces and the placement table name a world rank
+// (world rank = pp_rank x dp + dp_rank); usable before the grid exists.
+std::string rank_label(int world_rank, int dp);
+
 // Node-local rank and size (for threads per rank and GPU choice); usable before the grid exists.
 void local_rank_and_size(int& local_rank, int& local_size);
 

@@ -9,9 +9,9 @@
 namespace relay {
 
 struct StepRecord {
-  int64_t step;
-  double loss, lr, grad_norm, samples_per_s;
-  double elapsed_s, eta_s;
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0, samples_per_s = 0;
+  double elapsed_s = 0, eta_s = 0;
   double rss_mib = 0, rss_max_mib = 0;  // resident memory: rank 0's, and the largest over all ranks
   double peak_rss_max_mib = 0;          // the largest peak resident memory (VmHWM) over all ranks
   std::vector<double> peak_rss_mib_per_rank;  // every rank's peak resident memory, by world rank

@@ -144,8 +144,8 @@ std::string placement_table(Run& r) {
   const ProcessGrid& g = r.grid;
   constexpr int kLen = 160;
   char mine[kLen] = {};
-  std::snprintf(mine, kLen, "  rank %d (stage %d, replica %d) on %s: local rank %d of %d, %s", g.world_rank, g.pp_rank,
-                g.dp_rank, g.host.c_str(), g.local_rank, g.local_size, r.be->describe().c_str());
+  std::snprintf(mine, kLen, "  %s on %s: local rank %d of %d, %s", rank_label(g.world_rank, g.dp).c_str(),
+                g.host.c_str(), g.local_rank, g.local_size, r.be->describe().c_str());
   std::vector<char> all(g.world_rank == 0 ? static_cast<size_t>(kLen) * static_cast<size_t>(g.world_size) : 0);
   MPI_Request req;
   MPI_CHECK(MPI_Igather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, 0, MPI_COMM_WORLD, &req));
@@ -163,7 +163,7 @@ void write_trace(Run& r) {
   const ProcessGrid& g = r.grid;
   const std::string path = r.cfg.run.dir + "/trace.json";
   const double bubble =
-      r.tracer->write(path, cat("rank ", g.world_rank, " (stage ", g.pp_rank, ", replica ", g.dp_rank, ")"));
+      r.tracer->write(path, rank_label(g.world_rank, g.dp));
   if (g.world_rank == 0) {
     std::printf("relay: trace of steps %lld-%lld in %s (open it in Perfetto or chrome://tracing); measured bubble "
                 "%.1f%% of the traced steps, simulated %.1f%% (equal F/B/W costs)\n",
@@ -263,7 +263,14 @@ int run_training(const Config& cfg) {
       if (rank0) {
         const double t = now_s(), per_s = double(window_steps * cfg.train.batch_size) / std::max(1e-9, t - window_t0);
         const double eta = (t - loop_t0) / double(step - r.start_step) * double(steps - step);
-        StepRecord rec{step, res.loss, res.lr, res.grad_norm, per_s, t - t_start, eta};
+        StepRecord rec;
+        rec.step = step;
+        rec.loss = res.loss;
+        rec.lr = res.lr;
+        rec.grad_norm = res.grad_norm;
+        rec.samples_per_s = per_s;
+        rec.elapsed_s = t - t_start;
+        rec.eta_s = eta;
         rec.rss_mib = rss;
         rec.rss_max_mib = mem[0];
         rec.peak_rss_max_mib = mem[1];
