@@ -123,7 +123,7 @@ TEST(TransformerKernels, EmbeddingForwardBackwardWithRepeatedTokens) {
   auto dout = randn(static_cast<size_t>(rows * C), 7);
   std::vector<float> out(static_cast<size_t>(rows * C));
   cpu::set_threads(2);
-  cpu::embedding_forward(tok.data(), wte.data(), wpe.data(), out.data(), rows, C, T);
+  cpu::embedding_forward(tok.data(), wte.data(), wpe.data(), out.data(), rows, C, T, 0, V);
   std::vector<double> dwte_ref(wte.size(), 0.5), dwpe_ref(wpe.size(), -0.25);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < C; ++c) {
@@ -134,7 +134,7 @@ TEST(TransformerKernels, EmbeddingForwardBackwardWithRepeatedTokens) {
       dwpe_ref[p] += dout[o];
     }
   std::vector<float> dwte(wte.size(), 0.5f), dwpe(wpe.size(), -0.25f);  // accumulated into
-  cpu::embedding_backward(tok.data(), dout.data(), dwte.data(), dwpe.data(), rows, C, T);
+  cpu::embedding_backward(tok.data(), dout.data(), dwte.data(), dwpe.data(), rows, C, T, 0, V);
   for (size_t i = 0; i < dwte.size(); ++i) EXPECT_NEAR(dwte[i], dwte_ref[i], 1e-5) << "dwte " << i;
   for (size_t i = 0; i < dwpe.size(); ++i) EXPECT_NEAR(dwpe[i], dwpe_ref[i], 1e-5) << "dwpe " << i;
 }
@@ -148,7 +148,7 @@ TEST(TransformerKernels, BitwiseIndependentOfThreadCount) {
   auto run = [&](int threads) {
     cpu::set_threads(threads);
     std::vector<float> dwte(static_cast<size_t>(V * C), 0.f), dwpe(static_cast<size_t>(T * C), 0.f);
-    cpu::embedding_backward(tok.data(), dout.data(), dwte.data(), dwpe.data(), rows, C, T);
+    cpu::embedding_backward(tok.data(), dout.data(), dwte.data(), dwpe.data(), rows, C, T, 0, V);
     std::vector<float> att(static_cast<size_t>(B * H * T * T)), out(static_cast<size_t>(rows * C)), dq(qkv.size());
     cpu::attention_forward(qkv.data(), att.data(), out.data(), B, T, C, H);
     cpu::attention_backward(dy.data(), qkv.data(), att.data(), dq.data(), B, T, C, H);

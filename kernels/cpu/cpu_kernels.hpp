@@ -42,13 +42,22 @@ void cross_entropy(const float* logits, const int32_t* targets, float grad_scale
 void mse(const float* pred, const float* target, float grad_scale, float* losses, float* dpred, int64_t rows,
          int64_t k);
 void argmax(const float* logits, int32_t* out, int64_t rows, int64_t classes);
+// Vocabulary-parallel cross-entropy (Megatron-LM), see Backend::cross_entropy_partial.
+void row_max(const float* x, float* out, int64_t rows, int64_t cols);
+void cross_entropy_partial(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                           float* partial, int64_t rows, int64_t cols);
+void cross_entropy_finish(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                          const float* total, float grad_scale, float* losses, float* dlogits, int64_t rows,
+                          int64_t cols);
 
 // GPT-2 (kernels/cpu/transformer.cpp). tokens (rows), position of row r = r % T.
 // out (rows, C) = wte[tokens] + wpe[r % T]; backward: dwte, dwpe += (deterministic, no atomics).
+// Vocabulary-parallel: wte holds rows [vocab_start, vocab_start + vocab_rows) of the table; other tokens
+// contribute 0 (and no gradient). wpe / dwpe null: no positions.
 void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
-                       int64_t C, int64_t T);
+                       int64_t C, int64_t T, int64_t vocab_start, int64_t vocab_rows);
 void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
-                        int64_t T);
+                        int64_t T, int64_t vocab_start, int64_t vocab_rows);
 // Causal self-attention: qkv (B*T, 3C) [q | k | v], att (B, H, T, T) probabilities, out (B*T, C).
 void attention_forward(const float* qkv, float* att, float* out, int64_t B, int64_t T, int64_t C, int64_t H);
 // dqkv (B*T, 3C) is overwritten.

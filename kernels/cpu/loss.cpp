@@ -28,6 +28,47 @@ void cross_entropy(const float* logits, const int32_t* targets, float grad_scale
   }
 }
 
+void row_max(const float* x, float* out, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* z = x + r * cols;
+    float mx = z[0];
+    for (int64_t c = 1; c < cols; ++c) mx = std::max(mx, z[c]);
+    out[r] = mx;
+  }
+}
+
+void cross_entropy_partial(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                           float* partial, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* z = logits + r * cols;
+    double s = 0;
+    for (int64_t c = 0; c < cols; ++c) s += std::exp(double(z[c]) - row_max[r]);
+    const int64_t t = int64_t(targets[r]) - vocab_start;
+    partial[2 * r] = float(s);
+    partial[2 * r + 1] = t >= 0 && t < cols ? z[t] : 0.0f;
+  }
+}
+
+void cross_entropy_finish(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                          const float* total, float grad_scale, float* losses, float* dlogits, int64_t rows,
+                          int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const double lse = std::log(double(total[2 * r])) + row_max[r];
+    losses[r] = float(lse - total[2 * r + 1]);
+    if (!dlogits) continue;
+    const float* z = logits + r * cols;
+    float* d = dlogits + r * cols;
+    const int64_t t = int64_t(targets[r]) - vocab_start;
+    for (int64_t c = 0; c < cols; ++c) {
+      double p = std::exp(double(z[c]) - lse);
+      d[c] = float((p - (c == t ? 1.0 : 0.0)) * grad_scale);
+    }
+  }
+}
+
 void mse(const float* pred, const float* target, float grad_scale, float* losses, float* dpred, int64_t rows,
          int64_t k) {
 #pragma omp parallel for schedule(static) if (rows * k > 32768)

@@ -13,18 +13,19 @@
 namespace relay::cpu {
 
 void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
-                       int64_t C, int64_t T) {
+                       int64_t C, int64_t T, int64_t vocab_start, int64_t vocab_rows) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* e = wte + int64_t(tokens[r]) * C;
-    const float* p = wpe + (r % T) * C;
+    const int64_t v = int64_t(tokens[r]) - vocab_start;
+    const float* e = v >= 0 && v < vocab_rows ? wte + v * C : nullptr;  // another tp rank's token: 0
+    const float* p = wpe ? wpe + (r % T) * C : nullptr;
     float* o = out + r * C;
-    for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    for (int64_t c = 0; c < C; ++c) o[c] = (e ? e[c] : 0.0f) + (p ? p[c] : 0.0f);
   }
 }
 
 void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
-                        int64_t T) {
+                        int64_t T, int64_t vocab_start, int64_t vocab_rows) {
   // Each thread owns a range of channels and visits the rows in order: no two threads write one element.
 #pragma omp parallel
   {
@@ -32,11 +33,14 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, f
     const int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
     for (int64_t r = 0; r < rows; ++r) {
       const float* d = dout + r * C;
-      float* e = dwte + int64_t(tokens[r]) * C;
-      float* p = dwpe + (r % T) * C;
-      for (int64_t c = c0; c < c1; ++c) {
-        e[c] += d[c];
-        p[c] += d[c];
+      const int64_t v = int64_t(tokens[r]) - vocab_start;
+      if (v >= 0 && v < vocab_rows) {
+        float* e = dwte + v * C;
+        for (int64_t c = c0; c < c1; ++c) e[c] += d[c];
+      }
+      if (dwpe) {
+        float* p = dwpe + (r % T) * C;
+        for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
       }
     }
   }

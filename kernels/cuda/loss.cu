@@ -98,7 +98,71 @@ __global__ void argmax_kernel(const float* logits, int32_t* out, int64_t c) {
   if (threadIdx.x == 0) out[row] = static_cast<int32_t>(best_idx[0]);
 }
 
+// grid (n), block (kBlock): the row's maximum.
+__global__ void row_max_kernel(const float* x, float* out, int64_t c) {
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * c;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, xr[j]);
+  m = block_max(m);
+  if (threadIdx.x == 0) out[row] = m;
+}
+
+// grid (n), block (kBlock): [sum exp(x - max), x[target] or 0] of this rank's columns.
+__global__ void cross_entropy_partial_kernel(const float* logits, const int32_t* targets, int64_t vocab_start,
+                                             const float* row_max, float* partial, int64_t c) {
+  const int64_t row = blockIdx.x;
+  const float* xr = logits + row * c;
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += expf(xr[j] - row_max[row]);
+  s = block_sum(s);
+  if (threadIdx.x == 0) {
+    const int64_t t = int64_t(targets[row]) - vocab_start;
+    partial[2 * row] = s;
+    partial[2 * row + 1] = t >= 0 && t < c ? xr[t] : 0.0f;
+  }
+}
+
+// grid (n), block (kBlock): the loss from the group's totals, and this rank's columns of dlogits.
+__global__ void cross_entropy_finish_kernel(const float* logits, const int32_t* targets, int64_t vocab_start,
+                                            const float* row_max, const float* total, float grad_scale,
+                                            float* losses, float* dlogits, int64_t c) {
+  const int64_t row = blockIdx.x;
+  const float lse = logf(total[2 * row]) + row_max[row];
+  if (threadIdx.x == 0) losses[row] = lse - total[2 * row + 1];
+  if (!dlogits) return;
+  const float* xr = logits + row * c;
+  float* dr = dlogits + row * c;
+  const int64_t t = int64_t(targets[row]) - vocab_start;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dr[j] = (expf(xr[j] - lse) - (j == t ? 1.0f : 0.0f)) * grad_scale;
+}
+
 // launchers -------------------------------------------------------------------------------------
+
+void row_max(const float* x, float* out, int64_t n, int64_t c, cudaStream_t stream) {
+  RELAY_ASSERT(n >= 0 && c > 0, "row_max: n " << n << ", c " << c);
+  if (n == 0) return;
+  row_max_kernel<<<grid_rows(n), kBlock, 0, stream>>>(x, out, c);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void cross_entropy_partial(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                           float* partial, int64_t n, int64_t c, cudaStream_t stream) {
+  RELAY_ASSERT(n >= 0 && c > 0, "cross_entropy_partial: n " << n << ", c " << c);
+  if (n == 0) return;
+  cross_entropy_partial_kernel<<<grid_rows(n), kBlock, 0, stream>>>(logits, targets, vocab_start, row_max, partial, c);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void cross_entropy_finish(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                          const float* total, float grad_scale, float* losses, float* dlogits, int64_t n, int64_t c,
+                          cudaStream_t stream) {
+  RELAY_ASSERT(n >= 0 && c > 0, "cross_entropy_finish: n " << n << ", c " << c);
+  if (n == 0) return;
+  cross_entropy_finish_kernel<<<grid_rows(n), kBlock, 0, stream>>>(logits, targets, vocab_start, row_max, total,
+                                                                   grad_scale, losses, dlogits, c);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void cross_entropy(const float* logits, const int32_t* targets, float grad_scale, float* losses,
                    float* dlogits, int64_t n, int64_t c, cudaStream_t stream) {

@@ -18,5 +18,12 @@ void mse(const float* pred, const float* target, float grad_scale, float* losses
          int64_t n, int64_t k, cudaStream_t stream);
 // out (n) = index of the largest of logits (n, c) in each row; the first maximum wins.
 void argmax(const float* logits, int32_t* out, int64_t n, int64_t c, cudaStream_t stream);
+// Vocabulary-parallel cross-entropy, the three steps of Backend::cross_entropy_partial.
+void row_max(const float* x, float* out, int64_t n, int64_t c, cudaStream_t stream);
+void cross_entropy_partial(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                           float* partial, int64_t n, int64_t c, cudaStream_t stream);
+void cross_entropy_finish(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                          const float* total, float grad_scale, float* losses, float* dlogits, int64_t n, int64_t c,
+                          cudaStream_t stream);
 
 }  // namespace relay::cuda

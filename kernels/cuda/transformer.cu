@@ -11,19 +11,23 @@ namespace relay::cuda {
 // kernels ---------------------------------------------------------------------------------------
 
 __global__ void embedding_forward_kernel(const int32_t* tokens, const float* wte, const float* wpe, float* out,
-                                         int64_t rows, int64_t C, int64_t T) {
+                                         int64_t rows, int64_t C, int64_t T, int64_t vocab_start, int64_t vocab_rows) {
   const int64_t n = rows * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / C, c = i % C;
-    out[i] = wte[int64_t(tokens[r]) * C + c] + wpe[(r % T) * C + c];
+    const int64_t r = i / C, c = i % C, v = int64_t(tokens[r]) - vocab_start;
+    const float e = v >= 0 && v < vocab_rows ? wte[v * C + c] : 0.0f;  // another tp rank's token: 0
+    out[i] = e + (wpe ? wpe[(r % T) * C + c] : 0.0f);
   }
 }
 
 // One thread per channel: it walks every row in order and adds into that row's token (dwte).
 __global__ void embedding_backward_wte_kernel(const int32_t* tokens, const float* dout, float* dwte, int64_t rows,
-                                              int64_t C) {
+                                              int64_t C, int64_t vocab_start, int64_t vocab_rows) {
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x)
-    for (int64_t r = 0; r < rows; ++r) dwte[int64_t(tokens[r]) * C + c] += dout[r * C + c];
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t v = int64_t(tokens[r]) - vocab_start;
+      if (v >= 0 && v < vocab_rows) dwte[v * C + c] += dout[r * C + c];
+    }
 }
 
 // One thread per (position, channel): the sum over sequences in order.
@@ -157,19 +161,22 @@ __global__ void attention_decode_kernel(const float* qkv, const float* kcache, c
 // launchers -------------------------------------------------------------------------------------
 
 void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows, int64_t C,
-                       int64_t T, cudaStream_t stream) {
+                       int64_t T, int64_t vocab_start, int64_t vocab_rows, cudaStream_t stream) {
   RELAY_ASSERT(rows >= 0 && C > 0 && T > 0, "embedding_forward: rows " << rows << ", C " << C << ", T " << T);
   if (rows == 0) return;
-  embedding_forward_kernel<<<grid_for(rows * C), kBlock, 0, stream>>>(tokens, wte, wpe, out, rows, C, T);
+  embedding_forward_kernel<<<grid_for(rows * C), kBlock, 0, stream>>>(tokens, wte, wpe, out, rows, C, T, vocab_start,
+                                                                       vocab_rows);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
-                        int64_t T, cudaStream_t stream) {
+                        int64_t T, int64_t vocab_start, int64_t vocab_rows, cudaStream_t stream) {
   RELAY_ASSERT(rows >= 0 && C > 0 && T > 0, "embedding_backward: rows " << rows << ", C " << C << ", T " << T);
   if (rows == 0) return;
-  embedding_backward_wte_kernel<<<grid_for(C), kBlock, 0, stream>>>(tokens, dout, dwte, rows, C);
+  embedding_backward_wte_kernel<<<grid_for(C), kBlock, 0, stream>>>(tokens, dout, dwte, rows, C, vocab_start,
+                                                                    vocab_rows);
   CUDA_CHECK(cudaGetLastError());
+  if (!dwpe) return;
   embedding_backward_wpe_kernel<<<grid_for(T * C), kBlock, 0, stream>>>(dout, dwpe, rows, C, T);
   CUDA_CHECK(cudaGetLastError());
 }

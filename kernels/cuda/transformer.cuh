@@ -9,12 +9,14 @@
 
 namespace relay::cuda {
 
-// out (rows, C) = wte[tokens[r]] + wpe[r % T]; tokens (rows) i32.
+// out (rows, C) = wte[tokens[r]] + wpe[r % T]; tokens (rows) i32. wte holds table rows
+// [vocab_start, vocab_start + vocab_rows) (vocabulary-parallel; other tokens give 0); wpe null: no positions.
 void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows, int64_t C,
-                       int64_t T, cudaStream_t stream);
-// dwte (V, C) += scatter of dout (rows, C) by token; dwpe (T, C) += sum over sequences. Deterministic.
+                       int64_t T, int64_t vocab_start, int64_t vocab_rows, cudaStream_t stream);
+// dwte (vocab_rows, C) += scatter of dout (rows, C) by token; dwpe (T, C) += sum over sequences (null: skipped).
+// Deterministic.
 void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
-                        int64_t T, cudaStream_t stream);
+                        int64_t T, int64_t vocab_start, int64_t vocab_rows, cudaStream_t stream);
 // qkv (B*T, 3C) [q | k | v] -> att (B, H, T, T) probabilities (0 above the diagonal), out (B*T, C).
 void attention_forward(const float* qkv, float* att, float* out, int64_t B, int64_t T, int64_t C, int64_t H,
                        cudaStream_t stream);

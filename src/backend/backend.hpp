@@ -97,17 +97,33 @@ class Backend : public Allocator {
                    Tensor* dpred) = 0;
   // out i32 (n) = argmax over columns of logits (n, c), first maximum wins.
   virtual void argmax(const Tensor& logits, Tensor& out) = 0;
+  // Vocabulary-parallel cross-entropy (Megatron-LM): logits (n, v) are columns [vocab_start,
+  // vocab_start + v) of the full (n, V); the group never gathers them. The caller reduces between steps:
+  //   row_max: out (n) = max over columns                                  -> all-reduce max over tp
+  //   cross_entropy_partial: partial (n, 2) = [sum_c exp(logit - max), logit[target] or 0 when the
+  //     target is another rank's]                                          -> all-reduce sum over tp
+  //   cross_entropy_finish: losses (n) = log(sum) + max - logit[target]; if dlogits (may alias logits):
+  //     (exp(logit - lse) - onehot) * grad_scale over this rank's columns.
+  virtual void row_max(const Tensor& x, Tensor& out) = 0;
+  virtual void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                     const Tensor& row_max, Tensor& partial) = 0;
+  virtual void cross_entropy_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                    const Tensor& row_max, const Tensor& total, float grad_scale, Tensor& losses,
+                                    Tensor* dlogits) = 0;
 
   // --- language models (GPT-2) -----------------------------------------------------------------
   // tokens i32 (n) with n = sequences x T, position of row r = r % T;
   // out (n, C) = wte[tokens[r]] + wpe[r % T]; wte (V, C), wpe (block_size, C), T <= block_size.
   // Every token id must be in [0, V) (checked when data is read, not here).
+  // Vocabulary-parallel (tensor parallelism): wte holds rows [vocab_start, vocab_start + wte.size(0)) of
+  // the table and other tokens contribute 0; an undefined wpe adds no positions.
   virtual void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T,
-                                 Tensor& out) = 0;
+                                 Tensor& out, int64_t vocab_start = 0) = 0;
   // dwte (V, C) += scatter of dout (n, C) by token; dwpe (block_size, C) += sum over sequences of dout.
   // Deterministic: the same inputs give the same bits on every run and thread count (no atomics).
+  // Vocabulary-parallel as above; an undefined dwpe is skipped.
   virtual void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte,
-                                  Tensor& dwpe) = 0;
+                                  Tensor& dwpe, int64_t vocab_start = 0) = 0;
   // Causal multi-head self-attention of GPT-2 over n = B x T rows.
   // qkv (B*T, 3C): row = [q | k | v], head h uses columns [h*hd, (h+1)*hd) of each part, hd = C / H.
   // att (B, H, T, T): the softmax probabilities (saved for backward; entries above the diagonal are 0).

@@ -128,18 +128,45 @@ void CpuBackend::argmax(const Tensor& logits, Tensor& out) {
   cpu::argmax(logits.f32(), out.i32(), rows_of(logits), cols_of(logits));
 }
 
-void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T,
-                                   Tensor& out) {
-  const int64_t n = tokens.numel(), C = wte.size(1);
-  RELAY_ASSERT(tokens.dtype() == DType::i32 && out.numel() == n * C && wpe.size(1) == C && T <= wpe.size(0),
-               "embedding_forward shapes: tokens " << shape_str(tokens.shape()) << ", wte " << shape_str(wte.shape())
-                                                   << ", wpe " << shape_str(wpe.shape()) << ", T " << T);
-  cpu::embedding_forward(tokens.i32(), wte.f32(), wpe.f32(), out.f32(), n, C, T);
+void CpuBackend::row_max(const Tensor& x, Tensor& out) {
+  RELAY_ASSERT(out.numel() == rows_of(x), "row_max out");
+  cpu::row_max(x.f32(), out.f32(), rows_of(x), cols_of(x));
 }
-void CpuBackend::embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe) {
+void CpuBackend::cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                       const Tensor& row_max, Tensor& partial) {
+  const int64_t n = rows_of(logits);
+  RELAY_ASSERT(targets.numel() == n && row_max.numel() == n && partial.numel() == 2 * n, "cross_entropy_partial shapes");
+  cpu::cross_entropy_partial(logits.f32(), targets.i32(), vocab_start, row_max.f32(), partial.f32(), n, cols_of(logits));
+}
+void CpuBackend::cross_entropy_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                      const Tensor& row_max, const Tensor& total, float grad_scale, Tensor& losses,
+                                      Tensor* dlogits) {
+  const int64_t n = rows_of(logits);
+  RELAY_ASSERT(targets.numel() == n && row_max.numel() == n && total.numel() == 2 * n && losses.numel() == n,
+               "cross_entropy_finish shapes");
+  if (dlogits) same_shape(logits, *dlogits, "cross_entropy_finish dlogits");
+  cpu::cross_entropy_finish(logits.f32(), targets.i32(), vocab_start, row_max.f32(), total.f32(), grad_scale,
+                            losses.f32(), dlogits ? dlogits->f32() : nullptr, n, cols_of(logits));
+}
+
+void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T,
+                                   Tensor& out, int64_t vocab_start) {
+  const int64_t n = tokens.numel(), C = wte.size(1);
+  RELAY_ASSERT(tokens.dtype() == DType::i32 && out.numel() == n * C &&
+                   (!wpe.defined() || (wpe.size(1) == C && T <= wpe.size(0))),
+               "embedding_forward shapes: tokens " << shape_str(tokens.shape()) << ", wte " << shape_str(wte.shape())
+                                                   << ", wpe " << (wpe.defined() ? shape_str(wpe.shape()) : "none")
+                                                   << ", T " << T);
+  cpu::embedding_forward(tokens.i32(), wte.f32(), wpe.defined() ? wpe.f32() : nullptr, out.f32(), n, C, T,
+                         vocab_start, wte.size(0));
+}
+void CpuBackend::embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
+                                    int64_t vocab_start) {
   const int64_t n = tokens.numel(), C = dwte.size(1);
-  RELAY_ASSERT(dout.numel() == n * C && dwpe.size(1) == C && T <= dwpe.size(0), "embedding_backward shapes");
-  cpu::embedding_backward(tokens.i32(), dout.f32(), dwte.f32(), dwpe.f32(), n, C, T);
+  RELAY_ASSERT(dout.numel() == n * C && (!dwpe.defined() || (dwpe.size(1) == C && T <= dwpe.size(0))),
+               "embedding_backward shapes");
+  cpu::embedding_backward(tokens.i32(), dout.f32(), dwte.f32(), dwpe.defined() ? dwpe.f32() : nullptr, n, C, T,
+                          vocab_start, dwte.size(0));
 }
 void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) {
   const int64_t C = qkv.size(1) / 3;

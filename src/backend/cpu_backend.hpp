@@ -38,8 +38,15 @@ class CpuBackend final : public Backend {
                      Tensor* dlogits) override;
   void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred) override;
   void argmax(const Tensor& logits, Tensor& out) override;
-  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out) override;
-  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe) override;
+  void row_max(const Tensor& x, Tensor& out) override;
+  void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
+                             Tensor& partial) override;
+  void cross_entropy_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
+                            const Tensor& total, float grad_scale, Tensor& losses, Tensor* dlogits) override;
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
+                         int64_t vocab_start = 0) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
+                          int64_t vocab_start = 0) override;
   void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T, int64_t H,
                           Tensor& dqkv) override;

@@ -496,6 +496,49 @@ class CudaBackend final : public Backend {
     cuda::mse(pred.f32(), target.f32(), grad_scale, losses.f32(), dp, n, k, stream_);
   }
 
+  void row_max(const Tensor& x, Tensor& out) override {
+    bind();
+    expect_cuda(x, "row_max", "x");
+    expect_cuda(out, "row_max", "out");
+    expect_numel(out, rows_of(x), "row_max", "out");
+    cuda::row_max(x.f32(), out.f32(), rows_of(x), cols_of(x), stream_);
+  }
+
+  void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
+                             Tensor& partial) override {
+    bind();
+    const char* op = "cross_entropy_partial";
+    const int64_t n = rows_of(logits);
+    expect_cuda(logits, op, "logits");
+    expect_cuda(targets, op, "targets", DType::i32);
+    expect_cuda(row_max, op, "row_max");
+    expect_cuda(partial, op, "partial");
+    expect_numel(targets, n, op, "targets");
+    expect_numel(row_max, n, op, "row_max");
+    expect_numel(partial, 2 * n, op, "partial");
+    cuda::cross_entropy_partial(logits.f32(), targets.i32(), vocab_start, row_max.f32(), partial.f32(), n,
+                                cols_of(logits), stream_);
+  }
+
+  void cross_entropy_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
+                            const Tensor& total, float grad_scale, Tensor& losses, Tensor* dlogits) override {
+    bind();
+    const char* op = "cross_entropy_finish";
+    const int64_t n = rows_of(logits);
+    expect_cuda(logits, op, "logits");
+    expect_cuda(targets, op, "targets", DType::i32);
+    expect_cuda(total, op, "total");
+    expect_cuda(losses, op, "losses");
+    expect_numel(total, 2 * n, op, "total");
+    expect_numel(losses, n, op, "losses");
+    if (dlogits) {
+      expect_cuda(*dlogits, op, "dlogits");
+      expect_numel(*dlogits, logits.numel(), op, "dlogits");
+    }
+    cuda::cross_entropy_finish(logits.f32(), targets.i32(), vocab_start, row_max.f32(), total.f32(), grad_scale,
+                               losses.f32(), dlogits ? dlogits->f32() : nullptr, n, cols_of(logits), stream_);
+  }
+
   void argmax(const Tensor& logits, Tensor& out) override {
     bind();
     expect_cuda(logits, "argmax", "logits");
@@ -506,30 +549,36 @@ class CudaBackend final : public Backend {
 
   // --- language models (GPT-2) ---------------------------------------------------------------
 
-  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out) override {
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
+                         int64_t vocab_start = 0) override {
     bind();
     const char* op = "embedding_forward";
     expect_cuda(tokens, op, "tokens", DType::i32);
     expect_cuda(wte, op, "wte");
-    expect_cuda(wpe, op, "wpe");
+    if (wpe.defined()) expect_cuda(wpe, op, "wpe");
     expect_cuda(out, op, "out");
     const int64_t n = tokens.numel(), C = cols_of(wte);
-    RELAY_ASSERT(cols_of(wpe) == C && T <= rows_of(wpe), op << ": wpe " << shape_str(wpe.shape()) << " for T " << T);
+    RELAY_ASSERT(!wpe.defined() || (cols_of(wpe) == C && T <= rows_of(wpe)),
+                 op << ": wpe " << shape_str(wpe.shape()) << " for T " << T);
     expect_numel(out, n * C, op, "out");
-    cuda::embedding_forward(tokens.i32(), wte.f32(), wpe.f32(), out.f32(), n, C, T, stream_);
+    cuda::embedding_forward(tokens.i32(), wte.f32(), wpe.defined() ? wpe.f32() : nullptr, out.f32(), n, C, T,
+                            vocab_start, rows_of(wte), stream_);
   }
 
-  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe) override {
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
+                          int64_t vocab_start = 0) override {
     bind();
     const char* op = "embedding_backward";
     expect_cuda(tokens, op, "tokens", DType::i32);
     expect_cuda(dout, op, "dout");
     expect_cuda(dwte, op, "dwte");
-    expect_cuda(dwpe, op, "dwpe");
+    if (dwpe.defined()) expect_cuda(dwpe, op, "dwpe");
     const int64_t n = tokens.numel(), C = cols_of(dwte);
     expect_numel(dout, n * C, op, "dout");
-    RELAY_ASSERT(cols_of(dwpe) == C && T <= rows_of(dwpe), op << ": dwpe " << shape_str(dwpe.shape()) << " for T " << T);
-    cuda::embedding_backward(tokens.i32(), dout.f32(), dwte.f32(), dwpe.f32(), n, C, T, stream_);
+    RELAY_ASSERT(!dwpe.defined() || (cols_of(dwpe) == C && T <= rows_of(dwpe)),
+                 op << ": dwpe " << shape_str(dwpe.shape()) << " for T " << T);
+    cuda::embedding_backward(tokens.i32(), dout.f32(), dwte.f32(), dwpe.defined() ? dwpe.f32() : nullptr, n, C, T,
+                             vocab_start, rows_of(dwte), stream_);
   }
 
   void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) override {

@@ -38,10 +38,11 @@ int run_train_command(const TrainOptions& o, int argc, char** argv) {
   try {
     Config cfg;
     agree_on_errors(MPI_COMM_WORLD, [&] { cfg = load_config(o.config, o.overrides); });
-    // From here on every blocking wait is watched (parallel.timeout); world rank = pp_rank x dp + dp_rank.
+    // From here on every blocking wait is watched (parallel.timeout).
     const double timeout = cfg.parallel.timeout == "0" ? 0 : parse_duration(cfg.parallel.timeout, "parallel.timeout");
     const int dp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.dp));
-    Watchdog watchdog(MPI_COMM_WORLD, timeout, [dp](int r) { return rank_label(r, dp); });
+    const int tp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.tp));
+    Watchdog watchdog(MPI_COMM_WORLD, timeout, [dp, tp](int r) { return rank_label(r, dp, tp); });
     set_active_watchdog(&watchdog);
     code = run_training(cfg);
     set_active_watchdog(nullptr);

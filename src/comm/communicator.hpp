@@ -34,8 +34,14 @@ class Communicator {
   // pair with one tag arrive in the order they were sent.
   virtual RequestPtr isend(const Tensor& t, int peer, int tag) = 0;
   virtual RequestPtr irecv(Tensor& t, int peer, int tag) = 0;
-  // In-place sum over all members; non-blocking.
-  virtual RequestPtr iallreduce_sum(Tensor& t) = 0;
+  // In-place reduction over all members; non-blocking.
+  virtual RequestPtr iallreduce(Tensor& t, ReduceOp op) = 0;
+  RequestPtr iallreduce_sum(Tensor& t) { return iallreduce(t, ReduceOp::sum); }
+  // ZeRO: in (size x n) summed over the members, member r receiving elements [r n, (r + 1) n) in out (n)
+  // (in and out must not overlap); and the reverse, in place: member r's part [r n, (r + 1) n) of
+  // buf (size x n) copied to every member. Non-blocking.
+  virtual RequestPtr ireduce_scatter_sum(const Tensor& in, Tensor& out) = 0;
+  virtual RequestPtr iallgather(Tensor& buf) = 0;
   virtual void broadcast(Tensor& t, int root) = 0;
 
   // Blocking reductions of a few host doubles (losses, norms, flags); always exact and ordered.

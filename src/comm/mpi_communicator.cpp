@@ -14,10 +14,11 @@ MPI_Datatype mpi_type(DType dt) { return dt == DType::f32 ? MPI_FLOAT : MPI_INT3
 // One pending MPI request; for device tensors a host staging buffer, uploaded on completion of a receive.
 class MpiRequest final : public Request {
  public:
-  MpiRequest(Backend& be, Tensor device_dst, std::vector<std::byte> staging, int peer = -1)
-      : be_(be), dst_(std::move(device_dst)), staging_(std::move(staging)), peer_(peer) {}
+  // result_offset: where in staging the result starts (a collective's input may come first).
+  MpiRequest(Backend& be, Tensor device_dst, std::vector<std::byte> staging, int peer = -1, size_t result_offset = 0)
+      : be_(be), dst_(std::move(device_dst)), staging_(std::move(staging)), peer_(peer), offset_(result_offset) {}
   MPI_Request* handle() { return &req_; }
-  void* staging() { return staging_.data(); }
+  void* staging() { return staging_.data() + offset_; }
   void wait() override {
     if (done_) return;
     watchdog_wait(&req_, what, peer_);
@@ -34,12 +35,13 @@ class MpiRequest final : public Request {
  private:
   void finish() {
     done_ = true;
-    if (dst_.defined()) be_.upload(dst_, staging_.data());
+    if (dst_.defined()) be_.upload(dst_, staging_.data() + offset_);
   }
   Backend& be_;
   Tensor dst_;  // defined only for staged receives / all-reduces
   std::vector<std::byte> staging_;
   int peer_;  // world rank of the other side, -1 for a collective
+  size_t offset_ = 0;
   MPI_Request req_ = MPI_REQUEST_NULL;
   bool done_ = false;
 };
@@ -85,18 +87,58 @@ RequestPtr MpiCommunicator::irecv(Tensor& t, int peer, int tag) {
   return r;
 }
 
-RequestPtr MpiCommunicator::iallreduce_sum(Tensor& t) {
+MPI_Op mpi_op_of(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : op == ReduceOp::max ? MPI_MAX : MPI_MIN; }
+
+RequestPtr MpiCommunicator::iallreduce(Tensor& t, ReduceOp op) {
   int count = static_cast<int>(t.numel());
   if (t.device() == Device::cpu) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
     r->what = "a gradient all-reduce";
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count, mpi_type(t.dtype()), MPI_SUM, comm_, r->handle()));
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count, mpi_type(t.dtype()), mpi_op_of(op), comm_, r->handle()));
     return r;
   }
   auto r = std::make_unique<MpiRequest>(be_, t, std::vector<std::byte>(t.bytes()));
   r->what = "a gradient all-reduce";
   be_.download(r->staging(), t);
-  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, r->staging(), count, mpi_type(t.dtype()), MPI_SUM, comm_, r->handle()));
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, r->staging(), count, mpi_type(t.dtype()), mpi_op_of(op), comm_, r->handle()));
+  return r;
+}
+
+RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
+  RELAY_ASSERT(in.numel() == out.numel() * size_, "reduce-scatter of " << in.numel() << " into " << out.numel()
+                                                                        << " x " << size_);
+  int count = static_cast<int>(out.numel());
+  if (in.device() == Device::cpu) {
+    auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
+    r->what = "a gradient reduce-scatter";
+    MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, mpi_type(in.dtype()), MPI_SUM, comm_, r->handle()));
+    return r;
+  }
+  // Staged: the whole input then the result share one host buffer (input first).
+  std::vector<std::byte> host(in.bytes() + out.bytes());
+  be_.download(host.data(), in);
+  auto r = std::make_unique<MpiRequest>(be_, out, std::move(host), -1, in.bytes());
+  r->what = "a gradient reduce-scatter";
+  auto* base = static_cast<std::byte*>(r->staging()) - in.bytes();
+  MPI_CHECK(MPI_Ireduce_scatter_block(base, r->staging(), count, mpi_type(in.dtype()), MPI_SUM, comm_, r->handle()));
+  return r;
+}
+
+RequestPtr MpiCommunicator::iallgather(Tensor& buf) {
+  RELAY_ASSERT(buf.numel() % size_ == 0, "all-gather of " << buf.numel() << " over " << size_);
+  int count = static_cast<int>(buf.numel() / size_);
+  if (buf.device() == Device::cpu) {
+    auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
+    r->what = "a parameter all-gather";
+    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw(), count, mpi_type(buf.dtype()), comm_,
+                             r->handle()));
+    return r;
+  }
+  auto r = std::make_unique<MpiRequest>(be_, buf, std::vector<std::byte>(buf.bytes()));
+  r->what = "a parameter all-gather";
+  be_.download(r->staging(), buf);
+  MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r->staging(), count, mpi_type(buf.dtype()), comm_,
+                           r->handle()));
   return r;
 }
 
@@ -117,7 +159,7 @@ void MpiCommunicator::broadcast(Tensor& t, int root) {
 }
 
 void MpiCommunicator::allreduce_host(double* values, int count, ReduceOp op, const std::string& what) {
-  MPI_Op mop = op == ReduceOp::sum ? MPI_SUM : op == ReduceOp::max ? MPI_MAX : MPI_MIN;
+  MPI_Op mop = mpi_op_of(op);
   MPI_Request req;
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, mop, comm_, &req));
   watchdog_wait(&req, what);

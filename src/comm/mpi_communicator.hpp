@@ -21,7 +21,9 @@ class MpiCommunicator final : public Communicator {
 
   RequestPtr isend(const Tensor& t, int peer, int tag) override;
   RequestPtr irecv(Tensor& t, int peer, int tag) override;
-  RequestPtr iallreduce_sum(Tensor& t) override;
+  RequestPtr iallreduce(Tensor& t, ReduceOp op) override;
+  RequestPtr ireduce_scatter_sum(const Tensor& in, Tensor& out) override;
+  RequestPtr iallgather(Tensor& buf) override;
   void broadcast(Tensor& t, int root) override;
   void allreduce_host(double* values, int count, ReduceOp op, const std::string& what = "a host reduction") override;
   void barrier() override;

@@ -210,13 +210,39 @@ class NcclCommunicator final : public Communicator {
     return req;
   }
 
-  RequestPtr iallreduce_sum(Tensor& t) override {
+  RequestPtr iallreduce(Tensor& t, ReduceOp op) override {
     CUDA_CHECK(cudaSetDevice(device_));
-    check_device_tensor(t, "iallreduce_sum");
+    check_device_tensor(t, "iallreduce");
     after_compute(coll_stream_);
+    const ncclRedOp_t nop = op == ReduceOp::sum ? ncclSum : op == ReduceOp::max ? ncclMax : ncclMin;
     if (t.numel() > 0)
-      NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), ncclSum,
-                               group_comm_, coll_stream_));
+      NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), nccl_type(t), nop, group_comm_,
+                               coll_stream_));
+    return finish(coll_stream_);
+  }
+
+  RequestPtr ireduce_scatter_sum(const Tensor& in, Tensor& out) override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    check_device_tensor(in, "ireduce_scatter_sum");
+    check_device_tensor(out, "ireduce_scatter_sum");
+    RELAY_ASSERT(in.numel() == out.numel() * size_, "reduce-scatter of " << in.numel() << " into " << out.numel());
+    after_compute(coll_stream_);
+    if (out.numel() > 0)
+      NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()), nccl_type(in), ncclSum,
+                                   group_comm_, coll_stream_));
+    return finish(coll_stream_);
+  }
+
+  RequestPtr iallgather(Tensor& buf) override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    check_device_tensor(buf, "iallgather");
+    RELAY_ASSERT(buf.numel() % size_ == 0, "all-gather of " << buf.numel() << " over " << size_);
+    after_compute(coll_stream_);
+    const size_t count = static_cast<size_t>(buf.numel() / size_);
+    if (count > 0) {  // in place: this rank's part already sits at rank * count
+      const Tensor mine = buf.rows(static_cast<int64_t>(count) * rank_, static_cast<int64_t>(count));
+      NCCL_CHECK(ncclAllGather(mine.raw(), buf.raw(), count, nccl_type(buf), group_comm_, coll_stream_));
+    }
     return finish(coll_stream_);
   }
 

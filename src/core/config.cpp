@@ -247,7 +247,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
 
   Section train(tab("train"), "train", source,
                 {"steps", "batch_size", "micro_batches", "log_every", "eval_every", "clip_grad_norm", "device",
-                 "precision", "threads", "time_limit"});
+                 "precision", "threads", "time_limit", "recompute"});
   train.integer("steps", c.train.steps, 1, INT64_MAX / 4, true);
   train.integer("batch_size", c.train.batch_size, 1, int64_t(1) << 31, true);
   train.integer("micro_batches", c.train.micro_batches, 1, 1 << 20);
@@ -258,9 +258,10 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   train.choice("precision", c.train.precision, {"fp32", "bf16"});
   train.integer("threads", c.train.threads, 0, 4096);
   train.str("time_limit", c.train.time_limit);
+  train.choice("recompute", c.train.recompute, {"none", "blocks"});
   if (!c.train.time_limit.empty()) parse_duration(c.train.time_limit, source + ": train.time_limit");
 
-  Section opt(tab("optimizer"), "optimizer", source, {"name", "lr", "betas", "eps", "weight_decay", "momentum"});
+  Section opt(tab("optimizer"), "optimizer", source, {"name", "lr", "betas", "eps", "weight_decay", "momentum", "zero"});
   opt.choice("name", c.optimizer.name, {"adamw", "sgd"});
   opt.real("lr", c.optimizer.lr, 0, 1e6);
   if (auto* b = opt.get("betas")) {
@@ -276,6 +277,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   opt.real("eps", c.optimizer.eps, 0, 1, true);
   opt.real("weight_decay", c.optimizer.weight_decay, 0, 1e6);
   opt.real("momentum", c.optimizer.momentum, 0, 1);
+  opt.boolean("zero", c.optimizer.zero);
   if (c.optimizer.name == "adamw" && c.optimizer.momentum != 0)
     opt.fail("momentum", "is an SGD setting; with optimizer.name = \"adamw\" use optimizer.betas");
 
@@ -289,15 +291,31 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     lrs.fail("min_lr", cat("must be <= optimizer.lr (", c.optimizer.lr, "), got ", c.lr_schedule.min_lr));
 
   Section par(tab("parallel"), "parallel", source,
-              {"dp", "pp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "timeout"});
+              {"dp", "pp", "tp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "timeout"});
   par.integer("dp", c.parallel.dp, 1, 1 << 20);
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
+  par.integer("tp", c.parallel.tp, 1, 1 << 12);
   par.choice("schedule", c.parallel.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
   par.integer("virtual_stages", c.parallel.virtual_stages, 1, 1024);
   par.real("bucket_mb", c.parallel.bucket_mb, 0, 1e6, true);
   par.choice("comm", c.parallel.comm, {"auto", "nccl", "mpi"});
   par.str("timeout", c.parallel.timeout);
   if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, source + ": parallel.timeout");
+  if (c.parallel.tp > 1) {
+    if (!c.model.is_gpt())
+      par.fail("tp", cat("= ", c.parallel.tp, " needs model.type = \"gpt\" (tensor parallelism splits attention heads, "
+                         "MLP units and the vocabulary; an MLP model uses parallel.dp and parallel.pp)"));
+    if (c.model.n_head % c.parallel.tp != 0)
+      par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_head = ", c.model.n_head,
+                         " (each tensor-parallel rank holds whole attention heads)"));
+    if (c.model.vocab_size < c.parallel.tp)
+      par.fail("tp", cat("= ", c.parallel.tp, " is more than model.vocab_size = ", c.model.vocab_size));
+  }
+  if (c.train.recompute == "blocks" && c.parallel.schedule == "zb-h1")
+    train.fail("recompute", "= \"blocks\" does not combine with parallel.schedule = \"zb-h1\" (its separate weight-"
+                            "gradient step needs each block's saved intermediates; use 1f1b or interleaved)");
+  if (c.train.recompute == "blocks" && !c.model.is_gpt())
+    train.fail("recompute", "= \"blocks\" recomputes transformer blocks and needs model.type = \"gpt\"");
   if (auto* b = par.get("balance")) {
     auto* arr = b->as_array();
     if (!arr) par.fail("balance", cat("expected an array of integers, got ", type_name(*b)));
@@ -375,14 +393,15 @@ std::string Config::to_toml() const {
     << "\nmicro_batches = " << train.micro_batches << "\nlog_every = " << train.log_every
     << "\neval_every = " << train.eval_every << "\nclip_grad_norm = " << num(train.clip_grad_norm)
     << "\ndevice = " << q(train.device) << "\nprecision = " << q(train.precision) << "\nthreads = " << train.threads
-    << "\n";
+    << "\nrecompute = " << q(train.recompute) << "\n";
   if (!train.time_limit.empty()) o << "time_limit = " << q(train.time_limit) << "\n";
   o << "\n[optimizer]\nname = " << q(optimizer.name) << "\nlr = " << num(optimizer.lr) << "\nbetas = ["
     << num(optimizer.beta1) << ", " << num(optimizer.beta2) << "]\neps = " << num(optimizer.eps)
-    << "\nweight_decay = " << num(optimizer.weight_decay) << "\nmomentum = " << num(optimizer.momentum) << "\n\n";
+    << "\nweight_decay = " << num(optimizer.weight_decay) << "\nmomentum = " << num(optimizer.momentum)
+    << "\nzero = " << (optimizer.zero ? "true" : "false") << "\n\n";
   o << "[lr_schedule]\nname = " << q(lr_schedule.name) << "\nwarmup_steps = " << lr_schedule.warmup_steps
     << "\nmin_lr = " << num(lr_schedule.min_lr) << "\n\n";
-  o << "[parallel]\ndp = " << parallel.dp << "\npp = " << parallel.pp << "\nschedule = " << q(parallel.schedule)
+  o << "[parallel]\ndp = " << parallel.dp << "\npp = " << parallel.pp << "\ntp = " << parallel.tp << "\nschedule = " << q(parallel.schedule)
     << "\nvirtual_stages = " << parallel.virtual_stages << "\n";
   if (!parallel.balance.empty()) {
     o << "balance = [";

@@ -47,6 +47,7 @@ struct Config {
     std::string precision = "fp32"; // fp32 | bf16 (cuda)
     int64_t threads = 0;            // CPU threads per rank; 0 = the cores given to this rank
     std::string time_limit;         // e.g. "3h50m"; empty = none
+    std::string recompute = "none"; // none | blocks: keep only each transformer block's input, recompute in backward
   } train;
   struct Optimizer {
     std::string name = "adamw";  // adamw | sgd
@@ -55,6 +56,7 @@ struct Config {
     double eps = 1e-8;
     double weight_decay = 0.01;
     double momentum = 0.0;
+    bool zero = false;           // ZeRO-1: optimizer state and master weights sharded over the dp group
   } optimizer;
   struct LrSchedule {
     std::string name = "constant";  // constant | cosine
@@ -63,6 +65,7 @@ struct Config {
   } lr_schedule;
   struct Parallel {
     int64_t dp = 1, pp = 1;
+    int64_t tp = 1;                 // tensor parallelism (GPT): world = dp x tp x pp, tp fastest-varying
     std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
     int64_t virtual_stages = 1;
     std::vector<int64_t> balance;   // layers per chunk; empty = balanced by FLOPs

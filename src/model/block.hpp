@@ -43,6 +43,8 @@ class Block {
   virtual ~Block() = default;
   const BlockSpec& spec() const { return spec_; }
   const std::vector<Param*>& params() const { return params_; }
+  // This rank's output width: spec().out, or its vocabulary shard for a tensor-parallel head.
+  virtual int64_t out_width() const { return spec_.out; }
 
   // Sizes `saved` for `rows` rows (once per slot; reused every step).
   virtual void allocate_saved(Backend&, int64_t rows, BlockSaved&) {}

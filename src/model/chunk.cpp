@@ -6,10 +6,11 @@
 namespace relay {
 
 ModelChunk::ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Block>> blocks, bool is_first, bool is_last,
-                       bool alias_output_grad)
+                       bool alias_output_grad, bool recompute)
     : be_(be), id_(id), blocks_(std::move(blocks)), is_first_(is_first), is_last_(is_last),
       alias_output_grad_(alias_output_grad) {
   RELAY_ASSERT(!blocks_.empty(), "chunk " << id << " has no blocks");
+  for (auto& b : blocks_) recomputed_.push_back(recompute && b->spec().kind == BlockKind::transformer);
   first_param_block_ = blocks_.size();
   for (size_t k = 0; k < blocks_.size(); ++k)
     if (!blocks_[k]->params().empty()) { first_param_block_ = k; break; }
@@ -41,15 +42,25 @@ ModelChunk::Slot& ModelChunk::slot(int s, int64_t rows) {
     sl.saved.assign(L, BlockSaved());
     sl.acts[0] = in_width() == 0 ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {rows, in_width()});
     for (size_t k = 0; k < L; ++k) {
-      const int64_t w = blocks_[k]->spec().out;
+      const int64_t w = blocks_[k]->out_width();
       sl.acts[k + 1] = Tensor(be_, {rows, w});
       sl.grads[k + 1] = (k + 1 == L && alias_output_grad_) ? sl.acts[k + 1] : Tensor(be_, {rows, w});
-      blocks_[k]->allocate_saved(be_, rows, sl.saved[k]);
+      if (!recomputed_[k]) blocks_[k]->allocate_saved(be_, rows, sl.saved[k]);
+    }
+    if (scratch_rows_ < rows) {  // every recomputed block sizes the one scratch set (they share shapes)
+      for (size_t k = 0; k < L; ++k)
+        if (recomputed_[k]) {
+          blocks_[k]->allocate_saved(be_, rows, scratch_);
+          scratch_out_ = Tensor(be_, {rows, blocks_[k]->out_width()});
+        }
+      scratch_rows_ = rows;
     }
     if (!is_first_) sl.grads[0] = Tensor(be_, {rows, in_width()});
   }
   return sl;
 }
+
+BlockSaved& ModelChunk::saved(Slot& sl, size_t k) { return recomputed_[k] ? scratch_ : sl.saved[k]; }
 
 Tensor ModelChunk::input(int s, int64_t rows) { return slot(s, rows).acts[0].rows(0, rows); }
 Tensor ModelChunk::output_grad(int s, int64_t rows) { return slot(s, rows).grads.back().rows(0, rows); }
@@ -64,13 +75,15 @@ Tensor ModelChunk::forward(int s, int64_t rows) {
   Slot& sl = slot(s, rows);
   for (size_t k = 0; k < blocks_.size(); ++k) {
     Tensor y = sl.acts[k + 1].rows(0, rows);
-    blocks_[k]->forward(be_, sl.acts[k].rows(0, rows), y, sl.saved[k]);
+    blocks_[k]->forward(be_, sl.acts[k].rows(0, rows), y, saved(sl, k));
   }
   return sl.acts.back().rows(0, rows);
 }
 
 Tensor ModelChunk::backward_input(int s, int64_t rows) {
   Slot& sl = slot(s, rows);
+  for (size_t k = 0; k < blocks_.size(); ++k)
+    RELAY_ASSERT(!recomputed_[k], "a recomputed block's backward runs B and W together (ModelChunk::backward)");
   for (size_t k = blocks_.size(); k-- > 0;) {
     if (!needs_input_grad(k)) break;
     Tensor dx = sl.grads[k].rows(0, rows);
@@ -83,19 +96,24 @@ void ModelChunk::backward_weight(int s, int64_t rows) {
   Slot& sl = slot(s, rows);
   for (size_t k = blocks_.size(); k-- > 0;)
     if (!blocks_[k]->params().empty())
-      blocks_[k]->backward_weight(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), sl.saved[k]);
+      blocks_[k]->backward_weight(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), saved(sl, k));
 }
 
 Tensor ModelChunk::backward(int s, int64_t rows) {
   Slot& sl = slot(s, rows);
   for (size_t k = blocks_.size(); k-- > 0;) {
     Tensor x = sl.acts[k].rows(0, rows), dy = sl.grads[k + 1].rows(0, rows);
+    BlockSaved& sv = saved(sl, k);
+    if (recomputed_[k]) {  // the forward again, from the kept input; its output (already used) is dropped
+      Tensor y = scratch_out_.rows(0, rows);
+      blocks_[k]->forward(be_, x, y, sv);
+    }
     // Input gradient first: a block's backward_input may leave intermediates its backward_weight reads.
     if (needs_input_grad(k)) {
       Tensor dx = sl.grads[k].rows(0, rows);
-      blocks_[k]->backward_input(be_, x, dy, dx, sl.saved[k]);
+      blocks_[k]->backward_input(be_, x, dy, dx, sv);
     }
-    if (!blocks_[k]->params().empty()) blocks_[k]->backward_weight(be_, x, dy, sl.saved[k]);
+    if (!blocks_[k]->params().empty()) blocks_[k]->backward_weight(be_, x, dy, sv);
   }
   return is_first_ ? Tensor() : sl.grads[0].rows(0, rows);
 }

@@ -3,6 +3,11 @@
 // Buffers are allocated on first use per slot and reused for every later step (no steady-state
 // allocation). Backward is split into backward_input (B) and backward_weight (W) for zero-bubble
 // schedules (Qi et al., arXiv:2401.10241); backward() runs both, block by block.
+//
+// Activation recomputation (train.recompute = "blocks"; Chen et al., arXiv:1604.06174, as Megatron-LM's
+// full recomputation): a transformer block keeps nothing per micro-batch but its input; its forward
+// writes its intermediates into one scratch set shared by every slot, and its backward runs the forward
+// again from the kept input first. Needs B and W together (not zero-bubble schedules).
 #pragma once
 #include <memory>
 #include <vector>
@@ -16,12 +21,12 @@ class ModelChunk {
   // alias_output_grad: the output gradient is written over the output (the last chunk of a model
   // whose loss computes its gradient in place, so a vocabulary-sized logits buffer exists once).
   ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Block>> blocks, bool is_first, bool is_last,
-             bool alias_output_grad = false);
+             bool alias_output_grad = false, bool recompute = false);
   int id() const { return id_; }
   bool is_first() const { return is_first_; }
   bool is_last() const { return is_last_; }
   int64_t in_width() const { return blocks_.front()->spec().in; }  // 0: token ids
-  int64_t out_width() const { return blocks_.back()->spec().out; }
+  int64_t out_width() const { return blocks_.back()->out_width(); }
   const std::vector<std::unique_ptr<Block>>& blocks() const { return blocks_; }
   std::vector<Param*> params();  // in block order, each Param once
 
@@ -50,6 +55,8 @@ class ModelChunk {
   };
   Slot& slot(int s, int64_t rows);
   bool needs_input_grad(size_t k) const;
+  // Where block k keeps its intermediates for this slot: the slot's own set, or the shared scratch.
+  BlockSaved& saved(Slot& sl, size_t k);
 
   Backend& be_;
   int id_;
@@ -57,6 +64,10 @@ class ModelChunk {
   bool is_first_, is_last_, alias_output_grad_;
   size_t first_param_block_;  // in the first chunk, no gradient is needed below this block
   std::vector<Slot> slots_;
+  std::vector<bool> recomputed_;  // per block
+  BlockSaved scratch_;            // the recomputed blocks' intermediates, for scratch_rows_ rows
+  Tensor scratch_out_;            // (scratch_rows_, C) a recomputed forward's output
+  int64_t scratch_rows_ = 0;
 };
 
 }  // namespace relay

@@ -2,6 +2,14 @@
 // (token + learned position), the pre-LayerNorm transformer block (causal multi-head self-attention
 // and a 4x GELU-tanh MLP, each with a residual) and the head (ln_f, then logits against the token
 // embedding when tied). Rows are tokens: a micro-batch of S sequences of T tokens has S*T rows.
+//
+// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) with tp ranks: each rank holds H/tp heads of the
+// attention (QKV column-parallel, the output projection row-parallel) and 4C/tp of the MLP's hidden
+// units (c_fc column-parallel, c_proj row-parallel); one all-reduce after each row-parallel projection
+// in the forward and one of each column-parallel input gradient in the backward. LayerNorms, the
+// row-parallel biases and the position embedding are replicated and their gradients are equal on every
+// tp rank. The token embedding and the head are vocabulary-parallel. With tp = 1 every all-reduce is a
+// no-op and the arithmetic is exactly the serial model's.
 #include <cmath>
 
 #include "model/blocks.hpp"
@@ -11,18 +19,28 @@ namespace relay {
 namespace {
 
 // x i32 (n) token ids -> y (n, C) = wte[x] + wpe[position]. Params: wte (V, C), wpe (block_size, C).
+// Vocabulary-parallel: rank r holds wte rows [vocab_start, ...); the other ranks' tokens give 0 and the
+// all-reduce adds the one rank's row (exactly: the rest are zeros); tp rank 0 alone adds the positions.
 class Embedding final : public Block {
  public:
-  using Block::Block;
+  Embedding(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
+      : Block(spec, std::move(params)), tp_(tp),
+        vocab_start_(tp_begin(params_[0]->full_shape[0], tp.size, tp.rank)) {}
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
-    be.embedding_forward(x, param(0).value, param(1).value, spec_.seq_len, y);
+    const Tensor none;
+    be.embedding_forward(x, param(0).value, tp_.rank == 0 ? param(1).value : none, spec_.seq_len, y, vocab_start_);
+    tp_.allreduce_sum(y, "the embedding all-reduce");  // (n, C)
   }
   void backward_input(Backend&, const Tensor&, const Tensor&, Tensor&, BlockSaved&) override {
     RELAY_ASSERT(false, "the embedding has no input gradient (its input is token ids)");
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved&) override {
-    be.embedding_backward(x, dy, spec_.seq_len, param(0).grad, param(1).grad);
+    be.embedding_backward(x, dy, spec_.seq_len, param(0).grad, param(1).grad, vocab_start_);
   }
+
+ private:
+  TensorParallel tp_;
+  int64_t vocab_start_;
 };
 
 // Parameter roles of a transformer block, in spec order; biases are absent when model.bias = false.
@@ -56,31 +74,33 @@ const Tensor& beta_or_zero(const Param* b, const Tensor& zero) { return b ? b->v
 // y = x + proj(attn(ln_1(x))); out = y + mproj(gelu(fc(ln_2(y)))). x, out (n, C).
 class Transformer final : public Block {
  public:
-  Transformer(const BlockSpec& spec, std::vector<Param*> params)
-      : Block(spec, std::move(params)), p_(transformer_params(params_, spec.bias)) {}
+  Transformer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
+      : Block(spec, std::move(params)), p_(transformer_params(params_, spec.bias)), tp_(tp),
+        H_(spec.n_head / tp.size), Cl_(spec.in / tp.size) {}
 
   // saved.t: the forward's intermediates, then the backward-input's gradients that backward-weight reads.
+  // Widths are this tp rank's: Cl = C / tp (its H / tp heads), 4 Cl hidden units.
   enum : size_t { kLn1, kMean1, kRstd1, kQkv, kAtt, kAtty, kRes1, kLn2, kMean2, kRstd2, kFch, kFcg,
                   kGRes1, kGFch, kGLn2, kGQkv, kGLn1, kCount };
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
-    const int64_t C = spec_.in, T = spec_.seq_len, H = spec_.n_head, B = n / T;
+    const int64_t C = spec_.in, T = spec_.seq_len, H = H_, B = n / T, Cl = Cl_;
     s.t.resize(kCount);
     s.t[kLn1] = Tensor(be, {n, C});
     s.t[kMean1] = Tensor(be, {n});
     s.t[kRstd1] = Tensor(be, {n});
-    s.t[kQkv] = Tensor(be, {n, 3 * C});
+    s.t[kQkv] = Tensor(be, {n, 3 * Cl});
     s.t[kAtt] = Tensor(be, {B, H, T, T});
-    s.t[kAtty] = Tensor(be, {n, C});
+    s.t[kAtty] = Tensor(be, {n, Cl});
     s.t[kRes1] = Tensor(be, {n, C});
     s.t[kLn2] = Tensor(be, {n, C});
     s.t[kMean2] = Tensor(be, {n});
     s.t[kRstd2] = Tensor(be, {n});
-    s.t[kFch] = Tensor(be, {n, 4 * C});
-    s.t[kFcg] = Tensor(be, {n, 4 * C});
+    s.t[kFch] = Tensor(be, {n, 4 * Cl});
+    s.t[kFcg] = Tensor(be, {n, 4 * Cl});
     s.t[kGRes1] = Tensor(be, {n, C});
-    s.t[kGFch] = Tensor(be, {n, 4 * C});
+    s.t[kGFch] = Tensor(be, {n, 4 * Cl});
     s.t[kGLn2] = Tensor(be, {n, C});
-    s.t[kGQkv] = Tensor(be, {n, 3 * C});
+    s.t[kGQkv] = Tensor(be, {n, 3 * Cl});
     s.t[kGLn1] = Tensor(be, {n, C});
     if (!spec_.bias) {
       zero_ = Tensor(be, {C});
@@ -94,14 +114,14 @@ class Transformer final : public Block {
     Tensor ln1 = v(kLn1), mean1 = v(kMean1), rstd1 = v(kRstd1), qkv = v(kQkv), att = att_view(s, n), atty = v(kAtty);
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->value, beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
-    linear(be, ln1, *p_.attn_w, p_.attn_b, qkv);                          // (n, 3C)
-    be.attention_forward(qkv, n / T, T, spec_.n_head, att, atty);          // (n, C)
-    linear(be, atty, *p_.proj_w, p_.proj_b, res1);                        // (n, C)
+    linear(be, ln1, *p_.attn_w, p_.attn_b, qkv);                          // (n, 3Cl) column-parallel
+    be.attention_forward(qkv, n / T, T, H_, att, atty);                   // (n, Cl) this rank's heads
+    row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (n, C)
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->value, beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
-    linear(be, ln2, *p_.fc_w, p_.fc_b, fch);                              // (n, 4C)
+    linear(be, ln2, *p_.fc_w, p_.fc_b, fch);                              // (n, 4Cl) column-parallel
     be.activation_forward(Activation::gelu_tanh, fch, fcg);
-    linear(be, fcg, *p_.mproj_w, p_.mproj_b, y);                          // (n, C)
+    row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (n, C)
     be.add(y, res1, y);                                                   // residual 2
   }
 
@@ -109,15 +129,18 @@ class Transformer final : public Block {
     const int64_t n = x.size(0), T = spec_.seq_len;
     auto v = [&](size_t k) { return view(s, k, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
-    be.matmul(dy, false, p_.mproj_w->value, false, g_fch, 1.f, 0.f);                 // (n, 4C) d gelu out
-    be.activation_backward(Activation::gelu_tanh, v(kFch), g_fch, g_fch);            // (n, 4C) d fc out
-    be.matmul(g_fch, false, p_.fc_w->value, false, g_ln2, 1.f, 0.f);                 // (n, C) d ln_2 out
+    be.matmul(dy, false, p_.mproj_w->value, false, g_fch, 1.f, 0.f);                 // (n, 4Cl) d gelu out
+    be.activation_backward(Activation::gelu_tanh, v(kFch), g_fch, g_fch);            // (n, 4Cl) d fc out
+    be.matmul(g_fch, false, p_.fc_w->value, false, g_ln2, 1.f, 0.f);                 // (n, C) d ln_2 out, partial
+    tp_.allreduce_sum(g_ln2, "the MLP input-gradient all-reduce");                    // (n, C) whole
     Tensor tmp = g_ln1;                                                               // (n, C) scratch
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->value, v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (n, C) d res1
-    be.matmul(g_res1, false, p_.proj_w->value, false, tmp, 1.f, 0.f);                // (n, C) d atty
-    be.attention_backward(tmp, v(kQkv), att_view(s, n), n / T, T, spec_.n_head, g_qkv);  // (n, 3C)
-    be.matmul(g_qkv, false, p_.attn_w->value, false, g_ln1, 1.f, 0.f);              // (n, C) d ln_1 out
+    Tensor g_atty = g_ln1.view({n * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
+    be.matmul(g_res1, false, p_.proj_w->value, false, g_atty, 1.f, 0.f);             // (n, Cl) d atty
+    be.attention_backward(g_atty, v(kQkv), att_view(s, n), n / T, T, H_, g_qkv);     // (n, 3Cl)
+    be.matmul(g_qkv, false, p_.attn_w->value, false, g_ln1, 1.f, 0.f);              // (n, C) d ln_1 out, partial
+    tp_.allreduce_sum(g_ln1, "the attention input-gradient all-reduce");              // (n, C) whole
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->value, v(kMean1), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                           // residual 1
   }
@@ -141,6 +164,12 @@ class Transformer final : public Block {
     be.matmul(x, false, w.value, true, y, 1.f, 0.f);
     if (b) be.add_bias(y, b->value);
   }
+  // Row-parallel: y (n, out) = sum over tp of x_r (n, in/tp) @ W_r^T, then the replicated bias.
+  void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* what) {
+    be.matmul(x, false, w.value, true, y, 1.f, 0.f);
+    tp_.allreduce_sum(y, what);
+    if (b) be.add_bias(y, b->value);
+  }
   // dW (out, in) += dy^T @ x; db (out) += colsum(dy)
   static void linear_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w, Param* b) {
     be.matmul(dy, true, x, false, w.grad, 1.f, 1.f);
@@ -157,18 +186,24 @@ class Transformer final : public Block {
   }
 
   TransformerParams p_;
+  TensorParallel tp_;
+  int64_t H_, Cl_;               // this rank's heads and attention width
   Tensor zero_, dbeta_scratch_;  // (C), only when model.bias = false
 };
 
 // x (n, C) -> logits (n, V) = ln_f(x) @ W^T, W the token embedding (tied) or lm_head.weight.
 // Params: ln_f.weight, [ln_f.bias], W (V, C). saved: ln_f out (n, C), mean, rstd (n), d ln_f out (n, C).
+// Vocabulary-parallel: this rank's logits are columns [vocab_start, ...) of (n, V), out_width() of them;
+// the input gradient is summed over the tp group.
 class Head final : public Block {
  public:
-  Head(const BlockSpec& spec, std::vector<Param*> params) : Block(spec, std::move(params)) {
+  Head(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
+      : Block(spec, std::move(params)), tp_(tp) {
     ln_w_ = params_[0];
     ln_b_ = spec.bias ? params_[1] : nullptr;
     w_ = params_.back();
   }
+  int64_t out_width() const override { return w_->value.size(0); }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     const int64_t C = spec_.in;
     s.t = {Tensor(be, {n, C}), Tensor(be, {n}), Tensor(be, {n}), Tensor(be, {n, C})};
@@ -182,12 +217,13 @@ class Head final : public Block {
     const int64_t n = x.size(0);
     Tensor lnf = s.t[0].rows(0, n), mean = s.t[1].rows(0, n), rstd = s.t[2].rows(0, n);
     be.layernorm_forward(x, ln_w_->value, beta_or_zero(ln_b_, zero_), float(spec_.eps), lnf, mean, rstd);
-    be.matmul(lnf, false, w_->value, true, y, 1.f, 0.f);  // (n, C) @ (C, V)
+    be.matmul(lnf, false, w_->value, true, y, 1.f, 0.f);  // (n, C) @ (C, Vl): this rank's vocabulary columns
   }
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
     const int64_t n = x.size(0);
     Tensor g = s.t[3].rows(0, n);
-    be.matmul(dy, false, w_->value, false, g, 1.f, 0.f);  // (n, V) @ (V, C)
+    be.matmul(dy, false, w_->value, false, g, 1.f, 0.f);  // (n, Vl) @ (Vl, C), partial over tp
+    tp_.allreduce_sum(g, "the head's input-gradient all-reduce");  // (n, C)
     be.layernorm_backward_input(g, x, ln_w_->value, s.t[1].rows(0, n), s.t[2].rows(0, n), dx);
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
@@ -198,17 +234,18 @@ class Head final : public Block {
   }
 
  private:
+  TensorParallel tp_;
   Param *ln_w_, *ln_b_, *w_;
   Tensor zero_, dbeta_scratch_;
 };
 
 }  // namespace
 
-std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*> params) {
+std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp) {
   switch (spec.kind) {
-    case BlockKind::embedding: return std::make_unique<Embedding>(spec, std::move(params));
-    case BlockKind::transformer: return std::make_unique<Transformer>(spec, std::move(params));
-    case BlockKind::head: return std::make_unique<Head>(spec, std::move(params));
+    case BlockKind::embedding: return std::make_unique<Embedding>(spec, std::move(params), tp);
+    case BlockKind::transformer: return std::make_unique<Transformer>(spec, std::move(params), tp);
+    case BlockKind::head: return std::make_unique<Head>(spec, std::move(params), tp);
     default: break;
   }
   RELAY_ASSERT(false, "make_gpt_block: not a GPT block kind: " << block_kind_name(spec.kind));

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/backend.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace relay {
 
@@ -13,7 +14,10 @@ LossKind parse_loss(const std::string& name);
 
 class Loss {
  public:
-  Loss(Backend& be, LossKind kind, int64_t width) : be_(be), kind_(kind), width_(width) {}
+  // width: this rank's columns. With tp.size > 1 (a vocabulary-parallel head) the logits are columns
+  // [vocab_start, vocab_start + width) and the loss is Megatron-LM's vocabulary-parallel cross-entropy.
+  Loss(Backend& be, LossKind kind, int64_t width, TensorParallel tp = {}, int64_t vocab_start = 0)
+      : be_(be), kind_(kind), width_(width), tp_(tp), vocab_start_(vocab_start) {}
   LossKind kind() const { return kind_; }
   // Targets buffer for a slot: i32 (rows) for cross_entropy, f32 (rows, width) for mse.
   Tensor targets(int slot, int64_t rows);
@@ -23,13 +27,20 @@ class Loss {
   void evaluate(int slot, const Tensor& out, double& loss_sum, int64_t& correct);
 
  private:
-  struct Slot { int64_t capacity = 0; Tensor targets, losses, predictions; };
+  struct Slot { int64_t capacity = 0; Tensor targets, losses, predictions, row_max, partial; };
   Slot& slot(int s, int64_t rows);
   double sum_losses(const Tensor& losses);
+  // The vocabulary-parallel cross-entropy: losses (rows); dout over this rank's columns when not null.
+  void parallel_cross_entropy(Slot& sl, const Tensor& out, int64_t rows, float grad_scale, Tensor& losses,
+                              Tensor* dout);
+  // Correct predictions of the whole vocabulary's argmax (first maximum wins) over the tp group.
+  int64_t parallel_correct(Slot& sl, const Tensor& out, int64_t rows);
 
   Backend& be_;
   LossKind kind_;
   int64_t width_;
+  TensorParallel tp_;
+  int64_t vocab_start_;
   std::vector<Slot> slots_;
   std::vector<float> host_losses_;
   std::vector<int32_t> host_i32_;

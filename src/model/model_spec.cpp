@@ -73,12 +73,17 @@ ModelSpec gpt_spec(const Config& cfg) {
   const int64_t V = c.vocab_size, T = c.block_size, C = c.n_embd, L = c.n_layer;
   const double std_w = c.init_std, std_proj = c.init_std / std::sqrt(2.0 * double(L));
   auto normal = [](const std::string& name, double s) { return ParamInit{ParamInit::normal, s, name_stream(name), 0}; };
-  auto w = [&](const std::string& name, Shape shape, double s) { return ParamSpec{name, std::move(shape), normal(name, s)}; };
+  auto w = [&](const std::string& name, Shape shape, double s, TpSplit split = {}) {
+    return ParamSpec{name, std::move(shape), normal(name, s), split};
+  };
+  // Tensor-parallel splits (Megatron-LM): column-parallel = dim 0 (the QKV weight in 3 parts, q, k and
+  // v, so each rank holds whole heads), row-parallel = dim 1, vocabulary-parallel = dim 0.
+  const TpSplit col{0, 1}, qkv{0, 3}, row{1, 1}, vocab{0, 1};
   ModelSpec m;
   m.gpt = true;
   m.seq_len = T;
   m.output_dim = V;
-  const ParamSpec wte = w("transformer.wte.weight", {V, C}, std_w);
+  const ParamSpec wte = w("transformer.wte.weight", {V, C}, std_w, vocab);
 
   BlockSpec emb;
   emb.kind = BlockKind::embedding;
@@ -100,15 +105,15 @@ ModelSpec gpt_spec(const Config& cfg) {
     auto add = [&](ParamSpec s, bool present = true) { if (present) b.params.push_back(std::move(s)); };
     add({p + "ln_1.weight", {C}, constant(1)});
     add({p + "ln_1.bias", {C}, constant(0)}, c.bias);
-    add(w(p + "attn.c_attn.weight", {3 * C, C}, std_w));
-    add({p + "attn.c_attn.bias", {3 * C}, constant(0)}, c.bias);
-    add(w(p + "attn.c_proj.weight", {C, C}, std_proj));
+    add(w(p + "attn.c_attn.weight", {3 * C, C}, std_w, qkv));
+    add({p + "attn.c_attn.bias", {3 * C}, constant(0), qkv}, c.bias);
+    add(w(p + "attn.c_proj.weight", {C, C}, std_proj, row));
     add({p + "attn.c_proj.bias", {C}, constant(0)}, c.bias);
     add({p + "ln_2.weight", {C}, constant(1)});
     add({p + "ln_2.bias", {C}, constant(0)}, c.bias);
-    add(w(p + "mlp.c_fc.weight", {4 * C, C}, std_w));
-    add({p + "mlp.c_fc.bias", {4 * C}, constant(0)}, c.bias);
-    add(w(p + "mlp.c_proj.weight", {C, 4 * C}, std_proj));
+    add(w(p + "mlp.c_fc.weight", {4 * C, C}, std_w, col));
+    add({p + "mlp.c_fc.bias", {4 * C}, constant(0), col}, c.bias);
+    add(w(p + "mlp.c_proj.weight", {C, 4 * C}, std_proj, row));
     add({p + "mlp.c_proj.bias", {C}, constant(0)}, c.bias);
     // Per token: 2 x (3C^2 + C^2 + 4C^2 + 4C^2) in the projections, 2 x 2 x T x C in QK^T and att @ V.
     b.flops = 24.0 * double(C) * double(C) + 4.0 * double(T) * double(C);
@@ -123,7 +128,7 @@ ModelSpec gpt_spec(const Config& cfg) {
   head.bias = c.bias;
   head.params.push_back({"transformer.ln_f.weight", {C}, constant(1)});
   if (c.bias) head.params.push_back({"transformer.ln_f.bias", {C}, constant(0)});
-  head.params.push_back(c.tie_embeddings ? wte : w("lm_head.weight", {V, C}, std_w));
+  head.params.push_back(c.tie_embeddings ? wte : w("lm_head.weight", {V, C}, std_w, vocab));
   head.flops = 2.0 * double(C) * double(V);
   m.blocks.push_back(head);
   for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
@@ -136,13 +141,13 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
   return cfg.model.is_gpt() ? gpt_spec(cfg) : mlp_spec(cfg, input_dim);
 }
 
-std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store) {
+std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp) {
   std::vector<Param*> params;
   for (const ParamSpec& p : spec.params) params.push_back(store.get(p));
   switch (spec.kind) {
     case BlockKind::embedding:
     case BlockKind::transformer:
-    case BlockKind::head: return make_gpt_block(spec, std::move(params));
+    case BlockKind::head: return make_gpt_block(spec, std::move(params), tp);
     default: return make_mlp_block(spec, std::move(params));
   }
 }

@@ -22,7 +22,8 @@ struct ModelSpec {
 // input_dim: the MLP's feature count (from the data); ignored for GPT.
 ModelSpec make_model_spec(const Config& cfg, int64_t input_dim);
 
-// Builds the block with its parameters taken from (or created in) the store.
-std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store);
+// Builds the block with its parameters taken from (or created in) the store; GPT blocks split their
+// work over the stage's tensor-parallel group (tp.size == 1: the whole block).
+std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp = {});
 
 }  // namespace relay

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace relay {
 
@@ -22,14 +23,18 @@ struct ParamInit {
 
 struct ParamSpec {
   std::string name;  // torch state_dict name: "3.weight", "transformer.h.0.attn.c_attn.weight"
-  Shape shape;       // torch shape
+  Shape shape;       // torch shape (the whole tensor)
   ParamInit init;
+  TpSplit split{};   // how tensor parallelism splits it (inert when parallel.tp = 1)
 };
 
 struct Param {
   std::string name;
-  Tensor value;  // fp32, the torch shape
+  Tensor value;  // fp32, this rank's shard of the torch shape (the whole of it when not split)
   Tensor grad;   // same shape; storage owned by the gradient buckets (data_parallel)
+  Shape full_shape;  // the torch shape
+  TpSplit split{};
+  bool sharded() const { return value.numel() != shape_numel(full_shape); }
 };
 
 // 64-bit FNV-1a of a parameter name: the GPT initialisation stream.
@@ -39,9 +44,12 @@ std::vector<float> initial_values(const ParamSpec& spec, uint64_t model_seed);
 
 class ParamStore {
  public:
-  ParamStore(Backend& be, uint64_t model_seed) : be_(be), seed_(model_seed) {}
-  // This rank's Param for the spec: created and initialised on the first request; later requests with
-  // the same name return the same Param (shapes must agree).
+  // tp, tp_rank: this rank's place in its tensor-parallel group; a split parameter holds its shard.
+  ParamStore(Backend& be, uint64_t model_seed, int tp = 1, int tp_rank = 0)
+      : be_(be), seed_(model_seed), tp_(tp), tp_rank_(tp_rank) {}
+  // This rank's Param for the spec: created and initialised (the whole tensor's initial values, then
+  // this rank's shard: every layout starts from the same weights) on the first request; later requests
+  // with the same name return the same Param (shapes must agree).
   Param* get(const ParamSpec& spec);
   Param* find(const std::string& name);   // null when this rank holds no such parameter
   std::vector<Param*> all();              // in creation order
@@ -49,6 +57,7 @@ class ParamStore {
  private:
   Backend& be_;
   uint64_t seed_;
+  int tp_, tp_rank_;
   std::deque<Param> params_;  // stable addresses
   std::map<std::string, Param*> by_name_;
 };

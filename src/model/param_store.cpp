@@ -31,14 +31,20 @@ std::vector<float> initial_values(const ParamSpec& spec, uint64_t model_seed) {
 
 Param* ParamStore::get(const ParamSpec& spec) {
   if (Param* p = find(spec.name)) {
-    RELAY_ASSERT(p->value.shape() == spec.shape, "parameter " << spec.name << " requested with shape "
-                                                                << shape_str(spec.shape) << " and "
-                                                                << shape_str(p->value.shape()));
+    RELAY_ASSERT(p->full_shape == spec.shape, "parameter " << spec.name << " requested with shape "
+                                                             << shape_str(spec.shape) << " and "
+                                                             << shape_str(p->full_shape));
     return p;
   }
-  params_.push_back({spec.name, Tensor(be_, spec.shape), {}});
+  const Shape local = shard_shape(spec.shape, spec.split, tp_, tp_rank_);
+  params_.push_back({spec.name, Tensor(be_, local), {}, spec.shape, spec.split});
   Param* p = &params_.back();
   auto v = initial_values(spec, seed_);
+  if (p->sharded()) {
+    std::vector<float> shard(static_cast<size_t>(shape_numel(local)));
+    extract_shard(v.data(), spec.shape, spec.split, tp_, tp_rank_, shard.data());
+    v = std::move(shard);
+  }
   be_.upload(p->value, v.data());
   by_name_[spec.name] = p;
   return p;

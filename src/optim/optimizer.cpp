@@ -8,10 +8,10 @@ namespace {
 
 class AdamW final : public Optimizer {
  public:
-  AdamW(const Config::Optimizer& c, Backend& be, std::vector<Param*> params) : cfg_(c), be_(be), params_(std::move(params)) {
-    for (Param* p : params_) {
-      m_.emplace_back(be, p->value.shape());
-      v_.emplace_back(be, p->value.shape());
+  AdamW(const Config::Optimizer& c, Backend& be, std::vector<OptimSlice> params) : cfg_(c), be_(be), params_(std::move(params)) {
+    for (const OptimSlice& p : params_) {
+      m_.emplace_back(be, p.value.shape());
+      v_.emplace_back(be, p.value.shape());
       be.fill(m_.back(), 0.f);
       be.fill(v_.back(), 0.f);
     }
@@ -20,13 +20,13 @@ class AdamW final : public Optimizer {
   void step(double lr) override {
     ++step_;
     AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_};
-    for (size_t i = 0; i < params_.size(); ++i) be_.adamw_step(params_[i]->value, params_[i]->grad, m_[i], v_[i], a);
+    for (size_t i = 0; i < params_.size(); ++i) be_.adamw_step(params_[i].value, params_[i].grad, m_[i], v_[i], a);
   }
   std::vector<OptimizerState> state() override {
     std::vector<OptimizerState> s;
     for (size_t i = 0; i < params_.size(); ++i) {
-      s.push_back({"exp_avg", params_[i]->name, &m_[i]});
-      s.push_back({"exp_avg_sq", params_[i]->name, &v_[i]});
+      s.push_back({"exp_avg", params_[i].param->name, &m_[i], params_[i].offset});
+      s.push_back({"exp_avg_sq", params_[i].param->name, &v_[i], params_[i].offset});
     }
     return s;
   }
@@ -34,17 +34,17 @@ class AdamW final : public Optimizer {
  private:
   Config::Optimizer cfg_;
   Backend& be_;
-  std::vector<Param*> params_;
+  std::vector<OptimSlice> params_;
   std::vector<Tensor> m_, v_;  // same shapes as the parameters
 };
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(const Config::Optimizer& c, Backend& be, std::vector<Param*> params) : cfg_(c), be_(be), params_(std::move(params)) {
-    for (Param* p : params_) {
+  Sgd(const Config::Optimizer& c, Backend& be, std::vector<OptimSlice> params) : cfg_(c), be_(be), params_(std::move(params)) {
+    for (const OptimSlice& p : params_) {
       buf_.emplace_back();
       if (cfg_.momentum != 0) {
-        buf_.back() = Tensor(be, p->value.shape());
+        buf_.back() = Tensor(be, p.value.shape());
         be.fill(buf_.back(), 0.f);
       }
     }
@@ -52,26 +52,26 @@ class Sgd final : public Optimizer {
   std::string name() const override { return "sgd"; }
   void step(double lr) override {
     SgdArgs a{lr, cfg_.momentum, cfg_.weight_decay, step_ == 0};
-    for (size_t i = 0; i < params_.size(); ++i) be_.sgd_step(params_[i]->value, params_[i]->grad, buf_[i], a);
+    for (size_t i = 0; i < params_.size(); ++i) be_.sgd_step(params_[i].value, params_[i].grad, buf_[i], a);
     ++step_;
   }
   std::vector<OptimizerState> state() override {
     std::vector<OptimizerState> s;
     if (cfg_.momentum != 0)
-      for (size_t i = 0; i < params_.size(); ++i) s.push_back({"momentum_buffer", params_[i]->name, &buf_[i]});
+      for (size_t i = 0; i < params_.size(); ++i) s.push_back({"momentum_buffer", params_[i].param->name, &buf_[i], params_[i].offset});
     return s;
   }
 
  private:
   Config::Optimizer cfg_;
   Backend& be_;
-  std::vector<Param*> params_;
+  std::vector<OptimSlice> params_;
   std::vector<Tensor> buf_;  // momentum buffers; undefined when momentum == 0
 };
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const Config::Optimizer& cfg, Backend& be, std::vector<Param*> params) {
+std::unique_ptr<Optimizer> make_optimizer(const Config::Optimizer& cfg, Backend& be, std::vector<OptimSlice> params) {
   if (cfg.name == "adamw") return std::make_unique<AdamW>(cfg, be, std::move(params));
   if (cfg.name == "sgd") return std::make_unique<Sgd>(cfg, be, std::move(params));
   throw Error(cat("optimizer.name: unknown optimizer \"", cfg.name, "\""));

@@ -12,10 +12,20 @@
 
 namespace relay {
 
+// What one optimizer updates: a parameter's value and gradient, or (ZeRO-1) the contiguous piece of
+// them this rank owns, elements [offset, offset + numel) of the parameter's (local shard's) flat data.
+struct OptimSlice {
+  Param* param;
+  Tensor value, grad;  // same shape
+  int64_t offset = 0;
+};
+inline OptimSlice whole(Param* p) { return {p, p->value, p->grad, 0}; }
+
 struct OptimizerState {
   std::string kind;    // "exp_avg", "exp_avg_sq", "momentum_buffer"
   std::string param;   // "0.weight"
-  Tensor* tensor;
+  Tensor* tensor;      // the slice's state (numel of the slice)
+  int64_t offset = 0;  // the slice's first element in the parameter's local flat data
 };
 
 class Optimizer {
@@ -33,7 +43,7 @@ class Optimizer {
   int64_t step_ = 0;  // updates done so far
 };
 
-std::unique_ptr<Optimizer> make_optimizer(const Config::Optimizer& cfg, Backend& be, std::vector<Param*> params);
+std::unique_ptr<Optimizer> make_optimizer(const Config::Optimizer& cfg, Backend& be, std::vector<OptimSlice> slices);
 
 // Learning rate for update number `step` (1-based) of `total`: "constant", or "cosine" = linear
 // warm-up over warmup_steps, then cosine decay reaching min_lr at the last step.

@@ -6,12 +6,15 @@
 
 namespace relay {
 
-GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb)
-    : be_(be), comm_(comm) {
+GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
+                         bool zero)
+    : be_(be), comm_(comm), zero_(zero && comm != nullptr) {
   // Per (chunk, counts_in_norm), reverse block order; a block's parameters never straddle two buckets.
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  auto key = [&](size_t i) { return std::make_tuple(params[i].chunk, !params[i].counts_in_norm, -params[i].block); };
+  auto key = [&](size_t i) {
+    return std::make_tuple(params[i].chunk, params[i].tied, !params[i].counts_in_norm, -params[i].block);
+  };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
   const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4));
   std::vector<std::vector<size_t>> groups;
@@ -19,7 +22,8 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
   for (size_t k = 0; k < order.size(); ++k) {
     const size_t i = order[k];
     const bool new_group = k == 0 || params[i].chunk != params[order[k - 1]].chunk ||
-                           params[i].counts_in_norm != params[order[k - 1]].counts_in_norm;
+                           params[i].counts_in_norm != params[order[k - 1]].counts_in_norm || params[i].tied ||
+                           params[order[k - 1]].tied;
     const bool new_block = k == 0 || params[i].block != params[order[k - 1]].block;
     if (new_group || (new_block && fill >= cap)) {
       groups.emplace_back();
@@ -32,14 +36,26 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     int64_t total = 0;
     for (size_t i : g) total += params[i].param->value.numel();
     Bucket b;
-    b.flat = Tensor(be, {total});
+    const int64_t dp = zero_ ? comm_->size() : 1, padded = (total + dp - 1) / dp * dp;
+    b.flat = Tensor(be, {padded});
     b.chunk = params[g.front()].chunk;
     b.counts_in_norm = params[g.front()].counts_in_norm;
+    if (zero_) {
+      b.values = Tensor(be, {padded});
+      b.shard = Tensor(be, {padded / dp});
+      be.fill(b.values, 0.f);  // the padding
+    }
     int64_t at = 0;
     for (size_t i : g) {
       Param* p = params[i].param;
       const int64_t n = p->value.numel();
       p->grad = b.flat.rows(at, n).view(p->value.shape());
+      if (zero_) {  // the parameter moves into the bucket's flat buffer, initial values and all
+        Tensor v = b.values.rows(at, n).view(p->value.shape());
+        be.copy(v, p->value);
+        p->value = v;
+      }
+      b.members.push_back({p, at});
       at += n;
     }
     buckets_.push_back(std::move(b));
@@ -58,7 +74,47 @@ void GradBuckets::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
   if (tracer_) b.launch_mark = tracer_->mark();
-  if (comm_) b.request = comm_->iallreduce_sum(b.flat);
+  if (zero_) b.request = comm_->ireduce_scatter_sum(b.flat, b.shard);
+  else if (comm_) b.request = comm_->iallreduce_sum(b.flat);
+}
+
+std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
+  std::vector<OptimSlice> out;
+  for (const Bucket& b : buckets_)
+    for (auto& [p, at] : b.members) {
+      if (!zero_) {
+        out.push_back(whole(p));
+        continue;
+      }
+      const int64_t lo = own_begin(b), hi = lo + b.shard.numel(), n = p->value.numel();
+      const int64_t a = std::max(lo, at), e = std::min(hi, at + n);
+      if (a >= e) continue;  // another replica's piece
+      out.push_back({p, b.values.rows(a, e - a), b.shard.rows(a - lo, e - a), a - at});
+    }
+  return out;
+}
+
+Tensor GradBuckets::reduced_grad(Param* p) {
+  if (!zero_) return p->grad;
+  for (Bucket& b : buckets_)
+    if (b.members.size() == 1 && b.members.front().first == p) return b.shard;
+  RELAY_ASSERT(false, "tied parameter " << p->name << " has no bucket of its own");
+}
+
+void GradBuckets::gather_params() {
+  if (!zero_) return;
+  std::vector<RequestPtr> reqs;
+  for (Bucket& b : buckets_) {
+    reqs.push_back(comm_->iallgather(b.values));
+    reqs.back()->what = "the ZeRO parameter all-gather";
+  }
+  for (auto& r : reqs) r->wait();
+}
+
+int64_t GradBuckets::grad_bytes() const {
+  int64_t n = 0;
+  for (const Bucket& b : buckets_) n += static_cast<int64_t>(b.flat.bytes() + (b.shard.defined() ? b.shard.bytes() : 0));
+  return n;
 }
 
 void GradBuckets::launch_chunk(int chunk) {
@@ -86,12 +142,12 @@ void GradBuckets::finish() {
 double GradBuckets::sum_squares() {
   double s = 0;
   for (auto& b : buckets_)
-    if (b.counts_in_norm) s += be_.sum_squares(b.flat);
+    if (b.counts_in_norm) s += be_.sum_squares(zero_ ? b.shard : b.flat);
   return s;
 }
 
 void GradBuckets::scale(float s) {
-  for (auto& b : buckets_) be_.scale(b.flat, s);
+  for (auto& b : buckets_) be_.scale(zero_ ? b.shard : b.flat, s);
 }
 
 }  // namespace relay

@@ -3,12 +3,19 @@
 // chunk they are filled in reverse block order up to parallel.bucket_mb, and the schedule's
 // allreduce_grads(chunk) action starts the chunk's non-blocking all-reduces once its last weight
 // gradient is done, overlapping the rest of the step (other chunks' backward, pipeline cool-down).
+//
+// ZeRO-1 (Rajbhandari et al., arXiv:1910.02054; optimizer.zero = true): a bucket is padded to a
+// multiple of dp and reduce-scattered instead of all-reduced, so replica r holds the summed gradient of
+// elements [r n, (r + 1) n) only; the parameters live in one flat buffer per bucket with the same
+// layout, the optimizer updates (and keeps state for) that piece alone, and gather_params() all-gathers
+// the updated values. Every replica then holds every parameter again, as without ZeRO.
 #pragma once
 #include <vector>
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "model/param.hpp"
+#include "optim/optimizer.hpp"
 #include "parallel/trace.hpp"
 
 namespace relay {
@@ -18,13 +25,25 @@ struct BucketParam {
   int chunk;           // the chunk whose allreduce_grads reduces it (the lowest chunk using it)
   int block;           // its first block, for the bucket order
   bool counts_in_norm; // false for the second copy of a weight held by two stages (counted once)
+  bool tied = false;   // summed with another stage's copy: a bucket of its own (same layout on both)
 };
 
 class GradBuckets {
  public:
-  // comm is null when dp == 1 (then nothing is communicated).
-  GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb);
+  // comm is null when dp == 1 (then nothing is communicated). zero: ZeRO-1 (needs comm).
+  GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
+              bool zero = false);
+  bool sharded() const { return zero_; }
+  // What the optimizer updates: every parameter whole, or (ZeRO) the pieces this replica owns.
+  std::vector<OptimSlice> optimizer_slices() const;
+  // A tied parameter's reduced gradient that the pair sums: its gradient, or (ZeRO) its owned piece.
+  Tensor reduced_grad(Param* p);
+  // ZeRO: all-gather the updated parameters (blocking); nothing otherwise.
+  void gather_params();
+  // Bytes of gradient buffers, of ZeRO shards of them, and of parameters held here.
+  int64_t grad_bytes() const;
   void zero();                    // start of a step
+
   void launch_chunk(int chunk);   // allreduce_grads(chunk): start the chunk's all-reduces
   void progress();                // let MPI advance outstanding all-reduces
   void finish();                  // wait for every all-reduce (launching any not yet started)
@@ -39,7 +58,9 @@ class GradBuckets {
 
  private:
   struct Bucket {
-    Tensor flat;  // (numel) every gradient of the bucket
+    Tensor flat;  // (padded) every gradient of the bucket (padded to a multiple of dp under ZeRO)
+    Tensor values, shard;  // ZeRO: (padded) the parameters; (padded / dp) this replica's summed gradients
+    std::vector<std::pair<Param*, int64_t>> members;  // each parameter with its offset in flat
     int chunk = 0;
     bool counts_in_norm = true;
     RequestPtr request;
@@ -47,8 +68,10 @@ class GradBuckets {
     int64_t launch_mark = 0;  // when traced
   };
   void launch(Bucket& b);
+  int64_t own_begin(const Bucket& b) const { return b.shard.numel() * comm_->rank(); }
   Backend& be_;
   Communicator* comm_;
+  bool zero_;
   std::vector<Bucket> buckets_;
   Tracer* tracer_ = nullptr;
   int64_t trace_step_ = 0;

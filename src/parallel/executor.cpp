@@ -56,7 +56,8 @@ void Executor::reduce_tied() {
   // pair's sum: a + b on one rank and b + a on the other are the same float, so the copies stay equal.
   buckets_.finish();
   for (Param* p : tied_) {
-    RequestPtr r = tied_comm_->iallreduce_sum(p->grad);
+    Tensor g = buckets_.reduced_grad(p);  // (ZeRO: this replica's piece, the same piece on both stages)
+    RequestPtr r = tied_comm_->iallreduce_sum(g);
     r->what = cat("the tied-weight reduction of ", p->name);
     r->wait();
   }

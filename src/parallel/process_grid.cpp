@@ -15,34 +15,42 @@ void local_rank_and_size(int& local_rank, int& local_size) {
   MPI_CHECK(MPI_Comm_free(&node));
 }
 
-ProcessGrid make_process_grid(int dp, int pp) {
+ProcessGrid make_process_grid(int dp, int pp, int tp) {
   ProcessGrid g;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g.world_rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g.world_size));
-  if (g.world_size != dp * pp)
-    throw Error(cat("the job has ", g.world_size, " ranks but parallel.dp x parallel.pp = ", dp, " x ", pp, " = ",
-                    dp * pp, " (hint: launch ", dp * pp, " ranks, e.g. mpirun -np ", dp * pp,
-                    ", or change parallel.dp/parallel.pp)"));
+  const int n = dp * tp * pp;
+  if (g.world_size != n) {
+    const std::string what = tp > 1 ? cat("parallel.dp x parallel.tp x parallel.pp = ", dp, " x ", tp, " x ", pp)
+                                    : cat("parallel.dp x parallel.pp = ", dp, " x ", pp);
+    throw Error(cat("the job has ", g.world_size, " ranks but ", what, " = ", n, " (hint: launch ", n,
+                    " ranks, e.g. mpirun -np ", n, ", or change parallel.dp/parallel.tp/parallel.pp)"));
+  }
   g.dp = dp;
   g.pp = pp;
-  g.pp_rank = g.world_rank / dp;
-  g.dp_rank = g.world_rank % dp;
+  g.tp = tp;
+  g.tp_rank = g.world_rank % tp;
+  g.dp_rank = (g.world_rank / tp) % dp;
+  g.pp_rank = g.world_rank / (tp * dp);
   local_rank_and_size(g.local_rank, g.local_size);
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   g.host = host;
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.pp_rank, g.dp_rank, &g.dp_comm));
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.dp_rank, g.pp_rank, &g.pp_comm));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.pp_rank * tp + g.tp_rank, g.dp_rank, &g.dp_comm));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.dp_rank * tp + g.tp_rank, g.pp_rank, &g.pp_comm));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.pp_rank * dp + g.dp_rank, g.tp_rank, &g.tp_comm));
   return g;
 }
 
 void free_process_grid(ProcessGrid& g) {
   if (g.dp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.dp_comm);
   if (g.pp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.pp_comm);
+  if (g.tp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.tp_comm);
 }
 
-std::string rank_label(int world_rank, int dp) {
-  return cat("rank ", world_rank, " (stage ", world_rank / dp, ", replica ", world_rank % dp, ")");
+std::string rank_label(int world_rank, int dp, int tp) {
+  const int t = world_rank % tp, d = (world_rank / tp) % dp, p = world_rank / (tp * dp);
+  return cat("rank ", world_rank, " (stage ", p, ", replica ", d, tp > 1 ? cat(", tp ", t) : std::string(), ")");
 }
 
 }  // namespace relay

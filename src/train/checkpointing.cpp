@@ -21,23 +21,82 @@ namespace relay {
 std::vector<ManifestEntry> checkpoint_manifest(const ModelLayout& layout, const Config::Optimizer& opt) {
   std::vector<ManifestEntry> m;
   auto params = layout.params();
-  for (auto& p : params) m.push_back({"model/" + p.name, p.shape, p.pp_ranks});
+  for (auto& p : params) m.push_back({"model/" + p.name, p.shape, p.split, p.pp_ranks});
   std::vector<std::string> kinds;
   if (opt.name == "adamw") kinds = {"exp_avg", "exp_avg_sq"};
   else if (opt.momentum != 0) kinds = {"momentum_buffer"};
   for (auto& k : kinds)
-    for (auto& p : params) m.push_back({"optimizer/" + k + "/" + p.name, p.shape, p.pp_ranks});
+    for (auto& p : params) m.push_back({"optimizer/" + k + "/" + p.name, p.shape, p.split, p.pp_ranks});
   return m;
 }
 
 namespace {
 
-// This rank's tensor for a manifest entry.
-Tensor* local_tensor(CheckpointContext& ctx, const std::string& name) {
-  if (name.rfind("model/", 0) == 0) return &ctx.params.at(name.substr(6))->value;
+// What this rank holds of a manifest entry: its tp shard whole, or (ZeRO-1 optimizer state) the piece
+// at `offset` of the shard's flat data; tensor null when it holds nothing of it.
+struct LocalPiece {
+  Tensor* tensor = nullptr;
+  int64_t offset = 0;
+};
+LocalPiece local_piece(CheckpointContext& ctx, const std::string& name) {
+  if (name.rfind("model/", 0) == 0) return {&ctx.params.at(name.substr(6))->value, 0};
   for (auto& st : ctx.optimizer.state())
-    if (name == "optimizer/" + st.kind + "/" + st.param) return st.tensor;
-  RELAY_ASSERT(false, "no local tensor for " << name);
+    if (name == "optimizer/" + st.kind + "/" + st.param) return {st.tensor, st.offset};
+  return {};
+}
+
+bool split_over_tp(const ManifestEntry& e, const ProcessGrid& g) { return g.tp > 1 && !e.split.replicated(); }
+int64_t shard_numel(const ManifestEntry& e, const ProcessGrid& g, int tp_rank) {
+  return shape_numel(shard_shape(e.shape, e.split, g.tp, tp_rank));
+}
+bool zero_sharded(CheckpointContext& ctx, const ManifestEntry& e) {
+  return ctx.cfg.optimizer.zero && ctx.grid.dp > 1 && e.name.rfind("optimizer/", 0) == 0;
+}
+
+// Collective over this rank's replica group (ranks of the owning stage): this tp rank's shard of the
+// entry, on replica 0 (empty elsewhere). ZeRO-1 state comes in pieces, one per replica.
+std::vector<float> gather_shard(CheckpointContext& ctx, const ManifestEntry& e, int64_t step) {
+  const ProcessGrid& g = ctx.grid;
+  std::vector<float> shard;
+  LocalPiece mine = local_piece(ctx, e.name);
+  if (!zero_sharded(ctx, e)) {
+    if (g.dp_rank == 0) {
+      shard.resize(static_cast<size_t>(mine.tensor->numel()));
+      ctx.be.download(shard.data(), *mine.tensor);
+    }
+    return shard;
+  }
+  const int64_t n = mine.tensor ? mine.tensor->numel() : 0;
+  std::vector<float> piece(static_cast<size_t>(n));
+  if (n) ctx.be.download(piece.data(), *mine.tensor);
+  int64_t head[2] = {mine.offset, n};
+  std::vector<int64_t> heads(g.dp_rank == 0 ? 2 * static_cast<size_t>(g.dp) : 0);
+  MPI_Request req;
+  MPI_CHECK(MPI_Igather(head, 2, MPI_INT64_T, heads.data(), 2, MPI_INT64_T, 0, g.dp_comm, &req));
+  watchdog_wait(&req, cat("the ZeRO pieces of ", e.name, " for the step-", step, " checkpoint"));
+  std::vector<int> counts(static_cast<size_t>(g.dp)), displs(static_cast<size_t>(g.dp));
+  std::vector<float> all;
+  if (g.dp_rank == 0) {
+    int64_t total = 0;
+    for (int d = 0; d < g.dp; ++d) {
+      counts[static_cast<size_t>(d)] = static_cast<int>(heads[2 * static_cast<size_t>(d) + 1]);
+      displs[static_cast<size_t>(d)] = static_cast<int>(total);
+      total += counts[static_cast<size_t>(d)];
+    }
+    all.resize(static_cast<size_t>(total));
+  }
+  MPI_CHECK(MPI_Igatherv(piece.data(), static_cast<int>(n), MPI_FLOAT, all.data(), counts.data(), displs.data(),
+                         MPI_FLOAT, 0, g.dp_comm, &req));
+  watchdog_wait(&req, cat("the ZeRO pieces of ", e.name, " for the step-", step, " checkpoint"));
+  if (g.dp_rank == 0) {
+    shard.assign(static_cast<size_t>(shard_numel(e, g, g.tp_rank)), 0.f);
+    for (int d = 0; d < g.dp; ++d) {
+      const int64_t off = heads[2 * static_cast<size_t>(d)];
+      std::copy_n(all.begin() + displs[static_cast<size_t>(d)], counts[static_cast<size_t>(d)],
+                  shard.begin() + off);
+    }
+  }
+  return shard;
 }
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -56,13 +115,20 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
     tensors.reserve(manifest.size());
     for (auto& e : manifest) {
       CheckpointTensor t{e.name, e.shape, std::vector<float>(static_cast<size_t>(shape_numel(e.shape)))};
-      if (e.owner() == 0) {
-        ctx.be.download(t.data.data(), *local_tensor(ctx, e.name));
-      } else {
-        const int from = g.world_rank_of(e.owner(), 0);
-        MPI_Request req;
-        MPI_CHECK(MPI_Irecv(t.data.data(), static_cast<int>(t.data.size()), MPI_FLOAT, from, 7, MPI_COMM_WORLD, &req));
-        watchdog_wait(&req, cat("tensor ", e.name, " of the step-", step, " checkpoint"), from);
+      const int shards = split_over_tp(e, g) ? g.tp : 1;
+      for (int tr = 0; tr < shards; ++tr) {
+        std::vector<float> shard;
+        if (e.owner() == 0 && tr == 0) {
+          shard = gather_shard(ctx, e, step);
+        } else {
+          shard.resize(static_cast<size_t>(shard_numel(e, g, tr)));
+          const int from = g.world_rank_of(e.owner(), 0, tr);
+          MPI_Request req;
+          MPI_CHECK(MPI_Irecv(shard.data(), static_cast<int>(shard.size()), MPI_FLOAT, from, 7, MPI_COMM_WORLD, &req));
+          watchdog_wait(&req, cat("tensor ", e.name, " of the step-", step, " checkpoint"), from);
+        }
+        if (shards == 1) t.data = std::move(shard);
+        else insert_shard(shard.data(), e.shape, e.split, g.tp, tr, t.data.data());
       }
       watchdog_progress();
       tensors.push_back(std::move(t));
@@ -103,14 +169,13 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
                   now_s() - t0, deleted.empty() ? "" : cat(", pruned ", deleted.size(), " older").c_str());
       std::fflush(stdout);
     };
-  } else if (g.dp_rank == 0) {
-    std::vector<float> buf;
+  } else {
     for (auto& e : manifest) {
       if (e.owner() != g.pp_rank) continue;
-      buf.resize(static_cast<size_t>(shape_numel(e.shape)));
-      ctx.be.download(buf.data(), *local_tensor(ctx, e.name));
+      std::vector<float> shard = gather_shard(ctx, e, step);  // collective over the replica group
+      if (g.dp_rank != 0 || (g.tp_rank > 0 && !split_over_tp(e, g))) continue;
       MPI_Request req;
-      MPI_CHECK(MPI_Isend(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, 0, 7, MPI_COMM_WORLD, &req));
+      MPI_CHECK(MPI_Isend(shard.data(), static_cast<int>(shard.size()), MPI_FLOAT, 0, 7, MPI_COMM_WORLD, &req));
       watchdog_wait(&req, cat("rank 0 to take tensor ", e.name, " of the step-", step, " checkpoint"), 0);
     }
   }
@@ -145,11 +210,17 @@ void load_init_from(CheckpointContext& ctx, const std::string& path) {
       throw Error(cat(where, ": tensor ", e.name, " ", shape_str(e.shape),
                       " is not a parameter of this model (check the [model] section)"));
   }
-  std::vector<float> buf;
+  std::vector<float> buf, shard;
   for (auto& [name, param] : ctx.params) {
-    buf.resize(static_cast<size_t>(param->value.numel()));
-    file.read(name, param->value.shape(), buf.data());
-    ctx.be.upload(param->value, buf.data());
+    buf.resize(static_cast<size_t>(shape_numel(param->full_shape)));
+    file.read(name, param->full_shape, buf.data());
+    if (param->sharded()) {
+      shard.resize(static_cast<size_t>(param->value.numel()));
+      extract_shard(buf.data(), param->full_shape, param->split, ctx.grid.tp, ctx.grid.tp_rank, shard.data());
+      ctx.be.upload(param->value, shard.data());
+    } else {
+      ctx.be.upload(param->value, buf.data());
+    }
   }
 }
 
@@ -209,12 +280,21 @@ int64_t load_checkpoint(CheckpointContext& ctx, const std::string& path) {
       if (!known)
         throw Error(cat(where, ": tensor ", n, " ", shape_str(s), " is not part of this model (the [model] section differs)"));
     }
-  std::vector<float> buf;
+  std::vector<float> buf, shard;
+  const ProcessGrid& g = ctx.grid;
   for (auto& e : manifest) {
-    if (!e.held_by(ctx.grid.pp_rank)) continue;  // a tied weight's two copies both load the one tensor
+    if (!e.held_by(g.pp_rank)) continue;  // a tied weight's two copies both load the one tensor
+    LocalPiece lp = local_piece(ctx, e.name);
+    if (!lp.tensor) continue;  // ZeRO-1: another replica's piece
     buf.resize(static_cast<size_t>(shape_numel(e.shape)));
     reader.read(e.name, e.shape, buf.data());
-    ctx.be.upload(*local_tensor(ctx, e.name), buf.data());
+    const float* src = buf.data();
+    if (split_over_tp(e, g)) {
+      shard.resize(static_cast<size_t>(shard_numel(e, g, g.tp_rank)));
+      extract_shard(buf.data(), e.shape, e.split, g.tp, g.tp_rank, shard.data());
+      src = shard.data();
+    }
+    ctx.be.upload(*lp.tensor, src + lp.offset);
   }
   ctx.optimizer.set_step_count(meta.optimizer_step);
   return meta.step;

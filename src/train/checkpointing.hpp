@@ -1,6 +1,8 @@
-// Moving checkpoints between the ranks and the file: every pipeline stage's dp_rank 0 sends its
-// parameters and optimizer state to world rank 0, which writes one file of whole tensors; on resume
-// every rank reads the tensors of its own chunks, whatever layout wrote the file.
+// Moving checkpoints between the ranks and the file: world rank 0 writes one file of whole tensors,
+// whatever the layout. A tensor's owning stage sends it from replica 0, one shard per tp rank when
+// tensor parallelism splits it; ZeRO-1 optimizer state is first gathered within the replica group
+// (each replica holds a piece). On resume every rank reads the tensors of its own chunks and keeps its
+// shard and piece of each.
 #pragma once
 #include <map>
 #include <string>
@@ -27,7 +29,8 @@ struct CheckpointContext {
 // Every tensor a checkpoint of this model and optimizer holds, with its owning pipeline rank.
 struct ManifestEntry {
   std::string name;  // "model/0.weight", "optimizer/exp_avg/0.weight"
-  Shape shape;
+  Shape shape;       // the whole tensor (what the file holds)
+  TpSplit split;     // how tensor parallelism splits it among a stage's tp ranks
   std::vector<int> pp_ranks;  // holders; the first (the owner) sends it to rank 0 when saving
   int owner() const { return pp_ranks.front(); }
   bool held_by(int pp_rank) const {

@@ -52,7 +52,8 @@ EvalResult evaluate(Run& r) {
     loss_sum += ls;
     correct += c;
   }
-  double v[2] = {loss_sum, double(correct)};
+  // The tp ranks of the last stage hold the same sums: count them once.
+  double v[2] = {g.tp_rank == 0 ? loss_sum : 0.0, g.tp_rank == 0 ? double(correct) : 0.0};
   r.world->allreduce_host(v, 2, ReduceOp::sum, "the evaluation reduction");
   const double rows_total = double(N) * double(T);
   return {v[0] / rows_total, v[1] / rows_total};

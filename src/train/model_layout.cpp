@@ -20,7 +20,7 @@ std::vector<ParamEntry> ModelLayout::params() const {
       auto it = at.find(p.name);
       if (it == at.end()) {
         at[p.name] = out.size();
-        out.push_back({p.name, p.shape, {rank}});
+        out.push_back({p.name, p.shape, p.split, {rank}});
       } else {
         auto& ranks = out[it->second].pp_ranks;
         if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);

@@ -15,7 +15,8 @@ namespace relay {
 
 struct ParamEntry {
   std::string name;
-  Shape shape;
+  Shape shape;     // the whole tensor
+  TpSplit split;   // how tensor parallelism splits it
   std::vector<int> pp_ranks;  // ranks holding a copy, ascending; the first is the owner (checkpoints)
 };
 

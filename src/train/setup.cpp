@@ -77,7 +77,8 @@ void open_data(Run& r) {
 
 void setup_grid_and_backend(Run& r) {
   const Config& cfg = r.cfg;
-  r.grid = make_process_grid(static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.pp));
+  r.grid = make_process_grid(static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.pp),
+                             static_cast<int>(cfg.parallel.tp));
   set_process_identity(r.grid.world_rank, r.grid.host);
   BackendOptions bo;
   bo.device = resolve_device(cfg.train.device);
@@ -99,12 +100,18 @@ void setup_communicators(Run& r) {
     throw Error("parallel.comm = \"nccl\" needs train.device = \"cuda\"");
   r.dp_comm = make_group_comm(r, r.grid.dp_comm, /*point_to_point=*/false);
   r.pp_comm = make_group_comm(r, r.grid.pp_comm, /*point_to_point=*/true);
-  // The embedding group (Megatron-LM): the first and last pipeline rank of each replica. Split on
-  // every rank (a collective); only used when the model ties a weight across them.
+  if (r.grid.tp > 1) {
+    r.tp_comm = make_group_comm(r, r.grid.tp_comm, /*point_to_point=*/false);
+    r.tp = TensorParallel{r.tp_comm.get(), r.grid.tp, r.grid.tp_rank};
+  }
+  // The embedding group (Megatron-LM): the first and last pipeline rank of each (replica, tp rank),
+  // which hold the same shard of the tied weight. Split on every rank (a collective); only used when
+  // the model ties a weight across them.
   const ProcessGrid& g = r.grid;
   const bool member = g.pp > 1 && r.cfg.model.is_gpt() && r.cfg.model.tie_embeddings &&
                       (g.is_first_stage() || g.is_last_stage());
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, member ? g.dp_rank : MPI_UNDEFINED, g.pp_rank, &r.tied_mpi));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, member ? g.dp_rank * g.tp + g.tp_rank : MPI_UNDEFINED, g.pp_rank,
+                           &r.tied_mpi));
   if (member) r.tied_comm = make_group_comm(r, r.tied_mpi, /*point_to_point=*/false);
 }
 
@@ -125,19 +132,21 @@ void setup_data_and_model(Run& r) {
   r.predicted_bubble = sim.bubble_fraction;
 
   // This rank's chunks: c = pp_rank, pp_rank + pp, ...
-  r.store = std::make_unique<ParamStore>(*r.be, cfg.model.seed);
+  r.store = std::make_unique<ParamStore>(*r.be, cfg.model.seed, g.tp, g.tp_rank);
   const int last = r.layout.num_chunks() - 1;
   const bool lm = r.layout.model.gpt;
   for (int c = g.pp_rank; c <= last; c += g.pp) {
     const ChunkRange& cr = r.layout.chunks[static_cast<size_t>(c)];
     std::vector<std::unique_ptr<Block>> blocks;
-    for (int i = cr.begin; i < cr.end; ++i) blocks.push_back(make_block(r.layout.blocks()[static_cast<size_t>(i)], *r.store));
-    auto ch = std::make_unique<ModelChunk>(*r.be, c, std::move(blocks), c == 0, c == last, lm && c == last);
+    for (int i = cr.begin; i < cr.end; ++i) blocks.push_back(make_block(r.layout.blocks()[static_cast<size_t>(i)], *r.store, r.tp));
+    auto ch = std::make_unique<ModelChunk>(*r.be, c, std::move(blocks), c == 0, c == last, lm && c == last,
+                                           cfg.train.recompute == "blocks");
     r.chunk_map[c] = ch.get();
     r.chunks.push_back(std::move(ch));
   }
   // Buckets: each parameter with the lowest of its chunks here (whose all-reduce comes last), and a
-  // tied weight's copy on the last stage kept out of the gradient norm (counted once, on the first).
+  // tied weight's copy on the last stage kept out of the gradient norm (counted once, on the first), as
+  // are the copies of a replicated parameter on tp ranks other than 0 (their gradients are equal).
   std::vector<BucketParam> bucket_params;
   std::vector<Param*> tied;
   for (auto& ch : r.chunks)
@@ -145,22 +154,24 @@ void setup_data_and_model(Run& r) {
       for (Param* p : b->params()) {
         if (r.params.count(p->name)) continue;
         r.params[p->name] = p;
-        bool second_copy = false;
+        bool second_copy = false, is_tied = false;
         for (auto& e : shared)
           if (e.name == p->name) {
             tied.push_back(p);
+            is_tied = true;
             second_copy = e.pp_ranks.front() != g.pp_rank;
           }
-        bucket_params.push_back({p, ch->id(), b->spec().index, !second_copy});
+        const bool tp_copy = g.tp_rank > 0 && !p->sharded();
+        bucket_params.push_back({p, ch->id(), b->spec().index, !second_copy && !tp_copy, is_tied});
       }
-  if (r.chunk_map.count(last))
+  if (r.chunk_map.count(last)) {
+    const int64_t V = r.layout.model.output_dim;
     r.loss = std::make_unique<Loss>(*r.be, lm ? LossKind::cross_entropy : parse_loss(cfg.model.loss),
-                                    r.layout.model.output_dim);
+                                    r.chunk_map[last]->out_width(), r.tp, tp_begin(V, g.tp, g.tp_rank));
+  }
   r.buckets = std::make_unique<GradBuckets>(*r.be, g.dp > 1 ? r.dp_comm.get() : nullptr, bucket_params,
-                                            cfg.parallel.bucket_mb);
-  std::vector<Param*> my_params;
-  for (auto& bp : bucket_params) my_params.push_back(bp.param);
-  r.optimizer = make_optimizer(cfg.optimizer, *r.be, my_params);
+                                            cfg.parallel.bucket_mb, cfg.optimizer.zero);
+  r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,
                                           lists[static_cast<size_t>(g.pp_rank)], r.mb_rows, r.layout.model.seq_len, B,
                                           r.tied_comm.get(), tied);

@@ -81,12 +81,14 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   span("data", "data_wait", kTrackInput, m_in);
   res.stats = r.executor->run_step(data);
   const int64_t m_opt = tr ? tr->mark() : 0;
-  // Gradient norm over all stages (replicas hold equal gradients after the all-reduce; a tied weight
-  // counts once).
-  double sq = r.buckets->sum_squares();
-  r.pp_comm->allreduce_host(&sq, 1, ReduceOp::sum, "the gradient-norm reduction");
+  // Gradient norm over every rank's share: all stages and tp shards of replica 0 (replicas hold equal
+  // gradients after the all-reduce), or every rank's ZeRO shard; a tied weight and a parameter
+  // replicated over tp count once.
+  double sq = r.buckets->sharded() || r.grid.dp_rank == 0 ? r.buckets->sum_squares() : 0.0;
+  r.world->allreduce_host(&sq, 1, ReduceOp::sum, "the gradient-norm reduction");
   res.grad_norm = std::sqrt(sq);
-  double loss_sum = res.stats.loss_sum, stop_flag = want_stop ? 1.0 : 0.0;
+  // The tp ranks of the last stage computed the same loss: count it once.
+  double loss_sum = r.grid.tp_rank == 0 ? res.stats.loss_sum : 0.0, stop_flag = want_stop ? 1.0 : 0.0;
   r.world->allreduce_host(&loss_sum, 1, ReduceOp::sum, "the loss reduction");
   r.world->allreduce_host(&stop_flag, 1, ReduceOp::max, "the stop-flag reduction");
   res.loss = loss_sum / (double(cfg.train.batch_size) * double(r.layout.model.seq_len));
@@ -101,6 +103,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
   res.lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, cfg.train.steps);
   r.optimizer->step(res.lr);
+  r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica
   span("optimizer", "optimizer_step", kTrackCompute, m_opt);  // norm, reductions, clipping, update
   if (r.verify_tied) verify_tied_copies(r, step);
   return res;
@@ -121,10 +124,16 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
   auto log = std::make_unique<MetricsLog>(cfg.run.dir + "/metrics.jsonl", resume_path.empty() ? -1 : r.start_step,
                                           r.layout.model.gpt ? r.layout.model.seq_len : 0);
   std::printf("relay: effective config (saved as %s/config.toml)\n%s\n", cfg.run.dir.c_str(), cfg.to_toml().c_str());
-  std::printf("relay: %d rank%s = dp %d x pp %d, schedule %s (v=%lld, %lld micro-batches of %lld), backend %s\n",
-              g.world_size, g.world_size > 1 ? "s" : "", g.dp, g.pp, cfg.parallel.schedule.c_str(),
+  std::printf("relay: %d rank%s = dp %d x %spp %d, schedule %s (v=%lld, %lld micro-batches of %lld), backend %s\n",
+              g.world_size, g.world_size > 1 ? "s" : "", g.dp, g.tp > 1 ? cat("tp ", g.tp, " x ").c_str() : "", g.pp,
+              cfg.parallel.schedule.c_str(),
               static_cast<long long>(cfg.parallel.virtual_stages), static_cast<long long>(cfg.train.micro_batches),
               static_cast<long long>(r.mb_rows), r.be->describe().c_str());
+  if (cfg.optimizer.zero && g.dp > 1)
+    std::printf("relay: ZeRO-1: each of the %d replicas keeps 1/%d of the optimizer state and updates that piece\n",
+                g.dp, g.dp);
+  if (cfg.train.recompute == "blocks")
+    std::printf("relay: recomputing transformer blocks in the backward (only their inputs are kept)\n");
   std::printf("relay: model %s, %lld parameters, stages:\n%s", cfg.model.type.c_str(),
               static_cast<long long>(r.layout.param_count()),
               describe_partition(r.layout.chunks, r.layout.blocks(), g.pp).c_str());
@@ -144,7 +153,7 @@ std::string placement_table(Run& r) {
   const ProcessGrid& g = r.grid;
   constexpr int kLen = 160;
   char mine[kLen] = {};
-  std::snprintf(mine, kLen, "  %s on %s: local rank %d of %d, %s", rank_label(g.world_rank, g.dp).c_str(),
+  std::snprintf(mine, kLen, "  %s on %s: local rank %d of %d, %s", rank_label(g.world_rank, g.dp, g.tp).c_str(),
                 g.host.c_str(), g.local_rank, g.local_size, r.be->describe().c_str());
   std::vector<char> all(g.world_rank == 0 ? static_cast<size_t>(kLen) * static_cast<size_t>(g.world_size) : 0);
   MPI_Request req;
@@ -163,7 +172,7 @@ void write_trace(Run& r) {
   const ProcessGrid& g = r.grid;
   const std::string path = r.cfg.run.dir + "/trace.json";
   const double bubble =
-      r.tracer->write(path, rank_label(g.world_rank, g.dp));
+      r.tracer->write(path, rank_label(g.world_rank, g.dp, g.tp));
   if (g.world_rank == 0) {
     std::printf("relay: trace of steps %lld-%lld in %s (open it in Perfetto or chrome://tracing); measured bubble "
                 "%.1f%% of the traced steps, simulated %.1f%% (equal F/B/W costs)\n",

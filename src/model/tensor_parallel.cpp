@@ -1,0 +1,74 @@
+#include "model/tensor_parallel.hpp"
+
+#include <cstring>
+
+namespace relay {
+
+namespace {
+
+// The full tensor as (outer, n, inner) around the split dimension.
+struct Around {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+Around around(const Shape& full, int dim) {
+  RELAY_ASSERT(dim >= 0 && dim < static_cast<int>(full.size()), "split dim " << dim << " of shape " << shape_str(full));
+  Around a;
+  for (int i = 0; i < dim; ++i) a.outer *= full[static_cast<size_t>(i)];
+  a.n = full[static_cast<size_t>(dim)];
+  for (size_t i = static_cast<size_t>(dim) + 1; i < full.size(); ++i) a.inner *= full[i];
+  return a;
+}
+
+// Calls f(full_offset, shard_offset, count) for every contiguous run of the shard.
+template <class F>
+void for_each_run(const Shape& full, TpSplit s, int tp, int r, F f) {
+  if (s.replicated() || tp == 1) {
+    f(int64_t{0}, int64_t{0}, shape_numel(full));
+    return;
+  }
+  const Around a = around(full, s.dim);
+  RELAY_ASSERT(a.n % s.parts == 0, "split of " << a.n << " into " << s.parts << " parts");
+  const int64_t seg = a.n / s.parts, b = tp_begin(seg, tp, r), e = tp_end(seg, tp, r), local_n = s.parts * (e - b);
+  for (int64_t o = 0; o < a.outer; ++o)
+    for (int p = 0; p < s.parts; ++p)
+      f((o * a.n + p * seg + b) * a.inner, (o * local_n + p * (e - b)) * a.inner, (e - b) * a.inner);
+}
+
+}  // namespace
+
+Shape shard_shape(const Shape& full, TpSplit s, int tp, int r) {
+  if (s.replicated() || tp == 1) return full;
+  const Around a = around(full, s.dim);
+  const int64_t seg = a.n / s.parts;
+  Shape out = full;
+  out[static_cast<size_t>(s.dim)] = s.parts * (tp_end(seg, tp, r) - tp_begin(seg, tp, r));
+  return out;
+}
+
+void extract_shard(const float* full, const Shape& full_shape, TpSplit s, int tp, int r, float* shard) {
+  for_each_run(full_shape, s, tp, r, [&](int64_t fo, int64_t so, int64_t n) {
+    std::memcpy(shard + so, full + fo, static_cast<size_t>(n) * sizeof(float));
+  });
+}
+
+void insert_shard(const float* shard, const Shape& full_shape, TpSplit s, int tp, int r, float* full) {
+  for_each_run(full_shape, s, tp, r, [&](int64_t fo, int64_t so, int64_t n) {
+    std::memcpy(full + fo, shard + so, static_cast<size_t>(n) * sizeof(float));
+  });
+}
+
+void TensorParallel::allreduce_sum(Tensor& t, const char* what) const {
+  if (!on()) return;
+  RequestPtr req = comm->iallreduce(t, ReduceOp::sum);
+  req->what = what;
+  req->wait();
+}
+
+void TensorParallel::allreduce_max(Tensor& t, const char* what) const {
+  if (!on()) return;
+  RequestPtr req = comm->iallreduce(t, ReduceOp::max);
+  req->what = what;
+  req->wait();
+}
+
+}  // namespace relay

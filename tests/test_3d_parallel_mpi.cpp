@@ -1,0 +1,199 @@
+// Three-dimensional parallelism keeps Relay's guarantee: tensor parallelism (parallel.tp), ZeRO-1
+// (optimizer.zero) and activation recomputation (train.recompute = "blocks"), alone and combined with
+// data and pipeline parallelism, reproduce the serial run's losses and final tensors (parameters and
+// AdamW state, gathered whole into the checkpoint) within |a - b| <= 1e-6 + 1e-5 |b|. The model is the
+// GPT equivalence test's 4-layer GPT with 4 heads (so tp = 4 holds one head per rank) and a vocabulary
+// of 61, which tp = 2 and 4 split unevenly. Checkpoints resume across layouts that change tp and ZeRO.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "support/test_support.hpp"
+
+using namespace relay::test;
+
+namespace {
+
+constexpr double kRel = 1e-5, kAbs = 1e-6;
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  std::string schedule = "1f1b";
+  int m = 1;
+  bool zero = false;
+  bool recompute = false;
+  bool untied = false;
+  int ranks() const { return dp * tp * pp; }
+  std::string name() const {
+    std::string s = "dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_" +
+                    schedule + "_m" + std::to_string(m) + (zero ? "_zero" : "") + (recompute ? "_recompute" : "") +
+                    (untied ? "_untied" : "");
+    for (auto& c : s) if (c == '-') c = '_';
+    return s;
+  }
+  std::vector<std::string> overrides(const std::string& run) const {
+    std::vector<std::string> ov = {"run.dir=" + quoted(run), "parallel.dp=" + std::to_string(dp),
+                                   "parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
+                                   "parallel.schedule=" + quoted(schedule), "train.micro_batches=" + std::to_string(m),
+                                   "parallel.virtual_stages=" + std::to_string(schedule == "interleaved" ? 2 : 1),
+                                   std::string("optimizer.zero=") + (zero ? "true" : "false"),
+                                   "train.recompute=" + quoted(recompute ? "blocks" : "none"), "model.n_head=4"};
+    if (untied) ov.push_back("model.tie_embeddings=false");
+    return ov;
+  }
+};
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
+
+std::vector<Layout> all_layouts() {
+  std::vector<Layout> out;
+  auto add = [&](int dp, int tp, int pp, std::string sched, int m, bool zero, bool rec, bool untied = false) {
+    Layout l;
+    l.dp = dp, l.tp = tp, l.pp = pp, l.schedule = std::move(sched), l.m = m, l.zero = zero, l.recompute = rec;
+    l.untied = untied;
+    out.push_back(l);
+  };
+  add(1, 2, 1, "1f1b", 1, false, false);
+  add(1, 4, 1, "1f1b", 2, false, false);
+  add(1, 2, 1, "1f1b", 1, false, false, true);    // untied head, vocabulary-parallel on its own
+  add(2, 2, 1, "1f1b", 2, false, false);
+  add(1, 2, 2, "1f1b", 4, false, false);           // tied embedding split over tp and across stages
+  add(1, 2, 2, "zb-h1", 4, false, false);
+  add(1, 2, 2, "interleaved", 4, false, false);
+  add(2, 2, 2, "1f1b", 2, false, false);           // 8 ranks
+  add(1, 4, 2, "gpipe", 2, false, false);          // 8 ranks
+  add(2, 1, 1, "1f1b", 2, true, false);            // ZeRO-1
+  add(4, 1, 1, "gpipe", 1, true, false);
+  add(2, 1, 2, "1f1b", 2, true, false);            // ZeRO-1 with the tied pair across stages
+  add(2, 2, 2, "1f1b", 2, true, false);            // all three
+  add(2, 4, 1, "1f1b", 1, true, false);
+  add(1, 1, 1, "1f1b", 2, false, true);            // recomputation
+  add(1, 1, 2, "1f1b", 4, false, true);
+  add(1, 1, 2, "interleaved", 4, false, true);
+  add(2, 2, 2, "1f1b", 2, true, true);             // everything
+  return out;
+}
+
+class ThreeD : public ::testing::TestWithParam<Layout> {
+ protected:
+  static void SetUpTestSuite() {
+    setenv("RELAY_VERIFY_TIED", "1", 1);  // tied copies (and tp-replicated parameters) checked bitwise
+    dir_ = std::make_unique<TempDir>();
+    problem_ = make_gpt_problem(dir_->path(), 4097, 61);
+    for (bool untied : {false, true}) {
+      Layout serial;
+      serial.untied = untied;
+      std::string run = dir_->file(untied ? "serial_untied" : "serial");
+      RunResult r = train(1, problem_.config, serial.overrides(run));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      losses_[untied] = read_losses(run);
+      tensors_[untied] = read_checkpoint(run + "/checkpoints/step_00000006.h5");
+    }
+  }
+  static void TearDownTestSuite() { dir_.reset(); }
+  static std::unique_ptr<TempDir> dir_;
+  static Problem problem_;
+  static std::map<bool, std::vector<double>> losses_;
+  static std::map<bool, std::map<std::string, std::vector<float>>> tensors_;
+};
+std::unique_ptr<TempDir> ThreeD::dir_;
+Problem ThreeD::problem_;
+std::map<bool, std::vector<double>> ThreeD::losses_;
+std::map<bool, std::map<std::string, std::vector<float>>> ThreeD::tensors_;
+
+TEST_P(ThreeD, MatchesSerialRun) {
+  const Layout& l = GetParam();
+  const std::string run = dir_->file(l.name());
+  RunResult r = train(l.ranks(), problem_.config, l.overrides(run));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  if (l.tp > 1) EXPECT_TRUE(contains(r.output, " x tp " + std::to_string(l.tp) + " x ")) << r.output;
+  if (l.zero) EXPECT_TRUE(contains(r.output, "ZeRO-1: each of the " + std::to_string(l.dp))) << r.output;
+  if (l.recompute) EXPECT_TRUE(contains(r.output, "recomputing transformer blocks")) << r.output;
+  auto losses = read_losses(run);
+  const auto& ref = losses_[l.untied];
+  ASSERT_EQ(losses.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(losses[i], ref[i], kAbs + kRel * std::abs(ref[i])) << "loss at step " << i + 1;
+  auto tensors = read_checkpoint(run + "/checkpoints/step_00000006.h5");
+  ASSERT_EQ(tensors.size(), tensors_[l.untied].size());
+  expect_tensors_within(tensors, tensors_[l.untied], kRel, kAbs, "against the serial run");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ThreeD, ::testing::ValuesIn(all_layouts()),
+                         [](const auto& info) { return info.param.name(); });
+
+TEST(ThreeDDeterminism, TwoRunsOfOneLayoutAreBitwiseIdentical) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path(), 4097, 61);
+  Layout l;
+  l.dp = 2, l.tp = 2, l.pp = 2, l.m = 2, l.zero = true, l.recompute = true;
+  std::vector<std::map<std::string, std::vector<float>>> results;
+  std::vector<std::vector<double>> losses;
+  for (int k = 0; k < 2; ++k) {
+    std::string run = dir.file("run" + std::to_string(k));
+    RunResult r = train(l.ranks(), p.config, l.overrides(run));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    results.push_back(read_checkpoint(run + "/checkpoints/step_00000006.h5"));
+    losses.push_back(read_losses(run));
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_TRUE(results[0] == results[1]) << "final tensors differ between two identical runs";
+}
+
+// A checkpoint written at one 3D layout resumes at another (tp and ZeRO changed both ways): the resumed
+// steps 4-6 match the uninterrupted serial run.
+TEST(ThreeDResume, AcrossTensorParallelAndZeroLayouts) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path(), 4097, 61);
+  Layout serial;
+  const std::string ref_run = dir.file("serial");
+  RunResult r = train(1, p.config, serial.overrides(ref_run));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto ref_losses = read_losses(ref_run);
+  const auto ref_tensors = read_checkpoint(ref_run + "/checkpoints/step_00000006.h5");
+  struct Pair { Layout from, to; };
+  Layout a, b, c, d, e;
+  a.dp = 2, a.tp = 2, a.pp = 2, a.m = 2, a.zero = true;  // (2, 2, 2) with ZeRO-1
+  b.pp = 4, b.m = 4;                                     // (1, 1, 4)
+  c.dp = 4, c.tp = 2, c.zero = true;                     // (4, 2, 1) with ZeRO-1
+  d.tp = 4, d.pp = 2, d.m = 2;                           // (1, 4, 2)
+  e.dp = 2, e.zero = true, e.recompute = true;
+  for (const Pair& pr : {Pair{a, b}, Pair{a, c}, Pair{c, serial}, Pair{d, e}, Pair{serial, a}}) {
+    const std::string first = dir.file(pr.from.name() + "_then_" + pr.to.name());
+    auto ov = pr.from.overrides(first);
+    ov.push_back("checkpoint.every=3");
+    r = train(pr.from.ranks(), p.config, ov);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string run = first + "_resumed";
+    ov = pr.to.overrides(run);
+    ov.push_back("checkpoint.resume=" + quoted(first + "/checkpoints/step_00000003.h5"));
+    r = train(pr.to.ranks(), p.config, ov);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "resumed from")) << r.output;
+    auto losses = read_losses(run);  // steps 4-6
+    ASSERT_EQ(losses.size(), 3u) << pr.from.name() << " -> " << pr.to.name();
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(losses[i], ref_losses[i + 3], kAbs + kRel * std::abs(ref_losses[i + 3]))
+          << pr.from.name() << " -> " << pr.to.name() << ", step " << i + 4;
+    expect_tensors_within(read_checkpoint(run + "/checkpoints/step_00000006.h5"), ref_tensors, kRel, kAbs,
+                          pr.from.name() + " -> " + pr.to.name());
+  }
+}
+
+TEST(ThreeDErrors, BadTensorParallelSettingsAreNamed) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path(), 4097, 61);
+  RunResult r = train(1, p.config, {"run.dir=" + quoted(dir.file("a")), "parallel.tp=3", "model.n_head=4"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "parallel.tp: = 3 must divide model.n_head = 4")) << r.output;
+  r = train(2, p.config, {"run.dir=" + quoted(dir.file("b")), "parallel.tp=4", "model.n_head=4"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "parallel.dp x parallel.tp x parallel.pp = 1 x 4 x 1 = 4")) << r.output;
+  r = train(1, p.config, {"run.dir=" + quoted(dir.file("c")), "train.recompute=\"blocks\"",
+                          "parallel.schedule=\"zb-h1\""});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "train.recompute")) << r.output;
+}
+
+}  // namespace
