@@ -10,6 +10,8 @@
 #include <map>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "support/test_support.hpp"
 
 using namespace relay::test;
@@ -194,6 +196,70 @@ TEST(ThreeDErrors, BadTensorParallelSettingsAreNamed) {
                           "parallel.schedule=\"zb-h1\""});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.output, "train.recompute")) << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+// <run>/memory.json: per rank, measured and predicted bytes by kind.
+struct RankMemory {
+  std::map<std::string, double> measured, predicted;
+};
+std::vector<RankMemory> read_memory(const std::string& run) {
+  auto j = nlohmann::json::parse(read_file(run + "/memory.json"));
+  std::vector<RankMemory> out;
+  for (auto& r : j.at("bytes_per_rank")) {
+    RankMemory m;
+    for (auto& [k, v] : r.at("measured").items()) m.measured[k] = v.get<double>();
+    for (auto& [k, v] : r.at("predicted").items()) m.predicted[k] = v.get<double>();
+    out.push_back(m);
+  }
+  return out;
+}
+
+// Measured memory per rank matches relay plan's prediction, ZeRO-1 holds 1/dp of the optimizer state,
+// and recomputation cuts activation memory by at least the predicted factor.
+TEST(ThreeDMemory, MeasuredMatchesPredictedZeroShardsRecomputeCuts) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path(), 4097, 61);
+  auto run_layout = [&](const Layout& l) {
+    const std::string run = dir.file("mem_" + l.name());
+    auto ov = l.overrides(run);
+    ov.push_back("train.steps=2");
+    ov.push_back("lr_schedule.warmup_steps=1");
+    RunResult r = train(l.ranks(), p.config, ov);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "memory per rank after the first step")) << r.output;
+    auto mem = read_memory(run);
+    EXPECT_EQ(mem.size(), static_cast<size_t>(l.ranks()));
+    for (size_t w = 0; w < mem.size(); ++w)
+      for (const char* k : {"params", "grads", "optimizer", "activations"}) {
+        const double got = mem[w].measured[k], want = mem[w].predicted[k];
+        EXPECT_GT(want, 0) << l.name() << " rank " << w << " " << k;
+        // ZeRO pads each bucket to a multiple of dp; bias-free blocks keep a zero vector or two.
+        EXPECT_NEAR(got, want, 0.01 * want + 1024) << l.name() << " rank " << w << " " << k;
+      }
+    return mem;
+  };
+  Layout plain, zero, tp, rec, norec;
+  plain.dp = 2, plain.m = 1;
+  zero = plain, zero.zero = true;
+  tp.dp = 2, tp.tp = 2, tp.pp = 2, tp.m = 2, tp.zero = true;
+  norec.pp = 2, norec.m = 4;
+  rec = norec, rec.recompute = true;
+  auto mp = run_layout(plain), mz = run_layout(zero);
+  run_layout(tp);
+  auto mn = run_layout(norec), mr = run_layout(rec);
+  for (size_t w = 0; w < mp.size(); ++w)
+    EXPECT_NEAR(mz[w].measured["optimizer"] * 2, mp[w].measured["optimizer"], 64)
+        << "rank " << w << ": ZeRO-1 optimizer state is not 1/dp of the unsharded state";
+  for (size_t w = 0; w < mn.size(); ++w) {
+    const double predicted = mn[w].predicted["activations"] / mr[w].predicted["activations"];
+    const double measured = mn[w].measured["activations"] / mr[w].measured["activations"];
+    EXPECT_GT(predicted, 1.5) << "rank " << w;
+    EXPECT_GE(measured, predicted * 0.999) << "rank " << w;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "core/memory.hpp"
+
 namespace relay {
 
 size_t dtype_size(DType dt) { return dt == DType::f32 ? 4 : 4; }
@@ -23,7 +25,16 @@ int64_t shape_numel(const Shape& s) {
 Tensor::Tensor(Allocator& alloc, Shape shape, DType dtype)
     : shape_(std::move(shape)), dtype_(dtype), device_(alloc.device()) {
   for (int64_t d : shape_) RELAY_ASSERT(d >= 0, "negative dimension in " << shape_str(shape_));
-  mem_ = alloc.allocate(std::max<size_t>(bytes(), 4));
+  std::shared_ptr<std::byte> storage = alloc.allocate(std::max<size_t>(bytes(), 4));
+  // Counted under the current MemoryScope's kind until the storage (shared by every view) is freed.
+  const MemKind kind = current_mem_kind();
+  const int64_t n = static_cast<int64_t>(bytes());
+  mem_account(kind, n);
+  std::byte* p = storage.get();
+  mem_ = std::shared_ptr<std::byte>(p, [storage = std::move(storage), kind, n](std::byte*) mutable {
+    mem_account(kind, -n);
+    storage.reset();
+  });
 }
 
 float* Tensor::f32() {

@@ -3,6 +3,8 @@
 
 #include <set>
 
+#include "core/memory.hpp"
+
 namespace relay {
 
 ModelChunk::ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Block>> blocks, bool is_first, bool is_last,
@@ -35,6 +37,7 @@ ModelChunk::Slot& ModelChunk::slot(int s, int64_t rows) {
   if (static_cast<size_t>(s) >= slots_.size()) slots_.resize(static_cast<size_t>(s) + 1);
   Slot& sl = slots_[static_cast<size_t>(s)];
   if (sl.capacity < rows) {  // first use (or a larger eval batch): allocate once, reuse afterwards
+    MemoryScope scope(MemKind::activations);
     size_t L = blocks_.size();
     sl.capacity = rows;
     sl.acts.assign(L + 1, Tensor());

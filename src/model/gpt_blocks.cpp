@@ -82,26 +82,32 @@ class Transformer final : public Block {
   // Widths are this tp rank's: Cl = C / tp (its H / tp heads), 4 Cl hidden units.
   enum : size_t { kLn1, kMean1, kRstd1, kQkv, kAtt, kAtty, kRes1, kLn2, kMean2, kRstd2, kFch, kFcg,
                   kGRes1, kGFch, kGLn2, kGQkv, kGLn1, kCount };
+  static std::vector<Shape> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
+    const int64_t C = spec.in, T = spec.seq_len, H = spec.n_head / tp, B = n / T, Cl = C / tp;
+    std::vector<Shape> s(kCount);
+    s[kLn1] = {n, C};
+    s[kMean1] = {n};
+    s[kRstd1] = {n};
+    s[kQkv] = {n, 3 * Cl};
+    s[kAtt] = {B, H, T, T};
+    s[kAtty] = {n, Cl};
+    s[kRes1] = {n, C};
+    s[kLn2] = {n, C};
+    s[kMean2] = {n};
+    s[kRstd2] = {n};
+    s[kFch] = {n, 4 * Cl};
+    s[kFcg] = {n, 4 * Cl};
+    s[kGRes1] = {n, C};
+    s[kGFch] = {n, 4 * Cl};
+    s[kGLn2] = {n, C};
+    s[kGQkv] = {n, 3 * Cl};
+    s[kGLn1] = {n, C};
+    return s;
+  }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
-    const int64_t C = spec_.in, T = spec_.seq_len, H = H_, B = n / T, Cl = Cl_;
-    s.t.resize(kCount);
-    s.t[kLn1] = Tensor(be, {n, C});
-    s.t[kMean1] = Tensor(be, {n});
-    s.t[kRstd1] = Tensor(be, {n});
-    s.t[kQkv] = Tensor(be, {n, 3 * Cl});
-    s.t[kAtt] = Tensor(be, {B, H, T, T});
-    s.t[kAtty] = Tensor(be, {n, Cl});
-    s.t[kRes1] = Tensor(be, {n, C});
-    s.t[kLn2] = Tensor(be, {n, C});
-    s.t[kMean2] = Tensor(be, {n});
-    s.t[kRstd2] = Tensor(be, {n});
-    s.t[kFch] = Tensor(be, {n, 4 * Cl});
-    s.t[kFcg] = Tensor(be, {n, 4 * Cl});
-    s.t[kGRes1] = Tensor(be, {n, C});
-    s.t[kGFch] = Tensor(be, {n, 4 * Cl});
-    s.t[kGLn2] = Tensor(be, {n, C});
-    s.t[kGQkv] = Tensor(be, {n, 3 * Cl});
-    s.t[kGLn1] = Tensor(be, {n, C});
+    const int64_t C = spec_.in;
+    s.t.clear();
+    for (const Shape& shape : saved_shapes(spec_, n, tp_.size)) s.t.emplace_back(be, shape);
     if (!spec_.bias) {
       zero_ = Tensor(be, {C});
       be.fill(zero_, 0.f);
@@ -204,9 +210,13 @@ class Head final : public Block {
     w_ = params_.back();
   }
   int64_t out_width() const override { return w_->value.size(0); }
+  static std::vector<Shape> saved_shapes(const BlockSpec& spec, int64_t n) {
+    return {{n, spec.in}, {n}, {n}, {n, spec.in}};  // ln_f out, mean, rstd, d ln_f out
+  }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     const int64_t C = spec_.in;
-    s.t = {Tensor(be, {n, C}), Tensor(be, {n}), Tensor(be, {n}), Tensor(be, {n, C})};
+    s.t.clear();
+    for (const Shape& shape : saved_shapes(spec_, n)) s.t.emplace_back(be, shape);
     if (!spec_.bias) {
       zero_ = Tensor(be, {C});
       be.fill(zero_, 0.f);
@@ -240,6 +250,14 @@ class Head final : public Block {
 };
 
 }  // namespace
+
+std::vector<Shape> gpt_saved_shapes(const BlockSpec& spec, int64_t rows, int tp) {
+  switch (spec.kind) {
+    case BlockKind::transformer: return Transformer::saved_shapes(spec, rows, tp);
+    case BlockKind::head: return Head::saved_shapes(spec, rows);
+    default: return {};
+  }
+}
 
 std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp) {
   switch (spec.kind) {

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "core/memory.hpp"
+
 namespace relay {
 
 LossKind parse_loss(const std::string& name) {
@@ -14,6 +16,7 @@ Loss::Slot& Loss::slot(int s, int64_t rows) {
   if (static_cast<size_t>(s) >= slots_.size()) slots_.resize(static_cast<size_t>(s) + 1);
   Slot& sl = slots_[static_cast<size_t>(s)];
   if (sl.capacity < rows) {
+    MemoryScope scope(MemKind::activations);
     sl.capacity = rows;
     sl.targets = kind_ == LossKind::cross_entropy ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {rows, width_});
     sl.losses = Tensor(be_, {rows});

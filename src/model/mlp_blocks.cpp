@@ -40,7 +40,8 @@ class LayerNormBlock final : public Block {
  public:
   using Block::Block;
   void allocate_saved(Backend& be, int64_t rows, BlockSaved& s) override {
-    s.t = {Tensor(be, {rows}), Tensor(be, {rows})};
+    s.t.clear();
+    for (const Shape& shape : mlp_saved_shapes(spec_, rows)) s.t.emplace_back(be, shape);
   }
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
     const int64_t n = x.size(0);
@@ -69,6 +70,11 @@ std::unique_ptr<Block> make_mlp_block(const BlockSpec& spec, std::vector<Param*>
     default: break;
   }
   RELAY_ASSERT(false, "make_mlp_block: not an MLP block kind: " << block_kind_name(spec.kind));
+}
+
+std::vector<Shape> mlp_saved_shapes(const BlockSpec& spec, int64_t rows) {
+  if (spec.kind == BlockKind::layernorm) return {{rows}, {rows}};  // mean, rstd
+  return {};
 }
 
 }  // namespace relay

@@ -141,6 +141,19 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
   return cfg.model.is_gpt() ? gpt_spec(cfg) : mlp_spec(cfg, input_dim);
 }
 
+int64_t saved_bytes(const BlockSpec& spec, int64_t rows, int tp) {
+  const bool gpt = spec.kind == BlockKind::embedding || spec.kind == BlockKind::transformer ||
+                   spec.kind == BlockKind::head;
+  int64_t n = 0;
+  for (const Shape& s : gpt ? gpt_saved_shapes(spec, rows, tp) : mlp_saved_shapes(spec, rows)) n += shape_numel(s);
+  return n * 4;
+}
+
+int64_t block_out_width(const BlockSpec& spec, int tp, int tp_rank) {
+  if (spec.kind != BlockKind::head) return spec.out;
+  return tp_end(spec.out, tp, tp_rank) - tp_begin(spec.out, tp, tp_rank);
+}
+
 std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp) {
   std::vector<Param*> params;
   for (const ParamSpec& p : spec.params) params.push_back(store.get(p));

@@ -22,6 +22,11 @@ struct ModelSpec {
 // input_dim: the MLP's feature count (from the data); ignored for GPT.
 ModelSpec make_model_spec(const Config& cfg, int64_t input_dim);
 
+// Bytes a block keeps per micro-batch slot of `rows` rows (its allocate_saved), and its output width on
+// tp rank tp_rank (a tensor-parallel head's vocabulary shard): for memory plans, before anything runs.
+int64_t saved_bytes(const BlockSpec& spec, int64_t rows, int tp);
+int64_t block_out_width(const BlockSpec& spec, int tp, int tp_rank);
+
 // Builds the block with its parameters taken from (or created in) the store; GPT blocks split their
 // work over the stage's tensor-parallel group (tp.size == 1: the whole block).
 std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp = {});

@@ -1,4 +1,5 @@
 // ParamStore and the initialisation rules (torch.nn.Linear's uniform bound for the MLP, GPT-2's normal).
+#include "core/memory.hpp"
 #include "core/rng.hpp"
 #include "model/param.hpp"
 
@@ -36,6 +37,7 @@ Param* ParamStore::get(const ParamSpec& spec) {
                                                              << shape_str(p->full_shape));
     return p;
   }
+  MemoryScope scope(MemKind::params);
   const Shape local = shard_shape(spec.shape, spec.split, tp_, tp_rank_);
   params_.push_back({spec.name, Tensor(be_, local), {}, spec.shape, spec.split});
   Param* p = &params_.back();

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/memory.hpp"
+
 namespace relay {
 
 namespace {
@@ -72,6 +74,7 @@ class Sgd final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const Config::Optimizer& cfg, Backend& be, std::vector<OptimSlice> params) {
+  MemoryScope scope(MemKind::optimizer);
   if (cfg.name == "adamw") return std::make_unique<AdamW>(cfg, be, std::move(params));
   if (cfg.name == "sgd") return std::make_unique<Sgd>(cfg, be, std::move(params));
   throw Error(cat("optimizer.name: unknown optimizer \"", cfg.name, "\""));

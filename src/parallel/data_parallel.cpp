@@ -4,11 +4,14 @@
 #include <numeric>
 #include <tuple>
 
+#include "core/memory.hpp"
+
 namespace relay {
 
 GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
                          bool zero)
     : be_(be), comm_(comm), zero_(zero && comm != nullptr) {
+  MemoryScope scope(MemKind::grads);
   // Per (chunk, counts_in_norm), reverse block order; a block's parameters never straddle two buckets.
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -38,11 +41,12 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     Bucket b;
     const int64_t dp = zero_ ? comm_->size() : 1, padded = (total + dp - 1) / dp * dp;
     b.flat = Tensor(be, {padded});
+    if (zero_) b.shard = Tensor(be, {padded / dp});
     b.chunk = params[g.front()].chunk;
     b.counts_in_norm = params[g.front()].counts_in_norm;
     if (zero_) {
+      MemoryScope params(MemKind::params);
       b.values = Tensor(be, {padded});
-      b.shard = Tensor(be, {padded / dp});
       be.fill(b.values, 0.f);  // the padding
     }
     int64_t at = 0;

@@ -16,6 +16,9 @@
 #include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
 #include "train/checkpointing.hpp"
+#include <nlohmann/json.hpp>
+
+#include "train/memory_plan.hpp"
 #include "train/metrics.hpp"
 #include "train/run_state.hpp"
 #include "train/signals.hpp"
@@ -182,6 +185,43 @@ void write_trace(Run& r) {
   }
 }
 
+// Collective, after the first step (every buffer exists, no eval yet): each rank's measured bytes by
+// kind beside the prediction `relay plan` makes, printed by rank 0 and written to <run.dir>/memory.json.
+void report_memory(Run& r) {
+  const ProcessGrid& g = r.grid;
+  const MemoryBytes got = measured_memory(), want = predict_memory(r.cfg, r.layout, g.pp_rank, g.tp_rank);
+  int64_t mine[8] = {got.params, got.grads, got.optimizer, got.activations,
+                     want.params, want.grads, want.optimizer, want.activations};
+  std::vector<int64_t> all(g.world_rank == 0 ? 8 * static_cast<size_t>(g.world_size) : 0);
+  MPI_Request req;
+  MPI_CHECK(MPI_Igather(mine, 8, MPI_INT64_T, all.data(), 8, MPI_INT64_T, 0, MPI_COMM_WORLD, &req));
+  watchdog_wait(&req, "the memory report");
+  if (g.world_rank != 0) return;
+  static const char* kinds[4] = {"params", "grads", "optimizer", "activations"};
+  nlohmann::json ranks = nlohmann::json::array();
+  std::string table = "relay: memory per rank after the first step, MiB measured (predicted by relay plan)\n"
+                      "  rank              params          grads       optimizer     activations\n";
+  for (int w = 0; w < g.world_size; ++w) {
+    const int64_t* v = all.data() + 8 * static_cast<size_t>(w);
+    nlohmann::json j = {{"rank", w}, {"dp", (w / g.tp) % g.dp}, {"tp", w % g.tp}, {"pp", w / (g.tp * g.dp)}};
+    char row[160];
+    std::snprintf(row, sizeof row, "  %4d", w);
+    table += row;
+    for (int k = 0; k < 4; ++k) {
+      j["measured"][kinds[k]] = v[k];
+      j["predicted"][kinds[k]] = v[4 + k];
+      std::snprintf(row, sizeof row, " %7s (%6s)", mib(v[k]).c_str(), mib(v[4 + k]).c_str());
+      table += row;
+    }
+    table += "\n";
+    ranks.push_back(j);
+  }
+  std::printf("%s", table.c_str());
+  std::fflush(stdout);
+  std::ofstream f(r.cfg.run.dir + "/memory.json", std::ios::trunc);
+  f << nlohmann::json{{"bytes_per_rank", ranks}}.dump(1) << "\n";
+}
+
 void start_prefetcher(Run& r) {
   const ProcessGrid& g = r.grid;
   const bool want_in = g.is_first_stage(), want_tg = g.is_last_stage();
@@ -253,6 +293,7 @@ int run_training(const Config& cfg) {
     const bool out_of_time = rank0 && time_limit > 0 && now_s() - t_start + 2 * avg_step + 1.5 * last_ckpt_s >= time_limit;
     if (Watchdog* wd = active_watchdog()) wd->set_context(cat("step ", step));
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
+    if (step == r.start_step + 1) report_memory(r);
     totals.compute_s += res.stats.compute_s;
     totals.wait_s += res.stats.wait_s;
     totals.step_s += res.stats.step_s;

@@ -1,0 +1,65 @@
+#include "train/memory_plan.hpp"
+
+#include <cstdio>
+#include <set>
+
+#include "core/memory.hpp"
+
+namespace relay {
+
+MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank) {
+  const int tp = static_cast<int>(cfg.parallel.tp), dp = static_cast<int>(cfg.parallel.dp);
+  const bool zero = cfg.optimizer.zero && dp > 1, recompute = cfg.train.recompute == "blocks";
+  const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * layout.model.seq_len;
+  MemoryBytes b;
+  // Parameters, gradients and optimizer state: every parameter of this rank's chunks once.
+  std::set<std::string> seen;
+  int64_t numel = 0;
+  for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
+    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
+      for (const ParamSpec& p : layout.blocks()[static_cast<size_t>(i)].params)
+        if (seen.insert(p.name).second) numel += shape_numel(shard_shape(p.shape, p.split, tp, tp_rank));
+  b.params = 4 * numel;
+  b.grads = 4 * numel + (zero ? 4 * numel / dp : 0);
+  const int64_t moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
+  b.optimizer = moments * 4 * (zero ? numel / dp : numel);
+  // Activations: m slots per chunk (ModelChunk::slot), the loss's slots on the last chunk.
+  const int last = layout.num_chunks() - 1;
+  for (int c = pp_rank; c <= last; c += layout.pp) {
+    const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
+    const BlockSpec& first = layout.blocks()[static_cast<size_t>(cr.begin)];
+    int64_t slot = 4 * rows * std::max<int64_t>(1, first.in);     // the input (token ids: one i32 per row)
+    if (c != 0) slot += 4 * rows * first.in;                      // its gradient
+    int64_t scratch = 0;
+    for (int i = cr.begin; i < cr.end; ++i) {
+      const BlockSpec& s = layout.blocks()[static_cast<size_t>(i)];
+      const int64_t w = block_out_width(s, tp, tp_rank);
+      const bool alias = layout.model.gpt && c == last && i + 1 == cr.end;
+      slot += 4 * rows * w * (alias ? 1 : 2);                     // output and its gradient
+      if (recompute && s.kind == BlockKind::transformer)
+        scratch = saved_bytes(s, rows, tp) + 4 * rows * w;        // one set per chunk, and an output
+      else
+        slot += saved_bytes(s, rows, tp);
+    }
+    if (c == last) {
+      const bool ce = layout.model.gpt || cfg.model.loss == "cross_entropy";
+      slot += 4 * rows * (ce ? 1 : layout.model.output_dim) + 4 * rows * 2;  // targets, losses, predictions
+      if (tp > 1 && ce) slot += 4 * rows * 3;                               // row maxima, partial sums
+    }
+    b.activations += m * slot + scratch;
+  }
+  return b;
+}
+
+MemoryBytes measured_memory() {
+  return {mem_bytes(MemKind::params), mem_bytes(MemKind::grads), mem_bytes(MemKind::optimizer),
+          mem_bytes(MemKind::activations)};
+}
+
+std::string mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", double(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace relay

@@ -1,0 +1,30 @@
+// Memory per rank, predicted from the config before anything runs (`relay plan`) and measured from
+// the tensors a run holds (core/memory.hpp), by kind: parameters (fp32, this rank's tp shard of every
+// parameter its stage holds), gradients (the buckets, plus the reduce-scatter output under ZeRO-1),
+// optimizer state (AdamW's two moments or SGD's momentum, 1/dp of them under ZeRO-1) and activations
+// (every micro-batch slot of every chunk on the rank: block inputs and outputs, their gradients, the
+// blocks' saved intermediates, the loss's buffers; with train.recompute = "blocks" a transformer block
+// keeps its input only, plus one scratch set per chunk). Eval buffers and ZeRO's bucket padding (under
+// dp elements per bucket) are not in the prediction.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/config.hpp"
+#include "train/model_layout.hpp"
+
+namespace relay {
+
+struct MemoryBytes {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  int64_t total() const { return params + grads + optimizer + activations; }
+};
+
+// The rank at (pp_rank, tp_rank) of the config's layout (every replica holds the same).
+MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank);
+// What this process's tensors hold now.
+MemoryBytes measured_memory();
+
+std::string mib(int64_t bytes);  // "12.3"
+
+}  // namespace relay
