@@ -1,6 +1,7 @@
 // relay plan --config FILE: the pipeline plan without MPI: stages, the step x rank grid of the
 // schedule, the simulated bubble (equal F/B/W costs, and with --measure per-layer costs timed here)
-// and the peak number of micro-batches whose activations each stage holds.
+// and the peak number of micro-batches whose activations each stage holds; the 3D layout (which world
+// rank holds which (dp, tp, pp) coordinate and which shard) and the memory each rank will hold.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "model/model_spec.hpp"
 #include "parallel/simulator.hpp"
 #include "parallel/trace.hpp"
+#include "train/memory_plan.hpp"
 #include "train/model_layout.hpp"
 
 namespace relay {
@@ -99,6 +101,41 @@ void write_sim_trace(const std::string& path, const ScheduleShape& shape, const 
   f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
 }
 
+// World rank -> (dp, tp, pp) coordinate, stage and tensor-parallel shard (Megatron-LM's order: tp
+// fastest, then dp, then pp), one line per rank (the first 64).
+void print_layout(const Config& cfg, const ModelLayout& layout) {
+  const int dp = static_cast<int>(cfg.parallel.dp), tp = static_cast<int>(cfg.parallel.tp), pp = layout.pp;
+  std::printf("\n3D layout: world rank = (pp x %d + dp) x %d + tp\n", dp, tp);
+  const int n = dp * tp * pp;
+  for (int w = 0; w < std::min(n, 64); ++w) {
+    const int t = w % tp, d = (w / tp) % dp, p = w / (tp * dp);
+    std::string shard = "whole blocks";
+    if (tp > 1 && layout.model.gpt) {
+      const int64_t H = cfg.model.n_head, C4 = 4 * cfg.model.n_embd, V = cfg.model.vocab_size;
+      shard = cat("heads [", tp_begin(H, tp, t), ", ", tp_end(H, tp, t), ") of ", H, ", MLP units [",
+                  tp_begin(C4, tp, t), ", ", tp_end(C4, tp, t), ") of ", C4, ", vocabulary [", tp_begin(V, tp, t), ", ",
+                  tp_end(V, tp, t), ") of ", V);
+    }
+    std::printf("  rank %3d (dp %d, tp %d, pp %d): %s\n", w, d, t, p, shard.c_str());
+  }
+  if (n > 64) std::printf("  ... %d ranks in all\n", n);
+}
+
+// Predicted bytes per rank (replicas hold the same), MiB.
+void print_memory(const Config& cfg, const ModelLayout& layout) {
+  const int tp = static_cast<int>(cfg.parallel.tp);
+  std::printf("\npredicted memory per rank, MiB (fp32; every replica the same%s%s):\n",
+              cfg.optimizer.zero && cfg.parallel.dp > 1 ? "; ZeRO-1 optimizer state" : "",
+              cfg.train.recompute == "blocks" ? "; transformer blocks recomputed" : "");
+  std::printf("  pp  tp      params       grads   optimizer activations       total\n");
+  for (int p = 0; p < layout.pp; ++p)
+    for (int t = 0; t < tp; ++t) {
+      const MemoryBytes b = predict_memory(cfg, layout, p, t);
+      std::printf("  %2d  %2d %11s %11s %11s %11s %11s\n", p, t, mib(b.params).c_str(), mib(b.grads).c_str(),
+                  mib(b.optimizer).c_str(), mib(b.activations).c_str(), mib(b.total()).c_str());
+    }
+}
+
 void print_sim(const char* title, const ScheduleShape& shape, const SimResult& sim) {
   std::printf("\n%s\n%s", title, render_grid(shape, sim).c_str());
   std::printf("bubble fraction %.4f (idle time / (ranks x makespan)); makespan %.4g\n", sim.bubble_fraction,
@@ -122,13 +159,17 @@ int run_plan_command(const PlanOptions& o) {
   ScheduleShape shape = schedule_shape(cfg);
   shape.tied = !layout.shared_params().empty();
   const int64_t dp = cfg.parallel.dp, m = cfg.train.micro_batches, rows = micro_batch_rows(cfg);
-  std::printf("plan for %s: dp %lld x pp %lld = %lld ranks, schedule %s, v = %d, %lld micro-batches of %lld samples\n",
-              cfg.source.c_str(), static_cast<long long>(dp), static_cast<long long>(cfg.parallel.pp),
-              static_cast<long long>(dp * cfg.parallel.pp), cfg.parallel.schedule.c_str(), shape.v,
-              static_cast<long long>(m), static_cast<long long>(rows));
+  const int64_t tp = cfg.parallel.tp;
+  std::printf("plan for %s: dp %lld x tp %lld x pp %lld = %lld ranks, schedule %s, v = %d, %lld micro-batches of %lld "
+              "samples\n",
+              cfg.source.c_str(), static_cast<long long>(dp), static_cast<long long>(tp),
+              static_cast<long long>(cfg.parallel.pp), static_cast<long long>(dp * tp * cfg.parallel.pp),
+              cfg.parallel.schedule.c_str(), shape.v, static_cast<long long>(m), static_cast<long long>(rows));
   std::printf("model: %s, %lld parameters, input width %lld; stages:\n%s", cfg.model.type.c_str(),
               static_cast<long long>(layout.param_count()), static_cast<long long>(D),
               describe_partition(layout.chunks, layout.blocks(), shape.pp).c_str());
+  print_layout(cfg, layout);
+  print_memory(cfg, layout);
   auto lists = generate_all(shape);
   SimResult eq = simulate(shape, lists, Costs{});
   print_sim("schedule with equal F, B and W costs (F = forward, B = backward-input, W = backward-weight):", shape, eq);
