@@ -254,6 +254,20 @@ std::vector<OpCase> all_cases() {
         if (with_grad) o.push_back(out(be, "dlogits", dlogits));
         return o;
       });
+      // Vocabulary-parallel cross-entropy's three steps, as one tp rank holding columns [3, 3 + f) of
+      // f + 7 (targets below 3 are another rank's); the totals stand in for the group's all-reduces.
+      add("vocab_parallel_cross_entropy_" + d + g, kTolFp32, [=](Backend& be) {
+        Tensor logits = input(be, s, 64, -6, 6), targets = class_targets(be, n, f + 7, 65), losses(be, {n});
+        Tensor mx(be, {n}), partial(be, {n, 2}), dlogits(be, s);
+        be.row_max(logits, mx);
+        be.cross_entropy_partial(logits, targets, 3, mx, partial);
+        Tensor total = input(be, {n, 2}, 66, 1, 2);
+        be.cross_entropy_finish(logits, targets, 3, mx, total, 1.0f / static_cast<float>(n), losses,
+                                with_grad ? &dlogits : nullptr);
+        std::vector<Output> o{out(be, "row_max", mx), out(be, "partial", partial), out(be, "losses", losses)};
+        if (with_grad) o.push_back(out(be, "dlogits", dlogits));
+        return o;
+      });
       add("mse_" + d + g, kTolFp32, [=](Backend& be) {
         Tensor pred = input(be, s, 62), target = input(be, s, 63), losses(be, {n}), dpred(be, s);
         be.mse(pred, target, 1.0f / static_cast<float>(n), losses, with_grad ? &dpred : nullptr);
@@ -328,6 +342,16 @@ std::vector<OpCase> all_cases() {
       Tensor dy = input(be, {n, g.C}, 97), dwte = input(be, {g.V, g.C}, 98), dwpe = input(be, {g.T, g.C}, 99);
       be.embedding_backward(tok, dy, g.T, dwte, dwpe);
       return std::vector{out(be, "y", y), out(be, "dwte", dwte), out(be, "dwpe", dwpe)};
+    });
+    // Vocabulary-parallel: this rank holds rows [2, 2 + V/2 + 1) and adds no positions.
+    add("embedding_vocab_shard_" + d + "_V" + std::to_string(g.V), kTolFp32, [g, n](Backend& be) {
+      const int64_t rows = g.V / 2 + 1;
+      Tensor tok = class_targets(be, n, std::min<int64_t>(g.V, 5), 103);
+      Tensor wte = input(be, {rows, g.C}, 104), y(be, {n, g.C}), none;
+      be.embedding_forward(tok, wte, none, g.T, y, 2);
+      Tensor dy = input(be, {n, g.C}, 105), dwte = input(be, {rows, g.C}, 106);
+      be.embedding_backward(tok, dy, g.T, dwte, none, 2);
+      return std::vector{out(be, "y", y), out(be, "dwte", dwte)};
     });
     add("attention_forward_backward_" + d, kTolAttention, [g, n](Backend& be) {
       Tensor qkv = input(be, {n, 3 * g.C}, 100, -2, 2), att(be, {g.B, g.H, g.T, g.T}), y(be, {n, g.C});

@@ -139,6 +139,48 @@ TEST(TransformerKernels, EmbeddingForwardBackwardWithRepeatedTokens) {
   for (size_t i = 0; i < dwpe.size(); ++i) EXPECT_NEAR(dwpe[i], dwpe_ref[i], 1e-5) << "dwpe " << i;
 }
 
+// Tensor parallelism's kernels against the whole-vocabulary ones: the shards' embeddings add up to the
+// whole lookup (bitwise: the other shards contribute zeros), and the vocabulary-parallel cross-entropy
+// over two shards (uneven: 7 and 8 of 15 columns) gives the fused loss and each shard's columns of its
+// gradient.
+TEST(TransformerKernels, VocabularyShardsAddUpToTheWholeVocabulary) {
+  const int64_t V = 15, T = 3, C = 4, rows = 6, split = 7;
+  std::vector<int32_t> tok = {0, 14, 7, 6, 3, 7};
+  auto wte = randn(static_cast<size_t>(V * C), 11), wpe = randn(static_cast<size_t>(T * C), 12);
+  std::vector<float> whole(static_cast<size_t>(rows * C)), a(whole.size()), b(whole.size());
+  cpu::embedding_forward(tok.data(), wte.data(), wpe.data(), whole.data(), rows, C, T, 0, V);
+  cpu::embedding_forward(tok.data(), wte.data(), wpe.data(), a.data(), rows, C, T, 0, split);
+  cpu::embedding_forward(tok.data(), wte.data() + split * C, nullptr, b.data(), rows, C, T, split, V - split);
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_EQ(a[i] + b[i], whole[i]) << i;
+
+  auto logits = randn(static_cast<size_t>(rows * V), 13);
+  std::vector<float> losses(static_cast<size_t>(rows)), dl(logits.size());
+  cpu::cross_entropy(logits.data(), tok.data(), 0.5f, losses.data(), dl.data(), rows, V);
+  // The two shards as (rows, cols) matrices, the group's reductions done here.
+  std::vector<float> l0, l1;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < V; ++c) (c < split ? l0 : l1).push_back(logits[static_cast<size_t>(r * V + c)]);
+  std::vector<float> m0(rows), m1(rows), p0(2 * rows), p1(2 * rows), total(2 * rows), mx(rows);
+  cpu::row_max(l0.data(), m0.data(), rows, split);
+  cpu::row_max(l1.data(), m1.data(), rows, V - split);
+  for (int64_t r = 0; r < rows; ++r) mx[r] = std::max(m0[r], m1[r]);
+  cpu::cross_entropy_partial(l0.data(), tok.data(), 0, mx.data(), p0.data(), rows, split);
+  cpu::cross_entropy_partial(l1.data(), tok.data(), split, mx.data(), p1.data(), rows, V - split);
+  for (size_t i = 0; i < total.size(); ++i) total[i] = p0[i] + p1[i];
+  std::vector<float> loss0(rows), loss1(rows), d0(l0.size()), d1(l1.size());
+  cpu::cross_entropy_finish(l0.data(), tok.data(), 0, mx.data(), total.data(), 0.5f, loss0.data(), d0.data(), rows, split);
+  cpu::cross_entropy_finish(l1.data(), tok.data(), split, mx.data(), total.data(), 0.5f, loss1.data(), d1.data(), rows,
+                            V - split);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_NEAR(loss0[r], losses[r], 1e-6) << "row " << r;
+    EXPECT_EQ(loss0[r], loss1[r]) << "row " << r;
+    for (int64_t c = 0; c < V; ++c) {
+      const float got = c < split ? d0[static_cast<size_t>(r * split + c)] : d1[static_cast<size_t>(r * (V - split) + c - split)];
+      EXPECT_NEAR(got, dl[static_cast<size_t>(r * V + c)], 1e-7) << "row " << r << " col " << c;
+    }
+  }
+}
+
 TEST(TransformerKernels, BitwiseIndependentOfThreadCount) {
   const int64_t V = 50, T = 16, C = 32, H = 4, B = 3, rows = B * T;
   std::vector<int32_t> tok(static_cast<size_t>(rows));
