@@ -96,6 +96,8 @@ void write_tmp_file(const std::string& tmp, const CheckpointMeta& meta, const st
     put_i64_attr(root, "dp", meta.dp, ctx);
     put_i64_attr(root, "pp", meta.pp, ctx);
     put_i64_attr(root, "virtual_stages", meta.virtual_stages, ctx);
+    put_i64_attr(root, "tp", meta.tp, ctx);
+    put_i64_attr(root, "zero", meta.zero, ctx);
     put_str_attr(root, "schedule", meta.schedule, ctx);
     {
       H5Handle<H5Gclose> g(ensure_group(root, "optimizer", ctx));
@@ -190,6 +192,8 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   meta_.dp = h5_read_i64_attr(f, "dp", ctx);
   meta_.pp = h5_read_i64_attr(f, "pp", ctx);
   meta_.virtual_stages = h5_read_i64_attr(f, "virtual_stages", ctx);
+  if (H5Aexists(f, "tp") > 0) meta_.tp = h5_read_i64_attr(f, "tp", ctx);
+  if (H5Aexists(f, "zero") > 0) meta_.zero = h5_read_i64_attr(f, "zero", ctx);
   meta_.schedule = h5_read_str_attr(f, "schedule", ctx);
   H5Handle<H5Gclose> opt(RELAY_H5_CHECK(H5Gopen2(f, "optimizer", H5P_DEFAULT), ctx + ": group /optimizer"));
   meta_.optimizer = h5_read_str_attr(opt.get(), "name", ctx + ": /optimizer");

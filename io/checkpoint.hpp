@@ -18,6 +18,7 @@ struct CheckpointMeta {
   int64_t step = 0;                // optimizer steps done
   std::string config_toml;         // the effective config of the run that wrote it
   int64_t dp = 1, pp = 1, virtual_stages = 1;
+  int64_t tp = 1, zero = 0;  // the writer's tensor parallelism and ZeRO-1 (for the record; files before them: 1, 0)
   std::string schedule;
   std::string optimizer;           // "adamw" | "sgd"
   int64_t optimizer_step = 0;

@@ -109,3 +109,19 @@ TEST_F(GpuTraining, GptMatchesCpuAndParallelLayouts) {
   ASSERT_EQ(gen.exit_code, 0) << gen.output;
   EXPECT_EQ(gen.output, gen_cpu.output) << "greedy tokens on the GPU and the CPU";
 }
+
+// 3D parallelism on the GPU (one GPU, so parallel.comm = "mpi"): tp = 2 x pp = 2 with ZeRO-1 over
+// dp = 2 and recomputation matches the GPU's serial run: the vocabulary-parallel kernels
+// (embedding shard, row max, cross-entropy partial and finish) and the staged reduce-scatter and
+// all-gather on device tensors.
+TEST_F(GpuTraining, GptTensorParallelZeroRecomputeMatchesSerial) {
+  Problem g = make_gpt_problem(dir_.path() + "/gpt3d", 4097, 61);
+  RunResult one = train(1, g.config, {"run.dir=" + q(dir_.file("t1")), "train.device=\"cuda\"", "model.n_head=4"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  RunResult par = train(8, g.config, {"run.dir=" + q(dir_.file("t222")), "train.device=\"cuda\"", "parallel.comm=\"mpi\"",
+                                      "model.n_head=4", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
+                                      "train.micro_batches=2", "optimizer.zero=true", "train.recompute=\"blocks\""});
+  ASSERT_EQ(par.exit_code, 0) << par.output;
+  expect_close(read_losses(dir_.file("t222")), read_losses(dir_.file("t1")), "GPT dp2 x tp2 x pp2 on the GPU");
+  expect_same_tensors(read_checkpoint(ckpt("t222", 6)), read_checkpoint(ckpt("t1", 6)), 1e-5, "GPT 3D tensors");
+}

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "parallel/schedule.hpp"
+#include "parallel/slot_plan.hpp"
 #include "parallel/simulator.hpp"
 
 namespace relay {
@@ -490,6 +491,54 @@ TEST(RenderGrid, ShowsChunksAndWeightGradients) {
   const ScheduleShape zb{ScheduleKind::zb_h1, 2, 1, 2};
   const std::string zb_grid = render_grid(zb, simulate(zb, generate_all(zb), Costs{}));
   EXPECT_NE(zb_grid.find("rank 1 | .  F0 B0 F1 B1 W0 W1"), std::string::npos) << zb_grid;
+}
+
+// Activation slots (parallel/slot_plan.hpp): a chunk needs as many as micro-batches it holds at once,
+// which is the simulator's live count; no two micro-batches alive at once share one.
+TEST(SlotPlan, SlotsAreTheLiveMicroBatchesAndNeverShared) {
+  for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+                            ScheduleKind::zb_h1})
+    for (int pp : {2, 4})
+      for (int m : {4, 8}) {
+        ScheduleShape s{kind, pp, kind == ScheduleKind::interleaved ? 2 : 1, m};
+        auto lists = generate_all(s);
+        SimResult sim = simulate(s, lists, Costs{});
+        for (int r = 0; r < pp; ++r) {
+          SlotPlan plan = plan_slots(lists[static_cast<size_t>(r)], m);
+          int total = 0;
+          for (auto& [c, n] : plan.slots) {
+            total += n;
+            // Replay: a slot is busy from the micro-batch's first action to its last compute action.
+            std::map<int, int> holder;  // slot -> micro-batch
+            for (auto& a : lists[static_cast<size_t>(r)]) {
+              if (a.chunk != c || a.micro_batch < 0) continue;
+              const int slot = plan.slot_of[c][static_cast<size_t>(a.micro_batch)];
+              ASSERT_GE(slot, 0);
+              ASSERT_LT(slot, n);
+              if (a.op == Op::recv_activation || a.op == Op::forward) {
+                auto it = holder.find(slot);
+                ASSERT_TRUE(it == holder.end() || it->second == a.micro_batch)
+                    << schedule_kind_name(kind) << " pp " << pp << " m " << m << " rank " << r << ": slot " << slot
+                    << " of chunk " << c << " given to mb " << a.micro_batch << " while mb " << it->second << " holds it";
+                holder[slot] = a.micro_batch;
+              }
+              const bool done = a.op == Op::backward_weight || (a.op == Op::backward && kind != ScheduleKind::zb_h1);
+              if (done) holder.erase(slot);
+            }
+          }
+          if (kind == ScheduleKind::gpipe) EXPECT_EQ(total, m);
+          if (kind == ScheduleKind::one_f_one_b) EXPECT_EQ(total, std::min(m, pp - r)) << "pp " << pp << " rank " << r;
+          // Interleaved: each chunk has its own pool, so the sum of the chunks' peaks may exceed the
+          // rank's peak; ZB-H1: a micro-batch holds its slot until its W, the simulator counts to B.
+          const int peak = sim.peak_live_micro_batches[static_cast<size_t>(r)];
+          if (kind == ScheduleKind::interleaved || kind == ScheduleKind::zb_h1) {
+            EXPECT_GE(total, peak);
+            EXPECT_LE(total, m * s.v);
+          } else {
+            EXPECT_EQ(total, peak) << schedule_kind_name(kind) << " pp " << pp << " m " << m << " rank " << r;
+          }
+        }
+      }
 }
 
 }  // namespace

@@ -32,13 +32,23 @@ bool ModelChunk::needs_input_grad(size_t k) const {
   return !(is_first_ && k <= first_param_block_) && blocks_[k]->spec().in > 0;
 }
 
-ModelChunk::Slot& ModelChunk::slot(int s, int64_t rows) {
-  RELAY_ASSERT(s >= 0, "negative slot");
-  if (static_cast<size_t>(s) >= slots_.size()) slots_.resize(static_cast<size_t>(s) + 1);
-  Slot& sl = slots_[static_cast<size_t>(s)];
+ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
+  RELAY_ASSERT(mb >= 0, "negative micro-batch");
+  const size_t L = blocks_.size(), m = slot_of_.size();
+  // Planned micro-batches share the plan's slots (all below m); evaluation (mb = m) has slot m.
+  const size_t s = static_cast<size_t>(mb) < m ? static_cast<size_t>(slot_of_[static_cast<size_t>(mb)])
+                                              : m == 0 ? static_cast<size_t>(mb) : m;
+  if (s >= slots_.size()) slots_.resize(s + 1);
+  if (static_cast<size_t>(mb) >= boundaries_.size()) boundaries_.resize(static_cast<size_t>(mb) + 1);
+  MemoryScope scope(MemKind::activations);
+  Boundary& bd = boundaries_[static_cast<size_t>(mb)];
+  if (bd.capacity < rows) {
+    bd.capacity = rows;
+    if (!is_last_) bd.out = Tensor(be_, {rows, out_width()});
+    if (!is_first_) bd.in_grad = Tensor(be_, {rows, in_width()});
+  }
+  Slot& sl = slots_[s];
   if (sl.capacity < rows) {  // first use (or a larger eval batch): allocate once, reuse afterwards
-    MemoryScope scope(MemKind::activations);
-    size_t L = blocks_.size();
     sl.capacity = rows;
     sl.acts.assign(L + 1, Tensor());
     sl.grads.assign(L + 1, Tensor());
@@ -46,7 +56,8 @@ ModelChunk::Slot& ModelChunk::slot(int s, int64_t rows) {
     sl.acts[0] = in_width() == 0 ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {rows, in_width()});
     for (size_t k = 0; k < L; ++k) {
       const int64_t w = blocks_[k]->out_width();
-      sl.acts[k + 1] = Tensor(be_, {rows, w});
+      const bool boundary = k + 1 == L && !is_last_;  // the output sent on lives in the micro-batch's buffer
+      if (!boundary) sl.acts[k + 1] = Tensor(be_, {rows, w});
       sl.grads[k + 1] = (k + 1 == L && alias_output_grad_) ? sl.acts[k + 1] : Tensor(be_, {rows, w});
       if (!recomputed_[k]) blocks_[k]->allocate_saved(be_, rows, sl.saved[k]);
     }
@@ -58,24 +69,25 @@ ModelChunk::Slot& ModelChunk::slot(int s, int64_t rows) {
         }
       scratch_rows_ = rows;
     }
-    if (!is_first_) sl.grads[0] = Tensor(be_, {rows, in_width()});
   }
+  if (!is_last_) sl.acts[L] = bd.out;
+  if (!is_first_) sl.grads[0] = bd.in_grad;
   return sl;
 }
 
 BlockSaved& ModelChunk::saved(Slot& sl, size_t k) { return recomputed_[k] ? scratch_ : sl.saved[k]; }
 
-Tensor ModelChunk::input(int s, int64_t rows) { return slot(s, rows).acts[0].rows(0, rows); }
-Tensor ModelChunk::output_grad(int s, int64_t rows) { return slot(s, rows).grads.back().rows(0, rows); }
+Tensor ModelChunk::input(int mb, int64_t rows) { return slot(mb, rows).acts[0].rows(0, rows); }
+Tensor ModelChunk::output_grad(int mb, int64_t rows) { return slot(mb, rows).grads.back().rows(0, rows); }
 
-Tensor ModelChunk::forward_output(int s, int64_t rows) { return slot(s, rows).acts.back().rows(0, rows); }
-Tensor ModelChunk::input_grad(int s, int64_t rows) {
+Tensor ModelChunk::forward_output(int mb, int64_t rows) { return slot(mb, rows).acts.back().rows(0, rows); }
+Tensor ModelChunk::input_grad(int mb, int64_t rows) {
   RELAY_ASSERT(!is_first_, "the first chunk computes no input gradient");
-  return slot(s, rows).grads[0].rows(0, rows);
+  return slot(mb, rows).grads[0].rows(0, rows);
 }
 
-Tensor ModelChunk::forward(int s, int64_t rows) {
-  Slot& sl = slot(s, rows);
+Tensor ModelChunk::forward(int mb, int64_t rows) {
+  Slot& sl = slot(mb, rows);
   for (size_t k = 0; k < blocks_.size(); ++k) {
     Tensor y = sl.acts[k + 1].rows(0, rows);
     blocks_[k]->forward(be_, sl.acts[k].rows(0, rows), y, saved(sl, k));
@@ -83,8 +95,8 @@ Tensor ModelChunk::forward(int s, int64_t rows) {
   return sl.acts.back().rows(0, rows);
 }
 
-Tensor ModelChunk::backward_input(int s, int64_t rows) {
-  Slot& sl = slot(s, rows);
+Tensor ModelChunk::backward_input(int mb, int64_t rows) {
+  Slot& sl = slot(mb, rows);
   for (size_t k = 0; k < blocks_.size(); ++k)
     RELAY_ASSERT(!recomputed_[k], "a recomputed block's backward runs B and W together (ModelChunk::backward)");
   for (size_t k = blocks_.size(); k-- > 0;) {
@@ -95,15 +107,15 @@ Tensor ModelChunk::backward_input(int s, int64_t rows) {
   return is_first_ ? Tensor() : sl.grads[0].rows(0, rows);
 }
 
-void ModelChunk::backward_weight(int s, int64_t rows) {
-  Slot& sl = slot(s, rows);
+void ModelChunk::backward_weight(int mb, int64_t rows) {
+  Slot& sl = slot(mb, rows);
   for (size_t k = blocks_.size(); k-- > 0;)
     if (!blocks_[k]->params().empty())
       blocks_[k]->backward_weight(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), saved(sl, k));
 }
 
-Tensor ModelChunk::backward(int s, int64_t rows) {
-  Slot& sl = slot(s, rows);
+Tensor ModelChunk::backward(int mb, int64_t rows) {
+  Slot& sl = slot(mb, rows);
   for (size_t k = blocks_.size(); k-- > 0;) {
     Tensor x = sl.acts[k].rows(0, rows), dy = sl.grads[k + 1].rows(0, rows);
     BlockSaved& sv = saved(sl, k);

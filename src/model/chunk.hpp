@@ -1,7 +1,11 @@
 // A model chunk: the contiguous slice of blocks one pipeline stage (or, interleaved, one virtual
 // stage) holds, with the activation and gradient buffers of every micro-batch in flight.
-// Buffers are allocated on first use per slot and reused for every later step (no steady-state
-// allocation). Backward is split into backward_input (B) and backward_weight (W) for zero-bubble
+// A micro-batch's buffers are a slot: with the schedule's slot plan (parallel/slot_plan.hpp)
+// micro-batches that are never alive at once share one, so 1F1B holds pp - rank of them, not m. The
+// two buffers that leave the rank asynchronously (the output sent forward, the input gradient sent
+// back) are per micro-batch instead, so a send in flight is never overwritten. Buffers are allocated
+// on first use and reused for every later step (no steady-state allocation). Every method takes the
+// micro-batch (m: evaluation). Backward is split into backward_input (B) and backward_weight (W) for zero-bubble
 // schedules (Qi et al., arXiv:2401.10241); backward() runs both, block by block.
 //
 // Activation recomputation (train.recompute = "blocks"; Chen et al., arXiv:1604.06174, as Megatron-LM's
@@ -29,22 +33,24 @@ class ModelChunk {
   int64_t out_width() const { return blocks_.back()->out_width(); }
   const std::vector<std::unique_ptr<Block>>& blocks() const { return blocks_; }
   std::vector<Param*> params();  // in block order, each Param once
+  // Which slot each micro-batch 0..m-1 uses (SlotPlan::slot_of); without one, a slot per micro-batch.
+  void set_slot_plan(std::vector<int> slot_of_micro_batch) { slot_of_ = std::move(slot_of_micro_batch); }
 
-  // Where this slot's input goes: (rows, in), or i32 (rows) token ids for a chunk starting with the embedding.
-  Tensor input(int slot, int64_t rows);
+  // Where this micro-batch's input goes: (rows, in), or i32 (rows) token ids for a chunk starting with the embedding.
+  Tensor input(int mb, int64_t rows);
   // Runs every block; returns the output (rows, out).
-  Tensor forward(int slot, int64_t rows);
+  Tensor forward(int mb, int64_t rows);
   // The last forward's output (rows, out) and the last backward's input gradient (rows, in).
-  Tensor forward_output(int slot, int64_t rows);
-  Tensor input_grad(int slot, int64_t rows);
-  // Where this slot's output gradient goes (rows, out): from the loss or received from the next chunk.
-  Tensor output_grad(int slot, int64_t rows);
+  Tensor forward_output(int mb, int64_t rows);
+  Tensor input_grad(int mb, int64_t rows);
+  // Where this micro-batch's output gradient goes (rows, out): from the loss or received from the next chunk.
+  Tensor output_grad(int mb, int64_t rows);
   // B: input gradients through every block; returns d input (rows, in), undefined for the first chunk.
-  Tensor backward_input(int slot, int64_t rows);
+  Tensor backward_input(int mb, int64_t rows);
   // W: parameter gradients of every block from the saved inputs and output gradients.
-  void backward_weight(int slot, int64_t rows);
+  void backward_weight(int mb, int64_t rows);
   // B and W together, block by block from the last.
-  Tensor backward(int slot, int64_t rows);
+  Tensor backward(int mb, int64_t rows);
 
  private:
   struct Slot {
@@ -53,7 +59,12 @@ class ModelChunk {
     std::vector<Tensor> grads;  // grads[k]: gradient w.r.t. acts[k]
     std::vector<BlockSaved> saved;
   };
-  Slot& slot(int s, int64_t rows);
+  struct Boundary {  // per micro-batch: what is sent to other ranks
+    int64_t capacity = 0;
+    Tensor out, in_grad;  // (rows, out) unless the last chunk; (rows, in) unless the first
+  };
+  // The micro-batch's slot, with its boundary buffers in acts[L] and grads[0].
+  Slot& slot(int mb, int64_t rows);
   bool needs_input_grad(size_t k) const;
   // Where block k keeps its intermediates for this slot: the slot's own set, or the shared scratch.
   BlockSaved& saved(Slot& sl, size_t k);
@@ -64,6 +75,8 @@ class ModelChunk {
   bool is_first_, is_last_, alias_output_grad_;
   size_t first_param_block_;  // in the first chunk, no gradient is needed below this block
   std::vector<Slot> slots_;
+  std::vector<Boundary> boundaries_;  // by micro-batch
+  std::vector<int> slot_of_;
   std::vector<bool> recomputed_;  // per block
   BlockSaved scratch_;            // the recomputed blocks' intermediates, for scratch_rows_ rows
   Tensor scratch_out_;            // (scratch_rows_, C) a recomputed forward's output

@@ -16,7 +16,8 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), size_t{0});
   auto key = [&](size_t i) {
-    return std::make_tuple(params[i].chunk, params[i].tied, !params[i].counts_in_norm, -params[i].block);
+    return std::make_tuple(params[i].chunk, params[i].tied, params[i].tp_replicated, !params[i].counts_in_norm,
+                           -params[i].block);
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
   const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4));
@@ -25,7 +26,8 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
   for (size_t k = 0; k < order.size(); ++k) {
     const size_t i = order[k];
     const bool new_group = k == 0 || params[i].chunk != params[order[k - 1]].chunk ||
-                           params[i].counts_in_norm != params[order[k - 1]].counts_in_norm || params[i].tied ||
+                           params[i].counts_in_norm != params[order[k - 1]].counts_in_norm ||
+                           params[i].tp_replicated != params[order[k - 1]].tp_replicated || params[i].tied ||
                            params[order[k - 1]].tied;
     const bool new_block = k == 0 || params[i].block != params[order[k - 1]].block;
     if (new_group || (new_block && fill >= cap)) {

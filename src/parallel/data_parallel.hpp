@@ -26,6 +26,8 @@ struct BucketParam {
   int block;           // its first block, for the bucket order
   bool counts_in_norm; // false for the second copy of a weight held by two stages (counted once)
   bool tied = false;   // summed with another stage's copy: a bucket of its own (same layout on both)
+  bool tp_replicated = false;  // the same on every tp rank (tp > 1): kept apart from split parameters, so
+                               // its buckets have one layout on every tp rank and reduce to the same bits
 };
 
 class GradBuckets {

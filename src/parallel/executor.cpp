@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "comm/watchdog.hpp"
+#include "parallel/slot_plan.hpp"
 
 namespace relay {
 
@@ -21,7 +22,11 @@ Executor::Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, 
       shape_(shape), actions_(std::move(actions)), mb_rows_(mb_rows), seq_len_(seq_len), rows_(mb_rows * seq_len),
       // The loss is the mean over every row (target token) of the global batch.
       grad_scale_(1.f / static_cast<float>(global_batch * seq_len)), last_chunk_(num_chunks(shape) - 1),
-      tied_comm_(tied_comm), tied_(std::move(tied)) {}
+      tied_comm_(tied_comm), tied_(std::move(tied)) {
+  // Micro-batches share activation slots as the schedule allows (1F1B: pp - rank of them).
+  SlotPlan plan = plan_slots(actions_, shape_.m);
+  for (auto& [c, ch] : chunks_) ch->set_slot_plan(plan.slot_of[c]);
+}
 
 int Executor::tag(int kind, int chunk, int mb) const {
   // Unique per (kind, chunk, micro-batch) within a step; MPI guarantees at least 32767 tags.

@@ -138,6 +138,8 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
     meta.config_toml = ctx.cfg.to_toml();
     meta.dp = g.dp;
     meta.pp = g.pp;
+    meta.tp = g.tp;
+    meta.zero = ctx.cfg.optimizer.zero && g.dp > 1 ? 1 : 0;
     meta.virtual_stages = ctx.cfg.parallel.virtual_stages;
     meta.schedule = ctx.cfg.parallel.schedule;
     meta.optimizer = ctx.optimizer.name();

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/memory.hpp"
+#include "parallel/slot_plan.hpp"
 
 namespace relay {
 
@@ -23,19 +24,23 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   b.grads = 4 * numel + (zero ? 4 * numel / dp : 0);
   const int64_t moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
   b.optimizer = moments * 4 * (zero ? numel / dp : numel);
-  // Activations: m slots per chunk (ModelChunk::slot), the loss's slots on the last chunk.
+  // Activations: the schedule's slots per chunk (parallel/slot_plan.hpp), a boundary pair per
+  // micro-batch, the loss's buffers per micro-batch on the last chunk.
+  ScheduleShape shape = schedule_shape(cfg);
+  const SlotPlan plan = plan_slots(generate_schedule(shape, pp_rank), shape.m);
   const int last = layout.num_chunks() - 1;
   for (int c = pp_rank; c <= last; c += layout.pp) {
     const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
     const BlockSpec& first = layout.blocks()[static_cast<size_t>(cr.begin)];
     int64_t slot = 4 * rows * std::max<int64_t>(1, first.in);     // the input (token ids: one i32 per row)
-    if (c != 0) slot += 4 * rows * first.in;                      // its gradient
-    int64_t scratch = 0;
+    int64_t boundary = c != 0 ? 4 * rows * first.in : 0;          // per micro-batch: the input gradient
+    int64_t scratch = 0, per_mb = 0;
     for (int i = cr.begin; i < cr.end; ++i) {
       const BlockSpec& s = layout.blocks()[static_cast<size_t>(i)];
       const int64_t w = block_out_width(s, tp, tp_rank);
-      const bool alias = layout.model.gpt && c == last && i + 1 == cr.end;
-      slot += 4 * rows * w * (alias ? 1 : 2);                     // output and its gradient
+      const bool alias = layout.model.gpt && c == last && i + 1 == cr.end, sent = c != last && i + 1 == cr.end;
+      slot += 4 * rows * w * (alias || sent ? 1 : 2);             // output (unless sent on) and its gradient
+      if (sent) boundary += 4 * rows * w;                         // per micro-batch: the output sent on
       if (recompute && s.kind == BlockKind::transformer)
         scratch = saved_bytes(s, rows, tp) + 4 * rows * w;        // one set per chunk, and an output
       else
@@ -43,10 +48,10 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
     }
     if (c == last) {
       const bool ce = layout.model.gpt || cfg.model.loss == "cross_entropy";
-      slot += 4 * rows * (ce ? 1 : layout.model.output_dim) + 4 * rows * 2;  // targets, losses, predictions
-      if (tp > 1 && ce) slot += 4 * rows * 3;                               // row maxima, partial sums
+      per_mb += 4 * rows * (ce ? 1 : layout.model.output_dim) + 4 * rows * 2;  // targets, losses, predictions
+      if (tp > 1 && ce) per_mb += 4 * rows * 3;                                // row maxima, partial sums
     }
-    b.activations += m * slot + scratch;
+    b.activations += plan.slots.at(c) * slot + m * (boundary + per_mb) + scratch;
   }
   return b;
 }

@@ -162,7 +162,8 @@ void setup_data_and_model(Run& r) {
             second_copy = e.pp_ranks.front() != g.pp_rank;
           }
         const bool tp_copy = g.tp_rank > 0 && !p->sharded();
-        bucket_params.push_back({p, ch->id(), b->spec().index, !second_copy && !tp_copy, is_tied});
+        bucket_params.push_back({p, ch->id(), b->spec().index, !second_copy && !tp_copy, is_tied,
+                                 g.tp > 1 && !p->sharded()});
       }
   if (r.chunk_map.count(last)) {
     const int64_t V = r.layout.model.output_dim;

@@ -31,15 +31,14 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// RELAY_VERIFY_TIED=1 (tests): after every update, the two pipeline ranks holding a tied weight
-// compare 64-bit hashes of their copies' bytes; any difference ends the run with the step and name.
+// RELAY_VERIFY_TIED=1 (tests): after every update, the two pipeline ranks holding a tied weight, and
+// the tp ranks holding a replicated parameter, compare 64-bit hashes of their copies' bytes; any
+// difference ends the run with the step and name.
 void verify_tied_copies(Run& r, int64_t step) {
-  if (!r.tied_comm) return;
   std::vector<float> host;
-  for (auto& e : r.layout.shared_params()) {
-    const Tensor& v = r.params.at(e.name)->value;
-    host.resize(static_cast<size_t>(v.numel()));
-    r.be->download(host.data(), v);
+  auto same_everywhere = [&](Communicator& comm, const Param& p) {
+    host.resize(static_cast<size_t>(p.value.numel()));
+    r.be->download(host.data(), p.value);
     uint64_t h = 1469598103934665603ull;
     for (float f : host) {
       uint32_t bits;
@@ -47,10 +46,18 @@ void verify_tied_copies(Run& r, int64_t step) {
       h = (h ^ bits) * 1099511628211ull;
     }
     double lo = double(h >> 12), hi = lo;  // 52 bits: exact in a double
-    r.tied_comm->allreduce_host(&lo, 1, ReduceOp::min);
-    r.tied_comm->allreduce_host(&hi, 1, ReduceOp::max);
-    if (lo != hi) throw Error(cat("the two copies of tied weight ", e.name, " differ after step ", step));
-  }
+    comm.allreduce_host(&lo, 1, ReduceOp::min);
+    comm.allreduce_host(&hi, 1, ReduceOp::max);
+    return lo == hi;
+  };
+  if (r.tied_comm)
+    for (auto& e : r.layout.shared_params())
+      if (!same_everywhere(*r.tied_comm, *r.params.at(e.name)))
+        throw Error(cat("the two copies of tied weight ", e.name, " differ after step ", step));
+  if (r.tp_comm)
+    for (auto& [name, p] : r.params)  // the same names, in the same order, on every tp rank of a stage
+      if (!p->sharded() && !same_everywhere(*r.tp_comm, *p))
+        throw Error(cat("the tensor-parallel copies of replicated parameter ", name, " differ after step ", step));
 }
 
 struct StepResult {
