@@ -2,8 +2,8 @@
 # Memory per rank of GPT-2 124M (configs/gpt2-124m.toml: 12 layers, 12 heads, 768 wide, T = 1024,
 # V = 50257) at several 3D layouts: one training step each on random tokens, then every rank's
 # measured bytes of parameters, gradients, optimizer state and activations beside relay plan's
-# prediction (the run's memory.json). One micro-batch of one sequence per replica and stage slot,
-# so activations are those of 1 x 1024 tokens per micro-batch. Measures; does not pass or fail.
+# prediction (the run's memory.json). 8 micro-batches of one 1024-token sequence per replica, schedule
+# 1f1b: the layouts of the README's worked example. Measures; does not pass or fail.
 # Usage: bench/memory_gpt2.sh [build/relay]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 - "$work/tokens.h5" <<'PY'
 import sys, h5py, numpy as np
 with h5py.File(sys.argv[1], "w") as f:
-    f.create_dataset("tokens", data=np.random.default_rng(1).integers(0, 50257, 16 * 1024 + 1, dtype=np.int32))
+    f.create_dataset("tokens", data=np.random.default_rng(1).integers(0, 50257, 32 * 1024 + 1, dtype=np.int32))
     f.attrs["vocab_size"], f.attrs["tokenizer"] = 50257, "gpt2"
 PY
 printf "# GPT-2 124M, fp32, one step; MiB per rank: measured (predicted)\n"
@@ -42,11 +42,10 @@ for r in ranks:
     print(f"  rank {r['rank']:2d} (pp {r['pp']}, tp {r['tp']}): {cells}  total {mib(sum(m.values())):8.1f}")
 PY
 }
-run serial 1 1 1 1 false none
-run zero2 2 1 1 1 true none
-run tp2 1 2 1 1 false none
-run tp4 1 4 1 1 false none
-run pp2 1 1 2 2 false none
-run pp2_recompute 1 1 2 2 false blocks
-run 3d 2 2 2 2 true none
-run 3d_recompute 2 2 2 2 true blocks
+run serial 1 1 1 8 false none
+run pp2 1 1 2 8 false none
+run pp2_recompute 1 1 2 8 false blocks
+run tp2_pp2 1 2 2 8 false none
+run tp2_pp2_recompute 1 2 2 8 false blocks
+run dp2_tp2_pp2_zero_recompute 2 2 2 8 true blocks
+run dp2_zero 2 1 1 8 true none
