@@ -12,6 +12,7 @@
 #include "core/rng.hpp"
 #include "io/dataset.hpp"
 #include "model/model_spec.hpp"
+#include "parallel/process_grid.hpp"
 #include "parallel/simulator.hpp"
 #include "parallel/trace.hpp"
 #include "train/memory_plan.hpp"
@@ -108,7 +109,8 @@ void print_layout(const Config& cfg, const ModelLayout& layout) {
   std::printf("\n3D layout: world rank = (pp x %d + dp) x %d + tp\n", dp, tp);
   const int n = dp * tp * pp;
   for (int w = 0; w < std::min(n, 64); ++w) {
-    const int t = w % tp, d = (w / tp) % dp, p = w / (tp * dp);
+    const GridCoord c = grid_coord(w, dp, tp);
+    const int t = c.tp_rank, d = c.dp_rank, p = c.pp_rank;
     std::string shard = "whole blocks";
     if (tp > 1 && layout.model.gpt) {
       const int64_t H = cfg.model.n_head, C4 = 4 * cfg.model.n_embd, V = cfg.model.vocab_size;

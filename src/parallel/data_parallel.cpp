@@ -47,7 +47,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     b.chunk = params[g.front()].chunk;
     b.counts_in_norm = params[g.front()].counts_in_norm;
     if (zero_) {
-      MemoryScope params(MemKind::params);
+      MemoryScope as_params(MemKind::params);  // the parameters' new home
       b.values = Tensor(be, {padded});
       be.fill(b.values, 0.f);  // the padding
     }
@@ -115,12 +115,6 @@ void GradBuckets::gather_params() {
     reqs.back()->what = "the ZeRO parameter all-gather";
   }
   for (auto& r : reqs) r->wait();
-}
-
-int64_t GradBuckets::grad_bytes() const {
-  int64_t n = 0;
-  for (const Bucket& b : buckets_) n += static_cast<int64_t>(b.flat.bytes() + (b.shard.defined() ? b.shard.bytes() : 0));
-  return n;
 }
 
 void GradBuckets::launch_chunk(int chunk) {

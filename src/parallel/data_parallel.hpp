@@ -42,10 +42,7 @@ class GradBuckets {
   Tensor reduced_grad(Param* p);
   // ZeRO: all-gather the updated parameters (blocking); nothing otherwise.
   void gather_params();
-  // Bytes of gradient buffers, of ZeRO shards of them, and of parameters held here.
-  int64_t grad_bytes() const;
   void zero();                    // start of a step
-
   void launch_chunk(int chunk);   // allreduce_grads(chunk): start the chunk's all-reduces
   void progress();                // let MPI advance outstanding all-reduces
   void finish();                  // wait for every all-reduce (launching any not yet started)

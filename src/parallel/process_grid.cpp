@@ -29,9 +29,10 @@ ProcessGrid make_process_grid(int dp, int pp, int tp) {
   g.dp = dp;
   g.pp = pp;
   g.tp = tp;
-  g.tp_rank = g.world_rank % tp;
-  g.dp_rank = (g.world_rank / tp) % dp;
-  g.pp_rank = g.world_rank / (tp * dp);
+  const GridCoord c = grid_coord(g.world_rank, dp, tp);
+  g.dp_rank = c.dp_rank;
+  g.tp_rank = c.tp_rank;
+  g.pp_rank = c.pp_rank;
   local_rank_and_size(g.local_rank, g.local_size);
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
@@ -49,8 +50,9 @@ void free_process_grid(ProcessGrid& g) {
 }
 
 std::string rank_label(int world_rank, int dp, int tp) {
-  const int t = world_rank % tp, d = (world_rank / tp) % dp, p = world_rank / (tp * dp);
-  return cat("rank ", world_rank, " (stage ", p, ", replica ", d, tp > 1 ? cat(", tp ", t) : std::string(), ")");
+  const GridCoord c = grid_coord(world_rank, dp, tp);
+  return cat("rank ", world_rank, " (stage ", c.pp_rank, ", replica ", c.dp_rank,
+             tp > 1 ? cat(", tp ", c.tp_rank) : std::string(), ")");
 }
 
 }  // namespace relay

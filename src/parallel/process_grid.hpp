@@ -25,6 +25,14 @@ struct ProcessGrid {
   int world_rank_of(int pp_r, int dp_r, int tp_r = 0) const { return (pp_r * dp + dp_r) * tp + tp_r; }
 };
 
+// A world rank's (dp, tp, pp) coordinate in the order above; usable before the grid exists.
+struct GridCoord {
+  int dp_rank, tp_rank, pp_rank;
+};
+inline GridCoord grid_coord(int world_rank, int dp, int tp) {
+  return {(world_rank / tp) % dp, world_rank % tp, world_rank / (tp * dp)};
+}
+
 // "rank 2 (stage 1, replica 0)", with ", tp 1" when tp > 1: how messages, traces and the placement
 // table name a world rank; usable before the grid exists.
 std::string rank_label(int world_rank, int dp, int tp = 1);

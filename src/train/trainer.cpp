@@ -11,13 +11,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/gpu_peaks.hpp"
 #include "comm/agree.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
 #include "train/checkpointing.hpp"
-#include <nlohmann/json.hpp>
-
 #include "train/memory_plan.hpp"
 #include "train/metrics.hpp"
 #include "train/run_state.hpp"
@@ -210,7 +210,8 @@ void report_memory(Run& r) {
                       "  rank              params          grads       optimizer     activations\n";
   for (int w = 0; w < g.world_size; ++w) {
     const int64_t* v = all.data() + 8 * static_cast<size_t>(w);
-    nlohmann::json j = {{"rank", w}, {"dp", (w / g.tp) % g.dp}, {"tp", w % g.tp}, {"pp", w / (g.tp * g.dp)}};
+    const GridCoord c = grid_coord(w, g.dp, g.tp);
+    nlohmann::json j = {{"rank", w}, {"dp", c.dp_rank}, {"tp", c.tp_rank}, {"pp", c.pp_rank}};
     char row[160];
     std::snprintf(row, sizeof row, "  %4d", w);
     table += row;

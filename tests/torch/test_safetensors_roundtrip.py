@@ -30,18 +30,10 @@ if "--inside" not in sys.argv:  # re-run this file with the venv's python
     except ImportError as e:
         print(f"SKIPPED: {e} (scripts/setup.sh --with-torch)")
         sys.exit(77)
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "relay-safetensors-venv")
-    py = os.path.join(cache, "bin", "python")
-    if not os.path.exists(os.path.join(cache, ".ready")):
-        r = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", cache], capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"SKIPPED: cannot make a venv: {r.stderr.strip()[-200:]}")
-            sys.exit(77)
-        r = subprocess.run([py, "-m", "pip", "install", "-q", "safetensors"], capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"SKIPPED: pip could not install safetensors: {r.stderr.strip()[-300:]}")
-            sys.exit(77)
-        open(os.path.join(cache, ".ready"), "w").close()
+    sys.path.insert(0, HERE)
+    from pypi_venv import venv_python
+
+    py = venv_python("relay-safetensors-venv", ["safetensors"], system_site_packages=True)
     sys.exit(subprocess.run([py, os.path.abspath(__file__), RELAY, "--inside"]).returncode)
 
 import h5py  # noqa: E402

