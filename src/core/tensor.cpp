@@ -7,8 +7,23 @@
 
 namespace relay {
 
-size_t dtype_size(DType dt) { return dt == DType::f32 ? 4 : 4; }
-const char* dtype_name(DType dt) { return dt == DType::f32 ? "float32" : "int32"; }
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::f32: return 4;
+    case DType::i32: return 4;
+    case DType::bf16: return 2;
+  }
+  return 4;
+}
+const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::f32: return "float32";
+    case DType::i32: return "int32";
+    case DType::bf16: return "bfloat16";
+  }
+  return "?";
+}
+bool is_float(DType dt) { return dt == DType::f32 || dt == DType::bf16; }
 
 std::string shape_str(const Shape& s) {
   std::string out = "[";
@@ -52,6 +67,15 @@ int32_t* Tensor::i32() {
 const int32_t* Tensor::i32() const {
   RELAY_ASSERT(dtype_ == DType::i32, "tensor is " << dtype_name(dtype_));
   return static_cast<const int32_t*>(raw());
+}
+
+bf16* Tensor::b16() {
+  RELAY_ASSERT(dtype_ == DType::bf16, "tensor is " << dtype_name(dtype_));
+  return static_cast<bf16*>(raw());
+}
+const bf16* Tensor::b16() const {
+  RELAY_ASSERT(dtype_ == DType::bf16, "tensor is " << dtype_name(dtype_));
+  return static_cast<const bf16*>(raw());
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t count) const {

@@ -7,11 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.hpp"
 #include "core/error.hpp"
 
 namespace relay {
 
-enum class DType : uint8_t { f32, i32 };
+// f32: float32; i32: token ids, class targets, argmax; bf16: bfloat16 activations and working weights.
+enum class DType : uint8_t { f32, i32, bf16 };
 enum class Device : uint8_t { cpu, cuda };
 using Shape = std::vector<int64_t>;
 
@@ -49,6 +51,13 @@ class Tensor {
   const float* f32() const;
   int32_t* i32();
   const int32_t* i32() const;
+  bf16* b16();
+  const bf16* b16() const;
+  // Typed access for kernels templated on the storage type: data<float>() or data<bf16>().
+  template <typename T>
+  T* data();
+  template <typename T>
+  const T* data() const;
 
   // Rows [begin, begin + count) of the leading dimension, sharing storage.
   Tensor rows(int64_t begin, int64_t count) const;
@@ -62,5 +71,17 @@ class Tensor {
   DType dtype_ = DType::f32;
   Device device_ = Device::cpu;
 };
+
+template <>
+inline float* Tensor::data<float>() { return f32(); }
+template <>
+inline const float* Tensor::data<float>() const { return f32(); }
+template <>
+inline bf16* Tensor::data<bf16>() { return b16(); }
+template <>
+inline const bf16* Tensor::data<bf16>() const { return b16(); }
+
+// The floating storage types a tensor may have, for messages: "float32 or bfloat16".
+bool is_float(DType dt);
 
 }  // namespace relay
