@@ -1,8 +1,11 @@
-// CPU reference kernels on raw row-major float32 buffers. GEMMs go to oneDNN (the library PyTorch
-// uses on CPU); the rest are OpenMP loops whose reduction order does not depend on the thread count,
-// so one layout gives bitwise-identical results run after run.
+// CPU reference kernels on raw row-major buffers. GEMMs go to oneDNN (the library PyTorch uses on
+// CPU); the rest are OpenMP loops whose reduction order does not depend on the thread count, so one
+// layout gives bitwise-identical results run after run. Kernels templated on X take float or bf16
+// storage (kernels/cpu/instantiate.hpp) and always compute in float (statistics in double).
 #pragma once
 #include <cstdint>
+
+#include "core/bf16.hpp"
 
 namespace relay::cpu {
 
@@ -13,63 +16,90 @@ int threads();
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-void add_bias(float* y, const float* bias, int64_t rows, int64_t cols);                  // y (rows, cols) += bias (cols)
-void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, float beta);      // db = beta db + colsum(dy)
-void relu_forward(const float* x, float* y, int64_t n);
-void relu_backward(const float* x, const float* dy, float* dx, int64_t n);
-void gelu_forward(const float* x, float* y, int64_t n);                                  // exact erf form
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
-void gelu_tanh_forward(const float* x, float* y, int64_t n);                             // GPT-2's tanh form
-void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n);
-void add(const float* a, const float* b, float* y, int64_t n);                            // y may alias a or b
-void tanh_forward(const float* x, float* y, int64_t n);
-void tanh_backward(const float* x, const float* dy, float* dx, int64_t n);
-void scale(float* x, float s, int64_t n);
-void fill(float* x, float v, int64_t n);
+template <typename X, typename Y>
+void convert(const X* x, Y* y, int64_t n);                                                // y = round(x)
+template <typename X>
+void fill(X* x, float v, int64_t n);
+template <typename X>
+void add_bias(X* y, const X* bias, int64_t rows, int64_t cols);                           // y (rows, cols) += bias
+template <typename X>
+void bias_grad(const X* dy, float* db, int64_t rows, int64_t cols, float beta);           // db = beta db + colsum(dy)
+template <typename X>
+void relu_forward(const X* x, X* y, int64_t n);
+template <typename X>
+void relu_backward(const X* x, const X* dy, X* dx, int64_t n);
+template <typename X>
+void gelu_forward(const X* x, X* y, int64_t n);                                           // exact erf form
+template <typename X>
+void gelu_backward(const X* x, const X* dy, X* dx, int64_t n);
+template <typename X>
+void gelu_tanh_forward(const X* x, X* y, int64_t n);                                      // GPT-2's tanh form
+template <typename X>
+void gelu_tanh_backward(const X* x, const X* dy, X* dx, int64_t n);
+template <typename X>
+void add(const X* a, const X* b, X* y, int64_t n);                                        // y may alias a or b
+template <typename X>
+void tanh_forward(const X* x, X* y, int64_t n);
+template <typename X>
+void tanh_backward(const X* x, const X* dy, X* dx, int64_t n);
+template <typename X>
+void scale(X* x, float s, int64_t n);
+void fill_i32(int32_t* x, int32_t v, int64_t n);
 double sum_squares(const float* x, int64_t n);
 
-// LayerNorm over rows of x (rows, d), biased variance as torch.nn.LayerNorm.
-void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, float* y, float* mean,
-                       float* rstd, int64_t rows, int64_t d);
-void layernorm_backward_input(const float* dy, const float* x, const float* gamma, const float* mean,
-                              const float* rstd, float* dx, int64_t rows, int64_t d);
-void layernorm_backward_weight(const float* dy, const float* x, const float* mean, const float* rstd, float* dgamma,
+// LayerNorm over rows of x (rows, d), biased variance as torch.nn.LayerNorm; mean, rstd (rows) f32.
+template <typename X>
+void layernorm_forward(const X* x, const X* gamma, const X* beta, float eps, X* y, float* mean, float* rstd,
+                       int64_t rows, int64_t d);
+template <typename X>
+void layernorm_backward_input(const X* dy, const X* x, const X* gamma, const float* mean, const float* rstd, X* dx,
+                              int64_t rows, int64_t d);
+template <typename X>
+void layernorm_backward_weight(const X* dy, const X* x, const float* mean, const float* rstd, float* dgamma,
                                float* dbeta, int64_t rows, int64_t d);
 
-// Softmax cross-entropy; dlogits may be null. Targets must be in [0, classes).
-void cross_entropy(const float* logits, const int32_t* targets, float grad_scale, float* losses, float* dlogits,
-                   int64_t rows, int64_t classes);
-void mse(const float* pred, const float* target, float grad_scale, float* losses, float* dpred, int64_t rows,
-         int64_t k);
-void argmax(const float* logits, int32_t* out, int64_t rows, int64_t classes);
+// Softmax cross-entropy; dlogits may be null (and may alias logits). Targets must be in [0, classes).
+template <typename X>
+void cross_entropy(const X* logits, const int32_t* targets, float grad_scale, float* losses, X* dlogits, int64_t rows,
+                   int64_t classes);
+template <typename X>
+void mse(const X* pred, const X* target, float grad_scale, float* losses, X* dpred, int64_t rows, int64_t k);
+template <typename X>
+void argmax(const X* logits, int32_t* out, int64_t rows, int64_t classes);
 // Vocabulary-parallel cross-entropy (Megatron-LM), see Backend::cross_entropy_partial.
-void row_max(const float* x, float* out, int64_t rows, int64_t cols);
-void cross_entropy_partial(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+template <typename X>
+void row_max(const X* x, float* out, int64_t rows, int64_t cols);
+template <typename X>
+void cross_entropy_partial(const X* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
                            float* partial, int64_t rows, int64_t cols);
-void cross_entropy_finish(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
-                          const float* total, float grad_scale, float* losses, float* dlogits, int64_t rows,
-                          int64_t cols);
+template <typename X>
+void cross_entropy_finish(const X* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                          const float* total, float grad_scale, float* losses, X* dlogits, int64_t rows, int64_t cols);
 
 // GPT-2 (kernels/cpu/transformer.cpp). tokens (rows), position of row r = r % T.
-// out (rows, C) = wte[tokens] + wpe[r % T]; backward: dwte, dwpe += (deterministic, no atomics).
+// out (rows, C) = wte[tokens] + wpe[r % T]; backward: dwte, dwpe (f32) += (deterministic, no atomics).
 // Vocabulary-parallel: wte holds rows [vocab_start, vocab_start + vocab_rows) of the table; other tokens
 // contribute 0 (and no gradient). wpe / dwpe null: no positions.
-void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
-                       int64_t C, int64_t T, int64_t vocab_start, int64_t vocab_rows);
-void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
+template <typename X>
+void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows, int64_t C, int64_t T,
+                       int64_t vocab_start, int64_t vocab_rows);
+template <typename X>
+void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
                         int64_t T, int64_t vocab_start, int64_t vocab_rows);
-// Causal self-attention: qkv (B*T, 3C) [q | k | v], att (B, H, T, T) probabilities, out (B*T, C).
+// Causal self-attention, reference form: qkv (B*T, 3C) [q | k | v], att (B, H, T, T) probabilities, out (B*T, C).
 void attention_forward(const float* qkv, float* att, float* out, int64_t B, int64_t T, int64_t C, int64_t H);
 // dqkv (B*T, 3C) is overwritten.
 void attention_backward(const float* dout, const float* qkv, const float* att, float* dqkv, int64_t B, int64_t T,
                         int64_t C, int64_t H);
 // One position t of n sequences: qkv (n, 3C); caches (n, Tmax, C), row t written; out (n, C).
-void attention_decode(const float* qkv, float* kcache, float* vcache, float* out, int64_t n, int64_t t, int64_t Tmax,
-                      int64_t C, int64_t H);
+template <typename X>
+void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
+                      int64_t H);
 
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1, double beta2,
-                double eps, double weight_decay, int64_t step);
-void sgd_step(float* p, const float* g, float* buf, int64_t n, double lr, double momentum, double weight_decay,
-              bool first_step);
+// f32 masters and state; work (n) bf16 or null: the updated parameter rounded, in the same pass.
+void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, double lr, double beta1,
+                double beta2, double eps, double weight_decay, int64_t step);
+void sgd_step(float* p, const float* g, float* buf, bf16* work, int64_t n, double lr, double momentum,
+              double weight_decay, bool first_step);
 
 }  // namespace relay::cpu

@@ -1,21 +1,41 @@
-// Bias, activations, scaling and reductions. Reductions use fixed-size blocks summed in order, so the
-// result is independent of the thread count.
+// Conversions, bias, activations, scaling and reductions, on float or bf16 storage with float math.
+// Reductions use fixed-size blocks summed in order, so the result is independent of the thread count.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cpu/fast_math.hpp"
+#include "kernels/cpu/instantiate.hpp"
 
 namespace relay::cpu {
 
-void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
+template <typename X, typename Y>
+void convert(const X* x, Y* y, int64_t n) {
+  if constexpr (std::is_same_v<X, Y>) {
+    if (static_cast<const void*>(x) != static_cast<const void*>(y)) std::memcpy(y, x, size_t(n) * sizeof(X));
+  } else {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) store(y[i], load(x[i]));
+  }
+}
+template void convert<float, float>(const float*, float*, int64_t);
+template void convert<float, bf16>(const float*, bf16*, int64_t);
+template void convert<bf16, float>(const bf16*, float*, int64_t);
+template void convert<bf16, bf16>(const bf16*, bf16*, int64_t);
+
+template <typename X>
+void add_bias(X* y, const X* bias, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > 32768)
   for (int64_t r = 0; r < rows; ++r) {
-    float* yr = y + r * cols;
-    for (int64_t c = 0; c < cols; ++c) yr[c] += bias[c];
+    X* yr = y + r * cols;
+    for (int64_t c = 0; c < cols; ++c) store(yr[c], load(yr[c]) + load(bias[c]));
   }
 }
 
-void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, float beta) {
+template <typename X>
+void bias_grad(const X* dy, float* db, int64_t rows, int64_t cols, float beta) {
   // Column blocks in parallel; rows summed in order within each column (deterministic).
   constexpr int64_t kBlock = 64;
   int64_t blocks = (cols + kBlock - 1) / kBlock;
@@ -25,129 +45,115 @@ void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, float bet
     float acc[kBlock];
     for (int64_t c = c0; c < c1; ++c) acc[c - c0] = 0.f;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* d = dy + r * cols;
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += d[c];
+      const X* d = dy + r * cols;
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += load(d[c]);
     }
     for (int64_t c = c0; c < c1; ++c) db[c] = (beta == 0.f ? 0.f : beta * db[c]) + acc[c - c0];
   }
 }
 
-void relu_forward(const float* x, float* y, int64_t n) {
+template <typename X>
+void relu_forward(const X* x, X* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+  for (int64_t i = 0; i < n; ++i) store(y[i], load(x[i]) > 0.f ? load(x[i]) : 0.f);
 }
-void relu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+template <typename X>
+void relu_backward(const X* x, const X* dy, X* dx, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.f ? dy[i] : 0.f;
+  for (int64_t i = 0; i < n; ++i) store(dx[i], load(x[i]) > 0.f ? load(dy[i]) : 0.f);
 }
 
-// gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); gelu'(x) = Phi(x) + x * phi(x).
-// std::erf and std::exp are scalar calls in glibc unless -ffast-math, so GELU would cost as much as a
-// GEMM; these float approximations vectorise under `omp simd` and stay within 5e-7 of the exact values.
-namespace {
-// erf(x) for float: odd rational approximation x P(x^2) / Q(x^2) on [-4, 4] (erf is +-1 to float
-// precision beyond); maximum absolute error 4.2e-7 over the reals (tests/test_cpu_kernels.cpp).
-inline float erf_approx(float x) {
-  float xc = x < -4.f ? -4.f : (x > 4.f ? 4.f : x);
-  float x2 = xc * xc;
-  float p = -2.72614225801306e-10f;
-  p = p * x2 + 2.77068142495902e-08f;
-  p = p * x2 - 2.10102402082508e-06f;
-  p = p * x2 - 5.69250639462346e-05f;
-  p = p * x2 - 7.34990630326855e-04f;
-  p = p * x2 - 2.95459980854025e-03f;
-  p = p * x2 - 1.60960333262415e-02f;
-  float q = -1.45660718464996e-05f;
-  q = q * x2 - 2.13374055278905e-04f;
-  q = q * x2 - 1.68282697438203e-03f;
-  q = q * x2 - 7.37332916720468e-03f;
-  q = q * x2 - 1.42647390514189e-02f;
-  return xc * p / q;
-}
-// exp(x) for x <= 0 (the Gaussian density): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-6
-// Taylor polynomial (relative error < 2e-7), 2^n assembled in the exponent bits.
-inline float exp_neg_approx(float x) {
-  x = x < -87.f ? -87.f : x;
-  float t = x * 1.44269504088896341f + 0.5f;
-  float n = static_cast<float>(static_cast<int32_t>(t));  // truncation vectorises on SSE2, floorf does not
-  n = n > t ? n - 1.f : n;
-  float r = x - n * 0.693145751953125f - n * 1.42860682030941723212e-6f;
-  float e = 1.f / 720.f;
-  e = e * r + 1.f / 120.f;
-  e = e * r + 1.f / 24.f;
-  e = e * r + 1.f / 6.f;
-  e = e * r + 0.5f;
-  e = e * r + 1.f;
-  e = e * r + 1.f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  __builtin_memcpy(&scale, &bits, sizeof scale);
-  return e * scale;
-}
-}  // namespace
-
-void gelu_forward(const float* x, float* y, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.f + erf_approx(x[i] * 0.70710678118654752f));
-}
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+// gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); gelu'(x) = Phi(x) + x * phi(x); within 5e-7 of
+// the exact values through fast_math.hpp's approximations.
+template <typename X>
+void gelu_forward(const X* x, X* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
-    float cdf = 0.5f * (1.f + erf_approx(x[i] * 0.70710678118654752f));
-    float pdf = 0.39894228040143268f * exp_neg_approx(-0.5f * x[i] * x[i]);
-    dx[i] = dy[i] * (cdf + x[i] * pdf);
+    const float v = load(x[i]);
+    store(y[i], 0.5f * v * (1.f + erf_approx(v * 0.70710678118654752f)));
   }
 }
-// GPT-2's GELU, torch.nn.GELU(approximate="tanh"): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3);
-// tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2|u|), vectorisable through exp_neg_approx.
-namespace {
-inline float tanh_approx(float u) {
-  const float e = exp_neg_approx(-2.f * (u < 0.f ? -u : u));
-  const float t = (1.f - e) / (1.f + e);
-  return u < 0.f ? -t : t;
+template <typename X>
+void gelu_backward(const X* x, const X* dy, X* dx, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = load(x[i]);
+    float cdf = 0.5f * (1.f + erf_approx(v * 0.70710678118654752f));
+    float pdf = 0.39894228040143268f * exp_neg_approx(-0.5f * v * v);
+    store(dx[i], load(dy[i]) * (cdf + v * pdf));
+  }
 }
+// GPT-2's GELU, torch.nn.GELU(approximate="tanh"): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+namespace {
 constexpr float kGeluK = 0.79788456080286536f;  // sqrt(2 / pi)
 }  // namespace
-void gelu_tanh_forward(const float* x, float* y, int64_t n) {
+template <typename X>
+void gelu_tanh_forward(const X* x, X* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    y[i] = 0.5f * v * (1.f + tanh_approx(kGeluK * (v + 0.044715f * v * v * v)));
+    const float v = load(x[i]);
+    store(y[i], 0.5f * v * (1.f + tanh_approx(kGeluK * (v + 0.044715f * v * v * v))));
   }
 }
-void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n) {
+template <typename X>
+void gelu_tanh_backward(const X* x, const X* dy, X* dx, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
+    const float v = load(x[i]);
     const float t = tanh_approx(kGeluK * (v + 0.044715f * v * v * v));
     const float du = kGeluK * (1.f + 3.f * 0.044715f * v * v);
-    dx[i] = dy[i] * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du);
+    store(dx[i], load(dy[i]) * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du));
   }
 }
-void add(const float* a, const float* b, float* y, int64_t n) {
+template <typename X>
+void add(const X* a, const X* b, X* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  for (int64_t i = 0; i < n; ++i) store(y[i], load(a[i]) + load(b[i]));
 }
-void tanh_forward(const float* x, float* y, int64_t n) {
+template <typename X>
+void tanh_forward(const X* x, X* y, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+  for (int64_t i = 0; i < n; ++i) store(y[i], std::tanh(load(x[i])));
 }
-void tanh_backward(const float* x, const float* dy, float* dx, int64_t n) {
+template <typename X>
+void tanh_backward(const X* x, const X* dy, X* dx, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
-    float t = std::tanh(x[i]);
-    dx[i] = dy[i] * (1.f - t * t);
+    float t = std::tanh(load(x[i]));
+    store(dx[i], load(dy[i]) * (1.f - t * t));
   }
 }
 
-void scale(float* x, float s, int64_t n) {
+template <typename X>
+void scale(X* x, float s, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+  for (int64_t i = 0; i < n; ++i) store(x[i], load(x[i]) * s);
 }
-void fill(float* x, float v, int64_t n) {
+template <typename X>
+void fill(X* x, float v, int64_t n) {
+  X value;
+  store(value, v);
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) x[i] = v;
+  for (int64_t i = 0; i < n; ++i) x[i] = value;
 }
+void fill_i32(int32_t* x, int32_t v, int64_t n) { std::fill(x, x + n, v); }
+
+#define INST(X)                                                                 \
+  template void fill<X>(X*, float, int64_t);                                    \
+  template void add_bias<X>(X*, const X*, int64_t, int64_t);                    \
+  template void bias_grad<X>(const X*, float*, int64_t, int64_t, float);        \
+  template void relu_forward<X>(const X*, X*, int64_t);                         \
+  template void relu_backward<X>(const X*, const X*, X*, int64_t);              \
+  template void gelu_forward<X>(const X*, X*, int64_t);                         \
+  template void gelu_backward<X>(const X*, const X*, X*, int64_t);              \
+  template void gelu_tanh_forward<X>(const X*, X*, int64_t);                    \
+  template void gelu_tanh_backward<X>(const X*, const X*, X*, int64_t);         \
+  template void add<X>(const X*, const X*, X*, int64_t);                        \
+  template void tanh_forward<X>(const X*, X*, int64_t);                         \
+  template void tanh_backward<X>(const X*, const X*, X*, int64_t);              \
+  template void scale<X>(X*, float, int64_t);
+RELAY_FOR_FLOAT_TYPES(INST)
+#undef INST
 
 double sum_squares(const float* x, int64_t n) {
   constexpr int64_t kBlock = 4096;

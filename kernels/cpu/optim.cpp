@@ -1,13 +1,15 @@
 // Optimizer updates with torch.optim's exact formulas (AdamW: decoupled decay, bias correction;
-// SGD: momentum buffer initialised to the first gradient, dampening 0, no Nesterov).
+// SGD: momentum buffer initialised to the first gradient, dampening 0, no Nesterov), on f32 masters.
+// Mixed precision: when work is given, the updated parameter is also rounded into its bf16 working copy
+// in the same pass (llm.c's adamw kernel writes both), so no separate cast pass reads the masters.
 #include <cmath>
 
 #include "kernels/cpu/cpu_kernels.hpp"
 
 namespace relay::cpu {
 
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1, double beta2,
-                double eps, double weight_decay, int64_t step) {
+void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, double lr, double beta1,
+                double beta2, double eps, double weight_decay, int64_t step) {
   const double bc1 = 1.0 - std::pow(beta1, double(step));
   const double bc2 = 1.0 - std::pow(beta2, double(step));
   const float b1 = float(beta1), omb1 = float(1.0 - beta1), b2 = float(beta2), omb2 = float(1.0 - beta2);
@@ -20,11 +22,12 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, double 
     v[i] = b2 * v[i] + omb2 * g[i] * g[i];
     float denom = std::sqrt(v[i]) / bc2_sqrt + epsf;
     p[i] = pi - step_size * (m[i] / denom);
+    if (work) work[i] = f32_to_bf16(p[i]);
   }
 }
 
-void sgd_step(float* p, const float* g, float* buf, int64_t n, double lr, double momentum, double weight_decay,
-              bool first_step) {
+void sgd_step(float* p, const float* g, float* buf, bf16* work, int64_t n, double lr, double momentum,
+              double weight_decay, bool first_step) {
   const float lrf = float(lr), mom = float(momentum), wd = float(weight_decay);
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
@@ -34,6 +37,7 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, double lr, double
       d = buf[i];
     }
     p[i] -= lrf * d;
+    if (work) work[i] = f32_to_bf16(p[i]);
   }
 }
 

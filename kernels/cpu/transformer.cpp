@@ -9,22 +9,25 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cpu/instantiate.hpp"
 
 namespace relay::cpu {
 
-void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows,
-                       int64_t C, int64_t T, int64_t vocab_start, int64_t vocab_rows) {
+template <typename X>
+void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows, int64_t C, int64_t T,
+                       int64_t vocab_start, int64_t vocab_rows) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t v = int64_t(tokens[r]) - vocab_start;
-    const float* e = v >= 0 && v < vocab_rows ? wte + v * C : nullptr;  // another tp rank's token: 0
-    const float* p = wpe ? wpe + (r % T) * C : nullptr;
-    float* o = out + r * C;
-    for (int64_t c = 0; c < C; ++c) o[c] = (e ? e[c] : 0.0f) + (p ? p[c] : 0.0f);
+    const X* e = v >= 0 && v < vocab_rows ? wte + v * C : nullptr;  // another tp rank's token: 0
+    const X* p = wpe ? wpe + (r % T) * C : nullptr;
+    X* o = out + r * C;
+    for (int64_t c = 0; c < C; ++c) store(o[c], (e ? load(e[c]) : 0.0f) + (p ? load(p[c]) : 0.0f));
   }
 }
 
-void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
+template <typename X>
+void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
                         int64_t T, int64_t vocab_start, int64_t vocab_rows) {
   // Each thread owns a range of channels and visits the rows in order: no two threads write one element.
 #pragma omp parallel
@@ -32,15 +35,15 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, f
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
     const int64_t c0 = C * id / nt, c1 = C * (id + 1) / nt;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* d = dout + r * C;
+      const X* d = dout + r * C;
       const int64_t v = int64_t(tokens[r]) - vocab_start;
       if (v >= 0 && v < vocab_rows) {
         float* e = dwte + v * C;
-        for (int64_t c = c0; c < c1; ++c) e[c] += d[c];
+        for (int64_t c = c0; c < c1; ++c) e[c] += load(d[c]);
       }
       if (dwpe) {
         float* p = dwpe + (r % T) * C;
-        for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
+        for (int64_t c = c0; c < c1; ++c) p[c] += load(d[c]);
       }
     }
   }
@@ -128,41 +131,51 @@ void attention_backward(const float* dout, const float* qkv, const float* att, f
   }
 }
 
-void attention_decode(const float* qkv, float* kcache, float* vcache, float* out, int64_t n, int64_t t, int64_t Tmax,
-                      int64_t C, int64_t H) {
+template <typename X>
+void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
+                      int64_t H) {
   const int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(float(hd));
   for (int64_t b = 0; b < n; ++b) {
-    const float* row = qkv + b * C3;
-    float* kc = kcache + b * Tmax * C;
-    float* vc = vcache + b * Tmax * C;
+    const X* row = qkv + b * C3;
+    X* kc = kcache + b * Tmax * C;
+    X* vc = vcache + b * Tmax * C;
     for (int64_t c = 0; c < C; ++c) {
       kc[t * C + c] = row[C + c];
       vc[t * C + c] = row[2 * C + c];
     }
-    std::vector<float> a(static_cast<size_t>(t + 1));
+    std::vector<float> a(static_cast<size_t>(t + 1)), o(static_cast<size_t>(hd));
     for (int64_t h = 0; h < H; ++h) {
-      const float* q = row + h * hd;
+      const X* q = row + h * hd;
       float mx = -INFINITY;
       for (int64_t s = 0; s <= t; ++s) {
-        const float* k = kc + s * C + h * hd;
+        const X* k = kc + s * C + h * hd;
         float dot = 0;
-        for (int64_t i = 0; i < hd; ++i) dot += q[i] * k[i];
+        for (int64_t i = 0; i < hd; ++i) dot += load(q[i]) * load(k[i]);
         a[static_cast<size_t>(s)] = dot * scale;
         mx = std::max(mx, a[static_cast<size_t>(s)]);
       }
       float sum = 0;
       for (int64_t s = 0; s <= t; ++s) sum += (a[static_cast<size_t>(s)] = std::exp(a[static_cast<size_t>(s)] - mx));
       const float inv = 1.0f / sum;
-      float* o = out + b * C + h * hd;
-      for (int64_t i = 0; i < hd; ++i) o[i] = 0;
+      for (int64_t i = 0; i < hd; ++i) o[static_cast<size_t>(i)] = 0;
       for (int64_t s = 0; s <= t; ++s) {
-        const float* v = vc + s * C + h * hd;
+        const X* v = vc + s * C + h * hd;
         const float p = a[static_cast<size_t>(s)] * inv;
-        for (int64_t i = 0; i < hd; ++i) o[i] += p * v[i];
+        for (int64_t i = 0; i < hd; ++i) o[static_cast<size_t>(i)] += p * load(v[i]);
       }
+      for (int64_t i = 0; i < hd; ++i) store(out[b * C + h * hd + i], o[static_cast<size_t>(i)]);
     }
   }
 }
+
+#define INST(X)                                                                                                   \
+  template void embedding_forward<X>(const int32_t*, const X*, const X*, X*, int64_t, int64_t, int64_t, int64_t, \
+                                     int64_t);                                                                    \
+  template void embedding_backward<X>(const int32_t*, const X*, float*, float*, int64_t, int64_t, int64_t, int64_t, \
+                                      int64_t);                                                                   \
+  template void attention_decode<X>(const X*, X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t);
+RELAY_FOR_FLOAT_TYPES(INST)
+#undef INST
 
 }  // namespace relay::cpu

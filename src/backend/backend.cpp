@@ -1,4 +1,5 @@
-// Backend factory: the only place that knows which backends were compiled in.
+// The backend's front door (every op's checks, once, naming the op and the tensor) and the factory,
+// the only place that knows which backends were compiled in.
 #include "backend/backend.hpp"
 
 #include "backend/cpu_backend.hpp"
@@ -7,6 +8,7 @@
 #endif
 
 #include <chrono>
+#include <initializer_list>
 #include <vector>
 
 namespace relay {
@@ -31,6 +33,320 @@ double Backend::mark_seconds(int64_t mark) {
   return t[static_cast<size_t>(mark)] - t.front();
 }
 void Backend::clear_marks() { host_marks_->t.clear(); }
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::tf32: return "tf32";
+  }
+  return "?";
+}
+
+int64_t rows_of(const Tensor& t) { return t.ndim() == 0 ? 1 : t.size(0); }
+int64_t cols_of(const Tensor& t) {
+  int64_t cols = 1;
+  for (int d = 1; d < t.ndim(); ++d) cols *= t.size(d);
+  return cols;
+}
+
+namespace {
+
+enum DTypes : unsigned { kF32 = 1, kBf16 = 2, kI32 = 4, kFloat = kF32 | kBf16 };
+bool allows(unsigned set, DType dt) {
+  return (dt == DType::f32 && (set & kF32)) || (dt == DType::bf16 && (set & kBf16)) || (dt == DType::i32 && (set & kI32));
+}
+std::string set_name(unsigned set) {
+  std::string r;
+  for (auto [bit, name] : {std::pair{kF32, "float32"}, {kBf16, "bfloat16"}, {kI32, "int32"}})
+    if (set & bit) r += (r.empty() ? "" : " or ") + std::string(name);
+  return r;
+}
+
+// One op's checks: every failure is a relay assertion naming the op, the tensor and what was expected.
+class Check {
+ public:
+  Check(const Backend& be, const char* op) : be_(be), op_(op) {}
+  // t is defined, on this backend's device, of a dtype in `set` that this backend computes on.
+  const Check& tensor(const Tensor& t, const char* name, unsigned set) const {
+    RELAY_ASSERT(t.defined(), op_ << ": " << name << " is undefined");
+    RELAY_ASSERT(t.device() == be_.device(), op_ << ": " << name << " " << shape_str(t.shape()) << " is on "
+                                                 << (t.device() == Device::cpu ? "the CPU" : "a CUDA device")
+                                                 << ", not this backend's device");
+    RELAY_ASSERT(allows(set, t.dtype()), op_ << ": " << name << " " << shape_str(t.shape()) << " is "
+                                             << dtype_name(t.dtype()) << ", expected " << set_name(set));
+    RELAY_ASSERT(be_.supports(t.dtype()), op_ << ": " << name << " is " << dtype_name(t.dtype()) << ", which the "
+                                              << be_.describe() << " backend does not compute on");
+    return *this;
+  }
+  const Check& numel(const Tensor& t, const char* name, int64_t n) const {
+    RELAY_ASSERT(t.numel() == n, op_ << ": " << name << " " << shape_str(t.shape()) << " has " << t.numel()
+                                     << " elements, expected " << n);
+    return *this;
+  }
+  const Check& same_dtype(const Tensor& a, const char* an, const Tensor& b, const char* bn) const {
+    RELAY_ASSERT(a.dtype() == b.dtype(), op_ << ": " << an << " is " << dtype_name(a.dtype()) << " but " << bn
+                                             << " is " << dtype_name(b.dtype()) << " (they must match)");
+    return *this;
+  }
+  const Check& same_shape(const Tensor& a, const char* an, const Tensor& b, const char* bn) const {
+    RELAY_ASSERT(a.numel() == b.numel() && rows_of(a) == rows_of(b),
+                 op_ << ": " << an << " " << shape_str(a.shape()) << " vs " << bn << " " << shape_str(b.shape()));
+    return *this;
+  }
+  // A tensor of x's dtype and shape (gradients, outputs of elementwise ops).
+  const Check& like(const Tensor& t, const char* name, const Tensor& x, const char* xn) const {
+    tensor(t, name, kFloat);
+    return same_dtype(t, name, x, xn).same_shape(t, name, x, xn);
+  }
+  const Check& that(bool ok, const std::string& what) const {
+    RELAY_ASSERT(ok, op_ << ": " << what);
+    return *this;
+  }
+
+ private:
+  const Backend& be_;
+  const char* op_;
+};
+
+}  // namespace
+
+void Backend::copy(Tensor& dst, const Tensor& src) {
+  Check c(*this, "copy");
+  c.tensor(src, "src", kFloat | kI32).tensor(dst, "dst", kFloat | kI32).same_dtype(dst, "dst", src, "src");
+  c.numel(dst, "dst", src.numel());
+  copy_impl(dst, src);
+}
+void Backend::fill(Tensor& x, float value) {
+  Check(*this, "fill").tensor(x, "x", kFloat | kI32);
+  fill_impl(x, value);
+}
+void Backend::convert(const Tensor& src, Tensor& dst) {
+  Check c(*this, "convert");
+  c.tensor(src, "src", kFloat).tensor(dst, "dst", kFloat).numel(dst, "dst", src.numel());
+  convert_impl(src, dst);
+}
+
+void Backend::matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
+                     float beta) {
+  Check c(*this, "matmul");
+  c.tensor(a, "a", kFloat).tensor(b, "b", kFloat).tensor(y, "y", kFloat).same_dtype(a, "a", b, "b");
+  c.that(a.dtype() == DType::bf16 || y.dtype() == DType::f32, "float32 inputs need a float32 y");
+  c.that(a.ndim() == 2 && b.ndim() == 2 && y.ndim() == 2, cat("a ", shape_str(a.shape()), ", b ", shape_str(b.shape()),
+                                                              ", y ", shape_str(y.shape()), " must be matrices"));
+  const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
+  const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
+  c.that(k == kb && y.size(0) == m && y.size(1) == n,
+         cat("op(a) is (", m, ", ", k, "), op(b) is (", kb, ", ", n, "), y is ", shape_str(y.shape())));
+  c.that(y.raw() != a.raw() && y.raw() != b.raw(), "y must not alias a or b");
+  matmul_impl(a, trans_a, b, trans_b, y, alpha, beta);
+}
+void Backend::add_bias(Tensor& y, const Tensor& bias) {
+  Check c(*this, "add_bias");
+  c.tensor(y, "y", kFloat).tensor(bias, "bias", kFloat).same_dtype(bias, "bias", y, "y").numel(bias, "bias", cols_of(y));
+  add_bias_impl(y, bias);
+}
+void Backend::bias_grad(const Tensor& dy, Tensor& db, float beta) {
+  Check(*this, "bias_grad").tensor(dy, "dy", kFloat).tensor(db, "db", kF32).numel(db, "db", cols_of(dy));
+  bias_grad_impl(dy, db, beta);
+}
+
+void Backend::activation_forward(Activation act, const Tensor& x, Tensor& y) {
+  Check(*this, "activation_forward").tensor(x, "x", kFloat).like(y, "y", x, "x");
+  activation_forward_impl(act, x, y);
+}
+void Backend::activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  Check(*this, "activation_backward").tensor(x, "x", kFloat).like(dy, "dy", x, "x").like(dx, "dx", x, "x");
+  activation_backward_impl(act, x, dy, dx);
+}
+void Backend::scale(Tensor& x, float s) {
+  Check(*this, "scale").tensor(x, "x", kFloat);
+  scale_impl(x, s);
+}
+void Backend::add(const Tensor& a, const Tensor& b, Tensor& y) {
+  Check(*this, "add").tensor(a, "a", kFloat).like(b, "b", a, "a").like(y, "y", a, "a");
+  add_impl(a, b, y);
+}
+double Backend::sum_squares(const Tensor& x) {
+  Check(*this, "sum_squares").tensor(x, "x", kF32);
+  return sum_squares_impl(x);
+}
+
+void Backend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                Tensor& mean, Tensor& rstd) {
+  const int64_t n = rows_of(x), d = cols_of(x);
+  Check c(*this, "layernorm_forward");
+  c.tensor(x, "x", kFloat).like(y, "y", x, "x").tensor(gamma, "gamma", kFloat).tensor(beta, "beta", kFloat);
+  c.same_dtype(gamma, "gamma", x, "x").same_dtype(beta, "beta", x, "x").numel(gamma, "gamma", d).numel(beta, "beta", d);
+  c.tensor(mean, "mean", kF32).tensor(rstd, "rstd", kF32).numel(mean, "mean", n).numel(rstd, "rstd", n);
+  layernorm_forward_impl(x, gamma, beta, eps, y, mean, rstd);
+}
+void Backend::layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                       const Tensor& rstd, Tensor& dx) {
+  const int64_t n = rows_of(x), d = cols_of(x);
+  Check c(*this, "layernorm_backward_input");
+  c.tensor(x, "x", kFloat).like(dy, "dy", x, "x").like(dx, "dx", x, "x").tensor(gamma, "gamma", kFloat);
+  c.same_dtype(gamma, "gamma", x, "x").numel(gamma, "gamma", d).tensor(mean, "mean", kF32).tensor(rstd, "rstd", kF32);
+  c.numel(mean, "mean", n).numel(rstd, "rstd", n);
+  layernorm_backward_input_impl(dy, x, gamma, mean, rstd, dx);
+}
+void Backend::layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                        Tensor& dgamma, Tensor& dbeta) {
+  const int64_t n = rows_of(x), d = cols_of(x);
+  Check c(*this, "layernorm_backward_weight");
+  c.tensor(x, "x", kFloat).like(dy, "dy", x, "x").tensor(mean, "mean", kF32).tensor(rstd, "rstd", kF32);
+  c.numel(mean, "mean", n).numel(rstd, "rstd", n);
+  c.tensor(dgamma, "dgamma", kF32).tensor(dbeta, "dbeta", kF32).numel(dgamma, "dgamma", d).numel(dbeta, "dbeta", d);
+  layernorm_backward_weight_impl(dy, x, mean, rstd, dgamma, dbeta);
+}
+
+void Backend::cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
+                            Tensor* dlogits) {
+  const int64_t n = rows_of(logits);
+  Check c(*this, "cross_entropy");
+  c.tensor(logits, "logits", kFloat).tensor(targets, "targets", kI32).numel(targets, "targets", n);
+  c.tensor(losses, "losses", kF32).numel(losses, "losses", n);
+  if (dlogits) c.like(*dlogits, "dlogits", logits, "logits");
+  cross_entropy_impl(logits, targets, grad_scale, losses, dlogits);
+}
+void Backend::mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred) {
+  Check c(*this, "mse");
+  c.tensor(pred, "pred", kFloat).like(target, "target", pred, "pred");
+  c.tensor(losses, "losses", kF32).numel(losses, "losses", rows_of(pred));
+  if (dpred) c.like(*dpred, "dpred", pred, "pred");
+  mse_impl(pred, target, grad_scale, losses, dpred);
+}
+void Backend::argmax(const Tensor& logits, Tensor& out) {
+  Check(*this, "argmax").tensor(logits, "logits", kFloat).tensor(out, "out", kI32).numel(out, "out", rows_of(logits));
+  argmax_impl(logits, out);
+}
+void Backend::row_max(const Tensor& x, Tensor& out) {
+  Check(*this, "row_max").tensor(x, "x", kFloat).tensor(out, "out", kF32).numel(out, "out", rows_of(x));
+  row_max_impl(x, out);
+}
+void Backend::cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                    const Tensor& row_max, Tensor& partial) {
+  const int64_t n = rows_of(logits);
+  Check c(*this, "cross_entropy_partial");
+  c.tensor(logits, "logits", kFloat).tensor(targets, "targets", kI32).numel(targets, "targets", n);
+  c.tensor(row_max, "row_max", kF32).numel(row_max, "row_max", n);
+  c.tensor(partial, "partial", kF32).numel(partial, "partial", 2 * n);
+  cross_entropy_partial_impl(logits, targets, vocab_start, row_max, partial);
+}
+void Backend::cross_entropy_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                   const Tensor& row_max, const Tensor& total, float grad_scale, Tensor& losses,
+                                   Tensor* dlogits) {
+  const int64_t n = rows_of(logits);
+  Check c(*this, "cross_entropy_finish");
+  c.tensor(logits, "logits", kFloat).tensor(targets, "targets", kI32).numel(targets, "targets", n);
+  c.tensor(row_max, "row_max", kF32).numel(row_max, "row_max", n);
+  c.tensor(total, "total", kF32).numel(total, "total", 2 * n);
+  c.tensor(losses, "losses", kF32).numel(losses, "losses", n);
+  if (dlogits) c.like(*dlogits, "dlogits", logits, "logits");
+  cross_entropy_finish_impl(logits, targets, vocab_start, row_max, total, grad_scale, losses, dlogits);
+}
+
+void Backend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
+                                int64_t vocab_start) {
+  Check c(*this, "embedding_forward");
+  c.tensor(tokens, "tokens", kI32).tensor(wte, "wte", kFloat).tensor(out, "out", kFloat);
+  c.same_dtype(out, "out", wte, "wte").numel(out, "out", tokens.numel() * cols_of(wte));
+  if (wpe.defined()) {
+    c.tensor(wpe, "wpe", kFloat).same_dtype(wpe, "wpe", wte, "wte");
+    c.that(cols_of(wpe) == cols_of(wte) && T <= rows_of(wpe), cat("wpe ", shape_str(wpe.shape()), " for T ", T,
+                                                                  " and wte ", shape_str(wte.shape())));
+  }
+  embedding_forward_impl(tokens, wte, wpe, T, out, vocab_start);
+}
+void Backend::embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
+                                 int64_t vocab_start) {
+  Check c(*this, "embedding_backward");
+  c.tensor(tokens, "tokens", kI32).tensor(dout, "dout", kFloat).tensor(dwte, "dwte", kF32);
+  c.numel(dout, "dout", tokens.numel() * cols_of(dwte));
+  if (dwpe.defined()) {
+    c.tensor(dwpe, "dwpe", kF32);
+    c.that(cols_of(dwpe) == cols_of(dwte) && T <= rows_of(dwpe), cat("dwpe ", shape_str(dwpe.shape()), " for T ", T));
+  }
+  embedding_backward_impl(tokens, dout, T, dwte, dwpe, vocab_start);
+}
+
+namespace {
+// qkv (B*T, 3C) with C % H == 0; returns C.
+int64_t attention_width(const Check& c, const Tensor& qkv, int64_t B, int64_t T, int64_t H) {
+  const int64_t C = cols_of(qkv) / 3;
+  c.tensor(qkv, "qkv", kFloat).numel(qkv, "qkv", B * T * 3 * C);
+  c.that(H > 0 && C % H == 0 && cols_of(qkv) == 3 * C,
+         cat("qkv ", shape_str(qkv.shape()), " must be (B*T, 3C) with C divisible by H = ", H));
+  return C;
+}
+}  // namespace
+
+void Backend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) {
+  Check c(*this, "attention_forward");
+  const int64_t C = attention_width(c, qkv, B, T, H);
+  c.tensor(qkv, "qkv", kF32).tensor(att, "att", kF32).numel(att, "att", B * H * T * T);
+  c.tensor(out, "out", kF32).numel(out, "out", B * T * C);
+  attention_forward_impl(qkv, B, T, H, att, out);
+}
+void Backend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T,
+                                 int64_t H, Tensor& dqkv) {
+  Check c(*this, "attention_backward");
+  const int64_t C = attention_width(c, qkv, B, T, H);
+  c.tensor(qkv, "qkv", kF32).tensor(dout, "dout", kF32).numel(dout, "dout", B * T * C);
+  c.tensor(att, "att", kF32).numel(att, "att", B * H * T * T).like(dqkv, "dqkv", qkv, "qkv");
+  attention_backward_impl(dout, qkv, att, B, T, H, dqkv);
+}
+void Backend::flash_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out, Tensor& lse) {
+  Check c(*this, "flash_attention_forward");
+  const int64_t C = attention_width(c, qkv, B, T, H);
+  c.tensor(out, "out", kFloat).same_dtype(out, "out", qkv, "qkv").numel(out, "out", B * T * C);
+  c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
+  flash_attention_forward_impl(qkv, B, T, H, out, lse);
+}
+void Backend::flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                       int64_t B, int64_t T, int64_t H, Tensor& dqkv) {
+  Check c(*this, "flash_attention_backward");
+  const int64_t C = attention_width(c, qkv, B, T, H);
+  c.tensor(out, "out", kFloat).same_dtype(out, "out", qkv, "qkv").numel(out, "out", B * T * C);
+  c.like(dout, "dout", out, "out").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
+  c.like(dqkv, "dqkv", qkv, "qkv");
+  flash_attention_backward_impl(dout, qkv, out, lse, B, T, H, dqkv);
+}
+void Backend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H, Tensor& out) {
+  Check c(*this, "attention_decode");
+  const int64_t n = rows_of(qkv), C = cols_of(qkv) / 3;
+  c.tensor(qkv, "qkv", kFloat).tensor(kcache, "kcache", kFloat).tensor(vcache, "vcache", kFloat);
+  c.same_dtype(kcache, "kcache", qkv, "qkv").same_dtype(vcache, "vcache", qkv, "qkv");
+  c.that(kcache.ndim() == 3 && kcache.shape() == vcache.shape() && kcache.size(0) == n && kcache.size(2) == C &&
+             t >= 0 && t < kcache.size(1) && C % H == 0,
+         cat("caches ", shape_str(kcache.shape()), " for qkv ", shape_str(qkv.shape()), ", t ", t, ", H ", H));
+  c.tensor(out, "out", kFloat).same_dtype(out, "out", qkv, "qkv").numel(out, "out", n * C);
+  attention_decode_impl(qkv, kcache, vcache, t, H, out);
+}
+
+namespace {
+void check_work(const Check& c, const Tensor& work, const Tensor& param) {
+  if (work.defined()) c.tensor(work, "work", kBf16).numel(work, "work", param.numel());
+}
+}  // namespace
+
+void Backend::adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& args,
+                         Tensor& work) {
+  Check c(*this, "adamw_step");
+  c.tensor(param, "param", kF32).tensor(grad, "grad", kF32).numel(grad, "grad", param.numel());
+  c.tensor(exp_avg, "exp_avg", kF32).numel(exp_avg, "exp_avg", param.numel());
+  c.tensor(exp_avg_sq, "exp_avg_sq", kF32).numel(exp_avg_sq, "exp_avg_sq", param.numel());
+  check_work(c, work, param);
+  adamw_step_impl(param, grad, exp_avg, exp_avg_sq, args, work);
+}
+void Backend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args, Tensor& work) {
+  Check c(*this, "sgd_step");
+  c.tensor(param, "param", kF32).tensor(grad, "grad", kF32).numel(grad, "grad", param.numel());
+  if (args.momentum != 0.0)
+    c.tensor(momentum_buffer, "momentum_buffer", kF32).numel(momentum_buffer, "momentum_buffer", param.numel());
+  check_work(c, work, param);
+  sgd_step_impl(param, grad, momentum_buffer, args, work);
+}
 
 int cuda_device_count() {
 #ifdef RELAY_HAVE_CUDA

@@ -1,6 +1,11 @@
 // The one interface between the model and the hardware (ggml's backend pattern): every operation
 // the layers, losses and optimizers need. The CPU backend is the reference; CUDA is tested against it.
-// All float tensors are float32 row-major; "rows" is the batch dimension.
+// Tensors are row-major; "rows" is the leading dimension (a vector is one column).
+//
+// Check once (ggml's backend front door): every public op is a non-virtual member that checks its
+// tensors' devices, dtypes and shapes, naming the op and the tensor, then calls the backend's *_impl,
+// which only computes. Each op's comment states the dtypes it takes: "float" means float32 or
+// bfloat16 (math in float32 either way); tensors named together must share one dtype.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -13,37 +18,30 @@ namespace relay {
 // gelu is the exact erf form, as torch.nn.GELU(); gelu_tanh is GPT-2's tanh approximation,
 // torch.nn.GELU(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 enum class Activation { relu, gelu, tanh, gelu_tanh };
-enum class Precision { fp32, bf16 };          // bf16: GEMM inputs in bfloat16, fp32 accumulation
-
-// Hyperparameters stay double, as torch's Python scalars do; kernels derive their float constants
-// (1 - beta2, lr / bias correction, ...) in double first, so they round exactly as torch's do.
-struct AdamWArgs {  // torch.optim.AdamW
-  double lr, beta1, beta2, eps, weight_decay;
-  int64_t step;  // 1 on the first update (bias correction)
-};
-struct SgdArgs {  // torch.optim.SGD, dampening 0, nesterov false
-  double lr, momentum, weight_decay;
-  bool first_step;  // the momentum buffer is initialised to the first gradient, as torch does
-};
-
-namespace detail {
-struct HostMarks;  // the host clock's timing marks (backend.cpp)
-}
-
-class Backend : public Allocator {
+// The training precision (train.precision), parsed once from the config:
+//   fp32: float32 storage and math;
+//   bf16: bfloat16 activations and working weights, float32 master weights, optimizer state, weight
+//         gradients, statistics and GEMM accumulation (llm.c's and Megatron-LM's mixed precision);
+//   tf32: float32 storageclass Backend : public Allocator {
  public:
   Backend();
   ~Backend() override;
   virtual std::string describe() const = 0;  // "cpu: oneDNN, 2 threads" / "cuda:0 NVIDIA H100 ..."
+  // Chooses the GEMM mode (tf32 on CUDA) and checks the device can run the precision; a relay::Error
+  // naming train.precision when it cannot.
   virtual void set_precision(Precision p) = 0;
+  // Whether this backend computes on dtype dt (bf16 needs its kernels); the front door refuses others.
+  virtual bool supports(DType dt) const = 0;
 
   // --- memory -------------------------------------------------------------------------------
   // Host memory suited to transfers (pinned on CUDA, plain on CPU).
   virtual std::shared_ptr<std::byte> allocate_host(size_t bytes) = 0;
   virtual void upload(Tensor& dst, const void* host_src) = 0;      // dst.bytes() bytes
   virtual void download(void* host_dst, const Tensor& src) = 0;    // src.bytes() bytes; synchronous
-  virtual void copy(Tensor& dst, const Tensor& src) = 0;           // same shape and dtype
-  virtual void fill(Tensor& x, float value) = 0;
+  void copy(Tensor& dst, const Tensor& src);                       // any dtype; same numel and dtype
+  void fill(Tensor& x, float value);                               // float or i32
+  // dst = src rounded to dst's dtype (float -> float: f32 <-> bf16, or a copy); same numel.
+  void convert(const Tensor& src, Tensor& dst);
   virtual void synchronize() = 0;
   virtual void* native_stream() { return nullptr; }                // cudaStream_t on CUDA
 
@@ -58,45 +56,45 @@ class Backend : public Allocator {
 
   // --- linear algebra -------------------------------------------------------------------------
   // y (m, n) = alpha * op(a) @ op(b) + beta * y, where op(a) is (m, k) and op(b) is (k, n).
-  virtual void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y,
-                      float alpha, float beta) = 0;
-  // y (n, f) += bias (f), broadcast over rows.
-  virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
-  // db (f) = beta * db + sum over rows of dy (n, f).
-  virtual void bias_grad(const Tensor& dy, Tensor& db, float beta) = 0;
+  // a, b: float, one dtype; y: float (f32 when a, b are f32). Accumulation in f32; y must not alias a or b.
+  void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha, float beta);
+  // y (n, f) += bias (f), broadcast over rows. y, bias: float, one dtype.
+  void add_bias(Tensor& y, const Tensor& bias);
+  // db (f) = beta * db + sum over rows of dy (n, f). dy: float; db: f32.
+  void bias_grad(const Tensor& dy, Tensor& db, float beta);
 
-  // --- elementwise ----------------------------------------------------------------------------
-  virtual void activation_forward(Activation act, const Tensor& x, Tensor& y) = 0;
+  // --- elementwise (float, one dtype) ----------------------------------------------------------
+  void activation_forward(Activation act, const Tensor& x, Tensor& y);
   // dx = dy * act'(x); dx may alias dy.
-  virtual void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
-  virtual void scale(Tensor& x, float s) = 0;
+  void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
+  void scale(Tensor& x, float s);
   // y = a + b (same shape); y may alias a or b (residual connections and their gradients).
-  virtual void add(const Tensor& a, const Tensor& b, Tensor& y) = 0;
-  // Sum of squares of all elements, returned to the host (gradient norms).
-  virtual double sum_squares(const Tensor& x) = 0;
+  void add(const Tensor& a, const Tensor& b, Tensor& y);
+  // Sum of squares of all elements in double, returned to the host (gradient norms). x: f32.
+  double sum_squares(const Tensor& x);
 
   // --- layernorm over the last dimension (torch.nn.LayerNorm) ---------------------------------
-  // x, y (n, d); gamma, beta (d); mean, rstd (n) are saved for the backward pass.
-  virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                                 Tensor& y, Tensor& mean, Tensor& rstd) = 0;
-  virtual void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                        const Tensor& mean, const Tensor& rstd, Tensor& dx) = 0;
+  // x, y, dy, dx, gamma, beta (d): float, one dtype; mean, rstd (n): f32, saved for the
+  // backward pass; dgamma, dbeta (d): f32.
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                         Tensor& mean, Tensor& rstd);
+  void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                const Tensor& rstd, Tensor& dx);
   // dgamma += sum over rows of dy * xhat; dbeta += sum over rows of dy.
-  virtual void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                                         const Tensor& rstd, Tensor& dgamma, Tensor& dbeta) = 0;
+  void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                 Tensor& dgamma, Tensor& dbeta);
 
-  // --- losses ---------------------------------------------------------------------------------
-  // logits (n, c), targets i32 (n) -> losses (n) = -log softmax(logits)[target];
+  // --- losses (logits, pred, target and their gradients: float, one dtype; losses, row_max,
+  //     partial, total: f32; targets, argmax out: i32) ----------------------------------------
+  // logits (n, c), targets (n) -> losses (n) = -log softmax(logits)[target];
   // if dlogits: dlogits (n, c) = (softmax - onehot) * grad_scale. dlogits may alias logits (the
   // vocabulary-sized loss of a language model never stores more than its logits).
-  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale,
-                             Tensor& losses, Tensor* dlogits) = 0;
+  void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses, Tensor* dlogits);
   // pred, target (n, k) -> losses (n) = mean over k of (pred - target)^2;
   // if dpred: dpred (n, k) = 2 (pred - target) / k * grad_scale.
-  virtual void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses,
-                   Tensor* dpred) = 0;
-  // out i32 (n) = argmax over columns of logits (n, c), first maximum wins.
-  virtual void argmax(const Tensor& logits, Tensor& out) = 0;
+  void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred);
+  // out (n) = argmax over columns of logits (n, c), first maximum wins.
+  void argmax(const Tensor& logits, Tensor& out);
   // Vocabulary-parallel cross-entropy (Megatron-LM): logits (n, v) are columns [vocab_start,
   // vocab_start + v) of the full (n, V); the group never gathers them. The caller reduces between steps:
   //   row_max: out (n) = max over columns                                  -> all-reduce max over tp
@@ -104,36 +102,113 @@ class Backend : public Allocator {
   //     target is another rank's]                                          -> all-reduce sum over tp
   //   cross_entropy_finish: losses (n) = log(sum) + max - logit[target]; if dlogits (may alias logits):
   //     (exp(logit - lse) - onehot) * grad_scale over this rank's columns.
-  virtual void row_max(const Tensor& x, Tensor& out) = 0;
-  virtual void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
-                                     const Tensor& row_max, Tensor& partial) = 0;
-  virtual void cross_entropy_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
-                                    const Tensor& row_max, const Tensor& total, float grad_scale, Tensor& losses,
-                                    Tensor* dlogits) = 0;
+  void row_max(const Tensor& x, Tensor& out);
+  void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
+                             Tensor& partial);
+  void cross_entropy_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
+                            const Tensor& total, float grad_scale, Tensor& losses, Tensor* dlogits);
 
-  // --- language models (GPT-2) -----------------------------------------------------------------
+  // --- language models ----------------------------------------------------------------------------
   // tokens i32 (n) with n = sequences x T, position of row r = r % T;
-  // out (n, C) = wte[tokens[r]] + wpe[r % T]; wte (V, C), wpe (block_size, C), T <= block_size.
-  // Every token id must be in [0, V) (checked when data is read, not here).
+  // out (n, C) = wte[tokens[r]] + wpe[r % T]; wte (V, C), wpe (block_size, C), T <= block_size;
+  // wte, wpe, out: float, one dtype. Every token id must be in [0, V) (checked when data is read).
   // Vocabulary-parallel (tensor parallelism): wte holds rows [vocab_start, vocab_start + wte.size(0)) of
   // the table and other tokens contribute 0; an undefined wpe adds no positions.
-  virtual void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T,
-                                 Tensor& out, int64_t vocab_start = 0) = 0;
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
+                         int64_t vocab_start = 0);
   // dwte (V, C) += scatter of dout (n, C) by token; dwpe (block_size, C) += sum over sequences of dout.
-  // Deterministic: the same inputs give the same bits on every run and thread count (no atomics).
+  // dout: float; dwte, dwpe: f32. Deterministic: the same bits on every run and thread count (no atomics).
   // Vocabulary-parallel as above; an undefined dwpe is skipped.
-  virtual void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte,
-                                  Tensor& dwpe, int64_t vocab_start = 0) = 0;
-  // Causal multi-head self-attention of GPT-2 over n = B x T rows.
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
+                          int64_t vocab_start = 0);
+  // Causal multi-head self-attention over n = B x T rows, the reference form (f32) that keeps the
+  // probabilities: the test reference of flash attention.
   // qkv (B*T, 3C): row = [q | k | v], head h uses columns [h*hd, (h+1)*hd) of each part, hd = C / H.
-  // att (B, H, T, T): the softmax probabilities (saved for backward; entries above the diagonal are 0).
+  // att (B, H, T, T): the softmax probabilities (entries above the diagonal are 0).
   // out (B*T, C): heads concatenated, out[b,t,h] = sum_{s<=t} att[b,h,t,s] v[b,s,h]; scale 1/sqrt(hd).
-  virtual void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) = 0;
+  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out);
   // dout (B*T, C), qkv and att from forward -> dqkv (B*T, 3C) (overwritten, not accumulated).
-  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T,
-                                  int64_t H, Tensor& dqkv) = 0;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T, int64_t H,
+                          Tensor& dqkv);
+  // The same attention without the T x T matrix (FlashAttention-2, arXiv:2307.08691): tiles of queries
+  // against tiles of keys with an online softmax; only lse (B, H, T) f32, each query row's log-sum-exp
+  // of its scaled scores, is kept for the backward. qkv, out, dout, dqkv: float, one dtype.
+  void flash_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out, Tensor& lse);
+  void flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
+                                int64_t T, int64_t H, Tensor& dqkv);
   // Generation with a key-value cache, one new position t for each of n sequences:
   // qkv (n, 3C) of position t; kcache, vcache (n, Tmax, C): row t of each is overwritten with this k, v,
+  // then out (n, C) = causal attention of q over cached positions [0, t]. Float, one dtype.
+  void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H, Tensor& out);
+
+  // --- optimizers (exact torch.optim update rules) --------------------------------------------
+  // param (the f32 master), grad and the state: f32, one shape. work: undefined, or the bf16 working
+  // copy of param, written with the updated value in the same pass (mixed precision).
+  void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& args,
+                  Tensor& work);
+  // momentum_buffer is undefined when momentum == 0.
+  void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args, Tensor& work);
+
+ protected:
+  // What each backend computes, called by the front doors above after their checks.
+  virtual void copy_impl(Tensor& dst, const Tensor& src) = 0;
+  virtual void fill_impl(Tensor& x, float value) = 0;
+  virtual void convert_impl(const Tensor& src, Tensor& dst) = 0;
+  virtual void matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
+                           float beta) = 0;
+  virtual void add_bias_impl(Tensor& y, const Tensor& bias) = 0;
+  virtual void bias_grad_impl(const Tensor& dy, Tensor& db, float beta) = 0;
+  virtual void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) = 0;
+  virtual void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  virtual void scale_impl(Tensor& x, float s) = 0;
+  virtual void add_impl(const Tensor& a, const Tensor& b, Tensor& y) = 0;
+  virtual double sum_squares_impl(const Tensor& x) = 0;
+  virtual void layernorm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                      Tensor& mean, Tensor& rstd) = 0;
+  virtual void layernorm_backward_input_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                             const Tensor& mean, const Tensor& rstd, Tensor& dx) = 0;
+  virtual void layernorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                              const Tensor& rstd, Tensor& dgamma, Tensor& dbeta) = 0;
+  virtual void cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
+                                  Tensor* dlogits) = 0;
+  virtual void mse_impl(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses,
+                        Tensor* dpred) = 0;
+  virtual void argmax_impl(const Tensor& logits, Tensor& out) = 0;
+  virtual void row_max_impl(const Tensor& x, Tensor& out) = 0;
+  virtual void cross_entropy_partial_impl(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                          const Tensor& row_max, Tensor& partial) = 0;
+  virtual void cross_entropy_finish_impl(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                         const Tensor& row_max, const Tensor& total, float grad_scale, Tensor& losses,
+                                         Tensor* dlogits) = 0;
+  virtual void embedding_forward_impl(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T,
+                                      Tensor& out, int64_t vocab_start) = 0;
+  virtual void embedding_backward_impl(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte,
+                                       Tensor& dwpe, int64_t vocab_start) = 0;
+  virtual void attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att,
+                                      Tensor& out) = 0;
+  virtual void attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T,
+                                       int64_t H, Tensor& dqkv) = 0;
+  virtual void flash_attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out,
+                                            Tensor& lse) = 0;
+  virtual void flash_attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                             const Tensor& lse, int64_t B, int64_t T, int64_t H, Tensor& dqkv) = 0;
+  virtual void attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
+                                     Tensor& out) = 0;
+  virtual void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                               const AdamWArgs& args, Tensor& work) = 0;
+  virtual void sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args,
+                             Tensor& work) = 0;
+
+ private:
+  std::unique_ptr<detail::HostMarks> host_marks_;
+};
+
+// A tensor read as a matrix (rows, cols): the leading dimension is the rows, the rest the columns; a
+// scalar or vector is one column. Every backend and the front door use these two.
+int64_t rows_of(const Tensor& t);
+int64_t cols_of(const Tensor& t);
+
+ kcache, vcache (n, Tmax, C): row t of each is overwritten with this k, v,
   // then out (n, C) = causal attention of q over cached positions [0, t].
   virtual void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
                                 Tensor& out) = 0;

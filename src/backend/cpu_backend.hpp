@@ -10,50 +10,60 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu; }
   std::string describe() const override;
   void set_precision(Precision p) override;
+  bool supports(DType) const override { return true; }
 
   std::shared_ptr<std::byte> allocate(size_t bytes) override;
   std::shared_ptr<std::byte> allocate_host(size_t bytes) override { return allocate(bytes); }
   void upload(Tensor& dst, const void* host_src) override;
   void download(void* host_dst, const Tensor& src) override;
-  void copy(Tensor& dst, const Tensor& src) override;
-  void fill(Tensor& x, float value) override;
   void synchronize() override {}
 
-  void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
-              float beta) override;
-  void add_bias(Tensor& y, const Tensor& bias) override;
-  void bias_grad(const Tensor& dy, Tensor& db, float beta) override;
-  void activation_forward(Activation act, const Tensor& x, Tensor& y) override;
-  void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override;
-  void add(const Tensor& a, const Tensor& b, Tensor& y) override;
-  void scale(Tensor& x, float s) override;
-  double sum_squares(const Tensor& x) override;
-  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
-                         Tensor& rstd) override;
-  void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                                const Tensor& rstd, Tensor& dx) override;
-  void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                                 Tensor& dgamma, Tensor& dbeta) override;
-  void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
-                     Tensor* dlogits) override;
-  void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred) override;
-  void argmax(const Tensor& logits, Tensor& out) override;
-  void row_max(const Tensor& x, Tensor& out) override;
-  void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
-                             Tensor& partial) override;
-  void cross_entropy_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
-                            const Tensor& total, float grad_scale, Tensor& losses, Tensor* dlogits) override;
-  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
-                         int64_t vocab_start = 0) override;
-  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
-                          int64_t vocab_start = 0) override;
-  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) override;
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T, int64_t H,
-                          Tensor& dqkv) override;
-  void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H, Tensor& out) override;
-  void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
-                  const AdamWArgs& args) override;
-  void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args) override;
+ protected:
+  void copy_impl(Tensor& dst, const Tensor& src) override;
+  void fill_impl(Tensor& x, float value) override;
+  void convert_impl(const Tensor& src, Tensor& dst) override;
+  void matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
+                   float beta) override;
+  void add_bias_impl(Tensor& y, const Tensor& bias) override;
+  void bias_grad_impl(const Tensor& dy, Tensor& db, float beta) override;
+  void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) override;
+  void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override;
+  void scale_impl(Tensor& x, float s) override;
+  void add_impl(const Tensor& a, const Tensor& b, Tensor& y) override;
+  double sum_squares_impl(const Tensor& x) override;
+  void layernorm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                              Tensor& mean, Tensor& rstd) override;
+  void layernorm_backward_input_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                     const Tensor& rstd, Tensor& dx) override;
+  void layernorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                      Tensor& dgamma, Tensor& dbeta) override;
+  void cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
+                          Tensor* dlogits) override;
+  void mse_impl(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred) override;
+  void argmax_impl(const Tensor& logits, Tensor& out) override;
+  void row_max_impl(const Tensor& x, Tensor& out) override;
+  void cross_entropy_partial_impl(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                  const Tensor& row_max, Tensor& partial) override;
+  void cross_entropy_finish_impl(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                 const Tensor& row_max, const Tensor& total, float grad_scale, Tensor& losses,
+                                 Tensor* dlogits) override;
+  void embedding_forward_impl(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
+                              int64_t vocab_start) override;
+  void embedding_backward_impl(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
+                               int64_t vocab_start) override;
+  void attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) override;
+  void attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T,
+                               int64_t H, Tensor& dqkv) override;
+  void flash_attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out,
+                                    Tensor& lse) override;
+  void flash_attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                     int64_t B, int64_t T, int64_t H, Tensor& dqkv) override;
+  void attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
+                             Tensor& out) override;
+  void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& args,
+                       Tensor& work) override;
+  void sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args,
+                     Tensor& work) override;
 
  private:
   int threads_;
