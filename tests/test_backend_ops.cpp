@@ -294,7 +294,8 @@ std::vector<OpCase> all_cases() {
       be.fill(v, 0.0f);
       for (int64_t step = 1; step <= 3; ++step) {
         Tensor g = input(be, s, 70 + static_cast<uint64_t>(step), -0.1, 0.1);
-        be.adamw_step(p, g, m, v, AdamWArgs{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, step});
+        Tensor no_work;
+        be.adamw_step(p, g, m, v, AdamWArgs{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, step}, no_work);
       }
       return std::vector{out(be, "param", p), out(be, "exp_avg", m), out(be, "exp_avg_sq", v)};
     });
@@ -304,7 +305,8 @@ std::vector<OpCase> all_cases() {
         Tensor buf = momentum != 0.0f ? Tensor(be, s) : Tensor();  // undefined without momentum
         for (int step = 0; step < 3; ++step) {
           Tensor g = input(be, s, 81 + static_cast<uint64_t>(step));
-          be.sgd_step(p, g, buf, SgdArgs{0.05f, momentum, 0.01f, step == 0});
+          Tensor no_work;
+          be.sgd_step(p, g, buf, SgdArgs{0.05f, momentum, 0.01f, step == 0}, no_work);
         }
         std::vector<Output> o{out(be, "param", p)};
         if (momentum != 0.0f) o.push_back(out(be, "momentum_buffer", buf));
@@ -466,7 +468,7 @@ std::vector<Output> mlp_step(Backend& be) {
   // update
   Tensor none;
   for (auto [p, g] : {std::pair{&w1, &dw1}, {&b1, &db1}, {&w2, &dw2}, {&b2, &db2}, {&gamma, &dgamma}, {&beta, &dbeta}})
-    be.sgd_step(*p, *g, none, SgdArgs{0.1f, 0.0f, 0.0f, true});
+    be.sgd_step(*p, *g, none, SgdArgs{0.1f, 0.0f, 0.0f, true}, none);
   const double grad_norm2 = be.sum_squares(dw1) + be.sum_squares(dw2);
 
   return {out(be, "losses", losses), out(be, "logits", logits), out(be, "dx", dx), out(be, "dw1", dw1),

@@ -86,11 +86,11 @@ TEST(CpuKernels, Activations) {
     expect_close(y, ry, 1e-6, 1e-6, name);
     expect_close(dx, rdx, 1e-5, 1e-6, name);
   };
-  check(cpu::relu_forward, cpu::relu_backward, [](double v) { return v > 0 ? v : 0.0; },
+  check(cpu::relu_forward<float>, cpu::relu_backward<float>, [](double v) { return v > 0 ? v : 0.0; },
         [](double v) { return v > 0 ? 1.0 : 0.0; }, "relu");
-  check(cpu::tanh_forward, cpu::tanh_backward, [](double v) { return std::tanh(v); },
+  check(cpu::tanh_forward<float>, cpu::tanh_backward<float>, [](double v) { return std::tanh(v); },
         [](double v) { return 1 - std::tanh(v) * std::tanh(v); }, "tanh");
-  check(cpu::gelu_forward, cpu::gelu_backward, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); },
+  check(cpu::gelu_forward<float>, cpu::gelu_backward<float>, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); },
         [](double v) { return 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-v * v / 2) / std::sqrt(2 * M_PI); },
         "gelu");
 }

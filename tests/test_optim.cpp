@@ -13,13 +13,13 @@ TEST(AdamW, TwoStepsByHand) {
   // lr 0.1, betas (0.9, 0.999), eps 1e-8, weight_decay 0.01; p0 = 1, g1 = 0.5, g2 = -0.25.
   float p = 1.f, m = 0.f, v = 0.f;
   float g1 = 0.5f, g2 = -0.25f;
-  cpu::adamw_step(&p, &g1, &m, &v, 1, 0.1, 0.9, 0.999, 1e-8, 0.01, 1);
+  cpu::adamw_step(&p, &g1, &m, &v, nullptr, 1, 0.1, 0.9, 0.999, 1e-8, 0.01, 1);
   // step 1: p = 1 * (1 - 0.001) = 0.999; m = 0.05; v = 0.00025; mhat = 0.5, vhat = 0.25 -> p -= 0.1 * 0.5 / (0.5 + 1e-8)
   double p1 = 0.999 - 0.1 * 0.05 / 0.1 / (std::sqrt(0.00025) / std::sqrt(0.001) + 1e-8);
   EXPECT_NEAR(p, p1, 1e-6);
   EXPECT_NEAR(m, 0.05, 1e-7);
   EXPECT_NEAR(v, 0.00025, 1e-10);
-  cpu::adamw_step(&p, &g2, &m, &v, 1, 0.1, 0.9, 0.999, 1e-8, 0.01, 2);
+  cpu::adamw_step(&p, &g2, &m, &v, nullptr, 1, 0.1, 0.9, 0.999, 1e-8, 0.01, 2);
   double m2 = 0.9 * 0.05 + 0.1 * -0.25, v2 = 0.999 * 0.00025 + 0.001 * 0.0625;
   double bc1 = 1 - 0.81, bc2 = 1 - 0.999 * 0.999;
   double p2 = p1 * (1 - 0.001) - (0.1 / bc1) * m2 / (std::sqrt(v2) / std::sqrt(bc2) + 1e-8);
@@ -31,16 +31,16 @@ TEST(AdamW, TwoStepsByHand) {
 TEST(Sgd, MomentumAndWeightDecayByHand) {
   // torch.optim.SGD(lr=0.1, momentum=0.9, weight_decay=0.1): buf = d at the first step.
   float p = 2.f, buf = 123.f, g1 = 1.f, g2 = -1.f;
-  cpu::sgd_step(&p, &g1, &buf, 1, 0.1f, 0.9f, 0.1f, true);
+  cpu::sgd_step(&p, &g1, &buf, nullptr, 1, 0.1f, 0.9f, 0.1f, true);
   double d1 = 1 + 0.1 * 2, p1 = 2 - 0.1 * d1;
   EXPECT_NEAR(buf, d1, 1e-6);
   EXPECT_NEAR(p, p1, 1e-6);
-  cpu::sgd_step(&p, &g2, &buf, 1, 0.1f, 0.9f, 0.1f, false);
+  cpu::sgd_step(&p, &g2, &buf, nullptr, 1, 0.1f, 0.9f, 0.1f, false);
   double d2 = -1 + 0.1 * p1, b2 = 0.9 * d1 + d2, p2 = p1 - 0.1 * b2;
   EXPECT_NEAR(buf, b2, 1e-6);
   EXPECT_NEAR(p, p2, 1e-6);
   float q = 1.f, g = 0.5f;  // momentum 0: plain p -= lr (g + wd p), no buffer touched
-  cpu::sgd_step(&q, &g, nullptr, 1, 0.2f, 0.f, 0.f, true);
+  cpu::sgd_step(&q, &g, nullptr, nullptr, 1, 0.2f, 0.f, 0.f, true);
   EXPECT_NEAR(q, 0.9, 1e-7);
 }
 

@@ -150,7 +150,7 @@ TEST(TransformerKernels, VocabularyShardsAddUpToTheWholeVocabulary) {
   std::vector<float> whole(static_cast<size_t>(rows * C)), a(whole.size()), b(whole.size());
   cpu::embedding_forward(tok.data(), wte.data(), wpe.data(), whole.data(), rows, C, T, 0, V);
   cpu::embedding_forward(tok.data(), wte.data(), wpe.data(), a.data(), rows, C, T, 0, split);
-  cpu::embedding_forward(tok.data(), wte.data() + split * C, nullptr, b.data(), rows, C, T, split, V - split);
+  cpu::embedding_forward(tok.data(), wte.data() + split * C, static_cast<const float*>(nullptr), b.data(), rows, C, T, split, V - split);
   for (size_t i = 0; i < whole.size(); ++i) EXPECT_EQ(a[i] + b[i], whole[i]) << i;
 
   auto logits = randn(static_cast<size_t>(rows * V), 13);

@@ -34,15 +34,6 @@ double Backend::mark_seconds(int64_t mark) {
 }
 void Backend::clear_marks() { host_marks_->t.clear(); }
 
-const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::bf16: return "bf16";
-    case Precision::tf32: return "tf32";
-  }
-  return "?";
-}
-
 int64_t rows_of(const Tensor& t) { return t.ndim() == 0 ? 1 : t.size(0); }
 int64_t cols_of(const Tensor& t) {
   int64_t cols = 1;
@@ -110,6 +101,14 @@ class Check {
 };
 
 }  // namespace
+
+void Backend::upload_f32(Tensor& dst, const float* host_src) {
+  Check(*this, "upload_f32").tensor(dst, "dst", kFloat);
+  if (dst.dtype() == DType::f32) return upload(dst, host_src);
+  std::vector<bf16> rounded(static_cast<size_t>(dst.numel()));
+  for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = f32_to_bf16(host_src[i]);
+  upload(dst, rounded.data());
+}
 
 void Backend::copy(Tensor& dst, const Tensor& src) {
   Check c(*this, "copy");

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "core/precision.hpp"
 #include "core/tensor.hpp"
 
 namespace relay {
@@ -18,11 +19,22 @@ namespace relay {
 // gelu is the exact erf form, as torch.nn.GELU(); gelu_tanh is GPT-2's tanh approximation,
 // torch.nn.GELU(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 enum class Activation { relu, gelu, tanh, gelu_tanh };
-// The training precision (train.precision), parsed once from the config:
-//   fp32: float32 storage and math;
-//   bf16: bfloat16 activations and working weights, float32 master weights, optimizer state, weight
-//         gradients, statistics and GEMM accumulation (llm.c's and Megatron-LM's mixed precision);
-//   tf32: float32 storageclass Backend : public Allocator {
+// Hyperparameters stay double, as torch's Python scalars do; kernels derive their float constants
+// (1 - beta2, lr / bias correction, ...) in double first, so they round exactly as torch's do.
+struct AdamWArgs {  // torch.optim.AdamW
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1 on the first update (bias correction)
+};
+struct SgdArgs {  // torch.optim.SGD, dampening 0, nesterov false
+  double lr, momentum, weight_decay;
+  bool first_step;  // the momentum buffer is initialised to the first gradient, as torch does
+};
+
+namespace detail {
+struct HostMarks;  // the host clock's timing marks (backend.cpp)
+}
+
+class Backend : public Allocator {
  public:
   Backend();
   ~Backend() override;
@@ -38,6 +50,8 @@ enum class Activation { relu, gelu, tanh, gelu_tanh };
   virtual std::shared_ptr<std::byte> allocate_host(size_t bytes) = 0;
   virtual void upload(Tensor& dst, const void* host_src) = 0;      // dst.bytes() bytes
   virtual void download(void* host_dst, const Tensor& src) = 0;    // src.bytes() bytes; synchronous
+  // dst.numel() floats from the host into a float tensor of either dtype (rounded to bf16 on the host).
+  void upload_f32(Tensor& dst, const float* host_src);
   void copy(Tensor& dst, const Tensor& src);                       // any dtype; same numel and dtype
   void fill(Tensor& x, float value);                               // float or i32
   // dst = src rounded to dst's dtype (float -> float: f32 <-> bf16, or a copy); same numel.
@@ -207,21 +221,6 @@ enum class Activation { relu, gelu, tanh, gelu_tanh };
 // scalar or vector is one column. Every backend and the front door use these two.
 int64_t rows_of(const Tensor& t);
 int64_t cols_of(const Tensor& t);
-
- kcache, vcache (n, Tmax, C): row t of each is overwritten with this k, v,
-  // then out (n, C) = causal attention of q over cached positions [0, t].
-  virtual void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
-                                Tensor& out) = 0;
-
-  // --- optimizers (exact torch.optim update rules) --------------------------------------------
-  virtual void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
-                          const AdamWArgs& args) = 0;
-  // momentum_buffer is undefined when momentum == 0.
-  virtual void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args) = 0;
-
- private:
-  std::unique_ptr<detail::HostMarks> host_marks_;
-};
 
 struct BackendOptions {
   Device device = Device::cpu;

@@ -39,7 +39,12 @@ void CpuBackend::set_precision(Precision p) {
   if (p == Precision::tf32)
     throw Error("train.precision = \"tf32\" is a CUDA mode (TF32 tensor-core GEMMs); the CPU backend has no TF32. "
                 "Use train.precision = \"fp32\" or \"bf16\"");
-  if (p == Precision::bf16) cpu::check_bf16_matmul();  // a clear error on a CPU oneDNN has no bf16 GEMM for
+  if (p == Precision::bf16) {  // a clear error now, on a CPU that oneDNN has no bf16 GEMM for
+    cpu::MatmulArgs probe;
+    probe.m = probe.n = probe.k = probe.lda = probe.ldb = probe.ldc = 16;
+    probe.ab_type = DType::bf16;
+    cpu::matmul_impl(probe, false);
+  }
 }
 
 std::shared_ptr<std::byte> CpuBackend::allocate(size_t bytes) {

@@ -31,6 +31,8 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--tokenizer-files", o.tokenizer_files, "GPT-2's vocab.json and merges.txt (tokenizer \"gpt2\")")
       ->expected(2);
   c->add_option("--device", o.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  c->add_option("--precision", o.precision, "fp32 | bf16 | tf32 (default: the run's train.precision)")
+      ->check(CLI::IsMember({"fp32", "bf16", "tf32"}));
   c->add_option("--tokens-out", o.tokens_out, "Also write prompt + generated token ids here (one line)");
   return c;
 }
@@ -58,7 +60,9 @@ std::vector<int32_t> read_token_ids(const std::string& path, int64_t vocab) {
 
 int run_generate_command(const GenerateOptions& o) {
   CheckpointReader reader(o.checkpoint);
-  const Config cfg = parse_config_text(reader.meta().config_toml, o.checkpoint + " (its config)");
+  const Config cfg = parse_config_text(reader.meta().config_toml, o.checkpoint + " (its config)",
+                                       o.precision.empty() ? std::vector<std::string>{}
+                                                           : std::vector<std::string>{"train.precision=\"" + o.precision + "\""});
   if (!cfg.model.is_gpt())
     throw Error(cat("--checkpoint ", o.checkpoint, " holds a model.type = \"", cfg.model.type,
                     "\" model; relay generate needs a GPT checkpoint"));
@@ -83,8 +87,9 @@ int run_generate_command(const GenerateOptions& o) {
   BackendOptions bo;
   bo.device = o.device == "cuda" ? Device::cuda : Device::cpu;
   bo.threads = std::max(1u, std::thread::hardware_concurrency());
+  bo.precision = cfg.train.precision;
   auto be = make_backend(bo);
-  ParamStore store(*be, cfg.model.seed);
+  ParamStore store(*be, cfg.model.seed, 1, 0, compute_dtype(cfg.train.precision));
   std::vector<float> buf;
   for (const BlockSpec& b : make_model_spec(cfg, 0).blocks)
     for (const ParamSpec& p : b.params) {
@@ -93,6 +98,7 @@ int run_generate_command(const GenerateOptions& o) {
       buf.resize(static_cast<size_t>(shape_numel(p.shape)));
       reader.read("model/" + p.name, p.shape, buf.data());
       be->upload(param->value, buf.data());
+      param->refresh_work(*be);
     }
   GptGenerator gen(*be, cfg, store);
   SamplingOptions so;

@@ -37,11 +37,12 @@ struct LayerTimes { double f = 0, b = 0, w = 0; };
 
 // Times one block on this machine's CPU at the micro-batch size (median-free: mean of a few repeats).
 LayerTimes time_block(Backend& be, const BlockSpec& spec, int64_t rows) {
-  ParamStore store(be, 1);
+  ParamStore store(be, 1, 1, 0, spec.dtype);
   auto layer = make_block(spec, store);
   const bool tokens = spec.in == 0;
-  Tensor x = tokens ? Tensor(be, {rows}, DType::i32) : Tensor(be, {rows, spec.in});
-  Tensor y(be, {rows, spec.out}), dy(be, {rows, spec.out}), dx(be, {rows, std::max<int64_t>(1, spec.in)});
+  const DType dt = spec.dtype;
+  Tensor x = tokens ? Tensor(be, {rows}, DType::i32) : Tensor(be, {rows, spec.in}, dt);
+  Tensor y(be, {rows, spec.out}, dt), dy(be, {rows, spec.out}, dt), dx(be, {rows, std::max<int64_t>(1, spec.in)}, dt);
   std::vector<float> h(static_cast<size_t>(rows * std::max(spec.in, spec.out)));
   Rng rng(7, static_cast<uint64_t>(spec.index));
   for (auto& v : h) v = float(rng.normal());
@@ -49,9 +50,9 @@ LayerTimes time_block(Backend& be, const BlockSpec& spec, int64_t rows) {
     std::vector<int32_t> ids(static_cast<size_t>(rows), 0);
     be.upload(x, ids.data());
   } else {
-    be.upload(x, h.data());
+    be.upload_f32(x, h.data());
   }
-  be.upload(dy, h.data());
+  be.upload_f32(dy, h.data());
   for (Param* p : store.all()) {
     p->grad = Tensor(be, p->value.shape());
     be.fill(p->grad, 0.f);

@@ -36,6 +36,7 @@ int run_data_inspect(const DataOptions& o);
 
 struct GenerateOptions {
   std::string checkpoint, prompt, prompt_tokens, device = "cpu", tokens_out;
+  std::string precision;  // "" = the run's train.precision
   int64_t max_new_tokens = 0, top_k = 0;
   double temperature = 1.0;
   uint64_t seed = 1;

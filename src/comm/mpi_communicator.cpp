@@ -9,7 +9,35 @@ namespace relay {
 
 namespace {
 
-MPI_Datatype mpi_type(DType dt) { return dt == DType::f32 ? MPI_FLOAT : MPI_INT32_T; }
+// MPI has no bfloat16: it travels as 16-bit words (never as float), and sums go through a user
+// reduction that adds in float and rounds each partial sum to bf16 (what an NCCL bf16 all-reduce does).
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::i32: return MPI_INT32_T;
+    case DType::bf16: return MPI_UINT16_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16* a = static_cast<const bf16*>(in);
+  bf16* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+MPI_Op mpi_op_of(ReduceOp op, DType dt) {
+  if (dt == DType::bf16) {
+    RELAY_ASSERT(op == ReduceOp::sum, "bfloat16 reductions are sums only");
+    static MPI_Op sum = [] {
+      MPI_Op o;
+      MPI_CHECK(MPI_Op_create(&bf16_sum, 1, &o));
+      return o;
+    }();
+    return sum;
+  }
+  return op == ReduceOp::sum ? MPI_SUM : op == ReduceOp::max ? MPI_MAX : MPI_MIN;
+}
 
 // One pending MPI request; for device tensors a host staging buffer, uploaded on completion of a receive.
 class MpiRequest final : public Request {
@@ -87,20 +115,18 @@ RequestPtr MpiCommunicator::irecv(Tensor& t, int peer, int tag) {
   return r;
 }
 
-MPI_Op mpi_op_of(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : op == ReduceOp::max ? MPI_MAX : MPI_MIN; }
-
 RequestPtr MpiCommunicator::iallreduce(Tensor& t, ReduceOp op) {
   int count = static_cast<int>(t.numel());
   if (t.device() == Device::cpu) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
     r->what = "a gradient all-reduce";
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count, mpi_type(t.dtype()), mpi_op_of(op), comm_, r->handle()));
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count, mpi_type(t.dtype()), mpi_op_of(op, t.dtype()), comm_, r->handle()));
     return r;
   }
   auto r = std::make_unique<MpiRequest>(be_, t, std::vector<std::byte>(t.bytes()));
   r->what = "a gradient all-reduce";
   be_.download(r->staging(), t);
-  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, r->staging(), count, mpi_type(t.dtype()), mpi_op_of(op), comm_, r->handle()));
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, r->staging(), count, mpi_type(t.dtype()), mpi_op_of(op, t.dtype()), comm_, r->handle()));
   return r;
 }
 
@@ -111,7 +137,7 @@ RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
   if (in.device() == Device::cpu) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
     r->what = "a gradient reduce-scatter";
-    MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, mpi_type(in.dtype()), MPI_SUM, comm_, r->handle()));
+    MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
     return r;
   }
   // Staged: the whole input then the result share one host buffer (input first).
@@ -120,7 +146,7 @@ RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
   auto r = std::make_unique<MpiRequest>(be_, out, std::move(host), -1, in.bytes());
   r->what = "a gradient reduce-scatter";
   auto* base = static_cast<std::byte*>(r->staging()) - in.bytes();
-  MPI_CHECK(MPI_Ireduce_scatter_block(base, r->staging(), count, mpi_type(in.dtype()), MPI_SUM, comm_, r->handle()));
+  MPI_CHECK(MPI_Ireduce_scatter_block(base, r->staging(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
   return r;
 }
 
@@ -159,7 +185,7 @@ void MpiCommunicator::broadcast(Tensor& t, int root) {
 }
 
 void MpiCommunicator::allreduce_host(double* values, int count, ReduceOp op, const std::string& what) {
-  MPI_Op mop = mpi_op_of(op);
+  MPI_Op mop = mpi_op_of(op, DType::f32);
   MPI_Request req;
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, mop, comm_, &req));
   watchdog_wait(&req, what);

@@ -23,7 +23,14 @@ namespace {
 constexpr int kIdTag = 7301;        // MPI tags on this communicator's private MPI_Comm_dup
 constexpr int kTagCheckTag = 7302;
 
-ncclDataType_t nccl_type(const Tensor& t) { return t.dtype() == DType::i32 ? ncclInt32 : ncclFloat32; }
+ncclDataType_t nccl_type(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::i32: return ncclInt32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f32: break;
+  }
+  return ncclFloat32;
+}
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {

@@ -16,6 +16,15 @@
 namespace relay {
 
 namespace {
+// Spellings of the enums, in enum order (Section::enum_choice, to_toml).
+constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "tf32"};
+constexpr const char* kGradReduceNames[] = {"fp32", "bf16"};
+}  // namespace
+
+const char* precision_name(Precision p) { return kPrecisionNames[static_cast<size_t>(p)]; }
+const char* grad_reduce_name(GradReduce g) { return kGradReduceNames[static_cast<size_t>(g)]; }
+
+namespace {
 
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
@@ -81,6 +90,14 @@ class Section {
   void choice(const std::string& key, std::string& out, const std::set<std::string>& allowed) const {
     str(key, out);
     if (!allowed.count(out)) fail(key, cat("must be one of ", join(allowed), ", got \"", out, "\""));
+  }
+  // A choice parsed into its enum: names[i] is the spelling of E(i).
+  template <typename E, size_t N>
+  void enum_choice(const std::string& key, E& out, const char* const (&names)[N]) const {
+    std::string v = names[static_cast<size_t>(out)];
+    choice(key, v, std::set<std::string>(std::begin(names), std::end(names)));
+    for (size_t i = 0; i < N; ++i)
+      if (v == names[i]) out = static_cast<E>(i);
   }
   static std::string join(const std::set<std::string>& s) {
     std::string r;
@@ -255,7 +272,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   train.integer("eval_every", c.train.eval_every, 0, INT64_MAX);
   train.real("clip_grad_norm", c.train.clip_grad_norm, 0, 1e30);
   train.choice("device", c.train.device, {"cpu", "cuda", "auto"});
-  train.choice("precision", c.train.precision, {"fp32", "bf16"});
+  train.enum_choice("precision", c.train.precision, kPrecisionNames);
   train.integer("threads", c.train.threads, 0, 4096);
   train.str("time_limit", c.train.time_limit);
   train.choice("recompute", c.train.recompute, {"none", "blocks"});
@@ -291,7 +308,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     lrs.fail("min_lr", cat("must be <= optimizer.lr (", c.optimizer.lr, "), got ", c.lr_schedule.min_lr));
 
   Section par(tab("parallel"), "parallel", source,
-              {"dp", "pp", "tp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "timeout"});
+              {"dp", "pp", "tp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "grad_reduce", "timeout"});
   par.integer("dp", c.parallel.dp, 1, 1 << 20);
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
   par.integer("tp", c.parallel.tp, 1, 1 << 12);
@@ -299,6 +316,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.integer("virtual_stages", c.parallel.virtual_stages, 1, 1024);
   par.real("bucket_mb", c.parallel.bucket_mb, 0, 1e6, true);
   par.choice("comm", c.parallel.comm, {"auto", "nccl", "mpi"});
+  par.enum_choice("grad_reduce", c.parallel.grad_reduce, kGradReduceNames);
   par.str("timeout", c.parallel.timeout);
   if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, source + ": parallel.timeout");
   if (c.parallel.tp > 1) {
@@ -392,7 +410,7 @@ std::string Config::to_toml() const {
   o << "[train]\nsteps = " << train.steps << "\nbatch_size = " << train.batch_size
     << "\nmicro_batches = " << train.micro_batches << "\nlog_every = " << train.log_every
     << "\neval_every = " << train.eval_every << "\nclip_grad_norm = " << num(train.clip_grad_norm)
-    << "\ndevice = " << q(train.device) << "\nprecision = " << q(train.precision) << "\nthreads = " << train.threads
+    << "\ndevice = " << q(train.device) << "\nprecision = " << q(precision_name(train.precision)) << "\nthreads = " << train.threads
     << "\nrecompute = " << q(train.recompute) << "\n";
   if (!train.time_limit.empty()) o << "time_limit = " << q(train.time_limit) << "\n";
   o << "\n[optimizer]\nname = " << q(optimizer.name) << "\nlr = " << num(optimizer.lr) << "\nbetas = ["
@@ -408,7 +426,8 @@ std::string Config::to_toml() const {
     for (size_t i = 0; i < parallel.balance.size(); ++i) o << (i ? ", " : "") << parallel.balance[i];
     o << "]\n";
   }
-  o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm) << "\ntimeout = "
+  o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm)
+    << "\ngrad_reduce = " << q(grad_reduce_name(parallel.grad_reduce)) << "\ntimeout = "
     << q(parallel.timeout) << "\n\n";
   if (trace.on()) o << "[trace]\nsteps = [" << trace.first << ", " << trace.last << "]\n\n";
   o << "[checkpoint]\ndir = " << q(checkpoint.dir) << "\nevery = " << checkpoint.every << "\nkeep = " << checkpoint.keep

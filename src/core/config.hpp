@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/precision.hpp"
+
 namespace relay {
 
 struct LayerConfig {        // one entry of model.layers
@@ -44,7 +46,7 @@ struct Config {
     int64_t eval_every = 0;     // 0 = only at the end
     double clip_grad_norm = 0;  // 0 = off
     std::string device = "cpu";     // cpu | cuda | auto
-    std::string precision = "fp32"; // fp32 | bf16 (cuda)
+    Precision precision = Precision::fp32;  // fp32 | bf16 | tf32 (cuda)
     int64_t threads = 0;            // CPU threads per rank; 0 = the cores given to this rank
     std::string time_limit;         // e.g. "3h50m"; empty = none
     std::string recompute = "none"; // none | blocks: keep only each transformer block's input, recompute in backward
@@ -71,6 +73,7 @@ struct Config {
     std::vector<int64_t> balance;   // layers per chunk; empty = balanced by FLOPs
     double bucket_mb = 25.0;
     std::string comm = "auto";      // auto | nccl | mpi
+    GradReduce grad_reduce = GradReduce::fp32;  // the gradient all-reduce / reduce-scatter wire type
     std::string timeout = "10m";    // progress watchdog; "0" = off
   } parallel;
   struct Trace {

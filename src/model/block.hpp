@@ -30,7 +30,16 @@ struct BlockSpec {
   int64_t seq_len = 1;      // T: rows per sequence (GPT), 1 for the MLP
   bool bias = true;         // transformer, head: Linear and LayerNorm biases
   bool starts_unit = true;  // a stage may begin here (false for an MLP's parameter-free layer)
+  DType dtype = DType::f32; // activations, their gradients and working weights (train.precision)
 };
+
+// One buffer a block keeps per micro-batch: its shape and dtype (statistics stay f32 under bf16).
+struct BufferSpec {
+  Shape shape;
+  DType dtype = DType::f32;
+};
+// The buffers of specs, allocated.
+void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, std::vector<Tensor>& out);
 
 // Tensors one block keeps for one micro-batch in flight (its input is kept by the chunk).
 struct BlockSaved {

@@ -12,7 +12,7 @@ std::unique_ptr<Block> make_mlp_block(const BlockSpec& spec, std::vector<Param*>
 std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*> params,  // gpt_blocks.cpp
                                       const TensorParallel& tp);
 // The shapes a block's allocate_saved makes for `rows` rows at tensor-parallel size tp (memory plans).
-std::vector<Shape> gpt_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
-std::vector<Shape> mlp_saved_shapes(const BlockSpec& spec, int64_t rows);
+std::vector<BufferSpec> gpt_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
+std::vector<BufferSpec> mlp_saved_shapes(const BlockSpec& spec, int64_t rows);
 
 }  // namespace relay

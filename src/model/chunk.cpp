@@ -41,11 +41,12 @@ ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
   if (s >= slots_.size()) slots_.resize(s + 1);
   if (static_cast<size_t>(mb) >= boundaries_.size()) boundaries_.resize(static_cast<size_t>(mb) + 1);
   MemoryScope scope(MemKind::activations);
+  const DType dt = blocks_.front()->spec().dtype;  // activations and their gradients
   Boundary& bd = boundaries_[static_cast<size_t>(mb)];
   if (bd.capacity < rows) {
     bd.capacity = rows;
-    if (!is_last_) bd.out = Tensor(be_, {rows, out_width()});
-    if (!is_first_) bd.in_grad = Tensor(be_, {rows, in_width()});
+    if (!is_last_) bd.out = Tensor(be_, {rows, out_width()}, dt);
+    if (!is_first_) bd.in_grad = Tensor(be_, {rows, in_width()}, dt);
   }
   Slot& sl = slots_[s];
   if (sl.capacity < rows) {  // first use (or a larger eval batch): allocate once, reuse afterwards
@@ -53,19 +54,19 @@ ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
     sl.acts.assign(L + 1, Tensor());
     sl.grads.assign(L + 1, Tensor());
     sl.saved.assign(L, BlockSaved());
-    sl.acts[0] = in_width() == 0 ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {rows, in_width()});
+    sl.acts[0] = in_width() == 0 ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {rows, in_width()}, dt);
     for (size_t k = 0; k < L; ++k) {
       const int64_t w = blocks_[k]->out_width();
       const bool boundary = k + 1 == L && !is_last_;  // the output sent on lives in the micro-batch's buffer
-      if (!boundary) sl.acts[k + 1] = Tensor(be_, {rows, w});
-      sl.grads[k + 1] = (k + 1 == L && alias_output_grad_) ? sl.acts[k + 1] : Tensor(be_, {rows, w});
+      if (!boundary) sl.acts[k + 1] = Tensor(be_, {rows, w}, dt);
+      sl.grads[k + 1] = (k + 1 == L && alias_output_grad_) ? sl.acts[k + 1] : Tensor(be_, {rows, w}, dt);
       if (!recomputed_[k]) blocks_[k]->allocate_saved(be_, rows, sl.saved[k]);
     }
     if (scratch_rows_ < rows) {  // every recomputed block sizes the one scratch set (they share shapes)
       for (size_t k = 0; k < L; ++k)
         if (recomputed_[k]) {
           blocks_[k]->allocate_saved(be_, rows, scratch_);
-          scratch_out_ = Tensor(be_, {rows, blocks_[k]->out_width()});
+          scratch_out_ = Tensor(be_, {rows, blocks_[k]->out_width()}, dt);
         }
       scratch_rows_ = rows;
     }

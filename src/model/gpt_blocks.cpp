@@ -3,6 +3,10 @@
 // and a 4x GELU-tanh MLP, each with a residual) and the head (ln_f, then logits against the token
 // embedding when tied). Rows are tokens: a micro-batch of S sequences of T tokens has S*T rows.
 //
+// Attention is FlashAttention-2's (arXiv:2307.08691): the T x T probabilities are never stored, only each
+// query row's log-sum-exp (B, H, T). Under train.precision = "bf16" activations and the working weights
+// are bf16; LayerNorm statistics and the log-sum-exp stay f32, weight gradients accumulate in f32.
+//
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) with tp ranks: each rank holds H/tp heads of the
 // attention (QKV column-parallel, the output projection row-parallel) and 4C/tp of the MLP's hidden
 // units (c_fc column-parallel, c_proj row-parallel); one all-reduce after each row-parallel projection
@@ -28,7 +32,7 @@ class Embedding final : public Block {
         vocab_start_(tp_begin(params_[0]->full_shape[0], tp.size, tp.rank)) {}
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
     const Tensor none;
-    be.embedding_forward(x, param(0).value, tp_.rank == 0 ? param(1).value : none, spec_.seq_len, y, vocab_start_);
+    be.embedding_forward(x, param(0).compute(), tp_.rank == 0 ? param(1).compute() : none, spec_.seq_len, y, vocab_start_);
     tp_.allreduce_sum(y, "the embedding all-reduce");  // (n, C)
   }
   void backward_input(Backend&, const Tensor&, const Tensor&, Tensor&, BlockSaved&) override {
@@ -69,7 +73,7 @@ TransformerParams transformer_params(const std::vector<Param*>& p, bool bias) {
 }
 
 // LayerNorm without a bias (model.bias = false) uses a zero beta that is never trained.
-const Tensor& beta_or_zero(const Param* b, const Tensor& zero) { return b ? b->value : zero; }
+const Tensor& beta_or_zero(const Param* b, const Tensor& zero) { return b ? b->compute() : zero; }
 
 // y = x + proj(attn(ln_1(x))); out = y + mproj(gelu(fc(ln_2(y)))). x, out (n, C).
 class Transformer final : public Block {
@@ -80,36 +84,36 @@ class Transformer final : public Block {
 
   // saved.t: the forward's intermediates, then the backward-input's gradients that backward-weight reads.
   // Widths are this tp rank's: Cl = C / tp (its H / tp heads), 4 Cl hidden units.
-  enum : size_t { kLn1, kMean1, kRstd1, kQkv, kAtt, kAtty, kRes1, kLn2, kMean2, kRstd2, kFch, kFcg,
+  // kLse: the attention's log-sum-exp per (sequence, head, query), the only attention state kept.
+  enum : size_t { kLn1, kMean1, kRstd1, kQkv, kLse, kAtty, kRes1, kLn2, kMean2, kRstd2, kFch, kFcg,
                   kGRes1, kGFch, kGLn2, kGQkv, kGLn1, kCount };
-  static std::vector<Shape> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
+  static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
     const int64_t C = spec.in, T = spec.seq_len, H = spec.n_head / tp, B = n / T, Cl = C / tp;
-    std::vector<Shape> s(kCount);
-    s[kLn1] = {n, C};
-    s[kMean1] = {n};
-    s[kRstd1] = {n};
-    s[kQkv] = {n, 3 * Cl};
-    s[kAtt] = {B, H, T, T};
-    s[kAtty] = {n, Cl};
-    s[kRes1] = {n, C};
-    s[kLn2] = {n, C};
-    s[kMean2] = {n};
-    s[kRstd2] = {n};
-    s[kFch] = {n, 4 * Cl};
-    s[kFcg] = {n, 4 * Cl};
-    s[kGRes1] = {n, C};
-    s[kGFch] = {n, 4 * Cl};
-    s[kGLn2] = {n, C};
-    s[kGQkv] = {n, 3 * Cl};
-    s[kGLn1] = {n, C};
+    const DType a = spec.dtype, f32 = DType::f32;
+    std::vector<BufferSpec> s(kCount);
+    s[kLn1] = {{n, C}, a};
+    s[kMean1] = {{n}, f32};
+    s[kRstd1] = {{n}, f32};
+    s[kQkv] = {{n, 3 * Cl}, a};
+    s[kLse] = {{B, H, T}, f32};
+    s[kAtty] = {{n, Cl}, a};
+    s[kRes1] = {{n, C}, a};
+    s[kLn2] = {{n, C}, a};
+    s[kMean2] = {{n}, f32};
+    s[kRstd2] = {{n}, f32};
+    s[kFch] = {{n, 4 * Cl}, a};
+    s[kFcg] = {{n, 4 * Cl}, a};
+    s[kGRes1] = {{n, C}, a};
+    s[kGFch] = {{n, 4 * Cl}, a};
+    s[kGLn2] = {{n, C}, a};
+    s[kGQkv] = {{n, 3 * Cl}, a};
+    s[kGLn1] = {{n, C}, a};
     return s;
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
-    const int64_t C = spec_.in;
-    s.t.clear();
-    for (const Shape& shape : saved_shapes(spec_, n, tp_.size)) s.t.emplace_back(be, shape);
+    allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s.t);
     if (!spec_.bias) {
-      zero_ = Tensor(be, {C});
+      zero_ = Tensor(be, {spec_.in}, spec_.dtype);
       be.fill(zero_, 0.f);
     }
   }
@@ -117,14 +121,14 @@ class Transformer final : public Block {
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
     const int64_t n = x.size(0), T = spec_.seq_len;
     auto v = [&](size_t k) { return view(s, k, n); };
-    Tensor ln1 = v(kLn1), mean1 = v(kMean1), rstd1 = v(kRstd1), qkv = v(kQkv), att = att_view(s, n), atty = v(kAtty);
+    Tensor ln1 = v(kLn1), mean1 = v(kMean1), rstd1 = v(kRstd1), qkv = v(kQkv), lse = lse_view(s, n), atty = v(kAtty);
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
-    be.layernorm_forward(x, p_.ln1_w->value, beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
+    be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
     linear(be, ln1, *p_.attn_w, p_.attn_b, qkv);                          // (n, 3Cl) column-parallel
-    be.attention_forward(qkv, n / T, T, H_, att, atty);                   // (n, Cl) this rank's heads
+    be.flash_attention_forward(qkv, n / T, T, H_, atty, lse);             // (n, Cl) this rank's heads
     row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (n, C)
     be.add(res1, x, res1);                                                // residual 1
-    be.layernorm_forward(res1, p_.ln2_w->value, beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
+    be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
     linear(be, ln2, *p_.fc_w, p_.fc_b, fch);                              // (n, 4Cl) column-parallel
     be.activation_forward(Activation::gelu_tanh, fch, fcg);
     row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (n, C)
@@ -135,19 +139,19 @@ class Transformer final : public Block {
     const int64_t n = x.size(0), T = spec_.seq_len;
     auto v = [&](size_t k) { return view(s, k, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
-    be.matmul(dy, false, p_.mproj_w->value, false, g_fch, 1.f, 0.f);                 // (n, 4Cl) d gelu out
+    be.matmul(dy, false, p_.mproj_w->compute(), false, g_fch, 1.f, 0.f);                 // (n, 4Cl) d gelu out
     be.activation_backward(Activation::gelu_tanh, v(kFch), g_fch, g_fch);            // (n, 4Cl) d fc out
-    be.matmul(g_fch, false, p_.fc_w->value, false, g_ln2, 1.f, 0.f);                 // (n, C) d ln_2 out, partial
+    be.matmul(g_fch, false, p_.fc_w->compute(), false, g_ln2, 1.f, 0.f);                 // (n, C) d ln_2 out, partial
     tp_.allreduce_sum(g_ln2, "the MLP input-gradient all-reduce");                    // (n, C) whole
     Tensor tmp = g_ln1;                                                               // (n, C) scratch
-    be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->value, v(kMean2), v(kRstd2), tmp);
+    be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (n, C) d res1
     Tensor g_atty = g_ln1.view({n * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
-    be.matmul(g_res1, false, p_.proj_w->value, false, g_atty, 1.f, 0.f);             // (n, Cl) d atty
-    be.attention_backward(g_atty, v(kQkv), att_view(s, n), n / T, T, H_, g_qkv);     // (n, 3Cl)
-    be.matmul(g_qkv, false, p_.attn_w->value, false, g_ln1, 1.f, 0.f);              // (n, C) d ln_1 out, partial
+    be.matmul(g_res1, false, p_.proj_w->compute(), false, g_atty, 1.f, 0.f);             // (n, Cl) d atty
+    be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv);  // (n, 3Cl)
+    be.matmul(g_qkv, false, p_.attn_w->compute(), false, g_ln1, 1.f, 0.f);              // (n, C) d ln_1 out, partial
     tp_.allreduce_sum(g_ln1, "the attention input-gradient all-reduce");              // (n, C) whole
-    be.layernorm_backward_input(g_ln1, x, p_.ln1_w->value, v(kMean1), v(kRstd1), dx);
+    be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                           // residual 1
   }
 
@@ -164,17 +168,17 @@ class Transformer final : public Block {
 
  private:
   static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, n); }
-  Tensor att_view(BlockSaved& s, int64_t n) const { return s.t[kAtt].rows(0, n / spec_.seq_len); }
+  Tensor lse_view(BlockSaved& s, int64_t n) const { return s.t[kLse].rows(0, n / spec_.seq_len); }
   // y (n, out) = x (n, in) @ W^T (+ b)
   static void linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y) {
-    be.matmul(x, false, w.value, true, y, 1.f, 0.f);
-    if (b) be.add_bias(y, b->value);
+    be.matmul(x, false, w.compute(), true, y, 1.f, 0.f);
+    if (b) be.add_bias(y, b->compute());
   }
   // Row-parallel: y (n, out) = sum over tp of x_r (n, in/tp) @ W_r^T, then the replicated bias.
   void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* what) {
-    be.matmul(x, false, w.value, true, y, 1.f, 0.f);
+    be.matmul(x, false, w.compute(), true, y, 1.f, 0.f);
     tp_.allreduce_sum(y, what);
-    if (b) be.add_bias(y, b->value);
+    if (b) be.add_bias(y, b->compute());
   }
   // dW (out, in) += dy^T @ x; db (out) += colsum(dy)
   static void linear_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w, Param* b) {
@@ -186,7 +190,7 @@ class Transformer final : public Block {
     if (b) {
       be.layernorm_backward_weight(dy, x, mean, rstd, w.grad, b->grad);
     } else {  // the beta gradient goes to a scratch vector that no optimizer sees
-      if (!dbeta_scratch_.defined()) dbeta_scratch_ = Tensor(be, {spec_.in});
+      if (!dbeta_scratch_.defined()) dbeta_scratch_ = Tensor(be, {spec_.in});  // f32, as gradients are
       be.layernorm_backward_weight(dy, x, mean, rstd, w.grad, dbeta_scratch_);
     }
   }
@@ -210,15 +214,15 @@ class Head final : public Block {
     w_ = params_.back();
   }
   int64_t out_width() const override { return w_->value.size(0); }
-  static std::vector<Shape> saved_shapes(const BlockSpec& spec, int64_t n) {
-    return {{n, spec.in}, {n}, {n}, {n, spec.in}};  // ln_f out, mean, rstd, d ln_f out
+  static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n) {
+    const DType a = spec.dtype, f32 = DType::f32;
+    return {{{n, spec.in}, a}, {{n}, f32}, {{n}, f32}, {{n, spec.in}, a}};  // ln_f out, mean, rstd, d ln_f out
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     const int64_t C = spec_.in;
-    s.t.clear();
-    for (const Shape& shape : saved_shapes(spec_, n)) s.t.emplace_back(be, shape);
+    allocate_buffers(be, saved_shapes(spec_, n), s.t);
     if (!spec_.bias) {
-      zero_ = Tensor(be, {C});
+      zero_ = Tensor(be, {C}, spec_.dtype);
       be.fill(zero_, 0.f);
       dbeta_scratch_ = Tensor(be, {C});
     }
@@ -226,15 +230,15 @@ class Head final : public Block {
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
     const int64_t n = x.size(0);
     Tensor lnf = s.t[0].rows(0, n), mean = s.t[1].rows(0, n), rstd = s.t[2].rows(0, n);
-    be.layernorm_forward(x, ln_w_->value, beta_or_zero(ln_b_, zero_), float(spec_.eps), lnf, mean, rstd);
-    be.matmul(lnf, false, w_->value, true, y, 1.f, 0.f);  // (n, C) @ (C, Vl): this rank's vocabulary columns
+    be.layernorm_forward(x, ln_w_->compute(), beta_or_zero(ln_b_, zero_), float(spec_.eps), lnf, mean, rstd);
+    be.matmul(lnf, false, w_->compute(), true, y, 1.f, 0.f);  // (n, C) @ (C, Vl): this rank's vocabulary columns
   }
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
     const int64_t n = x.size(0);
     Tensor g = s.t[3].rows(0, n);
-    be.matmul(dy, false, w_->value, false, g, 1.f, 0.f);  // (n, Vl) @ (Vl, C), partial over tp
+    be.matmul(dy, false, w_->compute(), false, g, 1.f, 0.f);  // (n, Vl) @ (Vl, C), partial over tp
     tp_.allreduce_sum(g, "the head's input-gradient all-reduce");  // (n, C)
-    be.layernorm_backward_input(g, x, ln_w_->value, s.t[1].rows(0, n), s.t[2].rows(0, n), dx);
+    be.layernorm_backward_input(g, x, ln_w_->compute(), s.t[1].rows(0, n), s.t[2].rows(0, n), dx);
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t n = x.size(0);
@@ -251,7 +255,7 @@ class Head final : public Block {
 
 }  // namespace
 
-std::vector<Shape> gpt_saved_shapes(const BlockSpec& spec, int64_t rows, int tp) {
+std::vector<BufferSpec> gpt_saved_shapes(const BlockSpec& spec, int64_t rows, int tp) {
   switch (spec.kind) {
     case BlockKind::transformer: return Transformer::saved_shapes(spec, rows, tp);
     case BlockKind::head: return Head::saved_shapes(spec, rows);

@@ -10,22 +10,24 @@ namespace relay {
 
 GptGenerator::GptGenerator(Backend& be, const Config& cfg, ParamStore& store) : be_(be), m_(cfg.model), store_(store) {
   const int64_t C = m_.n_embd, T = m_.block_size, V = m_.vocab_size;
+  const DType dt = compute_dtype(cfg.train.precision);  // activations follow the run's precision
   for (int64_t l = 0; l < m_.n_layer; ++l) {
-    kcache_.emplace_back(be, Shape{1, T, C});
-    vcache_.emplace_back(be, Shape{1, T, C});
+    kcache_.emplace_back(be, Shape{1, T, C}, dt);
+    vcache_.emplace_back(be, Shape{1, T, C}, dt);
   }
   tok_ = Tensor(be, {1}, DType::i32);
-  x_ = Tensor(be, {1, C});          // the residual stream
-  ln_ = Tensor(be, {1, C});
+  x_ = Tensor(be, {1, C}, dt);          // the residual stream
+  ln_ = Tensor(be, {1, C}, dt);
   mean_ = Tensor(be, {1});
   rstd_ = Tensor(be, {1});
-  qkv_ = Tensor(be, {1, 3 * C});
-  atty_ = Tensor(be, {1, C});
-  y_ = Tensor(be, {1, C});
-  fc_ = Tensor(be, {1, 4 * C});
-  fcg_ = Tensor(be, {1, 4 * C});
-  logits_ = Tensor(be, {1, V});
-  zero_ = Tensor(be, {C});
+  qkv_ = Tensor(be, {1, 3 * C}, dt);
+  atty_ = Tensor(be, {1, C}, dt);
+  y_ = Tensor(be, {1, C}, dt);
+  fc_ = Tensor(be, {1, 4 * C}, dt);
+  fcg_ = Tensor(be, {1, 4 * C}, dt);
+  logits_ = Tensor(be, {1, V}, dt);
+  logits_f32_ = Tensor(be, {1, V});
+  zero_ = Tensor(be, {C}, dt);
   be.fill(zero_, 0.f);
 }
 
@@ -38,16 +40,16 @@ Param& GptGenerator::p(const std::string& name) {
 const std::vector<float>& GptGenerator::step(int32_t tok, int64_t t) {
   const float eps = 1e-5f;
   be_.upload(tok_, &tok);
-  Tensor wpe_t = p("transformer.wpe.weight").value.rows(t, 1);  // (1, C): position t
-  be_.embedding_forward(tok_, p("transformer.wte.weight").value, wpe_t, 1, x_);
-  auto bias = [&](const std::string& n) -> const Tensor* { return m_.bias ? &p(n).value : nullptr; };
+  Tensor wpe_t = p("transformer.wpe.weight").compute().rows(t, 1);  // (1, C): position t
+  be_.embedding_forward(tok_, p("transformer.wte.weight").compute(), wpe_t, 1, x_);
+  auto bias = [&](const std::string& n) -> const Tensor* { return m_.bias ? &p(n).compute() : nullptr; };
   auto linear = [&](const Tensor& in, const std::string& w, const std::string& b, Tensor& out) {
-    be_.matmul(in, false, p(w).value, true, out, 1.f, 0.f);
-    if (m_.bias) be_.add_bias(out, p(b).value);
+    be_.matmul(in, false, p(w).compute(), true, out, 1.f, 0.f);
+    if (m_.bias) be_.add_bias(out, p(b).compute());
   };
   auto layernorm = [&](const Tensor& in, const std::string& pre, Tensor& out) {
     const Tensor* b = bias(pre + ".bias");
-    be_.layernorm_forward(in, p(pre + ".weight").value, b ? *b : zero_, eps, out, mean_, rstd_);
+    be_.layernorm_forward(in, p(pre + ".weight").compute(), b ? *b : zero_, eps, out, mean_, rstd_);
   };
   for (int64_t l = 0; l < m_.n_layer; ++l) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
@@ -64,9 +66,10 @@ const std::vector<float>& GptGenerator::step(int32_t tok, int64_t t) {
   }
   layernorm(x_, "transformer.ln_f", ln_);
   const std::string head = m_.tie_embeddings ? "transformer.wte.weight" : "lm_head.weight";
-  be_.matmul(ln_, false, p(head).value, true, logits_, 1.f, 0.f);  // (1, V)
+  be_.matmul(ln_, false, p(head).compute(), true, logits_, 1.f, 0.f);  // (1, V)
+  be_.convert(logits_, logits_f32_);
   host_logits_.resize(static_cast<size_t>(m_.vocab_size));
-  be_.download(host_logits_.data(), logits_);
+  be_.download(host_logits_.data(), logits_f32_);
   return host_logits_;
 }
 

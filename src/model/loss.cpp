@@ -18,7 +18,7 @@ Loss::Slot& Loss::slot(int s, int64_t rows) {
   if (sl.capacity < rows) {
     MemoryScope scope(MemKind::activations);
     sl.capacity = rows;
-    sl.targets = kind_ == LossKind::cross_entropy ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {rows, width_});
+    sl.targets = kind_ == LossKind::cross_entropy ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {rows, width_}, dtype_);
     sl.losses = Tensor(be_, {rows});
     sl.predictions = Tensor(be_, {rows}, DType::i32);
     if (tp_.on()) {

@@ -16,8 +16,10 @@ class Loss {
  public:
   // width: this rank's columns. With tp.size > 1 (a vocabulary-parallel head) the logits are columns
   // [vocab_start, vocab_start + width) and the loss is Megatron-LM's vocabulary-parallel cross-entropy.
-  Loss(Backend& be, LossKind kind, int64_t width, TensorParallel tp = {}, int64_t vocab_start = 0)
-      : be_(be), kind_(kind), width_(width), tp_(tp), vocab_start_(vocab_start) {}
+  // dtype: the predictions' (the model's activations); mse targets are stored in it too.
+  Loss(Backend& be, LossKind kind, int64_t width, TensorParallel tp = {}, int64_t vocab_start = 0,
+       DType dtype = DType::f32)
+      : be_(be), kind_(kind), width_(width), tp_(tp), vocab_start_(vocab_start), dtype_(dtype) {}
   LossKind kind() const { return kind_; }
   // Targets buffer for a slot: i32 (rows) for cross_entropy, f32 (rows, width) for mse.
   Tensor targets(int slot, int64_t rows);
@@ -39,6 +41,7 @@ class Loss {
   Backend& be_;
   LossKind kind_;
   int64_t width_;
+  DType dtype_ = DType::f32;
   TensorParallel tp_;
   int64_t vocab_start_;
   std::vector<Slot> slots_;

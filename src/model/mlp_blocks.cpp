@@ -11,11 +11,11 @@ class Linear final : public Block {
  public:
   using Block::Block;
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
-    be.matmul(x, false, param(0).value, true, y, 1.f, 0.f);  // (rows, in) @ (in, out)
-    be.add_bias(y, param(1).value);
+    be.matmul(x, false, param(0).compute(), true, y, 1.f, 0.f);  // (rows, in) @ (in, out)
+    be.add_bias(y, param(1).compute());
   }
   void backward_input(Backend& be, const Tensor&, const Tensor& dy, Tensor& dx, BlockSaved&) override {
-    be.matmul(dy, false, param(0).value, false, dx, 1.f, 0.f);  // (rows, out) @ (out, in)
+    be.matmul(dy, false, param(0).compute(), false, dx, 1.f, 0.f);  // (rows, out) @ (out, in)
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved&) override {
     be.matmul(dy, true, x, false, param(0).grad, 1.f, 1.f);  // (out, rows) @ (rows, in), accumulated
@@ -40,17 +40,16 @@ class LayerNormBlock final : public Block {
  public:
   using Block::Block;
   void allocate_saved(Backend& be, int64_t rows, BlockSaved& s) override {
-    s.t.clear();
-    for (const Shape& shape : mlp_saved_shapes(spec_, rows)) s.t.emplace_back(be, shape);
+    allocate_buffers(be, mlp_saved_shapes(spec_, rows), s.t);
   }
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
     const int64_t n = x.size(0);
     Tensor mean = s.t[0].rows(0, n), rstd = s.t[1].rows(0, n);
-    be.layernorm_forward(x, param(0).value, param(1).value, float(spec_.eps), y, mean, rstd);
+    be.layernorm_forward(x, param(0).compute(), param(1).compute(), float(spec_.eps), y, mean, rstd);
   }
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
     const int64_t n = x.size(0);
-    be.layernorm_backward_input(dy, x, param(0).value, s.t[0].rows(0, n), s.t[1].rows(0, n), dx);
+    be.layernorm_backward_input(dy, x, param(0).compute(), s.t[0].rows(0, n), s.t[1].rows(0, n), dx);
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t n = x.size(0);
@@ -72,8 +71,8 @@ std::unique_ptr<Block> make_mlp_block(const BlockSpec& spec, std::vector<Param*>
   RELAY_ASSERT(false, "make_mlp_block: not an MLP block kind: " << block_kind_name(spec.kind));
 }
 
-std::vector<Shape> mlp_saved_shapes(const BlockSpec& spec, int64_t rows) {
-  if (spec.kind == BlockKind::layernorm) return {{rows}, {rows}};  // mean, rstd
+std::vector<BufferSpec> mlp_saved_shapes(const BlockSpec& spec, int64_t rows) {
+  if (spec.kind == BlockKind::layernorm) return {{{rows}}, {{rows}}};  // mean, rstd (f32)
   return {};
 }
 

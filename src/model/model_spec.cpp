@@ -138,15 +138,23 @@ ModelSpec gpt_spec(const Config& cfg) {
 }  // namespace
 
 ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
-  return cfg.model.is_gpt() ? gpt_spec(cfg) : mlp_spec(cfg, input_dim);
+  ModelSpec m = cfg.model.is_gpt() ? gpt_spec(cfg) : mlp_spec(cfg, input_dim);
+  for (BlockSpec& b : m.blocks) b.dtype = compute_dtype(cfg.train.precision);
+  return m;
+}
+
+void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, std::vector<Tensor>& out) {
+  out.clear();
+  for (const BufferSpec& b : specs) out.emplace_back(be, b.shape, b.dtype);
 }
 
 int64_t saved_bytes(const BlockSpec& spec, int64_t rows, int tp) {
   const bool gpt = spec.kind == BlockKind::embedding || spec.kind == BlockKind::transformer ||
                    spec.kind == BlockKind::head;
   int64_t n = 0;
-  for (const Shape& s : gpt ? gpt_saved_shapes(spec, rows, tp) : mlp_saved_shapes(spec, rows)) n += shape_numel(s);
-  return n * 4;
+  for (const BufferSpec& b : gpt ? gpt_saved_shapes(spec, rows, tp) : mlp_saved_shapes(spec, rows))
+    n += shape_numel(b.shape) * int64_t(dtype_size(b.dtype));
+  return n;
 }
 
 int64_t block_out_width(const BlockSpec& spec, int tp, int tp_rank) {

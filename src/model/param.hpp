@@ -30,11 +30,18 @@ struct ParamSpec {
 
 struct Param {
   std::string name;
-  Tensor value;  // fp32, this rank's shard of the torch shape (the whole of it when not split)
-  Tensor grad;   // same shape; storage owned by the gradient buckets (data_parallel)
+  Tensor value;  // fp32 master, this rank's shard of the torch shape (the whole of it when not split)
+  Tensor grad;   // fp32, same shape; storage owned by the gradient buckets (data_parallel)
   Shape full_shape;  // the torch shape
   TpSplit split{};
+  Tensor work;   // bf16 runs: the working copy forward and backward read (written by the optimizer)
   bool sharded() const { return value.numel() != shape_numel(full_shape); }
+  // What the model computes with: the bf16 working copy, or the fp32 value itself.
+  const Tensor& compute() const { return work.defined() ? work : value; }
+  // After value was written from outside the optimizer (initialisation, checkpoint, import).
+  void refresh_work(Backend& be) {
+    if (work.defined()) be.convert(value, work);
+  }
 };
 
 // 64-bit FNV-1a of a parameter name: the GPT initialisation stream.
@@ -45,8 +52,9 @@ std::vector<float> initial_values(const ParamSpec& spec, uint64_t model_seed);
 class ParamStore {
  public:
   // tp, tp_rank: this rank's place in its tensor-parallel group; a split parameter holds its shard.
-  ParamStore(Backend& be, uint64_t model_seed, int tp = 1, int tp_rank = 0)
-      : be_(be), seed_(model_seed), tp_(tp), tp_rank_(tp_rank) {}
+  // work_dtype bf16: every Param gets a bf16 working copy (mixed precision).
+  ParamStore(Backend& be, uint64_t model_seed, int tp = 1, int tp_rank = 0, DType work_dtype = DType::f32)
+      : be_(be), seed_(model_seed), tp_(tp), tp_rank_(tp_rank), work_dtype_(work_dtype) {}
   // This rank's Param for the spec: created and initialised (the whole tensor's initial values, then
   // this rank's shard: every layout starts from the same weights) on the first request; later requests
   // with the same name return the same Param (shapes must agree).
@@ -58,6 +66,7 @@ class ParamStore {
   Backend& be_;
   uint64_t seed_;
   int tp_, tp_rank_;
+  DType work_dtype_;
   std::deque<Param> params_;  // stable addresses
   std::map<std::string, Param*> by_name_;
 };

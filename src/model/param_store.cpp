@@ -48,6 +48,10 @@ Param* ParamStore::get(const ParamSpec& spec) {
     v = std::move(shard);
   }
   be_.upload(p->value, v.data());
+  if (work_dtype_ != DType::f32) {
+    p->work = Tensor(be_, local, work_dtype_);
+    p->refresh_work(be_);
+  }
   by_name_[spec.name] = p;
   return p;
 }

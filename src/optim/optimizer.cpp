@@ -22,7 +22,7 @@ class AdamW final : public Optimizer {
   void step(double lr) override {
     ++step_;
     AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_};
-    for (size_t i = 0; i < params_.size(); ++i) be_.adamw_step(params_[i].value, params_[i].grad, m_[i], v_[i], a);
+    for (size_t i = 0; i < params_.size(); ++i) be_.adamw_step(params_[i].value, params_[i].grad, m_[i], v_[i], a, params_[i].work);
   }
   std::vector<OptimizerState> state() override {
     std::vector<OptimizerState> s;
@@ -54,7 +54,7 @@ class Sgd final : public Optimizer {
   std::string name() const override { return "sgd"; }
   void step(double lr) override {
     SgdArgs a{lr, cfg_.momentum, cfg_.weight_decay, step_ == 0};
-    for (size_t i = 0; i < params_.size(); ++i) be_.sgd_step(params_[i].value, params_[i].grad, buf_[i], a);
+    for (size_t i = 0; i < params_.size(); ++i) be_.sgd_step(params_[i].value, params_[i].grad, buf_[i], a, params_[i].work);
     ++step_;
   }
   std::vector<OptimizerState> state() override {

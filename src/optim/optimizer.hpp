@@ -18,8 +18,9 @@ struct OptimSlice {
   Param* param;
   Tensor value, grad;  // same shape
   int64_t offset = 0;
+  Tensor work;         // the bf16 working copy the update also writes, or undefined
 };
-inline OptimSlice whole(Param* p) { return {p, p->value, p->grad, 0}; }
+inline OptimSlice whole(Param* p) { return {p, p->value, p->grad, 0, p->work}; }
 
 struct OptimizerState {
   std::string kind;    // "exp_avg", "exp_avg_sq", "momentum_buffer"

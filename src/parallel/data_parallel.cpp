@@ -9,8 +9,8 @@
 namespace relay {
 
 GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-                         bool zero)
-    : be_(be), comm_(comm), zero_(zero && comm != nullptr) {
+                         bool zero, GradReduce wire)
+    : be_(be), comm_(comm), zero_(zero && comm != nullptr), bf16_wire_(wire == GradReduce::bf16 && comm != nullptr) {
   MemoryScope scope(MemKind::grads);
   // Per (chunk, counts_in_norm), reverse block order; a block's parameters never straddle two buckets.
   std::vector<size_t> order(params.size());
@@ -46,10 +46,16 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     if (zero_) b.shard = Tensor(be, {padded / dp});
     b.chunk = params[g.front()].chunk;
     b.counts_in_norm = params[g.front()].counts_in_norm;
+    if (bf16_wire_) {
+      b.wire = Tensor(be, {padded}, DType::bf16);
+      if (zero_) b.wire_shard = Tensor(be, {padded / dp}, DType::bf16);
+    }
+    const bool has_work = params[g.front()].param->work.defined();
     if (zero_) {
       MemoryScope as_params(MemKind::params);  // the parameters' new home
       b.values = Tensor(be, {padded});
       be.fill(b.values, 0.f);  // the padding
+      if (has_work) b.work = Tensor(be, {padded}, DType::bf16);
     }
     int64_t at = 0;
     for (size_t i : g) {
@@ -60,6 +66,11 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
         Tensor v = b.values.rows(at, n).view(p->value.shape());
         be.copy(v, p->value);
         p->value = v;
+        if (has_work) {
+          Tensor w = b.work.rows(at, n).view(p->value.shape());
+          be.copy(w, p->work);
+          p->work = w;
+        }
       }
       b.members.push_back({p, at});
       at += n;
@@ -80,8 +91,11 @@ void GradBuckets::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
   if (tracer_) b.launch_mark = tracer_->mark();
-  if (zero_) b.request = comm_->ireduce_scatter_sum(b.flat, b.shard);
-  else if (comm_) b.request = comm_->iallreduce_sum(b.flat);
+  if (!comm_) return;
+  if (bf16_wire_) be_.convert(b.flat, b.wire);
+  Tensor& send = bf16_wire_ ? b.wire : b.flat;
+  if (zero_) b.request = comm_->ireduce_scatter_sum(send, bf16_wire_ ? b.wire_shard : b.shard);
+  else b.request = comm_->iallreduce_sum(send);
 }
 
 std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
@@ -115,6 +129,8 @@ void GradBuckets::gather_params() {
     reqs.back()->what = "the ZeRO parameter all-gather";
   }
   for (auto& r : reqs) r->wait();
+  for (Bucket& b : buckets_)
+    if (b.work.defined()) be_.convert(b.values, b.work);
 }
 
 void GradBuckets::launch_chunk(int chunk) {
@@ -133,6 +149,10 @@ void GradBuckets::finish() {
     Bucket& b = buckets_[k];
     if (!b.request) continue;
     b.request->wait();
+    if (bf16_wire_) {  // widen the bf16 sum back into the f32 gradients
+      if (zero_) be_.convert(b.wire_shard, b.shard);
+      else be_.convert(b.wire, b.flat);
+    }
     if (tracer_)
       tracer_->add({cat("allreduce bucket ", k), "allreduce_grads", kTrackComm, trace_step_, -1, b.chunk,
                     b.launch_mark, tracer_->mark(), static_cast<int64_t>(k)});

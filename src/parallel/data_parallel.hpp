@@ -9,6 +9,10 @@
 // elements [r n, (r + 1) n) only; the parameters live in one flat buffer per bucket with the same
 // layout, the optimizer updates (and keeps state for) that piece alone, and gather_params() all-gathers
 // the updated values. Every replica then holds every parameter again, as without ZeRO.
+//
+// Mixed precision: gradients are f32 buckets whatever the precision; parallel.grad_reduce = "bf16" rounds a
+// bucket to bf16 for the all-reduce / reduce-scatter (half the bytes) and widens the sum back. Under ZeRO
+// with bf16 working weights, each bucket also holds the working copies, refreshed after the all-gather.
 #pragma once
 #include <vector>
 
@@ -33,8 +37,9 @@ struct BucketParam {
 class GradBuckets {
  public:
   // comm is null when dp == 1 (then nothing is communicated). zero: ZeRO-1 (needs comm).
+  // wire: the dtype gradients travel in (parallel.grad_reduce); they are kept and summed into f32 either way.
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-              bool zero = false);
+              bool zero = false, GradReduce wire = GradReduce::fp32);
   bool sharded() const { return zero_; }
   // What the optimizer updates: every parameter whole, or (ZeRO) the pieces this replica owns.
   std::vector<OptimSlice> optimizer_slices() const;
@@ -59,6 +64,8 @@ class GradBuckets {
   struct Bucket {
     Tensor flat;  // (padded) every gradient of the bucket (padded to a multiple of dp under ZeRO)
     Tensor values, shard;  // ZeRO: (padded) the parameters; (padded / dp) this replica's summed gradients
+    Tensor work;           // ZeRO under bf16: (padded) the parameters' bf16 working copies
+    Tensor wire, wire_shard;  // grad_reduce = "bf16": (padded) and (padded / dp) bf16 copies that travel
     std::vector<std::pair<Param*, int64_t>> members;  // each parameter with its offset in flat
     int chunk = 0;
     bool counts_in_norm = true;
@@ -71,6 +78,7 @@ class GradBuckets {
   Backend& be_;
   Communicator* comm_;
   bool zero_;
+  bool bf16_wire_;
   std::vector<Bucket> buckets_;
   Tracer* tracer_ = nullptr;
   int64_t trace_step_ = 0;

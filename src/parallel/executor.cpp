@@ -42,13 +42,13 @@ ModelChunk& Executor::chunk(int c) {
 void Executor::upload_input(ModelChunk& ch, int slot, int64_t sample0, int64_t samples, const StepData& d) {
   Tensor in = ch.input(slot, samples * seq_len_);
   if (ch.in_width() == 0) be_.upload(in, d.tokens + sample0 * seq_len_);  // (samples x T) token ids
-  else be_.upload(in, d.inputs + sample0 * ch.in_width());                 // (samples, D)
+  else be_.upload_f32(in, d.inputs + sample0 * ch.in_width());                 // (samples, D)
 }
 
 void Executor::upload_targets(int slot, int64_t sample0, int64_t samples, const StepData& d) {
   Tensor t = loss_->targets(slot, samples * seq_len_);
   if (loss_->kind() == LossKind::cross_entropy) be_.upload(t, d.class_targets + sample0 * seq_len_);
-  else be_.upload(t, d.dense_targets + sample0 * t.size(1));
+  else be_.upload_f32(t, d.dense_targets + sample0 * t.size(1));
 }
 
 void Executor::wait_all_sends() {

@@ -20,10 +20,14 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
     for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
       for (const ParamSpec& p : layout.blocks()[static_cast<size_t>(i)].params)
         if (seen.insert(p.name).second) numel += shape_numel(shard_shape(p.shape, p.split, tp, tp_rank));
-  b.params = 4 * numel;
-  b.grads = 4 * numel + (zero ? 4 * numel / dp : 0);
+  // Sizes in bytes: f32 masters, gradients and state; act: activations and working weights (bf16 under
+  // train.precision = "bf16", f32 otherwise); the gradient wire copies of parallel.grad_reduce = "bf16".
+  const int64_t f32 = 4, act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
+  const bool mixed = act != f32, wire = cfg.parallel.grad_reduce == GradReduce::bf16 && dp > 1;
+  b.params = f32 * numel + (mixed ? act * numel : 0);
+  b.grads = f32 * numel + (zero ? f32 * numel / dp : 0) + (wire ? 2 * numel + (zero ? 2 * numel / dp : 0) : 0);
   const int64_t moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
-  b.optimizer = moments * 4 * (zero ? numel / dp : numel);
+  b.optimizer = moments * f32 * (zero ? numel / dp : numel);
   // Activations: the schedule's slots per chunk (parallel/slot_plan.hpp), a boundary pair per
   // micro-batch, the loss's buffers per micro-batch on the last chunk.
   ScheduleShape shape = schedule_shape(cfg);
@@ -32,23 +36,23 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   for (int c = pp_rank; c <= last; c += layout.pp) {
     const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
     const BlockSpec& first = layout.blocks()[static_cast<size_t>(cr.begin)];
-    int64_t slot = 4 * rows * std::max<int64_t>(1, first.in);     // the input (token ids: one i32 per row)
-    int64_t boundary = c != 0 ? 4 * rows * first.in : 0;          // per micro-batch: the input gradient
+    int64_t slot = first.in == 0 ? 4 * rows : act * rows * first.in;  // the input (token ids: one i32 per row)
+    int64_t boundary = c != 0 ? act * rows * first.in : 0;            // per micro-batch: the input gradient
     int64_t scratch = 0, per_mb = 0;
     for (int i = cr.begin; i < cr.end; ++i) {
       const BlockSpec& s = layout.blocks()[static_cast<size_t>(i)];
       const int64_t w = block_out_width(s, tp, tp_rank);
       const bool alias = layout.model.gpt && c == last && i + 1 == cr.end, sent = c != last && i + 1 == cr.end;
-      slot += 4 * rows * w * (alias || sent ? 1 : 2);             // output (unless sent on) and its gradient
-      if (sent) boundary += 4 * rows * w;                         // per micro-batch: the output sent on
+      slot += act * rows * w * (alias || sent ? 1 : 2);           // output (unless sent on) and its gradient
+      if (sent) boundary += act * rows * w;                       // per micro-batch: the output sent on
       if (recompute && s.kind == BlockKind::transformer)
-        scratch = saved_bytes(s, rows, tp) + 4 * rows * w;        // one set per chunk, and an output
+        scratch = saved_bytes(s, rows, tp) + act * rows * w;      // one set per chunk, and an output
       else
         slot += saved_bytes(s, rows, tp);
     }
     if (c == last) {
       const bool ce = layout.model.gpt || cfg.model.loss == "cross_entropy";
-      per_mb += 4 * rows * (ce ? 1 : layout.model.output_dim) + 4 * rows * 2;  // targets, losses, predictions
+      per_mb += (ce ? 4 * rows : act * rows * layout.model.output_dim) + 4 * rows * 2;  // targets, losses, predictions
       if (tp > 1 && ce) per_mb += 4 * rows * 3;                                // row maxima, partial sums
     }
     b.activations += plan.slots.at(c) * slot + m * (boundary + per_mb) + scratch;

@@ -83,7 +83,7 @@ void setup_grid_and_backend(Run& r) {
   BackendOptions bo;
   bo.device = resolve_device(cfg.train.device);
   bo.threads = threads_for_rank(cfg, r.grid.local_size);
-  bo.precision = cfg.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  bo.precision = cfg.train.precision;
   if (bo.device == Device::cuda) {
     int n = cuda_device_count();
     if (n == 0) throw Error("train.device = \"cuda\" but no CUDA device is visible (hint: check CUDA_VISIBLE_DEVICES, or use train.device = \"cpu\")");
@@ -132,7 +132,7 @@ void setup_data_and_model(Run& r) {
   r.predicted_bubble = sim.bubble_fraction;
 
   // This rank's chunks: c = pp_rank, pp_rank + pp, ...
-  r.store = std::make_unique<ParamStore>(*r.be, cfg.model.seed, g.tp, g.tp_rank);
+  r.store = std::make_unique<ParamStore>(*r.be, cfg.model.seed, g.tp, g.tp_rank, compute_dtype(cfg.train.precision));
   const int last = r.layout.num_chunks() - 1;
   const bool lm = r.layout.model.gpt;
   for (int c = g.pp_rank; c <= last; c += g.pp) {
@@ -168,10 +168,11 @@ void setup_data_and_model(Run& r) {
   if (r.chunk_map.count(last)) {
     const int64_t V = r.layout.model.output_dim;
     r.loss = std::make_unique<Loss>(*r.be, lm ? LossKind::cross_entropy : parse_loss(cfg.model.loss),
-                                    r.chunk_map[last]->out_width(), r.tp, tp_begin(V, g.tp, g.tp_rank));
+                                    r.chunk_map[last]->out_width(), r.tp, tp_begin(V, g.tp, g.tp_rank),
+                                    compute_dtype(cfg.train.precision));
   }
   r.buckets = std::make_unique<GradBuckets>(*r.be, g.dp > 1 ? r.dp_comm.get() : nullptr, bucket_params,
-                                            cfg.parallel.bucket_mb, cfg.optimizer.zero);
+                                            cfg.parallel.bucket_mb, cfg.optimizer.zero, cfg.parallel.grad_reduce);
   r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,
                                           lists[static_cast<size_t>(g.pp_rank)], r.mb_rows, r.layout.model.seq_len, B,

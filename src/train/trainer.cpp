@@ -265,6 +265,7 @@ int run_training(const Config& cfg) {
     resume_path = resolve_resume_path(cfg);
     if (!resume_path.empty()) r.start_step = load_checkpoint(ckpt, resume_path);
     else if (!cfg.model.init_from.empty()) load_init_from(ckpt, cfg.model.init_from);
+    for (auto& [name, p] : r.params) p->refresh_work(*r.be);  // bf16 copies of the loaded masters
   });
   const std::string placement = placement_table(r);
   std::unique_ptr<MetricsLog> log;
@@ -284,9 +285,7 @@ int run_training(const Config& cfg) {
   int64_t window_steps = 0;
   // MFU on GPUs of the peak table (src/backend/gpu_peaks.cpp).
   const double peak_flops = r.be->device() == Device::cuda
-                                ? gpu_peak_flops(r.be->describe(), cfg.train.precision == "bf16" ? Precision::bf16
-                                                                                                 : Precision::fp32)
-                                : 0.0;
+                                ? gpu_peak_flops(r.be->describe(), cfg.train.precision) : 0.0;
   StepStats totals, window;
   double window_input_wait = 0;
   // Training FLOPs per sample: 6 x parameters, plus attention's 12 x n_layer x n_embd x T per token.

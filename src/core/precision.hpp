@@ -1,0 +1,21 @@
+// The numeric precision of a run (train.precision) and the wire type of the gradient reduction
+// (parallel.grad_reduce), parsed once from the config into these enums.
+#pragma once
+#include "core/tensor.hpp"
+
+namespace relay {
+
+// fp32: float32 storage and math;
+// bf16: bfloat16 activations and working weights; float32 master weights, optimizer state, weight
+//       gradients, statistics and GEMM accumulation (llm.c's and Megatron-LM's mixed precision);
+// tf32: float32 storage, TF32 tensor-core GEMMs (CUDA only).
+enum class Precision { fp32, bf16, tf32 };
+// fp32: gradients are reduced as they accumulate, in float32; bf16: rounded to bf16 for the wire.
+enum class GradReduce { fp32, bf16 };
+
+const char* precision_name(Precision p);   // "fp32", "bf16", "tf32"
+const char* grad_reduce_name(GradReduce g);  // "fp32", "bf16"
+// The dtype activations and working weights have under p.
+inline DType compute_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 : DType::f32; }
+
+}  // namespace relay
