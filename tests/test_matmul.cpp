@@ -1,0 +1,344 @@
+// cpu::matmul (kernels/cpu/matmul.cpp) against a naive double-precision reference over every
+// combination of transposes, input / output / bias types, alpha, beta and leading-dimension padding;
+// plus its edge cases, its primitive cache, and its error on a CPU without bf16 support.
+//
+// Tolerances: f32 output: |got - ref| <= 1e-5 max |ref| (f32 accumulation over k <= 17 terms; bf16
+// inputs multiply exactly in f32). bf16 output adds one round-to-nearest-even step, at most 2^-9 |ref|:
+// |got - ref| <= 2^-8 |ref| + 1e-5 max |ref| (2x margin for the f32 error before rounding).
+#include <gtest/gtest.h>
+
+#include <dnnl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cpu/matmul.hpp"
+
+namespace relay {
+namespace {
+
+constexpr double kF32Tol = 1e-5;        // relative to max |ref|
+constexpr double kBf16Round = 1.0 / 256;  // relative to |ref|: one bf16 rounding (2^-9) with a 2x margin
+
+// A (rows, cols) matrix stored with leading dimension ld in f32 or bf16. Padding columns hold `pad`
+// (NaN for inputs, so reading one poisons the result) and must never change.
+struct Stored {
+  DType type = DType::f32;
+  int64_t rows = 0, cols = 0, ld = 0;
+  std::vector<float> f32;
+  std::vector<bf16> b16;
+
+  Stored(DType t, int64_t r, int64_t c, int64_t leading, float pad)
+      : type(t), rows(r), cols(c), ld(std::max<int64_t>(leading, 1)) {  // BLAS: ld >= 1 even for no columns
+    const size_t size = size_t(std::max<int64_t>(r, 1) * ld);
+    if (t == DType::bf16)
+      b16.assign(size, f32_to_bf16(pad));
+    else
+      f32.assign(size, pad);
+  }
+  void* data() { return type == DType::bf16 ? static_cast<void*>(b16.data()) : static_cast<void*>(f32.data()); }
+  float at(int64_t i, int64_t j) const {
+    const size_t idx = size_t(i * ld + j);
+    return type == DType::bf16 ? bf16_to_f32(b16[idx]) : f32[idx];
+  }
+  void set(int64_t i, int64_t j, float v) {
+    const size_t idx = size_t(i * ld + j);
+    if (type == DType::bf16)
+      b16[idx] = f32_to_bf16(v);
+    else
+      f32[idx] = v;
+  }
+  // Normal values, exactly representable in the storage type.
+  void randomize(uint64_t stream) {
+    Rng r(7, stream);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) set(i, j, float(r.normal()));
+  }
+  // Bit patterns of everything stored, for "padding never changes" checks.
+  std::vector<uint32_t> bits_at_padding() const {
+    std::vector<uint32_t> out;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = cols; j < ld; ++j) {
+        float v = at(i, j);
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        out.push_back(u);
+      }
+    return out;
+  }
+};
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+// One call: a (m, k) or stored (k, m), b (k, n) or stored (n, k), c (m, n), optional bias (n).
+struct Problem {
+  cpu::MatmulArgs args;
+  Stored a, b, c, bias;
+  bool has_bias;
+  std::vector<double> c0;  // c before the call (beta * c0 is part of the reference)
+
+  Problem(const cpu::MatmulArgs& p, bool with_bias, int64_t pad, uint64_t seed)
+      : args(p),
+        a(p.ab_type, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, (p.trans_a ? p.m : p.k) + pad, NAN),
+        b(p.ab_type, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, (p.trans_b ? p.k : p.n) + pad, NAN),
+        c(p.c_type, p.m, p.n, p.n + pad, -7.f),
+        bias(p.bias_type, 1, p.n, p.n, 0.f),
+        has_bias(with_bias) {
+    args.lda = a.ld;
+    args.ldb = b.ld;
+    args.ldc = c.ld;
+    a.randomize(seed * 4 + 0);
+    b.randomize(seed * 4 + 1);
+    bias.randomize(seed * 4 + 2);
+    if (p.beta != 0) {
+      c.randomize(seed * 4 + 3);
+    } else {  // beta = 0 must not read c: NaN there would show
+      for (int64_t i = 0; i < p.m; ++i)
+        for (int64_t j = 0; j < p.n; ++j) c.set(i, j, NAN);
+    }
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t j = 0; j < p.n; ++j) c0.push_back(p.beta != 0 ? c.at(i, j) : 0.0);
+  }
+
+  void run() { cpu::matmul(args, a.data(), b.data(), c.data(), has_bias ? bias.data() : nullptr); }
+
+  std::vector<double> reference() const {
+    const auto& p = args;
+    std::vector<double> ref(size_t(p.m * p.n));
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t j = 0; j < p.n; ++j) {
+        double s = 0;
+        for (int64_t q = 0; q < p.k; ++q)
+          s += double(p.trans_a ? a.at(q, i) : a.at(i, q)) * double(p.trans_b ? b.at(j, q) : b.at(q, j));
+        double v = double(p.alpha) * s + double(p.beta) * c0[size_t(i * p.n + j)];
+        if (has_bias) v += bias.at(0, j);
+        ref[size_t(i * p.n + j)] = v;
+      }
+    return ref;
+  }
+
+  // Checks c against the reference with the tolerance of c's type (see the file header).
+  void expect_matches(const std::vector<double>& ref, const std::string& what) const {
+    double scale = 0;
+    for (double v : ref) scale = std::max(scale, std::abs(v));
+    const double rel = args.c_type == DType::bf16 ? kBf16Round : 0.0;
+    int bad = 0;
+    for (int64_t i = 0; i < args.m && bad < 3; ++i)
+      for (int64_t j = 0; j < args.n && bad < 3; ++j) {
+        const double r = ref[size_t(i * args.n + j)], got = c.at(i, j);
+        const double tol = rel * std::abs(r) + kF32Tol * scale;
+        if (!(std::abs(got - r) <= tol)) {  // also catches NaN
+          ADD_FAILURE() << what << ": c(" << i << "," << j << ") = " << got << ", reference " << r << ", tolerance "
+                        << tol;
+          ++bad;
+        }
+      }
+  }
+};
+
+std::string name(DType t) { return dtype_name(t); }
+
+std::string describe(const cpu::MatmulArgs& p, bool has_bias, int64_t pad) {
+  return name(p.ab_type) + " -> " + name(p.c_type) + (has_bias ? ", bias " + name(p.bias_type) : ", no bias") +
+         (p.trans_a ? ", a^T" : "") + (p.trans_b ? ", b^T" : "") + ", alpha " + std::to_string(p.alpha) +
+         ", beta " + std::to_string(p.beta) + ", pad " + std::to_string(pad) + ", " + std::to_string(p.m) + "x" +
+         std::to_string(p.n) + "x" + std::to_string(p.k);
+}
+
+// One test per (input type, output type, bias, shape); inside, every transpose, alpha, beta and padding.
+struct Case {
+  DType ab, c;
+  int bias;  // 0 none, 1 f32, 2 bf16
+  Shape shape;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  const char* bias[] = {"none", "f32", "bf16"};
+  *os << dtype_name(c.ab) << " -> " << dtype_name(c.c) << ", bias " << bias[c.bias] << ", " << c.shape.m << "x"
+      << c.shape.n << "x" << c.shape.k;
+}
+
+class MatmulTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MatmulTest, MatchesDoubleReference) {
+  const Case tc = GetParam();
+  cpu::set_threads(2);
+  uint64_t seed = 1;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float alpha : {1.f, 0.5f})
+        for (float beta : {0.f, 1.f})
+          for (int64_t pad : {0, 3}) {
+            cpu::MatmulArgs p;
+            p.trans_a = ta;
+            p.trans_b = tb;
+            p.m = tc.shape.m;
+            p.n = tc.shape.n;
+            p.k = tc.shape.k;
+            p.ab_type = tc.ab;
+            p.c_type = tc.c;
+            p.bias_type = tc.bias == 2 ? DType::bf16 : DType::f32;
+            p.alpha = alpha;
+            p.beta = beta;
+            Problem prob(p, tc.bias != 0, pad, seed++);
+            const auto pad_before = prob.c.bits_at_padding();
+            const auto ref = prob.reference();
+            prob.run();
+            const std::string what = describe(prob.args, prob.has_bias, pad);
+            prob.expect_matches(ref, what);
+            EXPECT_EQ(prob.c.bits_at_padding(), pad_before) << what << ": wrote c's padding columns";
+          }
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> out;
+  for (DType ab : {DType::f32, DType::bf16})
+    for (DType c : {DType::f32, DType::bf16})
+      for (int bias : {0, 1, 2})
+        for (Shape s : {Shape{1, 1, 1}, Shape{3, 5, 7}, Shape{65, 33, 17}}) out.push_back({ab, c, bias, s});
+  return out;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  const char* bias[] = {"nobias", "biasf32", "biasbf16"};
+  return name(c.ab) + "_to_" + name(c.c) + "_" + bias[c.bias] + "_" + std::to_string(c.shape.m) + "x" +
+         std::to_string(c.shape.n) + "x" + std::to_string(c.shape.k);
+}
+
+INSTANTIATE_TEST_SUITE_P(Combinations, MatmulTest, ::testing::ValuesIn(all_cases()), case_name);
+
+// m or n == 0 touches nothing; k == 0 is the empty sum: c = beta * c + bias.
+TEST(Matmul, EmptyDimensions) {
+  cpu::set_threads(2);
+  cpu::MatmulArgs p;
+  p.m = 4;
+  p.n = 0;
+  p.k = 5;
+  p.lda = 5;
+  p.ldb = 1;
+  p.ldc = 1;
+  std::vector<float> a(20, 1.f), b(5, 1.f), c(4, 42.f);
+  cpu::matmul(p, a.data(), b.data(), c.data());
+  EXPECT_EQ(c, std::vector<float>(4, 42.f)) << "n == 0 wrote c";
+
+  for (DType ct : {DType::f32, DType::bf16})
+    for (float beta : {0.f, 1.f}) {
+      cpu::MatmulArgs q;
+      q.m = 3;
+      q.n = 4;
+      q.k = 0;
+      q.lda = 1;
+      q.ldb = 4;
+      q.ldc = 4;
+      q.c_type = ct;
+      q.beta = beta;
+      q.alpha = 3.f;  // multiplies an empty sum: no effect
+      Problem prob(q, true, 0, 99);
+      const auto ref = prob.reference();
+      prob.run();
+      prob.expect_matches(ref, describe(prob.args, true, 0) + " (k == 0)");
+    }
+}
+
+// A cached primitive is tied to the call's signature, not to its pointers: new buffers with the
+// same contents give bitwise the same c, new contents give the new product, and no primitive is added.
+TEST(Matmul, CacheReusesPrimitiveAcrossPointers) {
+  cpu::set_threads(2);
+  cpu::MatmulArgs p;
+  p.trans_b = true;
+  p.m = 37;
+  p.n = 29;
+  p.k = 41;
+  p.ab_type = DType::bf16;
+  p.c_type = DType::f32;
+  p.beta = 1.f;
+  Problem first(p, true, 0, 5);
+  first.run();
+  const size_t cached = cpu::matmul_cache_size();
+  EXPECT_GE(cached, 1u);
+
+  Problem same(p, true, 0, 5);  // same values, other buffers
+  ASSERT_NE(same.a.data(), first.a.data());
+  same.run();
+  EXPECT_EQ(cpu::matmul_cache_size(), cached) << "same signature created another primitive";
+  ASSERT_EQ(same.c.f32.size(), first.c.f32.size());
+  EXPECT_EQ(0, std::memcmp(same.c.f32.data(), first.c.f32.data(), first.c.f32.size() * sizeof(float)))
+      << "same inputs at other addresses gave different bits";
+
+  Problem other(p, true, 0, 6);  // other values: the result must follow the new pointers' contents
+  const auto ref = other.reference();
+  other.run();
+  other.expect_matches(ref, "new contents through a cached primitive");
+  EXPECT_EQ(cpu::matmul_cache_size(), cached);
+
+  // A new thread count gets its own primitive (oneDNN fixes the work split at creation).
+  cpu::set_threads(1);
+  Problem one_thread(p, true, 0, 5);
+  one_thread.run();
+  EXPECT_EQ(cpu::matmul_cache_size(), cached + 1);
+  cpu::set_threads(2);
+}
+
+// The GPT-2 shapes' primitives are oneDNN's fast kernels, not its reference loops.
+TEST(Matmul, TightShapesUseOptimisedKernels) {
+  cpu::set_threads(2);
+  for (DType t : {DType::f32, DType::bf16}) {
+    cpu::MatmulArgs p;
+    p.trans_b = true;
+    p.m = 256;
+    p.n = 2304;
+    p.k = 768;
+    p.lda = 768;
+    p.ldb = 768;
+    p.ldc = 2304;
+    p.ab_type = t;
+    p.c_type = t;
+    const std::string impl = cpu::matmul_impl(p, true);
+    EXPECT_EQ(impl.rfind("ref", 0), std::string::npos) << dtype_name(t) << " forward runs " << impl;
+  }
+}
+
+// Without AVX512 oneDNN has no bf16 matmul: cpu::matmul must say so (naming the shape and the fix),
+// while f32 still runs. oneDNN's ISA is capped to AVX2 in a fresh child process, before any primitive
+// exists (the cap cannot be changed once oneDNN has looked at the CPU).
+TEST(Matmul, Bf16WithoutCpuSupportIsAClearError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto child = [] {
+    if (dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2) != dnnl_success) std::exit(2);
+    cpu::MatmulArgs p;
+    p.m = 8;
+    p.n = 16;
+    p.k = 4;
+    p.lda = 4;
+    p.ldb = 16;
+    p.ldc = 16;
+    std::vector<float> a(32, 1.f), b(64, 0.5f), c(128, 0.f);
+    cpu::matmul(p, a.data(), b.data(), c.data());
+    if (c[0] != 2.f) std::exit(4);  // f32 keeps working on AVX2
+    p.ab_type = DType::bf16;
+    std::vector<bf16> ah(32, f32_to_bf16(1.f)), bh(64, f32_to_bf16(0.5f));
+    try {
+      cpu::matmul(p, ah.data(), bh.data(), c.data());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      std::exit(3);
+    }
+    std::exit(5);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(3),
+              "matmul 8x16x4 .*inputs bfloat16.*lacks bf16 support.*train.precision = \"fp32\"");
+}
+
+}  // namespace
+}  // namespace relay
