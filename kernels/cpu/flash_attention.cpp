@@ -23,6 +23,7 @@ namespace {
 // of kBwdQueries rows.
 constexpr int64_t kFwdQueries = 128, kFwdKeys = 128;
 constexpr int64_t kBwdQueries = 128, kBwdKeys = 128;  // kFwdKeys and kBwdKeys: multiples of 16
+constexpr int64_t kDiagRows = 32;  // rows per strip of a tile that crosses the diagonal
 
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
@@ -47,19 +48,24 @@ inline vfloat vload(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void vstore(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+inline void vstore(float* p, const vfloat& v) { std::memcpy(p, &v, sizeof v); }
 inline vfloat vsplat(float x) { return vfloat{} + x; }
-inline vint lane_index() { return vint{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
-inline vfloat vmax(vfloat a, vfloat b) { return a > b ? a : b; }
+inline vfloat vmax(const vfloat& a, const vfloat& b) { return a > b ? a : b; }
+// Lanes [0, n) of the vector at column c of a row: the mask for keys c.. of a row seeing n keys.
+inline vint lanes_below(int64_t n, int64_t c) {
+  return vint{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < int32_t(n - c);
+}
 // Horizontal sum and max by halving (4 shuffles), rather than 15 dependent scalar operations.
-inline float hsum(vfloat v) {
+inline float hsum(const vfloat& x) {
+  vfloat v = x;
   v += __builtin_shuffle(v, vint{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
   v += __builtin_shuffle(v, vint{4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
   v += __builtin_shuffle(v, vint{2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
   v += __builtin_shuffle(v, vint{1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0});
   return v[0];
 }
-inline float hmax(vfloat v) {
+inline float hmax(const vfloat& x) {
+  vfloat v = x;
   v = vmax(v, __builtin_shuffle(v, vint{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
   v = vmax(v, __builtin_shuffle(v, vint{4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}));
   v = vmax(v, __builtin_shuffle(v, vint{2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1}));
@@ -71,10 +77,11 @@ inline float hmax(vfloat v) {
 // x = n + f with n = round(x), f in [-1/2, 1/2]; 2^f by its Taylor series to degree 7 (error < 1e-8),
 // 2^n built in the exponent field. Clamping x at -127 makes that field 0, so 2^n = 0: no select needed
 // (GCC scalarises a vector select nested in another one, as the callers' masks would make it).
+// T is float or vfloat, I the matching int32 type.
 template <typename T, typename I>
-inline T exp2_poly(T x) {
+inline T exp2_poly(const T& in) {
   const T lowest = T{} - 127.0f;
-  x = x > lowest ? x : lowest;
+  const T x = in > lowest ? in : lowest;
   const T magic = T{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
   const T t = x + magic;
   const T f = x - (t - magic);
@@ -94,13 +101,14 @@ inline T exp2_poly(T x) {
   return p * two_n;
 }
 inline float exp2_poly(float x) { return exp2_poly<float, int32_t>(x); }
-inline vfloat exp2_poly(vfloat x) { return exp2_poly<vfloat, vint>(x); }
+inline vfloat exp2_poly(const vfloat& x) { return exp2_poly<vfloat, vint>(x); }
 
 // Query row t of a tile sees the tile's keys [k0, k0 + valid): valid = t - k0 + 1 clamped to [0, cols].
 inline int64_t visible_keys(int64_t t, int64_t k0, int64_t cols) { return std::clamp<int64_t>(t - k0 + 1, 0, cols); }
 
 // The tile loops below run over whole vectors: a row of a tile (rows, ld) may be read and written up to
-// ld, which is a multiple of kLanes; lanes at or past a row's visible keys are masked and written 0.
+// ld, a multiple of kLanes. Rows that see every key of the tile (all tiles but the diagonal ones) take
+// the loop without masks; in the others, lanes at or past a row's visible keys are written 0.
 
 // One key tile of the forward's online softmax (FlashAttention-2 Algorithm 1, lines 8-10).
 // s (rows, ld): scores of queries q0.. against keys k0.., in log2 units, replaced by their unnormalised
@@ -113,18 +121,28 @@ void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
     const int64_t valid = visible_keys(q0 + r, k0, cols);
-    vfloat vmx = vsplat(first ? -INFINITY : m[r]);
-    for (int64_t c = 0; c < padded; c += kLanes) {
-      const vfloat x = lane_index() + int32_t(c) < int32_t(valid) ? vload(row + c) : vmx;
-      vmx = vmax(vmx, x);
-    }
-    const float mx = hmax(vmx);  // -inf only for a row with no visible key yet (valid == 0 and first)
-    vfloat vsum{};
-    for (int64_t c = 0; c < padded; c += kLanes) {
-      vfloat p = exp2_poly(vload(row + c) - mx);
-      p = lane_index() + int32_t(c) < int32_t(valid) ? p : vfloat{};
-      vstore(row + c, p);
-      vsum += p;
+    vfloat vmx = vsplat(first ? -INFINITY : m[r]), vsum{};
+    float mx;
+    if (valid == padded) {
+      for (int64_t c = 0; c < padded; c += kLanes) vmx = vmax(vmx, vload(row + c));
+      mx = hmax(vmx);
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat p = exp2_poly(vload(row + c) - mx);
+        vstore(row + c, p);
+        vsum += p;
+      }
+    } else {
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat x = lanes_below(valid, c) ? vload(row + c) : vmx;
+        vmx = vmax(vmx, x);
+      }
+      mx = hmax(vmx);  // -inf only for a row that has seen no key yet
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat p = exp2_poly(vload(row + c) - mx);
+        const vfloat kept = lanes_below(valid, c) ? p : vfloat{};
+        vstore(row + c, kept);
+        vsum += kept;
+      }
     }
     if (valid == 0) continue;  // (never in the first tile: key 0 is visible to every query)
     const float sum = hsum(vsum);
@@ -153,15 +171,19 @@ void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int6
     float* row = s + r * ld;
     const int64_t valid = visible_keys(q0 + r, k0, cols);
     const float shift = lse2[r];
-    for (int64_t c = 0; c < padded; c += kLanes) {
-      const vfloat p = exp2_poly(vload(row + c) - shift);
-      vstore(row + c, lane_index() + int32_t(c) < int32_t(valid) ? p : vfloat{});
+    if (valid == padded) {
+      for (int64_t c = 0; c < padded; c += kLanes) vstore(row + c, exp2_poly(vload(row + c) - shift));
+    } else {
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat p = exp2_poly(vload(row + c) - shift);
+        vstore(row + c, lanes_below(valid, c) ? p : vfloat{});
+      }
     }
   }
 }
 
 // Backward, softmax's gradient (Algorithm 2, line 14): dp (rows, ld) = dP -> dS = P * (dP - D), in place.
-// p (rows, ld) probabilities; d (rows) = rowsum(dO * O).
+// p (rows, ld) probabilities, 0 on masked keys; d (rows) = rowsum(dO * O).
 RELAY_VECTOR_CLONES
 void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
                        const float* d) {
@@ -171,9 +193,13 @@ void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int6
     const float* pr = p + r * ld;
     const int64_t valid = visible_keys(q0 + r, k0, cols);
     const float dr = d[r];
-    for (int64_t c = 0; c < padded; c += kLanes) {
-      const vfloat ds = vload(pr + c) * (vload(g + c) - dr);
-      vstore(g + c, lane_index() + int32_t(c) < int32_t(valid) ? ds : vfloat{});
+    if (valid == padded) {
+      for (int64_t c = 0; c < padded; c += kLanes) vstore(g + c, vload(pr + c) * (vload(g + c) - dr));
+    } else {
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat ds = vload(pr + c) * (vload(g + c) - dr);
+        vstore(g + c, lanes_below(valid, c) ? ds : vfloat{});
+      }
     }
   }
 }
@@ -189,20 +215,37 @@ void row_dots(const float* a, const float* b, float* d, int64_t rows, int64_t hd
   }
 }
 
-// Strided rows of the storage type <-> contiguous float32 scratch: dst (rows, cols) from src (rows, ld).
+// Strided rows of the storage type <-> contiguous float32 scratch. A head's slice of a row is a few
+// cache lines, each row in another page: the hardware prefetcher does not follow, so rows a little ahead
+// are prefetched by hand (about 2x faster here).
+constexpr int64_t kPrefetchRows = 8;
+template <typename Elem>
+inline void prefetch_row(const Elem* p, int64_t cols, bool write) {
+  for (int64_t byte = 0; byte < cols * int64_t(sizeof(Elem)); byte += 64)
+    write ? __builtin_prefetch(reinterpret_cast<const char*>(p) + byte, 1)
+          : __builtin_prefetch(reinterpret_cast<const char*>(p) + byte, 0);
+}
+// dst (rows, cols) = src (rows, ld) widened to float32.
+RELAY_VECTOR_CLONES
 void load_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, src + r * ld, sizeof(float) * size_t(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
+    std::memcpy(dst + r * cols, src + r * ld, sizeof(float) * size_t(cols));
+  }
 }
 RELAY_VECTOR_CLONES
 void load_rows(const bf16* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
-  for (int64_t r = 0; r < rows; ++r)
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = bf16_to_f32(src[r * ld + c]);
+  }
 }
 // dst (rows, ld) = src (rows, cols) * scale (per row when row_scale is not null), rounded to Elem.
 RELAY_VECTOR_CLONES
 void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, float* dst, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
     const float sc = row_scale ? row_scale[r] : 1.0f;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = src[r * cols + c] * sc;
@@ -211,6 +254,7 @@ void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t 
 RELAY_VECTOR_CLONES
 void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, bf16* dst, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
     const float sc = row_scale ? row_scale[r] : 1.0f;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = f32_to_bf16(src[r * cols + c] * sc);
@@ -229,12 +273,12 @@ void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, 
   {
     // Per-thread float32 scratch whatever Elem is. k, v hold rows [0, cached) of head cached_bh: a thread
     // usually takes several query blocks of one head in a row, and reads that head's keys once, not once
-    // per block (it fits in L2: 2 x T x hd floats, 512 KiB at T = 1024, hd = 64).
-    std::vector<float> k(static_cast<size_t>(T * hd)), v(static_cast<size_t>(T * hd));  // (T, hd)
+    // per block (they fit in L2: 2 x T x hd floats, 512 KiB at T = 1024, hd = 64).
+    std::vector<float> k(static_cast<size_t>(T * hd)), v(k.size());  // (T, hd)
     int64_t cached_bh = -1, cached = 0;
     std::vector<float> q(static_cast<size_t>(kFwdQueries * hd));        // (Br, hd)
     std::vector<float> s(static_cast<size_t>(kFwdQueries * kFwdKeys));  // (Br, Bc) scores, then probabilities
-    std::vector<float> acc(static_cast<size_t>(kFwdQueries * hd));      // (Br, hd) unnormalised output
+    std::vector<float> acc(q.size());                                    // (Br, hd) unnormalised output
     std::vector<float> m(static_cast<size_t>(kFwdQueries)), l(m.size()), inv_l(m.size());  // (Br)
     // Tasks are (b, h, query block), head after head and within a head the last query blocks (the most key
     // tiles) first, so that the dynamic schedule ends on small tasks. Tasks write disjoint outputs: the
@@ -251,14 +295,21 @@ void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, 
         cached = q1;
       }
       load_rows(base + q0 * C3, C3, rows, hd, q.data());
-      // Key tiles up to the block's last query: tiles above the diagonal are never touched, and the
-      // diagonal tile is cut at q1.
+      // Key tiles up to the block's last query: tiles above the diagonal are never touched. Below the
+      // diagonal all rows see the whole tile; a tile that crosses it goes in strips of kDiagRows rows,
+      // each cut at its last query, so that little of the masked triangle is computed.
       for (int64_t k0 = 0; k0 < q1; k0 += kFwdKeys) {
-        const int64_t cols = std::min(q1, k0 + kFwdKeys) - k0;
-        gemm(false, true, rows, cols, hd, alpha, q.data(), hd, k.data() + k0 * hd, hd, 0.0f, s.data(), kFwdKeys);
-        online_softmax_tile(s.data(), kFwdKeys, rows, cols, q0, k0, m.data(), l.data(), acc.data(), hd, k0 == 0);
-        gemm(false, false, rows, hd, cols, 1.0f, s.data(), kFwdKeys, v.data() + k0 * hd, hd, k0 == 0 ? 0.0f : 1.0f,
-             acc.data(), hd);
+        const int64_t k1 = std::min(q1, k0 + kFwdKeys), strip = k1 <= q0 + 1 ? rows : kDiagRows;
+        for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+          const int64_t r1 = std::min(rows, r0 + strip), cols = std::min(k1, q0 + r1) - k0;
+          if (cols <= 0) continue;  // the strip's queries precede these keys
+          gemm(false, true, r1 - r0, cols, hd, alpha, q.data() + r0 * hd, hd, k.data() + k0 * hd, hd, 0.0f,
+               s.data(), kFwdKeys);
+          online_softmax_tile(s.data(), kFwdKeys, r1 - r0, cols, q0 + r0, k0, m.data() + r0, l.data() + r0,
+                              acc.data() + r0 * hd, hd, k0 == 0);
+          gemm(false, false, r1 - r0, hd, cols, 1.0f, s.data(), kFwdKeys, v.data() + k0 * hd, hd,
+               k0 == 0 ? 0.0f : 1.0f, acc.data() + r0 * hd, hd);
+        }
       }
       float* lse_bh = lse + bh * T;  // (T)
       for (int64_t r = 0; r < rows; ++r) {
@@ -277,12 +328,12 @@ void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out
   const float scale = 1.0f / std::sqrt(float(hd)), alpha = kLog2e * scale;
 #pragma omp parallel
   {
-    // Per-thread float32 copies of one head: converted once per head rather than once per tile.
-    std::vector<float> q(static_cast<size_t>(T * hd)), k(static_cast<size_t>(T * hd)), v(static_cast<size_t>(T * hd));  // (T, hd)
-    std::vector<float> dO(static_cast<size_t>(T * hd)), o(static_cast<size_t>(T * hd)), dq(static_cast<size_t>(T * hd));  // (T, hd)
-    std::vector<float> lse2(static_cast<size_t>(T)), D(static_cast<size_t>(T));                             // (T)
-    std::vector<float> dk(static_cast<size_t>(kBwdKeys * hd)), dv(static_cast<size_t>(kBwdKeys * hd));      // (Bc, hd)
-    std::vector<float> p(static_cast<size_t>(kBwdQueries * kBwdKeys)), ds(static_cast<size_t>(kBwdQueries * kBwdKeys));  // (Br, Bc)
+    // Per-thread float32 copies of one head, converted once per head rather than once per tile.
+    std::vector<float> q(static_cast<size_t>(T * hd)), k(q.size()), v(q.size()), dO(q.size());  // (T, hd)
+    std::vector<float> dq(q.size());                                     // (T, hd) dQ, first O for D
+    std::vector<float> lse2(static_cast<size_t>(T)), D(lse2.size());    // (T)
+    std::vector<float> dk(static_cast<size_t>(kBwdKeys * hd)), dv(dk.size());  // (Bc, hd)
+    std::vector<float> p(static_cast<size_t>(kBwdQueries * kBwdKeys)), ds(p.size());  // (Br, Bc)
     // One task per (b, h), done in a fixed tile order by one thread: dQ sums its key tiles and dK, dV sum
     // their query tiles always in the same order, whatever the thread count.
 #pragma omp for schedule(dynamic, 1)
@@ -293,18 +344,19 @@ void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out
       load_rows(base + C, C3, T, hd, k.data());
       load_rows(base + 2 * C, C3, T, hd, v.data());
       load_rows(dout + b * T * C + h * hd, C, T, hd, dO.data());
-      load_rows(out + b * T * C + h * hd, C, T, hd, o.data());
-      row_dots(dO.data(), o.data(), D.data(), T, hd);
-      for (int64_t t = 0; t < T; ++t) lse2[size_t(t)] = lse[bh * T + t] * kLog2e;
+      load_rows(out + b * T * C + h * hd, C, T, hd, dq.data());
+      row_dots(dO.data(), dq.data(), D.data(), T, hd);  // D = rowsum(dO * O)
       std::fill(dq.begin(), dq.end(), 0.0f);
+      for (int64_t t = 0; t < T; ++t) lse2[size_t(t)] = lse[bh * T + t] * kLog2e;
       for (int64_t k0 = 0; k0 < T; k0 += kBwdKeys) {
         const int64_t k1 = std::min(T, k0 + kBwdKeys);
         std::fill(dk.begin(), dk.end(), 0.0f);
         std::fill(dv.begin(), dv.end(), 0.0f);
-        // Queries before k0 see none of these keys: start at the diagonal.
-        for (int64_t q0 = k0; q0 < T; q0 += kBwdQueries) {
-          const int64_t q1 = std::min(T, q0 + kBwdQueries), rows = q1 - q0;
-          const int64_t cols = std::min(k1, q1) - k0;  // keys after the tile's last query are masked for all
+        // Queries before k0 see none of these keys: start at the diagonal, in strips of kDiagRows rows
+        // cut at their last query while they cross it, then whole tiles of kBwdQueries rows.
+        for (int64_t q0 = k0, q1; q0 < T; q0 = q1) {
+          q1 = q0 < k1 ? std::min(k1, q0 + kDiagRows) : std::min(T, q0 + kBwdQueries);
+          const int64_t rows = q1 - q0, cols = std::min(k1, q1) - k0;
           const float* qt = q.data() + q0 * hd;
           const float* dOt = dO.data() + q0 * hd;
           gemm(false, true, rows, cols, hd, alpha, qt, hd, k.data() + k0 * hd, hd, 0.0f, p.data(), kBwdKeys);
