@@ -33,6 +33,21 @@ std::string cpu_model() {
   return model;
 }
 
+// The first three fields of /proc/loadavg and a newline: other work on the machine skews the timings.
+std::string load_average() {
+  std::string avg = "unknown\n";
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    double a[3];
+    if (std::fscanf(f, "%lf %lf %lf", &a[0], &a[1], &a[2]) == 3) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.2f %.2f %.2f\n", a[0], a[1], a[2]);
+      avg = buf;
+    }
+    std::fclose(f);
+  }
+  return avg;
+}
+
 // Seconds per call of fn: one warm-up call, then repeats until 1 s has passed (at least 3 calls).
 template <typename Fn>
 double seconds_per_call(Fn&& fn) {
@@ -75,10 +90,12 @@ int main(int argc, char** argv) {
   struct Shape { int64_t B, T, C, H; };
   const Shape shapes[] = {{2, 1024, 768, 12}, {2, 256, 768, 12}, {16, 64, 128, 4}};
 
-  std::printf("# causal self-attention forward + backward, %s\n", cpu_model().c_str());
+  std::printf("# causal self-attention forward + backward, %s, load average %s", cpu_model().c_str(),
+              load_average().c_str());
   std::printf("# GFLOP/s = 7 x B x H x T^2 x hd / s: forward 2 and backward 5 causal half GEMMs of 2 x (T^2 / 2) x hd\n");
   std::printf("# (S = Q K^T, O = P V; S again, dV, dP, dQ, dK), hd = C / H; flops the reference also needs\n");
-  std::printf("# err: max |x - reference| / max(max |reference|, 1) over out and dqkv, inputs bf16-exact;\n");
+  std::printf("# ref: attention_forward + attention_backward over the stored (B, H, T, T) probabilities\n");
+  std::printf("# err: max |x - ref| / max(max |ref|, 1) over out and dqkv, inputs bf16-exact;\n");
   std::printf("#      ok when <= 1e-5 (float32) or 1e-2 (bf16: outputs rounded to 8 bits)\n");
   std::printf("%4s %6s %5s %3s %10s %7s %10s %10s %10s %10s %9s %4s\n", "B", "T", "C", "H", "kernel", "threads",
               "fwd ms", "bwd ms", "total ms", "GFLOP/s", "err", "");
@@ -95,10 +112,13 @@ int main(int argc, char** argv) {
 
     std::vector<float> att(size_t(s.B * s.H * s.T * s.T)), ref_out(size_t(rows * s.C)), ref_dqkv(qkv.size());
     std::vector<float> lse(size_t(s.B * s.H * s.T));
+    // err < 0: the reference's own row.
     auto row = [&](const char* kernel, int t, double fwd, double bwd, double err, double tol) {
-      std::printf("%4lld %6lld %5lld %3lld %10s %7d %10.2f %10.2f %10.2f %10.1f %9.1e %4s\n", (long long)s.B,
+      char e[16] = "-";
+      if (err >= 0) std::snprintf(e, sizeof e, "%.1e", err);
+      std::printf("%4lld %6lld %5lld %3lld %10s %7d %10.2f %10.2f %10.2f %10.1f %9s %4s\n", (long long)s.B,
                   (long long)s.T, (long long)s.C, (long long)s.H, kernel, t, fwd * 1e3, bwd * 1e3, (fwd + bwd) * 1e3,
-                  flops / (fwd + bwd) / 1e9, err, err <= tol ? "ok" : "BAD");
+                  flops / (fwd + bwd) / 1e9, e, err < 0 ? "ref" : err <= tol ? "ok" : "BAD");
       std::fflush(stdout);
     };
     for (int t : threads) {
@@ -108,7 +128,7 @@ int main(int argc, char** argv) {
       const double rb = seconds_per_call([&] {
         cpu::attention_backward(dout.data(), qkv.data(), att.data(), ref_dqkv.data(), s.B, s.T, s.C, s.H);
       });
-      row("ref f32", t, rf, rb, 0.0, 0.0);
+      row("ref f32", t, rf, rb, -1.0, 0.0);
 
       auto flash = [&](const char* kernel, const auto& q, const auto& dy, double tol) {
         using Elem = std::decay_t<decltype(q[0])>;

@@ -262,6 +262,11 @@ void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t 
   }
 }
 
+// Called first in each parallel region: oneDNN's sgemm runs on omp_get_max_threads() threads outside an
+// active parallel region, which a team of one is not. Setting this thread's own ICV to 1 keeps every tile
+// GEMM on its calling thread whatever the team size, so that no tile's summation order can depend on it.
+void single_threaded_gemm() { omp_set_num_threads(1); }
+
 }  // namespace
 
 template <typename Elem>
@@ -272,6 +277,7 @@ void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, 
   const float alpha = kLog2e / std::sqrt(float(hd));
 #pragma omp parallel
   {
+    single_threaded_gemm();
     // Per-thread float32 scratch whatever Elem is. k, v hold rows [0, cached) of head cached_bh: a thread
     // usually takes several query blocks of one head in a row, and reads that head's keys once, not once
     // per block (they fit in L2: 2 x T x hd floats, 512 KiB at T = 1024, hd = 64).
@@ -329,6 +335,7 @@ void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out
   const float scale = 1.0f / std::sqrt(float(hd)), alpha = kLog2e * scale;
 #pragma omp parallel
   {
+    single_threaded_gemm();
     // Per-thread float32 copies of one head, converted once per head rather than once per tile.
     std::vector<float> q(static_cast<size_t>(T * hd)), k(q.size()), v(q.size()), dO(q.size());  // (T, hd)
     std::vector<float> dq(q.size());                                     // (T, hd) dQ, first O for D
