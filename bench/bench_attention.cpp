@@ -1,11 +1,14 @@
 // Causal self-attention forward + backward on the CPU: the reference kernels that store the (B, H, T, T)
 // probabilities (kernels/cpu/transformer.cpp) against FlashAttention-2 tiles (kernels/cpu/flash_attention.cpp,
 // arXiv:2307.08691) in float32 and bfloat16. Measures; never fails. Usage: bench_attention [threads ...]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/bf16.hpp"
@@ -48,19 +51,29 @@ std::string load_average() {
   return avg;
 }
 
-// Seconds per call of fn: one warm-up call, then repeats until 1 s has passed (at least 3 calls).
+// Wall and process CPU seconds per call of fn: one warm-up call, then repeats until 1 s has passed (at
+// least 3 calls).
+struct Timing {
+  double wall = 0, cpu = 0;
+};
+double cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 template <typename Fn>
-double seconds_per_call(Fn&& fn) {
+Timing time_per_call(Fn&& fn) {
   fn();
   int reps = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
   double sec = 0;
   do {
     fn();
     ++reps;
     sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } while (sec < 1.0 || reps < 3);
-  return sec / reps;
+  return {sec / reps, (cpu_seconds() - c0) / reps};
 }
 
 // max |a - b| / max |ref| over one output.
@@ -94,11 +107,12 @@ int main(int argc, char** argv) {
               load_average().c_str());
   std::printf("# GFLOP/s = 7 x B x H x T^2 x hd / s: forward 2 and backward 5 causal half GEMMs of 2 x (T^2 / 2) x hd\n");
   std::printf("# (S = Q K^T, O = P V; S again, dV, dP, dQ, dK), hd = C / H; flops the reference also needs\n");
+  std::printf("# cpu: process CPU time / (wall time x threads); below ~100%% other work took the cores\n");
   std::printf("# ref: attention_forward + attention_backward over the stored (B, H, T, T) probabilities\n");
   std::printf("# err: max |x - ref| / max(max |ref|, 1) over out and dqkv, inputs bf16-exact;\n");
   std::printf("#      ok when <= 1e-5 (float32) or 1e-2 (bf16: outputs rounded to 8 bits)\n");
-  std::printf("%4s %6s %5s %3s %10s %7s %10s %10s %10s %10s %9s %4s\n", "B", "T", "C", "H", "kernel", "threads",
-              "fwd ms", "bwd ms", "total ms", "GFLOP/s", "err", "");
+  std::printf("%4s %6s %5s %3s %10s %7s %10s %10s %10s %10s %6s %9s %4s\n", "B", "T", "C", "H", "kernel", "threads",
+              "fwd ms", "bwd ms", "total ms", "GFLOP/s", "cpu", "err", "");
   for (const Shape& s : shapes) {
     const int64_t hd = s.C / s.H, rows = s.B * s.T;
     const double flops = 7.0 * double(s.B * s.H) * double(s.T) * double(s.T) * double(hd);
@@ -113,19 +127,21 @@ int main(int argc, char** argv) {
     std::vector<float> att(size_t(s.B * s.H * s.T * s.T)), ref_out(size_t(rows * s.C)), ref_dqkv(qkv.size());
     std::vector<float> lse(size_t(s.B * s.H * s.T));
     // err < 0: the reference's own row.
-    auto row = [&](const char* kernel, int t, double fwd, double bwd, double err, double tol) {
+    auto row = [&](const char* kernel, int t, Timing fwd, Timing bwd, double err, double tol) {
       char e[16] = "-";
       if (err >= 0) std::snprintf(e, sizeof e, "%.1e", err);
-      std::printf("%4lld %6lld %5lld %3lld %10s %7d %10.2f %10.2f %10.2f %10.1f %9s %4s\n", (long long)s.B,
-                  (long long)s.T, (long long)s.C, (long long)s.H, kernel, t, fwd * 1e3, bwd * 1e3, (fwd + bwd) * 1e3,
-                  flops / (fwd + bwd) / 1e9, e, err < 0 ? "ref" : err <= tol ? "ok" : "BAD");
+      const double wall = fwd.wall + bwd.wall;
+      std::printf("%4lld %6lld %5lld %3lld %10s %7d %10.2f %10.2f %10.2f %10.1f %5.0f%% %9s %4s\n", (long long)s.B,
+                  (long long)s.T, (long long)s.C, (long long)s.H, kernel, t, fwd.wall * 1e3, bwd.wall * 1e3,
+                  wall * 1e3, flops / wall / 1e9, 100 * (fwd.cpu + bwd.cpu) / (wall * t), e,
+                  err < 0 ? "ref" : err <= tol ? "ok" : "BAD");
       std::fflush(stdout);
     };
     for (int t : threads) {
       cpu::set_threads(t);
       // Reference: scalar loops over the stored probabilities.
-      const double rf = seconds_per_call([&] { cpu::attention_forward(qkv.data(), att.data(), ref_out.data(), s.B, s.T, s.C, s.H); });
-      const double rb = seconds_per_call([&] {
+      const Timing rf = time_per_call([&] { cpu::attention_forward(qkv.data(), att.data(), ref_out.data(), s.B, s.T, s.C, s.H); });
+      const Timing rb = time_per_call([&] {
         cpu::attention_backward(dout.data(), qkv.data(), att.data(), ref_dqkv.data(), s.B, s.T, s.C, s.H);
       });
       row("ref f32", t, rf, rb, -1.0, 0.0);
@@ -133,9 +149,9 @@ int main(int argc, char** argv) {
       auto flash = [&](const char* kernel, const auto& q, const auto& dy, double tol) {
         using Elem = std::decay_t<decltype(q[0])>;
         std::vector<Elem> out(size_t(rows * s.C)), dqkv(q.size());
-        const double ff = seconds_per_call(
+        const Timing ff = time_per_call(
             [&] { cpu::flash_attention_forward(q.data(), out.data(), lse.data(), s.B, s.T, s.C, s.H); });
-        const double fb = seconds_per_call([&] {
+        const Timing fb = time_per_call([&] {
           cpu::flash_attention_backward(dy.data(), q.data(), out.data(), lse.data(), dqkv.data(), s.B, s.T, s.C, s.H);
         });
         const double err = std::max(relative_error(widen(out), ref_out), relative_error(widen(dqkv), ref_dqkv));
