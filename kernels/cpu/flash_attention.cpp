@@ -217,8 +217,8 @@ void row_dots(const float* a, const float* b, float* d, int64_t rows, int64_t hd
 }
 
 // Strided rows of the storage type <-> contiguous float32 scratch. A head's slice of a row is a few
-// cache lines, each row in another page: the hardware prefetcher does not follow, so rows a little ahead
-// are prefetched by hand (about 2x faster here).
+// cache lines, each row in another page, which the hardware prefetcher does not follow: rows a little
+// ahead are prefetched by hand (cold qkv rows of GPT-2 124M: 10.5 instead of 9 GB/s here).
 constexpr int64_t kPrefetchRows = 8;
 template <typename Elem>
 inline void prefetch_row(const Elem* p, int64_t cols, bool write) {
