@@ -1,0 +1,395 @@
+// FlashAttention-2 causal self-attention on the CPU, forward and backward, float32 or bfloat16 storage
+// with float32 math. Tiles of queries meet tiles of keys with an online softmax (running max and sum), so
+// the (T, T) matrix never exists: only each row's log-sum-exp is saved, and the backward recomputes the
+// probabilities from it. Dao et al., FlashAttention arXiv:2205.14135; Dao, FlashAttention-2
+// arXiv:2307.08691 (Algorithms 1 and 2). Tile GEMMs go to oneDNN's sgemm; the softmax loops are ours.
+#include "kernels/cpu/flash_attention.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.hpp"
+
+namespace relay::cpu {
+
+namespace {
+
+// Tile sizes, measured at GPT-2 124M shapes (bench/bench_attention.cpp). The forward's query blocks
+// are the unit of parallel work; the backward walks key blocks of kBwdKeys, each against query tiles
+// of kBwdQueries rows.
+constexpr int64_t kFwdQueries = 128, kFwdKeys = 128;
+constexpr int64_t kBwdQueries = 128, kBwdKeys = 128;  // kFwdKeys and kBwdKeys: multiples of 16
+constexpr int64_t kDiagRows = 32;  // rows per strip of a tile that crosses the diagonal
+
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
+
+// The softmax loops below work on 16 floats at a time through GCC's vector extensions, and target_clones
+// builds them for AVX-512, AVX2 and baseline x86-64 and picks one at load time (Relay is built without
+// -march): one zmm, two ymm or four xmm registers per vector. The choice depends on the machine only,
+// never on the thread count.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define RELAY_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define RELAY_VECTOR_CLONES
+#endif
+// The 64-byte vectors below pass only between inline helpers of this file, never across an ABI boundary.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+constexpr int64_t kLanes = 16;
+typedef float vfloat __attribute__((vector_size(64)));  // (16)
+typedef int32_t vint __attribute__((vector_size(64)));  // (16)
+
+inline vfloat vload(const float* p) {
+  vfloat v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void vstore(float* p, const vfloat& v) { std::memcpy(p, &v, sizeof v); }
+inline vfloat vsplat(float x) { return vfloat{} + x; }
+inline vfloat vmax(const vfloat& a, const vfloat& b) { return a > b ? a : b; }
+// Lanes [0, n) of the vector at column c of a row: the mask for keys c.. of a row seeing n keys.
+inline vint lanes_below(int64_t n, int64_t c) {
+  return vint{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < int32_t(n - c);
+}
+// Horizontal sum and max by halving (4 shuffles), rather than 15 dependent scalar operations.
+inline float hsum(const vfloat& x) {
+  vfloat v = x;
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
+  v += __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+  return v[0];
+}
+inline float hmax(const vfloat& x) {
+  vfloat v = x;
+  v = vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  v = vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3));
+  v = vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
+  v = vmax(v, __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));
+  return v[0];
+}
+
+// 2^x for x <= ~0 to ~1e-7 relative; 0 for x <= -126.5 and for -inf (no subnormals).
+// x = n + f with n = round(x), f in [-1/2, 1/2]; 2^f by its Taylor series to degree 7 (error < 1e-8),
+// 2^n built in the exponent field. Clamping x at -127 makes that field 0, so 2^n = 0: no select needed
+// (GCC scalarises a vector select nested in another one, as the callers' masks would make it).
+// T is float or vfloat, I the matching int32 type.
+template <typename T, typename I>
+inline T exp2_poly(const T& in) {
+  const T lowest = T{} - 127.0f;
+  const T x = in > lowest ? in : lowest;
+  const T magic = T{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
+  const T t = x + magic;
+  const T f = x - (t - magic);
+  I ti;
+  std::memcpy(&ti, &t, sizeof t);
+  const I bits = (ti - 0x4b400000 + 127) << 23;
+  T two_n;
+  std::memcpy(&two_n, &bits, sizeof t);
+  T p = T{} + 1.5252733804e-5f;
+  p = p * f + 1.5403530393e-4f;
+  p = p * f + 1.3333558146e-3f;
+  p = p * f + 9.6181291076e-3f;
+  p = p * f + 5.5504108665e-2f;
+  p = p * f + 2.4022650696e-1f;
+  p = p * f + 6.9314718056e-1f;
+  p = p * f + 1.0f;
+  return p * two_n;
+}
+inline float exp2_poly(float x) { return exp2_poly<float, int32_t>(x); }
+inline vfloat exp2_poly(const vfloat& x) { return exp2_poly<vfloat, vint>(x); }
+
+// Query row t of a tile sees the tile's keys [k0, k0 + valid): valid = t - k0 + 1 clamped to [0, cols].
+inline int64_t visible_keys(int64_t t, int64_t k0, int64_t cols) { return std::clamp<int64_t>(t - k0 + 1, 0, cols); }
+
+// The tile loops below run over whole vectors: a row of a tile (rows, ld) may be read and written up to
+// ld, a multiple of kLanes. Rows that see every key of the tile (all tiles but the diagonal ones) take
+// the loop without masks; in the others, lanes at or past a row's visible keys are written 0.
+
+// One key tile of the forward's online softmax (FlashAttention-2 Algorithm 1, lines 8-10).
+// s (rows, ld): scores of queries q0.. against keys k0.., in log2 units, replaced by their unnormalised
+// probabilities 2^(s - running max), masked keys 0. m, l (rows): running max and sum, updated; acc
+// (rows, hd): the output accumulator, rescaled when a row's max grows. first: m, l, acc hold nothing yet.
+RELAY_VECTOR_CLONES
+void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0, float* m,
+                         float* l, float* acc, int64_t hd, bool first) {
+  const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    const int64_t valid = visible_keys(q0 + r, k0, cols);
+    vfloat vmx = vsplat(first ? -INFINITY : m[r]), vsum{};
+    float mx;
+    if (valid == padded) {
+      for (int64_t c = 0; c < padded; c += kLanes) vmx = vmax(vmx, vload(row + c));
+      mx = hmax(vmx);
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat p = exp2_poly(vload(row + c) - mx);
+        vstore(row + c, p);
+        vsum += p;
+      }
+    } else {
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat x = lanes_below(valid, c) ? vload(row + c) : vmx;
+        vmx = vmax(vmx, x);
+      }
+      mx = hmax(vmx);  // -inf only for a row that has seen no key yet
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat p = exp2_poly(vload(row + c) - mx);
+        const vfloat kept = lanes_below(valid, c) ? p : vfloat{};
+        vstore(row + c, kept);
+        vsum += kept;
+      }
+    }
+    if (valid == 0) continue;  // (never in the first tile: key 0 is visible to every query)
+    const float sum = hsum(vsum);
+    if (first) {
+      l[r] = sum;
+    } else {
+      const float corr = exp2_poly(m[r] - mx);
+      l[r] = l[r] * corr + sum;
+      if (corr != 1.0f) {
+        float* a = acc + r * hd;
+        for (int64_t i = 0; i < hd; ++i) a[i] *= corr;
+      }
+    }
+    m[r] = mx;
+  }
+}
+
+// Backward, one tile (FlashAttention-2 Algorithm 2, line 11): s (rows, ld) scores in log2 units ->
+// probabilities P = 2^(s - lse2) of queries q0.. against keys k0.., masked keys 0. lse2 (rows) the
+// forward's log-sum-exp in log2 units.
+RELAY_VECTOR_CLONES
+void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
+                          const float* lse2) {
+  const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    const int64_t valid = visible_keys(q0 + r, k0, cols);
+    const float shift = lse2[r];
+    if (valid == padded) {
+      for (int64_t c = 0; c < padded; c += kLanes) vstore(row + c, exp2_poly(vload(row + c) - shift));
+    } else {
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat p = exp2_poly(vload(row + c) - shift);
+        vstore(row + c, lanes_below(valid, c) ? p : vfloat{});
+      }
+    }
+  }
+}
+
+// Backward, softmax's gradient (Algorithm 2, line 14): dp (rows, ld) = dP -> dS = P * (dP - D), in place.
+// p (rows, ld) probabilities, 0 on masked keys; d (rows) = rowsum(dO * O).
+RELAY_VECTOR_CLONES
+void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
+                       const float* d) {
+  const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* g = dp + r * ld;
+    const float* pr = p + r * ld;
+    const int64_t valid = visible_keys(q0 + r, k0, cols);
+    const float dr = d[r];
+    if (valid == padded) {
+      for (int64_t c = 0; c < padded; c += kLanes) vstore(g + c, vload(pr + c) * (vload(g + c) - dr));
+    } else {
+      for (int64_t c = 0; c < padded; c += kLanes) {
+        const vfloat ds = vload(pr + c) * (vload(g + c) - dr);
+        vstore(g + c, lanes_below(valid, c) ? ds : vfloat{});
+      }
+    }
+  }
+}
+
+// d (rows) = rowsum(a * b); a, b (rows, hd) contiguous.
+RELAY_VECTOR_CLONES
+void row_dots(const float* a, const float* b, float* d, int64_t rows, int64_t hd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < hd; ++i) sum += a[r * hd + i] * b[r * hd + i];
+    d[r] = sum;
+  }
+}
+
+// Strided rows of the storage type <-> contiguous float32 scratch. A head's slice of a row is a few
+// cache lines, each row in another page, which the hardware prefetcher does not follow: rows a little
+// ahead are prefetched by hand (cold qkv rows of GPT-2 124M: 10.5 instead of 9 GB/s here).
+constexpr int64_t kPrefetchRows = 8;
+template <typename Elem>
+inline void prefetch_row(const Elem* p, int64_t cols, bool write) {
+  for (int64_t byte = 0; byte < cols * int64_t(sizeof(Elem)); byte += 64)
+    write ? __builtin_prefetch(reinterpret_cast<const char*>(p) + byte, 1)
+          : __builtin_prefetch(reinterpret_cast<const char*>(p) + byte, 0);
+}
+// dst (rows, cols) = src (rows, ld) widened to float32.
+RELAY_VECTOR_CLONES
+void load_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
+    std::memcpy(dst + r * cols, src + r * ld, sizeof(float) * size_t(cols));
+  }
+}
+RELAY_VECTOR_CLONES
+void load_rows(const bf16* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = bf16_to_f32(src[r * ld + c]);
+  }
+}
+// dst (rows, ld) = src (rows, cols) * scale (per row when row_scale is not null), rounded to Elem.
+RELAY_VECTOR_CLONES
+void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
+    const float sc = row_scale ? row_scale[r] : 1.0f;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = src[r * cols + c] * sc;
+  }
+}
+RELAY_VECTOR_CLONES
+void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, bf16* dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
+    const float sc = row_scale ? row_scale[r] : 1.0f;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = f32_to_bf16(src[r * cols + c] * sc);
+  }
+}
+
+// Called first in each parallel region: oneDNN's sgemm runs on omp_get_max_threads() threads outside an
+// active parallel region, which a team of one is not. Setting this thread's own ICV to 1 keeps every tile
+// GEMM on its calling thread whatever the team size, so that no tile's summation order can depend on it.
+void single_threaded_gemm() { omp_set_num_threads(1); }
+
+}  // namespace
+
+template <typename Elem>
+void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H) {
+  const int64_t hd = C / H, C3 = 3 * C;
+  const int64_t blocks = (T + kFwdQueries - 1) / kFwdQueries, heads = B * H;
+  // Scores in log2 units (scale * log2 e folded into the GEMM) so that the softmax needs only 2^x.
+  const float alpha = kLog2e / std::sqrt(float(hd));
+#pragma omp parallel
+  {
+    single_threaded_gemm();
+    // Per-thread float32 scratch whatever Elem is. k, v hold rows [0, cached) of head cached_bh: a thread
+    // usually takes several query blocks of one head in a row, and reads that head's keys once, not once
+    // per block (they fit in L2: 2 x T x hd floats, 512 KiB at T = 1024, hd = 64).
+    std::vector<float> k(static_cast<size_t>(T * hd)), v(k.size());  // (T, hd)
+    int64_t cached_bh = -1, cached = 0;
+    std::vector<float> q(static_cast<size_t>(kFwdQueries * hd));        // (Br, hd)
+    std::vector<float> s(static_cast<size_t>(kFwdQueries * kFwdKeys));  // (Br, Bc) scores, then probabilities
+    std::vector<float> acc(q.size());                                    // (Br, hd) unnormalised output
+    std::vector<float> m(static_cast<size_t>(kFwdQueries)), l(m.size()), inv_l(m.size());  // (Br)
+    // Tasks are (b, h, query block), head after head and within a head the last query blocks (the most key
+    // tiles) first, so that the dynamic schedule ends on small tasks. Tasks write disjoint outputs: the
+    // schedule cannot change a bit.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < blocks * heads; ++task) {
+      const int64_t bh = task / blocks, qb = blocks - 1 - task % blocks, b = bh / H, h = bh % H;
+      const int64_t q0 = qb * kFwdQueries, q1 = std::min(T, q0 + kFwdQueries), rows = q1 - q0;
+      const Elem* base = qkv + b * T * C3 + h * hd;  // (T, 3C) this sequence, this head's q columns
+      if (bh != cached_bh) cached_bh = bh, cached = 0;
+      if (cached < q1) {
+        load_rows(base + cached * C3 + C, C3, q1 - cached, hd, k.data() + cached * hd);
+        load_rows(base + cached * C3 + 2 * C, C3, q1 - cached, hd, v.data() + cached * hd);
+        cached = q1;
+      }
+      load_rows(base + q0 * C3, C3, rows, hd, q.data());
+      // Key tiles up to the block's last query: tiles above the diagonal are never touched. Below the
+      // diagonal all rows see the whole tile; a tile that crosses it goes in strips of kDiagRows rows,
+      // each cut at its last query, so that little of the masked triangle is computed.
+      for (int64_t k0 = 0; k0 < q1; k0 += kFwdKeys) {
+        const int64_t k1 = std::min(q1, k0 + kFwdKeys), strip = k1 <= q0 + 1 ? rows : kDiagRows;
+        for (int64_t r0 = 0; r0 < rows; r0 += strip) {
+          const int64_t r1 = std::min(rows, r0 + strip), cols = std::min(k1, q0 + r1) - k0;
+          if (cols <= 0) continue;  // the strip's queries precede these keys
+          gemm(false, true, r1 - r0, cols, hd, alpha, q.data() + r0 * hd, hd, k.data() + k0 * hd, hd, 0.0f,
+               s.data(), kFwdKeys);
+          online_softmax_tile(s.data(), kFwdKeys, r1 - r0, cols, q0 + r0, k0, m.data() + r0, l.data() + r0,
+                              acc.data() + r0 * hd, hd, k0 == 0);
+          gemm(false, false, r1 - r0, hd, cols, 1.0f, s.data(), kFwdKeys, v.data() + k0 * hd, hd,
+               k0 == 0 ? 0.0f : 1.0f, acc.data() + r0 * hd, hd);
+        }
+      }
+      float* lse_bh = lse + bh * T;  // (T)
+      for (int64_t r = 0; r < rows; ++r) {
+        inv_l[size_t(r)] = 1.0f / l[size_t(r)];
+        lse_bh[q0 + r] = (m[size_t(r)] + std::log2(l[size_t(r)])) * kLn2;
+      }
+      store_rows(acc.data(), inv_l.data(), rows, hd, out + (b * T + q0) * C + h * hd, C);
+    }
+  }
+}
+
+template <typename Elem>
+void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out, const float* lse, Elem* dqkv,
+                              int64_t B, int64_t T, int64_t C, int64_t H) {
+  const int64_t hd = C / H, C3 = 3 * C, heads = B * H;
+  const float scale = 1.0f / std::sqrt(float(hd)), alpha = kLog2e * scale;
+#pragma omp parallel
+  {
+    single_threaded_gemm();
+    // Per-thread float32 copies of one head, converted once per head rather than once per tile.
+    std::vector<float> q(static_cast<size_t>(T * hd)), k(q.size()), v(q.size()), dO(q.size());  // (T, hd)
+    std::vector<float> dq(q.size());                                     // (T, hd) dQ, first O for D
+    std::vector<float> lse2(static_cast<size_t>(T)), D(lse2.size());    // (T)
+    std::vector<float> dk(static_cast<size_t>(kBwdKeys * hd)), dv(dk.size());  // (Bc, hd)
+    std::vector<float> p(static_cast<size_t>(kBwdQueries * kBwdKeys)), ds(p.size());  // (Br, Bc)
+    // One task per (b, h), done in a fixed tile order by one thread: dQ sums its key tiles and dK, dV sum
+    // their query tiles always in the same order, whatever the thread count.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const Elem* base = qkv + b * T * C3 + h * hd;  // (T, 3C)
+      load_rows(base, C3, T, hd, q.data());
+      load_rows(base + C, C3, T, hd, k.data());
+      load_rows(base + 2 * C, C3, T, hd, v.data());
+      load_rows(dout + b * T * C + h * hd, C, T, hd, dO.data());
+      load_rows(out + b * T * C + h * hd, C, T, hd, dq.data());
+      row_dots(dO.data(), dq.data(), D.data(), T, hd);  // D = rowsum(dO * O)
+      std::fill(dq.begin(), dq.end(), 0.0f);
+      for (int64_t t = 0; t < T; ++t) lse2[size_t(t)] = lse[bh * T + t] * kLog2e;
+      for (int64_t k0 = 0; k0 < T; k0 += kBwdKeys) {
+        const int64_t k1 = std::min(T, k0 + kBwdKeys);
+        std::fill(dk.begin(), dk.end(), 0.0f);
+        std::fill(dv.begin(), dv.end(), 0.0f);
+        // Queries before k0 see none of these keys: start at the diagonal, in strips of kDiagRows rows
+        // cut at their last query while they cross it, then whole tiles of kBwdQueries rows.
+        for (int64_t q0 = k0, q1; q0 < T; q0 = q1) {
+          q1 = q0 < k1 ? std::min(k1, q0 + kDiagRows) : std::min(T, q0 + kBwdQueries);
+          const int64_t rows = q1 - q0, cols = std::min(k1, q1) - k0;
+          const float* qt = q.data() + q0 * hd;
+          const float* dOt = dO.data() + q0 * hd;
+          gemm(false, true, rows, cols, hd, alpha, qt, hd, k.data() + k0 * hd, hd, 0.0f, p.data(), kBwdKeys);
+          recompute_probs_tile(p.data(), kBwdKeys, rows, cols, q0, k0, lse2.data() + q0);
+          gemm(true, false, cols, hd, rows, 1.0f, p.data(), kBwdKeys, dOt, hd, 1.0f, dv.data(), hd);  // dV += P^T dO
+          gemm(false, true, rows, cols, hd, 1.0f, dOt, hd, v.data() + k0 * hd, hd, 0.0f, ds.data(), kBwdKeys);  // dP
+          softmax_grad_tile(ds.data(), p.data(), kBwdKeys, rows, cols, q0, k0, D.data() + q0);
+          gemm(false, false, rows, hd, cols, scale, ds.data(), kBwdKeys, k.data() + k0 * hd, hd, 1.0f,
+               dq.data() + q0 * hd, hd);  // dQ += scale dS K
+          gemm(true, false, cols, hd, rows, scale, ds.data(), kBwdKeys, qt, hd, 1.0f, dk.data(), hd);  // dK += scale dS^T Q
+        }
+        Elem* drow = dqkv + (b * T + k0) * C3 + h * hd;  // (k1 - k0, 3C)
+        store_rows(dk.data(), nullptr, k1 - k0, hd, drow + C, C3);
+        store_rows(dv.data(), nullptr, k1 - k0, hd, drow + 2 * C, C3);
+      }
+      store_rows(dq.data(), nullptr, T, hd, dqkv + b * T * C3 + h * hd, C3);
+    }
+  }
+}
+
+template void flash_attention_forward<float>(const float*, float*, float*, int64_t, int64_t, int64_t, int64_t);
+template void flash_attention_forward<bf16>(const bf16*, bf16*, float*, int64_t, int64_t, int64_t, int64_t);
+template void flash_attention_backward<float>(const float*, const float*, const float*, const float*, float*, int64_t,
+                                              int64_t, int64_t, int64_t);
+template void flash_attention_backward<bf16>(const bf16*, const bf16*, const bf16*, const float*, bf16*, int64_t,
+                                             int64_t, int64_t, int64_t);
+
+}  // namespace relay::cpu

@@ -1,0 +1,233 @@
+// FlashAttention-2 CPU kernels (kernels/cpu/flash_attention.cpp) against the reference kernels that store
+// the (B, H, T, T) probabilities (attention_forward / attention_backward in kernels/cpu/transformer.cpp,
+// themselves checked against double precision and central differences in test_transformer_kernels):
+// float32 and bfloat16 storage, shapes that do and do not fill the tiles, and bitwise independence of the
+// thread count.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/bf16.hpp"
+#include "core/rng.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cpu/flash_attention.hpp"
+
+using namespace relay;
+
+namespace {
+
+struct Shape {
+  int64_t B, T, C, H;
+};
+
+// T below, at and past the kernels' 128-row tiles and not a multiple of them; hd = C / H in {8, 16, 64}.
+const Shape kShapes[] = {{1, 1, 8, 1},    {2, 7, 32, 2},    {3, 65, 64, 4},  {1, 200, 128, 2},
+                         {2, 129, 32, 4}, {1, 256, 256, 4}, {2, 300, 64, 1}, {3, 130, 192, 3}};
+
+std::vector<float> randn(size_t n, uint64_t stream, float scale) {
+  Rng r(11, stream);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(r.normal()) * scale;
+  return v;
+}
+
+std::vector<float> rounded_to_bf16(std::vector<float> v) {
+  for (auto& x : v) x = round_bf16(x);
+  return v;
+}
+std::vector<bf16> to_bf16(const std::vector<float>& v) {
+  std::vector<bf16> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = f32_to_bf16(v[i]);
+  return r;
+}
+std::vector<float> to_f32(const std::vector<bf16>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = bf16_to_f32(v[i]);
+  return r;
+}
+
+// Columns [c0, c0 + width) of every row of x (rows, ld): one output of the kernels (out, dq, dk or dv).
+std::vector<float> columns(const std::vector<float>& x, int64_t ld, int64_t c0, int64_t width) {
+  std::vector<float> r;
+  for (size_t row = 0; row < x.size() / size_t(ld); ++row)
+    for (int64_t c = c0; c < c0 + width; ++c) r.push_back(x[row * size_t(ld) + size_t(c)]);
+  return r;
+}
+
+// max |a - b| / max(max |ref|, 1): the error relative to the output's own magnitude. The inputs are O(1),
+// so an output that vanishes (dq and dk at T = 1, where the softmax has one entry) is held to the same
+// figure in absolute terms. NaN anywhere gives infinity.
+double relative_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::fabs(double(a[i]) - double(ref[i]));
+    if (!(d == d)) return std::numeric_limits<double>::infinity();
+    err = std::max(err, d);
+    mag = std::max(mag, std::fabs(double(ref[i])));
+  }
+  return err / std::max(mag, 1.0);
+}
+
+struct Reference {
+  std::vector<float> out, dqkv;
+  std::vector<double> lse;  // (B, H, T) log sum_s exp(q_t . k_s / sqrt(hd)), in double
+};
+
+Reference reference(const Shape& s, const std::vector<float>& qkv, const std::vector<float>& dout) {
+  const int64_t hd = s.C / s.H;
+  Reference r;
+  std::vector<float> att(size_t(s.B * s.H * s.T * s.T));  // (B, H, T, T)
+  r.out.resize(size_t(s.B * s.T * s.C));
+  r.dqkv.assign(qkv.size(), 0.0f);
+  cpu::attention_forward(qkv.data(), att.data(), r.out.data(), s.B, s.T, s.C, s.H);
+  cpu::attention_backward(dout.data(), qkv.data(), att.data(), r.dqkv.data(), s.B, s.T, s.C, s.H);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t t = 0; t < s.T; ++t) {
+        std::vector<double> z;
+        for (int64_t k = 0; k <= t; ++k) {
+          double dot = 0;
+          for (int64_t i = 0; i < hd; ++i)
+            dot += double(qkv[size_t((b * s.T + t) * 3 * s.C + h * hd + i)]) *
+                   double(qkv[size_t((b * s.T + k) * 3 * s.C + s.C + h * hd + i)]);
+          z.push_back(dot / std::sqrt(double(hd)));
+        }
+        const double mx = *std::max_element(z.begin(), z.end());
+        double sum = 0;
+        for (double x : z) sum += std::exp(x - mx);
+        r.lse.push_back(mx + std::log(sum));
+      }
+  return r;
+}
+
+template <typename Elem>
+struct Flash {
+  std::vector<Elem> out, dqkv;
+  std::vector<float> lse;
+};
+
+template <typename Elem>
+Flash<Elem> flash(const Shape& s, const std::vector<Elem>& qkv, const std::vector<Elem>& dout) {
+  Flash<Elem> f;
+  f.out.resize(size_t(s.B * s.T * s.C));
+  f.lse.resize(size_t(s.B * s.H * s.T));
+  cpu::flash_attention_forward(qkv.data(), f.out.data(), f.lse.data(), s.B, s.T, s.C, s.H);
+  // Garbage in dqkv: the backward must overwrite, not accumulate.
+  Elem garbage;
+  store(garbage, std::numeric_limits<float>::quiet_NaN());
+  f.dqkv.assign(qkv.size(), garbage);
+  cpu::flash_attention_backward(dout.data(), qkv.data(), f.out.data(), f.lse.data(), f.dqkv.data(), s.B, s.T, s.C,
+                                s.H);
+  return f;
+}
+
+std::string name(const Shape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
+         " H=" + std::to_string(s.H);
+}
+
+// Each output's error against the reference: out, then dq, dk, dv.
+std::vector<double> errors(const Shape& s, const std::vector<float>& out, const std::vector<float>& dqkv,
+                           const Reference& ref) {
+  std::vector<double> e{relative_error(out, ref.out)};
+  for (int64_t part = 0; part < 3; ++part)
+    e.push_back(relative_error(columns(dqkv, 3 * s.C, part * s.C, s.C), columns(ref.dqkv, 3 * s.C, part * s.C, s.C)));
+  return e;
+}
+
+class FlashAttention : public ::testing::Test {
+ protected:
+  void SetUp() override { cpu::set_threads(2); }
+  void TearDown() override { cpu::set_threads(2); }
+};
+
+}  // namespace
+
+// Scores of std ~1 (input scale 1) and ~6 (scale 2.5: near one-hot rows whose running max moves across
+// key tiles, which exercises the online rescaling). Both sides are float32 with different summation orders
+// and exp: a few ulps of each output's magnitude, which grow with the scores' (up to ~35 at scale 2.5,
+// whose float32 rounding moves a probability by ~2e-6): 1e-5.
+TEST_F(FlashAttention, Float32MatchesTheReference) {
+  const char* what[] = {"out", "dq", "dk", "dv"};
+  for (float input_scale : {1.0f, 2.5f})
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(name(s) + " input scale " + std::to_string(input_scale));
+      const auto qkv = randn(size_t(s.B * s.T * 3 * s.C), 1, input_scale);
+      const auto dout = randn(size_t(s.B * s.T * s.C), 2, 1.0f);
+      const Reference ref = reference(s, qkv, dout);
+      const auto f = flash<float>(s, qkv, dout);
+      const auto e = errors(s, f.out, f.dqkv, ref);
+      for (size_t i = 0; i < e.size(); ++i) EXPECT_LE(e[i], 1e-5) << what[i];
+      // lse against the double log-sum-exp; its float32 rounding alone is 6e-8 relative.
+      for (size_t i = 0; i < ref.lse.size(); ++i)
+        ASSERT_NEAR(f.lse[i], ref.lse[i], 2e-6 * std::max(1.0, std::fabs(ref.lse[i]))) << "row " << i;
+    }
+}
+
+// bf16 storage on bf16 inputs against the float32 reference on the same values. The outputs are rounded
+// to bf16 (relative error up to 2^-9 = 0.2%), and the backward reads the rounded out (through D = rowsum
+// (dO * O)), so dq and dk inherit errors of that order from the softmax's cancellation: 1e-2 of the output's
+// magnitude.
+TEST_F(FlashAttention, Bfloat16MatchesTheReferenceWithinBf16Rounding) {
+  const char* what[] = {"out", "dq", "dk", "dv"};
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(name(s));
+    const auto qkv = rounded_to_bf16(randn(size_t(s.B * s.T * 3 * s.C), 3, 1.0f));
+    const auto dout = rounded_to_bf16(randn(size_t(s.B * s.T * s.C), 4, 1.0f));
+    const Reference ref = reference(s, qkv, dout);
+    const auto f = flash<bf16>(s, to_bf16(qkv), to_bf16(dout));
+    const auto e = errors(s, to_f32(f.out), to_f32(f.dqkv), ref);
+    for (size_t i = 0; i < e.size(); ++i) EXPECT_LE(e[i], 1e-2) << what[i];
+    for (size_t i = 0; i < ref.lse.size(); ++i)  // lse is float32 and sees exact bf16 inputs
+      ASSERT_NEAR(f.lse[i], ref.lse[i], 2e-6 * std::max(1.0, std::fabs(ref.lse[i]))) << "row " << i;
+  }
+}
+
+// The bf16 kernels widen to float32 and run the float32 kernels' arithmetic: on bf16 inputs their results
+// are the float32 kernels' results rounded to bf16, bit for bit (the backward given the same rounded out).
+TEST_F(FlashAttention, Bfloat16IsTheFloat32ArithmeticRounded) {
+  const Shape s{2, 200, 128, 2};
+  const auto qkv = rounded_to_bf16(randn(size_t(s.B * s.T * 3 * s.C), 5, 1.0f));
+  const auto dout = rounded_to_bf16(randn(size_t(s.B * s.T * s.C), 6, 1.0f));
+  const auto fb = flash<bf16>(s, to_bf16(qkv), to_bf16(dout));
+  std::vector<float> out(size_t(s.B * s.T * s.C)), lse(size_t(s.B * s.H * s.T)), dqkv(qkv.size());
+  cpu::flash_attention_forward(qkv.data(), out.data(), lse.data(), s.B, s.T, s.C, s.H);
+  EXPECT_EQ(lse, fb.lse);
+  EXPECT_EQ(rounded_to_bf16(out), to_f32(fb.out));
+  const auto out_bf16 = to_f32(fb.out);
+  cpu::flash_attention_backward(dout.data(), qkv.data(), out_bf16.data(), lse.data(), dqkv.data(), s.B, s.T, s.C, s.H);
+  EXPECT_EQ(rounded_to_bf16(dqkv), to_f32(fb.dqkv));
+}
+
+TEST_F(FlashAttention, BitwiseIndependentOfThreadCount) {
+  // B * H = 3 heads and 3 query blocks: uneven work for any thread count.
+  const Shape s{3, 300, 64, 1};
+  const auto qkv = randn(size_t(s.B * s.T * 3 * s.C), 7, 1.5f);
+  const auto dout = randn(size_t(s.B * s.T * s.C), 8, 1.0f);
+  const auto qkv16 = to_bf16(qkv), dout16 = to_bf16(dout);
+  auto bits = [](const auto& v) {
+    std::vector<uint16_t> r(v.size() * sizeof(v[0]) / 2);
+    std::memcpy(r.data(), v.data(), r.size() * 2);
+    return r;
+  };
+  cpu::set_threads(1);
+  const auto f1 = flash<float>(s, qkv, dout);
+  const auto b1 = flash<bf16>(s, qkv16, dout16);
+  for (int threads : {2, 3}) {
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    cpu::set_threads(threads);
+    const auto f = flash<float>(s, qkv, dout);
+    const auto b = flash<bf16>(s, qkv16, dout16);
+    EXPECT_EQ(bits(f.out), bits(f1.out));
+    EXPECT_EQ(bits(f.lse), bits(f1.lse));
+    EXPECT_EQ(bits(f.dqkv), bits(f1.dqkv));
+    EXPECT_EQ(bits(b.out), bits(b1.out));
+    EXPECT_EQ(bits(b.lse), bits(b1.lse));
+    EXPECT_EQ(bits(b.dqkv), bits(b1.dqkv));
+  }
+}
