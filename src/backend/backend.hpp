@@ -22,7 +22,26 @@ enum class Activation { relu, gelu, tanh, gelu_tanh };
 //   fp32: float32 storage and math;
 //   bf16: bfloat16 activations and working weights, float32 master weights, optimizer state, weight
 //         gradients, statistics and GEMM accumulation (llm.c's and Megatron-LM's mixed precision);
-//   tf32: float32 storageclass Backend : public Allocator {
+//   tf32: float32 storage, GEMMs on TF32 tensor cores (CUDA only; 10-bit mantissa inputs, f32 accumulation).
+enum class Precision { fp32, bf16, tf32 };
+const char* precision_name(Precision p);  // "fp32", "bf16", "tf32"
+
+// Hyperparameters stay double, as torch's Python scalars do; kernels derive their float constants
+// (1 - beta2, lr / bias correction, ...) in double first, so they round exactly as torch's do.
+struct AdamWArgs {  // torch.optim.AdamW
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1 on the first update (bias correction)
+};
+struct SgdArgs {  // torch.optim.SGD, dampening 0, nesterov false
+  double lr, momentum, weight_decay;
+  bool first_step;  // the momentum buffer is initialised to the first gradient, as torch does
+};
+
+namespace detail {
+struct HostMarks;  // the host clock's timing marks (backend.cpp)
+}
+
+class Backend : public Allocator {
  public:
   Backend();
   ~Backend() override;
@@ -207,21 +226,6 @@ enum class Activation { relu, gelu, tanh, gelu_tanh };
 // scalar or vector is one column. Every backend and the front door use these two.
 int64_t rows_of(const Tensor& t);
 int64_t cols_of(const Tensor& t);
-
- kcache, vcache (n, Tmax, C): row t of each is overwritten with this k, v,
-  // then out (n, C) = causal attention of q over cached positions [0, t].
-  virtual void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
-                                Tensor& out) = 0;
-
-  // --- optimizers (exact torch.optim update rules) --------------------------------------------
-  virtual void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
-                          const AdamWArgs& args) = 0;
-  // momentum_buffer is undefined when momentum == 0.
-  virtual void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args) = 0;
-
- private:
-  std::unique_ptr<detail::HostMarks> host_marks_;
-};
 
 struct BackendOptions {
   Device device = Device::cpu;
