@@ -1,5 +1,6 @@
-// Activations, one thread per element. GELU is the exact form 0.5 x (1 + erf(x / sqrt 2)), with
-// derivative Phi(x) + x phi(x) (Hendrycks & Gimpel, arXiv:1606.08415), as torch computes it.
+// Activations, one thread per element, on float or bf16 storage (float math). GELU is the exact form
+// 0.5 x (1 + erf(x / sqrt 2)), with derivative Phi(x) + x phi(x) (Hendrycks & Gimpel, arXiv:1606.08415),
+// as torch computes it.
 #include "kernels/cuda/activation.cuh"
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -41,22 +42,23 @@ __device__ inline float act_derivative(float x) {
   return 0.0f;
 }
 
-template <ActKind A>
-__global__ void activation_forward_kernel(const float* x, float* y, int64_t count) {
+template <ActKind A, typename X>
+__global__ void activation_forward_kernel(const X* x, X* y, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = act_forward<A>(x[i]);
+    store(y[i], act_forward<A>(load(x[i])));
 }
 
 // No __restrict__: dx may alias dy (each element is read before it is written, by the same thread).
-template <ActKind A>
-__global__ void activation_backward_kernel(const float* x, const float* dy, float* dx, int64_t count) {
+template <ActKind A, typename X>
+__global__ void activation_backward_kernel(const X* x, const X* dy, X* dx, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
-    dx[i] = dy[i] * act_derivative<A>(x[i]);
+    store(dx[i], load(dy[i]) * act_derivative<A>(load(x[i])));
 }
 
 // launchers -------------------------------------------------------------------------------------
 
-void activation_forward(ActKind act, const float* x, float* y, int64_t count, cudaStream_t stream) {
+template <typename X>
+void activation_forward(ActKind act, const X* x, X* y, int64_t count, cudaStream_t stream) {
   RELAY_ASSERT(count >= 0 && (count == 0 || (x && y)), "activation_forward: count " << count);
   if (count == 0) return;
   const unsigned grid = grid_for(count);
@@ -71,8 +73,8 @@ void activation_forward(ActKind act, const float* x, float* y, int64_t count, cu
   CUDA_CHECK(cudaGetLastError());
 }
 
-void activation_backward(ActKind act, const float* x, const float* dy, float* dx, int64_t count,
-                         cudaStream_t stream) {
+template <typename X>
+void activation_backward(ActKind act, const X* x, const X* dy, X* dx, int64_t count, cudaStream_t stream) {
   RELAY_ASSERT(count >= 0 && (count == 0 || (x && dy && dx)), "activation_backward: count " << count);
   if (count == 0) return;
   const unsigned grid = grid_for(count);
@@ -86,5 +88,11 @@ void activation_backward(ActKind act, const float* x, const float* dy, float* dx
   }
   CUDA_CHECK(cudaGetLastError());
 }
+
+#define INST(X)                                                                                  \
+  template void activation_forward<X>(ActKind, const X*, X*, int64_t, cudaStream_t);            \
+  template void activation_backward<X>(ActKind, const X*, const X*, X*, int64_t, cudaStream_t);
+RELAY_CUDA_FOR_FLOAT_TYPES(INST)
+#undef INST
 
 }  // namespace relay::cuda

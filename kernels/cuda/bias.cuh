@@ -1,5 +1,7 @@
-// Bias of a linear layer: broadcast add over rows, and its gradient (column sums of dy).
+// Bias of a linear layer: broadcast add over rows, and its gradient (column sums of dy). X is the
+// storage type of y, bias and dy (float or __nv_bfloat16); the gradient db is always float32.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -7,8 +9,10 @@
 namespace relay::cuda {
 
 // y (n, f) += bias (f), broadcast over rows.
-void add_bias(float* y, const float* bias, int64_t n, int64_t f, cudaStream_t stream);
+template <typename X>
+void add_bias(X* y, const X* bias, int64_t n, int64_t f, cudaStream_t stream);
 // db (f) = beta * db + sum over rows of dy (n, f); with beta == 0, db is not read (BLAS convention).
-void bias_grad(const float* dy, float* db, int64_t n, int64_t f, float beta, cudaStream_t stream);
+template <typename X>
+void bias_grad(const X* dy, float* db, int64_t n, int64_t f, float beta, cudaStream_t stream);
 
 }  // namespace relay::cuda

@@ -1,14 +1,20 @@
-// Device helpers shared by the kernels in kernels/cuda/*.cu (llm.c's cuda_utils.cuh): launch sizes
-// and deterministic block reductions. Included only from .cu files.
+// Device helpers shared by the kernels in kernels/cuda/*.cu (llm.c's cuda_utils.cuh): launch sizes,
+// storage-type loads and stores, and deterministic block reductions. Included only from .cu files.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/error.hpp"
 
 namespace relay::cuda {
+
+// Explicit instantiation of a launcher template for the two float storage types, so that the kernels
+// stay in their .cu files: RELAY_CUDA_FOR_FLOAT_TYPES(INST) after #define INST(X) template void f<X>(...);
+#define RELAY_CUDA_FOR_FLOAT_TYPES(M) M(float) M(__nv_bfloat16)
 
 constexpr int kBlock = 256;         // threads per block for row and elementwise kernels
 constexpr int64_t kMaxGrid = 4096;  // elementwise kernels use grid-stride loops beyond this
@@ -25,6 +31,13 @@ inline unsigned grid_rows(int64_t rows) {
 }
 
 #ifdef __CUDACC__
+// Kernels templated on the storage type X (float or __nv_bfloat16) compute in float: load widens,
+// store rounds to nearest even (torch's rounding, and relay::f32_to_bf16's on the CPU).
+__device__ inline float load(float x) { return x; }
+__device__ inline float load(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline void store(float& dst, float v) { dst = v; }
+__device__ inline void store(__nv_bfloat16& dst, float v) { dst = __float2bfloat16_rn(v); }
+
 template <typename T>
 __device__ inline T warp_sum(T v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -1,4 +1,4 @@
-// Fill, scale and dtype casts: one grid-stride loop each.
+// Fill, scale, add and dtype conversion: one grid-stride loop each, on float or bf16 storage.
 #include "kernels/cuda/elementwise.cuh"
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -14,69 +14,79 @@ __global__ void fill_kernel(T* x, T value, int64_t count) {
     x[i] = value;
 }
 
-__global__ void scale_kernel(float* x, float s, int64_t count) {
+template <typename X>
+__global__ void scale_kernel(X* x, float s, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] *= s;
+    store(x[i], load(x[i]) * s);
 }
 
 // No __restrict__: y may alias a or b (each element is read before it is written, by one thread).
-__global__ void add_kernel(const float* a, const float* b, float* y, int64_t count) {
+template <typename X>
+__global__ void add_kernel(const X* a, const X* b, X* y, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = a[i] + b[i];
+    store(y[i], load(a[i]) + load(b[i]));
 }
 
-__global__ void cast_to_bf16_kernel(const float* x, __nv_bfloat16* y, int64_t count) {
+template <typename X, typename Y>
+__global__ void convert_kernel(const X* x, Y* y, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16_rn(x[i]);
-}
-
-__global__ void cast_to_f32_kernel(const __nv_bfloat16* x, float* y, int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = __bfloat162float(x[i]);
+    store(y[i], load(x[i]));
 }
 
 // launchers -------------------------------------------------------------------------------------
 
-void fill(float* x, float value, int64_t count, cudaStream_t stream) {
+template <typename X>
+void fill(X* x, float value, int64_t count, cudaStream_t stream) {
   RELAY_ASSERT(count >= 0 && (count == 0 || x), "fill: count " << count);
   if (count == 0) return;
-  fill_kernel<float><<<grid_for(count), kBlock, 0, stream>>>(x, value, count);
+  X v;
+  if constexpr (std::is_same_v<X, float>)
+    v = value;
+  else
+    v = __float2bfloat16_rn(value);  // rounded once, on the host
+  fill_kernel<X><<<grid_for(count), kBlock, 0, stream>>>(x, v, count);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void fill(int32_t* x, int32_t value, int64_t count, cudaStream_t stream) {
-  RELAY_ASSERT(count >= 0 && (count == 0 || x), "fill: count " << count);
+void fill_i32(int32_t* x, int32_t value, int64_t count, cudaStream_t stream) {
+  RELAY_ASSERT(count >= 0 && (count == 0 || x), "fill_i32: count " << count);
   if (count == 0) return;
   fill_kernel<int32_t><<<grid_for(count), kBlock, 0, stream>>>(x, value, count);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void scale(float* x, float s, int64_t count, cudaStream_t stream) {
+template <typename X>
+void scale(X* x, float s, int64_t count, cudaStream_t stream) {
   RELAY_ASSERT(count >= 0 && (count == 0 || x), "scale: count " << count);
   if (count == 0) return;
-  scale_kernel<<<grid_for(count), kBlock, 0, stream>>>(x, s, count);
+  scale_kernel<X><<<grid_for(count), kBlock, 0, stream>>>(x, s, count);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void add(const float* a, const float* b, float* y, int64_t count, cudaStream_t stream) {
+template <typename X>
+void add(const X* a, const X* b, X* y, int64_t count, cudaStream_t stream) {
   RELAY_ASSERT(count >= 0 && (count == 0 || (a && b && y)), "add: count " << count);
   if (count == 0) return;
-  add_kernel<<<grid_for(count), kBlock, 0, stream>>>(a, b, y, count);
+  add_kernel<X><<<grid_for(count), kBlock, 0, stream>>>(a, b, y, count);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void cast_to_bf16(const float* x, __nv_bfloat16* y, int64_t count, cudaStream_t stream) {
-  RELAY_ASSERT(count >= 0 && (count == 0 || (x && y)), "cast_to_bf16: count " << count);
+template <typename X, typename Y>
+void convert(const X* x, Y* y, int64_t count, cudaStream_t stream) {
+  static_assert(!std::is_same_v<X, Y>, "convert: a same-type conversion is a copy");
+  RELAY_ASSERT(count >= 0 && (count == 0 || (x && y)), "convert: count " << count);
   if (count == 0) return;
-  cast_to_bf16_kernel<<<grid_for(count), kBlock, 0, stream>>>(x, y, count);
+  convert_kernel<X, Y><<<grid_for(count), kBlock, 0, stream>>>(x, y, count);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void cast_to_f32(const __nv_bfloat16* x, float* y, int64_t count, cudaStream_t stream) {
-  RELAY_ASSERT(count >= 0 && (count == 0 || (x && y)), "cast_to_f32: count " << count);
-  if (count == 0) return;
-  cast_to_f32_kernel<<<grid_for(count), kBlock, 0, stream>>>(x, y, count);
-  CUDA_CHECK(cudaGetLastError());
-}
+#define INST(X)                                                               \
+  template void fill<X>(X*, float, int64_t, cudaStream_t);                    \
+  template void scale<X>(X*, float, int64_t, cudaStream_t);                   \
+  template void add<X>(const X*, const X*, X*, int64_t, cudaStream_t);
+RELAY_CUDA_FOR_FLOAT_TYPES(INST)
+#undef INST
+template void convert<float, __nv_bfloat16>(const float*, __nv_bfloat16*, int64_t, cudaStream_t);
+template void convert<__nv_bfloat16, float>(const __nv_bfloat16*, float*, int64_t, cudaStream_t);
 
 }  // namespace relay::cuda

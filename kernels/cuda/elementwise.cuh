@@ -1,5 +1,5 @@
-// Elementwise kernels that are not activations: fill, scale, and the fp32 <-> bf16 casts that feed
-// bf16 GEMMs (master weights stay fp32; only GEMM inputs are rounded, as mixed precision does).
+// Elementwise kernels that are not activations: fill, scale, add, and the float32 <-> bfloat16
+// conversion. X is the storage type, float or __nv_bfloat16; math is in float either way.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -8,13 +8,19 @@
 
 namespace relay::cuda {
 
-void fill(float* x, float value, int64_t count, cudaStream_t stream);      // x (count)
-void fill(int32_t* x, int32_t value, int64_t count, cudaStream_t stream);  // x (count)
-void scale(float* x, float s, int64_t count, cudaStream_t stream);         // x (count) *= s
+// x (count) = value rounded to X.
+template <typename X>
+void fill(X* x, float value, int64_t count, cudaStream_t stream);
+void fill_i32(int32_t* x, int32_t value, int64_t count, cudaStream_t stream);  // x (count)
+// x (count) *= s
+template <typename X>
+void scale(X* x, float s, int64_t count, cudaStream_t stream);
 // y (count) = a + b; y may alias a or b.
-void add(const float* a, const float* b, float* y, int64_t count, cudaStream_t stream);
-// Round to nearest even, as torch's .to(torch.bfloat16).
-void cast_to_bf16(const float* x, __nv_bfloat16* y, int64_t count, cudaStream_t stream);
-void cast_to_f32(const __nv_bfloat16* x, float* y, int64_t count, cudaStream_t stream);
+template <typename X>
+void add(const X* a, const X* b, X* y, int64_t count, cudaStream_t stream);
+// y (count) = x rounded to Y (round to nearest even, as torch's .to(torch.bfloat16)); X and Y differ
+// (float -> __nv_bfloat16 or back; a same-type conversion is a copy, the caller's).
+template <typename X, typename Y>
+void convert(const X* x, Y* y, int64_t count, cudaStream_t stream);
 
 }  // namespace relay::cuda

@@ -1,6 +1,7 @@
-// LayerNorm kernels. Forward and input-gradient use one block per row with two passes over the row
-// (mean, then the centred variance: no cancellation from E[x^2] - E[x]^2). The weight gradient is a
-// column reduction laid out as in bias.cu, with no atomics so results are reproducible.
+// LayerNorm kernels on float or bf16 storage (float math, float32 statistics). Forward and input-gradient
+// use one block per row with two passes over the row (mean, then the centred variance: no cancellation
+// from E[x^2] - E[x]^2). The weight gradient is a column reduction laid out as in bias.cu, with no
+// atomics so results are reproducible.
 //   xhat = (x - mean) * rstd,  rstd = 1 / sqrt(var + eps)
 //   dx   = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)),  g = dy * gamma
 #include "kernels/cuda/layernorm.cuh"
@@ -13,25 +14,27 @@ namespace relay::cuda {
 // kernels ---------------------------------------------------------------------------------------
 
 // grid (n), block (kBlock)
-__global__ void layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, float eps,
-                                         float* y, float* mean_out, float* rstd_out, int64_t d) {
+template <typename X>
+__global__ void layernorm_forward_kernel(const X* x, const X* gamma, const X* beta, float eps, X* y,
+                                         float* mean_out, float* rstd_out, int64_t d) {
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * d;
-  float* yr = y + row * d;
+  const X* xr = x + row * d;  // (d)
+  X* yr = y + row * d;        // (d)
 
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += xr[j];
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += load(xr[j]);
   const float mean = block_sum(sum) / static_cast<float>(d);
 
   float sq = 0.0f;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float c = xr[j] - mean;
+    const float c = load(xr[j]) - mean;
     sq += c * c;
   }
   const float var = block_sum(sq) / static_cast<float>(d);
   const float rstd = 1.0f / sqrtf(var + eps);
 
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    store(yr[j], (load(xr[j]) - mean) * rstd * load(gamma[j]) + load(beta[j]));
   if (threadIdx.x == 0) {
     mean_out[row] = mean;
     rstd_out[row] = rstd;
@@ -40,27 +43,28 @@ __global__ void layernorm_forward_kernel(const float* x, const float* gamma, con
 
 // grid (n), block (kBlock). Each element is read and written by the same thread in both passes, with
 // barriers between them, so dx may alias dy or x.
-__global__ void layernorm_backward_input_kernel(const float* dy, const float* x, const float* gamma,
-                                                const float* mean, const float* rstd, float* dx, int64_t d) {
+template <typename X>
+__global__ void layernorm_backward_input_kernel(const X* dy, const X* x, const X* gamma, const float* mean,
+                                                const float* rstd, X* dx, int64_t d) {
   const int64_t row = blockIdx.x;
-  const float* dyr = dy + row * d;
-  const float* xr = x + row * d;
-  float* dxr = dx + row * d;
+  const X* dyr = dy + row * d;  // (d)
+  const X* xr = x + row * d;    // (d)
+  X* dxr = dx + row * d;        // (d)
   const float mu = mean[row], rs = rstd[row];
 
   float sum_g = 0.0f, sum_gx = 0.0f;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float g = dyr[j] * gamma[j];
+    const float g = load(dyr[j]) * load(gamma[j]);
     sum_g += g;
-    sum_gx += g * (xr[j] - mu) * rs;
+    sum_gx += g * (load(xr[j]) - mu) * rs;
   }
   const float mean_g = block_sum(sum_g) / static_cast<float>(d);
   const float mean_gx = block_sum(sum_gx) / static_cast<float>(d);
 
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float g = dyr[j] * gamma[j];
-    const float xhat = (xr[j] - mu) * rs;
-    dxr[j] = rs * (g - mean_g - xhat * mean_gx);
+    const float g = load(dyr[j]) * load(gamma[j]);
+    const float xhat = (load(xr[j]) - mu) * rs;
+    store(dxr[j], rs * (g - mean_g - xhat * mean_gx));
   }
 }
 
@@ -68,17 +72,17 @@ constexpr int kColTile = 32;
 constexpr int kRowGroups = 16;
 
 // block (kColTile, kRowGroups), grid (ceil(d / kColTile))
-__global__ void layernorm_backward_weight_kernel(const float* dy, const float* x, const float* mean,
-                                                 const float* rstd, float* dgamma, float* dbeta,
-                                                 int64_t n, int64_t d) {
+template <typename X>
+__global__ void layernorm_backward_weight_kernel(const X* dy, const X* x, const float* mean, const float* rstd,
+                                                 float* dgamma, float* dbeta, int64_t n, int64_t d) {
   __shared__ float part_g[kRowGroups][kColTile + 1];
   __shared__ float part_b[kRowGroups][kColTile + 1];
   const int64_t col = int64_t(blockIdx.x) * kColTile + threadIdx.x;
   float sg = 0.0f, sb = 0.0f;
   if (col < d) {
     for (int64_t row = threadIdx.y; row < n; row += kRowGroups) {
-      const float g = dy[row * d + col];
-      sg += g * (x[row * d + col] - mean[row]) * rstd[row];
+      const float g = load(dy[row * d + col]);
+      sg += g * (load(x[row * d + col]) - mean[row]) * rstd[row];
       sb += g;
     }
   }
@@ -98,34 +102,47 @@ __global__ void layernorm_backward_weight_kernel(const float* dy, const float* x
 
 // launchers -------------------------------------------------------------------------------------
 
-void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, float* y,
-                       float* mean, float* rstd, int64_t n, int64_t d, cudaStream_t stream) {
+template <typename X>
+void layernorm_forward(const X* x, const X* gamma, const X* beta, float eps, X* y, float* mean, float* rstd,
+                       int64_t n, int64_t d, cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && d > 0, "layernorm_forward: n " << n << ", d " << d);
   RELAY_ASSERT(eps >= 0.0f, "layernorm_forward: eps " << eps);
   if (n == 0) return;
   RELAY_ASSERT(x && gamma && beta && y && mean && rstd, "layernorm_forward: null pointer");
-  layernorm_forward_kernel<<<grid_rows(n), kBlock, 0, stream>>>(x, gamma, beta, eps, y, mean, rstd, d);
+  layernorm_forward_kernel<X><<<grid_rows(n), kBlock, 0, stream>>>(x, gamma, beta, eps, y, mean, rstd, d);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void layernorm_backward_input(const float* dy, const float* x, const float* gamma, const float* mean,
-                              const float* rstd, float* dx, int64_t n, int64_t d, cudaStream_t stream) {
+template <typename X>
+void layernorm_backward_input(const X* dy, const X* x, const X* gamma, const float* mean, const float* rstd, X* dx,
+                              int64_t n, int64_t d, cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && d > 0, "layernorm_backward_input: n " << n << ", d " << d);
   if (n == 0) return;
   RELAY_ASSERT(dy && x && gamma && mean && rstd && dx, "layernorm_backward_input: null pointer");
-  layernorm_backward_input_kernel<<<grid_rows(n), kBlock, 0, stream>>>(dy, x, gamma, mean, rstd, dx, d);
+  layernorm_backward_input_kernel<X><<<grid_rows(n), kBlock, 0, stream>>>(dy, x, gamma, mean, rstd, dx, d);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void layernorm_backward_weight(const float* dy, const float* x, const float* mean, const float* rstd,
-                               float* dgamma, float* dbeta, int64_t n, int64_t d, cudaStream_t stream) {
+template <typename X>
+void layernorm_backward_weight(const X* dy, const X* x, const float* mean, const float* rstd, float* dgamma,
+                               float* dbeta, int64_t n, int64_t d, cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && d > 0, "layernorm_backward_weight: n " << n << ", d " << d);
   if (n == 0) return;
   RELAY_ASSERT(dy && x && mean && rstd && dgamma && dbeta, "layernorm_backward_weight: null pointer");
   const dim3 block(kColTile, kRowGroups);
   const dim3 grid(static_cast<unsigned>((d + kColTile - 1) / kColTile));
-  layernorm_backward_weight_kernel<<<grid, block, 0, stream>>>(dy, x, mean, rstd, dgamma, dbeta, n, d);
+  layernorm_backward_weight_kernel<X><<<grid, block, 0, stream>>>(dy, x, mean, rstd, dgamma, dbeta, n, d);
   CUDA_CHECK(cudaGetLastError());
 }
+
+#define INST(X)                                                                                                   \
+  template void layernorm_forward<X>(const X*, const X*, const X*, float, X*, float*, float*, int64_t, int64_t,  \
+                                     cudaStream_t);                                                               \
+  template void layernorm_backward_input<X>(const X*, const X*, const X*, const float*, const float*, X*, int64_t, \
+                                            int64_t, cudaStream_t);                                               \
+  template void layernorm_backward_weight<X>(const X*, const X*, const float*, const float*, float*, float*,      \
+                                             int64_t, int64_t, cudaStream_t);
+RELAY_CUDA_FOR_FLOAT_TYPES(INST)
+#undef INST
 
 }  // namespace relay::cuda

@@ -1,6 +1,9 @@
 // LayerNorm over the last dimension, as torch.nn.LayerNorm (biased variance, eps inside the sqrt;
 // Ba et al., arXiv:1607.06450): forward, gradient with respect to the input, and to gamma/beta.
+// X is the storage type of x, y, dy, dx, gamma and beta (float or __nv_bfloat16); mean, rstd, dgamma
+// and dbeta are float32, and all math is float.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -8,13 +11,16 @@
 namespace relay::cuda {
 
 // x, y (n, d); gamma, beta (d); mean, rstd (n) saved for the backward pass.
-void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, float* y,
-                       float* mean, float* rstd, int64_t n, int64_t d, cudaStream_t stream);
-// dx (n, d) from dy, x (n, d), gamma (d), mean, rstd (n).
-void layernorm_backward_input(const float* dy, const float* x, const float* gamma, const float* mean,
-                              const float* rstd, float* dx, int64_t n, int64_t d, cudaStream_t stream);
+template <typename X>
+void layernorm_forward(const X* x, const X* gamma, const X* beta, float eps, X* y, float* mean, float* rstd,
+                       int64_t n, int64_t d, cudaStream_t stream);
+// dx (n, d) from dy, x (n, d), gamma (d), mean, rstd (n); dx may alias dy or x.
+template <typename X>
+void layernorm_backward_input(const X* dy, const X* x, const X* gamma, const float* mean, const float* rstd, X* dx,
+                              int64_t n, int64_t d, cudaStream_t stream);
 // dgamma (d) += sum over rows of dy * xhat; dbeta (d) += sum over rows of dy.
-void layernorm_backward_weight(const float* dy, const float* x, const float* mean, const float* rstd,
-                               float* dgamma, float* dbeta, int64_t n, int64_t d, cudaStream_t stream);
+template <typename X>
+void layernorm_backward_weight(const X* dy, const X* x, const float* mean, const float* rstd, float* dgamma,
+                               float* dbeta, int64_t n, int64_t d, cudaStream_t stream);
 
 }  // namespace relay::cuda

@@ -1,5 +1,6 @@
-// Loss kernels, one block per sample (row). Softmax subtracts the row maximum before exponentiating,
-// so the loss is logsumexp(x) - x[target] computed without overflow (llm.c's fused classifier).
+// Loss kernels, one block per sample (row), on float or bf16 storage with float math. Softmax subtracts
+// the row maximum before exponentiating, so the loss is logsumexp(x) - x[target] computed without
+// overflow (llm.c's fused classifier).
 #include "kernels/cuda/loss.cuh"
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -10,69 +11,71 @@ namespace relay::cuda {
 // kernels ---------------------------------------------------------------------------------------
 
 // grid (n), block (kBlock)
-__global__ void cross_entropy_kernel(const float* logits, const int32_t* targets, float grad_scale,
-                                     float* losses, float* dlogits, int64_t c) {
+template <typename X>
+__global__ void cross_entropy_kernel(const X* logits, const int32_t* targets, float grad_scale, float* losses,
+                                     X* dlogits, int64_t c) {
   const int64_t row = blockIdx.x;
-  const float* xr = logits + row * c;
+  const X* xr = logits + row * c;  // (c)
 
   float local_max = -INFINITY;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) local_max = fmaxf(local_max, xr[j]);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) local_max = fmaxf(local_max, load(xr[j]));
   const float row_max = block_max(local_max);
 
   float local_sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) local_sum += expf(xr[j] - row_max);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) local_sum += expf(load(xr[j]) - row_max);
   const float sum = block_sum(local_sum);
 
   const int32_t target = targets[row];
   const bool valid = target >= 0 && target < c;
-  if (threadIdx.x == 0) losses[row] = valid ? logf(sum) + row_max - xr[target] : NAN;
+  if (threadIdx.x == 0) losses[row] = valid ? logf(sum) + row_max - load(xr[target]) : NAN;
 
   if (dlogits) {
     // dlogits may alias logits: each thread reads xr[j] before writing dr[j] for the same j, and this
     // barrier keeps thread 0's read of xr[target] for the loss ahead of every write.
     __syncthreads();
-    float* dr = dlogits + row * c;
+    X* dr = dlogits + row * c;  // (c)
     const float inv_sum = 1.0f / sum;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      const float p = expf(xr[j] - row_max) * inv_sum;
+      const float p = expf(load(xr[j]) - row_max) * inv_sum;
       const float onehot = (valid && j == target) ? 1.0f : 0.0f;
-      dr[j] = (p - onehot) * grad_scale;
+      store(dr[j], (p - onehot) * grad_scale);
     }
   }
 }
 
 // grid (n), block (kBlock)
-__global__ void mse_kernel(const float* pred, const float* target, float grad_scale, float* losses,
-                           float* dpred, int64_t k) {
+template <typename X>
+__global__ void mse_kernel(const X* pred, const X* target, float grad_scale, float* losses, X* dpred, int64_t k) {
   const int64_t row = blockIdx.x;
-  const float* pr = pred + row * k;
-  const float* tr = target + row * k;
+  const X* pr = pred + row * k;    // (k)
+  const X* tr = target + row * k;  // (k)
   float local = 0.0f;
   for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
-    const float diff = pr[j] - tr[j];
+    const float diff = load(pr[j]) - load(tr[j]);
     local += diff * diff;
   }
   const float sum = block_sum(local);
   if (threadIdx.x == 0) losses[row] = sum / static_cast<float>(k);
   if (dpred) {
-    float* dr = dpred + row * k;
+    X* dr = dpred + row * k;  // (k)
     const float factor = 2.0f / static_cast<float>(k) * grad_scale;
-    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) dr[j] = (pr[j] - tr[j]) * factor;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) store(dr[j], (load(pr[j]) - load(tr[j])) * factor);
   }
 }
 
 // grid (n), block (kBlock): each thread scans its strided columns, then a shared-memory tree keeps the
 // larger value, and the smaller index between equal values, so the first maximum wins.
-__global__ void argmax_kernel(const float* logits, int32_t* out, int64_t c) {
+template <typename X>
+__global__ void argmax_kernel(const X* logits, int32_t* out, int64_t c) {
   __shared__ float best_val[kBlock];
   __shared__ int64_t best_idx[kBlock];
   const int64_t row = blockIdx.x;
-  const float* xr = logits + row * c;
+  const X* xr = logits + row * c;  // (c)
 
   float v = -INFINITY;
   int64_t idx = c;  // c means "none yet": loses every tie
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float x = xr[j];
+    const float x = load(xr[j]);
     if (idx == c || x > v) {
       v = x;
       idx = j;
@@ -99,96 +102,122 @@ __global__ void argmax_kernel(const float* logits, int32_t* out, int64_t c) {
 }
 
 // grid (n), block (kBlock): the row's maximum.
-__global__ void row_max_kernel(const float* x, float* out, int64_t c) {
+template <typename X>
+__global__ void row_max_kernel(const X* x, float* out, int64_t c) {
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * c;
+  const X* xr = x + row * c;  // (c)
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, xr[j]);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, load(xr[j]));
   m = block_max(m);
   if (threadIdx.x == 0) out[row] = m;
 }
 
 // grid (n), block (kBlock): [sum exp(x - max), x[target] or 0] of this rank's columns.
-__global__ void cross_entropy_partial_kernel(const float* logits, const int32_t* targets, int64_t vocab_start,
+template <typename X>
+__global__ void cross_entropy_partial_kernel(const X* logits, const int32_t* targets, int64_t vocab_start,
                                              const float* row_max, float* partial, int64_t c) {
   const int64_t row = blockIdx.x;
-  const float* xr = logits + row * c;
+  const X* xr = logits + row * c;  // (c)
   float s = 0.0f;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += expf(xr[j] - row_max[row]);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += expf(load(xr[j]) - row_max[row]);
   s = block_sum(s);
   if (threadIdx.x == 0) {
     const int64_t t = int64_t(targets[row]) - vocab_start;
     partial[2 * row] = s;
-    partial[2 * row + 1] = t >= 0 && t < c ? xr[t] : 0.0f;
+    partial[2 * row + 1] = t >= 0 && t < c ? load(xr[t]) : 0.0f;
   }
 }
 
-// grid (n), block (kBlock): the loss from the group's totals, and this rank's columns of dlogits.
-__global__ void cross_entropy_finish_kernel(const float* logits, const int32_t* targets, int64_t vocab_start,
+// grid (n), block (kBlock): the loss from the group's totals, and this rank's columns of dlogits
+// (each element read and written by one thread: dlogits may alias logits).
+template <typename X>
+__global__ void cross_entropy_finish_kernel(const X* logits, const int32_t* targets, int64_t vocab_start,
                                             const float* row_max, const float* total, float grad_scale,
-                                            float* losses, float* dlogits, int64_t c) {
+                                            float* losses, X* dlogits, int64_t c) {
   const int64_t row = blockIdx.x;
   const float lse = logf(total[2 * row]) + row_max[row];
   if (threadIdx.x == 0) losses[row] = lse - total[2 * row + 1];
   if (!dlogits) return;
-  const float* xr = logits + row * c;
-  float* dr = dlogits + row * c;
+  const X* xr = logits + row * c;  // (c)
+  X* dr = dlogits + row * c;       // (c)
   const int64_t t = int64_t(targets[row]) - vocab_start;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dr[j] = (expf(xr[j] - lse) - (j == t ? 1.0f : 0.0f)) * grad_scale;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+    store(dr[j], (expf(load(xr[j]) - lse) - (j == t ? 1.0f : 0.0f)) * grad_scale);
 }
 
 // launchers -------------------------------------------------------------------------------------
 
-void row_max(const float* x, float* out, int64_t n, int64_t c, cudaStream_t stream) {
+template <typename X>
+void row_max(const X* x, float* out, int64_t n, int64_t c, cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && c > 0, "row_max: n " << n << ", c " << c);
   if (n == 0) return;
-  row_max_kernel<<<grid_rows(n), kBlock, 0, stream>>>(x, out, c);
+  RELAY_ASSERT(x && out, "row_max: null pointer");
+  row_max_kernel<X><<<grid_rows(n), kBlock, 0, stream>>>(x, out, c);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void cross_entropy_partial(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+template <typename X>
+void cross_entropy_partial(const X* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
                            float* partial, int64_t n, int64_t c, cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && c > 0, "cross_entropy_partial: n " << n << ", c " << c);
   if (n == 0) return;
-  cross_entropy_partial_kernel<<<grid_rows(n), kBlock, 0, stream>>>(logits, targets, vocab_start, row_max, partial, c);
+  RELAY_ASSERT(logits && targets && row_max && partial, "cross_entropy_partial: null pointer");
+  cross_entropy_partial_kernel<X>
+      <<<grid_rows(n), kBlock, 0, stream>>>(logits, targets, vocab_start, row_max, partial, c);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void cross_entropy_finish(const float* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
-                          const float* total, float grad_scale, float* losses, float* dlogits, int64_t n, int64_t c,
+template <typename X>
+void cross_entropy_finish(const X* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+                          const float* total, float grad_scale, float* losses, X* dlogits, int64_t n, int64_t c,
                           cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && c > 0, "cross_entropy_finish: n " << n << ", c " << c);
   if (n == 0) return;
-  cross_entropy_finish_kernel<<<grid_rows(n), kBlock, 0, stream>>>(logits, targets, vocab_start, row_max, total,
-                                                                   grad_scale, losses, dlogits, c);
+  RELAY_ASSERT(logits && targets && row_max && total && losses, "cross_entropy_finish: null pointer");
+  cross_entropy_finish_kernel<X><<<grid_rows(n), kBlock, 0, stream>>>(logits, targets, vocab_start, row_max, total,
+                                                                      grad_scale, losses, dlogits, c);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void cross_entropy(const float* logits, const int32_t* targets, float grad_scale, float* losses,
-                   float* dlogits, int64_t n, int64_t c, cudaStream_t stream) {
+template <typename X>
+void cross_entropy(const X* logits, const int32_t* targets, float grad_scale, float* losses, X* dlogits, int64_t n,
+                   int64_t c, cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && c > 0, "cross_entropy: n " << n << ", c " << c);
   if (n == 0) return;
   RELAY_ASSERT(logits && targets && losses, "cross_entropy: null pointer");
-  cross_entropy_kernel<<<grid_rows(n), kBlock, 0, stream>>>(logits, targets, grad_scale, losses,
-                                                                        dlogits, c);
+  cross_entropy_kernel<X><<<grid_rows(n), kBlock, 0, stream>>>(logits, targets, grad_scale, losses, dlogits, c);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void mse(const float* pred, const float* target, float grad_scale, float* losses, float* dpred,
-         int64_t n, int64_t k, cudaStream_t stream) {
+template <typename X>
+void mse(const X* pred, const X* target, float grad_scale, float* losses, X* dpred, int64_t n, int64_t k,
+         cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && k > 0, "mse: n " << n << ", k " << k);
   if (n == 0) return;
   RELAY_ASSERT(pred && target && losses, "mse: null pointer");
-  mse_kernel<<<grid_rows(n), kBlock, 0, stream>>>(pred, target, grad_scale, losses, dpred, k);
+  mse_kernel<X><<<grid_rows(n), kBlock, 0, stream>>>(pred, target, grad_scale, losses, dpred, k);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void argmax(const float* logits, int32_t* out, int64_t n, int64_t c, cudaStream_t stream) {
+template <typename X>
+void argmax(const X* logits, int32_t* out, int64_t n, int64_t c, cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && c > 0 && c <= INT32_MAX, "argmax: n " << n << ", c " << c);
   if (n == 0) return;
   RELAY_ASSERT(logits && out, "argmax: null pointer");
-  argmax_kernel<<<grid_rows(n), kBlock, 0, stream>>>(logits, out, c);
+  argmax_kernel<X><<<grid_rows(n), kBlock, 0, stream>>>(logits, out, c);
   CUDA_CHECK(cudaGetLastError());
 }
+
+#define INST(X)                                                                                                   \
+  template void cross_entropy<X>(const X*, const int32_t*, float, float*, X*, int64_t, int64_t, cudaStream_t);   \
+  template void mse<X>(const X*, const X*, float, float*, X*, int64_t, int64_t, cudaStream_t);                   \
+  template void argmax<X>(const X*, int32_t*, int64_t, int64_t, cudaStream_t);                                   \
+  template void row_max<X>(const X*, float*, int64_t, int64_t, cudaStream_t);                                    \
+  template void cross_entropy_partial<X>(const X*, const int32_t*, int64_t, const float*, float*, int64_t, int64_t, \
+                                         cudaStream_t);                                                          \
+  template void cross_entropy_finish<X>(const X*, const int32_t*, int64_t, const float*, const float*, float,     \
+                                        float*, X*, int64_t, int64_t, cudaStream_t);
+RELAY_CUDA_FOR_FLOAT_TYPES(INST)
+#undef INST
 
 }  // namespace relay::cuda

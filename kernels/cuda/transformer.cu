@@ -1,6 +1,7 @@
-// Embedding, causal attention and KV-cache decoding kernels (llm.c's attention_forward_kernel1 and
-// its CPU backward are the model for the loops). Each thread owns its outputs and visits its inputs
-// in a fixed order, so results are bitwise reproducible and no float atomics are used.
+// Embedding, causal attention and KV-cache decoding kernels, on float or bf16 storage where templated
+// (llm.c's attention_forward_kernel1 and its CPU backward are the model for the loops). Each thread
+// owns its outputs and visits its inputs in a fixed order, so results are bitwise reproducible and no
+// float atomics are used.
 #include "kernels/cuda/transformer.cuh"
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -10,33 +11,36 @@ namespace relay::cuda {
 
 // kernels ---------------------------------------------------------------------------------------
 
-__global__ void embedding_forward_kernel(const int32_t* tokens, const float* wte, const float* wpe, float* out,
-                                         int64_t rows, int64_t C, int64_t T, int64_t vocab_start, int64_t vocab_rows) {
+template <typename X>
+__global__ void embedding_forward_kernel(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows,
+                                         int64_t C, int64_t T, int64_t vocab_start, int64_t vocab_rows) {
   const int64_t n = rows * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / C, c = i % C, v = int64_t(tokens[r]) - vocab_start;
-    const float e = v >= 0 && v < vocab_rows ? wte[v * C + c] : 0.0f;  // another tp rank's token: 0
-    out[i] = e + (wpe ? wpe[(r % T) * C + c] : 0.0f);
+    const float e = v >= 0 && v < vocab_rows ? load(wte[v * C + c]) : 0.0f;  // another tp rank's token: 0
+    store(out[i], e + (wpe ? load(wpe[(r % T) * C + c]) : 0.0f));
   }
 }
 
 // One thread per channel: it walks every row in order and adds into that row's token (dwte).
-__global__ void embedding_backward_wte_kernel(const int32_t* tokens, const float* dout, float* dwte, int64_t rows,
+template <typename X>
+__global__ void embedding_backward_wte_kernel(const int32_t* tokens, const X* dout, float* dwte, int64_t rows,
                                               int64_t C, int64_t vocab_start, int64_t vocab_rows) {
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t v = int64_t(tokens[r]) - vocab_start;
-      if (v >= 0 && v < vocab_rows) dwte[v * C + c] += dout[r * C + c];
+      if (v >= 0 && v < vocab_rows) dwte[v * C + c] += load(dout[r * C + c]);
     }
 }
 
 // One thread per (position, channel): the sum over sequences in order.
-__global__ void embedding_backward_wpe_kernel(const float* dout, float* dwpe, int64_t rows, int64_t C, int64_t T) {
+template <typename X>
+__global__ void embedding_backward_wpe_kernel(const X* dout, float* dwpe, int64_t rows, int64_t C, int64_t T) {
   const int64_t n = T * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / C, c = i % C;
     float s = 0.0f;
-    for (int64_t r = t; r < rows; r += T) s += dout[r * C + c];
+    for (int64_t r = t; r < rows; r += T) s += load(dout[r * C + c]);
     dwpe[i] += s;
   }
 }
@@ -121,8 +125,8 @@ __global__ void attention_dqkv_kernel(const float* dout, const float* qkv, const
   }
 }
 
-__global__ void kv_store_kernel(const float* qkv, float* kcache, float* vcache, int64_t n, int64_t t, int64_t Tmax,
-                                int64_t C) {
+template <typename X>
+__global__ void kv_store_kernel(const X* qkv, X* kcache, X* vcache, int64_t n, int64_t t, int64_t Tmax, int64_t C) {
   const int64_t m = n * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = i / C, c = i % C;
@@ -134,50 +138,55 @@ __global__ void kv_store_kernel(const float* qkv, float* kcache, float* vcache, 
 constexpr int kMaxHeadDim = 256;
 
 // One thread per (b, h): an online softmax over the cached positions [0, t].
-__global__ void attention_decode_kernel(const float* qkv, const float* kcache, const float* vcache, float* out,
-                                        int64_t n, int64_t t, int64_t Tmax, int64_t C, int64_t H) {
+template <typename X>
+__global__ void attention_decode_kernel(const X* qkv, const X* kcache, const X* vcache, X* out, int64_t n, int64_t t,
+                                        int64_t Tmax, int64_t C, int64_t H) {
   const int64_t hd = C / H;
   const float scale = rsqrtf(float(hd));
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * H; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = i / H, h = i % H;
-    const float* q = qkv + b * 3 * C + h * hd;
+    const X* q = qkv + b * 3 * C + h * hd;  // (hd)
     float acc[kMaxHeadDim];
     for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
     float mx = -INFINITY, sum = 0.0f;
     for (int64_t s = 0; s <= t; ++s) {
-      const float* k = kcache + (b * Tmax + s) * C + h * hd;
-      const float* v = vcache + (b * Tmax + s) * C + h * hd;
+      const X* k = kcache + (b * Tmax + s) * C + h * hd;  // (hd)
+      const X* v = vcache + (b * Tmax + s) * C + h * hd;  // (hd)
       float dot = 0.0f;
-      for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+      for (int64_t d = 0; d < hd; ++d) dot += load(q[d]) * load(k[d]);
       const float z = dot * scale, m2 = fmaxf(mx, z), shrink = expf(mx - m2), w = expf(z - m2);
       sum = sum * shrink + w;
-      for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * shrink + w * v[d];
+      for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * shrink + w * load(v[d]);
       mx = m2;
     }
-    for (int64_t d = 0; d < hd; ++d) out[b * C + h * hd + d] = acc[d] / sum;
+    for (int64_t d = 0; d < hd; ++d) store(out[b * C + h * hd + d], acc[d] / sum);
   }
 }
 
 // launchers -------------------------------------------------------------------------------------
 
-void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out, int64_t rows, int64_t C,
-                       int64_t T, int64_t vocab_start, int64_t vocab_rows, cudaStream_t stream) {
+template <typename X>
+void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows, int64_t C, int64_t T,
+                       int64_t vocab_start, int64_t vocab_rows, cudaStream_t stream) {
   RELAY_ASSERT(rows >= 0 && C > 0 && T > 0, "embedding_forward: rows " << rows << ", C " << C << ", T " << T);
   if (rows == 0) return;
-  embedding_forward_kernel<<<grid_for(rows * C), kBlock, 0, stream>>>(tokens, wte, wpe, out, rows, C, T, vocab_start,
-                                                                       vocab_rows);
+  RELAY_ASSERT(tokens && wte && out, "embedding_forward: null pointer");
+  embedding_forward_kernel<X><<<grid_for(rows * C), kBlock, 0, stream>>>(tokens, wte, wpe, out, rows, C, T,
+                                                                          vocab_start, vocab_rows);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
+template <typename X>
+void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
                         int64_t T, int64_t vocab_start, int64_t vocab_rows, cudaStream_t stream) {
   RELAY_ASSERT(rows >= 0 && C > 0 && T > 0, "embedding_backward: rows " << rows << ", C " << C << ", T " << T);
   if (rows == 0) return;
-  embedding_backward_wte_kernel<<<grid_for(C), kBlock, 0, stream>>>(tokens, dout, dwte, rows, C, vocab_start,
-                                                                    vocab_rows);
+  RELAY_ASSERT(tokens && dout && dwte, "embedding_backward: null pointer");
+  embedding_backward_wte_kernel<X><<<grid_for(C), kBlock, 0, stream>>>(tokens, dout, dwte, rows, C, vocab_start,
+                                                                       vocab_rows);
   CUDA_CHECK(cudaGetLastError());
   if (!dwpe) return;
-  embedding_backward_wpe_kernel<<<grid_for(T * C), kBlock, 0, stream>>>(dout, dwpe, rows, C, T);
+  embedding_backward_wpe_kernel<X><<<grid_for(T * C), kBlock, 0, stream>>>(dout, dwpe, rows, C, T);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -199,15 +208,25 @@ void attention_backward(const float* dout, const float* qkv, const float* att, f
   CUDA_CHECK(cudaGetLastError());
 }
 
-void attention_decode(const float* qkv, float* kcache, float* vcache, float* out, int64_t n, int64_t t, int64_t Tmax,
-                      int64_t C, int64_t H, cudaStream_t stream) {
+template <typename X>
+void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
+                      int64_t H, cudaStream_t stream) {
   RELAY_ASSERT(n > 0 && H > 0 && C % H == 0 && C / H <= kMaxHeadDim && t >= 0 && t < Tmax,
                "attention_decode: n " << n << ", t " << t << ", Tmax " << Tmax << ", C " << C << ", H " << H
                                       << " (head dim at most " << kMaxHeadDim << ")");
-  kv_store_kernel<<<grid_for(n * C), kBlock, 0, stream>>>(qkv, kcache, vcache, n, t, Tmax, C);
+  kv_store_kernel<X><<<grid_for(n * C), kBlock, 0, stream>>>(qkv, kcache, vcache, n, t, Tmax, C);
   CUDA_CHECK(cudaGetLastError());
-  attention_decode_kernel<<<grid_for(n * H), kBlock, 0, stream>>>(qkv, kcache, vcache, out, n, t, Tmax, C, H);
+  attention_decode_kernel<X><<<grid_for(n * H), kBlock, 0, stream>>>(qkv, kcache, vcache, out, n, t, Tmax, C, H);
   CUDA_CHECK(cudaGetLastError());
 }
+
+#define INST(X)                                                                                                  \
+  template void embedding_forward<X>(const int32_t*, const X*, const X*, X*, int64_t, int64_t, int64_t, int64_t, \
+                                     int64_t, cudaStream_t);                                                     \
+  template void embedding_backward<X>(const int32_t*, const X*, float*, float*, int64_t, int64_t, int64_t,       \
+                                      int64_t, int64_t, cudaStream_t);                                           \
+  template void attention_decode<X>(const X*, X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+RELAY_CUDA_FOR_FLOAT_TYPES(INST)
+#undef INST
 
 }  // namespace relay::cuda

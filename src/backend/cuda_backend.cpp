@@ -1,6 +1,8 @@
 // The CUDA backend: every op is a cuBLAS GEMM or a launcher from kernels/cuda, queued on the one
 // stream this backend owns, so ops run in program order without host synchronisation. Only
-// download, sum_squares and synchronize wait for the GPU.
+// download, sum_squares and synchronize wait for the GPU. The front door (backend.cpp) has checked
+// every op's devices, dtypes and shapes; the *_impl methods here pick the kernel for the storage type
+// (float32 or bfloat16) and launch it.
 #include "backend/cuda_backend.hpp"
 
 #include <cublas_v2.h>
@@ -12,6 +14,7 @@
 #include <climits>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -19,6 +22,7 @@
 #include "kernels/cuda/bias.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/loss.cuh"
 #include "kernels/cuda/optimizer.cuh"
@@ -117,26 +121,48 @@ cuda::ActKind kernel_act(Activation act) {
   return cuda::ActKind::relu;
 }
 
-void expect_cuda(const Tensor& t, const char* op, const char* name, DType dtype = DType::f32) {
-  RELAY_ASSERT(t.defined(), op << ": " << name << " is undefined");
-  RELAY_ASSERT(t.device() == Device::cuda, op << ": " << name << " " << shape_str(t.shape())
-                                              << " is not a CUDA tensor");
-  RELAY_ASSERT(t.dtype() == dtype, op << ": " << name << " is " << dtype_name(t.dtype()) << ", expected "
-                                      << dtype_name(dtype));
-}
+// A float tensor's device storage: float, or __nv_bfloat16 (the same bits as relay::bf16).
+static_assert(sizeof(__nv_bfloat16) == sizeof(bf16), "__nv_bfloat16 and relay::bf16 share one layout");
+template <typename X>
+X* ptr(Tensor& t);
+template <>
+float* ptr<float>(Tensor& t) { return t.f32(); }
+template <>
+__nv_bfloat16* ptr<__nv_bfloat16>(Tensor& t) { return reinterpret_cast<__nv_bfloat16*>(t.b16()); }
+template <typename X>
+const X* ptr(const Tensor& t);
+template <>
+const float* ptr<float>(const Tensor& t) { return t.f32(); }
+template <>
+const __nv_bfloat16* ptr<__nv_bfloat16>(const Tensor& t) { return reinterpret_cast<const __nv_bfloat16*>(t.b16()); }
+template <typename X>
+X* ptr_or_null(Tensor* t) { return t ? ptr<X>(*t) : nullptr; }
+template <typename X>
+const X* ptr_or_null(const Tensor& t) { return t.defined() ? ptr<X>(t) : nullptr; }
 
-void expect_numel(const Tensor& t, int64_t numel, const char* op, const char* name) {
-  RELAY_ASSERT(t.numel() == numel, op << ": " << name << " " << shape_str(t.shape()) << " has " << t.numel()
-                                      << " elements, expected " << numel);
+// Calls f with a null pointer of the tensor's storage type, f(static_cast<float*>(nullptr)) or
+// f(static_cast<__nv_bfloat16*>(nullptr)); the front door has checked that it is one of the two.
+template <typename F>
+void by_dtype(const Tensor& t, F&& f) {
+  if (t.dtype() == DType::bf16)
+    f(static_cast<__nv_bfloat16*>(nullptr));
+  else
+    f(static_cast<float*>(nullptr));
 }
+#define X_OF(p) std::remove_pointer_t<decltype(p)>
 
-// A tensor read as a matrix (rows, cols): the leading dimension is the rows, the rest the columns;
-// a vector is one column. The same convention as the CPU reference backend.
-int64_t rows_of(const Tensor& t) { return t.ndim() == 0 ? 1 : t.size(0); }
-int64_t cols_of(const Tensor& t) {
-  int64_t cols = 1;
-  for (int d = 1; d < t.ndim(); ++d) cols *= t.size(d);
-  return cols;
+// The bf16 working copy an optimizer step also writes, or null when the tensor is undefined.
+__nv_bfloat16* bf16_work(Tensor& work) { return work.defined() ? ptr<__nv_bfloat16>(work) : nullptr; }
+
+cudaDataType_t cuda_type(DType dt) { return dt == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// The CUDA FlashAttention kernels take head dimensions up to cuda::kFlashMaxHeadDim (a register tile per
+// lane); the CPU takes any. A user's model choice, so an Error naming the config keys, not an assertion.
+void check_flash_head_dim(const char* op, int64_t C, int64_t H) {
+  if (C / H > cuda::kFlashMaxHeadDim)
+    throw Error(cat(op, ": head dimension C / H = ", C / H, " (C = ", C, ", H = ", H,
+                    ") is above the CUDA FlashAttention kernels' limit of ", cuda::kFlashMaxHeadDim,
+                    "; choose model.n_embd / model.n_head <= ", cuda::kFlashMaxHeadDim));
 }
 
 class CudaBackend final : public Backend {
@@ -147,8 +173,6 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    // Default math: no TF32, so fp32 GEMMs agree with the CPU to ~1e-6 (unless NVIDIA_TF32_OVERRIDE=1).
-    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
     pool_ = std::make_shared<DevicePool>();
     reduce_scratch_ = pool_->allocate((cuda::kSumSquaresMaxBlocks + 1) * sizeof(double));
     host_scalar_ = allocate_host(sizeof(double));
@@ -161,8 +185,6 @@ class CudaBackend final : public Backend {
     // No CHECKs: this may run during shutdown after an error elsewhere.
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
-    bf16_a_.reset();
-    bf16_b_.reset();
     reduce_scratch_.reset();
     for (Staging& slot : staging_)
       if (slot.copied) cudaEventDestroy(slot.copied);
@@ -182,15 +204,23 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasGetVersion(cublas_, &cublas_version));
     return cat("cuda:", device_, " ", prop_.name, " (sm_", prop_.major, prop_.minor, ", ",
                prop_.multiProcessorCount, " SMs, ", prop_.totalGlobalMem / (1024 * 1024 * 1024), " GiB), cuBLAS ",
-               cublas_version, ", precision ", precision_ == Precision::fp32 ? "fp32" : "bf16");
+               cublas_version, ", precision ", precision_name(precision_));
   }
 
+  // fp32 and bf16: default math, so float32 GEMMs agree with the CPU to ~1e-6 (unless the environment sets
+  // NVIDIA_TF32_OVERRIDE=1); bf16 GEMMs take their dtype from their tensors. tf32: float32 GEMMs on TF32
+  // tensor cores. bf16 and tf32 tensor cores need Ampere (sm_80) or newer.
   void set_precision(Precision p) override {
-    if (p == Precision::bf16 && prop_.major < 8)
-      throw Error(cat("train.precision = \"bf16\" needs a GPU with compute capability 8.0 or newer; cuda:", device_,
-                      " (", prop_.name, ") is sm_", prop_.major, prop_.minor, ". Use train.precision = \"fp32\""));
+    if ((p == Precision::bf16 || p == Precision::tf32) && prop_.major < 8)
+      throw Error(cat("train.precision = \"", precision_name(p),
+                      "\" needs a GPU with compute capability 8.0 or newer; cuda:", device_, " (", prop_.name,
+                      ") is sm_", prop_.major, prop_.minor, ". Use train.precision = \"fp32\""));
+    bind();
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, p == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     precision_ = p;
   }
+
+  bool supports(DType dt) const override { return dt == DType::f32 || dt == DType::i32 || dt == DType::bf16; }
 
   // --- memory ---------------------------------------------------------------------------------
 
@@ -232,25 +262,6 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  void copy(Tensor& dst, const Tensor& src) override {
-    bind();
-    expect_cuda(src, "copy", "src", src.dtype());
-    expect_cuda(dst, "copy", "dst", src.dtype());
-    RELAY_ASSERT(dst.numel() == src.numel(),
-                 "copy: dst " << shape_str(dst.shape()) << " vs src " << shape_str(src.shape()));
-    if (src.bytes() == 0 || dst.raw() == src.raw()) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDeviceToDevice, stream_));
-  }
-
-  void fill(Tensor& x, float value) override {
-    bind();
-    expect_cuda(x, "fill", "x", x.dtype());
-    if (x.dtype() == DType::i32)
-      cuda::fill(x.i32(), static_cast<int32_t>(value), x.numel(), stream_);
-    else
-      cuda::fill(x.f32(), value, x.numel(), stream_);
-  }
-
   void synchronize() override {
     bind();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -280,31 +291,47 @@ class CudaBackend final : public Backend {
   }
   void clear_marks() override { marks_used_ = 0; }
 
+ protected:
+  // Every *_impl runs after the front door's checks (backend.cpp): devices, dtypes and shapes are right.
+
+  void copy_impl(Tensor& dst, const Tensor& src) override {
+    bind();
+    if (src.bytes() == 0 || dst.raw() == src.raw()) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void fill_impl(Tensor& x, float value) override {
+    bind();
+    if (x.dtype() == DType::i32) return cuda::fill_i32(x.i32(), static_cast<int32_t>(value), x.numel(), stream_);
+    by_dtype(x, [&](auto* t) { cuda::fill(ptr<X_OF(t)>(x), value, x.numel(), stream_); });
+  }
+
+  void convert_impl(const Tensor& src, Tensor& dst) override {
+    bind();
+    if (src.dtype() == dst.dtype()) return copy_impl(dst, src);
+    if (src.dtype() == DType::f32)
+      cuda::convert(src.f32(), ptr<__nv_bfloat16>(dst), src.numel(), stream_);
+    else
+      cuda::convert(ptr<__nv_bfloat16>(src), dst.f32(), src.numel(), stream_);
+  }
+
   // --- linear algebra -------------------------------------------------------------------------
 
-  void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
-              float beta) override {
+  // The GEMM's types come from its tensors: a, b float32 or bfloat16 (CUDA_R_16BF), y float32 or
+  // bfloat16; accumulation in float32 (CUBLAS_COMPUTE_32F), on TF32 tensor cores for float32 inputs
+  // under train.precision = "tf32".
+  void matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
+                   float beta) override {
     bind();
-    expect_cuda(a, "matmul", "a");
-    expect_cuda(b, "matmul", "b");
-    expect_cuda(y, "matmul", "y");
-    RELAY_ASSERT(a.ndim() == 2 && b.ndim() == 2 && y.ndim() == 2,
-                 "matmul: a " << shape_str(a.shape()) << ", b " << shape_str(b.shape()) << ", y "
-                              << shape_str(y.shape()) << " must be matrices");
-    const int64_t m = trans_a ? a.size(1) : a.size(0);
-    const int64_t k = trans_a ? a.size(0) : a.size(1);
-    const int64_t kb = trans_b ? b.size(1) : b.size(0);
-    const int64_t n = trans_b ? b.size(0) : b.size(1);
-    RELAY_ASSERT(k == kb && y.size(0) == m && y.size(1) == n,
-                 "matmul: op(a) is (" << m << ", " << k << "), op(b) is (" << kb << ", " << n << "), y is "
-                                      << shape_str(y.shape()));
-    RELAY_ASSERT(y.raw() != a.raw() && y.raw() != b.raw(), "matmul: y must not alias a or b");
+    const int64_t m = y.size(0), n = y.size(1), k = trans_a ? a.size(0) : a.size(1);
     if (m == 0 || n == 0) return;
     if (k == 0) {  // an empty sum: y = beta * y, and beta == 0 must not read y (BLAS convention)
-      if (beta == 0.0f)
-        cuda::fill(y.f32(), 0.0f, y.numel(), stream_);
-      else
-        cuda::scale(y.f32(), beta, y.numel(), stream_);
+      by_dtype(y, [&](auto* t) {
+        if (beta == 0.0f)
+          cuda::fill(ptr<X_OF(t)>(y), 0.0f, y.numel(), stream_);
+        else
+          cuda::scale(ptr<X_OF(t)>(y), beta, y.numel(), stream_);
+      });
       return;
     }
     RELAY_ASSERT(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && a.size(1) <= INT_MAX && b.size(1) <= INT_MAX,
@@ -316,76 +343,59 @@ class CudaBackend final : public Backend {
     const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int lda = static_cast<int>(a.size(1)), ldb = static_cast<int>(b.size(1)), ldy = static_cast<int>(n);
-    const void* a_ptr = a.raw();
-    const void* b_ptr = b.raw();
-    cudaDataType_t in_type = CUDA_R_32F;
-    if (precision_ == Precision::bf16) {
-      a_ptr = to_bf16(a, bf16_a_, bf16_a_bytes_);
-      b_ptr = to_bf16(b, bf16_b_, bf16_b_bytes_);
-      in_type = CUDA_R_16BF;
-    }
+    const cudaDataType_t ab_type = cuda_type(a.dtype()), y_type = cuda_type(y.dtype());
+    const cublasComputeType_t compute = a.dtype() == DType::f32 && precision_ == Precision::tf32
+                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                            : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasGemmEx(cublas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                              &alpha, b_ptr, in_type, ldb, a_ptr, in_type, lda, &beta, y.raw(), CUDA_R_32F, ldy,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                              &alpha, b.raw(), ab_type, ldb, a.raw(), ab_type, lda, &beta, y.raw(), y_type, ldy,
+                              compute, CUBLAS_GEMM_DEFAULT));
   }
 
-  void add_bias(Tensor& y, const Tensor& bias) override {
+  void add_bias_impl(Tensor& y, const Tensor& bias) override {
     bind();
-    expect_cuda(y, "add_bias", "y");
-    expect_cuda(bias, "add_bias", "bias");
-    const int64_t f = cols_of(y);
-    expect_numel(bias, f, "add_bias", "bias");
-    cuda::add_bias(y.f32(), bias.f32(), rows_of(y), f, stream_);
+    by_dtype(y, [&](auto* t) {
+      cuda::add_bias(ptr<X_OF(t)>(y), ptr<X_OF(t)>(bias), rows_of(y), cols_of(y), stream_);
+    });
   }
 
-  void bias_grad(const Tensor& dy, Tensor& db, float beta) override {
+  void bias_grad_impl(const Tensor& dy, Tensor& db, float beta) override {
     bind();
-    expect_cuda(dy, "bias_grad", "dy");
-    expect_cuda(db, "bias_grad", "db");
-    const int64_t f = cols_of(dy);
-    expect_numel(db, f, "bias_grad", "db");
-    cuda::bias_grad(dy.f32(), db.f32(), rows_of(dy), f, beta, stream_);
+    by_dtype(dy, [&](auto* t) { cuda::bias_grad(ptr<X_OF(t)>(dy), db.f32(), rows_of(dy), cols_of(dy), beta, stream_); });
   }
 
   // --- elementwise ----------------------------------------------------------------------------
 
-  void activation_forward(Activation act, const Tensor& x, Tensor& y) override {
+  void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) override {
     bind();
-    expect_cuda(x, "activation_forward", "x");
-    expect_cuda(y, "activation_forward", "y");
-    expect_numel(y, x.numel(), "activation_forward", "y");
-    cuda::activation_forward(kernel_act(act), x.f32(), y.f32(), x.numel(), stream_);
+    by_dtype(x, [&](auto* t) {
+      cuda::activation_forward(kernel_act(act), ptr<X_OF(t)>(x), ptr<X_OF(t)>(y), x.numel(), stream_);
+    });
   }
 
-  void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override {
+  void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override {
     bind();
-    expect_cuda(x, "activation_backward", "x");
-    expect_cuda(dy, "activation_backward", "dy");
-    expect_cuda(dx, "activation_backward", "dx");
-    expect_numel(dy, x.numel(), "activation_backward", "dy");
-    expect_numel(dx, x.numel(), "activation_backward", "dx");
-    cuda::activation_backward(kernel_act(act), x.f32(), dy.f32(), dx.f32(), x.numel(), stream_);
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::activation_backward(kernel_act(act), ptr<X>(x), ptr<X>(dy), ptr<X>(dx), x.numel(), stream_);
+    });
   }
 
-  void add(const Tensor& a, const Tensor& b, Tensor& y) override {
+  void add_impl(const Tensor& a, const Tensor& b, Tensor& y) override {
     bind();
-    expect_cuda(a, "add", "a");
-    expect_cuda(b, "add", "b");
-    expect_cuda(y, "add", "y");
-    expect_numel(b, a.numel(), "add", "b");
-    expect_numel(y, a.numel(), "add", "y");
-    cuda::add(a.f32(), b.f32(), y.f32(), a.numel(), stream_);
+    by_dtype(a, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::add(ptr<X>(a), ptr<X>(b), ptr<X>(y), a.numel(), stream_);
+    });
   }
 
-  void scale(Tensor& x, float s) override {
+  void scale_impl(Tensor& x, float s) override {
     bind();
-    expect_cuda(x, "scale", "x");
-    cuda::scale(x.f32(), s, x.numel(), stream_);
+    by_dtype(x, [&](auto* t) { cuda::scale(ptr<X_OF(t)>(x), s, x.numel(), stream_); });
   }
 
-  double sum_squares(const Tensor& x) override {
+  double sum_squares_impl(const Tensor& x) override {
     bind();
-    expect_cuda(x, "sum_squares", "x");
     double* partial = reinterpret_cast<double*>(reduce_scratch_.get());  // (kSumSquaresMaxBlocks)
     double* total = partial + cuda::kSumSquaresMaxBlocks;                   // (1)
     cuda::sum_squares(x.f32(), x.numel(), partial, total, stream_);
@@ -398,282 +408,180 @@ class CudaBackend final : public Backend {
 
   // --- layernorm ------------------------------------------------------------------------------
 
-  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                         Tensor& mean, Tensor& rstd) override {
+  void layernorm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                              Tensor& mean, Tensor& rstd) override {
     bind();
-    const char* op = "layernorm_forward";
-    expect_cuda(x, op, "x");
-    expect_cuda(gamma, op, "gamma");
-    expect_cuda(beta, op, "beta");
-    expect_cuda(y, op, "y");
-    expect_cuda(mean, op, "mean");
-    expect_cuda(rstd, op, "rstd");
-    const int64_t d = cols_of(x), n = rows_of(x);
-    expect_numel(gamma, d, op, "gamma");
-    expect_numel(beta, d, op, "beta");
-    expect_numel(y, x.numel(), op, "y");
-    expect_numel(mean, n, op, "mean");
-    expect_numel(rstd, n, op, "rstd");
-    cuda::layernorm_forward(x.f32(), gamma.f32(), beta.f32(), eps, y.f32(), mean.f32(), rstd.f32(), n, d, stream_);
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::layernorm_forward(ptr<X>(x), ptr<X>(gamma), ptr<X>(beta), eps, ptr<X>(y), mean.f32(), rstd.f32(),
+                              rows_of(x), cols_of(x), stream_);
+    });
   }
 
-  void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                                const Tensor& rstd, Tensor& dx) override {
+  void layernorm_backward_input_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                     const Tensor& rstd, Tensor& dx) override {
     bind();
-    const char* op = "layernorm_backward_input";
-    expect_cuda(dy, op, "dy");
-    expect_cuda(x, op, "x");
-    expect_cuda(gamma, op, "gamma");
-    expect_cuda(mean, op, "mean");
-    expect_cuda(rstd, op, "rstd");
-    expect_cuda(dx, op, "dx");
-    const int64_t d = cols_of(x), n = rows_of(x);
-    expect_numel(dy, x.numel(), op, "dy");
-    expect_numel(dx, x.numel(), op, "dx");
-    expect_numel(gamma, d, op, "gamma");
-    expect_numel(mean, n, op, "mean");
-    expect_numel(rstd, n, op, "rstd");
-    cuda::layernorm_backward_input(dy.f32(), x.f32(), gamma.f32(), mean.f32(), rstd.f32(), dx.f32(), n, d,
-                                   stream_);
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::layernorm_backward_input(ptr<X>(dy), ptr<X>(x), ptr<X>(gamma), mean.f32(), rstd.f32(), ptr<X>(dx),
+                                     rows_of(x), cols_of(x), stream_);
+    });
   }
 
-  void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                                 Tensor& dgamma, Tensor& dbeta) override {
+  void layernorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                      Tensor& dgamma, Tensor& dbeta) override {
     bind();
-    const char* op = "layernorm_backward_weight";
-    expect_cuda(dy, op, "dy");
-    expect_cuda(x, op, "x");
-    expect_cuda(mean, op, "mean");
-    expect_cuda(rstd, op, "rstd");
-    expect_cuda(dgamma, op, "dgamma");
-    expect_cuda(dbeta, op, "dbeta");
-    const int64_t d = cols_of(x), n = rows_of(x);
-    expect_numel(dy, x.numel(), op, "dy");
-    expect_numel(mean, n, op, "mean");
-    expect_numel(rstd, n, op, "rstd");
-    expect_numel(dgamma, d, op, "dgamma");
-    expect_numel(dbeta, d, op, "dbeta");
-    cuda::layernorm_backward_weight(dy.f32(), x.f32(), mean.f32(), rstd.f32(), dgamma.f32(), dbeta.f32(), n, d,
-                                    stream_);
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::layernorm_backward_weight(ptr<X>(dy), ptr<X>(x), mean.f32(), rstd.f32(), dgamma.f32(), dbeta.f32(),
+                                      rows_of(x), cols_of(x), stream_);
+    });
   }
 
   // --- losses ---------------------------------------------------------------------------------
 
-  void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
-                     Tensor* dlogits) override {
+  void cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
+                          Tensor* dlogits) override {
     bind();
-    const char* op = "cross_entropy";
-    expect_cuda(logits, op, "logits");
-    expect_cuda(targets, op, "targets", DType::i32);
-    expect_cuda(losses, op, "losses");
-    const int64_t n = rows_of(logits), c = cols_of(logits);
-    expect_numel(targets, n, op, "targets");
-    expect_numel(losses, n, op, "losses");
-    float* dl = nullptr;
-    if (dlogits) {
-      expect_cuda(*dlogits, op, "dlogits");
-      expect_numel(*dlogits, logits.numel(), op, "dlogits");
-      dl = dlogits->f32();
-    }
-    cuda::cross_entropy(logits.f32(), targets.i32(), grad_scale, losses.f32(), dl, n, c, stream_);
+    by_dtype(logits, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::cross_entropy(ptr<X>(logits), targets.i32(), grad_scale, losses.f32(), ptr_or_null<X>(dlogits),
+                          rows_of(logits), cols_of(logits), stream_);
+    });
   }
 
-  void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred) override {
+  void mse_impl(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses, Tensor* dpred) override {
     bind();
-    const char* op = "mse";
-    expect_cuda(pred, op, "pred");
-    expect_cuda(target, op, "target");
-    expect_cuda(losses, op, "losses");
-    const int64_t k = cols_of(pred), n = rows_of(pred);
-    expect_numel(target, pred.numel(), op, "target");
-    expect_numel(losses, n, op, "losses");
-    float* dp = nullptr;
-    if (dpred) {
-      expect_cuda(*dpred, op, "dpred");
-      expect_numel(*dpred, pred.numel(), op, "dpred");
-      dp = dpred->f32();
-    }
-    cuda::mse(pred.f32(), target.f32(), grad_scale, losses.f32(), dp, n, k, stream_);
+    by_dtype(pred, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::mse(ptr<X>(pred), ptr<X>(target), grad_scale, losses.f32(), ptr_or_null<X>(dpred), rows_of(pred),
+                cols_of(pred), stream_);
+    });
   }
 
-  void row_max(const Tensor& x, Tensor& out) override {
+  void argmax_impl(const Tensor& logits, Tensor& out) override {
     bind();
-    expect_cuda(x, "row_max", "x");
-    expect_cuda(out, "row_max", "out");
-    expect_numel(out, rows_of(x), "row_max", "out");
-    cuda::row_max(x.f32(), out.f32(), rows_of(x), cols_of(x), stream_);
+    by_dtype(logits, [&](auto* t) {
+      cuda::argmax(ptr<X_OF(t)>(logits), out.i32(), rows_of(logits), cols_of(logits), stream_);
+    });
   }
 
-  void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
-                             Tensor& partial) override {
+  void row_max_impl(const Tensor& x, Tensor& out) override {
     bind();
-    const char* op = "cross_entropy_partial";
-    const int64_t n = rows_of(logits);
-    expect_cuda(logits, op, "logits");
-    expect_cuda(targets, op, "targets", DType::i32);
-    expect_cuda(row_max, op, "row_max");
-    expect_cuda(partial, op, "partial");
-    expect_numel(targets, n, op, "targets");
-    expect_numel(row_max, n, op, "row_max");
-    expect_numel(partial, 2 * n, op, "partial");
-    cuda::cross_entropy_partial(logits.f32(), targets.i32(), vocab_start, row_max.f32(), partial.f32(), n,
-                                cols_of(logits), stream_);
+    by_dtype(x, [&](auto* t) { cuda::row_max(ptr<X_OF(t)>(x), out.f32(), rows_of(x), cols_of(x), stream_); });
   }
 
-  void cross_entropy_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& row_max,
-                            const Tensor& total, float grad_scale, Tensor& losses, Tensor* dlogits) override {
+  void cross_entropy_partial_impl(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                  const Tensor& row_max, Tensor& partial) override {
     bind();
-    const char* op = "cross_entropy_finish";
-    const int64_t n = rows_of(logits);
-    expect_cuda(logits, op, "logits");
-    expect_cuda(targets, op, "targets", DType::i32);
-    expect_cuda(total, op, "total");
-    expect_cuda(losses, op, "losses");
-    expect_numel(total, 2 * n, op, "total");
-    expect_numel(losses, n, op, "losses");
-    if (dlogits) {
-      expect_cuda(*dlogits, op, "dlogits");
-      expect_numel(*dlogits, logits.numel(), op, "dlogits");
-    }
-    cuda::cross_entropy_finish(logits.f32(), targets.i32(), vocab_start, row_max.f32(), total.f32(), grad_scale,
-                               losses.f32(), dlogits ? dlogits->f32() : nullptr, n, cols_of(logits), stream_);
+    by_dtype(logits, [&](auto* t) {
+      cuda::cross_entropy_partial(ptr<X_OF(t)>(logits), targets.i32(), vocab_start, row_max.f32(), partial.f32(),
+                                  rows_of(logits), cols_of(logits), stream_);
+    });
   }
 
-  void argmax(const Tensor& logits, Tensor& out) override {
+  void cross_entropy_finish_impl(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                 const Tensor& row_max, const Tensor& total, float grad_scale, Tensor& losses,
+                                 Tensor* dlogits) override {
     bind();
-    expect_cuda(logits, "argmax", "logits");
-    expect_cuda(out, "argmax", "out", DType::i32);
-    expect_numel(out, rows_of(logits), "argmax", "out");
-    cuda::argmax(logits.f32(), out.i32(), rows_of(logits), cols_of(logits), stream_);
+    by_dtype(logits, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::cross_entropy_finish(ptr<X>(logits), targets.i32(), vocab_start, row_max.f32(), total.f32(), grad_scale,
+                                 losses.f32(), ptr_or_null<X>(dlogits), rows_of(logits), cols_of(logits), stream_);
+    });
   }
 
   // --- language models (GPT-2) ---------------------------------------------------------------
 
-  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
-                         int64_t vocab_start = 0) override {
+  void embedding_forward_impl(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
+                              int64_t vocab_start) override {
     bind();
-    const char* op = "embedding_forward";
-    expect_cuda(tokens, op, "tokens", DType::i32);
-    expect_cuda(wte, op, "wte");
-    if (wpe.defined()) expect_cuda(wpe, op, "wpe");
-    expect_cuda(out, op, "out");
-    const int64_t n = tokens.numel(), C = cols_of(wte);
-    RELAY_ASSERT(!wpe.defined() || (cols_of(wpe) == C && T <= rows_of(wpe)),
-                 op << ": wpe " << shape_str(wpe.shape()) << " for T " << T);
-    expect_numel(out, n * C, op, "out");
-    cuda::embedding_forward(tokens.i32(), wte.f32(), wpe.defined() ? wpe.f32() : nullptr, out.f32(), n, C, T,
-                            vocab_start, rows_of(wte), stream_);
+    by_dtype(wte, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::embedding_forward(tokens.i32(), ptr<X>(wte), ptr_or_null<X>(wpe), ptr<X>(out), tokens.numel(),
+                              cols_of(wte), T, vocab_start, rows_of(wte), stream_);
+    });
   }
 
-  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
-                          int64_t vocab_start = 0) override {
+  void embedding_backward_impl(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
+                               int64_t vocab_start) override {
     bind();
-    const char* op = "embedding_backward";
-    expect_cuda(tokens, op, "tokens", DType::i32);
-    expect_cuda(dout, op, "dout");
-    expect_cuda(dwte, op, "dwte");
-    if (dwpe.defined()) expect_cuda(dwpe, op, "dwpe");
-    const int64_t n = tokens.numel(), C = cols_of(dwte);
-    expect_numel(dout, n * C, op, "dout");
-    RELAY_ASSERT(!dwpe.defined() || (cols_of(dwpe) == C && T <= rows_of(dwpe)),
-                 op << ": dwpe " << shape_str(dwpe.shape()) << " for T " << T);
-    cuda::embedding_backward(tokens.i32(), dout.f32(), dwte.f32(), dwpe.defined() ? dwpe.f32() : nullptr, n, C, T,
-                             vocab_start, rows_of(dwte), stream_);
+    by_dtype(dout, [&](auto* t) {
+      cuda::embedding_backward(tokens.i32(), ptr<X_OF(t)>(dout), dwte.f32(), dwpe.defined() ? dwpe.f32() : nullptr,
+                               tokens.numel(), cols_of(dwte), T, vocab_start, rows_of(dwte), stream_);
+    });
   }
 
-  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) override {
+  void attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) override {
     bind();
-    const char* op = "attention_forward";
-    expect_cuda(qkv, op, "qkv");
-    expect_cuda(att, op, "att");
-    expect_cuda(out, op, "out");
-    const int64_t C = cols_of(qkv) / 3;
-    expect_numel(qkv, B * T * 3 * C, op, "qkv");
-    expect_numel(att, B * H * T * T, op, "att");
-    expect_numel(out, B * T * C, op, "out");
-    cuda::attention_forward(qkv.f32(), att.f32(), out.f32(), B, T, C, H, stream_);
+    cuda::attention_forward(qkv.f32(), att.f32(), out.f32(), B, T, cols_of(qkv) / 3, H, stream_);
   }
 
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T, int64_t H,
-                          Tensor& dqkv) override {
+  void attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T,
+                               int64_t H, Tensor& dqkv) override {
     bind();
-    const char* op = "attention_backward";
-    expect_cuda(dout, op, "dout");
-    expect_cuda(qkv, op, "qkv");
-    expect_cuda(att, op, "att");
-    expect_cuda(dqkv, op, "dqkv");
-    const int64_t C = cols_of(qkv) / 3;
-    expect_numel(dout, B * T * C, op, "dout");
-    expect_numel(att, B * H * T * T, op, "att");
-    expect_numel(dqkv, qkv.numel(), op, "dqkv");
     // (B, H, T, T) pre-softmax gradient; the pool hands it to later work on this stream only.
     Tensor scratch(*this, {B, H, T, T});
-    cuda::attention_backward(dout.f32(), qkv.f32(), att.f32(), dqkv.f32(), scratch.f32(), B, T, C, H, stream_);
+    cuda::attention_backward(dout.f32(), qkv.f32(), att.f32(), dqkv.f32(), scratch.f32(), B, T, cols_of(qkv) / 3, H,
+                             stream_);
   }
 
-  void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H, Tensor& out) override {
+  void flash_attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out,
+                                    Tensor& lse) override {
     bind();
-    const char* op = "attention_decode";
-    expect_cuda(qkv, op, "qkv");
-    expect_cuda(kcache, op, "kcache");
-    expect_cuda(vcache, op, "vcache");
-    expect_cuda(out, op, "out");
-    const int64_t n = rows_of(qkv), C = cols_of(qkv) / 3;
-    RELAY_ASSERT(kcache.ndim() == 3 && kcache.shape() == vcache.shape() && kcache.size(0) == n && kcache.size(2) == C,
-                 op << ": caches " << shape_str(kcache.shape()) << " for qkv " << shape_str(qkv.shape()));
-    expect_numel(out, n * C, op, "out");
-    cuda::attention_decode(qkv.f32(), kcache.f32(), vcache.f32(), out.f32(), n, t, kcache.size(1), C, H, stream_);
+    const int64_t C = cols_of(qkv) / 3;
+    check_flash_head_dim("flash_attention_forward", C, H);
+    by_dtype(qkv, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::flash_attention_forward(ptr<X>(qkv), ptr<X>(out), lse.f32(), B, T, C, H, stream_);
+    });
+  }
+
+  void flash_attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                     int64_t B, int64_t T, int64_t H, Tensor& dqkv) override {
+    bind();
+    const int64_t C = cols_of(qkv) / 3;
+    check_flash_head_dim("flash_attention_backward", C, H);
+    // (B, H, T) row dots D = rowsum(dout * out); the pool hands it to later work on this stream only.
+    Tensor scratch(*this, {B, H, T});
+    by_dtype(qkv, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::flash_attention_backward(ptr<X>(dout), ptr<X>(qkv), ptr<X>(out), lse.f32(), ptr<X>(dqkv), scratch.f32(),
+                                     B, T, C, H, stream_);
+    });
+  }
+
+  void attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
+                             Tensor& out) override {
+    bind();
+    by_dtype(qkv, [&](auto* p) {
+      using X = X_OF(p);
+      cuda::attention_decode(ptr<X>(qkv), ptr<X>(kcache), ptr<X>(vcache), ptr<X>(out), rows_of(qkv), t,
+                             kcache.size(1), cols_of(qkv) / 3, H, stream_);
+    });
   }
 
   // --- optimizers -----------------------------------------------------------------------------
 
-  void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
-                  const AdamWArgs& args) override {
+  void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& a,
+                       Tensor& work) override {
     bind();
-    const char* op = "adamw_step";
-    expect_cuda(param, op, "param");
-    expect_cuda(grad, op, "grad");
-    expect_cuda(exp_avg, op, "exp_avg");
-    expect_cuda(exp_avg_sq, op, "exp_avg_sq");
-    expect_numel(grad, param.numel(), op, "grad");
-    expect_numel(exp_avg, param.numel(), op, "exp_avg");
-    expect_numel(exp_avg_sq, param.numel(), op, "exp_avg_sq");
-    cuda::adamw_step(param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), param.numel(), args.lr, args.beta1,
-                     args.beta2, args.eps, args.weight_decay, args.step, stream_);
+    cuda::adamw_step(param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), bf16_work(work),
+                     param.numel(), a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, stream_);
   }
 
-  void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args) override {
+  void sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& a,
+                     Tensor& work) override {
     bind();
-    expect_cuda(param, "sgd_step", "param");
-    expect_cuda(grad, "sgd_step", "grad");
-    expect_numel(grad, param.numel(), "sgd_step", "grad");
-    float* buf = nullptr;
-    if (args.momentum != 0.0f) {
-      expect_cuda(momentum_buffer, "sgd_step", "momentum_buffer");
-      expect_numel(momentum_buffer, param.numel(), "sgd_step", "momentum_buffer");
-      buf = momentum_buffer.f32();
-    }
-    cuda::sgd_step(param.f32(), grad.f32(), buf, param.numel(), args.lr, args.momentum, args.weight_decay,
-                   args.first_step, stream_);
+    cuda::sgd_step(param.f32(), grad.f32(), a.momentum != 0.0 ? momentum_buffer.f32() : nullptr,
+                   bf16_work(work), param.numel(), a.lr, a.momentum, a.weight_decay, a.first_step,
+                   stream_);
   }
 
  private:
   // The runtime's current device is per host thread; binding on every entry point keeps ops right
   // when a helper thread (a data prefetcher) calls in. Cheap when the device is already current.
   void bind() const { CUDA_CHECK(cudaSetDevice(device_)); }
-
-  // Rounds t to bf16 in a scratch buffer that is reused and grown as needed. Reuse is safe without
-  // events: the previous GEMM that read the buffer is earlier on the same stream.
-  const void* to_bf16(const Tensor& t, std::shared_ptr<std::byte>& buffer, size_t& capacity) {
-    const size_t bytes = static_cast<size_t>(t.numel()) * sizeof(__nv_bfloat16);
-    if (bytes > capacity) {
-      buffer = pool_->allocate(bytes);
-      capacity = bytes;
-    }
-    auto* out = reinterpret_cast<__nv_bfloat16*>(buffer.get());
-    cuda::cast_to_bf16(t.f32(), out, t.numel(), stream_);
-    return out;
-  }
 
   int device_;
   cudaDeviceProp prop_{};
@@ -683,10 +591,8 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   Precision precision_ = Precision::fp32;
   std::shared_ptr<DevicePool> pool_;
-  std::shared_ptr<std::byte> bf16_a_, bf16_b_;  // bf16 copies of the GEMM inputs
-  size_t bf16_a_bytes_ = 0, bf16_b_bytes_ = 0;
-  std::shared_ptr<std::byte> reduce_scratch_;   // (kSumSquaresMaxBlocks + 1) doubles
-  std::shared_ptr<std::byte> host_scalar_;      // one pinned double for sum_squares
+  std::shared_ptr<std::byte> reduce_scratch_;  // (kSumSquaresMaxBlocks + 1) doubles
+  std::shared_ptr<std::byte> host_scalar_;     // one pinned double for sum_squares
   struct Staging {
     std::shared_ptr<std::byte> buffer;  // pinned
     size_t capacity = 0;
@@ -695,6 +601,7 @@ class CudaBackend final : public Backend {
   std::array<Staging, 2> staging_;
   size_t next_staging_ = 0;
 };
+#undef X_OF
 
 }  // namespace
 

@@ -1,0 +1,368 @@
+// FlashAttention-2 causal attention kernels (Dao arXiv:2307.08691, Algorithms 1 and 2), float or bf16
+// storage with float math; correctness and determinism first, the tiles are small and simple.
+//   forward: one block per (b, h, tile of kFwdRows queries). Warp w owns the tile's rows w, w + 4, ...;
+//     for each tile of 32 keys, lane j scores key j, the warp updates the row's running max and sum
+//     (the online softmax), and lane d accumulates output dims d, d + 32, ... (Algorithm 1).
+//   backward: D = rowsum(dO * O) for every row first (one warp per row); then dQ per query tile (one
+//     block per (b, h, tile of kDqRows queries), walking key tiles) and dK, dV per key tile (one block
+//     per (b, h, tile of kDkvRows keys), walking query tiles). Algorithm 2 is split in two kernels so
+//     that every output element has one owner: no atomics, and the same bits on every run. Both
+//     recompute P = exp(scale q.k - lse) from the forward's lse with the same arithmetic.
+// The tile of the other side (keys, or queries for dK/dV) sits in shared memory transposed, (hd, 32 + 1):
+// lane j reads column j when scoring, lane d reads row d when accumulating, both free of bank conflicts.
+// Nothing of size T x T exists; scores stay in registers, one per lane.
+#include "kernels/cuda/flash_attention.cuh"
+
+#include <climits>
+
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_utils.cuh"
+
+namespace relay::cuda {
+
+// kernels ---------------------------------------------------------------------------------------
+
+constexpr int kWarps = 4;              // warps per block
+constexpr int kThreads = 32 * kWarps;  // threads per block
+constexpr int kTile = 32;              // keys (forward, dQ) or queries (dK, dV) per shared tile: one per lane
+constexpr int kFwdRows = 16;           // queries per forward block, 4 per warp
+constexpr int kDqRows = 8;             // queries per dQ block, 2 per warp
+constexpr int kDkvRows = 8;            // keys per dK/dV block, 2 per warp
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
+// Shared memory at hd = 128 (D = 128): forward 8 KiB of queries + 2 x 16.5 KiB of key/value tiles; dQ and
+// dK/dV the same (two 4 KiB row tiles instead of one 8 KiB): all within the 48 KiB of static shared memory.
+
+// dst (rows, D) = rows [t0, t0 + rows) of src (T, ld), dims [0, hd), as float; 0 beyond T and hd.
+template <typename X, int D>
+__device__ void load_rows(const X* src, int64_t ld, int t0, int rows, int T, int hd, float (*dst)[D]) {
+  for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+    const int r = i / D, d = i % D, t = t0 + r;
+    dst[r][d] = t < T && d < hd ? load(src[int64_t(t) * ld + d]) : 0.0f;
+  }
+}
+
+// dst (D, kTile + 1) = rows [t0, t0 + kTile) of src (T, ld), dims [0, hd), transposed: dst[d][r].
+// Consecutive threads take consecutive d of one row: coalesced reads, conflict-free writes (stride 33).
+template <typename X, int D>
+__device__ void load_tile_transposed(const X* src, int64_t ld, int t0, int T, int hd, float (*dst)[kTile + 1]) {
+  for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
+    const int r = i / D, d = i % D, t = t0 + r;
+    dst[d][r] = t < T && d < hd ? load(src[int64_t(t) * ld + d]) : 0.0f;
+  }
+}
+
+// a (hd) . column col of bt (D, kTile + 1), summed over d in order.
+template <int D>
+__device__ inline float dot_column(const float* a, const float (*bt)[kTile + 1], int col, int hd) {
+  float s = 0.0f;
+  for (int d = 0; d < hd; ++d) s += a[d] * bt[d][col];
+  return s;
+}
+
+// grid (B*H, ceil(T / kFwdRows)), block (kThreads). DPL = head dims per lane, D = 32 DPL >= hd.
+template <typename X, int DPL>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(const X* qkv, X* out, float* lse, int T, int C, int H) {
+  constexpr int D = 32 * DPL;
+  constexpr int R = kFwdRows / kWarps;  // query rows per warp
+  __shared__ float q_s[kFwdRows][D];    // (queries, hd) this block's queries
+  __shared__ float k_t[D][kTile + 1];   // (hd, keys) the current key tile
+  __shared__ float v_t[D][kTile + 1];   // (hd, keys) its values
+  const int hd = C / H, bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int q0 = blockIdx.y * kFwdRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t C3 = 3 * int64_t(C);
+  const X* seq = qkv + int64_t(b) * T * C3 + int64_t(h) * hd;  // (T, 3C): this sequence, this head's q columns
+  const float scale2 = kLog2e / sqrtf(float(hd));              // scores in log2 units: the softmax uses exp2
+
+  load_rows<X, D>(seq, C3, q0, kFwdRows, T, hd, q_s);
+  float m[R], l[R], acc[R][DPL];  // per row: running max (log2 units), running sum, output dims of this lane
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    m[rr] = -INFINITY;
+    l[rr] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[rr][i] = 0.0f;
+  }
+  const int q_end = min(T, q0 + kFwdRows);  // keys at or after the block's last query + 1 are never seen
+  for (int k0 = 0; k0 < q_end; k0 += kTile) {
+    __syncthreads();  // every warp is done with the previous tile
+    load_tile_transposed<X, D>(seq + C, C3, k0, T, hd, k_t);
+    load_tile_transposed<X, D>(seq + 2 * int64_t(C), C3, k0, T, hd, v_t);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      const int t = q0 + warp + rr * kWarps;
+      if (t >= T || t < k0) continue;  // the same for the whole warp: this row sees no key of the tile
+      const int visible = min(kTile, t - k0 + 1);  // keys k0 .. k0 + visible - 1
+      const float score = lane < visible ? dot_column<D>(q_s[t - q0], k_t, lane, hd) * scale2 : -INFINITY;
+      const float m_new = fmaxf(m[rr], warp_max(score));  // finite: key k0 <= t is visible
+      const float p = exp2f(score - m_new);               // 0 for a masked key
+      const float corr = exp2f(m[rr] - m_new);            // 0 on the row's first tile (m = -inf)
+      l[rr] = l[rr] * corr + warp_sum(p);
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[rr][i] *= corr;
+      for (int j = 0; j < visible; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[rr][i] += pj * v_t[lane + 32 * i][j];
+      }
+      m[rr] = m_new;
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    const int t = q0 + warp + rr * kWarps;
+    if (t >= T) continue;
+    const float inv = 1.0f / l[rr];
+    X* o = out + (int64_t(b) * T + t) * C + int64_t(h) * hd;  // (hd)
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const int d = lane + 32 * i;
+      if (d < hd) store(o[d], acc[rr][i] * inv);
+    }
+    if (lane == 0) lse[int64_t(bh) * T + t] = (m[rr] + log2f(l[rr])) * kLn2;
+  }
+}
+
+// grid (ceil(B*H*T / kWarps)), block (kThreads): one warp per row (b, h, t) in lse's order:
+// row_dot[row] = dout . out over the head's hd columns (FlashAttention-2's D).
+template <typename X>
+__global__ void flash_backward_row_dot_kernel(const X* dout, const X* out, float* row_dot, int64_t rows, int T, int C,
+                                              int H) {
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= rows) return;  // the whole warp
+  const int lane = threadIdx.x % 32, hd = C / H, t = int(row % T);
+  const int64_t bh = row / T, b = bh / H, h = bh % H;
+  const int64_t at = (b * T + t) * C + h * hd;  // (hd) of this row in (B*T, C)
+  float s = 0.0f;
+  for (int d = lane; d < hd; d += 32) s += load(dout[at + d]) * load(out[at + d]);
+  s = warp_sum(s);
+  if (lane == 0) row_dot[row] = s;
+}
+
+// grid (B*H, ceil(T / kDqRows)), block (kThreads): dQ of kDqRows queries, over their key tiles.
+//   P = exp2(scale2 q.k - lse2), dP = dO.v, dS = P (dP - D), dQ = scale sum_s dS k_s.
+template <typename X, int DPL>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dq_kernel(const X* dout, const X* qkv, const float* lse, const float* row_dot, X* dqkv, int T,
+                             int C, int H) {
+  constexpr int D = 32 * DPL;
+  constexpr int R = kDqRows / kWarps;  // query rows per warp
+  __shared__ float q_s[kDqRows][D];    // (queries, hd)
+  __shared__ float do_s[kDqRows][D];   // (queries, hd) their output gradients
+  __shared__ float k_t[D][kTile + 1];  // (hd, keys) the current key tile
+  __shared__ float v_t[D][kTile + 1];  // (hd, keys) its values
+  const int hd = C / H, bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int q0 = blockIdx.y * kDqRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t C3 = 3 * int64_t(C);
+  const X* seq = qkv + int64_t(b) * T * C3 + int64_t(h) * hd;   // (T, 3C)
+  const X* dseq = dout + int64_t(b) * T * C + int64_t(h) * hd;  // (T, C)
+  const float scale = 1.0f / sqrtf(float(hd)), scale2 = kLog2e / sqrtf(float(hd));
+
+  load_rows<X, D>(seq, C3, q0, kDqRows, T, hd, q_s);
+  load_rows<X, D>(dseq, C, q0, kDqRows, T, hd, do_s);
+  float dq[R][DPL], lse2[R], drow[R];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    const int t = q0 + warp + rr * kWarps;
+    lse2[rr] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : 0.0f;
+    drow[rr] = t < T ? row_dot[int64_t(bh) * T + t] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) dq[rr][i] = 0.0f;
+  }
+  const int q_end = min(T, q0 + kDqRows);
+  for (int k0 = 0; k0 < q_end; k0 += kTile) {
+    __syncthreads();
+    load_tile_transposed<X, D>(seq + C, C3, k0, T, hd, k_t);
+    load_tile_transposed<X, D>(seq + 2 * int64_t(C), C3, k0, T, hd, v_t);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      const int t = q0 + warp + rr * kWarps;
+      if (t >= T || t < k0) continue;  // warp-uniform
+      const int visible = min(kTile, t - k0 + 1);
+      float ds = 0.0f;  // dS of query t and key k0 + lane
+      if (lane < visible) {
+        const float p = exp2f(dot_column<D>(q_s[t - q0], k_t, lane, hd) * scale2 - lse2[rr]);
+        const float dp = dot_column<D>(do_s[t - q0], v_t, lane, hd);
+        ds = p * (dp - drow[rr]);
+      }
+      for (int j = 0; j < visible; ++j) {
+        const float dsj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) dq[rr][i] += dsj * k_t[lane + 32 * i][j];
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    const int t = q0 + warp + rr * kWarps;
+    if (t >= T) continue;
+    X* g = dqkv + (int64_t(b) * T + t) * C3 + int64_t(h) * hd;  // (hd) the q part of row t
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const int d = lane + 32 * i;
+      if (d < hd) store(g[d], dq[rr][i] * scale);
+    }
+  }
+}
+
+// grid (B*H, ceil(T / kDkvRows)), block (kThreads): dK and dV of kDkvRows keys, over the query tiles
+// that see them. dV = sum_t P dO_t, dK = scale sum_t dS q_t.
+template <typename X, int DPL>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dkv_kernel(const X* dout, const X* qkv, const float* lse, const float* row_dot, X* dqkv, int T,
+                              int C, int H) {
+  constexpr int D = 32 * DPL;
+  constexpr int R = kDkvRows / kWarps;  // key rows per warp
+  __shared__ float k_s[kDkvRows][D];    // (keys, hd) this block's keys
+  __shared__ float v_s[kDkvRows][D];    // (keys, hd) their values
+  __shared__ float q_t[D][kTile + 1];   // (hd, queries) the current query tile
+  __shared__ float do_t[D][kTile + 1];  // (hd, queries) its output gradients
+  __shared__ float lse2_s[kTile];       // (queries) lse in log2 units
+  __shared__ float drow_s[kTile];       // (queries) D
+  const int hd = C / H, bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int s0 = blockIdx.y * kDkvRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t C3 = 3 * int64_t(C);
+  const X* seq = qkv + int64_t(b) * T * C3 + int64_t(h) * hd;   // (T, 3C)
+  const X* dseq = dout + int64_t(b) * T * C + int64_t(h) * hd;  // (T, C)
+  const float scale = 1.0f / sqrtf(float(hd)), scale2 = kLog2e / sqrtf(float(hd));
+
+  load_rows<X, D>(seq + C, C3, s0, kDkvRows, T, hd, k_s);
+  load_rows<X, D>(seq + 2 * int64_t(C), C3, s0, kDkvRows, T, hd, v_s);
+  float dk[R][DPL], dv[R][DPL];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) dk[rr][i] = dv[rr][i] = 0.0f;
+  // Queries before the tile that holds key s0 see none of this block's keys.
+  for (int q0 = s0 / kTile * kTile; q0 < T; q0 += kTile) {
+    __syncthreads();
+    load_tile_transposed<X, D>(seq, C3, q0, T, hd, q_t);
+    load_tile_transposed<X, D>(dseq, C, q0, T, hd, do_t);
+    if (threadIdx.x < kTile) {
+      const int t = q0 + threadIdx.x;
+      lse2_s[threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : 0.0f;
+      drow_s[threadIdx.x] = t < T ? row_dot[int64_t(bh) * T + t] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      const int s = s0 + warp + rr * kWarps;
+      // Queries q0 + [first, last) see key s: t >= s and t < T. The same for the whole warp.
+      const int first = max(0, s - q0), last = min(kTile, T - q0);
+      if (s >= T || first >= last) continue;
+      float p = 0.0f, ds = 0.0f;  // P and dS of query q0 + lane and key s
+      if (lane >= first && lane < last) {
+        p = exp2f(dot_column<D>(k_s[s - s0], q_t, lane, hd) * scale2 - lse2_s[lane]);
+        const float dp = dot_column<D>(v_s[s - s0], do_t, lane, hd);
+        ds = p * (dp - drow_s[lane]);
+      }
+      for (int j = first; j < last; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, p, j), dsj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          dv[rr][i] += pj * do_t[lane + 32 * i][j];
+          dk[rr][i] += dsj * q_t[lane + 32 * i][j];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    const int s = s0 + warp + rr * kWarps;
+    if (s >= T) continue;
+    X* g = dqkv + (int64_t(b) * T + s) * C3 + int64_t(h) * hd;  // the q part of row s; k at + C, v at + 2C
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const int d = lane + 32 * i;
+      if (d < hd) {
+        store(g[C + d], dk[rr][i] * scale);
+        store(g[2 * int64_t(C) + d], dv[rr][i]);
+      }
+    }
+  }
+}
+
+// launchers -------------------------------------------------------------------------------------
+
+namespace {
+
+// The shapes every launcher needs: hd = C / H in [1, kFlashMaxHeadDim], the grid within CUDA's limits
+// (blocks of (b, h) on x, tiles of T on y, at most 65535), and int-sized T and 3C.
+void check_shape(const char* op, int64_t B, int64_t T, int64_t C, int64_t H) {
+  RELAY_ASSERT(B >= 0 && T >= 0 && H > 0 && C > 0 && C % H == 0,
+               op << ": B " << B << ", T " << T << ", C " << C << ", H " << H);
+  RELAY_ASSERT(C / H <= kFlashMaxHeadDim,
+               op << ": head dim " << C / H << " (C " << C << " / H " << H << ") is above " << kFlashMaxHeadDim);
+  RELAY_ASSERT(B * H <= INT_MAX && T <= INT_MAX && 3 * C <= INT_MAX && (T + kDqRows - 1) / kDqRows <= 65535,
+               op << ": B " << B << ", T " << T << ", C " << C << ", H " << H << " exceed the launch limits");
+}
+
+// Head dims per lane: 1 for hd <= 32, ..., 4 for hd <= 128.
+int dims_per_lane(int64_t C, int64_t H) { return static_cast<int>((C / H + 31) / 32); }
+
+template <typename X, int DPL>
+void launch_forward(const X* qkv, X* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
+                    cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kFwdRows - 1) / kFwdRows));
+  flash_forward_kernel<X, DPL><<<grid, kThreads, 0, stream>>>(qkv, out, lse, int(T), int(C), int(H));
+}
+
+template <typename X, int DPL>
+void launch_backward(const X* dout, const X* qkv, const float* lse, const float* row_dot, X* dqkv, int64_t B,
+                     int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
+  const dim3 grid_q(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kDqRows - 1) / kDqRows));
+  flash_backward_dq_kernel<X, DPL><<<grid_q, kThreads, 0, stream>>>(dout, qkv, lse, row_dot, dqkv, int(T), int(C),
+                                                                    int(H));
+  CUDA_CHECK(cudaGetLastError());
+  const dim3 grid_kv(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kDkvRows - 1) / kDkvRows));
+  flash_backward_dkv_kernel<X, DPL><<<grid_kv, kThreads, 0, stream>>>(dout, qkv, lse, row_dot, dqkv, int(T),
+                                                                      int(C), int(H));
+}
+
+}  // namespace
+
+template <typename X>
+void flash_attention_forward(const X* qkv, X* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
+                             cudaStream_t stream) {
+  check_shape("flash_attention_forward", B, T, C, H);
+  if (B == 0 || T == 0) return;
+  RELAY_ASSERT(qkv && out && lse, "flash_attention_forward: null pointer");
+  switch (dims_per_lane(C, H)) {
+    case 1: launch_forward<X, 1>(qkv, out, lse, B, T, C, H, stream); break;
+    case 2: launch_forward<X, 2>(qkv, out, lse, B, T, C, H, stream); break;
+    case 3: launch_forward<X, 3>(qkv, out, lse, B, T, C, H, stream); break;
+    case 4: launch_forward<X, 4>(qkv, out, lse, B, T, C, H, stream); break;
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename X>
+void flash_attention_backward(const X* dout, const X* qkv, const X* out, const float* lse, X* dqkv, float* scratch,
+                              int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
+  check_shape("flash_attention_backward", B, T, C, H);
+  if (B == 0 || T == 0) return;
+  RELAY_ASSERT(dout && qkv && out && lse && dqkv && scratch, "flash_attention_backward: null pointer");
+  const int64_t rows = B * H * T;  // scratch (B, H, T): D of every row
+  flash_backward_row_dot_kernel<X><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+      dout, out, scratch, rows, int(T), int(C), int(H));
+  CUDA_CHECK(cudaGetLastError());
+  switch (dims_per_lane(C, H)) {
+    case 1: launch_backward<X, 1>(dout, qkv, lse, scratch, dqkv, B, T, C, H, stream); break;
+    case 2: launch_backward<X, 2>(dout, qkv, lse, scratch, dqkv, B, T, C, H, stream); break;
+    case 3: launch_backward<X, 3>(dout, qkv, lse, scratch, dqkv, B, T, C, H, stream); break;
+    case 4: launch_backward<X, 4>(dout, qkv, lse, scratch, dqkv, B, T, C, H, stream); break;
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
+
+#define INST(X)                                                                                                    \
+  template void flash_attention_forward<X>(const X*, X*, float*, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
+  template void flash_attention_backward<X>(const X*, const X*, const X*, const float*, X*, float*, int64_t,       \
+                                            int64_t, int64_t, int64_t, cudaStream_t);
+RELAY_CUDA_FOR_FLOAT_TYPES(INST)
+#undef INST
+
+}  // namespace relay::cuda

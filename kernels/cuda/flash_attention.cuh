@@ -1,0 +1,29 @@
+// FlashAttention-2 causal self-attention on the GPU (Dao et al. arXiv:2205.14135; Dao arXiv:2307.08691),
+// the twin of kernels/cpu/flash_attention.cpp: the result of attention_forward / attention_backward
+// without the (B, H, T, T) probabilities. X is the storage type (float or __nv_bfloat16); math is float.
+// Layout as the CPU's: qkv (B*T, 3C) rows [q | k | v], head h at columns [h*hd, (h+1)*hd) of each part,
+// hd = C / H, scale 1 / sqrt(hd), query t sees keys s <= t.
+// Head sizes: any hd in [1, kFlashMaxHeadDim]; the launchers refuse others.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace relay::cuda {
+
+constexpr int64_t kFlashMaxHeadDim = 128;
+
+// qkv (B*T, 3C) -> out (B*T, C), lse (B, H, T) float32: the natural log-sum-exp of each query row's
+// scaled scores, saved for the backward.
+template <typename X>
+void flash_attention_forward(const X* qkv, X* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
+                             cudaStream_t stream);
+// dout (B*T, C), and qkv, out, lse of the forward -> dqkv (B*T, 3C), overwritten (not accumulated).
+// scratch: (B, H, T) floats of device memory for D = rowsum(dout * out). Deterministic: no atomics, every
+// output element summed by one thread in a fixed order.
+template <typename X>
+void flash_attention_backward(const X* dout, const X* qkv, const X* out, const float* lse, X* dqkv, float* scratch,
+                              int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream);
+
+}  // namespace relay::cuda
