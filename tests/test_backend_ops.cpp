@@ -199,7 +199,8 @@ std::vector<OpCase> all_cases() {
     const std::string sx = suffix(x);
     for (const Shape& s : shapes) {
       const std::string d = dims(s);
-      add("upload_download_" + d + sx, kTolExact, [=](Backend& be) { return std::vector{out(be, "x", input(be, s, 1, x))}; });
+      add("upload_download_" + d + sx, kTolExact,
+          [=](Backend& be) { return std::vector{out(be, "x", input(be, s, 1, x))}; });
       add("upload_pinned_" + d + sx, kTolExact, [=](Backend& be) {
         Tensor t(be, s, x), staged = input(cpu_backend(), s, 2, x);  // staged: the bytes to upload
         std::shared_ptr<std::byte> host = be.allocate_host(t.bytes());
@@ -529,7 +530,8 @@ std::vector<OpCase> all_cases() {
       });
       add("flash_attention_backward_" + d + sx, kTolFlash, [=](Backend& be) {
         Backend& cpu = cpu_backend();
-        Tensor qkv_ref = input(cpu, {n, 3 * g.C}, 111, x, -2, 2), y_ref(cpu, {n, g.C}, x), lse_ref(cpu, {g.B, g.H, g.T});
+        Tensor qkv_ref = input(cpu, {n, 3 * g.C}, 111, x, -2, 2);
+        Tensor y_ref(cpu, {n, g.C}, x), lse_ref(cpu, {g.B, g.H, g.T});
         cpu.flash_attention_forward(qkv_ref, g.B, g.T, g.H, y_ref, lse_ref);
         Tensor qkv = copy_to(be, qkv_ref), y = copy_to(be, y_ref), lse = copy_to(be, lse_ref);
         Tensor dy = input(be, {n, g.C}, 112, x), dqkv = input(be, {n, 3 * g.C}, 113, x);  // overwritten

@@ -361,7 +361,9 @@ class CudaBackend final : public Backend {
 
   void bias_grad_impl(const Tensor& dy, Tensor& db, float beta) override {
     bind();
-    by_dtype(dy, [&](auto* t) { cuda::bias_grad(ptr<X_OF(t)>(dy), db.f32(), rows_of(dy), cols_of(dy), beta, stream_); });
+    by_dtype(dy, [&](auto* t) {
+      cuda::bias_grad(ptr<X_OF(t)>(dy), db.f32(), rows_of(dy), cols_of(dy), beta, stream_);
+    });
   }
 
   // --- elementwise ----------------------------------------------------------------------------
