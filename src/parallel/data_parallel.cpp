@@ -84,6 +84,7 @@ void GradBuckets::zero() {
     be_.fill(b.flat, 0.f);
     b.request.reset();
     b.launched = false;
+    b.widened = false;
   }
 }
 
@@ -149,7 +150,8 @@ void GradBuckets::finish() {
     Bucket& b = buckets_[k];
     if (!b.request) continue;
     b.request->wait();
-    if (bf16_wire_) {  // widen the bf16 sum back into the f32 gradients
+    if (bf16_wire_ && !b.widened) {  // widen the bf16 sum back into the f32 gradients, once
+      b.widened = true;
       if (zero_) be_.convert(b.wire_shard, b.shard);
       else be_.convert(b.wire, b.flat);
     }

@@ -71,6 +71,8 @@ class GradBuckets {
     bool counts_in_norm = true;
     RequestPtr request;
     bool launched = false;
+    bool widened = false;  // grad_reduce bf16: the wire's sum is back in the f32 gradients (finish() runs twice
+                           // in a step with tied weights; the second must not undo the tied sum)
     int64_t launch_mark = 0;  // when traced
   };
   void launch(Bucket& b);
