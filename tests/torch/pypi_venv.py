@@ -1,26 +1,88 @@
-"""A cached virtual environment with packages from PyPI, for the tests that compare Relay with a
-library Debian does not package (tiktoken, safetensors). Made once under $XDG_CACHE_HOME (or
-~/.cache)/<name> and reused; when it cannot be made (no python3-venv, no network) the calling test is
-skipped: exit 77 with the reason."""
+"""A cached virtual environment with packages from PyPI, for the tests and benches that compare Relay with
+a library Debian does not package (tiktoken, safetensors, PyTorch 2.x). Made once under $XDG_CACHE_HOME
+(or ~/.cache)/<name> and reused while its package list is the same; when it cannot be made (no
+python3-venv, no network) the calling test is skipped: exit 77 with the reason.
+
+As a command, for the bench scripts: `pypi_venv.py torch2` makes (or finds) the PyTorch 2.x venv and
+prints its python; on failure it prints the reason on stderr and exits 77."""
 import os
+import shutil
 import subprocess
 import sys
 
+# PyTorch 2.x for CPU, from PyPI only. PyPI's Linux x86_64 torch wheel is a CUDA build: a plain
+# `pip install torch` also pulls triton, cuda-bindings and every nvidia-* package (~3 GB of wheels).
+# `--no-deps` alone does not work: libtorch_cpu.so, libtorch_cuda.so and libtorch_python.so name the CUDA
+# libraries as DT_NEEDED (readelf -d), so `import torch` fails with "libcufile.so.0: cannot open shared
+# object file" on a machine without them. So: torch --no-deps, its pure-python dependencies, and only
+# the nvidia-* wheels that the dynamic loader needs (cudart, cupti, cufile, nvrtc, cublas, cufft,
+# cusparse + its nvjitlink, cusparselt, nccl, cudnn, nvshmem; ~2 GB of wheels, none of them used on a
+# CPU). Left out: triton (torch.compile only), cuda-bindings, cusolver (libtorch_cuda_linalg.so is
+# loaded lazily), nvtx, cccl. The versions are the ones `pip install torch==2.15.0` resolves; bump
+# them together (pip install --dry-run --report r.json torch==X lists them).
+TORCH2_VERSION = "2.15.0"
+TORCH2_NO_DEPS = [
+    f"torch=={TORCH2_VERSION}",
+    "nvidia-cuda-runtime==13.2.86", "nvidia-cuda-cupti==13.2.86", "nvidia-cufile==1.17.1.22",
+    "nvidia-cuda-nvrtc==13.2.86", "nvidia-cublas==13.4.1.3", "nvidia-cufft==12.2.0.57",
+    "nvidia-cusparse==12.7.10.12", "nvidia-nvjitlink==13.5.37", "nvidia-cusparselt-cu13==0.8.1",
+    "nvidia-nccl-cu13==2.30.7", "nvidia-cudnn-cu13==9.26.0.51", "nvidia-nvshmem-cu13==3.7.2",
+]
+TORCH2_DEPS = ["filelock", "typing-extensions>=4.13.0", "setuptools>=77.0.3", "sympy>=1.13.3",
+               "networkx>=2.5.1", "jinja2", "fsspec>=0.8.5", "numpy"]
 
-def venv_python(name, packages, system_site_packages=False):
-    """The venv's python, with `packages` installed; system_site_packages: see Debian's torch and h5py."""
+
+class VenvError(Exception):
+    pass
+
+
+def make_venv(name, packages, system_site_packages=False, no_deps=()):
+    """The venv's python, with `packages` installed (with their dependencies) and `no_deps` installed
+    without theirs. Raises VenvError with the reason when it cannot be made."""
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), name)
     py = os.path.join(cache, "bin", "python")
-    if os.path.exists(os.path.join(cache, ".ready")):
-        return py
+    ready = os.path.join(cache, ".ready")
+    stamp = "\n".join(["system_site_packages" if system_site_packages else "isolated"] + list(packages) +
+                      ["--no-deps"] + list(no_deps)) + "\n"
+    if os.path.exists(ready):
+        with open(ready) as f:
+            if f.read() in (stamp, ""):  # "": made before the stamp, by this same call
+                return py
+        shutil.rmtree(cache)  # another package list: start again
     make = [sys.executable, "-m", "venv"] + (["--system-site-packages"] if system_site_packages else []) + [cache]
     r = subprocess.run(make, capture_output=True, text=True)
     if r.returncode != 0:
-        print(f"SKIPPED: cannot make a venv ({r.stderr.strip()[-200:]}; install python3-venv)")
-        sys.exit(77)
-    r = subprocess.run([py, "-m", "pip", "install", "-q"] + packages, capture_output=True, text=True)
-    if r.returncode != 0:
-        print(f"SKIPPED: pip could not install {' and '.join(packages)} from PyPI: {r.stderr.strip()[-300:]}")
-        sys.exit(77)
-    open(os.path.join(cache, ".ready"), "w").close()
+        raise VenvError(f"cannot make a venv ({r.stderr.strip()[-200:]}; install python3-venv)")
+    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    for args in ([["--no-deps"] + list(no_deps)] if no_deps else []) + ([list(packages)] if packages else []):
+        r = subprocess.run(pip + args, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise VenvError(f"pip could not install {' '.join(a for a in args if a != '--no-deps')} from PyPI: "
+                            f"{r.stderr.strip()[-300:]}")
+    with open(ready, "w") as f:
+        f.write(stamp)
     return py
+
+
+def venv_python(name, packages, system_site_packages=False, no_deps=()):
+    """make_venv for a test: exits 77 (skipped) with the reason when the venv cannot be made."""
+    try:
+        return make_venv(name, packages, system_site_packages, no_deps)
+    except VenvError as e:
+        print(f"SKIPPED: {e}")
+        sys.exit(77)
+
+
+def torch2_python():
+    """PyTorch 2.x (CPU use) from PyPI, in the venv relay-torch2; raises VenvError."""
+    return make_venv("relay-torch2", TORCH2_DEPS, no_deps=TORCH2_NO_DEPS)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["torch2"]:
+        sys.exit("usage: pypi_venv.py torch2   (makes the cached PyTorch 2.x venv and prints its python)")
+    try:
+        print(torch2_python())
+    except VenvError as e:
+        print(f"pypi_venv: {e}", file=sys.stderr)
+        sys.exit(77)
