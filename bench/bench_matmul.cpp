@@ -51,7 +51,8 @@ const char* kVariantNames[kVariants] = {"sgemm f32", "mm f32", "mm f32+b", "bf16
 void fill(std::vector<float>& v, uint64_t seed) {
   const int64_t n = int64_t(v.size());
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(double(splitmix64(seed * 0x9E37 + uint64_t(i)) >> 11) * 0x1.0p-52 - 1.0);
+  for (int64_t i = 0; i < n; ++i)
+    v[size_t(i)] = float(double(splitmix64(seed * 0x9E37 + uint64_t(i)) >> 11) * 0x1.0p-52 - 1.0);
 }
 
 std::vector<bf16> to_bf16(const std::vector<float>& v) {
@@ -133,7 +134,8 @@ int main(int argc, char** argv) {
                 load_average().c_str());
   std::printf("# sgemm = dnnl_sgemm; mm = cpu::matmul (a oneDNN matmul primitive); +b = fused bias (f32 / bf16).\n");
   std::printf("# err = max |c - ref| / max |ref| over 64 sampled elements, ref in double from the inputs as stored;\n");
-  std::printf("# ok when f32 err < 1e-5 and bf16 err < 8e-3 (a bf16 output rounds once, 2^-9 relative, after f32 sums)\n");
+  std::printf(
+      "# ok when f32 err < 1e-5 and bf16 err < 8e-3 (a bf16 output rounds once, 2^-9 relative, after f32 sums)\n");
   std::printf("#\n# %-20s %2s %6s %6s %6s %4s  %s  %s\n", "", "", "", "", "", "", ruled(" GFLOP/s ", 65).c_str(),
               ruled(" max rel err ", 17).c_str());
   std::printf("# %-20s %2s %6s %6s %6s %4s ", "gemm", "op", "m", "n", "k", "beta");
@@ -155,7 +157,8 @@ int main(int argc, char** argv) {
 
     Rng pick(5, uint64_t(g.m * g.n));
     std::vector<std::pair<int64_t, int64_t>> samples;
-    for (int s = 0; s < 64; ++s) samples.push_back({int64_t(pick.below(uint64_t(g.m))), int64_t(pick.below(uint64_t(g.n)))});
+    for (int s = 0; s < 64; ++s)
+      samples.push_back({int64_t(pick.below(uint64_t(g.m))), int64_t(pick.below(uint64_t(g.n)))});
 
     // One closure per variant; the checked warm-up runs first (it creates the primitive), then the
     // timed runs go round the variants in turn, so a burst of load elsewhere hits all columns alike.

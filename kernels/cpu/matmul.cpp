@@ -42,8 +42,8 @@ struct KeyHash {
   size_t operator()(const Key& key) const {
     uint64_t h = 0x9E3779B97F4A7C15ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001B3ull + (h >> 29); };
-    mix(uint64_t(key.trans_a) | uint64_t(key.trans_b) << 1 | uint64_t(key.has_bias) << 2 |
-        uint64_t(key.ab_type) << 8 | uint64_t(key.c_type) << 16 | uint64_t(key.bias_type) << 24);
+    mix(uint64_t(key.trans_a) | uint64_t(key.trans_b) << 1 | uint64_t(key.has_bias) << 2 | uint64_t(key.ab_type) << 8 |
+        uint64_t(key.c_type) << 16 | uint64_t(key.bias_type) << 24);
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(uint64_t(v));
     mix(uint64_t(key.alpha_bits) << 32 | key.beta_bits);
     mix(uint64_t(key.threads));
@@ -78,8 +78,8 @@ std::string describe(const MatmulArgs& p, bool has_bias) {
   auto stored = [](int64_t rows, int64_t cols, bool trans) {
     return trans ? cat("(", cols, ",", rows, ")^T") : cat("(", rows, ",", cols, ")");
   };
-  return cat("matmul ", p.m, "x", p.n, "x", p.k, " (a ", stored(p.m, p.k, p.trans_a), " @ b ", stored(p.k, p.n, p.trans_b),
-             ", inputs ", dtype_name(p.ab_type), ", c ", dtype_name(p.c_type),
+  return cat("matmul ", p.m, "x", p.n, "x", p.k, " (a ", stored(p.m, p.k, p.trans_a), " @ b ",
+             stored(p.k, p.n, p.trans_b), ", inputs ", dtype_name(p.ab_type), ", c ", dtype_name(p.c_type),
              has_bias ? cat(", bias ", dtype_name(p.bias_type)) : std::string(", no bias"), ", alpha ", p.alpha,
              ", beta ", p.beta, ")");
 }
@@ -114,15 +114,17 @@ std::unique_ptr<Plan> make_plan(const MatmulArgs& p, bool has_bias) {
   attr.set_post_ops(ops);
 
   try {
-    auto desc = has_bias && !plan->bias_post_op ? dnnl::matmul::desc(plan->a_md, plan->b_md, plan->bias_md, plan->dst_md)
-                                                : dnnl::matmul::desc(plan->a_md, plan->b_md, plan->dst_md);
+    auto desc = has_bias && !plan->bias_post_op
+                    ? dnnl::matmul::desc(plan->a_md, plan->b_md, plan->bias_md, plan->dst_md)
+                    : dnnl::matmul::desc(plan->a_md, plan->b_md, plan->dst_md);
     dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
     plan->scratch_md = pd.scratchpad_desc();
     plan->scratch_bytes = plan->scratch_md.get_size();
     plan->impl = pd.impl_info_str();
     plan->primitive = dnnl::matmul(pd);
   } catch (const dnnl::error& e) {
-    const bool any_bf16 = p.ab_type == DType::bf16 || p.c_type == DType::bf16 || (has_bias && p.bias_type == DType::bf16);
+    const bool any_bf16 =
+        p.ab_type == DType::bf16 || p.c_type == DType::bf16 || (has_bias && p.bias_type == DType::bf16);
     if (any_bf16 && e.status == dnnl_unimplemented)
       throw Error(cat(describe(p, has_bias),
                       ": oneDNN has no bf16 matmul for this CPU; the CPU lacks bf16 support (oneDNN needs AVX512, "
