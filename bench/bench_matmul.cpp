@@ -1,6 +1,8 @@
 // GPT-2 124M's GEMMs on the CPU: oneDNN's dnnl_sgemm beside cpu::matmul's primitives in f32, bf16 in
 // with f32 or bf16 out, and with a fused bias; each checked against a double-precision reference on
-// sampled elements. Measures; never fails. Usage: bench_matmul [threads [reps]]
+// sampled elements. Measures; never fails. Usage: bench_matmul [threads [reps [wall|cpu]]]
+// "cpu" times by process CPU seconds / threads, for a machine shared with other jobs (run it with
+// OMP_WAIT_POLICY=passive, so that a thread waiting at a barrier sleeps instead of spinning).
 #include <dnnl.h>
 #include <omp.h>
 
@@ -9,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -48,7 +51,8 @@ const char* kVariantNames[kVariants] = {"sgemm f32", "mm f32", "mm f32+b", "bf16
 void fill(std::vector<float>& v, uint64_t seed) {
   const int64_t n = int64_t(v.size());
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(double(splitmix64(seed * 0x9E37 + uint64_t(i)) >> 11) * 0x1.0p-52 - 1.0);
+  for (int64_t i = 0; i < n; ++i)
+    v[size_t(i)] = float(double(splitmix64(seed * 0x9E37 + uint64_t(i)) >> 11) * 0x1.0p-52 - 1.0);
 }
 
 std::vector<bf16> to_bf16(const std::vector<float>& v) {
@@ -75,10 +79,36 @@ bool cpu_flag(const std::string& flag) {
   return false;
 }
 
-double seconds(const std::function<void()>& f) {
+double process_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+// Wall seconds of f, or (cpu_clock) the CPU seconds it used spread over the threads: the wall time
+// it would take with the cores to itself, when other jobs take turns on them.
+double seconds(const std::function<void()>& f, bool cpu_clock, int threads) {
+  if (cpu_clock) {
+    const double t0 = process_cpu_seconds();
+    f();
+    return (process_cpu_seconds() - t0) / threads;
+  }
   auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// " title " centred in a rule of dashes `width` wide, over the columns it names.
+std::string ruled(const std::string& title, size_t width) {
+  const size_t left = (width - title.size()) / 2;
+  return std::string(left, '-') + title + std::string(width - left - title.size(), '-');
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  in >> one;
+  return one;
 }
 
 }  // namespace
@@ -86,19 +116,28 @@ double seconds(const std::function<void()>& f) {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : omp_get_num_procs();
   const int reps = argc > 2 ? std::atoi(argv[2]) : 3;
+  const bool cpu_clock = argc > 3 && std::string(argv[3]) == "cpu";
   cpu::set_threads(threads);
   const dnnl_version_t* ver = dnnl_version();
-  std::printf("# bench_matmul: GPT-2 124M GEMMs (rows = 2048 tokens, C = 768, V = 50257), %d threads, best of %d runs\n",
+  std::printf("# bench_matmul: GPT-2 124M GEMMs (rows = 2048 tokens, C = 768, V = 50257), %d threads, best of %d\n",
               threads, reps);
   std::printf("# cpu: %s   avx512f %s   avx512_bf16 %s   amx_bf16 %s   oneDNN %d.%d.%d\n", cpu_model().c_str(),
               cpu_flag("avx512f") ? "yes" : "no", cpu_flag("avx512_bf16") ? "yes" : "no",
               cpu_flag("amx_bf16") ? "yes" : "no", ver->major, ver->minor, ver->patch);
-  std::printf("# c (m, n) = op(a) @ op(b) [+ bias (n)] + beta c.  GFLOP/s = 2 m n k / s (best run after a warm-up).\n");
-  std::printf("# sgemm = dnnl_sgemm; mm = cpu::matmul (oneDNN matmul primitive); +b = fused bias (f32 for f32, bf16 for bf16).\n");
+  std::printf("# c (m, n) = op(a) @ op(b) [+ bias (n)] + beta c.  GFLOP/s = 2 m n k / s (best run after a warm-up),\n");
+  if (cpu_clock)
+    std::printf("# s = process CPU seconds / threads (OMP_WAIT_POLICY=%s); load average at start %s\n",
+                std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "unset: spinning waits count",
+                load_average().c_str());
+  else
+    std::printf("# s = wall seconds; load average at start %s (other jobs on the cores lower every column)\n",
+                load_average().c_str());
+  std::printf("# sgemm = dnnl_sgemm; mm = cpu::matmul (a oneDNN matmul primitive); +b = fused bias (f32 / bf16).\n");
   std::printf("# err = max |c - ref| / max |ref| over 64 sampled elements, ref in double from the inputs as stored;\n");
-  std::printf("# ok when f32 err < 1e-5 and bf16 err < 8e-3 (bf16 outputs round once: 2^-9 relative, + f32 accumulation)\n");
-  std::printf("#\n# %-20s %2s %6s %6s %6s %4s  %-67s  %-17s\n", "", "", "", "", "", "",
-              "------------------------------ GFLOP/s ------------------------------", "-- max rel err --");
+  std::printf(
+      "# ok when f32 err < 1e-5 and bf16 err < 8e-3 (a bf16 output rounds once, 2^-9 relative, after f32 sums)\n");
+  std::printf("#\n# %-20s %2s %6s %6s %6s %4s  %s  %s\n", "", "", "", "", "", "", ruled(" GFLOP/s ", 65).c_str(),
+              ruled(" max rel err ", 17).c_str());
   std::printf("# %-20s %2s %6s %6s %6s %4s ", "gemm", "op", "m", "n", "k", "beta");
   for (const char* v : kVariantNames) std::printf(" %10s", v);
   std::printf("  %8s %8s  %5s\n", "f32", "bf16", "check");
@@ -118,7 +157,8 @@ int main(int argc, char** argv) {
 
     Rng pick(5, uint64_t(g.m * g.n));
     std::vector<std::pair<int64_t, int64_t>> samples;
-    for (int s = 0; s < 64; ++s) samples.push_back({int64_t(pick.below(uint64_t(g.m))), int64_t(pick.below(uint64_t(g.n)))});
+    for (int s = 0; s < 64; ++s)
+      samples.push_back({int64_t(pick.below(uint64_t(g.m))), int64_t(pick.below(uint64_t(g.n)))});
 
     // One closure per variant; the checked warm-up runs first (it creates the primitive), then the
     // timed runs go round the variants in turn, so a burst of load elsewhere hits all columns alike.
@@ -173,14 +213,15 @@ int main(int argc, char** argv) {
       }
       err[v] = err_max / ref_max;
       best[v] = 1e30;
-      if (v == kF32 || v == kBf16Bias)
-        impls.push_back(std::string(g.what) + (v == kF32 ? "  f32: " : "  bf16+b: ") + cpu::matmul_impl(p, with_bias));
+      if (v == kF32) impls.push_back(cat(g.what, "  f32: ", cpu::matmul_impl(p, with_bias)));
+      if (v == kBf16Bias) impls.back() += cat(", bf16+b: ", cpu::matmul_impl(p, with_bias));
     }
     for (int r = 0; r < reps; ++r)
-      for (int v = 0; v < kVariants; ++v) best[v] = std::min(best[v], seconds(runs[size_t(v)]));
+      for (int v = 0; v < kVariants; ++v) best[v] = std::min(best[v], seconds(runs[size_t(v)], cpu_clock, threads));
     double gflops[kVariants];
     for (int v = 0; v < kVariants; ++v) gflops[v] = 2.0 * double(g.m) * double(g.n) * double(g.k) / best[v] / 1e9;
-    double err32 = std::max({err[kSgemm], err[kF32], err[kF32Bias]}), err16 = std::max({err[kBf16F32], err[kBf16Bf16], err[kBf16Bias]});
+    const double err32 = std::max({err[kSgemm], err[kF32], err[kF32Bias]});
+    const double err16 = std::max({err[kBf16F32], err[kBf16Bf16], err[kBf16Bias]});
     const bool ok = err32 < 1e-5 && err16 < 8e-3;
     std::printf("  %-20s %c%c %6lld %6lld %6lld %4.0f ", g.what, g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', (long long)g.m,
                 (long long)g.n, (long long)g.k, double(g.beta));
@@ -188,6 +229,6 @@ int main(int argc, char** argv) {
     std::printf("  %8.1e %8.1e  %5s\n", err32, err16, ok ? "ok" : "WRONG");
     std::fflush(stdout);
   }
-  std::printf("#\n# oneDNN implementations (cpu::matmul_impl):\n");
+  std::printf("#\n# load average at end %s; oneDNN implementations (cpu::matmul_impl):\n", load_average().c_str());
   for (const std::string& s : impls) std::printf("#   %s\n", s.c_str());
 }

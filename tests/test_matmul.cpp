@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <dnnl.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/rng.hpp"
@@ -25,7 +27,7 @@
 namespace relay {
 namespace {
 
-constexpr double kF32Tol = 1e-5;        // relative to max |ref|
+constexpr double kF32Tol = 1e-5;          // relative to max |ref|
 constexpr double kBf16Round = 1.0 / 256;  // relative to |ref|: one bf16 rounding (2^-9) with a 2x margin
 
 // A (rows, cols) matrix stored with leading dimension ld in f32 or bf16. Padding columns hold `pad`
@@ -150,8 +152,8 @@ std::string name(DType t) { return dtype_name(t); }
 
 std::string describe(const cpu::MatmulArgs& p, bool has_bias, int64_t pad) {
   return name(p.ab_type) + " -> " + name(p.c_type) + (has_bias ? ", bias " + name(p.bias_type) : ", no bias") +
-         (p.trans_a ? ", a^T" : "") + (p.trans_b ? ", b^T" : "") + ", alpha " + std::to_string(p.alpha) +
-         ", beta " + std::to_string(p.beta) + ", pad " + std::to_string(pad) + ", " + std::to_string(p.m) + "x" +
+         (p.trans_a ? ", a^T" : "") + (p.trans_b ? ", b^T" : "") + ", alpha " + std::to_string(p.alpha) + ", beta " +
+         std::to_string(p.beta) + ", pad " + std::to_string(pad) + ", " + std::to_string(p.m) + "x" +
          std::to_string(p.n) + "x" + std::to_string(p.k);
 }
 
@@ -255,18 +257,20 @@ TEST(Matmul, EmptyDimensions) {
 // same contents give bitwise the same c, new contents give the new product, and no primitive is added.
 TEST(Matmul, CacheReusesPrimitiveAcrossPointers) {
   cpu::set_threads(2);
+  static int64_t run = 0;  // a shape of its own in every --gtest_repeat round
   cpu::MatmulArgs p;
   p.trans_b = true;
-  p.m = 37;
+  p.m = 37 + run++;
   p.n = 29;
   p.k = 41;
   p.ab_type = DType::bf16;
   p.c_type = DType::f32;
   p.beta = 1.f;
   Problem first(p, true, 0, 5);
+  const size_t before = cpu::matmul_cache_size();
   first.run();
   const size_t cached = cpu::matmul_cache_size();
-  EXPECT_GE(cached, 1u);
+  EXPECT_EQ(cached, before + 1) << "a new signature creates one primitive";
 
   Problem same(p, true, 0, 5);  // same values, other buffers
   ASSERT_NE(same.a.data(), first.a.data());
@@ -287,6 +291,37 @@ TEST(Matmul, CacheReusesPrimitiveAcrossPointers) {
   Problem one_thread(p, true, 0, 5);
   one_thread.run();
   EXPECT_EQ(cpu::matmul_cache_size(), cached + 1);
+  cpu::set_threads(2);
+}
+
+// Threads that first meet one signature together build it once between them, and then run the one
+// cached primitive at the same time, each with its own buffers (and its own scratchpad inside).
+TEST(Matmul, ConcurrentCallsShareThePrimitive) {
+  cpu::set_threads(1);
+  static int64_t run = 0;  // a shape of its own in every --gtest_repeat round
+  const int64_t m = 40 + run++;
+  const size_t before = cpu::matmul_cache_size();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([t, m] {
+      omp_set_num_threads(1);  // a new thread starts from OpenMP's defaults, not the main thread's
+      for (int rep = 0; rep < 5; ++rep) {
+        cpu::MatmulArgs p;
+        p.trans_a = true;
+        p.m = m;
+        p.n = 24;
+        p.k = 56;
+        p.ab_type = DType::bf16;
+        p.c_type = DType::bf16;
+        p.beta = 1.f;
+        Problem prob(p, true, 0, uint64_t(1000 + 10 * t + rep));
+        const auto ref = prob.reference();
+        prob.run();
+        prob.expect_matches(ref, "thread " + std::to_string(t) + " call " + std::to_string(rep));
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(cpu::matmul_cache_size(), before + 1) << "four threads, one signature: one primitive";
   cpu::set_threads(2);
 }
 

@@ -13,6 +13,7 @@ void set_threads(int threads);
 int threads();
 
 // c (m, n) = alpha * op(a) @ op(b) + beta * c; op(a) (m, k), op(b) (k, n); lda/ldb/ldc are row strides.
+// f32 only; bf16 inputs or outputs and a fused bias: cpu::matmul (kernels/cpu/matmul.hpp).
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

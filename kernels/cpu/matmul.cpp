@@ -42,8 +42,8 @@ struct KeyHash {
   size_t operator()(const Key& key) const {
     uint64_t h = 0x9E3779B97F4A7C15ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001B3ull + (h >> 29); };
-    mix(uint64_t(key.trans_a) | uint64_t(key.trans_b) << 1 | uint64_t(key.has_bias) << 2 |
-        uint64_t(key.ab_type) << 8 | uint64_t(key.c_type) << 16 | uint64_t(key.bias_type) << 24);
+    mix(uint64_t(key.trans_a) | uint64_t(key.trans_b) << 1 | uint64_t(key.has_bias) << 2 | uint64_t(key.ab_type) << 8 |
+        uint64_t(key.c_type) << 16 | uint64_t(key.bias_type) << 24);
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(uint64_t(v));
     mix(uint64_t(key.alpha_bits) << 32 | key.beta_bits);
     mix(uint64_t(key.threads));
@@ -64,6 +64,7 @@ struct Plan {
   // f32 inputs with a bf16 c: no such primitive; the primitive writes t = alpha ab + bias to an f32
   // (m, n) staging buffer and c = round(t + beta c) follows, so c is still rounded once.
   bool stage_output = false;
+  int bias_arg = 0;  // the execution argument that takes the bias; 0 without one
   std::string impl;
 };
 
@@ -77,8 +78,8 @@ std::string describe(const MatmulArgs& p, bool has_bias) {
   auto stored = [](int64_t rows, int64_t cols, bool trans) {
     return trans ? cat("(", cols, ",", rows, ")^T") : cat("(", rows, ",", cols, ")");
   };
-  return cat("matmul ", p.m, "x", p.n, "x", p.k, " (a ", stored(p.m, p.k, p.trans_a), " @ b ", stored(p.k, p.n, p.trans_b),
-             ", inputs ", dtype_name(p.ab_type), ", c ", dtype_name(p.c_type),
+  return cat("matmul ", p.m, "x", p.n, "x", p.k, " (a ", stored(p.m, p.k, p.trans_a), " @ b ",
+             stored(p.k, p.n, p.trans_b), ", inputs ", dtype_name(p.ab_type), ", c ", dtype_name(p.c_type),
              has_bias ? cat(", bias ", dtype_name(p.bias_type)) : std::string(", no bias"), ", alpha ", p.alpha,
              ", beta ", p.beta, ")");
 }
@@ -97,7 +98,10 @@ std::unique_ptr<Plan> make_plan(const MatmulArgs& p, bool has_bias) {
   plan->a_md = dnnl::memory::desc({p.m, p.k}, ab, p.trans_a ? dims{1, p.lda} : dims{p.lda, 1});
   plan->b_md = dnnl::memory::desc({p.k, p.n}, ab, p.trans_b ? dims{1, p.ldb} : dims{p.ldb, 1});
   plan->dst_md = dnnl::memory::desc({p.m, p.n}, dst, plan->stage_output ? dims{p.n, 1} : dims{p.ldc, 1});
-  if (has_bias) plan->bias_md = dnnl::memory::desc({1, p.n}, bias, dims{p.n, 1});
+  if (has_bias) {
+    plan->bias_md = dnnl::memory::desc({1, p.n}, bias, dims{p.n, 1});
+    plan->bias_arg = plan->bias_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1) : DNNL_ARG_BIAS;
+  }
 
   dnnl::primitive_attr attr;
   // A user scratchpad (per thread, see Workspace) lets threads run one cached primitive at once.
@@ -110,15 +114,17 @@ std::unique_ptr<Plan> make_plan(const MatmulArgs& p, bool has_bias) {
   attr.set_post_ops(ops);
 
   try {
-    auto desc = has_bias && !plan->bias_post_op ? dnnl::matmul::desc(plan->a_md, plan->b_md, plan->bias_md, plan->dst_md)
-                                                : dnnl::matmul::desc(plan->a_md, plan->b_md, plan->dst_md);
+    auto desc = has_bias && !plan->bias_post_op
+                    ? dnnl::matmul::desc(plan->a_md, plan->b_md, plan->bias_md, plan->dst_md)
+                    : dnnl::matmul::desc(plan->a_md, plan->b_md, plan->dst_md);
     dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
     plan->scratch_md = pd.scratchpad_desc();
     plan->scratch_bytes = plan->scratch_md.get_size();
     plan->impl = pd.impl_info_str();
     plan->primitive = dnnl::matmul(pd);
   } catch (const dnnl::error& e) {
-    const bool any_bf16 = p.ab_type == DType::bf16 || p.c_type == DType::bf16 || (has_bias && p.bias_type == DType::bf16);
+    const bool any_bf16 =
+        p.ab_type == DType::bf16 || p.c_type == DType::bf16 || (has_bias && p.bias_type == DType::bf16);
     if (any_bf16 && e.status == dnnl_unimplemented)
       throw Error(cat(describe(p, has_bias),
                       ": oneDNN has no bf16 matmul for this CPU; the CPU lacks bf16 support (oneDNN needs AVX512, "
@@ -171,9 +177,24 @@ class Buffer {
 };
 
 // What a thread needs to run primitives: its own stream, scratchpad and staging buffers.
+// Each plan's execution arguments are bound once per thread and each call only swaps their data
+// handles: making the memory objects anew cost about 2 us a call, as much as a 64^3 GEMM.
 struct Workspace {
   dnnl::stream stream{cpu_engine()};
   Buffer scratch, staging, bias;
+  std::unordered_map<const Plan*, std::unordered_map<int, dnnl::memory>> bound;
+
+  std::unordered_map<int, dnnl::memory>& args_for(const Plan& plan) {
+    auto it = bound.find(&plan);
+    if (it != bound.end()) return it->second;
+    dnnl::engine& eng = cpu_engine();
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(plan.a_md, eng, nullptr)},
+                                               {DNNL_ARG_WEIGHTS, dnnl::memory(plan.b_md, eng, nullptr)},
+                                               {DNNL_ARG_DST, dnnl::memory(plan.dst_md, eng, nullptr)}};
+    if (plan.bias_arg) args.emplace(plan.bias_arg, dnnl::memory(plan.bias_md, eng, nullptr));
+    if (plan.scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(plan.scratch_md, eng, nullptr));
+    return bound.emplace(&plan, std::move(args)).first->second;
+  }
 };
 
 float load_as_f32(const void* p, DType t, int64_t i) {
@@ -227,7 +248,6 @@ void matmul(const MatmulArgs& args, const void* a, const void* b, void* c, const
   }
   const Plan& plan = plan_for(args, bias != nullptr);
   thread_local Workspace ws;
-  dnnl::engine& eng = cpu_engine();
 
   const void* bias_in = bias;
   if (plan.widen_bias) {
@@ -238,16 +258,12 @@ void matmul(const MatmulArgs& args, const void* a, const void* b, void* c, const
   void* dst = plan.stage_output ? ws.staging.get(size_t(args.m * args.n) * sizeof(float)) : c;
 
   // oneDNN takes non-const handles for inputs too; it does not write them.
-  std::unordered_map<int, dnnl::memory> exec{
-      {DNNL_ARG_SRC, dnnl::memory(plan.a_md, eng, const_cast<void*>(a))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(plan.b_md, eng, const_cast<void*>(b))},
-      {DNNL_ARG_DST, dnnl::memory(plan.dst_md, eng, dst)}};
-  if (bias_in) {
-    const int slot = plan.bias_post_op ? (DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1) : DNNL_ARG_BIAS;
-    exec.emplace(slot, dnnl::memory(plan.bias_md, eng, const_cast<void*>(bias_in)));
-  }
-  if (plan.scratch_bytes > 0)
-    exec.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(plan.scratch_md, eng, ws.scratch.get(plan.scratch_bytes)));
+  auto& exec = ws.args_for(plan);
+  exec.at(DNNL_ARG_SRC).set_data_handle(const_cast<void*>(a));
+  exec.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<void*>(b));
+  exec.at(DNNL_ARG_DST).set_data_handle(dst);
+  if (plan.bias_arg) exec.at(plan.bias_arg).set_data_handle(const_cast<void*>(bias_in));
+  if (plan.scratch_bytes) exec.at(DNNL_ARG_SCRATCHPAD).set_data_handle(ws.scratch.get(plan.scratch_bytes));
   plan.primitive.execute(ws.stream, exec);
   ws.stream.wait();
   if (plan.stage_output) finish(args, c, static_cast<const float*>(dst), nullptr);
