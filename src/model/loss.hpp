@@ -41,9 +41,9 @@ class Loss {
   Backend& be_;
   LossKind kind_;
   int64_t width_;
-  DType dtype_ = DType::f32;
   TensorParallel tp_;
   int64_t vocab_start_;
+  DType dtype_ = DType::f32;
   std::vector<Slot> slots_;
   std::vector<float> host_losses_;
   std::vector<int32_t> host_i32_;

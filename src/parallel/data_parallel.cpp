@@ -110,7 +110,7 @@ std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
       const int64_t lo = own_begin(b), hi = lo + b.shard.numel(), n = p->value.numel();
       const int64_t a = std::max(lo, at), e = std::min(hi, at + n);
       if (a >= e) continue;  // another replica's piece
-      out.push_back({p, b.values.rows(a, e - a), b.shard.rows(a - lo, e - a), a - at});
+      out.push_back({p, b.values.rows(a, e - a), b.shard.rows(a - lo, e - a), a - at, Tensor()});  // work: gather_params
     }
   return out;
 }
