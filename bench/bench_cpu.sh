@@ -103,3 +103,4 @@ if torch2=$(/usr/bin/python3 tests/torch/pypi_venv.py torch2); then
 else
   echo "# PyTorch 2.x from PyPI not available (reason above): no comparison"
 fi
+load_at_end
