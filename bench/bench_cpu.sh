@@ -72,7 +72,7 @@ run() {  # name ranks threads schedule-overrides...
     read -r sps16 loss16 < <(metrics "$dir-bf16")
     ratio=$(python3 -c "print('%.2fx' % ($sps16 / $sps))")
   else
-    echo "# bf16 n/a: $(echo "$bf16_out" | grep -m1 -i error || echo "$bf16_out" | tail -n1)" |
+    echo "# bf16 n/a: $(grep -m1 -i error <<<"$bf16_out" || tail -n1 <<<"$bf16_out")" |
       sed 's/\[rank [0-9]* on [^]]*\] //' >>"$work/notes"
   fi
   printf "%-26s %6d %8d %11s %9.1f %10s  %-2s %14s %9s %10s  %s| sim equal costs %s%s\n" "$name" "$ranks" "$threads" "$sps" \
@@ -103,3 +103,4 @@ if torch2=$(/usr/bin/python3 tests/torch/pypi_venv.py torch2); then
 else
   echo "# PyTorch 2.x from PyPI not available (reason above): no comparison"
 fi
+load_at_end

@@ -128,4 +128,4 @@ print(" %-6s %12.4g" % (n, g), *["%11s" % ("n/a" if t == "n/a" else "%.1f" % (g 
 PY
 done <"$work/rows"
 [[ -f $work/notes ]] && { echo; cat "$work/notes"; }
-exit 0
+load_at_end
