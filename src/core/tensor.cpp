@@ -23,7 +23,7 @@ const char* dtype_name(DType dt) {
   }
   return "?";
 }
-bool is_float(DType dt) { return dt == DType::f32 || dt == DType::bf16; }
+
 
 std::string shape_str(const Shape& s) {
   std::string out = "[";

@@ -81,7 +81,4 @@ inline bf16* Tensor::data<bf16>() { return b16(); }
 template <>
 inline const bf16* Tensor::data<bf16>() const { return b16(); }
 
-// The floating storage types a tensor may have, for messages: "float32 or bfloat16".
-bool is_float(DType dt);
-
 }  // namespace relay
