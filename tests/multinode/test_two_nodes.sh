@@ -95,7 +95,7 @@ for r in "rank 0 (stage 0, replica 0) on node1: local rank 0 of 2" "rank 1 (stag
          "rank 2 (stage 1, replica 0) on node2: local rank 0 of 2" "rank 3 (stage 1, replica 1) on node2: local rank 1 of 2"; do
   grep -q "$r" "$WORK/two.log" || fail "placement: no line '$r'"
 done
-grep -q "on node2: local rank 0 of 2, cpu (oneDNN sgemm, 1 thread)" "$WORK/two.log" || fail "threads per rank on node2"
+grep -q "on node2: local rank 0 of 2, cpu (oneDNN, 1 thread)" "$WORK/two.log" || fail "threads per rank on node2"
 [ "$(losses "$WORK/two")" == "$(losses "$WORK/one")" ] || fail "two-node losses differ from the one-host run"
 echo "dp 2 x pp 2 across node1 (stage 0) and node2 (stage 1): all 40 losses equal the one-host run's"
 
