@@ -8,11 +8,12 @@
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/fast_math.hpp"
 #include "kernels/cpu/instantiate.hpp"
+#include "kernels/cpu/simd.hpp"
 
 namespace relay::cpu {
 
 template <typename X, typename Y>
-void convert(const X* x, Y* y, int64_t n) {
+RELAY_CPU_CLONES void convert(const X* x, Y* y, int64_t n) {
   if constexpr (std::is_same_v<X, Y>) {
     if (static_cast<const void*>(x) != static_cast<const void*>(y)) std::memcpy(y, x, size_t(n) * sizeof(X));
   } else {
@@ -26,7 +27,7 @@ template void convert<bf16, float>(const bf16*, float*, int64_t);
 template void convert<bf16, bf16>(const bf16*, bf16*, int64_t);
 
 template <typename X>
-void add_bias(X* y, const X* bias, int64_t rows, int64_t cols) {
+RELAY_CPU_CLONES void add_bias(X* y, const X* bias, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > 32768)
   for (int64_t r = 0; r < rows; ++r) {
     X* yr = y + r * cols;
@@ -35,7 +36,7 @@ void add_bias(X* y, const X* bias, int64_t rows, int64_t cols) {
 }
 
 template <typename X>
-void bias_grad(const X* dy, float* db, int64_t rows, int64_t cols, float beta) {
+RELAY_CPU_CLONES void bias_grad(const X* dy, float* db, int64_t rows, int64_t cols, float beta) {
   // Column blocks in parallel; rows summed in order within each column (deterministic).
   constexpr int64_t kBlock = 64;
   int64_t blocks = (cols + kBlock - 1) / kBlock;
@@ -53,12 +54,12 @@ void bias_grad(const X* dy, float* db, int64_t rows, int64_t cols, float beta) {
 }
 
 template <typename X>
-void relu_forward(const X* x, X* y, int64_t n) {
+RELAY_CPU_CLONES void relu_forward(const X* x, X* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) store(y[i], load(x[i]) > 0.f ? load(x[i]) : 0.f);
 }
 template <typename X>
-void relu_backward(const X* x, const X* dy, X* dx, int64_t n) {
+RELAY_CPU_CLONES void relu_backward(const X* x, const X* dy, X* dx, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) store(dx[i], load(x[i]) > 0.f ? load(dy[i]) : 0.f);
 }
@@ -66,7 +67,7 @@ void relu_backward(const X* x, const X* dy, X* dx, int64_t n) {
 // gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); gelu'(x) = Phi(x) + x * phi(x); within 5e-7 of
 // the exact values through fast_math.hpp's approximations.
 template <typename X>
-void gelu_forward(const X* x, X* y, int64_t n) {
+RELAY_CPU_CLONES void gelu_forward(const X* x, X* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
     const float v = load(x[i]);
@@ -74,7 +75,7 @@ void gelu_forward(const X* x, X* y, int64_t n) {
   }
 }
 template <typename X>
-void gelu_backward(const X* x, const X* dy, X* dx, int64_t n) {
+RELAY_CPU_CLONES void gelu_backward(const X* x, const X* dy, X* dx, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
     const float v = load(x[i]);
@@ -88,7 +89,7 @@ namespace {
 constexpr float kGeluK = 0.79788456080286536f;  // sqrt(2 / pi)
 }  // namespace
 template <typename X>
-void gelu_tanh_forward(const X* x, X* y, int64_t n) {
+RELAY_CPU_CLONES void gelu_tanh_forward(const X* x, X* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
     const float v = load(x[i]);
@@ -96,7 +97,7 @@ void gelu_tanh_forward(const X* x, X* y, int64_t n) {
   }
 }
 template <typename X>
-void gelu_tanh_backward(const X* x, const X* dy, X* dx, int64_t n) {
+RELAY_CPU_CLONES void gelu_tanh_backward(const X* x, const X* dy, X* dx, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
     const float v = load(x[i]);
@@ -106,7 +107,7 @@ void gelu_tanh_backward(const X* x, const X* dy, X* dx, int64_t n) {
   }
 }
 template <typename X>
-void add(const X* a, const X* b, X* y, int64_t n) {
+RELAY_CPU_CLONES void add(const X* a, const X* b, X* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) store(y[i], load(a[i]) + load(b[i]));
 }
@@ -125,7 +126,7 @@ void tanh_backward(const X* x, const X* dy, X* dx, int64_t n) {
 }
 
 template <typename X>
-void scale(X* x, float s, int64_t n) {
+RELAY_CPU_CLONES void scale(X* x, float s, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) store(x[i], load(x[i]) * s);
 }
@@ -155,7 +156,7 @@ void fill_i32(int32_t* x, int32_t v, int64_t n) { std::fill(x, x + n, v); }
 RELAY_FOR_FLOAT_TYPES(INST)
 #undef INST
 
-double sum_squares(const float* x, int64_t n) {
+RELAY_CPU_CLONES double sum_squares(const float* x, int64_t n) {
   constexpr int64_t kBlock = 4096;
   int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> partial(static_cast<size_t>(blocks));

@@ -1,7 +1,10 @@
 // Vectorisable float approximations of exp, erf and tanh for the CPU kernels: std::exp and std::erf
 // are scalar calls in glibc unless -ffast-math, so a GELU or a softmax over a vocabulary would cost as
 // much as a GEMM. Accuracy is stated per function and checked in tests/test_cpu_kernels.cpp.
+// Written without branches (min/max/copysign and selects) so that loops calling them vectorise.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace relay::cpu {
@@ -9,7 +12,7 @@ namespace relay::cpu {
 // erf(x) for float: odd rational approximation x P(x^2) / Q(x^2) on [-4, 4] (erf is +-1 to float
 // precision beyond); maximum absolute error 4.2e-7 over the reals.
 inline float erf_approx(float x) {
-  float xc = x < -4.f ? -4.f : (x > 4.f ? 4.f : x);
+  const float xc = std::min(std::max(x, -4.f), 4.f);
   float x2 = xc * xc;
   float p = -2.72614225801306e-10f;
   p = p * x2 + 2.77068142495902e-08f;
@@ -29,7 +32,7 @@ inline float erf_approx(float x) {
 // exp(x) for x <= 0 (softmax terms, the Gaussian density): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its
 // degree-6 Taylor polynomial (relative error < 2e-7), 2^n assembled in the exponent bits; arguments below -87 give exp(-87) (~1.6e-38).
 inline float exp_neg_approx(float x) {
-  x = x < -87.f ? -87.f : x;
+  x = std::max(x, -87.f);
   float t = x * 1.44269504088896341f + 0.5f;
   float n = static_cast<float>(static_cast<int32_t>(t));  // truncation vectorises on SSE2, floorf does not
   n = n > t ? n - 1.f : n;
@@ -49,9 +52,8 @@ inline float exp_neg_approx(float x) {
 
 // tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2|u|).
 inline float tanh_approx(float u) {
-  const float e = exp_neg_approx(-2.f * (u < 0.f ? -u : u));
-  const float t = (1.f - e) / (1.f + e);
-  return u < 0.f ? -t : t;
+  const float e = exp_neg_approx(-2.f * std::fabs(u));
+  return std::copysign((1.f - e) / (1.f + e), u);
 }
 
 }  // namespace relay::cpu

@@ -4,6 +4,7 @@
 // probabilities from it. Dao et al., FlashAttention arXiv:2205.14135; Dao, FlashAttention-2
 // arXiv:2307.08691 (Algorithms 1 and 2). Tile GEMMs go to oneDNN's sgemm; the softmax loops are ours.
 #include "kernels/cpu/flash_attention.hpp"
+#include "kernels/cpu/simd.hpp"
 
 #include <omp.h>
 
@@ -116,7 +117,7 @@ inline int64_t visible_keys(int64_t t, int64_t k0, int64_t cols) { return std::c
 // probabilities 2^(s - running max), masked keys 0. m, l (rows): running max and sum, updated; acc
 // (rows, hd): the output accumulator, rescaled when a row's max grows. first: m, l, acc hold nothing yet.
 RELAY_VECTOR_CLONES
-void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0, float* m,
+RELAY_CPU_CLONES void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0, float* m,
                          float* l, float* acc, int64_t hd, bool first) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
@@ -165,7 +166,7 @@ void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64
 // probabilities P = 2^(s - lse2) of queries q0.. against keys k0.., masked keys 0. lse2 (rows) the
 // forward's log-sum-exp in log2 units.
 RELAY_VECTOR_CLONES
-void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
+RELAY_CPU_CLONES void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
                           const float* lse2) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
@@ -186,7 +187,7 @@ void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int6
 // Backward, softmax's gradient (Algorithm 2, line 14): dp (rows, ld) = dP -> dS = P * (dP - D), in place.
 // p (rows, ld) probabilities, 0 on masked keys; d (rows) = rowsum(dO * O).
 RELAY_VECTOR_CLONES
-void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
+RELAY_CPU_CLONES void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
                        const float* d) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
@@ -207,7 +208,7 @@ void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int6
 
 // d (rows) = rowsum(a * b); a, b (rows, hd) contiguous.
 RELAY_VECTOR_CLONES
-void row_dots(const float* a, const float* b, float* d, int64_t rows, int64_t hd) {
+RELAY_CPU_CLONES void row_dots(const float* a, const float* b, float* d, int64_t rows, int64_t hd) {
   for (int64_t r = 0; r < rows; ++r) {
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -228,14 +229,14 @@ inline void prefetch_row(const Elem* p, int64_t cols, bool write) {
 }
 // dst (rows, cols) = src (rows, ld) widened to float32.
 RELAY_VECTOR_CLONES
-void load_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+RELAY_CPU_CLONES void load_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
     std::memcpy(dst + r * cols, src + r * ld, sizeof(float) * size_t(cols));
   }
 }
 RELAY_VECTOR_CLONES
-void load_rows(const bf16* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+RELAY_CPU_CLONES void load_rows(const bf16* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
 #pragma omp simd
@@ -244,7 +245,7 @@ void load_rows(const bf16* src, int64_t ld, int64_t rows, int64_t cols, float* d
 }
 // dst (rows, ld) = src (rows, cols) * scale (per row when row_scale is not null), rounded to Elem.
 RELAY_VECTOR_CLONES
-void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+RELAY_CPU_CLONES void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, float* dst, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
     const float sc = row_scale ? row_scale[r] : 1.0f;
@@ -253,7 +254,7 @@ void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t 
   }
 }
 RELAY_VECTOR_CLONES
-void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, bf16* dst, int64_t ld) {
+RELAY_CPU_CLONES void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, bf16* dst, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
     const float sc = row_scale ? row_scale[r] : 1.0f;

@@ -5,10 +5,11 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cpu/simd.hpp"
 
 namespace relay::cpu {
 
-void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, double lr, double beta1,
+RELAY_CPU_CLONES void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, double lr, double beta1,
                 double beta2, double eps, double weight_decay, int64_t step) {
   const double bc1 = 1.0 - std::pow(beta1, double(step));
   const double bc2 = 1.0 - std::pow(beta2, double(step));
@@ -26,7 +27,7 @@ void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_
   }
 }
 
-void sgd_step(float* p, const float* g, float* buf, bf16* work, int64_t n, double lr, double momentum,
+RELAY_CPU_CLONES void sgd_step(float* p, const float* g, float* buf, bf16* work, int64_t n, double lr, double momentum,
               double weight_decay, bool first_step) {
   const float lrf = float(lr), mom = float(momentum), wd = float(weight_decay);
 #pragma omp parallel for simd schedule(static) if (n > 65536)

@@ -22,9 +22,10 @@ inline float bf16_to_f32(bf16 x) {
 inline bf16 f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN, sign kept
-  u += 0x7fffu + ((u >> 16) & 1u);                                               // round to nearest even
-  return bf16{uint16_t(u >> 16)};
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;                       // NaN stays NaN, sign kept
+  // A select, not a branch, so that loops over arrays vectorise (signed compare: both sides < 2^31).
+  return bf16{uint16_t(int32_t(u & 0x7fffffffu) > int32_t(0x7f800000u) ? quiet_nan : rounded)};
 }
 
 // Element loads and stores that kernels templated on the storage type (float or bf16) share:

@@ -1,0 +1,18 @@
+// Runtime ISA dispatch for the CPU kernels. The binary targets baseline x86-64 (SSE2) so that it runs on
+// any x86-64; a kernel marked RELAY_CPU_CLONES is compiled three times (x86-64-v4: AVX-512; x86-64-v3:
+// AVX2 + FMA; baseline) and the dynamic loader picks the best one for the CPU at start-up (GCC's
+// target_clones, an ifunc). The code stays plain loops; the clones differ only in vector width and FMA
+// use, so results may differ in the last bits between CPUs of different kinds, never between runs on one.
+// Inline helpers (load/store, fast_math) are inlined into each clone and compiled for its ISA. OpenMP
+// regions inside a cloned function are cloned with it.
+//
+// kernels/cpu is compiled with -fno-trapping-math and -fno-thread-jumps (CMakeLists.txt): without them GCC
+// keeps the selects of fast_math.hpp and bf16 rounding as branches ("control flow in loop") and vectorises
+// nothing. Neither changes a result: no code here reads floating-point exception flags.
+#pragma once
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__NVCC__)
+#define RELAY_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define RELAY_CPU_CLONES
+#endif
