@@ -98,9 +98,17 @@ std::vector<float> random_values(int64_t n, uint64_t seed, double lo, double hi)
   return v;
 }
 
+// Set while Bf16Ops runs a pair: float inputs are rounded to bf16 values too, so that the bf16 row and its
+// fp32 twin read the same numbers and differ only by the op's bf16 storage.
+bool g_bf16_representable_inputs = false;
+
 // v rounded to t's dtype on the host (f32_to_bf16: round to nearest even), then uploaded.
 void upload_values(Backend& be, Tensor& t, const std::vector<float>& v) {
-  if (t.dtype() == DType::bf16) {
+  if (t.dtype() == DType::f32 && g_bf16_representable_inputs) {
+    std::vector<float> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = round_bf16(v[i]);
+    be.upload(t, r.data());
+  } else if (t.dtype() == DType::bf16) {
     std::vector<bf16> b(v.size());
     for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
     be.upload(t, b.data());
@@ -604,6 +612,98 @@ TEST_P(BackendOps, CudaMatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(AllOps, BackendOps, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& info) { return info.param.name; });
+
+// --- bf16 against fp32, on the CPU ------------------------------------------------------------
+
+// The fp32 twin of a bf16 row: add_3x7_bf16 -> add_3x7; matmul_3x7x5_nn_bf16(_y_f32) -> matmul_3x7x5_nn_fp32;
+// adamw_3_steps_3x7_bf16_work -> adamw_3_steps_3x7. Empty when the table has none.
+const OpCase* fp32_twin(const std::vector<OpCase>& all, const std::string& name) {
+  const size_t at = name.find("_bf16");
+  if (at == std::string::npos) return nullptr;
+  const std::string head = name.substr(0, at), tail = name.substr(at + 5);
+  for (const std::string& cand : {head + tail, head + "_fp32" + tail, head + "_fp32", head})
+    for (const OpCase& c : all)
+      if (c.name == cand) return &c;
+  return nullptr;
+}
+
+// Tolerance of a bf16 row against its fp32 twin, relative to the twin's largest output magnitude.
+// Inputs are the same bf16 values, math is float in both, so what differs is bf16 storage:
+constexpr double kBf16OneRounding = 0x1p-8;  // an output rounded once to bf16 (8 significant bits: half an ulp
+                                             // is 2^-8 of the value at most); GEMMs with a float y: exact
+                                             // products, the same float accumulation
+constexpr double kBf16TwoStages = 0x1p-6;    // ops whose float result passes through a bf16 intermediate or
+                                             // whose output feeds a second rounding (LayerNorm backward, flash
+                                             // attention's bf16 output re-read in its backward, AdamW's working
+                                             // copy after three steps, attention decode): four roundings
+double bf16_tolerance(const std::string& name) {
+  auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  if (starts("copy") || starts("upload") || starts("argmax") || starts("convert")) return kTolExact;
+  if (starts("layernorm_backward") || starts("flash_attention") || starts("attention") || starts("adamw") ||
+      starts("sgd") || starts("embedding") || starts("vocab_parallel") || starts("cross_entropy"))
+    return kBf16TwoStages;
+  return kBf16OneRounding;
+}
+
+// A bf16 row and its fp32 twin.
+struct Bf16Pair {
+  OpCase bf16, fp32;
+};
+void PrintTo(const Bf16Pair& p, std::ostream* os) { *os << p.bf16.name; }
+std::vector<Bf16Pair> bf16_pairs() {
+  const std::vector<OpCase> all = all_cases();
+  std::vector<Bf16Pair> pairs;
+  for (const OpCase& c : all)
+    if (const OpCase* twin = fp32_twin(all, c.name); twin && c.name.rfind("fill", 0) != 0)  // fills: other constants
+      pairs.push_back({c, *twin});
+  return pairs;
+}
+
+// Max |got - ref| relative to max |ref| (NaN and infinities must match exactly).
+void expect_within(const std::string& what, const Output& ref, const Output& got, double tol) {
+  ASSERT_EQ(ref.values.size(), got.values.size()) << what;
+  double scale = 0.0, worst = 0.0;
+  size_t at = 0;
+  for (size_t j = 0; j < ref.values.size(); ++j) {
+    const double r = ref.values[j], g = got.values[j];
+    if (std::isnan(r) || std::isinf(r)) {
+      EXPECT_TRUE(std::isnan(r) ? std::isnan(g) : r == g) << what << "[" << j << "]: fp32 " << r << ", bf16 " << g;
+      continue;
+    }
+    scale = std::max(scale, std::fabs(r));
+    if (std::fabs(r - g) > worst) worst = std::fabs(r - g), at = j;
+  }
+  const double err = scale > 0.0 ? worst / scale : worst;
+  EXPECT_LE(err, tol) << what << ": max |bf16 - fp32| = " << worst << " at [" << at << "] (fp32 " << ref.values[at]
+                      << ", bf16 " << got.values[at] << "), relative to max |fp32| = " << scale << ": " << err
+                      << " > tolerance " << tol;
+}
+
+class Bf16Ops : public ::testing::TestWithParam<Bf16Pair> {};
+
+// Every op in bf16 against its fp32 result on bf16-representable inputs, on the CPU (no GPU needed). An
+// optimizer's bf16 working copy is checked against the fp32 twin's updated parameter.
+TEST_P(Bf16Ops, MatchFp32OnCpu) {
+  const Bf16Pair& p = GetParam();
+  cpu_backend().set_precision(Precision::fp32);
+  g_bf16_representable_inputs = true;  // also the bf16 row's f32 inputs (optimizer masters, gradients)
+  std::vector<Output> ref = p.fp32.run(cpu_backend());
+  if (p.bf16.precision == Precision::bf16) cpu_backend().set_precision(Precision::bf16);
+  std::vector<Output> got = p.bf16.run(cpu_backend());
+  g_bf16_representable_inputs = false;
+  cpu_backend().set_precision(Precision::fp32);
+  const double tol = bf16_tolerance(p.bf16.name);
+  for (const Output& g : got) {
+    const std::string ref_name = g.name == "work" ? "param" : g.name;
+    auto r = std::find_if(ref.begin(), ref.end(), [&](const Output& o) { return o.name == ref_name; });
+    ASSERT_NE(r, ref.end()) << p.fp32.name << " has no output " << ref_name;
+    expect_within(p.bf16.name + " against " + p.fp32.name + ": output " + g.name, *r, g,
+                  g.name == "work" ? kBf16OneRounding : tol);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, Bf16Ops, ::testing::ValuesIn(bf16_pairs()),
+                         [](const ::testing::TestParamInfo<Bf16Pair>& info) { return info.param.bf16.name; });
 
 // The CUDA FlashAttention kernels stop at head dimension 128 (a register tile per lane); a larger one is
 // the user's model choice, refused with an error that names the op, not a crash.
