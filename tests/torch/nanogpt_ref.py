@@ -190,10 +190,12 @@ def sequences(tokens, T, idx):
     return rows[:, :-1], rows[:, 1:]
 
 
-def train(cfg, weights, tokens, run, dtype):
+def train(cfg, weights, tokens, run, dtype, autocast=False):
     """Trains a GPT from weights {name: array} with run's data order, AdamW, clipping and schedule.
 
     run: dict(steps, batch_size, shuffle, data_seed, lr, betas, eps, weight_decay, clip, schedule).
+    autocast: the forward under torch.autocast("cpu", dtype=torch.bfloat16) (bf16 GEMMs, fp32 parameters and
+    optimizer), the loss in float32 from the logits, as mixed-precision users train.
     Returns dict(losses, grad_norms, model, exp_avg, exp_avg_sq), the tensors keyed by parameter name.
     """
     model = GPT(cfg)
@@ -211,8 +213,9 @@ def train(cfg, weights, tokens, run, dtype):
         for g in opt.param_groups:
             g["lr"] = learning_rate(run["schedule"], run["lr"], step, run["steps"])
         opt.zero_grad()
-        logits = model(x)  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1))  # mean over all B*T targets
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(x)  # (B, T, V)
+        loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1))  # mean over all B*T targets
         loss.backward()
         if run["clip"] > 0:
             norm = torch.nn.utils.clip_grad_norm_(params.values(), run["clip"])
