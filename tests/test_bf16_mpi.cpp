@@ -219,6 +219,32 @@ TEST(Bf16Training, MemoryMatchesThePlanAndHalvesActivations) {
   }
 }
 
+// Flash attention keeps only the log-sum-exp (B, H, T) for the backward, so the activation memory of a
+// fixed number of sequences is linear in T: doubling T doubles it (a stored T x T matrix per head would
+// add B H T^2 elements per layer, and the ratio would grow with T). Measured equals predicted at each T.
+TEST(Bf16Training, FlashAttentionActivationsGrowLinearlyInT) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path(), 8193, 61);
+  std::map<int, double> act;
+  for (int T : {64, 128, 256}) {
+    const std::string run = dir.file("T" + std::to_string(T));
+    auto ov = Layout().overrides(run, "bf16");
+    ov.insert(ov.end(), {"model.block_size=" + std::to_string(T), "train.batch_size=4", "train.steps=2"});
+    RunResult r = train(1, p.config, ov);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto rank0 = nlohmann::json::parse(read_file(run + "/memory.json")).at("bytes_per_rank")[0];
+    act[T] = rank0.at("measured").at("activations");
+    const double want = rank0.at("predicted").at("activations");
+    EXPECT_NEAR(act[T], want, 0.01 * want + 1024) << "T = " << T;
+  }
+  for (int T : {64, 128}) {
+    const double ratio = act[2 * T] / act[T];
+    std::printf("activations at T = %d: %.0f bytes, at T = %d: %.0f bytes, ratio %.4f\n", T, act[T], 2 * T,
+                act[2 * T], ratio);
+    EXPECT_NEAR(ratio, 2.0, 0.02) << "activation bytes from T = " << T << " to " << 2 * T;
+  }
+}
+
 // Bad precision keys: one line naming the key, exit 1, on every rank (2 ranks: none hangs).
 TEST(Bf16Training, BadPrecisionKeysAreNamed) {
   TempDir dir;
