@@ -163,7 +163,9 @@ RELAY_CPU_CLONES double sum_squares(const float* x, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t b = 0; b < blocks; ++b) {
     double acc = 0;
-    for (int64_t i = b * kBlock, e = std::min(n, (b + 1) * kBlock); i < e; ++i) acc += double(x[i]) * double(x[i]);
+    const int64_t e = std::min(n, (b + 1) * kBlock);
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = b * kBlock; i < e; ++i) acc += double(x[i]) * double(x[i]);
     partial[static_cast<size_t>(b)] = acc;
   }
   double total = 0;

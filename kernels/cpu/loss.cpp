@@ -16,6 +16,7 @@ namespace {
 template <typename X>
 float max_of(const X* z, int64_t n) {
   float mx = load(z[0]);
+#pragma omp simd reduction(max : mx)
   for (int64_t c = 1; c < n; ++c) mx = std::max(mx, load(z[c]));
   return mx;
 }
