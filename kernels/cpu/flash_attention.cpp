@@ -29,15 +29,9 @@ constexpr int64_t kDiagRows = 32;  // rows per strip of a tile that crosses the 
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
 
-// The softmax loops below work on 16 floats at a time through GCC's vector extensions, and target_clones
-// builds them for AVX-512, AVX2 and baseline x86-64 and picks one at load time (Relay is built without
-// -march): one zmm, two ymm or four xmm registers per vector. The choice depends on the machine only,
-// never on the thread count.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define RELAY_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define RELAY_VECTOR_CLONES
-#endif
+// The softmax loops below work on 16 floats at a time through GCC's vector extensions; RELAY_CPU_CLONES
+// (simd.hpp) builds them for AVX-512, AVX2 and baseline x86-64 and picks one at load time: one zmm, two
+// ymm or four xmm registers per vector. The choice depends on the machine only, never on the thread count.
 // The 64-byte vectors below pass only between inline helpers of this file, never across an ABI boundary.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -116,8 +110,8 @@ inline int64_t visible_keys(int64_t t, int64_t k0, int64_t cols) { return std::c
 // s (rows, ld): scores of queries q0.. against keys k0.., in log2 units, replaced by their unnormalised
 // probabilities 2^(s - running max), masked keys 0. m, l (rows): running max and sum, updated; acc
 // (rows, hd): the output accumulator, rescaled when a row's max grows. first: m, l, acc hold nothing yet.
-RELAY_VECTOR_CLONES
-RELAY_CPU_CLONES void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0, float* m,
+RELAY_CPU_CLONES
+void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0, float* m,
                          float* l, float* acc, int64_t hd, bool first) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
@@ -165,8 +159,8 @@ RELAY_CPU_CLONES void online_softmax_tile(float* s, int64_t ld, int64_t rows, in
 // Backward, one tile (FlashAttention-2 Algorithm 2, line 11): s (rows, ld) scores in log2 units ->
 // probabilities P = 2^(s - lse2) of queries q0.. against keys k0.., masked keys 0. lse2 (rows) the
 // forward's log-sum-exp in log2 units.
-RELAY_VECTOR_CLONES
-RELAY_CPU_CLONES void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
+RELAY_CPU_CLONES
+void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
                           const float* lse2) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
@@ -186,8 +180,8 @@ RELAY_CPU_CLONES void recompute_probs_tile(float* s, int64_t ld, int64_t rows, i
 
 // Backward, softmax's gradient (Algorithm 2, line 14): dp (rows, ld) = dP -> dS = P * (dP - D), in place.
 // p (rows, ld) probabilities, 0 on masked keys; d (rows) = rowsum(dO * O).
-RELAY_VECTOR_CLONES
-RELAY_CPU_CLONES void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
+RELAY_CPU_CLONES
+void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
                        const float* d) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
@@ -207,7 +201,6 @@ RELAY_CPU_CLONES void softmax_grad_tile(float* dp, const float* p, int64_t ld, i
 }
 
 // d (rows) = rowsum(a * b); a, b (rows, hd) contiguous.
-RELAY_VECTOR_CLONES
 RELAY_CPU_CLONES void row_dots(const float* a, const float* b, float* d, int64_t rows, int64_t hd) {
   for (int64_t r = 0; r < rows; ++r) {
     float sum = 0.0f;
@@ -228,14 +221,12 @@ inline void prefetch_row(const Elem* p, int64_t cols, bool write) {
           : __builtin_prefetch(reinterpret_cast<const char*>(p) + byte, 0);
 }
 // dst (rows, cols) = src (rows, ld) widened to float32.
-RELAY_VECTOR_CLONES
 RELAY_CPU_CLONES void load_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
     std::memcpy(dst + r * cols, src + r * ld, sizeof(float) * size_t(cols));
   }
 }
-RELAY_VECTOR_CLONES
 RELAY_CPU_CLONES void load_rows(const bf16* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
@@ -244,8 +235,8 @@ RELAY_CPU_CLONES void load_rows(const bf16* src, int64_t ld, int64_t rows, int64
   }
 }
 // dst (rows, ld) = src (rows, cols) * scale (per row when row_scale is not null), rounded to Elem.
-RELAY_VECTOR_CLONES
-RELAY_CPU_CLONES void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+RELAY_CPU_CLONES
+void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, float* dst, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
     const float sc = row_scale ? row_scale[r] : 1.0f;
@@ -253,8 +244,8 @@ RELAY_CPU_CLONES void store_rows(const float* src, const float* row_scale, int64
     for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = src[r * cols + c] * sc;
   }
 }
-RELAY_VECTOR_CLONES
-RELAY_CPU_CLONES void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, bf16* dst, int64_t ld) {
+RELAY_CPU_CLONES
+void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, bf16* dst, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
     const float sc = row_scale ? row_scale[r] : 1.0f;

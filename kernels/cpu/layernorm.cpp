@@ -12,7 +12,8 @@
 namespace relay::cpu {
 
 template <typename X>
-RELAY_CPU_CLONES void layernorm_forward(const X* x, const X* gamma, const X* beta, float eps, X* y, float* mean, float* rstd,
+RELAY_CPU_CLONES
+void layernorm_forward(const X* x, const X* gamma, const X* beta, float eps, X* y, float* mean, float* rstd,
                        int64_t rows, int64_t d) {
 #pragma omp parallel for schedule(static) if (rows * d > 32768)
   for (int64_t r = 0; r < rows; ++r) {
@@ -35,7 +36,8 @@ RELAY_CPU_CLONES void layernorm_forward(const X* x, const X* gamma, const X* bet
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), where g = dy * gamma.
 template <typename X>
-RELAY_CPU_CLONES void layernorm_backward_input(const X* dy, const X* x, const X* gamma, const float* mean, const float* rstd, X* dx,
+RELAY_CPU_CLONES
+void layernorm_backward_input(const X* dy, const X* x, const X* gamma, const float* mean, const float* rstd, X* dx,
                               int64_t rows, int64_t d) {
 #pragma omp parallel for schedule(static) if (rows * d > 32768)
   for (int64_t r = 0; r < rows; ++r) {
@@ -63,7 +65,8 @@ RELAY_CPU_CLONES void layernorm_backward_input(const X* dy, const X* x, const X*
 
 // Column blocks in parallel, rows in order within each (deterministic, and row-major reads).
 template <typename X>
-RELAY_CPU_CLONES void layernorm_backward_weight(const X* dy, const X* x, const float* mean, const float* rstd, float* dgamma,
+RELAY_CPU_CLONES
+void layernorm_backward_weight(const X* dy, const X* x, const float* mean, const float* rstd, float* dgamma,
                                float* dbeta, int64_t rows, int64_t d) {
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (d + kBlock - 1) / kBlock;

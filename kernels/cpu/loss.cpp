@@ -41,7 +41,8 @@ void softmax_grad(const X* z, X* d, int64_t n, double lse, int64_t t, float grad
 }  // namespace
 
 template <typename X>
-RELAY_CPU_CLONES void cross_entropy(const X* logits, const int32_t* targets, float grad_scale, float* losses, X* dlogits, int64_t rows,
+RELAY_CPU_CLONES
+void cross_entropy(const X* logits, const int32_t* targets, float grad_scale, float* losses, X* dlogits, int64_t rows,
                    int64_t classes) {
 #pragma omp parallel for schedule(static) if (rows * classes > 32768)
   for (int64_t r = 0; r < rows; ++r) {
@@ -61,7 +62,8 @@ RELAY_CPU_CLONES void row_max(const X* x, float* out, int64_t rows, int64_t cols
 }
 
 template <typename X>
-RELAY_CPU_CLONES void cross_entropy_partial(const X* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+RELAY_CPU_CLONES
+void cross_entropy_partial(const X* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
                            float* partial, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > 32768)
   for (int64_t r = 0; r < rows; ++r) {
@@ -73,7 +75,8 @@ RELAY_CPU_CLONES void cross_entropy_partial(const X* logits, const int32_t* targ
 }
 
 template <typename X>
-RELAY_CPU_CLONES void cross_entropy_finish(const X* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
+RELAY_CPU_CLONES
+void cross_entropy_finish(const X* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
                           const float* total, float grad_scale, float* losses, X* dlogits, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > 32768)
   for (int64_t r = 0; r < rows; ++r) {

@@ -44,7 +44,8 @@ inline void sgd_loop(float* p, const float* g, float* buf, bf16* work, int64_t n
 }
 }  // namespace
 
-RELAY_CPU_CLONES void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, double lr,
+RELAY_CPU_CLONES
+void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, double lr,
                                  double beta1, double beta2, double eps, double weight_decay, int64_t step) {
   const double bc1 = 1.0 - std::pow(beta1, double(step));
   const double bc2 = 1.0 - std::pow(beta2, double(step));
