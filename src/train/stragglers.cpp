@@ -53,9 +53,9 @@ WindowTimes StragglerMonitor::window(double compute_s, double wait_s, int64_t st
     int& streak = streak_[static_cast<size_t>(w)];
     streak = mine > (1 + kMargin) * m && mine - m > kMinExcessS ? streak + 1 : 0;
     if (streak != kWindows) continue;  // once per streak
-    std::printf("relay: warning: %s is a straggler: %.2f ms of compute per step, %.0f%% over the median %.2f ms of "
+    std::printf("relay: warning: %s is a straggler: %.2f ms of compute per step, %.2fx the median %.2f ms of "
                 "%s, in %d logging windows in a row up to step %lld (margin %.0f%% and %.0f ms)\n",
-                rank_label(w, grid_.dp, grid_.tp).c_str(), 1e3 * mine, 100 * (mine / std::max(1e-12, m) - 1), 1e3 * m,
+                rank_label(w, grid_.dp, grid_.tp).c_str(), 1e3 * mine, mine / std::max(1e-12, m), 1e3 * m,
                 grid_.dp * grid_.tp > 1 ? "the other ranks of its stage" : "the other ranks", kWindows,
                 static_cast<long long>(step), 100 * kMargin, 1e3 * kMinExcessS);
     std::fflush(stdout);
