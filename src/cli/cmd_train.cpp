@@ -21,7 +21,8 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--set", o.overrides, "Override a key: --set section.key=value (TOML value syntax)")
       ->allow_extra_args(false);
   c->footer("Exit codes: 0 done; 75 stopped early by SIGTERM/SIGUSR1 or train.time_limit after writing a "
-            "checkpoint (resumable: rerun with checkpoint.resume = \"auto\"); 1 error.");
+            "checkpoint (resumable: rerun with checkpoint.resume = \"auto\"); 1 error; 74 a rank stalled "
+            "(parallel.timeout); 76 an in-job restart would repeat the failure before it.");
   return c;
 }
 

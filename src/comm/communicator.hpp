@@ -47,6 +47,9 @@ class Communicator {
   // Blocking reductions of a few host doubles (losses, norms, flags); always exact and ordered.
   // `what` names the reduction in the progress watchdog's message.
   virtual void allreduce_host(double* values, int count, ReduceOp op, const std::string& what = "a host reduction") = 0;
+  // Every member's `count` host doubles into all (size x count, member order) on root; all is not
+  // touched elsewhere. Blocking and watched, like allreduce_host (per-rank timings, memory reports).
+  virtual void gather_f64(const double* mine, int count, double* all, int root, const std::string& what) = 0;
   virtual void barrier() = 0;
 };
 

@@ -191,6 +191,12 @@ void MpiCommunicator::allreduce_host(double* values, int count, ReduceOp op, con
   watchdog_wait(&req, what);
 }
 
+void MpiCommunicator::gather_f64(const double* mine, int count, double* all, int root, const std::string& what) {
+  MPI_Request req;
+  MPI_CHECK(MPI_Igather(mine, count, MPI_DOUBLE, all, count, MPI_DOUBLE, root, comm_, &req));
+  watchdog_wait(&req, what);
+}
+
 void MpiCommunicator::barrier() {
   MPI_Request req;
   MPI_CHECK(MPI_Ibarrier(comm_, &req));

@@ -26,6 +26,7 @@ class MpiCommunicator final : public Communicator {
   RequestPtr iallgather(Tensor& buf) override;
   void broadcast(Tensor& t, int root) override;
   void allreduce_host(double* values, int count, ReduceOp op, const std::string& what = "a host reduction") override;
+  void gather_f64(const double* mine, int count, double* all, int root, const std::string& what) override;
   void barrier() override;
 
  private:

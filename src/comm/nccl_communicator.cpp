@@ -272,6 +272,12 @@ class NcclCommunicator final : public Communicator {
     watchdog_wait(&req, what);
   }
 
+  void gather_f64(const double* mine, int count, double* all, int root, const std::string& what) override {
+    MPI_Request req;
+    MPI_CHECK(MPI_Igather(mine, count, MPI_DOUBLE, all, count, MPI_DOUBLE, root, mpi_comm_, &req));
+    watchdog_wait(&req, what);
+  }
+
   // Host-side only, like MPI_Barrier: synchronize the backend first to include GPU work.
   void barrier() override {
     MPI_Request req;

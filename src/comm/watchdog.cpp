@@ -11,6 +11,7 @@
 #include "comm/agree.hpp"
 #include "comm/mpi_check.hpp"
 #include "core/error.hpp"
+#include "core/exit_codes.hpp"
 
 namespace relay {
 
@@ -182,9 +183,12 @@ void Watchdog::end_job(const std::vector<int>& silent, const std::vector<Reply>&
               " s: rank ", rank_, " waits for ", what);
     for (const Reply& r : replies) msg += cat("; rank ", r.rank, " waits for ", r.what);
   }
+  // A silent rank is the machine's fault (kExitStalled: the job scripts restart the run); a deadlock
+  // is Relay's own and would repeat (kExitError).
+  const int code = silent.empty() ? kExitError : kExitStalled;
   if (printer == rank_) {
     print_error(msg);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Abort(MPI_COMM_WORLD, code);
   }
   // Another waiting rank prints and aborts; give it time, then end the job anyway.
   const double until = now_s() + 2 * grace_for(timeout_);
@@ -193,7 +197,7 @@ void Watchdog::end_job(const std::vector<int>& silent, const std::vector<Reply>&
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   print_error(msg);
-  MPI_Abort(MPI_COMM_WORLD, 1);
+  MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();
 }
 

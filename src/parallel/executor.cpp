@@ -1,6 +1,9 @@
 #include "parallel/executor.hpp"
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
 
 #include "comm/watchdog.hpp"
 #include "parallel/slot_plan.hpp"
@@ -12,6 +15,15 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 enum MsgKind { kActivation = 0, kGrad = 1 };
+
+// Test only: RELAY_TEST_SLOW_RANK=R RELAY_TEST_SLOW_MS=M make world rank R sleep M ms in every
+// forward, a straggler on purpose (tests/faults/test_straggler.sh); 0 elsewhere.
+double test_slow_seconds(int world_rank) {
+  const char* rank = std::getenv("RELAY_TEST_SLOW_RANK");
+  const char* ms = std::getenv("RELAY_TEST_SLOW_MS");
+  if (!rank || !ms || std::atoi(rank) != world_rank) return 0;
+  return std::atof(ms) / 1000.0;
+}
 }  // namespace
 
 Executor::Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, std::map<int, ModelChunk*> chunks,
@@ -22,7 +34,7 @@ Executor::Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, 
       shape_(shape), actions_(std::move(actions)), mb_rows_(mb_rows), seq_len_(seq_len), rows_(mb_rows * seq_len),
       // The loss is the mean over every row (target token) of the global batch.
       grad_scale_(1.f / static_cast<float>(global_batch * seq_len)), last_chunk_(num_chunks(shape) - 1),
-      tied_comm_(tied_comm), tied_(std::move(tied)) {
+      tied_comm_(tied_comm), tied_(std::move(tied)), slow_s_(test_slow_seconds(grid.world_rank)) {
   // Micro-batches share activation slots as the schedule allows (1F1B: pp - rank of them).
   SlotPlan plan = plan_slots(actions_, shape_.m);
   for (auto& [c, ch] : chunks_) ch->set_slot_plan(plan.slot_of[c]);
@@ -88,6 +100,7 @@ StepStats Executor::run_step(const StepData& data) {
           be_.copy(in, chunk(c - 1).forward_output(mb, rows_));
         }
         Tensor out = ch.forward(mb, rows_);
+        if (slow_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s_));
         if (c == last_chunk_) {
           upload_targets(mb, mb * mb_rows_, mb_rows_, data);
           Tensor dout = ch.output_grad(mb, rows_);

@@ -85,6 +85,7 @@ class Executor {
   std::vector<RequestPtr> sends_;
   Tracer* tracer_ = nullptr;
   int64_t trace_step_ = 0;
+  double slow_s_ = 0;  // test only: RELAY_TEST_SLOW_RANK / RELAY_TEST_SLOW_MS, slept in every forward
 };
 
 }  // namespace relay

@@ -17,6 +17,11 @@ namespace relay {
 namespace {
 // JSON numbers through the library; a non-finite value (a diverged loss) is null, as JSON has no NaN.
 nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+std::string fixed2(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", v);
+  return b;
+}
 int64_t record_step(const std::string& line) {
   try {
     return nlohmann::json::parse(line).value("step", int64_t(-1));
@@ -84,8 +89,11 @@ void MetricsLog::train(const StepRecord& r) {
   const double tokens_per_s = r.samples_per_s * double(tokens_per_sample_);
   const std::string rate = tokens_per_sample_ > 0 ? cat(static_cast<long long>(tokens_per_s), " tokens/s")
                                                   : cat(static_cast<long long>(r.samples_per_s * 10) / 10.0, " samples/s");
-  std::printf("step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %s | elapsed %s | ETA %s\n",
-              static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, rate.c_str(),
+  const std::string slowest = r.slowest_rank < 0 ? std::string()
+                                                 : cat(" | slowest rank ", r.slowest_rank, " ", fixed2(1e3 * r.slowest_compute_s),
+                                                       " ms (median ", fixed2(1e3 * r.median_compute_s), ")");
+  std::printf("step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %s%s | elapsed %s | ETA %s\n",
+              static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, rate.c_str(), slowest.c_str(),
               format_duration(r.elapsed_s).c_str(), format_duration(r.eta_s).c_str());
   std::fflush(stdout);
   nlohmann::ordered_json j;
@@ -100,6 +108,12 @@ void MetricsLog::train(const StepRecord& r) {
   j["input_wait_s"] = number(r.input_wait_s);
   j["pipeline_wait_s"] = number(r.pipeline_wait_s);
   j["allreduce_wait_s"] = number(r.allreduce_wait_s);
+  if (r.slowest_rank >= 0) {
+    j["slowest_rank"] = r.slowest_rank;
+    j["slowest_compute_s"] = number(r.slowest_compute_s);
+    j["median_compute_s"] = number(r.median_compute_s);
+  }
+  if (r.restarts > 0) j["restarts"] = r.restarts;
   j["rss_mib"] = number(r.rss_mib);
   j["rss_max_mib"] = number(r.rss_max_mib);
   j["peak_rss_max_mib"] = number(r.peak_rss_max_mib);
@@ -117,6 +131,19 @@ void MetricsLog::eval(int64_t step, double loss, double accuracy, bool has_accur
   j["step"] = step;
   j["eval_loss"] = number(loss);
   j["eval_accuracy"] = has_accuracy ? number(accuracy) : nlohmann::json(nullptr);
+  append(j.dump());
+}
+
+void MetricsLog::restart(int64_t step, int64_t count, const std::string& cause, int64_t failed_after_step) {
+  std::printf("relay: restart %lld in this allocation (%s): resumed at step %lld; the failed run had logged step %lld\n",
+              static_cast<long long>(count), cause.empty() ? "cause unknown" : cause.c_str(),
+              static_cast<long long>(step), static_cast<long long>(failed_after_step));
+  std::fflush(stdout);
+  nlohmann::ordered_json j;
+  j["step"] = step;
+  j["restart"] = count;
+  j["cause"] = cause;
+  j["failed_after_step"] = failed_after_step;
   append(j.dump());
 }
 

@@ -20,6 +20,11 @@ struct StepRecord {
   // Rank 0's mean per step over the logging window: waiting for the next batch, for pipeline
   // messages, and for the data-parallel (and tied-weight) all-reduces at the end of the step.
   double input_wait_s = 0, pipeline_wait_s = 0, allreduce_wait_s = 0;
+  // Compute per step over the window: the slowest rank's and the median over all ranks (stragglers.hpp);
+  // slowest_rank -1 with one rank.
+  int slowest_rank = -1;
+  double slowest_compute_s = 0, median_compute_s = 0;
+  int64_t restarts = 0;  // in-job restarts of this allocation before this run (RELAY_RESTART_COUNT)
 };
 
 // This process's peak resident set size in MiB (VmHWM in /proc/self/status), 0 where unavailable.
@@ -36,6 +41,8 @@ class MetricsLog {
   MetricsLog(const std::string& path, int64_t resume_step, int64_t tokens_per_sample = 0);
   void train(const StepRecord& r);
   void eval(int64_t step, double loss, double accuracy, bool has_accuracy);
+  // An in-job restart (restarts.hpp): resumed at `step` after a run that logged up to failed_after_step.
+  void restart(int64_t step, int64_t count, const std::string& cause, int64_t failed_after_step);
   void note(const std::string& line);  // printed only
 
  private:

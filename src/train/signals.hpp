@@ -2,11 +2,9 @@
 // flag; at the next step boundary all ranks agree, write a checkpoint and exit with kExitResumable.
 #pragma once
 
-namespace relay {
+#include "core/exit_codes.hpp"  // kExitResumable
 
-// "Stopped early, resumable": a checkpoint was written; rerun the same command to continue
-// (EX_TEMPFAIL from sysexits.h). Documented in the README and used by jobscripts/.
-constexpr int kExitResumable = 75;
+namespace relay {
 
 void install_stop_signal_handlers();
 bool stop_requested();

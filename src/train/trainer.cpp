@@ -4,6 +4,7 @@
 #include "train/trainer.hpp"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,8 +21,10 @@
 #include "train/checkpointing.hpp"
 #include "train/memory_plan.hpp"
 #include "train/metrics.hpp"
+#include "train/restarts.hpp"
 #include "train/run_state.hpp"
 #include "train/signals.hpp"
+#include "train/stragglers.hpp"
 
 namespace fs = std::filesystem;
 
@@ -269,12 +272,27 @@ int run_training(const Config& cfg) {
   });
   const std::string placement = placement_table(r);
   std::unique_ptr<MetricsLog> log;
+  const RestartInfo restart = restart_from_env();
+  std::string no_progress;  // rank 0: this restart would repeat the last one
   agree_on_errors(MPI_COMM_WORLD, [&] {
     if (!rank0) return;
+    RestartVerdict v;  // read before start_log cuts metrics.jsonl back to the resume step
+    if (restart.count > 0) v = judge_restart(cfg.run.dir + "/metrics.jsonl", r.start_step, restart);
+    if (!(no_progress = v.no_progress).empty()) return;
     log = start_log(r, resume_path);
+    if (restart.count > 0) log->restart(r.start_step, restart.count, restart.cause, v.failed_after_step);
     std::printf("relay: placement\n%s", placement.c_str());
     std::fflush(stdout);
   });
+  double repeat = no_progress.empty() ? 0 : 1;
+  r.world->allreduce_host(&repeat, 1, ReduceOp::max, "the restart check");
+  if (repeat > 0) {
+    if (rank0) print_error(no_progress);
+    teardown(r);
+    return kExitNoProgress;
+  }
+  StragglerMonitor stragglers(g, *r.world);
+  const int64_t kill_step = test_kill_step(g.world_rank);
   start_prefetcher(r);
   if (cfg.trace.on()) r.tracer = std::make_unique<Tracer>(*r.be, MPI_COMM_WORLD, cfg.trace.first, cfg.trace.last);
   if (cfg.checkpoint.save_initial && r.start_step == 0) save_checkpoint(ckpt, 0);
@@ -299,11 +317,14 @@ int run_training(const Config& cfg) {
     const double avg_step = step > r.start_step + 1 ? (now_s() - loop_t0) / double(step - r.start_step - 1) : 0;
     const bool out_of_time = rank0 && time_limit > 0 && now_s() - t_start + 2 * avg_step + 1.5 * last_ckpt_s >= time_limit;
     if (Watchdog* wd = active_watchdog()) wd->set_context(cat("step ", step));
+    if (step == kill_step) std::raise(SIGKILL);  // test only: a rank lost at the same step every run
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
     if (step == r.start_step + 1) report_memory(r);
     totals.compute_s += res.stats.compute_s;
     totals.wait_s += res.stats.wait_s;
     totals.step_s += res.stats.step_s;
+    window.compute_s += res.stats.compute_s;
+    window.wait_s += res.stats.wait_s;
     window.pipeline_wait_s += res.stats.pipeline_wait_s;
     window.allreduce_wait_s += res.stats.allreduce_wait_s;
     window_input_wait += res.input_wait_s;
@@ -317,6 +338,7 @@ int run_training(const Config& cfg) {
       MPI_CHECK(MPI_Igather(&mem[1], 1, MPI_DOUBLE, peaks.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD, &req));
       watchdog_wait(&req, "the memory report");
       r.world->allreduce_host(mem, 2, ReduceOp::max, "the memory report");
+      const WindowTimes times = stragglers.window(window.compute_s, window.wait_s, window_steps, step);
       if (rank0) {
         const double t = now_s(), per_s = double(window_steps * cfg.train.batch_size) / std::max(1e-9, t - window_t0);
         const double eta = (t - loop_t0) / double(step - r.start_step) * double(steps - step);
@@ -338,6 +360,10 @@ int run_training(const Config& cfg) {
         rec.input_wait_s = window_input_wait / n;
         rec.pipeline_wait_s = window.pipeline_wait_s / n;
         rec.allreduce_wait_s = window.allreduce_wait_s / n;
+        rec.slowest_rank = times.slowest_rank;
+        rec.slowest_compute_s = times.slowest_compute_s;
+        rec.median_compute_s = times.median_compute_s;
+        rec.restarts = restart.count;
         log->train(rec);
         window_t0 = t;
       }
@@ -367,6 +393,7 @@ int run_training(const Config& cfg) {
                     stop_signal() ? cat("signal ", stop_signal()).c_str() : "train.time_limit", kExitResumable);
         std::fflush(stdout);
       }
+      stragglers.report(totals.compute_s, totals.wait_s, step - r.start_step);
       write_trace(r);
       teardown(r);
       return kExitResumable;
@@ -386,6 +413,7 @@ int run_training(const Config& cfg) {
                 totals.step_s / double(stat_steps));
     std::fflush(stdout);
   }
+  stragglers.report(totals.compute_s, totals.wait_s, stat_steps);
   write_trace(r);
   teardown(r);
   return 0;
