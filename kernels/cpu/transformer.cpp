@@ -10,10 +10,12 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/instantiate.hpp"
+#include "kernels/cpu/simd.hpp"
 
 namespace relay::cpu {
 
 template <typename X>
+RELAY_CPU_CLONES
 void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows, int64_t C, int64_t T,
                        int64_t vocab_start, int64_t vocab_rows) {
 #pragma omp parallel for schedule(static)
@@ -27,6 +29,7 @@ void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out
 }
 
 template <typename X>
+RELAY_CPU_CLONES
 void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
                         int64_t T, int64_t vocab_start, int64_t vocab_rows) {
   // Each thread owns a range of channels and visits the rows in order: no two threads write one element.
@@ -132,6 +135,7 @@ void attention_backward(const float* dout, const float* qkv, const float* att, f
 }
 
 template <typename X>
+RELAY_CPU_CLONES
 void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
                       int64_t H) {
   const int64_t hd = C / H, C3 = 3 * C;
