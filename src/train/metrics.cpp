@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "io/tfevents.hpp"
 
 namespace relay {
 
@@ -84,9 +85,10 @@ void MetricsLog::train(const StepRecord& r) {
   const double tokens_per_s = r.samples_per_s * double(tokens_per_sample_);
   const std::string rate = tokens_per_sample_ > 0 ? cat(static_cast<long long>(tokens_per_s), " tokens/s")
                                                   : cat(static_cast<long long>(r.samples_per_s * 10) / 10.0, " samples/s");
-  std::printf("step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %s | elapsed %s | ETA %s\n",
+  const std::string skipped = r.skipped_steps > 0 ? cat(" | skipped ", r.skipped_steps) : std::string();
+  std::printf("step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %s | elapsed %s | ETA %s%s\n",
               static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, rate.c_str(),
-              format_duration(r.elapsed_s).c_str(), format_duration(r.eta_s).c_str());
+              format_duration(r.elapsed_s).c_str(), format_duration(r.eta_s).c_str(), skipped.c_str());
   std::fflush(stdout);
   nlohmann::ordered_json j;
   j["step"] = r.step;
@@ -100,11 +102,22 @@ void MetricsLog::train(const StepRecord& r) {
   j["input_wait_s"] = number(r.input_wait_s);
   j["pipeline_wait_s"] = number(r.pipeline_wait_s);
   j["allreduce_wait_s"] = number(r.allreduce_wait_s);
+  j["skipped_steps"] = r.skipped_steps;
   j["rss_mib"] = number(r.rss_mib);
   j["rss_max_mib"] = number(r.rss_max_mib);
   j["peak_rss_max_mib"] = number(r.peak_rss_max_mib);
   j["peak_rss_mib_per_rank"] = r.peak_rss_mib_per_rank;
   append(j.dump());
+  if (tb_) {
+    std::vector<std::pair<std::string, double>> v = {
+        {"train/loss", r.loss}, {"train/lr", r.lr}, {"train/grad_norm", r.grad_norm},
+        {"train/samples_per_s", r.samples_per_s}, {"train/flops_per_s", r.flops_per_s},
+        {"train/rss_mib", r.rss_mib}, {"train/rss_max_mib", r.rss_max_mib},
+        {"train/skipped_steps", double(r.skipped_steps)}};
+    if (tokens_per_sample_ > 0) v.emplace_back("train/tokens_per_s", tokens_per_s);
+    if (r.mfu >= 0) v.emplace_back("train/mfu", r.mfu);
+    tensorboard(r.step, v);
+  }
 }
 
 void MetricsLog::eval(int64_t step, double loss, double accuracy, bool has_accuracy) {
@@ -118,6 +131,27 @@ void MetricsLog::eval(int64_t step, double loss, double accuracy, bool has_accur
   j["eval_loss"] = number(loss);
   j["eval_accuracy"] = has_accuracy ? number(accuracy) : nlohmann::json(nullptr);
   append(j.dump());
+  if (has_accuracy) tensorboard(step, {{"eval/loss", loss}, {"eval/accuracy", accuracy}});
+  else tensorboard(step, {{"eval/loss", loss}});
+}
+
+MetricsLog::~MetricsLog() = default;
+
+void MetricsLog::enable_tensorboard(const std::string& dir) {
+  tb_ = std::make_unique<EventFileWriter>(dir);
+  std::printf("relay: TensorBoard events in %s (tensorboard --logdir %s)\n", tb_->path().c_str(), dir.c_str());
+  std::fflush(stdout);
+}
+
+// A failed write (a full disk) costs the TensorBoard view, not the run: warn once and stop writing.
+void MetricsLog::tensorboard(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
+  if (!tb_) return;
+  try {
+    tb_->scalars(step, values);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "relay: warning: %s; no more TensorBoard events this run\n", e.what());
+    tb_.reset();
+  }
 }
 
 void MetricsLog::note(const std::string& line) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ struct StepRecord {
   // Rank 0's mean per step over the logging window: waiting for the next batch, for pipeline
   // messages, and for the data-parallel (and tied-weight) all-reduces at the end of the step.
   double input_wait_s = 0, pipeline_wait_s = 0, allreduce_wait_s = 0;
+  int64_t skipped_steps = 0;  // steps skipped so far for a non-finite loss or gradient norm (train.skip_nonfinite)
 };
 
 // This process's peak resident set size in MiB (VmHWM in /proc/self/status), 0 where unavailable.
@@ -27,6 +29,8 @@ double peak_resident_mib();
 
 // This process's resident set size in MiB (/proc/self/statm), 0 where unavailable.
 double resident_mib();
+
+class EventFileWriter;
 
 class MetricsLog {
  public:
@@ -37,9 +41,15 @@ class MetricsLog {
   void train(const StepRecord& r);
   void eval(int64_t step, double loss, double accuracy, bool has_accuracy);
   void note(const std::string& line);  // printed only
+  // log.tensorboard: every train and eval record also goes to TensorBoard event files in dir, as
+  // scalars tagged train/<key> and eval/<key> (the metrics.jsonl keys).
+  void enable_tensorboard(const std::string& dir);
+  ~MetricsLog();
 
  private:
   void append(const std::string& json);
+  void tensorboard(int64_t step, const std::vector<std::pair<std::string, double>>& values);
+  std::unique_ptr<EventFileWriter> tb_;
   std::string path_;
   int64_t tokens_per_sample_;
   std::ofstream out_;
