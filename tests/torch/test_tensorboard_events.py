@@ -141,7 +141,7 @@ tensorboard = true
     print(f"GPT, pp 2: {n} scalars read back, all equal to metrics.jsonl")
 
     off = os.path.join(d, "off")
-    run([RELAY, "train", "--config", cfg, "--set", f'run.dir="{off}"', "--set", "train.steps=3",
+    run([RELAY, "train", "--config", cfg, "--set", f'run.dir="{off}"', "--set", "train.steps=5",
          "--set", "parallel.dp=1", "--set", "log.tensorboard=false"])
     check(not os.path.exists(os.path.join(off, "tb")), "log.tensorboard = false writes no tb/")
 
