@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/agree.hpp"
+#include "comm/watchdog.hpp"
 #include "core/error.hpp"
 
 namespace fs = std::filesystem;
@@ -138,6 +139,7 @@ std::unique_ptr<RunLock> RunLock::acquire(const std::string& run_dir, std::strin
     auto o = read_owner(fd, bad);
     if (!o || me.job.empty() || o->job != me.job) break;
     usleep(500000);
+    watchdog_progress();  // the other ranks wait in agree_on_errors: this is work, not a stall
     err = try_lock(fd);
   }
   if (err == EAGAIN || err == EACCES) {
