@@ -155,14 +155,16 @@ std::unique_ptr<RunLock> RunLock::acquire(const std::string& run_dir, std::strin
   if (old) {
     const double age = me.lease - old->lease;
     const bool here = old->host == me.host;
-    if (age < kLeaseExpireS && (!here || pid_alive(old->pid)))
+    const bool same_job = !me.job.empty() && old->job == me.job;  // an earlier run of this Slurm job, now gone
+    if (age < kLeaseExpireS && !same_job && (!here || pid_alive(old->pid)))
       refuse(run_dir, &*old, here ? cat("its pid is running and its lease is ", static_cast<long long>(age), " s old")
                                   : cat("its lease was renewed ", static_cast<long long>(age), " s ago, less than ",
                                         kLeaseExpireS, " s"));
     note += cat("taking over ", path, " from ", old->describe(), ": ",
                 here && !pid_alive(old->pid) ? cat("pid ", old->pid, " is not running on this host")
-                                             : cat("its lease was last renewed ", static_cast<long long>(age),
-                                                   " s ago, more than ", kLeaseExpireS, " s"));
+                : age >= kLeaseExpireS ? cat("its lease was last renewed ", static_cast<long long>(age),
+                                             " s ago, more than ", kLeaseExpireS, " s")
+                                       : std::string("an earlier run of this Slurm job, no longer holding the lock"));
   }
   std::unique_ptr<RunLock> lock(new RunLock(fd, path, me));
   closer.keep = true;

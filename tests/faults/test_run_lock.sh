@@ -4,8 +4,8 @@
 #      naming the owner (host, pid, Slurm job, start time), and writes nothing there; the first job
 #      finishes with every step logged once and its losses and checkpoints equal to an undisturbed run's;
 #   2. a lock left by a dead pid on this host is taken over, with a message;
-#   3. a record from another host with a fresh lease is refused; with a lease older than 120 s it is
-#      taken over.
+#   3. a record from another host with a fresh lease is refused; with a lease older than 120 s, or
+#      written by an earlier run of the same Slurm job, it is taken over.
 STEPS=${STEPS:-4000}  # long enough (several seconds) for a second job to start while it runs
 source "$(dirname "$0")/lib.sh" "$1"
 # Each rank's own exit code, printed by a wrapper (mpirun alone reports only that one rank failed).
@@ -75,5 +75,13 @@ record far-node7 1 "$(($(date +%s) - 600))" > "$WORK/far/relay.lock"
 job --set "run.dir=\"$WORK/far\"" --set train.steps=5 > "$WORK/far.log" 2>&1 || { tail "$WORK/far.log"; fail "no takeover of an expired lease"; }
 grep -q "relay: taking over $WORK/far/relay.lock from host far-node7, pid 1, started 2026-01-01T00:00:00Z: its lease was last renewed 60[0-9] s ago, more than 120 s" \
   "$WORK/far.log" || { grep relay: "$WORK/far.log" | head; fail "no takeover message for the expired lease"; }
-echo "another host's record: fresh lease refused, 600 s old lease taken over"
+# The same Slurm job id (a requeue or in-job restart landing on another node): taken over at once.
+printf '{"host": "far-node7", "pid": 1, "job": "777", "start": "2026-01-01T00:00:00Z", "lease": %s}\n' "$(date +%s)" \
+  > "$WORK/far/relay.lock"
+mpirun --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 env SLURM_JOB_ID=777 "$RELAY" train \
+  --config "$WORK/config.toml" --set "run.dir=\"$WORK/far\"" --set train.steps=5 > "$WORK/far.log" 2>&1 ||
+  { grep -v "^step" "$WORK/far.log" | tail -20; fail "an earlier run of the same Slurm job was not taken over"; }
+grep -q "relay: taking over $WORK/far/relay.lock from host far-node7, pid 1, Slurm job 777, .*: an earlier run of this Slurm job" \
+  "$WORK/far.log" || { grep relay: "$WORK/far.log" | head; fail "no takeover message for the same Slurm job"; }
+echo "another host's record: fresh lease refused, 600 s old lease taken over, the same Slurm job's taken over"
 pass "run.dir ownership: concurrent job refused on every rank, stale locks taken over"
