@@ -93,7 +93,16 @@ std::optional<LockOwner> read_owner(int fd, bool& bad) {
   }
 }
 
-bool pid_alive(long long pid) { return pid > 0 && (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+// A zombie (killed, not yet reaped by its launcher) counts as gone.
+bool pid_alive(long long pid) {
+  if (pid <= 0 || (kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM)) return false;
+  std::FILE* f = std::fopen(cat("/proc/", pid, "/stat").c_str(), "r");
+  if (!f) return true;
+  char state = 0;
+  const int n = std::fscanf(f, "%*d (%*[^)]) %c", &state);
+  std::fclose(f);
+  return !(n == 1 && (state == 'Z' || state == 'X'));
+}
 
 [[noreturn]] void refuse(const std::string& run_dir, const LockOwner* o, const std::string& why) {
   throw Error(cat("run.dir ", run_dir, " is in use by another job: ",
@@ -156,12 +165,15 @@ std::unique_ptr<RunLock> RunLock::acquire(const std::string& run_dir, std::strin
     const double age = me.lease - old->lease;
     const bool here = old->host == me.host;
     const bool same_job = !me.job.empty() && old->job == me.job;  // an earlier run of this Slurm job, now gone
-    if (age < kLeaseExpireS && !same_job && (!here || pid_alive(old->pid)))
+    const bool running = here && pid_alive(old->pid);
+    // On this host a free lock settles it (same kernel); only without locks does a running pid count.
+    if (age < kLeaseExpireS && !same_job && (here ? running && err != 0 : true))
       refuse(run_dir, &*old, here ? cat("its pid is running and its lease is ", static_cast<long long>(age), " s old")
                                   : cat("its lease was renewed ", static_cast<long long>(age), " s ago, less than ",
                                         kLeaseExpireS, " s"));
     note += cat("taking over ", path, " from ", old->describe(), ": ",
-                here && !pid_alive(old->pid) ? cat("pid ", old->pid, " is not running on this host")
+                here && !running ? cat("pid ", old->pid, " is not running on this host")
+                : here ? cat("pid ", old->pid, " no longer holds the lock")
                 : age >= kLeaseExpireS ? cat("its lease was last renewed ", static_cast<long long>(age),
                                              " s ago, more than ", kLeaseExpireS, " s")
                                        : std::string("an earlier run of this Slurm job, no longer holding the lock"));
