@@ -56,7 +56,7 @@ int try_lock(int fd) {
   fl.l_whence = SEEK_SET;
 #ifdef F_OFD_SETLK
   if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return 0;
-  if (errno != EINVAL) return errno;
+  if (errno == EAGAIN || errno == EACCES) return errno;  // held; anything else: try the classic kind
 #endif
   return fcntl(fd, F_SETLK, &fl) == 0 ? 0 : errno;
 }
