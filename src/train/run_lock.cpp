@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -184,7 +185,8 @@ std::unique_ptr<RunLock> RunLock::acquire(const std::string& run_dir, std::strin
   return lock;
 }
 
-// The record, rewritten in place; fsync so that another host reading through NFS or Lustre sees it.
+// The record, rewritten in place with one write of a fixed length (padded with spaces), so a reader
+// never sees it empty or half old; fsync so that another host reading through NFS or Lustre sees it.
 bool RunLock::write_record() {
   nlohmann::ordered_json j;
   j["host"] = me_.host;
@@ -194,9 +196,11 @@ bool RunLock::write_record() {
   j["lease"] = me_.lease;
   j["lease_renewed_every_s"] = kLeaseRenewS;
   j["stale_after_s"] = kLeaseExpireS;
-  const std::string text = j.dump() + "\n";
-  if (ftruncate(fd_, 0) != 0) return false;
+  std::string text = j.dump();
+  text.resize(std::max<size_t>(text.size(), 511), ' ');
+  text += "\n";
   if (pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) return false;
+  if (ftruncate(fd_, static_cast<off_t>(text.size())) != 0) return false;  // a longer old record's tail
   return fsync(fd_) == 0;
 }
 
