@@ -96,3 +96,20 @@ TEST(Config, Durations) {
   EXPECT_THROW(parse_duration("3h50", "k"), Error);
   EXPECT_THROW(parse_duration("soon", "k"), Error);
 }
+
+TEST(Config, SkipNonfiniteAndLogSection) {
+  Config c = parse_config_text(kBase, "cfg.toml");
+  EXPECT_EQ(c.train.skip_nonfinite, 0);  // stop at the first non-finite step, as before the key existed
+  EXPECT_FALSE(c.log.tensorboard);
+  Config d = parse_config_text(kBase, "cfg.toml", {"train.skip_nonfinite=3", "log.tensorboard=true"});
+  EXPECT_EQ(d.train.skip_nonfinite, 3);
+  EXPECT_TRUE(d.log.tensorboard);
+  Config e = parse_config_text(d.to_toml(), "saved.toml");
+  EXPECT_EQ(e.train.skip_nonfinite, 3);
+  EXPECT_TRUE(e.log.tensorboard);
+  EXPECT_NE(error_of(kBase, {"train.skip_nonfinite=-1"}).find("train.skip_nonfinite: must be in [0"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"log.tensorboard=1"}).find("log.tensorboard: expected true or false, got integer"),
+            std::string::npos);
+  const std::string u = error_of(std::string(kBase) + "[log]\ntensorbord = true\n");
+  EXPECT_NE(u.find("log.tensorbord: unknown key (known keys in [log]: tensorboard)"), std::string::npos) << u;
+}

@@ -3,6 +3,8 @@
 // loss, and bad config/data errors from the real binary.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "support/test_support.hpp"
 
 using namespace relay::test;
@@ -64,6 +66,38 @@ TEST_F(Failure, NanLossStopsEveryRank) {
                         "train.clip_grad_norm=0.0", "lr_schedule.warmup_steps=0"});
   EXPECT_TRUE(contains(r.output, "error: the loss is")) << r.output;
   EXPECT_EQ(count(r.output, "error:"), 1u) << r.output;
+}
+
+// train.skip_nonfinite = 2 with a learning rate that blows the weights up: once they overflow every later
+// step is non-finite too (a skipped step leaves the weights as they were), so each layout skips two steps
+// and then stops with the usual message and the limit, on every rank at the same step (no hang). GPT
+// covers tensor parallelism and ZeRO-1, whose ranks hold only shards of the loss and the norm.
+TEST_F(Failure, NonFiniteStepsSkippedThenStopOnEveryLayout) {
+  const std::vector<std::string> blow_up = {"optimizer.name=\"sgd\"", "optimizer.lr=1e5", "train.clip_grad_norm=0.0",
+                                            "lr_schedule.name=\"constant\"", "lr_schedule.warmup_steps=0",
+                                            "train.steps=40", "train.skip_nonfinite=2"};
+  auto check = [&](const RunResult& r, const std::string& layout) {
+    EXPECT_EQ(count(r.output, "skipped: the loss is"), 2u) << layout << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "2 of at most 2 in a row (train.skip_nonfinite)")) << layout << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "after 2 consecutive skipped steps (train.skip_nonfinite = 2)")) << layout << "\n" << r.output;
+    EXPECT_EQ(count(r.output, "error:"), 1u) << layout << "\n" << r.output;
+  };
+  std::vector<std::string> ov = blow_up;
+  for (const char* k : {"parallel.dp=2", "parallel.pp=2"}) ov.push_back(k);
+  check(run(4, ov), "MLP dp 2 x pp 2");
+  std::filesystem::create_directories(dir_.file("gpt"));
+  Problem g = make_gpt_problem(dir_.file("gpt"));
+  for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
+           {"parallel.tp=2", "parallel.pp=2"}, {"parallel.tp=2", "parallel.dp=2", "optimizer.zero=true"}}) {
+    std::vector<std::string> o = blow_up;
+    o[1] = "optimizer.lr=1e6";
+    o.insert(o.end(), layout.begin(), layout.end());
+    o.push_back("run.dir=" + q(dir_.file("gpt-" + layout[1])));
+    RunResult r = train(4, g.config, o, 120);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.output;
+    check(r, "GPT " + layout[0] + " " + layout[1]);
+  }
 }
 
 TEST_F(Failure, BadScheduleShapeNamesKeys) {

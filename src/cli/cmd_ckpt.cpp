@@ -6,6 +6,7 @@
 #include "cli/commands.hpp"
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
@@ -37,7 +38,7 @@ int run_ckpt_inspect(const CkptOptions& o) {
   std::printf("  optimizer %s, %lld updates; data position %lld (epoch %lld of %lld samples, batch %lld)\n",
               m.optimizer.c_str(), static_cast<long long>(m.optimizer_step), static_cast<long long>(m.position),
               static_cast<long long>(m.epoch), static_cast<long long>(m.samples), static_cast<long long>(m.batch_size));
-  int64_t total = 0;
+  int64_t total = 0, nonfinite = 0;
   std::vector<float> buf;
   auto tensors = r.tensors();
   std::printf("  %zu tensors:\n", tensors.size());
@@ -45,9 +46,15 @@ int run_ckpt_inspect(const CkptOptions& o) {
     buf.resize(static_cast<size_t>(shape_numel(shape)));
     r.read(name, shape, buf.data());  // every byte must read back
     total += shape_numel(shape);
-    std::printf("    %-40s %s\n", name.c_str(), shape_str(shape).c_str());
+    const auto bad = std::count_if(buf.begin(), buf.end(), [](float v) { return !std::isfinite(v); });
+    nonfinite += bad;
+    std::printf("    %-40s %s%s\n", name.c_str(), shape_str(shape).c_str(),
+                bad ? cat("  (", bad, " non-finite)").c_str() : "");
   }
-  std::printf("  %lld values, all readable\n", static_cast<long long>(total));
+  // A diverged run saves NaN weights faithfully; say so rather than call the file healthy.
+  if (nonfinite) std::printf("  %lld values, all readable, %lld non-finite\n", static_cast<long long>(total),
+                             static_cast<long long>(nonfinite));
+  else std::printf("  %lld values, all readable, all finite\n", static_cast<long long>(total));
   return 0;
 }
 

@@ -193,7 +193,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   for (auto& ov : overrides) apply_override(root, ov, source);
 
   const std::set<std::string> sections = {"run", "model", "data", "train", "optimizer", "lr_schedule", "parallel",
-                                          "checkpoint", "trace"};
+                                          "checkpoint", "trace", "log"};
   for (auto&& [k, v] : root) {
     if (!sections.count(std::string(k.str())))
       throw Error(cat(source, ": unknown section [", k.str(), "] (known: ", Section::join(sections), ")"));
@@ -264,7 +264,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
 
   Section train(tab("train"), "train", source,
                 {"steps", "batch_size", "micro_batches", "log_every", "eval_every", "clip_grad_norm", "device",
-                 "precision", "threads", "time_limit", "recompute"});
+                 "precision", "threads", "time_limit", "recompute", "skip_nonfinite"});
   train.integer("steps", c.train.steps, 1, INT64_MAX / 4, true);
   train.integer("batch_size", c.train.batch_size, 1, int64_t(1) << 31, true);
   train.integer("micro_batches", c.train.micro_batches, 1, 1 << 20);
@@ -276,6 +276,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   train.integer("threads", c.train.threads, 0, 4096);
   train.str("time_limit", c.train.time_limit);
   train.choice("recompute", c.train.recompute, {"none", "blocks"});
+  train.integer("skip_nonfinite", c.train.skip_nonfinite, 0, INT64_MAX);
   if (!c.train.time_limit.empty()) parse_duration(c.train.time_limit, source + ": train.time_limit");
 
   Section opt(tab("optimizer"), "optimizer", source, {"name", "lr", "betas", "eps", "weight_decay", "momentum", "zero"});
@@ -355,6 +356,9 @@ Config parse_config_text(const std::string& text, const std::string& source, con
       tr.fail("steps", cat("must be [first, last] with 1 <= first <= last, got [", c.trace.first, ", ", c.trace.last, "]"));
   }
 
+  Section lg(tab("log"), "log", source, {"tensorboard"});
+  lg.boolean("tensorboard", c.log.tensorboard);
+
   Section ck(tab("checkpoint"), "checkpoint", source, {"dir", "every", "keep", "save_initial", "resume"});
   ck.str("dir", c.checkpoint.dir);
   ck.integer("every", c.checkpoint.every, 0, INT64_MAX);
@@ -411,7 +415,7 @@ std::string Config::to_toml() const {
     << "\nmicro_batches = " << train.micro_batches << "\nlog_every = " << train.log_every
     << "\neval_every = " << train.eval_every << "\nclip_grad_norm = " << num(train.clip_grad_norm)
     << "\ndevice = " << q(train.device) << "\nprecision = " << q(precision_name(train.precision)) << "\nthreads = " << train.threads
-    << "\nrecompute = " << q(train.recompute) << "\n";
+    << "\nrecompute = " << q(train.recompute) << "\nskip_nonfinite = " << train.skip_nonfinite << "\n";
   if (!train.time_limit.empty()) o << "time_limit = " << q(train.time_limit) << "\n";
   o << "\n[optimizer]\nname = " << q(optimizer.name) << "\nlr = " << num(optimizer.lr) << "\nbetas = ["
     << num(optimizer.beta1) << ", " << num(optimizer.beta2) << "]\neps = " << num(optimizer.eps)
@@ -429,6 +433,7 @@ std::string Config::to_toml() const {
   o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm)
     << "\ngrad_reduce = " << q(grad_reduce_name(parallel.grad_reduce)) << "\ntimeout = "
     << q(parallel.timeout) << "\n\n";
+  o << "[log]\ntensorboard = " << (log.tensorboard ? "true" : "false") << "\n\n";
   if (trace.on()) o << "[trace]\nsteps = [" << trace.first << ", " << trace.last << "]\n\n";
   o << "[checkpoint]\ndir = " << q(checkpoint.dir) << "\nevery = " << checkpoint.every << "\nkeep = " << checkpoint.keep
     << "\nsave_initial = " << (checkpoint.save_initial ? "true" : "false") << "\nresume = " << q(checkpoint.resume)

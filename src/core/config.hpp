@@ -50,6 +50,7 @@ struct Config {
     int64_t threads = 0;            // CPU threads per rank; 0 = the cores given to this rank
     std::string time_limit;         // e.g. "3h50m"; empty = none
     std::string recompute = "none"; // none | blocks: keep only each transformer block's input, recompute in backward
+    int64_t skip_nonfinite = 0;     // skip up to N consecutive steps with a non-finite loss or gradient norm; 0 = stop
   } train;
   struct Optimizer {
     std::string name = "adamw";  // adamw | sgd
@@ -76,6 +77,9 @@ struct Config {
     GradReduce grad_reduce = GradReduce::fp32;  // the gradient all-reduce / reduce-scatter wire type
     std::string timeout = "10m";    // progress watchdog; "0" = off
   } parallel;
+  struct Log {
+    bool tensorboard = false;  // TensorBoard event files under <run.dir>/tb (rank 0)
+  } log;
   struct Trace {
     int64_t first = 0, last = -1;  // steps = [first, last]; off when last < first (the default)
     bool on() const { return last >= first && first >= 1; }

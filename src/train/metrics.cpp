@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "io/tfevents.hpp"
 
 namespace relay {
 
@@ -92,9 +93,10 @@ void MetricsLog::train(const StepRecord& r) {
   const std::string slowest = r.slowest_rank < 0 ? std::string()
                                                  : cat(" | slowest rank ", r.slowest_rank, " ", fixed2(1e3 * r.slowest_compute_s),
                                                        " ms (median ", fixed2(1e3 * r.median_compute_s), ")");
-  std::printf("step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %s%s | elapsed %s | ETA %s\n",
+  const std::string skipped = r.skipped_steps > 0 ? cat(" | skipped ", r.skipped_steps) : std::string();
+  std::printf("step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %s%s | elapsed %s | ETA %s%s\n",
               static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, rate.c_str(), slowest.c_str(),
-              format_duration(r.elapsed_s).c_str(), format_duration(r.eta_s).c_str());
+              format_duration(r.elapsed_s).c_str(), format_duration(r.eta_s).c_str(), skipped.c_str());
   std::fflush(stdout);
   nlohmann::ordered_json j;
   j["step"] = r.step;
@@ -114,11 +116,22 @@ void MetricsLog::train(const StepRecord& r) {
     j["median_compute_s"] = number(r.median_compute_s);
   }
   if (r.restarts > 0) j["restarts"] = r.restarts;
+  j["skipped_steps"] = r.skipped_steps;
   j["rss_mib"] = number(r.rss_mib);
   j["rss_max_mib"] = number(r.rss_max_mib);
   j["peak_rss_max_mib"] = number(r.peak_rss_max_mib);
   j["peak_rss_mib_per_rank"] = r.peak_rss_mib_per_rank;
   append(j.dump());
+  if (tb_) {
+    std::vector<std::pair<std::string, double>> v = {
+        {"train/loss", r.loss}, {"train/lr", r.lr}, {"train/grad_norm", r.grad_norm},
+        {"train/samples_per_s", r.samples_per_s}, {"train/flops_per_s", r.flops_per_s},
+        {"train/rss_mib", r.rss_mib}, {"train/rss_max_mib", r.rss_max_mib},
+        {"train/skipped_steps", double(r.skipped_steps)}};
+    if (tokens_per_sample_ > 0) v.emplace_back("train/tokens_per_s", tokens_per_s);
+    if (r.mfu >= 0) v.emplace_back("train/mfu", r.mfu);
+    tensorboard(r.step, v);
+  }
 }
 
 void MetricsLog::eval(int64_t step, double loss, double accuracy, bool has_accuracy) {
@@ -132,6 +145,27 @@ void MetricsLog::eval(int64_t step, double loss, double accuracy, bool has_accur
   j["eval_loss"] = number(loss);
   j["eval_accuracy"] = has_accuracy ? number(accuracy) : nlohmann::json(nullptr);
   append(j.dump());
+  if (has_accuracy) tensorboard(step, {{"eval/loss", loss}, {"eval/accuracy", accuracy}});
+  else tensorboard(step, {{"eval/loss", loss}});
+}
+
+MetricsLog::~MetricsLog() = default;
+
+void MetricsLog::enable_tensorboard(const std::string& dir) {
+  tb_ = std::make_unique<EventFileWriter>(dir);
+  std::printf("relay: TensorBoard events in %s (tensorboard --logdir %s)\n", tb_->path().c_str(), dir.c_str());
+  std::fflush(stdout);
+}
+
+// A failed write (a full disk) costs the TensorBoard view, not the run: warn once and stop writing.
+void MetricsLog::tensorboard(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
+  if (!tb_) return;
+  try {
+    tb_->scalars(step, values);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "relay: warning: %s; no more TensorBoard events this run\n", e.what());
+    tb_.reset();
+  }
 }
 
 void MetricsLog::restart(int64_t step, int64_t count, const std::string& cause, int64_t failed_after_step) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct StepRecord {
   int slowest_rank = -1;
   double slowest_compute_s = 0, median_compute_s = 0;
   int64_t restarts = 0;  // in-job restarts of this allocation before this run (RELAY_RESTART_COUNT)
+  int64_t skipped_steps = 0;  // steps skipped so far for a non-finite loss or gradient norm (train.skip_nonfinite)
 };
 
 // This process's peak resident set size in MiB (VmHWM in /proc/self/status), 0 where unavailable.
@@ -32,6 +34,8 @@ double peak_resident_mib();
 
 // This process's resident set size in MiB (/proc/self/statm), 0 where unavailable.
 double resident_mib();
+
+class EventFileWriter;
 
 class MetricsLog {
  public:
@@ -44,9 +48,15 @@ class MetricsLog {
   // An in-job restart (restarts.hpp): resumed at `step` after a run that logged up to failed_after_step.
   void restart(int64_t step, int64_t count, const std::string& cause, int64_t failed_after_step);
   void note(const std::string& line);  // printed only
+  // log.tensorboard: every train and eval record also goes to TensorBoard event files in dir, as
+  // scalars tagged train/<key> and eval/<key> (the metrics.jsonl keys).
+  void enable_tensorboard(const std::string& dir);
+  ~MetricsLog();
 
  private:
   void append(const std::string& json);
+  void tensorboard(int64_t step, const std::vector<std::pair<std::string, double>>& values);
+  std::unique_ptr<EventFileWriter> tb_;
   std::string path_;
   int64_t tokens_per_sample_;
   std::ofstream out_;

@@ -57,6 +57,7 @@ struct Run {
   int64_t mb_rows = 0, replica_rows = 0, start_step = 0;
   double predicted_bubble = 0;
   bool verify_tied = false;  // RELAY_VERIFY_TIED=1: check the tied copies are bitwise equal every step
+  int64_t nonfinite_in_a_row = 0;  // consecutive steps skipped for a non-finite loss or gradient norm
 
   explicit Run(const Config& c) : cfg(c) {}
 };

@@ -22,6 +22,7 @@
 #include "train/memory_plan.hpp"
 #include "train/metrics.hpp"
 #include "train/restarts.hpp"
+#include "train/run_lock.hpp"
 #include "train/run_state.hpp"
 #include "train/signals.hpp"
 #include "train/stragglers.hpp"
@@ -67,8 +68,31 @@ struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
   double input_wait_s = 0;  // waiting for the prefetcher's next batch
   bool stop = false;  // a stop signal or the time limit, agreed by every rank
+  bool skipped = false;  // a non-finite loss or gradient norm: no update (train.skip_nonfinite)
   StepStats stats;
 };
+
+// A step with a non-finite loss or gradient norm (every rank decides alike). train.skip_nonfinite
+// consecutive ones are skipped, as Megatron-LM skips an iteration whose gradients overflowed: no
+// clipping, no update, so the weights, the optimizer state and its update count stay as they were,
+// while the step number and the data position advance (the batch is consumed; resuming a checkpoint
+// gives the same sequence). One more, or any with skip_nonfinite = 0, stops the job.
+void skip_nonfinite_step(Run& r, int64_t step, double loss, double grad_norm) {
+  const int64_t limit = r.cfg.train.skip_nonfinite;
+  if (++r.nonfinite_in_a_row > limit) {
+    std::string msg = cat("the loss is ", loss, " (gradient norm ", grad_norm, ") at step ", step,
+                          "; training stopped (hint: lower optimizer.lr, set train.clip_grad_norm, or check the data)");
+    if (limit > 0) msg += cat(" after ", limit, " consecutive skipped steps (train.skip_nonfinite = ", limit, ")");
+    if (r.grid.world_rank == 0) print_error(msg);
+    throw AgreedError(msg);
+  }
+  if (r.grid.world_rank == 0) {
+    std::printf("relay: step %lld skipped: the loss is %g (gradient norm %g); %lld of at most %lld in a row "
+                "(train.skip_nonfinite)\n", static_cast<long long>(step), loss, grad_norm,
+                static_cast<long long>(r.nonfinite_in_a_row), static_cast<long long>(limit));
+    std::fflush(stdout);
+  }
+}
 
 // One optimizer step: this step's batch, the schedule (forward, backward, all-reduces), the global
 // loss and gradient norm, clipping and the update. `want_stop` is this rank's vote to stop after it.
@@ -98,23 +122,27 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   // gradients after the all-reduce), or every rank's ZeRO shard; a tied weight and a parameter
   // replicated over tp count once.
   double sq = r.buckets->sharded() || r.grid.dp_rank == 0 ? r.buckets->sum_squares() : 0.0;
+  const bool finite_here = std::isfinite(sq) && std::isfinite(res.stats.loss_sum);
   r.world->allreduce_host(&sq, 1, ReduceOp::sum, "the gradient-norm reduction");
   res.grad_norm = std::sqrt(sq);
   // The tp ranks of the last stage computed the same loss: count it once.
-  double loss_sum = r.grid.tp_rank == 0 ? res.stats.loss_sum : 0.0, stop_flag = want_stop ? 1.0 : 0.0;
+  double loss_sum = r.grid.tp_rank == 0 ? res.stats.loss_sum : 0.0;
+  double flags[2] = {want_stop ? 1.0 : 0.0, finite_here ? 0.0 : 1.0};  // (stop vote, non-finite seen here)
   r.world->allreduce_host(&loss_sum, 1, ReduceOp::sum, "the loss reduction");
-  r.world->allreduce_host(&stop_flag, 1, ReduceOp::max, "the stop-flag reduction");
+  r.world->allreduce_host(flags, 2, ReduceOp::max, "the stop-flag reduction");
   res.loss = loss_sum / (double(cfg.train.batch_size) * double(r.layout.model.seq_len));
-  res.stop = stop_flag > 0;
-  if (!std::isfinite(res.loss) || !std::isfinite(res.grad_norm)) {
-    std::string msg = cat("the loss is ", res.loss, " (gradient norm ", res.grad_norm, ") at step ", step,
-                          "; training stopped (hint: lower optimizer.lr, set train.clip_grad_norm, or check the data)");
-    if (r.grid.world_rank == 0) print_error(msg);
-    throw AgreedError(msg);
+  res.stop = flags[0] > 0;
+  res.lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, cfg.train.steps);
+  // The same decision on every rank: a max-reduced flag, and sums every rank received alike.
+  if (flags[1] > 0 || !std::isfinite(res.loss) || !std::isfinite(res.grad_norm)) {
+    skip_nonfinite_step(r, step, res.loss, res.grad_norm);
+    res.skipped = true;
+    span("optimizer", "optimizer_step", kTrackCompute, m_opt);
+    return res;
   }
+  r.nonfinite_in_a_row = 0;
   const double clip = clip_factor(res.grad_norm, cfg.train.clip_grad_norm);
   if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
-  res.lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, cfg.train.steps);
   r.optimizer->step(res.lr);
   r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica
   span("optimizer", "optimizer_step", kTrackCompute, m_opt);  // norm, reductions, clipping, update
@@ -136,6 +164,7 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
     std::printf("relay: removed %s/%s, left by a checkpoint writer that died\n", cfg.checkpoint.dir.c_str(), name.c_str());
   auto log = std::make_unique<MetricsLog>(cfg.run.dir + "/metrics.jsonl", resume_path.empty() ? -1 : r.start_step,
                                           r.layout.model.gpt ? r.layout.model.seq_len : 0);
+  if (cfg.log.tensorboard) log->enable_tensorboard(cfg.run.dir + "/tb");
   std::printf("relay: effective config (saved as %s/config.toml)\n%s\n", cfg.run.dir.c_str(), cfg.to_toml().c_str());
   std::printf("relay: %d rank%s = dp %d x %spp %d, schedule %s (v=%lld, %lld micro-batches of %lld), backend %s\n",
               g.world_size, g.world_size > 1 ? "s" : "", g.dp, g.tp > 1 ? cat("tp ", g.tp, " x ").c_str() : "", g.pp,
@@ -251,6 +280,7 @@ void start_prefetcher(Run& r) {
 
 int run_training(const Config& cfg) {
   const double t_start = now_s();
+  const std::unique_ptr<RunLock> run_lock = own_run_dir(cfg.run.dir);  // one job per run.dir; held to the end
   Run r(cfg);
   // Phase 1: grid (world size check) and backend. Every rank sees the same config, so the same error.
   agree_on_errors(MPI_COMM_WORLD, [&] { setup_grid_and_backend(r); });
@@ -347,6 +377,7 @@ int run_training(const Config& cfg) {
         rec.loss = res.loss;
         rec.lr = res.lr;
         rec.grad_norm = res.grad_norm;
+        rec.skipped_steps = step - r.optimizer->step_count();  // over the whole run: updates are counted
         rec.samples_per_s = per_s;
         rec.elapsed_s = t - t_start;
         rec.eta_s = eta;

@@ -8,6 +8,9 @@
 #     one host bitwise;
 #   - the step-20 checkpoint (written by rank 0 on node1) resumes with the ranks placed round-robin
 #     (stage 0 and stage 1 on both nodes) and continues the one-host run's losses exactly.
+#   - run.dir ownership across nodes: while a job whose rank 0 is on node1 holds a run.dir, a job
+#     started on node2 on the same directory (this machine's filesystem, seen by both) is refused with
+#     one line naming node1's owner, and the holder is not disturbed.
 # Root only; exits 77 (skipped) with the reason where namespaces cannot be made.
 set -uo pipefail
 RELAY=$(realpath "$1")
@@ -108,4 +111,31 @@ grep -q "rank 1 (stage 0, replica 1) on node2" "$WORK/moved.log" || fail "the ra
 ref=$(losses "$WORK/one" | cut -d' ' -f21-)
 [ "$(losses "$WORK/moved")" == "$ref" ] || fail "the resumed run's losses (steps 21-40) differ from the one-host run's"
 echo "step-20 checkpoint from node1 resumed with ranks round-robin over node1 and node2: steps 21-40 equal"
+
+# 3. A job spanning both nodes (rank 0 on node1) holds run.dir until train.time_limit stops it; a job
+#    started on node2 meanwhile, on the same directory, is refused naming node1.
+on_two_nodes --map-by slot -- --set "run.dir=\"$WORK/held\"" --set train.steps=1000000 --set 'train.time_limit="20s"' \
+  > "$WORK/held.log" 2>&1 &
+HELD=$!
+for _ in $(seq 1 600); do
+  [ -f "$WORK/held/metrics.jsonl" ] && [ "$(wc -l < "$WORK/held/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+[ -s "$WORK/held/metrics.jsonl" ] || { tail "$WORK/held.log"; fail "the holding job never logged a step"; }
+timeout 120 ip netns exec "$NS2" unshare --uts bash -c 'hostname node2; exec "$@"' _ \
+  mpirun --oversubscribe --bind-to none -np 2 "$RELAY" train --config "$WORK/config.toml" --set parallel.dp=1 \
+  --set "run.dir=\"$WORK/held\"" > "$WORK/node2.log" 2>&1 && fail "the job on node2 was not refused"
+grep "error:" "$WORK/node2.log"
+grep -q "^\[rank 0\] error: run.dir $WORK/held is in use by another job: host node1, pid [0-9]*, started " \
+  "$WORK/node2.log" || { cat "$WORK/node2.log"; fail "node2's job does not name node1's owner"; }
+[ "$(grep -c "error:" "$WORK/node2.log")" -eq 1 ] || fail "not one error line on node2"
+kill -0 "$HELD" 2>/dev/null || { tail "$WORK/held.log"; fail "the holding job ended before node2's was refused"; }
+wait "$HELD"; rc=$?
+[ "$rc" -eq 75 ] || { tail "$WORK/held.log"; fail "the holding job exited $rc, not 75 (time limit)"; }
+python3 - "$WORK/held/metrics.jsonl" <<'PY' || fail "the holding job's metrics.jsonl is not intact"
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"loss"' in l]
+assert steps == list(range(1, len(steps) + 1)), steps[:10]
+PY
+echo "run.dir held by node1's job: node2's job refused naming node1; the holder ran on to its time limit (exit 75)"
 echo "1 passed, 0 failed"

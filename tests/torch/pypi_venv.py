@@ -32,6 +32,11 @@ TORCH2_DEPS = ["filelock", "typing-extensions>=4.13.0", "setuptools>=77.0.3", "s
                "networkx>=2.5.1", "jinja2", "fsspec>=0.8.5", "numpy"]
 
 
+# TensorBoard's own event reader (tensorboard.backend.event_processing.event_accumulator), for
+# tests/torch/test_tensorboard_events.py; its TensorFlow-free build ("tensorboard" alone) reads event files.
+TENSORBOARD = ["tensorboard"]
+
+
 class VenvError(Exception):
     pass
 
@@ -78,11 +83,17 @@ def torch2_python():
     return make_venv("relay-torch2", TORCH2_DEPS, no_deps=TORCH2_NO_DEPS)
 
 
+def tensorboard_python():
+    """The tensorboard package from PyPI, in the venv relay-tensorboard-venv; raises VenvError."""
+    return make_venv("relay-tensorboard-venv", TENSORBOARD)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["torch2"]:
-        sys.exit("usage: pypi_venv.py torch2   (makes the cached PyTorch 2.x venv and prints its python)")
+    makers = {"torch2": torch2_python, "tensorboard": tensorboard_python}
+    if len(sys.argv) != 2 or sys.argv[1] not in makers:
+        sys.exit("usage: pypi_venv.py torch2|tensorboard   (makes the cached venv and prints its python)")
     try:
-        print(torch2_python())
+        print(makers[sys.argv[1]]())
     except VenvError as e:
         print(f"pypi_venv: {e}", file=sys.stderr)
         sys.exit(77)
