@@ -15,8 +15,8 @@
 
 #include "backend/gpu_peaks.hpp"
 #include "comm/agree.hpp"
-#include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
+#include "train/checkpoint_writer.hpp"
 #include "train/checkpointing.hpp"
 #include "train/memory_plan.hpp"
 #include "train/metrics.hpp"
@@ -165,13 +165,11 @@ std::string placement_table(Run& r) {
   char mine[kLen] = {};
   std::snprintf(mine, kLen, "  %s on %s: local rank %d of %d, %s", rank_label(g.world_rank, g.dp, g.tp).c_str(),
                 g.host.c_str(), g.local_rank, g.local_size, r.be->describe().c_str());
-  std::vector<char> all(g.world_rank == 0 ? static_cast<size_t>(kLen) * static_cast<size_t>(g.world_size) : 0);
-  MPI_Request req;
-  MPI_CHECK(MPI_Igather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, 0, MPI_COMM_WORLD, &req));
-  watchdog_wait(&req, "the placement report");
+  // (world_size x kLen) chars on rank 0
+  const std::vector<std::byte> all = r.world->gather_host(mine, kLen, 0, nullptr, "the placement report");
   std::string table;
   for (int i = 0; i < (g.world_rank == 0 ? g.world_size : 0); ++i)
-    table += std::string(all.data() + static_cast<size_t>(i) * kLen) + "\n";
+    table += std::string(reinterpret_cast<const char*>(all.data()) + static_cast<size_t>(i) * kLen) + "\n";
   return table;
 }
 
@@ -199,11 +197,10 @@ void report_memory(Run& r) {
   const MemoryBytes got = measured_memory(), want = predict_memory(r.cfg, r.layout, g.pp_rank, g.tp_rank);
   int64_t mine[8] = {got.params, got.grads, got.optimizer, got.activations,
                      want.params, want.grads, want.optimizer, want.activations};
-  std::vector<int64_t> all(g.world_rank == 0 ? 8 * static_cast<size_t>(g.world_size) : 0);
-  MPI_Request req;
-  MPI_CHECK(MPI_Igather(mine, 8, MPI_INT64_T, all.data(), 8, MPI_INT64_T, 0, MPI_COMM_WORLD, &req));
-  watchdog_wait(&req, "the memory report");
+  const std::vector<std::byte> bytes = r.world->gather_host(mine, sizeof mine, 0, nullptr, "the memory report");
   if (g.world_rank != 0) return;
+  std::vector<int64_t> all(8 * static_cast<size_t>(g.world_size));  // (world_size x 8)
+  std::memcpy(all.data(), bytes.data(), bytes.size());
   static const char* kinds[4] = {"params", "grads", "optimizer", "activations"};
   nlohmann::json ranks = nlohmann::json::array();
   std::string table = "relay: memory per rank after the first step, MiB measured (predicted by relay plan)\n"
@@ -258,7 +255,7 @@ int run_training(const Config& cfg) {
     setup_data_and_model(r);
   });
   // Phase 3: resume, run directory, log.
-  CheckpointContext ckpt{cfg, g, r.layout, *r.be, r.params, *r.optimizer, r.train_data.samples(),
+  CheckpointContext ckpt{cfg, g, r.layout, *r.be, *r.world, *r.dp_comm, r.params, *r.optimizer, r.train_data.samples(),
                          r.train_data.tokens ? r.train_data.tokens->tokenizer() : std::string()};
   std::string resume_path;
   agree_on_errors(MPI_COMM_WORLD, [&] {
@@ -276,8 +273,9 @@ int run_training(const Config& cfg) {
     std::fflush(stdout);
   });
   start_prefetcher(r);
-  if (cfg.trace.on()) r.tracer = std::make_unique<Tracer>(*r.be, MPI_COMM_WORLD, cfg.trace.first, cfg.trace.last);
-  if (cfg.checkpoint.save_initial && r.start_step == 0) save_checkpoint(ckpt, 0);
+  if (cfg.trace.on()) r.tracer = std::make_unique<Tracer>(*r.be, *r.world, cfg.trace.first, cfg.trace.last);
+  CheckpointWriter writer(ckpt);  // after r: its destructor waits for a write in flight
+  if (cfg.checkpoint.save_initial && r.start_step == 0) writer.save(0);
 
   const int64_t steps = cfg.train.steps;
   const double time_limit = cfg.train.time_limit.empty() ? 0 : parse_duration(cfg.train.time_limit, "train.time_limit");
@@ -300,6 +298,7 @@ int run_training(const Config& cfg) {
     const bool out_of_time = rank0 && time_limit > 0 && now_s() - t_start + 2 * avg_step + 1.5 * last_ckpt_s >= time_limit;
     if (Watchdog* wd = active_watchdog()) wd->set_context(cat("step ", step));
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
+    writer.poll();  // checkpoint.async: a failed write ends every rank here
     if (step == r.start_step + 1) report_memory(r);
     totals.compute_s += res.stats.compute_s;
     totals.wait_s += res.stats.wait_s;
@@ -312,10 +311,9 @@ int run_training(const Config& cfg) {
       const double rss = resident_mib();
       double mem[2] = {rss, peak_resident_mib()};
       // Every rank's peak resident memory, for the record, and the largest of each.
-      std::vector<double> peaks(rank0 ? static_cast<size_t>(g.world_size) : 0);
-      MPI_Request req;
-      MPI_CHECK(MPI_Igather(&mem[1], 1, MPI_DOUBLE, peaks.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD, &req));
-      watchdog_wait(&req, "the memory report");
+      std::vector<double> peaks(rank0 ? static_cast<size_t>(g.world_size) : 0);  // (world_size)
+      const std::vector<std::byte> got = r.world->gather_host(&mem[1], sizeof(double), 0, nullptr, "the memory report");
+      if (rank0) std::memcpy(peaks.data(), got.data(), got.size());
       r.world->allreduce_host(mem, 2, ReduceOp::max, "the memory report");
       if (rank0) {
         const double t = now_s(), per_s = double(window_steps * cfg.train.batch_size) / std::max(1e-9, t - window_t0);
@@ -356,11 +354,12 @@ int run_training(const Config& cfg) {
     if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop) {
       const double t = now_s();
       const int64_t m = tr ? tr->mark() : 0;
-      save_checkpoint(ckpt, step);
+      writer.save(step);
       if (tr) tr->add({"checkpoint", "checkpoint", kTrackCompute, step, -1, -1, m, tr->mark()});
-      last_ckpt_s = now_s() - t;
+      last_ckpt_s = std::max(now_s() - t, writer.last_duration_s());  // an async write must end in time too
     }
     if (stop) {
+      writer.finish();
       if (rank0) {
         std::printf("relay: stopping at step %lld on %s; checkpoint written, exit code %d (resumable)\n",
                     static_cast<long long>(step),
@@ -372,6 +371,7 @@ int run_training(const Config& cfg) {
       return kExitResumable;
     }
   }
+  writer.finish();
   const int64_t stat_steps = steps - r.start_step;
   if (rank0 && stat_steps > 0)
     std::printf("relay: done. rank 0 per step: compute %.4f s, waiting %.4f s (%.1f%% idle; simulated bubble %.1f%%)\n",
