@@ -3,8 +3,8 @@
 //
 // Asynchronous checkpoints: at a checkpoint step every rank copies what it contributes into host
 // memory and sends it to rank 0 (gather_checkpoint, at the step boundary, so the tensors are those of
-// that step), which assembles the whole checkpoint in one host block (pinned on CUDA, allocated once
-// and kept: checkpoint_bytes, predicted by `relay plan`); training then continues while the writer
+// that step), which assembles the whole checkpoint in one host block (pinned on CUDA, allocated at the
+// start and kept: checkpoint_bytes, predicted by `relay plan`); training then continues while the writer
 // thread writes the file with the synchronous path's guarantees (temporary file, fsync, rename,
 // `latest`, pruning). Only that thread touches the block until the write ends. HDF5: every HDF5 call in
 // Relay holds Hdf5Lock (io/hdf5_util.hpp); the writer releases it between tensors, so the prefetcher's
