@@ -54,8 +54,8 @@ bool zero_sharded(CheckpointContext& ctx, const ManifestEntry& e) {
 }
 
 // Collective over this rank's replica group (ranks of the owning stage): this tp rank's shard of the
-// entry into out (shard_numel floats) when out is set (replica 0's senders; null elsewhere). ZeRO-1 state comes in
-// pieces, one per replica.
+// entry into out (shard_numel floats) when out is set (replica 0's senders; null elsewhere). ZeRO-1
+// state comes in pieces, one per replica.
 void gather_shard(CheckpointContext& ctx, const ManifestEntry& e, int64_t step, float* out) {
   const ProcessGrid& g = ctx.grid;
   LocalPiece mine = local_piece(ctx, e.name);
