@@ -43,6 +43,8 @@ class CheckpointWriter {
   void finish();
   // Rank 0: seconds of the last checkpoint from its start to its file in place (time-limit planning).
   double last_duration_s() const { return last_duration_s_.load(); }
+  // Every rank: a write was started and its outcome is not yet agreed (a stop would wait for it).
+  bool in_flight() const { return in_flight_; }
 
  private:
   void write_in_background(CheckpointImage img);

@@ -295,7 +295,9 @@ int run_training(const Config& cfg) {
   for (int64_t step = r.start_step + 1; step <= steps; ++step) {
     // Rank 0 decides the time limit; any rank's signal counts.
     const double avg_step = step > r.start_step + 1 ? (now_s() - loop_t0) / double(step - r.start_step - 1) : 0;
-    const bool out_of_time = rank0 && time_limit > 0 && now_s() - t_start + 2 * avg_step + 1.5 * last_ckpt_s >= time_limit;
+    // A stop writes a checkpoint, after the asynchronous one in flight if any.
+    const double ckpt_s = last_ckpt_s * (writer.in_flight() ? 2 : 1);
+    const bool out_of_time = rank0 && time_limit > 0 && now_s() - t_start + 2 * avg_step + 1.5 * ckpt_s >= time_limit;
     if (Watchdog* wd = active_watchdog()) wd->set_context(cat("step ", step));
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
     writer.poll();  // checkpoint.async: a failed write ends every rank here
