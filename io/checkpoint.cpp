@@ -81,14 +81,23 @@ namespace {
 void write_tmp_file(const std::string& tmp, const CheckpointMeta& meta, const std::vector<CheckpointTensor>& tensors,
                     const std::function<void()>& on_tensor) {
   const std::string ctx = cat("checkpoint ", tmp);
+  // The file handle, closed under the lock however this function ends.
+  struct LockedFile {
+    H5File f;
+    ~LockedFile() {
+      Hdf5Lock lock;
+      f.reset();
+    }
+  } file;
+  hid_t root = -1;
   {
     Hdf5Lock lock;
     // Strong close: closing the file closes every object in it, so a failed write leaves nothing open
     // for HDF5's exit handler to flush into a full disk.
     H5Plist fapl(RELAY_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), ctx));
     RELAY_H5_CHECK(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), ctx);
-    H5File f(RELAY_H5_CHECK(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), ctx));
-    hid_t root = f.get();
+    file.f = H5File(RELAY_H5_CHECK(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), ctx));
+    root = file.f.get();
     put_str_attr(root, "format", kCheckpointFormat, ctx);
     put_i64_attr(root, "version", kCheckpointVersion, ctx);
     put_i64_attr(root, "step", meta.step, ctx);
@@ -121,8 +130,11 @@ void write_tmp_file(const std::string& tmp, const CheckpointMeta& meta, const st
       put_i64_attr(g.get(), "data_stream", meta.epoch, ctx);
       put_i64_attr(g.get(), "data_offset", meta.samples ? meta.position % meta.samples : 0, ctx);
     }
-    for (const auto& t : tensors) {
-      RELAY_ASSERT(static_cast<int64_t>(t.data.size()) == shape_numel(t.shape), "tensor " << t.name << " size");
+  }
+  for (const auto& t : tensors) {
+    {
+      Hdf5Lock lock;  // per tensor: other threads' HDF5 reads run between tensors
+      RELAY_ASSERT(t.view || static_cast<int64_t>(t.data.size()) == shape_numel(t.shape), "tensor " << t.name << " size");
       size_t slash = t.name.rfind('/');
       H5Handle<H5Gclose> g(ensure_group(root, t.name.substr(0, slash), ctx));
       std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
@@ -130,14 +142,15 @@ void write_tmp_file(const std::string& tmp, const CheckpointMeta& meta, const st
       H5Dataset d(RELAY_H5_CHECK(H5Dcreate2(g.get(), t.name.substr(slash + 1).c_str(), H5T_IEEE_F32LE, sp.get(),
                                             H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                                  cat(ctx, ": ", t.name)));
-      RELAY_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.data()),
+      RELAY_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.values()),
                      cat(ctx, ": ", t.name));
-      if (on_tensor) on_tensor();
     }
-    put_i64_attr(root, "complete", 1, ctx);  // written last: a file without it was cut short
-    RELAY_H5_CHECK(H5Fflush(root, H5F_SCOPE_GLOBAL), ctx);
-    RELAY_H5_CHECK(H5Fclose(f.release()), ctx);
+    if (on_tensor) on_tensor();
   }
+  Hdf5Lock lock;
+  put_i64_attr(root, "complete", 1, ctx);  // written last: a file without it was cut short
+  RELAY_H5_CHECK(H5Fflush(root, H5F_SCOPE_GLOBAL), ctx);
+  RELAY_H5_CHECK(H5Fclose(file.f.release()), ctx);
 }
 
 }  // namespace

@@ -32,7 +32,9 @@ struct CheckpointMeta {
 struct CheckpointTensor {
   std::string name;  // "model/0.weight", "optimizer/exp_avg/0.weight"
   Shape shape;
-  std::vector<float> data;
+  std::vector<float> data;      // shape's values, unless view is set
+  const float* view = nullptr;  // shape's values held elsewhere (a training run's host copy of its checkpoint)
+  const float* values() const { return view ? view : data.data(); }
 };
 
 // Writes `path` atomically: <path>.tmp-<pid>, flush, fsync, rename, fsync of the directory.
@@ -41,6 +43,8 @@ struct CheckpointTensor {
 // On any failure (disk full, permission denied, quota) the temporary file is removed, the error names
 // the file, the tensor and the OS's reason, and `path` is untouched. on_tensor (may be empty) is called
 // after each tensor is written (the progress watchdog's poll point).
+// Thread safety: every HDF5 call holds Hdf5Lock, released between tensors, so a background writer
+// (checkpoint.async) and the training thread's dataset reads take turns instead of waiting for the file.
 void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
                            const std::vector<CheckpointTensor>& tensors,
                            const std::function<void()>& on_tensor = {});

@@ -35,6 +35,15 @@ TEST(Config, MinimalLoadsWithDefaults) {
   EXPECT_EQ(c.checkpoint.dir, c.run.dir + "/checkpoints");
 }
 
+TEST(Config, CheckpointAsync) {
+  EXPECT_FALSE(parse_config_text(kBase, "cfg.toml").checkpoint.async);
+  Config c = parse_config_text(kBase, "cfg.toml", {"checkpoint.async=true"});
+  EXPECT_TRUE(c.checkpoint.async);
+  EXPECT_TRUE(parse_config_text(c.to_toml(), "effective.toml").checkpoint.async);  // kept by the saved config
+  std::string e = error_of(kBase, {"checkpoint.async=\"yes\""});
+  EXPECT_NE(e.find("checkpoint.async"), std::string::npos) << e;
+}
+
 TEST(Config, UnknownKeyNamesFileAndKey) {
   std::string e = error_of(std::string(kBase) + "[optimizer]\nlearning_rate = 0.1\n");
   EXPECT_NE(e.find("cfg.toml"), std::string::npos) << e;

@@ -15,6 +15,7 @@
 #include "parallel/process_grid.hpp"
 #include "parallel/simulator.hpp"
 #include "parallel/trace.hpp"
+#include "train/checkpointing.hpp"
 #include "train/memory_plan.hpp"
 #include "train/model_layout.hpp"
 
@@ -137,6 +138,16 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
       std::printf("  %2d  %2d %11s %11s %11s %11s %11s\n", p, t, mib(b.params).c_str(), mib(b.grads).c_str(),
                   mib(b.optimizer).c_str(), mib(b.activations).c_str(), mib(b.total()).c_str());
     }
+  // Rank 0's host copy of a checkpoint (train/checkpoint_writer.hpp).
+  const std::string ck = mib(checkpoint_bytes(layout, cfg.optimizer));
+  if (cfg.checkpoint.async)
+    std::printf("checkpoint: %s MiB; checkpoint.async = true: rank 0 keeps a host copy of it (pinned on CUDA) for "
+                "the whole run, beyond the above, and training continues while a writer thread writes the file\n",
+                ck.c_str());
+  else
+    std::printf("checkpoint: %s MiB; checkpoint.async = false: every rank waits while rank 0 writes it, rank 0 "
+                "holding a host copy only then (checkpoint.async = true keeps that copy and writes in the background)\n",
+                ck.c_str());
 }
 
 void print_sim(const char* title, const ScheduleShape& shape, const SimResult& sim) {

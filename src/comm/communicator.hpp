@@ -2,8 +2,10 @@
 // all-reduce of gradient buckets, broadcast, host-scalar reductions and barriers.
 // Implementations: MpiCommunicator (CPU, and GPU staged through host) and NcclCommunicator (GPU).
 #pragma once
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.hpp"
 
@@ -51,6 +53,16 @@ class Communicator {
   // touched elsewhere. Blocking and watched, like allreduce_host (per-rank timings, memory reports).
   virtual void gather_f64(const double* mine, int count, double* all, int root, const std::string& what) = 0;
   virtual void barrier() = 0;
+
+  // Blocking transfers of host bytes, for reports, traces and checkpoints (on GPU communicators they
+  // travel over MPI beside the device traffic). `what` names the transfer in the watchdog's message.
+  // gather_host: every member's `bytes` bytes (lengths may differ) to `root`, which gets them
+  // concatenated in rank order and, when sizes is given, each member's length; others get nothing.
+  virtual std::vector<std::byte> gather_host(const void* data, size_t bytes, int root, std::vector<size_t>* sizes,
+                                             const std::string& what) = 0;
+  // Point-to-point: messages between one pair with one tag arrive in the order they were sent.
+  virtual void send_host(const void* data, size_t bytes, int peer, int tag, const std::string& what) = 0;
+  virtual void recv_host(void* data, size_t bytes, int peer, int tag, const std::string& what) = 0;
 };
 
 }  // namespace relay

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "comm/host_transfer.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
 
@@ -201,6 +202,19 @@ void MpiCommunicator::barrier() {
   MPI_Request req;
   MPI_CHECK(MPI_Ibarrier(comm_, &req));
   watchdog_wait(&req, "a barrier");
+}
+
+std::vector<std::byte> MpiCommunicator::gather_host(const void* data, size_t bytes, int root,
+                                                    std::vector<size_t>* sizes, const std::string& what) {
+  return host_gather(comm_, data, bytes, root, sizes, what);
+}
+
+void MpiCommunicator::send_host(const void* data, size_t bytes, int peer, int tag, const std::string& what) {
+  host_send(comm_, data, bytes, peer, tag, world_rank_.at(static_cast<size_t>(peer)), what);
+}
+
+void MpiCommunicator::recv_host(void* data, size_t bytes, int peer, int tag, const std::string& what) {
+  host_recv(comm_, data, bytes, peer, tag, world_rank_.at(static_cast<size_t>(peer)), what);
 }
 
 }  // namespace relay

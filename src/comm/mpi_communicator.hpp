@@ -28,6 +28,10 @@ class MpiCommunicator final : public Communicator {
   void allreduce_host(double* values, int count, ReduceOp op, const std::string& what = "a host reduction") override;
   void gather_f64(const double* mine, int count, double* all, int root, const std::string& what) override;
   void barrier() override;
+  std::vector<std::byte> gather_host(const void* data, size_t bytes, int root, std::vector<size_t>* sizes,
+                                     const std::string& what) override;
+  void send_host(const void* data, size_t bytes, int peer, int tag, const std::string& what) override;
+  void recv_host(void* data, size_t bytes, int peer, int tag, const std::string& what) override;
 
  private:
   MPI_Comm comm_;

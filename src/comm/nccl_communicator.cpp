@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/agree.hpp"
+#include "comm/host_transfer.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
 #include "kernels/cuda/cuda_check.cuh"
@@ -283,6 +284,18 @@ class NcclCommunicator final : public Communicator {
     MPI_Request req;
     MPI_CHECK(MPI_Ibarrier(mpi_comm_, &req));
     watchdog_wait(&req, "a barrier");
+  }
+
+  // Host bytes travel over this communicator's private MPI duplicate, beside the NCCL traffic.
+  std::vector<std::byte> gather_host(const void* data, size_t bytes, int root, std::vector<size_t>* sizes,
+                                     const std::string& what) override {
+    return host_gather(mpi_comm_, data, bytes, root, sizes, what);
+  }
+  void send_host(const void* data, size_t bytes, int peer, int tag, const std::string& what) override {
+    host_send(mpi_comm_, data, bytes, peer, tag, world_rank_in(mpi_comm_, peer), what);
+  }
+  void recv_host(void* data, size_t bytes, int peer, int tag, const std::string& what) override {
+    host_recv(mpi_comm_, data, bytes, peer, tag, world_rank_in(mpi_comm_, peer), what);
   }
 
   // NCCL's side of the progress watchdog (PyTorch's ProcessGroupNCCL does the same): a thread polls

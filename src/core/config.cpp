@@ -359,11 +359,12 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   Section lg(tab("log"), "log", source, {"tensorboard"});
   lg.boolean("tensorboard", c.log.tensorboard);
 
-  Section ck(tab("checkpoint"), "checkpoint", source, {"dir", "every", "keep", "save_initial", "resume"});
+  Section ck(tab("checkpoint"), "checkpoint", source, {"dir", "every", "keep", "save_initial", "resume", "async"});
   ck.str("dir", c.checkpoint.dir);
   ck.integer("every", c.checkpoint.every, 0, INT64_MAX);
   ck.integer("keep", c.checkpoint.keep, 0, INT64_MAX);
   ck.boolean("save_initial", c.checkpoint.save_initial);
+  ck.boolean("async", c.checkpoint.async);
   ck.str("resume", c.checkpoint.resume);
   if (c.checkpoint.resume.empty()) ck.fail("resume", "must be \"none\", \"auto\" or a checkpoint path");
   if (c.checkpoint.dir.empty()) c.checkpoint.dir = c.run.dir + "/checkpoints";
@@ -437,7 +438,7 @@ std::string Config::to_toml() const {
   if (trace.on()) o << "[trace]\nsteps = [" << trace.first << ", " << trace.last << "]\n\n";
   o << "[checkpoint]\ndir = " << q(checkpoint.dir) << "\nevery = " << checkpoint.every << "\nkeep = " << checkpoint.keep
     << "\nsave_initial = " << (checkpoint.save_initial ? "true" : "false") << "\nresume = " << q(checkpoint.resume)
-    << "\n";
+    << "\nasync = " << (checkpoint.async ? "true" : "false") << "\n";
   return o.str();
 }
 

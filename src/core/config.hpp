@@ -90,6 +90,7 @@ struct Config {
     int64_t keep = 0;        // 0 = keep all
     bool save_initial = false;
     std::string resume = "none";  // none | auto | a path
+    bool async = false;      // rank 0 writes the file in a background thread (train/checkpoint_writer.hpp)
   } checkpoint;
 
   // The effective configuration as TOML text (every key, defaults filled in); loading it back gives

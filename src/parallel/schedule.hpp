@@ -20,7 +20,7 @@ enum class Op {
   backward,         // backward_input then backward_weight, fused
   backward_input,   // gradient w.r.t. the chunk's input: on the critical path (ZB's "B")
   backward_weight,  // gradient w.r.t. the chunk's weights: can wait (ZB's "W")
-  send_activation,  // forward(c, mb)'s output to chunk c+1's rank; never blocks (MPI_Isend)
+  send_activation,  // forward(c, mb)'s output to chunk c+1's rank; never blocks (Communicator::isend)
   recv_activation,  // chunk c's input from chunk c-1's rank; blocks until it has arrived
   send_grad,        // chunk c's input gradient to chunk c-1's rank; never blocks
   recv_grad,        // chunk c's output gradient from chunk c+1's rank; blocks

@@ -19,20 +19,16 @@ std::string compute_span_name(const char* op, int micro_batch, int chunk, bool s
   return show_chunk ? cat(letter, micro_batch, ".", chunk) : cat(letter, micro_batch);
 }
 
-Tracer::Tracer(Backend& be, MPI_Comm world, int64_t first, int64_t last)
+Tracer::Tracer(Backend& be, Communicator& world, int64_t first, int64_t last)
     : be_(be), world_(world), first_(first), last_(last) {
-  MPI_Request req;
-  MPI_CHECK(MPI_Ibarrier(world_, &req));
-  watchdog_wait(&req, "the trace's clock alignment");
+  world_.barrier();  // the trace's clock alignment
   be_.synchronize();
   be_.clear_marks();
   be_.timing_mark();  // time 0
 }
 
 double Tracer::write(const std::string& path, const std::string& process_name) {
-  int rank = 0, size = 1;
-  MPI_CHECK(MPI_Comm_rank(world_, &rank));
-  MPI_CHECK(MPI_Comm_size(world_, &size));
+  const int rank = world_.rank(), size = world_.size();
   be_.synchronize();
   nlohmann::json mine = nlohmann::json::array();
   for (const TraceSpan& s : spans_) {
@@ -58,25 +54,17 @@ double Tracer::write(const std::string& path, const std::string& process_name) {
     meta.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", t}, {"args", {{"name", tracks[t]}}}});
   const std::string text = nlohmann::json{{"meta", meta}, {"spans", mine}}.dump();
   // Gather the ranks' JSON texts on rank 0.
-  int n = static_cast<int>(text.size());
-  std::vector<int> sizes(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
-  MPI_Request req;
-  MPI_CHECK(MPI_Igather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, world_, &req));
-  watchdog_wait(&req, "the trace gather");
-  int total = 0;
-  for (int i = 0; i < size; ++i) {
-    offsets[static_cast<size_t>(i)] = total;
-    total += sizes[static_cast<size_t>(i)];
-  }
-  std::vector<char> all(rank == 0 ? static_cast<size_t>(total) : 0);
-  MPI_CHECK(MPI_Igatherv(text.data(), n, MPI_CHAR, all.data(), sizes.data(), offsets.data(), MPI_CHAR, 0, world_, &req));
-  watchdog_wait(&req, "the trace gather");
+  std::vector<size_t> sizes;  // (size) bytes of each rank's text, on rank 0
+  const std::vector<std::byte> gathered = world_.gather_host(text.data(), text.size(), 0, &sizes, "the trace gather");
+  const char* all = reinterpret_cast<const char*>(gathered.data());
+  std::vector<size_t> offsets(sizes.size());  // (size)
+  for (size_t i = 1; i < sizes.size(); ++i) offsets[i] = offsets[i - 1] + sizes[i - 1];
   if (rank != 0) return 0;
   nlohmann::json events = nlohmann::json::array();
   double makespan_begin = 1e300, makespan_end = 0, busy = 0;
   for (int i = 0; i < size; ++i) {
-    const auto part = nlohmann::json::parse(all.begin() + offsets[static_cast<size_t>(i)],
-                                            all.begin() + offsets[static_cast<size_t>(i)] + sizes[static_cast<size_t>(i)]);
+    const auto part = nlohmann::json::parse(all + offsets[static_cast<size_t>(i)],
+                                            all + offsets[static_cast<size_t>(i)] + sizes[static_cast<size_t>(i)]);
     for (const auto& e : part["meta"]) events.push_back(e);
     for (const auto& e : part["spans"]) {
       events.push_back(e);

@@ -5,13 +5,12 @@
 // into one Chrome trace-event file (Perfetto, chrome://tracing): a process per rank named with its
 // stage and replica, a track per stream (0 compute, 1 communication, 2 input).
 #pragma once
-#include <mpi.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/communicator.hpp"
 
 namespace relay {
 
@@ -33,7 +32,7 @@ class Tracer {
  public:
   // Records steps [first, last]; collective over world (a barrier aligns the ranks' clocks: every
   // rank's time 0 is the same instant to within the barrier's skew).
-  Tracer(Backend& be, MPI_Comm world, int64_t first, int64_t last);
+  Tracer(Backend& be, Communicator& world, int64_t first, int64_t last);
   bool on(int64_t step) const { return step >= first_ && step <= last_; }
   int64_t first() const { return first_; }
   int64_t last() const { return last_; }
@@ -45,7 +44,7 @@ class Tracer {
 
  private:
   Backend& be_;
-  MPI_Comm world_;
+  Communicator& world_;
   int64_t first_, last_;
   std::vector<TraceSpan> spans_;
 };

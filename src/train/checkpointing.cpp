@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <cstdlib>
 #include <functional>
@@ -11,7 +12,6 @@
 
 #include "comm/agree.hpp"
 #include "io/safetensors.hpp"
-#include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
 
 namespace fs = std::filesystem;
@@ -54,140 +54,156 @@ bool zero_sharded(CheckpointContext& ctx, const ManifestEntry& e) {
 }
 
 // Collective over this rank's replica group (ranks of the owning stage): this tp rank's shard of the
-// entry, on replica 0 (empty elsewhere). ZeRO-1 state comes in pieces, one per replica.
-std::vector<float> gather_shard(CheckpointContext& ctx, const ManifestEntry& e, int64_t step) {
+// entry into out (shard_numel floats) when out is set (replica 0's senders; null elsewhere). ZeRO-1
+// state comes in pieces, one per replica.
+void gather_shard(CheckpointContext& ctx, const ManifestEntry& e, int64_t step, float* out) {
   const ProcessGrid& g = ctx.grid;
-  std::vector<float> shard;
   LocalPiece mine = local_piece(ctx, e.name);
   if (!zero_sharded(ctx, e)) {
-    if (g.dp_rank == 0) {
-      shard.resize(static_cast<size_t>(mine.tensor->numel()));
-      ctx.be.download(shard.data(), *mine.tensor);
-    }
-    return shard;
+    if (out) ctx.be.download(out, *mine.tensor);
+    return;
   }
   const int64_t n = mine.tensor ? mine.tensor->numel() : 0;
-  std::vector<float> piece(static_cast<size_t>(n));
-  if (n) ctx.be.download(piece.data(), *mine.tensor);
-  int64_t head[2] = {mine.offset, n};
-  std::vector<int64_t> heads(g.dp_rank == 0 ? 2 * static_cast<size_t>(g.dp) : 0);
-  MPI_Request req;
-  MPI_CHECK(MPI_Igather(head, 2, MPI_INT64_T, heads.data(), 2, MPI_INT64_T, 0, g.dp_comm, &req));
-  watchdog_wait(&req, cat("the ZeRO pieces of ", e.name, " for the step-", step, " checkpoint"));
-  std::vector<int> counts(static_cast<size_t>(g.dp)), displs(static_cast<size_t>(g.dp));
-  std::vector<float> all;
-  if (g.dp_rank == 0) {
-    int64_t total = 0;
-    for (int d = 0; d < g.dp; ++d) {
-      counts[static_cast<size_t>(d)] = static_cast<int>(heads[2 * static_cast<size_t>(d) + 1]);
-      displs[static_cast<size_t>(d)] = static_cast<int>(total);
-      total += counts[static_cast<size_t>(d)];
-    }
-    all.resize(static_cast<size_t>(total));
+  // This replica's piece, prefixed by its offset in the shard: (2 int64 + n floats) bytes.
+  std::vector<std::byte> piece(2 * sizeof(int64_t) + static_cast<size_t>(n) * sizeof(float));
+  const int64_t head[2] = {mine.offset, n};
+  std::memcpy(piece.data(), head, sizeof head);
+  if (n) ctx.be.download(piece.data() + sizeof head, *mine.tensor);
+  std::vector<size_t> sizes;
+  const std::vector<std::byte> all = ctx.dp.gather_host(
+      piece.data(), piece.size(), 0, &sizes, cat("the ZeRO pieces of ", e.name, " for the step-", step, " checkpoint"));
+  if (!out) return;  // another replica, or a tp rank whose copy of a replicated tensor is not sent
+  std::fill_n(out, shard_numel(e, g, g.tp_rank), 0.f);
+  size_t at = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    int64_t h[2];
+    std::memcpy(h, all.data() + at, sizeof h);
+    std::memcpy(out + h[0], all.data() + at + sizeof h, static_cast<size_t>(h[1]) * sizeof(float));
+    at += sizes[d];
   }
-  MPI_CHECK(MPI_Igatherv(piece.data(), static_cast<int>(n), MPI_FLOAT, all.data(), counts.data(), displs.data(),
-                         MPI_FLOAT, 0, g.dp_comm, &req));
-  watchdog_wait(&req, cat("the ZeRO pieces of ", e.name, " for the step-", step, " checkpoint"));
-  if (g.dp_rank == 0) {
-    shard.assign(static_cast<size_t>(shard_numel(e, g, g.tp_rank)), 0.f);
-    for (int d = 0; d < g.dp; ++d) {
-      const int64_t off = heads[2 * static_cast<size_t>(d)];
-      std::copy_n(all.begin() + displs[static_cast<size_t>(d)], counts[static_cast<size_t>(d)],
-                  shard.begin() + off);
-    }
-  }
-  return shard;
 }
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+constexpr int kCheckpointTag = 7;  // world point-to-point: a shard on its way to rank 0
+
 }  // namespace
 
-std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
+int64_t checkpoint_bytes(const ModelLayout& layout, const Config::Optimizer& opt) {
+  int64_t n = 0;
+  for (auto& e : checkpoint_manifest(layout, opt)) n += shape_numel(e.shape);
+  return n * int64_t(sizeof(float));
+}
+
+CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::shared_ptr<std::byte> host) {
   const ProcessGrid& g = ctx.grid;
-  const double t0 = now_s();
+  CheckpointImage img;
+  img.started_s = now_s();
   auto manifest = checkpoint_manifest(ctx.layout, ctx.cfg.optimizer);
-  const std::string dir = ctx.cfg.checkpoint.dir;
-  const std::string path = dir + "/" + checkpoint_file_name(step);
-  std::function<void()> write;  // rank 0's part, run inside the agreement below
-  if (g.world_rank == 0) {
-    std::vector<CheckpointTensor> tensors;
-    tensors.reserve(manifest.size());
-    for (auto& e : manifest) {
-      CheckpointTensor t{e.name, e.shape, std::vector<float>(static_cast<size_t>(shape_numel(e.shape)))};
-      const int shards = split_over_tp(e, g) ? g.tp : 1;
-      for (int tr = 0; tr < shards; ++tr) {
-        std::vector<float> shard;
-        if (e.owner() == 0 && tr == 0) {
-          shard = gather_shard(ctx, e, step);
-        } else {
-          shard.resize(static_cast<size_t>(shard_numel(e, g, tr)));
-          const int from = g.world_rank_of(e.owner(), 0, tr);
-          MPI_Request req;
-          MPI_CHECK(MPI_Irecv(shard.data(), static_cast<int>(shard.size()), MPI_FLOAT, from, 7, MPI_COMM_WORLD, &req));
-          watchdog_wait(&req, cat("tensor ", e.name, " of the step-", step, " checkpoint"), from);
-        }
-        if (shards == 1) t.data = std::move(shard);
-        else insert_shard(shard.data(), e.shape, e.split, g.tp, tr, t.data.data());
-      }
-      watchdog_progress();
-      tensors.push_back(std::move(t));
-    }
-    CheckpointMeta meta;
-    meta.step = step;
-    meta.config_toml = ctx.cfg.to_toml();
-    meta.dp = g.dp;
-    meta.pp = g.pp;
-    meta.tp = g.tp;
-    meta.zero = ctx.cfg.optimizer.zero && g.dp > 1 ? 1 : 0;
-    meta.virtual_stages = ctx.cfg.parallel.virtual_stages;
-    meta.schedule = ctx.cfg.parallel.schedule;
-    meta.optimizer = ctx.optimizer.name();
-    meta.optimizer_step = ctx.optimizer.step_count();
-    meta.batch_size = ctx.cfg.train.batch_size;
-    meta.samples = ctx.samples;
-    meta.position = step * ctx.cfg.train.batch_size;
-    meta.epoch = ctx.samples ? meta.position / ctx.samples : 0;
-    meta.shuffle = ctx.cfg.data.shuffle;
-    meta.data_seed = ctx.cfg.data.seed;
-    meta.model_seed = ctx.cfg.model.seed;
-    meta.tokenizer = ctx.tokenizer;
-    write = [&, tensors = std::move(tensors), meta] {
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      if (ec) throw Error(cat("checkpoint.dir ", dir, ": cannot create the directory: ", ec.message()));
-      // RELAY_FAULT_SLOW_CHECKPOINT=S (tests): S seconds per tensor, a slow filesystem that still
-      // makes progress (the watchdog must not end the job).
-      const char* slow = std::getenv("RELAY_FAULT_SLOW_CHECKPOINT");
-      const double per_tensor = slow ? std::atof(slow) : 0.0;
-      write_checkpoint_file(path, meta, tensors, [per_tensor] {
-        if (per_tensor > 0) std::this_thread::sleep_for(std::chrono::duration<double>(per_tensor));
-        watchdog_progress();
-      });
-      write_latest(dir, checkpoint_file_name(step));
-      auto deleted = prune_checkpoints(dir, ctx.cfg.checkpoint.keep);
-      double mb = double(fs::file_size(path)) / (1024.0 * 1024.0);
-      std::printf("checkpoint step %lld: %s (%.1f MiB in %.2f s)%s\n", static_cast<long long>(step), path.c_str(), mb,
-                  now_s() - t0, deleted.empty() ? "" : cat(", pruned ", deleted.size(), " older").c_str());
-      std::fflush(stdout);
-    };
-  } else {
+  img.dir = ctx.cfg.checkpoint.dir;
+  img.path = img.dir + "/" + checkpoint_file_name(step);
+  img.keep = ctx.cfg.checkpoint.keep;
+  if (g.world_rank != 0) {
+    std::vector<float> shard;  // (shard_numel) this rank's contribution, in host memory
     for (auto& e : manifest) {
       if (e.owner() != g.pp_rank) continue;
-      std::vector<float> shard = gather_shard(ctx, e, step);  // collective over the replica group
-      if (g.dp_rank != 0 || (g.tp_rank > 0 && !split_over_tp(e, g))) continue;
-      MPI_Request req;
-      MPI_CHECK(MPI_Isend(shard.data(), static_cast<int>(shard.size()), MPI_FLOAT, 0, 7, MPI_COMM_WORLD, &req));
-      watchdog_wait(&req, cat("rank 0 to take tensor ", e.name, " of the step-", step, " checkpoint"), 0);
+      const bool sender = g.dp_rank == 0 && (g.tp_rank == 0 || split_over_tp(e, g));
+      shard.resize(sender ? static_cast<size_t>(shard_numel(e, g, g.tp_rank)) : 0);
+      gather_shard(ctx, e, step, sender ? shard.data() : nullptr);  // collective over the replica group
+      if (!sender) continue;
+      ctx.world.send_host(shard.data(), shard.size() * sizeof(float), 0, kCheckpointTag,
+                          cat("rank 0 to take tensor ", e.name, " of the step-", step, " checkpoint"));
     }
+    return img;
   }
+  // Rank 0: every tensor into one host block (pinned on CUDA when checkpoint.async keeps it).
+  const int64_t bytes = checkpoint_bytes(ctx.layout, ctx.cfg.optimizer);
+  img.host = host ? std::move(host)
+                  : std::shared_ptr<std::byte>(new std::byte[static_cast<size_t>(bytes)], std::default_delete<std::byte[]>());
+  float* at = reinterpret_cast<float*>(img.host.get());
+  std::vector<float> shard;  // (shard_numel) one tp shard, when tensor parallelism splits the tensor
+  img.tensors.reserve(manifest.size());
+  for (auto& e : manifest) {
+    CheckpointTensor t{e.name, e.shape, {}, at};
+    const int shards = split_over_tp(e, g) ? g.tp : 1;
+    for (int tr = 0; tr < shards; ++tr) {
+      float* dst = at;
+      if (shards > 1) {
+        shard.resize(static_cast<size_t>(shard_numel(e, g, tr)));
+        dst = shard.data();
+      }
+      if (e.owner() == 0 && tr == 0) {
+        gather_shard(ctx, e, step, dst);
+      } else {
+        const int from = g.world_rank_of(e.owner(), 0, tr);
+        ctx.world.recv_host(dst, static_cast<size_t>(shard_numel(e, g, tr)) * sizeof(float), from, kCheckpointTag,
+                            cat("tensor ", e.name, " of the step-", step, " checkpoint"));
+      }
+      if (shards > 1) insert_shard(shard.data(), e.shape, e.split, g.tp, tr, at);
+    }
+    watchdog_progress();
+    at += shape_numel(e.shape);
+    img.tensors.push_back(std::move(t));
+  }
+  CheckpointMeta& meta = img.meta;
+  meta.step = step;
+  meta.config_toml = ctx.cfg.to_toml();
+  meta.dp = g.dp;
+  meta.pp = g.pp;
+  meta.tp = g.tp;
+  meta.zero = ctx.cfg.optimizer.zero && g.dp > 1 ? 1 : 0;
+  meta.virtual_stages = ctx.cfg.parallel.virtual_stages;
+  meta.schedule = ctx.cfg.parallel.schedule;
+  meta.optimizer = ctx.optimizer.name();
+  meta.optimizer_step = ctx.optimizer.step_count();
+  meta.batch_size = ctx.cfg.train.batch_size;
+  meta.samples = ctx.samples;
+  meta.position = step * ctx.cfg.train.batch_size;
+  meta.epoch = ctx.samples ? meta.position / ctx.samples : 0;
+  meta.shuffle = ctx.cfg.data.shuffle;
+  meta.data_seed = ctx.cfg.data.seed;
+  meta.model_seed = ctx.cfg.model.seed;
+  meta.tokenizer = ctx.tokenizer;
+  img.copied_s = now_s();
+  return img;
+}
+
+void write_checkpoint_image(const CheckpointImage& img, const std::function<void()>& on_tensor) {
+  std::error_code ec;
+  fs::create_directories(img.dir, ec);
+  if (ec) throw Error(cat("checkpoint.dir ", img.dir, ": cannot create the directory: ", ec.message()));
+  // RELAY_FAULT_SLOW_CHECKPOINT=S (tests): S seconds per tensor, a slow filesystem that still
+  // makes progress (the watchdog must not end the job).
+  const char* slow = std::getenv("RELAY_FAULT_SLOW_CHECKPOINT");
+  const double per_tensor = slow ? std::atof(slow) : 0.0;
+  write_checkpoint_file(img.path, img.meta, img.tensors, [&] {
+    if (per_tensor > 0) std::this_thread::sleep_for(std::chrono::duration<double>(per_tensor));
+    if (on_tensor) on_tensor();
+  });
+  write_latest(img.dir, checkpoint_file_name(img.meta.step));
+  auto deleted = prune_checkpoints(img.dir, img.keep);
+  const double mb = double(fs::file_size(img.path)) / (1024.0 * 1024.0), t = now_s();
+  const std::string pruned = deleted.empty() ? "" : cat(", pruned ", deleted.size(), " older");
+  if (img.background)
+    std::printf("checkpoint step %lld: %s (%.1f MiB in %.2f s: %.2f s copying while training waited, then "
+                "written in the background)%s\n",
+                static_cast<long long>(img.meta.step), img.path.c_str(), mb, t - img.started_s,
+                img.copied_s - img.started_s, pruned.c_str());
+  else
+    std::printf("checkpoint step %lld: %s (%.1f MiB in %.2f s)%s\n", static_cast<long long>(img.meta.step),
+                img.path.c_str(), mb, t - img.started_s, pruned.c_str());
+  std::fflush(stdout);
+}
+
+std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
+  CheckpointImage img = gather_checkpoint(ctx, step);
   // Rank 0 writes; every rank learns the outcome, so a failed write (disk full, permission, quota)
   // ends every rank with rank 0's one-line message and exit code 1, the previous checkpoint and
   // `latest` untouched. Nobody goes on before the file and `latest` are in place.
   agree_on_errors(MPI_COMM_WORLD, [&] {
-    if (write) write();
+    if (ctx.grid.world_rank == 0) write_checkpoint_image(img, watchdog_progress);
   });
-  return path;
+  return img.path;
 }
 
 void load_init_from(CheckpointContext& ctx, const std::string& path) {

@@ -4,9 +4,12 @@
 // (each replica holds a piece). On resume every rank reads the tensors of its own chunks and keeps its
 // shard and piece of each.
 #pragma once
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
+#include "comm/communicator.hpp"
 #include "io/checkpoint.hpp"
 #include "model/param.hpp"
 #include "optim/optimizer.hpp"
@@ -20,6 +23,8 @@ struct CheckpointContext {
   const ProcessGrid& grid;
   const ModelLayout& layout;
   Backend& be;
+  Communicator& world;  // every rank (host transfers to rank 0)
+  Communicator& dp;     // this rank's replica group (ZeRO-1 pieces)
   std::map<std::string, Param*> params;  // this rank's parameters by name
   Optimizer& optimizer;
   int64_t samples = 0;  // training set size (sampler position)
@@ -40,8 +45,29 @@ struct ManifestEntry {
 };
 std::vector<ManifestEntry> checkpoint_manifest(const ModelLayout& layout, const Config::Optimizer& opt);
 
-// Collective over MPI_COMM_WORLD. Returns the file's path (on every rank) after rank 0 has written it,
-// updated `latest` and pruned old files; rank 0 logs its size and time.
+// A checkpoint in rank 0's host memory, ready to be written (empty on other ranks but for path).
+struct CheckpointImage {
+  std::string dir, path;  // checkpoint.dir and the file's path
+  int64_t keep = 0;       // checkpoint.keep
+  CheckpointMeta meta;
+  std::shared_ptr<std::byte> host;       // (checkpoint_bytes) every tensor's floats, manifest order
+  std::vector<CheckpointTensor> tensors;  // views into host
+  double started_s = 0, copied_s = 0;     // steady clock: gather began, copy into host ended
+  bool background = false;                // written by checkpoint.async's writer thread
+};
+
+// Bytes of every tensor of a checkpoint (rank 0's host copy).
+int64_t checkpoint_bytes(const ModelLayout& layout, const Config::Optimizer& opt);
+// Collective over every rank: each rank copies what it contributes into host memory and sends it to
+// rank 0, which assembles the whole checkpoint in `host` (checkpoint_bytes; a fresh block when null).
+CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::shared_ptr<std::byte> host = {});
+// Rank 0, any thread: the file (temporary, fsync, rename), `latest`, pruning and the log line.
+// on_tensor runs after each tensor (the caller's progress hook). Throws Error on failure.
+void write_checkpoint_image(const CheckpointImage& img, const std::function<void()>& on_tensor);
+
+// Collective over every rank: gather_checkpoint, then rank 0 writes while the others wait. Returns the
+// file's path (on every rank) after rank 0 has written it, updated `latest` and pruned old files;
+// rank 0 logs its size and time. A failed write ends every rank (agree_on_errors) with its message.
 std::string save_checkpoint(CheckpointContext& ctx, int64_t step);
 
 // model.init_from: this rank's parameters from a safetensors file named as the PyTorch module's

@@ -16,8 +16,8 @@
 
 #include "backend/gpu_peaks.hpp"
 #include "comm/agree.hpp"
-#include "comm/mpi_check.hpp"
 #include "comm/watchdog.hpp"
+#include "train/checkpoint_writer.hpp"
 #include "train/checkpointing.hpp"
 #include "train/memory_plan.hpp"
 #include "train/metrics.hpp"
@@ -197,13 +197,11 @@ std::string placement_table(Run& r) {
   char mine[kLen] = {};
   std::snprintf(mine, kLen, "  %s on %s: local rank %d of %d, %s", rank_label(g.world_rank, g.dp, g.tp).c_str(),
                 g.host.c_str(), g.local_rank, g.local_size, r.be->describe().c_str());
-  std::vector<char> all(g.world_rank == 0 ? static_cast<size_t>(kLen) * static_cast<size_t>(g.world_size) : 0);
-  MPI_Request req;
-  MPI_CHECK(MPI_Igather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, 0, MPI_COMM_WORLD, &req));
-  watchdog_wait(&req, "the placement report");
+  // (world_size x kLen) chars on rank 0
+  const std::vector<std::byte> all = r.world->gather_host(mine, kLen, 0, nullptr, "the placement report");
   std::string table;
   for (int i = 0; i < (g.world_rank == 0 ? g.world_size : 0); ++i)
-    table += std::string(all.data() + static_cast<size_t>(i) * kLen) + "\n";
+    table += std::string(reinterpret_cast<const char*>(all.data()) + static_cast<size_t>(i) * kLen) + "\n";
   return table;
 }
 
@@ -231,11 +229,10 @@ void report_memory(Run& r) {
   const MemoryBytes got = measured_memory(), want = predict_memory(r.cfg, r.layout, g.pp_rank, g.tp_rank);
   int64_t mine[8] = {got.params, got.grads, got.optimizer, got.activations,
                      want.params, want.grads, want.optimizer, want.activations};
-  std::vector<int64_t> all(g.world_rank == 0 ? 8 * static_cast<size_t>(g.world_size) : 0);
-  MPI_Request req;
-  MPI_CHECK(MPI_Igather(mine, 8, MPI_INT64_T, all.data(), 8, MPI_INT64_T, 0, MPI_COMM_WORLD, &req));
-  watchdog_wait(&req, "the memory report");
+  const std::vector<std::byte> bytes = r.world->gather_host(mine, sizeof mine, 0, nullptr, "the memory report");
   if (g.world_rank != 0) return;
+  std::vector<int64_t> all(8 * static_cast<size_t>(g.world_size));  // (world_size x 8)
+  std::memcpy(all.data(), bytes.data(), bytes.size());
   static const char* kinds[4] = {"params", "grads", "optimizer", "activations"};
   nlohmann::json ranks = nlohmann::json::array();
   std::string table = "relay: memory per rank after the first step, MiB measured (predicted by relay plan)\n"
@@ -291,7 +288,7 @@ int run_training(const Config& cfg) {
     setup_data_and_model(r);
   });
   // Phase 3: resume, run directory, log.
-  CheckpointContext ckpt{cfg, g, r.layout, *r.be, r.params, *r.optimizer, r.train_data.samples(),
+  CheckpointContext ckpt{cfg, g, r.layout, *r.be, *r.world, *r.dp_comm, r.params, *r.optimizer, r.train_data.samples(),
                          r.train_data.tokens ? r.train_data.tokens->tokenizer() : std::string()};
   std::string resume_path;
   agree_on_errors(MPI_COMM_WORLD, [&] {
@@ -324,8 +321,9 @@ int run_training(const Config& cfg) {
   StragglerMonitor stragglers(g, *r.world);
   const int64_t kill_step = test_kill_step(g.world_rank);
   start_prefetcher(r);
-  if (cfg.trace.on()) r.tracer = std::make_unique<Tracer>(*r.be, MPI_COMM_WORLD, cfg.trace.first, cfg.trace.last);
-  if (cfg.checkpoint.save_initial && r.start_step == 0) save_checkpoint(ckpt, 0);
+  if (cfg.trace.on()) r.tracer = std::make_unique<Tracer>(*r.be, *r.world, cfg.trace.first, cfg.trace.last);
+  CheckpointWriter writer(ckpt);  // after r: its destructor waits for a write in flight
+  if (cfg.checkpoint.save_initial && r.start_step == 0) writer.save(0);
 
   const int64_t steps = cfg.train.steps;
   const double time_limit = cfg.train.time_limit.empty() ? 0 : parse_duration(cfg.train.time_limit, "train.time_limit");
@@ -345,10 +343,13 @@ int run_training(const Config& cfg) {
   for (int64_t step = r.start_step + 1; step <= steps; ++step) {
     // Rank 0 decides the time limit; any rank's signal counts.
     const double avg_step = step > r.start_step + 1 ? (now_s() - loop_t0) / double(step - r.start_step - 1) : 0;
-    const bool out_of_time = rank0 && time_limit > 0 && now_s() - t_start + 2 * avg_step + 1.5 * last_ckpt_s >= time_limit;
+    // A stop writes a checkpoint, after the asynchronous one in flight if any.
+    const double ckpt_s = last_ckpt_s * (writer.in_flight() ? 2 : 1);
+    const bool out_of_time = rank0 && time_limit > 0 && now_s() - t_start + 2 * avg_step + 1.5 * ckpt_s >= time_limit;
     if (Watchdog* wd = active_watchdog()) wd->set_context(cat("step ", step));
     if (step == kill_step) std::raise(SIGKILL);  // test only: a rank lost at the same step every run
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
+    writer.poll();  // checkpoint.async: a failed write ends every rank here
     if (step == r.start_step + 1) report_memory(r);
     totals.compute_s += res.stats.compute_s;
     totals.wait_s += res.stats.wait_s;
@@ -363,10 +364,9 @@ int run_training(const Config& cfg) {
       const double rss = resident_mib();
       double mem[2] = {rss, peak_resident_mib()};
       // Every rank's peak resident memory, for the record, and the largest of each.
-      std::vector<double> peaks(rank0 ? static_cast<size_t>(g.world_size) : 0);
-      MPI_Request req;
-      MPI_CHECK(MPI_Igather(&mem[1], 1, MPI_DOUBLE, peaks.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD, &req));
-      watchdog_wait(&req, "the memory report");
+      std::vector<double> peaks(rank0 ? static_cast<size_t>(g.world_size) : 0);  // (world_size)
+      const std::vector<std::byte> got = r.world->gather_host(&mem[1], sizeof(double), 0, nullptr, "the memory report");
+      if (rank0) std::memcpy(peaks.data(), got.data(), got.size());
       r.world->allreduce_host(mem, 2, ReduceOp::max, "the memory report");
       const WindowTimes times = stragglers.window(window.compute_s, window.wait_s, window_steps, step);
       if (rank0) {
@@ -413,11 +413,12 @@ int run_training(const Config& cfg) {
     if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop) {
       const double t = now_s();
       const int64_t m = tr ? tr->mark() : 0;
-      save_checkpoint(ckpt, step);
+      writer.save(step);
       if (tr) tr->add({"checkpoint", "checkpoint", kTrackCompute, step, -1, -1, m, tr->mark()});
-      last_ckpt_s = now_s() - t;
+      last_ckpt_s = std::max(now_s() - t, writer.last_duration_s());  // an async write must end in time too
     }
     if (stop) {
+      writer.finish();
       if (rank0) {
         std::printf("relay: stopping at step %lld on %s; checkpoint written, exit code %d (resumable)\n",
                     static_cast<long long>(step),
@@ -430,6 +431,7 @@ int run_training(const Config& cfg) {
       return kExitResumable;
     }
   }
+  writer.finish();
   const int64_t stat_steps = steps - r.start_step;
   if (rank0 && stat_steps > 0)
     std::printf("relay: done. rank 0 per step: compute %.4f s, waiting %.4f s (%.1f%% idle; simulated bubble %.1f%%)\n",
