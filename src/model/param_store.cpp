@@ -39,7 +39,7 @@ Param* ParamStore::get(const ParamSpec& spec) {
   }
   MemoryScope scope(MemKind::params);
   const Shape local = shard_shape(spec.shape, spec.split, tp_, tp_rank_);
-  params_.push_back({spec.name, Tensor(be_, local), {}, spec.shape, spec.split});
+  params_.push_back({spec.name, Tensor(be_, local), {}, spec.shape, spec.split, {}});  // work: set below on bf16 runs
   Param* p = &params_.back();
   auto v = initial_values(spec, seed_);
   if (p->sharded()) {
