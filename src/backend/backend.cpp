@@ -145,6 +145,25 @@ void Backend::add_bias(Tensor& y, const Tensor& bias) {
   c.tensor(y, "y", kFloat).tensor(bias, "bias", kFloat).same_dtype(bias, "bias", y, "y").numel(bias, "bias", cols_of(y));
   add_bias_impl(y, bias);
 }
+void Backend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
+                     Tensor* pre_act) {
+  Check c(*this, "linear");
+  c.tensor(x, "x", kFloat).tensor(w, "w", kFloat).tensor(y, "y", kFloat);
+  c.same_dtype(w, "w", x, "x").same_dtype(y, "y", x, "x");
+  c.that(x.ndim() == 2 && w.ndim() == 2 && y.ndim() == 2, cat("x ", shape_str(x.shape()), ", w ", shape_str(w.shape()),
+                                                              ", y ", shape_str(y.shape()), " must be matrices"));
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  c.that(w.size(1) == in && y.size(0) == n && y.size(1) == out,
+         cat("x ", shape_str(x.shape()), " @ w ", shape_str(w.shape()), "^T does not give y ", shape_str(y.shape())));
+  if (bias.defined()) c.tensor(bias, "bias", kFloat).same_dtype(bias, "bias", x, "x").numel(bias, "bias", out);
+  c.that(y.raw() != x.raw() && y.raw() != w.raw(), "y must not alias x or w");
+  if (pre_act && act != LinearAct::none) {
+    c.like(*pre_act, "pre_act", y, "y").that(pre_act->ndim() == 2, "pre_act must be a matrix");
+    c.that(pre_act->raw() != x.raw() && pre_act->raw() != w.raw() && pre_act->raw() != y.raw(),
+           "pre_act must not alias x, w or y");
+  }
+  linear_impl(x, w, bias, y, act, act == LinearAct::none ? nullptr : pre_act);
+}
 void Backend::bias_grad(const Tensor& dy, Tensor& db, float beta) {
   Check(*this, "bias_grad").tensor(dy, "dy", kFloat).tensor(db, "db", kF32).numel(db, "db", cols_of(dy));
   bias_grad_impl(dy, db, beta);
