@@ -323,6 +323,20 @@ std::vector<OpCase> all_cases() {
         add(base + "_bf16", kTolBf16Gemm, run(DType::bf16), Precision::bf16);
         if (gelu && with_bias && g.n == 64) add(base + "_tf32", kTolTf32, run(DType::f32), Precision::tf32);
       }
+      // Its input gradient through the preceding GELU: dx (n, in) = gelu_tanh'(h) * (dy (n, out) @ w (out, in));
+      // on CUDA the DGELU epilogue where in is a multiple of 8.
+      const std::string base = std::string("linear_backward_input") + (gelu ? "_gelu_tanh_" : "_") +
+                               std::to_string(g.n) + "x" + std::to_string(g.in) + "x" + std::to_string(g.out);
+      auto run = [=](DType x) {
+        return [=](Backend& be) {
+          Tensor dy = input(be, {g.n, g.out}, 17, x), w = input(be, {g.out, g.in}, 18, x);
+          Tensor h = input(be, {g.n, g.in}, 19, x, -3.0, 3.0), dx(be, {g.n, g.in}, x);
+          be.linear_backward_input(dy, w, dx, gelu ? LinearAct::gelu_tanh : LinearAct::none, h);
+          return std::vector{out(be, "dx", dx)};
+        };
+      };
+      add(base, kTolFp32, run(DType::f32));
+      add(base + "_bf16", kTolBf16Gemm, run(DType::bf16), Precision::bf16);
     }
   }
 
@@ -669,7 +683,7 @@ double bf16_tolerance(const std::string& name) {
   if (starts("copy") || starts("upload") || starts("argmax") || starts("convert")) return kTolExact;
   if (starts("layernorm_backward") || starts("flash_attention") || starts("attention") || starts("adamw") ||
       starts("sgd") || starts("embedding") || starts("vocab_parallel") || starts("cross_entropy") ||
-      starts("linear_gelu"))
+      starts("linear_gelu") || starts("linear_backward_input_gelu"))
     return kBf16TwoStages;
   return kBf16OneRounding;
 }

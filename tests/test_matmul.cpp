@@ -439,6 +439,42 @@ TEST(Linear, CpuEqualsUnfusedOps) {
   }
 }
 
+// Backend::linear_backward_input against matmul + activation_backward: the same ops on the CPU, so the
+// same bits in f32 and bf16.
+TEST(Linear, CpuBackwardInputEqualsUnfusedOps) {
+  auto be = make_backend(BackendOptions{Device::cpu, 2});
+  bool has_bf16 = true;
+  try {
+    be->set_precision(Precision::bf16);
+  } catch (const Error&) {
+    has_bf16 = false;
+  }
+  be->set_precision(Precision::fp32);
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    if (dt == DType::bf16 && !has_bf16) continue;
+    for (const bool gelu : {false, true}) {
+      const int64_t n = 33, in = 40, out = 17;
+      auto filled = [&](relay::Shape shape, uint64_t seed) {
+        Tensor t(*be, shape, dt);
+        Rng rng(seed, 0);
+        std::vector<float> v(size_t(t.numel()));
+        for (float& x : v) x = float(rng.uniform(-2.0, 2.0));
+        be->upload_f32(t, v.data());
+        return t;
+      };
+      Tensor dy = filled({n, out}, 4), w = filled({out, in}, 5), h = filled({n, in}, 6);
+      Tensor dx(*be, {n, in}, dt), ref(*be, {n, in}, dt);
+      be->linear_backward_input(dy, w, dx, gelu ? LinearAct::gelu_tanh : LinearAct::none, h);
+      be->matmul(dy, false, w, false, ref, 1.f, 0.f);
+      if (gelu) be->activation_backward(Activation::gelu_tanh, h, ref, ref);
+      std::vector<std::byte> got(dx.bytes()), want(ref.bytes());
+      be->download(got.data(), dx);
+      be->download(want.data(), ref);
+      EXPECT_TRUE(got == want) << dtype_name(dt) << (gelu ? " gelu_tanh" : " none") << ": not the same bits";
+    }
+  }
+}
+
 // A wrong shape is an internal error that names the op and the tensor, and ends the process.
 TEST(Linear, FrontDoorNamesTheTensorAtFault) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");

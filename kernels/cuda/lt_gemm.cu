@@ -21,6 +21,7 @@ uint32_t alignment(const void* p) {
 }
 
 cublasLtEpilogue_t epilogue_of(const LtMatmul& p) {
+  if (p.dgelu_in) return CUBLASLT_EPILOGUE_DGELU;
   if (!p.gelu) return p.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   if (p.aux) return p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   return p.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
@@ -70,7 +71,7 @@ Key key_of(const LtMatmul& p) {
   return Key{p.trans_a, p.trans_b, p.beta == 0.f, p.m, p.n, p.k, p.lda, p.ldb, p.ldc,
              int(p.ab_type), int(p.c_type), int(p.compute), int(epilogue_of(p)),
              alignment(p.a), alignment(p.b), alignment(p.c),
-             p.bias ? alignment(p.bias) : 0u, p.aux ? alignment(p.aux) : 0u};
+             p.bias ? alignment(p.bias) : 0u, p.aux ? alignment(p.aux) : p.dgelu_in ? alignment(p.dgelu_in) : 0u};
 }
 
 }  // namespace
@@ -95,7 +96,8 @@ size_t LtGemm::cached() const {
 }
 
 bool LtGemm::run(const LtMatmul& p, cudaStream_t stream) {
-  if (p.aux && p.ldc % 8 != 0) return false;  // cuBLASLt's rule for the GELU input's leading dimension
+  // cuBLASLt's rule for the leading dimension of the GELU input it writes or reads.
+  if ((p.aux || p.dgelu_in) && p.ldc % 8 != 0) return false;
   std::lock_guard<std::mutex> lock(mutex_);
   const Key key = key_of(p);
   auto it = cache_->plans.find(key);
@@ -110,7 +112,7 @@ bool LtGemm::run(const LtMatmul& p, cudaStream_t stream) {
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(op_b));
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue_of(p)));
     if (p.bias) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(p.c_type));
-    if (p.aux) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(p.ldc));
+    if (p.aux || p.dgelu_in) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(p.ldc));
     // The layouts as stored: A is b's storage, (M, K) or (K, M) when transposed; B is a's, likewise.
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, p.ab_type, p.trans_b ? K : M, p.trans_b ? M : K, p.ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, p.ab_type, p.trans_a ? N : K, p.trans_a ? K : N, p.lda));
@@ -118,6 +120,7 @@ bool LtGemm::run(const LtMatmul& p, cudaStream_t stream) {
     // The heuristic reads the epilogue pointers' values (their alignment), so they are set first.
     if (p.bias) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
     if (p.aux) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+    if (p.dgelu_in) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.dgelu_in);
 
     cublasLtMatmulPreference_t pref = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -144,6 +147,7 @@ bool LtGemm::run(const LtMatmul& p, cudaStream_t stream) {
   if (!plan.found) return false;
   if (p.bias) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
   if (p.aux) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+  if (p.dgelu_in) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.dgelu_in);
   CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, p.c, plan.c, p.c,
                               plan.c, &plan.algo, workspace_, workspace_bytes_, stream));
   return true;

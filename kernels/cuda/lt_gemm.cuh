@@ -18,7 +18,7 @@ namespace relay::cuda {
 // op(a) (m, k), op(b) (k, n); lda, ldb, ldc are row strides as stored (a stored (k, m) when trans_a).
 // a, b: ab_type; c, bias and aux: c_type (CUDA_R_32F or CUDA_R_16BF); accumulation in `compute`.
 // gelu: the epilogue ends with gelu_tanh; aux, when not null, receives its input (m, n) with row stride
-// ldc (cuBLASLt needs ldc divisible by 8 for it).
+// ldc (cuBLASLt needs ldc divisible by 8 for it, and for dgelu_in below).
 struct LtMatmul {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
@@ -31,6 +31,9 @@ struct LtMatmul {
   const void* bias = nullptr;  // (n), or null
   bool gelu = false;
   void* aux = nullptr;  // (m, n) pre-activation, or null; only with gelu
+  // Backward instead (CUBLASLT_EPILOGUE_DGELU): c = gelu_tanh'(dgelu_in) * (alpha op(a) @ op(b)), with
+  // dgelu_in (m, n) at row stride ldc the GELU's saved input; no bias, gelu false, aux null.
+  const void* dgelu_in = nullptr;
 };
 
 class LtGemm {

@@ -164,6 +164,23 @@ void Backend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tenso
   }
   linear_impl(x, w, bias, y, act, act == LinearAct::none ? nullptr : pre_act);
 }
+void Backend::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                    const Tensor& act_in) {
+  Check c(*this, "linear_backward_input");
+  c.tensor(dy, "dy", kFloat).tensor(w, "w", kFloat).tensor(dx, "dx", kFloat);
+  c.same_dtype(w, "w", dy, "dy").same_dtype(dx, "dx", dy, "dy");
+  c.that(dy.ndim() == 2 && w.ndim() == 2 && dx.ndim() == 2, cat("dy ", shape_str(dy.shape()), ", w ",
+                                                                shape_str(w.shape()), ", dx ", shape_str(dx.shape()),
+                                                                " must be matrices"));
+  c.that(w.size(0) == dy.size(1) && dx.size(0) == dy.size(0) && dx.size(1) == w.size(1),
+         cat("dy ", shape_str(dy.shape()), " @ w ", shape_str(w.shape()), " does not give dx ", shape_str(dx.shape())));
+  c.that(dx.raw() != dy.raw() && dx.raw() != w.raw(), "dx must not alias dy or w");
+  if (act != LinearAct::none) {
+    c.like(act_in, "act_in", dx, "dx").that(act_in.ndim() == 2, "act_in must be a matrix");
+    c.that(dx.raw() != act_in.raw(), "dx must not alias act_in");
+  }
+  linear_backward_input_impl(dy, w, dx, act, act_in);
+}
 void Backend::bias_grad(const Tensor& dy, Tensor& db, float beta) {
   Check(*this, "bias_grad").tensor(dy, "dy", kFloat).tensor(db, "db", kF32).numel(db, "db", cols_of(dy));
   bias_grad_impl(dy, db, beta);

@@ -86,6 +86,12 @@ class Backend : public Allocator {
   // same bits on the CPU; bf16: the bias is added before the single rounding, so within one bf16 ulp).
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act = LinearAct::none,
               Tensor* pre_act = nullptr);
+  // The input gradient of a linear layer whose input came out of an activation, fused:
+  // dx (n, in) = act'(act_in) * (dy (n, out) @ w (out, in)), act_in (n, in) being that activation's input
+  // (the pre_act a forward linear saved); act none gives dx = dy @ w (act_in unused, may be undefined).
+  // dy, w, act_in, dx: float, one dtype; dx must not alias dy, w or act_in. Equals matmul +
+  // activation_backward (the same bits on the CPU).
+  void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act, const Tensor& act_in);
 
   // --- elementwise (float, one dtype) ----------------------------------------------------------
   void activation_forward(Activation act, const Tensor& x, Tensor& y);
@@ -184,6 +190,8 @@ class Backend : public Allocator {
   virtual void bias_grad_impl(const Tensor& dy, Tensor& db, float beta) = 0;
   virtual void linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
                            Tensor* pre_act) = 0;
+  virtual void linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                          const Tensor& act_in) = 0;
   virtual void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) = 0;
   virtual void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void scale_impl(Tensor& x, float s) = 0;

@@ -28,6 +28,8 @@ class CpuBackend final : public Backend {
   void bias_grad_impl(const Tensor& dy, Tensor& db, float beta) override;
   void linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
                    Tensor* pre_act) override;
+  void linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                  const Tensor& act_in) override;
   void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) override;
   void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override;
   void scale_impl(Tensor& x, float s) override;

@@ -424,6 +424,31 @@ class CudaBackend final : public Backend {
     });
   }
 
+  // One cuBLASLt GEMM with the DGELU epilogue (the GELU's derivative at act_in applied to the product);
+  // unfused (GEMM, then the GELU-backward kernel) when cuBLASLt has no algorithm for it or in % 8 != 0.
+  void linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                  const Tensor& act_in) override {
+    bind();
+    const int64_t n = dy.size(0), out = dy.size(1), in = w.size(1);
+    if (act == LinearAct::gelu_tanh && n > 0 && in > 0 && out > 0) {
+      cuda::LtMatmul lt;
+      lt.m = n;
+      lt.n = in;
+      lt.k = out;
+      lt.lda = out;
+      lt.ldb = lt.ldc = in;
+      lt.ab_type = lt.c_type = cuda_type(dy.dtype());
+      lt.compute = compute_type(dy.dtype());
+      lt.a = dy.raw();
+      lt.b = w.raw();
+      lt.c = dx.raw();
+      lt.dgelu_in = act_in.raw();
+      if (lt_->run(lt, stream_)) return;
+    }
+    matmul_impl(dy, false, w, false, dx, 1.f, 0.f);  // (n, out) @ (out, in)
+    if (act == LinearAct::gelu_tanh) activation_backward_impl(Activation::gelu_tanh, act_in, dx, dx);
+  }
+
   // --- elementwise ----------------------------------------------------------------------------
 
   void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) override {

@@ -138,8 +138,7 @@ class Transformer final : public Block {
     const int64_t n = x.size(0), T = spec_.seq_len;
     auto v = [&](size_t k) { return view(s, k, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
-    be.matmul(dy, false, p_.mproj_w->compute(), false, g_fch, 1.f, 0.f);                 // (n, 4Cl) d gelu out
-    be.activation_backward(Activation::gelu_tanh, v(kFch), g_fch, g_fch);            // (n, 4Cl) d fc out
+    be.linear_backward_input(dy, p_.mproj_w->compute(), g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl) d fc out
     be.matmul(g_fch, false, p_.fc_w->compute(), false, g_ln2, 1.f, 0.f);                 // (n, C) d ln_2 out, partial
     tp_.allreduce_sum(g_ln2, "the MLP input-gradient all-reduce");                    // (n, C) whole
     Tensor tmp = g_ln1;                                                               // (n, C) scratch
