@@ -1,7 +1,8 @@
 // cuBLASLt GEMMs with fused epilogues: the bias, and the bias then GELU, added in the GEMM's epilogue
 // instead of separate passes over the output, with the GELU's input (the pre-activation) written
-// alongside for the backward. cuBLASLt's GELU is the tanh approximation, GPT-2's gelu_tanh (XLA fuses
-// only approximate GELU into it; llm.c trains GPT-2 with it). Algorithms come from
+// alongside for the backward. cuBLASLt's GELU is the tanh approximation, GPT-2's gelu_tanh (llm.c trains
+// GPT-2 with it; XLA fuses approximate GELU into it), which test_backend_ops's linear_gelu_tanh rows check
+// against the CPU's. Algorithms come from
 // cublasLtMatmulAlgoGetHeuristic once per call signature and are cached; one workspace serves all calls.
 #pragma once
 #include <cublasLt.h>
