@@ -1,6 +1,7 @@
 // GPT-2 124M's GEMMs on the CPU: oneDNN's dnnl_sgemm beside cpu::matmul's primitives in f32, bf16 in
 // with f32 or bf16 out, and with a fused bias; each checked against a double-precision reference on
-// sampled elements. Measures; never fails. Usage: bench_matmul [threads [reps [wall|cpu]]]
+// sampled elements. Measures; never fails. Usage: bench_matmul [threads [reps [wall|cpu [fwd]]]]
+// ("fwd": only the forward x W^T shapes, where a linear layer's bias is fused).
 // "cpu" times by process CPU seconds / threads, for a machine shared with other jobs (run it with
 // OMP_WAIT_POLICY=passive, so that a thread waiting at a barrier sleeps instead of spinning).
 #include <dnnl.h>
@@ -44,8 +45,10 @@ const Gemm kGemms[] = {
 };
 
 // Column order of the table.
-enum Variant { kSgemm, kF32, kF32Bias, kBf16F32, kBf16Bf16, kBf16Bias, kVariants };
-const char* kVariantNames[kVariants] = {"sgemm f32", "mm f32", "mm f32+b", "bf16>f32", "bf16>bf16", "bf16>bf16+b"};
+// sgemm+b is dnnl_sgemm then cpu::add_bias, the unfused f32 linear layer that mm f32+b would replace.
+enum Variant { kSgemm, kSgemmBias, kF32, kF32Bias, kBf16F32, kBf16Bf16, kBf16Bias, kVariants };
+const char* kVariantNames[kVariants] = {"sgemm f32",  "sgemm+b",   "mm f32",     "mm f32+b",
+                                        "bf16>f32", "bf16>bf16", "bf16>bf16+b"};
 
 // Uniform in [-1, 1) from a hash of the index: cheap enough for 10^8 elements, independent of threads.
 void fill(std::vector<float>& v, uint64_t seed) {
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : omp_get_num_procs();
   const int reps = argc > 2 ? std::atoi(argv[2]) : 3;
   const bool cpu_clock = argc > 3 && std::string(argv[3]) == "cpu";
+  const bool forward_only = argc > 4 && std::string(argv[4]) == "fwd";
   cpu::set_threads(threads);
   const dnnl_version_t* ver = dnnl_version();
   std::printf("# bench_matmul: GPT-2 124M GEMMs (rows = 2048 tokens, C = 768, V = 50257), %d threads, best of %d\n",
@@ -132,11 +136,12 @@ int main(int argc, char** argv) {
   else
     std::printf("# s = wall seconds; load average at start %s (other jobs on the cores lower every column)\n",
                 load_average().c_str());
-  std::printf("# sgemm = dnnl_sgemm; mm = cpu::matmul (a oneDNN matmul primitive); +b = fused bias (f32 / bf16).\n");
+  std::printf("# sgemm = dnnl_sgemm; mm = cpu::matmul (a oneDNN matmul primitive); +b = fused bias (f32 / bf16);\n");
+  std::printf("# sgemm+b = dnnl_sgemm then cpu::add_bias (a second pass over c).\n");
   std::printf("# err = max |c - ref| / max |ref| over 64 sampled elements, ref in double from the inputs as stored;\n");
   std::printf(
       "# ok when f32 err < 1e-5 and bf16 err < 8e-3 (a bf16 output rounds once, 2^-9 relative, after f32 sums)\n");
-  std::printf("#\n# %-20s %2s %6s %6s %6s %4s  %s  %s\n", "", "", "", "", "", "", ruled(" GFLOP/s ", 65).c_str(),
+  std::printf("#\n# %-20s %2s %6s %6s %6s %4s  %s  %s\n", "", "", "", "", "", "", ruled(" GFLOP/s ", 76).c_str(),
               ruled(" max rel err ", 17).c_str());
   std::printf("# %-20s %2s %6s %6s %6s %4s ", "gemm", "op", "m", "n", "k", "beta");
   for (const char* v : kVariantNames) std::printf(" %10s", v);
@@ -144,6 +149,7 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> impls;
   for (const Gemm& g : kGemms) {
+    if (forward_only && std::string(g.what).rfind("fwd", 0) != 0) continue;
     const int64_t a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
     const int64_t b_rows = g.tb ? g.n : g.k, b_cols = g.tb ? g.k : g.n;
     std::vector<float> a(size_t(a_rows * a_cols)), b(size_t(b_rows * b_cols)), c0(size_t(g.m * g.n)), bias(size_t(g.n));
@@ -165,7 +171,8 @@ int main(int argc, char** argv) {
     std::vector<std::function<void()>> runs;
     double best[kVariants], err[kVariants];
     for (int v = 0; v < kVariants; ++v) {
-      const bool in16 = v >= kBf16F32, out16 = v >= kBf16Bf16, with_bias = v == kF32Bias || v == kBf16Bias;
+      const bool in16 = v >= kBf16F32, out16 = v >= kBf16Bf16;
+      const bool with_bias = v == kSgemmBias || v == kF32Bias || v == kBf16Bias;
       cpu::MatmulArgs p;
       p.trans_a = g.ta;
       p.trans_b = g.tb;
@@ -187,6 +194,12 @@ int main(int argc, char** argv) {
         runs.push_back([&, a_cols, b_cols] {
           dnnl_sgemm(g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', g.m, g.n, g.k, 1.f, a.data(), a_cols, b.data(), b_cols, g.beta,
                      c.data(), g.n);
+        });
+      else if (v == kSgemmBias)
+        runs.push_back([&, a_cols, b_cols] {
+          dnnl_sgemm(g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', g.m, g.n, g.k, 1.f, a.data(), a_cols, b.data(), b_cols, g.beta,
+                     c.data(), g.n);
+          cpu::add_bias(c.data(), bias.data(), g.m, g.n);
         });
       else
         runs.push_back([p, pa, pb, pc, pbias] { cpu::matmul(p, pa, pb, pc, pbias); });
@@ -220,7 +233,7 @@ int main(int argc, char** argv) {
       for (int v = 0; v < kVariants; ++v) best[v] = std::min(best[v], seconds(runs[size_t(v)], cpu_clock, threads));
     double gflops[kVariants];
     for (int v = 0; v < kVariants; ++v) gflops[v] = 2.0 * double(g.m) * double(g.n) * double(g.k) / best[v] / 1e9;
-    const double err32 = std::max({err[kSgemm], err[kF32], err[kF32Bias]});
+    const double err32 = std::max({err[kSgemm], err[kSgemmBias], err[kF32], err[kF32Bias]});
     const double err16 = std::max({err[kBf16F32], err[kBf16Bf16], err[kBf16Bias]});
     const bool ok = err32 < 1e-5 && err16 < 8e-3;
     std::printf("  %-20s %c%c %6lld %6lld %6lld %4.0f ", g.what, g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', (long long)g.m,

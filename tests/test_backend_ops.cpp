@@ -299,6 +299,47 @@ std::vector<OpCase> all_cases() {
     }
   }
 
+  // linear: y (n, out) = act(x (n, in) @ w (out, in)^T + bias), pre_act = the GELU's input; with and
+  // without bias, no activation or gelu_tanh. On CUDA, cuBLASLt's BIAS / GELU_AUX_BIAS epilogues where out is
+  // a multiple of 8 (its rule for the pre-activation's leading dimension), the unfused path at out = 513.
+  struct Nio { int64_t n, in, out; };
+  for (const Nio& g : std::vector<Nio>{{1, 1, 1}, {3, 5, 7}, {64, 96, 256}, {127, 65, 513}}) {
+    for (const bool gelu : {false, true}) {
+      for (const bool with_bias : {false, true}) {
+        const std::string base = std::string("linear") + (gelu ? "_gelu_tanh_" : "_") + std::to_string(g.n) + "x" +
+                                 std::to_string(g.in) + "x" + std::to_string(g.out) + (with_bias ? "_bias" : "_nobias");
+        auto run = [=](DType x) {
+          return [=](Backend& be) {
+            Tensor in = input(be, {g.n, g.in}, 14, x), w = input(be, {g.out, g.in}, 15, x);
+            Tensor bias = with_bias ? input(be, {g.out}, 16, x) : Tensor();
+            Tensor y(be, {g.n, g.out}, x), pre(be, {g.n, g.out}, x);
+            be.linear(in, w, bias, y, gelu ? LinearAct::gelu_tanh : LinearAct::none, &pre);
+            std::vector<Output> o{out(be, "y", y)};
+            if (gelu) o.push_back(out(be, "pre_act", pre));
+            return o;
+          };
+        };
+        add(base, kTolFp32, run(DType::f32));
+        add(base + "_bf16", kTolBf16Gemm, run(DType::bf16), Precision::bf16);
+        if (gelu && with_bias && g.n == 64) add(base + "_tf32", kTolTf32, run(DType::f32), Precision::tf32);
+      }
+      // Its input gradient through the preceding GELU: dx (n, in) = gelu_tanh'(h) * (dy (n, out) @ w (out, in));
+      // on CUDA the DGELU epilogue where in is a multiple of 8.
+      const std::string base = std::string("linear_backward_input") + (gelu ? "_gelu_tanh_" : "_") +
+                               std::to_string(g.n) + "x" + std::to_string(g.in) + "x" + std::to_string(g.out);
+      auto run = [=](DType x) {
+        return [=](Backend& be) {
+          Tensor dy = input(be, {g.n, g.out}, 17, x), w = input(be, {g.out, g.in}, 18, x);
+          Tensor h = input(be, {g.n, g.in}, 19, x, -3.0, 3.0), dx(be, {g.n, g.in}, x);
+          be.linear_backward_input(dy, w, dx, gelu ? LinearAct::gelu_tanh : LinearAct::none, h);
+          return std::vector{out(be, "dx", dx)};
+        };
+      };
+      add(base, kTolFp32, run(DType::f32));
+      add(base + "_bf16", kTolBf16Gemm, run(DType::bf16), Precision::bf16);
+    }
+  }
+
   for (DType x : float_types) {
     const std::string sx = suffix(x);
     for (const Shape& s : shapes) {
@@ -635,12 +676,14 @@ constexpr double kBf16OneRounding = 0x1p-8;  // an output rounded once to bf16 (
 constexpr double kBf16TwoStages = 0x1p-6;    // ops whose float result passes through a bf16 intermediate or
                                              // whose output feeds a second rounding (LayerNorm backward, flash
                                              // attention's bf16 output re-read in its backward, AdamW's working
-                                             // copy after three steps, attention decode): four roundings
+                                             // copy after three steps, attention decode, a GELU of a bf16
+                                             // pre-activation): four roundings
 double bf16_tolerance(const std::string& name) {
   auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
   if (starts("copy") || starts("upload") || starts("argmax") || starts("convert")) return kTolExact;
   if (starts("layernorm_backward") || starts("flash_attention") || starts("attention") || starts("adamw") ||
-      starts("sgd") || starts("embedding") || starts("vocab_parallel") || starts("cross_entropy"))
+      starts("sgd") || starts("embedding") || starts("vocab_parallel") || starts("cross_entropy") ||
+      starts("linear_gelu") || starts("linear_backward_input_gelu"))
     return kBf16TwoStages;
   return kBf16OneRounding;
 }

@@ -1,6 +1,7 @@
 // cpu::matmul (kernels/cpu/matmul.cpp) against a naive double-precision reference over every
 // combination of transposes, input / output / bias types, alpha, beta and leading-dimension padding;
-// plus its edge cases, its primitive cache, and its error on a CPU without bf16 support.
+// plus its edge cases, its primitive cache, and its error on a CPU without bf16 support; and the CPU
+// backend's fused linear (Backend::linear) against the unfused ops it replaces.
 //
 // Tolerances: f32 output: |got - ref| <= 1e-5 max |ref| (f32 accumulation over k <= 17 terms; bf16
 // inputs multiply exactly in f32). bf16 output adds one round-to-nearest-even step, at most 2^-9 |ref|:
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/matmul.hpp"
@@ -373,6 +375,114 @@ TEST(Matmul, Bf16WithoutCpuSupportIsAClearError) {
   };
   EXPECT_EXIT(child(), ::testing::ExitedWithCode(3),
               "matmul 8x16x4 .*inputs bfloat16.*lacks bf16 support.*train.precision = \"fp32\"");
+}
+
+// Backend::linear against matmul + add_bias + activation_forward on the CPU backend: the same bits in
+// f32 (the same sgemm, bias pass and GELU kernel); in bf16 the fused bias is added before the GEMM's single
+// rounding, so the pre-activation is within one bf16 ulp (2^-7 of max |ref|) and the GELU of it within two.
+TEST(Linear, CpuEqualsUnfusedOps) {
+  auto be = make_backend(BackendOptions{Device::cpu, 2});
+  bool has_bf16 = true;
+  try {
+    be->set_precision(Precision::bf16);
+  } catch (const Error&) {
+    has_bf16 = false;  // a CPU without AVX512: the f32 rows only
+  }
+  be->set_precision(Precision::fp32);
+  struct Nio { int64_t n, in, out; };
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    if (dt == DType::bf16 && !has_bf16) continue;
+    for (const Nio g : {Nio{1, 1, 1}, Nio{5, 3, 7}, Nio{130, 96, 385}}) {
+      for (const bool gelu : {false, true}) {
+        for (const bool with_bias : {false, true}) {
+          const std::string what = cat(dtype_name(dt), " ", g.n, "x", g.in, "x", g.out, gelu ? " gelu_tanh" : "",
+                                       with_bias ? " bias" : " no bias");
+          auto filled = [&](relay::Shape shape, uint64_t seed) {
+            Tensor t(*be, shape, dt);
+            Rng rng(seed, 0);
+            std::vector<float> v(size_t(t.numel()));
+            for (float& x : v) x = float(rng.uniform(-2.0, 2.0));
+            be->upload_f32(t, v.data());
+            return t;
+          };
+          Tensor x = filled({g.n, g.in}, 1), w = filled({g.out, g.in}, 2);
+          Tensor bias = with_bias ? filled({g.out}, 3) : Tensor();
+          Tensor y(*be, {g.n, g.out}, dt), pre(*be, {g.n, g.out}, dt);
+          Tensor ref_y(*be, {g.n, g.out}, dt), ref_pre(*be, {g.n, g.out}, dt);
+          be->linear(x, w, bias, y, gelu ? LinearAct::gelu_tanh : LinearAct::none, &pre);
+          Tensor& ref_z = gelu ? ref_pre : ref_y;
+          be->matmul(x, false, w, true, ref_z, 1.f, 0.f);
+          if (with_bias) be->add_bias(ref_z, bias);
+          if (gelu) be->activation_forward(Activation::gelu_tanh, ref_pre, ref_y);
+          auto host = [&](const Tensor& t) {
+            Tensor f(*be, t.shape());
+            be->convert(t, f);
+            std::vector<float> v(size_t(f.numel()));
+            be->download(v.data(), f);
+            return v;
+          };
+          const int pairs = gelu ? 2 : 1;
+          for (int i = 0; i < pairs; ++i) {
+            const std::vector<float> got = host(i == 0 ? y : pre), ref = host(i == 0 ? ref_y : ref_pre);
+            double scale = 0.0, worst = 0.0;
+            for (size_t j = 0; j < ref.size(); ++j) {
+              scale = std::max(scale, std::fabs(double(ref[j])));
+              worst = std::max(worst, std::fabs(double(got[j]) - double(ref[j])));
+            }
+            const double tol = dt == DType::f32 ? 0.0 : (i == 0 && gelu ? 0x1p-6 : 0x1p-7) * scale;
+            EXPECT_LE(worst, tol) << what << (i == 0 ? ": y" : ": pre_act") << " max |fused - unfused| " << worst
+                                  << ", max |unfused| " << scale;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Backend::linear_backward_input against matmul + activation_backward: the same ops on the CPU, so the
+// same bits in f32 and bf16.
+TEST(Linear, CpuBackwardInputEqualsUnfusedOps) {
+  auto be = make_backend(BackendOptions{Device::cpu, 2});
+  bool has_bf16 = true;
+  try {
+    be->set_precision(Precision::bf16);
+  } catch (const Error&) {
+    has_bf16 = false;
+  }
+  be->set_precision(Precision::fp32);
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    if (dt == DType::bf16 && !has_bf16) continue;
+    for (const bool gelu : {false, true}) {
+      const int64_t n = 33, in = 40, out = 17;
+      auto filled = [&](relay::Shape shape, uint64_t seed) {
+        Tensor t(*be, shape, dt);
+        Rng rng(seed, 0);
+        std::vector<float> v(size_t(t.numel()));
+        for (float& x : v) x = float(rng.uniform(-2.0, 2.0));
+        be->upload_f32(t, v.data());
+        return t;
+      };
+      Tensor dy = filled({n, out}, 4), w = filled({out, in}, 5), h = filled({n, in}, 6);
+      Tensor dx(*be, {n, in}, dt), ref(*be, {n, in}, dt);
+      be->linear_backward_input(dy, w, dx, gelu ? LinearAct::gelu_tanh : LinearAct::none, h);
+      be->matmul(dy, false, w, false, ref, 1.f, 0.f);
+      if (gelu) be->activation_backward(Activation::gelu_tanh, h, ref, ref);
+      std::vector<std::byte> got(dx.bytes()), want(ref.bytes());
+      be->download(got.data(), dx);
+      be->download(want.data(), ref);
+      EXPECT_TRUE(got == want) << dtype_name(dt) << (gelu ? " gelu_tanh" : " none") << ": not the same bits";
+    }
+  }
+}
+
+// A wrong shape is an internal error that names the op and the tensor, and ends the process.
+TEST(Linear, FrontDoorNamesTheTensorAtFault) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto be = make_backend(BackendOptions{Device::cpu, 1});
+  Tensor x(*be, {4, 3}), w(*be, {5, 3}), y(*be, {4, 5}), bias(*be, {6}), pre(*be, {4, 4});
+  EXPECT_EXIT(be->linear(x, w, bias, y), ::testing::ExitedWithCode(1), "linear: bias .*has 6 elements, expected 5");
+  EXPECT_EXIT(be->linear(x, w, Tensor(), y, LinearAct::gelu_tanh, &pre), ::testing::ExitedWithCode(1),
+              "linear: pre_act .* vs y ");
 }
 
 }  // namespace

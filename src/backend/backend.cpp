@@ -145,6 +145,42 @@ void Backend::add_bias(Tensor& y, const Tensor& bias) {
   c.tensor(y, "y", kFloat).tensor(bias, "bias", kFloat).same_dtype(bias, "bias", y, "y").numel(bias, "bias", cols_of(y));
   add_bias_impl(y, bias);
 }
+void Backend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
+                     Tensor* pre_act) {
+  Check c(*this, "linear");
+  c.tensor(x, "x", kFloat).tensor(w, "w", kFloat).tensor(y, "y", kFloat);
+  c.same_dtype(w, "w", x, "x").same_dtype(y, "y", x, "x");
+  c.that(x.ndim() == 2 && w.ndim() == 2 && y.ndim() == 2, cat("x ", shape_str(x.shape()), ", w ", shape_str(w.shape()),
+                                                              ", y ", shape_str(y.shape()), " must be matrices"));
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  c.that(w.size(1) == in && y.size(0) == n && y.size(1) == out,
+         cat("x ", shape_str(x.shape()), " @ w ", shape_str(w.shape()), "^T does not give y ", shape_str(y.shape())));
+  if (bias.defined()) c.tensor(bias, "bias", kFloat).same_dtype(bias, "bias", x, "x").numel(bias, "bias", out);
+  c.that(y.raw() != x.raw() && y.raw() != w.raw(), "y must not alias x or w");
+  if (pre_act && act != LinearAct::none) {
+    c.like(*pre_act, "pre_act", y, "y").that(pre_act->ndim() == 2, "pre_act must be a matrix");
+    c.that(pre_act->raw() != x.raw() && pre_act->raw() != w.raw() && pre_act->raw() != y.raw(),
+           "pre_act must not alias x, w or y");
+  }
+  linear_impl(x, w, bias, y, act, act == LinearAct::none ? nullptr : pre_act);
+}
+void Backend::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                    const Tensor& act_in) {
+  Check c(*this, "linear_backward_input");
+  c.tensor(dy, "dy", kFloat).tensor(w, "w", kFloat).tensor(dx, "dx", kFloat);
+  c.same_dtype(w, "w", dy, "dy").same_dtype(dx, "dx", dy, "dy");
+  c.that(dy.ndim() == 2 && w.ndim() == 2 && dx.ndim() == 2, cat("dy ", shape_str(dy.shape()), ", w ",
+                                                                shape_str(w.shape()), ", dx ", shape_str(dx.shape()),
+                                                                " must be matrices"));
+  c.that(w.size(0) == dy.size(1) && dx.size(0) == dy.size(0) && dx.size(1) == w.size(1),
+         cat("dy ", shape_str(dy.shape()), " @ w ", shape_str(w.shape()), " does not give dx ", shape_str(dx.shape())));
+  c.that(dx.raw() != dy.raw() && dx.raw() != w.raw(), "dx must not alias dy or w");
+  if (act != LinearAct::none) {
+    c.like(act_in, "act_in", dx, "dx").that(act_in.ndim() == 2, "act_in must be a matrix");
+    c.that(dx.raw() != act_in.raw(), "dx must not alias act_in");
+  }
+  linear_backward_input_impl(dy, w, dx, act, act_in);
+}
 void Backend::bias_grad(const Tensor& dy, Tensor& db, float beta) {
   Check(*this, "bias_grad").tensor(dy, "dy", kFloat).tensor(db, "db", kF32).numel(db, "db", cols_of(dy));
   bias_grad_impl(dy, db, beta);

@@ -19,6 +19,8 @@ namespace relay {
 // gelu is the exact erf form, as torch.nn.GELU(); gelu_tanh is GPT-2's tanh approximation,
 // torch.nn.GELU(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 enum class Activation { relu, gelu, tanh, gelu_tanh };
+// What Backend::linear applies after its bias: nothing, or GPT-2's tanh GELU (Activation::gelu_tanh).
+enum class LinearAct { none, gelu_tanh };
 // Hyperparameters stay double, as torch's Python scalars do; kernels derive their float constants
 // (1 - beta2, lr / bias correction, ...) in double first, so they round exactly as torch's do.
 struct AdamWArgs {  // torch.optim.AdamW
@@ -76,6 +78,20 @@ class Backend : public Allocator {
   void add_bias(Tensor& y, const Tensor& bias);
   // db (f) = beta * db + sum over rows of dy (n, f). dy: float; db: f32.
   void bias_grad(const Tensor& dy, Tensor& db, float beta);
+  // A fused linear layer: y (n, out) = act(x (n, in) @ w (out, in)^T + bias (out)), one GEMM with the
+  // bias (and GELU) in its epilogue where the backend has one (cuBLASLt, oneDNN). bias may be undefined
+  // (no bias). With act = gelu_tanh, *pre_act (n, out) receives x @ w^T + bias, the GELU's input that
+  // its backward needs; pre_act may be null (inference). x, w, bias, y, pre_act: float, one dtype; y and
+  // pre_act must not alias x, w or each other. Equals matmul + add_bias + activation_forward (f32: the
+  // same bits on the CPU; bf16: the bias is added before the single rounding, so within one bf16 ulp).
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act = LinearAct::none,
+              Tensor* pre_act = nullptr);
+  // The input gradient of a linear layer whose input came out of an activation, fused:
+  // dx (n, in) = act'(act_in) * (dy (n, out) @ w (out, in)), act_in (n, in) being that activation's input
+  // (the pre_act a forward linear saved); act none gives dx = dy @ w (act_in unused, may be undefined).
+  // dy, w, act_in, dx: float, one dtype; dx must not alias dy, w or act_in. Equals matmul +
+  // activation_backward (the same bits on the CPU).
+  void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act, const Tensor& act_in);
 
   // --- elementwise (float, one dtype) ----------------------------------------------------------
   void activation_forward(Activation act, const Tensor& x, Tensor& y);
@@ -172,6 +188,10 @@ class Backend : public Allocator {
                            float beta) = 0;
   virtual void add_bias_impl(Tensor& y, const Tensor& bias) = 0;
   virtual void bias_grad_impl(const Tensor& dy, Tensor& db, float beta) = 0;
+  virtual void linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
+                           Tensor* pre_act) = 0;
+  virtual void linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                          const Tensor& act_in) = 0;
   virtual void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) = 0;
   virtual void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void scale_impl(Tensor& x, float s) = 0;

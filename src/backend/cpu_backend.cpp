@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/flash_attention.hpp"
@@ -97,6 +98,38 @@ void CpuBackend::matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, boo
 #define X_OF(t) std::remove_pointer_t<decltype(t)>
 void CpuBackend::add_bias_impl(Tensor& y, const Tensor& bias) {
   by_dtype(y, [&](auto* t) { cpu::add_bias(ptr<X_OF(t)>(y), ptr<X_OF(t)>(bias), rows_of(y), cols_of(y)); });
+}
+// f32: dnnl_sgemm then add_bias, the same bits as the unfused layers; bench_matmul (bench/RESULTS.md) had
+// it 3-6% faster than the matmul primitive with a fused bias on three of GPT-2's four forward shapes, 3%
+// slower on the fourth. bf16: the primitive with the bias fused, so the output is rounded to bf16 once.
+// The GELU is a second pass (the pre-activation is stored for the backward anyway), in place without
+// pre_act.
+void CpuBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
+                             Tensor* pre_act) {
+  Tensor& z = pre_act ? *pre_act : y;  // (n, out) the GEMM's output
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  if (x.dtype() == DType::f32) {
+    cpu::gemm(false, true, n, out, in, 1.f, x.f32(), in, w.f32(), in, 0.f, z.f32(), out);
+    if (bias.defined()) cpu::add_bias(z.f32(), bias.f32(), n, out);
+  } else {
+    cpu::MatmulArgs m;
+    m.trans_b = true;
+    m.m = n;
+    m.n = out;
+    m.k = in;
+    m.lda = m.ldb = in;
+    m.ldc = out;
+    m.ab_type = m.c_type = m.bias_type = DType::bf16;
+    cpu::matmul(m, x.raw(), w.raw(), z.raw(), bias.defined() ? bias.raw() : nullptr);
+  }
+  if (act == LinearAct::gelu_tanh)
+    by_dtype(z, [&](auto* t) { cpu::gelu_tanh_forward(ptr<X_OF(t)>(std::as_const(z)), ptr<X_OF(t)>(y), z.numel()); });
+}
+// The GEMM, then the activation's backward in place: what the unfused layers ran.
+void CpuBackend::linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                            const Tensor& act_in) {
+  matmul_impl(dy, false, w, false, dx, 1.f, 0.f);  // (n, out) @ (out, in)
+  if (act == LinearAct::gelu_tanh) activation_backward_impl(Activation::gelu_tanh, act_in, dx, dx);
 }
 void CpuBackend::bias_grad_impl(const Tensor& dy, Tensor& db, float beta) {
   by_dtype(dy, [&](auto* t) { cpu::bias_grad(ptr<X_OF(t)>(dy), db.f32(), rows_of(dy), cols_of(dy), beta); });

@@ -26,6 +26,10 @@ class CpuBackend final : public Backend {
                    float beta) override;
   void add_bias_impl(Tensor& y, const Tensor& bias) override;
   void bias_grad_impl(const Tensor& dy, Tensor& db, float beta) override;
+  void linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
+                   Tensor* pre_act) override;
+  void linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                  const Tensor& act_in) override;
   void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) override;
   void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override;
   void scale_impl(Tensor& x, float s) override;

@@ -1,4 +1,5 @@
-// The CUDA backend: every op is a cuBLAS GEMM or a launcher from kernels/cuda, queued on the one
+// The CUDA backend: every op is a cuBLASLt GEMM (cuBLAS's when cuBLASLt has no algorithm for it) or a
+// launcher from kernels/cuda, queued on the one
 // stream this backend owns, so ops run in program order without host synchronisation. Only
 // download, sum_squares and synchronize wait for the GPU. The front door (backend.cpp) has checked
 // every op's devices, dtypes and shapes; the *_impl methods here pick the kernel for the storage type
@@ -25,6 +26,7 @@
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/loss.cuh"
+#include "kernels/cuda/lt_gemm.cuh"
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/sum_squares.cuh"
 #include "kernels/cuda/transformer.cuh"
@@ -175,6 +177,8 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     pool_ = std::make_shared<DevicePool>();
     reduce_scratch_ = pool_->allocate((cuda::kSumSquaresMaxBlocks + 1) * sizeof(double));
+    lt_workspace_ = pool_->allocate(kLtWorkspaceBytes);
+    lt_ = std::make_unique<cuda::LtGemm>(lt_workspace_.get(), kLtWorkspaceBytes);
     host_scalar_ = allocate_host(sizeof(double));
     for (Staging& slot : staging_) CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
     set_precision(opts.precision);
@@ -186,6 +190,8 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     reduce_scratch_.reset();
+    lt_.reset();
+    lt_workspace_.reset();
     for (Staging& slot : staging_)
       if (slot.copied) cudaEventDestroy(slot.copied);
     if (cublas_) cublasDestroy(cublas_);
@@ -337,6 +343,26 @@ class CudaBackend final : public Backend {
     RELAY_ASSERT(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && a.size(1) <= INT_MAX && b.size(1) <= INT_MAX,
                  "matmul: dimensions (" << m << ", " << n << ", " << k << ") exceed cuBLAS's int range");
 
+    cuda::LtMatmul lt;
+    lt.trans_a = trans_a;
+    lt.trans_b = trans_b;
+    lt.m = m;
+    lt.n = n;
+    lt.k = k;
+    lt.lda = a.size(1);
+    lt.ldb = b.size(1);
+    lt.ldc = n;
+    lt.ab_type = cuda_type(a.dtype());
+    lt.c_type = cuda_type(y.dtype());
+    lt.compute = compute_type(a.dtype());
+    lt.alpha = alpha;
+    lt.beta = beta;
+    lt.a = a.raw();
+    lt.b = b.raw();
+    lt.c = y.raw();
+    if (lt_->run(lt, stream_)) return;
+
+    // cuBLASLt had no algorithm: cublasGemmEx.
     // Row-major y = op(a) op(b) is column-major y^T = op(b)^T op(a)^T: cuBLAS sees each row-major
     // matrix as its transpose, so b goes first and m, n swap. The leading dimension of each operand
     // is its row length as stored.
@@ -344,12 +370,44 @@ class CudaBackend final : public Backend {
     const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int lda = static_cast<int>(a.size(1)), ldb = static_cast<int>(b.size(1)), ldy = static_cast<int>(n);
     const cudaDataType_t ab_type = cuda_type(a.dtype()), y_type = cuda_type(y.dtype());
-    const cublasComputeType_t compute = a.dtype() == DType::f32 && precision_ == Precision::tf32
-                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                            : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasGemmEx(cublas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
                               &alpha, b.raw(), ab_type, ldb, a.raw(), ab_type, lda, &beta, y.raw(), y_type, ldy,
-                              compute, CUBLAS_GEMM_DEFAULT));
+                              compute_type(a.dtype()), CUBLAS_GEMM_DEFAULT));
+  }
+
+  // One cuBLASLt GEMM: bias (CUBLASLT_EPILOGUE_BIAS) or bias then GELU with the pre-activation written to
+  // pre_act (GELU_AUX_BIAS) in its epilogue. Unfused (GEMM, add_bias, GELU kernel) when cuBLASLt has no
+  // algorithm for it, or pre_act's row length is not a multiple of 8 (cuBLASLt's rule for its aux matrix).
+  void linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
+                   Tensor* pre_act) override {
+    bind();
+    const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+    if (n == 0 || out == 0) return;
+    RELAY_ASSERT(n <= INT_MAX && in <= INT_MAX && out <= INT_MAX,
+                 "linear: dimensions (" << n << ", " << in << ", " << out << ") exceed cuBLAS's int range");
+    const bool gelu = act == LinearAct::gelu_tanh;
+    if (in > 0) {
+      cuda::LtMatmul lt;
+      lt.trans_b = true;
+      lt.m = n;
+      lt.n = out;
+      lt.k = in;
+      lt.lda = lt.ldb = in;
+      lt.ldc = out;
+      lt.ab_type = lt.c_type = cuda_type(x.dtype());
+      lt.compute = compute_type(x.dtype());
+      lt.a = x.raw();
+      lt.b = w.raw();
+      lt.c = y.raw();
+      lt.bias = bias.defined() ? bias.raw() : nullptr;
+      lt.gelu = gelu;
+      lt.aux = pre_act ? pre_act->raw() : nullptr;
+      if (lt_->run(lt, stream_)) return;
+    }
+    Tensor& z = pre_act ? *pre_act : y;  // (n, out) the GEMM's output; the GELU runs in place without pre_act
+    matmul_impl(x, false, w, true, z, 1.f, 0.f);
+    if (bias.defined()) add_bias_impl(z, bias);
+    if (gelu) activation_forward_impl(Activation::gelu_tanh, z, y);
   }
 
   void add_bias_impl(Tensor& y, const Tensor& bias) override {
@@ -364,6 +422,31 @@ class CudaBackend final : public Backend {
     by_dtype(dy, [&](auto* t) {
       cuda::bias_grad(ptr<X_OF(t)>(dy), db.f32(), rows_of(dy), cols_of(dy), beta, stream_);
     });
+  }
+
+  // One cuBLASLt GEMM with the DGELU epilogue (the GELU's derivative at act_in applied to the product);
+  // unfused (GEMM, then the GELU-backward kernel) when cuBLASLt has no algorithm for it or in % 8 != 0.
+  void linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                  const Tensor& act_in) override {
+    bind();
+    const int64_t n = dy.size(0), out = dy.size(1), in = w.size(1);
+    if (act == LinearAct::gelu_tanh && n > 0 && in > 0 && out > 0) {
+      cuda::LtMatmul lt;
+      lt.m = n;
+      lt.n = in;
+      lt.k = out;
+      lt.lda = out;
+      lt.ldb = lt.ldc = in;
+      lt.ab_type = lt.c_type = cuda_type(dy.dtype());
+      lt.compute = compute_type(dy.dtype());
+      lt.a = dy.raw();
+      lt.b = w.raw();
+      lt.c = dx.raw();
+      lt.dgelu_in = act_in.raw();
+      if (lt_->run(lt, stream_)) return;
+    }
+    matmul_impl(dy, false, w, false, dx, 1.f, 0.f);  // (n, out) @ (out, in)
+    if (act == LinearAct::gelu_tanh) activation_backward_impl(Activation::gelu_tanh, act_in, dx, dx);
   }
 
   // --- elementwise ----------------------------------------------------------------------------
@@ -585,12 +668,22 @@ class CudaBackend final : public Backend {
   // when a helper thread (a data prefetcher) calls in. Cheap when the device is already current.
   void bind() const { CUDA_CHECK(cudaSetDevice(device_)); }
 
+  // float32 GEMMs on TF32 tensor cores under train.precision = "tf32"; otherwise full float32 accumulation.
+  cublasComputeType_t compute_type(DType inputs) const {
+    return inputs == DType::f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  }
+
+  // cuBLASLt's workspace, shared by every GEMM on the stream: 32 MiB, what PyTorch gives cuBLASLt on Hopper.
+  static constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+
   int device_;
   cudaDeviceProp prop_{};
   cudaStream_t stream_ = nullptr;
   std::vector<cudaEvent_t> marks_;  // timing marks, the first marks_used_ in use
   size_t marks_used_ = 0;
   cublasHandle_t cublas_ = nullptr;
+  std::shared_ptr<std::byte> lt_workspace_;  // (kLtWorkspaceBytes) device bytes
+  std::unique_ptr<cuda::LtGemm> lt_;         // cuBLASLt: its handle and the algorithms chosen per shape
   Precision precision_ = Precision::fp32;
   std::shared_ptr<DevicePool> pool_;
   std::shared_ptr<std::byte> reduce_scratch_;  // (kSumSquaresMaxBlocks + 1) doubles

@@ -1,4 +1,4 @@
-// The CUDA backend: cuBLAS GEMMs and the kernels in kernels/cuda, all on one stream per backend,
+// The CUDA backend: cuBLASLt GEMMs and the kernels in kernels/cuda, all on one stream per backend,
 // with a caching device allocator. Tested op by op against the CPU backend (tests/test_backend_ops).
 // No CUDA header here: code above the backend only sees the Backend interface.
 #pragma once

@@ -129,8 +129,7 @@ class Transformer final : public Block {
     row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (n, C)
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
-    linear(be, ln2, *p_.fc_w, p_.fc_b, fch);                              // (n, 4Cl) column-parallel
-    be.activation_forward(Activation::gelu_tanh, fch, fcg);
+    be.linear(ln2, p_.fc_w->compute(), bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl) col-parallel
     row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (n, C)
     be.add(y, res1, y);                                                   // residual 2
   }
@@ -139,8 +138,7 @@ class Transformer final : public Block {
     const int64_t n = x.size(0), T = spec_.seq_len;
     auto v = [&](size_t k) { return view(s, k, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
-    be.matmul(dy, false, p_.mproj_w->compute(), false, g_fch, 1.f, 0.f);                 // (n, 4Cl) d gelu out
-    be.activation_backward(Activation::gelu_tanh, v(kFch), g_fch, g_fch);            // (n, 4Cl) d fc out
+    be.linear_backward_input(dy, p_.mproj_w->compute(), g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl) d fc out
     be.matmul(g_fch, false, p_.fc_w->compute(), false, g_ln2, 1.f, 0.f);                 // (n, C) d ln_2 out, partial
     tp_.allreduce_sum(g_ln2, "the MLP input-gradient all-reduce");                    // (n, C) whole
     Tensor tmp = g_ln1;                                                               // (n, C) scratch
@@ -171,9 +169,10 @@ class Transformer final : public Block {
   Tensor lse_view(BlockSaved& s, int64_t n) const { return s.t[kLse].rows(0, n / spec_.seq_len); }
   // y (n, out) = x (n, in) @ W^T (+ b)
   static void linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y) {
-    be.matmul(x, false, w.compute(), true, y, 1.f, 0.f);
-    if (b) be.add_bias(y, b->compute());
+    be.linear(x, w.compute(), bias_of(b), y);
   }
+  // The bias a fused linear adds: undefined for a model without biases.
+  static Tensor bias_of(const Param* b) { return b ? b->compute() : Tensor(); }
   // Row-parallel: y (n, out) = sum over tp of x_r (n, in/tp) @ W_r^T, then the replicated bias.
   void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* what) {
     be.matmul(x, false, w.compute(), true, y, 1.f, 0.f);

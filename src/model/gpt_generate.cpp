@@ -23,7 +23,6 @@ GptGenerator::GptGenerator(Backend& be, const Config& cfg, ParamStore& store) : 
   qkv_ = Tensor(be, {1, 3 * C}, dt);
   atty_ = Tensor(be, {1, C}, dt);
   y_ = Tensor(be, {1, C}, dt);
-  fc_ = Tensor(be, {1, 4 * C}, dt);
   fcg_ = Tensor(be, {1, 4 * C}, dt);
   logits_ = Tensor(be, {1, V}, dt);
   logits_f32_ = Tensor(be, {1, V});
@@ -43,9 +42,9 @@ const std::vector<float>& GptGenerator::step(int32_t tok, int64_t t) {
   Tensor wpe_t = p("transformer.wpe.weight").compute().rows(t, 1);  // (1, C): position t
   be_.embedding_forward(tok_, p("transformer.wte.weight").compute(), wpe_t, 1, x_);
   auto bias = [&](const std::string& n) -> const Tensor* { return m_.bias ? &p(n).compute() : nullptr; };
-  auto linear = [&](const Tensor& in, const std::string& w, const std::string& b, Tensor& out) {
-    be_.matmul(in, false, p(w).compute(), true, out, 1.f, 0.f);
-    if (m_.bias) be_.add_bias(out, p(b).compute());
+  auto linear = [&](const Tensor& in, const std::string& w, const std::string& b, Tensor& out,
+                    LinearAct act = LinearAct::none) {
+    be_.linear(in, p(w).compute(), m_.bias ? p(b).compute() : Tensor(), out, act);  // no pre-activation kept
   };
   auto layernorm = [&](const Tensor& in, const std::string& pre, Tensor& out) {
     const Tensor* b = bias(pre + ".bias");
@@ -59,8 +58,7 @@ const std::vector<float>& GptGenerator::step(int32_t tok, int64_t t) {
     linear(atty_, h + "attn.c_proj.weight", h + "attn.c_proj.bias", y_);
     be_.add(x_, y_, x_);
     layernorm(x_, h + "ln_2", ln_);
-    linear(ln_, h + "mlp.c_fc.weight", h + "mlp.c_fc.bias", fc_);              // (1, 4C)
-    be_.activation_forward(Activation::gelu_tanh, fc_, fcg_);
+    linear(ln_, h + "mlp.c_fc.weight", h + "mlp.c_fc.bias", fcg_, LinearAct::gelu_tanh);  // (1, 4C)
     linear(fcg_, h + "mlp.c_proj.weight", h + "mlp.c_proj.bias", y_);
     be_.add(x_, y_, x_);
   }

@@ -37,7 +37,7 @@ class GptGenerator {
   ParamStore& store_;
   // Per layer: k and v caches (1, block_size, C).
   std::vector<Tensor> kcache_, vcache_;
-  Tensor tok_, x_, ln_, mean_, rstd_, qkv_, atty_, y_, fc_, fcg_, logits_, zero_;  // one row each (run dtype)
+  Tensor tok_, x_, ln_, mean_, rstd_, qkv_, atty_, y_, fcg_, logits_, zero_;  // one row each (run dtype)
   Tensor logits_f32_;  // (1, V) the logits widened for the host
   std::vector<float> host_logits_;
 };

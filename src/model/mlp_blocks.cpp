@@ -11,8 +11,7 @@ class Linear final : public Block {
  public:
   using Block::Block;
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
-    be.matmul(x, false, param(0).compute(), true, y, 1.f, 0.f);  // (rows, in) @ (in, out)
-    be.add_bias(y, param(1).compute());
+    be.linear(x, param(0).compute(), param(1).compute(), y);  // (rows, in) @ (in, out) + bias (out)
   }
   void backward_input(Backend& be, const Tensor&, const Tensor& dy, Tensor& dx, BlockSaved&) override {
     be.matmul(dy, false, param(0).compute(), false, dx, 1.f, 0.f);  // (rows, out) @ (out, in)
