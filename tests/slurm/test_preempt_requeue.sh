@@ -5,7 +5,7 @@
 # and the same losses, bit for bit, as an uninterrupted run of the same config and layout.
 # Under srun --mpi=pmix and under mpirun.
 #   bash tests/slurm/test_preempt_requeue.sh [path/to/relay]     exit 0 pass, 1 fail, 77 skipped
-# RELAY_TEST_PREEMPT_STEPS (default 2000) and RELAY_TEST_PREEMPT_HIDDEN (4096) set the run's length.
+# RELAY_TEST_PREEMPT_STEPS (default 10000) and RELAY_TEST_PREEMPT_HIDDEN (4096) set the run's length.
 set -uo pipefail
 source "$(dirname "$0")/harness.sh"
 source "$(dirname "$0")/relay_fixture.sh"
@@ -13,7 +13,7 @@ use_relay_binary "${1:-}"
 
 slurm_start
 make_data "$WORK_DIR/data"
-steps=${RELAY_TEST_PREEMPT_STEPS:-2000}
+steps=${RELAY_TEST_PREEMPT_STEPS:-10000}
 write_config "$WORK_DIR/test.toml" "$WORK_DIR/data" "${RELAY_TEST_PREEMPT_HIDDEN:-4096}"
 
 # submit LAUNCHER NAME: sbatch relay-cpu.sbatch; sets JOB, RUN_DIR and OUT.
