@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/flash_attention.hpp"
@@ -74,8 +73,10 @@ void CpuBackend::convert_impl(const Tensor& src, Tensor& dst) {
   });
 }
 
-void CpuBackend::matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
-                             float beta) {
+namespace {
+// cpu::matmul's description of y (m, n) = alpha op(a) op(b) + beta y on row-major tensors.
+cpu::MatmulArgs matmul_args(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& y,
+                            float alpha, float beta) {
   cpu::MatmulArgs m;
   m.trans_a = trans_a;
   m.trans_b = trans_b;
@@ -89,6 +90,13 @@ void CpuBackend::matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, boo
   m.c_type = y.dtype();
   m.alpha = alpha;
   m.beta = beta;
+  return m;
+}
+}  // namespace
+
+void CpuBackend::matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,
+                             float beta) {
+  const cpu::MatmulArgs m = matmul_args(a, trans_a, b, trans_b, y, alpha, beta);
   if (a.dtype() == DType::f32)  // oneDNN's sgemm or its matmul primitive, whichever cpu::gemm finds faster
     cpu::gemm(trans_a, trans_b, m.m, m.n, m.k, alpha, a.f32(), m.lda, b.f32(), m.ldb, beta, y.f32(), m.ldc);
   else
@@ -107,23 +115,15 @@ void CpuBackend::add_bias_impl(Tensor& y, const Tensor& bias) {
 void CpuBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
                              Tensor* pre_act) {
   Tensor& z = pre_act ? *pre_act : y;  // (n, out) the GEMM's output
-  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   if (x.dtype() == DType::f32) {
-    cpu::gemm(false, true, n, out, in, 1.f, x.f32(), in, w.f32(), in, 0.f, z.f32(), out);
-    if (bias.defined()) cpu::add_bias(z.f32(), bias.f32(), n, out);
+    matmul_impl(x, false, w, true, z, 1.f, 0.f);
+    if (bias.defined()) add_bias_impl(z, bias);
   } else {
-    cpu::MatmulArgs m;
-    m.trans_b = true;
-    m.m = n;
-    m.n = out;
-    m.k = in;
-    m.lda = m.ldb = in;
-    m.ldc = out;
-    m.ab_type = m.c_type = m.bias_type = DType::bf16;
+    cpu::MatmulArgs m = matmul_args(x, false, w, true, z, 1.f, 0.f);
+    m.bias_type = DType::bf16;
     cpu::matmul(m, x.raw(), w.raw(), z.raw(), bias.defined() ? bias.raw() : nullptr);
   }
-  if (act == LinearAct::gelu_tanh)
-    by_dtype(z, [&](auto* t) { cpu::gelu_tanh_forward(ptr<X_OF(t)>(std::as_const(z)), ptr<X_OF(t)>(y), z.numel()); });
+  if (act == LinearAct::gelu_tanh) activation_forward_impl(Activation::gelu_tanh, z, y);
 }
 // The GEMM, then the activation's backward in place: what the unfused layers ran.
 void CpuBackend::linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
