@@ -69,6 +69,12 @@ wait_steps() {
   fail "the run never reached step $1"
 }
 # The pid of world rank R of the faulty run.
+# Waits (up to 30 s) until checkpoint step S's temporary file exists: rank 0 is writing it.
+wait_partial_checkpoint() {
+  local f; f=$(printf 'step_%08d.h5.tmp-' "$1")
+  for _ in $(seq 1 600); do ls "$WORK/run/checkpoints" 2>/dev/null | grep -q "$f" && return; sleep 0.05; done
+  fail "never saw the step-$1 checkpoint being written"
+}
 rank_pid() {
   for p in $(pgrep -x relay); do
     if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" &&

@@ -7,8 +7,7 @@ source "$(dirname "$0")/lib.sh" "$1"
 reference
 export RELAY_FAULT_SLOW_CHECKPOINT=0.3
 start --set checkpoint.async=true
-for _ in $(seq 1 600); do ls "$WORK/run/checkpoints" 2>/dev/null | grep -q "step_00000100.h5.tmp-" && break; sleep 0.05; done
-ls "$WORK/run/checkpoints" | grep -q "step_00000100.h5.tmp-" || fail "never saw the step-100 checkpoint being written"
+wait_partial_checkpoint 100
 sleep 0.5  # a few tensors into the file, training past step 100
 kill -KILL "$(rank_pid 0)"; fault_now
 unset RELAY_FAULT_SLOW_CHECKPOINT

@@ -7,8 +7,7 @@ source "$(dirname "$0")/lib.sh" "$1"
 reference
 export RELAY_FAULT_SLOW_CHECKPOINT=0.3
 start --set checkpoint.async=true
-for _ in $(seq 1 600); do ls "$WORK/run/checkpoints" 2>/dev/null | grep -q "step_00000050.h5.tmp-" && break; sleep 0.05; done
-ls "$WORK/run/checkpoints" | grep -q "step_00000050.h5.tmp-" || fail "never saw the step-50 checkpoint being written"
+wait_partial_checkpoint 50
 kill -USR1 "$JOB"; fault_now
 expect_end_within 60
 unset RELAY_FAULT_SLOW_CHECKPOINT
