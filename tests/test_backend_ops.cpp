@@ -594,21 +594,22 @@ std::vector<OpCase> all_cases() {
 
 // --- comparison --------------------------------------------------------------------------------
 
-void expect_close(const std::string& name, const Output& ref, const Output& got, double row_tol) {
-  ASSERT_EQ(ref.values.size(), got.values.size()) << name << ": output " << ref.name << " sizes differ";
-  ASSERT_EQ(ref.bf16, got.bf16) << name << ": output " << ref.name << " dtypes differ";
-  const double tol = row_tol > 0.0 && ref.bf16 ? row_tol + kBf16Ulp : row_tol;
+// Max |got - ref| relative to max |ref| over the finite values at most tol; NaN and infinities must match
+// exactly. what: the output ("add_3x7: output y"); ref_side, got_side: the two runs ("cpu", "cuda").
+void expect_within(const std::string& what, const Output& ref, const Output& got, double tol, const char* ref_side,
+                   const char* got_side, const char* note = "") {
+  ASSERT_EQ(ref.values.size(), got.values.size()) << what << ": sizes differ";
   double scale = 0.0, worst = 0.0;
   size_t worst_at = 0;
   for (size_t i = 0; i < ref.values.size(); ++i) {
     const double r = ref.values[i], g = got.values[i];
     if (std::isnan(r) || std::isnan(g)) {
       ASSERT_TRUE(std::isnan(r) && std::isnan(g))
-          << name << ": output " << ref.name << "[" << i << "] cpu " << r << " vs cuda " << g;
+          << what << "[" << i << "] " << ref_side << " " << r << " vs " << got_side << " " << g;
       continue;
     }
     if (std::isinf(r) || std::isinf(g)) {
-      ASSERT_EQ(r, g) << name << ": output " << ref.name << "[" << i << "] cpu " << r << " vs cuda " << g;
+      ASSERT_EQ(r, g) << what << "[" << i << "] " << ref_side << " " << r << " vs " << got_side << " " << g;
       continue;
     }
     scale = std::max(scale, std::fabs(r));
@@ -618,10 +619,18 @@ void expect_close(const std::string& name, const Output& ref, const Output& got,
     }
   }
   const double err = scale > 0.0 ? worst / scale : worst;
-  EXPECT_LE(err, tol) << name << ": output " << ref.name << " max |cuda - cpu| = " << worst << " at [" << worst_at
-                      << "] (cpu " << ref.values[worst_at] << ", cuda " << got.values[worst_at]
-                      << "), relative to max |cpu| = " << scale << ": " << err << " > tolerance " << tol
-                      << (ref.bf16 && row_tol > 0.0 ? " (the row's plus one bf16 ulp)" : "");
+  EXPECT_LE(err, tol) << what << " max |" << got_side << " - " << ref_side << "| = " << worst << " at [" << worst_at
+                      << "] (" << ref_side << " " << ref.values[worst_at] << ", " << got_side << " "
+                      << got.values[worst_at] << "), relative to max |" << ref_side << "| = " << scale << ": " << err
+                      << " > tolerance " << tol << note;
+}
+
+// A CUDA output against the CPU's: same dtype; a bf16 output gets one bf16 ulp more than the row's tolerance.
+void expect_close(const std::string& name, const Output& ref, const Output& got, double row_tol) {
+  ASSERT_EQ(ref.bf16, got.bf16) << name << ": output " << ref.name << " dtypes differ";
+  const bool ulp = row_tol > 0.0 && ref.bf16;
+  expect_within(name + ": output " + ref.name, ref, got, ulp ? row_tol + kBf16Ulp : row_tol, "cpu", "cuda",
+                ulp ? " (the row's plus one bf16 ulp)" : "");
 }
 
 // Sets both backends' precision for a row; false (with the reason) when a backend cannot run it.
@@ -702,26 +711,6 @@ std::vector<Bf16Pair> bf16_pairs() {
   return pairs;
 }
 
-// Max |got - ref| relative to max |ref| (NaN and infinities must match exactly).
-void expect_within(const std::string& what, const Output& ref, const Output& got, double tol) {
-  ASSERT_EQ(ref.values.size(), got.values.size()) << what;
-  double scale = 0.0, worst = 0.0;
-  size_t at = 0;
-  for (size_t j = 0; j < ref.values.size(); ++j) {
-    const double r = ref.values[j], g = got.values[j];
-    if (std::isnan(r) || std::isinf(r)) {
-      EXPECT_TRUE(std::isnan(r) ? std::isnan(g) : r == g) << what << "[" << j << "]: fp32 " << r << ", bf16 " << g;
-      continue;
-    }
-    scale = std::max(scale, std::fabs(r));
-    if (std::fabs(r - g) > worst) worst = std::fabs(r - g), at = j;
-  }
-  const double err = scale > 0.0 ? worst / scale : worst;
-  EXPECT_LE(err, tol) << what << ": max |bf16 - fp32| = " << worst << " at [" << at << "] (fp32 " << ref.values[at]
-                      << ", bf16 " << got.values[at] << "), relative to max |fp32| = " << scale << ": " << err
-                      << " > tolerance " << tol;
-}
-
 class Bf16Ops : public ::testing::TestWithParam<Bf16Pair> {};
 
 // Every op in bf16 against its fp32 result on bf16-representable inputs, on the CPU (no GPU needed). An
@@ -741,7 +730,7 @@ TEST_P(Bf16Ops, MatchFp32OnCpu) {
     auto r = std::find_if(ref.begin(), ref.end(), [&](const Output& o) { return o.name == ref_name; });
     ASSERT_NE(r, ref.end()) << p.fp32.name << " has no output " << ref_name;
     expect_within(p.bf16.name + " against " + p.fp32.name + ": output " + g.name, *r, g,
-                  g.name == "work" ? kBf16OneRounding : tol);
+                  g.name == "work" ? kBf16OneRounding : tol, "fp32", "bf16");
   }
 }
 
