@@ -221,36 +221,23 @@ inline void prefetch_row(const Elem* p, int64_t cols, bool write) {
           : __builtin_prefetch(reinterpret_cast<const char*>(p) + byte, 0);
 }
 // dst (rows, cols) = src (rows, ld) widened to float32.
-RELAY_CPU_CLONES void load_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
-  for (int64_t r = 0; r < rows; ++r) {
-    if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
-    std::memcpy(dst + r * cols, src + r * ld, sizeof(float) * size_t(cols));
-  }
-}
-RELAY_CPU_CLONES void load_rows(const bf16* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+template <typename Elem>
+RELAY_CPU_CLONES void load_rows(const Elem* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(src + (r + kPrefetchRows) * ld, cols, false);
 #pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = bf16_to_f32(src[r * ld + c]);
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = load(src[r * ld + c]);
   }
 }
 // dst (rows, ld) = src (rows, cols) * scale (per row when row_scale is not null), rounded to Elem.
-RELAY_CPU_CLONES
-void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+template <typename Elem>
+RELAY_CPU_CLONES void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, Elem* dst,
+                                 int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
     const float sc = row_scale ? row_scale[r] : 1.0f;
 #pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = src[r * cols + c] * sc;
-  }
-}
-RELAY_CPU_CLONES
-void store_rows(const float* src, const float* row_scale, int64_t rows, int64_t cols, bf16* dst, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) {
-    if (r + kPrefetchRows < rows) prefetch_row(dst + (r + kPrefetchRows) * ld, cols, true);
-    const float sc = row_scale ? row_scale[r] : 1.0f;
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = f32_to_bf16(src[r * cols + c] * sc);
+    for (int64_t c = 0; c < cols; ++c) store(dst[r * ld + c], src[r * cols + c] * sc);
   }
 }
 
