@@ -137,7 +137,7 @@ TEST(LlamaModel, CheckpointHoldsTransformersNames) {
   Problem p = make_gpt_problem(dir.path());
   std::string run = dir.file("run");
   auto ov = model_overrides("gqa");
-  ov.insert(ov.end(), {"run.dir=\"" + run + "\"", "train.steps=1"});
+  ov.insert(ov.end(), {"run.dir=\"" + run + "\"", "train.steps=1", "lr_schedule.warmup_steps=0"});
   RunResult r = train(1, p.config, ov);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto t = read_checkpoint(run + "/checkpoints/step_00000001.h5");
@@ -175,8 +175,8 @@ TEST(LlamaModel, BadKeysAreNamed) {
     std::string msg;
   };
   const std::vector<Bad> bad = {
-      {{"model.n_kv_head=3"}, 1, "model.n_kv_head = 3 must divide model.n_head = 8"},
-      {{"parallel.tp=8", "model.n_kv_head=4"}, 8, "parallel.tp = 8 must divide model.n_kv_head = 4"},
+      {{"model.n_kv_head=3"}, 1, "model.n_kv_head: = 3 must divide model.n_head = 8"},
+      {{"parallel.tp=8", "model.n_kv_head=4"}, 8, "parallel.tp: = 8 must divide model.n_kv_head = 4"},
       {{"model.bias=false"}, 2, "model.bias"},
       {{"model.n_kv_head=2", "model.n_embd=24", "model.n_head=8"}, 1, "rotary embeddings need an even head size"},
   };
