@@ -5,6 +5,7 @@
 #include <pcre2.h>
 
 #include "core/error.hpp"
+#include "io/unicode_classes.hpp"
 
 namespace relay {
 
@@ -52,11 +53,42 @@ const char* const kGpt2PatternHf = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
 const char* const kLlama3PatternHf =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+namespace {
+
+// `pattern` with \p{L} and \p{N} spelled out as the generated ranges (io/unicode_classes.hpp): inside
+// a character class as more ranges, outside as a class of their own.
+std::string expand_unicode_classes(const std::string& pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const std::string esc = pattern.substr(i, 5);
+      const char* ranges = esc == "\\p{L}" ? kUnicodeLetters : esc == "\\p{N}" ? kUnicodeNumbers : nullptr;
+      if (ranges) {
+        out += in_class ? std::string(ranges) : "[" + std::string(ranges) + "]";
+        i += 4;
+      } else {
+        out += pattern.substr(i, 2);
+        ++i;
+      }
+      continue;
+    }
+    if (c == '[') in_class = true;
+    if (c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
 PretokenRegex::PretokenRegex(const char* pattern) {
   int err = 0;
   PCRE2_SIZE off = 0;
-  re_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off,
-                      nullptr);
+  const std::string expanded = expand_unicode_classes(pattern);
+  re_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(expanded.c_str()), expanded.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                      &off, nullptr);
   RELAY_ASSERT(re_, "a pre-tokenizer pattern does not compile in PCRE2 (error " << err << " at " << off << ")");
   pcre2_jit_compile(re_, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
 }

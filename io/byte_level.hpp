@@ -21,6 +21,7 @@ const std::array<std::string, 256>& byte_level_alphabet();
 
 // The pre-tokenizer patterns, spelled for PCRE2. \s is written out as Unicode's White_Space
 // property, which tiktoken's and tokenizers' regex engines use: PCRE2's own \s also matches U+180E.
+// \p{L} and \p{N} are replaced by generated tables when compiled (io/unicode_classes.hpp).
 extern const char* const kGpt2PatternPcre2;    // GPT-2's pattern
 extern const char* const kLlama3PatternPcre2;  // Llama 3's (SmolLM2's) pattern
 // The same patterns as tokenizer.json files spell them (Split's "Regex"), to recognise them.
