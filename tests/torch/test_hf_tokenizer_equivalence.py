@@ -6,7 +6,8 @@ Cases, each saved by tokenizers' Tokenizer.save():
   gpt2-trained    a byte-level BPE trained here by tokenizers on ~3 MB of generated text (English, code,
                   digits, whitespace runs, CJK, emoji, accented Latin, Cyrillic), GPT-2's ByteLevel
                   pre-tokenizer, vocab 5000, special token <|endoftext|>
-  gpt2-prefix     the same with ByteLevel(add_prefix_space=True)
+  gpt2-prefix     the same with ByteLevel(add_prefix_space=True) and added tokens with lstrip, rstrip,
+                  normalized = true
   llama3-trained  the same corpus with Llama 3's Split pattern + ByteLevel(use_regex=False) and
                   <|begin_of_text|> <|end_of_text|> <|eot_id|>
   llama3-edited   llama3-trained's file with the merges in the old "a b" string form and
@@ -45,7 +46,7 @@ py = venv_python("relay-tokenizers-venv", TOKENIZERS)
 # Runs in the venv: make the tokenizer.json files, encode and decode with tokenizers.
 HF = r'''
 import json, sys
-from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, Regex, decoders, models, pre_tokenizers, trainers
 LLAMA3 = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 mode = sys.argv[1]
 
@@ -63,6 +64,8 @@ if mode == "make":
     corpus, d, vocab, merges = sys.argv[2:6]
     t = train(corpus, pre_tokenizers.ByteLevel(add_prefix_space=False), ["<|endoftext|>"], d + "/gpt2-trained.json")
     t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    t.add_tokens([AddedToken("<mask>", lstrip=True, rstrip=True, normalized=False),
+                  AddedToken("zzq", normalized=True), AddedToken("zzqz", special=True, normalized=False)])
     t.save(d + "/gpt2-prefix.json")
     split = pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated")
     train(corpus, pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
@@ -167,6 +170,7 @@ with tempfile.TemporaryDirectory() as tmp:
         "corpus": corpus_text(7, 500_000),  # not the training text: another seed
         "codepoints": codepoint_sweep(),
         "specials": "".join(f"{w} <|endoftext|>{w}<|begin_of_text|> <|eot_id|>\n<|end_of_text|><|endoftext|>  x"
+                            f"{w}  <mask> \t{w}<mask>zzqzzqz zzq\u00a0<mask>\u3000"
                             for w in generated_text(3, 20_000).split(" ")),
         "edge": "  leading\n\n\n   trailing   \t\t\n" + "a" * 3000 + " " * 50 + "'s 's' 'S 'LL 'Ve" + "\n" * 5 + "x"
                 + " 12345678 ١٢٣ ½⅓ Ⅻ",
