@@ -36,6 +36,11 @@ TORCH2_DEPS = ["filelock", "typing-extensions>=4.13.0", "setuptools>=77.0.3", "s
 # tests/torch/test_tensorboard_events.py; its TensorFlow-free build ("tensorboard" alone) reads event files.
 TENSORBOARD = ["tensorboard"]
 
+# Hugging Face's tokenizers (its Rust library with Oniguruma regexes), for
+# tests/torch/test_hf_tokenizer_equivalence.py and scripts/gen_unicode_classes.py; pinned to what pip
+# resolved when Relay's tokenizer.json reader was written (its \p{L}/\p{N} table comes from this version).
+TOKENIZERS = ["tokenizers==0.23.3"]
+
 
 class VenvError(Exception):
     pass

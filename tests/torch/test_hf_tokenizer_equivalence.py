@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-from pypi_venv import VenvError, make_venv, venv_python
+from pypi_venv import TOKENIZERS, VenvError, make_venv, venv_python
 from tokenizer_texts import codepoint_sweep, generated_text
 
 RELAY = os.path.abspath(sys.argv[1])
@@ -40,7 +40,6 @@ except ImportError as e:
     print(f"SKIPPED: {e} (scripts/setup.sh --with-torch installs python3-h5py)")
     sys.exit(77)
 
-TOKENIZERS = ["tokenizers==0.23.3"]  # what pip resolved on 2026-11-24; bump deliberately
 py = venv_python("relay-tokenizers-venv", TOKENIZERS)
 
 # Runs in the venv: make the tokenizer.json files, encode and decode with tokenizers.
