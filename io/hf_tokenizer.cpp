@@ -68,11 +68,15 @@ class HfTokenizer final : public Tokenizer {
     }
     if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
       throw Error(cat(path, ": no \"model\" object; not a Hugging Face tokenizer.json"));
-    read_model(j["model"]);
-    read_added_tokens(j.value("added_tokens", json::array()));
-    read_normalizer(j.value("normalizer", json()));
-    read_pre_tokenizer(j.value("pre_tokenizer", json()));
-    read_decoder(j.value("decoder", json()));
+    try {
+      read_model(j["model"]);
+      read_added_tokens(j.value("added_tokens", json::array()));
+      read_normalizer(j.value("normalizer", json()));
+      read_pre_tokenizer(j.value("pre_tokenizer", json()));
+      read_decoder(j.value("decoder", json()));
+    } catch (const json::exception& e) {  // a key of the wrong JSON type
+      fail(cat("unexpected JSON (", e.what(), ")"));
+    }
     // post_processor (BOS/EOS templates) is not applied: Relay's data and prompts get no BOS of their own.
   }
 
