@@ -22,7 +22,7 @@ CLI::App* add_data_command(CLI::App& app, DataOptions& o, CLI::App** synth, CLI:
   s->add_option("--seed", o.seed, "Seed of the samples")->required();
   s->add_option("--teacher-seed", o.teacher_seed, "Seed of the teacher network (train and eval sets share it)")
       ->capture_default_str();
-  auto* t = d->add_subcommand("tokenize", "Turn text files into a token file for model.type = \"gpt\"");
+  auto* t = d->add_subcommand("tokenize", "Turn text files into a token file for a language model (model.type = \"gpt\" or \"llama\")");
   t->add_option("--in", o.inputs, "Text files (UTF-8), concatenated in order")->required()->expected(1, -1);
   t->add_option("--out", o.out, "Output token file (HDF5)")->required();
   t->add_option("--tokenizer", o.tokenizer, "bytes | gpt2 | hf")->required()->check(CLI::IsMember({"bytes", "gpt2", "hf"}));
