@@ -20,17 +20,25 @@ struct Config {
 
   struct Run { std::string dir = "runs/relay"; } run;
   struct Model {
-    std::string type = "mlp";            // mlp | gpt
-    std::string init_from;               // a .safetensors file of initial weights (PyTorch names); "" = none
+    std::string type = "mlp";            // mlp | gpt | llama
+    // Initial weights: a .safetensors file (PyTorch names) or a Hugging Face model directory; "" = none
+    std::string init_from;
     uint64_t seed = 1;
     std::string loss = "cross_entropy";  // cross_entropy | mse (mlp only)
     std::vector<LayerConfig> layers;     // mlp only
-    // gpt only: GPT-2's decoder-only transformer (GPT-2 124M: 12 layers, 12 heads, 768 wide, 1024, 50257)
+    // Language models (gpt: GPT-2's decoder; llama: transformers' LlamaForCausalLM)
     int64_t vocab_size = 0, block_size = 0, n_layer = 0, n_head = 0, n_embd = 0;
-    bool bias = true;
-    bool tie_embeddings = true;
+    bool bias = true;            // gpt only
+    bool tie_embeddings = true;  // default true for gpt, false for llama
     double init_std = 0.02;
+    // llama only: grouped-query attention (n_kv_head key/value heads, default n_head), SwiGLU width,
+    // rotary base and RMSNorm epsilon
+    int64_t n_kv_head = 0, ffn_hidden = 0;
+    double rope_theta = 10000.0, norm_eps = 1e-5;
     bool is_gpt() const { return type == "gpt"; }
+    bool is_llama() const { return type == "llama"; }
+    // A decoder-only language model over token ids (gpt or llama), as opposed to the MLP.
+    bool is_lm() const { return is_gpt() || is_llama(); }
   } model;
   struct Data {
     std::string train;
