@@ -209,30 +209,52 @@ Config parse_config_text(const std::string& text, const std::string& source, con
 
   Section model(tab("model"), "model", source,
                 {"type", "seed", "init_from", "loss", "layers", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias",
-                 "tie_embeddings", "init_std"});
-  model.choice("type", c.model.type, {"mlp", "gpt"});
+                 "tie_embeddings", "init_std", "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps"});
+  model.choice("type", c.model.type, {"mlp", "gpt", "llama"});
   model.u64("seed", c.model.seed);
   model.str("init_from", c.model.init_from);
   model.choice("loss", c.model.loss, {"cross_entropy", "mse"});
-  if (c.model.is_gpt()) {
+  if (c.model.is_lm()) {
+    const std::string t = c.model.type;
     for (const char* k : {"layers"})
-      if (model.get(k)) model.fail(k, "is an MLP key; a model.type = \"gpt\" model is given by vocab_size, block_size, "
-                                      "n_layer, n_head and n_embd");
-    if (c.model.loss != "cross_entropy") model.fail("loss", "a GPT model trains with \"cross_entropy\" (next-token loss)");
+      if (model.get(k)) model.fail(k, cat("is an MLP key; a model.type = \"", t, "\" model is given by vocab_size, "
+                                          "block_size, n_layer, n_head and n_embd"));
+    if (c.model.loss != "cross_entropy")
+      model.fail("loss", cat("a model.type = \"", t, "\" model trains with \"cross_entropy\" (next-token loss)"));
     model.integer("vocab_size", c.model.vocab_size, 1, int64_t(1) << 31, true);
     model.integer("block_size", c.model.block_size, 1, int64_t(1) << 20, true);
     model.integer("n_layer", c.model.n_layer, 1, 1 << 16, true);
     model.integer("n_head", c.model.n_head, 1, 1 << 16, true);
     model.integer("n_embd", c.model.n_embd, 1, int64_t(1) << 20, true);
-    model.boolean("bias", c.model.bias);
+    if (c.model.is_llama()) c.model.tie_embeddings = false;  // Llama's default: an untied lm_head
     model.boolean("tie_embeddings", c.model.tie_embeddings);
     model.real("init_std", c.model.init_std, 0, 10, true);
     if (c.model.n_embd % c.model.n_head != 0)
       model.fail("n_embd", cat("= ", c.model.n_embd, " must be divisible by model.n_head = ", c.model.n_head,
                                " (each head gets n_embd / n_head channels)"));
+    if (c.model.is_gpt()) {
+      for (const char* k : {"n_kv_head", "ffn_hidden", "rope_theta", "norm_eps"})
+        if (model.get(k)) model.fail(k, "is a Llama key; set model.type = \"llama\" to use it");
+      model.boolean("bias", c.model.bias);
+    } else {
+      if (model.get("bias")) model.fail("bias", "is a GPT key: a Llama model has no biases");
+      c.model.bias = false;
+      c.model.n_kv_head = c.model.n_head;
+      model.integer("n_kv_head", c.model.n_kv_head, 1, 1 << 16);
+      model.integer("ffn_hidden", c.model.ffn_hidden, 1, int64_t(1) << 24, true);
+      model.real("rope_theta", c.model.rope_theta, 0, 1e12, true);
+      model.real("norm_eps", c.model.norm_eps, 0, 1, true);
+      if (c.model.n_head % c.model.n_kv_head != 0)
+        model.fail("n_kv_head", cat("= ", c.model.n_kv_head, " must divide model.n_head = ", c.model.n_head,
+                                    " (each key/value head serves n_head / n_kv_head query heads)"));
+      if ((c.model.n_embd / c.model.n_head) % 2 != 0)
+        model.fail("n_head", cat("= ", c.model.n_head, " gives head size ", c.model.n_embd / c.model.n_head,
+                                 "; rotary embeddings need an even head size (n_embd / n_head)"));
+    }
   } else {
-    for (const char* k : {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tie_embeddings", "init_std"})
-      if (model.get(k)) model.fail(k, "is a GPT key; set model.type = \"gpt\" to use it");
+    for (const char* k : {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tie_embeddings", "init_std",
+                          "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps"})
+      if (model.get(k)) model.fail(k, "is a language-model key; set model.type = \"gpt\" or \"llama\" to use it");
     auto* layers = model.get("layers");
     if (!layers) model.fail("layers", "required key is missing");
     if (!layers->is_array()) model.fail("layers", cat("expected an array of tables, got ", type_name(*layers)));
@@ -321,20 +343,25 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.str("timeout", c.parallel.timeout);
   if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, source + ": parallel.timeout");
   if (c.parallel.tp > 1) {
-    if (!c.model.is_gpt())
-      par.fail("tp", cat("= ", c.parallel.tp, " needs model.type = \"gpt\" (tensor parallelism splits attention heads, "
-                         "MLP units and the vocabulary; an MLP model uses parallel.dp and parallel.pp)"));
+    if (!c.model.is_lm())
+      par.fail("tp", cat("= ", c.parallel.tp, " needs model.type = \"gpt\" or \"llama\" (tensor parallelism splits "
+                         "attention heads, MLP units and the vocabulary; an MLP model uses parallel.dp and parallel.pp)"));
     if (c.model.n_head % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_head = ", c.model.n_head,
                          " (each tensor-parallel rank holds whole attention heads)"));
+    if (c.model.is_llama() && c.model.n_kv_head % c.parallel.tp != 0)
+      par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_kv_head = ", c.model.n_kv_head,
+                         " (each tensor-parallel rank holds whole key/value heads)"));
+    if (c.model.is_llama() && c.model.ffn_hidden % c.parallel.tp != 0)
+      par.fail("tp", cat("= ", c.parallel.tp, " must divide model.ffn_hidden = ", c.model.ffn_hidden));
     if (c.model.vocab_size < c.parallel.tp)
       par.fail("tp", cat("= ", c.parallel.tp, " is more than model.vocab_size = ", c.model.vocab_size));
   }
   if (c.train.recompute == "blocks" && c.parallel.schedule == "zb-h1")
     train.fail("recompute", "= \"blocks\" does not combine with parallel.schedule = \"zb-h1\" (its separate weight-"
                             "gradient step needs each block's saved intermediates; use 1f1b or interleaved)");
-  if (c.train.recompute == "blocks" && !c.model.is_gpt())
-    train.fail("recompute", "= \"blocks\" recomputes transformer blocks and needs model.type = \"gpt\"");
+  if (c.train.recompute == "blocks" && !c.model.is_lm())
+    train.fail("recompute", "= \"blocks\" recomputes transformer blocks and needs model.type = \"gpt\" or \"llama\"");
   if (auto* b = par.get("balance")) {
     auto* arr = b->as_array();
     if (!arr) par.fail("balance", cat("expected an array of integers, got ", type_name(*b)));
@@ -394,11 +421,15 @@ std::string Config::to_toml() const {
   o << "[run]\ndir = " << q(run.dir) << "\n\n";
   o << "[model]\ntype = " << q(model.type) << "\nseed = " << model.seed << "\nloss = " << q(model.loss) << "\n";
   if (!model.init_from.empty()) o << "init_from = " << q(model.init_from) << "\n";
-  if (model.is_gpt()) {
+  if (model.is_lm()) {
     o << "vocab_size = " << model.vocab_size << "\nblock_size = " << model.block_size << "\nn_layer = " << model.n_layer
-      << "\nn_head = " << model.n_head << "\nn_embd = " << model.n_embd << "\nbias = " << (model.bias ? "true" : "false")
-      << "\ntie_embeddings = " << (model.tie_embeddings ? "true" : "false") << "\ninit_std = " << num(model.init_std)
+      << "\nn_head = " << model.n_head << "\nn_embd = " << model.n_embd;
+    if (model.is_gpt()) o << "\nbias = " << (model.bias ? "true" : "false");
+    o << "\ntie_embeddings = " << (model.tie_embeddings ? "true" : "false") << "\ninit_std = " << num(model.init_std)
       << "\n";
+    if (model.is_llama())
+      o << "n_kv_head = " << model.n_kv_head << "\nffn_hidden = " << model.ffn_hidden << "\nrope_theta = "
+        << num(model.rope_theta) << "\nnorm_eps = " << num(model.norm_eps) << "\n";
   } else {
     o << "layers = [\n";
     for (auto& l : model.layers) {
