@@ -128,7 +128,9 @@ void write_hf_dir(const std::string& dir, const Config::Model& m, const std::str
       t.shape = {t.shape[1], t.shape[0]};
     }
   // Everything goes into DIR.tmp-PID, renamed to DIR at the end: no half directory on failure.
-  const fs::path tmp = cat(fs::path(dir).lexically_normal().string(), ".tmp-", ::getpid());
+  fs::path target = fs::path(dir).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "out/" -> "out": the temporary is a sibling
+  const fs::path tmp = cat(target.string(), ".tmp-", ::getpid());
   fs::remove_all(tmp, ec);
   if (!fs::create_directories(tmp, ec) || ec)
     throw Error(cat(where, ": cannot create ", tmp.string(), ": ", ec.message()));
@@ -138,8 +140,8 @@ void write_hf_dir(const std::string& dir, const Config::Model& m, const std::str
                                   {"eos_token_id", config["eos_token_id"]}};
     write_text(tmp / "generation_config.json", gen.dump(2));
     write_safetensors((tmp / "model.safetensors").string(), tensors, metadata, bf16 ? "BF16" : "F32");
-    if (fs::exists(dir)) fs::remove(dir);  // the empty directory checked above
-    fs::rename(tmp, dir, ec);
+    if (fs::exists(target)) fs::remove(target);  // the empty directory checked above
+    fs::rename(tmp, target, ec);
     if (ec) throw Error(cat(where, ": cannot rename ", tmp.string(), " into place: ", ec.message()));
   } catch (...) {
     fs::remove_all(tmp, ec);

@@ -1,5 +1,5 @@
 // relay ckpt inspect FILE: step, layout and tensors of a checkpoint, after checking it is complete
-// and that every tensor reads back.
+// and that every tensor reads back. relay ckpt export FILE: its weights for PyTorch or transformers.
 #include <cstdio>
 #include <vector>
 
@@ -21,7 +21,7 @@ CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect, CL
   auto* i = c->add_subcommand("inspect", "Print a checkpoint's step, layout and tensors; check it is complete");
   i->add_option("file", o.file, "Checkpoint file (step_XXXXXXXX.h5)")->required();
   *inspect = i;
-  auto* e = c->add_subcommand("export", "Write a checkpoint's weights as safetensors, named as PyTorch's state_dict");
+  auto* e = c->add_subcommand("export", "Write a checkpoint's weights as safetensors named as PyTorch's state_dict, or as a Hugging Face model directory");
   e->add_option("file", o.file, "Checkpoint file (step_XXXXXXXX.h5)")->required();
   e->add_option("--out", o.out, "Output .safetensors file, or directory with --format hf")->required();
   e->add_option("--format", o.format,
