@@ -107,15 +107,20 @@ def torch2_python():
     return make_venv("relay-torch2", TORCH2_DEPS + HF_LIBS, no_deps=TORCH2_NO_DEPS)
 
 
+def hf_python():
+    """transformers, tokenizers and safetensors with PyTorch 2.x: the torch2 venv; raises VenvError."""
+    return torch2_python()
+
+
 def tensorboard_python():
     """The tensorboard package from PyPI, in the venv relay-tensorboard-venv; raises VenvError."""
     return make_venv("relay-tensorboard-venv", TENSORBOARD)
 
 
 if __name__ == "__main__":
-    makers = {"torch2": torch2_python, "tensorboard": tensorboard_python}
+    makers = {"torch2": torch2_python, "hf": hf_python, "tensorboard": tensorboard_python}
     if len(sys.argv) != 2 or sys.argv[1] not in makers:
-        sys.exit("usage: pypi_venv.py torch2|tensorboard   (makes the cached venv and prints its python)")
+        sys.exit("usage: pypi_venv.py torch2|hf|tensorboard   (makes the cached venv and prints its python)")
     try:
         print(makers[sys.argv[1]]())
     except VenvError as e:

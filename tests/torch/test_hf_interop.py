@@ -31,10 +31,10 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 if "--inside" not in sys.argv:  # re-run this file with the venv's python
     sys.path.insert(0, HERE)
-    from pypi_venv import torch2_python, VenvError
+    from pypi_venv import hf_python, VenvError
 
     try:
-        py = torch2_python()
+        py = hf_python()
     except VenvError as e:
         print(f"SKIPPED: {e}")
         sys.exit(77)
