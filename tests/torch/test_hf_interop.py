@@ -167,6 +167,26 @@ def import_case(family, hf, toml, tmp):
            f"step-0 tensors = HF's {len(hf_sd)} bitwise; eval loss = transformers' (relative {rel:.1e})")
 
 
+def untied_case(family, hf, toml, tmp):
+    """An untied head (lm_head.weight saved apart) through init_from and back through export, serially."""
+    hf.save_pretrained(f"{tmp}/hf_{family}_untied")
+    rd = f"{tmp}/untied_{family}"
+    run(["train", "--config", toml, "--set", f'run.dir="{rd}"', "--set", f'model.init_from="{tmp}/hf_{family}_untied"',
+         "--set", "model.tie_embeddings=false"] + STILL)
+    if not np.array_equal(relay_tensors(rd, 0, tmp)["lm_head.weight"], hf.lm_head.weight.detach().numpy()):
+        sys.exit(f"FAILED {family} untied import: lm_head.weight differs from HF's")
+    run(["ckpt", "export", f"{rd}/checkpoints/step_00000001.h5", "--format", "hf", "--out", f"{tmp}/{family}_untied_out"])
+    model, info = AutoModelForCausalLM.from_pretrained(f"{tmp}/{family}_untied_out", output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}
+    if bad or model.config.tie_word_embeddings or not torch.equal(model.lm_head.weight, hf.lm_head.weight):
+        sys.exit(f"FAILED {family} untied export: loading info {bad}, tie {model.config.tie_word_embeddings}, "
+                 "or lm_head.weight differs")
+    want = hf_eval_loss(hf, EVAL_TOKENS)
+    rel = max(close(eval_losses(rd)[1], want, f"{family} untied import: eval loss"),
+              close(hf_eval_loss(model.eval(), EVAL_TOKENS), want, f"{family} untied export: eval loss"))
+    ok(f"{family} untied head: init_from and export keep lm_head.weight apart; eval losses equal (relative {rel:.1e})")
+
+
 def export_case(family, arch, toml, tmp):
     """Relay trains -> export --format hf -> from_pretrained: no missing/unexpected keys, eval loss and 20
     greedy tokens equal; --dtype bf16 = the fp32 tensors rounded. Returns the checkpoint."""
@@ -253,6 +273,10 @@ norm_eps = 1e-5""")
 
     import_case("gpt2", random_gpt2(5), gpt_toml, tmp)
     ck = export_case("gpt2", "GPT2LMHeadModel", gpt_toml, tmp)
+    torch.manual_seed(7)
+    untied_case("gpt2", randomized(GPT2LMHeadModel(GPT2Config(
+        vocab_size=256, n_positions=T, n_embd=64, n_layer=2, n_head=4, bos_token_id=None, eos_token_id=None,
+        tie_word_embeddings=False))), gpt_toml, tmp)
     if LLAMA:
         import_case("llama", random_llama(6), llama_toml, tmp)
         export_case("llama", "LlamaForCausalLM", llama_toml, tmp)
