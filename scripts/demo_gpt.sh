@@ -6,6 +6,8 @@
 # end, prints a generated sample, and draws the runs (scripts/plot_run.py; the 4-rank run traces steps
 # 1201-1202 into trace.json for the pipeline picture). Checks: the eval loss falls below 2.3 nats per byte (from
 # ln 256 = 5.55) and the resumed run ends within 0.01 of it.
+# The same steps for Llama: RELAY_DEMO_CONFIG=configs/llama-small-bytes.toml scripts/demo_gpt.sh
+# (runs/llama-4ranks, runs/llama-resumed, runs/llama-plots).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -21,32 +23,33 @@ if [ ! -f data/fortunes_train.h5 ]; then
 fi
 $RELAY data inspect data/fortunes_train.h5
 MPIRUN="mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1"
-CFG=configs/gpt-small-bytes.toml
+CFG=${RELAY_DEMO_CONFIG:-configs/gpt-small-bytes.toml}
+P=$(sed -n 's/^type = "\(.*\)"/\1/p' "$CFG" | head -1)  # run directories runs/$P-*: gpt or llama
 
-echo; echo "=== 1. 4 ranks: dp = 2 x pp = 2, 1F1B (runs/gpt-4ranks)"
+echo; echo "=== 1. 4 ranks: dp = 2 x pp = 2, 1F1B (runs/$P-4ranks)"
 start=$(date +%s)
-$MPIRUN -np 4 $RELAY train --config $CFG --set run.dir=runs/gpt-4ranks --set parallel.dp=2 --set parallel.pp=2 \
+$MPIRUN -np 4 $RELAY train --config $CFG --set run.dir=runs/$P-4ranks --set parallel.dp=2 --set parallel.pp=2 \
   --set checkpoint.keep=0 --set 'trace.steps=[1201, 1202]'
 took=$(( $(date +%s) - start ))
-echo; echo "=== 2. resume step 1000 of the 4-rank run on dp = 1 x pp = 4, ZB-H1 (runs/gpt-resumed)"
-$MPIRUN -np 4 $RELAY train --config $CFG --set run.dir=runs/gpt-resumed --set parallel.pp=4 \
+echo; echo "=== 2. resume step 1000 of the 4-rank run on dp = 1 x pp = 4, ZB-H1 (runs/$P-resumed)"
+$MPIRUN -np 4 $RELAY train --config $CFG --set run.dir=runs/$P-resumed --set parallel.pp=4 \
   --set parallel.schedule=zb-h1 --set train.micro_batches=4 \
-  --set checkpoint.resume=runs/gpt-4ranks/checkpoints/step_00001000.h5
+  --set checkpoint.resume=runs/$P-4ranks/checkpoints/step_00001000.h5
 echo; echo "=== 3. a sample from the final checkpoint (temperature 0.8, top-k 40)"
-$RELAY generate --checkpoint runs/gpt-4ranks/checkpoints/step_00002000.h5 --prompt "The meaning of life is" \
+$RELAY generate --checkpoint runs/$P-4ranks/checkpoints/step_00002000.h5 --prompt "The meaning of life is" \
   --max-new-tokens 300 --temperature 0.8 --top-k 40 --seed 7
 
-echo; echo "=== 4. pictures of the two runs (runs/gpt-plots: metrics.png, pipeline.png from the 4-rank run's trace)"
-/usr/bin/python3 scripts/plot_run.py runs/gpt-4ranks runs/gpt-resumed --out runs/gpt-plots
-/usr/bin/python3 scripts/plot_run.py runs/gpt-4ranks --out runs/gpt-plots/4ranks
+echo; echo "=== 4. pictures of the two runs (runs/$P-plots: metrics.png, pipeline.png from the 4-rank run's trace)"
+/usr/bin/python3 scripts/plot_run.py runs/$P-4ranks runs/$P-resumed --out runs/$P-plots
+/usr/bin/python3 scripts/plot_run.py runs/$P-4ranks --out runs/$P-plots/4ranks
 
 loss() { grep eval_loss "$1/metrics.jsonl" | tail -1 | sed "s/.*\"eval_loss\": *\([0-9.]*\).*/\1/"; }
 echo
-echo "final eval loss: 4 ranks $(loss runs/gpt-4ranks) (training took ${took} s), resumed on another layout $(loss runs/gpt-resumed)"
-python3 - "$(loss runs/gpt-4ranks)" "$(loss runs/gpt-resumed)" <<'PY'
+echo "final eval loss: 4 ranks $(loss runs/$P-4ranks) (training took ${took} s), resumed on another layout $(loss runs/$P-resumed)"
+python3 - "$(loss runs/$P-4ranks)" "$(loss runs/$P-resumed)" <<'PY'
 import sys
 a, b = map(float, sys.argv[1:])
 ok = a < 2.3 and abs(a - b) <= 0.01
-print("GPT demo %s: eval loss below 2.3 and the resumed run within 0.01 of it" % ("PASSED" if ok else "FAILED"))
+print("demo %s: eval loss below 2.3 and the resumed run within 0.01 of it" % ("PASSED" if ok else "FAILED"))
 sys.exit(0 if ok else 1)
 PY

@@ -589,6 +589,98 @@ std::vector<OpCase> all_cases() {
       });
     }
   }
+
+  // Llama: RMSNorm, SwiGLU (also in place: dgate over gate, dup over up), rotary embeddings (forward and the
+  // inverse in place), grouped-query flash attention and decoding. KV in {H, H/2, 1}, head dims 16 and 64,
+  // T not a multiple of any tile (CPU 128; GPU 16, 8, 32).
+  for (DType x : float_types) {
+    const std::string sx = suffix(x);
+    for (const Shape& s : shapes) {
+      const std::string d = dims(s);
+      const int64_t n = s[0], f = s[1];
+      add("rmsnorm_forward_" + d + sx, kTolFp32, [=](Backend& be) {
+        Tensor xin = input(be, s, 120, x, -1, 3), gamma = input(be, {f}, 121, x, 0.5, 1.5);
+        Tensor y(be, s, x), rstd(be, {n});
+        be.rmsnorm_forward(xin, gamma, 1e-5f, y, rstd);
+        return std::vector{out(be, "y", y), out(be, "rstd", rstd)};
+      });
+      add("rmsnorm_backward_" + d + sx, kTolFp32, [=](Backend& be) {
+        Tensor xin = input(be, s, 122, x, -1, 3), gamma = input(be, {f}, 123, x, 0.5, 1.5);
+        Tensor y(be, s, x), rstd(be, {n}), dx(be, s, x);
+        be.rmsnorm_forward(xin, gamma, 1e-5f, y, rstd);
+        Tensor dy = input(be, s, 124, x), dgamma = input(be, {f}, 125);  // accumulated into
+        be.rmsnorm_backward_input(dy, xin, gamma, rstd, dx);
+        be.rmsnorm_backward_weight(dy, xin, rstd, dgamma);
+        return std::vector{out(be, "dx", dx), out(be, "dgamma", dgamma)};
+      });
+      add("swiglu_forward_" + d + sx, kTolFp32, [=](Backend& be) {
+        Tensor gate = input(be, s, 126, x, -8, 8), up = input(be, s, 127, x), h(be, s, x);
+        be.swiglu_forward(gate, up, h);
+        return std::vector{out(be, "h", h)};
+      });
+      add("swiglu_backward_" + d + sx, kTolFp32, [=](Backend& be) {
+        Tensor gate = input(be, s, 128, x, -8, 8), up = input(be, s, 129, x), dh = input(be, s, 130, x);
+        Tensor dgate(be, s, x), dup(be, s, x);
+        be.swiglu_backward(dh, gate, up, dgate, dup);
+        return std::vector{out(be, "dgate", dgate), out(be, "dup", dup)};
+      });
+      add("swiglu_backward_inplace_" + d + sx, kTolFp32, [=](Backend& be) {
+        Tensor gate = input(be, s, 128, x, -8, 8), up = input(be, s, 129, x), dh = input(be, s, 130, x);
+        be.swiglu_backward(dh, gate, up, gate, up);
+        return std::vector{out(be, "dgate", gate), out(be, "dup", up)};
+      });
+    }
+    struct Rope { int64_t n, T, heads, hd, pos0; double theta; };
+    for (Rope g : {Rope{1, 1, 1, 2, 0, 10000.0}, Rope{10, 5, 2, 16, 0, 10000.0}, Rope{74, 37, 3, 64, 7, 10000.0},
+                   Rope{3, 1, 4, 128, 1000, 500000.0}}) {
+      const std::string d = "n" + std::to_string(g.n) + "_T" + std::to_string(g.T) + "_heads" +
+                            std::to_string(g.heads) + "_hd" + std::to_string(g.hd) + "_pos" + std::to_string(g.pos0);
+      add("rope_" + d + sx, kTolFp32, [=](Backend& be) {
+        Tensor xin = input(be, {g.n, g.heads * g.hd}, 131, x, -2, 2), y(be, {g.n, g.heads * g.hd}, x);
+        be.rope(xin, g.T, g.hd, g.theta, g.pos0, false, y);
+        be.rope(xin, g.T, g.hd, g.theta, g.pos0, true, xin);  // the backward, in place
+        return std::vector{out(be, "y", y), out(be, "inverse_inplace", xin)};
+      });
+    }
+    struct Gqa { int64_t B, T, H, KV, hd; };
+    for (Gqa g : {Gqa{1, 1, 1, 1, 16}, Gqa{2, 37, 4, 4, 16}, Gqa{2, 37, 4, 2, 16}, Gqa{2, 37, 4, 1, 16},
+                  Gqa{1, 130, 4, 4, 64}, Gqa{1, 130, 4, 2, 64}, Gqa{2, 130, 4, 1, 64}}) {
+      const std::string d = "B" + std::to_string(g.B) + "_T" + std::to_string(g.T) + "_H" + std::to_string(g.H) +
+                            "_KV" + std::to_string(g.KV) + "_hd" + std::to_string(g.hd);
+      const int64_t n = g.B * g.T, C = g.H * g.hd, Ckv = g.KV * g.hd;
+      add("flash_attention_gqa_forward_" + d + sx, kTolFlash, [=](Backend& be) {
+        Tensor q = input(be, {n, C}, 132, x, -2, 2), k = input(be, {n, Ckv}, 133, x, -2, 2);
+        Tensor v = input(be, {n, Ckv}, 134, x, -2, 2), y(be, {n, C}, x), lse(be, {g.B, g.H, g.T});
+        be.flash_attention_gqa_forward(q, k, v, g.B, g.T, g.H, g.KV, y, lse);
+        return std::vector{out(be, "out", y), out(be, "lse", lse)};
+      });
+      add("flash_attention_gqa_backward_" + d + sx, kTolFlash, [=](Backend& be) {
+        Backend& cpu = cpu_backend();
+        Tensor q_ref = input(cpu, {n, C}, 135, x, -2, 2), k_ref = input(cpu, {n, Ckv}, 136, x, -2, 2);
+        Tensor v_ref = input(cpu, {n, Ckv}, 137, x, -2, 2), y_ref(cpu, {n, C}, x), lse_ref(cpu, {g.B, g.H, g.T});
+        cpu.flash_attention_gqa_forward(q_ref, k_ref, v_ref, g.B, g.T, g.H, g.KV, y_ref, lse_ref);
+        Tensor q = copy_to(be, q_ref), k = copy_to(be, k_ref), v = copy_to(be, v_ref);
+        Tensor y = copy_to(be, y_ref), lse = copy_to(be, lse_ref);
+        Tensor dy = input(be, {n, C}, 138, x), dq = input(be, {n, C}, 139, x);  // overwritten
+        Tensor dk = input(be, {n, Ckv}, 140, x), dv = input(be, {n, Ckv}, 141, x);
+        be.flash_attention_gqa_backward(dy, q, k, v, y, lse, g.B, g.T, g.H, g.KV, dq, dk, dv);
+        return std::vector{out(be, "dq", dq), out(be, "dk", dk), out(be, "dv", dv)};
+      });
+      if (g.T <= 64)
+        add("attention_decode_gqa_" + d + sx, kTolAttention, [=](Backend& be) {
+          // g.B sequences decoded together, position after position: rows t of (T, ...) per sequence.
+          Tensor q = input(be, {g.T, g.B * C}, 142, x, -2, 2), k = input(be, {g.T, g.B * Ckv}, 143, x, -2, 2);
+          Tensor v = input(be, {g.T, g.B * Ckv}, 144, x, -2, 2), o(be, {g.T, g.B * C}, x);
+          Tensor kc(be, {g.B, g.T, Ckv}, x), vc(be, {g.B, g.T, Ckv}, x);
+          for (int64_t t = 0; t < g.T; ++t) {
+            Tensor ot = o.rows(t, 1).view({g.B, C});
+            be.attention_decode_gqa(q.rows(t, 1).view({g.B, C}), k.rows(t, 1).view({g.B, Ckv}),
+                                    v.rows(t, 1).view({g.B, Ckv}), kc, vc, t, g.H, g.KV, ot);
+          }
+          return std::vector{out(be, "out", o), out(be, "kcache", kc), out(be, "vcache", vc)};
+        });
+    }
+  }
   return cases;
 }
 
@@ -751,6 +843,200 @@ TEST(BackendOpsFlash, CudaRefusesHeadDimAbove128) {
     const std::string what = e.what();
     EXPECT_NE(what.find("flash_attention_forward"), std::string::npos) << what;
     EXPECT_NE(what.find("160"), std::string::npos) << what;
+  }
+}
+
+// --- Llama's ops on the CPU against references written here -----------------------------------------
+// float32 CPU kernels against the formulas in double (RMSNorm, SwiGLU, rotary embeddings), and grouped-query
+// attention against the reference attention_forward / attention_backward with each key/value head repeated
+// for its query heads (dK, dV: sums over the group's heads).
+
+std::vector<double> values(const Tensor& t) { return out(cpu_backend(), "", t).values; }
+Output named(const std::string& name, std::vector<double> v) { return Output{name, std::move(v)}; }
+
+TEST(LlamaOpsCpu, RmsNormMatchesDoubleReference) {
+  Backend& be = cpu_backend();
+  for (Shape s : {Shape{3, 7}, Shape{127, 513}}) {
+    const int64_t n = s[0], d = s[1];
+    const float eps = 1e-5f;
+    Tensor x = input(be, s, 150, -1, 3), gamma = input(be, {d}, 151, 0.5, 1.5), dy = input(be, s, 152);
+    Tensor y(be, s), rstd(be, {n}), dx(be, s), dgamma = input(be, {d}, 153);
+    const std::vector<double> dgamma0 = values(dgamma);
+    be.rmsnorm_forward(x, gamma, eps, y, rstd);
+    be.rmsnorm_backward_input(dy, x, gamma, rstd, dx);
+    be.rmsnorm_backward_weight(dy, x, rstd, dgamma);
+    const std::vector<double> X = values(x), G = values(gamma), DY = values(dy);
+    std::vector<double> Y(X.size()), R(static_cast<size_t>(n)), DX(X.size()), DG = dgamma0;
+    for (int64_t r = 0; r < n; ++r) {
+      double ss = 0, sgx = 0;
+      for (int64_t i = 0; i < d; ++i) ss += X[size_t(r * d + i)] * X[size_t(r * d + i)];
+      const double rs = 1.0 / std::sqrt(ss / double(d) + double(eps));
+      R[size_t(r)] = rs;
+      for (int64_t i = 0; i < d; ++i) {
+        const size_t at = size_t(r * d + i);
+        Y[at] = X[at] * rs * G[size_t(i)];
+        sgx += DY[at] * G[size_t(i)] * X[at];
+        DG[size_t(i)] += DY[at] * X[at] * rs;
+      }
+      for (int64_t i = 0; i < d; ++i) {
+        const size_t at = size_t(r * d + i);
+        DX[at] = rs * G[size_t(i)] * DY[at] - X[at] * rs * rs * rs * sgx / double(d);
+      }
+    }
+    const std::string what = "rmsnorm " + dims(s) + ": ";
+    expect_within(what + "y", named("y", Y), out(be, "y", y), 1e-6, "double", "cpu");
+    expect_within(what + "rstd", named("rstd", R), out(be, "rstd", rstd), 1e-6, "double", "cpu");
+    expect_within(what + "dx", named("dx", DX), out(be, "dx", dx), 1e-6, "double", "cpu");
+    expect_within(what + "dgamma", named("dgamma", DG), out(be, "dgamma", dgamma), 1e-6, "double", "cpu");
+  }
+}
+
+TEST(LlamaOpsCpu, SwiGluMatchesDoubleReference) {
+  Backend& be = cpu_backend();
+  const Shape s{37, 129};
+  Tensor gate = input(be, s, 154, -12, 12), up = input(be, s, 155), dh = input(be, s, 156);
+  Tensor h(be, s), dgate(be, s), dup(be, s);
+  be.swiglu_forward(gate, up, h);
+  be.swiglu_backward(dh, gate, up, dgate, dup);
+  const std::vector<double> Gt = values(gate), U = values(up), D = values(dh);
+  std::vector<double> H(Gt.size()), DG(Gt.size()), DU(Gt.size());
+  for (size_t i = 0; i < Gt.size(); ++i) {
+    const double sg = 1.0 / (1.0 + std::exp(-Gt[i]));
+    H[i] = Gt[i] * sg * U[i];
+    DG[i] = D[i] * U[i] * sg * (1.0 + Gt[i] * (1.0 - sg));
+    DU[i] = D[i] * Gt[i] * sg;
+  }
+  expect_within("swiglu h", named("h", H), out(be, "h", h), 1e-6, "double", "cpu");
+  expect_within("swiglu dgate", named("dgate", DG), out(be, "dgate", dgate), 1e-6, "double", "cpu");
+  expect_within("swiglu dup", named("dup", DU), out(be, "dup", dup), 1e-6, "double", "cpu");
+  // In place (dgate over gate, dup over up): the same bits.
+  be.swiglu_backward(dh, gate, up, gate, up);
+  EXPECT_EQ(values(gate), values(dgate));
+  EXPECT_EQ(values(up), values(dup));
+}
+
+TEST(LlamaOpsCpu, RopeMatchesFormulaAndItsInverseRestoresX) {
+  Backend& be = cpu_backend();
+  for (int64_t hd : {int64_t(16), int64_t(64)}) {
+    const int64_t T = 37, heads = 3, n = 2 * T, pos0 = 5, cols = heads * hd;
+    const double theta = 10000.0;
+    Tensor x = input(be, {n, cols}, 157, -2, 2), y(be, {n, cols});
+    be.rope(x, T, hd, theta, pos0, false, y);
+    const std::vector<double> X = values(x);
+    std::vector<double> Y(X.size());
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        // transformers' LlamaRotaryEmbedding: inv_freq and the angle in float32
+        const float inv_freq = 1.0f / powf(float(theta), float(2 * i) / float(hd));
+        const float a = float(pos0 + r % T) * inv_freq;
+        const double c = std::cos(double(a)), sn = std::sin(double(a));
+        for (int64_t h = 0; h < heads; ++h) {
+          const size_t lo = size_t(r * cols + h * hd + i), hi = lo + size_t(hd / 2);
+          Y[lo] = X[lo] * c - X[hi] * sn;
+          Y[hi] = X[hi] * c + X[lo] * sn;
+        }
+      }
+    const std::string what = "rope hd " + std::to_string(hd) + ": ";
+    expect_within(what + "y", named("y", Y), out(be, "y", y), 1e-6, "double", "cpu");
+    be.rope(y, T, hd, theta, pos0, true, y);  // in place
+    expect_within(what + "inverse(rope(x))", named("x", X), out(be, "x", y), 1e-6, "x", "inverse");
+  }
+}
+
+// q (rows, H*hd), k, v (rows, KV*hd) -> the packed (rows, 3*H*hd) of the reference attention, each key/value
+// head repeated for its H/KV query heads.
+Tensor repeat_kv_packed(const Tensor& q, const Tensor& k, const Tensor& v, int64_t H, int64_t KV) {
+  const int64_t rows = q.size(0), hd = q.size(1) / H, C = H * hd, Ckv = KV * hd;
+  const std::vector<double> Q = values(q), K = values(k), V = values(v);
+  std::vector<float> qkv(size_t(rows * 3 * C));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < hd; ++i) {
+        const size_t at = size_t(r * 3 * C + h * hd + i), kv = size_t(r * Ckv + (h / (H / KV)) * hd + i);
+        qkv[at] = float(Q[size_t(r * C + h * hd + i)]);
+        qkv[at + size_t(C)] = float(K[kv]);
+        qkv[at + size_t(2 * C)] = float(V[kv]);
+      }
+  Tensor t(cpu_backend(), {rows, 3 * C});
+  cpu_backend().upload(t, qkv.data());
+  return t;
+}
+
+struct GqaShape { int64_t B, T, H, KV, hd; };
+std::string gqa_name(const GqaShape& g) {
+  return "B" + std::to_string(g.B) + " T" + std::to_string(g.T) + " H" + std::to_string(g.H) + " KV" +
+         std::to_string(g.KV) + " hd" + std::to_string(g.hd);
+}
+const std::vector<GqaShape> kGqaShapes = {{2, 37, 4, 4, 16}, {2, 37, 4, 2, 16}, {2, 37, 4, 1, 16},
+                                          {1, 130, 4, 4, 64}, {1, 130, 4, 2, 64}, {2, 130, 4, 1, 64}};
+
+TEST(LlamaOpsCpu, GqaFlashAttentionMatchesReferenceWithRepeatedHeads) {
+  Backend& be = cpu_backend();
+  for (const GqaShape& g : kGqaShapes) {
+    const int64_t n = g.B * g.T, C = g.H * g.hd, Ckv = g.KV * g.hd, group = g.H / g.KV;
+    Tensor q = input(be, {n, C}, 160, -2, 2), k = input(be, {n, Ckv}, 161, -2, 2), v = input(be, {n, Ckv}, 162, -2, 2);
+    Tensor dy = input(be, {n, C}, 163), y(be, {n, C}), lse(be, {g.B, g.H, g.T});
+    Tensor dq(be, {n, C}), dk(be, {n, Ckv}), dv(be, {n, Ckv});
+    be.flash_attention_gqa_forward(q, k, v, g.B, g.T, g.H, g.KV, y, lse);
+    be.flash_attention_gqa_backward(dy, q, k, v, y, lse, g.B, g.T, g.H, g.KV, dq, dk, dv);
+
+    Tensor qkv = repeat_kv_packed(q, k, v, g.H, g.KV), att(be, {g.B, g.H, g.T, g.T}), y_ref(be, {n, C});
+    Tensor dqkv(be, {n, 3 * C});
+    be.attention_forward(qkv, g.B, g.T, g.H, att, y_ref);
+    be.attention_backward(dy, qkv, att, g.B, g.T, g.H, dqkv);
+    const std::vector<double> D = values(dqkv);
+    std::vector<double> DQ(size_t(n * C)), DK(size_t(n * Ckv), 0.0), DV(DK.size(), 0.0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t h = 0; h < g.H; ++h)
+        for (int64_t i = 0; i < g.hd; ++i) {
+          const size_t at = size_t(r * 3 * C + h * g.hd + i), kv = size_t(r * Ckv + (h / group) * g.hd + i);
+          DQ[size_t(r * C + h * g.hd + i)] = D[at];
+          DK[kv] += D[at + size_t(C)];
+          DV[kv] += D[at + size_t(2 * C)];
+        }
+    const std::string what = "gqa " + gqa_name(g) + ": ";
+    expect_within(what + "out", out(be, "out", y_ref), out(be, "out", y), kTolFlash, "reference", "flash");
+    expect_within(what + "dq", named("dq", DQ), out(be, "dq", dq), kTolFlash, "reference", "flash");
+    expect_within(what + "dk", named("dk", DK), out(be, "dk", dk), kTolFlash, "reference", "flash");
+    expect_within(what + "dv", named("dv", DV), out(be, "dv", dv), kTolFlash, "reference", "flash");
+  }
+}
+
+// Decoding B sequences position after position gives the full causal attention's row at each position.
+TEST(LlamaOpsCpu, GqaDecodeMatchesFullAttention) {
+  Backend& be = cpu_backend();
+  for (GqaShape g : kGqaShapes) {
+    g.T = std::min<int64_t>(g.T, 40);
+    const int64_t n = g.B * g.T, C = g.H * g.hd, Ckv = g.KV * g.hd;
+    Tensor q = input(be, {n, C}, 164, -2, 2), k = input(be, {n, Ckv}, 165, -2, 2), v = input(be, {n, Ckv}, 166, -2, 2);
+    Tensor qkv = repeat_kv_packed(q, k, v, g.H, g.KV), att(be, {g.B, g.H, g.T, g.T}), y_ref(be, {n, C});
+    be.attention_forward(qkv, g.B, g.T, g.H, att, y_ref);
+    const std::vector<double> Q = values(q), K = values(k), V = values(v), REF = values(y_ref);
+    Tensor kc(be, {g.B, g.T, Ckv}), vc(be, {g.B, g.T, Ckv}), qt(be, {g.B, C}), kt(be, {g.B, Ckv}), vt(be, {g.B, Ckv});
+    Tensor ot(be, {g.B, C});
+    std::vector<double> got(size_t(n * C)), want(got.size());
+    for (int64_t t = 0; t < g.T; ++t) {
+      // rows t of each sequence, gathered
+      auto gather = [&](const std::vector<double>& src, int64_t cols, Tensor& dst) {
+        std::vector<float> rows(size_t(g.B * cols));
+        for (int64_t b = 0; b < g.B; ++b)
+          for (int64_t c = 0; c < cols; ++c) rows[size_t(b * cols + c)] = float(src[size_t((b * g.T + t) * cols + c)]);
+        be.upload(dst, rows.data());
+      };
+      gather(Q, C, qt), gather(K, Ckv, kt), gather(V, Ckv, vt);
+      be.attention_decode_gqa(qt, kt, vt, kc, vc, t, g.H, g.KV, ot);
+      const std::vector<double> o = values(ot);
+      for (int64_t b = 0; b < g.B; ++b)
+        for (int64_t c = 0; c < C; ++c) {
+          got[size_t((b * g.T + t) * C + c)] = o[size_t(b * C + c)];
+          want[size_t((b * g.T + t) * C + c)] = REF[size_t((b * g.T + t) * C + c)];
+        }
+    }
+    expect_within("decode " + gqa_name(g), named("out", want), named("out", got), kTolAttention, "full", "decode");
+    // the caches hold k and v, sequence-major
+    std::vector<double> kcache_want(size_t(n * Ckv));
+    for (size_t i = 0; i < kcache_want.size(); ++i) kcache_want[i] = K[i];
+    expect_within("decode kcache " + gqa_name(g), named("k", kcache_want), out(be, "k", kc), kTolExact, "k", "kcache");
   }
 }
 

@@ -231,3 +231,31 @@ TEST_F(FlashAttention, BitwiseIndependentOfThreadCount) {
     EXPECT_EQ(bits(b.dqkv), bits(b1.dqkv));
   }
 }
+
+// Grouped-query attention (4 query heads on 2 and on 1 key/value heads): a key/value head's dK, dV sum its
+// query heads in order on one thread, so every output is the same bits for any thread count.
+TEST_F(FlashAttention, GroupedQueryBitwiseIndependentOfThreadCount) {
+  const int64_t B = 2, T = 150, H = 4, hd = 16, C = H * hd;
+  for (int64_t KV : {int64_t(2), int64_t(1)}) {
+    SCOPED_TRACE("KV " + std::to_string(KV));
+    const int64_t Ckv = KV * hd;
+    const auto q = randn(size_t(B * T * C), 9, 1.5f), k = randn(size_t(B * T * Ckv), 10, 1.5f);
+    const auto v = randn(size_t(B * T * Ckv), 11, 1.0f), dout = randn(size_t(B * T * C), 12, 1.0f);
+    auto run = [&] {
+      std::vector<float> out(q.size()), lse(size_t(B * H * T)), dq(q.size()), dk(k.size()), dv(v.size());
+      cpu::flash_attention_gqa_forward(q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(), B, T, H, KV, hd);
+      cpu::flash_attention_gqa_backward(dout.data(), q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(),
+                                        dq.data(), dk.data(), dv.data(), B, T, H, KV, hd);
+      return std::vector<std::vector<float>>{out, lse, dq, dk, dv};
+    };
+    cpu::set_threads(1);
+    const auto one = run();
+    for (int threads : {2, 3}) {
+      cpu::set_threads(threads);
+      const auto r = run();
+      for (size_t i = 0; i < r.size(); ++i)
+        EXPECT_EQ(0, std::memcmp(r[i].data(), one[i].data(), r[i].size() * sizeof(float)))
+            << "output " << i << " differs with " << threads << " threads";
+    }
+  }
+}

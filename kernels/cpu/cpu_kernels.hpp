@@ -59,6 +59,26 @@ template <typename X>
 void layernorm_backward_weight(const X* dy, const X* x, const float* mean, const float* rstd, float* dgamma,
                                float* dbeta, int64_t rows, int64_t d);
 
+// RMSNorm over rows of x (rows, d) as transformers' LlamaRMSNorm: y = x * rstd * gamma, rstd (rows) f32.
+template <typename X>
+void rmsnorm_forward(const X* x, const X* gamma, float eps, X* y, float* rstd, int64_t rows, int64_t d);
+template <typename X>
+void rmsnorm_backward_input(const X* dy, const X* x, const X* gamma, const float* rstd, X* dx, int64_t rows,
+                            int64_t d);
+template <typename X>
+void rmsnorm_backward_weight(const X* dy, const X* x, const float* rstd, float* dgamma, int64_t rows, int64_t d);
+
+// Llama's SwiGLU: h (n) = silu(gate) * up; backward dgate, dup (may alias dh, gate or up).
+template <typename X>
+void swiglu_forward(const X* gate, const X* up, X* h, int64_t n);
+template <typename X>
+void swiglu_backward(const X* dh, const X* gate, const X* up, X* dgate, X* dup, int64_t n);
+// Rotate-half rotary embedding of x (rows, heads * hd) into y (may alias x); row r at position pos0 + r % T;
+// inverse rotates by minus the angle (kernels/cpu/rope.hpp has the angles).
+template <typename X>
+void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
+          bool inverse);
+
 // Softmax cross-entropy; dlogits may be null (and may alias logits). Targets must be in [0, classes).
 template <typename X>
 void cross_entropy(const X* logits, const int32_t* targets, float grad_scale, float* losses, X* dlogits, int64_t rows,
@@ -96,6 +116,12 @@ void attention_backward(const float* dout, const float* qkv, const float* att, f
 template <typename X>
 void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
                       int64_t H);
+
+// Grouped-query decoding: q (n rows, ldq apart, H heads of hd), k, v (n rows, ldkv apart, KV heads); caches
+// (n, Tmax, KV*hd), row t written; out (n, H*hd). Query head h reads key/value head h / (H / KV).
+template <typename X>
+void attention_decode_gqa(const X* q, int64_t ldq, const X* k, const X* v, int64_t ldkv, X* kcache, X* vcache,
+                          X* out, int64_t n, int64_t t, int64_t Tmax, int64_t H, int64_t KV, int64_t hd);
 
 // f32 masters and state; work (n) bf16 or null: the updated parameter rounded, in the same pass.
 void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, double lr, double beta1,

@@ -248,20 +248,25 @@ void single_threaded_gemm() { omp_set_num_threads(1); }
 
 }  // namespace
 
+// The kernels take q, k, v as strided row views so that GPT's packed qkv (B*T, 3C) and Llama's separate
+// q (B*T, H*hd), k, v (B*T, KV*hd) share them: query head h reads key/value head h / (H / KV), and KV == H
+// is plain multi-head attention (the packed op calls these with exactly its old arithmetic).
 template <typename Elem>
-void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H) {
-  const int64_t hd = C / H, C3 = 3 * C;
+void flash_attention_gqa_forward(const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq, int64_t ldkv,
+                                 Elem* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  const int64_t C = H * hd, group = H / KV;
   const int64_t blocks = (T + kFwdQueries - 1) / kFwdQueries, heads = B * H;
   // Scores in log2 units (scale * log2 e folded into the GEMM) so that the softmax needs only 2^x.
   const float alpha = kLog2e / std::sqrt(float(hd));
 #pragma omp parallel
   {
     single_threaded_gemm();
-    // Per-thread float32 scratch whatever Elem is. k, v hold rows [0, cached) of head cached_bh: a thread
-    // usually takes several query blocks of one head in a row, and reads that head's keys once, not once
-    // per block (they fit in L2: 2 x T x hd floats, 512 KiB at T = 1024, hd = 64).
+    // Per-thread float32 scratch whatever Elem is. k, v hold rows [0, cached) of key/value head cached_kv:
+    // a thread usually takes several query blocks of one head (or of the heads sharing its key/value head)
+    // in a row, and reads those keys once, not once per block (they fit in L2: 2 x T x hd floats, 512 KiB
+    // at T = 1024, hd = 64).
     std::vector<float> k(static_cast<size_t>(T * hd)), v(k.size());  // (T, hd)
-    int64_t cached_bh = -1, cached = 0;
+    int64_t cached_kv = -1, cached = 0;
     std::vector<float> q(static_cast<size_t>(kFwdQueries * hd));        // (Br, hd)
     std::vector<float> s(static_cast<size_t>(kFwdQueries * kFwdKeys));  // (Br, Bc) scores, then probabilities
     std::vector<float> acc(q.size());                                    // (Br, hd) unnormalised output
@@ -272,15 +277,17 @@ void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < blocks * heads; ++task) {
       const int64_t bh = task / blocks, qb = blocks - 1 - task % blocks, b = bh / H, h = bh % H;
+      const int64_t kvh = b * KV + h / group;
       const int64_t q0 = qb * kFwdQueries, q1 = std::min(T, q0 + kFwdQueries), rows = q1 - q0;
-      const Elem* base = qkv + b * T * C3 + h * hd;  // (T, 3C) this sequence, this head's q columns
-      if (bh != cached_bh) cached_bh = bh, cached = 0;
+      const Elem* kbase = k_in + b * T * ldkv + (h / group) * hd;  // (T, ldkv) this sequence's key head
+      const Elem* vbase = v_in + b * T * ldkv + (h / group) * hd;
+      if (kvh != cached_kv) cached_kv = kvh, cached = 0;
       if (cached < q1) {
-        load_rows(base + cached * C3 + C, C3, q1 - cached, hd, k.data() + cached * hd);
-        load_rows(base + cached * C3 + 2 * C, C3, q1 - cached, hd, v.data() + cached * hd);
+        load_rows(kbase + cached * ldkv, ldkv, q1 - cached, hd, k.data() + cached * hd);
+        load_rows(vbase + cached * ldkv, ldkv, q1 - cached, hd, v.data() + cached * hd);
         cached = q1;
       }
-      load_rows(base + q0 * C3, C3, rows, hd, q.data());
+      load_rows(q_in + (b * T + q0) * ldq + h * hd, ldq, rows, hd, q.data());
       // Key tiles up to the block's last query: tiles above the diagonal are never touched. Below the
       // diagonal all rows see the whole tile; a tile that crosses it goes in strips of kDiagRows rows,
       // each cut at its last query, so that little of the masked triangle is computed.
@@ -308,9 +315,10 @@ void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, 
 }
 
 template <typename Elem>
-void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out, const float* lse, Elem* dqkv,
-                              int64_t B, int64_t T, int64_t C, int64_t H) {
-  const int64_t hd = C / H, C3 = 3 * C, heads = B * H;
+void flash_attention_gqa_backward(const Elem* dout, const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq,
+                                  int64_t ldkv, const Elem* out, const float* lse, Elem* dq_out, Elem* dk_out,
+                                  Elem* dv_out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  const int64_t C = H * hd, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(hd)), alpha = kLog2e * scale;
 #pragma omp parallel
   {
@@ -318,50 +326,66 @@ void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out
     // Per-thread float32 copies of one head, converted once per head rather than once per tile.
     std::vector<float> q(static_cast<size_t>(T * hd)), k(q.size()), v(q.size()), dO(q.size());  // (T, hd)
     std::vector<float> dq(q.size());                                     // (T, hd) dQ, first O for D
+    std::vector<float> dk(q.size()), dv(q.size());                      // (T, hd) dK, dV of the key/value head
     std::vector<float> lse2(static_cast<size_t>(T)), D(lse2.size());    // (T)
-    std::vector<float> dk(static_cast<size_t>(kBwdKeys * hd)), dv(dk.size());  // (Bc, hd)
     std::vector<float> p(static_cast<size_t>(kBwdQueries * kBwdKeys)), ds(p.size());  // (Br, Bc)
-    // One task per (b, h), done in a fixed tile order by one thread: dQ sums its key tiles and dK, dV sum
-    // their query tiles always in the same order, whatever the thread count.
+    // One task per (b, key/value head), done in a fixed order by one thread: its query heads in order, and
+    // for each, dQ sums its key tiles and dK, dV sum their query tiles always in the same order, whatever
+    // the thread count.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < heads; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const Elem* base = qkv + b * T * C3 + h * hd;  // (T, 3C)
-      load_rows(base, C3, T, hd, q.data());
-      load_rows(base + C, C3, T, hd, k.data());
-      load_rows(base + 2 * C, C3, T, hd, v.data());
-      load_rows(dout + b * T * C + h * hd, C, T, hd, dO.data());
-      load_rows(out + b * T * C + h * hd, C, T, hd, dq.data());
-      row_dots(dO.data(), dq.data(), D.data(), T, hd);  // D = rowsum(dO * O)
-      std::fill(dq.begin(), dq.end(), 0.0f);
-      for (int64_t t = 0; t < T; ++t) lse2[size_t(t)] = lse[bh * T + t] * kLog2e;
-      for (int64_t k0 = 0; k0 < T; k0 += kBwdKeys) {
-        const int64_t k1 = std::min(T, k0 + kBwdKeys);
-        std::fill(dk.begin(), dk.end(), 0.0f);
-        std::fill(dv.begin(), dv.end(), 0.0f);
-        // Queries before k0 see none of these keys: start at the diagonal, in strips of kDiagRows rows
-        // cut at their last query while they cross it, then whole tiles of kBwdQueries rows.
-        for (int64_t q0 = k0, q1; q0 < T; q0 = q1) {
-          q1 = q0 < k1 ? std::min(k1, q0 + kDiagRows) : std::min(T, q0 + kBwdQueries);
-          const int64_t rows = q1 - q0, cols = std::min(k1, q1) - k0;
-          const float* qt = q.data() + q0 * hd;
-          const float* dOt = dO.data() + q0 * hd;
-          gemm(false, true, rows, cols, hd, alpha, qt, hd, k.data() + k0 * hd, hd, 0.0f, p.data(), kBwdKeys);
-          recompute_probs_tile(p.data(), kBwdKeys, rows, cols, q0, k0, lse2.data() + q0);
-          gemm(true, false, cols, hd, rows, 1.0f, p.data(), kBwdKeys, dOt, hd, 1.0f, dv.data(), hd);  // dV += P^T dO
-          gemm(false, true, rows, cols, hd, 1.0f, dOt, hd, v.data() + k0 * hd, hd, 0.0f, ds.data(), kBwdKeys);  // dP
-          softmax_grad_tile(ds.data(), p.data(), kBwdKeys, rows, cols, q0, k0, D.data() + q0);
-          gemm(false, false, rows, hd, cols, scale, ds.data(), kBwdKeys, k.data() + k0 * hd, hd, 1.0f,
-               dq.data() + q0 * hd, hd);  // dQ += scale dS K
-          gemm(true, false, cols, hd, rows, scale, ds.data(), kBwdKeys, qt, hd, 1.0f, dk.data(), hd);  // dK += scale dS^T Q
+    for (int64_t bkv = 0; bkv < B * KV; ++bkv) {
+      const int64_t b = bkv / KV, kvh = bkv % KV;
+      load_rows(k_in + b * T * ldkv + kvh * hd, ldkv, T, hd, k.data());
+      load_rows(v_in + b * T * ldkv + kvh * hd, ldkv, T, hd, v.data());
+      std::fill(dk.begin(), dk.end(), 0.0f);
+      std::fill(dv.begin(), dv.end(), 0.0f);
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        const int64_t bh = b * H + h;
+        load_rows(q_in + b * T * ldq + h * hd, ldq, T, hd, q.data());
+        load_rows(dout + b * T * C + h * hd, C, T, hd, dO.data());
+        load_rows(out + b * T * C + h * hd, C, T, hd, dq.data());
+        row_dots(dO.data(), dq.data(), D.data(), T, hd);  // D = rowsum(dO * O)
+        std::fill(dq.begin(), dq.end(), 0.0f);
+        for (int64_t t = 0; t < T; ++t) lse2[size_t(t)] = lse[bh * T + t] * kLog2e;
+        for (int64_t k0 = 0; k0 < T; k0 += kBwdKeys) {
+          const int64_t k1 = std::min(T, k0 + kBwdKeys);
+          float* dkt = dk.data() + k0 * hd;  // (k1 - k0, hd)
+          float* dvt = dv.data() + k0 * hd;
+          // Queries before k0 see none of these keys: start at the diagonal, in strips of kDiagRows rows
+          // cut at their last query while they cross it, then whole tiles of kBwdQueries rows.
+          for (int64_t q0 = k0, q1; q0 < T; q0 = q1) {
+            q1 = q0 < k1 ? std::min(k1, q0 + kDiagRows) : std::min(T, q0 + kBwdQueries);
+            const int64_t rows = q1 - q0, cols = std::min(k1, q1) - k0;
+            const float* qt = q.data() + q0 * hd;
+            const float* dOt = dO.data() + q0 * hd;
+            gemm(false, true, rows, cols, hd, alpha, qt, hd, k.data() + k0 * hd, hd, 0.0f, p.data(), kBwdKeys);
+            recompute_probs_tile(p.data(), kBwdKeys, rows, cols, q0, k0, lse2.data() + q0);
+            gemm(true, false, cols, hd, rows, 1.0f, p.data(), kBwdKeys, dOt, hd, 1.0f, dvt, hd);  // dV += P^T dO
+            gemm(false, true, rows, cols, hd, 1.0f, dOt, hd, v.data() + k0 * hd, hd, 0.0f, ds.data(), kBwdKeys);  // dP
+            softmax_grad_tile(ds.data(), p.data(), kBwdKeys, rows, cols, q0, k0, D.data() + q0);
+            gemm(false, false, rows, hd, cols, scale, ds.data(), kBwdKeys, k.data() + k0 * hd, hd, 1.0f,
+                 dq.data() + q0 * hd, hd);  // dQ += scale dS K
+            gemm(true, false, cols, hd, rows, scale, ds.data(), kBwdKeys, qt, hd, 1.0f, dkt, hd);  // dK += scale dS^T Q
+          }
         }
-        Elem* drow = dqkv + (b * T + k0) * C3 + h * hd;  // (k1 - k0, 3C)
-        store_rows(dk.data(), nullptr, k1 - k0, hd, drow + C, C3);
-        store_rows(dv.data(), nullptr, k1 - k0, hd, drow + 2 * C, C3);
+        store_rows(dq.data(), nullptr, T, hd, dq_out + b * T * ldq + h * hd, ldq);
       }
-      store_rows(dq.data(), nullptr, T, hd, dqkv + b * T * C3 + h * hd, C3);
+      store_rows(dk.data(), nullptr, T, hd, dk_out + b * T * ldkv + kvh * hd, ldkv);
+      store_rows(dv.data(), nullptr, T, hd, dv_out + b * T * ldkv + kvh * hd, ldkv);
     }
   }
+}
+
+// GPT's packed qkv (B*T, 3C): q at column 0, k at C, v at 2C, every row 3C apart; KV == H.
+template <typename Elem>
+void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H) {
+  flash_attention_gqa_forward(qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, B, T, H, H, C / H);
+}
+template <typename Elem>
+void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out, const float* lse, Elem* dqkv,
+                              int64_t B, int64_t T, int64_t C, int64_t H) {
+  flash_attention_gqa_backward(dout, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, dqkv, dqkv + C, dqkv + 2 * C,
+                               B, T, H, H, C / H);
 }
 
 template void flash_attention_forward<float>(const float*, float*, float*, int64_t, int64_t, int64_t, int64_t);
@@ -370,5 +394,13 @@ template void flash_attention_backward<float>(const float*, const float*, const 
                                               int64_t, int64_t, int64_t);
 template void flash_attention_backward<bf16>(const bf16*, const bf16*, const bf16*, const float*, bf16*, int64_t,
                                              int64_t, int64_t, int64_t);
+#define INST(E)                                                                                                    \
+  template void flash_attention_gqa_forward<E>(const E*, const E*, const E*, int64_t, int64_t, E*, float*, int64_t, \
+                                               int64_t, int64_t, int64_t, int64_t);                                 \
+  template void flash_attention_gqa_backward<E>(const E*, const E*, const E*, const E*, int64_t, int64_t, const E*, \
+                                                const float*, E*, E*, E*, int64_t, int64_t, int64_t, int64_t, int64_t);
+INST(float)
+INST(bf16)
+#undef INST
 
 }  // namespace relay::cpu

@@ -20,4 +20,17 @@ template <typename Elem>
 void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out, const float* lse, Elem* dqkv,
                               int64_t B, int64_t T, int64_t C, int64_t H);
 
+// Grouped-query attention on strided row views: q (B*T rows, ldq apart) holds H heads of hd columns, k and v
+// (B*T rows, ldkv apart) KV heads; query head h reads key/value head h / (H / KV). out (B*T, H*hd), lse
+// (B, H, T). GPT's packed layout is q = qkv, k = qkv + C, v = qkv + 2C, ldq = ldkv = 3C, KV = H.
+template <typename Elem>
+void flash_attention_gqa_forward(const Elem* q, const Elem* k, const Elem* v, int64_t ldq, int64_t ldkv, Elem* out,
+                                 float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd);
+// dq (rows ldq apart), dk, dv (rows ldkv apart): overwritten. A key/value head's gradients sum its query
+// heads' in order (deterministic for any thread count).
+template <typename Elem>
+void flash_attention_gqa_backward(const Elem* dout, const Elem* q, const Elem* k, const Elem* v, int64_t ldq,
+                                  int64_t ldkv, const Elem* out, const float* lse, Elem* dq, Elem* dk, Elem* dv,
+                                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd);
+
 }  // namespace relay::cpu

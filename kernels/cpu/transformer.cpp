@@ -134,26 +134,27 @@ void attention_backward(const float* dout, const float* qkv, const float* att, f
   }
 }
 
+// Query head h reads key/value head h / (H / KV); the caches hold KV heads (n, Tmax, KV*hd).
 template <typename X>
 RELAY_CPU_CLONES
-void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
-                      int64_t H) {
-  const int64_t hd = C / H, C3 = 3 * C;
+void attention_decode_gqa(const X* q_in, int64_t ldq, const X* k_in, const X* v_in, int64_t ldkv, X* kcache,
+                          X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t H, int64_t KV, int64_t hd) {
+  const int64_t C = H * hd, Ckv = KV * hd, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(hd));
   for (int64_t b = 0; b < n; ++b) {
-    const X* row = qkv + b * C3;
-    X* kc = kcache + b * Tmax * C;
-    X* vc = vcache + b * Tmax * C;
-    for (int64_t c = 0; c < C; ++c) {
-      kc[t * C + c] = row[C + c];
-      vc[t * C + c] = row[2 * C + c];
+    X* kc = kcache + b * Tmax * Ckv;
+    X* vc = vcache + b * Tmax * Ckv;
+    for (int64_t c = 0; c < Ckv; ++c) {
+      kc[t * Ckv + c] = k_in[b * ldkv + c];
+      vc[t * Ckv + c] = v_in[b * ldkv + c];
     }
     std::vector<float> a(static_cast<size_t>(t + 1)), o(static_cast<size_t>(hd));
     for (int64_t h = 0; h < H; ++h) {
-      const X* q = row + h * hd;
+      const X* q = q_in + b * ldq + h * hd;
+      const int64_t kvo = (h / group) * hd;  // this head's key/value columns
       float mx = -INFINITY;
       for (int64_t s = 0; s <= t; ++s) {
-        const X* k = kc + s * C + h * hd;
+        const X* k = kc + s * Ckv + kvo;
         float dot = 0;
         for (int64_t i = 0; i < hd; ++i) dot += load(q[i]) * load(k[i]);
         a[static_cast<size_t>(s)] = dot * scale;
@@ -164,7 +165,7 @@ void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int
       const float inv = 1.0f / sum;
       for (int64_t i = 0; i < hd; ++i) o[static_cast<size_t>(i)] = 0;
       for (int64_t s = 0; s <= t; ++s) {
-        const X* v = vc + s * C + h * hd;
+        const X* v = vc + s * Ckv + kvo;
         const float p = a[static_cast<size_t>(s)] * inv;
         for (int64_t i = 0; i < hd; ++i) o[static_cast<size_t>(i)] += p * load(v[i]);
       }
@@ -173,12 +174,21 @@ void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int
   }
 }
 
+// GPT's packed qkv (n, 3C): q, k, v at columns 0, C, 2C of rows 3C apart; KV == H.
+template <typename X>
+void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
+                      int64_t H) {
+  attention_decode_gqa(qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, kcache, vcache, out, n, t, Tmax, H, H, C / H);
+}
+
 #define INST(X)                                                                                                   \
   template void embedding_forward<X>(const int32_t*, const X*, const X*, X*, int64_t, int64_t, int64_t, int64_t, \
                                      int64_t);                                                                    \
   template void embedding_backward<X>(const int32_t*, const X*, float*, float*, int64_t, int64_t, int64_t, int64_t, \
                                       int64_t);                                                                   \
-  template void attention_decode<X>(const X*, X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t);
+  template void attention_decode<X>(const X*, X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t);       \
+  template void attention_decode_gqa<X>(const X*, int64_t, const X*, const X*, int64_t, X*, X*, X*, int64_t,   \
+                                        int64_t, int64_t, int64_t, int64_t, int64_t);
 RELAY_FOR_FLOAT_TYPES(INST)
 #undef INST
 

@@ -235,6 +235,51 @@ void Backend::layernorm_backward_weight(const Tensor& dy, const Tensor& x, const
   layernorm_backward_weight_impl(dy, x, mean, rstd, dgamma, dbeta);
 }
 
+void Backend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) {
+  const int64_t n = rows_of(x), d = cols_of(x);
+  Check c(*this, "rmsnorm_forward");
+  c.tensor(x, "x", kFloat).like(y, "y", x, "x").tensor(gamma, "gamma", kFloat);
+  c.same_dtype(gamma, "gamma", x, "x").numel(gamma, "gamma", d).tensor(rstd, "rstd", kF32).numel(rstd, "rstd", n);
+  rmsnorm_forward_impl(x, gamma, eps, y, rstd);
+}
+void Backend::rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                                     Tensor& dx) {
+  const int64_t n = rows_of(x), d = cols_of(x);
+  Check c(*this, "rmsnorm_backward_input");
+  c.tensor(x, "x", kFloat).like(dy, "dy", x, "x").like(dx, "dx", x, "x").tensor(gamma, "gamma", kFloat);
+  c.same_dtype(gamma, "gamma", x, "x").numel(gamma, "gamma", d).tensor(rstd, "rstd", kF32).numel(rstd, "rstd", n);
+  rmsnorm_backward_input_impl(dy, x, gamma, rstd, dx);
+}
+void Backend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dgamma) {
+  const int64_t n = rows_of(x), d = cols_of(x);
+  Check c(*this, "rmsnorm_backward_weight");
+  c.tensor(x, "x", kFloat).like(dy, "dy", x, "x").tensor(rstd, "rstd", kF32).numel(rstd, "rstd", n);
+  c.tensor(dgamma, "dgamma", kF32).numel(dgamma, "dgamma", d);
+  rmsnorm_backward_weight_impl(dy, x, rstd, dgamma);
+}
+
+void Backend::swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& h) {
+  Check(*this, "swiglu_forward").tensor(gate, "gate", kFloat).like(up, "up", gate, "gate").like(h, "h", gate, "gate");
+  swiglu_forward_impl(gate, up, h);
+}
+void Backend::swiglu_backward(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup) {
+  Check c(*this, "swiglu_backward");
+  c.tensor(gate, "gate", kFloat).like(up, "up", gate, "gate").like(dh, "dh", gate, "gate");
+  c.like(dgate, "dgate", gate, "gate").like(dup, "dup", gate, "gate");
+  c.that(dgate.raw() != dup.raw(), "dgate and dup must be different tensors");
+  swiglu_backward_impl(dh, gate, up, dgate, dup);
+}
+
+void Backend::rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y) {
+  Check c(*this, "rope");
+  c.tensor(x, "x", kFloat).like(y, "y", x, "x");
+  c.that(head_dim > 0 && head_dim % 2 == 0 && cols_of(x) % head_dim == 0,
+         cat("x ", shape_str(x.shape()), " must be (n, heads * head_dim) with an even head_dim, got head_dim ",
+             head_dim));
+  c.that(T > 0 && pos0 >= 0 && theta > 0, cat("T ", T, ", pos0 ", pos0, " and theta ", theta, " must be positive"));
+  rope_impl(x, T, head_dim, theta, pos0, inverse, y);
+}
+
 void Backend::cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
                             Tensor* dlogits) {
   const int64_t n = rows_of(logits);
@@ -357,6 +402,53 @@ void Backend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache
          cat("caches ", shape_str(kcache.shape()), " for qkv ", shape_str(qkv.shape()), ", t ", t, ", H ", H));
   c.tensor(out, "out", kFloat).same_dtype(out, "out", qkv, "qkv").numel(out, "out", n * C);
   attention_decode_impl(qkv, kcache, vcache, t, H, out);
+}
+
+namespace {
+// q (B*T, H*hd), k and v (B*T, KV*hd) of one dtype, KV dividing H; returns hd.
+int64_t gqa_head_dim(const Check& c, const Tensor& q, const Tensor& k, const Tensor& v, int64_t rows, int64_t H,
+                     int64_t KV) {
+  c.tensor(q, "q", kFloat).tensor(k, "k", kFloat).same_dtype(k, "k", q, "q").like(v, "v", k, "k");
+  c.that(H > 0 && KV > 0 && H % KV == 0 && cols_of(q) % H == 0 && cols_of(q) > 0,
+         cat("q ", shape_str(q.shape()), " must be (rows, H*hd) with H = ", H, " a multiple of KV = ", KV));
+  const int64_t hd = cols_of(q) / H;
+  c.that(rows_of(q) == rows && rows_of(k) == rows && cols_of(k) == KV * hd,
+         cat("q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), " must be (", rows, ", ", H, "*", hd, ") and (",
+             rows, ", ", KV, "*", hd, ")"));
+  return hd;
+}
+}  // namespace
+
+void Backend::flash_attention_gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
+                                          int64_t H, int64_t KV, Tensor& out, Tensor& lse) {
+  Check c(*this, "flash_attention_gqa_forward");
+  c.that(B > 0 && T > 0, cat("B ", B, " and T ", T, " must be positive"));
+  gqa_head_dim(c, q, k, v, B * T, H, KV);
+  c.like(out, "out", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
+  flash_attention_gqa_forward_impl(q, k, v, B, T, H, KV, out, lse);
+}
+void Backend::flash_attention_gqa_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
+                                           int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv) {
+  Check c(*this, "flash_attention_gqa_backward");
+  c.that(B > 0 && T > 0, cat("B ", B, " and T ", T, " must be positive"));
+  gqa_head_dim(c, q, k, v, B * T, H, KV);
+  c.like(out, "out", q, "q").like(dout, "dout", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
+  c.like(dq, "dq", q, "q").like(dk, "dk", k, "k").like(dv, "dv", k, "k");
+  flash_attention_gqa_backward_impl(dout, q, k, v, out, lse, B, T, H, KV, dq, dk, dv);
+}
+void Backend::attention_decode_gqa(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
+                                   int64_t t, int64_t H, int64_t KV, Tensor& out) {
+  Check c(*this, "attention_decode_gqa");
+  const int64_t n = rows_of(q);
+  const int64_t hd = gqa_head_dim(c, q, k, v, n, H, KV);
+  c.tensor(kcache, "kcache", kFloat).tensor(vcache, "vcache", kFloat);
+  c.same_dtype(kcache, "kcache", q, "q").same_dtype(vcache, "vcache", q, "q");
+  c.that(kcache.ndim() == 3 && kcache.shape() == vcache.shape() && kcache.size(0) == n && kcache.size(2) == KV * hd &&
+             t >= 0 && t < kcache.size(1),
+         cat("caches ", shape_str(kcache.shape()), " for k ", shape_str(k.shape()), ", t ", t, ", KV ", KV));
+  c.like(out, "out", q, "q");
+  attention_decode_gqa_impl(q, k, v, kcache, vcache, t, H, KV, out);
 }
 
 namespace {

@@ -114,6 +114,26 @@ class Backend : public Allocator {
   void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                  Tensor& dgamma, Tensor& dbeta);
 
+  // --- RMSNorm over the last dimension (transformers' LlamaRMSNorm, torch.nn.RMSNorm) -----------
+  // y (n, d) = x * rstd * gamma, rstd (n) = 1 / sqrt(mean over d of x^2 + eps), f32, saved for the
+  // backward. x, y, dy, dx, gamma (d): float, one dtype; rstd: f32; dgamma (d): f32 (accumulated).
+  void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd);
+  void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd, Tensor& dx);
+  // dgamma += sum over rows of dy * x * rstd. Deterministic (fixed reduction order, no atomics).
+  void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dgamma);
+  // --- SwiGLU (Llama's MLP): h (n, f) = silu(gate) * up, silu(g) = g / (1 + exp(-g)). Float, one dtype.
+  void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& h);
+  // dgate = dh * up * silu'(gate), dup = dh * silu(gate); elementwise: dgate and dup may alias dh, gate or up.
+  void swiglu_backward(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup);
+  // --- Rotary position embedding as transformers' Llama applies it (rotate-half) ------------------
+  // x, y (n, heads * head_dim), row r at position pos0 + r % T; for each head and i < head_dim / 2,
+  // a = pos * inv_freq[i], inv_freq[i] = 1 / theta^(2i / head_dim):
+  //   y[i] = x[i] cos a - x[i + hd/2] sin a;  y[i + hd/2] = x[i + hd/2] cos a + x[i] sin a.
+  // inverse = true rotates by -a (the backward: dx from dy). x, y: float, one dtype; y may alias x.
+  // Angles as transformers computes them (kernels/cpu/rope.hpp): inv_freq in f32, a = float(pos) * inv_freq
+  // in f32, cos and sin of that f32 angle in double, rounded once.
+  void rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y);
+
   // --- losses (logits, pred, target and their gradients: float, one dtype; losses, row_max,
   //     partial, total: f32; targets, argmax out: i32) ----------------------------------------
   // logits (n, c), targets (n) -> losses (n) = -log softmax(logits)[target];
@@ -170,6 +190,22 @@ class Backend : public Allocator {
   // qkv (n, 3C) of position t; kcache, vcache (n, Tmax, C): row t of each is overwritten with this k, v,
   // then out (n, C) = causal attention of q over cached positions [0, t]. Float, one dtype.
   void attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H, Tensor& out);
+  // --- Grouped-query flash attention (Llama: KV key/value heads, each shared by H / KV query heads;
+  // KV == H is multi-head, KV == 1 multi-query). Causal, scale 1/sqrt(hd), hd = q.cols / H.
+  // q (B*T, H*hd), k, v (B*T, KV*hd), out (B*T, H*hd) float, one dtype; lse (B, H, T) f32.
+  // Query head h reads KV head h / (H / KV).
+  void flash_attention_gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T, int64_t H,
+                                   int64_t KV, Tensor& out, Tensor& lse);
+  // dq (B*T, H*hd), dk, dv (B*T, KV*hd): overwritten; a KV head's gradient sums its query heads' in a fixed
+  // order (deterministic, the same bits every run and thread count).
+  void flash_attention_gqa_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                    Tensor& dq, Tensor& dk, Tensor& dv);
+  // Generation, one new position t for each of n sequences: q (n, H*hd), k, v (n, KV*hd) of position t
+  // (already rotated); kcache, vcache (n, Tmax, KV*hd): row t overwritten with k, v; then out (n, H*hd) =
+  // causal attention of q over cached positions [0, t]. Float, one dtype.
+  void attention_decode_gqa(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
+                            int64_t t, int64_t H, int64_t KV, Tensor& out);
 
   // --- optimizers (exact torch.optim update rules) --------------------------------------------
   // param (the f32 master), grad and the state: f32, one shape. work: undefined, or the bf16 working
@@ -203,6 +239,16 @@ class Backend : public Allocator {
                                              const Tensor& mean, const Tensor& rstd, Tensor& dx) = 0;
   virtual void layernorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                               const Tensor& rstd, Tensor& dgamma, Tensor& dbeta) = 0;
+  virtual void rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) = 0;
+  virtual void rmsnorm_backward_input_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                                           Tensor& dx) = 0;
+  virtual void rmsnorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& rstd,
+                                            Tensor& dgamma) = 0;
+  virtual void swiglu_forward_impl(const Tensor& gate, const Tensor& up, Tensor& h) = 0;
+  virtual void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                                    Tensor& dup) = 0;
+  virtual void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
+                         Tensor& y) = 0;
   virtual void cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
                                   Tensor* dlogits) = 0;
   virtual void mse_impl(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses,
@@ -228,6 +274,13 @@ class Backend : public Allocator {
                                              const Tensor& lse, int64_t B, int64_t T, int64_t H, Tensor& dqkv) = 0;
   virtual void attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
                                      Tensor& out) = 0;
+  virtual void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
+                                                int64_t T, int64_t H, int64_t KV, Tensor& out, Tensor& lse) = 0;
+  virtual void flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
+                                                 int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv) = 0;
+  virtual void attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache,
+                                         Tensor& vcache, int64_t t, int64_t H, int64_t KV, Tensor& out) = 0;
   virtual void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                                const AdamWArgs& args, Tensor& work) = 0;
   virtual void sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args,

@@ -194,6 +194,43 @@ void CpuBackend::layernorm_backward_weight_impl(const Tensor& dy, const Tensor& 
   });
 }
 
+void CpuBackend::rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) {
+  by_dtype(x, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::rmsnorm_forward(ptr<X>(x), ptr<X>(gamma), eps, ptr<X>(y), rstd.f32(), rows_of(x), cols_of(x));
+  });
+}
+void CpuBackend::rmsnorm_backward_input_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                             const Tensor& rstd, Tensor& dx) {
+  by_dtype(x, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::rmsnorm_backward_input(ptr<X>(dy), ptr<X>(x), ptr<X>(gamma), rstd.f32(), ptr<X>(dx), rows_of(x), cols_of(x));
+  });
+}
+void CpuBackend::rmsnorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dgamma) {
+  by_dtype(x, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::rmsnorm_backward_weight(ptr<X>(dy), ptr<X>(x), rstd.f32(), dgamma.f32(), rows_of(x), cols_of(x));
+  });
+}
+void CpuBackend::swiglu_forward_impl(const Tensor& gate, const Tensor& up, Tensor& h) {
+  by_dtype(gate, [&](auto* t) { cpu::swiglu_forward(ptr<X_OF(t)>(gate), ptr<X_OF(t)>(up), ptr<X_OF(t)>(h), h.numel()); });
+}
+void CpuBackend::swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                                      Tensor& dup) {
+  by_dtype(gate, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::swiglu_backward(ptr<X>(dh), ptr<X>(gate), ptr<X>(up), ptr<X>(dgate), ptr<X>(dup), gate.numel());
+  });
+}
+void CpuBackend::rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
+                           Tensor& y) {
+  by_dtype(x, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::rope(ptr<X>(x), ptr<X>(y), rows_of(x), T, cols_of(x) / head_dim, head_dim, theta, pos0, inverse);
+  });
+}
+
 void CpuBackend::cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
                                     Tensor* dlogits) {
   by_dtype(logits, [&](auto* t) {
@@ -275,6 +312,33 @@ void CpuBackend::attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor
     using X = X_OF(p);
     cpu::attention_decode(ptr<X>(qkv), ptr<X>(kcache), ptr<X>(vcache), ptr<X>(out), rows_of(qkv), t, kcache.size(1),
                           cols_of(qkv) / 3, H);
+  });
+}
+void CpuBackend::flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
+                                                  int64_t T, int64_t H, int64_t KV, Tensor& out, Tensor& lse) {
+  by_dtype(q, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::flash_attention_gqa_forward(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out), lse.f32(),
+                                     B, T, H, KV, cols_of(q) / H);
+  });
+}
+void CpuBackend::flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                   const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B,
+                                                   int64_t T, int64_t H, int64_t KV, Tensor& dq, Tensor& dk,
+                                                   Tensor& dv) {
+  by_dtype(q, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::flash_attention_gqa_backward(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
+                                      ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv), B, T, H, KV,
+                                      cols_of(q) / H);
+  });
+}
+void CpuBackend::attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache,
+                                           Tensor& vcache, int64_t t, int64_t H, int64_t KV, Tensor& out) {
+  by_dtype(q, [&](auto* p) {
+    using X = X_OF(p);
+    cpu::attention_decode_gqa(ptr<X>(q), cols_of(q), ptr<X>(k), ptr<X>(v), cols_of(k), ptr<X>(kcache),
+                              ptr<X>(vcache), ptr<X>(out), rows_of(q), t, kcache.size(1), H, KV, cols_of(q) / H);
   });
 }
 #undef X_OF

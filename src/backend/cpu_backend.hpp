@@ -64,6 +64,22 @@ class CpuBackend final : public Backend {
                                      int64_t B, int64_t T, int64_t H, Tensor& dqkv) override;
   void attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
                              Tensor& out) override;
+  void rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) override;
+  void rmsnorm_backward_input_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                                   Tensor& dx) override;
+  void rmsnorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dgamma) override;
+  void swiglu_forward_impl(const Tensor& gate, const Tensor& up, Tensor& h) override;
+  void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                            Tensor& dup) override;
+  void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
+                 Tensor& y) override;
+  void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
+                                        int64_t H, int64_t KV, Tensor& out, Tensor& lse) override;
+  void flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
+                                         int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv) override;
+  void attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
+                                 int64_t t, int64_t H, int64_t KV, Tensor& out) override;
   void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& args,
                        Tensor& work) override;
   void sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args,

@@ -1,7 +1,7 @@
 // relay generate --checkpoint FILE (--prompt TEXT | --prompt-tokens FILE) --max-new-tokens N
 //   [--temperature T --top-k K --seed S] [--tokenizer-files vocab.json merges.txt] [--device cpu|cuda]
 //   [--tokens-out FILE]
-// Text from a GPT checkpoint on one rank with a key-value cache (model/gpt_generate.hpp). The
+// Text from a GPT checkpoint on one rank with a key-value cache (model/generate.hpp). The
 // checkpoint names its tokenizer; "gpt2" needs GPT-2's vocab.json and merges.txt to encode a text
 // prompt and to print text.
 #include <cstdio>
@@ -13,7 +13,7 @@
 #include "cli/commands.hpp"
 #include "io/checkpoint.hpp"
 #include "io/tokenizer.hpp"
-#include "model/gpt_generate.hpp"
+#include "model/generate.hpp"
 #include "model/model_spec.hpp"
 
 namespace relay {
@@ -63,9 +63,9 @@ int run_generate_command(const GenerateOptions& o) {
   const Config cfg = parse_config_text(reader.meta().config_toml, o.checkpoint + " (its config)",
                                        o.precision.empty() ? std::vector<std::string>{}
                                                            : std::vector<std::string>{"train.precision=\"" + o.precision + "\""});
-  if (!cfg.model.is_gpt())
+  if (!make_model_spec(cfg, 0).language_model)
     throw Error(cat("--checkpoint ", o.checkpoint, " holds a model.type = \"", cfg.model.type,
-                    "\" model; relay generate needs a GPT checkpoint"));
+                    "\" model; relay generate needs a language model's checkpoint (gpt or llama)"));
   const std::string kind = reader.meta().tokenizer.empty() ? "bytes" : reader.meta().tokenizer;
   std::unique_ptr<Tokenizer> tok;
   if (kind == "bytes") tok = make_tokenizer("bytes", "", "");
@@ -100,7 +100,7 @@ int run_generate_command(const GenerateOptions& o) {
       be->upload(param->value, buf.data());
       param->refresh_work(*be);
     }
-  GptGenerator gen(*be, cfg, store);
+  Generator gen(*be, cfg, store);
   SamplingOptions so;
   so.max_new_tokens = o.max_new_tokens;
   so.temperature = o.temperature;

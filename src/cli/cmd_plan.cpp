@@ -113,13 +113,7 @@ void print_layout(const Config& cfg, const ModelLayout& layout) {
   for (int w = 0; w < std::min(n, 64); ++w) {
     const GridCoord c = grid_coord(w, dp, tp);
     const int t = c.tp_rank, d = c.dp_rank, p = c.pp_rank;
-    std::string shard = "whole blocks";
-    if (tp > 1 && layout.model.gpt) {
-      const int64_t H = cfg.model.n_head, C4 = 4 * cfg.model.n_embd, V = cfg.model.vocab_size;
-      shard = cat("heads [", tp_begin(H, tp, t), ", ", tp_end(H, tp, t), ") of ", H, ", MLP units [",
-                  tp_begin(C4, tp, t), ", ", tp_end(C4, tp, t), ") of ", C4, ", vocabulary [", tp_begin(V, tp, t), ", ",
-                  tp_end(V, tp, t), ") of ", V);
-    }
+    const std::string shard = layout.model.tp_shard(tp, t);
     std::printf("  rank %3d (dp %d, tp %d, pp %d): %s\n", w, d, t, p, shard.c_str());
   }
   if (n > 64) std::printf("  ... %d ranks in all\n", n);
@@ -164,7 +158,7 @@ void print_sim(const char* title, const ScheduleShape& shape, const SimResult& s
 int run_plan_command(const PlanOptions& o) {
   Config cfg = load_config(o.config, o.overrides);
   int64_t D = o.input_dim;
-  if (D <= 0 && !cfg.model.is_gpt()) {
+  if (D <= 0 && !make_model_spec(cfg, 1).language_model) {
     DatasetSpec spec;
     spec.targets = cfg.model.loss == "mse" ? TargetKind::dense : TargetKind::class_index;
     D = Hdf5Dataset(cfg.data.train, spec, "data.train").features();

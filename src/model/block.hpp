@@ -1,5 +1,6 @@
 // Blocks: the coarse units a model is cut into for pipeline stages. An MLP block is one config layer
-// (linear, activation, layernorm); a GPT model is embedding -> n_layer transformer blocks -> head.
+// (linear, activation, layernorm); a language model is embedding -> n_layer decoder blocks (GPT-2's
+// transformer or Llama's decoder layer) -> head.
 // A block maps its input activation (rows, in) to (rows, out) and keeps, per micro-batch slot, the
 // tensors its backward needs. Its parameters are handles into the ParamStore (param_store.hpp).
 #pragma once
@@ -12,7 +13,9 @@
 
 namespace relay {
 
-enum class BlockKind { linear, relu, gelu, tanh, layernorm, embedding, transformer, head };
+enum class BlockKind { linear, relu, gelu, tanh, layernorm, embedding, transformer, llama_layer, head };
+// The normalisation a language model's blocks use: GPT-2's LayerNorm or Llama's RMSNorm (weight only).
+enum class NormKind { layernorm, rmsnorm };
 const char* block_kind_name(BlockKind k);
 
 // Everything known about a block before anything is allocated: what the partitioner, `relay plan`,
@@ -24,10 +27,16 @@ struct BlockSpec {
   int64_t in = 0, out = 0;  // activation widths per row; in == 0: the input is token ids (rows) i32
   std::vector<ParamSpec> params;
   double flops = 0;         // forward FLOPs per row (sample for the MLP, token for GPT)
+  double attn_flops = 0;    // of which the attention's scores and weighted sums (QK^T, att @ V), per row
+  bool recomputable = false;  // train.recompute = "blocks" recomputes it (decoder blocks)
   // kind-specific settings
-  double eps = 1e-5;        // layernorm, transformer, head
-  int64_t n_head = 0;       // transformer
-  int64_t seq_len = 1;      // T: rows per sequence (GPT), 1 for the MLP
+  double eps = 1e-5;        // layernorm, transformer, llama_layer, head
+  NormKind norm = NormKind::layernorm;  // head
+  int64_t n_head = 0;       // transformer, llama_layer
+  int64_t n_kv_head = 0;    // llama_layer: key/value heads (grouped-query attention)
+  int64_t ffn_hidden = 0;   // llama_layer: SwiGLU hidden units
+  double rope_theta = 10000;  // llama_layer: rotary base
+  int64_t seq_len = 1;      // T: rows per sequence (language models), 1 for the MLP
   bool bias = true;         // transformer, head: Linear and LayerNorm biases
   bool starts_unit = true;  // a stage may begin here (false for an MLP's parameter-free layer)
   DType dtype = DType::f32; // activations, their gradients and working weights (train.precision)
@@ -63,6 +72,17 @@ class Block {
   virtual void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& saved) = 0;
   // Accumulates the parameter gradients (Param::grad) from dy and the saved input x.
   virtual void backward_weight(Backend&, const Tensor&, const Tensor&, BlockSaved&) {}
+
+  // Generation (relay generate: one rank, whole blocks), one position at a time with a cache.
+  // allocate_decode sizes `cache` for n sequences of up to max_len positions (key-value caches and
+  // one-position scratch); decode runs position t of each sequence: x (n, in) -> y (n, out), x token
+  // ids i32 (n) when spec().in == 0, reading positions [0, t) from the cache and adding position t.
+  // Blocks that cannot generate (the MLP's) keep the defaults, which refuse.
+  virtual bool can_decode() const { return false; }
+  virtual void allocate_decode(Backend&, int64_t /*n*/, int64_t /*max_len*/, BlockSaved&) {}
+  virtual void decode(Backend&, const Tensor&, Tensor&, int64_t /*t*/, BlockSaved&) {
+    RELAY_ASSERT(false, block_kind_name(spec_.kind) << " blocks cannot generate");
+  }
 
  protected:
   Param& param(size_t i) { return *params_[i]; }

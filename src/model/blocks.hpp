@@ -13,6 +13,9 @@ std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*>
                                       const TensorParallel& tp);
 // The shapes a block's allocate_saved makes for `rows` rows at tensor-parallel size tp (memory plans).
 std::vector<BufferSpec> gpt_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
+std::unique_ptr<Block> make_llama_block(const BlockSpec& spec, std::vector<Param*> params,  // llama_blocks.cpp
+                                        const TensorParallel& tp);
+std::vector<BufferSpec> llama_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 std::vector<BufferSpec> mlp_saved_shapes(const BlockSpec& spec, int64_t rows);
 
 }  // namespace relay

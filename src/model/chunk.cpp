@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/memory.hpp"
+#include "model/model_spec.hpp"
 
 namespace relay {
 
@@ -12,7 +13,7 @@ ModelChunk::ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Block>> 
     : be_(be), id_(id), blocks_(std::move(blocks)), is_first_(is_first), is_last_(is_last),
       alias_output_grad_(alias_output_grad) {
   RELAY_ASSERT(!blocks_.empty(), "chunk " << id << " has no blocks");
-  for (auto& b : blocks_) recomputed_.push_back(recompute && b->spec().kind == BlockKind::transformer);
+  for (auto& b : blocks_) recomputed_.push_back(recompute && b->spec().recomputable);
   first_param_block_ = blocks_.size();
   for (size_t k = 0; k < blocks_.size(); ++k)
     if (!blocks_[k]->params().empty()) { first_param_block_ = k; break; }
@@ -30,6 +31,25 @@ std::vector<Param*> ModelChunk::params() {
 bool ModelChunk::needs_input_grad(size_t k) const {
   // The first chunk's input is data: blocks up to and including the first parametrised one need no dx.
   return !(is_first_ && k <= first_param_block_) && blocks_[k]->spec().in > 0;
+}
+
+ChunkBytes ModelChunk::planned_bytes(const std::vector<BlockSpec>& blocks, int tp, int tp_rank, int64_t rows,
+                                     bool is_first, bool is_last, bool alias_output_grad, bool recompute) {
+  ChunkBytes b;
+  const BlockSpec& first = blocks.front();
+  const int64_t act = int64_t(dtype_size(first.dtype));
+  b.slot = first.in == 0 ? 4 * rows : act * rows * first.in;  // the input (token ids: one i32 per row)
+  if (!is_first) b.boundary = act * rows * first.in;          // the input gradient sent back
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const BlockSpec& s = blocks[k];
+    const int64_t w = block_out_width(s, tp, tp_rank);
+    const bool last = k + 1 == blocks.size(), alias = last && alias_output_grad, sent = last && !is_last;
+    b.slot += act * rows * w * (alias || sent ? 1 : 2);  // output (unless sent on) and its gradient
+    if (sent) b.boundary += act * rows * w;               // the output sent on
+    if (recompute && s.recomputable) b.scratch = saved_bytes(s, rows, tp) + act * rows * w;  // one set and an output
+    else b.slot += saved_bytes(s, rows, tp);
+  }
+  return b;
 }
 
 ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {

@@ -20,8 +20,19 @@
 
 namespace relay {
 
+// Bytes a chunk allocates for its activations (ModelChunk::slot): per slot, per micro-batch (the
+// boundary buffers sent to other ranks) and once (the recomputed blocks' shared scratch).
+struct ChunkBytes {
+  int64_t slot = 0, boundary = 0, scratch = 0;
+};
+
 class ModelChunk {
  public:
+  // What a chunk of these blocks would allocate for `rows` rows on tp rank tp_rank of tp, before anything
+  // exists (relay plan's memory prediction): the same rules as slot() below.
+  static ChunkBytes planned_bytes(const std::vector<BlockSpec>& blocks, int tp, int tp_rank, int64_t rows,
+                                  bool is_first, bool is_last, bool alias_output_grad, bool recompute);
+
   // alias_output_grad: the output gradient is written over the output (the last chunk of a model
   // whose loss computes its gradient in place, so a vocabulary-sized logits buffer exists once).
   ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Block>> blocks, bool is_first, bool is_last,

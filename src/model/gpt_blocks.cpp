@@ -22,7 +22,8 @@ namespace relay {
 
 namespace {
 
-// x i32 (n) token ids -> y (n, C) = wte[x] + wpe[position]. Params: wte (V, C), wpe (block_size, C).
+// x i32 (n) token ids -> y (n, C) = wte[x] + wpe[position]. Params: wte (V, C), and GPT-2's learned
+// positions wpe (block_size, C) (Llama has none: its positions are rotary, inside attention).
 // Vocabulary-parallel: rank r holds wte rows [vocab_start, ...); the other ranks' tokens give 0 and the
 // all-reduce adds the one rank's row (exactly: the rest are zeros); tp rank 0 alone adds the positions.
 class Embedding final : public Block {
@@ -32,17 +33,26 @@ class Embedding final : public Block {
         vocab_start_(tp_begin(params_[0]->full_shape[0], tp.size, tp.rank)) {}
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
     const Tensor none;
-    be.embedding_forward(x, param(0).compute(), tp_.rank == 0 ? param(1).compute() : none, spec_.seq_len, y, vocab_start_);
+    be.embedding_forward(x, param(0).compute(), tp_.rank == 0 ? positions() : none, spec_.seq_len, y, vocab_start_);
     tp_.allreduce_sum(y, "the embedding all-reduce");  // (n, C)
   }
   void backward_input(Backend&, const Tensor&, const Tensor&, Tensor&, BlockSaved&) override {
     RELAY_ASSERT(false, "the embedding has no input gradient (its input is token ids)");
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved&) override {
-    be.embedding_backward(x, dy, spec_.seq_len, param(0).grad, param(1).grad, vocab_start_);
+    Tensor none;
+    be.embedding_backward(x, dy, spec_.seq_len, param(0).grad, has_wpe() ? param(1).grad : none, vocab_start_);
+  }
+  bool can_decode() const override { return true; }
+  // x i32 (n): the tokens at position t -> y (n, C), with wpe's row t (one position per "sequence").
+  void decode(Backend& be, const Tensor& x, Tensor& y, int64_t t, BlockSaved&) override {
+    const Tensor wpe_t = has_wpe() ? param(1).compute().rows(t, 1) : Tensor();  // (1, C)
+    be.embedding_forward(x, param(0).compute(), wpe_t, 1, y);
   }
 
  private:
+  bool has_wpe() const { return params_.size() > 1; }
+  Tensor positions() { return has_wpe() ? param(1).compute() : Tensor(); }
   TensorParallel tp_;
   int64_t vocab_start_;
 };
@@ -112,10 +122,32 @@ class Transformer final : public Block {
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s.t);
-    if (!spec_.bias) {
-      zero_ = Tensor(be, {spec_.in}, spec_.dtype);
-      be.fill(zero_, 0.f);
-    }
+    make_zero(be);
+  }
+
+  // Generation: the key and value caches (n, max_len, C) and one position's intermediates.
+  enum : size_t { dK, dV, dLn, dMean, dRstd, dQkv, dAtty, dRes, dFc, dCount };
+  bool can_decode() const override { return !tp_.on(); }
+  void allocate_decode(Backend& be, int64_t n, int64_t max_len, BlockSaved& c) override {
+    const int64_t C = spec_.in;
+    const DType a = spec_.dtype, f32 = DType::f32;
+    allocate_buffers(be, {{{n, max_len, C}, a}, {{n, max_len, C}, a}, {{n, C}, a}, {{n}, f32}, {{n}, f32},
+                          {{n, 3 * C}, a}, {{n, C}, a}, {{n, C}, a}, {{n, 4 * C}, a}}, c.t);
+    make_zero(be);
+  }
+  // x, y (n, C) at position t: the forward of one position, attending over the cached ones.
+  void decode(Backend& be, const Tensor& x, Tensor& y, int64_t t, BlockSaved& c) override {
+    Tensor &ln = c.t[dLn], &mean = c.t[dMean], &rstd = c.t[dRstd], &qkv = c.t[dQkv], &atty = c.t[dAtty];
+    Tensor &res = c.t[dRes], &fc = c.t[dFc];
+    be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln, mean, rstd);
+    linear(be, ln, *p_.attn_w, p_.attn_b, qkv);                                    // (n, 3C)
+    be.attention_decode(qkv, c.t[dK], c.t[dV], t, spec_.n_head, atty);            // (n, C)
+    linear(be, atty, *p_.proj_w, p_.proj_b, res);
+    be.add(res, x, res);                                                          // residual 1
+    be.layernorm_forward(res, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln, mean, rstd);
+    be.linear(ln, p_.fc_w->compute(), bias_of(p_.fc_b), fc, LinearAct::gelu_tanh);  // (n, 4C)
+    linear(be, fc, *p_.mproj_w, p_.mproj_b, y);
+    be.add(y, res, y);                                                            // residual 2
   }
 
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
@@ -166,6 +198,11 @@ class Transformer final : public Block {
 
  private:
   static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, n); }
+  void make_zero(Backend& be) {
+    if (spec_.bias || zero_.defined()) return;
+    zero_ = Tensor(be, {spec_.in}, spec_.dtype);
+    be.fill(zero_, 0.f);
+  }
   Tensor lse_view(BlockSaved& s, int64_t n) const { return s.t[kLse].rows(0, n / spec_.seq_len); }
   // y (n, out) = x (n, in) @ W^T (+ b)
   static void linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y) {
@@ -200,10 +237,11 @@ class Transformer final : public Block {
   Tensor zero_, dbeta_scratch_;  // (C), only when model.bias = false
 };
 
-// x (n, C) -> logits (n, V) = ln_f(x) @ W^T, W the token embedding (tied) or lm_head.weight.
-// Params: ln_f.weight, [ln_f.bias], W (V, C). saved: ln_f out (n, C), mean, rstd (n), d ln_f out (n, C).
-// Vocabulary-parallel: this rank's logits are columns [vocab_start, ...) of (n, V), out_width() of them;
-// the input gradient is summed over the tp group.
+// x (n, C) -> logits (n, V) = norm(x) @ W^T, W the token embedding (tied) or lm_head.weight; norm is
+// GPT-2's ln_f (LayerNorm) or Llama's model.norm (RMSNorm, weight only).
+// Params: the norm's weight, [its bias], W (V, C). saved: norm out (n, C), mean, rstd (n), d norm out (n, C)
+// (mean unused by RMSNorm). Vocabulary-parallel: this rank's logits are columns [vocab_start, ...) of
+// (n, V), out_width() of them; the input gradient is summed over the tp group.
 class Head final : public Block {
  public:
   Head(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
@@ -215,12 +253,12 @@ class Head final : public Block {
   int64_t out_width() const override { return w_->value.size(0); }
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n) {
     const DType a = spec.dtype, f32 = DType::f32;
-    return {{{n, spec.in}, a}, {{n}, f32}, {{n}, f32}, {{n, spec.in}, a}};  // ln_f out, mean, rstd, d ln_f out
+    return {{{n, spec.in}, a}, {{n}, f32}, {{n}, f32}, {{n, spec.in}, a}};  // norm out, mean, rstd, d norm out
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     const int64_t C = spec_.in;
     allocate_buffers(be, saved_shapes(spec_, n), s.t);
-    if (!spec_.bias) {
+    if (!spec_.bias && spec_.norm == NormKind::layernorm) {
       zero_ = Tensor(be, {C}, spec_.dtype);
       be.fill(zero_, 0.f);
       dbeta_scratch_ = Tensor(be, {C});
@@ -229,7 +267,8 @@ class Head final : public Block {
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
     const int64_t n = x.size(0);
     Tensor lnf = s.t[0].rows(0, n), mean = s.t[1].rows(0, n), rstd = s.t[2].rows(0, n);
-    be.layernorm_forward(x, ln_w_->compute(), beta_or_zero(ln_b_, zero_), float(spec_.eps), lnf, mean, rstd);
+    if (spec_.norm == NormKind::rmsnorm) be.rmsnorm_forward(x, ln_w_->compute(), float(spec_.eps), lnf, rstd);
+    else be.layernorm_forward(x, ln_w_->compute(), beta_or_zero(ln_b_, zero_), float(spec_.eps), lnf, mean, rstd);
     be.matmul(lnf, false, w_->compute(), true, y, 1.f, 0.f);  // (n, C) @ (C, Vl): this rank's vocabulary columns
   }
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
@@ -237,14 +276,22 @@ class Head final : public Block {
     Tensor g = s.t[3].rows(0, n);
     be.matmul(dy, false, w_->compute(), false, g, 1.f, 0.f);  // (n, Vl) @ (Vl, C), partial over tp
     tp_.allreduce_sum(g, "the head's input-gradient all-reduce");  // (n, C)
-    be.layernorm_backward_input(g, x, ln_w_->compute(), s.t[1].rows(0, n), s.t[2].rows(0, n), dx);
+    if (spec_.norm == NormKind::rmsnorm) be.rmsnorm_backward_input(g, x, ln_w_->compute(), s.t[2].rows(0, n), dx);
+    else be.layernorm_backward_input(g, x, ln_w_->compute(), s.t[1].rows(0, n), s.t[2].rows(0, n), dx);
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t n = x.size(0);
     be.matmul(dy, true, s.t[0].rows(0, n), false, w_->grad, 1.f, 1.f);  // (V, n) @ (n, C)
-    be.layernorm_backward_weight(s.t[3].rows(0, n), x, s.t[1].rows(0, n), s.t[2].rows(0, n), ln_w_->grad,
-                                 ln_b_ ? ln_b_->grad : dbeta_scratch_);
+    if (spec_.norm == NormKind::rmsnorm)
+      be.rmsnorm_backward_weight(s.t[3].rows(0, n), x, s.t[2].rows(0, n), ln_w_->grad);
+    else
+      be.layernorm_backward_weight(s.t[3].rows(0, n), x, s.t[1].rows(0, n), s.t[2].rows(0, n), ln_w_->grad,
+                                   ln_b_ ? ln_b_->grad : dbeta_scratch_);
   }
+  // Generation: the forward itself, on one position's scratch.
+  bool can_decode() const override { return !tp_.on(); }
+  void allocate_decode(Backend& be, int64_t n, int64_t, BlockSaved& c) override { allocate_saved(be, n, c); }
+  void decode(Backend& be, const Tensor& x, Tensor& y, int64_t, BlockSaved& c) override { forward(be, x, y, c); }
 
  private:
   TensorParallel tp_;

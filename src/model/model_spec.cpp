@@ -1,10 +1,13 @@
-// Block specs for the two model families. MLP: one block per config layer, initialised as
+// Block specs for the model families. MLP: one block per config layer, initialised as
 // torch.nn.Linear / LayerNorm from (model.seed, layer index). GPT: GPT-2's parameters with nanoGPT's
 // state_dict names, weights N(0, init_std) from (model.seed, name), c_proj weights
-// N(0, init_std / sqrt(2 n_layer)), biases 0, layernorms 1 and 0.
+// N(0, init_std / sqrt(2 n_layer)), biases 0, layernorms 1 and 0. Llama: transformers'
+// LlamaForCausalLM state_dict names, every weight N(0, init_std) (its initializer_range) from
+// (model.seed, name), RMSNorm weights 1.
 #include "model/model_spec.hpp"
 
 #include <cmath>
+#include <map>
 
 #include "model/blocks.hpp"
 
@@ -19,6 +22,7 @@ const char* block_kind_name(BlockKind k) {
     case BlockKind::layernorm: return "layernorm";
     case BlockKind::embedding: return "embedding";
     case BlockKind::transformer: return "transformer";
+    case BlockKind::llama_layer: return "llama_layer";
     case BlockKind::head: return "head";
   }
   return "?";
@@ -80,7 +84,7 @@ ModelSpec gpt_spec(const Config& cfg) {
   // v, so each rank holds whole heads), row-parallel = dim 1, vocabulary-parallel = dim 0.
   const TpSplit col{0, 1}, qkv{0, 3}, row{1, 1}, vocab{0, 1};
   ModelSpec m;
-  m.gpt = true;
+  m.language_model = true;
   m.seq_len = T;
   m.output_dim = V;
   const ParamSpec wte = w("transformer.wte.weight", {V, C}, std_w, vocab);
@@ -116,7 +120,9 @@ ModelSpec gpt_spec(const Config& cfg) {
     add(w(p + "mlp.c_proj.weight", {C, 4 * C}, std_proj, row));
     add({p + "mlp.c_proj.bias", {C}, constant(0)}, c.bias);
     // Per token: 2 x (3C^2 + C^2 + 4C^2 + 4C^2) in the projections, 2 x 2 x T x C in QK^T and att @ V.
-    b.flops = 24.0 * double(C) * double(C) + 4.0 * double(T) * double(C);
+    b.attn_flops = 4.0 * double(T) * double(C);
+    b.flops = 24.0 * double(C) * double(C) + b.attn_flops;
+    b.recomputable = true;
     m.blocks.push_back(std::move(b));
   }
 
@@ -135,10 +141,108 @@ ModelSpec gpt_spec(const Config& cfg) {
   return m;
 }
 
+ModelSpec llama_spec(const Config& cfg) {
+  const auto& c = cfg.model;
+  const int64_t V = c.vocab_size, T = c.block_size, C = c.n_embd, L = c.n_layer, F = c.ffn_hidden;
+  const int64_t hd = C / c.n_head, Hq = c.n_head * hd, Hkv = c.n_kv_head * hd;
+  auto w = [&](const std::string& name, Shape shape, TpSplit split = {}) {
+    return ParamSpec{name, std::move(shape), ParamInit{ParamInit::normal, c.init_std, name_stream(name), 0}, split};
+  };
+  // Tensor-parallel splits: q/k/v, gate and up column-parallel (dim 0: whole heads, as n_head and n_kv_head
+  // divide by tp), o and down row-parallel (dim 1), the embedding and lm_head vocabulary-parallel.
+  const TpSplit col{0, 1}, row{1, 1}, vocab{0, 1};
+  ModelSpec m;
+  m.language_model = true;
+  m.seq_len = T;
+  m.output_dim = V;
+  const ParamSpec embed = w("model.embed_tokens.weight", {V, C}, vocab);
+
+  BlockSpec emb;
+  emb.kind = BlockKind::embedding;
+  emb.in = 0;
+  emb.out = C;
+  emb.seq_len = T;
+  emb.params = {embed};
+  emb.flops = double(C);
+  m.blocks.push_back(emb);
+
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    BlockSpec b;
+    b.kind = BlockKind::llama_layer;
+    b.in = b.out = C;
+    b.seq_len = T;
+    b.n_head = c.n_head;
+    b.n_kv_head = c.n_kv_head;
+    b.ffn_hidden = F;
+    b.rope_theta = c.rope_theta;
+    b.eps = c.norm_eps;
+    b.bias = false;
+    b.params = {{p + "input_layernorm.weight", {C}, constant(1)},
+                w(p + "self_attn.q_proj.weight", {Hq, C}, col),
+                w(p + "self_attn.k_proj.weight", {Hkv, C}, col),
+                w(p + "self_attn.v_proj.weight", {Hkv, C}, col),
+                w(p + "self_attn.o_proj.weight", {C, Hq}, row),
+                {p + "post_attention_layernorm.weight", {C}, constant(1)},
+                w(p + "mlp.gate_proj.weight", {F, C}, col),
+                w(p + "mlp.up_proj.weight", {F, C}, col),
+                w(p + "mlp.down_proj.weight", {C, F}, row)};
+    // Per token: 2 x (q, k, v, o) + 2 x 3 C F in the projections, 2 x 2 x T x Hq in QK^T and att @ V.
+    b.attn_flops = 4.0 * double(T) * double(Hq);
+    b.flops = 2.0 * double(C) * double(2 * Hq + 2 * Hkv) + 6.0 * double(C) * double(F) + b.attn_flops;
+    b.recomputable = true;
+    m.blocks.push_back(std::move(b));
+  }
+
+  BlockSpec head;
+  head.kind = BlockKind::head;
+  head.in = C;
+  head.out = V;
+  head.seq_len = T;
+  head.bias = false;
+  head.norm = NormKind::rmsnorm;
+  head.eps = c.norm_eps;
+  head.params = {{"model.norm.weight", {C}, constant(1)}, c.tie_embeddings ? embed : w("lm_head.weight", {V, C}, vocab)};
+  head.flops = 2.0 * double(C) * double(V);
+  m.blocks.push_back(head);
+  for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
+  return m;
+}
+
 }  // namespace
 
+std::vector<std::string> ModelSpec::tied() const {
+  std::map<std::string, int> uses;
+  std::vector<std::string> out;
+  for (const BlockSpec& b : blocks)
+    for (const ParamSpec& p : b.params)
+      if (++uses[p.name] == 2) out.push_back(p.name);
+  return out;
+}
+
+double ModelSpec::attention_flops_per_row() const {
+  double f = 0;
+  for (const BlockSpec& b : blocks) f += b.attn_flops;
+  return f;
+}
+
+std::string ModelSpec::tp_shard(int tp, int r) const {
+  if (tp == 1 || !language_model) return "whole blocks";
+  auto range = [&](const char* what, int64_t n) {
+    return cat(what, " [", tp_begin(n, tp, r), ", ", tp_end(n, tp, r), ") of ", n);
+  };
+  for (const BlockSpec& b : blocks) {
+    if (b.kind == BlockKind::transformer)
+      return cat(range("heads", b.n_head), ", ", range("MLP units", 4 * b.in), ", ", range("vocabulary", output_dim));
+    if (b.kind == BlockKind::llama_layer)
+      return cat(range("query heads", b.n_head), ", ", range("key/value heads", b.n_kv_head), ", ",
+                 range("SwiGLU units", b.ffn_hidden), ", ", range("vocabulary", output_dim));
+  }
+  return range("vocabulary", output_dim);
+}
+
 ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
-  ModelSpec m = cfg.model.is_gpt() ? gpt_spec(cfg) : mlp_spec(cfg, input_dim);
+  ModelSpec m = cfg.model.is_gpt() ? gpt_spec(cfg) : cfg.model.is_llama() ? llama_spec(cfg) : mlp_spec(cfg, input_dim);
   for (BlockSpec& b : m.blocks) b.dtype = compute_dtype(cfg.train.precision);
   return m;
 }
@@ -148,12 +252,19 @@ void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, std::ve
   for (const BufferSpec& b : specs) out.emplace_back(be, b.shape, b.dtype);
 }
 
+std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t rows, int tp) {
+  switch (spec.kind) {
+    case BlockKind::embedding:
+    case BlockKind::transformer:
+    case BlockKind::head: return gpt_saved_shapes(spec, rows, tp);
+    case BlockKind::llama_layer: return llama_saved_shapes(spec, rows, tp);
+    default: return mlp_saved_shapes(spec, rows);
+  }
+}
+
 int64_t saved_bytes(const BlockSpec& spec, int64_t rows, int tp) {
-  const bool gpt = spec.kind == BlockKind::embedding || spec.kind == BlockKind::transformer ||
-                   spec.kind == BlockKind::head;
   int64_t n = 0;
-  for (const BufferSpec& b : gpt ? gpt_saved_shapes(spec, rows, tp) : mlp_saved_shapes(spec, rows))
-    n += shape_numel(b.shape) * int64_t(dtype_size(b.dtype));
+  for (const BufferSpec& b : saved_shapes(spec, rows, tp)) n += shape_numel(b.shape) * int64_t(dtype_size(b.dtype));
   return n;
 }
 
@@ -169,6 +280,7 @@ std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, cons
     case BlockKind::embedding:
     case BlockKind::transformer:
     case BlockKind::head: return make_gpt_block(spec, std::move(params), tp);
+    case BlockKind::llama_layer: return make_llama_block(spec, std::move(params), tp);
     default: return make_mlp_block(spec, std::move(params));
   }
 }

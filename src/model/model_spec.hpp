@@ -11,12 +11,23 @@
 
 namespace relay {
 
+// The model as the rest of Relay sees it: its blocks and the facts setup, data, schedules and
+// checkpoints need, so that nothing outside src/model asks which model family it is.
 struct ModelSpec {
-  bool gpt = false;
+  // A language model: reads token ids (sequences of seq_len tokens, data.train a token file), trains
+  // with the next-token cross-entropy over the vocabulary, and can generate.
+  bool language_model = false;
   std::vector<BlockSpec> blocks;
-  int64_t seq_len = 1;      // rows per sample: T for GPT (a sample is a sequence), 1 for the MLP
-  int64_t input_dim = 0;    // MLP: features per sample; GPT: 0 (token ids)
-  int64_t output_dim = 0;   // the loss's width: classes / targets (MLP) or vocab_size (GPT)
+  int64_t seq_len = 1;      // rows per sample: T for a language model (a sample is a sequence), 1 for the MLP
+  int64_t input_dim = 0;    // MLP: features per sample; language model: 0 (token ids)
+  int64_t output_dim = 0;   // the loss's width: classes / targets (MLP) or vocab_size (language model)
+  // Parameters used by more than one block (a tied embedding and head): one tensor, its gradient the sum.
+  std::vector<std::string> tied() const;
+  // Forward FLOPs per row of the attention scores and weighted sums, over every block (the part of a
+  // step's FLOPs that 6 x parameters does not count).
+  double attention_flops_per_row() const;
+  // One line per tp rank: what tensor parallelism gives rank r of tp ("heads [0, 6) of 12, ...").
+  std::string tp_shard(int tp, int r) const;
 };
 
 // input_dim: the MLP's feature count (from the data); ignored for GPT.

@@ -10,10 +10,10 @@ namespace relay {
 namespace {
 // "embedding + 4 transformer + head" or "8 layers", for messages.
 std::string model_blocks_hint(const std::vector<BlockSpec>& blocks) {
-  int transformers = 0;
-  for (auto& b : blocks) transformers += b.kind == BlockKind::transformer;
+  int layers = 0;
+  for (auto& b : blocks) layers += b.recomputable;
   if (!blocks.empty() && blocks.front().kind == BlockKind::embedding)
-    return cat("embedding + ", transformers, " transformer blocks (model.n_layer) + head");
+    return cat("embedding + ", layers, " transformer blocks (model.n_layer) + head");
   return cat(blocks.size(), " entries of model.layers");
 }
 }  // namespace

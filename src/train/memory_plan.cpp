@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/memory.hpp"
+#include "model/chunk.hpp"
 #include "parallel/slot_plan.hpp"
 
 namespace relay {
@@ -35,27 +36,16 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   const int last = layout.num_chunks() - 1;
   for (int c = pp_rank; c <= last; c += layout.pp) {
     const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
-    const BlockSpec& first = layout.blocks()[static_cast<size_t>(cr.begin)];
-    int64_t slot = first.in == 0 ? 4 * rows : act * rows * first.in;  // the input (token ids: one i32 per row)
-    int64_t boundary = c != 0 ? act * rows * first.in : 0;            // per micro-batch: the input gradient
-    int64_t scratch = 0, per_mb = 0;
-    for (int i = cr.begin; i < cr.end; ++i) {
-      const BlockSpec& s = layout.blocks()[static_cast<size_t>(i)];
-      const int64_t w = block_out_width(s, tp, tp_rank);
-      const bool alias = layout.model.gpt && c == last && i + 1 == cr.end, sent = c != last && i + 1 == cr.end;
-      slot += act * rows * w * (alias || sent ? 1 : 2);           // output (unless sent on) and its gradient
-      if (sent) boundary += act * rows * w;                       // per micro-batch: the output sent on
-      if (recompute && s.kind == BlockKind::transformer)
-        scratch = saved_bytes(s, rows, tp) + act * rows * w;      // one set per chunk, and an output
-      else
-        slot += saved_bytes(s, rows, tp);
-    }
+    const std::vector<BlockSpec> blocks(layout.blocks().begin() + cr.begin, layout.blocks().begin() + cr.end);
+    const ChunkBytes cb = ModelChunk::planned_bytes(blocks, tp, tp_rank, rows, c == 0, c == last,
+                                                    layout.model.language_model && c == last, recompute);
+    int64_t per_mb = 0;
     if (c == last) {
-      const bool ce = layout.model.gpt || cfg.model.loss == "cross_entropy";
+      const bool ce = layout.model.language_model || cfg.model.loss == "cross_entropy";
       per_mb += (ce ? 4 * rows : act * rows * layout.model.output_dim) + 4 * rows * 2;  // targets, losses, predictions
       if (tp > 1 && ce) per_mb += 4 * rows * 3;                                // row maxima, partial sums
     }
-    b.activations += plan.slots.at(c) * slot + m * (boundary + per_mb) + scratch;
+    b.activations += plan.slots.at(c) * cb.slot + m * (cb.boundary + per_mb) + cb.scratch;
   }
   return b;
 }

@@ -38,6 +38,19 @@ std::vector<ParamEntry> ModelLayout::shared_params() const {
   return out;
 }
 
+ParamPlacement ModelLayout::placement(const std::string& name, int pp_rank, int tp, int tp_rank) const {
+  for (const ParamEntry& e : params()) {
+    if (e.name != name) continue;
+    ParamPlacement p;
+    p.tied = e.pp_ranks.size() > 1;
+    p.owner = e.pp_ranks.front() == pp_rank;
+    p.tp_replicated = tp > 1 && e.split.replicated();
+    p.counts_in_norm = p.owner && !(tp_rank > 0 && e.split.replicated());
+    return p;
+  }
+  RELAY_ASSERT(false, "parameter " << name << " is not in the model");
+}
+
 int64_t ModelLayout::param_count() const {
   int64_t n = 0;
   for (auto& e : params()) n += shape_numel(e.shape);

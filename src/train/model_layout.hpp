@@ -20,6 +20,15 @@ struct ParamEntry {
   std::vector<int> pp_ranks;  // ranks holding a copy, ascending; the first is the owner (checkpoints)
 };
 
+// Where one parameter lives and how its gradient is treated, seen from one rank: the one rule the
+// gradient buckets, the tied reduction, the norm and the checks all use.
+struct ParamPlacement {
+  bool tied = false;           // held by more than one pipeline rank: the copies' gradients are summed each step
+  bool owner = true;           // this pipeline rank is the first that holds it (its copy is the one checkpointed)
+  bool tp_replicated = false;  // whole on every tp rank (not split): the tp ranks' gradients are equal
+  bool counts_in_norm = true;  // counted once in the gradient norm: the owner's copy, on tp rank 0 unless split
+};
+
 struct ModelLayout {
   ModelSpec model;
   int pp = 1, v = 1;
@@ -33,6 +42,8 @@ struct ModelLayout {
   std::vector<ParamEntry> params() const;
   // Parameters held by more than one pipeline rank (a tied embedding with pp > 1).
   std::vector<ParamEntry> shared_params() const;
+  // The placement of parameter `name` on pipeline rank pp_rank, tp rank tp_rank of tp.
+  ParamPlacement placement(const std::string& name, int pp_rank, int tp, int tp_rank) const;
   int64_t param_count() const;
   double forward_flops_per_sample() const;  // a sample is a sequence of seq_len tokens for GPT
 };

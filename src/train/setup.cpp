@@ -46,7 +46,7 @@ std::unique_ptr<Communicator> make_group_comm(Run& r, MPI_Comm c, bool point_to_
 
 void open_data(Run& r) {
   const Config& cfg = r.cfg;
-  if (cfg.model.is_gpt()) {
+  if (make_model_spec(cfg, 1).language_model) {
     r.train_data.tokens.emplace(cfg.data.train, cfg.model.block_size, cfg.model.vocab_size, "data.train");
     if (!cfg.data.eval.empty()) {
       r.eval_data.tokens.emplace(cfg.data.eval, cfg.model.block_size, cfg.model.vocab_size, "data.eval");
@@ -108,7 +108,7 @@ void setup_communicators(Run& r) {
   // which hold the same shard of the tied weight. Split on every rank (a collective); only used when
   // the model ties a weight across them.
   const ProcessGrid& g = r.grid;
-  const bool member = g.pp > 1 && r.cfg.model.is_gpt() && r.cfg.model.tie_embeddings &&
+  const bool member = g.pp > 1 && !make_model_spec(r.cfg, 1).tied().empty() &&
                       (g.is_first_stage() || g.is_last_stage());
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, member ? g.dp_rank * g.tp + g.tp_rank : MPI_UNDEFINED, g.pp_rank,
                            &r.tied_mpi));
@@ -134,7 +134,7 @@ void setup_data_and_model(Run& r) {
   // This rank's chunks: c = pp_rank, pp_rank + pp, ...
   r.store = std::make_unique<ParamStore>(*r.be, cfg.model.seed, g.tp, g.tp_rank, compute_dtype(cfg.train.precision));
   const int last = r.layout.num_chunks() - 1;
-  const bool lm = r.layout.model.gpt;
+  const bool lm = r.layout.model.language_model;
   for (int c = g.pp_rank; c <= last; c += g.pp) {
     const ChunkRange& cr = r.layout.chunks[static_cast<size_t>(c)];
     std::vector<std::unique_ptr<Block>> blocks;
@@ -144,9 +144,8 @@ void setup_data_and_model(Run& r) {
     r.chunk_map[c] = ch.get();
     r.chunks.push_back(std::move(ch));
   }
-  // Buckets: each parameter with the lowest of its chunks here (whose all-reduce comes last), and a
-  // tied weight's copy on the last stage kept out of the gradient norm (counted once, on the first), as
-  // are the copies of a replicated parameter on tp ranks other than 0 (their gradients are equal).
+  // Buckets: each parameter with the lowest of its chunks here (whose all-reduce comes last), placed
+  // by the layout (ModelLayout::placement: tied copies, tp-replicated copies, counted once in the norm).
   std::vector<BucketParam> bucket_params;
   std::vector<Param*> tied;
   for (auto& ch : r.chunks)
@@ -154,16 +153,9 @@ void setup_data_and_model(Run& r) {
       for (Param* p : b->params()) {
         if (r.params.count(p->name)) continue;
         r.params[p->name] = p;
-        bool second_copy = false, is_tied = false;
-        for (auto& e : shared)
-          if (e.name == p->name) {
-            tied.push_back(p);
-            is_tied = true;
-            second_copy = e.pp_ranks.front() != g.pp_rank;
-          }
-        const bool tp_copy = g.tp_rank > 0 && !p->sharded();
-        bucket_params.push_back({p, ch->id(), b->spec().index, !second_copy && !tp_copy, is_tied,
-                                 g.tp > 1 && !p->sharded()});
+        const ParamPlacement pl = r.layout.placement(p->name, g.pp_rank, g.tp, g.tp_rank);
+        if (pl.tied) tied.push_back(p);
+        bucket_params.push_back({p, ch->id(), b->spec().index, pl.counts_in_norm, pl.tied, pl.tp_replicated});
       }
   if (r.chunk_map.count(last)) {
     const int64_t V = r.layout.model.output_dim;

@@ -163,7 +163,7 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
   for (const auto& name : remove_stale_temporaries(cfg.checkpoint.dir))
     std::printf("relay: removed %s/%s, left by a checkpoint writer that died\n", cfg.checkpoint.dir.c_str(), name.c_str());
   auto log = std::make_unique<MetricsLog>(cfg.run.dir + "/metrics.jsonl", resume_path.empty() ? -1 : r.start_step,
-                                          r.layout.model.gpt ? r.layout.model.seq_len : 0);
+                                          r.layout.model.language_model ? r.layout.model.seq_len : 0);
   if (cfg.log.tensorboard) log->enable_tensorboard(cfg.run.dir + "/tb");
   std::printf("relay: effective config (saved as %s/config.toml)\n%s\n", cfg.run.dir.c_str(), cfg.to_toml().c_str());
   std::printf("relay: %d rank%s = dp %d x %spp %d, schedule %s (v=%lld, %lld micro-batches of %lld), backend %s\n",
@@ -334,12 +334,11 @@ int run_training(const Config& cfg) {
                                 ? gpu_peak_flops(r.be->describe(), cfg.train.precision) : 0.0;
   StepStats totals, window;
   double window_input_wait = 0;
-  // Training FLOPs per sample: 6 x parameters, plus attention's 12 x n_layer x n_embd x T per token.
+  // Training FLOPs per sample: 6 x parameters per row, plus 3 x the attention's forward FLOPs (GPT-2:
+  // 12 x n_layer x n_embd x T per token), from the layout's blocks.
   const double flops_per_sample =
-      6.0 * double(r.layout.param_count()) * double(r.layout.model.seq_len) +
-      (cfg.model.is_gpt() ? 12.0 * double(cfg.model.n_layer * cfg.model.n_embd) * double(cfg.model.block_size) *
-                                double(cfg.model.block_size)
-                          : 0.0);
+      (6.0 * double(r.layout.param_count()) + 3.0 * r.layout.model.attention_flops_per_row()) *
+      double(r.layout.model.seq_len);
   for (int64_t step = r.start_step + 1; step <= steps; ++step) {
     // Rank 0 decides the time limit; any rank's signal counts.
     const double avg_step = step > r.start_step + 1 ? (now_s() - loop_t0) / double(step - r.start_step - 1) : 0;
@@ -407,7 +406,7 @@ int run_training(const Config& cfg) {
       const int64_t m = tr ? tr->mark() : 0;
       EvalResult e = evaluate(r);
       if (tr) tr->add({"eval", "eval", kTrackCompute, step, -1, -1, m, tr->mark()});
-      if (rank0) log->eval(step, e.loss, e.accuracy, cfg.model.is_gpt() || cfg.model.loss == "cross_entropy");
+      if (rank0) log->eval(step, e.loss, e.accuracy, r.layout.model.language_model || cfg.model.loss == "cross_entropy");
     }
     const bool stop = res.stop && step < steps;
     if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop) {

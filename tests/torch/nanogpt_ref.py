@@ -190,15 +190,17 @@ def sequences(tokens, T, idx):
     return rows[:, :-1], rows[:, 1:]
 
 
-def train(cfg, weights, tokens, run, dtype, autocast=False):
+def train(cfg, weights, tokens, run, dtype, autocast=False, make_model=None):
     """Trains a GPT from weights {name: array} with run's data order, AdamW, clipping and schedule.
 
+    make_model: another module to train instead of nanoGPT's GPT(cfg) (tests/torch/test_llama_reference.py
+    trains transformers' LlamaForCausalLM): make_model() -> a module mapping idx (B, T) to logits (B, T, V).
     run: dict(steps, batch_size, shuffle, data_seed, lr, betas, eps, weight_decay, clip, schedule).
     autocast: the forward under torch.autocast("cpu", dtype=torch.bfloat16) (bf16 GEMMs, fp32 parameters and
     optimizer), the loss in float32 from the logits, as mixed-precision users train.
     Returns dict(losses, grad_norms, model, exp_avg, exp_avg_sq), the tensors keyed by parameter name.
     """
-    model = GPT(cfg)
+    model = make_model() if make_model else GPT(cfg)
     load_weights(model, weights, "initial weights")
     model.to(dtype)
     params = dict(model.named_parameters())

@@ -98,18 +98,39 @@ def toml_value(v):
     return repr(v)
 
 
+class GptFamily:
+    """What the harness needs of a model family: Relay's [model] section, the reference config and module.
+    tests/torch/test_llama_reference.py passes its own (transformers' LlamaForCausalLM)."""
+    name = "nanoGPT"
+
+    @staticmethod
+    def relay_model(opts):
+        return dict(type="gpt", **MODEL, bias=opts["bias"], tie_embeddings=opts["tie_embeddings"], init_std=0.02,
+                    seed=9)
+
+    @staticmethod
+    def config(opts):
+        return ref.GPTConfig(**MODEL, **opts)
+
+    @staticmethod
+    def module(cfg):
+        return ref.GPT(cfg)
+
+
+FAMILY = GptFamily
+
+
 def relay_config(d, data, opts, layout):
     sections = {
         "run": dict(dir=f"{d}/run"),
-        "model": dict(type="gpt", **MODEL, bias=opts["bias"], tie_embeddings=opts["tie_embeddings"],
-                      init_std=0.02, seed=9),
+        "model": FAMILY.relay_model(opts),
         "data": dict(train=data, shuffle=RUN["shuffle"], seed=RUN["data_seed"]),
         "train": dict(steps=RUN["steps"], batch_size=RUN["batch_size"], micro_batches=layout["m"], log_every=1,
                       clip_grad_norm=RUN["clip"]),
         "optimizer": dict(name="adamw", lr=RUN["lr"], betas=list(RUN["betas"]), eps=RUN["eps"],
                           weight_decay=RUN["weight_decay"]),
         "lr_schedule": RUN["schedule"],
-        "parallel": dict(dp=layout["dp"], pp=layout["pp"], schedule="1f1b"),
+        "parallel": dict(dp=layout["dp"], pp=layout["pp"], tp=layout.get("tp", 1), schedule="1f1b"),
         "checkpoint": dict(save_initial=True),
     }
     return "".join(f"[{s}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in kv.items()) + "\n"
@@ -207,7 +228,7 @@ def check_generation(relay, d, ckpt_path, cfg):
     weights = read_checkpoint(ckpt_path)["model"]
     models = {}
     for dtype in (torch.float32, torch.float64):
-        models[dtype] = ref.GPT(cfg)
+        models[dtype] = FAMILY.module(cfg)
         ref.load_weights(models[dtype], weights, ckpt_path)
         models[dtype].to(dtype)
     prompt = list(PROMPT)
@@ -243,7 +264,7 @@ def check_generation(relay, d, ckpt_path, cfg):
 def compare_case(relay, tmp, name, ranks, opts, dtype, layout):
     d = os.path.join(tmp, name)
     os.makedirs(d)
-    cfg = ref.GPTConfig(**MODEL, **opts)
+    cfg = FAMILY.config(opts)
     data = f"{d}/tokens.h5"
     tokens = write_tokens(data, dtype)
     open(f"{d}/c.toml", "w").write(relay_config(d, data, opts, layout))
@@ -256,8 +277,8 @@ def compare_case(relay, tmp, name, ranks, opts, dtype, layout):
                              f"(file step {final['step']}), expected adamw at {RUN['steps']}")
     relay_res = dict(read_metrics(f"{d}/run/metrics.jsonl"), **final)
 
-    fp32 = ref.train(cfg, start["model"], tokens, RUN, torch.float32)
-    fp64 = ref.train(cfg, start["model"], tokens, RUN, torch.float64)
+    fp32 = ref.train(cfg, start["model"], tokens, RUN, torch.float32, make_model=lambda: FAMILY.module(cfg))
+    fp64 = ref.train(cfg, start["model"], tokens, RUN, torch.float64, make_model=lambda: FAMILY.module(cfg))
     calibration = differences(fp32, fp64)
     tol = tolerances(calibration)
     diffs = differences(relay_res, fp32)

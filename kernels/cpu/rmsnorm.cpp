@@ -1,0 +1,77 @@
+// RMSNorm over the last dimension, as transformers' LlamaRMSNorm and torch.nn.RMSNorm (weight only, eps
+// inside the sqrt), on float or bf16 storage. The row's mean square is accumulated in double like the
+// LayerNorm kernels (layernorm.cpp), so the reference is tighter than the GPU kernels it checks; rstd is
+// saved in float for the backward.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cpu/instantiate.hpp"
+#include "kernels/cpu/simd.hpp"
+
+namespace relay::cpu {
+
+template <typename X>
+RELAY_CPU_CLONES
+void rmsnorm_forward(const X* x, const X* gamma, float eps, X* y, float* rstd, int64_t rows, int64_t d) {
+#pragma omp parallel for schedule(static) if (rows * d > 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const X* xr = x + r * d;
+    double ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < d; ++i) ss += double(load(xr[i])) * load(xr[i]);
+    const double rs = 1.0 / std::sqrt(ss / double(d) + double(eps));
+    rstd[r] = float(rs);
+    X* yr = y + r * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) store(yr[i], float(load(xr[i]) * rs) * load(gamma[i]));
+  }
+}
+
+// y = x r g with r = (mean(x^2) + eps)^-1/2: dx = r (g dy) - x r^3 mean(g dy x).
+template <typename X>
+RELAY_CPU_CLONES
+void rmsnorm_backward_input(const X* dy, const X* x, const X* gamma, const float* rstd, X* dx, int64_t rows,
+                            int64_t d) {
+#pragma omp parallel for schedule(static) if (rows * d > 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const X* xr = x + r * d;
+    const X* dyr = dy + r * d;
+    const double rs = rstd[r];
+    double sgx = 0;
+#pragma omp simd reduction(+ : sgx)
+    for (int64_t i = 0; i < d; ++i) sgx += double(load(dyr[i])) * load(gamma[i]) * load(xr[i]);
+    const double c = sgx / double(d) * rs * rs * rs;
+    X* dxr = dx + r * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i)
+      store(dxr[i], float(rs * (double(load(dyr[i])) * load(gamma[i])) - double(load(xr[i])) * c));
+  }
+}
+
+// Column blocks in parallel, rows in order within each (deterministic, and row-major reads).
+template <typename X>
+RELAY_CPU_CLONES
+void rmsnorm_backward_weight(const X* dy, const X* x, const float* rstd, float* dgamma, int64_t rows, int64_t d) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (d + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (rows * d > 32768)
+  for (int64_t bi = 0; bi < blocks; ++bi) {
+    const int64_t c0 = bi * kBlock, c1 = std::min(d, c0 + kBlock);
+    double sg[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const double rs = rstd[r];
+      for (int64_t i = c0; i < c1; ++i) sg[i - c0] += double(load(dy[r * d + i])) * (double(load(x[r * d + i])) * rs);
+    }
+    for (int64_t i = c0; i < c1; ++i) dgamma[i] += float(sg[i - c0]);
+  }
+}
+
+#define INST(X)                                                                                             \
+  template void rmsnorm_forward<X>(const X*, const X*, float, X*, float*, int64_t, int64_t);                \
+  template void rmsnorm_backward_input<X>(const X*, const X*, const X*, const float*, X*, int64_t, int64_t); \
+  template void rmsnorm_backward_weight<X>(const X*, const X*, const float*, float*, int64_t, int64_t);
+RELAY_FOR_FLOAT_TYPES(INST)
+#undef INST
+
+}  // namespace relay::cpu

@@ -1,0 +1,50 @@
+// Rotary position embedding (Su et al., arXiv:2104.09864) as transformers applies it to Llama's queries
+// and keys: the rotate-half pairing (i, i + hd/2) within each head. float or bf16 storage, float math,
+// one rounding per output. The cos/sin table is built once per call for the distinct positions.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cpu/instantiate.hpp"
+#include "kernels/cpu/rope.hpp"
+#include "kernels/cpu/simd.hpp"
+
+namespace relay::cpu {
+
+template <typename X>
+RELAY_CPU_CLONES
+void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
+          bool inverse) {
+  const int64_t half = hd / 2, positions = std::min(rows, T);
+  std::vector<float> cs(static_cast<size_t>(positions * half)), sn(cs.size());  // (positions, hd/2)
+#pragma omp parallel for schedule(static) if (positions * half > 4096)
+  for (int64_t p = 0; p < positions; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      float c, s;
+      rope_cos_sin(pos0 + p, i, hd, theta, c, s);
+      cs[size_t(p * half + i)] = c;
+      sn[size_t(p * half + i)] = inverse ? -s : s;
+    }
+  const int64_t cols = heads * hd;
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* c = cs.data() + (r % T) * half;
+    const float* s = sn.data() + (r % T) * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      const X* xr = x + r * cols + h * hd;
+      X* yr = y + r * cols + h * hd;  // may be xr: both halves are read before either is written
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = load(xr[i]), b = load(xr[i + half]);
+        store(yr[i], a * c[i] - b * s[i]);
+        store(yr[i + half], b * c[i] + a * s[i]);
+      }
+    }
+  }
+}
+
+#define INST(X) template void rope<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
+RELAY_FOR_FLOAT_TYPES(INST)
+#undef INST
+
+}  // namespace relay::cpu

@@ -1,0 +1,47 @@
+// Autoregressive generation from a language model (one rank, CPU or GPU) with key-value caches: each
+// new token costs one position's pass through the model's own blocks (Block::decode: the blocks are the
+// one definition of the model; generation does not restate it). Sampling as nanoGPT's generate():
+// logits / temperature, optional top-k, then a draw; greedy (first maximum) when temperature = 0.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/config.hpp"
+#include "model/block.hpp"
+#include "model/param.hpp"
+
+namespace relay {
+
+struct SamplingOptions {
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0;  // 0 = greedy
+  int64_t top_k = 0;         // 0 = the whole vocabulary
+  uint64_t seed = 1;
+};
+
+class Generator {
+ public:
+  // store must hold every parameter of cfg's model (its state_dict names), e.g. loaded from a
+  // checkpoint. A relay::Error when the model cannot generate (an MLP).
+  Generator(Backend& be, const Config& cfg, ParamStore& store);
+  // prompt (>= 1 token ids in [0, vocab_size)) followed by max_new_tokens generated ones. Past
+  // block_size tokens the context is cropped to the last block_size, as nanoGPT does.
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingOptions& opt);
+
+ private:
+  // Runs position t (< block_size) of token `tok` through the model, filling the caches' row t;
+  // returns the logits (vocab_size) on the host.
+  const std::vector<float>& step(int32_t tok, int64_t t);
+  int32_t sample(const std::vector<float>& logits, const SamplingOptions& opt, uint64_t draw);
+
+  Backend& be_;
+  int64_t block_size_, vocab_size_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<BlockSaved> caches_;  // per block: its key-value cache and scratch (Block::allocate_decode)
+  Tensor tok_;                      // i32 (1): the token at the position being run
+  std::vector<Tensor> acts_;        // acts_[k] (1, out of block k), run dtype; the last holds the logits
+  Tensor logits_f32_;               // (1, V) the logits widened for the host
+  std::vector<float> host_logits_;
+};
+
+}  // namespace relay

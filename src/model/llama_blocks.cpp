@@ -1,0 +1,200 @@
+// Llama's decoder layer (Touvron et al. 2023; transformers' LlamaDecoderLayer is the reference module):
+//   h = x + o_proj(attention(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1))),  n1 = input_layernorm(x)
+//   y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                        n2 = post_attention_layernorm(h)
+// RMSNorms with a weight only, no biases anywhere, rotary positions (rotate-half, base rope_theta) on the
+// queries and keys, grouped-query attention (n_kv_head key/value heads, each shared by n_head / n_kv_head
+// query heads). The embedding (no learned positions) and the head (RMSNorm model.norm, then lm_head or the
+// tied embedding) are the language-model blocks of gpt_blocks.cpp. Rows are tokens, as there.
+//
+// Attention is grouped-query FlashAttention-2: only each query row's log-sum-exp (B, H, T) is kept. The
+// rotation is applied in place to q and k, which are kept rotated; the backward rotates their gradients
+// back (rope's inverse) before the projections' gradients.
+//
+// Tensor parallelism (Megatron-LM): each tp rank holds n_head / tp query heads and n_kv_head / tp key/value
+// heads (q/k/v_proj column-parallel, o_proj row-parallel) and ffn_hidden / tp SwiGLU units (gate/up
+// column-parallel, down row-parallel); the RMSNorm weights are replicated. One all-reduce after each
+// row-parallel projection and one of each column-parallel input gradient, as in GPT-2's block.
+#include "model/blocks.hpp"
+
+namespace relay {
+
+namespace {
+
+// Parameter roles, in spec order (model_spec.cpp).
+struct LlamaParams {
+  Param *norm1, *q, *k, *v, *o, *norm2, *gate, *up, *down;
+};
+
+class LlamaLayer final : public Block {
+ public:
+  LlamaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
+      : Block(spec, std::move(params)), tp_(tp), hd_(spec.in / spec.n_head), H_(spec.n_head / tp.size),
+        KV_(spec.n_kv_head / tp.size), F_(spec.ffn_hidden / tp.size) {
+    RELAY_ASSERT(params_.size() == 9, "llama layer: " << params_.size() << " params, expected 9");
+    p_ = {params_[0], params_[1], params_[2], params_[3], params_[4], params_[5], params_[6], params_[7], params_[8]};
+  }
+
+  // saved.t: the forward's intermediates, then the gradients backward_input leaves for backward_weight.
+  // Widths are this tp rank's: H heads of hd (queries), KV heads (keys, values), F SwiGLU units.
+  enum : size_t { kN1, kRstd1, kQ, kK, kV, kLse, kAtty, kRes1, kN2, kRstd2, kGate, kUp, kH,
+                  kGRes1, kGGate, kGUp, kGN2, kGQ, kGK, kGV, kGN1, kCount };
+  static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
+    const int64_t C = spec.in, T = spec.seq_len, B = n / T, hd = C / spec.n_head;
+    const int64_t Hq = spec.n_head / tp * hd, Hkv = spec.n_kv_head / tp * hd, F = spec.ffn_hidden / tp;
+    const DType a = spec.dtype, f32 = DType::f32;
+    std::vector<BufferSpec> s(kCount);
+    s[kN1] = {{n, C}, a};
+    s[kRstd1] = {{n}, f32};
+    s[kQ] = {{n, Hq}, a};    // rotated
+    s[kK] = {{n, Hkv}, a};   // rotated
+    s[kV] = {{n, Hkv}, a};
+    s[kLse] = {{B, spec.n_head / tp, T}, f32};
+    s[kAtty] = {{n, Hq}, a};
+    s[kRes1] = {{n, C}, a};
+    s[kN2] = {{n, C}, a};
+    s[kRstd2] = {{n}, f32};
+    s[kGate] = {{n, F}, a};
+    s[kUp] = {{n, F}, a};
+    s[kH] = {{n, F}, a};
+    s[kGRes1] = {{n, C}, a};
+    s[kGGate] = {{n, F}, a};
+    s[kGUp] = {{n, F}, a};
+    s[kGN2] = {{n, C}, a};
+    s[kGQ] = {{n, Hq}, a};
+    s[kGK] = {{n, Hkv}, a};
+    s[kGV] = {{n, Hkv}, a};
+    s[kGN1] = {{n, C}, a};
+    return s;
+  }
+  void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
+    allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s.t);
+  }
+
+  void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
+    const int64_t n = x.size(0), T = spec_.seq_len;
+    auto v = [&](size_t k) { return view(s, k, n); };
+    Tensor n1 = v(kN1), rstd1 = v(kRstd1), q = v(kQ), k = v(kK), val = v(kV), atty = v(kAtty), res1 = v(kRes1);
+    Tensor n2 = v(kN2), rstd2 = v(kRstd2), gate = v(kGate), up = v(kUp), h = v(kH);
+    Tensor lse = s.t[kLse].rows(0, n / T);
+    const float eps = float(spec_.eps);
+    be.rmsnorm_forward(x, p_.norm1->compute(), eps, n1, rstd1);               // (n, C)
+    attention_inputs(be, n1, q, k, val, T, 0);                                // (n, Hq), (n, Hkv) x 2, rotated
+    be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, KV_, atty, lse);  // (n, Hq) this rank's heads
+    row_linear(be, atty, *p_.o, res1, "the attention output all-reduce");    // (n, C)
+    be.add(res1, x, res1);                                                    // residual 1
+    be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
+    be.linear(n2, p_.gate->compute(), Tensor(), gate);                        // (n, F) column-parallel
+    be.linear(n2, p_.up->compute(), Tensor(), up);                            // (n, F) column-parallel
+    be.swiglu_forward(gate, up, h);                                           // (n, F)
+    row_linear(be, h, *p_.down, y, "the MLP output all-reduce");              // (n, C)
+    be.add(y, res1, y);                                                       // residual 2
+  }
+
+  void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
+    const int64_t n = x.size(0), T = spec_.seq_len;
+    auto v = [&](size_t k) { return view(s, k, n); };
+    Tensor g_res1 = v(kGRes1), g_gate = v(kGGate), g_up = v(kGUp), g_n2 = v(kGN2), g_q = v(kGQ), g_k = v(kGK),
+           g_v = v(kGV), g_n1 = v(kGN1);
+    be.matmul(dy, false, p_.down->compute(), false, g_gate, 1.f, 0.f);        // (n, F) d h, into d gate's buffer
+    be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);               // (n, F) d gate, d up
+    be.matmul(g_gate, false, p_.gate->compute(), false, g_n2, 1.f, 0.f);      // (n, C) d n2, partial
+    be.matmul(g_up, false, p_.up->compute(), false, g_n2, 1.f, 1.f);
+    tp_.allreduce_sum(g_n2, "the MLP input-gradient all-reduce");             // (n, C) whole
+    Tensor tmp = g_n1;                                                        // (n, C) scratch
+    be.rmsnorm_backward_input(g_n2, v(kRes1), p_.norm2->compute(), v(kRstd2), tmp);
+    be.add(dy, tmp, g_res1);                                                  // (n, C) d res1
+    const int64_t Hq = H_ * hd_;
+    Tensor g_atty = g_n1.view({n * spec_.in}).rows(0, n * Hq).view({n, Hq});  // (n, Hq) scratch
+    be.matmul(g_res1, false, p_.o->compute(), false, g_atty, 1.f, 0.f);       // (n, Hq) d atty
+    be.flash_attention_gqa_backward(g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n / T), n / T, T, H_,
+                                    KV_, g_q, g_k, g_v);
+    be.rope(g_q, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_q);         // d q before the rotation
+    be.rope(g_k, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_k);
+    be.matmul(g_q, false, p_.q->compute(), false, g_n1, 1.f, 0.f);            // (n, C) d n1, partial
+    be.matmul(g_k, false, p_.k->compute(), false, g_n1, 1.f, 1.f);
+    be.matmul(g_v, false, p_.v->compute(), false, g_n1, 1.f, 1.f);
+    tp_.allreduce_sum(g_n1, "the attention input-gradient all-reduce");       // (n, C) whole
+    be.rmsnorm_backward_input(g_n1, x, p_.norm1->compute(), v(kRstd1), dx);
+    be.add(dx, g_res1, dx);                                                   // residual 1
+  }
+
+  void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
+    const int64_t n = x.size(0);
+    auto v = [&](size_t k) { return view(s, k, n); };
+    weight_grad(be, dy, v(kH), *p_.down);
+    weight_grad(be, v(kGGate), v(kN2), *p_.gate);
+    weight_grad(be, v(kGUp), v(kN2), *p_.up);
+    be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), p_.norm2->grad);
+    weight_grad(be, v(kGRes1), v(kAtty), *p_.o);
+    weight_grad(be, v(kGQ), v(kN1), *p_.q);
+    weight_grad(be, v(kGK), v(kN1), *p_.k);
+    weight_grad(be, v(kGV), v(kN1), *p_.v);
+    be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), p_.norm1->grad);
+  }
+
+  // Generation: key and value caches (n, max_len, KV hd) and one position's intermediates.
+  enum : size_t { dK, dV, dN, dRstd, dQ, dKn, dVn, dAtty, dRes, dGate, dUp, dH, dCount };
+  bool can_decode() const override { return !tp_.on(); }
+  void allocate_decode(Backend& be, int64_t n, int64_t max_len, BlockSaved& c) override {
+    const int64_t C = spec_.in, Hq = H_ * hd_, Hkv = KV_ * hd_;
+    const DType a = spec_.dtype;
+    allocate_buffers(be, {{{n, max_len, Hkv}, a}, {{n, max_len, Hkv}, a}, {{n, C}, a}, {{n}, DType::f32},
+                          {{n, Hq}, a}, {{n, Hkv}, a}, {{n, Hkv}, a}, {{n, Hq}, a}, {{n, C}, a},
+                          {{n, F_}, a}, {{n, F_}, a}, {{n, F_}, a}}, c.t);
+  }
+  // x, y (n, C) at position t, attending over the cached positions.
+  void decode(Backend& be, const Tensor& x, Tensor& y, int64_t t, BlockSaved& c) override {
+    Tensor &nrm = c.t[dN], &rstd = c.t[dRstd], &q = c.t[dQ], &k = c.t[dKn], &val = c.t[dVn], &atty = c.t[dAtty];
+    Tensor &res = c.t[dRes], &gate = c.t[dGate], &up = c.t[dUp], &h = c.t[dH];
+    const float eps = float(spec_.eps);
+    be.rmsnorm_forward(x, p_.norm1->compute(), eps, nrm, rstd);
+    attention_inputs(be, nrm, q, k, val, 1, t);                         // one position per sequence: t
+    be.attention_decode_gqa(q, k, val, c.t[dK], c.t[dV], t, H_, KV_, atty);
+    be.linear(atty, p_.o->compute(), Tensor(), res);
+    be.add(res, x, res);                                                // residual 1
+    be.rmsnorm_forward(res, p_.norm2->compute(), eps, nrm, rstd);
+    be.linear(nrm, p_.gate->compute(), Tensor(), gate);
+    be.linear(nrm, p_.up->compute(), Tensor(), up);
+    be.swiglu_forward(gate, up, h);                                     // (n, F)
+    be.linear(h, p_.down->compute(), Tensor(), y);
+    be.add(y, res, y);                                                  // residual 2
+  }
+
+ private:
+  static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, n); }
+  // q (n, Hq), k, v (n, Hkv) = the projections of n1 (n, C); q and k rotated for rows at positions
+  // pos0 + r % T.
+  void attention_inputs(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, int64_t T, int64_t pos0) {
+    be.linear(n1, p_.q->compute(), Tensor(), q);
+    be.linear(n1, p_.k->compute(), Tensor(), k);
+    be.linear(n1, p_.v->compute(), Tensor(), v);
+    be.rope(q, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, q);
+    be.rope(k, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, k);
+  }
+  // Row-parallel: y (n, C) = sum over tp of x_r (n, in/tp) @ W_r^T.
+  void row_linear(Backend& be, const Tensor& x, const Param& w, Tensor& y, const char* what) {
+    be.matmul(x, false, w.compute(), true, y, 1.f, 0.f);
+    tp_.allreduce_sum(y, what);
+  }
+  // dW (out, in) += dy^T @ x
+  static void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w) {
+    be.matmul(dy, true, x, false, w.grad, 1.f, 1.f);
+  }
+
+  LlamaParams p_{};
+  TensorParallel tp_;
+  int64_t hd_, H_, KV_, F_;  // head size; this rank's query heads, key/value heads and SwiGLU units
+};
+
+}  // namespace
+
+std::vector<BufferSpec> llama_saved_shapes(const BlockSpec& spec, int64_t rows, int tp) {
+  return spec.kind == BlockKind::llama_layer ? LlamaLayer::saved_shapes(spec, rows, tp) : std::vector<BufferSpec>{};
+}
+
+std::unique_ptr<Block> make_llama_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp) {
+  RELAY_ASSERT(spec.kind == BlockKind::llama_layer, "make_llama_block: not a Llama layer: " << block_kind_name(spec.kind));
+  return std::make_unique<LlamaLayer>(spec, std::move(params), tp);
+}
+
+}  // namespace relay
