@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Hugging Face round trips with the real transformers, safetensors and PyTorch 2.x from PyPI.
 
-Import: a random transformers GPT2LMHeadModel (built from a config, nothing downloaded) saved with
+For GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM, 4 query heads sharing 2 key/value heads):
+Import: a random transformers model (built from a config, nothing downloaded) saved with
 save_pretrained, once as one model.safetensors and once in shards with model.safetensors.index.json ->
 a Relay run with model.init_from = DIR, serially and on dp 2 x tp 2: Relay's step-0 checkpoint holds
 exactly the HF weights (Conv1D weights transposed to Relay's (out, in)), and Relay's eval loss with
@@ -10,9 +11,10 @@ Export: Relay trains, `relay ckpt export --format hf` writes a model directory, 
 AutoModelForCausalLM.from_pretrained loads it with no missing or unexpected keys, its eval loss equals
 Relay's logged one within 1e-5 and 20 greedy tokens of generate(do_sample=False) equal
 `relay generate --temperature 0` from the same prompt; --dtype bf16 loads and holds the fp32 weights
-rounded to bf16.
+rounded to bf16. An untied GPT-2 head goes both ways apart from the embedding.
 Bad input (exit 1, one line naming what is wrong): an HF directory of another architecture, a config
-key that differs from [model], a tensor missing from the directory, a GPT without biases exported.
+key that differs from [model] (GPT-2's n_head, Llama's num_key_value_heads), a tensor missing from the
+directory, a GPT without biases exported, export into a non-empty directory.
 
 The packages live in the cached venv relay-torch2 (tests/torch/pypi_venv.py). Usage:
 test_hf_interop.py <relay binary>; exit 77 = skipped (the venv cannot be made).
@@ -55,7 +57,6 @@ T = 32      # block_size
 CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 passed = 0
 EVAL_TOKENS = None  # the eval file's tokens (bytes)
-LLAMA = False  # TODO(hfio): drop once Llama blocks are on main
 # A run that keeps its initial weights: step-0 checkpoint, one step with lr 0, eval after it.
 STILL = ["--set", "train.steps=1", "--set", "optimizer.lr=0.0", "--set", "optimizer.weight_decay=0.0",
          "--set", "train.eval_every=1", "--set", "checkpoint.save_initial=true"]
@@ -277,9 +278,8 @@ norm_eps = 1e-5""")
     untied_case("gpt2", randomized(GPT2LMHeadModel(GPT2Config(
         vocab_size=256, n_positions=T, n_embd=64, n_layer=2, n_head=4, bos_token_id=None, eos_token_id=None,
         tie_word_embeddings=False))), gpt_toml, tmp)
-    if LLAMA:
-        import_case("llama", random_llama(6), llama_toml, tmp)
-        export_case("llama", "LlamaForCausalLM", llama_toml, tmp)
+    import_case("llama", random_llama(6), llama_toml, tmp)
+    export_case("llama", "LlamaForCausalLM", llama_toml, tmp)
 
     # ---- bad input ----------------------------------------------------------------------------------------
     BertForMaskedLM(BertConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -309,15 +309,14 @@ norm_eps = 1e-5""")
     line = expect_error(["ckpt", "export", ck, "--format", "hf", "--out", f"{tmp}/gpt2_out_fp32"],
                         ["gpt2_out_fp32", "not an empty"])
     ok(f"export into a non-empty directory: exit 1, {line}")
-    if LLAMA:
-        line = expect_error(["train", "--config", llama_toml, "--set", "train.steps=1", "--set", "parallel.dp=2",
-                             "--set", f'run.dir="{tmp}/bad4"', "--set", f'model.init_from="{tmp}/hf_llama"',
-                             "--set", "model.n_kv_head=4"],
-                            ["config.json num_key_value_heads = 2 but model.n_kv_head = 4"], ranks=2)
-        ok(f"Llama key differs, 2 ranks: exit 1, {line}")
-        line = expect_error(["train", "--config", gpt_toml, "--set", "train.steps=1", "--set", f'run.dir="{tmp}/bad5"',
-                             "--set", f'model.init_from="{tmp}/hf_llama"'],
-                            ['model_type "llama"', "LlamaForCausalLM", 'model.type = "gpt"'])
-        ok(f"a Llama directory for a GPT run: exit 1, {line}")
+    line = expect_error(["train", "--config", llama_toml, "--set", "train.steps=1", "--set", "parallel.dp=2",
+                         "--set", f'run.dir="{tmp}/bad4"', "--set", f'model.init_from="{tmp}/hf_llama"',
+                         "--set", "model.n_kv_head=4"],
+                        ["config.json num_key_value_heads = 2 but model.n_kv_head = 4"], ranks=2)
+    ok(f"Llama key differs, 2 ranks: exit 1, {line}")
+    line = expect_error(["train", "--config", gpt_toml, "--set", "train.steps=1", "--set", f'run.dir="{tmp}/bad5"',
+                         "--set", f'model.init_from="{tmp}/hf_llama"'],
+                        ['model_type "llama"', "LlamaForCausalLM", 'model.type = "gpt"'])
+    ok(f"a Llama directory for a GPT run: exit 1, {line}")
 
     print(f"{passed} passed, 0 failed (transformers {transformers.__version__}, torch {torch.__version__})")
