@@ -1,6 +1,7 @@
 // Causal self-attention forward + backward on the CPU: the reference kernels that store the (B, H, T, T)
 // probabilities (kernels/cpu/transformer.cpp) against FlashAttention-2 tiles (kernels/cpu/flash_attention.cpp,
-// arXiv:2307.08691) in float32 and bfloat16. Measures; never fails. Usage: bench_attention [threads ...]
+// arXiv:2307.08691) in float32 and bfloat16, and the grouped-query form (Llama: H / 4 key/value heads, the
+// same kernels on separate q, k, v). Measures; never fails. Usage: bench_attention [threads ...]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -111,6 +112,8 @@ int main(int argc, char** argv) {
   std::printf("# ref: attention_forward + attention_backward over the stored (B, H, T, T) probabilities\n");
   std::printf("# err: max |x - ref| / max(max |ref|, 1) over out and dqkv, inputs bf16-exact;\n");
   std::printf("#      ok when <= 1e-5 (float32) or 1e-2 (bf16: outputs rounded to 8 bits)\n");
+  std::printf("# gqa: q (B*T, C), k, v (B*T, C/4): H/4 key/value heads; err against flash f32 on the packed qkv\n");
+  std::printf("#      with each key/value head repeated (dk, dv summed over the group's heads)\n");
   std::printf("%4s %6s %5s %3s %10s %7s %10s %10s %10s %10s %6s %9s %4s\n", "B", "T", "C", "H", "kernel", "threads",
               "fwd ms", "bwd ms", "total ms", "GFLOP/s", "cpu", "err", "");
   for (const Shape& s : shapes) {
@@ -137,6 +140,67 @@ int main(int argc, char** argv) {
                   err < 0 ? "ref" : err <= tol ? "ok" : "BAD");
       std::fflush(stdout);
     };
+    // Grouped-query attention with KV = H / 4: q and the first KV heads of k, v from qkv, against the packed
+    // flash kernel on those heads repeated (its reference, computed once per shape).
+    const int64_t KV = s.H / 4, Ckv = KV * hd, group = s.H / std::max<int64_t>(KV, 1);
+    std::vector<float> gq(size_t(rows * s.C)), gk(size_t(rows * Ckv)), gv(gk.size()), rep(qkv.size());
+    std::vector<float> rep_out, rep_dq, rep_dk, rep_dv;
+    if (s.H % 4 == 0) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < s.C; ++c) gq[size_t(r * s.C + c)] = qkv[size_t(r * 3 * s.C + c)];
+        for (int64_t c = 0; c < Ckv; ++c) {
+          gk[size_t(r * Ckv + c)] = qkv[size_t(r * 3 * s.C + s.C + c)];
+          gv[size_t(r * Ckv + c)] = qkv[size_t(r * 3 * s.C + 2 * s.C + c)];
+        }
+        for (int64_t h = 0; h < s.H; ++h)
+          for (int64_t d = 0; d < hd; ++d) {
+            const size_t at = size_t(r * 3 * s.C + h * hd + d), kv = size_t(r * Ckv + (h / group) * hd + d);
+            rep[at] = gq[size_t(r * s.C + h * hd + d)];
+            rep[at + size_t(s.C)] = gk[kv];
+            rep[at + size_t(2 * s.C)] = gv[kv];
+          }
+      }
+      std::vector<float> out(size_t(rows * s.C)), dqkv(rep.size());
+      cpu::flash_attention_forward(rep.data(), out.data(), lse.data(), s.B, s.T, s.C, s.H);
+      cpu::flash_attention_backward(dout.data(), rep.data(), out.data(), lse.data(), dqkv.data(), s.B, s.T, s.C, s.H);
+      rep_out = out;
+      rep_dq.assign(size_t(rows * s.C), 0.0f);
+      rep_dk.assign(gk.size(), 0.0f);
+      rep_dv.assign(gk.size(), 0.0f);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < s.H; ++h)
+          for (int64_t d = 0; d < hd; ++d) {
+            const size_t at = size_t(r * 3 * s.C + h * hd + d), kv = size_t(r * Ckv + (h / group) * hd + d);
+            rep_dq[size_t(r * s.C + h * hd + d)] = dqkv[at];
+            rep_dk[kv] += dqkv[at + size_t(s.C)];
+            rep_dv[kv] += dqkv[at + size_t(2 * s.C)];
+          }
+    }
+    auto gqa = [&](int t, auto& row) {
+      auto run = [&](const char* kernel, auto tag, double tol) {
+        using Elem = decltype(tag);
+        auto to = [](const std::vector<float>& v) {
+          std::vector<Elem> r(v.size());
+          for (size_t i = 0; i < v.size(); ++i) store(r[i], v[i]);
+          return r;
+        };
+        const std::vector<Elem> q = to(gq), k = to(gk), v = to(gv), dy = to(dout);
+        std::vector<Elem> out(q.size()), dq(q.size()), dk(k.size()), dv(k.size());
+        const Timing ff = time_per_call([&] {
+          cpu::flash_attention_gqa_forward(q.data(), k.data(), v.data(), s.C, Ckv, out.data(), lse.data(), s.B, s.T,
+                                           s.H, KV, hd);
+        });
+        const Timing fb = time_per_call([&] {
+          cpu::flash_attention_gqa_backward(dy.data(), q.data(), k.data(), v.data(), s.C, Ckv, out.data(), lse.data(),
+                                            dq.data(), dk.data(), dv.data(), s.B, s.T, s.H, KV, hd);
+        });
+        const double err = std::max({relative_error(widen(out), rep_out), relative_error(widen(dq), rep_dq),
+                                     relative_error(widen(dk), rep_dk), relative_error(widen(dv), rep_dv)});
+        row(kernel, t, ff, fb, err, tol);
+      };
+      run("gqa f32", float{}, 1e-5);
+      run("gqa bf16", bf16{}, 1e-2);
+    };
     for (int t : threads) {
       cpu::set_threads(t);
       // Reference: scalar loops over the stored probabilities.
@@ -159,6 +223,7 @@ int main(int argc, char** argv) {
       };
       flash("flash f32", qkv, dout, 1e-5);
       flash("flash bf16", qkv16, dout16, 1e-2);
+      if (s.H % 4 == 0) gqa(t, row);
     }
   }
 }

@@ -74,7 +74,7 @@ void swiglu_forward(const X* gate, const X* up, X* h, int64_t n);
 template <typename X>
 void swiglu_backward(const X* dh, const X* gate, const X* up, X* dgate, X* dup, int64_t n);
 // Rotate-half rotary embedding of x (rows, heads * hd) into y (may alias x); row r at position pos0 + r % T;
-// inverse rotates by minus the angle (kernels/cpu/rope.hpp has the angles).
+// inverse rotates by minus the angle (kernels/rope_angles.hpp has the angles).
 template <typename X>
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
           bool inverse);

@@ -6,7 +6,7 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/instantiate.hpp"
-#include "kernels/cpu/rope.hpp"
+#include "kernels/rope_angles.hpp"
 #include "kernels/cpu/simd.hpp"
 
 namespace relay::cpu {

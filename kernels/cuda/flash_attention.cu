@@ -11,6 +11,10 @@
 // The tile of the other side (keys, or queries for dK/dV) sits in shared memory transposed, (hd, 32 + 1):
 // lane j reads column j when scoring, lane d reads row d when accumulating, both free of bank conflicts.
 // Nothing of size T x T exists; scores stay in registers, one per lane.
+// q, k, v are strided row views (q rows ldq apart, k and v rows ldkv apart), so that GPT's packed qkv
+// (q = qkv, k = qkv + C, v = qkv + 2C, ld 3C) and Llama's separate grouped-query q, k, v share the kernels:
+// query head h reads key/value head h / (H / KV). The dK/dV blocks of a key/value head walk its query heads
+// in order (KV == H: one head, the packed op's arithmetic unchanged).
 #include "kernels/cuda/flash_attention.cuh"
 
 #include <climits>
@@ -63,19 +67,21 @@ __device__ inline float dot_column(const float* a, const float (*bt)[kTile + 1],
 // grid (B*H, ceil(T / kFwdRows)), block (kThreads). DPL = head dims per lane, D = 32 DPL >= hd.
 template <typename X, int DPL>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(const X* qkv, X* out, float* lse, int T, int C, int H) {
+    flash_forward_kernel(const X* q_in, const X* k_in, const X* v_in, int64_t ldq, int64_t ldkv, X* out, float* lse,
+                         int T, int H, int KV, int hd) {
   constexpr int D = 32 * DPL;
   constexpr int R = kFwdRows / kWarps;  // query rows per warp
   __shared__ float q_s[kFwdRows][D];    // (queries, hd) this block's queries
   __shared__ float k_t[D][kTile + 1];   // (hd, keys) the current key tile
   __shared__ float v_t[D][kTile + 1];   // (hd, keys) its values
-  const int hd = C / H, bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int C = H * hd, bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int q0 = blockIdx.y * kFwdRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t C3 = 3 * int64_t(C);
-  const X* seq = qkv + int64_t(b) * T * C3 + int64_t(h) * hd;  // (T, 3C): this sequence, this head's q columns
-  const float scale2 = kLog2e / sqrtf(float(hd));              // scores in log2 units: the softmax uses exp2
+  const X* qseq = q_in + int64_t(b) * T * ldq + int64_t(h) * hd;     // (T, ldq): this sequence, this head
+  const X* kseq = k_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;  // (T, ldkv): its key/value head
+  const X* vseq = v_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;
+  const float scale2 = kLog2e / sqrtf(float(hd));  // scores in log2 units: the softmax uses exp2
 
-  load_rows<X, D>(seq, C3, q0, kFwdRows, T, hd, q_s);
+  load_rows<X, D>(qseq, ldq, q0, kFwdRows, T, hd, q_s);
   float m[R], l[R], acc[R][DPL];  // per row: running max (log2 units), running sum, output dims of this lane
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
@@ -87,8 +93,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q_end = min(T, q0 + kFwdRows);  // keys at or after the block's last query + 1 are never seen
   for (int k0 = 0; k0 < q_end; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous tile
-    load_tile_transposed<X, D>(seq + C, C3, k0, T, hd, k_t);
-    load_tile_transposed<X, D>(seq + 2 * int64_t(C), C3, k0, T, hd, v_t);
+    load_tile_transposed<X, D>(kseq, ldkv, k0, T, hd, k_t);
+    load_tile_transposed<X, D>(vseq, ldkv, k0, T, hd, v_t);
     __syncthreads();
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
@@ -145,22 +151,23 @@ __global__ void flash_backward_row_dot_kernel(const X* dout, const X* out, float
 //   P = exp2(scale2 q.k - lse2), dP = dO.v, dS = P (dP - D), dQ = scale sum_s dS k_s.
 template <typename X, int DPL>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_dq_kernel(const X* dout, const X* qkv, const float* lse, const float* row_dot, X* dqkv, int T,
-                             int C, int H) {
+    flash_backward_dq_kernel(const X* dout, const X* q_in, const X* k_in, const X* v_in, int64_t ldq, int64_t ldkv,
+                             const float* lse, const float* row_dot, X* dq_out, int T, int H, int KV, int hd) {
   constexpr int D = 32 * DPL;
   constexpr int R = kDqRows / kWarps;  // query rows per warp
   __shared__ float q_s[kDqRows][D];    // (queries, hd)
   __shared__ float do_s[kDqRows][D];   // (queries, hd) their output gradients
   __shared__ float k_t[D][kTile + 1];  // (hd, keys) the current key tile
   __shared__ float v_t[D][kTile + 1];  // (hd, keys) its values
-  const int hd = C / H, bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int C = H * hd, bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int q0 = blockIdx.y * kDqRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t C3 = 3 * int64_t(C);
-  const X* seq = qkv + int64_t(b) * T * C3 + int64_t(h) * hd;   // (T, 3C)
+  const X* qseq = q_in + int64_t(b) * T * ldq + int64_t(h) * hd;     // (T, ldq)
+  const X* kseq = k_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;  // (T, ldkv)
+  const X* vseq = v_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;
   const X* dseq = dout + int64_t(b) * T * C + int64_t(h) * hd;  // (T, C)
   const float scale = 1.0f / sqrtf(float(hd)), scale2 = kLog2e / sqrtf(float(hd));
 
-  load_rows<X, D>(seq, C3, q0, kDqRows, T, hd, q_s);
+  load_rows<X, D>(qseq, ldq, q0, kDqRows, T, hd, q_s);
   load_rows<X, D>(dseq, C, q0, kDqRows, T, hd, do_s);
   float dq[R][DPL], lse2[R], drow[R];
 #pragma unroll
@@ -174,8 +181,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q_end = min(T, q0 + kDqRows);
   for (int k0 = 0; k0 < q_end; k0 += kTile) {
     __syncthreads();
-    load_tile_transposed<X, D>(seq + C, C3, k0, T, hd, k_t);
-    load_tile_transposed<X, D>(seq + 2 * int64_t(C), C3, k0, T, hd, v_t);
+    load_tile_transposed<X, D>(kseq, ldkv, k0, T, hd, k_t);
+    load_tile_transposed<X, D>(vseq, ldkv, k0, T, hd, v_t);
     __syncthreads();
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
@@ -199,7 +206,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int rr = 0; rr < R; ++rr) {
     const int t = q0 + warp + rr * kWarps;
     if (t >= T) continue;
-    X* g = dqkv + (int64_t(b) * T + t) * C3 + int64_t(h) * hd;  // (hd) the q part of row t
+    X* g = dq_out + (int64_t(b) * T + t) * ldq + int64_t(h) * hd;  // (hd) of row t
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
@@ -208,12 +215,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid (B*H, ceil(T / kDkvRows)), block (kThreads): dK and dV of kDkvRows keys, over the query tiles
-// that see them. dV = sum_t P dO_t, dK = scale sum_t dS q_t.
+// grid (B*KV, ceil(T / kDkvRows)), block (kThreads): dK and dV of kDkvRows keys of one key/value head, over
+// its query heads in order and for each the query tiles that see them. dV = sum_t P dO_t, dK = scale sum_t dS q_t.
 template <typename X, int DPL>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_dkv_kernel(const X* dout, const X* qkv, const float* lse, const float* row_dot, X* dqkv, int T,
-                              int C, int H) {
+    flash_backward_dkv_kernel(const X* dout, const X* q_in, const X* k_in, const X* v_in, int64_t ldq, int64_t ldkv,
+                              const float* lse, const float* row_dot, X* dk_out, X* dv_out, int T, int H, int KV,
+                              int hd) {
   constexpr int D = 32 * DPL;
   constexpr int R = kDkvRows / kWarps;  // key rows per warp
   __shared__ float k_s[kDkvRows][D];    // (keys, hd) this block's keys
@@ -222,49 +230,53 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float do_t[D][kTile + 1];  // (hd, queries) its output gradients
   __shared__ float lse2_s[kTile];       // (queries) lse in log2 units
   __shared__ float drow_s[kTile];       // (queries) D
-  const int hd = C / H, bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int C = H * hd, bkv = blockIdx.x, b = bkv / KV, kvh = bkv % KV, group = H / KV;
   const int s0 = blockIdx.y * kDkvRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t C3 = 3 * int64_t(C);
-  const X* seq = qkv + int64_t(b) * T * C3 + int64_t(h) * hd;   // (T, 3C)
-  const X* dseq = dout + int64_t(b) * T * C + int64_t(h) * hd;  // (T, C)
+  const X* kseq = k_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;  // (T, ldkv)
+  const X* vseq = v_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;
   const float scale = 1.0f / sqrtf(float(hd)), scale2 = kLog2e / sqrtf(float(hd));
 
-  load_rows<X, D>(seq + C, C3, s0, kDkvRows, T, hd, k_s);
-  load_rows<X, D>(seq + 2 * int64_t(C), C3, s0, kDkvRows, T, hd, v_s);
+  load_rows<X, D>(kseq, ldkv, s0, kDkvRows, T, hd, k_s);
+  load_rows<X, D>(vseq, ldkv, s0, kDkvRows, T, hd, v_s);
   float dk[R][DPL], dv[R][DPL];
 #pragma unroll
   for (int rr = 0; rr < R; ++rr)
 #pragma unroll
     for (int i = 0; i < DPL; ++i) dk[rr][i] = dv[rr][i] = 0.0f;
-  // Queries before the tile that holds key s0 see none of this block's keys.
-  for (int q0 = s0 / kTile * kTile; q0 < T; q0 += kTile) {
-    __syncthreads();
-    load_tile_transposed<X, D>(seq, C3, q0, T, hd, q_t);
-    load_tile_transposed<X, D>(dseq, C, q0, T, hd, do_t);
-    if (threadIdx.x < kTile) {
-      const int t = q0 + threadIdx.x;
-      lse2_s[threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : 0.0f;
-      drow_s[threadIdx.x] = t < T ? row_dot[int64_t(bh) * T + t] : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int rr = 0; rr < R; ++rr) {
-      const int s = s0 + warp + rr * kWarps;
-      // Queries q0 + [first, last) see key s: t >= s and t < T. The same for the whole warp.
-      const int first = max(0, s - q0), last = min(kTile, T - q0);
-      if (s >= T || first >= last) continue;
-      float p = 0.0f, ds = 0.0f;  // P and dS of query q0 + lane and key s
-      if (lane >= first && lane < last) {
-        p = exp2f(dot_column<D>(k_s[s - s0], q_t, lane, hd) * scale2 - lse2_s[lane]);
-        const float dp = dot_column<D>(v_s[s - s0], do_t, lane, hd);
-        ds = p * (dp - drow_s[lane]);
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {  // the query heads sharing these keys, in order
+    const int bh = b * H + h;
+    const X* qseq = q_in + int64_t(b) * T * ldq + int64_t(h) * hd;  // (T, ldq)
+    const X* dseq = dout + int64_t(b) * T * C + int64_t(h) * hd;    // (T, C)
+    // Queries before the tile that holds key s0 see none of this block's keys.
+    for (int q0 = s0 / kTile * kTile; q0 < T; q0 += kTile) {
+      __syncthreads();
+      load_tile_transposed<X, D>(qseq, ldq, q0, T, hd, q_t);
+      load_tile_transposed<X, D>(dseq, C, q0, T, hd, do_t);
+      if (threadIdx.x < kTile) {
+        const int t = q0 + threadIdx.x;
+        lse2_s[threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : 0.0f;
+        drow_s[threadIdx.x] = t < T ? row_dot[int64_t(bh) * T + t] : 0.0f;
       }
-      for (int j = first; j < last; ++j) {
-        const float pj = __shfl_sync(0xffffffffu, p, j), dsj = __shfl_sync(0xffffffffu, ds, j);
+      __syncthreads();
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-          dv[rr][i] += pj * do_t[lane + 32 * i][j];
-          dk[rr][i] += dsj * q_t[lane + 32 * i][j];
+      for (int rr = 0; rr < R; ++rr) {
+        const int s = s0 + warp + rr * kWarps;
+        // Queries q0 + [first, last) see key s: t >= s and t < T. The same for the whole warp.
+        const int first = max(0, s - q0), last = min(kTile, T - q0);
+        if (s >= T || first >= last) continue;
+        float p = 0.0f, ds = 0.0f;  // P and dS of query q0 + lane and key s
+        if (lane >= first && lane < last) {
+          p = exp2f(dot_column<D>(k_s[s - s0], q_t, lane, hd) * scale2 - lse2_s[lane]);
+          const float dp = dot_column<D>(v_s[s - s0], do_t, lane, hd);
+          ds = p * (dp - drow_s[lane]);
+        }
+        for (int j = first; j < last; ++j) {
+          const float pj = __shfl_sync(0xffffffffu, p, j), dsj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+          for (int i = 0; i < DPL; ++i) {
+            dv[rr][i] += pj * do_t[lane + 32 * i][j];
+            dk[rr][i] += dsj * q_t[lane + 32 * i][j];
+          }
         }
       }
     }
@@ -273,13 +285,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int rr = 0; rr < R; ++rr) {
     const int s = s0 + warp + rr * kWarps;
     if (s >= T) continue;
-    X* g = dqkv + (int64_t(b) * T + s) * C3 + int64_t(h) * hd;  // the q part of row s; k at + C, v at + 2C
+    const int64_t at = (int64_t(b) * T + s) * ldkv + int64_t(kvh) * hd;  // (hd) of row s
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
       if (d < hd) {
-        store(g[C + d], dk[rr][i] * scale);
-        store(g[2 * int64_t(C) + d], dv[rr][i]);
+        store(dk_out[at + d], dk[rr][i] * scale);
+        store(dv_out[at + d], dv[rr][i]);
       }
     }
   }
@@ -289,79 +301,111 @@ __global__ void __launch_bounds__(kThreads)
 
 namespace {
 
-// The shapes every launcher needs: hd = C / H in [1, kFlashMaxHeadDim], the grid within CUDA's limits
-// (blocks of (b, h) on x, tiles of T on y, at most 65535), and int-sized T and 3C.
-void check_shape(const char* op, int64_t B, int64_t T, int64_t C, int64_t H) {
-  RELAY_ASSERT(B >= 0 && T >= 0 && H > 0 && C > 0 && C % H == 0,
-               op << ": B " << B << ", T " << T << ", C " << C << ", H " << H);
-  RELAY_ASSERT(C / H <= kFlashMaxHeadDim,
-               op << ": head dim " << C / H << " (C " << C << " / H " << H << ") is above " << kFlashMaxHeadDim);
-  RELAY_ASSERT(B * H <= INT_MAX && T <= INT_MAX && 3 * C <= INT_MAX && (T + kDqRows - 1) / kDqRows <= 65535,
-               op << ": B " << B << ", T " << T << ", C " << C << ", H " << H << " exceed the launch limits");
+// The shapes every launcher needs: hd in [1, kFlashMaxHeadDim], KV dividing H, the grid within CUDA's limits
+// (blocks of (b, h) on x, tiles of T on y, at most 65535), and int-sized T and H*hd.
+void check_shape(const char* op, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+  RELAY_ASSERT(B >= 0 && T >= 0 && H > 0 && KV > 0 && H % KV == 0 && hd > 0,
+               op << ": B " << B << ", T " << T << ", H " << H << ", KV " << KV << ", head dim " << hd);
+  RELAY_ASSERT(hd <= kFlashMaxHeadDim, op << ": head dim " << hd << " (C " << H * hd << " / H " << H << ") is above "
+                                          << kFlashMaxHeadDim);
+  RELAY_ASSERT(B * H <= INT_MAX && T <= INT_MAX && 3 * H * hd <= INT_MAX && (T + kDqRows - 1) / kDqRows <= 65535,
+               op << ": B " << B << ", T " << T << ", H " << H << ", head dim " << hd << " exceed the launch limits");
 }
 
 // Head dims per lane: 1 for hd <= 32, ..., 4 for hd <= 128.
-int dims_per_lane(int64_t C, int64_t H) { return static_cast<int>((C / H + 31) / 32); }
+int dims_per_lane(int64_t hd) { return static_cast<int>((hd + 31) / 32); }
+
+// The strided views of one call.
+template <typename X>
+struct Views {
+  const X *q, *k, *v;
+  int64_t ldq, ldkv, B, T, H, KV, hd;
+};
 
 template <typename X, int DPL>
-void launch_forward(const X* qkv, X* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
-                    cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kFwdRows - 1) / kFwdRows));
-  flash_forward_kernel<X, DPL><<<grid, kThreads, 0, stream>>>(qkv, out, lse, int(T), int(C), int(H));
+void launch_forward(const Views<X>& a, X* out, float* lse, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.T + kFwdRows - 1) / kFwdRows));
+  flash_forward_kernel<X, DPL><<<grid, kThreads, 0, stream>>>(a.q, a.k, a.v, a.ldq, a.ldkv, out, lse, int(a.T),
+                                                              int(a.H), int(a.KV), int(a.hd));
 }
 
 template <typename X, int DPL>
-void launch_backward(const X* dout, const X* qkv, const float* lse, const float* row_dot, X* dqkv, int64_t B,
-                     int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
-  const dim3 grid_q(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kDqRows - 1) / kDqRows));
-  flash_backward_dq_kernel<X, DPL><<<grid_q, kThreads, 0, stream>>>(dout, qkv, lse, row_dot, dqkv, int(T), int(C),
-                                                                    int(H));
+void launch_backward(const Views<X>& a, const X* dout, const float* lse, const float* row_dot, X* dq, X* dk, X* dv,
+                     cudaStream_t stream) {
+  const dim3 grid_q(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.T + kDqRows - 1) / kDqRows));
+  flash_backward_dq_kernel<X, DPL><<<grid_q, kThreads, 0, stream>>>(dout, a.q, a.k, a.v, a.ldq, a.ldkv, lse, row_dot,
+                                                                    dq, int(a.T), int(a.H), int(a.KV), int(a.hd));
   CUDA_CHECK(cudaGetLastError());
-  const dim3 grid_kv(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kDkvRows - 1) / kDkvRows));
-  flash_backward_dkv_kernel<X, DPL><<<grid_kv, kThreads, 0, stream>>>(dout, qkv, lse, row_dot, dqkv, int(T),
-                                                                      int(C), int(H));
+  const dim3 grid_kv(static_cast<unsigned>(a.B * a.KV), static_cast<unsigned>((a.T + kDkvRows - 1) / kDkvRows));
+  flash_backward_dkv_kernel<X, DPL><<<grid_kv, kThreads, 0, stream>>>(dout, a.q, a.k, a.v, a.ldq, a.ldkv, lse,
+                                                                      row_dot, dk, dv, int(a.T), int(a.H), int(a.KV),
+                                                                      int(a.hd));
 }
 
 }  // namespace
 
 template <typename X>
-void flash_attention_forward(const X* qkv, X* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
-                             cudaStream_t stream) {
-  check_shape("flash_attention_forward", B, T, C, H);
+void flash_attention_gqa_forward(const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv, X* out, float* lse,
+                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream) {
+  check_shape("flash_attention_forward", B, T, H, KV, hd);
   if (B == 0 || T == 0) return;
-  RELAY_ASSERT(qkv && out && lse, "flash_attention_forward: null pointer");
-  switch (dims_per_lane(C, H)) {
-    case 1: launch_forward<X, 1>(qkv, out, lse, B, T, C, H, stream); break;
-    case 2: launch_forward<X, 2>(qkv, out, lse, B, T, C, H, stream); break;
-    case 3: launch_forward<X, 3>(qkv, out, lse, B, T, C, H, stream); break;
-    case 4: launch_forward<X, 4>(qkv, out, lse, B, T, C, H, stream); break;
+  RELAY_ASSERT(q && k && v && out && lse, "flash_attention_forward: null pointer");
+  const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd};
+  switch (dims_per_lane(hd)) {
+    case 1: launch_forward<X, 1>(a, out, lse, stream); break;
+    case 2: launch_forward<X, 2>(a, out, lse, stream); break;
+    case 3: launch_forward<X, 3>(a, out, lse, stream); break;
+    case 4: launch_forward<X, 4>(a, out, lse, stream); break;
   }
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename X>
-void flash_attention_backward(const X* dout, const X* qkv, const X* out, const float* lse, X* dqkv, float* scratch,
-                              int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
-  check_shape("flash_attention_backward", B, T, C, H);
+void flash_attention_gqa_backward(const X* dout, const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv,
+                                  const X* out, const float* lse, X* dq, X* dk, X* dv, float* scratch, int64_t B,
+                                  int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream) {
+  check_shape("flash_attention_backward", B, T, H, KV, hd);
   if (B == 0 || T == 0) return;
-  RELAY_ASSERT(dout && qkv && out && lse && dqkv && scratch, "flash_attention_backward: null pointer");
+  RELAY_ASSERT(dout && q && k && v && out && lse && dq && dk && dv && scratch, "flash_attention_backward: null pointer");
   const int64_t rows = B * H * T;  // scratch (B, H, T): D of every row
   flash_backward_row_dot_kernel<X><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
-      dout, out, scratch, rows, int(T), int(C), int(H));
+      dout, out, scratch, rows, int(T), int(H * hd), int(H));
   CUDA_CHECK(cudaGetLastError());
-  switch (dims_per_lane(C, H)) {
-    case 1: launch_backward<X, 1>(dout, qkv, lse, scratch, dqkv, B, T, C, H, stream); break;
-    case 2: launch_backward<X, 2>(dout, qkv, lse, scratch, dqkv, B, T, C, H, stream); break;
-    case 3: launch_backward<X, 3>(dout, qkv, lse, scratch, dqkv, B, T, C, H, stream); break;
-    case 4: launch_backward<X, 4>(dout, qkv, lse, scratch, dqkv, B, T, C, H, stream); break;
+  const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd};
+  switch (dims_per_lane(hd)) {
+    case 1: launch_backward<X, 1>(a, dout, lse, scratch, dq, dk, dv, stream); break;
+    case 2: launch_backward<X, 2>(a, dout, lse, scratch, dq, dk, dv, stream); break;
+    case 3: launch_backward<X, 3>(a, dout, lse, scratch, dq, dk, dv, stream); break;
+    case 4: launch_backward<X, 4>(a, dout, lse, scratch, dq, dk, dv, stream); break;
   }
   CUDA_CHECK(cudaGetLastError());
+}
+
+// GPT's packed qkv (B*T, 3C): q, k, v at columns 0, C, 2C of rows 3C apart; KV == H.
+template <typename X>
+void flash_attention_forward(const X* qkv, X* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
+                             cudaStream_t stream) {
+  RELAY_ASSERT(H > 0 && C > 0 && C % H == 0, "flash_attention_forward: C " << C << ", H " << H);
+  flash_attention_gqa_forward(qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, B, T, H, H, C / H, stream);
+}
+
+template <typename X>
+void flash_attention_backward(const X* dout, const X* qkv, const X* out, const float* lse, X* dqkv, float* scratch,
+                              int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
+  RELAY_ASSERT(H > 0 && C > 0 && C % H == 0, "flash_attention_backward: C " << C << ", H " << H);
+  flash_attention_gqa_backward(dout, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, dqkv, dqkv + C, dqkv + 2 * C,
+                               scratch, B, T, H, H, C / H, stream);
 }
 
 #define INST(X)                                                                                                    \
   template void flash_attention_forward<X>(const X*, X*, float*, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
   template void flash_attention_backward<X>(const X*, const X*, const X*, const float*, X*, float*, int64_t,       \
-                                            int64_t, int64_t, int64_t, cudaStream_t);
+                                            int64_t, int64_t, int64_t, cudaStream_t);                             \
+  template void flash_attention_gqa_forward<X>(const X*, const X*, const X*, int64_t, int64_t, X*, float*, int64_t, \
+                                               int64_t, int64_t, int64_t, int64_t, cudaStream_t);                  \
+  template void flash_attention_gqa_backward<X>(const X*, const X*, const X*, const X*, int64_t, int64_t, const X*, \
+                                                const float*, X*, X*, X*, float*, int64_t, int64_t, int64_t,        \
+                                                int64_t, int64_t, cudaStream_t);
 RELAY_CUDA_FOR_FLOAT_TYPES(INST)
 #undef INST
 

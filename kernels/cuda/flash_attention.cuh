@@ -26,4 +26,16 @@ template <typename X>
 void flash_attention_backward(const X* dout, const X* qkv, const X* out, const float* lse, X* dqkv, float* scratch,
                               int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream);
 
+// Grouped-query attention on strided row views: q (B*T rows, ldq apart) holds H heads of hd columns, k and v
+// (B*T rows, ldkv apart) KV heads; query head h reads key/value head h / (H / KV). out (B*T, H*hd), lse
+// (B, H, T); dq (rows ldq apart), dk, dv (rows ldkv apart) overwritten, a key/value head's gradients summed
+// over its query heads in order (deterministic). scratch: (B, H, T) floats.
+template <typename X>
+void flash_attention_gqa_forward(const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv, X* out, float* lse,
+                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream);
+template <typename X>
+void flash_attention_gqa_backward(const X* dout, const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv,
+                                  const X* out, const float* lse, X* dq, X* dk, X* dv, float* scratch, int64_t B,
+                                  int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream);
+
 }  // namespace relay::cuda

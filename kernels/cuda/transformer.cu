@@ -125,33 +125,36 @@ __global__ void attention_dqkv_kernel(const float* dout, const float* qkv, const
   }
 }
 
+// Caches (n, Tmax, KV*hd): row t of sequence b = k, v (n rows, ldkv apart, KV*hd columns).
 template <typename X>
-__global__ void kv_store_kernel(const X* qkv, X* kcache, X* vcache, int64_t n, int64_t t, int64_t Tmax, int64_t C) {
-  const int64_t m = n * C;
+__global__ void kv_store_kernel(const X* k, const X* v, int64_t ldkv, X* kcache, X* vcache, int64_t n, int64_t t,
+                                int64_t Tmax, int64_t Ckv) {
+  const int64_t m = n * Ckv;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = i / C, c = i % C;
-    kcache[(b * Tmax + t) * C + c] = qkv[b * 3 * C + C + c];
-    vcache[(b * Tmax + t) * C + c] = qkv[b * 3 * C + 2 * C + c];
+    const int64_t b = i / Ckv, c = i % Ckv;
+    kcache[(b * Tmax + t) * Ckv + c] = k[b * ldkv + c];
+    vcache[(b * Tmax + t) * Ckv + c] = v[b * ldkv + c];
   }
 }
 
 constexpr int kMaxHeadDim = 256;
 
-// One thread per (b, h): an online softmax over the cached positions [0, t].
+// One thread per (b, h): an online softmax over the cached positions [0, t]. q (n rows, ldq apart); query
+// head h reads key/value head h / (H / KV) of the caches (n, Tmax, KV*hd); out (n, H*hd).
 template <typename X>
-__global__ void attention_decode_kernel(const X* qkv, const X* kcache, const X* vcache, X* out, int64_t n, int64_t t,
-                                        int64_t Tmax, int64_t C, int64_t H) {
-  const int64_t hd = C / H;
+__global__ void attention_decode_kernel(const X* q_in, int64_t ldq, const X* kcache, const X* vcache, X* out,
+                                        int64_t n, int64_t t, int64_t Tmax, int64_t H, int64_t KV, int64_t hd) {
   const float scale = rsqrtf(float(hd));
+  const int64_t C = H * hd, Ckv = KV * hd, group = H / KV;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * H; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = i / H, h = i % H;
-    const X* q = qkv + b * 3 * C + h * hd;  // (hd)
+    const int64_t b = i / H, h = i % H, kvo = (h / group) * hd;
+    const X* q = q_in + b * ldq + h * hd;  // (hd)
     float acc[kMaxHeadDim];
     for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
     float mx = -INFINITY, sum = 0.0f;
     for (int64_t s = 0; s <= t; ++s) {
-      const X* k = kcache + (b * Tmax + s) * C + h * hd;  // (hd)
-      const X* v = vcache + (b * Tmax + s) * C + h * hd;  // (hd)
+      const X* k = kcache + (b * Tmax + s) * Ckv + kvo;  // (hd)
+      const X* v = vcache + (b * Tmax + s) * Ckv + kvo;  // (hd)
       float dot = 0.0f;
       for (int64_t d = 0; d < hd; ++d) dot += load(q[d]) * load(k[d]);
       const float z = dot * scale, m2 = fmaxf(mx, z), shrink = expf(mx - m2), w = expf(z - m2);
@@ -209,15 +212,23 @@ void attention_backward(const float* dout, const float* qkv, const float* att, f
 }
 
 template <typename X>
+void attention_decode_gqa(const X* q, int64_t ldq, const X* k, const X* v, int64_t ldkv, X* kcache, X* vcache, X* out,
+                          int64_t n, int64_t t, int64_t Tmax, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream) {
+  RELAY_ASSERT(n > 0 && H > 0 && KV > 0 && H % KV == 0 && hd > 0 && hd <= kMaxHeadDim && t >= 0 && t < Tmax,
+               "attention_decode: n " << n << ", t " << t << ", Tmax " << Tmax << ", H " << H << ", KV " << KV
+                                      << ", head dim " << hd << " (at most " << kMaxHeadDim << ")");
+  kv_store_kernel<X><<<grid_for(n * KV * hd), kBlock, 0, stream>>>(k, v, ldkv, kcache, vcache, n, t, Tmax, KV * hd);
+  CUDA_CHECK(cudaGetLastError());
+  attention_decode_kernel<X><<<grid_for(n * H), kBlock, 0, stream>>>(q, ldq, kcache, vcache, out, n, t, Tmax, H, KV,
+                                                                     hd);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename X>
 void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
                       int64_t H, cudaStream_t stream) {
-  RELAY_ASSERT(n > 0 && H > 0 && C % H == 0 && C / H <= kMaxHeadDim && t >= 0 && t < Tmax,
-               "attention_decode: n " << n << ", t " << t << ", Tmax " << Tmax << ", C " << C << ", H " << H
-                                      << " (head dim at most " << kMaxHeadDim << ")");
-  kv_store_kernel<X><<<grid_for(n * C), kBlock, 0, stream>>>(qkv, kcache, vcache, n, t, Tmax, C);
-  CUDA_CHECK(cudaGetLastError());
-  attention_decode_kernel<X><<<grid_for(n * H), kBlock, 0, stream>>>(qkv, kcache, vcache, out, n, t, Tmax, C, H);
-  CUDA_CHECK(cudaGetLastError());
+  RELAY_ASSERT(H > 0 && C % H == 0, "attention_decode: C " << C << ", H " << H);
+  attention_decode_gqa(qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, kcache, vcache, out, n, t, Tmax, H, H, C / H, stream);
 }
 
 #define INST(X)                                                                                                  \
@@ -225,7 +236,9 @@ void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int
                                      int64_t, cudaStream_t);                                                     \
   template void embedding_backward<X>(const int32_t*, const X*, float*, float*, int64_t, int64_t, int64_t,       \
                                       int64_t, int64_t, cudaStream_t);                                           \
-  template void attention_decode<X>(const X*, X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t);
+  template void attention_decode<X>(const X*, X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
+  template void attention_decode_gqa<X>(const X*, int64_t, const X*, const X*, int64_t, X*, X*, X*, int64_t, int64_t, \
+                                        int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 RELAY_CUDA_FOR_FLOAT_TYPES(INST)
 #undef INST
 

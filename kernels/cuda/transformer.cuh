@@ -32,5 +32,10 @@ void attention_backward(const float* dout, const float* qkv, const float* att, f
 template <typename X>
 void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
                       int64_t H, cudaStream_t stream);
+// Grouped-query decoding: q (n rows, ldq apart, H heads of hd), k, v (n rows, ldkv apart, KV heads); caches
+// (n, Tmax, KV*hd), row t written; out (n, H*hd); query head h reads key/value head h / (H / KV). hd <= 256.
+template <typename X>
+void attention_decode_gqa(const X* q, int64_t ldq, const X* k, const X* v, int64_t ldkv, X* kcache, X* vcache, X* out,
+                          int64_t n, int64_t t, int64_t Tmax, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream);
 
 }  // namespace relay::cuda

@@ -130,7 +130,7 @@ class Backend : public Allocator {
   // a = pos * inv_freq[i], inv_freq[i] = 1 / theta^(2i / head_dim):
   //   y[i] = x[i] cos a - x[i + hd/2] sin a;  y[i + hd/2] = x[i + hd/2] cos a + x[i] sin a.
   // inverse = true rotates by -a (the backward: dx from dy). x, y: float, one dtype; y may alias x.
-  // Angles as transformers computes them (kernels/cpu/rope.hpp): inv_freq in f32, a = float(pos) * inv_freq
+  // Angles as transformers computes them (kernels/rope_angles.hpp): inv_freq in f32, a = float(pos) * inv_freq
   // in f32, cos and sin of that f32 angle in double, rounded once.
   void rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y);
 

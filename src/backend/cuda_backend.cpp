@@ -25,6 +25,9 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/swiglu.cuh"
 #include "kernels/cuda/loss.cuh"
 #include "kernels/cuda/lt_gemm.cuh"
 #include "kernels/cuda/optimizer.cuh"
@@ -165,6 +168,13 @@ void check_flash_head_dim(const char* op, int64_t C, int64_t H) {
     throw Error(cat(op, ": head dimension C / H = ", C / H, " (C = ", C, ", H = ", H,
                     ") is above the CUDA FlashAttention kernels' limit of ", cuda::kFlashMaxHeadDim,
                     "; choose model.n_embd / model.n_head <= ", cuda::kFlashMaxHeadDim));
+}
+
+// The same limit for grouped-query attention, whose head dimension is q's columns / H.
+void check_gqa_head_dim(const char* op, int64_t hd, int64_t H) {
+  if (hd > cuda::kFlashMaxHeadDim)
+    throw Error(cat(op, ": head dimension ", hd, " (q columns / H = ", H, ") is above the CUDA FlashAttention ",
+                    "kernels' limit of ", cuda::kFlashMaxHeadDim));
 }
 
 class CudaBackend final : public Backend {
@@ -523,6 +533,60 @@ class CudaBackend final : public Backend {
     });
   }
 
+  // --- RMSNorm, SwiGLU, rotary embeddings (Llama) -------------------------------------------------
+
+  void rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) override {
+    bind();
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::rmsnorm_forward(ptr<X>(x), ptr<X>(gamma), eps, ptr<X>(y), rstd.f32(), rows_of(x), cols_of(x), stream_);
+    });
+  }
+
+  void rmsnorm_backward_input_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                                   Tensor& dx) override {
+    bind();
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::rmsnorm_backward_input(ptr<X>(dy), ptr<X>(x), ptr<X>(gamma), rstd.f32(), ptr<X>(dx), rows_of(x),
+                                   cols_of(x), stream_);
+    });
+  }
+
+  void rmsnorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dgamma) override {
+    bind();
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::rmsnorm_backward_weight(ptr<X>(dy), ptr<X>(x), rstd.f32(), dgamma.f32(), rows_of(x), cols_of(x), stream_);
+    });
+  }
+
+  void swiglu_forward_impl(const Tensor& gate, const Tensor& up, Tensor& h) override {
+    bind();
+    by_dtype(gate, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::swiglu_forward(ptr<X>(gate), ptr<X>(up), ptr<X>(h), h.numel(), stream_);
+    });
+  }
+
+  void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                            Tensor& dup) override {
+    bind();
+    by_dtype(gate, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::swiglu_backward(ptr<X>(dh), ptr<X>(gate), ptr<X>(up), ptr<X>(dgate), ptr<X>(dup), gate.numel(), stream_);
+    });
+  }
+
+  void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
+                 Tensor& y) override {
+    bind();
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::rope(ptr<X>(x), ptr<X>(y), rows_of(x), T, cols_of(x) / head_dim, head_dim, theta, pos0, inverse, stream_);
+    });
+  }
+
   // --- losses ---------------------------------------------------------------------------------
 
   void cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
@@ -643,6 +707,45 @@ class CudaBackend final : public Backend {
       using X = X_OF(p);
       cuda::attention_decode(ptr<X>(qkv), ptr<X>(kcache), ptr<X>(vcache), ptr<X>(out), rows_of(qkv), t,
                              kcache.size(1), cols_of(qkv) / 3, H, stream_);
+    });
+  }
+
+  void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
+                                        int64_t H, int64_t KV, Tensor& out, Tensor& lse) override {
+    bind();
+    const int64_t hd = cols_of(q) / H;
+    check_gqa_head_dim("flash_attention_gqa_forward", hd, H);
+    by_dtype(q, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::flash_attention_gqa_forward(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out),
+                                        lse.f32(), B, T, H, KV, hd, stream_);
+    });
+  }
+
+  void flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
+                                         int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv) override {
+    bind();
+    const int64_t hd = cols_of(q) / H;
+    check_gqa_head_dim("flash_attention_gqa_backward", hd, H);
+    // (B, H, T) row dots D = rowsum(dout * out); the pool hands it to later work on this stream only.
+    Tensor scratch(*this, {B, H, T});
+    by_dtype(q, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::flash_attention_gqa_backward(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
+                                         ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv), scratch.f32(), B,
+                                         T, H, KV, hd, stream_);
+    });
+  }
+
+  void attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
+                                 int64_t t, int64_t H, int64_t KV, Tensor& out) override {
+    bind();
+    by_dtype(q, [&](auto* p) {
+      using X = X_OF(p);
+      cuda::attention_decode_gqa(ptr<X>(q), cols_of(q), ptr<X>(k), ptr<X>(v), cols_of(k), ptr<X>(kcache),
+                                 ptr<X>(vcache), ptr<X>(out), rows_of(q), t, kcache.size(1), H, KV, cols_of(q) / H,
+                                 stream_);
     });
   }
 

@@ -1,0 +1,18 @@
+// Rotary position embedding as transformers applies it to Llama's queries and keys (rotate-half pairs
+// (i, i + hd/2) in each head; Su et al., arXiv:2104.09864), the twin of kernels/cpu/rope.cpp, with the
+// same float cos and sin (kernels/rope_angles.hpp). X: float or __nv_bfloat16 storage, float math.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace relay::cuda {
+
+// y (rows, heads * hd) = x rotated, row r at position pos0 + r % T; inverse rotates by minus the angle.
+// y may alias x.
+template <typename X>
+void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
+          bool inverse, cudaStream_t stream);
+
+}  // namespace relay::cuda
