@@ -230,6 +230,14 @@ def export_case(family, arch, toml, tmp):
     if json.load(open(f"{out16}/config.json"))["dtype"] != "bfloat16":
         sys.exit(f"FAILED {family} export bf16: config.json dtype is not bfloat16")
     ok(f"{family} export --dtype bf16: from_pretrained loads it; its {len(b16)} tensors = the fp32 ones rounded to bf16")
+    rd16 = f"{tmp}/{family}_from_bf16"  # and back: BF16 weights widen to exactly those floats
+    run(["train", "--config", toml, "--set", f'run.dir="{rd16}"', "--set", f'model.init_from="{out16}"'] + STILL)
+    step0 = relay_tensors(rd16, 0, tmp)
+    for k, v in b16.items():
+        want = v.float().numpy()
+        if not np.array_equal(step0[k], want.T if family == "gpt2" and k.endswith(CONV1D) else want):
+            sys.exit(f"FAILED {family} init_from the bf16 export: tensor {k} is not the bf16 value")
+    ok(f"{family}: init_from = the bf16 export gives exactly its bf16 values as float32")
     return ck
 
 
