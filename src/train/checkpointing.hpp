@@ -28,7 +28,7 @@ struct CheckpointContext {
   std::map<std::string, Param*> params;  // this rank's parameters by name
   Optimizer& optimizer;
   int64_t samples = 0;  // training set size (sampler position)
-  std::string tokenizer;  // a GPT model's data tokenizer ("bytes" | "gpt2"), stored for `relay generate`
+  std::string tokenizer;  // a GPT model's data tokenizer ("bytes" | "gpt2" | "hf"), stored for `relay generate`
 };
 
 // Every tensor a checkpoint of this model and optimizer holds, with its owning pipeline rank.

@@ -39,6 +39,11 @@ HF_LIBS = ["transformers==5.23.0", "tokenizers==0.23.3", "safetensors==0.8.0"]
 # tests/torch/test_tensorboard_events.py; its TensorFlow-free build ("tensorboard" alone) reads event files.
 TENSORBOARD = ["tensorboard"]
 
+# Hugging Face's tokenizers (its Rust library with Oniguruma regexes), for
+# tests/torch/test_hf_tokenizer_equivalence.py and scripts/gen_unicode_classes.py; pinned to what pip
+# resolved when Relay's tokenizer.json reader was written (its \p{L}/\p{N} table comes from this version).
+TOKENIZERS = ["tokenizers==0.23.3"]
+
 
 class VenvError(Exception):
     pass
