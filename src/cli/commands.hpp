@@ -47,7 +47,11 @@ struct GenerateOptions {
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o);
 int run_generate_command(const GenerateOptions& o);
 
-struct CkptOptions { std::string file, out; };
+struct CkptOptions {
+  std::string file, out;
+  std::string format = "safetensors";  // export: safetensors (one file, Relay's names) | hf (a transformers directory)
+  std::string dtype = "fp32";          // export: fp32 | bf16
+};
 CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect, CLI::App** export_cmd);
 int run_ckpt_inspect(const CkptOptions& o);
 int run_ckpt_export(const CkptOptions& o);
