@@ -31,8 +31,9 @@ TORCH2_NO_DEPS = [
 TORCH2_DEPS = ["filelock", "typing-extensions>=4.13.0", "setuptools>=77.0.3", "sympy>=1.13.3",
                "networkx>=2.5.1", "jinja2", "fsspec>=0.8.5", "numpy"]
 # Hugging Face's libraries beside PyPI's torch, for tests/torch/test_hf_interop.py (models built from a
-# config with random weights; nothing is downloaded from the Hub). The versions pip resolved on 2026-11-24.
-HF_LIBS = ["transformers==5.23.0", "tokenizers==0.23.3", "safetensors==0.8.0"]
+# config with random weights; nothing is downloaded from the Hub) and test_llama_reference.py (which reads
+# Relay's checkpoints with h5py). The versions pip resolved on 2026-11-24.
+HF_LIBS = ["transformers==5.23.0", "tokenizers==0.23.3", "safetensors==0.8.0", "h5py==3.16.0"]
 
 
 # TensorBoard's own event reader (tensorboard.backend.event_processing.event_accumulator), for
