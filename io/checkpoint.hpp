@@ -26,7 +26,7 @@ struct CheckpointMeta {
   int64_t batch_size = 0, samples = 0, epoch = 0, position = 0;
   bool shuffle = false;
   uint64_t data_seed = 0, model_seed = 0;
-  std::string tokenizer;           // GPT: the training data's tokenizer ("bytes" | "gpt2"); "" for the MLP
+  std::string tokenizer;           // GPT: the training data's tokenizer ("bytes" | "gpt2" | "hf"); "" for the MLP
 };
 
 struct CheckpointTensor {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/bf16.hpp"
 #include "core/error.hpp"
 
 namespace fs = std::filesystem;
@@ -16,13 +17,15 @@ namespace fs = std::filesystem;
 namespace relay {
 
 void write_safetensors(const std::string& path, const std::vector<CheckpointTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, const std::string& dtype) {
+  const bool bf16_out = dtype == "BF16";
+  const uint64_t elem = bf16_out ? 2 : 4;
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t at = 0;
   for (const auto& t : tensors) {
-    const uint64_t bytes = t.data.size() * sizeof(float);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
+    const uint64_t bytes = uint64_t(shape_numel(t.shape)) * elem;
+    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
     at += bytes;
   }
   std::string h = header.dump();
@@ -36,8 +39,17 @@ void write_safetensors(const std::string& path, const std::vector<CheckpointTens
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));  // little-endian
     f.write(reinterpret_cast<const char*>(len), 8);
     f.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const auto& t : tensors)
-      f.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size() * sizeof(float)));
+    std::vector<bf16> half;  // (numel) one tensor rounded, when writing BF16
+    for (const auto& t : tensors) {
+      const size_t n = static_cast<size_t>(shape_numel(t.shape));
+      if (!bf16_out) {
+        f.write(reinterpret_cast<const char*>(t.values()), static_cast<std::streamsize>(n * sizeof(float)));
+        continue;
+      }
+      half.resize(n);
+      for (size_t i = 0; i < n; ++i) half[i] = f32_to_bf16(t.values()[i]);
+      f.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(n * sizeof(bf16)));
+    }
     f.flush();
     if (!f) {
       std::error_code ec;

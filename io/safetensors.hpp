@@ -1,6 +1,6 @@
 // The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON header
 // {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}}, then
-// the raw little-endian tensor bytes. Relay writes F32 and reads F32, F16 and BF16, so weights saved
+// the raw little-endian tensor bytes. Relay writes F32 or BF16 and reads F32, F16 and BF16, so weights saved
 // by PyTorch (safetensors.torch.save_file) load as they are.
 #pragma once
 #include <cstdint>
@@ -12,9 +12,10 @@
 
 namespace relay {
 
-// Writes tensors (F32) and string metadata, atomically (a temporary file, then a rename).
+// Writes tensors and string metadata, atomically (a temporary file, then a rename), as dtype "F32" or
+// "BF16" (rounded to nearest even, as torch's .to(torch.bfloat16)).
 void write_safetensors(const std::string& path, const std::vector<CheckpointTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {}, const std::string& dtype = "F32");
 
 class SafetensorsFile {
  public:

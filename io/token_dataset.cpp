@@ -32,8 +32,8 @@ TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t 
   auto holder = [&](const char* name) { return H5Aexists(file_.get(), name) > 0 ? file_.get() : tokens_.get(); };
   vocab_size_ = h5_read_i64_attr(holder("vocab_size"), "vocab_size", where_);
   tokenizer_ = h5_read_str_attr(holder("tokenizer"), "tokenizer", where_);
-  if (tokenizer_ != "bytes" && tokenizer_ != "gpt2")
-    throw Error(cat(where_, ": attribute tokenizer is \"", tokenizer_, "\"; expected \"bytes\" or \"gpt2\""));
+  if (tokenizer_ != "bytes" && tokenizer_ != "gpt2" && tokenizer_ != "hf")
+    throw Error(cat(where_, ": attribute tokenizer is \"", tokenizer_, "\"; expected \"bytes\", \"gpt2\" or \"hf\""));
   if (vocab_size_ < 1 || vocab_size_ > model_vocab)
     throw Error(cat(where_, ": the file's vocab_size is ", vocab_size_, " (tokenizer \"", tokenizer_,
                     "\") but model.vocab_size = ", model_vocab,

@@ -1,5 +1,5 @@
 // Language-model data in HDF5: /tokens, 1-D uint16 (vocabularies up to 65,536) or int32, with
-// attributes vocab_size and tokenizer ("bytes" | "gpt2"). A sample is a sequence of block_size + 1
+// attributes vocab_size and tokenizer ("bytes" | "gpt2" | "hf"). A sample is a sequence of block_size + 1
 // tokens at stride block_size: sequence s is tokens[s*T, s*T+T] (inputs the first T, targets the
 // last T), N = (len - 1) div T of them. Validated when opened, so a bad file fails before the first
 // step with a message naming the file, the position and the value.

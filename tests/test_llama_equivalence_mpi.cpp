@@ -13,6 +13,8 @@
 #include <map>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "support/test_support.hpp"
 
 using namespace relay::test;
@@ -163,6 +165,100 @@ TEST(LlamaModel, CheckpointHoldsTransformersNames) {
   size_t model_tensors = 0;
   for (auto& [name, v] : t) model_tensors += name.rfind("model/", 0) == 0;
   EXPECT_EQ(model_tensors, 2u + 9u * 4u + 1u);  // embed, 4 x 9 per layer, norm, lm_head
+}
+
+// Layout-free checkpoints: 6 steps on dp 2 x tp 2, and the same run stopped at step 3 and resumed on
+// pp 2 x tp 2 with ZB-H1 reach the same losses and final tensors (within the equivalence tolerance).
+TEST(LlamaModel, ResumesOnAnotherLayout) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  auto run_of = [&](const std::string& name, int ranks, std::vector<std::string> extra) {
+    auto ov = model_overrides("gqa");
+    ov.insert(ov.end(), {"run.dir=\"" + dir.file(name) + "\"", "checkpoint.every=3"});
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    RunResult r = train(ranks, p.config, ov);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return dir.file(name);
+  };
+  const std::string a = run_of("a", 4, {"parallel.dp=2", "parallel.tp=2", "train.micro_batches=2"});
+  const std::string b = run_of("b", 4, {"parallel.pp=2", "parallel.tp=2", "parallel.schedule=\"zb-h1\"",
+                                        "train.micro_batches=4",
+                                        "checkpoint.resume=\"" + a + "/checkpoints/step_00000003.h5\""});
+  const auto la = read_losses(a), lb = read_losses(b);  // b's metrics hold steps 4-6
+  ASSERT_EQ(la.size(), 6u);
+  ASSERT_EQ(lb.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(lb[i], la[i + 3], kAbs + kRel * std::abs(la[i + 3])) << "step " << i + 4;
+  expect_tensors_within(read_checkpoint(b + "/checkpoints/step_00000006.h5"),
+                        read_checkpoint(a + "/checkpoints/step_00000006.h5"), kRel, kAbs, "resumed on pp 2 x tp 2");
+}
+
+// bf16 (train.precision = "bf16": bf16 activations and working weights, grouped-query flash attention in
+// bf16, f32 masters): tracks the fp32 run over 300 steps (the GPT criterion of test_bf16_mpi.cpp, mean
+// relative loss difference over steps 251-300 below 1e-2), and dp 2 x tp 2 x pp 2 with ZeRO-1 and
+// recomputation tracks the bf16 serial run within test_bf16_mpi.cpp's bf16 layout tolerance.
+TEST(LlamaModel, Bf16TracksFp32AndLayoutsTrackBf16Serial) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path(), 40001, 61, 32);
+  std::map<std::string, std::vector<double>> losses;
+  for (const char* prec : {"fp32", "bf16"}) {
+    auto ov = model_overrides("gqa");
+    ov.insert(ov.end(), {"run.dir=\"" + dir.file(prec) + "\"", std::string("train.precision=\"") + prec + "\"",
+                         "train.steps=300", "optimizer.lr=1e-3", "lr_schedule.warmup_steps=10"});
+    RunResult r = train(1, p.config, ov);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    losses[prec] = read_losses(dir.file(prec));
+  }
+  const auto &a = losses["bf16"], &b = losses["fp32"];
+  ASSERT_EQ(a.size(), 300u);
+  double mean = 0;
+  for (size_t i = 250; i < 300; ++i) mean += std::abs(a[i] - b[i]) / b[i] / 50;
+  EXPECT_LT(mean, 1e-2);
+  EXPECT_LT(a.back(), 0.8 * a.front()) << "the bf16 run did not learn";
+  std::printf("llama bf16 vs fp32 over steps 251-300: mean relative loss difference %.2e; loss %.4f -> %.4f\n", mean,
+              a.front(), a.back());
+
+  auto bf16_run = [&](const std::string& name, int ranks, std::vector<std::string> extra) {
+    auto ov = model_overrides("gqa");
+    ov.insert(ov.end(), {"run.dir=\"" + dir.file(name) + "\"", "train.precision=\"bf16\""});
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    RunResult r = train(ranks, p.config, ov);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return dir.file(name);
+  };
+  const std::string serial = bf16_run("serial", 1, {}),
+                    layout = bf16_run("dp2_tp2_pp2", 8, {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
+                                                         "train.micro_batches=2", "optimizer.zero=true",
+                                                         "train.recompute=\"blocks\""});
+  const auto ls = read_losses(serial), ll = read_losses(layout);
+  ASSERT_EQ(ls.size(), ll.size());
+  for (size_t i = 0; i < ls.size(); ++i) EXPECT_NEAR(ll[i], ls[i], 1e-2 * ls[i]) << "bf16 loss at step " << i + 1;
+  expect_tensors_within(read_checkpoint(layout + "/checkpoints/step_00000006.h5"),
+                        read_checkpoint(serial + "/checkpoints/step_00000006.h5"), 2e-2, 2e-3,
+                        "bf16 dp2 x tp2 x pp2 against the bf16 serial run");
+}
+
+// relay plan's prediction equals the measured bytes per rank (memory.json), fp32 and bf16, with tp, pp
+// and recomputation; GQA's key/value projections are n_kv_head / n_head of the query's.
+TEST(LlamaModel, MemoryMatchesThePlan) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  for (const char* prec : {"fp32", "bf16"})
+    for (bool rec : {false, true}) {
+      const std::string run = dir.file(std::string(prec) + (rec ? "_rec" : ""));
+      auto ov = model_overrides("gqa");
+      ov.insert(ov.end(), {"run.dir=\"" + run + "\"", std::string("train.precision=\"") + prec + "\"",
+                           "parallel.tp=2", "parallel.pp=2", "train.micro_batches=2", "train.steps=2",
+                           std::string("train.recompute=\"") + (rec ? "blocks" : "none") + "\""});
+      RunResult r = train(4, p.config, ov);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const auto ranks = nlohmann::json::parse(read_file(run + "/memory.json")).at("bytes_per_rank");
+      ASSERT_EQ(ranks.size(), 4u);
+      for (size_t w = 0; w < ranks.size(); ++w)
+        for (const char* k : {"params", "grads", "optimizer", "activations"}) {
+          const double got = ranks[w].at("measured").at(k), want = ranks[w].at("predicted").at(k);
+          EXPECT_NEAR(got, want, 0.01 * want + 1024) << prec << (rec ? " recompute" : "") << " rank " << w << " " << k;
+        }
+    }
 }
 
 // Bad keys: one line naming the key, exit 1 on every rank.

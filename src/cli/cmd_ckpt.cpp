@@ -1,5 +1,5 @@
 // relay ckpt inspect FILE: step, layout and tensors of a checkpoint, after checking it is complete
-// and that every tensor reads back.
+// and that every tensor reads back. relay ckpt export FILE: its weights for PyTorch or transformers.
 #include <cstdio>
 #include <vector>
 
@@ -8,7 +8,9 @@
 #include <cctype>
 #include <cmath>
 
+#include "core/config.hpp"
 #include "io/checkpoint.hpp"
+#include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
 
 namespace relay {
@@ -19,9 +21,14 @@ CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect, CL
   auto* i = c->add_subcommand("inspect", "Print a checkpoint's step, layout and tensors; check it is complete");
   i->add_option("file", o.file, "Checkpoint file (step_XXXXXXXX.h5)")->required();
   *inspect = i;
-  auto* e = c->add_subcommand("export", "Write a checkpoint's weights as safetensors, named as PyTorch's state_dict");
+  auto* e = c->add_subcommand("export", "Write a checkpoint's weights as safetensors named as PyTorch's state_dict, or as a Hugging Face model directory");
   e->add_option("file", o.file, "Checkpoint file (step_XXXXXXXX.h5)")->required();
-  e->add_option("--out", o.out, "Output .safetensors file")->required();
+  e->add_option("--out", o.out, "Output .safetensors file, or directory with --format hf")->required();
+  e->add_option("--format", o.format,
+                "safetensors: one file named as the PyTorch module's state_dict (default); hf: a Hugging Face "
+                "model directory (config.json, model.safetensors) for transformers' from_pretrained")
+      ->check(CLI::IsMember({"safetensors", "hf"}));
+  e->add_option("--dtype", o.dtype, "fp32 | bf16: the stored weights' type")->check(CLI::IsMember({"fp32", "bf16"}));
   *export_cmd = e;
   return c;
 }
@@ -65,6 +72,8 @@ namespace relay {
 // The model's tensors (not the optimizer's), named as the equivalent PyTorch module's state_dict: the
 // MLP as torch.nn.Sequential ("0.weight", ...), GPT as nanoGPT's module (tests/torch/nanogpt_ref.py;
 // a tied head is the one tensor transformer.wte.weight). Layer order, as state_dict lists them.
+// --format hf: the same tensors as a transformers model directory (io/hf_model.hpp), with the model
+// keys taken from the config stored in the checkpoint.
 int run_ckpt_export(const CkptOptions& o) {
   CheckpointReader r(o.file);
   std::vector<std::pair<std::string, Shape>> names;
@@ -80,8 +89,18 @@ int run_ckpt_export(const CkptOptions& o) {
     values += shape_numel(shape);
     tensors.push_back(std::move(t));
   }
-  write_safetensors(o.out, tensors, {{"format", "pt"}, {"relay_checkpoint", o.file},
-                                     {"relay_step", std::to_string(r.meta().step)}});
+  const std::map<std::string, std::string> metadata{
+      {"format", "pt"}, {"relay_checkpoint", o.file}, {"relay_step", std::to_string(r.meta().step)}};
+  if (o.format == "hf") {
+    const Config cfg = parse_config_text(r.meta().config_toml, o.file + " (its config)", {});
+    write_hf_dir(o.out, cfg.model, r.meta().tokenizer, std::move(tensors), o.dtype == "bf16", metadata);
+    std::printf("wrote %s: config.json, generation_config.json, model.safetensors (%s, %lld values, step %lld of %s) "
+                "for transformers' from_pretrained\n",
+                o.out.c_str(), o.dtype.c_str(), static_cast<long long>(values), static_cast<long long>(r.meta().step),
+                o.file.c_str());
+    return 0;
+  }
+  write_safetensors(o.out, tensors, metadata, o.dtype == "bf16" ? "BF16" : "F32");
   std::printf("wrote %s: %zu tensors, %lld values (step %lld of %s), named as the PyTorch module's state_dict\n",
               o.out.c_str(), tensors.size(), static_cast<long long>(values), static_cast<long long>(r.meta().step),
               o.file.c_str());

@@ -22,12 +22,15 @@ CLI::App* add_data_command(CLI::App& app, DataOptions& o, CLI::App** synth, CLI:
   s->add_option("--seed", o.seed, "Seed of the samples")->required();
   s->add_option("--teacher-seed", o.teacher_seed, "Seed of the teacher network (train and eval sets share it)")
       ->capture_default_str();
-  auto* t = d->add_subcommand("tokenize", "Turn text files into a token file for model.type = \"gpt\"");
+  auto* t = d->add_subcommand("tokenize", "Turn text files into a token file for a language model (model.type = \"gpt\" or \"llama\")");
   t->add_option("--in", o.inputs, "Text files (UTF-8), concatenated in order")->required()->expected(1, -1);
   t->add_option("--out", o.out, "Output token file (HDF5)")->required();
-  t->add_option("--tokenizer", o.tokenizer, "bytes | gpt2")->required()->check(CLI::IsMember({"bytes", "gpt2"}));
+  t->add_option("--tokenizer", o.tokenizer, "bytes | gpt2 | hf")->required()->check(CLI::IsMember({"bytes", "gpt2", "hf"}));
   t->add_option("--vocab", o.vocab, "gpt2: GPT-2's vocab.json (encoder.json)");
   t->add_option("--merges", o.merges, "gpt2: GPT-2's merges.txt (vocab.bpe)");
+  t->add_option("--tokenizer-json", o.tokenizer_json,
+                "hf: a Hugging Face tokenizer.json (byte-level BPE: GPT-2's, Llama 3's, SmolLM's); documents are "
+                "separated by its <|endoftext|> token, else its <|end_of_text|>; no BOS is added");
   t->add_option("--eval-fraction", o.eval_fraction, "Put the last fraction F of the tokens into --eval-out")
       ->check(CLI::Range(0.0, 0.9));
   t->add_option("--eval-out", o.eval_out, "Output token file of the evaluation split");
@@ -50,7 +53,7 @@ int run_data_synth(const DataOptions& o) {
 int run_data_tokenize(const DataOptions& o) {
   if ((o.eval_fraction > 0) != !o.eval_out.empty())
     throw Error("--eval-fraction and --eval-out go together (the evaluation split needs both)");
-  auto tok = make_tokenizer(o.tokenizer, o.vocab, o.merges);
+  auto tok = make_tokenizer(o.tokenizer, o.vocab, o.merges, o.tokenizer_json);
   std::vector<int32_t> ids;
   for (size_t k = 0; k < o.inputs.size(); ++k) {
     const std::string& path = o.inputs[k];
@@ -59,11 +62,12 @@ int run_data_tokenize(const DataOptions& o) {
     std::stringstream ss;
     ss << f.rdbuf();
     const std::string text = ss.str();
-    if (o.tokenizer == "gpt2") {
+    if (o.tokenizer != "bytes") {
       const int64_t bad = first_invalid_utf8(text);
-      if (bad >= 0) throw Error(cat("--in ", path, ": not valid UTF-8 at byte ", bad, " (the gpt2 tokenizer reads UTF-8 text)"));
+      if (bad >= 0)
+        throw Error(cat("--in ", path, ": not valid UTF-8 at byte ", bad, " (the ", o.tokenizer, " tokenizer reads UTF-8 text)"));
     }
-    // Documents are separated by the end-of-text token where the vocabulary has one (gpt2), as
+    // Documents are separated by the end-of-text token where the vocabulary has one (gpt2, hf), as
     // GPT-2's training data and nanoGPT's preparation scripts do.
     if (k > 0 && tok->end_of_text() >= 0) ids.push_back(tok->end_of_text());
     auto part = tok->encode(text);

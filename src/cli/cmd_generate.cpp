@@ -1,9 +1,9 @@
 // relay generate --checkpoint FILE (--prompt TEXT | --prompt-tokens FILE) --max-new-tokens N
-//   [--temperature T --top-k K --seed S] [--tokenizer-files vocab.json merges.txt] [--device cpu|cuda]
-//   [--tokens-out FILE]
-// Text from a GPT checkpoint on one rank with a key-value cache (model/generate.hpp). The
-// checkpoint names its tokenizer; "gpt2" needs GPT-2's vocab.json and merges.txt to encode a text
-// prompt and to print text.
+//   [--temperature T --top-k K --seed S] [--tokenizer-files vocab.json merges.txt | --tokenizer-json FILE]
+//   [--device cpu|cuda] [--tokens-out FILE]
+// Text from a language model's checkpoint on one rank with a key-value cache (model/generate.hpp). The
+// checkpoint names its tokenizer; "gpt2" needs GPT-2's vocab.json and merges.txt, "hf" the
+// tokenizer.json the data was made with, to encode a text prompt and to print text.
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -20,7 +20,7 @@ namespace relay {
 
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   auto* c = app.add_subcommand("generate", "Generate text from a GPT checkpoint (one rank, CPU or GPU)");
-  c->add_option("--checkpoint", o.checkpoint, "Checkpoint file (step_XXXXXXXX.h5) of a model.type = \"gpt\" run")->required();
+  c->add_option("--checkpoint", o.checkpoint, "Checkpoint file (step_XXXXXXXX.h5) of a language model run (model.type = \"gpt\" or \"llama\")")->required();
   auto* p = c->add_option("--prompt", o.prompt, "Prompt text");
   auto* pt = c->add_option("--prompt-tokens", o.prompt_tokens, "File of whitespace-separated prompt token ids");
   p->excludes(pt);
@@ -30,6 +30,7 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--seed", o.seed, "Random seed: the same seed gives the same text");
   c->add_option("--tokenizer-files", o.tokenizer_files, "GPT-2's vocab.json and merges.txt (tokenizer \"gpt2\")")
       ->expected(2);
+  c->add_option("--tokenizer-json", o.tokenizer_json, "The tokenizer.json of the training data (tokenizer \"hf\")");
   c->add_option("--device", o.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   c->add_option("--precision", o.precision, "fp32 | bf16 | tf32 (default: the run's train.precision)")
       ->check(CLI::IsMember({"fp32", "bf16", "tf32"}));
@@ -68,16 +69,24 @@ int run_generate_command(const GenerateOptions& o) {
                     "\" model; relay generate needs a language model's checkpoint (gpt or llama)"));
   const std::string kind = reader.meta().tokenizer.empty() ? "bytes" : reader.meta().tokenizer;
   std::unique_ptr<Tokenizer> tok;
+  if (!o.tokenizer_json.empty() && kind != "hf")
+    throw Error(cat("--tokenizer-json: the checkpoint was trained on \"", kind, "\" tokens, not on a tokenizer.json's (\"hf\")"));
+  if (!o.tokenizer_files.empty() && kind == "hf")
+    throw Error(cat("--tokenizer-files: the checkpoint was trained on \"", kind, "\" tokens, not on GPT-2's (\"gpt2\")"));
   if (kind == "bytes") tok = make_tokenizer("bytes", "", "");
-  else if (o.tokenizer_files.size() == 2) tok = make_tokenizer(kind, o.tokenizer_files[0], o.tokenizer_files[1]);
+  else if (kind == "hf" && !o.tokenizer_json.empty()) tok = make_tokenizer("hf", "", "", o.tokenizer_json);
+  else if (kind == "gpt2" && o.tokenizer_files.size() == 2)
+    tok = make_tokenizer(kind, o.tokenizer_files[0], o.tokenizer_files[1]);
+  // What to pass to print text, for the messages below.
+  const std::string files = kind == "hf" ? "--tokenizer-json FILE" : "--tokenizer-files vocab.json merges.txt";
   std::vector<int32_t> prompt;
   if (!o.prompt_tokens.empty()) {
     prompt = read_token_ids(o.prompt_tokens, cfg.model.vocab_size);
   } else {
     if (o.prompt.empty()) throw Error("relay generate needs --prompt TEXT or --prompt-tokens FILE");
     if (!tok)
-      throw Error(cat("the checkpoint was trained on \"", kind, "\" tokens; --prompt needs --tokenizer-files vocab.json "
-                      "merges.txt (or give --prompt-tokens)"));
+      throw Error(cat("the checkpoint was trained on \"", kind, "\" tokens; --prompt needs ", files,
+                      " (or give --prompt-tokens)"));
     prompt = tok->encode(o.prompt);
     for (int32_t t : prompt)
       if (t >= cfg.model.vocab_size)
@@ -114,11 +123,12 @@ int run_generate_command(const GenerateOptions& o) {
     f << "\n";
   }
   if (tok) {
-    std::fwrite(tok->decode(out).data(), 1, tok->decode(out).size(), stdout);
+    const std::string text = tok->decode(out);
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::printf("\n");
   } else {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
-    std::printf("\n(token ids: pass --tokenizer-files vocab.json merges.txt to print text)\n");
+    std::printf("\n(token ids: pass %s to print text)\n", files.c_str());
   }
   return 0;
 }

@@ -25,6 +25,7 @@ struct DataOptions {
   std::string out, file;
   std::vector<std::string> inputs;                 // tokenize
   std::string tokenizer, vocab, merges, eval_out;  // tokenize
+  std::string tokenizer_json;                      // tokenize --tokenizer hf
   double eval_fraction = 0;
   int64_t samples = 0, features = 0, classes = 0;
   uint64_t seed = 0, teacher_seed = 1234;
@@ -41,11 +42,16 @@ struct GenerateOptions {
   double temperature = 1.0;
   uint64_t seed = 1;
   std::vector<std::string> tokenizer_files;
+  std::string tokenizer_json;  // tokenizer "hf"
 };
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o);
 int run_generate_command(const GenerateOptions& o);
 
-struct CkptOptions { std::string file, out; };
+struct CkptOptions {
+  std::string file, out;
+  std::string format = "safetensors";  // export: safetensors (one file, Relay's names) | hf (a transformers directory)
+  std::string dtype = "fp32";          // export: fp32 | bf16
+};
 CLI::App* add_ckpt_command(CLI::App& app, CkptOptions& o, CLI::App** inspect, CLI::App** export_cmd);
 int run_ckpt_inspect(const CkptOptions& o);
 int run_ckpt_export(const CkptOptions& o);

@@ -12,7 +12,7 @@ namespace {
 std::string model_blocks_hint(const std::vector<BlockSpec>& blocks) {
   int layers = 0;
   for (auto& b : blocks) layers += b.recomputable;
-  if (!blocks.empty() && blocks.front().kind == BlockKind::embedding)
+  if (!blocks.empty() && blocks.front().in == 0)  // a language model: its first block reads token ids
     return cat("embedding + ", layers, " transformer blocks (model.n_layer) + head");
   return cat(blocks.size(), " entries of model.layers");
 }

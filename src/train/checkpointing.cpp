@@ -6,11 +6,13 @@
 #include <filesystem>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <thread>
 
 #include <set>
 
 #include "comm/agree.hpp"
+#include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
 #include "comm/watchdog.hpp"
 
@@ -206,32 +208,58 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
   return img.path;
 }
 
+namespace {
+
+// Where model.init_from's tensors come from: a safetensors file or a Hugging Face model directory.
+// tensors: name -> shape as Relay holds it; read: one tensor as float32 in that shape.
+struct InitSource {
+  std::map<std::string, Shape> tensors;
+  std::function<void(const std::string&, const Shape&, float*)> read;
+};
+
+}  // namespace
+
 void load_init_from(CheckpointContext& ctx, const std::string& path) {
-  SafetensorsFile file(path);
   const std::string where = cat("model.init_from = \"", path, "\"");
+  InitSource src;
+  std::unique_ptr<SafetensorsFile> file;
+  std::unique_ptr<HfModelDir> dir;
+  if (is_hf_dir(path)) {  // config.json checked against [model] before any tensor is read
+    dir = std::make_unique<HfModelDir>(path, where);
+    dir->check_matches(ctx.cfg.model);
+    src.tensors = dir->tensors();
+    src.read = [&](const std::string& n, const Shape& s, float* out) { dir->read(n, s, out); };
+  } else {
+    file = std::make_unique<SafetensorsFile>(path);
+    for (auto& e : file->entries()) src.tensors[e.name] = e.shape;
+    src.read = [&](const std::string& n, const Shape& s, float* out) { file->read(n, s, out); };
+  }
+  const std::string from = dir ? " from the directory" : "";
   std::set<std::string> known;
   for (auto& p : ctx.layout.params()) {
     known.insert(p.name);
-    const auto* e = file.find(p.name);
-    if (!e) throw Error(cat(where, ": tensor ", p.name, " ", shape_str(p.shape), " is missing"));
-    if (e->shape != p.shape)
-      throw Error(cat(where, ": tensor ", p.name, " has shape ", shape_str(e->shape), " but the model expects ",
+    auto it = src.tensors.find(p.name);
+    if (it == src.tensors.end()) throw Error(cat(where, ": tensor ", p.name, " ", shape_str(p.shape), " is missing", from));
+    if (it->second != p.shape)
+      throw Error(cat(where, ": tensor ", p.name, " has shape ", shape_str(it->second), " but the model expects ",
                       shape_str(p.shape)));
   }
-  for (auto& e : file.entries()) {
+  for (auto& [name, shape] : src.tensors) {
     // A tied head saved by a module that keeps the name (nanoGPT's state_dict lists lm_head.weight,
-    // the same tensor as transformer.wte.weight) and attention-mask buffers are not parameters.
-    const bool tied_alias = e.name == "lm_head.weight" && !known.count("lm_head.weight");
-    const bool buffer = e.name.size() > 9 && (e.name.rfind(".attn.bias") == e.name.size() - 10 ||
-                                              e.name.rfind(".attn.masked_bias") == e.name.size() - 17);
-    if (!known.count(e.name) && !tied_alias && !buffer)
-      throw Error(cat(where, ": tensor ", e.name, " ", shape_str(e.shape),
+    // the same tensor as transformer.wte.weight) and attention-mask / rotary buffers are not parameters.
+    auto ends = [&](const std::string& tail) {
+      return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const bool tied_alias = name == "lm_head.weight" && !known.count("lm_head.weight");
+    const bool buffer = ends(".attn.bias") || ends(".attn.masked_bias") || ends(".rotary_emb.inv_freq");
+    if (!known.count(name) && !tied_alias && !buffer)
+      throw Error(cat(where, ": tensor ", name, " ", shape_str(shape),
                       " is not a parameter of this model (check the [model] section)"));
   }
-  std::vector<float> buf, shard;
+  std::vector<float> buf, shard;  // (full_shape) the whole tensor; (shard shape) this tp rank's part
   for (auto& [name, param] : ctx.params) {
     buf.resize(static_cast<size_t>(shape_numel(param->full_shape)));
-    file.read(name, param->full_shape, buf.data());
+    src.read(name, param->full_shape, buf.data());
     if (param->sharded()) {
       shard.resize(static_cast<size_t>(param->value.numel()));
       extract_shard(buf.data(), param->full_shape, param->split, ctx.grid.tp, ctx.grid.tp_rank, shard.data());

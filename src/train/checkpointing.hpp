@@ -28,7 +28,7 @@ struct CheckpointContext {
   std::map<std::string, Param*> params;  // this rank's parameters by name
   Optimizer& optimizer;
   int64_t samples = 0;  // training set size (sampler position)
-  std::string tokenizer;  // a GPT model's data tokenizer ("bytes" | "gpt2"), stored for `relay generate`
+  std::string tokenizer;  // a GPT model's data tokenizer ("bytes" | "gpt2" | "hf"), stored for `relay generate`
 };
 
 // Every tensor a checkpoint of this model and optimizer holds, with its owning pipeline rank.
@@ -71,7 +71,8 @@ void write_checkpoint_image(const CheckpointImage& img, const std::function<void
 std::string save_checkpoint(CheckpointContext& ctx, int64_t step);
 
 // model.init_from: this rank's parameters from a safetensors file named as the PyTorch module's
-// state_dict (relay ckpt export writes one; so does safetensors.torch.save_file(model.state_dict())).
+// state_dict (relay ckpt export writes one; so does safetensors.torch.save_file(model.state_dict())),
+// or from a Hugging Face model directory (io/hf_model.hpp), whose config.json must match [model].
 // Every rank checks the whole model against the file first (missing tensors, shapes, tensors the model
 // does not have), so every rank reports the same mismatch. Optimizer state starts at zero.
 void load_init_from(CheckpointContext& ctx, const std::string& path);

@@ -30,11 +30,20 @@ TORCH2_NO_DEPS = [
 ]
 TORCH2_DEPS = ["filelock", "typing-extensions>=4.13.0", "setuptools>=77.0.3", "sympy>=1.13.3",
                "networkx>=2.5.1", "jinja2", "fsspec>=0.8.5", "numpy"]
+# Hugging Face's libraries beside PyPI's torch, for tests/torch/test_hf_interop.py (models built from a
+# config with random weights; nothing is downloaded from the Hub) and test_llama_reference.py (which reads
+# Relay's checkpoints with h5py). The versions pip resolved on 2026-11-24.
+HF_LIBS = ["transformers==5.23.0", "tokenizers==0.23.3", "safetensors==0.8.0", "h5py==3.16.0"]
 
 
 # TensorBoard's own event reader (tensorboard.backend.event_processing.event_accumulator), for
 # tests/torch/test_tensorboard_events.py; its TensorFlow-free build ("tensorboard" alone) reads event files.
 TENSORBOARD = ["tensorboard"]
+
+# Hugging Face's tokenizers (its Rust library with Oniguruma regexes), for
+# tests/torch/test_hf_tokenizer_equivalence.py and scripts/gen_unicode_classes.py; pinned to what pip
+# resolved when Relay's tokenizer.json reader was written (its \p{L}/\p{N} table comes from this version).
+TOKENIZERS = ["tokenizers==0.23.3"]
 
 
 class VenvError(Exception):
@@ -51,22 +60,42 @@ def make_venv(name, packages, system_site_packages=False, no_deps=()):
                       ["--no-deps"] + list(no_deps)) + "\n"
     if os.path.exists(ready):
         with open(ready) as f:
-            if f.read() in (stamp, ""):  # "": made before the stamp, by this same call
-                return py
+            old = f.read()
+        if old in (stamp, ""):  # "": made before the stamp, by this same call
+            return py
+        if _extends(old, stamp):  # only packages added (same --no-deps set): install them in place
+            _pip(py, [list(packages)])  # keeps the venv (~2 GB of torch wheels) and anyone using it
+            with open(ready, "w") as f:
+                f.write(stamp)
+            return py
         shutil.rmtree(cache)  # another package list: start again
     make = [sys.executable, "-m", "venv"] + (["--system-site-packages"] if system_site_packages else []) + [cache]
     r = subprocess.run(make, capture_output=True, text=True)
     if r.returncode != 0:
         raise VenvError(f"cannot make a venv ({r.stderr.strip()[-200:]}; install python3-venv)")
+    _pip(py, ([["--no-deps"] + list(no_deps)] if no_deps else []) + ([list(packages)] if packages else []))
+    with open(ready, "w") as f:
+        f.write(stamp)
+    return py
+
+
+def _pip(py, arg_lists):
+    """pip install each argument list into the venv of `py`; VenvError with pip's reason on failure."""
     pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    for args in ([["--no-deps"] + list(no_deps)] if no_deps else []) + ([list(packages)] if packages else []):
+    for args in arg_lists:
         r = subprocess.run(pip + args, capture_output=True, text=True)
         if r.returncode != 0:
             raise VenvError(f"pip could not install {' '.join(a for a in args if a != '--no-deps')} from PyPI: "
                             f"{r.stderr.strip()[-300:]}")
-    with open(ready, "w") as f:
-        f.write(stamp)
-    return py
+
+
+def _extends(old, new):
+    """Whether stamp `new` is stamp `old` with packages added: same isolation and --no-deps list."""
+    o, n = old.splitlines(), new.splitlines()
+    if "--no-deps" not in o or "--no-deps" not in n or o[0] != n[0]:
+        return False
+    oi, ni = o.index("--no-deps"), n.index("--no-deps")
+    return o[oi:] == n[ni:] and set(o[1:oi]) <= set(n[1:ni])
 
 
 def venv_python(name, packages, system_site_packages=False, no_deps=()):
@@ -79,8 +108,14 @@ def venv_python(name, packages, system_site_packages=False, no_deps=()):
 
 
 def torch2_python():
-    """PyTorch 2.x (CPU use) from PyPI, in the venv relay-torch2; raises VenvError."""
-    return make_venv("relay-torch2", TORCH2_DEPS, no_deps=TORCH2_NO_DEPS)
+    """PyTorch 2.x (CPU use) and transformers, tokenizers, safetensors from PyPI, in the venv relay-torch2;
+    raises VenvError."""
+    return make_venv("relay-torch2", TORCH2_DEPS + HF_LIBS, no_deps=TORCH2_NO_DEPS)
+
+
+def hf_python():
+    """transformers, tokenizers and safetensors with PyTorch 2.x: the torch2 venv; raises VenvError."""
+    return torch2_python()
 
 
 def tensorboard_python():
@@ -89,9 +124,9 @@ def tensorboard_python():
 
 
 if __name__ == "__main__":
-    makers = {"torch2": torch2_python, "tensorboard": tensorboard_python}
+    makers = {"torch2": torch2_python, "hf": hf_python, "tensorboard": tensorboard_python}
     if len(sys.argv) != 2 or sys.argv[1] not in makers:
-        sys.exit("usage: pypi_venv.py torch2|tensorboard   (makes the cached venv and prints its python)")
+        sys.exit("usage: pypi_venv.py torch2|hf|tensorboard   (makes the cached venv and prints its python)")
     try:
         print(makers[sys.argv[1]]())
     except VenvError as e:

@@ -15,12 +15,12 @@ split at the right token.
 Usage: test_tiktoken_equivalence.py <relay binary>. Exits 77 (skipped) when PyPI or h5py is out of reach.
 """
 import os
-import random
 import subprocess
 import sys
 import tempfile
 
 from pypi_venv import venv_python
+from tokenizer_texts import codepoint_sweep, generated_text
 
 RELAY = os.path.abspath(sys.argv[1])
 try:
@@ -67,21 +67,6 @@ def run(*args):
     return r.stdout
 
 
-def generated_text(seed, n_chars):
-    rng = random.Random(seed)
-    words = ["the", "The", "naïve", "café", "Straße", "déjà", "vu", "日本語", "中文字符", "한국어", "🎉", "👍🏽", "🇫🇷",
-             "Ελληνικά", "русский", "عربى", "हिन्दी", "x²", "½", "3.14159", "2024", "1,000,000", "it's", "we're",
-             "they've", "I'm", "you'll", "he'd", "don't", "CAN'T", "rock'n'roll", "e-mail", "C++", "a_b", "#tag",
-             "@user", "http://x.y/z?q=1", "—", "…", "«quote»", "“smart”", "\u00a0", "\u200b", "ﬁ", "Ⅻ"]
-    spaces = [" ", " ", " ", "  ", "   ", "\t", "\n", "\n\n", " \n", "\r\n", "\n\n\n", "    ", " \t "]
-    out, size = [], 0
-    while size < n_chars:
-        w = rng.choice(words) + rng.choice(spaces)
-        out.append(w)
-        size += len(w)
-    return "".join(out)
-
-
 with tempfile.TemporaryDirectory() as tmp:
     texts = {}
     fortunes = "/usr/share/games/fortunes"
@@ -95,13 +80,7 @@ with tempfile.TemporaryDirectory() as tmp:
     else:
         print("note: /usr/share/games/fortunes is missing (Debian's fortunes package); generated text only")
     texts["unicode"] = generated_text(1, 600_000)
-    # Every code point of Unicode planes 0-3 and 14 (no surrogates) in contexts where the pre-tokenizer's
-    # classes (letters, numbers, whitespace, other) decide the split: a difference in any class shows.
-    sweep = []
-    for cp in list(range(0x20, 0xD800)) + list(range(0xE000, 0x40000)) + list(range(0xE0000, 0xE0200)):
-        ch = chr(cp)
-        sweep.append(f" {ch}a {ch}{ch} x{ch}\n")
-    texts["codepoints"] = "".join(sweep)
+    texts["codepoints"] = codepoint_sweep()
     texts["edge"] = "  leading\n\n\n   trailing   \t\t\n" + "a" * 3000 + " " * 50 + "'s 's' 'S 'LL" + "\n" * 5 + "x"
     total = 0
     for name, text in texts.items():
