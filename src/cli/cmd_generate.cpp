@@ -1,6 +1,6 @@
 // relay generate --checkpoint FILE (--prompt TEXT | --prompt-tokens FILE) --max-new-tokens N
 //   [--temperature T --top-k K --seed S] [--tokenizer-files vocab.json merges.txt | --tokenizer-json FILE]
-//   [--device cpu|cuda] [--tokens-out FILE]
+//   [--device cpu|cuda] [--tokens-out FILE] [--logits-out FILE]
 // Text from a language model's checkpoint on one rank with a key-value cache (model/generate.hpp). The
 // checkpoint names its tokenizer; "gpt2" needs GPT-2's vocab.json and merges.txt, "hf" the
 // tokenizer.json the data was made with, to encode a text prompt and to print text.
@@ -35,6 +35,8 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--precision", o.precision, "fp32 | bf16 | tf32 (default: the run's train.precision)")
       ->check(CLI::IsMember({"fp32", "bf16", "tf32"}));
   c->add_option("--tokens-out", o.tokens_out, "Also write prompt + generated token ids here (one line)");
+  c->add_option("--logits-out", o.logits_out,
+                "Also write the logits each new token was drawn from here: one line of vocab_size floats per token");
   return c;
 }
 
@@ -115,7 +117,20 @@ int run_generate_command(const GenerateOptions& o) {
   so.temperature = o.temperature;
   so.top_k = o.top_k;
   so.seed = o.seed;
-  const std::vector<int32_t> out = gen.generate(prompt, so);
+  std::vector<std::vector<float>> logits;
+  const std::vector<int32_t> out = gen.generate(prompt, so, o.logits_out.empty() ? nullptr : &logits);
+  if (!o.logits_out.empty()) {
+    std::ofstream f(o.logits_out, std::ios::trunc);
+    if (!f) throw Error(cat("--logits-out ", o.logits_out, ": cannot write the file"));
+    char buf[32];
+    for (const auto& row : logits) {
+      for (size_t i = 0; i < row.size(); ++i) {
+        std::snprintf(buf, sizeof buf, "%s%.9g", i ? " " : "", double(row[i]));  // round-trips a float
+        f << buf;
+      }
+      f << "\n";
+    }
+  }
   if (!o.tokens_out.empty()) {
     std::ofstream f(o.tokens_out, std::ios::trunc);
     if (!f) throw Error(cat("--tokens-out ", o.tokens_out, ": cannot write the file"));

@@ -36,7 +36,7 @@ int run_data_synth(const DataOptions& o);
 int run_data_inspect(const DataOptions& o);
 
 struct GenerateOptions {
-  std::string checkpoint, prompt, prompt_tokens, device = "cpu", tokens_out;
+  std::string checkpoint, prompt, prompt_tokens, device = "cpu", tokens_out, logits_out;
   std::string precision;  // "" = the run's train.precision
   int64_t max_new_tokens = 0, top_k = 0;
   double temperature = 1.0;

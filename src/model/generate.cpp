@@ -58,7 +58,8 @@ int32_t Generator::sample(const std::vector<float>& logits, const SamplingOption
   return static_cast<int32_t>(V - 1);
 }
 
-std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, const SamplingOptions& opt) {
+std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, const SamplingOptions& opt,
+                                         std::vector<std::vector<float>>* logits_out) {
   RELAY_ASSERT(!prompt.empty(), "generation needs at least one prompt token");
   const int64_t T = block_size_;
   std::vector<int32_t> seq = prompt;
@@ -72,6 +73,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, con
     const std::vector<float>* logits = nullptr;
     for (; base + static_cast<size_t>(cached) < seq.size(); ++cached)
       logits = &step(seq[base + static_cast<size_t>(cached)], cached);
+    if (logits_out) logits_out->push_back(*logits);
     seq.push_back(sample(*logits, opt, static_cast<uint64_t>(k)));
   }
   return seq;

@@ -26,7 +26,9 @@ class Generator {
   Generator(Backend& be, const Config& cfg, ParamStore& store);
   // prompt (>= 1 token ids in [0, vocab_size)) followed by max_new_tokens generated ones. Past
   // block_size tokens the context is cropped to the last block_size, as nanoGPT does.
-  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingOptions& opt);
+  // logits, when given, receives the logits (vocab_size, f32) each new token was drawn from, in order.
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingOptions& opt,
+                                std::vector<std::vector<float>>* logits = nullptr);
 
  private:
   // Runs position t (< block_size) of token `tok` through the model, filling the caches' row t;

@@ -9,7 +9,8 @@ exactly the HF weights (Conv1D weights transposed to Relay's (out, in)), and Rel
 lr = 0 equals transformers' loss on the same eval tokens within 1e-5 relative.
 Export: Relay trains, `relay ckpt export --format hf` writes a model directory, transformers'
 AutoModelForCausalLM.from_pretrained loads it with no missing or unexpected keys, its eval loss equals
-Relay's logged one within 1e-5 and 20 greedy tokens of generate(do_sample=False) equal
+Relay's logged one within 1e-5, the logits of 20 generated positions (relay generate --logits-out) equal
+transformers' within 1e-5 of their scale, and 20 greedy tokens of generate(do_sample=False) equal
 `relay generate --temperature 0` from the same prompt; --dtype bf16 loads and holds the fp32 weights
 rounded to bf16. An untied GPT-2 head goes both ways apart from the embedding.
 Bad input (exit 1, one line naming what is wrong): an HF directory of another architecture, a config
@@ -208,8 +209,20 @@ def export_case(family, arch, toml, tmp):
     prompt = [int(t) for t in EVAL_TOKENS[:8]]
     open(f"{tmp}/prompt.txt", "w").write(" ".join(map(str, prompt)))
     run(["generate", "--checkpoint", ck, "--prompt-tokens", f"{tmp}/prompt.txt", "--max-new-tokens", "20",
-         "--temperature", "0", "--tokens-out", f"{tmp}/{family}_tokens.txt"])
+         "--temperature", "0", "--tokens-out", f"{tmp}/{family}_tokens.txt",
+         "--logits-out", f"{tmp}/{family}_logits.txt"])
     relay_ids = [int(t) for t in open(f"{tmp}/{family}_tokens.txt").read().split()]
+    # Logits: Relay's for each new token (its key-value cache) against transformers' full forward of the
+    # same prefix, within 1e-5 of the logits' scale.
+    relay_logits = np.loadtxt(f"{tmp}/{family}_logits.txt", ndmin=2)
+    worst = 0.0
+    with torch.no_grad():
+        for i in range(20):
+            hf = model(torch.tensor([relay_ids[:len(prompt) + i]])).logits[0, -1].double().numpy()
+            worst = max(worst, float(np.max(np.abs(relay_logits[i] - hf)) / np.max(np.abs(hf))))
+    if relay_logits.shape != (20, model.config.vocab_size) or not worst <= 1e-5:
+        sys.exit(f"FAILED {family} export: logits of shape {relay_logits.shape} differ from transformers' by {worst:.2e}")
+    ok(f"{family} export: the logits of all 20 generated positions = transformers' (max {worst:.1e} of their scale)")
     with torch.no_grad():
         hf_ids = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                 max_new_tokens=20, do_sample=False)[0].tolist()
