@@ -40,7 +40,6 @@ ModelSpec mlp_spec(const Config& cfg, int64_t input_dim) {
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerConfig& l = layers[i];
     BlockSpec b;
-    b.index = static_cast<int>(i);
     b.in = w;
     const std::string n = std::to_string(i);
     if (l.type == "linear") {
@@ -72,6 +71,33 @@ ModelSpec mlp_spec(const Config& cfg, int64_t input_dim) {
   return m;
 }
 
+// The language models' first and last blocks (gpt_blocks.cpp's Embedding and Head, shared by GPT-2 and
+// Llama): token ids -> (rows, C) from the tables in params (the token embedding, [learned positions]);
+// and a norm over C (params: its weight, [bias], then the output weight) -> logits over the vocabulary V.
+BlockSpec lm_embedding(std::vector<ParamSpec> params, int64_t C, int64_t T) {
+  BlockSpec b;
+  b.kind = BlockKind::embedding;
+  b.in = 0;
+  b.out = C;
+  b.seq_len = T;
+  b.params = std::move(params);
+  b.flops = double(C);
+  return b;
+}
+BlockSpec lm_head(std::vector<ParamSpec> params, int64_t C, int64_t V, int64_t T, bool bias, NormKind norm, double eps) {
+  BlockSpec b;
+  b.kind = BlockKind::head;
+  b.in = C;
+  b.out = V;
+  b.seq_len = T;
+  b.bias = bias;
+  b.norm = norm;
+  b.eps = eps;
+  b.params = std::move(params);
+  b.flops = 2.0 * double(C) * double(V);
+  return b;
+}
+
 ModelSpec gpt_spec(const Config& cfg) {
   const auto& c = cfg.model;
   const int64_t V = c.vocab_size, T = c.block_size, C = c.n_embd, L = c.n_layer;
@@ -89,14 +115,7 @@ ModelSpec gpt_spec(const Config& cfg) {
   m.output_dim = V;
   const ParamSpec wte = w("transformer.wte.weight", {V, C}, std_w, vocab);
 
-  BlockSpec emb;
-  emb.kind = BlockKind::embedding;
-  emb.in = 0;
-  emb.out = C;
-  emb.seq_len = T;
-  emb.params = {wte, w("transformer.wpe.weight", {T, C}, std_w)};
-  emb.flops = double(C);
-  m.blocks.push_back(emb);
+  m.blocks.push_back(lm_embedding({wte, w("transformer.wpe.weight", {T, C}, std_w)}, C, T));
 
   for (int64_t i = 0; i < L; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
@@ -126,18 +145,10 @@ ModelSpec gpt_spec(const Config& cfg) {
     m.blocks.push_back(std::move(b));
   }
 
-  BlockSpec head;
-  head.kind = BlockKind::head;
-  head.in = C;
-  head.out = V;
-  head.seq_len = T;
-  head.bias = c.bias;
-  head.params.push_back({"transformer.ln_f.weight", {C}, constant(1)});
-  if (c.bias) head.params.push_back({"transformer.ln_f.bias", {C}, constant(0)});
-  head.params.push_back(c.tie_embeddings ? wte : w("lm_head.weight", {V, C}, std_w, vocab));
-  head.flops = 2.0 * double(C) * double(V);
-  m.blocks.push_back(head);
-  for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
+  std::vector<ParamSpec> head = {{"transformer.ln_f.weight", {C}, constant(1)}};
+  if (c.bias) head.push_back({"transformer.ln_f.bias", {C}, constant(0)});
+  head.push_back(c.tie_embeddings ? wte : w("lm_head.weight", {V, C}, std_w, vocab));
+  m.blocks.push_back(lm_head(std::move(head), C, V, T, c.bias, NormKind::layernorm, 1e-5));
   return m;
 }
 
@@ -157,14 +168,7 @@ ModelSpec llama_spec(const Config& cfg) {
   m.output_dim = V;
   const ParamSpec embed = w("model.embed_tokens.weight", {V, C}, vocab);
 
-  BlockSpec emb;
-  emb.kind = BlockKind::embedding;
-  emb.in = 0;
-  emb.out = C;
-  emb.seq_len = T;
-  emb.params = {embed};
-  emb.flops = double(C);
-  m.blocks.push_back(emb);
+  m.blocks.push_back(lm_embedding({embed}, C, T));
 
   for (int64_t i = 0; i < L; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -194,18 +198,8 @@ ModelSpec llama_spec(const Config& cfg) {
     m.blocks.push_back(std::move(b));
   }
 
-  BlockSpec head;
-  head.kind = BlockKind::head;
-  head.in = C;
-  head.out = V;
-  head.seq_len = T;
-  head.bias = false;
-  head.norm = NormKind::rmsnorm;
-  head.eps = c.norm_eps;
-  head.params = {{"model.norm.weight", {C}, constant(1)}, c.tie_embeddings ? embed : w("lm_head.weight", {V, C}, vocab)};
-  head.flops = 2.0 * double(C) * double(V);
-  m.blocks.push_back(head);
-  for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
+  m.blocks.push_back(lm_head({{"model.norm.weight", {C}, constant(1)}, c.tie_embeddings ? embed : w("lm_head.weight", {V, C}, vocab)},
+                             C, V, T, /*bias=*/false, NormKind::rmsnorm, c.norm_eps));
   return m;
 }
 
@@ -243,6 +237,7 @@ std::string ModelSpec::tp_shard(int tp, int r) const {
 
 ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
   ModelSpec m = cfg.model.is_gpt() ? gpt_spec(cfg) : cfg.model.is_llama() ? llama_spec(cfg) : mlp_spec(cfg, input_dim);
+  for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
   for (BlockSpec& b : m.blocks) b.dtype = compute_dtype(cfg.train.precision);
   return m;
 }
