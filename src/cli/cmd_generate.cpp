@@ -66,7 +66,8 @@ int run_generate_command(const GenerateOptions& o) {
   const Config cfg = parse_config_text(reader.meta().config_toml, o.checkpoint + " (its config)",
                                        o.precision.empty() ? std::vector<std::string>{}
                                                            : std::vector<std::string>{"train.precision=\"" + o.precision + "\""});
-  if (!make_model_spec(cfg, 0).language_model)
+  const ModelSpec model = make_model_spec(cfg, 0);
+  if (!model.language_model)
     throw Error(cat("--checkpoint ", o.checkpoint, " holds a model.type = \"", cfg.model.type,
                     "\" model; relay generate needs a language model's checkpoint (gpt or llama)"));
   const std::string kind = reader.meta().tokenizer.empty() ? "bytes" : reader.meta().tokenizer;
@@ -102,7 +103,7 @@ int run_generate_command(const GenerateOptions& o) {
   auto be = make_backend(bo);
   ParamStore store(*be, cfg.model.seed, 1, 0, compute_dtype(cfg.train.precision));
   std::vector<float> buf;
-  for (const BlockSpec& b : make_model_spec(cfg, 0).blocks)
+  for (const BlockSpec& b : model.blocks)
     for (const ParamSpec& p : b.params) {
       if (store.find(p.name)) continue;
       Param* param = store.get(p);

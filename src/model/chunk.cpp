@@ -33,7 +33,7 @@ bool ModelChunk::needs_input_grad(size_t k) const {
   return !(is_first_ && k <= first_param_block_) && blocks_[k]->spec().in > 0;
 }
 
-ChunkBytes ModelChunk::planned_bytes(const std::vector<BlockSpec>& blocks, int tp, int tp_rank, int64_t rows,
+ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
                                      bool is_first, bool is_last, bool alias_output_grad, bool recompute) {
   ChunkBytes b;
   const BlockSpec& first = blocks.front();

@@ -14,6 +14,7 @@
 // again from the kept input first. Needs B and W together (not zero-bubble schedules).
 #pragma once
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "model/block.hpp"
@@ -30,7 +31,7 @@ class ModelChunk {
  public:
   // What a chunk of these blocks would allocate for `rows` rows on tp rank tp_rank of tp, before anything
   // exists (relay plan's memory prediction): the same rules as slot() below.
-  static ChunkBytes planned_bytes(const std::vector<BlockSpec>& blocks, int tp, int tp_rank, int64_t rows,
+  static ChunkBytes planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
                                   bool is_first, bool is_last, bool alias_output_grad, bool recompute);
 
   // alias_output_grad: the output gradient is written over the output (the last chunk of a model

@@ -14,7 +14,7 @@ Generator::Generator(Backend& be, const Config& cfg, ParamStore& store)
   const ModelSpec spec = make_model_spec(cfg, 0);
   for (const BlockSpec& b : spec.blocks) {
     blocks_.push_back(make_block(b, store));
-    if (!spec.language_model || !blocks_.back()->can_decode())
+    if (!blocks_.back()->can_decode())  // the MLP's blocks have no decode step
       throw Error(cat("a model.type = \"", cfg.model.type, "\" model cannot generate (its ", block_kind_name(b.kind),
                       " blocks have no decode step)"));
   }

@@ -36,7 +36,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   const int last = layout.num_chunks() - 1;
   for (int c = pp_rank; c <= last; c += layout.pp) {
     const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
-    const std::vector<BlockSpec> blocks(layout.blocks().begin() + cr.begin, layout.blocks().begin() + cr.end);
+    const std::span<const BlockSpec> blocks(layout.blocks().data() + cr.begin, size_t(cr.end - cr.begin));
     const ChunkBytes cb = ModelChunk::planned_bytes(blocks, tp, tp_rank, rows, c == 0, c == last,
                                                     layout.model.language_model && c == last, recompute);
     int64_t per_mb = 0;

@@ -46,7 +46,8 @@ std::unique_ptr<Communicator> make_group_comm(Run& r, MPI_Comm c, bool point_to_
 
 void open_data(Run& r) {
   const Config& cfg = r.cfg;
-  if (make_model_spec(cfg, 1).language_model) {
+  const ModelSpec model = make_model_spec(cfg, 1);  // widths after the input do not depend on it
+  if (model.language_model) {
     r.train_data.tokens.emplace(cfg.data.train, cfg.model.block_size, cfg.model.vocab_size, "data.train");
     if (!cfg.data.eval.empty()) {
       r.eval_data.tokens.emplace(cfg.data.eval, cfg.model.block_size, cfg.model.vocab_size, "data.eval");
@@ -60,7 +61,7 @@ void open_data(Run& r) {
   LossKind lk = parse_loss(cfg.model.loss);
   DatasetSpec spec;
   spec.targets = lk == LossKind::cross_entropy ? TargetKind::class_index : TargetKind::dense;
-  const int64_t out_dim = make_model_spec(cfg, 1).output_dim;  // widths after the input do not depend on it
+  const int64_t out_dim = model.output_dim;
   if (r.grid.is_last_stage()) {
     if (lk == LossKind::cross_entropy) spec.num_classes = out_dim;
     else spec.target_dim = out_dim;
