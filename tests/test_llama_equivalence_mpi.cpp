@@ -210,8 +210,7 @@ TEST(LlamaModel, Bf16TracksFp32AndLayoutsTrackBf16Serial) {
   }
   const auto &a = losses["bf16"], &b = losses["fp32"];
   ASSERT_EQ(a.size(), 300u);
-  double mean = 0;
-  for (size_t i = 250; i < 300; ++i) mean += std::abs(a[i] - b[i]) / b[i] / 50;
+  const double mean = mean_relative_difference(a, b, 250, 300);
   EXPECT_LT(mean, 1e-2);
   EXPECT_LT(a.back(), 0.8 * a.front()) << "the bf16 run did not learn";
   std::printf("llama bf16 vs fp32 over steps 251-300: mean relative loss difference %.2e; loss %.4f -> %.4f\n", mean,

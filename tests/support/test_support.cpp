@@ -202,6 +202,12 @@ std::vector<double> read_losses(const std::string& run_dir) {
   return out;
 }
 
+double mean_relative_difference(const std::vector<double>& a, const std::vector<double>& b, size_t from, size_t to) {
+  double mean = 0;
+  for (size_t i = from; i < to; ++i) mean += std::abs(a.at(i) - b.at(i)) / b.at(i) / double(to - from);
+  return mean;
+}
+
 std::map<std::string, std::vector<float>> read_checkpoint(const std::string& path) {
   CheckpointReader r(path);
   std::map<std::string, std::vector<float>> out;

@@ -54,6 +54,8 @@ RunResult train(int ranks, const std::string& config, const std::vector<std::str
 
 // Per-step training losses from <run_dir>/metrics.jsonl (index = step - 1).
 std::vector<double> read_losses(const std::string& run_dir);
+// Mean over steps [from, to) of |a - b| / b: how far a run's losses a stay from a reference run's b.
+double mean_relative_difference(const std::vector<double>& a, const std::vector<double>& b, size_t from, size_t to);
 // Every tensor of a checkpoint by name.
 std::map<std::string, std::vector<float>> read_checkpoint(const std::string& path);
 // gtest assertion that every tensor of `got` is within |a - b| <= abs_tol + rel_tol |b| of `ref`

@@ -107,6 +107,18 @@ def venv_python(name, packages, system_site_packages=False, no_deps=()):
         sys.exit(77)
 
 
+def rerun_in_venv(maker, script, relay, env=None):
+    """For a test that runs inside a venv: re-runs `script relay --inside` with the python of maker() (one of
+    the *_python makers, or a make_venv call) and exits with its code; exits 77 (skipped) with the reason
+    when the venv cannot be made."""
+    try:
+        py = maker()
+    except VenvError as e:
+        print(f"SKIPPED: {e}")
+        sys.exit(77)
+    sys.exit(subprocess.run([py, os.path.abspath(script), relay, "--inside"], env=env).returncode)
+
+
 def torch2_python():
     """PyTorch 2.x (CPU use) and transformers, tokenizers, safetensors from PyPI, in the venv relay-torch2;
     raises VenvError."""

@@ -34,14 +34,9 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 if "--inside" not in sys.argv:  # re-run this file with the venv's python
     sys.path.insert(0, HERE)
-    from pypi_venv import hf_python, VenvError
+    from pypi_venv import hf_python, rerun_in_venv
 
-    try:
-        py = hf_python()
-    except VenvError as e:
-        print(f"SKIPPED: {e}")
-        sys.exit(77)
-    sys.exit(subprocess.run([py, os.path.abspath(__file__), RELAY, "--inside"], env=ENV).returncode)
+    rerun_in_venv(hf_python, __file__, RELAY, env=ENV)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -30,21 +30,15 @@ transformers and PyTorch 2.x come from PyPI into the cached venv of pypi_venv.py
 Usage: test_llama_reference.py <relay binary>
 """
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 if "--inside" not in sys.argv:  # re-run this file with the venv's python
     sys.path.insert(0, HERE)
-    from pypi_venv import VenvError, hf_python
+    from pypi_venv import hf_python, rerun_in_venv
 
-    try:
-        py = hf_python()
-    except VenvError as e:
-        print(f"SKIPPED: {e}")
-        sys.exit(77)
-    sys.exit(subprocess.run([py, os.path.abspath(__file__), os.path.abspath(sys.argv[1]), "--inside"]).returncode)
+    rerun_in_venv(hf_python, __file__, os.path.abspath(sys.argv[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
