@@ -14,14 +14,13 @@ over the steps after the first SKIP) and GFLOP/s = (6 x parameters + 12 x n_laye
 
 Usage: torch_gpt.py STEPS THREADS VOCAB BLOCK N_LAYER N_HEAD N_EMBD BATCH [MODE (fp32)] [SKIP (STEPS/4)]
 """
-import contextlib
 import math
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_twin import autocast, default_adamw, report, time_steps
 
 if len(sys.argv) < 9:
     sys.exit(__doc__)
@@ -98,19 +97,13 @@ class GPT(nn.Module):
 model = GPT()
 params = sum(p.numel() for p in model.parameters())
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
-try:  # which AdamW PyTorch picks by default for these tensors (a private helper: name it if it is there)
-    from torch.optim.optimizer import _default_to_fused_or_foreach
-    fused, foreach = _default_to_fused_or_foreach(list(model.parameters()), False, False)
-    adamw = "fused" if fused else "foreach" if foreach else "for-loop"
-except (ImportError, TypeError):
-    adamw = "default"
+adamw = default_adamw(model.parameters())
 x, y = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))  # (B, T) inputs and targets
-autocast = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()
 
 
 def step():
     opt.zero_grad(set_to_none=True)
-    with autocast:
+    with autocast(mode):
         loss = F.cross_entropy(model(x).view(-1, V), y.view(-1))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -118,13 +111,6 @@ def step():
     return loss.item()
 
 
-rates, losses = [], []
-for i in range(steps):
-    t0 = time.perf_counter()
-    losses.append(step())
-    rates.append(B * T / (time.perf_counter() - t0))
-tps = sum(rates[skip:]) / len(rates[skip:])
-flops_per_token = 6 * params + 12 * L * C * T
-print(f"torch {torch.__version__} mode {mode} attention {'sdpa' if SDPA else 'manual'} adamw {adamw} "
-      f"threads {threads} params {params} steps {steps} skip {skip} tokens_per_s {tps:.1f} "
-      f"gflops {flops_per_token * tps / 1e9:.1f} loss1 {losses[0]:.4f} loss {losses[-1]:.4f}")
+tps, losses = time_steps(step, steps, skip, B * T)
+report(mode, "sdpa" if SDPA else "manual", adamw, threads, params, steps, skip, tps, 6 * params + 12 * L * C * T,
+       losses)

@@ -16,13 +16,12 @@ over the steps after the first SKIP), the parameter count and GFLOP/s = (6 x mat
 
 Usage: torch_llama.py CONFIG STEPS THREADS BLOCK BATCH [MODE (fp32)] [SKIP (STEPS/4)]
 """
-import contextlib
 import sys
-import time
 import tomllib
 
 import torch
 import torch.nn.functional as F
+from torch_twin import autocast, default_adamw, report, time_steps
 from transformers import LlamaConfig, LlamaForCausalLM
 
 if len(sys.argv) < 6:
@@ -54,19 +53,13 @@ matmul_params = params - (0 if tied else V * C)  # the embedding lookup does no 
 opt = torch.optim.AdamW(model.parameters(), lr=o.get("lr", 1e-3), betas=tuple(o.get("betas", (0.9, 0.999))),
                         eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0.01))
 clip = cfg.get("train", {}).get("clip_grad_norm", 1.0)
-try:  # which AdamW PyTorch picks by default for these tensors (a private helper: name it if it is there)
-    from torch.optim.optimizer import _default_to_fused_or_foreach
-    fused, foreach = _default_to_fused_or_foreach(list(model.parameters()), False, False)
-    adamw = "fused" if fused else "foreach" if foreach else "for-loop"
-except (ImportError, TypeError):
-    adamw = "default"
+adamw = default_adamw(model.parameters())
 x, y = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))  # (B, T) inputs and targets
-autocast = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()
 
 
 def step():
     opt.zero_grad(set_to_none=True)
-    with autocast:
+    with autocast(mode):
         logits = model(input_ids=x).logits  # (B, T, V)
         loss = F.cross_entropy(logits.view(-1, V), y.view(-1))
     loss.backward()
@@ -76,13 +69,6 @@ def step():
     return loss.item()
 
 
-rates, losses = [], []
-for i in range(steps):
-    t0 = time.perf_counter()
-    losses.append(step())
-    rates.append(B * T / (time.perf_counter() - t0))
-tps = sum(rates[skip:]) / len(rates[skip:])
-flops_per_token = 6 * matmul_params + 12 * L * C * T
-print(f"torch {torch.__version__} mode {mode} attention {model.config._attn_implementation} adamw {adamw} "
-      f"threads {threads} params {params} steps {steps} skip {skip} tokens_per_s {tps:.1f} "
-      f"gflops {flops_per_token * tps / 1e9:.1f} loss1 {losses[0]:.4f} loss {losses[-1]:.4f}")
+tps, losses = time_steps(step, steps, skip, B * T)
+report(mode, model.config._attn_implementation, adamw, threads, params, steps, skip, tps,
+       6 * matmul_params + 12 * L * C * T, losses)
