@@ -2,6 +2,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "io/byte_level.hpp"
 
+#include <limits>
+
 #include <pcre2.h>
 
 #include "core/error.hpp"
@@ -66,7 +68,9 @@ std::string expand_unicode_classes(const std::string& pattern) {
       const std::string esc = pattern.substr(i, 5);
       const char* ranges = esc == "\\p{L}" ? kUnicodeLetters : esc == "\\p{N}" ? kUnicodeNumbers : nullptr;
       if (ranges) {
-        out += in_class ? std::string(ranges) : "[" + std::string(ranges) + "]";
+        if (!in_class) out += '[';  // outside a class: a class of its own
+        out += ranges;
+        if (!in_class) out += ']';
         i += 4;
       } else {
         out += pattern.substr(i, 2);
@@ -119,6 +123,44 @@ void PretokenRegex::split(const std::string& text, std::vector<std::pair<size_t,
   }
   pcre2_match_data_free(md);
   if (gap < text.size()) spans.emplace_back(gap, text.size());
+}
+
+void BpeMerges::encode(const std::string& piece, std::vector<int32_t>& ids) const {
+  {
+    std::lock_guard lock(cache_mutex_);
+    auto it = cache_.find(piece);
+    if (it != cache_.end()) {
+      ids.insert(ids.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> sym, merged;  // (piece bytes,) -> merged token ids
+  for (unsigned char c : piece) sym.push_back(byte_id_[c]);
+  while (sym.size() > 1) {
+    Merge best{std::numeric_limits<int32_t>::max(), -1};
+    uint64_t best_key = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i) {
+      auto it = merges_.find(key(sym[i], sym[i + 1]));
+      if (it != merges_.end() && it->second.rank < best.rank) {
+        best = it->second;
+        best_key = it->first;
+      }
+    }
+    if (best.id < 0) break;
+    merged.clear();
+    for (size_t i = 0; i < sym.size();) {
+      if (i + 1 < sym.size() && key(sym[i], sym[i + 1]) == best_key) {
+        merged.push_back(best.id);
+        i += 2;
+      } else {
+        merged.push_back(sym[i++]);
+      }
+    }
+    sym.swap(merged);
+  }
+  ids.insert(ids.end(), sym.begin(), sym.end());
+  std::lock_guard lock(cache_mutex_);
+  if (cache_.size() < 1000000) cache_.emplace(piece, std::move(sym));
 }
 
 }  // namespace relay

@@ -5,7 +5,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -41,6 +43,34 @@ class PretokenRegex {
 
  private:
   pcre2_real_code_8* re_ = nullptr;
+};
+
+// Byte-level BPE over token ids, the one merge loop of GPT-2's tokenizer (vocab.json + merges.txt) and
+// tokenizer.json's: a pre-token's bytes become their tokens, then the lowest-ranked adjacent pair is
+// merged, every occurrence left to right (GPT-2's encoder.py), until no adjacent pair has a merge.
+// Pieces are cached (text repeats words); encode is safe to call from several threads.
+class BpeMerges {
+ public:
+  void set_byte_token(uint8_t byte, int32_t id) { byte_id_[byte] = id; }
+  // Tokens a, b merge into `merged` at `rank` (lower ranks merge first); replaces the pair's earlier merge.
+  void set(int32_t a, int32_t b, int32_t rank, int32_t merged) { merges_[key(a, b)] = Merge{rank, merged}; }
+  bool has(int32_t a, int32_t b) const { return merges_.count(key(a, b)) > 0; }
+  bool empty() const { return merges_.empty(); }
+  // Appends the tokens of `piece` (non-empty bytes) to ids.
+  void encode(const std::string& piece, std::vector<int32_t>& ids) const;
+
+ private:
+  struct Merge {
+    int32_t rank;
+    int32_t id;  // the merged token
+  };
+  static uint64_t key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  std::array<int32_t, 256> byte_id_{};
+  std::unordered_map<uint64_t, Merge> merges_;  // (a id, b id) -> rank and merged id
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
 }  // namespace relay

@@ -177,7 +177,7 @@ class HfTokenizer final : public Tokenizer {
       if (it == vocab_.end())
         fail(cat("model.vocab has no token for byte ", b, " (\"", sym,
                  "\"); Relay reads byte-level BPE, whose vocabulary holds all 256 byte symbols"));
-      byte_id_[static_cast<size_t>(b)] = it->second;
+      bpe_.set_byte_token(static_cast<uint8_t>(b), it->second);
     }
     read_merges(m.value("merges", json::array()));
   }
@@ -205,7 +205,7 @@ class HfTokenizer final : public Tokenizer {
       if (ia == vocab_.end() || ib == vocab_.end() || iab == vocab_.end())
         fail(cat("model.merges[", r, "] (\"", a, "\" \"", b, "\"): ",
                  iab == vocab_.end() ? "the merged token" : "a part", " is not in model.vocab"));
-      merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(r), iab->second});
+      if (!bpe_.has(ia->second, ib->second)) bpe_.set(ia->second, ib->second, static_cast<int32_t>(r), iab->second);
     }
   }
 
@@ -363,70 +363,25 @@ class HfTokenizer final : public Tokenizer {
     }
   }
 
-  // BPE of one pre-token: start from its bytes' tokens and merge the lowest-ranked adjacent pair
-  // (every occurrence, left to right) until no pair has a merge. Pieces are cached (text repeats words).
+  // BPE of one pre-token (BpeMerges); with ignore_merges, a piece that is a token as a whole is that token.
   void encode_piece(const std::string& piece, std::vector<int32_t>& ids) const {
-    {
-      std::lock_guard lock(cache_mutex_);
-      auto it = cache_.find(piece);
-      if (it != cache_.end()) {
-        ids.insert(ids.end(), it->second.begin(), it->second.end());
-        return;
-      }
-    }
-    std::vector<int32_t> sym;  // (piece bytes,) -> merged token ids
-    if (ignore_merges_) {      // a piece that is a token as a whole is that token (Llama 3 sets this)
+    if (ignore_merges_) {  // Llama 3 sets this
       std::string mapped;
       for (unsigned char c : piece) mapped += byte_level_alphabet()[c];
       auto it = vocab_.find(mapped);
-      if (it != vocab_.end()) sym.push_back(it->second);
-    }
-    if (sym.empty()) {
-      for (unsigned char c : piece) sym.push_back(byte_id_[c]);
-      std::vector<int32_t> merged;
-      while (sym.size() > 1) {
-        Merge best{std::numeric_limits<int32_t>::max(), -1};
-        uint64_t best_key = 0;
-        for (size_t i = 0; i + 1 < sym.size(); ++i) {
-          auto it = merges_.find(pair_key(sym[i], sym[i + 1]));
-          if (it != merges_.end() && it->second.rank < best.rank) {
-            best = it->second;
-            best_key = it->first;
-          }
-        }
-        if (best.id < 0) break;
-        merged.clear();
-        for (size_t i = 0; i < sym.size();) {
-          if (i + 1 < sym.size() && pair_key(sym[i], sym[i + 1]) == best_key) {
-            merged.push_back(best.id);
-            i += 2;
-          } else {
-            merged.push_back(sym[i++]);
-          }
-        }
-        sym.swap(merged);
+      if (it != vocab_.end()) {
+        ids.push_back(it->second);
+        return;
       }
     }
-    ids.insert(ids.end(), sym.begin(), sym.end());
-    std::lock_guard lock(cache_mutex_);
-    if (cache_.size() < 1000000) cache_.emplace(piece, std::move(sym));
+    bpe_.encode(piece, ids);
   }
-
-  static uint64_t pair_key(int32_t a, int32_t b) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-  }
-
-  struct Merge {
-    int32_t rank;
-    int32_t id;  // the merged token
-  };
 
   std::string path_;
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;  // (vocab_size,): vocabulary and added tokens
   std::vector<bool> has_token_;           // (vocab_size,): false for ids that neither uses
-  std::unordered_map<uint64_t, Merge> merges_;  // (a id, b id) -> rank and merged id
-  std::array<int32_t, 256> byte_id_{};
+  BpeMerges bpe_;
   std::unordered_map<uint32_t, uint8_t> char_to_byte_;  // the byte alphabet, inverted
   bool ignore_merges_ = false;
   std::vector<AddedToken> added_;
@@ -434,8 +389,6 @@ class HfTokenizer final : public Tokenizer {
   std::array<std::vector<size_t>, 256> by_first_byte_;  // indices into added_, longest first
   std::vector<PreStep> steps_;
   std::unique_ptr<PretokenRegex> gpt2_re_, llama3_re_;
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
 }  // namespace

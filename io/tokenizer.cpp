@@ -76,7 +76,7 @@ class Gpt2Tokenizer final : public Tokenizer {
       auto it = encoder_.find(b2u[static_cast<size_t>(b)]);
       if (it == encoder_.end())
         throw Error(cat("--vocab ", vocab_path, ": byte ", b, " has no token; not a GPT-2 byte-level vocabulary"));
-      byte_token_[static_cast<size_t>(b)] = it->second;
+      bpe_.set_byte_token(static_cast<uint8_t>(b), it->second);
     }
   }
 
@@ -93,7 +93,7 @@ class Gpt2Tokenizer final : public Tokenizer {
     std::vector<int32_t> ids;
     std::vector<std::pair<size_t, size_t>> spans;  // the pre-tokens: byte ranges of the text
     re_.split(text, spans);
-    for (auto [begin, end] : spans) encode_piece(text.substr(begin, end - begin), ids);
+    for (auto [begin, end] : spans) bpe_.encode(text.substr(begin, end - begin), ids);
     return ids;
   }
 
@@ -152,74 +152,22 @@ class Gpt2Tokenizer final : public Tokenizer {
       const size_t sp = line.find(' ');
       if (sp == std::string::npos || sp == 0 || sp + 1 == line.size())
         throw Error(cat("--merges ", path, ":", lineno, ": expected two symbols separated by a space, got \"", line, "\""));
-      ranks_[line] = rank++;  // "a b" -> rank
+      // "a b" -> rank (a later line of the same pair replaces it, as encoder.py's dict does)
+      const std::string a = line.substr(0, sp), b = line.substr(sp + 1);
+      auto ia = encoder_.find(a), ib = encoder_.find(b), iab = encoder_.find(a + b);
+      if (ia == encoder_.end() || ib == encoder_.end() || iab == encoder_.end())
+        throw Error(cat("--merges ", path, ":", lineno, ": \"", line, "\": ",
+                        iab == encoder_.end() ? "the merged token" : "a part", " is not in the vocabulary"));
+      bpe_.set(ia->second, ib->second, rank++, iab->second);
     }
-    if (ranks_.empty()) throw Error(cat("--merges ", path, ": no merges in the file"));
-  }
-
-  // BPE of one pre-token: start from its bytes' symbols, merge the lowest-ranked adjacent pair until
-  // none is in the merge table; pieces are cached (text repeats words).
-  void encode_piece(const std::string& piece, std::vector<int32_t>& ids) const {
-    {
-      std::lock_guard lock(cache_mutex_);
-      auto it = cache_.find(piece);
-      if (it != cache_.end()) {
-        ids.insert(ids.end(), it->second.begin(), it->second.end());
-        return;
-      }
-    }
-    const auto& b2u = byte_level_alphabet();
-    std::vector<std::string> sym;
-    for (unsigned char c : piece) sym.push_back(b2u[c]);
-    std::vector<int32_t> out;
-    if (sym.size() == 1) {
-      out.push_back(byte_token_[static_cast<unsigned char>(piece[0])]);
-    } else {
-      std::string key;
-      while (sym.size() > 1) {
-        int32_t best = std::numeric_limits<int32_t>::max();
-        size_t at = 0;
-        for (size_t i = 0; i + 1 < sym.size(); ++i) {
-          key.assign(sym[i]).append(" ").append(sym[i + 1]);
-          auto it = ranks_.find(key);
-          if (it != ranks_.end() && it->second < best) {
-            best = it->second;
-            at = i;
-          }
-        }
-        if (best == std::numeric_limits<int32_t>::max()) break;
-        // Merge every occurrence of that pair, left to right (encoder.py's loop).
-        const std::string a = sym[at], b = sym[at + 1];
-        std::vector<std::string> merged;
-        for (size_t i = 0; i < sym.size();) {
-          if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
-            merged.push_back(a + b);
-            i += 2;
-          } else {
-            merged.push_back(sym[i++]);
-          }
-        }
-        sym.swap(merged);
-      }
-      for (auto& s : sym) {
-        auto it = encoder_.find(s);
-        RELAY_ASSERT(it != encoder_.end(), "gpt2 tokenizer: merged symbol " << s << " has no id");
-        out.push_back(it->second);
-      }
-    }
-    ids.insert(ids.end(), out.begin(), out.end());
-    std::lock_guard lock(cache_mutex_);
-    if (cache_.size() < 1000000) cache_.emplace(piece, std::move(out));
+    if (bpe_.empty()) throw Error(cat("--merges ", path, ": no merges in the file"));
   }
 
   std::unordered_map<std::string, int32_t> encoder_;
   std::vector<std::string> decoder_;
-  std::unordered_map<std::string, int32_t> ranks_;
   std::unordered_map<std::string, uint8_t> unicode_to_byte_;
-  std::array<int32_t, 256> byte_token_{};
+  BpeMerges bpe_;
   PretokenRegex re_;  // GPT-2's pattern
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
 }  // namespace
