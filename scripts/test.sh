@@ -7,4 +7,8 @@ cd "$(dirname "$0")/.."
 ./scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd build
-ctest --output-on-failure --timeout 1200 "$@"
+rc=0
+ctest --output-on-failure --timeout 1200 "$@" || rc=$?
+# A failing test's output again at the very end, where a truncated CI log still shows it.
+(( rc == 0 )) || python3 ../scripts/show_failed_tests.py . || true
+exit "$rc"
