@@ -28,7 +28,7 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
 
 int run_train_command(const TrainOptions& o, int argc, char** argv) {
   // Before MPI_Init: a SIGUSR1/SIGTERM that arrives during start-up must set the stop flag, not kill us.
-  install_stop_signal_handlers();
+  catch_stop_signals();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0, size = 1;
