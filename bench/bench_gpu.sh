@@ -13,7 +13,7 @@ PARAMS=$((8192*8192+8192 + 3*(8192*8192+8192) + 8192*10+10))
 LOG=$((STEPS / 3))
 printf "# Relay GPU benchmark: %s, %d steps, %d parameters; samples/s over the log windows after the first\n" \
   "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" "$STEPS" "$PARAMS"
-printf "%-12s %11s %9s %10s\n" "precision" "samples/s" "TFLOP/s" "final_loss"
+printf "%-12s %11s %9s %10s %13s\n" "precision" "samples/s" "TFLOP/s" "final_loss" "input_wait_s"
 for prec in fp32 bf16; do
   dir="$work/$prec"
   "$RELAY" train --config configs/bench_gpu_mlp.toml --set "data.train=\"$work/train.h5\"" --set train.steps=$STEPS \
@@ -24,7 +24,8 @@ path, prec, params, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.ar
 r = [json.loads(l) for l in open(path) if '"loss"' in l]
 w = [x["samples_per_s"] for x in r if x["step"] > log]
 sps = sum(w) / len(w)
-print("%-12s %11.1f %9.1f %10.6f" % (prec, sps, 6 * params * sps / 1e12, r[-1]["loss"]))
+wait = [x.get("input_wait_s", 0) for x in r if x["step"] > log]  # per log window: time the step waited for its batch
+print("%-12s %11.1f %9.1f %10.6f %13.3f" % (prec, sps, 6 * params * sps / 1e12, r[-1]["loss"], sum(wait) / len(wait)))
 PY
 done
 python3 bench/torch_gpu_mlp.py || true

@@ -11,8 +11,9 @@ namespace relay::cuda {
 // y (n, f) += bias (f), broadcast over rows.
 template <typename X>
 void add_bias(X* y, const X* bias, int64_t n, int64_t f, cudaStream_t stream);
-// db (f) = beta * db + sum over rows of dy (n, f); with beta == 0, db is not read (BLAS convention).
+// db (f) = beta * db + sum over rows of dy (n, f); with beta == 0, db is not read (BLAS convention). scratch:
+// column_sum_scratch_bytes(n, f, 1) bytes of device memory (column_sum.cuh).
 template <typename X>
-void bias_grad(const X* dy, float* db, int64_t n, int64_t f, float beta, cudaStream_t stream);
+void bias_grad(const X* dy, float* db, int64_t n, int64_t f, float beta, float* scratch, cudaStream_t stream);
 
 }  // namespace relay::cuda

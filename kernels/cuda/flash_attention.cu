@@ -1,5 +1,6 @@
 // FlashAttention-2 causal attention kernels (Dao arXiv:2307.08691, Algorithms 1 and 2), float or bf16
-// storage with float math; correctness and determinism first, the tiles are small and simple.
+// storage with float math; correctness and determinism first, the tiles are small and simple. bf16 calls
+// with head size 64 or 128 and aligned rows go to the tensor-core kernels of flash_attention_mma.cu instead.
 //   forward: one block per (b, h, tile of kFwdRows queries). Warp w owns the tile's rows w, w + 4, ...;
 //     for each tile of 32 keys, lane j scores key j, the warp updates the row's running max and sum
 //     (the online softmax), and lane d accumulates output dims d, d + 32, ... (Algorithm 1).
@@ -19,8 +20,11 @@
 
 #include <climits>
 
+#include <type_traits>
+
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_utils.cuh"
+#include "kernels/cuda/flash_attention_mma.cuh"
 
 namespace relay::cuda {
 
@@ -350,6 +354,11 @@ void flash_attention_gqa_forward(const X* q, const X* k, const X* v, int64_t ldq
   check_shape("flash_attention_forward", B, T, H, KV, hd);
   if (B == 0 || T == 0) return;
   RELAY_ASSERT(q && k && v && out && lse, "flash_attention_forward: null pointer");
+  if constexpr (std::is_same_v<X, __nv_bfloat16>) {  // the tensor cores where the shape allows
+    const void* ptrs[] = {q, k, v, out};
+    if (flash_mma_supported(hd, ldq, ldkv, ptrs, 4))
+      return flash_mma_forward(q, k, v, ldq, ldkv, out, lse, B, T, H, KV, hd, stream);
+  }
   const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd};
   switch (dims_per_lane(hd)) {
     case 1: launch_forward<X, 1>(a, out, lse, stream); break;
@@ -371,6 +380,11 @@ void flash_attention_gqa_backward(const X* dout, const X* q, const X* k, const X
   flash_backward_row_dot_kernel<X><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
       dout, out, scratch, rows, int(T), int(H * hd), int(H));
   CUDA_CHECK(cudaGetLastError());
+  if constexpr (std::is_same_v<X, __nv_bfloat16>) {
+    const void* ptrs[] = {dout, q, k, v, dq, dk, dv};
+    if (flash_mma_supported(hd, ldq, ldkv, ptrs, 7))
+      return flash_mma_backward(dout, q, k, v, ldq, ldkv, lse, scratch, dq, dk, dv, B, T, H, KV, hd, stream);
+  }
   const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd};
   switch (dims_per_lane(hd)) {
     case 1: launch_backward<X, 1>(a, dout, lse, scratch, dq, dk, dv, stream); break;

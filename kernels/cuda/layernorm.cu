@@ -6,6 +6,7 @@
 //   dx   = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)),  g = dy * gamma
 #include "kernels/cuda/layernorm.cuh"
 
+#include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_utils.cuh"
 
@@ -68,36 +69,15 @@ __global__ void layernorm_backward_input_kernel(const X* dy, const X* x, const X
   }
 }
 
-constexpr int kColTile = 32;
-constexpr int kRowGroups = 16;
-
-// block (kColTile, kRowGroups), grid (ceil(d / kColTile))
+// grid (ceil(d / kColTile), column_slices(n)), block (kColTile, kRowGroups): partial (2, slices, d) of dgamma, dbeta.
 template <typename X>
 __global__ void layernorm_backward_weight_kernel(const X* dy, const X* x, const float* mean, const float* rstd,
-                                                 float* dgamma, float* dbeta, int64_t n, int64_t d) {
-  __shared__ float part_g[kRowGroups][kColTile + 1];
-  __shared__ float part_b[kRowGroups][kColTile + 1];
-  const int64_t col = int64_t(blockIdx.x) * kColTile + threadIdx.x;
-  float sg = 0.0f, sb = 0.0f;
-  if (col < d) {
-    for (int64_t row = threadIdx.y; row < n; row += kRowGroups) {
-      const float g = load(dy[row * d + col]);
-      sg += g * (load(x[row * d + col]) - mean[row]) * rstd[row];
-      sb += g;
-    }
-  }
-  part_g[threadIdx.y][threadIdx.x] = sg;
-  part_b[threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < d) {
-    float tg = 0.0f, tb = 0.0f;
-    for (int r = 0; r < kRowGroups; ++r) {
-      tg += part_g[r][threadIdx.x];
-      tb += part_b[r][threadIdx.x];
-    }
-    dgamma[col] += tg;
-    dbeta[col] += tb;
-  }
+                                                 float* partial, int64_t n, int64_t d) {
+  column_partials<2>(n, d, partial, [&](int64_t row, int64_t col, float (&v)[2]) {
+    const float g = load(dy[row * d + col]);
+    v[0] = g * (load(x[row * d + col]) - mean[row]) * rstd[row];
+    v[1] = g;
+  });
 }
 
 // launchers -------------------------------------------------------------------------------------
@@ -125,14 +105,17 @@ void layernorm_backward_input(const X* dy, const X* x, const X* gamma, const flo
 
 template <typename X>
 void layernorm_backward_weight(const X* dy, const X* x, const float* mean, const float* rstd, float* dgamma,
-                               float* dbeta, int64_t n, int64_t d, cudaStream_t stream) {
+                               float* dbeta, int64_t n, int64_t d, float* scratch, cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && d > 0, "layernorm_backward_weight: n " << n << ", d " << d);
   if (n == 0) return;
-  RELAY_ASSERT(dy && x && mean && rstd && dgamma && dbeta, "layernorm_backward_weight: null pointer");
+  RELAY_ASSERT(dy && x && mean && rstd && dgamma && dbeta && scratch, "layernorm_backward_weight: null pointer");
+  const int64_t slices = column_slices(n);
   const dim3 block(kColTile, kRowGroups);
-  const dim3 grid(static_cast<unsigned>((d + kColTile - 1) / kColTile));
-  layernorm_backward_weight_kernel<X><<<grid, block, 0, stream>>>(dy, x, mean, rstd, dgamma, dbeta, n, d);
+  const dim3 grid(static_cast<unsigned>((d + kColTile - 1) / kColTile), static_cast<unsigned>(slices));
+  layernorm_backward_weight_kernel<X><<<grid, block, 0, stream>>>(dy, x, mean, rstd, scratch, n, d);
   CUDA_CHECK(cudaGetLastError());
+  column_finish(scratch, slices, d, dgamma, 1.0f, stream);
+  column_finish(scratch + slices * d, slices, d, dbeta, 1.0f, stream);
 }
 
 #define INST(X)                                                                                                   \
@@ -141,7 +124,7 @@ void layernorm_backward_weight(const X* dy, const X* x, const float* mean, const
   template void layernorm_backward_input<X>(const X*, const X*, const X*, const float*, const float*, X*, int64_t, \
                                             int64_t, cudaStream_t);                                               \
   template void layernorm_backward_weight<X>(const X*, const X*, const float*, const float*, float*, float*,      \
-                                             int64_t, int64_t, cudaStream_t);
+                                             int64_t, int64_t, float*, cudaStream_t);
 RELAY_CUDA_FOR_FLOAT_TYPES(INST)
 #undef INST
 

@@ -18,9 +18,10 @@ void layernorm_forward(const X* x, const X* gamma, const X* beta, float eps, X* 
 template <typename X>
 void layernorm_backward_input(const X* dy, const X* x, const X* gamma, const float* mean, const float* rstd, X* dx,
                               int64_t n, int64_t d, cudaStream_t stream);
-// dgamma (d) += sum over rows of dy * xhat; dbeta (d) += sum over rows of dy.
+// dgamma (d) += sum over rows of dy * xhat; dbeta (d) += sum over rows of dy. scratch:
+// column_sum_scratch_bytes(n, d, 2) bytes of device memory (column_sum.cuh).
 template <typename X>
 void layernorm_backward_weight(const X* dy, const X* x, const float* mean, const float* rstd, float* dgamma,
-                               float* dbeta, int64_t n, int64_t d, cudaStream_t stream);
+                               float* dbeta, int64_t n, int64_t d, float* scratch, cudaStream_t stream);
 
 }  // namespace relay::cuda

@@ -4,6 +4,7 @@
 //   dx = rstd * g - x * rstd^3 * mean_j(g * x),  g = dy * gamma
 #include "kernels/cuda/rmsnorm.cuh"
 
+#include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_utils.cuh"
 
@@ -44,26 +45,13 @@ __global__ void rmsnorm_backward_input_kernel(const X* dy, const X* x, const X* 
     store(dxr[j], rs * (load(dyr[j]) * load(gamma[j])) - load(xr[j]) * c);
 }
 
-constexpr int kColTile = 32;
-constexpr int kRowGroups = 16;
-
-// block (kColTile, kRowGroups), grid (ceil(d / kColTile))
+// grid (ceil(d / kColTile), column_slices(n)), block (kColTile, kRowGroups): partial (slices, d) of dgamma.
 template <typename X>
-__global__ void rmsnorm_backward_weight_kernel(const X* dy, const X* x, const float* rstd, float* dgamma, int64_t n,
+__global__ void rmsnorm_backward_weight_kernel(const X* dy, const X* x, const float* rstd, float* partial, int64_t n,
                                                int64_t d) {
-  __shared__ float part[kRowGroups][kColTile + 1];
-  const int64_t col = int64_t(blockIdx.x) * kColTile + threadIdx.x;
-  float sg = 0.0f;
-  if (col < d)
-    for (int64_t row = threadIdx.y; row < n; row += kRowGroups)
-      sg += load(dy[row * d + col]) * (load(x[row * d + col]) * rstd[row]);
-  part[threadIdx.y][threadIdx.x] = sg;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < d) {
-    float t = 0.0f;
-    for (int r = 0; r < kRowGroups; ++r) t += part[r][threadIdx.x];
-    dgamma[col] += t;
-  }
+  column_partials<1>(n, d, partial, [&](int64_t row, int64_t col, float (&v)[1]) {
+    v[0] = load(dy[row * d + col]) * (load(x[row * d + col]) * rstd[row]);
+  });
 }
 
 // launchers -------------------------------------------------------------------------------------
@@ -90,21 +78,24 @@ void rmsnorm_backward_input(const X* dy, const X* x, const X* gamma, const float
 
 template <typename X>
 void rmsnorm_backward_weight(const X* dy, const X* x, const float* rstd, float* dgamma, int64_t n, int64_t d,
-                             cudaStream_t stream) {
+                             float* scratch, cudaStream_t stream) {
   RELAY_ASSERT(n >= 0 && d > 0, "rmsnorm_backward_weight: n " << n << ", d " << d);
   if (n == 0) return;
-  RELAY_ASSERT(dy && x && rstd && dgamma, "rmsnorm_backward_weight: null pointer");
+  RELAY_ASSERT(dy && x && rstd && dgamma && scratch, "rmsnorm_backward_weight: null pointer");
+  const int64_t slices = column_slices(n);
   const dim3 block(kColTile, kRowGroups);
-  const dim3 grid(static_cast<unsigned>((d + kColTile - 1) / kColTile));
-  rmsnorm_backward_weight_kernel<X><<<grid, block, 0, stream>>>(dy, x, rstd, dgamma, n, d);
+  const dim3 grid(static_cast<unsigned>((d + kColTile - 1) / kColTile), static_cast<unsigned>(slices));
+  rmsnorm_backward_weight_kernel<X><<<grid, block, 0, stream>>>(dy, x, rstd, scratch, n, d);
   CUDA_CHECK(cudaGetLastError());
+  column_finish(scratch, slices, d, dgamma, 1.0f, stream);
 }
 
 #define INST(X)                                                                                              \
   template void rmsnorm_forward<X>(const X*, const X*, float, X*, float*, int64_t, int64_t, cudaStream_t);   \
   template void rmsnorm_backward_input<X>(const X*, const X*, const X*, const float*, X*, int64_t, int64_t,  \
                                           cudaStream_t);                                                     \
-  template void rmsnorm_backward_weight<X>(const X*, const X*, const float*, float*, int64_t, int64_t, cudaStream_t);
+  template void rmsnorm_backward_weight<X>(const X*, const X*, const float*, float*, int64_t, int64_t, float*,     \
+                                           cudaStream_t);
 RELAY_CUDA_FOR_FLOAT_TYPES(INST)
 #undef INST
 

@@ -18,9 +18,10 @@ void rmsnorm_forward(const X* x, const X* gamma, float eps, X* y, float* rstd, i
 template <typename X>
 void rmsnorm_backward_input(const X* dy, const X* x, const X* gamma, const float* rstd, X* dx, int64_t n, int64_t d,
                             cudaStream_t stream);
-// dgamma (d) += sum over rows of dy * x * rstd. Deterministic (no atomics).
+// dgamma (d) += sum over rows of dy * x * rstd. Deterministic (no atomics). scratch:
+// column_sum_scratch_bytes(n, d, 1) bytes of device memory (column_sum.cuh).
 template <typename X>
 void rmsnorm_backward_weight(const X* dy, const X* x, const float* rstd, float* dgamma, int64_t n, int64_t d,
-                             cudaStream_t stream);
+                             float* scratch, cudaStream_t stream);
 
 }  // namespace relay::cuda

@@ -57,7 +57,11 @@ std::string set_name(unsigned set) {
 // One op's checks: every failure is a relay assertion naming the op, the tensor and what was expected.
 class Check {
  public:
-  Check(const Backend& be, const char* op) : be_(be), op_(op) {}
+  // Also the op's span for RELAY_OP_PROFILE: from here to the end of the op's scope (Backend::op_begin/op_end).
+  Check(const Backend& be, const char* op) : be_(be), op_(op) { be_.op_begin(op_); }
+  ~Check() { be_.op_end(); }
+  Check(const Check&) = delete;
+  Check& operator=(const Check&) = delete;
   // t is defined, on this backend's device, of a dtype in `set` that this backend computes on.
   const Check& tensor(const Tensor& t, const char* name, unsigned set) const {
     RELAY_ASSERT(t.defined(), op_ << ": " << name << " is undefined");
@@ -103,7 +107,8 @@ class Check {
 }  // namespace
 
 void Backend::upload_f32(Tensor& dst, const float* host_src) {
-  Check(*this, "upload_f32").tensor(dst, "dst", kFloat);
+  Check c(*this, "upload_f32");
+  c.tensor(dst, "dst", kFloat);
   if (dst.dtype() == DType::f32) return upload(dst, host_src);
   std::vector<bf16> rounded(static_cast<size_t>(dst.numel()));
   for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = f32_to_bf16(host_src[i]);
@@ -117,7 +122,8 @@ void Backend::copy(Tensor& dst, const Tensor& src) {
   copy_impl(dst, src);
 }
 void Backend::fill(Tensor& x, float value) {
-  Check(*this, "fill").tensor(x, "x", kFloat | kI32);
+  Check c(*this, "fill");
+  c.tensor(x, "x", kFloat | kI32);
   fill_impl(x, value);
 }
 void Backend::convert(const Tensor& src, Tensor& dst) {
@@ -182,28 +188,34 @@ void Backend::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& d
   linear_backward_input_impl(dy, w, dx, act, act_in);
 }
 void Backend::bias_grad(const Tensor& dy, Tensor& db, float beta) {
-  Check(*this, "bias_grad").tensor(dy, "dy", kFloat).tensor(db, "db", kF32).numel(db, "db", cols_of(dy));
+  Check c(*this, "bias_grad");
+  c.tensor(dy, "dy", kFloat).tensor(db, "db", kF32).numel(db, "db", cols_of(dy));
   bias_grad_impl(dy, db, beta);
 }
 
 void Backend::activation_forward(Activation act, const Tensor& x, Tensor& y) {
-  Check(*this, "activation_forward").tensor(x, "x", kFloat).like(y, "y", x, "x");
+  Check c(*this, "activation_forward");
+  c.tensor(x, "x", kFloat).like(y, "y", x, "x");
   activation_forward_impl(act, x, y);
 }
 void Backend::activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
-  Check(*this, "activation_backward").tensor(x, "x", kFloat).like(dy, "dy", x, "x").like(dx, "dx", x, "x");
+  Check c(*this, "activation_backward");
+  c.tensor(x, "x", kFloat).like(dy, "dy", x, "x").like(dx, "dx", x, "x");
   activation_backward_impl(act, x, dy, dx);
 }
 void Backend::scale(Tensor& x, float s) {
-  Check(*this, "scale").tensor(x, "x", kFloat);
+  Check c(*this, "scale");
+  c.tensor(x, "x", kFloat);
   scale_impl(x, s);
 }
 void Backend::add(const Tensor& a, const Tensor& b, Tensor& y) {
-  Check(*this, "add").tensor(a, "a", kFloat).like(b, "b", a, "a").like(y, "y", a, "a");
+  Check c(*this, "add");
+  c.tensor(a, "a", kFloat).like(b, "b", a, "a").like(y, "y", a, "a");
   add_impl(a, b, y);
 }
 double Backend::sum_squares(const Tensor& x) {
-  Check(*this, "sum_squares").tensor(x, "x", kF32);
+  Check c(*this, "sum_squares");
+  c.tensor(x, "x", kF32);
   return sum_squares_impl(x);
 }
 
@@ -259,7 +271,8 @@ void Backend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const T
 }
 
 void Backend::swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& h) {
-  Check(*this, "swiglu_forward").tensor(gate, "gate", kFloat).like(up, "up", gate, "gate").like(h, "h", gate, "gate");
+  Check c(*this, "swiglu_forward");
+  c.tensor(gate, "gate", kFloat).like(up, "up", gate, "gate").like(h, "h", gate, "gate");
   swiglu_forward_impl(gate, up, h);
 }
 void Backend::swiglu_backward(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup) {
@@ -297,11 +310,13 @@ void Backend::mse(const Tensor& pred, const Tensor& target, float grad_scale, Te
   mse_impl(pred, target, grad_scale, losses, dpred);
 }
 void Backend::argmax(const Tensor& logits, Tensor& out) {
-  Check(*this, "argmax").tensor(logits, "logits", kFloat).tensor(out, "out", kI32).numel(out, "out", rows_of(logits));
+  Check c(*this, "argmax");
+  c.tensor(logits, "logits", kFloat).tensor(out, "out", kI32).numel(out, "out", rows_of(logits));
   argmax_impl(logits, out);
 }
 void Backend::row_max(const Tensor& x, Tensor& out) {
-  Check(*this, "row_max").tensor(x, "x", kFloat).tensor(out, "out", kF32).numel(out, "out", rows_of(x));
+  Check c(*this, "row_max");
+  c.tensor(x, "x", kFloat).tensor(out, "out", kF32).numel(out, "out", rows_of(x));
   row_max_impl(x, out);
 }
 void Backend::cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start,

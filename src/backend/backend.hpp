@@ -69,6 +69,13 @@ class Backend : public Allocator {
   virtual int64_t timing_mark();
   virtual double mark_seconds(int64_t mark);
   virtual void clear_marks();
+  // Called by every op's front door around the op (outermost op only when ops nest): the CUDA backend times
+  // each op with events when RELAY_OP_PROFILE=1 and prints the GPU time by op when it is destroyed.
+  virtual void op_begin(const char* /*op*/) const {}
+  virtual void op_end() const {}
+  // Drops what the op profile has counted so far (the trainer calls it before its second step, so that the
+  // first step's one-time costs, lazy kernel loading and allocations, stay out of the profile).
+  virtual void op_profile_restart() {}
 
   // --- linear algebra -------------------------------------------------------------------------
   // y (m, n) = alpha * op(a) @ op(b) + beta * y, where op(a) is (m, k) and op(b) is (k, n).

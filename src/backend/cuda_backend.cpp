@@ -14,6 +14,9 @@
 #include <array>
 #include <climits>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <mutex>
 #include <type_traits>
 #include <unordered_map>
@@ -21,6 +24,7 @@
 
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/bias.cuh"
+#include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/flash_attention.cuh"
@@ -177,6 +181,94 @@ void check_gqa_head_dim(const char* op, int64_t hd, int64_t H) {
                     "kernels' limit of ", cuda::kFlashMaxHeadDim));
 }
 
+// RELAY_OP_PROFILE=1: each outermost op's GPU time from a pair of CUDA events recorded around it on the
+// backend's stream, summed by op name, and the gaps between consecutive ops (the GPU idle while the host
+// prepares work, waits for data or synchronises), printed to stderr when the backend is destroyed. Events are
+// read back every kFlushOps ops (one stream synchronisation each), so the profile perturbs the run slightly.
+class OpProfile {
+ public:
+  ~OpProfile() {
+    for (auto& [ops, e] : pending_) cudaEventDestroy(e.first), cudaEventDestroy(e.second);
+    for (auto& e : free_) cudaEventDestroy(e.first), cudaEventDestroy(e.second);
+    if (last_end_) cudaEventDestroy(last_end_);
+  }
+  void begin(const char* op, cudaStream_t stream) {
+    if (free_.empty()) {
+      std::pair<cudaEvent_t, cudaEvent_t> e;
+      CUDA_CHECK(cudaEventCreate(&e.first));
+      CUDA_CHECK(cudaEventCreate(&e.second));
+      free_.push_back(e);
+    }
+    open_ = {op, free_.back()};
+    free_.pop_back();
+    CUDA_CHECK(cudaEventRecord(open_.second.first, stream));
+  }
+  void end(cudaStream_t stream) {
+    CUDA_CHECK(cudaEventRecord(open_.second.second, stream));
+    pending_.push_back(open_);
+    if (pending_.size() >= kFlushOps) flush();
+  }
+  void flush() {
+    if (pending_.empty()) return;
+    CUDA_CHECK(cudaEventSynchronize(pending_.back().second.second));
+    for (auto& [op, e] : pending_) {
+      float ms = 0.f, gap = 0.f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e.first, e.second));
+      Total& t = totals_[op];
+      t.ms += ms;
+      ++t.count;
+      busy_ms_ += ms;
+      ++ops_;
+      if (last_end_) {
+        CUDA_CHECK(cudaEventElapsedTime(&gap, last_end_, e.first));
+        (gap < kLongGapMs ? short_gaps_ms_ : long_gaps_ms_) += gap;
+      } else {
+        CUDA_CHECK(cudaEventCreate(&last_end_));  // a spare, handed to the pair below
+      }
+      std::swap(last_end_, e.second);  // this op's end is the next gap's start; the pair takes the other event
+      free_.push_back(e);
+    }
+    pending_.clear();
+  }
+  void restart() {
+    flush();
+    totals_.clear();
+    busy_ms_ = short_gaps_ms_ = long_gaps_ms_ = 0;
+    ops_ = 0;
+  }
+  void print(const std::string& device) const {
+    std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    std::string out = cat("relay: GPU time by op (RELAY_OP_PROFILE) on ", device, ": ", ops_, " ops, ",
+                          fixed(busy_ms_, 1), " ms busy; gaps between ops ", fixed(short_gaps_ms_, 1), " ms (each < ",
+                          kLongGapMs, " ms) + ", fixed(long_gaps_ms_, 1), " ms (longer: evaluation, checkpoints), from the second training step on\n");
+    for (const auto& [op, t] : rows)
+      out += cat("  ", fixed(t.ms, 2), " ms ", fixed(100.0 * t.ms / std::max(busy_ms_, 1e-9), 1), "% ", t.count, " x ",
+                 op, "\n");
+    std::fputs(out.c_str(), stderr);
+  }
+
+ private:
+  static std::string fixed(double v, int digits) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+    return buf;
+  }
+  struct Total {
+    double ms = 0;
+    int64_t count = 0;
+  };
+  static constexpr size_t kFlushOps = 8192;
+  static constexpr float kLongGapMs = 50.f;
+  std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>> open_;
+  std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> pending_;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> free_;
+  std::map<std::string, Total> totals_;
+  cudaEvent_t last_end_ = nullptr;
+  double busy_ms_ = 0, short_gaps_ms_ = 0, long_gaps_ms_ = 0;
+  int64_t ops_ = 0;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const BackendOptions& opts) : device_(opts.gpu) {
@@ -192,9 +284,18 @@ class CudaBackend final : public Backend {
     host_scalar_ = allocate_host(sizeof(double));
     for (Staging& slot : staging_) CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
     set_precision(opts.precision);
+    if (const char* v = std::getenv("RELAY_OP_PROFILE"); v && std::string(v) == "1") profile_ = std::make_unique<OpProfile>();
   }
 
   ~CudaBackend() override {
+    if (profile_) {
+      try {
+        profile_->flush();
+        profile_->print(describe());
+      } catch (...) {  // shutting down after an error elsewhere: no profile
+      }
+      profile_.reset();
+    }
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     // No CHECKs: this may run during shutdown after an error elsewhere.
     cudaSetDevice(device_);
@@ -209,6 +310,19 @@ class CudaBackend final : public Backend {
   }
 
   Device device() const override { return Device::cuda; }
+
+  void op_begin(const char* op) const override {
+    if (!profile_ || op_depth_++ > 0) return;
+    cudaSetDevice(device_);
+    profile_->begin(op, stream_);
+  }
+  void op_end() const override {
+    if (!profile_ || --op_depth_ > 0) return;
+    profile_->end(stream_);
+  }
+  void op_profile_restart() override {
+    if (profile_) profile_->restart();
+  }
 
   std::shared_ptr<std::byte> allocate(size_t bytes) override {
     bind();
@@ -429,8 +543,9 @@ class CudaBackend final : public Backend {
 
   void bias_grad_impl(const Tensor& dy, Tensor& db, float beta) override {
     bind();
+    const std::shared_ptr<std::byte> scratch = column_scratch(rows_of(dy), cols_of(dy), 1);
     by_dtype(dy, [&](auto* t) {
-      cuda::bias_grad(ptr<X_OF(t)>(dy), db.f32(), rows_of(dy), cols_of(dy), beta, stream_);
+      cuda::bias_grad(ptr<X_OF(t)>(dy), db.f32(), rows_of(dy), cols_of(dy), beta, as_f32(scratch), stream_);
     });
   }
 
@@ -526,10 +641,11 @@ class CudaBackend final : public Backend {
   void layernorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                       Tensor& dgamma, Tensor& dbeta) override {
     bind();
+    const std::shared_ptr<std::byte> scratch = column_scratch(rows_of(x), cols_of(x), 2);
     by_dtype(x, [&](auto* t) {
       using X = X_OF(t);
       cuda::layernorm_backward_weight(ptr<X>(dy), ptr<X>(x), mean.f32(), rstd.f32(), dgamma.f32(), dbeta.f32(),
-                                      rows_of(x), cols_of(x), stream_);
+                                      rows_of(x), cols_of(x), as_f32(scratch), stream_);
     });
   }
 
@@ -555,9 +671,11 @@ class CudaBackend final : public Backend {
 
   void rmsnorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dgamma) override {
     bind();
+    const std::shared_ptr<std::byte> scratch = column_scratch(rows_of(x), cols_of(x), 1);
     by_dtype(x, [&](auto* t) {
       using X = X_OF(t);
-      cuda::rmsnorm_backward_weight(ptr<X>(dy), ptr<X>(x), rstd.f32(), dgamma.f32(), rows_of(x), cols_of(x), stream_);
+      cuda::rmsnorm_backward_weight(ptr<X>(dy), ptr<X>(x), rstd.f32(), dgamma.f32(), rows_of(x), cols_of(x),
+                                    as_f32(scratch), stream_);
     });
   }
 
@@ -655,9 +773,11 @@ class CudaBackend final : public Backend {
   void embedding_backward_impl(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
                                int64_t vocab_start) override {
     bind();
+    // The token sort's scratch; the pool hands it to later work on this stream only.
+    const std::shared_ptr<std::byte> scratch = pool_->allocate(cuda::embedding_backward_scratch_bytes(tokens.numel()));
     by_dtype(dout, [&](auto* t) {
       cuda::embedding_backward(tokens.i32(), ptr<X_OF(t)>(dout), dwte.f32(), dwpe.defined() ? dwpe.f32() : nullptr,
-                               tokens.numel(), cols_of(dwte), T, vocab_start, rows_of(dwte), stream_);
+                               tokens.numel(), cols_of(dwte), T, vocab_start, rows_of(dwte), scratch.get(), stream_);
     });
   }
 
@@ -771,6 +891,13 @@ class CudaBackend final : public Backend {
   // when a helper thread (a data prefetcher) calls in. Cheap when the device is already current.
   void bind() const { CUDA_CHECK(cudaSetDevice(device_)); }
 
+  // Scratch for a column sum's per-slice partials (column_sum.cuh): the pool hands it to later work on this stream
+  // only, so it may be freed as soon as the launches are queued.
+  std::shared_ptr<std::byte> column_scratch(int64_t rows, int64_t cols, int outputs) {
+    return pool_->allocate(cuda::column_sum_scratch_bytes(rows, cols, outputs));
+  }
+  static float* as_f32(const std::shared_ptr<std::byte>& p) { return reinterpret_cast<float*>(p.get()); }
+
   // float32 GEMMs on TF32 tensor cores under train.precision = "tf32"; otherwise full float32 accumulation.
   cublasComputeType_t compute_type(DType inputs) const {
     return inputs == DType::f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -791,6 +918,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<DevicePool> pool_;
   std::shared_ptr<std::byte> reduce_scratch_;  // (kSumSquaresMaxBlocks + 1) doubles
   std::shared_ptr<std::byte> host_scalar_;     // one pinned double for sum_squares
+  std::unique_ptr<OpProfile> profile_;         // RELAY_OP_PROFILE=1 only
+  mutable int op_depth_ = 0;                   // nesting of front-door ops: only the outermost is timed
   struct Staging {
     std::shared_ptr<std::byte> buffer;  // pinned
     size_t capacity = 0;

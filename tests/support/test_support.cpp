@@ -129,6 +129,7 @@ min_lr = 0.001
 
 Problem make_gpt_problem(const std::string& dir, int64_t tokens, int64_t vocab, int64_t block_size) {
   Problem p{dir, dir + "/tokens.h5", dir + "/tokens_eval.h5", dir + "/gpt.toml"};
+  std::filesystem::create_directories(dir);  // callers may name a subdirectory of their TempDir
   // Learnable data: each token is the previous one plus 1, 2 or 3 (mod vocab), so a model can get
   // from ln(vocab) towards ln(3).
   auto text = [&](int64_t n, uint64_t seed) {

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One lease on a GPU machine, in one command: the CUDA tests, then the benchmarks, then a per-kernel profile.
+# Run from the checkout root on the GPU machine after `eval "$(bash .gpu-bundle/setup.sh)" && cd "$RELAY_TREE"`
+# (../shared/gpu/README.md). Logs go to OUT (default /tmp/relay-gpu-check); a short summary is printed last.
+# Usage: bench/gpu_check.sh [parts ("tests mlp lm profile")]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/relay-gpu-check}
+PARTS=${1:-tests mlp lm profile}
+mkdir -p "$OUT/logs"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+summary=$OUT/summary.txt
+: >"$summary"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee -a "$summary"
+python3 -c "import torch; print('torch', torch.__version__)" 2>&1 | tee -a "$summary"
+
+for part in $PARTS; do
+  case $part in
+    tests)
+      for t in ${TESTS:-test_gpu_peaks test_backend_ops test_gpu_training_mpi}; do
+        [[ -x build/tests/$t ]] || { echo "$t: not built" | tee -a "$summary"; continue; }
+        s=$SECONDS
+        timeout ${TEST_TIMEOUT:-180} build/tests/$t >"$OUT/logs/$t.log" 2>&1; rc=$?
+        { echo "$t: exit $rc in $((SECONDS - s)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/logs/$t.log" | tr '\n' ' ')"
+          grep -E '^\[  FAILED  \]' "$OUT/logs/$t.log" | sort -u | head -40; } | tee -a "$summary"
+      done ;;
+    mlp)
+      timeout 120 bench/bench_gpu.sh build/relay 30 >"$OUT/logs/bench_mlp.log" 2>&1
+      tail -n 12 "$OUT/logs/bench_mlp.log" >>"$summary" ;;
+    lm)
+      BENCH_WORK=/tmp/relay-gpulm timeout ${LM_TIMEOUT:-330} bench/bench_gpu_lm.sh build/relay ${LM_STEPS:-15} ${LM_MB:-16} \
+        ${LM_M:-4} "${LM_MODELS:-gpt llama}" "${LM_MODES:-eager compile}" >"$OUT/logs/bench_lm.log" 2>&1
+      cat "$OUT/logs/bench_lm.log" >>"$summary"
+      if [[ -n ${LM_EXTRA:-} ]]; then  # e.g. "32 2": Relay alone at another micro-batch x micro-batches
+        BENCH_WORK=/tmp/relay-gpulm2 timeout 120 bench/bench_gpu_lm.sh build/relay ${LM_STEPS:-15} $LM_EXTRA \
+          "${LM_MODELS:-gpt llama}" none 2>&1 | tail -n +2 | tee -a "$summary" >>"$OUT/logs/bench_lm.log"
+      fi
+      for f in /tmp/relay-gpulm/relay-*.out; do [[ -f $f ]] && tail -n 30 "$f" >"$OUT/logs/$(basename "$f").txt"; done ;;
+    profile)
+      # GPU time by op (RELAY_OP_PROFILE=1: CUDA events around every backend op) over 6 steps: GPT-2 124M and
+      # Llama (SmolLM2 shape, T 1024) at micro-batch 16, bf16; the bf16 MLP of bench_gpu.sh.
+      [[ -f /tmp/relay-gpulm/tokens.h5 ]] || { echo "profile: no token file (run the lm part first)" >>"$summary"; continue; }
+      lm=(--set 'data.train="/tmp/relay-gpulm/tokens.h5"' --set 'data.eval=""' --set train.batch_size=16
+          --set train.micro_batches=1 --set lr_schedule.warmup_steps=0)
+      for target in ${PROF_TARGETS:-gpt llama mlp}; do
+        case $target in
+          gpt) args=(--config configs/gpt2-124m.toml "${lm[@]}") ;;
+          llama) args=(--config configs/smollm2-135m.toml --set model.block_size=1024 "${lm[@]}") ;;
+          mlp) build/relay data synth --out /tmp/relay-mlp.h5 --samples 16384 --features 8192 --classes 10 --seed 1 >/dev/null
+               args=(--config configs/bench_gpu_mlp.toml --set 'data.train="/tmp/relay-mlp.h5"') ;;
+        esac
+        RELAY_OP_PROFILE=1 timeout ${PROF_TIMEOUT:-100} build/relay train "${args[@]}" \
+          --set "run.dir=\"/tmp/relay-prof-$target\"" --set 'train.device="cuda"' --set 'train.precision="bf16"' \
+          --set train.steps=${PROF_STEPS:-6} --set 'checkpoint.resume="none"' >"$OUT/logs/prof-$target.log" 2>&1
+        echo "profile $target (exit $?):" | tee -a "$summary"
+        sed -n '/GPU time by op/,$p' "$OUT/logs/prof-$target.log" | head -24 | tee -a "$summary"
+      done ;;
+  esac
+done
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+echo "=== summary ==="; cat "$summary"
