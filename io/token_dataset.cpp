@@ -95,7 +95,7 @@ void TokenDataset::read(const std::vector<int64_t>& seqs, int32_t* inputs, int32
 }
 
 void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,
-                      const std::string& tokenizer) {
+                      const std::string& tokenizer, const std::vector<std::pair<std::string, int64_t>>& attrs) {
   const std::string tmp = cat(path, ".tmp-", ::getpid());
   const std::string ctx = cat("token file ", path);
   const bool u16 = vocab_size <= 65536;
@@ -118,6 +118,10 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
     H5Attr t(RELAY_H5_CHECK(H5Acreate2(f.get(), "tokenizer", st.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT), ctx));
     const char* name = tokenizer.c_str();
     RELAY_H5_CHECK(H5Awrite(t.get(), st.get(), &name), ctx);
+    for (const auto& [key, value] : attrs) {
+      H5Attr a(RELAY_H5_CHECK(H5Acreate2(f.get(), key.c_str(), H5T_STD_I64LE, scalar.get(), H5P_DEFAULT, H5P_DEFAULT), ctx));
+      RELAY_H5_CHECK(H5Awrite(a.get(), H5T_NATIVE_INT64, &value), ctx);
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/hdf5_util.hpp"
@@ -51,8 +52,9 @@ class TokenDataset {
 
 // Writes a token file atomically (a temporary file, then a rename): /tokens as uint16 when
 // vocab_size <= 65,536, else int32, with the attributes vocab_size and tokenizer on the file.
+// attrs: more integer attributes (relay data tokenize: eot_id, the end-of-text token or -1; documents).
 void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,
-                      const std::string& tokenizer);
+                      const std::string& tokenizer, const std::vector<std::pair<std::string, int64_t>>& attrs = {});
 
 // `relay data inspect` of a token file: length, dtype, attributes, the token range and, for
 // block_size > 0, the number of sequences. Validates as training would (without a model vocabulary).

@@ -3,7 +3,7 @@
 # Usage: scripts/setup.sh [--with-slurm] [--with-torch]   (test.sh asks for both; demo.sh for neither)
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config python3 libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libcli11-dev
-      libtomlplusplus-dev libdnnl-dev libgtest-dev libpcre2-dev nlohmann-json3-dev
+      libtomlplusplus-dev libdnnl-dev libgtest-dev libpcre2-dev nlohmann-json3-dev libzstd-dev zstd
       python3-matplotlib  # scripts/plot_run.py
       fortunes)  # fortunes: offline English text for the GPT demo and tests (/usr/share/games/fortunes)
 for a in "$@"; do

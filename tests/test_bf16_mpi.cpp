@@ -131,6 +131,7 @@ INSTANTIATE_TEST_SUITE_P(AllLayouts, Bf16Layouts, ::testing::ValuesIn(layouts())
 // over the last 50 of 300 steps is below 1% (bf16's 2^-8 relative rounding of activations, averaged over
 // many tokens, is well below that; a broken bf16 op shows as a gap of several percent or divergence).
 TEST(Bf16Training, TracksTheFp32RunOverThreeHundredSteps) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
   TempDir dir;
   Problem p = make_gpt_problem(dir.path(), 40001, 61, 32);
   std::map<std::string, std::vector<double>> losses;
@@ -153,6 +154,7 @@ TEST(Bf16Training, TracksTheFp32RunOverThreeHundredSteps) {
 
 // Determinism: one layout twice gives the same bits; resume is bitwise; checkpoints cross precisions.
 TEST(Bf16Training, DeterministicResumesBitwiseAndCrossesPrecisions) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
   TempDir dir;
   Problem p = make_gpt_problem(dir.path(), 4097, 61);
   Layout l;
@@ -192,6 +194,7 @@ TEST(Bf16Training, DeterministicResumesBitwiseAndCrossesPrecisions) {
 
 // memory.json: measured equals predicted per rank in bf16, and bf16 activations are about half of fp32's.
 TEST(Bf16Training, MemoryMatchesThePlanAndHalvesActivations) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
   TempDir dir;
   Problem p = make_gpt_problem(dir.path(), 4097, 61);
   std::map<std::string, nlohmann::json> mem;
@@ -222,6 +225,7 @@ TEST(Bf16Training, MemoryMatchesThePlanAndHalvesActivations) {
 // fixed number of sequences is linear in T: doubling T doubles it (a stored T x T matrix per head would
 // add B H T^2 elements per layer, and the ratio would grow with T). Measured equals predicted at each T.
 TEST(Bf16Training, FlashAttentionActivationsGrowLinearlyInT) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
   TempDir dir;
   Problem p = make_gpt_problem(dir.path(), 8193, 61);
   std::map<int, double> act;

@@ -197,6 +197,7 @@ TEST(LlamaModel, ResumesOnAnotherLayout) {
 // relative loss difference over steps 251-300 below 1e-2), and dp 2 x tp 2 x pp 2 with ZeRO-1 and
 // recomputation tracks the bf16 serial run within test_bf16_mpi.cpp's bf16 layout tolerance.
 TEST(LlamaModel, Bf16TracksFp32AndLayoutsTrackBf16Serial) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
   TempDir dir;
   Problem p = make_gpt_problem(dir.path(), 40001, 61, 32);
   std::map<std::string, std::vector<double>> losses;
@@ -239,6 +240,7 @@ TEST(LlamaModel, Bf16TracksFp32AndLayoutsTrackBf16Serial) {
 // relay plan's prediction equals the measured bytes per rank (memory.json), fp32 and bf16, with tp, pp
 // and recomputation; GQA's key/value projections are n_kv_head / n_head of the query's.
 TEST(LlamaModel, MemoryMatchesThePlan) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
   for (const char* prec : {"fp32", "bf16"})

@@ -25,6 +25,7 @@
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "support/test_support.hpp"
 
 namespace relay {
 namespace {
@@ -176,6 +177,7 @@ class MatmulTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MatmulTest, MatchesDoubleReference) {
   const Case tc = GetParam();
+  if (tc.ab == DType::bf16) RELAY_SKIP_WITHOUT_CPU_BF16();  // bf16 inputs need oneDNN's bf16 GEMMs
   cpu::set_threads(2);
   uint64_t seed = 1;
   for (bool ta : {false, true})
@@ -258,6 +260,7 @@ TEST(Matmul, EmptyDimensions) {
 // A cached primitive is tied to the call's signature, not to its pointers: new buffers with the
 // same contents give bitwise the same c, new contents give the new product, and no primitive is added.
 TEST(Matmul, CacheReusesPrimitiveAcrossPointers) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
   cpu::set_threads(2);
   static int64_t run = 0;  // a shape of its own in every --gtest_repeat round
   cpu::MatmulArgs p;
@@ -299,6 +302,7 @@ TEST(Matmul, CacheReusesPrimitiveAcrossPointers) {
 // Threads that first meet one signature together build it once between them, and then run the one
 // cached primitive at the same time, each with its own buffers (and its own scratchpad inside).
 TEST(Matmul, ConcurrentCallsShareThePrimitive) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
   cpu::set_threads(1);
   static int64_t run = 0;  // a shape of its own in every --gtest_repeat round
   const int64_t m = 40 + run++;
@@ -329,6 +333,7 @@ TEST(Matmul, ConcurrentCallsShareThePrimitive) {
 
 // The GPT-2 shapes' primitives are oneDNN's fast kernels, not its reference loops.
 TEST(Matmul, TightShapesUseOptimisedKernels) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
   cpu::set_threads(2);
   for (DType t : {DType::f32, DType::bf16}) {
     cpu::MatmulArgs p;

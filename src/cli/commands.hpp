@@ -26,6 +26,9 @@ struct DataOptions {
   std::vector<std::string> inputs;                 // tokenize
   std::string tokenizer, vocab, merges, eval_out;  // tokenize
   std::string tokenizer_json;                      // tokenize --tokenizer hf
+  std::string format = "text", field = "text", doc_separator, on_bad_record = "error";  // tokenize: the corpus
+  int64_t eot_id = -1;  // tokenize: the documents' separator; -1 = the tokenizer's end-of-text token
+  int workers = 0;      // tokenize: threads; 0 = every core
   double eval_fraction = 0;
   int64_t samples = 0, features = 0, classes = 0;
   uint64_t seed = 0, teacher_seed = 1234;

@@ -34,6 +34,15 @@ std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& text);
 bool contains(const std::string& haystack, const std::string& needle);
 
+// Whether oneDNN runs bf16 GEMMs on this CPU (AVX512 or newer); why: the error that says it does not.
+// Machines of the same kind differ, so CPU bf16 tests skip, with the reason, where it is missing.
+bool cpu_bf16_available(std::string* why = nullptr);
+#define RELAY_SKIP_WITHOUT_CPU_BF16()                                              \
+  do {                                                                             \
+    std::string relay_bf16_why_;                                                   \
+    if (!::relay::test::cpu_bf16_available(&relay_bf16_why_)) GTEST_SKIP() << relay_bf16_why_; \
+  } while (0)
+
 }  // namespace relay::test
 
 namespace relay::test {

@@ -227,6 +227,53 @@ with tempfile.TemporaryDirectory() as tmp:
         print(f"{case}: ids identical to tokenizers' ({', '.join(counts)} tokens compared); round trip ok; "
               f"documents joined by token {eot}; vocab_size {vocab_size}")
 
+    # JSON Lines corpora (relay data tokenize --format jsonl): one document per record's "text", joined by the
+    # end-of-text token; the same file zstd-compressed, and for 1 and 4 workers; bad records skipped (counted,
+    # named) or named by file and line with exit 1.
+    tj = path("gpt2-trained.json")
+    eot = {t["content"]: t["id"] for t in json.load(open(tj, encoding="utf-8"))["added_tokens"]}["<|endoftext|>"]
+    rng = random.Random(5)
+    docs = [generated_text(10 + i, rng.randint(1, 3000)) for i in range(300)] + ["", "\u00e9t\u00e9 \U0001F389 \r\n x"]
+    good, lines = [], []
+    for i, d in enumerate(docs):
+        good.append(d)
+        lines.append(json.dumps({"id": i, "text": d}, ensure_ascii=(i % 3 == 0)).encode("utf-8"))
+        if i == 40:
+            lines.append(b"")  # not a record
+        if i == 100:
+            bad_line = len(lines) + 1
+            lines.append(b'{"id": "x", "text": "bad \xff byte"}')  # invalid UTF-8
+            lines.append(b'{"id": "y", "text": "cut')  # invalid JSON
+            lines.append(b'{"id": "z", "body": "no text"}')
+            lines.append(b'{"id": "w", "text": 17}')
+    jsonl = path("corpus.jsonl")
+    open(jsonl, "wb").write(b"\r\n".join(lines[:50]) + b"\r\n" + b"\n".join(lines[50:]) + b"\n")
+    subprocess.run(["zstd", "-q", "-f", jsonl, "-o", jsonl + ".zst"], check=True)
+    for i, d in enumerate(good):
+        open(path(f"doc{i}.txt"), "w", encoding="utf-8", newline="").write(d)
+    hf("encode", tj, *[x for i in range(len(good)) for x in (path(f"doc{i}.txt"), path(f"doc{i}.hf"))])
+    want = []
+    for i in range(len(good)):
+        want += ([eot] if i else []) + [int(x) for x in open(path(f"doc{i}.hf")).read().split()]
+    for src in (jsonl, jsonl + ".zst"):
+        for workers in ("1", "4"):
+            out = path(f"jsonl-{workers}-{os.path.basename(src)}.h5")
+            r = relay("data", "tokenize", "--in", src, "--out", out, "--format", "jsonl", "--tokenizer", "hf",
+                      "--tokenizer-json", tj, "--on-bad-record", "skip", "--workers", workers)
+            assert "skipped 4 bad records" in r.stderr and f"{os.path.basename(src)} line {bad_line}: invalid UTF-8" in r.stderr, r.stderr
+            assert f"line {bad_line + 1}: invalid JSON" in r.stderr and f"line {bad_line + 2}: no field" in r.stderr, r.stderr
+            ids, attrs = relay_tokens(out)
+            assert int(attrs["eot_id"]) == eot and int(attrs["documents"]) == len(good), attrs
+            assert ids.tolist() == want, f"jsonl {src} workers {workers}: {len(ids)} tokens, want {len(want)}"
+    r = relay("data", "tokenize", "--in", jsonl + ".zst", "--out", path("bad.h5"), "--format", "jsonl", "--tokenizer",
+              "hf", "--tokenizer-json", tj, check=False)
+    lines_out = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 1 and len(lines_out) == 1 and f"corpus.jsonl.zst line {bad_line}: invalid UTF-8" in lines_out[0], \
+        (r.returncode, lines_out)
+    assert not os.path.exists(path("bad.h5"))
+    print(f"jsonl: {len(good)} documents, {len(want)} tokens identical to tokenizers' joined by {eot}, plain and .zst, "
+          f"1 and 4 workers; bad records skipped and named; error mode: {lines_out[0]}")
+
     # relay generate --tokenizer-json: a tiny GPT trained for two steps on llama3-trained's tokens
     # encodes the prompt and prints the text of the ids it writes.
     tj = path("llama3-trained.json")
