@@ -56,9 +56,8 @@ t0=$(date +%s.%N)
 "$RELAY" data tokenize --in "$work/corpus.jsonl" --out "$work/relay.h5" --format jsonl --tokenizer gpt2 \
   --vocab "$data/encoder.json" --merges "$data/vocab.bpe" --workers "$WORKERS" >"$work/relay.out" 2>"$work/relay.err"
 t1=$(date +%s.%N)
-RAYON_NUM_THREADS=$WORKERS "$tok_py" - "$work/corpus.jsonl" "$data" "$work/hf.npy" <<'PY' >"$work/hf.out"
-import json, os, sys, time
-import numpy as np
+RAYON_NUM_THREADS=$WORKERS "$tok_py" - "$work/corpus.jsonl" "$data" "$work/hf.i32" <<'PY' >"$work/hf.out"
+import array, json, os, sys, time
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 path, data, out = sys.argv[1:4]
 t = Tokenizer(models.BPE.from_file(os.path.join(data, "encoder.json"), os.path.join(data, "vocab.bpe")))
@@ -71,18 +70,19 @@ docs = [json.loads(line)["text"] for line in open(path, encoding="utf-8") if lin
 t1 = time.perf_counter()
 enc = t.encode_batch(docs, add_special_tokens=False)
 t2 = time.perf_counter()
-ids = []
+ids = array.array("i")
 for k, e in enumerate(enc):
     if k:
         ids.append(eot)
     ids.extend(e.ids)
-np.save(out, np.array(ids, dtype=np.int32))
+with open(out, "wb") as f:
+    ids.tofile(f)
 print(f"{t1 - t0:.3f} {t2 - t1:.3f} {len(ids)}")
 PY
 read -r hf_parse hf_encode hf_tokens <"$work/hf.out"
 same=$(/usr/bin/python3 -c "
 import h5py, numpy as np, sys
-a = h5py.File('$work/relay.h5')['tokens'][()].astype(np.int64); b = np.load('$work/hf.npy').astype(np.int64)
+a = h5py.File('$work/relay.h5')['tokens'][()].astype(np.int64); b = np.fromfile('$work/hf.i32', dtype=np.int32).astype(np.int64)
 print('identical' if a.shape == b.shape and (a == b).all() else 'DIFFERENT (%d vs %d tokens)' % (len(a), len(b)))")
 mb=$(du -b "$work/corpus.jsonl" | cut -f1)
 python3 - "$mb" "$t0" "$t1" "$hf_parse" "$hf_encode" "$hf_tokens" "$same" <<'PY'
