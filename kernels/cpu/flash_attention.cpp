@@ -47,9 +47,10 @@ inline vfloat vload(const float* p) {
 inline void vstore(float* p, const vfloat& v) { std::memcpy(p, &v, sizeof v); }
 inline vfloat vsplat(float x) { return vfloat{} + x; }
 inline vfloat vmax(const vfloat& a, const vfloat& b) { return a > b ? a : b; }
-// Lanes [0, n) of the vector at column c of a row: the mask for keys c.. of a row seeing n keys.
-inline vint lanes_below(int64_t n, int64_t c) {
-  return vint{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < int32_t(n - c);
+// Lanes whose column c + i lies in [lo, hi): the keys a row sees when its document starts inside the tile.
+inline vint lanes_in(int64_t lo, int64_t hi, int64_t c) {
+  const vint idx = vint{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + int32_t(c);
+  return (idx >= int32_t(lo)) & (idx < int32_t(hi));
 }
 // Horizontal sum and max by halving (4 shuffles), rather than 15 dependent scalar operations.
 inline float hsum(const vfloat& x) {
@@ -101,6 +102,11 @@ inline vfloat exp2_poly(const vfloat& x) { return exp2_poly<vfloat, vint>(x); }
 
 // Query row t of a tile sees the tile's keys [k0, k0 + valid): valid = t - k0 + 1 clamped to [0, cols].
 inline int64_t visible_keys(int64_t t, int64_t k0, int64_t cols) { return std::clamp<int64_t>(t - k0 + 1, 0, cols); }
+// With a document mask the row sees none of the keys before its document's first position lo: the tile's
+// columns [first_visible(lo, k0), valid) are its keys (lo null: the first column).
+inline int64_t first_visible(const int32_t* lo, int64_t r, int64_t k0) {
+  return lo ? std::max<int64_t>(int64_t(lo[r]) - k0, 0) : 0;
+}
 
 // The tile loops below run over whole vectors: a row of a tile (rows, ld) may be read and written up to
 // ld, a multiple of kLanes. Rows that see every key of the tile (all tiles but the diagonal ones) take
@@ -108,18 +114,23 @@ inline int64_t visible_keys(int64_t t, int64_t k0, int64_t cols) { return std::c
 
 // One key tile of the forward's online softmax (FlashAttention-2 Algorithm 1, lines 8-10).
 // s (rows, ld): scores of queries q0.. against keys k0.., in log2 units, replaced by their unnormalised
-// probabilities 2^(s - running max), masked keys 0. m, l (rows): running max and sum, updated; acc
-// (rows, hd): the output accumulator, rescaled when a row's max grows. first: m, l, acc hold nothing yet.
+// probabilities 2^(s - running max), masked keys 0. m, l (rows): running max and sum, updated (-inf and 0
+// before a row's first key); acc (rows, hd): the output accumulator (0 before then), rescaled when a row's max
+// grows. lo (rows): each row's first visible key (its document's start), or null.
 RELAY_CPU_CLONES
 void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0, float* m,
-                         float* l, float* acc, int64_t hd, bool first) {
+                         float* l, float* acc, int64_t hd, const int32_t* lo) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
-    const int64_t valid = visible_keys(q0 + r, k0, cols);
-    vfloat vmx = vsplat(first ? -INFINITY : m[r]), vsum{};
+    const int64_t valid = visible_keys(q0 + r, k0, cols), from = first_visible(lo, r, k0);
+    vfloat vmx = vsplat(m[r]), vsum{};
     float mx;
-    if (valid == padded) {
+    if (from >= valid) {  // the row sees none of these keys (its document starts after them)
+      for (int64_t c = 0; c < padded; c += kLanes) vstore(row + c, vfloat{});
+      continue;
+    }
+    if (valid == padded && from == 0) {
       for (int64_t c = 0; c < padded; c += kLanes) vmx = vmax(vmx, vload(row + c));
       mx = hmax(vmx);
       for (int64_t c = 0; c < padded; c += kLanes) {
@@ -129,28 +140,23 @@ void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64
       }
     } else {
       for (int64_t c = 0; c < padded; c += kLanes) {
-        const vfloat x = lanes_below(valid, c) ? vload(row + c) : vmx;
+        const vfloat x = lanes_in(from, valid, c) ? vload(row + c) : vmx;
         vmx = vmax(vmx, x);
       }
-      mx = hmax(vmx);  // -inf only for a row that has seen no key yet
+      mx = hmax(vmx);  // finite: the row sees a key of this tile
       for (int64_t c = 0; c < padded; c += kLanes) {
         const vfloat p = exp2_poly(vload(row + c) - mx);
-        const vfloat kept = lanes_below(valid, c) ? p : vfloat{};
+        const vfloat kept = lanes_in(from, valid, c) ? p : vfloat{};
         vstore(row + c, kept);
         vsum += kept;
       }
     }
-    if (valid == 0) continue;  // (never in the first tile: key 0 is visible to every query)
     const float sum = hsum(vsum);
-    if (first) {
-      l[r] = sum;
-    } else {
-      const float corr = exp2_poly(m[r] - mx);
-      l[r] = l[r] * corr + sum;
-      if (corr != 1.0f) {
-        float* a = acc + r * hd;
-        for (int64_t i = 0; i < hd; ++i) a[i] *= corr;
-      }
+    const float corr = exp2_poly(m[r] - mx);  // 0 before the row's first key (m = -inf)
+    l[r] = l[r] * corr + sum;
+    if (corr != 1.0f) {
+      float* a = acc + r * hd;
+      for (int64_t i = 0; i < hd; ++i) a[i] *= corr;
     }
     m[r] = mx;
   }
@@ -161,18 +167,18 @@ void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64
 // forward's log-sum-exp in log2 units.
 RELAY_CPU_CLONES
 void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
-                          const float* lse2) {
+                          const float* lse2, const int32_t* lo) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
-    const int64_t valid = visible_keys(q0 + r, k0, cols);
+    const int64_t valid = visible_keys(q0 + r, k0, cols), from = first_visible(lo, r, k0);
     const float shift = lse2[r];
-    if (valid == padded) {
+    if (valid == padded && from == 0) {
       for (int64_t c = 0; c < padded; c += kLanes) vstore(row + c, exp2_poly(vload(row + c) - shift));
     } else {
       for (int64_t c = 0; c < padded; c += kLanes) {
         const vfloat p = exp2_poly(vload(row + c) - shift);
-        vstore(row + c, lanes_below(valid, c) ? p : vfloat{});
+        vstore(row + c, lanes_in(from, valid, c) ? p : vfloat{});
       }
     }
   }
@@ -182,19 +188,19 @@ void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int6
 // p (rows, ld) probabilities, 0 on masked keys; d (rows) = rowsum(dO * O).
 RELAY_CPU_CLONES
 void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
-                       const float* d) {
+                       const float* d, const int32_t* lo) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     float* g = dp + r * ld;
     const float* pr = p + r * ld;
-    const int64_t valid = visible_keys(q0 + r, k0, cols);
+    const int64_t valid = visible_keys(q0 + r, k0, cols), from = first_visible(lo, r, k0);
     const float dr = d[r];
-    if (valid == padded) {
+    if (valid == padded && from == 0) {
       for (int64_t c = 0; c < padded; c += kLanes) vstore(g + c, vload(pr + c) * (vload(g + c) - dr));
     } else {
       for (int64_t c = 0; c < padded; c += kLanes) {
         const vfloat ds = vload(pr + c) * (vload(g + c) - dr);
-        vstore(g + c, lanes_below(valid, c) ? ds : vfloat{});
+        vstore(g + c, lanes_in(from, valid, c) ? ds : vfloat{});
       }
     }
   }
@@ -253,7 +259,8 @@ void single_threaded_gemm() { omp_set_num_threads(1); }
 // is plain multi-head attention (the packed op calls these with exactly its old arithmetic).
 template <typename Elem>
 void flash_attention_gqa_forward(const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq, int64_t ldkv,
-                                 Elem* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+                                 Elem* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
+                                 const int32_t* doc_start) {
   const int64_t C = H * hd, group = H / KV;
   const int64_t blocks = (T + kFwdQueries - 1) / kFwdQueries, heads = B * H;
   // Scores in log2 units (scale * log2 e folded into the GEMM) so that the softmax needs only 2^x.
@@ -288,20 +295,27 @@ void flash_attention_gqa_forward(const Elem* q_in, const Elem* k_in, const Elem*
         cached = q1;
       }
       load_rows(q_in + (b * T + q0) * ldq + h * hd, ldq, rows, hd, q.data());
-      // Key tiles up to the block's last query: tiles above the diagonal are never touched. Below the
-      // diagonal all rows see the whole tile; a tile that crosses it goes in strips of kDiagRows rows,
-      // each cut at its last query, so that little of the masked triangle is computed.
-      for (int64_t k0 = 0; k0 < q1; k0 += kFwdKeys) {
+      std::fill(m.begin(), m.end(), -INFINITY);
+      std::fill(l.begin(), l.end(), 0.0f);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      // The block's rows' first visible keys (non-decreasing), or null without a document mask.
+      const int32_t* lo = doc_start ? doc_start + b * T + q0 : nullptr;
+      // Key tiles from the one holding the block's first visible key up to the block's last query: tiles above
+      // the diagonal, and before every row's document, are never touched. Below the diagonal all rows see the
+      // whole tile; a tile that crosses it goes in strips of kDiagRows rows, each cut at its last query, so that
+      // little of the masked triangle is computed.
+      for (int64_t k0 = lo ? lo[0] / kFwdKeys * kFwdKeys : 0; k0 < q1; k0 += kFwdKeys) {
         const int64_t k1 = std::min(q1, k0 + kFwdKeys), strip = k1 <= q0 + 1 ? rows : kDiagRows;
         for (int64_t r0 = 0; r0 < rows; r0 += strip) {
           const int64_t r1 = std::min(rows, r0 + strip), cols = std::min(k1, q0 + r1) - k0;
-          if (cols <= 0) continue;  // the strip's queries precede these keys
+          if (cols <= 0) continue;                   // the strip's queries precede these keys
+          if (lo && lo[r0] >= k1) continue;           // ... or the documents of all its rows start after them
           gemm(false, true, r1 - r0, cols, hd, alpha, q.data() + r0 * hd, hd, k.data() + k0 * hd, hd, 0.0f,
                s.data(), kFwdKeys);
           online_softmax_tile(s.data(), kFwdKeys, r1 - r0, cols, q0 + r0, k0, m.data() + r0, l.data() + r0,
-                              acc.data() + r0 * hd, hd, k0 == 0);
-          gemm(false, false, r1 - r0, hd, cols, 1.0f, s.data(), kFwdKeys, v.data() + k0 * hd, hd,
-               k0 == 0 ? 0.0f : 1.0f, acc.data() + r0 * hd, hd);
+                              acc.data() + r0 * hd, hd, lo ? lo + r0 : nullptr);
+          gemm(false, false, r1 - r0, hd, cols, 1.0f, s.data(), kFwdKeys, v.data() + k0 * hd, hd, 1.0f,
+               acc.data() + r0 * hd, hd);
         }
       }
       float* lse_bh = lse + bh * T;  // (T)
@@ -317,7 +331,8 @@ void flash_attention_gqa_forward(const Elem* q_in, const Elem* k_in, const Elem*
 template <typename Elem>
 void flash_attention_gqa_backward(const Elem* dout, const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq,
                                   int64_t ldkv, const Elem* out, const float* lse, Elem* dq_out, Elem* dk_out,
-                                  Elem* dv_out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
+                                  Elem* dv_out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
+                                  const int32_t* doc_start) {
   const int64_t C = H * hd, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(hd)), alpha = kLog2e * scale;
 #pragma omp parallel
@@ -347,22 +362,27 @@ void flash_attention_gqa_backward(const Elem* dout, const Elem* q_in, const Elem
         row_dots(dO.data(), dq.data(), D.data(), T, hd);  // D = rowsum(dO * O)
         std::fill(dq.begin(), dq.end(), 0.0f);
         for (int64_t t = 0; t < T; ++t) lse2[size_t(t)] = lse[bh * T + t] * kLog2e;
+        const int32_t* ds0 = doc_start ? doc_start + b * T : nullptr;  // (T) first visible key of each query
         for (int64_t k0 = 0; k0 < T; k0 += kBwdKeys) {
           const int64_t k1 = std::min(T, k0 + kBwdKeys);
           float* dkt = dk.data() + k0 * hd;  // (k1 - k0, hd)
           float* dvt = dv.data() + k0 * hd;
+          // Queries whose document starts at or after k1 see none of these keys: the queries that do end at the
+          // end of the document holding key k1 - 1 (first visible keys are non-decreasing).
+          const int64_t q_end = ds0 ? std::lower_bound(ds0 + k1, ds0 + T, int32_t(k1)) - ds0 : T;
           // Queries before k0 see none of these keys: start at the diagonal, in strips of kDiagRows rows
           // cut at their last query while they cross it, then whole tiles of kBwdQueries rows.
-          for (int64_t q0 = k0, q1; q0 < T; q0 = q1) {
-            q1 = q0 < k1 ? std::min(k1, q0 + kDiagRows) : std::min(T, q0 + kBwdQueries);
+          for (int64_t q0 = k0, q1; q0 < q_end; q0 = q1) {
+            q1 = q0 < k1 ? std::min(k1, q0 + kDiagRows) : std::min(q_end, q0 + kBwdQueries);
             const int64_t rows = q1 - q0, cols = std::min(k1, q1) - k0;
             const float* qt = q.data() + q0 * hd;
             const float* dOt = dO.data() + q0 * hd;
             gemm(false, true, rows, cols, hd, alpha, qt, hd, k.data() + k0 * hd, hd, 0.0f, p.data(), kBwdKeys);
-            recompute_probs_tile(p.data(), kBwdKeys, rows, cols, q0, k0, lse2.data() + q0);
+            const int32_t* lo = ds0 ? ds0 + q0 : nullptr;
+            recompute_probs_tile(p.data(), kBwdKeys, rows, cols, q0, k0, lse2.data() + q0, lo);
             gemm(true, false, cols, hd, rows, 1.0f, p.data(), kBwdKeys, dOt, hd, 1.0f, dvt, hd);  // dV += P^T dO
             gemm(false, true, rows, cols, hd, 1.0f, dOt, hd, v.data() + k0 * hd, hd, 0.0f, ds.data(), kBwdKeys);  // dP
-            softmax_grad_tile(ds.data(), p.data(), kBwdKeys, rows, cols, q0, k0, D.data() + q0);
+            softmax_grad_tile(ds.data(), p.data(), kBwdKeys, rows, cols, q0, k0, D.data() + q0, lo);
             gemm(false, false, rows, hd, cols, scale, ds.data(), kBwdKeys, k.data() + k0 * hd, hd, 1.0f,
                  dq.data() + q0 * hd, hd);  // dQ += scale dS K
             gemm(true, false, cols, hd, rows, scale, ds.data(), kBwdKeys, qt, hd, 1.0f, dkt, hd);  // dK += scale dS^T Q
@@ -378,27 +398,26 @@ void flash_attention_gqa_backward(const Elem* dout, const Elem* q_in, const Elem
 
 // GPT's packed qkv (B*T, 3C): q at column 0, k at C, v at 2C, every row 3C apart; KV == H.
 template <typename Elem>
-void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H) {
-  flash_attention_gqa_forward(qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, B, T, H, H, C / H);
+void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
+                             const int32_t* doc_start) {
+  flash_attention_gqa_forward(qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, B, T, H, H, C / H, doc_start);
 }
 template <typename Elem>
 void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out, const float* lse, Elem* dqkv,
-                              int64_t B, int64_t T, int64_t C, int64_t H) {
+                              int64_t B, int64_t T, int64_t C, int64_t H, const int32_t* doc_start) {
   flash_attention_gqa_backward(dout, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, dqkv, dqkv + C, dqkv + 2 * C,
-                               B, T, H, H, C / H);
+                               B, T, H, H, C / H, doc_start);
 }
 
-template void flash_attention_forward<float>(const float*, float*, float*, int64_t, int64_t, int64_t, int64_t);
-template void flash_attention_forward<bf16>(const bf16*, bf16*, float*, int64_t, int64_t, int64_t, int64_t);
-template void flash_attention_backward<float>(const float*, const float*, const float*, const float*, float*, int64_t,
-                                              int64_t, int64_t, int64_t);
-template void flash_attention_backward<bf16>(const bf16*, const bf16*, const bf16*, const float*, bf16*, int64_t,
-                                             int64_t, int64_t, int64_t);
 #define INST(E)                                                                                                    \
+  template void flash_attention_forward<E>(const E*, E*, float*, int64_t, int64_t, int64_t, int64_t, const int32_t*); \
+  template void flash_attention_backward<E>(const E*, const E*, const E*, const float*, E*, int64_t, int64_t,       \
+                                            int64_t, int64_t, const int32_t*);                                     \
   template void flash_attention_gqa_forward<E>(const E*, const E*, const E*, int64_t, int64_t, E*, float*, int64_t, \
-                                               int64_t, int64_t, int64_t, int64_t);                                 \
+                                               int64_t, int64_t, int64_t, int64_t, const int32_t*);                 \
   template void flash_attention_gqa_backward<E>(const E*, const E*, const E*, const E*, int64_t, int64_t, const E*, \
-                                                const float*, E*, E*, E*, int64_t, int64_t, int64_t, int64_t, int64_t);
+                                                const float*, E*, E*, E*, int64_t, int64_t, int64_t, int64_t, int64_t, \
+                                                const int32_t*);
 INST(float)
 INST(bf16)
 #undef INST

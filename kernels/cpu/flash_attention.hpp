@@ -11,26 +11,32 @@ namespace relay::cpu {
 // qkv (B*T, 3C) [q | k | v]; out (B*T, C); lse (B, H, T) float32: log-sum-exp of each query row's scaled
 // scores, saved for the backward. Head h uses columns [h*hd, (h+1)*hd) of each part, hd = C/H; scale
 // 1/sqrt(hd); query t sees keys s <= t. Elem is float or bf16.
+// doc_start (B*T), optional (data.document_mask): query t of sequence b sees keys [doc_start[b*T + t], t] only,
+// the first position of its document within the sequence. Documents are contiguous: doc_start[t] <= t,
+// non-decreasing in t, and equal over a document. Key tiles that lie before every query's document are skipped.
 template <typename Elem>
-void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H);
+void flash_attention_forward(const Elem* qkv, Elem* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
+                             const int32_t* doc_start = nullptr);
 
 // dout (B*T, C), qkv, out and lse of the forward -> dqkv (B*T, 3C), overwritten (not accumulated).
 // Bitwise the same for any OpenMP thread count.
 template <typename Elem>
 void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out, const float* lse, Elem* dqkv,
-                              int64_t B, int64_t T, int64_t C, int64_t H);
+                              int64_t B, int64_t T, int64_t C, int64_t H, const int32_t* doc_start = nullptr);
 
 // Grouped-query attention on strided row views: q (B*T rows, ldq apart) holds H heads of hd columns, k and v
 // (B*T rows, ldkv apart) KV heads; query head h reads key/value head h / (H / KV). out (B*T, H*hd), lse
 // (B, H, T). GPT's packed layout is q = qkv, k = qkv + C, v = qkv + 2C, ldq = ldkv = 3C, KV = H.
 template <typename Elem>
 void flash_attention_gqa_forward(const Elem* q, const Elem* k, const Elem* v, int64_t ldq, int64_t ldkv, Elem* out,
-                                 float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd);
+                                 float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
+                                 const int32_t* doc_start = nullptr);
 // dq (rows ldq apart), dk, dv (rows ldkv apart): overwritten. A key/value head's gradients sum its query
 // heads' in order (deterministic for any thread count).
 template <typename Elem>
 void flash_attention_gqa_backward(const Elem* dout, const Elem* q, const Elem* k, const Elem* v, int64_t ldq,
                                   int64_t ldkv, const Elem* out, const float* lse, Elem* dq, Elem* dk, Elem* dv,
-                                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd);
+                                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
+                                  const int32_t* doc_start = nullptr);
 
 }  // namespace relay::cpu
