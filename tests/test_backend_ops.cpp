@@ -135,11 +135,14 @@ Tensor input_with_ties(Backend& be, const Shape& shape, uint64_t seed, DType dt 
   return t;
 }
 
-Tensor class_targets(Backend& be, int64_t n, int64_t classes, uint64_t seed) {
+// ignore_every > 0: every ignore_every-th target (from the first) is -1, an ignored position.
+Tensor class_targets(Backend& be, int64_t n, int64_t classes, uint64_t seed, int64_t ignore_every = 0) {
   Tensor t(be, {n}, DType::i32);
   Rng rng(seed, 1);
   std::vector<int32_t> v(static_cast<size_t>(n));
   for (int32_t& x : v) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
+  if (ignore_every > 0)
+    for (size_t i = 0; i < v.size(); i += static_cast<size_t>(ignore_every)) v[i] = -1;
   be.upload(t, v.data());
   return t;
 }
@@ -413,6 +416,27 @@ std::vector<OpCase> all_cases() {
           Tensor dlogits(be, s, x);
           be.cross_entropy(logits, targets, 1.0f / static_cast<float>(n), losses, with_grad ? &dlogits : nullptr);
           std::vector<Output> o{out(be, "losses", losses)};
+          if (with_grad) o.push_back(out(be, "dlogits", dlogits));
+          return o;
+        });
+        // Ignored targets (-1, data.document_mask's masked positions): loss 0, gradient row 0.
+        add("cross_entropy_ignore_" + d + g + sx, kTolFp32, [=](Backend& be) {
+          Tensor logits = input(be, s, 60, x, -6, 6), targets = class_targets(be, n, f, 61, 3), losses(be, {n});
+          Tensor dlogits = input(be, s, 67, x);  // overwritten
+          be.cross_entropy(logits, targets, 1.0f / static_cast<float>(n), losses, with_grad ? &dlogits : nullptr);
+          std::vector<Output> o{out(be, "losses", losses)};
+          if (with_grad) o.push_back(out(be, "dlogits", dlogits));
+          return o;
+        });
+        add("vocab_parallel_cross_entropy_ignore_" + d + g + sx, kTolFp32, [=](Backend& be) {
+          Tensor logits = input(be, s, 64, x, -6, 6), targets = class_targets(be, n, f + 7, 65, 2), losses(be, {n});
+          Tensor mx(be, {n}), partial(be, {n, 2}), dlogits = input(be, s, 68, x);
+          be.row_max(logits, mx);
+          be.cross_entropy_partial(logits, targets, 3, mx, partial);
+          Tensor total = input(be, {n, 2}, 66, 1, 2);
+          be.cross_entropy_finish(logits, targets, 3, mx, total, 1.0f / static_cast<float>(n), losses,
+                                  with_grad ? &dlogits : nullptr);
+          std::vector<Output> o{out(be, "partial", partial), out(be, "losses", losses)};
           if (with_grad) o.push_back(out(be, "dlogits", dlogits));
           return o;
         });

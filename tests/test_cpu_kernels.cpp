@@ -154,6 +154,30 @@ TEST(CpuKernels, CrossEntropyAndArgmax) {
   }
 }
 
+// A negative target is ignored (torch's ignore_index): loss 0 and a zero gradient row, the other rows unchanged;
+// also through the vocabulary-parallel finish.
+TEST(CpuKernels, CrossEntropyIgnoresNegativeTargets) {
+  const int64_t r = 4, c = 9;
+  auto z = randn(size_t(r * c), 15, 3.f);
+  const std::vector<int32_t> all = {2, 5, 0, 8}, some = {2, -1, 0, -1};
+  std::vector<float> la(static_cast<size_t>(r)), ls(la.size()), da(z.size()), dsome(z.size(), 7.f);
+  cpu::cross_entropy(z.data(), all.data(), 0.5f, la.data(), da.data(), r, c);
+  cpu::cross_entropy(z.data(), some.data(), 0.5f, ls.data(), dsome.data(), r, c);
+  std::vector<float> mx(static_cast<size_t>(r)), part(size_t(2 * r)), lf(la.size()), df(z.size(), 7.f);
+  cpu::row_max(z.data(), mx.data(), r, c);
+  cpu::cross_entropy_partial(z.data(), some.data(), 0, mx.data(), part.data(), r, c);
+  cpu::cross_entropy_finish(z.data(), some.data(), 0, mx.data(), part.data(), 0.5f, lf.data(), df.data(), r, c);
+  for (int64_t i = 0; i < r; ++i) {
+    const bool ignored = some[size_t(i)] < 0;
+    EXPECT_EQ(ls[size_t(i)], ignored ? 0.f : la[size_t(i)]) << "row " << i;
+    EXPECT_NEAR(lf[size_t(i)], ignored ? 0.f : la[size_t(i)], 1e-5) << "row " << i << " (vocabulary-parallel)";
+    for (int64_t j = 0; j < c; ++j) {
+      EXPECT_EQ(dsome[size_t(i * c + j)], ignored ? 0.f : da[size_t(i * c + j)]) << "row " << i << " col " << j;
+      EXPECT_NEAR(df[size_t(i * c + j)], ignored ? 0.f : da[size_t(i * c + j)], 1e-6) << "row " << i << " col " << j;
+    }
+  }
+}
+
 TEST(CpuKernels, Mse) {
   const int64_t r = 4, k = 3;
   auto p = randn(size_t(r * k), 13), t = randn(size_t(r * k), 14);
@@ -168,4 +192,33 @@ TEST(CpuKernels, Mse) {
     }
     EXPECT_NEAR(loss[size_t(i)], s / k, 1e-6);
   }
+}
+
+// Positions restarting with each document (data.document_mask): rows 0-2 one document, rows 3-4 the next. Rotary
+// embeddings and the learned position table read row r at positions[r], so each document gets exactly what it
+// gets run alone (rows [0, 3) with T 3, rows [3, 5) with T 2); the position table's gradient sums by position.
+TEST(CpuKernels, PositionsRestartWithEachDocument) {
+  const int64_t heads = 2, hd = 8, cols = heads * hd, T = 5;
+  const std::vector<int32_t> pos = {0, 1, 2, 0, 1};
+  auto x = randn(size_t(T * cols), 16);
+  std::vector<float> y(x.size()), y_alone(x.size());
+  cpu::rope(x.data(), y.data(), T, T, heads, hd, 10000.0, 0, false, pos.data());
+  cpu::rope(x.data(), y_alone.data(), 3, 3, heads, hd, 10000.0, 0, false);
+  cpu::rope(x.data() + 3 * cols, y_alone.data() + 3 * cols, 2, 2, heads, hd, 10000.0, 0, false);
+  EXPECT_EQ(y, y_alone);
+  const int64_t C = 4, V = 6;
+  const std::vector<int32_t> tokens = {1, 5, 0, 2, 1};
+  auto wte = randn(size_t(V * C), 17), wpe = randn(size_t(T * C), 18), dout = randn(size_t(T * C), 19);
+  std::vector<float> out(size_t(T * C)), dwte(wte.size(), 0.f), dwpe(wpe.size(), 0.f);
+  cpu::embedding_forward(tokens.data(), wte.data(), wpe.data(), out.data(), T, C, T, 0, V, pos.data());
+  cpu::embedding_backward(tokens.data(), dout.data(), dwte.data(), dwpe.data(), T, C, T, 0, V, pos.data());
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      EXPECT_EQ(out[size_t(r * C + c)], wte[size_t(tokens[size_t(r)] * C + c)] + wpe[size_t(pos[size_t(r)] * C + c)]);
+      const int64_t p = r;  // dwpe row p sums the rows at position p, in row order
+      float want = 0.f;
+      for (int64_t s = 0; s < T; ++s)
+        if (pos[size_t(s)] == p) want += dout[size_t(s * C + c)];
+      EXPECT_EQ(dwpe[size_t(p * C + c)], want) << "dwpe position " << p;
+    }
 }

@@ -73,11 +73,12 @@ template <typename X>
 void swiglu_forward(const X* gate, const X* up, X* h, int64_t n);
 template <typename X>
 void swiglu_backward(const X* dh, const X* gate, const X* up, X* dgate, X* dup, int64_t n);
-// Rotate-half rotary embedding of x (rows, heads * hd) into y (may alias x); row r at position pos0 + r % T;
-// inverse rotates by minus the angle (kernels/rope_angles.hpp has the angles).
+// Rotate-half rotary embedding of x (rows, heads * hd) into y (may alias x); row r at position pos0 + r % T, or
+// pos0 + positions[r] (each < T: positions restarting with each document); inverse rotates by minus the angle
+// (kernels/rope_angles.hpp has the angles).
 template <typename X>
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
-          bool inverse);
+          bool inverse, const int32_t* positions = nullptr);
 
 // Softmax cross-entropy; dlogits may be null (and may alias logits). Targets must be in [0, classes).
 template <typename X>
@@ -97,16 +98,16 @@ template <typename X>
 void cross_entropy_finish(const X* logits, const int32_t* targets, int64_t vocab_start, const float* row_max,
                           const float* total, float grad_scale, float* losses, X* dlogits, int64_t rows, int64_t cols);
 
-// GPT-2 (kernels/cpu/transformer.cpp). tokens (rows), position of row r = r % T.
-// out (rows, C) = wte[tokens] + wpe[r % T]; backward: dwte, dwpe (f32) += (deterministic, no atomics).
+// GPT-2 (kernels/cpu/transformer.cpp). tokens (rows), position of row r = r % T, or positions[r] (< T) when given.
+// out (rows, C) = wte[tokens] + wpe[position]; backward: dwte, dwpe (f32) += (deterministic, no atomics).
 // Vocabulary-parallel: wte holds rows [vocab_start, vocab_start + vocab_rows) of the table; other tokens
 // contribute 0 (and no gradient). wpe / dwpe null: no positions.
 template <typename X>
 void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows, int64_t C, int64_t T,
-                       int64_t vocab_start, int64_t vocab_rows);
+                       int64_t vocab_start, int64_t vocab_rows, const int32_t* positions = nullptr);
 template <typename X>
 void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
-                        int64_t T, int64_t vocab_start, int64_t vocab_rows);
+                        int64_t T, int64_t vocab_start, int64_t vocab_rows, const int32_t* positions = nullptr);
 // Causal self-attention, reference form: qkv (B*T, 3C) [q | k | v], att (B, H, T, T) probabilities, out (B*T, C).
 void attention_forward(const float* qkv, float* att, float* out, int64_t B, int64_t T, int64_t C, int64_t H);
 // dqkv (B*T, 3C) is overwritten.

@@ -1,5 +1,6 @@
 // Losses as torch.nn.CrossEntropyLoss and torch.nn.MSELoss, per sample; the caller takes the mean
-// (grad_scale = 1 / global batch) so that micro-batches and replicas add up to the global mean.
+// (grad_scale = 1 / global batch) so that micro-batches and replicas add up to the global mean. A negative
+// cross-entropy target is ignored (torch's ignore_index): loss 0 and a zero gradient row.
 // Logits may be float or bf16; the softmax terms are float (fast_math's exp, relative error < 2e-7,
 // vectorised: a GPT-2 vocabulary has 50257 of them per token) summed in double.
 #include <algorithm>
@@ -46,6 +47,12 @@ void cross_entropy(const X* logits, const int32_t* targets, float grad_scale, fl
                    int64_t classes) {
 #pragma omp parallel for schedule(static) if (rows * classes > 32768)
   for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) {  // an ignored position (a document's last token): no loss, no gradient
+      losses[r] = 0.0f;
+      if (dlogits)
+        for (int64_t c = 0; c < classes; ++c) store(dlogits[r * classes + c], 0.0f);
+      continue;
+    }
     const X* z = logits + r * classes;
     const float mx = max_of(z, classes);
     const double lse = std::log(sum_exp(z, classes, mx)) + mx;
@@ -80,6 +87,12 @@ void cross_entropy_finish(const X* logits, const int32_t* targets, int64_t vocab
                           const float* total, float grad_scale, float* losses, X* dlogits, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > 32768)
   for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) {  // ignored: no loss, no gradient on any rank's columns
+      losses[r] = 0.0f;
+      if (dlogits)
+        for (int64_t c = 0; c < cols; ++c) store(dlogits[r * cols + c], 0.0f);
+      continue;
+    }
     const double lse = std::log(double(total[2 * r])) + row_max[r];
     losses[r] = float(lse - total[2 * r + 1]);
     if (dlogits)

@@ -14,8 +14,9 @@ namespace relay::cpu {
 template <typename X>
 RELAY_CPU_CLONES
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
-          bool inverse) {
-  const int64_t half = hd / 2, positions = std::min(rows, T);
+          bool inverse, const int32_t* row_pos) {
+  // The angles of positions pos0 .. pos0 + positions - 1, rows reading theirs: row r % T, or row_pos[r] < T.
+  const int64_t half = hd / 2, positions = row_pos ? T : std::min(rows, T);
   std::vector<float> cs(static_cast<size_t>(positions * half)), sn(cs.size());  // (positions, hd/2)
 #pragma omp parallel for schedule(static) if (positions * half > 4096)
   for (int64_t p = 0; p < positions; ++p)
@@ -28,8 +29,9 @@ void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, 
   const int64_t cols = heads * hd;
 #pragma omp parallel for schedule(static) if (rows * cols > 32768)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* c = cs.data() + (r % T) * half;
-    const float* s = sn.data() + (r % T) * half;
+    const int64_t p = row_pos ? int64_t(row_pos[r]) : r % T;
+    const float* c = cs.data() + p * half;
+    const float* s = sn.data() + p * half;
     for (int64_t h = 0; h < heads; ++h) {
       const X* xr = x + r * cols + h * hd;
       X* yr = y + r * cols + h * hd;  // may be xr: both halves are read before either is written
@@ -43,7 +45,8 @@ void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, 
   }
 }
 
-#define INST(X) template void rope<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
+#define INST(X) \
+  template void rope<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool, const int32_t*);
 RELAY_FOR_FLOAT_TYPES(INST)
 #undef INST
 

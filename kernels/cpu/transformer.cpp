@@ -17,12 +17,12 @@ namespace relay::cpu {
 template <typename X>
 RELAY_CPU_CLONES
 void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows, int64_t C, int64_t T,
-                       int64_t vocab_start, int64_t vocab_rows) {
+                       int64_t vocab_start, int64_t vocab_rows, const int32_t* positions) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t v = int64_t(tokens[r]) - vocab_start;
     const X* e = v >= 0 && v < vocab_rows ? wte + v * C : nullptr;  // another tp rank's token: 0
-    const X* p = wpe ? wpe + (r % T) * C : nullptr;
+    const X* p = wpe ? wpe + (positions ? int64_t(positions[r]) : r % T) * C : nullptr;
     X* o = out + r * C;
     for (int64_t c = 0; c < C; ++c) store(o[c], (e ? load(e[c]) : 0.0f) + (p ? load(p[c]) : 0.0f));
   }
@@ -31,7 +31,7 @@ void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out
 template <typename X>
 RELAY_CPU_CLONES
 void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
-                        int64_t T, int64_t vocab_start, int64_t vocab_rows) {
+                        int64_t T, int64_t vocab_start, int64_t vocab_rows, const int32_t* positions) {
   // Each thread owns a range of channels and visits the rows in order: no two threads write one element.
 #pragma omp parallel
   {
@@ -45,7 +45,7 @@ void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float
         for (int64_t c = c0; c < c1; ++c) e[c] += load(d[c]);
       }
       if (dwpe) {
-        float* p = dwpe + (r % T) * C;
+        float* p = dwpe + (positions ? int64_t(positions[r]) : r % T) * C;
         for (int64_t c = c0; c < c1; ++c) p[c] += load(d[c]);
       }
     }
@@ -183,9 +183,9 @@ void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int
 
 #define INST(X)                                                                                                   \
   template void embedding_forward<X>(const int32_t*, const X*, const X*, X*, int64_t, int64_t, int64_t, int64_t, \
-                                     int64_t);                                                                    \
+                                     int64_t, const int32_t*);                                                    \
   template void embedding_backward<X>(const int32_t*, const X*, float*, float*, int64_t, int64_t, int64_t, int64_t, \
-                                      int64_t);                                                                   \
+                                      int64_t, const int32_t*);                                                   \
   template void attention_decode<X>(const X*, X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t);       \
   template void attention_decode_gqa<X>(const X*, int64_t, const X*, const X*, int64_t, X*, X*, X*, int64_t,   \
                                         int64_t, int64_t, int64_t, int64_t, int64_t);

@@ -26,8 +26,8 @@ __global__ void cross_entropy_kernel(const X* logits, const int32_t* targets, fl
   const float sum = block_sum(local_sum);
 
   const int32_t target = targets[row];
-  const bool valid = target >= 0 && target < c;
-  if (threadIdx.x == 0) losses[row] = valid ? logf(sum) + row_max - load(xr[target]) : NAN;
+  const bool valid = target >= 0 && target < c, ignored = target < 0;  // ignored: no loss, no gradient
+  if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : valid ? logf(sum) + row_max - load(xr[target]) : NAN;
 
   if (dlogits) {
     // dlogits may alias logits: each thread reads xr[j] before writing dr[j] for the same j, and this
@@ -38,7 +38,7 @@ __global__ void cross_entropy_kernel(const X* logits, const int32_t* targets, fl
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
       const float p = expf(load(xr[j]) - row_max) * inv_sum;
       const float onehot = (valid && j == target) ? 1.0f : 0.0f;
-      store(dr[j], (p - onehot) * grad_scale);
+      store(dr[j], ignored ? 0.0f : (p - onehot) * grad_scale);
     }
   }
 }
@@ -135,14 +135,15 @@ __global__ void cross_entropy_finish_kernel(const X* logits, const int32_t* targ
                                             const float* row_max, const float* total, float grad_scale,
                                             float* losses, X* dlogits, int64_t c) {
   const int64_t row = blockIdx.x;
+  const bool ignored = targets[row] < 0;  // no loss, no gradient
   const float lse = logf(total[2 * row]) + row_max[row];
-  if (threadIdx.x == 0) losses[row] = lse - total[2 * row + 1];
+  if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : lse - total[2 * row + 1];
   if (!dlogits) return;
   const X* xr = logits + row * c;  // (c)
   X* dr = dlogits + row * c;       // (c)
   const int64_t t = int64_t(targets[row]) - vocab_start;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-    store(dr[j], (expf(load(xr[j]) - lse) - (j == t ? 1.0f : 0.0f)) * grad_scale);
+    store(dr[j], ignored ? 0.0f : (expf(load(xr[j]) - lse) - (j == t ? 1.0f : 0.0f)) * grad_scale);
 }
 
 // launchers -------------------------------------------------------------------------------------

@@ -283,14 +283,16 @@ void Backend::swiglu_backward(const Tensor& dh, const Tensor& gate, const Tensor
   swiglu_backward_impl(dh, gate, up, dgate, dup);
 }
 
-void Backend::rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y) {
+void Backend::rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y,
+                   const Tensor& positions) {
   Check c(*this, "rope");
   c.tensor(x, "x", kFloat).like(y, "y", x, "x");
   c.that(head_dim > 0 && head_dim % 2 == 0 && cols_of(x) % head_dim == 0,
          cat("x ", shape_str(x.shape()), " must be (n, heads * head_dim) with an even head_dim, got head_dim ",
              head_dim));
   c.that(T > 0 && pos0 >= 0 && theta > 0, cat("T ", T, ", pos0 ", pos0, " and theta ", theta, " must be positive"));
-  rope_impl(x, T, head_dim, theta, pos0, inverse, y);
+  if (positions.defined()) c.tensor(positions, "positions", kI32).numel(positions, "positions", rows_of(x));
+  rope_impl(x, T, head_dim, theta, pos0, inverse, y, positions);
 }
 
 void Backend::cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
@@ -342,7 +344,7 @@ void Backend::cross_entropy_finish(const Tensor& logits, const Tensor& targets, 
 }
 
 void Backend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
-                                int64_t vocab_start) {
+                                int64_t vocab_start, const Tensor& positions) {
   Check c(*this, "embedding_forward");
   c.tensor(tokens, "tokens", kI32).tensor(wte, "wte", kFloat).tensor(out, "out", kFloat);
   c.same_dtype(out, "out", wte, "wte").numel(out, "out", tokens.numel() * cols_of(wte));
@@ -351,10 +353,11 @@ void Backend::embedding_forward(const Tensor& tokens, const Tensor& wte, const T
     c.that(cols_of(wpe) == cols_of(wte) && T <= rows_of(wpe), cat("wpe ", shape_str(wpe.shape()), " for T ", T,
                                                                   " and wte ", shape_str(wte.shape())));
   }
-  embedding_forward_impl(tokens, wte, wpe, T, out, vocab_start);
+  if (positions.defined()) c.tensor(positions, "positions", kI32).numel(positions, "positions", tokens.numel());
+  embedding_forward_impl(tokens, wte, wpe, T, out, vocab_start, positions);
 }
 void Backend::embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
-                                 int64_t vocab_start) {
+                                 int64_t vocab_start, const Tensor& positions) {
   Check c(*this, "embedding_backward");
   c.tensor(tokens, "tokens", kI32).tensor(dout, "dout", kFloat).tensor(dwte, "dwte", kF32);
   c.numel(dout, "dout", tokens.numel() * cols_of(dwte));
@@ -362,7 +365,8 @@ void Backend::embedding_backward(const Tensor& tokens, const Tensor& dout, int64
     c.tensor(dwpe, "dwpe", kF32);
     c.that(cols_of(dwpe) == cols_of(dwte) && T <= rows_of(dwpe), cat("dwpe ", shape_str(dwpe.shape()), " for T ", T));
   }
-  embedding_backward_impl(tokens, dout, T, dwte, dwpe, vocab_start);
+  if (positions.defined()) c.tensor(positions, "positions", kI32).numel(positions, "positions", tokens.numel());
+  embedding_backward_impl(tokens, dout, T, dwte, dwpe, vocab_start, positions);
 }
 
 namespace {
@@ -391,21 +395,24 @@ void Backend::attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   c.tensor(att, "att", kF32).numel(att, "att", B * H * T * T).like(dqkv, "dqkv", qkv, "qkv");
   attention_backward_impl(dout, qkv, att, B, T, H, dqkv);
 }
-void Backend::flash_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out, Tensor& lse) {
+void Backend::flash_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out, Tensor& lse,
+                                      const Tensor& doc_start) {
   Check c(*this, "flash_attention_forward");
   const int64_t C = attention_width(c, qkv, B, T, H);
   c.tensor(out, "out", kFloat).same_dtype(out, "out", qkv, "qkv").numel(out, "out", B * T * C);
   c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
-  flash_attention_forward_impl(qkv, B, T, H, out, lse);
+  if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * T);
+  flash_attention_forward_impl(qkv, B, T, H, out, lse, doc_start);
 }
 void Backend::flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                       int64_t B, int64_t T, int64_t H, Tensor& dqkv) {
+                                       int64_t B, int64_t T, int64_t H, Tensor& dqkv, const Tensor& doc_start) {
   Check c(*this, "flash_attention_backward");
   const int64_t C = attention_width(c, qkv, B, T, H);
   c.tensor(out, "out", kFloat).same_dtype(out, "out", qkv, "qkv").numel(out, "out", B * T * C);
   c.like(dout, "dout", out, "out").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
   c.like(dqkv, "dqkv", qkv, "qkv");
-  flash_attention_backward_impl(dout, qkv, out, lse, B, T, H, dqkv);
+  if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * T);
+  flash_attention_backward_impl(dout, qkv, out, lse, B, T, H, dqkv, doc_start);
 }
 void Backend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H, Tensor& out) {
   Check c(*this, "attention_decode");
@@ -435,22 +442,24 @@ int64_t gqa_head_dim(const Check& c, const Tensor& q, const Tensor& k, const Ten
 }  // namespace
 
 void Backend::flash_attention_gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
-                                          int64_t H, int64_t KV, Tensor& out, Tensor& lse) {
+                                          int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) {
   Check c(*this, "flash_attention_gqa_forward");
   c.that(B > 0 && T > 0, cat("B ", B, " and T ", T, " must be positive"));
   gqa_head_dim(c, q, k, v, B * T, H, KV);
   c.like(out, "out", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
-  flash_attention_gqa_forward_impl(q, k, v, B, T, H, KV, out, lse);
+  if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * T);
+  flash_attention_gqa_forward_impl(q, k, v, B, T, H, KV, out, lse, doc_start);
 }
 void Backend::flash_attention_gqa_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
-                                           int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv) {
+                                           int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) {
   Check c(*this, "flash_attention_gqa_backward");
   c.that(B > 0 && T > 0, cat("B ", B, " and T ", T, " must be positive"));
   gqa_head_dim(c, q, k, v, B * T, H, KV);
   c.like(out, "out", q, "q").like(dout, "dout", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
   c.like(dq, "dq", q, "q").like(dk, "dk", k, "k").like(dv, "dv", k, "k");
-  flash_attention_gqa_backward_impl(dout, q, k, v, out, lse, B, T, H, KV, dq, dk, dv);
+  if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * T);
+  flash_attention_gqa_backward_impl(dout, q, k, v, out, lse, B, T, H, KV, dq, dk, dv, doc_start);
 }
 void Backend::attention_decode_gqa(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
                                    int64_t t, int64_t H, int64_t KV, Tensor& out) {

@@ -139,13 +139,17 @@ class Backend : public Allocator {
   // inverse = true rotates by -a (the backward: dx from dy). x, y: float, one dtype; y may alias x.
   // Angles as transformers computes them (kernels/rope_angles.hpp): inv_freq in f32, a = float(pos) * inv_freq
   // in f32, cos and sin of that f32 angle in double, rounded once.
-  void rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y);
+  // positions (optional, data.document_mask): i32 (n), row r at position pos0 + positions[r] (< T) instead.
+  void rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y,
+            const Tensor& positions = Tensor());
 
   // --- losses (logits, pred, target and their gradients: float, one dtype; losses, row_max,
   //     partial, total: f32; targets, argmax out: i32) ----------------------------------------
   // logits (n, c), targets (n) -> losses (n) = -log softmax(logits)[target];
   // if dlogits: dlogits (n, c) = (softmax - onehot) * grad_scale. dlogits may alias logits (the
-  // vocabulary-sized loss of a language model never stores more than its logits).
+  // vocabulary-sized loss of a language model never stores more than its logits). A negative target is ignored
+  // (torch's ignore_index; data.document_mask's position before a document's first token): loss 0, dlogits row 0.
+  // The vocabulary-parallel pair below does the same.
   void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses, Tensor* dlogits);
   // pred, target (n, k) -> losses (n) = mean over k of (pred - target)^2;
   // if dpred: dpred (n, k) = 2 (pred - target) / k * grad_scale.
@@ -171,13 +175,14 @@ class Backend : public Allocator {
   // wte, wpe, out: float, one dtype. Every token id must be in [0, V) (checked when data is read).
   // Vocabulary-parallel (tensor parallelism): wte holds rows [vocab_start, vocab_start + wte.size(0)) of
   // the table and other tokens contribute 0; an undefined wpe adds no positions.
+  // positions (optional, data.document_mask): i32 (n), the position of row r (< T) instead of r % T.
   void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
-                         int64_t vocab_start = 0);
+                         int64_t vocab_start = 0, const Tensor& positions = Tensor());
   // dwte (V, C) += scatter of dout (n, C) by token; dwpe (block_size, C) += sum over sequences of dout.
   // dout: float; dwte, dwpe: f32. Deterministic: the same bits on every run and thread count (no atomics).
   // Vocabulary-parallel as above; an undefined dwpe is skipped.
   void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
-                          int64_t vocab_start = 0);
+                          int64_t vocab_start = 0, const Tensor& positions = Tensor());
   // Causal multi-head self-attention over n = B x T rows, the reference form (f32) that keeps the
   // probabilities: the test reference of flash attention.
   // qkv (B*T, 3C): row = [q | k | v], head h uses columns [h*hd, (h+1)*hd) of each part, hd = C / H.
@@ -190,9 +195,13 @@ class Backend : public Allocator {
   // The same attention without the T x T matrix (FlashAttention-2, arXiv:2307.08691): tiles of queries
   // against tiles of keys with an online softmax; only lse (B, H, T) f32, each query row's log-sum-exp
   // of its scaled scores, is kept for the backward. qkv, out, dout, dqkv: float, one dtype.
-  void flash_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out, Tensor& lse);
+  // doc_start (optional, data.document_mask): i32 (B*T), query t of sequence b sees keys [doc_start[b*T + t], t]
+  // only (its document's first position; documents contiguous: doc_start[t] <= t, non-decreasing in t). The CPU
+  // skips key tiles before every query's document; the CUDA backend refuses it for now (a named error).
+  void flash_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out, Tensor& lse,
+                               const Tensor& doc_start = Tensor());
   void flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
-                                int64_t T, int64_t H, Tensor& dqkv);
+                                int64_t T, int64_t H, Tensor& dqkv, const Tensor& doc_start = Tensor());
   // Generation with a key-value cache, one new position t for each of n sequences:
   // qkv (n, 3C) of position t; kcache, vcache (n, Tmax, C): row t of each is overwritten with this k, v,
   // then out (n, C) = causal attention of q over cached positions [0, t]. Float, one dtype.
@@ -202,12 +211,12 @@ class Backend : public Allocator {
   // q (B*T, H*hd), k, v (B*T, KV*hd), out (B*T, H*hd) float, one dtype; lse (B, H, T) f32.
   // Query head h reads KV head h / (H / KV).
   void flash_attention_gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T, int64_t H,
-                                   int64_t KV, Tensor& out, Tensor& lse);
+                                   int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start = Tensor());
   // dq (B*T, H*hd), dk, dv (B*T, KV*hd): overwritten; a KV head's gradient sums its query heads' in a fixed
   // order (deterministic, the same bits every run and thread count).
   void flash_attention_gqa_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                    Tensor& dq, Tensor& dk, Tensor& dv);
+                                    Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start = Tensor());
   // Generation, one new position t for each of n sequences: q (n, H*hd), k, v (n, KV*hd) of position t
   // (already rotated); kcache, vcache (n, Tmax, KV*hd): row t overwritten with k, v; then out (n, H*hd) =
   // causal attention of q over cached positions [0, t]. Float, one dtype.
@@ -255,7 +264,7 @@ class Backend : public Allocator {
   virtual void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
                                     Tensor& dup) = 0;
   virtual void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
-                         Tensor& y) = 0;
+                         Tensor& y, const Tensor& positions) = 0;
   virtual void cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
                                   Tensor* dlogits) = 0;
   virtual void mse_impl(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses,
@@ -268,24 +277,24 @@ class Backend : public Allocator {
                                          const Tensor& row_max, const Tensor& total, float grad_scale, Tensor& losses,
                                          Tensor* dlogits) = 0;
   virtual void embedding_forward_impl(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T,
-                                      Tensor& out, int64_t vocab_start) = 0;
+                                      Tensor& out, int64_t vocab_start, const Tensor& positions) = 0;
   virtual void embedding_backward_impl(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte,
-                                       Tensor& dwpe, int64_t vocab_start) = 0;
+                                       Tensor& dwpe, int64_t vocab_start, const Tensor& positions) = 0;
   virtual void attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att,
                                       Tensor& out) = 0;
   virtual void attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T,
                                        int64_t H, Tensor& dqkv) = 0;
   virtual void flash_attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out,
-                                            Tensor& lse) = 0;
+                                            Tensor& lse, const Tensor& doc_start) = 0;
   virtual void flash_attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                             const Tensor& lse, int64_t B, int64_t T, int64_t H, Tensor& dqkv) = 0;
+                                             const Tensor& lse, int64_t B, int64_t T, int64_t H, Tensor& dqkv, const Tensor& doc_start) = 0;
   virtual void attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
                                      Tensor& out) = 0;
   virtual void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
-                                                int64_t T, int64_t H, int64_t KV, Tensor& out, Tensor& lse) = 0;
+                                                int64_t T, int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) = 0;
   virtual void flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
-                                                 int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv) = 0;
+                                                 int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) = 0;
   virtual void attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache,
                                          Tensor& vcache, int64_t t, int64_t H, int64_t KV, Tensor& out) = 0;
   virtual void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,

@@ -12,6 +12,12 @@
 namespace relay {
 
 namespace {
+// An optional i32 tensor's data: positions, document starts (undefined: null, the kernel's default).
+const int32_t* i32_or_null(const Tensor& t) { return t.defined() ? t.i32() : nullptr; }
+}  // namespace
+
+
+namespace {
 // Calls f with a null pointer of the tensor's float storage type: f(static_cast<float*>(nullptr)) or
 // f(static_cast<bf16*>(nullptr)); the front door has checked that it is one of the two.
 template <typename F>
@@ -224,10 +230,11 @@ void CpuBackend::swiglu_backward_impl(const Tensor& dh, const Tensor& gate, cons
   });
 }
 void CpuBackend::rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
-                           Tensor& y) {
+                           Tensor& y, const Tensor& positions) {
   by_dtype(x, [&](auto* t) {
     using X = X_OF(t);
-    cpu::rope(ptr<X>(x), ptr<X>(y), rows_of(x), T, cols_of(x) / head_dim, head_dim, theta, pos0, inverse);
+    cpu::rope(ptr<X>(x), ptr<X>(y), rows_of(x), T, cols_of(x) / head_dim, head_dim, theta, pos0, inverse,
+              i32_or_null(positions));
   });
 }
 
@@ -270,18 +277,18 @@ void CpuBackend::cross_entropy_finish_impl(const Tensor& logits, const Tensor& t
 }
 
 void CpuBackend::embedding_forward_impl(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T,
-                                        Tensor& out, int64_t vocab_start) {
+                                        Tensor& out, int64_t vocab_start, const Tensor& positions) {
   by_dtype(wte, [&](auto* t) {
     using X = X_OF(t);
     cpu::embedding_forward(tokens.i32(), ptr<X>(wte), ptr_or_null<X>(wpe), ptr<X>(out), tokens.numel(), cols_of(wte),
-                           T, vocab_start, rows_of(wte));
+                           T, vocab_start, rows_of(wte), i32_or_null(positions));
   });
 }
 void CpuBackend::embedding_backward_impl(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte,
-                                         Tensor& dwpe, int64_t vocab_start) {
+                                         Tensor& dwpe, int64_t vocab_start, const Tensor& positions) {
   by_dtype(dout, [&](auto* t) {
     cpu::embedding_backward(tokens.i32(), ptr<X_OF(t)>(dout), dwte.f32(), dwpe.defined() ? dwpe.f32() : nullptr,
-                            tokens.numel(), cols_of(dwte), T, vocab_start, rows_of(dwte));
+                            tokens.numel(), cols_of(dwte), T, vocab_start, rows_of(dwte), i32_or_null(positions));
   });
 }
 void CpuBackend::attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) {
@@ -292,18 +299,19 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
   cpu::attention_backward(dout.f32(), qkv.f32(), att.f32(), dqkv.f32(), B, T, cols_of(qkv) / 3, H);
 }
 void CpuBackend::flash_attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out,
-                                              Tensor& lse) {
+                                              Tensor& lse, const Tensor& doc_start) {
   by_dtype(qkv, [&](auto* t) {
     using X = X_OF(t);
-    cpu::flash_attention_forward(ptr<X>(qkv), ptr<X>(out), lse.f32(), B, T, cols_of(qkv) / 3, H);
+    cpu::flash_attention_forward(ptr<X>(qkv), ptr<X>(out), lse.f32(), B, T, cols_of(qkv) / 3, H,
+                                 i32_or_null(doc_start));
   });
 }
 void CpuBackend::flash_attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                               const Tensor& lse, int64_t B, int64_t T, int64_t H, Tensor& dqkv) {
+                                               const Tensor& lse, int64_t B, int64_t T, int64_t H, Tensor& dqkv, const Tensor& doc_start) {
   by_dtype(qkv, [&](auto* t) {
     using X = X_OF(t);
     cpu::flash_attention_backward(ptr<X>(dout), ptr<X>(qkv), ptr<X>(out), lse.f32(), ptr<X>(dqkv), B, T,
-                                  cols_of(qkv) / 3, H);
+                                  cols_of(qkv) / 3, H, i32_or_null(doc_start));
   });
 }
 void CpuBackend::attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
@@ -315,22 +323,22 @@ void CpuBackend::attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor
   });
 }
 void CpuBackend::flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
-                                                  int64_t T, int64_t H, int64_t KV, Tensor& out, Tensor& lse) {
+                                                  int64_t T, int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) {
   by_dtype(q, [&](auto* t) {
     using X = X_OF(t);
     cpu::flash_attention_gqa_forward(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out), lse.f32(),
-                                     B, T, H, KV, cols_of(q) / H);
+                                     B, T, H, KV, cols_of(q) / H, i32_or_null(doc_start));
   });
 }
 void CpuBackend::flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                    const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B,
                                                    int64_t T, int64_t H, int64_t KV, Tensor& dq, Tensor& dk,
-                                                   Tensor& dv) {
+                                                   Tensor& dv, const Tensor& doc_start) {
   by_dtype(q, [&](auto* t) {
     using X = X_OF(t);
     cpu::flash_attention_gqa_backward(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
                                       ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv), B, T, H, KV,
-                                      cols_of(q) / H);
+                                      cols_of(q) / H, i32_or_null(doc_start));
   });
 }
 void CpuBackend::attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache,

@@ -52,16 +52,16 @@ class CpuBackend final : public Backend {
                                  const Tensor& row_max, const Tensor& total, float grad_scale, Tensor& losses,
                                  Tensor* dlogits) override;
   void embedding_forward_impl(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
-                              int64_t vocab_start) override;
+                              int64_t vocab_start, const Tensor& positions) override;
   void embedding_backward_impl(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
-                               int64_t vocab_start) override;
+                               int64_t vocab_start, const Tensor& positions) override;
   void attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& att, Tensor& out) override;
   void attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& att, int64_t B, int64_t T,
                                int64_t H, Tensor& dqkv) override;
   void flash_attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out,
-                                    Tensor& lse) override;
+                                    Tensor& lse, const Tensor& doc_start) override;
   void flash_attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                     int64_t B, int64_t T, int64_t H, Tensor& dqkv) override;
+                                     int64_t B, int64_t T, int64_t H, Tensor& dqkv, const Tensor& doc_start) override;
   void attention_decode_impl(const Tensor& qkv, Tensor& kcache, Tensor& vcache, int64_t t, int64_t H,
                              Tensor& out) override;
   void rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) override;
@@ -72,12 +72,12 @@ class CpuBackend final : public Backend {
   void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
                             Tensor& dup) override;
   void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
-                 Tensor& y) override;
+                 Tensor& y, const Tensor& positions) override;
   void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
-                                        int64_t H, int64_t KV, Tensor& out, Tensor& lse) override;
+                                        int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) override;
   void flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
-                                         int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv) override;
+                                         int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) override;
   void attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
                                  int64_t t, int64_t H, int64_t KV, Tensor& out) override;
   void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& args,

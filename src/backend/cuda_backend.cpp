@@ -269,6 +269,14 @@ class OpProfile {
   int64_t ops_ = 0;
 };
 
+// data.document_mask's per-row positions and document starts are not on the GPU yet: a named error, never a
+// silent plain causal run.
+void refuse_document_layout(const char* op, const Tensor& t) {
+  if (t.defined())
+    throw Error(cat(op, ": data.document_mask (per-row positions and document starts) is not implemented on the CUDA "
+                    "backend yet; train it on the CPU (train.device = \"cpu\") or set data.document_mask = false"));
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const BackendOptions& opts) : device_(opts.gpu) {
@@ -697,7 +705,8 @@ class CudaBackend final : public Backend {
   }
 
   void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
-                 Tensor& y) override {
+                 Tensor& y, const Tensor& positions) override {
+    refuse_document_layout("rope", positions);
     bind();
     by_dtype(x, [&](auto* t) {
       using X = X_OF(t);
@@ -761,7 +770,8 @@ class CudaBackend final : public Backend {
   // --- language models (GPT-2) ---------------------------------------------------------------
 
   void embedding_forward_impl(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
-                              int64_t vocab_start) override {
+                              int64_t vocab_start, const Tensor& positions) override {
+    refuse_document_layout("embedding_forward", positions);
     bind();
     by_dtype(wte, [&](auto* t) {
       using X = X_OF(t);
@@ -771,7 +781,8 @@ class CudaBackend final : public Backend {
   }
 
   void embedding_backward_impl(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
-                               int64_t vocab_start) override {
+                               int64_t vocab_start, const Tensor& positions) override {
+    refuse_document_layout("embedding_backward", positions);
     bind();
     // The token sort's scratch; the pool hands it to later work on this stream only.
     const std::shared_ptr<std::byte> scratch = pool_->allocate(cuda::embedding_backward_scratch_bytes(tokens.numel()));
@@ -796,7 +807,8 @@ class CudaBackend final : public Backend {
   }
 
   void flash_attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out,
-                                    Tensor& lse) override {
+                                    Tensor& lse, const Tensor& doc_start) override {
+    refuse_document_layout("flash_attention_forward", doc_start);
     bind();
     const int64_t C = cols_of(qkv) / 3;
     check_flash_head_dim("flash_attention_forward", C, H);
@@ -807,7 +819,8 @@ class CudaBackend final : public Backend {
   }
 
   void flash_attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                     int64_t B, int64_t T, int64_t H, Tensor& dqkv) override {
+                                     int64_t B, int64_t T, int64_t H, Tensor& dqkv, const Tensor& doc_start) override {
+    refuse_document_layout("flash_attention_backward", doc_start);
     bind();
     const int64_t C = cols_of(qkv) / 3;
     check_flash_head_dim("flash_attention_backward", C, H);
@@ -831,7 +844,8 @@ class CudaBackend final : public Backend {
   }
 
   void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
-                                        int64_t H, int64_t KV, Tensor& out, Tensor& lse) override {
+                                        int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) override {
+    refuse_document_layout("flash_attention_gqa_forward", doc_start);
     bind();
     const int64_t hd = cols_of(q) / H;
     check_gqa_head_dim("flash_attention_gqa_forward", hd, H);
@@ -844,7 +858,8 @@ class CudaBackend final : public Backend {
 
   void flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
-                                         int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv) override {
+                                         int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) override {
+    refuse_document_layout("flash_attention_gqa_backward", doc_start);
     bind();
     const int64_t hd = cols_of(q) / H;
     check_gqa_head_dim("flash_attention_gqa_backward", hd, H);
