@@ -32,6 +32,10 @@ TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t 
   auto holder = [&](const char* name) { return H5Aexists(file_.get(), name) > 0 ? file_.get() : tokens_.get(); };
   vocab_size_ = h5_read_i64_attr(holder("vocab_size"), "vocab_size", where_);
   tokenizer_ = h5_read_str_attr(holder("tokenizer"), "tokenizer", where_);
+  const bool has_eot = H5Aexists(file_.get(), "eot_id") > 0 || H5Aexists(tokens_.get(), "eot_id") > 0;
+  eot_id_ = has_eot ? h5_read_i64_attr(holder("eot_id"), "eot_id", where_) : -1;
+  if (eot_id_ >= vocab_size_)
+    throw Error(cat(where_, ": attribute eot_id is ", eot_id_, ", not below the file's vocab_size ", vocab_size_));
   if (tokenizer_ != "bytes" && tokenizer_ != "gpt2" && tokenizer_ != "hf")
     throw Error(cat(where_, ": attribute tokenizer is \"", tokenizer_, "\"; expected \"bytes\", \"gpt2\" or \"hf\""));
   if (vocab_size_ < 1 || vocab_size_ > model_vocab)

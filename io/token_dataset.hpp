@@ -30,6 +30,7 @@ class TokenDataset {
   int64_t length() const { return length_; }          // tokens in the file
   int64_t vocab_size() const { return vocab_size_; }  // the file's attribute
   const std::string& tokenizer() const { return tokenizer_; }
+  int64_t eot_id() const { return eot_id_; }  // the attribute eot_id (relay data tokenize), -1 when absent
   int32_t min_token() const { return min_token_; }  // over the whole file (scanned at open)
   int32_t max_token() const { return max_token_; }
 
@@ -43,7 +44,7 @@ class TokenDataset {
 
   std::string path_, where_;
   uint64_t file_size_ = 0;  // at open: reads check the file has not shrunk since
-  int64_t block_size_ = 0, length_ = 0, sequences_ = 0, vocab_size_ = 0;
+  int64_t block_size_ = 0, length_ = 0, sequences_ = 0, vocab_size_ = 0, eot_id_ = -1;
   std::string tokenizer_;
   int32_t min_token_ = INT32_MAX, max_token_ = INT32_MIN;
   H5File file_;

@@ -278,11 +278,15 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     if (!any_linear) model.fail("layers", "needs at least one linear layer");
   }
 
-  Section data(tab("data"), "data", source, {"train", "eval", "shuffle", "seed"});
+  Section data(tab("data"), "data", source, {"train", "eval", "shuffle", "seed", "document_mask", "reset_positions"});
   data.str("train", c.data.train, true);
   data.str("eval", c.data.eval);
   data.boolean("shuffle", c.data.shuffle);
   data.u64("seed", c.data.seed);
+  data.boolean("document_mask", c.data.document_mask);
+  data.boolean("reset_positions", c.data.reset_positions);
+  if (c.data.document_mask && !c.model.is_lm())
+    data.fail("document_mask", "needs a language model (model.type = \"gpt\" or \"llama\"): an MLP has no documents");
 
   Section train(tab("train"), "train", source,
                 {"steps", "batch_size", "micro_batches", "log_every", "eval_every", "clip_grad_norm", "device",
@@ -442,7 +446,10 @@ std::string Config::to_toml() const {
   }
   o << "\n[data]\ntrain = " << q(data.train) << "\n";
   if (!data.eval.empty()) o << "eval = " << q(data.eval) << "\n";
-  o << "shuffle = " << (data.shuffle ? "true" : "false") << "\nseed = " << data.seed << "\n\n";
+  o << "shuffle = " << (data.shuffle ? "true" : "false") << "\nseed = " << data.seed << "\n";
+  if (data.document_mask)
+    o << "document_mask = true\nreset_positions = " << (data.reset_positions ? "true" : "false") << "\n";
+  o << "\n";
   o << "[train]\nsteps = " << train.steps << "\nbatch_size = " << train.batch_size
     << "\nmicro_batches = " << train.micro_batches << "\nlog_every = " << train.log_every
     << "\neval_every = " << train.eval_every << "\nclip_grad_norm = " << num(train.clip_grad_norm)

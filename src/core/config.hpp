@@ -45,6 +45,11 @@ struct Config {
     std::string eval;  // optional
     bool shuffle = true;
     uint64_t seed = 2;
+    // Language models: attention never crosses an end-of-text token (the token file's eot_id attribute), the
+    // position whose target is the next document's first token is left out of the loss, and (reset_positions)
+    // positions restart at 0 with every document.
+    bool document_mask = false;
+    bool reset_positions = true;
   } data;
   struct Train {
     int64_t steps = 0;

@@ -73,6 +73,14 @@ class Block {
   // Accumulates the parameter gradients (Param::grad) from dy and the saved input x.
   virtual void backward_weight(Backend&, const Tensor&, const Tensor&, BlockSaved&) {}
 
+  // data.document_mask: the micro-batch's per-row document starts and positions, i32 (rows) each on the block's
+  // backend (model/documents.hpp), set by the chunk before it runs the block on that micro-batch. Attention
+  // keeps within documents, positions restart with each; both undefined without a document mask.
+  void set_documents(const Tensor& doc_start, const Tensor& positions) {
+    doc_start_ = doc_start;
+    positions_ = positions;
+  }
+
   // Generation (relay generate: one rank, whole blocks), one position at a time with a cache.
   // allocate_decode sizes `cache` for n sequences of up to max_len positions (key-value caches and
   // one-position scratch); decode runs position t of each sequence: x (n, in) -> y (n, out), x token
@@ -85,6 +93,7 @@ class Block {
   }
 
  protected:
+  Tensor doc_start_, positions_;  // set_documents: (rows) i32, or undefined
   Param& param(size_t i) { return *params_[i]; }
   BlockSpec spec_;
   std::vector<Param*> params_;  // in spec_.params order

@@ -34,11 +34,13 @@ bool ModelChunk::needs_input_grad(size_t k) const {
 }
 
 ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
-                                     bool is_first, bool is_last, bool alias_output_grad, bool recompute) {
+                                     bool is_first, bool is_last, bool alias_output_grad, bool recompute,
+                                     bool documents) {
   ChunkBytes b;
   const BlockSpec& first = blocks.front();
   const int64_t act = int64_t(dtype_size(first.dtype));
   b.slot = first.in == 0 ? 4 * rows : act * rows * first.in;  // the input (token ids: one i32 per row)
+  if (documents) b.slot += 2 * 4 * rows;                        // document starts and positions
   if (!is_first) b.boundary = act * rows * first.in;          // the input gradient sent back
   for (size_t k = 0; k < blocks.size(); ++k) {
     const BlockSpec& s = blocks[k];
@@ -98,6 +100,23 @@ ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
 
 BlockSaved& ModelChunk::saved(Slot& sl, size_t k) { return recomputed_[k] ? scratch_ : sl.saved[k]; }
 
+void ModelChunk::set_documents(int mb, int64_t rows, const int32_t* doc_start, const int32_t* positions) {
+  Slot& sl = slot(mb, rows);
+  if (sl.doc_start.numel() < sl.capacity) {
+    MemoryScope scope(MemKind::activations);
+    sl.doc_start = Tensor(be_, {sl.capacity}, DType::i32);
+    sl.positions = Tensor(be_, {sl.capacity}, DType::i32);
+  }
+  Tensor ds = sl.doc_start.rows(0, rows), pos = sl.positions.rows(0, rows);
+  be_.upload(ds, doc_start);
+  be_.upload(pos, positions);
+  documents_ = true;
+}
+
+void ModelChunk::hand_documents(Slot& sl, size_t k, int64_t rows) {
+  if (documents_) blocks_[k]->set_documents(sl.doc_start.rows(0, rows), sl.positions.rows(0, rows));
+}
+
 Tensor ModelChunk::input(int mb, int64_t rows) { return slot(mb, rows).acts[0].rows(0, rows); }
 Tensor ModelChunk::output_grad(int mb, int64_t rows) { return slot(mb, rows).grads.back().rows(0, rows); }
 
@@ -111,6 +130,7 @@ Tensor ModelChunk::forward(int mb, int64_t rows) {
   Slot& sl = slot(mb, rows);
   for (size_t k = 0; k < blocks_.size(); ++k) {
     Tensor y = sl.acts[k + 1].rows(0, rows);
+    hand_documents(sl, k, rows);
     blocks_[k]->forward(be_, sl.acts[k].rows(0, rows), y, saved(sl, k));
   }
   return sl.acts.back().rows(0, rows);
@@ -123,6 +143,7 @@ Tensor ModelChunk::backward_input(int mb, int64_t rows) {
   for (size_t k = blocks_.size(); k-- > 0;) {
     if (!needs_input_grad(k)) break;
     Tensor dx = sl.grads[k].rows(0, rows);
+    hand_documents(sl, k, rows);
     blocks_[k]->backward_input(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), dx, sl.saved[k]);
   }
   return is_first_ ? Tensor() : sl.grads[0].rows(0, rows);
@@ -131,8 +152,10 @@ Tensor ModelChunk::backward_input(int mb, int64_t rows) {
 void ModelChunk::backward_weight(int mb, int64_t rows) {
   Slot& sl = slot(mb, rows);
   for (size_t k = blocks_.size(); k-- > 0;)
-    if (!blocks_[k]->params().empty())
+    if (!blocks_[k]->params().empty()) {
+      hand_documents(sl, k, rows);
       blocks_[k]->backward_weight(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), saved(sl, k));
+    }
 }
 
 Tensor ModelChunk::backward(int mb, int64_t rows) {
@@ -140,6 +163,7 @@ Tensor ModelChunk::backward(int mb, int64_t rows) {
   for (size_t k = blocks_.size(); k-- > 0;) {
     Tensor x = sl.acts[k].rows(0, rows), dy = sl.grads[k + 1].rows(0, rows);
     BlockSaved& sv = saved(sl, k);
+    hand_documents(sl, k, rows);
     if (recomputed_[k]) {  // the forward again, from the kept input; its output (already used) is dropped
       Tensor y = scratch_out_.rows(0, rows);
       blocks_[k]->forward(be_, x, y, sv);

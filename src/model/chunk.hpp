@@ -31,8 +31,10 @@ class ModelChunk {
  public:
   // What a chunk of these blocks would allocate for `rows` rows on tp rank tp_rank of tp, before anything
   // exists (relay plan's memory prediction): the same rules as slot() below.
+  // documents: data.document_mask (two i32 per row and slot).
   static ChunkBytes planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
-                                  bool is_first, bool is_last, bool alias_output_grad, bool recompute);
+                                  bool is_first, bool is_last, bool alias_output_grad, bool recompute,
+                                  bool documents = false);
 
   // alias_output_grad: the output gradient is written over the output (the last chunk of a model
   // whose loss computes its gradient in place, so a vocabulary-sized logits buffer exists once).
@@ -63,6 +65,9 @@ class ModelChunk {
   void backward_weight(int mb, int64_t rows);
   // B and W together, block by block from the last.
   Tensor backward(int mb, int64_t rows);
+  // data.document_mask: this micro-batch's per-row document starts and positions (host, rows each), uploaded into
+  // its slot; every later forward and backward of the micro-batch hands them to the blocks.
+  void set_documents(int mb, int64_t rows, const int32_t* doc_start, const int32_t* positions);
 
  private:
   struct Slot {
@@ -70,6 +75,7 @@ class ModelChunk {
     std::vector<Tensor> acts;   // acts[k]: input of block k (rows, width); acts[L] the output
     std::vector<Tensor> grads;  // grads[k]: gradient w.r.t. acts[k]
     std::vector<BlockSaved> saved;
+    Tensor doc_start, positions;  // data.document_mask: i32 (capacity) each
   };
   struct Boundary {  // per micro-batch: what is sent to other ranks
     int64_t capacity = 0;
@@ -80,6 +86,8 @@ class ModelChunk {
   bool needs_input_grad(size_t k) const;
   // Where block k keeps its intermediates for this slot: the slot's own set, or the shared scratch.
   BlockSaved& saved(Slot& sl, size_t k);
+  // Block k about to run on the slot's micro-batch: its document layout, when there is one.
+  void hand_documents(Slot& sl, size_t k, int64_t rows);
 
   Backend& be_;
   int id_;
@@ -93,6 +101,7 @@ class ModelChunk {
   BlockSaved scratch_;            // the recomputed blocks' intermediates, for scratch_rows_ rows
   Tensor scratch_out_;            // (scratch_rows_, C) a recomputed forward's output
   int64_t scratch_rows_ = 0;
+  bool documents_ = false;  // set_documents was called: every slot carries a document layout
 };
 
 }  // namespace relay

@@ -33,7 +33,8 @@ class Embedding final : public Block {
         vocab_start_(tp_begin(params_[0]->full_shape[0], tp.size, tp.rank)) {}
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
     const Tensor none;
-    be.embedding_forward(x, param(0).compute(), tp_.rank == 0 ? positions() : none, spec_.seq_len, y, vocab_start_);
+    be.embedding_forward(x, param(0).compute(), tp_.rank == 0 ? positions() : none, spec_.seq_len, y, vocab_start_,
+                         positions_);  // positions_: restarting with each document (data.document_mask)
     tp_.allreduce_sum(y, "the embedding all-reduce");  // (n, C)
   }
   void backward_input(Backend&, const Tensor&, const Tensor&, Tensor&, BlockSaved&) override {
@@ -41,7 +42,8 @@ class Embedding final : public Block {
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved&) override {
     Tensor none;
-    be.embedding_backward(x, dy, spec_.seq_len, param(0).grad, has_wpe() ? param(1).grad : none, vocab_start_);
+    be.embedding_backward(x, dy, spec_.seq_len, param(0).grad, has_wpe() ? param(1).grad : none, vocab_start_,
+                          positions_);
   }
   bool can_decode() const override { return true; }
   // x i32 (n): the tokens at position t -> y (n, C), with wpe's row t (one position per "sequence").
@@ -157,7 +159,7 @@ class Transformer final : public Block {
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
     linear(be, ln1, *p_.attn_w, p_.attn_b, qkv);                          // (n, 3Cl) column-parallel
-    be.flash_attention_forward(qkv, n / T, T, H_, atty, lse);             // (n, Cl) this rank's heads
+    be.flash_attention_forward(qkv, n / T, T, H_, atty, lse, doc_start_);  // (n, Cl) this rank's heads
     row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (n, C)
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
@@ -178,7 +180,7 @@ class Transformer final : public Block {
     be.add(dy, tmp, g_res1);                                                          // (n, C) d res1
     Tensor g_atty = g_ln1.view({n * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
     be.matmul(g_res1, false, p_.proj_w->compute(), false, g_atty, 1.f, 0.f);             // (n, Cl) d atty
-    be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv);  // (n, 3Cl)
+    be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
     be.matmul(g_qkv, false, p_.attn_w->compute(), false, g_ln1, 1.f, 0.f);              // (n, C) d ln_1 out, partial
     tp_.allreduce_sum(g_ln1, "the attention input-gradient all-reduce");              // (n, C) whole
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);

@@ -79,7 +79,7 @@ class LlamaLayer final : public Block {
     const float eps = float(spec_.eps);
     be.rmsnorm_forward(x, p_.norm1->compute(), eps, n1, rstd1);               // (n, C)
     attention_inputs(be, n1, q, k, val, T, 0);                                // (n, Hq), (n, Hkv) x 2, rotated
-    be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, KV_, atty, lse);  // (n, Hq) this rank's heads
+    be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, KV_, atty, lse, doc_start_);  // (n, Hq) this rank's heads
     row_linear(be, atty, *p_.o, res1, "the attention output all-reduce");    // (n, C)
     be.add(res1, x, res1);                                                    // residual 1
     be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
@@ -107,9 +107,9 @@ class LlamaLayer final : public Block {
     Tensor g_atty = g_n1.view({n * spec_.in}).rows(0, n * Hq).view({n, Hq});  // (n, Hq) scratch
     be.matmul(g_res1, false, p_.o->compute(), false, g_atty, 1.f, 0.f);       // (n, Hq) d atty
     be.flash_attention_gqa_backward(g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n / T), n / T, T, H_,
-                                    KV_, g_q, g_k, g_v);
-    be.rope(g_q, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_q);         // d q before the rotation
-    be.rope(g_k, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_k);
+                                    KV_, g_q, g_k, g_v, doc_start_);
+    be.rope(g_q, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_q, positions_);  // d q before the rotation
+    be.rope(g_k, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_k, positions_);
     be.matmul(g_q, false, p_.q->compute(), false, g_n1, 1.f, 0.f);            // (n, C) d n1, partial
     be.matmul(g_k, false, p_.k->compute(), false, g_n1, 1.f, 1.f);
     be.matmul(g_v, false, p_.v->compute(), false, g_n1, 1.f, 1.f);
@@ -163,13 +163,13 @@ class LlamaLayer final : public Block {
  private:
   static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, n); }
   // q (n, Hq), k, v (n, Hkv) = the projections of n1 (n, C); q and k rotated for rows at positions
-  // pos0 + r % T.
+  // pos0 + r % T, or at positions_ (restarting with each document) when set.
   void attention_inputs(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, int64_t T, int64_t pos0) {
     be.linear(n1, p_.q->compute(), Tensor(), q);
     be.linear(n1, p_.k->compute(), Tensor(), k);
     be.linear(n1, p_.v->compute(), Tensor(), v);
-    be.rope(q, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, q);
-    be.rope(k, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, k);
+    be.rope(q, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, q, positions_);
+    be.rope(k, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, k, positions_);
   }
   // Row-parallel: y (n, C) = sum over tp of x_r (n, in/tp) @ W_r^T.
   void row_linear(Backend& be, const Tensor& x, const Param& w, Tensor& y, const char* what) {

@@ -29,12 +29,12 @@ double test_slow_seconds(int world_rank) {
 Executor::Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, std::map<int, ModelChunk*> chunks,
                    Loss* loss, GradBuckets& buckets, const ScheduleShape& shape, std::vector<Action> actions,
                    int64_t mb_rows, int64_t seq_len, int64_t global_batch, Communicator* tied_comm,
-                   std::vector<Param*> tied)
+                   std::vector<Param*> tied, DocumentLayout documents)
     : be_(be), grid_(grid), comm_(pp_comm), chunks_(std::move(chunks)), loss_(loss), buckets_(buckets),
       shape_(shape), actions_(std::move(actions)), mb_rows_(mb_rows), seq_len_(seq_len), rows_(mb_rows * seq_len),
       // The loss is the mean over every row (target token) of the global batch.
       grad_scale_(1.f / static_cast<float>(global_batch * seq_len)), last_chunk_(num_chunks(shape) - 1),
-      tied_comm_(tied_comm), tied_(std::move(tied)), slow_s_(test_slow_seconds(grid.world_rank)) {
+      tied_comm_(tied_comm), tied_(std::move(tied)), slow_s_(test_slow_seconds(grid.world_rank)), docs_(documents) {
   // Micro-batches share activation slots as the schedule allows (1F1B: pp - rank of them).
   SlotPlan plan = plan_slots(actions_, shape_.m);
   for (auto& [c, ch] : chunks_) ch->set_slot_plan(plan.slot_of[c]);
@@ -59,8 +59,24 @@ void Executor::upload_input(ModelChunk& ch, int slot, int64_t sample0, int64_t s
 
 void Executor::upload_targets(int slot, int64_t sample0, int64_t samples, const StepData& d) {
   Tensor t = loss_->targets(slot, samples * seq_len_);
-  if (loss_->kind() == LossKind::cross_entropy) be_.upload(t, d.class_targets + sample0 * seq_len_);
-  else be_.upload_f32(t, d.dense_targets + sample0 * t.size(1));
+  if (loss_->kind() == LossKind::cross_entropy && docs_.on()) {  // the next document's first tokens are ignored
+    const int64_t n = samples * seq_len_;
+    masked_targets_.assign(d.class_targets + sample0 * seq_len_, d.class_targets + sample0 * seq_len_ + n);
+    mask_document_targets(docs_, d.tokens + sample0 * seq_len_, n, masked_targets_.data());
+    be_.upload(t, masked_targets_.data());
+  } else if (loss_->kind() == LossKind::cross_entropy) {
+    be_.upload(t, d.class_targets + sample0 * seq_len_);
+  } else {
+    be_.upload_f32(t, d.dense_targets + sample0 * t.size(1));
+  }
+}
+
+void Executor::lay_out_documents(int64_t samples, const StepData& d) {
+  RELAY_ASSERT(d.tokens, "data.document_mask: this rank read no input tokens");
+  const int64_t n = samples * seq_len_;
+  doc_start_.resize(static_cast<size_t>(n));
+  positions_.resize(static_cast<size_t>(n));
+  document_layout(docs_, d.tokens, n, seq_len_, doc_start_.data(), positions_.data());
 }
 
 void Executor::wait_all_sends() {
@@ -83,6 +99,10 @@ void Executor::reduce_tied() {
 StepStats Executor::run_step(const StepData& data) {
   StepStats st;
   const double t_step = now_s();
+  // The loss is the mean over the counted targets of the global batch (with a document mask, all but the
+  // positions before a document's first token; the same count on every rank).
+  const float grad_scale = data.counted_targets > 0 ? 1.f / static_cast<float>(data.counted_targets) : grad_scale_;
+  if (docs_.on()) lay_out_documents(shape_.m * mb_rows_, data);
   buckets_.zero();
   buckets_.set_trace(tracer_, trace_step_);
   for (const Action& a : actions_) {
@@ -93,6 +113,7 @@ StepStats Executor::run_step(const StepData& data) {
     switch (a.op) {
       case Op::forward: {
         ModelChunk& ch = chunk(c);
+        if (docs_.on()) ch.set_documents(mb, rows_, doc_start_.data() + mb * rows_, positions_.data() + mb * rows_);
         if (c == 0) {
           upload_input(ch, mb, mb * mb_rows_, mb_rows_, data);
         } else if (chunks_.count(c - 1)) {  // previous chunk on this rank (pp == 1)
@@ -104,7 +125,7 @@ StepStats Executor::run_step(const StepData& data) {
         if (c == last_chunk_) {
           upload_targets(mb, mb * mb_rows_, mb_rows_, data);
           Tensor dout = ch.output_grad(mb, rows_);
-          st.loss_sum += loss_->forward_backward(mb, out, dout, grad_scale_);
+          st.loss_sum += loss_->forward_backward(mb, out, dout, grad_scale);
         }
         compute = true;
         break;
@@ -201,13 +222,17 @@ void Executor::trace(const Action& a, int64_t m0, bool compute) {
   tracer_->add(std::move(s));
 }
 
-void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct) {
+void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct,
+                        int64_t& counted) {
   // One forward pass through every chunk in order; slot m is reserved for evaluation.
   const int slot = shape_.m;
   const int64_t rows = samples * seq_len_;
   loss_sum = 0;
   correct = 0;
+  counted = docs_.on() && data.tokens ? counted_targets(docs_, data.tokens, rows) : rows;
+  if (docs_.on()) lay_out_documents(samples, data);
   for (auto& [c, ch] : chunks_) {
+    if (docs_.on()) ch->set_documents(slot, rows, doc_start_.data(), positions_.data());
     if (c == 0) {
       upload_input(*ch, slot, 0, samples, data);
     } else {

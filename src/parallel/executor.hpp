@@ -8,6 +8,7 @@
 
 #include "comm/communicator.hpp"
 #include "model/chunk.hpp"
+#include "model/documents.hpp"
 #include "model/loss.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/process_grid.hpp"
@@ -24,6 +25,9 @@ struct StepData {
   const int32_t* tokens = nullptr;
   const int32_t* class_targets = nullptr;
   const float* dense_targets = nullptr;
+  // data.document_mask: the targets the loss counts over the whole global batch (every replica); the mean's
+  // denominator, and 1 / it the gradients' scale. 0: every row counts (batch x T).
+  int64_t counted_targets = 0;
 };
 
 struct StepStats {
@@ -44,7 +48,7 @@ class Executor {
   Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, std::map<int, ModelChunk*> chunks,
            Loss* loss, GradBuckets& buckets, const ScheduleShape& shape, std::vector<Action> actions,
            int64_t mb_rows, int64_t seq_len, int64_t global_batch, Communicator* tied_comm = nullptr,
-           std::vector<Param*> tied = {});
+           std::vector<Param*> tied = {}, DocumentLayout documents = {});
   // Runs every action up to and including optimizer_step's synchronisation point: afterwards the
   // gradients are averaged over data-parallel replicas and ready for clipping and the update.
   StepStats run_step(const StepData& data);
@@ -54,8 +58,8 @@ class Executor {
     trace_step_ = step;
   }
   // Forward only over `samples` samples (eval); returns on the last stage the loss sum and correct
-  // count over their rows (samples x seq_len).
-  void evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct);
+  // count over their rows (samples x seq_len), of which `counted` count (all but a document mask's ignored ones).
+  void evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct, int64_t& counted);
 
  private:
   int peer_of_chunk(int chunk) const { return chunk % shape_.pp; }  // pp_comm rank
@@ -63,6 +67,8 @@ class Executor {
   ModelChunk& chunk(int c);
   void upload_input(ModelChunk& ch, int slot, int64_t sample0, int64_t samples, const StepData& d);
   void upload_targets(int slot, int64_t sample0, int64_t samples, const StepData& d);
+  // data.document_mask: the layout of `samples` samples of d's tokens into the host buffers below.
+  void lay_out_documents(int64_t samples, const StepData& d);
   void reduce_tied();
   void trace(const Action& a, int64_t begin_mark, bool compute);
   void wait_all_sends();
@@ -86,6 +92,9 @@ class Executor {
   Tracer* tracer_ = nullptr;
   int64_t trace_step_ = 0;
   double slow_s_ = 0;  // test only: RELAY_TEST_SLOW_RANK / RELAY_TEST_SLOW_MS, slept in every forward
+  DocumentLayout docs_;                          // data.document_mask (off: eot < 0)
+  std::vector<int32_t> doc_start_, positions_;   // (samples x T) of the step or evaluation batch
+  std::vector<int32_t> masked_targets_;          // (micro-batch rows) targets with the ignored ones -1
 };
 
 }  // namespace relay

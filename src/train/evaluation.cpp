@@ -12,7 +12,8 @@ EvalResult evaluate(Run& r) {
   // Replica d scores samples [d*N/dp, (d+1)*N/dp) in batches of at most the replica's training samples.
   const int64_t lo = g.dp_rank * N / g.dp, hi = (g.dp_rank + 1) * N / g.dp;
   double loss_sum = 0;
-  int64_t correct = 0;
+  int64_t correct = 0, counted = 0;
+  const bool inputs_everywhere = r.documents.on();  // each stage lays out the documents itself
   std::vector<int64_t> rows;
   std::vector<float> inputs, dense;
   std::vector<int32_t> tokens, cls;
@@ -24,7 +25,8 @@ EvalResult evaluate(Run& r) {
     if (ev.tokens) {
       tokens.resize(static_cast<size_t>(n * T));  // (n, T)
       cls.resize(static_cast<size_t>(n * T));     // (n, T)
-      ev.tokens->read(rows, g.is_first_stage() ? tokens.data() : nullptr, g.is_last_stage() ? cls.data() : nullptr);
+      ev.tokens->read(rows, g.is_first_stage() || inputs_everywhere ? tokens.data() : nullptr,
+                      g.is_last_stage() ? cls.data() : nullptr);
       d.tokens = tokens.data();
       d.class_targets = cls.data();
     } else {
@@ -47,15 +49,18 @@ EvalResult evaluate(Run& r) {
       }
     }
     double ls = 0;
-    int64_t c = 0;
-    r.executor->evaluate(n, d, ls, c);
+    int64_t c = 0, k = 0;
+    r.executor->evaluate(n, d, ls, c, k);
     loss_sum += ls;
     correct += c;
+    counted += k;
   }
-  // The tp ranks of the last stage hold the same sums: count them once.
-  double v[2] = {g.tp_rank == 0 ? loss_sum : 0.0, g.tp_rank == 0 ? double(correct) : 0.0};
-  r.world->allreduce_host(v, 2, ReduceOp::sum, "the evaluation reduction");
-  const double rows_total = double(N) * double(T);
+  // The tp ranks of the last stage hold the same sums: count them once; the counted targets (all rows, or all but
+  // a document mask's ignored ones) likewise, from the last stage.
+  const bool counts = g.tp_rank == 0 && g.is_last_stage();
+  double v[3] = {counts ? loss_sum : 0.0, counts ? double(correct) : 0.0, counts ? double(counted) : 0.0};
+  r.world->allreduce_host(v, 3, ReduceOp::sum, "the evaluation reduction");
+  const double rows_total = r.documents.on() ? v[2] : double(N) * double(T);
   return {v[0] / rows_total, v[1] / rows_total};
 }
 

@@ -38,7 +38,8 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
     const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
     const std::span<const BlockSpec> blocks(layout.blocks().data() + cr.begin, size_t(cr.end - cr.begin));
     const ChunkBytes cb = ModelChunk::planned_bytes(blocks, tp, tp_rank, rows, c == 0, c == last,
-                                                    layout.model.language_model && c == last, recompute);
+                                                    layout.model.language_model && c == last, recompute,
+                                                    cfg.data.document_mask);
     int64_t per_mb = 0;
     if (c == last) {
       const bool ce = layout.model.language_model || cfg.model.loss == "cross_entropy";

@@ -42,6 +42,7 @@ struct Run {
   std::unique_ptr<Communicator> tied_comm;  // first and last pipeline rank of a replica, when they share a weight
   MPI_Comm tied_mpi = MPI_COMM_NULL;
   DataSource train_data, eval_data;
+  DocumentLayout documents;  // data.document_mask (off: eot < 0)
   ModelLayout layout;
   std::unique_ptr<ParamStore> store;
   std::vector<std::unique_ptr<ModelChunk>> chunks;

@@ -55,6 +55,17 @@ void open_data(Run& r) {
         throw Error(cat("data.eval: ", cfg.data.eval, " was tokenized with \"", r.eval_data.tokens->tokenizer(),
                         "\" but data.train (", cfg.data.train, ") with \"", r.train_data.tokens->tokenizer(), "\""));
     }
+    if (cfg.data.document_mask) {
+      // Documents end at the token file's end-of-text token, which relay data tokenize records as eot_id.
+      const int64_t eot = r.train_data.tokens->eot_id();
+      if (eot < 0)
+        throw Error(cat("data.document_mask: data.train (", cfg.data.train, ") has no eot_id attribute, so its "
+                        "documents cannot be told apart (make it with relay data tokenize, which records it)"));
+      if (r.eval_data.tokens && r.eval_data.tokens->eot_id() != eot)
+        throw Error(cat("data.document_mask: data.eval (", cfg.data.eval, ") has eot_id ", r.eval_data.tokens->eot_id(),
+                        " but data.train has ", eot));
+      r.documents = DocumentLayout{int32_t(eot), cfg.data.reset_positions};
+    }
     return;
   }
   // Every rank reads the file's shapes; only the last stage, which reads targets, checks class ranges.
@@ -91,6 +102,9 @@ void setup_grid_and_backend(Run& r) {
     bo.gpu = r.grid.local_rank % n;
   }
   r.be = make_backend(bo);
+  if (r.cfg.data.document_mask && r.be->device() == Device::cuda)
+    throw Error("data.document_mask is not implemented on the CUDA backend yet (its attention kernels take no "
+                "document starts); train it with train.device = \"cpu\"");
   const char* verify = std::getenv("RELAY_VERIFY_TIED");
   r.verify_tied = verify && std::string(verify) == "1";
 }
@@ -169,7 +183,7 @@ void setup_data_and_model(Run& r) {
   r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,
                                           lists[static_cast<size_t>(g.pp_rank)], r.mb_rows, r.layout.model.seq_len, B,
-                                          r.tied_comm.get(), tied);
+                                          r.tied_comm.get(), tied, r.documents);
 }
 
 void teardown(Run& r) {

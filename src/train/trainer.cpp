@@ -113,6 +113,11 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
     data.class_targets = hb.class_targets.empty() ? nullptr : hb.class_targets.data();
     data.dense_targets = hb.dense_targets.empty() ? nullptr : hb.dense_targets.data();
   }
+  if (r.documents.on()) {  // the loss's denominator: counted targets over every replica
+    double counted = double(counted_targets(r.documents, data.tokens, r.replica_rows * r.layout.model.seq_len));
+    r.dp_comm->allreduce_host(&counted, 1, ReduceOp::sum, "the counted-targets reduction");
+    data.counted_targets = int64_t(counted);
+  }
   StepResult res;
   res.input_wait_s = now_s() - t_in;
   span("data", "data_wait", kTrackInput, m_in);
@@ -130,7 +135,8 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   double flags[2] = {want_stop ? 1.0 : 0.0, finite_here ? 0.0 : 1.0};  // (stop vote, non-finite seen here)
   r.world->allreduce_host(&loss_sum, 1, ReduceOp::sum, "the loss reduction");
   r.world->allreduce_host(flags, 2, ReduceOp::max, "the stop-flag reduction");
-  res.loss = loss_sum / (double(cfg.train.batch_size) * double(r.layout.model.seq_len));
+  res.loss = loss_sum / (data.counted_targets > 0 ? double(data.counted_targets)
+                                                 : double(cfg.train.batch_size) * double(r.layout.model.seq_len));
   res.stop = flags[0] > 0;
   res.lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, cfg.train.steps);
   // The same decision on every rank: a max-reduced flag, and sums every rank received alike.
@@ -261,7 +267,8 @@ void report_memory(Run& r) {
 
 void start_prefetcher(Run& r) {
   const ProcessGrid& g = r.grid;
-  const bool want_in = g.is_first_stage(), want_tg = g.is_last_stage();
+  // Every stage reads the inputs under a document mask: each derives the micro-batches' document layout.
+  const bool want_in = g.is_first_stage() || r.documents.on(), want_tg = g.is_last_stage();
   if (!(want_in || want_tg) || r.start_step >= r.cfg.train.steps) return;
   SamplerSpec sampler{r.train_data.samples(), r.cfg.train.batch_size, r.cfg.data.shuffle, r.cfg.data.seed};
   const int64_t begin = g.dp_rank * r.replica_rows;

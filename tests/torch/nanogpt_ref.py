@@ -43,14 +43,15 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd, bias=c.bias)  # weight (3C, C): q, k, v stacked
         self.c_proj = nn.Linear(c.n_embd, c.n_embd, bias=c.bias)
 
-    def forward(self, x):  # x (B, T, C)
+    def forward(self, x, mask=None):  # x (B, T, C); mask (B, 1, T, T) bool (query, key) or None: causal
         B, T, C = x.shape
         hd = C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)  # each (B, T, C)
         q, k, v = (t.view(B, T, self.n_head, hd).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+        if mask is None:
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.c_proj(y)
 
@@ -74,8 +75,8 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(c.n_embd, c.bias)
         self.mlp = MLP(c)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, mask=None):
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -107,13 +108,14 @@ class GPT(nn.Module):
                     s = std / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else std
                     p.copy_(torch.randn(p.shape, generator=g) * s)
 
-    def forward(self, idx):  # idx (B, T) int64 -> logits (B, T, V)
+    def forward(self, idx, mask=None, positions=None):  # idx (B, T) int64 -> logits (B, T, V)
+        """mask (B, 1, T, T) bool and positions (B, T): a document mask's (document_layout); None: causal, 0..T-1."""
         T = idx.shape[1]
         assert T <= self.config.block_size, f"sequence of {T} tokens > block_size {self.config.block_size}"
         tr = self.transformer
-        x = tr.wte(idx) + tr.wpe(torch.arange(T, device=idx.device))
+        x = tr.wte(idx) + tr.wpe(torch.arange(T, device=idx.device) if positions is None else positions)
         for block in tr.h:
-            x = block(x)
+            x = block(x, mask)
         x = tr.ln_f(x)
         head = tr.wte.weight if self.config.tie_embeddings else self.lm_head.weight
         return F.linear(x, head)
@@ -190,12 +192,31 @@ def sequences(tokens, T, idx):
     return rows[:, :-1], rows[:, 1:]
 
 
+def document_layout(x, eot, reset_positions=True):
+    """Relay's data.document_mask, written plainly: x (B, T) inputs; a document ends with (and includes) each
+    eot token. Returns mask (B, 1, T, T) bool, query t sees key s when s <= t and both are in one document (an
+    explicit block-diagonal causal mask), and positions (B, T) restarting at 0 with each document (or 0..T-1)."""
+    B, T = x.shape
+    doc = torch.zeros(B, T, dtype=torch.int64)
+    positions = torch.zeros(B, T, dtype=torch.int64)
+    for b in range(B):
+        d, start = 0, 0
+        for t in range(T):
+            doc[b, t], positions[b, t] = d, (t - start if reset_positions else t)
+            if int(x[b, t]) == eot:
+                d, start = d + 1, t + 1
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None], positions
+
+
 def train(cfg, weights, tokens, run, dtype, autocast=False, make_model=None):
     """Trains a GPT from weights {name: array} with run's data order, AdamW, clipping and schedule.
 
     make_model: another module to train instead of nanoGPT's GPT(cfg) (tests/torch/test_llama_reference.py
     trains transformers' LlamaForCausalLM): make_model() -> a module mapping idx (B, T) to logits (B, T, V).
-    run: dict(steps, batch_size, shuffle, data_seed, lr, betas, eps, weight_decay, clip, schedule).
+    run: dict(steps, batch_size, shuffle, data_seed, lr, betas, eps, weight_decay, clip, schedule), and for a
+    document mask eot (the end-of-text token) and reset_positions: the model gets document_layout's mask and
+    positions, and the position whose input is eot has its target ignored (ignore_index, out of the mean).
     autocast: the forward under torch.autocast("cpu", dtype=torch.bfloat16) (bf16 GEMMs, fp32 parameters and
     optimizer), the loss in float32 from the logits, as mixed-precision users train.
     Returns dict(losses, grad_norms, model, exp_avg, exp_avg_sq), the tensors keyed by parameter name.
@@ -215,9 +236,14 @@ def train(cfg, weights, tokens, run, dtype, autocast=False, make_model=None):
         for g in opt.param_groups:
             g["lr"] = learning_rate(run["schedule"], run["lr"], step, run["steps"])
         opt.zero_grad()
+        kw = {}
+        if run.get("eot") is not None:
+            kw["mask"], kw["positions"] = document_layout(x, run["eot"], run.get("reset_positions", True))
+            y = torch.where(x == run["eot"], torch.full_like(y, -100), y)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = model(x)  # (B, T, V)
-        loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1))  # mean over all B*T targets
+            logits = model(x, **kw)  # (B, T, V)
+        # The mean over the counted targets: all B*T, or all but a document mask's ignored ones.
+        loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1), ignore_index=-100)
         loss.backward()
         if run["clip"] > 0:
             norm = torch.nn.utils.clip_grad_norm_(params.values(), run["clip"])

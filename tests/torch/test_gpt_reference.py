@@ -12,7 +12,8 @@ each kind of figure (losses, grad norms, parameters, exp_avg, exp_avg_sq; the ca
 within max(10 x that, 1e-5) of torch float32, kind by kind. Tensors are compared element by element
 relative to |reference| + RMS(reference tensor), scalars relative to |reference|.
 Cases: tied embeddings serially and on 4 ranks (dp = 2, pp = 2, 1F1B: embedding on stage 0, head on
-stage 1), untied without biases serially with 2 micro-batches.
+stage 1), untied without biases serially with 2 micro-batches, and data.document_mask serially and on dp 2 x pp 2
+(torch: an explicit block-diagonal causal mask, positions restarting with each document, ignore_index).
 
 Usage: test_gpt_reference.py <relay binary>   (exit 77 = skipped: no torch or h5py)
        test_gpt_reference.py --selftest      (no Relay: checks the reference and this harness, using a
@@ -53,7 +54,12 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("tied_serial", 1, dict(tie_embeddings=True, bias=True), np.uint16, dict(dp=1, pp=1, m=1)),
     ("tied_dp2_pp2_1f1b", 4, dict(tie_embeddings=True, bias=True), np.int32, dict(dp=2, pp=2, m=2)),
     ("untied_nobias_serial_m2", 1, dict(tie_embeddings=False, bias=False), np.uint16, dict(dp=1, pp=1, m=2)),
+    # data.document_mask against an explicit block-diagonal causal mask, restarting positions and ignore_index:
+    # documents of 1 to 40 tokens end with token 0, so sequences (T 16) hold several, or part of one.
+    ("docmask_serial", 1, dict(tie_embeddings=True, bias=True), np.uint16, dict(dp=1, pp=1, m=1, docs=True)),
+    ("docmask_dp2_pp2_m2", 4, dict(tie_embeddings=True, bias=True), np.uint16, dict(dp=2, pp=2, m=2, docs=True)),
 ]
+EOT = 0  # the document cases' end-of-text token: a byte plain text never holds
 
 
 # ---- data, config, running Relay ----
@@ -79,12 +85,21 @@ def text_bytes(n):
     return (src * (n // len(src) + 1))[:n]
 
 
-def write_tokens(path, dtype):
-    tokens = np.frombuffer(text_bytes(SEQUENCES * MODEL["block_size"] + 1 + SPARE_TOKENS), dtype=np.uint8)
+def write_tokens(path, dtype, docs=False):
+    tokens = np.frombuffer(text_bytes(SEQUENCES * MODEL["block_size"] + 1 + SPARE_TOKENS), dtype=np.uint8).copy()
+    if docs:  # documents of 1 to 40 tokens, each ended by EOT (as relay data tokenize separates them)
+        rng, at = np.random.default_rng(3), 0
+        while True:
+            at += int(rng.integers(1, 41))
+            if at >= len(tokens):
+                break
+            tokens[at - 1] = EOT
     with h5py.File(path, "w") as f:
         f["tokens"] = tokens.astype(dtype)
         f.attrs["vocab_size"] = MODEL["vocab_size"]
         f.attrs["tokenizer"] = "bytes"
+        if docs:
+            f.attrs["eot_id"] = EOT
     return torch.from_numpy(tokens.astype(np.int64))
 
 
@@ -124,7 +139,8 @@ def relay_config(d, data, opts, layout):
     sections = {
         "run": dict(dir=f"{d}/run"),
         "model": FAMILY.relay_model(opts),
-        "data": dict(train=data, shuffle=RUN["shuffle"], seed=RUN["data_seed"]),
+        "data": dict(train=data, shuffle=RUN["shuffle"], seed=RUN["data_seed"],
+                     **(dict(document_mask=True) if layout.get("docs") else {})),
         "train": dict(steps=RUN["steps"], batch_size=RUN["batch_size"], micro_batches=layout["m"], log_every=1,
                       clip_grad_norm=RUN["clip"]),
         "optimizer": dict(name="adamw", lr=RUN["lr"], betas=list(RUN["betas"]), eps=RUN["eps"],
@@ -266,7 +282,8 @@ def compare_case(relay, tmp, name, ranks, opts, dtype, layout):
     os.makedirs(d)
     cfg = FAMILY.config(opts)
     data = f"{d}/tokens.h5"
-    tokens = write_tokens(data, dtype)
+    tokens = write_tokens(data, dtype, layout.get("docs", False))
+    run = dict(RUN, eot=EOT) if layout.get("docs") else RUN
     open(f"{d}/c.toml", "w").write(relay_config(d, data, opts, layout))
     run_relay(relay, ["train", "--config", f"{d}/c.toml"], ranks, "relay train")
     ckdir = f"{d}/run/checkpoints"
@@ -277,10 +294,11 @@ def compare_case(relay, tmp, name, ranks, opts, dtype, layout):
                              f"(file step {final['step']}), expected adamw at {RUN['steps']}")
     relay_res = dict(read_metrics(f"{d}/run/metrics.jsonl"), **final)
 
-    fp32 = ref.train(cfg, start["model"], tokens, RUN, torch.float32, make_model=lambda: FAMILY.module(cfg))
-    fp64 = ref.train(cfg, start["model"], tokens, RUN, torch.float64, make_model=lambda: FAMILY.module(cfg))
+    fp32 = ref.train(cfg, start["model"], tokens, run, torch.float32, make_model=lambda: FAMILY.module(cfg))
+    fp64 = ref.train(cfg, start["model"], tokens, run, torch.float64, make_model=lambda: FAMILY.module(cfg))
     calibration = differences(fp32, fp64)
-    for alt in FAMILY.alternatives(cfg, start["model"], tokens) if hasattr(FAMILY, "alternatives") else []:
+    alternatives = FAMILY.alternatives if hasattr(FAMILY, "alternatives") else lambda *a, **k: []
+    for alt in alternatives(cfg, start["model"], tokens, run):
         calibration += differences(alt, fp32)  # another float32 realisation of the same math
     tol = tolerances(calibration)
     diffs = differences(relay_res, fp32)
@@ -359,6 +377,8 @@ def fake_relay(argv):
         with h5py.File(c["data"]["train"], "r") as f:
             tokens = torch.from_numpy(f["tokens"][()].astype(np.int64))
         run = dict(RUN, shuffle=c["data"]["shuffle"] and bug != "unshuffled")
+        if c["data"].get("document_mask"):
+            run["eot"] = EOT
         if bug == "no_decay_1d":  # weight decay on matrices only, as GPT recipes often do but Relay must not
             adamw = torch.optim.AdamW
 

@@ -24,7 +24,8 @@ does). Everything else stays within 10x: losses 1.5e-7, grad norms, and Relay's 
 with SGD, lr 1000) are as close to fp64 as torch fp32's (1.9e-6 vs 1.3e-6 of the tensor scale).
 Then `relay generate` at temperature 0 must continue a prompt as greedy decoding with the transformers
 model does.
-Cases: untied serially, untied on dp 2 x tp 2 x pp 2 (8 ranks), tied serially with 2 micro-batches.
+Cases: untied serially, untied on dp 2 x tp 2 x pp 2 (8 ranks), tied serially with 2 micro-batches, and
+data.document_mask on tp 2 x pp 2 against a custom 4-D block-diagonal mask with restarting position_ids.
 
 transformers and PyTorch 2.x come from PyPI into the cached venv of pypi_venv.py (torch2); exit 77 = skipped.
 Usage: test_llama_reference.py <relay binary>
@@ -81,10 +82,15 @@ def flash_backward_attention(module, query, key, value, attention_mask, scaling,
 
 
 class Llama(LlamaForCausalLM):
-    """transformers' module as the harness calls a model: idx (B, T) -> logits (B, T, V)."""
+    """transformers' module as the harness calls a model: idx (B, T) -> logits (B, T, V); with a document mask
+    (mask (B, 1, T, T) bool, positions (B, T): nanogpt_ref.document_layout) as a custom 4-D additive attention
+    mask (0 where a query sees a key, the dtype's minimum elsewhere) and position_ids."""
 
-    def forward(self, idx):  # noqa: D102
-        return super().forward(input_ids=idx).logits
+    def forward(self, idx, mask=None, positions=None):  # noqa: D102
+        if mask is None:
+            return super().forward(input_ids=idx).logits
+        additive = torch.zeros(mask.shape, dtype=self.dtype).masked_fill(~mask, torch.finfo(self.dtype).min)
+        return super().forward(input_ids=idx, attention_mask=additive, position_ids=positions).logits
 
 
 class LlamaFamily:
@@ -110,8 +116,11 @@ class LlamaFamily:
         return Llama(cfg)
 
     @staticmethod
-    def alternatives(cfg, weights, tokens):
-        """The float32 run again with FlashAttention-2's attention backward (see the module docstring)."""
+    def alternatives(cfg, weights, tokens, run):
+        """The float32 run again with FlashAttention-2's attention backward (see the module docstring); none for a
+        document mask (that attention function is causal only)."""
+        if run.get("eot") is not None:
+            return []
         eager = modeling_llama.eager_attention_forward
         modeling_llama.eager_attention_forward = flash_backward_attention
         try:
@@ -124,6 +133,9 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("llama_untied_serial", 1, dict(tie_embeddings=False), np.uint16, dict(dp=1, pp=1, m=1)),
     ("llama_untied_dp2_tp2_pp2", 8, dict(tie_embeddings=False), np.int32, dict(dp=2, tp=2, pp=2, m=2)),
     ("llama_tied_serial_m2", 1, dict(tie_embeddings=True), np.uint16, dict(dp=1, pp=1, m=2)),
+    # data.document_mask: transformers with a block-diagonal causal 4-D mask and position_ids restarting with each
+    # document, on tp 2 x pp 2 (grouped-query heads split over tp, rotary positions from the mask's layout)
+    ("llama_docmask_tp2_pp2", 4, dict(tie_embeddings=False), np.uint16, dict(dp=1, tp=2, pp=2, m=2, docs=True)),
 ]
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+// Document masking (data.document_mask): sequences cut from a stream of packed documents, each ended by the
+// end-of-text token, train as if every document were alone (Llama 3's intra-document mask; Megatron's
+// --reset-attention-mask and --reset-position-ids). A document starts after every end-of-text token; the
+// token belongs to the document it ends. Within one sequence of T tokens (inputs x[0..T), targets x[1..T]):
+//   doc_start[t]  the first position of t's document in the sequence (0 for a document begun earlier): the
+//                 attention of query t sees keys [doc_start[t], t] only;
+//   positions[t]  t - doc_start[t] with reset_positions (the learned or rotary position restarts at 0 with each
+//                 document), else t;
+//   targets       the position whose input is the end-of-text token predicts the next document's first token:
+//                 its target becomes -1, ignored by the loss and counted out of its mean.
+// Computed on the host from the tokens every rank of a replica reads, so every pipeline stage and tensor-parallel
+// rank derives the same layout.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace relay {
+
+struct DocumentLayout {
+  int32_t eot = -1;             // the end-of-text token (the token file's eot_id)
+  bool reset_positions = true;  // data.reset_positions
+  bool on() const { return eot >= 0; }
+};
+
+// tokens (rows) = sequences x T inputs -> doc_start, positions (rows each).
+void document_layout(const DocumentLayout& d, const int32_t* tokens, int64_t rows, int64_t T, int32_t* doc_start,
+                     int32_t* positions);
+// targets (rows): set to -1 where the input token is the end-of-text token.
+void mask_document_targets(const DocumentLayout& d, const int32_t* tokens, int64_t rows, int32_t* targets);
+// Targets the loss counts: rows minus the end-of-text inputs.
+int64_t counted_targets(const DocumentLayout& d, const int32_t* tokens, int64_t rows);
+
+}  // namespace relay
