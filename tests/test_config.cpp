@@ -122,3 +122,18 @@ TEST(Config, SkipNonfiniteAndLogSection) {
   const std::string u = error_of(std::string(kBase) + "[log]\ntensorbord = true\n");
   EXPECT_NE(u.find("log.tensorbord: unknown key (known keys in [log]: tensorboard)"), std::string::npos) << u;
 }
+
+// data.document_mask: a language-model key (an MLP has no documents), kept by the effective config.
+TEST(Config, DocumentMask) {
+  const std::string e = error_of(kBase, {"data.document_mask=true"});
+  EXPECT_NE(e.find("data.document_mask"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs a language model"), std::string::npos) << e;
+  const std::string lm = "[model]\ntype = \"llama\"\nvocab_size = 64\nblock_size = 16\nn_layer = 1\nn_head = 2\n"
+                         "n_embd = 8\nffn_hidden = 16\n[data]\ntrain = \"t.h5\"\n[train]\nsteps = 1\nbatch_size = 1\n";
+  Config c = parse_config_text(lm, "cfg.toml", {"data.document_mask=true", "data.reset_positions=false"});
+  EXPECT_TRUE(c.data.document_mask);
+  EXPECT_FALSE(c.data.reset_positions);
+  Config back = parse_config_text(c.to_toml(), "effective.toml");
+  EXPECT_TRUE(back.data.document_mask);
+  EXPECT_FALSE(back.data.reset_positions);
+}

@@ -67,6 +67,20 @@ TEST_F(Gpt, TokenizerThatDoesNotFitTheModel) {
   EXPECT_TRUE(contains(e.output, "tokenized with")) << e.output;
 }
 
+// data.document_mask needs to know where documents end: a token file without eot_id (made by hand, not by
+// relay data tokenize) is one line naming the key and the file, on every rank; train and eval must agree.
+TEST_F(Gpt, DocumentMaskNeedsTheEndOfTextToken) {
+  RunResult r = fail(2, {"parallel.pp=2", "data.document_mask=true"});
+  EXPECT_TRUE(contains(r.output, "data.document_mask: data.train")) << r.output;
+  EXPECT_TRUE(contains(r.output, "has no eot_id attribute")) << r.output;
+  write_token_file(dir_.file("docs.h5"), std::vector<int32_t>(400, 1), 61, "bytes", {{"eot_id", 0}});
+  write_token_file(dir_.file("docs_eval.h5"), std::vector<int32_t>(400, 1), 61, "bytes", {{"eot_id", 3}});
+  RunResult e = fail(2, {"parallel.pp=2", "data.document_mask=true", "data.train=" + q(dir_.file("docs.h5")),
+                         "data.eval=" + q(dir_.file("docs_eval.h5"))});
+  EXPECT_TRUE(contains(e.output, "data.eval")) << e.output;
+  EXPECT_TRUE(contains(e.output, "has eot_id 3 but data.train has 0")) << e.output;
+}
+
 TEST_F(Gpt, BadModelShapes) {
   RunResult r = fail(2, {"parallel.dp=2", "model.n_head=3"});
   EXPECT_TRUE(contains(r.output, "model.n_embd: = 16 must be divisible by model.n_head = 3")) << r.output;

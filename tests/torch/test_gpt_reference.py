@@ -58,6 +58,8 @@ CASES = [  # name, ranks, model options, token dtype, layout
     # documents of 1 to 40 tokens end with token 0, so sequences (T 16) hold several, or part of one.
     ("docmask_serial", 1, dict(tie_embeddings=True, bias=True), np.uint16, dict(dp=1, pp=1, m=1, docs=True)),
     ("docmask_dp2_pp2_m2", 4, dict(tie_embeddings=True, bias=True), np.uint16, dict(dp=2, pp=2, m=2, docs=True)),
+    ("docmask_running_positions", 1, dict(tie_embeddings=False, bias=True), np.uint16,
+     dict(dp=1, pp=1, m=1, docs=True, reset_positions=False)),
 ]
 EOT = 0  # the document cases' end-of-text token: a byte plain text never holds
 
@@ -140,7 +142,8 @@ def relay_config(d, data, opts, layout):
         "run": dict(dir=f"{d}/run"),
         "model": FAMILY.relay_model(opts),
         "data": dict(train=data, shuffle=RUN["shuffle"], seed=RUN["data_seed"],
-                     **(dict(document_mask=True) if layout.get("docs") else {})),
+                     **(dict(document_mask=True, reset_positions=layout.get("reset_positions", True))
+                        if layout.get("docs") else {})),
         "train": dict(steps=RUN["steps"], batch_size=RUN["batch_size"], micro_batches=layout["m"], log_every=1,
                       clip_grad_norm=RUN["clip"]),
         "optimizer": dict(name="adamw", lr=RUN["lr"], betas=list(RUN["betas"]), eps=RUN["eps"],
@@ -283,7 +286,7 @@ def compare_case(relay, tmp, name, ranks, opts, dtype, layout):
     cfg = FAMILY.config(opts)
     data = f"{d}/tokens.h5"
     tokens = write_tokens(data, dtype, layout.get("docs", False))
-    run = dict(RUN, eot=EOT) if layout.get("docs") else RUN
+    run = dict(RUN, eot=EOT, reset_positions=layout.get("reset_positions", True)) if layout.get("docs") else RUN
     open(f"{d}/c.toml", "w").write(relay_config(d, data, opts, layout))
     run_relay(relay, ["train", "--config", f"{d}/c.toml"], ranks, "relay train")
     ckdir = f"{d}/run/checkpoints"
@@ -378,7 +381,7 @@ def fake_relay(argv):
             tokens = torch.from_numpy(f["tokens"][()].astype(np.int64))
         run = dict(RUN, shuffle=c["data"]["shuffle"] and bug != "unshuffled")
         if c["data"].get("document_mask"):
-            run["eot"] = EOT
+            run.update(eot=EOT, reset_positions=c["data"].get("reset_positions", True))
         if bug == "no_decay_1d":  # weight decay on matrices only, as GPT recipes often do but Relay must not
             adamw = torch.optim.AdamW
 
