@@ -104,6 +104,8 @@ __device__ inline void a_from_c(const float (&x)[N][4], int kc, uint32_t (&a)[4]
   a[3] = pack_bf16(x[2 * kc + 1][2], x[2 * kc + 1][3]);
 }
 
+// kernels ---------------------------------------------------------------------------------------
+
 // --- forward ------------------------------------------------------------------------------------
 
 // grid (B*H, ceil(T / 64)), block 128, dynamic shared memory 3 x 64 x (HD + 8) bf16.
@@ -419,6 +421,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 }
+
+// launchers -------------------------------------------------------------------------------------
 
 template <typename Kernel>
 void allow_shared(Kernel kernel, size_t bytes) {
