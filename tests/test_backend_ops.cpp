@@ -147,6 +147,31 @@ Tensor class_targets(Backend& be, int64_t n, int64_t classes, uint64_t seed, int
   return t;
 }
 
+// data.document_mask's layout for B sequences of T rows: documents of 1 to 2T/3 rows (seeded), as model/documents.cpp
+// derives it: doc_start (B*T) each row's document start, positions (B*T) the row's position in its document.
+void document_layout_rows(int64_t B, int64_t T, uint64_t seed, std::vector<int32_t>& doc_start,
+                          std::vector<int32_t>& positions) {
+  Rng rng(seed, 2);
+  doc_start.assign(static_cast<size_t>(B * T), 0);
+  positions.assign(doc_start.size(), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0, end = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (t == end) {  // a new document
+        start = t;
+        end = t + 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(std::max<int64_t>(1, 2 * T / 3))));
+      }
+      doc_start[static_cast<size_t>(b * T + t)] = static_cast<int32_t>(start);
+      positions[static_cast<size_t>(b * T + t)] = static_cast<int32_t>(t - start);
+    }
+  }
+}
+Tensor i32_tensor(Backend& be, const std::vector<int32_t>& v) {
+  Tensor t(be, {static_cast<int64_t>(v.size())}, DType::i32);
+  be.upload(t, v.data());
+  return t;
+}
+
 // The same bits as t (a tensor of the CPU backend) in a tensor of be.
 Tensor copy_to(Backend& be, const Tensor& t) {
   std::vector<std::byte> host(t.bytes());
@@ -553,6 +578,17 @@ std::vector<OpCase> all_cases() {
         be.embedding_backward(tok, dy, g.T, dwte, dwpe);
         return std::vector{out(be, "y", y), out(be, "dwte", dwte), out(be, "dwpe", dwpe)};
       });
+      // Positions restarting with each document (data.document_mask): wpe read and its gradient summed by position.
+      add("embedding_document_positions_" + d + "_V" + std::to_string(g.V) + sx, kTolFp32, [=](Backend& be) {
+        std::vector<int32_t> ds, pos;
+        document_layout_rows(g.B, g.T, 107, ds, pos);
+        Tensor tok = class_targets(be, n, std::min<int64_t>(g.V, 5), 94), p = i32_tensor(be, pos);
+        Tensor wte = input(be, {g.V, g.C}, 95, x), wpe = input(be, {g.T, g.C}, 96, x), y(be, {n, g.C}, x);
+        be.embedding_forward(tok, wte, wpe, g.T, y, 0, p);
+        Tensor dy = input(be, {n, g.C}, 97, x), dwte = input(be, {g.V, g.C}, 98), dwpe = input(be, {g.T, g.C}, 99);
+        be.embedding_backward(tok, dy, g.T, dwte, dwpe, 0, p);
+        return std::vector{out(be, "y", y), out(be, "dwte", dwte), out(be, "dwpe", dwpe)};
+      });
       // Vocabulary-parallel: this rank holds rows [2, 2 + V/2 + 1) and adds no positions.
       add("embedding_vocab_shard_" + d + "_V" + std::to_string(g.V) + sx, kTolFp32, [=](Backend& be) {
         const int64_t rows = g.V / 2 + 1;
@@ -611,6 +647,22 @@ std::vector<OpCase> all_cases() {
         be.flash_attention_backward(dy, qkv, y, lse, g.B, g.T, g.H, dqkv);
         return std::vector{out(be, "dqkv", dqkv)};
       });
+      // data.document_mask: each query sees its document's keys only (documents of 1 to 2T/3 rows), forward and
+      // backward (the backward from the CPU's masked forward, as above).
+      add("flash_attention_documents_" + d + sx, kTolFlash, [=](Backend& be) {
+        std::vector<int32_t> ds, pos;
+        document_layout_rows(g.B, g.T, 114, ds, pos);
+        Backend& cpu = cpu_backend();
+        Tensor qkv_ref = input(cpu, {n, 3 * g.C}, 115, x, -2, 2), ds_ref = i32_tensor(cpu, ds);
+        Tensor y_ref(cpu, {n, g.C}, x), lse_ref(cpu, {g.B, g.H, g.T});
+        cpu.flash_attention_forward(qkv_ref, g.B, g.T, g.H, y_ref, lse_ref, ds_ref);
+        Tensor qkv = copy_to(be, qkv_ref), doc = i32_tensor(be, ds), y(be, {n, g.C}, x), lse(be, {g.B, g.H, g.T});
+        be.flash_attention_forward(qkv, g.B, g.T, g.H, y, lse, doc);
+        Tensor y0 = copy_to(be, y_ref), lse0 = copy_to(be, lse_ref);
+        Tensor dy = input(be, {n, g.C}, 116, x), dqkv = input(be, {n, 3 * g.C}, 117, x);  // overwritten
+        be.flash_attention_backward(dy, qkv, y0, lse0, g.B, g.T, g.H, dqkv, doc);
+        return std::vector{out(be, "out", y), out(be, "lse", lse), out(be, "dqkv", dqkv)};
+      });
     }
   }
 
@@ -665,6 +717,16 @@ std::vector<OpCase> all_cases() {
         be.rope(xin, g.T, g.hd, g.theta, g.pos0, true, xin);  // the backward, in place
         return std::vector{out(be, "y", y), out(be, "inverse_inplace", xin)};
       });
+      if (g.n % g.T == 0 && g.pos0 == 0)  // positions restarting with each document (data.document_mask)
+        add("rope_document_positions_" + d + sx, kTolFp32, [=](Backend& be) {
+          std::vector<int32_t> ds, pos;
+          document_layout_rows(g.n / g.T, g.T, 132, ds, pos);
+          Tensor p = i32_tensor(be, pos);
+          Tensor xin = input(be, {g.n, g.heads * g.hd}, 131, x, -2, 2), y(be, {g.n, g.heads * g.hd}, x);
+          be.rope(xin, g.T, g.hd, g.theta, 0, false, y, p);
+          be.rope(xin, g.T, g.hd, g.theta, 0, true, xin, p);
+          return std::vector{out(be, "y", y), out(be, "inverse_inplace", xin)};
+        });
     }
     struct Gqa { int64_t B, T, H, KV, hd; };
     for (Gqa g : {Gqa{1, 1, 1, 1, 16}, Gqa{2, 37, 4, 4, 16}, Gqa{2, 37, 4, 2, 16}, Gqa{2, 37, 4, 1, 16},
@@ -689,6 +751,23 @@ std::vector<OpCase> all_cases() {
         Tensor dk = input(be, {n, Ckv}, 140, x), dv = input(be, {n, Ckv}, 141, x);
         be.flash_attention_gqa_backward(dy, q, k, v, y, lse, g.B, g.T, g.H, g.KV, dq, dk, dv);
         return std::vector{out(be, "dq", dq), out(be, "dk", dk), out(be, "dv", dv)};
+      });
+      add("flash_attention_gqa_documents_" + d + sx, kTolFlash, [=](Backend& be) {  // data.document_mask
+        std::vector<int32_t> ds, pos;
+        document_layout_rows(g.B, g.T, 142, ds, pos);
+        Backend& cpu = cpu_backend();
+        Tensor q_ref = input(cpu, {n, C}, 135, x, -2, 2), k_ref = input(cpu, {n, Ckv}, 136, x, -2, 2);
+        Tensor v_ref = input(cpu, {n, Ckv}, 137, x, -2, 2), y_ref(cpu, {n, C}, x), lse_ref(cpu, {g.B, g.H, g.T});
+        cpu.flash_attention_gqa_forward(q_ref, k_ref, v_ref, g.B, g.T, g.H, g.KV, y_ref, lse_ref, i32_tensor(cpu, ds));
+        Tensor q = copy_to(be, q_ref), k = copy_to(be, k_ref), v = copy_to(be, v_ref), doc = i32_tensor(be, ds);
+        Tensor y(be, {n, C}, x), lse(be, {g.B, g.H, g.T});
+        be.flash_attention_gqa_forward(q, k, v, g.B, g.T, g.H, g.KV, y, lse, doc);
+        Tensor y0 = copy_to(be, y_ref), lse0 = copy_to(be, lse_ref);
+        Tensor dy = input(be, {n, C}, 138, x), dq = input(be, {n, C}, 139, x);  // overwritten
+        Tensor dk = input(be, {n, Ckv}, 140, x), dv = input(be, {n, Ckv}, 141, x);
+        be.flash_attention_gqa_backward(dy, q, k, v, y0, lse0, g.B, g.T, g.H, g.KV, dq, dk, dv, doc);
+        return std::vector{out(be, "out", y), out(be, "lse", lse), out(be, "dq", dq), out(be, "dk", dk),
+                           out(be, "dv", dv)};
       });
       if (g.T <= 64)
         add("attention_decode_gqa_" + d + sx, kTolAttention, [=](Backend& be) {

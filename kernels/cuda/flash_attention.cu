@@ -72,7 +72,7 @@ __device__ inline float dot_column(const float* a, const float (*bt)[kTile + 1],
 template <typename X, int DPL>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(const X* q_in, const X* k_in, const X* v_in, int64_t ldq, int64_t ldkv, X* out, float* lse,
-                         int T, int H, int KV, int hd) {
+                         int T, int H, int KV, int hd, const int32_t* doc_start) {
   constexpr int D = 32 * DPL;
   constexpr int R = kFwdRows / kWarps;  // query rows per warp
   __shared__ float q_s[kFwdRows][D];    // (queries, hd) this block's queries
@@ -95,7 +95,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < DPL; ++i) acc[rr][i] = 0.0f;
   }
   const int q_end = min(T, q0 + kFwdRows);  // keys at or after the block's last query + 1 are never seen
-  for (int k0 = 0; k0 < q_end; k0 += kTile) {
+  const int32_t* ds = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T) each query's document start
+  // Key tiles before the block's first document start (documents are contiguous: the first row's) are skipped.
+  for (int k0 = ds && q0 < T ? ds[q0] / kTile * kTile : 0; k0 < q_end; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous tile
     load_tile_transposed<X, D>(kseq, ldkv, k0, T, hd, k_t);
     load_tile_transposed<X, D>(vseq, ldkv, k0, T, hd, v_t);
@@ -104,15 +106,18 @@ __global__ void __launch_bounds__(kThreads)
     for (int rr = 0; rr < R; ++rr) {
       const int t = q0 + warp + rr * kWarps;
       if (t >= T || t < k0) continue;  // the same for the whole warp: this row sees no key of the tile
+      const int lo = ds ? ds[t] : 0;   // the row's first visible key
+      if (k0 + kTile <= lo) continue;  // its document starts after the tile
       const int visible = min(kTile, t - k0 + 1);  // keys k0 .. k0 + visible - 1
-      const float score = lane < visible ? dot_column<D>(q_s[t - q0], k_t, lane, hd) * scale2 : -INFINITY;
-      const float m_new = fmaxf(m[rr], warp_max(score));  // finite: key k0 <= t is visible
+      const bool seen = lane < visible && k0 + lane >= lo;
+      const float score = seen ? dot_column<D>(q_s[t - q0], k_t, lane, hd) * scale2 : -INFINITY;
+      const float m_new = fmaxf(m[rr], warp_max(score));  // finite: the tile holds a key in [lo, t]
       const float p = exp2f(score - m_new);               // 0 for a masked key
       const float corr = exp2f(m[rr] - m_new);            // 0 on the row's first tile (m = -inf)
       l[rr] = l[rr] * corr + warp_sum(p);
 #pragma unroll
       for (int i = 0; i < DPL; ++i) acc[rr][i] *= corr;
-      for (int j = 0; j < visible; ++j) {
+      for (int j = max(0, lo - k0); j < visible; ++j) {
         const float pj = __shfl_sync(0xffffffffu, p, j);
 #pragma unroll
         for (int i = 0; i < DPL; ++i) acc[rr][i] += pj * v_t[lane + 32 * i][j];
@@ -156,7 +161,8 @@ __global__ void flash_backward_row_dot_kernel(const X* dout, const X* out, float
 template <typename X, int DPL>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(const X* dout, const X* q_in, const X* k_in, const X* v_in, int64_t ldq, int64_t ldkv,
-                             const float* lse, const float* row_dot, X* dq_out, int T, int H, int KV, int hd) {
+                             const float* lse, const float* row_dot, X* dq_out, int T, int H, int KV, int hd,
+                             const int32_t* doc_start) {
   constexpr int D = 32 * DPL;
   constexpr int R = kDqRows / kWarps;  // query rows per warp
   __shared__ float q_s[kDqRows][D];    // (queries, hd)
@@ -183,7 +189,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < DPL; ++i) dq[rr][i] = 0.0f;
   }
   const int q_end = min(T, q0 + kDqRows);
-  for (int k0 = 0; k0 < q_end; k0 += kTile) {
+  const int32_t* dst = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T) each query's document start
+  for (int k0 = dst && q0 < T ? dst[q0] / kTile * kTile : 0; k0 < q_end; k0 += kTile) {
     __syncthreads();
     load_tile_transposed<X, D>(kseq, ldkv, k0, T, hd, k_t);
     load_tile_transposed<X, D>(vseq, ldkv, k0, T, hd, v_t);
@@ -192,14 +199,16 @@ __global__ void __launch_bounds__(kThreads)
     for (int rr = 0; rr < R; ++rr) {
       const int t = q0 + warp + rr * kWarps;
       if (t >= T || t < k0) continue;  // warp-uniform
+      const int lo = dst ? dst[t] : 0;
+      if (k0 + kTile <= lo) continue;  // warp-uniform: the row's document starts after the tile
       const int visible = min(kTile, t - k0 + 1);
       float ds = 0.0f;  // dS of query t and key k0 + lane
-      if (lane < visible) {
+      if (lane < visible && k0 + lane >= lo) {
         const float p = exp2f(dot_column<D>(q_s[t - q0], k_t, lane, hd) * scale2 - lse2[rr]);
         const float dp = dot_column<D>(do_s[t - q0], v_t, lane, hd);
         ds = p * (dp - drow[rr]);
       }
-      for (int j = 0; j < visible; ++j) {
+      for (int j = max(0, lo - k0); j < visible; ++j) {
         const float dsj = __shfl_sync(0xffffffffu, ds, j);
 #pragma unroll
         for (int i = 0; i < DPL; ++i) dq[rr][i] += dsj * k_t[lane + 32 * i][j];
@@ -225,7 +234,7 @@ template <typename X, int DPL>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkv_kernel(const X* dout, const X* q_in, const X* k_in, const X* v_in, int64_t ldq, int64_t ldkv,
                               const float* lse, const float* row_dot, X* dk_out, X* dv_out, int T, int H, int KV,
-                              int hd) {
+                              int hd, const int32_t* doc_start) {
   constexpr int D = 32 * DPL;
   constexpr int R = kDkvRows / kWarps;  // key rows per warp
   __shared__ float k_s[kDkvRows][D];    // (keys, hd) this block's keys
@@ -234,11 +243,26 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float do_t[D][kTile + 1];  // (hd, queries) its output gradients
   __shared__ float lse2_s[kTile];       // (queries) lse in log2 units
   __shared__ float drow_s[kTile];       // (queries) D
+  __shared__ int lo_s[kTile];           // (queries) document starts
   const int C = H * hd, bkv = blockIdx.x, b = bkv / KV, kvh = bkv % KV, group = H / KV;
   const int s0 = blockIdx.y * kDkvRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const X* kseq = k_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;  // (T, ldkv)
   const X* vseq = v_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;
   const float scale = 1.0f / sqrtf(float(hd)), scale2 = kLog2e / sqrtf(float(hd));
+  const int32_t* dst = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T) each query's document start
+  // Queries whose document starts after the block's last key see none of its keys: with a document mask the
+  // query range ends where that key's document ends (the first query whose document starts after it).
+  int q_stop = T;
+  if (dst) {
+    const int s_last = min(T, s0 + kDkvRows) - 1;
+    int lo = s_last + 1, hi = T;  // lower bound of s_last + 1 in dst[s_last + 1, T) (non-decreasing)
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (dst[mid] <= s_last) lo = mid + 1;
+      else hi = mid;
+    }
+    q_stop = lo;
+  }
 
   load_rows<X, D>(kseq, ldkv, s0, kDkvRows, T, hd, k_s);
   load_rows<X, D>(vseq, ldkv, s0, kDkvRows, T, hd, v_s);
@@ -252,7 +276,7 @@ __global__ void __launch_bounds__(kThreads)
     const X* qseq = q_in + int64_t(b) * T * ldq + int64_t(h) * hd;  // (T, ldq)
     const X* dseq = dout + int64_t(b) * T * C + int64_t(h) * hd;    // (T, C)
     // Queries before the tile that holds key s0 see none of this block's keys.
-    for (int q0 = s0 / kTile * kTile; q0 < T; q0 += kTile) {
+    for (int q0 = s0 / kTile * kTile; q0 < q_stop; q0 += kTile) {
       __syncthreads();
       load_tile_transposed<X, D>(qseq, ldq, q0, T, hd, q_t);
       load_tile_transposed<X, D>(dseq, C, q0, T, hd, do_t);
@@ -260,6 +284,7 @@ __global__ void __launch_bounds__(kThreads)
         const int t = q0 + threadIdx.x;
         lse2_s[threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : 0.0f;
         drow_s[threadIdx.x] = t < T ? row_dot[int64_t(bh) * T + t] : 0.0f;
+        lo_s[threadIdx.x] = t < T && dst ? dst[t] : 0;
       }
       __syncthreads();
 #pragma unroll
@@ -269,7 +294,7 @@ __global__ void __launch_bounds__(kThreads)
         const int first = max(0, s - q0), last = min(kTile, T - q0);
         if (s >= T || first >= last) continue;
         float p = 0.0f, ds = 0.0f;  // P and dS of query q0 + lane and key s
-        if (lane >= first && lane < last) {
+        if (lane >= first && lane < last && lo_s[lane] <= s) {  // query q0 + lane sees key s
           p = exp2f(dot_column<D>(k_s[s - s0], q_t, lane, hd) * scale2 - lse2_s[lane]);
           const float dp = dot_column<D>(v_s[s - s0], do_t, lane, hd);
           ds = p * (dp - drow_s[lane]);
@@ -324,13 +349,14 @@ template <typename X>
 struct Views {
   const X *q, *k, *v;
   int64_t ldq, ldkv, B, T, H, KV, hd;
+  const int32_t* doc_start;  // (B*T) or null
 };
 
 template <typename X, int DPL>
 void launch_forward(const Views<X>& a, X* out, float* lse, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.T + kFwdRows - 1) / kFwdRows));
   flash_forward_kernel<X, DPL><<<grid, kThreads, 0, stream>>>(a.q, a.k, a.v, a.ldq, a.ldkv, out, lse, int(a.T),
-                                                              int(a.H), int(a.KV), int(a.hd));
+                                                              int(a.H), int(a.KV), int(a.hd), a.doc_start);
 }
 
 template <typename X, int DPL>
@@ -338,28 +364,30 @@ void launch_backward(const Views<X>& a, const X* dout, const float* lse, const f
                      cudaStream_t stream) {
   const dim3 grid_q(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.T + kDqRows - 1) / kDqRows));
   flash_backward_dq_kernel<X, DPL><<<grid_q, kThreads, 0, stream>>>(dout, a.q, a.k, a.v, a.ldq, a.ldkv, lse, row_dot,
-                                                                    dq, int(a.T), int(a.H), int(a.KV), int(a.hd));
+                                                                    dq, int(a.T), int(a.H), int(a.KV), int(a.hd),
+                                                                    a.doc_start);
   CUDA_CHECK(cudaGetLastError());
   const dim3 grid_kv(static_cast<unsigned>(a.B * a.KV), static_cast<unsigned>((a.T + kDkvRows - 1) / kDkvRows));
   flash_backward_dkv_kernel<X, DPL><<<grid_kv, kThreads, 0, stream>>>(dout, a.q, a.k, a.v, a.ldq, a.ldkv, lse,
                                                                       row_dot, dk, dv, int(a.T), int(a.H), int(a.KV),
-                                                                      int(a.hd));
+                                                                      int(a.hd), a.doc_start);
 }
 
 }  // namespace
 
 template <typename X>
 void flash_attention_gqa_forward(const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv, X* out, float* lse,
-                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream) {
+                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start,
+                                 cudaStream_t stream) {
   check_shape("flash_attention_forward", B, T, H, KV, hd);
   if (B == 0 || T == 0) return;
   RELAY_ASSERT(q && k && v && out && lse, "flash_attention_forward: null pointer");
   if constexpr (std::is_same_v<X, __nv_bfloat16>) {  // the tensor cores where the shape allows
     const void* ptrs[] = {q, k, v, out};
     if (flash_mma_supported(hd, ldq, ldkv, ptrs, 4))
-      return flash_mma_forward(q, k, v, ldq, ldkv, out, lse, B, T, H, KV, hd, stream);
+      return flash_mma_forward(q, k, v, ldq, ldkv, out, lse, B, T, H, KV, hd, doc_start, stream);
   }
-  const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd};
+  const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd, doc_start};
   switch (dims_per_lane(hd)) {
     case 1: launch_forward<X, 1>(a, out, lse, stream); break;
     case 2: launch_forward<X, 2>(a, out, lse, stream); break;
@@ -372,7 +400,8 @@ void flash_attention_gqa_forward(const X* q, const X* k, const X* v, int64_t ldq
 template <typename X>
 void flash_attention_gqa_backward(const X* dout, const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv,
                                   const X* out, const float* lse, X* dq, X* dk, X* dv, float* scratch, int64_t B,
-                                  int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream) {
+                                  int64_t T, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start,
+                                  cudaStream_t stream) {
   check_shape("flash_attention_backward", B, T, H, KV, hd);
   if (B == 0 || T == 0) return;
   RELAY_ASSERT(dout && q && k && v && out && lse && dq && dk && dv && scratch, "flash_attention_backward: null pointer");
@@ -383,9 +412,10 @@ void flash_attention_gqa_backward(const X* dout, const X* q, const X* k, const X
   if constexpr (std::is_same_v<X, __nv_bfloat16>) {
     const void* ptrs[] = {dout, q, k, v, dq, dk, dv};
     if (flash_mma_supported(hd, ldq, ldkv, ptrs, 7))
-      return flash_mma_backward(dout, q, k, v, ldq, ldkv, lse, scratch, dq, dk, dv, B, T, H, KV, hd, stream);
+      return flash_mma_backward(dout, q, k, v, ldq, ldkv, lse, scratch, dq, dk, dv, B, T, H, KV, hd, doc_start,
+                                stream);
   }
-  const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd};
+  const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd, doc_start};
   switch (dims_per_lane(hd)) {
     case 1: launch_backward<X, 1>(a, dout, lse, scratch, dq, dk, dv, stream); break;
     case 2: launch_backward<X, 2>(a, dout, lse, scratch, dq, dk, dv, stream); break;
@@ -398,28 +428,31 @@ void flash_attention_gqa_backward(const X* dout, const X* q, const X* k, const X
 // GPT's packed qkv (B*T, 3C): q, k, v at columns 0, C, 2C of rows 3C apart; KV == H.
 template <typename X>
 void flash_attention_forward(const X* qkv, X* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
-                             cudaStream_t stream) {
+                             const int32_t* doc_start, cudaStream_t stream) {
   RELAY_ASSERT(H > 0 && C > 0 && C % H == 0, "flash_attention_forward: C " << C << ", H " << H);
-  flash_attention_gqa_forward(qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, B, T, H, H, C / H, stream);
+  flash_attention_gqa_forward(qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, B, T, H, H, C / H, doc_start,
+                              stream);
 }
 
 template <typename X>
 void flash_attention_backward(const X* dout, const X* qkv, const X* out, const float* lse, X* dqkv, float* scratch,
-                              int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream) {
+                              int64_t B, int64_t T, int64_t C, int64_t H, const int32_t* doc_start,
+                              cudaStream_t stream) {
   RELAY_ASSERT(H > 0 && C > 0 && C % H == 0, "flash_attention_backward: C " << C << ", H " << H);
   flash_attention_gqa_backward(dout, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C, out, lse, dqkv, dqkv + C, dqkv + 2 * C,
-                               scratch, B, T, H, H, C / H, stream);
+                               scratch, B, T, H, H, C / H, doc_start, stream);
 }
 
 #define INST(X)                                                                                                    \
-  template void flash_attention_forward<X>(const X*, X*, float*, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
+  template void flash_attention_forward<X>(const X*, X*, float*, int64_t, int64_t, int64_t, int64_t, const int32_t*, \
+                                           cudaStream_t);                                                          \
   template void flash_attention_backward<X>(const X*, const X*, const X*, const float*, X*, float*, int64_t,       \
-                                            int64_t, int64_t, int64_t, cudaStream_t);                             \
+                                            int64_t, int64_t, int64_t, const int32_t*, cudaStream_t);             \
   template void flash_attention_gqa_forward<X>(const X*, const X*, const X*, int64_t, int64_t, X*, float*, int64_t, \
-                                               int64_t, int64_t, int64_t, int64_t, cudaStream_t);                  \
+                                               int64_t, int64_t, int64_t, int64_t, const int32_t*, cudaStream_t);  \
   template void flash_attention_gqa_backward<X>(const X*, const X*, const X*, const X*, int64_t, int64_t, const X*, \
                                                 const float*, X*, X*, X*, float*, int64_t, int64_t, int64_t,        \
-                                                int64_t, int64_t, cudaStream_t);
+                                                int64_t, int64_t, const int32_t*, cudaStream_t);
 RELAY_CUDA_FOR_FLOAT_TYPES(INST)
 #undef INST
 

@@ -18,13 +18,16 @@ constexpr int64_t kFlashMaxHeadDim = 128;
 // scaled scores, saved for the backward.
 template <typename X>
 void flash_attention_forward(const X* qkv, X* out, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
-                             cudaStream_t stream);
+                             const int32_t* doc_start, cudaStream_t stream);
 // dout (B*T, C), and qkv, out, lse of the forward -> dqkv (B*T, 3C), overwritten (not accumulated).
 // scratch: (B, H, T) floats of device memory for D = rowsum(dout * out). Deterministic: no atomics, every
 // output element summed by one thread in a fixed order.
+// doc_start (every launcher; device, B*T, or null): data.document_mask's first visible key of each query, as the CPU
+// kernels take it (kernels/cpu/flash_attention.hpp): query t sees keys [doc_start[t], t]; documents contiguous.
 template <typename X>
 void flash_attention_backward(const X* dout, const X* qkv, const X* out, const float* lse, X* dqkv, float* scratch,
-                              int64_t B, int64_t T, int64_t C, int64_t H, cudaStream_t stream);
+                              int64_t B, int64_t T, int64_t C, int64_t H, const int32_t* doc_start,
+                              cudaStream_t stream);
 
 // Grouped-query attention on strided row views: q (B*T rows, ldq apart) holds H heads of hd columns, k and v
 // (B*T rows, ldkv apart) KV heads; query head h reads key/value head h / (H / KV). out (B*T, H*hd), lse
@@ -32,10 +35,12 @@ void flash_attention_backward(const X* dout, const X* qkv, const X* out, const f
 // over its query heads in order (deterministic). scratch: (B, H, T) floats.
 template <typename X>
 void flash_attention_gqa_forward(const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv, X* out, float* lse,
-                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream);
+                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start,
+                                 cudaStream_t stream);
 template <typename X>
 void flash_attention_gqa_backward(const X* dout, const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv,
                                   const X* out, const float* lse, X* dq, X* dk, X* dv, float* scratch, int64_t B,
-                                  int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream);
+                                  int64_t T, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start,
+                                  cudaStream_t stream);
 
 }  // namespace relay::cuda

@@ -112,7 +112,7 @@ __device__ inline void a_from_c(const float (&x)[N][4], int kc, uint32_t (&a)[4]
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     mma_forward_kernel(const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv, bf16* out,
-                       float* lse, int T, int H, int KV) {
+                       float* lse, int T, int H, int KV, const int32_t* doc_start) {
   constexpr int LD = HD + 8, BN = 64, NT = BN / 8, KS = HD / 16, DT = HD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);  // (64, LD) this block's queries
@@ -126,6 +126,10 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* kseq = k + int64_t(b) * T * ldkv + int64_t(kvh) * HD;   // (T, ldkv)
   const bf16* vseq = v + int64_t(b) * T * ldkv + int64_t(kvh) * HD;
   const float scale2 = kLog2e / sqrtf(float(HD));  // scores in log2 units: the softmax uses exp2
+  // Document mask: each row's first visible key, the warp's smallest (documents are contiguous: its first row's).
+  const int32_t* ds = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T)
+  const int lo[2] = {ds && rows[0] < T ? ds[rows[0]] : 0, ds && rows[1] < T ? ds[rows[1]] : 0};
+  const int wlo = ds && wrow < T ? ds[wrow] : 0;
 
   load_tile<HD, kRows>(qseq, ldq, q0, T, q_s);
   float o[DT][4];  // (16 x HD) of the warp's output, unnormalised
@@ -133,12 +137,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // per row: running max (log2 units), partial sum
   const int q_last = min(T, q0 + kRows) - 1;
-  for (int k0 = 0; k0 <= q_last; k0 += BN) {
+  // Key tiles before the block's first document start are never loaded.
+  for (int k0 = ds ? ds[q0] / BN * BN : 0; k0 <= q_last; k0 += BN) {
     __syncthreads();  // every warp is done with the previous tile
     load_tile<HD, BN>(kseq, ldkv, k0, T, k_s);
     load_tile<HD, BN>(vseq, ldkv, k0, T, v_s);
     __syncthreads();
     if (k0 > wrow + 15) continue;  // every key of the tile is after every query of the warp
+    if (k0 + BN <= wlo) continue;  // ... or before every query's document
     float s[NT][4];                // (16 x BN) scores
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -153,8 +159,9 @@ __global__ void __launch_bounds__(kThreads)
         mma(s[nt], a, b0, b1);
       }
     }
-    // Scale, mask (keys after the query, keys beyond T), row max over the quad that shares a row.
-    const bool edge = k0 + BN - 1 > wrow || k0 + BN > T;
+    // Scale, mask (keys after the query, keys beyond T, keys before the query's document), row max over the
+    // quad that shares a row.
+    const bool edge = ds || k0 + BN - 1 > wrow || k0 + BN > T;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -162,18 +169,20 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < 4; ++j) {
         const int key = k0 + 8 * nt + 2 * c4 + (j & 1);
         float x = s[nt][j] * scale2;
-        if (edge && (key > rows[j / 2] || key >= T)) x = -INFINITY;
+        if (edge && (key > rows[j / 2] || key >= T || key < lo[j / 2])) x = -INFINITY;
         s[nt][j] = x;
         mx[j / 2] = fmaxf(mx[j / 2], x);
       }
-    float corr[2];
+    float corr[2], shift[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // Finite: every row sees key 0 in the first tile, so m is finite from then on.
+      // -inf only while a row has seen no key (its document starts after this tile's keys); every row sees
+      // its own key, so m ends finite. shift stands in for -inf so that no inf - inf is formed.
       const float m_new = fmaxf(m[r], mx[r]);
-      corr[r] = exp2f(m[r] - m_new);  // 0 on the first tile (m = -inf)
+      shift[r] = m_new == -INFINITY ? 0.0f : m_new;
+      corr[r] = exp2f(m[r] - shift[r]);  // 0 while m = -inf
       m[r] = m_new;
       l[r] *= corr[r];
     }
@@ -181,7 +190,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float p = exp2f(s[nt][j] - m[j / 2]);  // 0 for a masked key
+        const float p = exp2f(s[nt][j] - shift[j / 2]);  // 0 for a masked key
         s[nt][j] = p;
         l[j / 2] += p;
       }
@@ -229,7 +238,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int HD, int BN>
 __global__ void __launch_bounds__(kThreads)
     mma_dq_kernel(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv,
-                  const float* lse, const float* row_dot, bf16* dq, int T, int H, int KV) {
+                  const float* lse, const float* row_dot, bf16* dq, int T, int H, int KV, const int32_t* doc_start) {
   constexpr int LD = HD + 8, NT = BN / 8, KS = HD / 16, DT = HD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);  // (64, LD) this block's queries
@@ -246,6 +255,9 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* vseq = v + int64_t(b) * T * ldkv + int64_t(kvh) * HD;
   const float scale = 1.0f / sqrtf(float(HD)), scale2 = kLog2e / sqrtf(float(HD));
 
+  const int32_t* ds = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T) document starts
+  const int lo[2] = {ds && rows[0] < T ? ds[rows[0]] : 0, ds && rows[1] < T ? ds[rows[1]] : 0};
+  const int wlo = ds && wrow < T ? ds[wrow] : 0;
   load_tile<HD, kRows>(qseq, ldq, q0, T, q_s);
   load_tile<HD, kRows>(dseq, C, q0, T, do_s);
   float lse2[2], drow[2];
@@ -258,12 +270,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
   const int q_last = min(T, q0 + kRows) - 1;
-  for (int k0 = 0; k0 <= q_last; k0 += BN) {
+  for (int k0 = ds ? ds[q0] / BN * BN : 0; k0 <= q_last; k0 += BN) {
     __syncthreads();
     load_tile<HD, BN>(kseq, ldkv, k0, T, k_s);
     load_tile<HD, BN>(vseq, ldkv, k0, T, v_s);
     __syncthreads();
-    if (k0 > wrow + 15) continue;
+    if (k0 > wrow + 15 || k0 + BN <= wlo) continue;  // after every query of the warp, or before their documents
     float s[NT][4], dp[NT][4];  // (16 x BN) scores and dP = dO V^T
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -283,13 +295,13 @@ __global__ void __launch_bounds__(kThreads)
         mma(dp[nt], ad, b0, b1);
       }
     }
-    const bool edge = k0 + BN - 1 > wrow || k0 + BN > T;
+    const bool edge = ds || k0 + BN - 1 > wrow || k0 + BN > T;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int key = k0 + 8 * nt + 2 * c4 + (j & 1);
-        const bool masked = edge && (key > rows[j / 2] || key >= T);
+        const bool masked = edge && (key > rows[j / 2] || key >= T || key < lo[j / 2]);
         const float p = masked ? 0.0f : exp2f(s[nt][j] * scale2 - lse2[j / 2]);
         s[nt][j] = p * (dp[nt][j] - drow[j / 2]);  // dS
       }
@@ -321,7 +333,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int HD, int BQ>
 __global__ void __launch_bounds__(kThreads)
     mma_dkv_kernel(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv,
-                   const float* lse, const float* row_dot, bf16* dk, bf16* dv, int T, int H, int KV) {
+                   const float* lse, const float* row_dot, bf16* dk, bf16* dv, int T, int H, int KV,
+                   const int32_t* doc_start) {
   constexpr int LD = HD + 8, NQ = BQ / 8, KS = HD / 16, DT = HD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* k_s = reinterpret_cast<bf16*>(smem);  // (64, LD) this block's keys
@@ -330,6 +343,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* do_s = q_s + BQ * LD;                 // (BQ, LD) its output gradients
   float* lse2_s = reinterpret_cast<float*>(do_s + BQ * LD);  // (BQ) lse in log2 units
   float* drow_s = lse2_s + BQ;                                // (BQ) D
+  int* lo_s = reinterpret_cast<int*>(drow_s + BQ);            // (BQ) each query's document start
   const int bkv = blockIdx.x, b = bkv / KV, kvh = bkv % KV, group = H / KV, C = H * HD;
   const int s0 = blockIdx.y * kRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, c4 = lane % 4;
   const int wkey = s0 + 16 * warp;  // the warp's first key
@@ -337,6 +351,20 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* kseq = k + int64_t(b) * T * ldkv + int64_t(kvh) * HD;
   const bf16* vseq = v + int64_t(b) * T * ldkv + int64_t(kvh) * HD;
   const float scale = 1.0f / sqrtf(float(HD)), scale2 = kLog2e / sqrtf(float(HD));
+  // Document mask: the queries that see the block's keys end where the document of its last key ends (the first
+  // query whose document starts after that key; documents are contiguous, so a lower bound).
+  const int32_t* ds = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T)
+  int q_stop = T;
+  if (ds) {
+    const int s_last = min(T, s0 + kRows) - 1;
+    int lo = s_last + 1, hi = T;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (ds[mid] <= s_last) lo = mid + 1;
+      else hi = mid;
+    }
+    q_stop = lo;
+  }
 
   load_tile<HD, kRows>(kseq, ldkv, s0, T, k_s);
   load_tile<HD, kRows>(vseq, ldkv, s0, T, v_s);
@@ -349,7 +377,7 @@ __global__ void __launch_bounds__(kThreads)
     const int bh = b * H + h;
     const bf16* qseq = q + int64_t(b) * T * ldq + int64_t(h) * HD;
     const bf16* dseq = dout + int64_t(b) * T * C + int64_t(h) * HD;
-    for (int q0 = s0; q0 < T; q0 += BQ) {  // queries before s0 see none of the block's keys
+    for (int q0 = s0; q0 < q_stop; q0 += BQ) {  // queries before s0 see none of the block's keys
       __syncthreads();
       load_tile<HD, BQ>(qseq, ldq, q0, T, q_s);
       load_tile<HD, BQ>(dseq, C, q0, T, do_s);
@@ -357,6 +385,7 @@ __global__ void __launch_bounds__(kThreads)
         const int t = q0 + threadIdx.x;
         lse2_s[threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : 0.0f;
         drow_s[threadIdx.x] = t < T ? row_dot[int64_t(bh) * T + t] : 0.0f;
+        lo_s[threadIdx.x] = t < T && ds ? ds[t] : 0;
       }
       __syncthreads();
       if (q0 + BQ - 1 < wkey) continue;  // every query of the tile is before every key of the warp
@@ -379,13 +408,13 @@ __global__ void __launch_bounds__(kThreads)
           mma(dpt[nt], av, b0, b1);
         }
       }
-      const bool edge = q0 < wkey + 15 || q0 + BQ > T;
+      const bool edge = ds || q0 < wkey + 15 || q0 + BQ > T;
 #pragma unroll
       for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int i = 8 * nt + 2 * c4 + (j & 1), t = q0 + i;  // the query of this element
-          const bool masked = edge && (t < keys[j / 2] || t >= T);
+          const bool masked = edge && (t < keys[j / 2] || t >= T || lo_s[i] > keys[j / 2]);
           const float p = masked ? 0.0f : exp2f(st[nt][j] * scale2 - lse2_s[i]);
           st[nt][j] = p;                            // P^T
           dpt[nt][j] = p * (dpt[nt][j] - drow_s[i]);  // dS^T
@@ -432,11 +461,12 @@ void allow_shared(Kernel kernel, size_t bytes) {
 
 template <int HD>
 void forward(const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv, bf16* out, float* lse, int64_t B,
-             int64_t T, int64_t H, int64_t KV, cudaStream_t stream) {
+             int64_t T, int64_t H, int64_t KV, const int32_t* doc_start, cudaStream_t stream) {
   const size_t smem = size_t(3 * kRows) * (HD + 8) * sizeof(bf16);
   allow_shared(mma_forward_kernel<HD>, smem);
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kRows - 1) / kRows));
-  mma_forward_kernel<HD><<<grid, kThreads, smem, stream>>>(q, k, v, ldq, ldkv, out, lse, int(T), int(H), int(KV));
+  mma_forward_kernel<HD><<<grid, kThreads, smem, stream>>>(q, k, v, ldq, ldkv, out, lse, int(T), int(H), int(KV),
+                                                           doc_start);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -444,19 +474,19 @@ void forward(const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t l
 template <int HD>
 void backward(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv,
               const float* lse, const float* row_dot, bf16* dq, bf16* dk, bf16* dv, int64_t B, int64_t T, int64_t H,
-              int64_t KV, cudaStream_t stream) {
+              int64_t KV, const int32_t* doc_start, cudaStream_t stream) {
   constexpr int BN = HD <= 64 ? 64 : 32;
   const size_t smem_q = size_t(2 * kRows + 2 * BN) * (HD + 8) * sizeof(bf16);
   allow_shared(mma_dq_kernel<HD, BN>, smem_q);
   const dim3 grid_q(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kRows - 1) / kRows));
   mma_dq_kernel<HD, BN><<<grid_q, kThreads, smem_q, stream>>>(dout, q, k, v, ldq, ldkv, lse, row_dot, dq, int(T),
-                                                               int(H), int(KV));
+                                                               int(H), int(KV), doc_start);
   CUDA_CHECK(cudaGetLastError());
-  const size_t smem_kv = size_t(2 * kRows + 2 * BN) * (HD + 8) * sizeof(bf16) + 2 * BN * sizeof(float);
+  const size_t smem_kv = size_t(2 * kRows + 2 * BN) * (HD + 8) * sizeof(bf16) + 2 * BN * sizeof(float) + BN * sizeof(int);
   allow_shared(mma_dkv_kernel<HD, BN>, smem_kv);
   const dim3 grid_kv(static_cast<unsigned>(B * KV), static_cast<unsigned>((T + kRows - 1) / kRows));
   mma_dkv_kernel<HD, BN><<<grid_kv, kThreads, smem_kv, stream>>>(dout, q, k, v, ldq, ldkv, lse, row_dot, dk, dv,
-                                                                  int(T), int(H), int(KV));
+                                                                  int(T), int(H), int(KV), doc_start);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -471,22 +501,23 @@ bool flash_mma_supported(int64_t hd, int64_t ldq, int64_t ldkv, const void* cons
 }
 
 void flash_mma_forward(const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv, bf16* out, float* lse,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, cudaStream_t stream) {
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start,
+                       cudaStream_t stream) {
   RELAY_ASSERT(B * H <= INT_MAX && T <= INT_MAX && (T + kRows - 1) / kRows <= 65535,
                "flash_mma_forward: B " << B << ", T " << T << ", H " << H << " exceed the launch limits");
-  if (hd == 64) return forward<64>(q, k, v, ldq, ldkv, out, lse, B, T, H, KV, stream);
+  if (hd == 64) return forward<64>(q, k, v, ldq, ldkv, out, lse, B, T, H, KV, doc_start, stream);
   RELAY_ASSERT(hd == 128, "flash_mma_forward: head dim " << hd);
-  forward<128>(q, k, v, ldq, ldkv, out, lse, B, T, H, KV, stream);
+  forward<128>(q, k, v, ldq, ldkv, out, lse, B, T, H, KV, doc_start, stream);
 }
 
 void flash_mma_backward(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv,
                         const float* lse, const float* row_dot, bf16* dq, bf16* dk, bf16* dv, int64_t B, int64_t T,
-                        int64_t H, int64_t KV, int64_t hd, cudaStream_t stream) {
+                        int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start, cudaStream_t stream) {
   RELAY_ASSERT(B * H <= INT_MAX && T <= INT_MAX && (T + kRows - 1) / kRows <= 65535,
                "flash_mma_backward: B " << B << ", T " << T << ", H " << H << " exceed the launch limits");
-  if (hd == 64) return backward<64>(dout, q, k, v, ldq, ldkv, lse, row_dot, dq, dk, dv, B, T, H, KV, stream);
+  if (hd == 64) return backward<64>(dout, q, k, v, ldq, ldkv, lse, row_dot, dq, dk, dv, B, T, H, KV, doc_start, stream);
   RELAY_ASSERT(hd == 128, "flash_mma_backward: head dim " << hd);
-  backward<128>(dout, q, k, v, ldq, ldkv, lse, row_dot, dq, dk, dv, B, T, H, KV, stream);
+  backward<128>(dout, q, k, v, ldq, ldkv, lse, row_dot, dq, dk, dv, B, T, H, KV, doc_start, stream);
 }
 
 }  // namespace relay::cuda

@@ -18,14 +18,15 @@ namespace relay::cuda {
 bool flash_mma_supported(int64_t hd, int64_t ldq, int64_t ldkv, const void* const* ptrs, int n_ptrs);
 
 // q (B*T rows, ldq apart), k, v (ldkv apart) -> out (B*T, H*hd), lse (B, H, T). Requires flash_mma_supported.
+// doc_start (device, B*T, or null): data.document_mask's first visible key of each query (flash_attention.cuh).
 void flash_mma_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t ldq,
                        int64_t ldkv, __nv_bfloat16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t KV,
-                       int64_t hd, cudaStream_t stream);
+                       int64_t hd, const int32_t* doc_start, cudaStream_t stream);
 
 // row_dot (B, H, T) = rowsum(dout * out), computed by the caller; dq, dk, dv overwritten.
 void flash_mma_backward(const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
                         const __nv_bfloat16* v, int64_t ldq, int64_t ldkv, const float* lse, const float* row_dot,
                         __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, int64_t B, int64_t T, int64_t H,
-                        int64_t KV, int64_t hd, cudaStream_t stream);
+                        int64_t KV, int64_t hd, const int32_t* doc_start, cudaStream_t stream);
 
 }  // namespace relay::cuda

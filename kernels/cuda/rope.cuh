@@ -9,10 +9,10 @@
 
 namespace relay::cuda {
 
-// y (rows, heads * hd) = x rotated, row r at position pos0 + r % T; inverse rotates by minus the angle.
-// y may alias x.
+// y (rows, heads * hd) = x rotated, row r at position pos0 + r % T, or pos0 + positions[r] (device, rows; null: the
+// former); inverse rotates by minus the angle. y may alias x.
 template <typename X>
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
-          bool inverse, cudaStream_t stream);
+          bool inverse, const int32_t* positions, cudaStream_t stream);
 
 }  // namespace relay::cuda

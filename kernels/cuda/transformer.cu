@@ -17,12 +17,14 @@ namespace relay::cuda {
 
 template <typename X>
 __global__ void embedding_forward_kernel(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows,
-                                         int64_t C, int64_t T, int64_t vocab_start, int64_t vocab_rows) {
+                                         int64_t C, int64_t T, int64_t vocab_start, int64_t vocab_rows,
+                                         const int32_t* positions) {
   const int64_t n = rows * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / C, c = i % C, v = int64_t(tokens[r]) - vocab_start;
     const float e = v >= 0 && v < vocab_rows ? load(wte[v * C + c]) : 0.0f;  // another tp rank's token: 0
-    store(out[i], e + (wpe ? load(wpe[(r % T) * C + c]) : 0.0f));
+    const int64_t p = positions ? int64_t(positions[r]) : r % T;
+    store(out[i], e + (wpe ? load(wpe[p * C + c]) : 0.0f));
   }
 }
 
@@ -193,12 +195,12 @@ __global__ void attention_decode_kernel(const X* q_in, int64_t ldq, const X* kca
 
 template <typename X>
 void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows, int64_t C, int64_t T,
-                       int64_t vocab_start, int64_t vocab_rows, cudaStream_t stream) {
+                       int64_t vocab_start, int64_t vocab_rows, const int32_t* positions, cudaStream_t stream) {
   RELAY_ASSERT(rows >= 0 && C > 0 && T > 0, "embedding_forward: rows " << rows << ", C " << C << ", T " << T);
   if (rows == 0) return;
   RELAY_ASSERT(tokens && wte && out, "embedding_forward: null pointer");
   embedding_forward_kernel<X><<<grid_for(rows * C), kBlock, 0, stream>>>(tokens, wte, wpe, out, rows, C, T,
-                                                                          vocab_start, vocab_rows);
+                                                                          vocab_start, vocab_rows, positions);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -212,7 +214,8 @@ size_t embedding_backward_scratch_bytes(int64_t rows) {
 
 template <typename X>
 void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
-                        int64_t T, int64_t vocab_start, int64_t vocab_rows, void* scratch, cudaStream_t stream) {
+                        int64_t T, int64_t vocab_start, int64_t vocab_rows, const int32_t* positions, void* scratch,
+                        cudaStream_t stream) {
   RELAY_ASSERT(rows >= 0 && C > 0 && T > 0, "embedding_backward: rows " << rows << ", C " << C << ", T " << T);
   if (rows == 0) return;
   RELAY_ASSERT(tokens && dout && dwte && scratch, "embedding_backward: null pointer");
@@ -236,7 +239,21 @@ void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float
       keys_sorted, idx_sorted, dout, dwte, rows, C, vocab_rows);
   CUDA_CHECK(cudaGetLastError());
   if (!dwpe) return;
-  embedding_backward_wpe_kernel<X><<<grid_for(T * C), kBlock, 0, stream>>>(dout, dwpe, rows, C, T);
+  if (!positions) {
+    embedding_backward_wpe_kernel<X><<<grid_for(T * C), kBlock, 0, stream>>>(dout, dwpe, rows, C, T);
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  // Positions restarting with each document: dwpe by position runs, the same sort with the positions as keys
+  // (the scratch is free again: the launches above read it earlier on this stream).
+  embedding_sort_keys_kernel<<<grid_for(rows), kBlock, 0, stream>>>(positions, keys, idx, rows, 0, T);
+  CUDA_CHECK(cudaGetLastError());
+  end_bit = 1;
+  while (end_bit < 31 && (int64_t(1) << end_bit) <= T) ++end_bit;  // keys in [0, T]
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, keys_sorted, idx, idx_sorted, int(rows), 0,
+                                             end_bit, stream));
+  embedding_backward_runs_kernel<X><<<static_cast<unsigned>((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+      keys_sorted, idx_sorted, dout, dwpe, rows, C, T);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -280,9 +297,9 @@ void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int
 
 #define INST(X)                                                                                                  \
   template void embedding_forward<X>(const int32_t*, const X*, const X*, X*, int64_t, int64_t, int64_t, int64_t, \
-                                     int64_t, cudaStream_t);                                                     \
+                                     int64_t, const int32_t*, cudaStream_t);                                     \
   template void embedding_backward<X>(const int32_t*, const X*, float*, float*, int64_t, int64_t, int64_t,       \
-                                      int64_t, int64_t, void*, cudaStream_t);                                    \
+                                      int64_t, int64_t, const int32_t*, void*, cudaStream_t);                    \
   template void attention_decode<X>(const X*, X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
   template void attention_decode_gqa<X>(const X*, int64_t, const X*, const X*, int64_t, X*, X*, X*, int64_t, int64_t, \
                                         int64_t, int64_t, int64_t, int64_t, cudaStream_t);

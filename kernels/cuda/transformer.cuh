@@ -12,18 +12,21 @@
 
 namespace relay::cuda {
 
-// out (rows, C) = wte[tokens[r]] + wpe[r % T]; tokens (rows) i32. wte holds table rows
+// out (rows, C) = wte[tokens[r]] + wpe[position of r]; tokens (rows) i32; the position is r % T, or positions[r]
+// (device, rows; data.document_mask's restarting positions) when not null. wte holds table rows
 // [vocab_start, vocab_start + vocab_rows) (vocabulary-parallel; other tokens give 0); wpe null: no positions.
 template <typename X>
 void embedding_forward(const int32_t* tokens, const X* wte, const X* wpe, X* out, int64_t rows, int64_t C, int64_t T,
-                       int64_t vocab_start, int64_t vocab_rows, cudaStream_t stream);
-// dwte (vocab_rows, C) += scatter of dout (rows, C) by token; dwpe (T, C) += sum over sequences (null: skipped).
-// Deterministic: a token's rows are summed in row order, then added. scratch: embedding_backward_scratch_bytes(rows)
-// bytes of device memory, 256-byte aligned (the token sort's keys, row indices and cub's temporary storage).
+                       int64_t vocab_start, int64_t vocab_rows, const int32_t* positions, cudaStream_t stream);
+// dwte (vocab_rows, C) += scatter of dout (rows, C) by token; dwpe (T, C) += sum over rows by position (null:
+// skipped). Deterministic: a token's (or position's) rows are summed in row order, then added. scratch:
+// embedding_backward_scratch_bytes(rows) bytes of device memory, 256-byte aligned (the sort's keys, row indices
+// and cub's temporary storage).
 size_t embedding_backward_scratch_bytes(int64_t rows);
 template <typename X>
 void embedding_backward(const int32_t* tokens, const X* dout, float* dwte, float* dwpe, int64_t rows, int64_t C,
-                        int64_t T, int64_t vocab_start, int64_t vocab_rows, void* scratch, cudaStream_t stream);
+                        int64_t T, int64_t vocab_start, int64_t vocab_rows, const int32_t* positions, void* scratch,
+                        cudaStream_t stream);
 // qkv (B*T, 3C) [q | k | v] -> att (B, H, T, T) probabilities (0 above the diagonal), out (B*T, C).
 void attention_forward(const float* qkv, float* att, float* out, int64_t B, int64_t T, int64_t C, int64_t H,
                        cudaStream_t stream);

@@ -269,13 +269,8 @@ class OpProfile {
   int64_t ops_ = 0;
 };
 
-// data.document_mask's per-row positions and document starts are not on the GPU yet: a named error, never a
-// silent plain causal run.
-void refuse_document_layout(const char* op, const Tensor& t) {
-  if (t.defined())
-    throw Error(cat(op, ": data.document_mask (per-row positions and document starts) is not implemented on the CUDA "
-                    "backend yet; train it on the CPU (train.device = \"cpu\") or set data.document_mask = false"));
-}
+// An optional i32 tensor's device pointer: positions, document starts (undefined: null, the kernel's default).
+const int32_t* i32_or_null(const Tensor& t) { return t.defined() ? t.i32() : nullptr; }
 
 class CudaBackend final : public Backend {
  public:
@@ -706,11 +701,11 @@ class CudaBackend final : public Backend {
 
   void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
                  Tensor& y, const Tensor& positions) override {
-    refuse_document_layout("rope", positions);
     bind();
     by_dtype(x, [&](auto* t) {
       using X = X_OF(t);
-      cuda::rope(ptr<X>(x), ptr<X>(y), rows_of(x), T, cols_of(x) / head_dim, head_dim, theta, pos0, inverse, stream_);
+      cuda::rope(ptr<X>(x), ptr<X>(y), rows_of(x), T, cols_of(x) / head_dim, head_dim, theta, pos0, inverse,
+                 i32_or_null(positions), stream_);
     });
   }
 
@@ -771,24 +766,23 @@ class CudaBackend final : public Backend {
 
   void embedding_forward_impl(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t T, Tensor& out,
                               int64_t vocab_start, const Tensor& positions) override {
-    refuse_document_layout("embedding_forward", positions);
     bind();
     by_dtype(wte, [&](auto* t) {
       using X = X_OF(t);
       cuda::embedding_forward(tokens.i32(), ptr<X>(wte), ptr_or_null<X>(wpe), ptr<X>(out), tokens.numel(),
-                              cols_of(wte), T, vocab_start, rows_of(wte), stream_);
+                              cols_of(wte), T, vocab_start, rows_of(wte), i32_or_null(positions), stream_);
     });
   }
 
   void embedding_backward_impl(const Tensor& tokens, const Tensor& dout, int64_t T, Tensor& dwte, Tensor& dwpe,
                                int64_t vocab_start, const Tensor& positions) override {
-    refuse_document_layout("embedding_backward", positions);
     bind();
     // The token sort's scratch; the pool hands it to later work on this stream only.
     const std::shared_ptr<std::byte> scratch = pool_->allocate(cuda::embedding_backward_scratch_bytes(tokens.numel()));
     by_dtype(dout, [&](auto* t) {
       cuda::embedding_backward(tokens.i32(), ptr<X_OF(t)>(dout), dwte.f32(), dwpe.defined() ? dwpe.f32() : nullptr,
-                               tokens.numel(), cols_of(dwte), T, vocab_start, rows_of(dwte), scratch.get(), stream_);
+                               tokens.numel(), cols_of(dwte), T, vocab_start, rows_of(dwte), i32_or_null(positions),
+                               scratch.get(), stream_);
     });
   }
 
@@ -808,19 +802,17 @@ class CudaBackend final : public Backend {
 
   void flash_attention_forward_impl(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out,
                                     Tensor& lse, const Tensor& doc_start) override {
-    refuse_document_layout("flash_attention_forward", doc_start);
     bind();
     const int64_t C = cols_of(qkv) / 3;
     check_flash_head_dim("flash_attention_forward", C, H);
     by_dtype(qkv, [&](auto* t) {
       using X = X_OF(t);
-      cuda::flash_attention_forward(ptr<X>(qkv), ptr<X>(out), lse.f32(), B, T, C, H, stream_);
+      cuda::flash_attention_forward(ptr<X>(qkv), ptr<X>(out), lse.f32(), B, T, C, H, i32_or_null(doc_start), stream_);
     });
   }
 
   void flash_attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                      int64_t B, int64_t T, int64_t H, Tensor& dqkv, const Tensor& doc_start) override {
-    refuse_document_layout("flash_attention_backward", doc_start);
     bind();
     const int64_t C = cols_of(qkv) / 3;
     check_flash_head_dim("flash_attention_backward", C, H);
@@ -829,7 +821,7 @@ class CudaBackend final : public Backend {
     by_dtype(qkv, [&](auto* t) {
       using X = X_OF(t);
       cuda::flash_attention_backward(ptr<X>(dout), ptr<X>(qkv), ptr<X>(out), lse.f32(), ptr<X>(dqkv), scratch.f32(),
-                                     B, T, C, H, stream_);
+                                     B, T, C, H, i32_or_null(doc_start), stream_);
     });
   }
 
@@ -845,21 +837,19 @@ class CudaBackend final : public Backend {
 
   void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
                                         int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) override {
-    refuse_document_layout("flash_attention_gqa_forward", doc_start);
     bind();
     const int64_t hd = cols_of(q) / H;
     check_gqa_head_dim("flash_attention_gqa_forward", hd, H);
     by_dtype(q, [&](auto* t) {
       using X = X_OF(t);
       cuda::flash_attention_gqa_forward(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out),
-                                        lse.f32(), B, T, H, KV, hd, stream_);
+                                        lse.f32(), B, T, H, KV, hd, i32_or_null(doc_start), stream_);
     });
   }
 
   void flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
                                          int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) override {
-    refuse_document_layout("flash_attention_gqa_backward", doc_start);
     bind();
     const int64_t hd = cols_of(q) / H;
     check_gqa_head_dim("flash_attention_gqa_backward", hd, H);
@@ -869,7 +859,7 @@ class CudaBackend final : public Backend {
       using X = X_OF(t);
       cuda::flash_attention_gqa_backward(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
                                          ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv), scratch.f32(), B,
-                                         T, H, KV, hd, stream_);
+                                         T, H, KV, hd, i32_or_null(doc_start), stream_);
     });
   }
 
