@@ -323,3 +323,68 @@ TEST_F(FlashAttention, DocumentMaskEqualsEachDocumentAlone) {
           << names[i] << " differs with " << threads << " threads";
   }
 }
+
+// Context parallelism's attention (flash_attention_gqa_*_at): each of cp ranks holds chunks i and 2cp-1-i of every
+// sequence (2cp chunks of T / 2cp rows: the load-balanced causal layout) and attends to the whole sequence's keys.
+// Each rank's out and lse equal the full run's rows at its positions, its dq equal theirs, and the dk, dv of all
+// ranks summed equal the full run's; with and without a document mask, cp 2 and 4 (float32, other tile
+// alignments: 4e-6 of each output's magnitude as above).
+TEST_F(FlashAttention, ChunksAtPositionsEqualTheWholeSequence) {
+  const int64_t B = 2, T = 256, H = 4, KV = 2, hd = 16, C = H * hd, Ckv = KV * hd;
+  const auto q = randn(size_t(B * T * C), 31, 1.5f), k = randn(size_t(B * T * Ckv), 32, 1.5f);
+  const auto v = randn(size_t(B * T * Ckv), 33, 1.0f), dout = randn(size_t(B * T * C), 34, 1.0f);
+  for (bool docs : {false, true}) {
+    std::vector<int32_t> doc_start(size_t(B * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0, start = 0; t < T; ++t) {
+        if (docs && t > 0 && t % (37 + 20 * b) == 0) start = t;  // documents of 37 (57) rows
+        doc_start[size_t(b * T + t)] = int32_t(start);
+      }
+    const int32_t* ds = docs ? doc_start.data() : nullptr;
+    std::vector<float> out(q.size()), lse(size_t(B * H * T)), dq(q.size()), dk(k.size()), dv(v.size());
+    cpu::flash_attention_gqa_forward(q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(), B, T, H, KV, hd, ds);
+    cpu::flash_attention_gqa_backward(dout.data(), q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(),
+                                      dq.data(), dk.data(), dv.data(), B, T, H, KV, hd, ds);
+    for (int64_t cp : {int64_t(2), int64_t(4)}) {
+      SCOPED_TRACE("cp " + std::to_string(cp) + (docs ? ", documents" : ""));
+      const int64_t c = T / (2 * cp), Tq = 2 * c;
+      std::vector<float> dk_sum(k.size(), 0.f), dv_sum(v.size(), 0.f);
+      for (int64_t i = 0; i < cp; ++i) {
+        // This rank's rows: per sequence chunk i then chunk 2cp - 1 - i, at their positions.
+        std::vector<int32_t> pos, lo;
+        std::vector<float> ql, dl, ol, ll;  // (B*Tq, C) queries and output gradients; the full run's out, lse
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t chunk : {i, 2 * cp - 1 - i})
+            for (int64_t t = chunk * c; t < (chunk + 1) * c; ++t) {
+              pos.push_back(int32_t(t));
+              lo.push_back(doc_start[size_t(b * T + t)]);
+              const size_t row = size_t(b * T + t);
+              ql.insert(ql.end(), q.begin() + row * C, q.begin() + (row + 1) * C);
+              dl.insert(dl.end(), dout.begin() + row * C, dout.begin() + (row + 1) * C);
+            }
+        std::vector<float> o(size_t(B * Tq * C)), l(size_t(B * H * Tq)), g(o.size()), gk(k.size()), gv(v.size());
+        cpu::flash_attention_gqa_forward_at(ql.data(), k.data(), v.data(), C, Ckv, o.data(), l.data(), B, Tq, T,
+                                            pos.data(), H, KV, hd, docs ? lo.data() : nullptr);
+        cpu::flash_attention_gqa_backward_at(dl.data(), ql.data(), k.data(), v.data(), C, Ckv, o.data(), l.data(),
+                                             g.data(), gk.data(), gv.data(), B, Tq, T, pos.data(), H, KV, hd,
+                                             docs ? lo.data() : nullptr);
+        std::vector<float> want_o, want_l, want_g;
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t r = 0; r < Tq; ++r) {
+            const size_t row = size_t(b * T + pos[size_t(b * Tq + r)]);
+            want_o.insert(want_o.end(), out.begin() + row * C, out.begin() + (row + 1) * C);
+            want_g.insert(want_g.end(), dq.begin() + row * C, dq.begin() + (row + 1) * C);
+          }
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t r = 0; r < Tq; ++r) want_l.push_back(lse[size_t((b * H + h) * T + pos[size_t(b * Tq + r)])]);
+        EXPECT_LE(relative_error(o, want_o), 4e-6) << "out of rank " << i;
+        EXPECT_LE(relative_error(l, want_l), 4e-6) << "lse of rank " << i;
+        EXPECT_LE(relative_error(g, want_g), 4e-6) << "dq of rank " << i;
+        for (size_t e = 0; e < gk.size(); ++e) dk_sum[e] += gk[e], dv_sum[e] += gv[e];
+      }
+      EXPECT_LE(relative_error(dk_sum, dk), 4e-6) << "dk summed over the ranks";
+      EXPECT_LE(relative_error(dv_sum, dv), 4e-6) << "dv summed over the ranks";
+    }
+  }
+}

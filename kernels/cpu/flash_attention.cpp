@@ -107,23 +107,31 @@ inline int64_t visible_keys(int64_t t, int64_t k0, int64_t cols) { return std::c
 inline int64_t first_visible(const int32_t* lo, int64_t r, int64_t k0) {
   return lo ? std::max<int64_t>(int64_t(lo[r]) - k0, 0) : 0;
 }
+// The key positions of a tile's query rows: first + r, or pos[r] where the queries are a subset of the keys'
+// positions (context parallelism: a rank's chunks of a sequence against the whole sequence's keys).
+struct Rows {
+  const int32_t* pos;  // (rows) or null
+  int64_t first;
+  int64_t at(int64_t r) const { return pos ? int64_t(pos[r]) : first + r; }
+  Rows from(int64_t r) const { return {pos ? pos + r : nullptr, first + r}; }
+};
 
 // The tile loops below run over whole vectors: a row of a tile (rows, ld) may be read and written up to
 // ld, a multiple of kLanes. Rows that see every key of the tile (all tiles but the diagonal ones) take
 // the loop without masks; in the others, lanes at or past a row's visible keys are written 0.
 
 // One key tile of the forward's online softmax (FlashAttention-2 Algorithm 1, lines 8-10).
-// s (rows, ld): scores of queries q0.. against keys k0.., in log2 units, replaced by their unnormalised
+// s (rows, ld): scores of queries qr (at key positions qr.at(r)) against keys k0.., in log2 units, replaced by their unnormalised
 // probabilities 2^(s - running max), masked keys 0. m, l (rows): running max and sum, updated (-inf and 0
 // before a row's first key); acc (rows, hd): the output accumulator (0 before then), rescaled when a row's max
 // grows. lo (rows): each row's first visible key (its document's start), or null.
 RELAY_CPU_CLONES
-void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0, float* m,
+void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, Rows qr, int64_t k0, float* m,
                          float* l, float* acc, int64_t hd, const int32_t* lo) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
-    const int64_t valid = visible_keys(q0 + r, k0, cols), from = first_visible(lo, r, k0);
+    const int64_t valid = visible_keys(qr.at(r), k0, cols), from = first_visible(lo, r, k0);
     vfloat vmx = vsplat(m[r]), vsum{};
     float mx;
     if (from >= valid) {  // the row sees none of these keys (its document starts after them)
@@ -163,15 +171,15 @@ void online_softmax_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64
 }
 
 // Backward, one tile (FlashAttention-2 Algorithm 2, line 11): s (rows, ld) scores in log2 units ->
-// probabilities P = 2^(s - lse2) of queries q0.. against keys k0.., masked keys 0. lse2 (rows) the
+// probabilities P = 2^(s - lse2) of queries qr against keys k0.., masked keys 0. lse2 (rows) the
 // forward's log-sum-exp in log2 units.
 RELAY_CPU_CLONES
-void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
+void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, Rows qr, int64_t k0,
                           const float* lse2, const int32_t* lo) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
-    const int64_t valid = visible_keys(q0 + r, k0, cols), from = first_visible(lo, r, k0);
+    const int64_t valid = visible_keys(qr.at(r), k0, cols), from = first_visible(lo, r, k0);
     const float shift = lse2[r];
     if (valid == padded && from == 0) {
       for (int64_t c = 0; c < padded; c += kLanes) vstore(row + c, exp2_poly(vload(row + c) - shift));
@@ -187,13 +195,13 @@ void recompute_probs_tile(float* s, int64_t ld, int64_t rows, int64_t cols, int6
 // Backward, softmax's gradient (Algorithm 2, line 14): dp (rows, ld) = dP -> dS = P * (dP - D), in place.
 // p (rows, ld) probabilities, 0 on masked keys; d (rows) = rowsum(dO * O).
 RELAY_CPU_CLONES
-void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int64_t cols, int64_t q0, int64_t k0,
+void softmax_grad_tile(float* dp, const float* p, int64_t ld, int64_t rows, int64_t cols, Rows qr, int64_t k0,
                        const float* d, const int32_t* lo) {
   const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     float* g = dp + r * ld;
     const float* pr = p + r * ld;
-    const int64_t valid = visible_keys(q0 + r, k0, cols), from = first_visible(lo, r, k0);
+    const int64_t valid = visible_keys(qr.at(r), k0, cols), from = first_visible(lo, r, k0);
     const float dr = d[r];
     if (valid == padded && from == 0) {
       for (int64_t c = 0; c < padded; c += kLanes) vstore(g + c, vload(pr + c) * (vload(g + c) - dr));
@@ -258,11 +266,11 @@ void single_threaded_gemm() { omp_set_num_threads(1); }
 // q (B*T, H*hd), k, v (B*T, KV*hd) share them: query head h reads key/value head h / (H / KV), and KV == H
 // is plain multi-head attention (the packed op calls these with exactly its old arithmetic).
 template <typename Elem>
-void flash_attention_gqa_forward(const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq, int64_t ldkv,
-                                 Elem* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
-                                 const int32_t* doc_start) {
+void flash_attention_gqa_forward_at(const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq, int64_t ldkv,
+                                    Elem* out, float* lse, int64_t B, int64_t Tq, int64_t Tk, const int32_t* q_pos,
+                                    int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start) {
   const int64_t C = H * hd, group = H / KV;
-  const int64_t blocks = (T + kFwdQueries - 1) / kFwdQueries, heads = B * H;
+  const int64_t blocks = (Tq + kFwdQueries - 1) / kFwdQueries, heads = B * H;
   // Scores in log2 units (scale * log2 e folded into the GEMM) so that the softmax needs only 2^x.
   const float alpha = kLog2e / std::sqrt(float(hd));
 #pragma omp parallel
@@ -272,7 +280,7 @@ void flash_attention_gqa_forward(const Elem* q_in, const Elem* k_in, const Elem*
     // a thread usually takes several query blocks of one head (or of the heads sharing its key/value head)
     // in a row, and reads those keys once, not once per block (they fit in L2: 2 x T x hd floats, 512 KiB
     // at T = 1024, hd = 64).
-    std::vector<float> k(static_cast<size_t>(T * hd)), v(k.size());  // (T, hd)
+    std::vector<float> k(static_cast<size_t>(Tk * hd)), v(k.size());  // (Tk, hd)
     int64_t cached_kv = -1, cached = 0;
     std::vector<float> q(static_cast<size_t>(kFwdQueries * hd));        // (Br, hd)
     std::vector<float> s(static_cast<size_t>(kFwdQueries * kFwdKeys));  // (Br, Bc) scores, then probabilities
@@ -285,45 +293,130 @@ void flash_attention_gqa_forward(const Elem* q_in, const Elem* k_in, const Elem*
     for (int64_t task = 0; task < blocks * heads; ++task) {
       const int64_t bh = task / blocks, qb = blocks - 1 - task % blocks, b = bh / H, h = bh % H;
       const int64_t kvh = b * KV + h / group;
-      const int64_t q0 = qb * kFwdQueries, q1 = std::min(T, q0 + kFwdQueries), rows = q1 - q0;
-      const Elem* kbase = k_in + b * T * ldkv + (h / group) * hd;  // (T, ldkv) this sequence's key head
-      const Elem* vbase = v_in + b * T * ldkv + (h / group) * hd;
+      const int64_t q0 = qb * kFwdQueries, q1 = std::min(Tq, q0 + kFwdQueries), rows = q1 - q0;
+      const Rows qr{q_pos ? q_pos + b * Tq + q0 : nullptr, q0};  // the block's queries' key positions
+      const int64_t p_end = qr.at(rows - 1) + 1;                   // keys at or after it are never seen
+      const Elem* kbase = k_in + b * Tk * ldkv + (h / group) * hd;  // (Tk, ldkv) this sequence's key head
+      const Elem* vbase = v_in + b * Tk * ldkv + (h / group) * hd;
       if (kvh != cached_kv) cached_kv = kvh, cached = 0;
-      if (cached < q1) {
-        load_rows(kbase + cached * ldkv, ldkv, q1 - cached, hd, k.data() + cached * hd);
-        load_rows(vbase + cached * ldkv, ldkv, q1 - cached, hd, v.data() + cached * hd);
-        cached = q1;
+      if (cached < p_end) {
+        load_rows(kbase + cached * ldkv, ldkv, p_end - cached, hd, k.data() + cached * hd);
+        load_rows(vbase + cached * ldkv, ldkv, p_end - cached, hd, v.data() + cached * hd);
+        cached = p_end;
       }
-      load_rows(q_in + (b * T + q0) * ldq + h * hd, ldq, rows, hd, q.data());
+      load_rows(q_in + (b * Tq + q0) * ldq + h * hd, ldq, rows, hd, q.data());
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.0f);
       std::fill(acc.begin(), acc.end(), 0.0f);
       // The block's rows' first visible keys (non-decreasing), or null without a document mask.
-      const int32_t* lo = doc_start ? doc_start + b * T + q0 : nullptr;
+      const int32_t* lo = doc_start ? doc_start + b * Tq + q0 : nullptr;
       // Key tiles from the one holding the block's first visible key up to the block's last query: tiles above
       // the diagonal, and before every row's document, are never touched. Below the diagonal all rows see the
       // whole tile; a tile that crosses it goes in strips of kDiagRows rows, each cut at its last query, so that
       // little of the masked triangle is computed.
-      for (int64_t k0 = lo ? lo[0] / kFwdKeys * kFwdKeys : 0; k0 < q1; k0 += kFwdKeys) {
-        const int64_t k1 = std::min(q1, k0 + kFwdKeys), strip = k1 <= q0 + 1 ? rows : kDiagRows;
+      for (int64_t k0 = lo ? lo[0] / kFwdKeys * kFwdKeys : 0; k0 < p_end; k0 += kFwdKeys) {
+        const int64_t k1 = std::min(p_end, k0 + kFwdKeys), strip = k1 <= qr.at(0) + 1 ? rows : kDiagRows;
         for (int64_t r0 = 0; r0 < rows; r0 += strip) {
-          const int64_t r1 = std::min(rows, r0 + strip), cols = std::min(k1, q0 + r1) - k0;
+          const int64_t r1 = std::min(rows, r0 + strip), cols = std::min(k1, qr.at(r1 - 1) + 1) - k0;
           if (cols <= 0) continue;                   // the strip's queries precede these keys
           if (lo && lo[r0] >= k1) continue;           // ... or the documents of all its rows start after them
           gemm(false, true, r1 - r0, cols, hd, alpha, q.data() + r0 * hd, hd, k.data() + k0 * hd, hd, 0.0f,
                s.data(), kFwdKeys);
-          online_softmax_tile(s.data(), kFwdKeys, r1 - r0, cols, q0 + r0, k0, m.data() + r0, l.data() + r0,
+          online_softmax_tile(s.data(), kFwdKeys, r1 - r0, cols, qr.from(r0), k0, m.data() + r0, l.data() + r0,
                               acc.data() + r0 * hd, hd, lo ? lo + r0 : nullptr);
           gemm(false, false, r1 - r0, hd, cols, 1.0f, s.data(), kFwdKeys, v.data() + k0 * hd, hd, 1.0f,
                acc.data() + r0 * hd, hd);
         }
       }
-      float* lse_bh = lse + bh * T;  // (T)
+      float* lse_bh = lse + bh * Tq;  // (Tq)
       for (int64_t r = 0; r < rows; ++r) {
         inv_l[size_t(r)] = 1.0f / l[size_t(r)];
         lse_bh[q0 + r] = (m[size_t(r)] + std::log2(l[size_t(r)])) * kLn2;
       }
-      store_rows(acc.data(), inv_l.data(), rows, hd, out + (b * T + q0) * C + h * hd, C);
+      store_rows(acc.data(), inv_l.data(), rows, hd, out + (b * Tq + q0) * C + h * hd, C);
+    }
+  }
+}
+
+template <typename Elem>
+void flash_attention_gqa_forward(const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq, int64_t ldkv,
+                                 Elem* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
+                                 const int32_t* doc_start) {
+  flash_attention_gqa_forward_at(q_in, k_in, v_in, ldq, ldkv, out, lse, B, T, T, nullptr, H, KV, hd, doc_start);
+}
+
+template <typename Elem>
+void flash_attention_gqa_backward_at(const Elem* dout, const Elem* q_in, const Elem* k_in, const Elem* v_in,
+                                     int64_t ldq, int64_t ldkv, const Elem* out, const float* lse, Elem* dq_out,
+                                     Elem* dk_out, Elem* dv_out, int64_t B, int64_t Tq, int64_t Tk,
+                                     const int32_t* q_pos, int64_t H, int64_t KV, int64_t hd,
+                                     const int32_t* doc_start) {
+  const int64_t C = H * hd, group = H / KV;
+  const float scale = 1.0f / std::sqrt(float(hd)), alpha = kLog2e * scale;
+#pragma omp parallel
+  {
+    single_threaded_gemm();
+    // Per-thread float32 copies of one head, converted once per head rather than once per tile.
+    std::vector<float> q(static_cast<size_t>(Tq * hd)), dO(q.size());     // (Tq, hd)
+    std::vector<float> dq(q.size());                                     // (Tq, hd) dQ, first O for D
+    std::vector<float> k(static_cast<size_t>(Tk * hd)), v(k.size());     // (Tk, hd)
+    std::vector<float> dk(k.size()), dv(k.size());                       // (Tk, hd) dK, dV of the key/value head
+    std::vector<float> lse2(static_cast<size_t>(Tq)), D(lse2.size());   // (Tq)
+    std::vector<float> p(static_cast<size_t>(kBwdQueries * kBwdKeys)), ds(p.size());  // (Br, Bc)
+    // One task per (b, key/value head), done in a fixed order by one thread: its query heads in order, and
+    // for each, dQ sums its key tiles and dK, dV sum their query tiles always in the same order, whatever
+    // the thread count.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bkv = 0; bkv < B * KV; ++bkv) {
+      const int64_t b = bkv / KV, kvh = bkv % KV;
+      load_rows(k_in + b * Tk * ldkv + kvh * hd, ldkv, Tk, hd, k.data());
+      load_rows(v_in + b * Tk * ldkv + kvh * hd, ldkv, Tk, hd, v.data());
+      std::fill(dk.begin(), dk.end(), 0.0f);
+      std::fill(dv.begin(), dv.end(), 0.0f);
+      const int32_t* qp = q_pos ? q_pos + b * Tq : nullptr;            // (Tq) key positions of the queries
+      const int32_t* ds0 = doc_start ? doc_start + b * Tq : nullptr;   // (Tq) first visible key of each query
+      const Rows all{qp, 0};
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        const int64_t bh = b * H + h;
+        load_rows(q_in + b * Tq * ldq + h * hd, ldq, Tq, hd, q.data());
+        load_rows(dout + b * Tq * C + h * hd, C, Tq, hd, dO.data());
+        load_rows(out + b * Tq * C + h * hd, C, Tq, hd, dq.data());
+        row_dots(dO.data(), dq.data(), D.data(), Tq, hd);  // D = rowsum(dO * O)
+        std::fill(dq.begin(), dq.end(), 0.0f);
+        for (int64_t t = 0; t < Tq; ++t) lse2[size_t(t)] = lse[bh * Tq + t] * kLog2e;
+        for (int64_t k0 = 0; k0 < Tk; k0 += kBwdKeys) {
+          const int64_t k1 = std::min(Tk, k0 + kBwdKeys);
+          float* dkt = dk.data() + k0 * hd;  // (k1 - k0, hd)
+          float* dvt = dv.data() + k0 * hd;
+          // Queries at positions before k0 see none of these keys; those at or after k1 see them all (unless their
+          // document starts later). Query positions and first visible keys are non-decreasing.
+          const int64_t qa = qp ? std::lower_bound(qp, qp + Tq, int32_t(k0)) - qp : std::min(k0, Tq);
+          const int64_t qb = qp ? std::lower_bound(qp + qa, qp + Tq, int32_t(k1)) - qp : std::min(k1, Tq);
+          // Queries whose document starts at or after k1 see none of them: the queries that do end at the end of
+          // the document holding key k1 - 1.
+          const int64_t q_end = ds0 ? std::lower_bound(ds0 + qa, ds0 + Tq, int32_t(k1)) - ds0 : Tq;
+          // From the diagonal: strips of kDiagRows rows cut at their last query while they cross it, then whole
+          // tiles of kBwdQueries rows.
+          for (int64_t q0 = qa, q1; q0 < q_end; q0 = q1) {
+            q1 = q0 < qb ? std::min({qb, q0 + kDiagRows, q_end}) : std::min(q_end, q0 + kBwdQueries);
+            const int64_t rows = q1 - q0, cols = std::min(k1, all.at(q1 - 1) + 1) - k0;
+            const float* qt = q.data() + q0 * hd;
+            const float* dOt = dO.data() + q0 * hd;
+            gemm(false, true, rows, cols, hd, alpha, qt, hd, k.data() + k0 * hd, hd, 0.0f, p.data(), kBwdKeys);
+            const int32_t* lo = ds0 ? ds0 + q0 : nullptr;
+            recompute_probs_tile(p.data(), kBwdKeys, rows, cols, all.from(q0), k0, lse2.data() + q0, lo);
+            gemm(true, false, cols, hd, rows, 1.0f, p.data(), kBwdKeys, dOt, hd, 1.0f, dvt, hd);  // dV += P^T dO
+            gemm(false, true, rows, cols, hd, 1.0f, dOt, hd, v.data() + k0 * hd, hd, 0.0f, ds.data(), kBwdKeys);  // dP
+            softmax_grad_tile(ds.data(), p.data(), kBwdKeys, rows, cols, all.from(q0), k0, D.data() + q0, lo);
+            gemm(false, false, rows, hd, cols, scale, ds.data(), kBwdKeys, k.data() + k0 * hd, hd, 1.0f,
+                 dq.data() + q0 * hd, hd);  // dQ += scale dS K
+            gemm(true, false, cols, hd, rows, scale, ds.data(), kBwdKeys, qt, hd, 1.0f, dkt, hd);  // dK += scale dS^T Q
+          }
+        }
+        store_rows(dq.data(), nullptr, Tq, hd, dq_out + b * Tq * ldq + h * hd, ldq);
+      }
+      store_rows(dk.data(), nullptr, Tk, hd, dk_out + b * Tk * ldkv + kvh * hd, ldkv);
+      store_rows(dv.data(), nullptr, Tk, hd, dv_out + b * Tk * ldkv + kvh * hd, ldkv);
     }
   }
 }
@@ -333,67 +426,8 @@ void flash_attention_gqa_backward(const Elem* dout, const Elem* q_in, const Elem
                                   int64_t ldkv, const Elem* out, const float* lse, Elem* dq_out, Elem* dk_out,
                                   Elem* dv_out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
                                   const int32_t* doc_start) {
-  const int64_t C = H * hd, group = H / KV;
-  const float scale = 1.0f / std::sqrt(float(hd)), alpha = kLog2e * scale;
-#pragma omp parallel
-  {
-    single_threaded_gemm();
-    // Per-thread float32 copies of one head, converted once per head rather than once per tile.
-    std::vector<float> q(static_cast<size_t>(T * hd)), k(q.size()), v(q.size()), dO(q.size());  // (T, hd)
-    std::vector<float> dq(q.size());                                     // (T, hd) dQ, first O for D
-    std::vector<float> dk(q.size()), dv(q.size());                      // (T, hd) dK, dV of the key/value head
-    std::vector<float> lse2(static_cast<size_t>(T)), D(lse2.size());    // (T)
-    std::vector<float> p(static_cast<size_t>(kBwdQueries * kBwdKeys)), ds(p.size());  // (Br, Bc)
-    // One task per (b, key/value head), done in a fixed order by one thread: its query heads in order, and
-    // for each, dQ sums its key tiles and dK, dV sum their query tiles always in the same order, whatever
-    // the thread count.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t bkv = 0; bkv < B * KV; ++bkv) {
-      const int64_t b = bkv / KV, kvh = bkv % KV;
-      load_rows(k_in + b * T * ldkv + kvh * hd, ldkv, T, hd, k.data());
-      load_rows(v_in + b * T * ldkv + kvh * hd, ldkv, T, hd, v.data());
-      std::fill(dk.begin(), dk.end(), 0.0f);
-      std::fill(dv.begin(), dv.end(), 0.0f);
-      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        const int64_t bh = b * H + h;
-        load_rows(q_in + b * T * ldq + h * hd, ldq, T, hd, q.data());
-        load_rows(dout + b * T * C + h * hd, C, T, hd, dO.data());
-        load_rows(out + b * T * C + h * hd, C, T, hd, dq.data());
-        row_dots(dO.data(), dq.data(), D.data(), T, hd);  // D = rowsum(dO * O)
-        std::fill(dq.begin(), dq.end(), 0.0f);
-        for (int64_t t = 0; t < T; ++t) lse2[size_t(t)] = lse[bh * T + t] * kLog2e;
-        const int32_t* ds0 = doc_start ? doc_start + b * T : nullptr;  // (T) first visible key of each query
-        for (int64_t k0 = 0; k0 < T; k0 += kBwdKeys) {
-          const int64_t k1 = std::min(T, k0 + kBwdKeys);
-          float* dkt = dk.data() + k0 * hd;  // (k1 - k0, hd)
-          float* dvt = dv.data() + k0 * hd;
-          // Queries whose document starts at or after k1 see none of these keys: the queries that do end at the
-          // end of the document holding key k1 - 1 (first visible keys are non-decreasing).
-          const int64_t q_end = ds0 ? std::lower_bound(ds0 + k1, ds0 + T, int32_t(k1)) - ds0 : T;
-          // Queries before k0 see none of these keys: start at the diagonal, in strips of kDiagRows rows
-          // cut at their last query while they cross it, then whole tiles of kBwdQueries rows.
-          for (int64_t q0 = k0, q1; q0 < q_end; q0 = q1) {
-            q1 = q0 < k1 ? std::min(k1, q0 + kDiagRows) : std::min(q_end, q0 + kBwdQueries);
-            const int64_t rows = q1 - q0, cols = std::min(k1, q1) - k0;
-            const float* qt = q.data() + q0 * hd;
-            const float* dOt = dO.data() + q0 * hd;
-            gemm(false, true, rows, cols, hd, alpha, qt, hd, k.data() + k0 * hd, hd, 0.0f, p.data(), kBwdKeys);
-            const int32_t* lo = ds0 ? ds0 + q0 : nullptr;
-            recompute_probs_tile(p.data(), kBwdKeys, rows, cols, q0, k0, lse2.data() + q0, lo);
-            gemm(true, false, cols, hd, rows, 1.0f, p.data(), kBwdKeys, dOt, hd, 1.0f, dvt, hd);  // dV += P^T dO
-            gemm(false, true, rows, cols, hd, 1.0f, dOt, hd, v.data() + k0 * hd, hd, 0.0f, ds.data(), kBwdKeys);  // dP
-            softmax_grad_tile(ds.data(), p.data(), kBwdKeys, rows, cols, q0, k0, D.data() + q0, lo);
-            gemm(false, false, rows, hd, cols, scale, ds.data(), kBwdKeys, k.data() + k0 * hd, hd, 1.0f,
-                 dq.data() + q0 * hd, hd);  // dQ += scale dS K
-            gemm(true, false, cols, hd, rows, scale, ds.data(), kBwdKeys, qt, hd, 1.0f, dkt, hd);  // dK += scale dS^T Q
-          }
-        }
-        store_rows(dq.data(), nullptr, T, hd, dq_out + b * T * ldq + h * hd, ldq);
-      }
-      store_rows(dk.data(), nullptr, T, hd, dk_out + b * T * ldkv + kvh * hd, ldkv);
-      store_rows(dv.data(), nullptr, T, hd, dv_out + b * T * ldkv + kvh * hd, ldkv);
-    }
-  }
+  flash_attention_gqa_backward_at(dout, q_in, k_in, v_in, ldq, ldkv, out, lse, dq_out, dk_out, dv_out, B, T, T,
+                                  nullptr, H, KV, hd, doc_start);
 }
 
 // GPT's packed qkv (B*T, 3C): q at column 0, k at C, v at 2C, every row 3C apart; KV == H.
@@ -417,7 +451,13 @@ void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out
                                                int64_t, int64_t, int64_t, int64_t, const int32_t*);                 \
   template void flash_attention_gqa_backward<E>(const E*, const E*, const E*, const E*, int64_t, int64_t, const E*, \
                                                 const float*, E*, E*, E*, int64_t, int64_t, int64_t, int64_t, int64_t, \
-                                                const int32_t*);
+                                                const int32_t*);                                                    \
+  template void flash_attention_gqa_forward_at<E>(const E*, const E*, const E*, int64_t, int64_t, E*, float*,       \
+                                                  int64_t, int64_t, int64_t, const int32_t*, int64_t, int64_t,      \
+                                                  int64_t, const int32_t*);                                         \
+  template void flash_attention_gqa_backward_at<E>(const E*, const E*, const E*, const E*, int64_t, int64_t,        \
+                                                   const E*, const float*, E*, E*, E*, int64_t, int64_t, int64_t,   \
+                                                   const int32_t*, int64_t, int64_t, int64_t, const int32_t*);
 INST(float)
 INST(bf16)
 #undef INST

@@ -39,4 +39,20 @@ void flash_attention_gqa_backward(const Elem* dout, const Elem* q, const Elem* k
                                   int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
                                   const int32_t* doc_start = nullptr);
 
+// Queries at chosen positions of a longer key sequence (context parallelism: a rank's chunks of each sequence
+// against the whole sequence's gathered keys): q, out (B*Tq rows), k, v (B*Tk rows); query t of sequence b is at
+// key position q_pos[b*Tq + t] (non-decreasing in t, < Tk) and sees keys [doc_start[b*Tq + t], q_pos[b*Tq + t]]
+// (doc_start optional, as above). lse (B, H, Tq). The backward writes dq (B*Tq rows) and dk, dv (B*Tk rows: every
+// key's gradient from these queries alone, to be summed over the ranks holding the other queries). With q_pos
+// null and Tq == Tk these are the functions above.
+template <typename Elem>
+void flash_attention_gqa_forward_at(const Elem* q, const Elem* k, const Elem* v, int64_t ldq, int64_t ldkv, Elem* out,
+                                    float* lse, int64_t B, int64_t Tq, int64_t Tk, const int32_t* q_pos, int64_t H,
+                                    int64_t KV, int64_t hd, const int32_t* doc_start);
+template <typename Elem>
+void flash_attention_gqa_backward_at(const Elem* dout, const Elem* q, const Elem* k, const Elem* v, int64_t ldq,
+                                     int64_t ldkv, const Elem* out, const float* lse, Elem* dq, Elem* dk, Elem* dv,
+                                     int64_t B, int64_t Tq, int64_t Tk, const int32_t* q_pos, int64_t H, int64_t KV,
+                                     int64_t hd, const int32_t* doc_start);
+
 }  // namespace relay::cpu
