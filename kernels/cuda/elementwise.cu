@@ -80,7 +80,23 @@ void convert(const X* x, Y* y, int64_t count, cudaStream_t stream) {
   CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename X>
+__global__ void gather_rows_kernel(const X* src, const int32_t* index, X* dst, int64_t n, int64_t w) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * w; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = src[int64_t(index[i / w]) * w + i % w];
+}
+
+template <typename X>
+void gather_rows(const X* src, const int32_t* index, X* dst, int64_t n, int64_t w, cudaStream_t stream) {
+  RELAY_ASSERT(n >= 0 && w >= 0, "gather_rows: n " << n << ", w " << w);
+  if (n == 0 || w == 0) return;
+  RELAY_ASSERT(src && index && dst, "gather_rows: null pointer");
+  gather_rows_kernel<X><<<grid_for(n * w), kBlock, 0, stream>>>(src, index, dst, n, w);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 #define INST(X)                                                               \
+  template void gather_rows<X>(const X*, const int32_t*, X*, int64_t, int64_t, cudaStream_t); \
   template void fill<X>(X*, float, int64_t, cudaStream_t);                    \
   template void scale<X>(X*, float, int64_t, cudaStream_t);                   \
   template void add<X>(const X*, const X*, X*, int64_t, cudaStream_t);

@@ -22,5 +22,8 @@ void add(const X* a, const X* b, X* y, int64_t count, cudaStream_t stream);
 // (float -> __nv_bfloat16 or back; a same-type conversion is a copy, the caller's).
 template <typename X, typename Y>
 void convert(const X* x, Y* y, int64_t count, cudaStream_t stream);
+// dst (n, w) row i = src row index[i] (device i32, n); dst must not alias src.
+template <typename X>
+void gather_rows(const X* src, const int32_t* index, X* dst, int64_t n, int64_t w, cudaStream_t stream);
 
 }  // namespace relay::cuda

@@ -121,6 +121,24 @@ void Backend::copy(Tensor& dst, const Tensor& src) {
   c.numel(dst, "dst", src.numel());
   copy_impl(dst, src);
 }
+void Backend::gather_rows(const Tensor& src, const Tensor& index, Tensor& dst) {
+  Check c(*this, "gather_rows");
+  c.tensor(src, "src", kFloat).tensor(dst, "dst", kFloat).same_dtype(dst, "dst", src, "src");
+  c.tensor(index, "index", kI32).numel(index, "index", rows_of(dst));
+  c.that(cols_of(dst) == cols_of(src), cat("dst ", shape_str(dst.shape()), " and src ", shape_str(src.shape()),
+                                           " must have rows of one width"));
+  c.that(dst.raw() != src.raw(), "dst must not alias src");
+  gather_rows_impl(src, index, dst);
+}
+void Backend::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
+  Check c(*this, "copy_columns");
+  c.tensor(src, "src", kFloat).tensor(dst, "dst", kFloat).same_dtype(dst, "dst", src, "src");
+  c.that(rows_of(src) == rows_of(dst) && width >= 0 && src_col >= 0 && dst_col >= 0 &&
+             src_col + width <= cols_of(src) && dst_col + width <= cols_of(dst),
+         cat("columns [", src_col, ", ", src_col + width, ") of src ", shape_str(src.shape()), " into [", dst_col, ", ",
+             dst_col + width, ") of dst ", shape_str(dst.shape())));
+  copy_columns_impl(src, src_col, dst, dst_col, width);
+}
 void Backend::fill(Tensor& x, float value) {
   Check c(*this, "fill");
   c.tensor(x, "x", kFloat | kI32);
@@ -460,6 +478,41 @@ void Backend::flash_attention_gqa_backward(const Tensor& dout, const Tensor& q, 
   c.like(dq, "dq", q, "q").like(dk, "dk", k, "k").like(dv, "dv", k, "k");
   if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * T);
   flash_attention_gqa_backward_impl(dout, q, k, v, out, lse, B, T, H, KV, dq, dk, dv, doc_start);
+}
+namespace {
+// The positioned attention's shapes: q (B*Tq, H*hd), k, v (B*Tk, KV*hd), q_pos (B*Tq) i32; returns hd.
+int64_t attention_at_head_dim(const Check& c, const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,
+                              int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV) {
+  c.that(B > 0 && Tq > 0 && Tk >= Tq && H > 0 && KV > 0 && H % KV == 0,
+         cat("B ", B, ", Tq ", Tq, ", Tk ", Tk, ", H ", H, ", KV ", KV, ": need Tk >= Tq and KV dividing H"));
+  c.tensor(q, "q", kFloat).numel(q, "q", B * Tq * cols_of(q)).tensor(k, "k", kFloat).same_dtype(k, "k", q, "q");
+  c.like(v, "v", k, "k").numel(k, "k", B * Tk * cols_of(k));
+  c.that(cols_of(q) % H == 0 && cols_of(k) == cols_of(q) / H * KV,
+         cat("q ", shape_str(q.shape()), " and k ", shape_str(k.shape()), " for H ", H, ", KV ", KV));
+  c.tensor(q_pos, "q_pos", kI32).numel(q_pos, "q_pos", B * Tq);
+  return cols_of(q) / H;
+}
+}  // namespace
+
+void Backend::flash_attention_gqa_forward_at(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,
+                                             int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV, Tensor& out,
+                                             Tensor& lse, const Tensor& doc_start) {
+  Check c(*this, "flash_attention_gqa_forward_at");
+  attention_at_head_dim(c, q, k, v, B, Tq, Tk, q_pos, H, KV);
+  c.like(out, "out", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * Tq);
+  if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * Tq);
+  flash_attention_gqa_forward_at_impl(q, k, v, B, Tq, Tk, q_pos, H, KV, out, lse, doc_start);
+}
+void Backend::flash_attention_gqa_backward_at(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& out, const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk,
+                                              const Tensor& q_pos, int64_t H, int64_t KV, Tensor& dq, Tensor& dk,
+                                              Tensor& dv, const Tensor& doc_start) {
+  Check c(*this, "flash_attention_gqa_backward_at");
+  attention_at_head_dim(c, q, k, v, B, Tq, Tk, q_pos, H, KV);
+  c.like(out, "out", q, "q").like(dout, "dout", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * Tq);
+  c.like(dq, "dq", q, "q").like(dk, "dk", k, "k").like(dv, "dv", k, "k");
+  if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * Tq);
+  flash_attention_gqa_backward_at_impl(dout, q, k, v, out, lse, B, Tq, Tk, q_pos, H, KV, dq, dk, dv, doc_start);
 }
 void Backend::attention_decode_gqa(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
                                    int64_t t, int64_t H, int64_t KV, Tensor& out) {

@@ -55,6 +55,12 @@ class Backend : public Allocator {
   // dst.numel() floats from the host into a float tensor of either dtype (rounded to bf16 on the host).
   void upload_f32(Tensor& dst, const float* host_src);
   void copy(Tensor& dst, const Tensor& src);                       // any dtype; same numel and dtype
+  // dst (n, w) row i = src (m, w) row index[i]; index i32 (n), every entry in [0, m); float, one dtype; dst must not
+  // alias src. (Context parallelism: gathered keys from rank order into sequence order, and back.)
+  void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst);
+  // Columns [dst_col, dst_col + width) of every row of dst (n, dw) = columns [src_col, src_col + width) of src (n, sw);
+  // float, one dtype; the rest of dst untouched. (GPT's packed q | k | v, in and out of separate tensors.)
+  void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
   void fill(Tensor& x, float value);                               // float or i32
   // dst = src rounded to dst's dtype (float -> float: f32 <-> bf16, or a copy); same numel.
   void convert(const Tensor& src, Tensor& dst);
@@ -202,6 +208,19 @@ class Backend : public Allocator {
                                const Tensor& doc_start = Tensor());
   void flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
                                 int64_t T, int64_t H, Tensor& dqkv, const Tensor& doc_start = Tensor());
+  // Queries at chosen positions of a longer key sequence (context parallelism: a rank's chunks of each sequence
+  // against the sequence's gathered keys): q, out (B*Tq, H*hd), k, v (B*Tk, KV*hd), lse (B, H, Tq) f32; query t of
+  // sequence b sits at key position q_pos[b*Tq + t] (i32, non-decreasing in t, < Tk) and sees keys
+  // [doc_start[b*Tq + t] (optional), q_pos[b*Tq + t]]. The backward writes dq (B*Tq, H*hd) and dk, dv (B*Tk, KV*hd):
+  // every key's gradient from these queries alone (the caller sums them over the ranks holding the other queries).
+  // The CUDA backend refuses them for now (a named error).
+  void flash_attention_gqa_forward_at(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,
+                                      int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV, Tensor& out, Tensor& lse,
+                                      const Tensor& doc_start = Tensor());
+  void flash_attention_gqa_backward_at(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk,
+                                       const Tensor& q_pos, int64_t H, int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv,
+                                       const Tensor& doc_start = Tensor());
   // Generation with a key-value cache, one new position t for each of n sequences:
   // qkv (n, 3C) of position t; kcache, vcache (n, Tmax, C): row t of each is overwritten with this k, v,
   // then out (n, C) = causal attention of q over cached positions [0, t]. Float, one dtype.
@@ -234,6 +253,16 @@ class Backend : public Allocator {
  protected:
   // What each backend computes, called by the front doors above after their checks.
   virtual void copy_impl(Tensor& dst, const Tensor& src) = 0;
+  virtual void gather_rows_impl(const Tensor& src, const Tensor& index, Tensor& dst) = 0;
+  virtual void copy_columns_impl(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) = 0;
+  virtual void flash_attention_gqa_forward_at_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
+                                                   int64_t Tq, int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV,
+                                                   Tensor& out, Tensor& lse, const Tensor& doc_start) = 0;
+  virtual void flash_attention_gqa_backward_at_impl(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                    const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B,
+                                                    int64_t Tq, int64_t Tk, const Tensor& q_pos, int64_t H,
+                                                    int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv,
+                                                    const Tensor& doc_start) = 0;
   virtual void fill_impl(Tensor& x, float value) = 0;
   virtual void convert_impl(const Tensor& src, Tensor& dst) = 0;
   virtual void matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,

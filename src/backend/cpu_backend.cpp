@@ -341,6 +341,44 @@ void CpuBackend::flash_attention_gqa_backward_impl(const Tensor& dout, const Ten
                                       cols_of(q) / H, i32_or_null(doc_start));
   });
 }
+void CpuBackend::gather_rows_impl(const Tensor& src, const Tensor& index, Tensor& dst) {
+  const int64_t n = rows_of(dst), w = cols_of(dst), elem = int64_t(dtype_size(dst.dtype()));
+  const int32_t* idx = index.i32();
+  const auto* s = static_cast<const std::byte*>(src.raw());
+  auto* d = static_cast<std::byte*>(dst.raw());
+#pragma omp parallel for schedule(static) if (n * w > 65536)
+  for (int64_t r = 0; r < n; ++r) std::memcpy(d + r * w * elem, s + int64_t(idx[r]) * w * elem, size_t(w * elem));
+}
+void CpuBackend::copy_columns_impl(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
+  const int64_t n = rows_of(dst), sw = cols_of(src), dw = cols_of(dst), elem = int64_t(dtype_size(dst.dtype()));
+  const auto* s = static_cast<const std::byte*>(src.raw());
+  auto* d = static_cast<std::byte*>(dst.raw());
+#pragma omp parallel for schedule(static) if (n * width > 65536)
+  for (int64_t r = 0; r < n; ++r)
+    std::memcpy(d + (r * dw + dst_col) * elem, s + (r * sw + src_col) * elem, size_t(width * elem));
+}
+void CpuBackend::flash_attention_gqa_forward_at_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
+                                                     int64_t Tq, int64_t Tk, const Tensor& q_pos, int64_t H,
+                                                     int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) {
+  by_dtype(q, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::flash_attention_gqa_forward_at(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out),
+                                        lse.f32(), B, Tq, Tk, q_pos.i32(), H, KV, cols_of(q) / H,
+                                        i32_or_null(doc_start));
+  });
+}
+void CpuBackend::flash_attention_gqa_backward_at_impl(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                      const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B,
+                                                      int64_t Tq, int64_t Tk, const Tensor& q_pos, int64_t H,
+                                                      int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv,
+                                                      const Tensor& doc_start) {
+  by_dtype(q, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::flash_attention_gqa_backward_at(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
+                                         ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv), B, Tq, Tk,
+                                         q_pos.i32(), H, KV, cols_of(q) / H, i32_or_null(doc_start));
+  });
+}
 void CpuBackend::attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache,
                                            Tensor& vcache, int64_t t, int64_t H, int64_t KV, Tensor& out) {
   by_dtype(q, [&](auto* p) {

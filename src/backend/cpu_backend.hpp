@@ -20,6 +20,15 @@ class CpuBackend final : public Backend {
 
  protected:
   void copy_impl(Tensor& dst, const Tensor& src) override;
+  void gather_rows_impl(const Tensor& src, const Tensor& index, Tensor& dst) override;
+  void copy_columns_impl(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
+  void flash_attention_gqa_forward_at_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,
+                                           int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV, Tensor& out,
+                                           Tensor& lse, const Tensor& doc_start) override;
+  void flash_attention_gqa_backward_at_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& out, const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk,
+                                            const Tensor& q_pos, int64_t H, int64_t KV, Tensor& dq, Tensor& dk,
+                                            Tensor& dv, const Tensor& doc_start) override;
   void fill_impl(Tensor& x, float value) override;
   void convert_impl(const Tensor& src, Tensor& dst) override;
   void matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,

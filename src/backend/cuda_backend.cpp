@@ -433,6 +433,36 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDeviceToDevice, stream_));
   }
 
+  void gather_rows_impl(const Tensor& src, const Tensor& index, Tensor& dst) override {
+    bind();
+    by_dtype(dst, [&](auto* t) {
+      cuda::gather_rows(ptr<X_OF(t)>(src), index.i32(), ptr<X_OF(t)>(dst), rows_of(dst), cols_of(dst), stream_);
+    });
+  }
+
+  void copy_columns_impl(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override {
+    bind();
+    const size_t elem = dtype_size(dst.dtype());
+    if (rows_of(dst) == 0 || width == 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(static_cast<std::byte*>(dst.raw()) + size_t(dst_col) * elem, size_t(cols_of(dst)) * elem,
+                                 static_cast<const std::byte*>(src.raw()) + size_t(src_col) * elem,
+                                 size_t(cols_of(src)) * elem, size_t(width) * elem, size_t(rows_of(dst)),
+                                 cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  // Context parallelism's positioned attention is not on the GPU yet: a named error, never a silent fallback.
+  void flash_attention_gqa_forward_at_impl(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, int64_t,
+                                           const Tensor&, int64_t, int64_t, Tensor&, Tensor&, const Tensor&) override {
+    throw Error("flash_attention_gqa_forward_at: context parallelism (parallel.cp > 1) is not implemented on the "
+                "CUDA backend yet; run it with train.device = \"cpu\"");
+  }
+  void flash_attention_gqa_backward_at_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                            const Tensor&, int64_t, int64_t, int64_t, const Tensor&, int64_t, int64_t,
+                                            Tensor&, Tensor&, Tensor&, const Tensor&) override {
+    throw Error("flash_attention_gqa_backward_at: context parallelism (parallel.cp > 1) is not implemented on the "
+                "CUDA backend yet; run it with train.device = \"cpu\"");
+  }
+
   void fill_impl(Tensor& x, float value) override {
     bind();
     if (x.dtype() == DType::i32) return cuda::fill_i32(x.i32(), static_cast<int32_t>(value), x.numel(), stream_);

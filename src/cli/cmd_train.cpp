@@ -43,7 +43,8 @@ int run_train_command(const TrainOptions& o, int argc, char** argv) {
     const double timeout = cfg.parallel.timeout == "0" ? 0 : parse_duration(cfg.parallel.timeout, "parallel.timeout");
     const int dp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.dp));
     const int tp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.tp));
-    Watchdog watchdog(MPI_COMM_WORLD, timeout, [dp, tp](int r) { return rank_label(r, dp, tp); });
+    const int cp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.cp));
+    Watchdog watchdog(MPI_COMM_WORLD, timeout, [dp, tp, cp](int r) { return rank_label(r, dp, tp, cp); });
     set_active_watchdog(&watchdog);
     code = run_training(cfg);
     set_active_watchdog(nullptr);

@@ -335,9 +335,20 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     lrs.fail("min_lr", cat("must be <= optimizer.lr (", c.optimizer.lr, "), got ", c.lr_schedule.min_lr));
 
   Section par(tab("parallel"), "parallel", source,
-              {"dp", "pp", "tp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "grad_reduce", "timeout"});
+              {"dp", "pp", "tp", "cp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "grad_reduce",
+               "timeout"});
   par.integer("dp", c.parallel.dp, 1, 1 << 20);
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
+  par.integer("cp", c.parallel.cp, 1, 1 << 12);
+  if (c.parallel.cp > 1) {
+    if (!c.model.is_lm())
+      par.fail("cp", cat("= ", c.parallel.cp, " needs model.type = \"gpt\" or \"llama\" (context parallelism splits "
+                         "sequences; an MLP model has none)"));
+    if (c.model.block_size % (2 * c.parallel.cp) != 0)
+      par.fail("cp", cat("= ", c.parallel.cp, ": model.block_size = ", c.model.block_size, " must be divisible by 2 x cp = ",
+                         2 * c.parallel.cp, " (each sequence is cut into 2 cp equal chunks, rank i holding chunks i and "
+                         "2cp - 1 - i)"));
+  }
   par.integer("tp", c.parallel.tp, 1, 1 << 12);
   par.choice("schedule", c.parallel.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
   par.integer("virtual_stages", c.parallel.virtual_stages, 1, 1024);
@@ -462,7 +473,9 @@ std::string Config::to_toml() const {
     << "\nzero = " << (optimizer.zero ? "true" : "false") << "\n\n";
   o << "[lr_schedule]\nname = " << q(lr_schedule.name) << "\nwarmup_steps = " << lr_schedule.warmup_steps
     << "\nmin_lr = " << num(lr_schedule.min_lr) << "\n\n";
-  o << "[parallel]\ndp = " << parallel.dp << "\npp = " << parallel.pp << "\ntp = " << parallel.tp << "\nschedule = " << q(parallel.schedule)
+  o << "[parallel]\ndp = " << parallel.dp << "\npp = " << parallel.pp << "\ntp = " << parallel.tp;
+  if (parallel.cp > 1) o << "\ncp = " << parallel.cp;
+  o << "\nschedule = " << q(parallel.schedule)
     << "\nvirtual_stages = " << parallel.virtual_stages << "\n";
   if (!parallel.balance.empty()) {
     o << "balance = [";

@@ -73,12 +73,15 @@ class Block {
   // Accumulates the parameter gradients (Param::grad) from dy and the saved input x.
   virtual void backward_weight(Backend&, const Tensor&, const Tensor&, BlockSaved&) {}
 
-  // data.document_mask: the micro-batch's per-row document starts and positions, i32 (rows) each on the block's
-  // backend (model/documents.hpp), set by the chunk before it runs the block on that micro-batch. Attention
-  // keeps within documents, positions restart with each; both undefined without a document mask.
-  void set_documents(const Tensor& doc_start, const Tensor& positions) {
+  // The micro-batch's sequence layout, i32 (rows) each on the block's backend, set by the chunk before it runs the
+  // block on that micro-batch: data.document_mask's document starts (attention keeps within documents;
+  // model/documents.hpp), the positions the embeddings read (restarting with each document, or a row's place in
+  // its sequence under context parallelism), and under context parallelism each row's place in its sequence
+  // (q_pos; model/context_parallel.hpp). Each undefined when not in use.
+  void set_documents(const Tensor& doc_start, const Tensor& positions, const Tensor& q_pos = Tensor()) {
     doc_start_ = doc_start;
     positions_ = positions;
+    q_pos_ = q_pos;
   }
 
   // Generation (relay generate: one rank, whole blocks), one position at a time with a cache.
@@ -93,7 +96,7 @@ class Block {
   }
 
  protected:
-  Tensor doc_start_, positions_;  // set_documents: (rows) i32, or undefined
+  Tensor doc_start_, positions_, q_pos_;  // set_documents: (rows) i32, or undefined
   Param& param(size_t i) { return *params_[i]; }
   BlockSpec spec_;
   std::vector<Param*> params_;  // in spec_.params order

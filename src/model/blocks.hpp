@@ -4,17 +4,19 @@
 #include <vector>
 
 #include "model/block.hpp"
+#include "model/context_parallel.hpp"
 
 namespace relay {
 
 // params: the block's Params in spec.params order.
 std::unique_ptr<Block> make_mlp_block(const BlockSpec& spec, std::vector<Param*> params);  // mlp_blocks.cpp
+// cp: the attention blocks' context-parallel group (model/context_parallel.hpp).
 std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*> params,  // gpt_blocks.cpp
-                                      const TensorParallel& tp);
+                                      const TensorParallel& tp, const ContextParallel& cp = {});
 // The shapes a block's allocate_saved makes for `rows` rows at tensor-parallel size tp (memory plans).
 std::vector<BufferSpec> gpt_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 std::unique_ptr<Block> make_llama_block(const BlockSpec& spec, std::vector<Param*> params,  // llama_blocks.cpp
-                                        const TensorParallel& tp);
+                                        const TensorParallel& tp, const ContextParallel& cp = {});
 std::vector<BufferSpec> llama_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 std::vector<BufferSpec> mlp_saved_shapes(const BlockSpec& spec, int64_t rows);
 

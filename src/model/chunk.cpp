@@ -100,21 +100,28 @@ ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
 
 BlockSaved& ModelChunk::saved(Slot& sl, size_t k) { return recomputed_[k] ? scratch_ : sl.saved[k]; }
 
-void ModelChunk::set_documents(int mb, int64_t rows, const int32_t* doc_start, const int32_t* positions) {
+void ModelChunk::set_documents(int mb, int64_t rows, const int32_t* doc_start, const int32_t* positions,
+                               const int32_t* q_pos) {
   Slot& sl = slot(mb, rows);
-  if (sl.doc_start.numel() < sl.capacity) {
-    MemoryScope scope(MemKind::activations);
-    sl.doc_start = Tensor(be_, {sl.capacity}, DType::i32);
-    sl.positions = Tensor(be_, {sl.capacity}, DType::i32);
-  }
-  Tensor ds = sl.doc_start.rows(0, rows), pos = sl.positions.rows(0, rows);
-  be_.upload(ds, doc_start);
-  be_.upload(pos, positions);
+  auto put = [&](Tensor& t, const int32_t* host) {
+    if (!host) return void(t = Tensor());
+    if (!t.defined() || t.numel() < sl.capacity) {
+      MemoryScope scope(MemKind::activations);
+      t = Tensor(be_, {sl.capacity}, DType::i32);
+    }
+    Tensor part = t.rows(0, rows);
+    be_.upload(part, host);
+  };
+  put(sl.doc_start, doc_start);
+  put(sl.positions, positions);
+  put(sl.q_pos, q_pos);
   documents_ = true;
 }
 
 void ModelChunk::hand_documents(Slot& sl, size_t k, int64_t rows) {
-  if (documents_) blocks_[k]->set_documents(sl.doc_start.rows(0, rows), sl.positions.rows(0, rows));
+  if (!documents_) return;
+  auto part = [&](const Tensor& t) { return t.defined() ? t.rows(0, rows) : Tensor(); };
+  blocks_[k]->set_documents(part(sl.doc_start), part(sl.positions), part(sl.q_pos));
 }
 
 Tensor ModelChunk::input(int mb, int64_t rows) { return slot(mb, rows).acts[0].rows(0, rows); }

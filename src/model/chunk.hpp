@@ -65,9 +65,11 @@ class ModelChunk {
   void backward_weight(int mb, int64_t rows);
   // B and W together, block by block from the last.
   Tensor backward(int mb, int64_t rows);
-  // data.document_mask: this micro-batch's per-row document starts and positions (host, rows each), uploaded into
-  // its slot; every later forward and backward of the micro-batch hands them to the blocks.
-  void set_documents(int mb, int64_t rows, const int32_t* doc_start, const int32_t* positions);
+  // This micro-batch's sequence layout (Block::set_documents): per-row document starts, positions and (context
+  // parallelism) places in the sequence, host arrays of `rows` each or null; uploaded into its slot, and every later
+  // forward and backward of the micro-batch hands them to the blocks.
+  void set_documents(int mb, int64_t rows, const int32_t* doc_start, const int32_t* positions,
+                     const int32_t* q_pos = nullptr);
 
  private:
   struct Slot {
@@ -75,7 +77,7 @@ class ModelChunk {
     std::vector<Tensor> acts;   // acts[k]: input of block k (rows, width); acts[L] the output
     std::vector<Tensor> grads;  // grads[k]: gradient w.r.t. acts[k]
     std::vector<BlockSaved> saved;
-    Tensor doc_start, positions;  // data.document_mask: i32 (capacity) each
+    Tensor doc_start, positions, q_pos;  // the sequence layout: i32 (capacity) each, or undefined
   };
   struct Boundary {  // per micro-batch: what is sent to other ranks
     int64_t capacity = 0;

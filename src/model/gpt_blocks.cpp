@@ -90,24 +90,26 @@ const Tensor& beta_or_zero(const Param* b, const Tensor& zero) { return b ? b->c
 // y = x + proj(attn(ln_1(x))); out = y + mproj(gelu(fc(ln_2(y)))). x, out (n, C).
 class Transformer final : public Block {
  public:
-  Transformer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
+  Transformer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
       : Block(spec, std::move(params)), p_(transformer_params(params_, spec.bias)), tp_(tp),
-        H_(spec.n_head / tp.size), Cl_(spec.in / tp.size) {}
+        H_(spec.n_head / tp.size), Cl_(spec.in / tp.size),
+        cp_attn_(cp.on() ? std::make_unique<CpAttention>(cp) : nullptr) {}
 
   // saved.t: the forward's intermediates, then the backward-input's gradients that backward-weight reads.
   // Widths are this tp rank's: Cl = C / tp (its H / tp heads), 4 Cl hidden units.
-  // kLse: the attention's log-sum-exp per (sequence, head, query), the only attention state kept.
+  // kLse: the attention's log-sum-exp per (sequence, head, query), the only attention state kept: (B, H, T) for
+  // n = B x T rows, held as (n, H) (under context parallelism a rank's sequences have T / cp rows).
   enum : size_t { kLn1, kMean1, kRstd1, kQkv, kLse, kAtty, kRes1, kLn2, kMean2, kRstd2, kFch, kFcg,
                   kGRes1, kGFch, kGLn2, kGQkv, kGLn1, kCount };
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
-    const int64_t C = spec.in, T = spec.seq_len, H = spec.n_head / tp, B = n / T, Cl = C / tp;
+    const int64_t C = spec.in, H = spec.n_head / tp, Cl = C / tp;
     const DType a = spec.dtype, f32 = DType::f32;
     std::vector<BufferSpec> s(kCount);
     s[kLn1] = {{n, C}, a};
     s[kMean1] = {{n}, f32};
     s[kRstd1] = {{n}, f32};
     s[kQkv] = {{n, 3 * Cl}, a};
-    s[kLse] = {{B, H, T}, f32};
+    s[kLse] = {{n, H}, f32};
     s[kAtty] = {{n, Cl}, a};
     s[kRes1] = {{n, C}, a};
     s[kLn2] = {{n, C}, a};
@@ -159,7 +161,10 @@ class Transformer final : public Block {
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
     linear(be, ln1, *p_.attn_w, p_.attn_b, qkv);                          // (n, 3Cl) column-parallel
-    be.flash_attention_forward(qkv, n / T, T, H_, atty, lse, doc_start_);  // (n, Cl) this rank's heads
+    if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys
+      cp_attn_->forward_packed(be, qkv, T, H_, q_pos_, doc_start_, atty, lse);  // (n, Cl)
+    else
+      be.flash_attention_forward(qkv, n / T, T, H_, atty, lse, doc_start_);  // (n, Cl) this rank's heads
     row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (n, C)
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
@@ -180,7 +185,10 @@ class Transformer final : public Block {
     be.add(dy, tmp, g_res1);                                                          // (n, C) d res1
     Tensor g_atty = g_ln1.view({n * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
     be.matmul(g_res1, false, p_.proj_w->compute(), false, g_atty, 1.f, 0.f);             // (n, Cl) d atty
-    be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
+    if (cp_attn_)
+      cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv);
+    else
+      be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
     be.matmul(g_qkv, false, p_.attn_w->compute(), false, g_ln1, 1.f, 0.f);              // (n, C) d ln_1 out, partial
     tp_.allreduce_sum(g_ln1, "the attention input-gradient all-reduce");              // (n, C) whole
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);
@@ -205,7 +213,7 @@ class Transformer final : public Block {
     zero_ = Tensor(be, {spec_.in}, spec_.dtype);
     be.fill(zero_, 0.f);
   }
-  Tensor lse_view(BlockSaved& s, int64_t n) const { return s.t[kLse].rows(0, n / spec_.seq_len); }
+  Tensor lse_view(BlockSaved& s, int64_t n) const { return s.t[kLse].rows(0, n); }
   // y (n, out) = x (n, in) @ W^T (+ b)
   static void linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y) {
     be.linear(x, w.compute(), bias_of(b), y);
@@ -237,6 +245,7 @@ class Transformer final : public Block {
   TensorParallel tp_;
   int64_t H_, Cl_;               // this rank's heads and attention width
   Tensor zero_, dbeta_scratch_;  // (C), only when model.bias = false
+  std::unique_ptr<CpAttention> cp_attn_;  // parallel.cp > 1
 };
 
 // x (n, C) -> logits (n, V) = norm(x) @ W^T, W the token embedding (tied) or lm_head.weight; norm is
@@ -311,10 +320,11 @@ std::vector<BufferSpec> gpt_saved_shapes(const BlockSpec& spec, int64_t rows, in
   }
 }
 
-std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp) {
+std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
+                                      const ContextParallel& cp) {
   switch (spec.kind) {
     case BlockKind::embedding: return std::make_unique<Embedding>(spec, std::move(params), tp);
-    case BlockKind::transformer: return std::make_unique<Transformer>(spec, std::move(params), tp);
+    case BlockKind::transformer: return std::make_unique<Transformer>(spec, std::move(params), tp, cp);
     case BlockKind::head: return std::make_unique<Head>(spec, std::move(params), tp);
     default: break;
   }

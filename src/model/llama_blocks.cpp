@@ -27,9 +27,10 @@ struct LlamaParams {
 
 class LlamaLayer final : public Block {
  public:
-  LlamaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
+  LlamaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
       : Block(spec, std::move(params)), tp_(tp), hd_(spec.in / spec.n_head), H_(spec.n_head / tp.size),
-        KV_(spec.n_kv_head / tp.size), F_(spec.ffn_hidden / tp.size) {
+        KV_(spec.n_kv_head / tp.size), F_(spec.ffn_hidden / tp.size),
+        cp_attn_(cp.on() ? std::make_unique<CpAttention>(cp) : nullptr) {
     RELAY_ASSERT(params_.size() == 9, "llama layer: " << params_.size() << " params, expected 9");
     p_ = {params_[0], params_[1], params_[2], params_[3], params_[4], params_[5], params_[6], params_[7], params_[8]};
   }
@@ -39,7 +40,7 @@ class LlamaLayer final : public Block {
   enum : size_t { kN1, kRstd1, kQ, kK, kV, kLse, kAtty, kRes1, kN2, kRstd2, kGate, kUp, kH,
                   kGRes1, kGGate, kGUp, kGN2, kGQ, kGK, kGV, kGN1, kCount };
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
-    const int64_t C = spec.in, T = spec.seq_len, B = n / T, hd = C / spec.n_head;
+    const int64_t C = spec.in, hd = C / spec.n_head;
     const int64_t Hq = spec.n_head / tp * hd, Hkv = spec.n_kv_head / tp * hd, F = spec.ffn_hidden / tp;
     const DType a = spec.dtype, f32 = DType::f32;
     std::vector<BufferSpec> s(kCount);
@@ -48,7 +49,7 @@ class LlamaLayer final : public Block {
     s[kQ] = {{n, Hq}, a};    // rotated
     s[kK] = {{n, Hkv}, a};   // rotated
     s[kV] = {{n, Hkv}, a};
-    s[kLse] = {{B, spec.n_head / tp, T}, f32};
+    s[kLse] = {{n, spec.n_head / tp}, f32};  // (B, H, T) for n = B x T rows (T / cp under context parallelism)
     s[kAtty] = {{n, Hq}, a};
     s[kRes1] = {{n, C}, a};
     s[kN2] = {{n, C}, a};
@@ -75,11 +76,14 @@ class LlamaLayer final : public Block {
     auto v = [&](size_t k) { return view(s, k, n); };
     Tensor n1 = v(kN1), rstd1 = v(kRstd1), q = v(kQ), k = v(kK), val = v(kV), atty = v(kAtty), res1 = v(kRes1);
     Tensor n2 = v(kN2), rstd2 = v(kRstd2), gate = v(kGate), up = v(kUp), h = v(kH);
-    Tensor lse = s.t[kLse].rows(0, n / T);
+    Tensor lse = s.t[kLse].rows(0, n);
     const float eps = float(spec_.eps);
     be.rmsnorm_forward(x, p_.norm1->compute(), eps, n1, rstd1);               // (n, C)
     attention_inputs(be, n1, q, k, val, T, 0);                                // (n, Hq), (n, Hkv) x 2, rotated
-    be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, KV_, atty, lse, doc_start_);  // (n, Hq) this rank's heads
+    if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys and values
+      cp_attn_->forward(be, q, k, val, T, H_, KV_, q_pos_, doc_start_, atty, lse);  // (n, Hq)
+    else
+      be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, KV_, atty, lse, doc_start_);  // (n, Hq) this rank's heads
     row_linear(be, atty, *p_.o, res1, "the attention output all-reduce");    // (n, C)
     be.add(res1, x, res1);                                                    // residual 1
     be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
@@ -106,8 +110,12 @@ class LlamaLayer final : public Block {
     const int64_t Hq = H_ * hd_;
     Tensor g_atty = g_n1.view({n * spec_.in}).rows(0, n * Hq).view({n, Hq});  // (n, Hq) scratch
     be.matmul(g_res1, false, p_.o->compute(), false, g_atty, 1.f, 0.f);       // (n, Hq) d atty
-    be.flash_attention_gqa_backward(g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n / T), n / T, T, H_,
-                                    KV_, g_q, g_k, g_v, doc_start_);
+    if (cp_attn_)
+      cp_attn_->backward(be, g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), T, H_, KV_, q_pos_,
+                         doc_start_, g_q, g_k, g_v);
+    else
+      be.flash_attention_gqa_backward(g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), n / T, T, H_,
+                                      KV_, g_q, g_k, g_v, doc_start_);
     be.rope(g_q, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_q, positions_);  // d q before the rotation
     be.rope(g_k, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_k, positions_);
     be.matmul(g_q, false, p_.q->compute(), false, g_n1, 1.f, 0.f);            // (n, C) d n1, partial
@@ -184,6 +192,7 @@ class LlamaLayer final : public Block {
   LlamaParams p_{};
   TensorParallel tp_;
   int64_t hd_, H_, KV_, F_;  // head size; this rank's query heads, key/value heads and SwiGLU units
+  std::unique_ptr<CpAttention> cp_attn_;  // parallel.cp > 1
 };
 
 }  // namespace
@@ -192,9 +201,10 @@ std::vector<BufferSpec> llama_saved_shapes(const BlockSpec& spec, int64_t rows, 
   return spec.kind == BlockKind::llama_layer ? LlamaLayer::saved_shapes(spec, rows, tp) : std::vector<BufferSpec>{};
 }
 
-std::unique_ptr<Block> make_llama_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp) {
+std::unique_ptr<Block> make_llama_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
+                                        const ContextParallel& cp) {
   RELAY_ASSERT(spec.kind == BlockKind::llama_layer, "make_llama_block: not a Llama layer: " << block_kind_name(spec.kind));
-  return std::make_unique<LlamaLayer>(spec, std::move(params), tp);
+  return std::make_unique<LlamaLayer>(spec, std::move(params), tp, cp);
 }
 
 }  // namespace relay

@@ -268,14 +268,15 @@ int64_t block_out_width(const BlockSpec& spec, int tp, int tp_rank) {
   return tp_end(spec.out, tp, tp_rank) - tp_begin(spec.out, tp, tp_rank);
 }
 
-std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp) {
+std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp,
+                                  const ContextParallel& cp) {
   std::vector<Param*> params;
   for (const ParamSpec& p : spec.params) params.push_back(store.get(p));
   switch (spec.kind) {
     case BlockKind::embedding:
     case BlockKind::transformer:
-    case BlockKind::head: return make_gpt_block(spec, std::move(params), tp);
-    case BlockKind::llama_layer: return make_llama_block(spec, std::move(params), tp);
+    case BlockKind::head: return make_gpt_block(spec, std::move(params), tp, cp);
+    case BlockKind::llama_layer: return make_llama_block(spec, std::move(params), tp, cp);
     default: return make_mlp_block(spec, std::move(params));
   }
 }

@@ -7,6 +7,7 @@
 
 #include "core/config.hpp"
 #include "model/block.hpp"
+#include "model/context_parallel.hpp"
 #include "model/param.hpp"
 
 namespace relay {
@@ -40,6 +41,8 @@ int64_t block_out_width(const BlockSpec& spec, int tp, int tp_rank);
 
 // Builds the block with its parameters taken from (or created in) the store; GPT blocks split their
 // work over the stage's tensor-parallel group (tp.size == 1: the whole block).
-std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp = {});
+// cp: the attention blocks' context-parallel group (parallel.cp).
+std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp = {},
+                                  const ContextParallel& cp = {});
 
 }  // namespace relay

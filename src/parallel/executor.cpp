@@ -29,12 +29,15 @@ double test_slow_seconds(int world_rank) {
 Executor::Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, std::map<int, ModelChunk*> chunks,
                    Loss* loss, GradBuckets& buckets, const ScheduleShape& shape, std::vector<Action> actions,
                    int64_t mb_rows, int64_t seq_len, int64_t global_batch, Communicator* tied_comm,
-                   std::vector<Param*> tied, DocumentLayout documents)
+                   std::vector<Param*> tied, DocumentLayout documents, ContextParallel cp)
     : be_(be), grid_(grid), comm_(pp_comm), chunks_(std::move(chunks)), loss_(loss), buckets_(buckets),
-      shape_(shape), actions_(std::move(actions)), mb_rows_(mb_rows), seq_len_(seq_len), rows_(mb_rows * seq_len),
+      shape_(shape), actions_(std::move(actions)), mb_rows_(mb_rows), seq_len_(seq_len), cp_(cp),
+      local_len_(seq_len / cp.size), rows_(mb_rows * local_len_),
       // The loss is the mean over every row (target token) of the global batch.
       grad_scale_(1.f / static_cast<float>(global_batch * seq_len)), last_chunk_(num_chunks(shape) - 1),
       tied_comm_(tied_comm), tied_(std::move(tied)), slow_s_(test_slow_seconds(grid.world_rank)), docs_(documents) {
+  RELAY_ASSERT(local_len_ * cp.size == seq_len, "context parallelism: sequences of " << seq_len << " over " << cp.size
+                                                                                     << " ranks");
   // Micro-batches share activation slots as the schedule allows (1F1B: pp - rank of them).
   SlotPlan plan = plan_slots(actions_, shape_.m);
   for (auto& [c, ch] : chunks_) ch->set_slot_plan(plan.slot_of[c]);
@@ -51,19 +54,29 @@ ModelChunk& Executor::chunk(int c) {
   return *it->second;
 }
 
+const int32_t* Executor::local_rows(const int32_t* full, int64_t samples) {
+  if (!cp_.on()) return full;
+  local_.resize(static_cast<size_t>(samples * local_len_));
+  for (int64_t s = 0; s < samples; ++s)
+    for (int64_t j = 0; j < local_len_; ++j)
+      local_[static_cast<size_t>(s * local_len_ + j)] = full[s * seq_len_ + cp_position(seq_len_, cp_.size, cp_.rank, j)];
+  return local_.data();
+}
+
 void Executor::upload_input(ModelChunk& ch, int slot, int64_t sample0, int64_t samples, const StepData& d) {
-  Tensor in = ch.input(slot, samples * seq_len_);
-  if (ch.in_width() == 0) be_.upload(in, d.tokens + sample0 * seq_len_);  // (samples x T) token ids
-  else be_.upload_f32(in, d.inputs + sample0 * ch.in_width());                 // (samples, D)
+  Tensor in = ch.input(slot, samples * local_len_);
+  if (ch.in_width() == 0) be_.upload(in, local_rows(d.tokens + sample0 * seq_len_, samples));  // (samples x T/cp) ids
+  else be_.upload_f32(in, d.inputs + sample0 * ch.in_width());                                   // (samples, D)
 }
 
 void Executor::upload_targets(int slot, int64_t sample0, int64_t samples, const StepData& d) {
-  Tensor t = loss_->targets(slot, samples * seq_len_);
-  if (loss_->kind() == LossKind::cross_entropy && docs_.on()) {  // the next document's first tokens are ignored
-    const int64_t n = samples * seq_len_;
+  Tensor t = loss_->targets(slot, samples * local_len_);
+  if (loss_->kind() == LossKind::cross_entropy && (docs_.on() || cp_.on())) {
+    const int64_t n = samples * seq_len_;  // whole sequences: masked, then this rank's rows
     masked_targets_.assign(d.class_targets + sample0 * seq_len_, d.class_targets + sample0 * seq_len_ + n);
-    mask_document_targets(docs_, d.tokens + sample0 * seq_len_, n, masked_targets_.data());
-    be_.upload(t, masked_targets_.data());
+    if (docs_.on())  // the next document's first tokens are ignored
+      mask_document_targets(docs_, d.tokens + sample0 * seq_len_, n, masked_targets_.data());
+    be_.upload(t, local_rows(masked_targets_.data(), samples));
   } else if (loss_->kind() == LossKind::cross_entropy) {
     be_.upload(t, d.class_targets + sample0 * seq_len_);
   } else {
@@ -72,11 +85,21 @@ void Executor::upload_targets(int slot, int64_t sample0, int64_t samples, const 
 }
 
 void Executor::lay_out_documents(int64_t samples, const StepData& d) {
-  RELAY_ASSERT(d.tokens, "data.document_mask: this rank read no input tokens");
-  const int64_t n = samples * seq_len_;
-  doc_start_.resize(static_cast<size_t>(n));
-  positions_.resize(static_cast<size_t>(n));
-  document_layout(docs_, d.tokens, n, seq_len_, doc_start_.data(), positions_.data());
+  RELAY_ASSERT(d.tokens, "the sequence layout: this rank read no input tokens");
+  const int64_t n = samples * seq_len_, local = samples * local_len_;
+  std::vector<int32_t> ds(static_cast<size_t>(n)), pos(static_cast<size_t>(n)), place(static_cast<size_t>(n));
+  if (docs_.on()) document_layout(docs_, d.tokens, n, seq_len_, ds.data(), pos.data());
+  for (int64_t r = 0; r < n; ++r) {
+    place[static_cast<size_t>(r)] = int32_t(r % seq_len_);
+    if (!docs_.on()) pos[static_cast<size_t>(r)] = int32_t(r % seq_len_);
+  }
+  auto keep = [&](const std::vector<int32_t>& full, std::vector<int32_t>& out) {
+    const int32_t* l = local_rows(full.data(), samples);
+    out.assign(l, l + local);
+  };
+  keep(ds, doc_start_);
+  keep(pos, positions_);
+  keep(place, q_pos_);
 }
 
 void Executor::wait_all_sends() {
@@ -102,7 +125,7 @@ StepStats Executor::run_step(const StepData& data) {
   // The loss is the mean over the counted targets of the global batch (with a document mask, all but the
   // positions before a document's first token; the same count on every rank).
   const float grad_scale = data.counted_targets > 0 ? 1.f / static_cast<float>(data.counted_targets) : grad_scale_;
-  if (docs_.on()) lay_out_documents(shape_.m * mb_rows_, data);
+  if (has_layout()) lay_out_documents(shape_.m * mb_rows_, data);
   buckets_.zero();
   buckets_.set_trace(tracer_, trace_step_);
   for (const Action& a : actions_) {
@@ -113,7 +136,9 @@ StepStats Executor::run_step(const StepData& data) {
     switch (a.op) {
       case Op::forward: {
         ModelChunk& ch = chunk(c);
-        if (docs_.on()) ch.set_documents(mb, rows_, doc_start_.data() + mb * rows_, positions_.data() + mb * rows_);
+        if (has_layout())
+          ch.set_documents(mb, rows_, docs_.on() ? doc_start_.data() + mb * rows_ : nullptr,
+                           positions_.data() + mb * rows_, cp_.on() ? q_pos_.data() + mb * rows_ : nullptr);
         if (c == 0) {
           upload_input(ch, mb, mb * mb_rows_, mb_rows_, data);
         } else if (chunks_.count(c - 1)) {  // previous chunk on this rank (pp == 1)
@@ -226,13 +251,19 @@ void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum,
                         int64_t& counted) {
   // One forward pass through every chunk in order; slot m is reserved for evaluation.
   const int slot = shape_.m;
-  const int64_t rows = samples * seq_len_;
+  const int64_t rows = samples * local_len_;
   loss_sum = 0;
   correct = 0;
-  counted = docs_.on() && data.tokens ? counted_targets(docs_, data.tokens, rows) : rows;
-  if (docs_.on()) lay_out_documents(samples, data);
+  counted = rows;
+  if (docs_.on() && data.tokens) {  // this rank's rows whose input is not the end-of-text token
+    const int32_t* t = local_rows(data.tokens, samples);
+    counted = counted_targets(docs_, t, rows);
+  }
+  if (has_layout()) lay_out_documents(samples, data);
   for (auto& [c, ch] : chunks_) {
-    if (docs_.on()) ch->set_documents(slot, rows, doc_start_.data(), positions_.data());
+    if (has_layout())
+      ch->set_documents(slot, rows, docs_.on() ? doc_start_.data() : nullptr, positions_.data(),
+                        cp_.on() ? q_pos_.data() : nullptr);
     if (c == 0) {
       upload_input(*ch, slot, 0, samples, data);
     } else {

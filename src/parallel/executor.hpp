@@ -8,6 +8,7 @@
 
 #include "comm/communicator.hpp"
 #include "model/chunk.hpp"
+#include "model/context_parallel.hpp"
 #include "model/documents.hpp"
 #include "model/loss.hpp"
 #include "parallel/data_parallel.hpp"
@@ -48,7 +49,7 @@ class Executor {
   Executor(Backend& be, const ProcessGrid& grid, Communicator& pp_comm, std::map<int, ModelChunk*> chunks,
            Loss* loss, GradBuckets& buckets, const ScheduleShape& shape, std::vector<Action> actions,
            int64_t mb_rows, int64_t seq_len, int64_t global_batch, Communicator* tied_comm = nullptr,
-           std::vector<Param*> tied = {}, DocumentLayout documents = {});
+           std::vector<Param*> tied = {}, DocumentLayout documents = {}, ContextParallel cp = {});
   // Runs every action up to and including optimizer_step's synchronisation point: afterwards the
   // gradients are averaged over data-parallel replicas and ready for clipping and the update.
   StepStats run_step(const StepData& data);
@@ -67,8 +68,13 @@ class Executor {
   ModelChunk& chunk(int c);
   void upload_input(ModelChunk& ch, int slot, int64_t sample0, int64_t samples, const StepData& d);
   void upload_targets(int slot, int64_t sample0, int64_t samples, const StepData& d);
-  // data.document_mask: the layout of `samples` samples of d's tokens into the host buffers below.
+  // The sequence layout of `samples` samples of d's tokens (this rank's rows) into the host buffers below: the
+  // document mask's starts and positions, and under context parallelism every row's place in its sequence.
   void lay_out_documents(int64_t samples, const StepData& d);
+  bool has_layout() const { return docs_.on() || cp_.on(); }
+  // This rank's rows of `samples` samples of a (samples, T) host array: all of them, or under context parallelism
+  // each sequence's chunks rank and 2cp - 1 - rank (model/context_parallel.hpp), into local_.
+  const int32_t* local_rows(const int32_t* full, int64_t samples);
   void reduce_tied();
   void trace(const Action& a, int64_t begin_mark, bool compute);
   void wait_all_sends();
@@ -82,8 +88,10 @@ class Executor {
   ScheduleShape shape_;
   std::vector<Action> actions_;
   int64_t mb_rows_;   // samples per micro-batch
-  int64_t seq_len_;   // rows per sample
-  int64_t rows_;      // activation rows per micro-batch: mb_rows_ x seq_len_
+  int64_t seq_len_;   // rows per sample (T for a language model, 1 for the MLP)
+  ContextParallel cp_;
+  int64_t local_len_;  // this rank's rows per sample: seq_len_ / cp
+  int64_t rows_;      // activation rows per micro-batch: mb_rows_ x local_len_
   float grad_scale_;
   int last_chunk_;
   Communicator* tied_comm_;
@@ -93,8 +101,9 @@ class Executor {
   int64_t trace_step_ = 0;
   double slow_s_ = 0;  // test only: RELAY_TEST_SLOW_RANK / RELAY_TEST_SLOW_MS, slept in every forward
   DocumentLayout docs_;                          // data.document_mask (off: eot < 0)
-  std::vector<int32_t> doc_start_, positions_;   // (samples x T) of the step or evaluation batch
+  std::vector<int32_t> doc_start_, positions_, q_pos_;  // (samples x T / cp) of the step or evaluation batch
   std::vector<int32_t> masked_targets_;          // (micro-batch rows) targets with the ignored ones -1
+  std::vector<int32_t> local_, local2_;          // local_rows' results
 };
 
 }  // namespace relay

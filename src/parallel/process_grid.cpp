@@ -15,31 +15,36 @@ void local_rank_and_size(int& local_rank, int& local_size) {
   MPI_CHECK(MPI_Comm_free(&node));
 }
 
-ProcessGrid make_process_grid(int dp, int pp, int tp) {
+ProcessGrid make_process_grid(int dp, int pp, int tp, int cp) {
   ProcessGrid g;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g.world_rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g.world_size));
-  const int n = dp * tp * pp;
+  const int n = dp * cp * tp * pp;
   if (g.world_size != n) {
-    const std::string what = tp > 1 ? cat("parallel.dp x parallel.tp x parallel.pp = ", dp, " x ", tp, " x ", pp)
-                                    : cat("parallel.dp x parallel.pp = ", dp, " x ", pp);
-    throw Error(cat("the job has ", g.world_size, " ranks but ", what, " = ", n, " (hint: launch ", n,
-                    " ranks, e.g. mpirun -np ", n, ", or change parallel.dp/parallel.tp/parallel.pp)"));
+    std::string what = "parallel.dp", values = cat(dp);
+    if (cp > 1) what += " x parallel.cp", values += cat(" x ", cp);
+    if (tp > 1) what += " x parallel.tp", values += cat(" x ", tp);
+    what += " x parallel.pp", values += cat(" x ", pp);
+    throw Error(cat("the job has ", g.world_size, " ranks but ", what, " = ", values, " = ", n, " (hint: launch ", n,
+                    " ranks, e.g. mpirun -np ", n, ", or change parallel.dp/parallel.cp/parallel.tp/parallel.pp)"));
   }
   g.dp = dp;
   g.pp = pp;
   g.tp = tp;
-  const GridCoord c = grid_coord(g.world_rank, dp, tp);
+  g.cp = cp;
+  const GridCoord c = grid_coord(g.world_rank, dp, tp, cp);
   g.dp_rank = c.dp_rank;
   g.tp_rank = c.tp_rank;
   g.pp_rank = c.pp_rank;
+  g.cp_rank = c.cp_rank;
   local_rank_and_size(g.local_rank, g.local_size);
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   g.host = host;
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.pp_rank * tp + g.tp_rank, g.dp_rank, &g.dp_comm));
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.dp_rank * tp + g.tp_rank, g.pp_rank, &g.pp_comm));
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.pp_rank * dp + g.dp_rank, g.tp_rank, &g.tp_comm));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g.pp_rank * tp + g.tp_rank, g.replica_rank(), &g.dp_comm));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, (g.dp_rank * cp + g.cp_rank) * tp + g.tp_rank, g.pp_rank, &g.pp_comm));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, (g.pp_rank * dp + g.dp_rank) * cp + g.cp_rank, g.tp_rank, &g.tp_comm));
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, (g.pp_rank * dp + g.dp_rank) * tp + g.tp_rank, g.cp_rank, &g.cp_comm));
   return g;
 }
 
@@ -47,12 +52,13 @@ void free_process_grid(ProcessGrid& g) {
   if (g.dp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.dp_comm);
   if (g.pp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.pp_comm);
   if (g.tp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.tp_comm);
+  if (g.cp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.cp_comm);
 }
 
-std::string rank_label(int world_rank, int dp, int tp) {
-  const GridCoord c = grid_coord(world_rank, dp, tp);
+std::string rank_label(int world_rank, int dp, int tp, int cp) {
+  const GridCoord c = grid_coord(world_rank, dp, tp, cp);
   return cat("rank ", world_rank, " (stage ", c.pp_rank, ", replica ", c.dp_rank,
-             tp > 1 ? cat(", tp ", c.tp_rank) : std::string(), ")");
+             cp > 1 ? cat(", cp ", c.cp_rank) : std::string(), tp > 1 ? cat(", tp ", c.tp_rank) : std::string(), ")");
 }
 
 }  // namespace relay

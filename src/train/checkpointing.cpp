@@ -52,7 +52,7 @@ int64_t shard_numel(const ManifestEntry& e, const ProcessGrid& g, int tp_rank) {
   return shape_numel(shard_shape(e.shape, e.split, g.tp, tp_rank));
 }
 bool zero_sharded(CheckpointContext& ctx, const ManifestEntry& e) {
-  return ctx.cfg.optimizer.zero && ctx.grid.dp > 1 && e.name.rfind("optimizer/", 0) == 0;
+  return ctx.cfg.optimizer.zero && ctx.grid.replicas() > 1 && e.name.rfind("optimizer/", 0) == 0;
 }
 
 // Collective over this rank's replica group (ranks of the owning stage): this tp rank's shard of the
@@ -109,7 +109,7 @@ CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::sha
     std::vector<float> shard;  // (shard_numel) this rank's contribution, in host memory
     for (auto& e : manifest) {
       if (e.owner() != g.pp_rank) continue;
-      const bool sender = g.dp_rank == 0 && (g.tp_rank == 0 || split_over_tp(e, g));
+      const bool sender = g.replica_rank() == 0 && (g.tp_rank == 0 || split_over_tp(e, g));
       shard.resize(sender ? static_cast<size_t>(shard_numel(e, g, g.tp_rank)) : 0);
       gather_shard(ctx, e, step, sender ? shard.data() : nullptr);  // collective over the replica group
       if (!sender) continue;
@@ -153,7 +153,7 @@ CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::sha
   meta.dp = g.dp;
   meta.pp = g.pp;
   meta.tp = g.tp;
-  meta.zero = ctx.cfg.optimizer.zero && g.dp > 1 ? 1 : 0;
+  meta.zero = ctx.cfg.optimizer.zero && g.replicas() > 1 ? 1 : 0;
   meta.virtual_stages = ctx.cfg.parallel.virtual_stages;
   meta.schedule = ctx.cfg.parallel.schedule;
   meta.optimizer = ctx.optimizer.name();

@@ -13,7 +13,7 @@ EvalResult evaluate(Run& r) {
   const int64_t lo = g.dp_rank * N / g.dp, hi = (g.dp_rank + 1) * N / g.dp;
   double loss_sum = 0;
   int64_t correct = 0, counted = 0;
-  const bool inputs_everywhere = r.documents.on();  // each stage lays out the documents itself
+  const bool inputs_everywhere = r.documents.on() || g.cp > 1;  // each stage lays out the sequences itself
   std::vector<int64_t> rows;
   std::vector<float> inputs, dense;
   std::vector<int32_t> tokens, cls;

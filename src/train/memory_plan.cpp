@@ -10,9 +10,12 @@
 namespace relay {
 
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank) {
-  const int tp = static_cast<int>(cfg.parallel.tp), dp = static_cast<int>(cfg.parallel.dp);
+  // Replicas: the dp x cp ranks holding the same parameters (ZeRO shards over them); a rank's rows: its T / cp of
+  // every sequence of a micro-batch.
+  const int tp = static_cast<int>(cfg.parallel.tp), cp = static_cast<int>(cfg.parallel.cp);
+  const int dp = static_cast<int>(cfg.parallel.dp) * cp;
   const bool zero = cfg.optimizer.zero && dp > 1, recompute = cfg.train.recompute == "blocks";
-  const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * layout.model.seq_len;
+  const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * layout.model.seq_len / cp;
   MemoryBytes b;
   // Parameters, gradients and optimizer state: every parameter of this rank's chunks once.
   std::set<std::string> seen;

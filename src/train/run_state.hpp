@@ -37,8 +37,9 @@ struct Run {
   ProcessGrid grid;
   std::unique_ptr<Backend> be;
   std::unique_ptr<MpiCommunicator> world;
-  std::unique_ptr<Communicator> dp_comm, pp_comm, tp_comm;
+  std::unique_ptr<Communicator> dp_comm, pp_comm, tp_comm, cp_comm;
   TensorParallel tp;  // this stage's tensor-parallel group (size 1: none)
+  ContextParallel cp;  // this rank's context-parallel group (size 1: none)
   std::unique_ptr<Communicator> tied_comm;  // first and last pipeline rank of a replica, when they share a weight
   MPI_Comm tied_mpi = MPI_COMM_NULL;
   DataSource train_data, eval_data;

@@ -90,7 +90,7 @@ void open_data(Run& r) {
 void setup_grid_and_backend(Run& r) {
   const Config& cfg = r.cfg;
   r.grid = make_process_grid(static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.pp),
-                             static_cast<int>(cfg.parallel.tp));
+                             static_cast<int>(cfg.parallel.tp), static_cast<int>(cfg.parallel.cp));
   set_process_identity(r.grid.world_rank, r.grid.host);
   BackendOptions bo;
   bo.device = resolve_device(cfg.train.device);
@@ -119,13 +119,17 @@ void setup_communicators(Run& r) {
     r.tp_comm = make_group_comm(r, r.grid.tp_comm, /*point_to_point=*/false);
     r.tp = TensorParallel{r.tp_comm.get(), r.grid.tp, r.grid.tp_rank};
   }
+  if (r.grid.cp > 1) {
+    r.cp_comm = make_group_comm(r, r.grid.cp_comm, /*point_to_point=*/false);
+    r.cp = ContextParallel{r.cp_comm.get(), r.grid.cp, r.grid.cp_rank};
+  }
   // The embedding group (Megatron-LM): the first and last pipeline rank of each (replica, tp rank),
   // which hold the same shard of the tied weight. Split on every rank (a collective); only used when
   // the model ties a weight across them.
   const ProcessGrid& g = r.grid;
   const bool member = g.pp > 1 && !make_model_spec(r.cfg, 1).tied().empty() &&
                       (g.is_first_stage() || g.is_last_stage());
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, member ? g.dp_rank * g.tp + g.tp_rank : MPI_UNDEFINED, g.pp_rank,
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, member ? g.replica_rank() * g.tp + g.tp_rank : MPI_UNDEFINED, g.pp_rank,
                            &r.tied_mpi));
   if (member) r.tied_comm = make_group_comm(r, r.tied_mpi, /*point_to_point=*/false);
 }
@@ -153,7 +157,8 @@ void setup_data_and_model(Run& r) {
   for (int c = g.pp_rank; c <= last; c += g.pp) {
     const ChunkRange& cr = r.layout.chunks[static_cast<size_t>(c)];
     std::vector<std::unique_ptr<Block>> blocks;
-    for (int i = cr.begin; i < cr.end; ++i) blocks.push_back(make_block(r.layout.blocks()[static_cast<size_t>(i)], *r.store, r.tp));
+    for (int i = cr.begin; i < cr.end; ++i)
+      blocks.push_back(make_block(r.layout.blocks()[static_cast<size_t>(i)], *r.store, r.tp, r.cp));
     auto ch = std::make_unique<ModelChunk>(*r.be, c, std::move(blocks), c == 0, c == last, lm && c == last,
                                            cfg.train.recompute == "blocks");
     r.chunk_map[c] = ch.get();
@@ -178,12 +183,12 @@ void setup_data_and_model(Run& r) {
                                     r.chunk_map[last]->out_width(), r.tp, tp_begin(V, g.tp, g.tp_rank),
                                     compute_dtype(cfg.train.precision));
   }
-  r.buckets = std::make_unique<GradBuckets>(*r.be, g.dp > 1 ? r.dp_comm.get() : nullptr, bucket_params,
+  r.buckets = std::make_unique<GradBuckets>(*r.be, g.replicas() > 1 ? r.dp_comm.get() : nullptr, bucket_params,
                                             cfg.parallel.bucket_mb, cfg.optimizer.zero, cfg.parallel.grad_reduce);
   r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,
                                           lists[static_cast<size_t>(g.pp_rank)], r.mb_rows, r.layout.model.seq_len, B,
-                                          r.tied_comm.get(), tied, r.documents);
+                                          r.tied_comm.get(), tied, r.documents, r.cp);
 }
 
 void teardown(Run& r) {

@@ -21,9 +21,9 @@ StragglerMonitor::StragglerMonitor(const ProcessGrid& grid, Communicator& world)
       streak_(static_cast<size_t>(grid.world_size), 0) {
   const int n = grid.world_size;
   for (int w = 0; w < n; ++w) {
-    const int stage = grid_coord(w, grid.dp, grid.tp).pp_rank;
+    const int stage = grid_coord(w, grid.dp, grid.tp, grid.cp).pp_rank;
     for (int o = 0; o < n; ++o)
-      if (o != w && (grid.dp * grid.tp == 1 || grid_coord(o, grid.dp, grid.tp).pp_rank == stage))
+      if (o != w && (grid.dp * grid.cp * grid.tp == 1 || grid_coord(o, grid.dp, grid.tp, grid.cp).pp_rank == stage))
         peers_[static_cast<size_t>(w)].push_back(o);
   }
 }
@@ -55,7 +55,7 @@ WindowTimes StragglerMonitor::window(double compute_s, double wait_s, int64_t st
     if (streak != kWindows) continue;  // once per streak
     std::printf("relay: warning: %s is a straggler: %.2f ms of compute per step, %.2fx the median %.2f ms of "
                 "%s, in %d logging windows in a row up to step %lld (margin %.0f%% and %.0f ms)\n",
-                rank_label(w, grid_.dp, grid_.tp).c_str(), 1e3 * mine, mine / std::max(1e-12, m), 1e3 * m,
+                rank_label(w, grid_.dp, grid_.tp, grid_.cp).c_str(), 1e3 * mine, mine / std::max(1e-12, m), 1e3 * m,
                 grid_.dp * grid_.tp > 1 ? "the other ranks of its stage" : "the other ranks", kWindows,
                 static_cast<long long>(step), 100 * kMargin, 1e3 * kMinExcessS);
     std::fflush(stdout);
@@ -71,7 +71,7 @@ void StragglerMonitor::report(double compute_s, double wait_s, int64_t steps) {
               static_cast<long long>(steps), "rank", "compute ms", "waiting ms", "idle %");
   for (int w = 0; w < grid_.world_size; ++w) {
     const double c = all[2 * static_cast<size_t>(w)], t = all[2 * static_cast<size_t>(w) + 1];
-    std::printf("  %-34s %12.2f %12.2f %7.1f\n", rank_label(w, grid_.dp, grid_.tp).c_str(), 1e3 * c, 1e3 * t,
+    std::printf("  %-34s %12.2f %12.2f %7.1f\n", rank_label(w, grid_.dp, grid_.tp, grid_.cp).c_str(), 1e3 * c, 1e3 * t,
                 100 * t / std::max(1e-12, c + t));
   }
   std::fflush(stdout);

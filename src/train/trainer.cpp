@@ -114,7 +114,10 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
     data.dense_targets = hb.dense_targets.empty() ? nullptr : hb.dense_targets.data();
   }
   if (r.documents.on()) {  // the loss's denominator: counted targets over every replica
-    double counted = double(counted_targets(r.documents, data.tokens, r.replica_rows * r.layout.model.seq_len));
+    // Each replica's count once (its cp ranks read the same sequences), summed over the dp x cp replicas.
+    double counted = r.grid.cp_rank == 0
+                         ? double(counted_targets(r.documents, data.tokens, r.replica_rows * r.layout.model.seq_len))
+                         : 0.0;
     r.dp_comm->allreduce_host(&counted, 1, ReduceOp::sum, "the counted-targets reduction");
     data.counted_targets = int64_t(counted);
   }
@@ -126,7 +129,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   // Gradient norm over every rank's share: all stages and tp shards of replica 0 (replicas hold equal
   // gradients after the all-reduce), or every rank's ZeRO shard; a tied weight and a parameter
   // replicated over tp count once.
-  double sq = r.buckets->sharded() || r.grid.dp_rank == 0 ? r.buckets->sum_squares() : 0.0;
+  double sq = r.buckets->sharded() || r.grid.replica_rank() == 0 ? r.buckets->sum_squares() : 0.0;
   const bool finite_here = std::isfinite(sq) && std::isfinite(res.stats.loss_sum);
   r.world->allreduce_host(&sq, 1, ReduceOp::sum, "the gradient-norm reduction");
   res.grad_norm = std::sqrt(sq);
@@ -172,14 +175,20 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
                                           r.layout.model.language_model ? r.layout.model.seq_len : 0);
   if (cfg.log.tensorboard) log->enable_tensorboard(cfg.run.dir + "/tb");
   std::printf("relay: effective config (saved as %s/config.toml)\n%s\n", cfg.run.dir.c_str(), cfg.to_toml().c_str());
-  std::printf("relay: %d rank%s = dp %d x %spp %d, schedule %s (v=%lld, %lld micro-batches of %lld), backend %s\n",
-              g.world_size, g.world_size > 1 ? "s" : "", g.dp, g.tp > 1 ? cat("tp ", g.tp, " x ").c_str() : "", g.pp,
+  std::printf("relay: %d rank%s = dp %d x %s%spp %d, schedule %s (v=%lld, %lld micro-batches of %lld), backend %s\n",
+              g.world_size, g.world_size > 1 ? "s" : "", g.dp, g.cp > 1 ? cat("cp ", g.cp, " x ").c_str() : "",
+              g.tp > 1 ? cat("tp ", g.tp, " x ").c_str() : "", g.pp,
               cfg.parallel.schedule.c_str(),
               static_cast<long long>(cfg.parallel.virtual_stages), static_cast<long long>(cfg.train.micro_batches),
               static_cast<long long>(r.mb_rows), r.be->describe().c_str());
-  if (cfg.optimizer.zero && g.dp > 1)
+  if (cfg.optimizer.zero && g.replicas() > 1)
     std::printf("relay: ZeRO-1: each of the %d replicas keeps 1/%d of the optimizer state and updates that piece\n",
-                g.dp, g.dp);
+                g.replicas(), g.replicas());
+  if (g.cp > 1)
+    std::printf("relay: context parallelism: each sequence of %lld tokens is cut into %d chunks; rank i of a cp group "
+                "holds chunks i and %d - i (%lld tokens) and attends to the group's gathered keys and values\n",
+                static_cast<long long>(r.layout.model.seq_len), 2 * g.cp, 2 * g.cp - 1,
+                static_cast<long long>(r.layout.model.seq_len / g.cp));
   if (cfg.train.recompute == "blocks")
     std::printf("relay: recomputing transformer blocks in the backward (only their inputs are kept)\n");
   std::printf("relay: model %s, %lld parameters, stages:\n%s", cfg.model.type.c_str(),
@@ -201,7 +210,7 @@ std::string placement_table(Run& r) {
   const ProcessGrid& g = r.grid;
   constexpr int kLen = 160;
   char mine[kLen] = {};
-  std::snprintf(mine, kLen, "  %s on %s: local rank %d of %d, %s", rank_label(g.world_rank, g.dp, g.tp).c_str(),
+  std::snprintf(mine, kLen, "  %s on %s: local rank %d of %d, %s", rank_label(g.world_rank, g.dp, g.tp, g.cp).c_str(),
                 g.host.c_str(), g.local_rank, g.local_size, r.be->describe().c_str());
   // (world_size x kLen) chars on rank 0
   const std::vector<std::byte> all = r.world->gather_host(mine, kLen, 0, nullptr, "the placement report");
@@ -218,7 +227,7 @@ void write_trace(Run& r) {
   const ProcessGrid& g = r.grid;
   const std::string path = r.cfg.run.dir + "/trace.json";
   const double bubble =
-      r.tracer->write(path, rank_label(g.world_rank, g.dp, g.tp));
+      r.tracer->write(path, rank_label(g.world_rank, g.dp, g.tp, g.cp));
   if (g.world_rank == 0) {
     std::printf("relay: trace of steps %lld-%lld in %s (open it in Perfetto or chrome://tracing); measured bubble "
                 "%.1f%% of the traced steps, simulated %.1f%% (equal F/B/W costs)\n",
@@ -245,8 +254,8 @@ void report_memory(Run& r) {
                       "  rank              params          grads       optimizer     activations\n";
   for (int w = 0; w < g.world_size; ++w) {
     const int64_t* v = all.data() + 8 * static_cast<size_t>(w);
-    const GridCoord c = grid_coord(w, g.dp, g.tp);
-    nlohmann::json j = {{"rank", w}, {"dp", c.dp_rank}, {"tp", c.tp_rank}, {"pp", c.pp_rank}};
+    const GridCoord c = grid_coord(w, g.dp, g.tp, g.cp);
+    nlohmann::json j = {{"rank", w}, {"dp", c.dp_rank}, {"tp", c.tp_rank}, {"pp", c.pp_rank}, {"cp", c.cp_rank}};
     char row[160];
     std::snprintf(row, sizeof row, "  %4d", w);
     table += row;
@@ -268,7 +277,7 @@ void report_memory(Run& r) {
 void start_prefetcher(Run& r) {
   const ProcessGrid& g = r.grid;
   // Every stage reads the inputs under a document mask: each derives the micro-batches' document layout.
-  const bool want_in = g.is_first_stage() || r.documents.on(), want_tg = g.is_last_stage();
+  const bool want_in = g.is_first_stage() || r.documents.on() || g.cp > 1, want_tg = g.is_last_stage();
   if (!(want_in || want_tg) || r.start_step >= r.cfg.train.steps) return;
   SamplerSpec sampler{r.train_data.samples(), r.cfg.train.batch_size, r.cfg.data.shuffle, r.cfg.data.seed};
   const int64_t begin = g.dp_rank * r.replica_rows;

@@ -1,0 +1,121 @@
+#include "model/context_parallel.hpp"
+
+#include "core/error.hpp"
+#include "core/memory.hpp"
+
+namespace relay {
+
+void CpAttention::prepare(Backend& be, int64_t n, int64_t T, int64_t w, DType dt) {
+  const int64_t cp = cp_.size, rows = cp * n;
+  const bool fits = rank_order_.defined() && rows <= rank_order_.size(0) && w == w_ && dt == dt_;
+  if (!fits) {  // first use, a larger batch, other widths: allocate
+    MemoryScope scope(MemKind::activations);
+    const int64_t cap = std::max<int64_t>(rows, rank_order_.defined() && w == w_ ? rank_order_.size(0) : 0);
+    rank_order_ = Tensor(be, {cap, w}, dt);
+    k_ = Tensor(be, {cap, w}, dt);
+    v_ = Tensor(be, {cap, w}, dt);
+    dk_ = Tensor(be, {cap, w}, dt);
+    dv_ = Tensor(be, {cap, w}, dt);
+    to_sequence_ = Tensor(be, {cap}, DType::i32);
+    to_rank_ = Tensor(be, {cap}, DType::i32);
+    n_ = 0;  // the permutations are made below
+    w_ = w;
+    dt_ = dt;
+  }
+  if (n == n_ && T == T_) return;
+  // Local row j of sequence s on rank r sits at rank-order row r n + s Tl + j and at sequence-order row s T + p.
+  const int64_t Tl = T / cp, B = n / Tl;
+  RELAY_ASSERT(Tl * cp == T && B * Tl == n, "context parallelism: " << n << " rows of sequences of " << T << " over "
+                                                                    << cp << " ranks");
+  std::vector<int32_t> to_seq(static_cast<size_t>(rows)), to_rank(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < cp; ++r)
+    for (int64_t s = 0; s < B; ++s)
+      for (int64_t j = 0; j < Tl; ++j) {
+        const int64_t rank_row = r * n + s * Tl + j, seq_row = s * T + cp_position(T, int(cp), int(r), j);
+        to_seq[static_cast<size_t>(seq_row)] = int32_t(rank_row);
+        to_rank[static_cast<size_t>(rank_row)] = int32_t(seq_row);
+      }
+  Tensor ts = to_sequence_.rows(0, rows), tr = to_rank_.rows(0, rows);
+  be.upload(ts, to_seq.data());
+  be.upload(tr, to_rank.data());
+  n_ = n;
+  T_ = T;
+}
+
+void CpAttention::gather(Backend& be, const Tensor& local, Tensor& full, const char* what) {
+  const int64_t n = local.size(0), rows = cp_.size * n;
+  Tensor buf = rank_order_.rows(0, rows);  // (cp n, w) every rank's rows, rank after rank
+  Tensor mine = buf.rows(cp_.rank * n, n);
+  be.copy(mine, local);
+  RequestPtr r = cp_.comm->iallgather(buf);
+  r->what = what;
+  r->wait();
+  be.gather_rows(buf, to_sequence_.rows(0, rows), full);
+}
+
+void CpAttention::reduce_scatter(Backend& be, const Tensor& full, Tensor& local, const char* what) {
+  const int64_t n = local.size(0), rows = cp_.size * n;
+  Tensor buf = rank_order_.rows(0, rows);
+  be.gather_rows(full, to_rank_.rows(0, rows), buf);
+  RequestPtr r = cp_.comm->ireduce_scatter_sum(buf, local);
+  r->what = what;
+  r->wait();
+}
+
+void CpAttention::forward(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int64_t T, int64_t H,
+                          int64_t KV, const Tensor& q_pos, const Tensor& doc_start, Tensor& out, Tensor& lse) {
+  const int64_t n = q.size(0), rows = cp_.size * n, Tl = T / cp_.size;
+  prepare(be, n, T, k.size(1), k.dtype());
+  Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows);  // (B*T, KV*hd) sequence order
+  gather(be, k, kf, "the context-parallel key all-gather");
+  gather(be, v, vf, "the context-parallel value all-gather");
+  be.flash_attention_gqa_forward_at(q, kf, vf, n / Tl, Tl, T, q_pos, H, KV, out, lse, doc_start);
+}
+
+void CpAttention::backward(Backend& be, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& out, const Tensor& lse, int64_t T, int64_t H, int64_t KV, const Tensor& q_pos,
+                           const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const int64_t n = q.size(0), rows = cp_.size * n, Tl = T / cp_.size;
+  prepare(be, n, T, k.size(1), k.dtype());
+  Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows), dkf = dk_.rows(0, rows), dvf = dv_.rows(0, rows);
+  gather(be, k, kf, "the context-parallel key all-gather (backward)");
+  gather(be, v, vf, "the context-parallel value all-gather (backward)");
+  be.flash_attention_gqa_backward_at(dout, q, kf, vf, out, lse, n / Tl, Tl, T, q_pos, H, KV, dq, dkf, dvf, doc_start);
+  reduce_scatter(be, dkf, dk, "the context-parallel key-gradient reduce-scatter");
+  reduce_scatter(be, dvf, dv, "the context-parallel value-gradient reduce-scatter");
+}
+
+void CpAttention::prepare_packed(Backend& be, int64_t n, int64_t w, DType dt) {
+  if (pq_.defined() && pq_.size(0) >= n && pq_.size(1) == w && pq_.dtype() == dt) return;
+  MemoryScope scope(MemKind::activations);
+  for (Tensor* t : {&pq_, &pk_, &pv_, &pdq_, &pdk_, &pdv_}) *t = Tensor(be, {n, w}, dt);
+}
+
+void CpAttention::forward_packed(Backend& be, const Tensor& qkv, int64_t T, int64_t H, const Tensor& q_pos,
+                                 const Tensor& doc_start, Tensor& out, Tensor& lse) {
+  const int64_t n = qkv.size(0), w = qkv.size(1) / 3;
+  prepare_packed(be, n, w, qkv.dtype());
+  Tensor q = pq_.rows(0, n), k = pk_.rows(0, n), v = pv_.rows(0, n);
+  be.copy_columns(qkv, 0, q, 0, w);
+  be.copy_columns(qkv, w, k, 0, w);
+  be.copy_columns(qkv, 2 * w, v, 0, w);
+  forward(be, q, k, v, T, H, H, q_pos, doc_start, out, lse);
+}
+
+void CpAttention::backward_packed(Backend& be, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                  const Tensor& lse, int64_t T, int64_t H, const Tensor& q_pos, const Tensor& doc_start,
+                                  Tensor& dqkv) {
+  const int64_t n = qkv.size(0), w = qkv.size(1) / 3;
+  prepare_packed(be, n, w, qkv.dtype());
+  Tensor q = pq_.rows(0, n), k = pk_.rows(0, n), v = pv_.rows(0, n);
+  Tensor dq = pdq_.rows(0, n), dk = pdk_.rows(0, n), dv = pdv_.rows(0, n);
+  be.copy_columns(qkv, 0, q, 0, w);
+  be.copy_columns(qkv, w, k, 0, w);
+  be.copy_columns(qkv, 2 * w, v, 0, w);
+  backward(be, dout, q, k, v, out, lse, T, H, H, q_pos, doc_start, dq, dk, dv);
+  be.copy_columns(dq, 0, dqkv, 0, w);
+  be.copy_columns(dk, 0, dqkv, w, w);
+  be.copy_columns(dv, 0, dqkv, 2 * w, w);
+}
+
+}  // namespace relay

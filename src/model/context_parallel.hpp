@@ -1,0 +1,70 @@
+// Context parallelism (parallel.cp; Megatron-core, torchtitan, and Llama 3's all-gather form, Dubey et al.
+// arXiv:2407.21783 sec. 3.3.2): every sequence of T tokens is cut into 2 cp chunks of c = T / (2 cp) rows, and rank i
+// of a cp group holds chunks i and 2cp - 1 - i (the load-balanced causal layout: every rank gets the same amount of
+// attention work), T / cp rows per sequence, in that order. Everything but attention is row-wise and runs on those
+// rows alone. Attention all-gathers the group's keys and values into sequence order, runs this rank's queries at
+// their positions against all of them (Backend::flash_attention_gqa_forward_at; the document mask too), and in the
+// backward gathers them again (nothing of size T is kept between the passes), computes every key's gradient from
+// this rank's queries, and reduce-scatters those back to the ranks that own the keys.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "comm/communicator.hpp"
+
+namespace relay {
+
+// A stage's context-parallel group as a block sees it. comm is null when size == 1.
+struct ContextParallel {
+  Communicator* comm = nullptr;
+  int size = 1, rank = 0;
+  bool on() const { return size > 1; }
+};
+
+// The position in its sequence (of T) of local row j (0 <= j < T / cp) of cp rank `rank`.
+inline int64_t cp_position(int64_t T, int cp, int rank, int64_t j) {
+  const int64_t c = T / (2 * cp);
+  return j < c ? rank * c + j : (2 * cp - 1 - rank) * c + (j - c);
+}
+
+// One attention block's context-parallel attention and its scratch (the gathered keys and values, their gradients,
+// the row permutations), allocated for the largest batch seen and shared by every micro-batch.
+class CpAttention {
+ public:
+  explicit CpAttention(ContextParallel cp) : cp_(cp) {}
+  // q (n, H*hd), k, v (n, KV*hd): this rank's rows (n = B x T / cp) -> out (n, H*hd), lse (B, H, T / cp).
+  // q_pos (n) i32: each row's position in its sequence; doc_start (n) i32 or undefined: the document mask.
+  void forward(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int64_t T, int64_t H, int64_t KV,
+               const Tensor& q_pos, const Tensor& doc_start, Tensor& out, Tensor& lse);
+  // dout, q, k, v, out, lse as above -> dq (n, H*hd), dk, dv (n, KV*hd): this rank's rows, the keys' gradients summed
+  // over the group's queries.
+  void backward(Backend& be, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                const Tensor& lse, int64_t T, int64_t H, int64_t KV, const Tensor& q_pos, const Tensor& doc_start,
+                Tensor& dq, Tensor& dk, Tensor& dv);
+  // The same for GPT's packed qkv (n, 3 Cl) = [q | k | v] of H heads (KV == H): the parts are copied into
+  // contiguous scratch, and the backward's dq, dk, dv into dqkv's.
+  void forward_packed(Backend& be, const Tensor& qkv, int64_t T, int64_t H, const Tensor& q_pos,
+                      const Tensor& doc_start, Tensor& out, Tensor& lse);
+  void backward_packed(Backend& be, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                       int64_t T, int64_t H, const Tensor& q_pos, const Tensor& doc_start, Tensor& dqkv);
+
+ private:
+  // The packed scratch for n rows of width w: q, k, v and their gradients (n, w) each.
+  void prepare_packed(Backend& be, int64_t n, int64_t w, DType dt);
+  void prepare(Backend& be, int64_t n, int64_t T, int64_t w, DType dt);
+  // local (n, w) -> full (B*T, w) in sequence order: every rank's rows.
+  void gather(Backend& be, const Tensor& local, Tensor& full, const char* what);
+  // full (B*T, w): this rank's contribution to every row -> local (n, w): its own rows summed over the group.
+  void reduce_scatter(Backend& be, const Tensor& full, Tensor& local, const char* what);
+
+  ContextParallel cp_;
+  int64_t n_ = 0, T_ = 0, w_ = 0;
+  DType dt_ = DType::f32;
+  Tensor to_sequence_, to_rank_;      // i32 (cp n): row permutations, rank order <-> sequence order
+  Tensor rank_order_;                 // (cp n, w): the all-gather's and reduce-scatter's rank-order buffer
+  Tensor k_, v_, dk_, dv_;            // (cp n, w) each, sequence order
+  Tensor pq_, pk_, pv_, pdq_, pdk_, pdv_;  // forward_packed / backward_packed: (n, Cl) each
+};
+
+}  // namespace relay
