@@ -84,6 +84,7 @@ namespace relay::test {
 
 Problem make_problem(const std::string& dir, int64_t samples, int64_t features, int64_t classes) {
   Problem p{dir, dir + "/train.h5", dir + "/eval.h5", dir + "/config.toml"};
+  std::filesystem::create_directories(dir);
   auto synth = [&](const std::string& out, int64_t n, int seed) {
     RunResult r = run_command(relay_binary() + " data synth --out " + out + " --samples " + std::to_string(n) +
                               " --features " + std::to_string(features) + " --classes " + std::to_string(classes) +
