@@ -35,12 +35,22 @@ bool ModelChunk::needs_input_grad(size_t k) const {
 
 ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
                                      bool is_first, bool is_last, bool alias_output_grad, bool recompute,
-                                     bool documents) {
+                                     bool documents, int cp) {
   ChunkBytes b;
   const BlockSpec& first = blocks.front();
   const int64_t act = int64_t(dtype_size(first.dtype));
   b.slot = first.in == 0 ? 4 * rows : act * rows * first.in;  // the input (token ids: one i32 per row)
-  if (documents) b.slot += 2 * 4 * rows;                        // document starts and positions
+  // The sequence layout: document starts (document mask), positions (either), places in the sequence (cp).
+  b.slot += 4 * rows * ((documents ? 1 : 0) + (documents || cp > 1 ? 1 : 0) + (cp > 1 ? 1 : 0));
+  int64_t cp_scratch = 0;
+  if (cp > 1)
+    for (const BlockSpec& s : blocks) {  // CpAttention's scratch, once per attention block (shared by every slot)
+      if (s.kind != BlockKind::transformer && s.kind != BlockKind::llama_layer) continue;
+      const int64_t hd = s.in / s.n_head, heads = s.kind == BlockKind::transformer ? s.n_head : s.n_kv_head;
+      const int64_t w = heads / tp * hd, act = int64_t(dtype_size(s.dtype)), gathered = cp * rows;
+      cp_scratch += 5 * gathered * w * act + 2 * gathered * 4;  // rank order, k, v, dk, dv; two permutations
+      if (s.kind == BlockKind::transformer) cp_scratch += 6 * rows * w * act;  // GPT's packed q, k, v and gradients
+    }
   if (!is_first) b.boundary = act * rows * first.in;          // the input gradient sent back
   for (size_t k = 0; k < blocks.size(); ++k) {
     const BlockSpec& s = blocks[k];
@@ -51,6 +61,7 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
     if (recompute && s.recomputable) b.scratch = saved_bytes(s, rows, tp) + act * rows * w;  // one set and an output
     else b.slot += saved_bytes(s, rows, tp);
   }
+  b.scratch += cp_scratch;
   return b;
 }
 

@@ -31,10 +31,11 @@ class ModelChunk {
  public:
   // What a chunk of these blocks would allocate for `rows` rows on tp rank tp_rank of tp, before anything
   // exists (relay plan's memory prediction): the same rules as slot() below.
-  // documents: data.document_mask (two i32 per row and slot).
+  // documents: data.document_mask (two i32 per row and slot); cp: context parallelism's size (rows are this rank's;
+  // a third i32 per row, and each attention block's gathered keys and values: model/context_parallel.hpp).
   static ChunkBytes planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
                                   bool is_first, bool is_last, bool alias_output_grad, bool recompute,
-                                  bool documents = false);
+                                  bool documents = false, int cp = 1);
 
   // alias_output_grad: the output gradient is written over the output (the last chunk of a model
   // whose loss computes its gradient in place, so a vocabulary-sized logits buffer exists once).
