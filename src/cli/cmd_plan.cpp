@@ -104,17 +104,29 @@ void write_sim_trace(const std::string& path, const ScheduleShape& shape, const 
   f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
 }
 
-// World rank -> (dp, tp, pp) coordinate, stage and tensor-parallel shard (Megatron-LM's order: tp
-// fastest, then dp, then pp), one line per rank (the first 64).
+// World rank -> (dp, cp, tp, pp) coordinate, stage, tensor-parallel shard and (context parallelism) the tokens of each
+// sequence it holds (Megatron-LM's order: tp fastest, then cp, dp, pp), one line per rank (the first 64).
 void print_layout(const Config& cfg, const ModelLayout& layout) {
   const int dp = static_cast<int>(cfg.parallel.dp), tp = static_cast<int>(cfg.parallel.tp), pp = layout.pp;
-  std::printf("\n3D layout: world rank = (pp x %d + dp) x %d + tp\n", dp, tp);
-  const int n = dp * tp * pp;
+  const int cp = static_cast<int>(cfg.parallel.cp);
+  if (cp > 1)
+    std::printf("\n4D layout: world rank = ((pp x %d + dp) x %d + cp) x %d + tp\n", dp, cp, tp);
+  else
+    std::printf("\n3D layout: world rank = (pp x %d + dp) x %d + tp\n", dp, tp);
+  const int n = dp * cp * tp * pp;
+  const int64_t T = layout.model.seq_len, c = T / (2 * cp);
   for (int w = 0; w < std::min(n, 64); ++w) {
-    const GridCoord c = grid_coord(w, dp, tp);
-    const int t = c.tp_rank, d = c.dp_rank, p = c.pp_rank;
+    const GridCoord g = grid_coord(w, dp, tp, cp);
+    const int t = g.tp_rank, d = g.dp_rank, p = g.pp_rank;
     const std::string shard = layout.model.tp_shard(tp, t);
-    std::printf("  rank %3d (dp %d, tp %d, pp %d): %s\n", w, d, t, p, shard.c_str());
+    if (cp > 1) {
+      const int64_t a = g.cp_rank * c, b = (2 * cp - 1 - g.cp_rank) * c;
+      std::printf("  rank %3d (dp %d, cp %d, tp %d, pp %d): %s; tokens [%lld, %lld) and [%lld, %lld) of each sequence\n",
+                  w, d, g.cp_rank, t, p, shard.c_str(), static_cast<long long>(a), static_cast<long long>(a + c),
+                  static_cast<long long>(b), static_cast<long long>(b + c));
+    } else {
+      std::printf("  rank %3d (dp %d, tp %d, pp %d): %s\n", w, d, t, p, shard.c_str());
+    }
   }
   if (n > 64) std::printf("  ... %d ranks in all\n", n);
 }
@@ -167,12 +179,19 @@ int run_plan_command(const PlanOptions& o) {
   ScheduleShape shape = schedule_shape(cfg);
   shape.tied = !layout.shared_params().empty();
   const int64_t dp = cfg.parallel.dp, m = cfg.train.micro_batches, rows = micro_batch_rows(cfg);
-  const int64_t tp = cfg.parallel.tp;
-  std::printf("plan for %s: dp %lld x tp %lld x pp %lld = %lld ranks, schedule %s, v = %d, %lld micro-batches of %lld "
+  const int64_t tp = cfg.parallel.tp, cp = cfg.parallel.cp;
+  std::printf("plan for %s: dp %lld x %stp %lld x pp %lld = %lld ranks, schedule %s, v = %d, %lld micro-batches of %lld "
               "samples\n",
-              cfg.source.c_str(), static_cast<long long>(dp), static_cast<long long>(tp),
-              static_cast<long long>(cfg.parallel.pp), static_cast<long long>(dp * tp * cfg.parallel.pp),
-              cfg.parallel.schedule.c_str(), shape.v, static_cast<long long>(m), static_cast<long long>(rows));
+              cfg.source.c_str(), static_cast<long long>(dp), cp > 1 ? cat("cp ", cp, " x ").c_str() : "",
+              static_cast<long long>(tp), static_cast<long long>(cfg.parallel.pp),
+              static_cast<long long>(dp * cp * tp * cfg.parallel.pp), cfg.parallel.schedule.c_str(), shape.v,
+              static_cast<long long>(m), static_cast<long long>(rows));
+  if (cp > 1)
+    std::printf("context parallelism: each sequence of %lld tokens over %lld ranks, %lld tokens each (2 chunks of "
+                "%lld); attention all-gathers a micro-batch's keys and values over the group once in the forward and "
+                "once in the backward, and reduce-scatters their gradients\n",
+                static_cast<long long>(layout.model.seq_len), static_cast<long long>(cp),
+                static_cast<long long>(layout.model.seq_len / cp), static_cast<long long>(layout.model.seq_len / cp / 2));
   std::printf("model: %s, %lld parameters, input width %lld; stages:\n%s", cfg.model.type.c_str(),
               static_cast<long long>(layout.param_count()), static_cast<long long>(D),
               describe_partition(layout.chunks, layout.blocks(), shape.pp).c_str());
