@@ -42,15 +42,6 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
   b.slot = first.in == 0 ? 4 * rows : act * rows * first.in;  // the input (token ids: one i32 per row)
   // The sequence layout: document starts (document mask), positions (either), places in the sequence (cp).
   b.slot += 4 * rows * ((documents ? 1 : 0) + (documents || cp > 1 ? 1 : 0) + (cp > 1 ? 1 : 0));
-  int64_t cp_scratch = 0;
-  if (cp > 1)
-    for (const BlockSpec& s : blocks) {  // CpAttention's scratch, once per attention block (shared by every slot)
-      if (s.kind != BlockKind::transformer && s.kind != BlockKind::llama_layer) continue;
-      const int64_t hd = s.in / s.n_head, heads = s.kind == BlockKind::transformer ? s.n_head : s.n_kv_head;
-      const int64_t w = heads / tp * hd, act = int64_t(dtype_size(s.dtype)), gathered = cp * rows;
-      cp_scratch += 5 * gathered * w * act + 2 * gathered * 4;  // rank order, k, v, dk, dv; two permutations
-      if (s.kind == BlockKind::transformer) cp_scratch += 6 * rows * w * act;  // GPT's packed q, k, v and gradients
-    }
   if (!is_first) b.boundary = act * rows * first.in;          // the input gradient sent back
   for (size_t k = 0; k < blocks.size(); ++k) {
     const BlockSpec& s = blocks[k];
@@ -61,8 +52,18 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
     if (recompute && s.recomputable) b.scratch = saved_bytes(s, rows, tp) + act * rows * w;  // one set and an output
     else b.slot += saved_bytes(s, rows, tp);
   }
-  b.scratch += cp_scratch;
   return b;
+}
+
+int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows) {
+  if (cp <= 1) return 0;
+  for (const BlockSpec& s : blocks) {  // every attention block of a model has the same widths
+    if (s.kind != BlockKind::transformer && s.kind != BlockKind::llama_layer) continue;
+    const int64_t hd = s.in / s.n_head, heads = s.kind == BlockKind::transformer ? s.n_head : s.n_kv_head;
+    const int64_t w = heads / tp * hd, act = int64_t(dtype_size(s.dtype)), gathered = cp * rows;
+    return 5 * gathered * w * act + 2 * gathered * 4 + (s.kind == BlockKind::transformer ? 6 * rows * w * act : 0);
+  }
+  return 0;
 }
 
 ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {

@@ -27,12 +27,17 @@ struct ChunkBytes {
   int64_t slot = 0, boundary = 0, scratch = 0;
 };
 
+// Bytes of a rank's CpAttention (model/context_parallel.hpp) for micro-batches of `rows` of its rows: the gathered
+// keys, values, their gradients and the rank-order buffer (cp x rows each), two permutations, and for GPT's packed
+// attention its q, k, v and gradients (rows each). 0 without context parallelism or attention blocks.
+int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows);
+
 class ModelChunk {
  public:
   // What a chunk of these blocks would allocate for `rows` rows on tp rank tp_rank of tp, before anything
   // exists (relay plan's memory prediction): the same rules as slot() below.
   // documents: data.document_mask (two i32 per row and slot); cp: context parallelism's size (rows are this rank's;
-  // a third i32 per row, and each attention block's gathered keys and values: model/context_parallel.hpp).
+  // a third i32 per row; the gathered keys and values are the rank's, cp_attention_bytes).
   static ChunkBytes planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
                                   bool is_first, bool is_last, bool alias_output_grad, bool recompute,
                                   bool documents = false, int cp = 1);

@@ -6,7 +6,7 @@
 namespace relay {
 
 void CpAttention::prepare(Backend& be, int64_t n, int64_t T, int64_t w, DType dt) {
-  const int64_t cp = cp_.size, rows = cp * n;
+  const int64_t cp = size_, rows = cp * n;
   const bool fits = rank_order_.defined() && rows <= rank_order_.size(0) && w == w_ && dt == dt_;
   if (!fits) {  // first use, a larger batch, other widths: allocate
     MemoryScope scope(MemKind::activations);
@@ -43,28 +43,28 @@ void CpAttention::prepare(Backend& be, int64_t n, int64_t T, int64_t w, DType dt
 }
 
 void CpAttention::gather(Backend& be, const Tensor& local, Tensor& full, const char* what) {
-  const int64_t n = local.size(0), rows = cp_.size * n;
+  const int64_t n = local.size(0), rows = size_ * n;
   Tensor buf = rank_order_.rows(0, rows);  // (cp n, w) every rank's rows, rank after rank
-  Tensor mine = buf.rows(cp_.rank * n, n);
+  Tensor mine = buf.rows(rank_ * n, n);
   be.copy(mine, local);
-  RequestPtr r = cp_.comm->iallgather(buf);
+  RequestPtr r = comm_->iallgather(buf);
   r->what = what;
   r->wait();
   be.gather_rows(buf, to_sequence_.rows(0, rows), full);
 }
 
 void CpAttention::reduce_scatter(Backend& be, const Tensor& full, Tensor& local, const char* what) {
-  const int64_t n = local.size(0), rows = cp_.size * n;
+  const int64_t n = local.size(0), rows = size_ * n;
   Tensor buf = rank_order_.rows(0, rows);
   be.gather_rows(full, to_rank_.rows(0, rows), buf);
-  RequestPtr r = cp_.comm->ireduce_scatter_sum(buf, local);
+  RequestPtr r = comm_->ireduce_scatter_sum(buf, local);
   r->what = what;
   r->wait();
 }
 
 void CpAttention::forward(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int64_t T, int64_t H,
                           int64_t KV, const Tensor& q_pos, const Tensor& doc_start, Tensor& out, Tensor& lse) {
-  const int64_t n = q.size(0), rows = cp_.size * n, Tl = T / cp_.size;
+  const int64_t n = q.size(0), rows = size_ * n, Tl = T / size_;
   prepare(be, n, T, k.size(1), k.dtype());
   Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows);  // (B*T, KV*hd) sequence order
   gather(be, k, kf, "the context-parallel key all-gather");
@@ -75,7 +75,7 @@ void CpAttention::forward(Backend& be, const Tensor& q, const Tensor& k, const T
 void CpAttention::backward(Backend& be, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                            const Tensor& out, const Tensor& lse, int64_t T, int64_t H, int64_t KV, const Tensor& q_pos,
                            const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv) {
-  const int64_t n = q.size(0), rows = cp_.size * n, Tl = T / cp_.size;
+  const int64_t n = q.size(0), rows = size_ * n, Tl = T / size_;
   prepare(be, n, T, k.size(1), k.dtype());
   Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows), dkf = dk_.rows(0, rows), dvf = dv_.rows(0, rows);
   gather(be, k, kf, "the context-parallel key all-gather (backward)");

@@ -8,6 +8,7 @@
 // this rank's queries, and reduce-scatters those back to the ranks that own the keys.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -15,10 +16,14 @@
 
 namespace relay {
 
-// A stage's context-parallel group as a block sees it. comm is null when size == 1.
+class CpAttention;
+
+// A rank's context-parallel group as a block sees it, and the one CpAttention its attention blocks share (they run
+// one at a time, so one set of gathered keys and values serves them all). comm is null when size == 1.
 struct ContextParallel {
   Communicator* comm = nullptr;
   int size = 1, rank = 0;
+  std::shared_ptr<CpAttention> attention;
   bool on() const { return size > 1; }
 };
 
@@ -28,11 +33,11 @@ inline int64_t cp_position(int64_t T, int cp, int rank, int64_t j) {
   return j < c ? rank * c + j : (2 * cp - 1 - rank) * c + (j - c);
 }
 
-// One attention block's context-parallel attention and its scratch (the gathered keys and values, their gradients,
-// the row permutations), allocated for the largest batch seen and shared by every micro-batch.
+// Context-parallel attention and its scratch (the gathered keys and values, their gradients, the row permutations),
+// allocated for the largest batch seen; one per rank, shared by its attention blocks and micro-batches.
 class CpAttention {
  public:
-  explicit CpAttention(ContextParallel cp) : cp_(cp) {}
+  CpAttention(Communicator* comm, int size, int rank) : comm_(comm), size_(size), rank_(rank) {}
   // q (n, H*hd), k, v (n, KV*hd): this rank's rows (n = B x T / cp) -> out (n, H*hd), lse (B, H, T / cp).
   // q_pos (n) i32: each row's position in its sequence; doc_start (n) i32 or undefined: the document mask.
   void forward(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int64_t T, int64_t H, int64_t KV,
@@ -58,7 +63,8 @@ class CpAttention {
   // full (B*T, w): this rank's contribution to every row -> local (n, w): its own rows summed over the group.
   void reduce_scatter(Backend& be, const Tensor& full, Tensor& local, const char* what);
 
-  ContextParallel cp_;
+  Communicator* comm_;
+  int size_, rank_;
   int64_t n_ = 0, T_ = 0, w_ = 0;
   DType dt_ = DType::f32;
   Tensor to_sequence_, to_rank_;      // i32 (cp n): row permutations, rank order <-> sequence order

@@ -93,7 +93,7 @@ class Transformer final : public Block {
   Transformer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
       : Block(spec, std::move(params)), p_(transformer_params(params_, spec.bias)), tp_(tp),
         H_(spec.n_head / tp.size), Cl_(spec.in / tp.size),
-        cp_attn_(cp.on() ? std::make_unique<CpAttention>(cp) : nullptr) {}
+        cp_attn_(cp.on() ? cp.attention : nullptr) {}
 
   // saved.t: the forward's intermediates, then the backward-input's gradients that backward-weight reads.
   // Widths are this tp rank's: Cl = C / tp (its H / tp heads), 4 Cl hidden units.
@@ -245,7 +245,7 @@ class Transformer final : public Block {
   TensorParallel tp_;
   int64_t H_, Cl_;               // this rank's heads and attention width
   Tensor zero_, dbeta_scratch_;  // (C), only when model.bias = false
-  std::unique_ptr<CpAttention> cp_attn_;  // parallel.cp > 1
+  std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
 };
 
 // x (n, C) -> logits (n, V) = norm(x) @ W^T, W the token embedding (tied) or lm_head.weight; norm is

@@ -30,7 +30,7 @@ class LlamaLayer final : public Block {
   LlamaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
       : Block(spec, std::move(params)), tp_(tp), hd_(spec.in / spec.n_head), H_(spec.n_head / tp.size),
         KV_(spec.n_kv_head / tp.size), F_(spec.ffn_hidden / tp.size),
-        cp_attn_(cp.on() ? std::make_unique<CpAttention>(cp) : nullptr) {
+        cp_attn_(cp.on() ? cp.attention : nullptr) {
     RELAY_ASSERT(params_.size() == 9, "llama layer: " << params_.size() << " params, expected 9");
     p_ = {params_[0], params_[1], params_[2], params_[3], params_[4], params_[5], params_[6], params_[7], params_[8]};
   }
@@ -192,7 +192,7 @@ class LlamaLayer final : public Block {
   LlamaParams p_{};
   TensorParallel tp_;
   int64_t hd_, H_, KV_, F_;  // head size; this rank's query heads, key/value heads and SwiGLU units
-  std::unique_ptr<CpAttention> cp_attn_;  // parallel.cp > 1
+  std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
 };
 
 }  // namespace

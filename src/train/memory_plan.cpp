@@ -51,6 +51,12 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
     }
     b.activations += plan.slots.at(c) * cb.slot + m * (cb.boundary + per_mb) + cb.scratch;
   }
+  // Context parallelism: the rank's one CpAttention, shared by its attention blocks.
+  std::vector<BlockSpec> mine;
+  for (int c = pp_rank; c <= last; c += layout.pp)
+    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
+      mine.push_back(layout.blocks()[static_cast<size_t>(i)]);
+  b.activations += cp_attention_bytes(mine, tp, cp, rows);
   return b;
 }
 

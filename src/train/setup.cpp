@@ -121,7 +121,8 @@ void setup_communicators(Run& r) {
   }
   if (r.grid.cp > 1) {
     r.cp_comm = make_group_comm(r, r.grid.cp_comm, /*point_to_point=*/false);
-    r.cp = ContextParallel{r.cp_comm.get(), r.grid.cp, r.grid.cp_rank};
+    r.cp = ContextParallel{r.cp_comm.get(), r.grid.cp, r.grid.cp_rank,
+                           std::make_shared<CpAttention>(r.cp_comm.get(), r.grid.cp, r.grid.cp_rank)};
   }
   // The embedding group (Megatron-LM): the first and last pipeline rank of each (replica, tp rank),
   // which hold the same shard of the tied weight. Split on every rank (a collective); only used when
