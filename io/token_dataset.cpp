@@ -103,6 +103,10 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   const std::string tmp = cat(path, ".tmp-", ::getpid());
   const std::string ctx = cat("token file ", path);
   const bool u16 = vocab_size <= 65536;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec) throw Error(cat(ctx, ": cannot create its directory ", parent.string(), ": ", ec.message()));
   {
     Hdf5Lock lock;
     H5File f(RELAY_H5_CHECK(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), ctx));
@@ -127,7 +131,6 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
       RELAY_H5_CHECK(H5Awrite(a.get(), H5T_NATIVE_INT64, &value), ctx);
     }
   }
-  std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     std::filesystem::remove(tmp);

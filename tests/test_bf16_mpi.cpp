@@ -22,14 +22,14 @@ using namespace relay::test;
 namespace {
 
 struct Layout {
-  int dp = 1, tp = 1, pp = 1, m = 1;
+  int dp = 1, tp = 1, pp = 1, m = 1, cp = 1;
   std::string schedule = "1f1b";
-  bool zero = false, recompute = false, bf16_wire = false;
-  int ranks() const { return dp * tp * pp; }
+  bool zero = false, recompute = false, bf16_wire = false, sp = false;
+  int ranks() const { return dp * tp * pp * cp; }
   std::string name() const {
     std::string s = "dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_" +
                     schedule + "_m" + std::to_string(m) + (zero ? "_zero" : "") + (recompute ? "_recompute" : "") +
-                    (bf16_wire ? "_bf16wire" : "");
+                    (bf16_wire ? "_bf16wire" : "") + (cp > 1 ? "_cp" + std::to_string(cp) : "") + (sp ? "_sp" : "");
     for (auto& c : s) if (c == '-') c = '_';
     return s;
   }
@@ -40,7 +40,8 @@ struct Layout {
             "parallel.virtual_stages=" + std::to_string(schedule == "interleaved" ? 2 : 1),
             std::string("optimizer.zero=") + (zero ? "true" : "false"),
             "train.recompute=" + quoted(recompute ? "blocks" : "none"),
-            "parallel.grad_reduce=" + quoted(bf16_wire ? "bf16" : "fp32"), "model.n_head=4"};
+            "parallel.grad_reduce=" + quoted(bf16_wire ? "bf16" : "fp32"), "model.n_head=4",
+            "parallel.cp=" + std::to_string(cp), std::string("parallel.sequence_parallel=") + (sp ? "true" : "false")};
   }
 };
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
@@ -72,6 +73,12 @@ std::vector<Layout> layouts() {
   add(2, 1, 1, "1f1b", 1, true);
   add(1, 1, 2, "1f1b", 2, false, true);
   add(2, 2, 2, "1f1b", 2, true, true, true);
+  // Context parallelism exchanges keys and values in bf16; sequence parallelism all-gathers and
+  // reduce-scatters bf16 activations between the tp ranks.
+  add(1, 1, 1, "1f1b", 1);
+  out.back().cp = 2;
+  add(1, 2, 1, "1f1b", 2, true, true);
+  out.back().cp = 2, out.back().sp = true;
   return out;
 }
 

@@ -4,7 +4,8 @@
 // over cp 2 or 4 ranks, alone and with dp, tp, pp (1F1B, interleaved, ZB-H1), ZeRO-1 and recomputation, with and
 // without document masks (data.document_mask on a token file whose documents end at token 0). Every step's loss and
 // every final tensor (parameters and AdamW state) is compared with the serial run; a cp run is bitwise the same
-// twice; a cp 4 checkpoint resumes on cp 1; the bad settings are named.
+// twice (once traced: the trace holds every rank's cp exchanges); a cp 4 checkpoint resumes on cp 1; the bad
+// settings are named.
 //
 // Tolerance: |a - b| <= 1e-6 + 1e-5 |b|, as for the other equivalence tests.
 #include <gtest/gtest.h>
@@ -161,7 +162,19 @@ TEST(ContextParallelRuns, BitwiseTwiceAndResumesOnAnotherCp) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return dir.file(name);
   };
-  const std::string a = run_of("a", 4, {"parallel.cp=4", "train.micro_batches=2"});
+  const std::string a = run_of("a", 4, {"parallel.cp=4", "train.micro_batches=2", "trace.steps=[2, 3]"});
+  // The trace shows every rank's cp exchanges: per traced step (2), micro-batch (2) and attention block (4), the forward's
+  // key and value all-gathers, the backward's again, and the key- and value-gradient reduce-scatters.
+  auto trace = nlohmann::json::parse(read_file(a + "/trace.json"));
+  std::map<std::string, std::map<int, int>> count;  // name -> pid -> spans
+  for (auto& e : trace.at("traceEvents"))
+    if (e.value("ph", "") == "X" && e.value("name", "").rfind("cp ", 0) == 0)
+      ++count[e.at("name").get<std::string>()][e.at("pid").get<int>()];
+  for (const char* name : {"cp all-gather k", "cp all-gather v", "cp all-gather k (backward)",
+                           "cp all-gather v (backward)", "cp reduce-scatter dk", "cp reduce-scatter dv"}) {
+    EXPECT_EQ(count[name].size(), 4u) << name;
+    for (auto& [pid, n] : count[name]) EXPECT_EQ(n, 2 * 2 * 4) << name << " on pid " << pid;
+  }
   const std::string b = run_of("b", 4, {"parallel.cp=4", "train.micro_batches=2"});
   expect_same_tensors(read_checkpoint(a + "/checkpoints/step_00000006.h5"),
                       read_checkpoint(b + "/checkpoints/step_00000006.h5"), 0.0, "two cp 4 runs");

@@ -388,3 +388,37 @@ TEST_F(FlashAttention, ChunksAtPositionsEqualTheWholeSequence) {
     }
   }
 }
+
+// Context parallelism in bf16 (train.precision = "bf16"): the positioned kernels widen to float32 and run the
+// float32 arithmetic, so on bf16 inputs their out, dq, dk and dv are the float32 kernels' rounded to bf16, bit for
+// bit, and their lse is the float32 lse (the backward given the same rounded out); with a document mask.
+TEST_F(FlashAttention, PositionedBfloat16IsTheFloat32ArithmeticRounded) {
+  const int64_t B = 2, Tk = 128, Tq = 64, H = 4, KV = 2, hd = 16, C = H * hd, Ckv = KV * hd;
+  const auto q = rounded_to_bf16(randn(size_t(B * Tq * C), 41, 1.5f));
+  const auto k = rounded_to_bf16(randn(size_t(B * Tk * Ckv), 42, 1.5f));
+  const auto v = rounded_to_bf16(randn(size_t(B * Tk * Ckv), 43, 1.0f));
+  const auto dout = rounded_to_bf16(randn(size_t(B * Tq * C), 44, 1.0f));
+  std::vector<int32_t> pos, lo;  // rank 0 of cp 2: chunks 0 and 3 of 4, documents of 45 rows
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t chunk : {0, 3})
+      for (int64_t t = chunk * 32; t < (chunk + 1) * 32; ++t) pos.push_back(int32_t(t)), lo.push_back(int32_t(t / 45 * 45));
+  std::vector<float> o(q.size()), l(size_t(B * H * Tq)), dq(q.size()), dk(k.size()), dv(v.size());
+  cpu::flash_attention_gqa_forward_at(q.data(), k.data(), v.data(), C, Ckv, o.data(), l.data(), B, Tq, Tk, pos.data(),
+                                      H, KV, hd, lo.data());
+  const auto q16 = to_bf16(q), k16 = to_bf16(k), v16 = to_bf16(v), dout16 = to_bf16(dout);
+  std::vector<bf16> o16(q.size()), dq16(q.size()), dk16(k.size()), dv16(v.size());
+  std::vector<float> l16(l.size());
+  cpu::flash_attention_gqa_forward_at(q16.data(), k16.data(), v16.data(), C, Ckv, o16.data(), l16.data(), B, Tq, Tk,
+                                      pos.data(), H, KV, hd, lo.data());
+  EXPECT_EQ(l, l16);
+  EXPECT_EQ(rounded_to_bf16(o), to_f32(o16));
+  const auto o_rounded = to_f32(o16);
+  cpu::flash_attention_gqa_backward_at(dout.data(), q.data(), k.data(), v.data(), C, Ckv, o_rounded.data(), l.data(),
+                                       dq.data(), dk.data(), dv.data(), B, Tq, Tk, pos.data(), H, KV, hd, lo.data());
+  cpu::flash_attention_gqa_backward_at(dout16.data(), q16.data(), k16.data(), v16.data(), C, Ckv, o16.data(),
+                                       l16.data(), dq16.data(), dk16.data(), dv16.data(), B, Tq, Tk, pos.data(), H, KV,
+                                       hd, lo.data());
+  EXPECT_EQ(rounded_to_bf16(dq), to_f32(dq16));
+  EXPECT_EQ(rounded_to_bf16(dk), to_f32(dk16));
+  EXPECT_EQ(rounded_to_bf16(dv), to_f32(dv16));
+}

@@ -111,7 +111,7 @@ TEST_F(GpuTraining, GptMatchesCpuAndParallelLayouts) {
 }
 
 // 3D parallelism on the GPU (one GPU, so parallel.comm = "mpi"): tp = 2 x pp = 2 with ZeRO-1 over
-// dp = 2 and recomputation matches the GPU's serial run: the vocabulary-parallel kernels
+// dp = 2 and recomputation, and tp = 2 x pp = 2 with sequence parallelism, match the GPU's serial run: the vocabulary-parallel kernels
 // (embedding shard, row max, cross-entropy partial and finish) and the staged reduce-scatter and
 // all-gather on device tensors.
 TEST_F(GpuTraining, GptTensorParallelZeroRecomputeMatchesSerial) {
@@ -124,6 +124,13 @@ TEST_F(GpuTraining, GptTensorParallelZeroRecomputeMatchesSerial) {
   ASSERT_EQ(par.exit_code, 0) << par.output;
   expect_close(read_losses(dir_.file("t222")), read_losses(dir_.file("t1")), "GPT dp2 x tp2 x pp2 on the GPU");
   expect_same_tensors(read_checkpoint(ckpt("t222", 6)), read_checkpoint(ckpt("t1", 6)), 1e-5, "GPT 3D tensors");
+  // Sequence parallelism on device tensors: the row all-gathers and reduce-scatters, the norm-gradient sums.
+  RunResult sp = train(4, g.config, {"run.dir=" + q(dir_.file("t_sp")), "train.device=\"cuda\"", "parallel.comm=\"mpi\"",
+                                     "model.n_head=4", "parallel.tp=2", "parallel.pp=2", "train.micro_batches=2",
+                                     "parallel.sequence_parallel=true"});
+  ASSERT_EQ(sp.exit_code, 0) << sp.output;
+  expect_close(read_losses(dir_.file("t_sp")), read_losses(dir_.file("t1")), "GPT tp2 x pp2, sequence-parallel, GPU");
+  expect_same_tensors(read_checkpoint(ckpt("t_sp", 6)), read_checkpoint(ckpt("t1", 6)), 1e-5, "GPT sequence-parallel tensors");
 }
 
 // Llama (grouped-query attention, RoPE, SwiGLU, RMSNorm) on the GPU: fp32 equals the CPU run, dp2 x tp2 x

@@ -63,9 +63,10 @@ std::vector<int32_t> read_token_ids(const std::string& path, int64_t vocab) {
 
 int run_generate_command(const GenerateOptions& o) {
   CheckpointReader reader(o.checkpoint);
-  const Config cfg = parse_config_text(reader.meta().config_toml, o.checkpoint + " (its config)",
-                                       o.precision.empty() ? std::vector<std::string>{}
-                                                           : std::vector<std::string>{"train.precision=\"" + o.precision + "\""});
+  // One rank: whole blocks, no sequence parallelism, whatever layout trained it.
+  std::vector<std::string> overrides = {"parallel.sequence_parallel=false"};
+  if (!o.precision.empty()) overrides.push_back("train.precision=\"" + o.precision + "\"");
+  const Config cfg = parse_config_text(reader.meta().config_toml, o.checkpoint + " (its config)", overrides);
   const ModelSpec model = make_model_spec(cfg, 0);
   if (!model.language_model)
     throw Error(cat("--checkpoint ", o.checkpoint, " holds a model.type = \"", cfg.model.type,

@@ -192,6 +192,15 @@ int run_plan_command(const PlanOptions& o) {
                 "once in the backward, and reduce-scatters their gradients\n",
                 static_cast<long long>(layout.model.seq_len), static_cast<long long>(cp),
                 static_cast<long long>(layout.model.seq_len / cp), static_cast<long long>(layout.model.seq_len / cp / 2));
+  if (cfg.parallel.sequence_parallel)
+    std::printf("sequence parallelism: between the tensor-parallel projections (norms, residual adds) each tp rank "
+                "holds %lld of a micro-batch's %lld rows (tokens) on the rank, tp rank t rows [t x %lld, (t + 1) x "
+                "%lld); all-gathers before the column-parallel projections and reduce-scatters after the row-parallel "
+                "ones replace the all-reduces\n",
+                static_cast<long long>(rows * layout.model.seq_len / cp / tp),
+                static_cast<long long>(rows * layout.model.seq_len / cp),
+                static_cast<long long>(rows * layout.model.seq_len / cp / tp),
+                static_cast<long long>(rows * layout.model.seq_len / cp / tp));
   std::printf("model: %s, %lld parameters, input width %lld; stages:\n%s", cfg.model.type.c_str(),
               static_cast<long long>(layout.param_count()), static_cast<long long>(D),
               describe_partition(layout.chunks, layout.blocks(), shape.pp).c_str());

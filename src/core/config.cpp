@@ -336,7 +336,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
 
   Section par(tab("parallel"), "parallel", source,
               {"dp", "pp", "tp", "cp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "grad_reduce",
-               "timeout"});
+               "timeout", "sequence_parallel"});
   par.integer("dp", c.parallel.dp, 1, 1 << 20);
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
   par.integer("cp", c.parallel.cp, 1, 1 << 12);
@@ -371,6 +371,16 @@ Config parse_config_text(const std::string& text, const std::string& source, con
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.ffn_hidden = ", c.model.ffn_hidden));
     if (c.model.vocab_size < c.parallel.tp)
       par.fail("tp", cat("= ", c.parallel.tp, " is more than model.vocab_size = ", c.model.vocab_size));
+  }
+  par.boolean("sequence_parallel", c.parallel.sequence_parallel);
+  if (c.parallel.sequence_parallel) {
+    if (c.parallel.tp < 2)
+      par.fail("sequence_parallel", cat("= true needs parallel.tp > 1 (it splits the rows of a tensor-parallel group's "
+                                        "norms and residuals over its ranks), got tp = ", c.parallel.tp));
+    else if ((c.model.block_size / c.parallel.cp) % c.parallel.tp != 0)
+      par.fail("sequence_parallel", cat("= true: model.block_size / parallel.cp = ", c.model.block_size / c.parallel.cp,
+                                        " tokens per rank must be divisible by parallel.tp = ", c.parallel.tp,
+                                        " (each tp rank holds an equal share of them)"));
   }
   if (c.train.recompute == "blocks" && c.parallel.schedule == "zb-h1")
     train.fail("recompute", "= \"blocks\" does not combine with parallel.schedule = \"zb-h1\" (its separate weight-"
@@ -475,6 +485,7 @@ std::string Config::to_toml() const {
     << "\nmin_lr = " << num(lr_schedule.min_lr) << "\n\n";
   o << "[parallel]\ndp = " << parallel.dp << "\npp = " << parallel.pp << "\ntp = " << parallel.tp;
   if (parallel.cp > 1) o << "\ncp = " << parallel.cp;
+  if (parallel.sequence_parallel) o << "\nsequence_parallel = true";
   o << "\nschedule = " << q(parallel.schedule)
     << "\nvirtual_stages = " << parallel.virtual_stages << "\n";
   if (!parallel.balance.empty()) {

@@ -83,6 +83,7 @@ struct Config {
     int64_t dp = 1, pp = 1;
     int64_t tp = 1;                 // tensor parallelism (GPT): world = dp x cp x tp x pp, tp fastest-varying
     int64_t cp = 1;                 // context parallelism (language models): each sequence split over cp ranks
+    bool sequence_parallel = false; // with tp > 1: norms and residuals on 1/tp of the rows (Megatron-LM's)
     std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
     int64_t virtual_stages = 1;
     std::vector<int64_t> balance;   // layers per chunk; empty = balanced by FLOPs

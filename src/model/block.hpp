@@ -40,7 +40,15 @@ struct BlockSpec {
   bool bias = true;         // transformer, head: Linear and LayerNorm biases
   bool starts_unit = true;  // a stage may begin here (false for an MLP's parameter-free layer)
   DType dtype = DType::f32; // activations, their gradients and working weights (train.precision)
+  // Sequence parallelism (parallel.sequence_parallel, model/tensor_parallel.hpp): the activations between blocks are
+  // split by rows over sp = tp ranks; 1 without it.
+  int sp = 1;
 };
+
+// Rows of a block's input and output for a micro-batch of n rows (tokens): n / sp under sequence parallelism,
+// except the embedding's input (token ids, every row) and the head's output (every row's logits).
+inline int64_t block_in_rows(const BlockSpec& s, int64_t n) { return s.kind == BlockKind::embedding ? n : n / s.sp; }
+inline int64_t block_out_rows(const BlockSpec& s, int64_t n) { return s.kind == BlockKind::head ? n : n / s.sp; }
 
 // One buffer a block keeps per micro-batch: its shape and dtype (statistics stay f32 under bf16).
 struct BufferSpec {

@@ -38,20 +38,25 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
                                      bool documents, int cp) {
   ChunkBytes b;
   const BlockSpec& first = blocks.front();
-  const int64_t act = int64_t(dtype_size(first.dtype));
-  b.slot = first.in == 0 ? 4 * rows : act * rows * first.in;  // the input (token ids: one i32 per row)
+  const int64_t act = int64_t(dtype_size(first.dtype)), in_rows = block_in_rows(first, rows);
+  b.slot = first.in == 0 ? 4 * rows : act * in_rows * first.in;  // the input (token ids: one i32 per row)
   // The sequence layout: document starts (document mask), positions (either), places in the sequence (cp).
   b.slot += 4 * rows * ((documents ? 1 : 0) + (documents || cp > 1 ? 1 : 0) + (cp > 1 ? 1 : 0));
-  if (!is_first) b.boundary = act * rows * first.in;          // the input gradient sent back
+  if (!is_first) b.boundary = act * in_rows * first.in;       // the input gradient sent back
+  int64_t norm_grads = 0;
   for (size_t k = 0; k < blocks.size(); ++k) {
     const BlockSpec& s = blocks[k];
-    const int64_t w = block_out_width(s, tp, tp_rank);
+    const int64_t w = block_out_width(s, tp, tp_rank), out = block_out_rows(s, rows) * w;
     const bool last = k + 1 == blocks.size(), alias = last && alias_output_grad, sent = last && !is_last;
-    b.slot += act * rows * w * (alias || sent ? 1 : 2);  // output (unless sent on) and its gradient
-    if (sent) b.boundary += act * rows * w;               // the output sent on
-    if (recompute && s.recomputable) b.scratch = saved_bytes(s, rows, tp) + act * rows * w;  // one set and an output
+    b.slot += act * out * (alias || sent ? 1 : 2);  // output (unless sent on) and its gradient
+    if (sent) b.boundary += act * out;               // the output sent on
+    if (recompute && s.recomputable) b.scratch = saved_bytes(s, rows, tp) + act * out;  // one set and an output
     else b.slot += saved_bytes(s, rows, tp);
+    // Sequence parallelism: a block's norm-weight gradients of a micro-batch before the group's sum (4 x C f32).
+    if (s.sp > 1 && (s.kind == BlockKind::transformer || s.kind == BlockKind::llama_layer || s.kind == BlockKind::head))
+      norm_grads += 4 * s.in * 4;
   }
+  b.scratch += norm_grads;
   return b;
 }
 
@@ -79,8 +84,8 @@ ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
   Boundary& bd = boundaries_[static_cast<size_t>(mb)];
   if (bd.capacity < rows) {
     bd.capacity = rows;
-    if (!is_last_) bd.out = Tensor(be_, {rows, out_width()}, dt);
-    if (!is_first_) bd.in_grad = Tensor(be_, {rows, in_width()}, dt);
+    if (!is_last_) bd.out = Tensor(be_, {out_rows(L - 1, rows), out_width()}, dt);
+    if (!is_first_) bd.in_grad = Tensor(be_, {in_rows(0, rows), in_width()}, dt);
   }
   Slot& sl = slots_[s];
   if (sl.capacity < rows) {  // first use (or a larger eval batch): allocate once, reuse afterwards
@@ -88,19 +93,19 @@ ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
     sl.acts.assign(L + 1, Tensor());
     sl.grads.assign(L + 1, Tensor());
     sl.saved.assign(L, BlockSaved());
-    sl.acts[0] = in_width() == 0 ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {rows, in_width()}, dt);
+    sl.acts[0] = in_width() == 0 ? Tensor(be_, {rows}, DType::i32) : Tensor(be_, {in_rows(0, rows), in_width()}, dt);
     for (size_t k = 0; k < L; ++k) {
-      const int64_t w = blocks_[k]->out_width();
+      const int64_t w = blocks_[k]->out_width(), r = out_rows(k, rows);
       const bool boundary = k + 1 == L && !is_last_;  // the output sent on lives in the micro-batch's buffer
-      if (!boundary) sl.acts[k + 1] = Tensor(be_, {rows, w}, dt);
-      sl.grads[k + 1] = (k + 1 == L && alias_output_grad_) ? sl.acts[k + 1] : Tensor(be_, {rows, w}, dt);
+      if (!boundary) sl.acts[k + 1] = Tensor(be_, {r, w}, dt);
+      sl.grads[k + 1] = (k + 1 == L && alias_output_grad_) ? sl.acts[k + 1] : Tensor(be_, {r, w}, dt);
       if (!recomputed_[k]) blocks_[k]->allocate_saved(be_, rows, sl.saved[k]);
     }
     if (scratch_rows_ < rows) {  // every recomputed block sizes the one scratch set (they share shapes)
       for (size_t k = 0; k < L; ++k)
         if (recomputed_[k]) {
           blocks_[k]->allocate_saved(be_, rows, scratch_);
-          scratch_out_ = Tensor(be_, {rows, blocks_[k]->out_width()}, dt);
+          scratch_out_ = Tensor(be_, {out_rows(k, rows), blocks_[k]->out_width()}, dt);
         }
       scratch_rows_ = rows;
     }
@@ -136,23 +141,30 @@ void ModelChunk::hand_documents(Slot& sl, size_t k, int64_t rows) {
   blocks_[k]->set_documents(part(sl.doc_start), part(sl.positions), part(sl.q_pos));
 }
 
-Tensor ModelChunk::input(int mb, int64_t rows) { return slot(mb, rows).acts[0].rows(0, rows); }
-Tensor ModelChunk::output_grad(int mb, int64_t rows) { return slot(mb, rows).grads.back().rows(0, rows); }
+Tensor ModelChunk::act(Slot& sl, size_t k, int64_t rows) {
+  return sl.acts[k].rows(0, k < blocks_.size() ? in_rows(k, rows) : out_rows(k - 1, rows));
+}
+Tensor ModelChunk::grad(Slot& sl, size_t k, int64_t rows) {
+  return sl.grads[k].rows(0, k < blocks_.size() ? in_rows(k, rows) : out_rows(k - 1, rows));
+}
 
-Tensor ModelChunk::forward_output(int mb, int64_t rows) { return slot(mb, rows).acts.back().rows(0, rows); }
+Tensor ModelChunk::input(int mb, int64_t rows) { return act(slot(mb, rows), 0, rows); }
+Tensor ModelChunk::output_grad(int mb, int64_t rows) { return grad(slot(mb, rows), blocks_.size(), rows); }
+
+Tensor ModelChunk::forward_output(int mb, int64_t rows) { return act(slot(mb, rows), blocks_.size(), rows); }
 Tensor ModelChunk::input_grad(int mb, int64_t rows) {
   RELAY_ASSERT(!is_first_, "the first chunk computes no input gradient");
-  return slot(mb, rows).grads[0].rows(0, rows);
+  return grad(slot(mb, rows), 0, rows);
 }
 
 Tensor ModelChunk::forward(int mb, int64_t rows) {
   Slot& sl = slot(mb, rows);
   for (size_t k = 0; k < blocks_.size(); ++k) {
-    Tensor y = sl.acts[k + 1].rows(0, rows);
+    Tensor y = act(sl, k + 1, rows);
     hand_documents(sl, k, rows);
-    blocks_[k]->forward(be_, sl.acts[k].rows(0, rows), y, saved(sl, k));
+    blocks_[k]->forward(be_, act(sl, k, rows), y, saved(sl, k));
   }
-  return sl.acts.back().rows(0, rows);
+  return act(sl, blocks_.size(), rows);
 }
 
 Tensor ModelChunk::backward_input(int mb, int64_t rows) {
@@ -161,11 +173,11 @@ Tensor ModelChunk::backward_input(int mb, int64_t rows) {
     RELAY_ASSERT(!recomputed_[k], "a recomputed block's backward runs B and W together (ModelChunk::backward)");
   for (size_t k = blocks_.size(); k-- > 0;) {
     if (!needs_input_grad(k)) break;
-    Tensor dx = sl.grads[k].rows(0, rows);
+    Tensor dx = grad(sl, k, rows);
     hand_documents(sl, k, rows);
-    blocks_[k]->backward_input(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), dx, sl.saved[k]);
+    blocks_[k]->backward_input(be_, act(sl, k, rows), grad(sl, k + 1, rows), dx, sl.saved[k]);
   }
-  return is_first_ ? Tensor() : sl.grads[0].rows(0, rows);
+  return is_first_ ? Tensor() : grad(sl, 0, rows);
 }
 
 void ModelChunk::backward_weight(int mb, int64_t rows) {
@@ -173,28 +185,28 @@ void ModelChunk::backward_weight(int mb, int64_t rows) {
   for (size_t k = blocks_.size(); k-- > 0;)
     if (!blocks_[k]->params().empty()) {
       hand_documents(sl, k, rows);
-      blocks_[k]->backward_weight(be_, sl.acts[k].rows(0, rows), sl.grads[k + 1].rows(0, rows), saved(sl, k));
+      blocks_[k]->backward_weight(be_, act(sl, k, rows), grad(sl, k + 1, rows), saved(sl, k));
     }
 }
 
 Tensor ModelChunk::backward(int mb, int64_t rows) {
   Slot& sl = slot(mb, rows);
   for (size_t k = blocks_.size(); k-- > 0;) {
-    Tensor x = sl.acts[k].rows(0, rows), dy = sl.grads[k + 1].rows(0, rows);
+    Tensor x = act(sl, k, rows), dy = grad(sl, k + 1, rows);
     BlockSaved& sv = saved(sl, k);
     hand_documents(sl, k, rows);
     if (recomputed_[k]) {  // the forward again, from the kept input; its output (already used) is dropped
-      Tensor y = scratch_out_.rows(0, rows);
+      Tensor y = scratch_out_.rows(0, out_rows(k, rows));
       blocks_[k]->forward(be_, x, y, sv);
     }
     // Input gradient first: a block's backward_input may leave intermediates its backward_weight reads.
     if (needs_input_grad(k)) {
-      Tensor dx = sl.grads[k].rows(0, rows);
+      Tensor dx = grad(sl, k, rows);
       blocks_[k]->backward_input(be_, x, dy, dx, sv);
     }
     if (!blocks_[k]->params().empty()) blocks_[k]->backward_weight(be_, x, dy, sv);
   }
-  return is_first_ ? Tensor() : sl.grads[0].rows(0, rows);
+  return is_first_ ? Tensor() : grad(sl, 0, rows);
 }
 
 }  // namespace relay

@@ -56,6 +56,8 @@ class ModelChunk {
   // Which slot each micro-batch 0..m-1 uses (SlotPlan::slot_of); without one, a slot per micro-batch.
   void set_slot_plan(std::vector<int> slot_of_micro_batch) { slot_of_ = std::move(slot_of_micro_batch); }
 
+  // `rows` is always the micro-batch's rows (tokens); under sequence parallelism the activations between blocks hold
+  // rows / tp of them (BlockSpec::sp), and the views below are that size.
   // Where this micro-batch's input goes: (rows, in), or i32 (rows) token ids for a chunk starting with the embedding.
   Tensor input(int mb, int64_t rows);
   // Runs every block; returns the output (rows, out).
@@ -91,6 +93,12 @@ class ModelChunk {
   };
   // The micro-batch's slot, with its boundary buffers in acts[L] and grads[0].
   Slot& slot(int mb, int64_t rows);
+  // Rows of block k's input and output for a micro-batch of `rows` rows (fewer under sequence parallelism).
+  int64_t in_rows(size_t k, int64_t rows) const { return block_in_rows(blocks_[k]->spec(), rows); }
+  int64_t out_rows(size_t k, int64_t rows) const { return block_out_rows(blocks_[k]->spec(), rows); }
+  // acts[k] and grads[k] of the slot for a micro-batch of `rows` rows: (in_rows(k), width), k = L: the output.
+  Tensor act(Slot& sl, size_t k, int64_t rows);
+  Tensor grad(Slot& sl, size_t k, int64_t rows);
   bool needs_input_grad(size_t k) const;
   // Where block k keeps its intermediates for this slot: the slot's own set, or the shared scratch.
   BlockSaved& saved(Slot& sl, size_t k);

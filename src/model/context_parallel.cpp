@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "core/memory.hpp"
+#include "parallel/trace.hpp"
 
 namespace relay {
 
@@ -42,7 +43,12 @@ void CpAttention::prepare(Backend& be, int64_t n, int64_t T, int64_t w, DType dt
   T_ = T;
 }
 
-void CpAttention::gather(Backend& be, const Tensor& local, Tensor& full, const char* what) {
+void CpAttention::trace(const char* name, const char* op, int64_t begin) {
+  tracer_->add({name, op, kTrackComm, trace_step_, -1, -1, begin, tracer_->mark()});
+}
+
+void CpAttention::gather(Backend& be, const Tensor& local, Tensor& full, const char* what, const char* name) {
+  const int64_t m0 = tracer_ ? tracer_->mark() : 0;
   const int64_t n = local.size(0), rows = size_ * n;
   Tensor buf = rank_order_.rows(0, rows);  // (cp n, w) every rank's rows, rank after rank
   Tensor mine = buf.rows(rank_ * n, n);
@@ -51,15 +57,19 @@ void CpAttention::gather(Backend& be, const Tensor& local, Tensor& full, const c
   r->what = what;
   r->wait();
   be.gather_rows(buf, to_sequence_.rows(0, rows), full);
+  if (tracer_) trace(name, "cp_allgather", m0);
 }
 
-void CpAttention::reduce_scatter(Backend& be, const Tensor& full, Tensor& local, const char* what) {
+void CpAttention::reduce_scatter(Backend& be, const Tensor& full, Tensor& local, const char* what,
+                                 const char* name) {
+  const int64_t m0 = tracer_ ? tracer_->mark() : 0;
   const int64_t n = local.size(0), rows = size_ * n;
   Tensor buf = rank_order_.rows(0, rows);
   be.gather_rows(full, to_rank_.rows(0, rows), buf);
   RequestPtr r = comm_->ireduce_scatter_sum(buf, local);
   r->what = what;
   r->wait();
+  if (tracer_) trace(name, "cp_reduce_scatter", m0);
 }
 
 void CpAttention::forward(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int64_t T, int64_t H,
@@ -67,8 +77,8 @@ void CpAttention::forward(Backend& be, const Tensor& q, const Tensor& k, const T
   const int64_t n = q.size(0), rows = size_ * n, Tl = T / size_;
   prepare(be, n, T, k.size(1), k.dtype());
   Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows);  // (B*T, KV*hd) sequence order
-  gather(be, k, kf, "the context-parallel key all-gather");
-  gather(be, v, vf, "the context-parallel value all-gather");
+  gather(be, k, kf, "the context-parallel key all-gather", "cp all-gather k");
+  gather(be, v, vf, "the context-parallel value all-gather", "cp all-gather v");
   be.flash_attention_gqa_forward_at(q, kf, vf, n / Tl, Tl, T, q_pos, H, KV, out, lse, doc_start);
 }
 
@@ -78,11 +88,11 @@ void CpAttention::backward(Backend& be, const Tensor& dout, const Tensor& q, con
   const int64_t n = q.size(0), rows = size_ * n, Tl = T / size_;
   prepare(be, n, T, k.size(1), k.dtype());
   Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows), dkf = dk_.rows(0, rows), dvf = dv_.rows(0, rows);
-  gather(be, k, kf, "the context-parallel key all-gather (backward)");
-  gather(be, v, vf, "the context-parallel value all-gather (backward)");
+  gather(be, k, kf, "the context-parallel key all-gather (backward)", "cp all-gather k (backward)");
+  gather(be, v, vf, "the context-parallel value all-gather (backward)", "cp all-gather v (backward)");
   be.flash_attention_gqa_backward_at(dout, q, kf, vf, out, lse, n / Tl, Tl, T, q_pos, H, KV, dq, dkf, dvf, doc_start);
-  reduce_scatter(be, dkf, dk, "the context-parallel key-gradient reduce-scatter");
-  reduce_scatter(be, dvf, dv, "the context-parallel value-gradient reduce-scatter");
+  reduce_scatter(be, dkf, dk, "the context-parallel key-gradient reduce-scatter", "cp reduce-scatter dk");
+  reduce_scatter(be, dvf, dv, "the context-parallel value-gradient reduce-scatter", "cp reduce-scatter dv");
 }
 
 void CpAttention::prepare_packed(Backend& be, int64_t n, int64_t w, DType dt) {

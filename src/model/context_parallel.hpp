@@ -16,6 +16,8 @@
 
 namespace relay {
 
+class Tracer;
+
 class CpAttention;
 
 // A rank's context-parallel group as a block sees it, and the one CpAttention its attention blocks share (they run
@@ -38,6 +40,12 @@ inline int64_t cp_position(int64_t T, int cp, int rank, int64_t j) {
 class CpAttention {
  public:
   CpAttention(Communicator* comm, int size, int rank) : comm_(comm), size_(size), rank_(rank) {}
+  // Record every exchange of this step into the trace (null: none), as spans on the communication track named
+  // "cp all-gather k" / "cp reduce-scatter dv" (op cp_allgather / cp_reduce_scatter).
+  void set_trace(Tracer* tracer, int64_t step) {
+    tracer_ = tracer;
+    trace_step_ = step;
+  }
   // q (n, H*hd), k, v (n, KV*hd): this rank's rows (n = B x T / cp) -> out (n, H*hd), lse (B, H, T / cp).
   // q_pos (n) i32: each row's position in its sequence; doc_start (n) i32 or undefined: the document mask.
   void forward(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int64_t T, int64_t H, int64_t KV,
@@ -59,12 +67,15 @@ class CpAttention {
   void prepare_packed(Backend& be, int64_t n, int64_t w, DType dt);
   void prepare(Backend& be, int64_t n, int64_t T, int64_t w, DType dt);
   // local (n, w) -> full (B*T, w) in sequence order: every rank's rows.
-  void gather(Backend& be, const Tensor& local, Tensor& full, const char* what);
+  void gather(Backend& be, const Tensor& local, Tensor& full, const char* what, const char* name);
   // full (B*T, w): this rank's contribution to every row -> local (n, w): its own rows summed over the group.
-  void reduce_scatter(Backend& be, const Tensor& full, Tensor& local, const char* what);
+  void reduce_scatter(Backend& be, const Tensor& full, Tensor& local, const char* what, const char* name);
+  void trace(const char* name, const char* op, int64_t begin);
 
   Communicator* comm_;
   int size_, rank_;
+  Tracer* tracer_ = nullptr;
+  int64_t trace_step_ = 0;
   int64_t n_ = 0, T_ = 0, w_ = 0;
   DType dt_ = DType::f32;
   Tensor to_sequence_, to_rank_;      // i32 (cp n): row permutations, rank order <-> sequence order

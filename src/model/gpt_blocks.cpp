@@ -14,6 +14,12 @@
 // row-parallel biases and the position embedding are replicated and their gradients are equal on every
 // tp rank. The token embedding and the head are vocabulary-parallel. With tp = 1 every all-reduce is a
 // no-op and the arithmetic is exactly the serial model's.
+//
+// Sequence parallelism (model/tensor_parallel.hpp): blocks pass (n / tp, C) rows; the embedding reduce-scatters its
+// partial sums instead of all-reducing them, a transformer block all-gathers ln_1's and ln_2's outputs before QKV and
+// c_fc and reduce-scatters the c_proj sums (the backward the reverse, and backward-weight gathers again what the
+// weight gradients need: the output gradients and the norms' outputs, so the row-parallel biases' gradients come
+// from every row), the head gathers ln_f's output. The LayerNorm weight gradients are summed over the group.
 #include <cmath>
 
 #include "model/blocks.hpp"
@@ -31,18 +37,22 @@ class Embedding final : public Block {
   Embedding(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
       : Block(spec, std::move(params)), tp_(tp),
         vocab_start_(tp_begin(params_[0]->full_shape[0], tp.size, tp.rank)) {}
+  // x i32 (n) -> y (n, C), or (n / tp, C) this rank's rows under sequence parallelism.
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
     const Tensor none;
-    be.embedding_forward(x, param(0).compute(), tp_.rank == 0 ? positions() : none, spec_.seq_len, y, vocab_start_,
-                         positions_);  // positions_: restarting with each document (data.document_mask)
-    tp_.allreduce_sum(y, "the embedding all-reduce");  // (n, C)
+    Tensor sums = tp_.sequence_parallel() ? tp_.full_rows(be, x.size(0), spec_.out, y.dtype()) : y;  // (n, C)
+    be.embedding_forward(x, param(0).compute(), tp_.rank == 0 ? positions() : none, spec_.seq_len, sums,
+                         vocab_start_, positions_);  // positions_: restarting with each document (data.document_mask)
+    if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(sums, y, "the embedding reduce-scatter");
+    else tp_.allreduce_sum(y, "the embedding all-reduce");  // (n, C)
   }
   void backward_input(Backend&, const Tensor&, const Tensor&, Tensor&, BlockSaved&) override {
     RELAY_ASSERT(false, "the embedding has no input gradient (its input is token ids)");
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved&) override {
     Tensor none;
-    be.embedding_backward(x, dy, spec_.seq_len, param(0).grad, has_wpe() ? param(1).grad : none, vocab_start_,
+    const Tensor dy_all = tp_.all_rows(be, dy, "the embedding's output-gradient all-gather");  // (n, C)
+    be.embedding_backward(x, dy_all, spec_.seq_len, param(0).grad, has_wpe() ? param(1).grad : none, vocab_start_,
                           positions_);
   }
   bool can_decode() const override { return true; }
@@ -93,40 +103,48 @@ class Transformer final : public Block {
   Transformer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
       : Block(spec, std::move(params)), p_(transformer_params(params_, spec.bias)), tp_(tp),
         H_(spec.n_head / tp.size), Cl_(spec.in / tp.size),
-        cp_attn_(cp.on() ? cp.attention : nullptr) {}
+        cp_attn_(cp.on() ? cp.attention : nullptr) {
+    RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "transformer block: sequence parallelism disagrees");
+  }
 
   // saved.t: the forward's intermediates, then the backward-input's gradients that backward-weight reads.
   // Widths are this tp rank's: Cl = C / tp (its H / tp heads), 4 Cl hidden units.
   // kLse: the attention's log-sum-exp per (sequence, head, query), the only attention state kept: (B, H, T) for
   // n = B x T rows, held as (n, H) (under context parallelism a rank's sequences have T / cp rows).
+  // Under sequence parallelism the row-wise ones (local()) hold this rank's m = n / tp rows.
   enum : size_t { kLn1, kMean1, kRstd1, kQkv, kLse, kAtty, kRes1, kLn2, kMean2, kRstd2, kFch, kFcg,
                   kGRes1, kGFch, kGLn2, kGQkv, kGLn1, kCount };
+  static bool local(size_t k) {
+    return k == kLn1 || k == kMean1 || k == kRstd1 || k == kRes1 || k == kLn2 || k == kMean2 || k == kRstd2 ||
+           k == kGRes1 || k == kGLn2 || k == kGLn1;
+  }
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
-    const int64_t C = spec.in, H = spec.n_head / tp, Cl = C / tp;
+    const int64_t C = spec.in, H = spec.n_head / tp, Cl = C / tp, m = n / spec.sp;
     const DType a = spec.dtype, f32 = DType::f32;
     std::vector<BufferSpec> s(kCount);
-    s[kLn1] = {{n, C}, a};
-    s[kMean1] = {{n}, f32};
-    s[kRstd1] = {{n}, f32};
+    s[kLn1] = {{m, C}, a};
+    s[kMean1] = {{m}, f32};
+    s[kRstd1] = {{m}, f32};
     s[kQkv] = {{n, 3 * Cl}, a};
     s[kLse] = {{n, H}, f32};
     s[kAtty] = {{n, Cl}, a};
-    s[kRes1] = {{n, C}, a};
-    s[kLn2] = {{n, C}, a};
-    s[kMean2] = {{n}, f32};
-    s[kRstd2] = {{n}, f32};
+    s[kRes1] = {{m, C}, a};
+    s[kLn2] = {{m, C}, a};
+    s[kMean2] = {{m}, f32};
+    s[kRstd2] = {{m}, f32};
     s[kFch] = {{n, 4 * Cl}, a};
     s[kFcg] = {{n, 4 * Cl}, a};
-    s[kGRes1] = {{n, C}, a};
+    s[kGRes1] = {{m, C}, a};
     s[kGFch] = {{n, 4 * Cl}, a};
-    s[kGLn2] = {{n, C}, a};
+    s[kGLn2] = {{m, C}, a};
     s[kGQkv] = {{n, 3 * Cl}, a};
-    s[kGLn1] = {{n, C}, a};
+    s[kGLn1] = {{m, C}, a};
     return s;
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s.t);
     make_zero(be);
+    if (tp_.sequence_parallel()) norm_grads_.allocate(be, spec_.in);
   }
 
   // Generation: the key and value caches (n, max_len, C) and one position's intermediates.
@@ -154,60 +172,75 @@ class Transformer final : public Block {
     be.add(y, res, y);                                                            // residual 2
   }
 
+  // x, y (m, C): m = n rows, or n / tp this rank's under sequence parallelism.
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
-    const int64_t n = x.size(0), T = spec_.seq_len;
-    auto v = [&](size_t k) { return view(s, k, n); };
+    const int64_t m = x.size(0), n = m * spec_.sp, T = spec_.seq_len;
+    auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor ln1 = v(kLn1), mean1 = v(kMean1), rstd1 = v(kRstd1), qkv = v(kQkv), lse = lse_view(s, n), atty = v(kAtty);
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
-    linear(be, ln1, *p_.attn_w, p_.attn_b, qkv);                          // (n, 3Cl) column-parallel
+    const Tensor ln1_all = tp_.all_rows(be, ln1, "the sequence-parallel all-gather of ln_1");  // (n, C)
+    linear(be, ln1_all, *p_.attn_w, p_.attn_b, qkv);                      // (n, 3Cl) column-parallel
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys
       cp_attn_->forward_packed(be, qkv, T, H_, q_pos_, doc_start_, atty, lse);  // (n, Cl)
     else
       be.flash_attention_forward(qkv, n / T, T, H_, atty, lse, doc_start_);  // (n, Cl) this rank's heads
-    row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (n, C)
+    row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (m, C)
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
-    be.linear(ln2, p_.fc_w->compute(), bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl) col-parallel
-    row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (n, C)
+    const Tensor ln2_all = tp_.all_rows(be, ln2, "the sequence-parallel all-gather of ln_2");  // (n, C)
+    be.linear(ln2_all, p_.fc_w->compute(), bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl) col-par.
+    row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (m, C)
     be.add(y, res1, y);                                                   // residual 2
   }
 
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
-    const int64_t n = x.size(0), T = spec_.seq_len;
-    auto v = [&](size_t k) { return view(s, k, n); };
+    const int64_t m = x.size(0), n = m * spec_.sp, T = spec_.seq_len;
+    auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
-    be.linear_backward_input(dy, p_.mproj_w->compute(), g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl) d fc out
-    be.matmul(g_fch, false, p_.fc_w->compute(), false, g_ln2, 1.f, 0.f);                 // (n, C) d ln_2 out, partial
-    tp_.allreduce_sum(g_ln2, "the MLP input-gradient all-reduce");                    // (n, C) whole
-    Tensor tmp = g_ln1;                                                               // (n, C) scratch
+    const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
+    be.linear_backward_input(dy_all, p_.mproj_w->compute(), g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
+    tp_.row_parallel_matmul(be, g_fch, p_.fc_w->compute(), false, g_ln2, "the MLP input-gradient all-reduce");  // (m, C)
+    Tensor tmp = g_ln1;                                                               // (m, C) scratch
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
-    be.add(dy, tmp, g_res1);                                                          // (n, C) d res1
-    Tensor g_atty = g_ln1.view({n * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
-    be.matmul(g_res1, false, p_.proj_w->compute(), false, g_atty, 1.f, 0.f);             // (n, Cl) d atty
+    be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
+    const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
+    Tensor g_atty = g_ln1.view({m * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
+    be.matmul(g_res1_all, false, p_.proj_w->compute(), false, g_atty, 1.f, 0.f);     // (n, Cl) d atty
     if (cp_attn_)
       cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv);
     else
       be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
-    be.matmul(g_qkv, false, p_.attn_w->compute(), false, g_ln1, 1.f, 0.f);              // (n, C) d ln_1 out, partial
-    tp_.allreduce_sum(g_ln1, "the attention input-gradient all-reduce");              // (n, C) whole
+    tp_.row_parallel_matmul(be, g_qkv, p_.attn_w->compute(), false, g_ln1,
+                            "the attention input-gradient all-reduce");                // (m, C) d ln_1 out
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                           // residual 1
   }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
-    const int64_t n = x.size(0);
-    auto v = [&](size_t k) { return view(s, k, n); };
-    linear_grad(be, dy, v(kFcg), *p_.mproj_w, p_.mproj_b);
-    linear_grad(be, v(kGFch), v(kLn2), *p_.fc_w, p_.fc_b);
-    ln_grad(be, v(kGLn2), v(kRes1), v(kMean2), v(kRstd2), *p_.ln2_w, p_.ln2_b);
-    linear_grad(be, v(kGRes1), v(kAtty), *p_.proj_w, p_.proj_b);
-    linear_grad(be, v(kGQkv), v(kLn1), *p_.attn_w, p_.attn_b);
-    ln_grad(be, v(kGLn1), x, v(kMean1), v(kRstd1), *p_.ln1_w, p_.ln1_b);
+    const int64_t m = x.size(0), n = m * spec_.sp;
+    auto v = [&](size_t k) { return view(s, k, m, n); };
+    const bool sp = tp_.sequence_parallel();
+    if (sp) norm_grads_.begin(be);
+    // Under sequence parallelism each operand of (n) rows is gathered when it is needed (one buffer at a time).
+    linear_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kFcg),
+                *p_.mproj_w, p_.mproj_b);
+    linear_grad(be, v(kGFch), tp_.all_rows(be, v(kLn2), "the sequence-parallel all-gather of ln_2"), *p_.fc_w,
+                p_.fc_b);
+    ln_grad(be, v(kGLn2), v(kRes1), v(kMean2), v(kRstd2), *p_.ln2_w, p_.ln2_b, 2);
+    linear_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.proj_w,
+                p_.proj_b);
+    linear_grad(be, v(kGQkv), tp_.all_rows(be, v(kLn1), "the sequence-parallel all-gather of ln_1"), *p_.attn_w,
+                p_.attn_b);
+    ln_grad(be, v(kGLn1), x, v(kMean1), v(kRstd1), *p_.ln1_w, p_.ln1_b, 0);
+    if (sp)
+      norm_grads_.finish(be, tp_, {&p_.ln1_w->grad, p_.ln1_b ? &p_.ln1_b->grad : nullptr, &p_.ln2_w->grad,
+                                   p_.ln2_b ? &p_.ln2_b->grad : nullptr});
   }
 
  private:
-  static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, n); }
+  // Saved buffer k for a micro-batch of n rows of which this rank holds m (row-wise buffers: local()).
+  static Tensor view(BlockSaved& s, size_t k, int64_t m, int64_t n) { return s.t[k].rows(0, local(k) ? m : n); }
   void make_zero(Backend& be) {
     if (spec_.bias || zero_.defined()) return;
     zero_ = Tensor(be, {spec_.in}, spec_.dtype);
@@ -220,10 +253,10 @@ class Transformer final : public Block {
   }
   // The bias a fused linear adds: undefined for a model without biases.
   static Tensor bias_of(const Param* b) { return b ? b->compute() : Tensor(); }
-  // Row-parallel: y (n, out) = sum over tp of x_r (n, in/tp) @ W_r^T, then the replicated bias.
+  // Row-parallel: y (n, out) = sum over tp of x_r (n, in/tp) @ W_r^T (y: this rank's rows of it under sequence
+  // parallelism), then the replicated bias.
   void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* what) {
-    be.matmul(x, false, w.compute(), true, y, 1.f, 0.f);
-    tp_.allreduce_sum(y, what);
+    tp_.row_parallel_matmul(be, x, w.compute(), true, y, what);
     if (b) be.add_bias(y, b->compute());
   }
   // dW (out, in) += dy^T @ x; db (out) += colsum(dy)
@@ -231,9 +264,14 @@ class Transformer final : public Block {
     be.matmul(dy, true, x, false, w.grad, 1.f, 1.f);
     if (b) be.bias_grad(dy, b->grad, 1.f);
   }
+  // The LayerNorm's weight (and bias) gradients; under sequence parallelism into norm_grads_'s parts first, first and
+  // first + 1, to be summed over the group.
   void ln_grad(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd, Param& w,
-               Param* b) {
-    if (b) {
+               Param* b, int first) {
+    if (tp_.sequence_parallel()) {
+      Tensor dw = norm_grads_.part(first), db = norm_grads_.part(first + 1);
+      be.layernorm_backward_weight(dy, x, mean, rstd, dw, db);
+    } else if (b) {
       be.layernorm_backward_weight(dy, x, mean, rstd, w.grad, b->grad);
     } else {  // the beta gradient goes to a scratch vector that no optimizer sees
       if (!dbeta_scratch_.defined()) dbeta_scratch_ = Tensor(be, {spec_.in});  // f32, as gradients are
@@ -246,6 +284,7 @@ class Transformer final : public Block {
   int64_t H_, Cl_;               // this rank's heads and attention width
   Tensor zero_, dbeta_scratch_;  // (C), only when model.bias = false
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
+  SpNormGrads norm_grads_;  // sequence parallelism: ln_1's and ln_2's weight and bias gradients
 };
 
 // x (n, C) -> logits (n, V) = norm(x) @ W^T, W the token embedding (tied) or lm_head.weight; norm is
@@ -262,42 +301,53 @@ class Head final : public Block {
     w_ = params_.back();
   }
   int64_t out_width() const override { return w_->value.size(0); }
+  // Under sequence parallelism every buffer holds this rank's m = n / tp rows.
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n) {
     const DType a = spec.dtype, f32 = DType::f32;
-    return {{{n, spec.in}, a}, {{n}, f32}, {{n}, f32}, {{n, spec.in}, a}};  // norm out, mean, rstd, d norm out
+    const int64_t m = n / spec.sp;
+    return {{{m, spec.in}, a}, {{m}, f32}, {{m}, f32}, {{m, spec.in}, a}};  // norm out, mean, rstd, d norm out
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     const int64_t C = spec_.in;
     allocate_buffers(be, saved_shapes(spec_, n), s.t);
+    if (tp_.sequence_parallel()) norm_grads_.allocate(be, C);
     if (!spec_.bias && spec_.norm == NormKind::layernorm) {
       zero_ = Tensor(be, {C}, spec_.dtype);
       be.fill(zero_, 0.f);
       dbeta_scratch_ = Tensor(be, {C});
     }
   }
+  // x (m, C): m = n rows, or this rank's n / tp under sequence parallelism -> y (n, Vl) every row's logits.
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
-    const int64_t n = x.size(0);
-    Tensor lnf = s.t[0].rows(0, n), mean = s.t[1].rows(0, n), rstd = s.t[2].rows(0, n);
+    const int64_t m = x.size(0);
+    Tensor lnf = s.t[0].rows(0, m), mean = s.t[1].rows(0, m), rstd = s.t[2].rows(0, m);
     if (spec_.norm == NormKind::rmsnorm) be.rmsnorm_forward(x, ln_w_->compute(), float(spec_.eps), lnf, rstd);
     else be.layernorm_forward(x, ln_w_->compute(), beta_or_zero(ln_b_, zero_), float(spec_.eps), lnf, mean, rstd);
-    be.matmul(lnf, false, w_->compute(), true, y, 1.f, 0.f);  // (n, C) @ (C, Vl): this rank's vocabulary columns
+    const Tensor lnf_all = tp_.all_rows(be, lnf, "the sequence-parallel all-gather of the final norm");  // (n, C)
+    be.matmul(lnf_all, false, w_->compute(), true, y, 1.f, 0.f);  // (n, C) @ (C, Vl): this rank's vocabulary columns
   }
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
-    const int64_t n = x.size(0);
-    Tensor g = s.t[3].rows(0, n);
-    be.matmul(dy, false, w_->compute(), false, g, 1.f, 0.f);  // (n, Vl) @ (Vl, C), partial over tp
-    tp_.allreduce_sum(g, "the head's input-gradient all-reduce");  // (n, C)
-    if (spec_.norm == NormKind::rmsnorm) be.rmsnorm_backward_input(g, x, ln_w_->compute(), s.t[2].rows(0, n), dx);
-    else be.layernorm_backward_input(g, x, ln_w_->compute(), s.t[1].rows(0, n), s.t[2].rows(0, n), dx);
+    const int64_t m = x.size(0);
+    Tensor g = s.t[3].rows(0, m);
+    // (n, Vl) @ (Vl, C), partial over tp: summed into g (m, C)
+    tp_.row_parallel_matmul(be, dy, w_->compute(), false, g, "the head's input-gradient all-reduce");
+    if (spec_.norm == NormKind::rmsnorm) be.rmsnorm_backward_input(g, x, ln_w_->compute(), s.t[2].rows(0, m), dx);
+    else be.layernorm_backward_input(g, x, ln_w_->compute(), s.t[1].rows(0, m), s.t[2].rows(0, m), dx);
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
-    const int64_t n = x.size(0);
-    be.matmul(dy, true, s.t[0].rows(0, n), false, w_->grad, 1.f, 1.f);  // (V, n) @ (n, C)
-    if (spec_.norm == NormKind::rmsnorm)
-      be.rmsnorm_backward_weight(s.t[3].rows(0, n), x, s.t[2].rows(0, n), ln_w_->grad);
-    else
-      be.layernorm_backward_weight(s.t[3].rows(0, n), x, s.t[1].rows(0, n), s.t[2].rows(0, n), ln_w_->grad,
-                                   ln_b_ ? ln_b_->grad : dbeta_scratch_);
+    const int64_t m = x.size(0);
+    const Tensor lnf_all = tp_.all_rows(be, s.t[0].rows(0, m), "the sequence-parallel all-gather of the final norm");
+    be.matmul(dy, true, lnf_all, false, w_->grad, 1.f, 1.f);  // (V, n) @ (n, C)
+    const bool sp = tp_.sequence_parallel();
+    if (sp) norm_grads_.begin(be);
+    Tensor dw = sp ? norm_grads_.part(0) : ln_w_->grad;
+    if (spec_.norm == NormKind::rmsnorm) {
+      be.rmsnorm_backward_weight(s.t[3].rows(0, m), x, s.t[2].rows(0, m), dw);
+    } else {
+      Tensor db = sp ? norm_grads_.part(1) : ln_b_ ? ln_b_->grad : dbeta_scratch_;
+      be.layernorm_backward_weight(s.t[3].rows(0, m), x, s.t[1].rows(0, m), s.t[2].rows(0, m), dw, db);
+    }
+    if (sp) norm_grads_.finish(be, tp_, {&ln_w_->grad, ln_b_ ? &ln_b_->grad : nullptr});
   }
   // Generation: the forward itself, on one position's scratch.
   bool can_decode() const override { return !tp_.on(); }
@@ -308,6 +358,7 @@ class Head final : public Block {
   TensorParallel tp_;
   Param *ln_w_, *ln_b_, *w_;
   Tensor zero_, dbeta_scratch_;
+  SpNormGrads norm_grads_;  // sequence parallelism: the final norm's weight (and bias) gradients
 };
 
 }  // namespace

@@ -13,7 +13,10 @@
 // Tensor parallelism (Megatron-LM): each tp rank holds n_head / tp query heads and n_kv_head / tp key/value
 // heads (q/k/v_proj column-parallel, o_proj row-parallel) and ffn_hidden / tp SwiGLU units (gate/up
 // column-parallel, down row-parallel); the RMSNorm weights are replicated. One all-reduce after each
-// row-parallel projection and one of each column-parallel input gradient, as in GPT-2's block.
+// row-parallel projection and one of each column-parallel input gradient, as in GPT-2's block. Under sequence
+// parallelism, as GPT-2's block too: (n / tp, C) rows in and out, the norms' outputs all-gathered before the
+// column-parallel projections, reduce-scatters after the row-parallel ones, the RMSNorm weight gradients summed
+// over the group.
 #include "model/blocks.hpp"
 
 namespace relay {
@@ -31,85 +34,94 @@ class LlamaLayer final : public Block {
       : Block(spec, std::move(params)), tp_(tp), hd_(spec.in / spec.n_head), H_(spec.n_head / tp.size),
         KV_(spec.n_kv_head / tp.size), F_(spec.ffn_hidden / tp.size),
         cp_attn_(cp.on() ? cp.attention : nullptr) {
+    RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "llama layer: sequence parallelism disagrees");
     RELAY_ASSERT(params_.size() == 9, "llama layer: " << params_.size() << " params, expected 9");
     p_ = {params_[0], params_[1], params_[2], params_[3], params_[4], params_[5], params_[6], params_[7], params_[8]};
   }
 
   // saved.t: the forward's intermediates, then the gradients backward_input leaves for backward_weight.
   // Widths are this tp rank's: H heads of hd (queries), KV heads (keys, values), F SwiGLU units.
+  // Under sequence parallelism the row-wise ones (local()) hold this rank's m = n / tp rows.
   enum : size_t { kN1, kRstd1, kQ, kK, kV, kLse, kAtty, kRes1, kN2, kRstd2, kGate, kUp, kH,
                   kGRes1, kGGate, kGUp, kGN2, kGQ, kGK, kGV, kGN1, kCount };
+  static bool local(size_t k) {
+    return k == kN1 || k == kRstd1 || k == kRes1 || k == kN2 || k == kRstd2 || k == kGRes1 || k == kGN2 || k == kGN1;
+  }
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
-    const int64_t C = spec.in, hd = C / spec.n_head;
+    const int64_t C = spec.in, hd = C / spec.n_head, m = n / spec.sp;
     const int64_t Hq = spec.n_head / tp * hd, Hkv = spec.n_kv_head / tp * hd, F = spec.ffn_hidden / tp;
     const DType a = spec.dtype, f32 = DType::f32;
     std::vector<BufferSpec> s(kCount);
-    s[kN1] = {{n, C}, a};
-    s[kRstd1] = {{n}, f32};
+    s[kN1] = {{m, C}, a};
+    s[kRstd1] = {{m}, f32};
     s[kQ] = {{n, Hq}, a};    // rotated
     s[kK] = {{n, Hkv}, a};   // rotated
     s[kV] = {{n, Hkv}, a};
     s[kLse] = {{n, spec.n_head / tp}, f32};  // (B, H, T) for n = B x T rows (T / cp under context parallelism)
     s[kAtty] = {{n, Hq}, a};
-    s[kRes1] = {{n, C}, a};
-    s[kN2] = {{n, C}, a};
-    s[kRstd2] = {{n}, f32};
+    s[kRes1] = {{m, C}, a};
+    s[kN2] = {{m, C}, a};
+    s[kRstd2] = {{m}, f32};
     s[kGate] = {{n, F}, a};
     s[kUp] = {{n, F}, a};
     s[kH] = {{n, F}, a};
-    s[kGRes1] = {{n, C}, a};
+    s[kGRes1] = {{m, C}, a};
     s[kGGate] = {{n, F}, a};
     s[kGUp] = {{n, F}, a};
-    s[kGN2] = {{n, C}, a};
+    s[kGN2] = {{m, C}, a};
     s[kGQ] = {{n, Hq}, a};
     s[kGK] = {{n, Hkv}, a};
     s[kGV] = {{n, Hkv}, a};
-    s[kGN1] = {{n, C}, a};
+    s[kGN1] = {{m, C}, a};
     return s;
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s.t);
+    if (tp_.sequence_parallel()) norm_grads_.allocate(be, spec_.in);
   }
 
+  // x, y (m, C): m = n rows, or n / tp this rank's under sequence parallelism.
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
-    const int64_t n = x.size(0), T = spec_.seq_len;
-    auto v = [&](size_t k) { return view(s, k, n); };
+    const int64_t m = x.size(0), n = m * spec_.sp, T = spec_.seq_len;
+    auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor n1 = v(kN1), rstd1 = v(kRstd1), q = v(kQ), k = v(kK), val = v(kV), atty = v(kAtty), res1 = v(kRes1);
     Tensor n2 = v(kN2), rstd2 = v(kRstd2), gate = v(kGate), up = v(kUp), h = v(kH);
     Tensor lse = s.t[kLse].rows(0, n);
     const float eps = float(spec_.eps);
-    be.rmsnorm_forward(x, p_.norm1->compute(), eps, n1, rstd1);               // (n, C)
-    attention_inputs(be, n1, q, k, val, T, 0);                                // (n, Hq), (n, Hkv) x 2, rotated
+    be.rmsnorm_forward(x, p_.norm1->compute(), eps, n1, rstd1);               // (m, C)
+    attention_inputs(be, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"), q, k, val, T,
+                     0);                                                      // (n, Hq), (n, Hkv) x 2, rotated
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys and values
       cp_attn_->forward(be, q, k, val, T, H_, KV_, q_pos_, doc_start_, atty, lse);  // (n, Hq)
     else
       be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, KV_, atty, lse, doc_start_);  // (n, Hq) this rank's heads
-    row_linear(be, atty, *p_.o, res1, "the attention output all-reduce");    // (n, C)
+    tp_.row_parallel_matmul(be, atty, p_.o->compute(), true, res1, "the attention output all-reduce");  // (m, C)
     be.add(res1, x, res1);                                                    // residual 1
     be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
-    be.linear(n2, p_.gate->compute(), Tensor(), gate);                        // (n, F) column-parallel
-    be.linear(n2, p_.up->compute(), Tensor(), up);                            // (n, F) column-parallel
+    const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
+    be.linear(n2_all, p_.gate->compute(), Tensor(), gate);                    // (n, F) column-parallel
+    be.linear(n2_all, p_.up->compute(), Tensor(), up);                        // (n, F) column-parallel
     be.swiglu_forward(gate, up, h);                                           // (n, F)
-    row_linear(be, h, *p_.down, y, "the MLP output all-reduce");              // (n, C)
+    tp_.row_parallel_matmul(be, h, p_.down->compute(), true, y, "the MLP output all-reduce");  // (m, C)
     be.add(y, res1, y);                                                       // residual 2
   }
 
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
-    const int64_t n = x.size(0), T = spec_.seq_len;
-    auto v = [&](size_t k) { return view(s, k, n); };
+    const int64_t m = x.size(0), n = m * spec_.sp, T = spec_.seq_len;
+    auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor g_res1 = v(kGRes1), g_gate = v(kGGate), g_up = v(kGUp), g_n2 = v(kGN2), g_q = v(kGQ), g_k = v(kGK),
            g_v = v(kGV), g_n1 = v(kGN1);
-    be.matmul(dy, false, p_.down->compute(), false, g_gate, 1.f, 0.f);        // (n, F) d h, into d gate's buffer
+    const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
+    be.matmul(dy_all, false, p_.down->compute(), false, g_gate, 1.f, 0.f);    // (n, F) d h, into d gate's buffer
     be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);               // (n, F) d gate, d up
-    be.matmul(g_gate, false, p_.gate->compute(), false, g_n2, 1.f, 0.f);      // (n, C) d n2, partial
-    be.matmul(g_up, false, p_.up->compute(), false, g_n2, 1.f, 1.f);
-    tp_.allreduce_sum(g_n2, "the MLP input-gradient all-reduce");             // (n, C) whole
-    Tensor tmp = g_n1;                                                        // (n, C) scratch
+    sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce");  // (m, C) d n2
+    Tensor tmp = g_n1;                                                        // (m, C) scratch
     be.rmsnorm_backward_input(g_n2, v(kRes1), p_.norm2->compute(), v(kRstd2), tmp);
-    be.add(dy, tmp, g_res1);                                                  // (n, C) d res1
+    be.add(dy, tmp, g_res1);                                                  // (m, C) d res1
     const int64_t Hq = H_ * hd_;
-    Tensor g_atty = g_n1.view({n * spec_.in}).rows(0, n * Hq).view({n, Hq});  // (n, Hq) scratch
-    be.matmul(g_res1, false, p_.o->compute(), false, g_atty, 1.f, 0.f);       // (n, Hq) d atty
+    const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
+    Tensor g_atty = g_n1.view({m * spec_.in}).rows(0, n * Hq).view({n, Hq});  // (n, Hq) scratch
+    be.matmul(g_res1_all, false, p_.o->compute(), false, g_atty, 1.f, 0.f);   // (n, Hq) d atty
     if (cp_attn_)
       cp_attn_->backward(be, g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), T, H_, KV_, q_pos_,
                          doc_start_, g_q, g_k, g_v);
@@ -118,26 +130,30 @@ class LlamaLayer final : public Block {
                                       KV_, g_q, g_k, g_v, doc_start_);
     be.rope(g_q, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_q, positions_);  // d q before the rotation
     be.rope(g_k, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_k, positions_);
-    be.matmul(g_q, false, p_.q->compute(), false, g_n1, 1.f, 0.f);            // (n, C) d n1, partial
-    be.matmul(g_k, false, p_.k->compute(), false, g_n1, 1.f, 1.f);
-    be.matmul(g_v, false, p_.v->compute(), false, g_n1, 1.f, 1.f);
-    tp_.allreduce_sum(g_n1, "the attention input-gradient all-reduce");       // (n, C) whole
+    sum_over_tp(be, {{g_q, p_.q}, {g_k, p_.k}, {g_v, p_.v}}, g_n1, "the attention input-gradient all-reduce");  // (m, C)
     be.rmsnorm_backward_input(g_n1, x, p_.norm1->compute(), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                   // residual 1
   }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
-    const int64_t n = x.size(0);
-    auto v = [&](size_t k) { return view(s, k, n); };
-    weight_grad(be, dy, v(kH), *p_.down);
-    weight_grad(be, v(kGGate), v(kN2), *p_.gate);
-    weight_grad(be, v(kGUp), v(kN2), *p_.up);
-    be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), p_.norm2->grad);
-    weight_grad(be, v(kGRes1), v(kAtty), *p_.o);
-    weight_grad(be, v(kGQ), v(kN1), *p_.q);
-    weight_grad(be, v(kGK), v(kN1), *p_.k);
-    weight_grad(be, v(kGV), v(kN1), *p_.v);
-    be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), p_.norm1->grad);
+    const int64_t m = x.size(0), n = m * spec_.sp;
+    auto v = [&](size_t k) { return view(s, k, m, n); };
+    const bool sp = tp_.sequence_parallel();
+    if (sp) norm_grads_.begin(be);
+    Tensor dnorm1 = sp ? norm_grads_.part(0) : p_.norm1->grad, dnorm2 = sp ? norm_grads_.part(1) : p_.norm2->grad;
+    // Under sequence parallelism each operand of (n) rows is gathered when it is needed (one buffer at a time).
+    weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kH), *p_.down);
+    const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
+    weight_grad(be, v(kGGate), n2_all, *p_.gate);
+    weight_grad(be, v(kGUp), n2_all, *p_.up);
+    be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), dnorm2);
+    weight_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.o);
+    const Tensor n1_all = tp_.all_rows(be, v(kN1), "the sequence-parallel all-gather of input_layernorm");
+    weight_grad(be, v(kGQ), n1_all, *p_.q);
+    weight_grad(be, v(kGK), n1_all, *p_.k);
+    weight_grad(be, v(kGV), n1_all, *p_.v);
+    be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), dnorm1);
+    if (sp) norm_grads_.finish(be, tp_, {&p_.norm1->grad, &p_.norm2->grad});
   }
 
   // Generation: key and value caches (n, max_len, KV hd) and one position's intermediates.
@@ -169,7 +185,21 @@ class LlamaLayer final : public Block {
   }
 
  private:
-  static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, n); }
+  // Saved buffer k for a micro-batch of n rows of which this rank holds m (row-wise buffers: local()).
+  static Tensor view(BlockSaved& s, size_t k, int64_t m, int64_t n) { return s.t[k].rows(0, local(k) ? m : n); }
+  // out (m, C) = sum over the projections (g_i (n, w_i), W_i (w_i, C)) of g_i @ W_i, and over the tp group (all-reduced,
+  // or into the shared buffer and reduce-scattered under sequence parallelism): a column-parallel input's gradient.
+  void sum_over_tp(Backend& be, std::initializer_list<std::pair<Tensor, Param*>> terms, Tensor& out, const char* what) {
+    const int64_t n = terms.begin()->first.size(0);
+    Tensor sums = tp_.sequence_parallel() ? tp_.full_rows(be, n, out.size(1), out.dtype()) : out;  // (n, C)
+    float beta = 0.f;
+    for (const auto& [g, w] : terms) {
+      be.matmul(g, false, w->compute(), false, sums, 1.f, beta);
+      beta = 1.f;
+    }
+    if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(sums, out, what);
+    else tp_.allreduce_sum(out, what);
+  }
   // q (n, Hq), k, v (n, Hkv) = the projections of n1 (n, C); q and k rotated for rows at positions
   // pos0 + r % T, or at positions_ (restarting with each document) when set.
   void attention_inputs(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, int64_t T, int64_t pos0) {
@@ -178,11 +208,6 @@ class LlamaLayer final : public Block {
     be.linear(n1, p_.v->compute(), Tensor(), v);
     be.rope(q, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, q, positions_);
     be.rope(k, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, k, positions_);
-  }
-  // Row-parallel: y (n, C) = sum over tp of x_r (n, in/tp) @ W_r^T.
-  void row_linear(Backend& be, const Tensor& x, const Param& w, Tensor& y, const char* what) {
-    be.matmul(x, false, w.compute(), true, y, 1.f, 0.f);
-    tp_.allreduce_sum(y, what);
   }
   // dW (out, in) += dy^T @ x
   static void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w) {
@@ -193,6 +218,7 @@ class LlamaLayer final : public Block {
   TensorParallel tp_;
   int64_t hd_, H_, KV_, F_;  // head size; this rank's query heads, key/value heads and SwiGLU units
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
+  SpNormGrads norm_grads_;  // sequence parallelism: the two RMSNorm weights' gradients
 };
 
 }  // namespace

@@ -239,6 +239,8 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
   ModelSpec m = cfg.model.is_gpt() ? gpt_spec(cfg) : cfg.model.is_llama() ? llama_spec(cfg) : mlp_spec(cfg, input_dim);
   for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
   for (BlockSpec& b : m.blocks) b.dtype = compute_dtype(cfg.train.precision);
+  if (cfg.parallel.sequence_parallel && m.language_model && cfg.parallel.tp > 1)
+    for (BlockSpec& b : m.blocks) b.sp = static_cast<int>(cfg.parallel.tp);
   return m;
 }
 

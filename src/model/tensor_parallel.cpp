@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "core/memory.hpp"
+
 namespace relay {
 
 namespace {
@@ -69,6 +71,62 @@ void TensorParallel::allreduce_max(Tensor& t, const char* what) const {
   RequestPtr req = comm->iallreduce(t, ReduceOp::max);
   req->what = what;
   req->wait();
+}
+
+Tensor TensorParallel::full_rows(Backend& be, int64_t n, int64_t w, DType dt) const {
+  RELAY_ASSERT(sp_rows, "full_rows without sequence parallelism");
+  Tensor& buf = *sp_rows;
+  if (!buf.defined() || buf.numel() < n * w || buf.dtype() != dt) {
+    MemoryScope scope(MemKind::activations);
+    buf = Tensor(be, {n * w}, dt);
+  }
+  return buf.rows(0, n * w).view({n, w});
+}
+
+Tensor TensorParallel::gather_rows(Backend& be, const Tensor& local, const char* what) const {
+  const int64_t m = local.size(0), w = local.size(1);
+  Tensor full = full_rows(be, size * m, w, local.dtype());
+  Tensor mine = full.rows(rank * m, m);
+  be.copy(mine, local);
+  RequestPtr req = comm->iallgather(full);
+  req->what = what;
+  req->wait();
+  return full;
+}
+
+void TensorParallel::reduce_scatter_rows(const Tensor& full, Tensor& local, const char* what) const {
+  RequestPtr req = comm->ireduce_scatter_sum(full, local);
+  req->what = what;
+  req->wait();
+}
+
+void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y,
+                                         const char* what) const {
+  if (!sequence_parallel()) {
+    be.matmul(x, false, w, trans_w, y, 1.f, 0.f);
+    allreduce_sum(y, what);
+    return;
+  }
+  Tensor full = full_rows(be, x.size(0), y.size(1), y.dtype());  // (n, out) partial sums
+  be.matmul(x, false, w, trans_w, full, 1.f, 0.f);
+  reduce_scatter_rows(full, y, what);
+}
+
+void SpNormGrads::allocate(Backend& be, int64_t C) {
+  if (buf_.defined()) return;
+  MemoryScope scope(MemKind::activations);
+  buf_ = Tensor(be, {4, C});
+}
+
+void SpNormGrads::begin(Backend& be) { be.fill(buf_, 0.f); }
+
+void SpNormGrads::finish(Backend& be, const TensorParallel& tp, const std::vector<Tensor*>& grads) {
+  tp.allreduce_sum(buf_, "the sequence-parallel norm-weight gradient all-reduce");
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (grads[i] && grads[i]->defined()) {
+      Tensor p = part(static_cast<int>(i));
+      be.add(*grads[i], p, *grads[i]);
+    }
 }
 
 }  // namespace relay

@@ -7,10 +7,18 @@
 // (their output features), row-parallel weights dim 1 (their input features), vocabulary-parallel
 // embeddings dim 0 (the vocabulary, which need not divide: shards may differ by one row).
 // Checkpoints hold whole tensors; these functions cut a shard out of one and put it back.
+//
+// Sequence parallelism (parallel.sequence_parallel; Korthikanti et al., arXiv:2205.05198): the activations between
+// blocks are split by rows, tp rank r holding rows [r n / tp, (r + 1) n / tp) of a micro-batch's n; the norms,
+// residual adds and row-parallel biases run on those rows alone. A block all-gathers its norm's output before a
+// column-parallel projection and reduce-scatters a row-parallel projection's partial sums (instead of all-reducing
+// them); the backward mirrors both. Norm weights see 1/tp of the rows, so their gradients are summed over the group.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "core/tensor.hpp"
 
@@ -36,11 +44,52 @@ void insert_shard(const float* shard, const Shape& full_shape, TpSplit s, int tp
 struct TensorParallel {
   Communicator* comm = nullptr;
   int size = 1, rank = 0;
+  // Sequence parallelism: the rank's one buffer of a micro-batch's every row (n, C), shared by its blocks (they use it
+  // one collective at a time); null without it.
+  std::shared_ptr<Tensor> sp_rows;
   bool on() const { return size > 1; }
+  bool sequence_parallel() const { return sp_rows != nullptr; }
   // In-place sum over the group (blocking, watched); nothing when size == 1. `what` names it for the
   // watchdog ("the attention output all-reduce").
   void allreduce_sum(Tensor& t, const char* what) const;
   void allreduce_max(Tensor& t, const char* what) const;
+
+  // Sequence parallelism. The shared buffer as (n, w), grown (counted as activations) when smaller: where a
+  // row-parallel projection writes its partial sums for reduce_scatter_rows, or a gather lands.
+  Tensor full_rows(Backend& be, int64_t n, int64_t w, DType dt) const;
+  // local (m, w), this rank's rows -> (tp m, w): the group's rows in order, in the shared buffer (valid until its
+  // next use).
+  Tensor gather_rows(Backend& be, const Tensor& local, const char* what) const;
+  // full (tp m, w) partial sums over the group -> local (m, w): this rank's rows, summed.
+  void reduce_scatter_rows(const Tensor& full, Tensor& local, const char* what) const;
+  // local (m, w) -> the group's rows (gather_rows) under sequence parallelism, else local itself.
+  Tensor all_rows(Backend& be, const Tensor& local, const char* what) const {
+    return sequence_parallel() ? gather_rows(be, local, what) : local;
+  }
+  // A row-parallel projection's partial sums, x (n, in / tp) @ W^T -> y: all-reduced into y (n, out), or under
+  // sequence parallelism computed into the shared buffer (n, out) and reduce-scattered into y (n / tp, out).
+  void row_parallel_matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y,
+                           const char* what) const;
 };
+
+// Sequence parallelism: a block's norm-weight gradients of one micro-batch, each from this rank's rows only, summed
+// over the tp group before they are added to the parameters' (so every tp rank holds the whole model's gradient of
+// its replicated norm weights; without the sum each would see 1/tp of the rows).
+class SpNormGrads {
+ public:
+  // Up to 4 vectors of C f32 (counted as activations); once.
+  void allocate(Backend& be, int64_t C);
+  // Zeroes the parts; part(i) (C) f32 then takes this micro-batch's gradients.
+  void begin(Backend& be);
+  Tensor part(int i) { return buf_.rows(i, 1).view({buf_.size(1)}); }
+  // The group's sum, added into grads[i] (each (C) f32; undefined: dropped, e.g. an absent LayerNorm bias).
+  void finish(Backend& be, const TensorParallel& tp, const std::vector<Tensor*>& grads);
+
+ private:
+  Tensor buf_;  // (4, C) f32
+};
+
+// Bytes of a rank's sequence-parallel buffer (TensorParallel::full_rows) for micro-batches of n rows of width C.
+inline int64_t sp_rows_bytes(int64_t n, int64_t C, DType dt) { return n * C * int64_t(dtype_size(dt)); }
 
 }  // namespace relay

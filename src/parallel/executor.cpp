@@ -128,6 +128,7 @@ StepStats Executor::run_step(const StepData& data) {
   if (has_layout()) lay_out_documents(shape_.m * mb_rows_, data);
   buckets_.zero();
   buckets_.set_trace(tracer_, trace_step_);
+  if (cp_.attention) cp_.attention->set_trace(tracer_, trace_step_);
   for (const Action& a : actions_) {
     const int c = a.chunk, mb = a.micro_batch;
     const double t0 = now_s();

@@ -118,6 +118,7 @@ void setup_communicators(Run& r) {
   if (r.grid.tp > 1) {
     r.tp_comm = make_group_comm(r, r.grid.tp_comm, /*point_to_point=*/false);
     r.tp = TensorParallel{r.tp_comm.get(), r.grid.tp, r.grid.tp_rank};
+    if (r.cfg.parallel.sequence_parallel) r.tp.sp_rows = std::make_shared<Tensor>();  // one buffer for the rank
   }
   if (r.grid.cp > 1) {
     r.cp_comm = make_group_comm(r, r.grid.cp_comm, /*point_to_point=*/false);

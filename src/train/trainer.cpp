@@ -189,6 +189,12 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
                 "holds chunks i and %d - i (%lld tokens) and attends to the group's gathered keys and values\n",
                 static_cast<long long>(r.layout.model.seq_len), 2 * g.cp, 2 * g.cp - 1,
                 static_cast<long long>(r.layout.model.seq_len / g.cp));
+  if (cfg.parallel.sequence_parallel)
+    std::printf("relay: sequence parallelism: between the projections (norms, residuals) each tp rank holds %lld of a "
+                "micro-batch's %lld rows (1/%d); all-gathers before the column-parallel projections, reduce-scatters "
+                "after the row-parallel ones\n",
+                static_cast<long long>(r.mb_rows * r.layout.model.seq_len / g.cp / g.tp),
+                static_cast<long long>(r.mb_rows * r.layout.model.seq_len / g.cp), g.tp);
   if (cfg.train.recompute == "blocks")
     std::printf("relay: recomputing transformer blocks in the backward (only their inputs are kept)\n");
   std::printf("relay: model %s, %lld parameters, stages:\n%s", cfg.model.type.c_str(),
