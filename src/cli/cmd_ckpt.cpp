@@ -41,7 +41,7 @@ int run_ckpt_inspect(const CkptOptions& o) {
   std::printf("  written under dp = %lld, tp = %lld, pp = %lld, schedule = %s, virtual_stages = %lld%s (whole "
               "tensors: any layout resumes)\n",
               static_cast<long long>(m.dp), static_cast<long long>(m.tp), static_cast<long long>(m.pp),
-              m.schedule.c_str(), static_cast<long long>(m.virtual_stages), m.zero ? ", ZeRO-1" : "");
+              m.schedule.c_str(), static_cast<long long>(m.virtual_stages), m.zero ? cat(", ZeRO-", m.zero).c_str() : "");
   std::printf("  optimizer %s, %lld updates; data position %lld (epoch %lld of %lld samples, batch %lld)\n",
               m.optimizer.c_str(), static_cast<long long>(m.optimizer_step), static_cast<long long>(m.position),
               static_cast<long long>(m.epoch), static_cast<long long>(m.samples), static_cast<long long>(m.batch_size));

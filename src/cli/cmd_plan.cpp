@@ -135,7 +135,10 @@ void print_layout(const Config& cfg, const ModelLayout& layout) {
 void print_memory(const Config& cfg, const ModelLayout& layout) {
   const int tp = static_cast<int>(cfg.parallel.tp);
   std::printf("\npredicted memory per rank, MiB (fp32; every replica the same%s%s):\n",
-              cfg.optimizer.zero && cfg.parallel.dp > 1 ? "; ZeRO-1 optimizer state" : "",
+              cfg.optimizer.zero && cfg.parallel.dp * cfg.parallel.cp > 1
+                  ? cat("; ZeRO-", cfg.optimizer.zero, cfg.optimizer.zero >= 2 ? " gradients and" : "",
+                        " optimizer state sharded").c_str()
+                  : "",
               cfg.train.recompute == "blocks" ? "; transformer blocks recomputed" : "");
   std::printf("  pp  tp      params       grads   optimizer activations       total\n");
   for (int p = 0; p < layout.pp; ++p)

@@ -321,7 +321,18 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   opt.real("eps", c.optimizer.eps, 0, 1, true);
   opt.real("weight_decay", c.optimizer.weight_decay, 0, 1e6);
   opt.real("momentum", c.optimizer.momentum, 0, 1);
-  opt.boolean("zero", c.optimizer.zero);
+  if (auto* z = opt.get("zero")) {  // a stage 0..2, or true / false (1 / 0, as before stages)
+    if (z->is_boolean()) c.optimizer.zero = z->value<bool>().value() ? 1 : 0;
+    else if (!z->is_integer()) opt.fail("zero", cat("expected a ZeRO stage 0, 1 or 2 (or true / false), got ", type_name(*z)));
+    else {
+      const int64_t v = z->value<int64_t>().value();
+      if (v == 3)
+        opt.fail("zero", "3 (ZeRO-3, sharded parameters) is not available yet; stage 2 shards the gradients and the "
+                         "optimizer state");
+      if (v < 0 || v > 2) opt.fail("zero", cat("must be a ZeRO stage 0, 1 or 2, got ", v));
+      c.optimizer.zero = int(v);
+    }
+  }
   if (c.optimizer.name == "adamw" && c.optimizer.momentum != 0)
     opt.fail("momentum", "is an SGD setting; with optimizer.name = \"adamw\" use optimizer.betas");
 
@@ -480,7 +491,7 @@ std::string Config::to_toml() const {
   o << "\n[optimizer]\nname = " << q(optimizer.name) << "\nlr = " << num(optimizer.lr) << "\nbetas = ["
     << num(optimizer.beta1) << ", " << num(optimizer.beta2) << "]\neps = " << num(optimizer.eps)
     << "\nweight_decay = " << num(optimizer.weight_decay) << "\nmomentum = " << num(optimizer.momentum)
-    << "\nzero = " << (optimizer.zero ? "true" : "false") << "\n\n";
+    << "\nzero = " << optimizer.zero << "\n\n";
   o << "[lr_schedule]\nname = " << q(lr_schedule.name) << "\nwarmup_steps = " << lr_schedule.warmup_steps
     << "\nmin_lr = " << num(lr_schedule.min_lr) << "\n\n";
   o << "[parallel]\ndp = " << parallel.dp << "\npp = " << parallel.pp << "\ntp = " << parallel.tp;

@@ -72,7 +72,9 @@ struct Config {
     double eps = 1e-8;
     double weight_decay = 0.01;
     double momentum = 0.0;
-    bool zero = false;           // ZeRO-1: optimizer state and master weights sharded over the dp group
+    // ZeRO stage over the dp (x cp) replicas: 0 none; 1 optimizer state sharded; 2 gradients too (reduce-scattered
+    // per bucket as the backward makes them). true / false mean 1 / 0.
+    int zero = 0;
   } optimizer;
   struct LrSchedule {
     std::string name = "constant";  // constant | cosine

@@ -185,8 +185,15 @@ void ModelChunk::backward_weight(int mb, int64_t rows) {
   for (size_t k = blocks_.size(); k-- > 0;)
     if (!blocks_[k]->params().empty()) {
       hand_documents(sl, k, rows);
-      blocks_[k]->backward_weight(be_, act(sl, k, rows), grad(sl, k + 1, rows), saved(sl, k));
+      weight_grads(k, act(sl, k, rows), grad(sl, k + 1, rows), saved(sl, k));
     }
+}
+
+void ModelChunk::weight_grads(size_t k, const Tensor& x, const Tensor& dy, BlockSaved& sv) {
+  const int index = blocks_[k]->spec().index;
+  if (hooks_) hooks_->before_weight_grads(index);
+  blocks_[k]->backward_weight(be_, x, dy, sv);
+  if (hooks_) hooks_->after_weight_grads(index);
 }
 
 Tensor ModelChunk::backward(int mb, int64_t rows) {
@@ -204,7 +211,7 @@ Tensor ModelChunk::backward(int mb, int64_t rows) {
       Tensor dx = grad(sl, k, rows);
       blocks_[k]->backward_input(be_, x, dy, dx, sv);
     }
-    if (!blocks_[k]->params().empty()) blocks_[k]->backward_weight(be_, x, dy, sv);
+    if (!blocks_[k]->params().empty()) weight_grads(k, x, dy, sv);
   }
   return is_first_ ? Tensor() : grad(sl, 0, rows);
 }

@@ -32,6 +32,15 @@ struct ChunkBytes {
 // attention its q, k, v and gradients (rows each). 0 without context parallelism or attention blocks.
 int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows);
 
+// What runs around a block's work (ZeRO-2's per-bucket gradient reduce-scatter, parallel/data_parallel.hpp): the
+// block `block` (BlockSpec::index) is about to accumulate its parameter gradients of a micro-batch, and has.
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void before_weight_grads(int block) = 0;
+  virtual void after_weight_grads(int block) = 0;
+};
+
 class ModelChunk {
  public:
   // What a chunk of these blocks would allocate for `rows` rows on tp rank tp_rank of tp, before anything
@@ -55,6 +64,8 @@ class ModelChunk {
   std::vector<Param*> params();  // in block order, each Param once
   // Which slot each micro-batch 0..m-1 uses (SlotPlan::slot_of); without one, a slot per micro-batch.
   void set_slot_plan(std::vector<int> slot_of_micro_batch) { slot_of_ = std::move(slot_of_micro_batch); }
+  // Called around every block's parameter-gradient work from now on (null: nothing).
+  void set_hooks(BlockHooks* hooks) { hooks_ = hooks; }
 
   // `rows` is always the micro-batch's rows (tokens); under sequence parallelism the activations between blocks hold
   // rows / tp of them (BlockSpec::sp), and the views below are that size.
@@ -104,6 +115,8 @@ class ModelChunk {
   BlockSaved& saved(Slot& sl, size_t k);
   // Block k about to run on the slot's micro-batch: its document layout, when there is one.
   void hand_documents(Slot& sl, size_t k, int64_t rows);
+  // Block k's backward_weight, between the hooks.
+  void weight_grads(size_t k, const Tensor& x, const Tensor& dy, BlockSaved& sv);
 
   Backend& be_;
   int id_;
@@ -118,6 +131,7 @@ class ModelChunk {
   Tensor scratch_out_;            // (scratch_rows_, C) a recomputed forward's output
   int64_t scratch_rows_ = 0;
   bool documents_ = false;  // set_documents was called: every slot carries a document layout
+  BlockHooks* hooks_ = nullptr;
 };
 
 }  // namespace relay

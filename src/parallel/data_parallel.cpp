@@ -8,45 +8,97 @@
 
 namespace relay {
 
-GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-                         bool zero, GradReduce wire)
-    : be_(be), comm_(comm), zero_(zero && comm != nullptr), bf16_wire_(wire == GradReduce::bf16 && comm != nullptr) {
-  MemoryScope scope(MemKind::grads);
+BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb, int dp) {
   // Per (chunk, counts_in_norm), reverse block order; a block's parameters never straddle two buckets.
-  std::vector<size_t> order(params.size());
+  std::vector<size_t> order(keys.size());
   std::iota(order.begin(), order.end(), size_t{0});
   auto key = [&](size_t i) {
-    return std::make_tuple(params[i].chunk, params[i].tied, params[i].tp_replicated, !params[i].counts_in_norm,
-                           -params[i].block);
+    return std::make_tuple(keys[i].chunk, keys[i].tied, keys[i].tp_replicated, !keys[i].counts_in_norm, -keys[i].block);
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
   const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4));
-  std::vector<std::vector<size_t>> groups;
+  BucketLayout out;
   int64_t fill = 0;
   for (size_t k = 0; k < order.size(); ++k) {
-    const size_t i = order[k];
-    const bool new_group = k == 0 || params[i].chunk != params[order[k - 1]].chunk ||
-                           params[i].counts_in_norm != params[order[k - 1]].counts_in_norm ||
-                           params[i].tp_replicated != params[order[k - 1]].tp_replicated || params[i].tied ||
-                           params[order[k - 1]].tied;
-    const bool new_block = k == 0 || params[i].block != params[order[k - 1]].block;
+    const BucketKey &a = keys[order[k]], *prev = k ? &keys[order[k - 1]] : nullptr;
+    const bool new_group = !prev || a.chunk != prev->chunk || a.counts_in_norm != prev->counts_in_norm ||
+                           a.tp_replicated != prev->tp_replicated || a.tied || prev->tied;
+    const bool new_block = !prev || a.block != prev->block;
     if (new_group || (new_block && fill >= cap)) {
-      groups.emplace_back();
+      out.groups.emplace_back();
       fill = 0;
     }
-    groups.back().push_back(i);
-    fill += params[i].param->value.numel();
+    out.groups.back().push_back(order[k]);
+    fill += a.numel;
   }
-  for (auto& g : groups) {
+  for (auto& g : out.groups) {
     int64_t total = 0;
-    for (size_t i : g) total += params[i].param->value.numel();
+    for (size_t i : g) total += keys[i].numel;
+    out.padded.push_back((total + dp - 1) / dp * dp);
+  }
+  return out;
+}
+
+std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vector<int>>& chunk_param_blocks,
+                                                    const std::map<int, std::vector<int>>& buckets_of_block) {
+  std::map<int, std::vector<Zero2Write>> out;
+  for (const auto& blocks : chunk_param_blocks)
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      auto it = buckets_of_block.find(blocks[k]);
+      if (it == buckets_of_block.end()) continue;
+      const std::vector<int>* below = nullptr;  // the buckets of the block the backward visits next
+      if (k > 0) {
+        auto b = buckets_of_block.find(blocks[k - 1]);
+        if (b != buckets_of_block.end()) below = &b->second;
+      }
+      for (int g : it->second)
+        out[blocks[k]].push_back({g, !below || std::find(below->begin(), below->end(), g) == below->end()});
+    }
+  return out;
+}
+
+int Zero2Pool::acquire(int64_t elems) {
+  int best = -1;
+  for (size_t i = 0; i < cap_.size(); ++i)
+    if (free_[i] && cap_[i] >= elems && (best < 0 || cap_[i] < cap_[static_cast<size_t>(best)])) best = int(i);
+  if (best < 0) {
+    cap_.push_back(elems);
+    free_.push_back(false);
+    return static_cast<int>(cap_.size() - 1);
+  }
+  free_[static_cast<size_t>(best)] = false;
+  return best;
+}
+
+void Zero2Pool::launch(int buffer) { in_flight_.push_back(buffer); }
+
+void Zero2Pool::release(int buffer) {
+  auto it = std::find(in_flight_.begin(), in_flight_.end(), buffer);
+  RELAY_ASSERT(it != in_flight_.end(), "ZeRO-2: pool buffer " << buffer << " is not in flight");
+  in_flight_.erase(it);
+  free_[static_cast<size_t>(buffer)] = true;
+}
+
+GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
+                         int zero, GradReduce wire)
+    : be_(be), comm_(comm), zero_(zero >= 1 && comm != nullptr), per_micro_batch_(zero >= 2 && comm != nullptr),
+      bf16_wire_(wire == GradReduce::bf16 && comm != nullptr) {
+  MemoryScope scope(MemKind::grads);
+  std::vector<BucketKey> keys;
+  for (const BucketParam& p : params)
+    keys.push_back({p.param->value.numel(), p.chunk, p.block, p.counts_in_norm, p.tied, p.tp_replicated});
+  const int dp = zero_ ? comm_->size() : 1;
+  const BucketLayout layout = layout_buckets(keys, bucket_mb, dp);
+  for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+    const auto& g = layout.groups[gi];
     Bucket b;
-    const int64_t dp = zero_ ? comm_->size() : 1, padded = (total + dp - 1) / dp * dp;
-    b.flat = Tensor(be, {padded});
+    const int64_t padded = layout.padded[gi];
+    b.padded = padded;
+    if (!per_micro_batch_) b.flat = Tensor(be, {padded});
     if (zero_) b.shard = Tensor(be, {padded / dp});
     b.chunk = params[g.front()].chunk;
     b.counts_in_norm = params[g.front()].counts_in_norm;
-    if (bf16_wire_) {
+    if (bf16_wire_ && !per_micro_batch_) {
       b.wire = Tensor(be, {padded}, DType::bf16);
       if (zero_) b.wire_shard = Tensor(be, {padded / dp}, DType::bf16);
     }
@@ -61,7 +113,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     for (size_t i : g) {
       Param* p = params[i].param;
       const int64_t n = p->value.numel();
-      p->grad = b.flat.rows(at, n).view(p->value.shape());
+      if (!per_micro_batch_) p->grad = b.flat.rows(at, n).view(p->value.shape());
       if (zero_) {  // the parameter moves into the bucket's flat buffer, initial values and all
         Tensor v = b.values.rows(at, n).view(p->value.shape());
         be.copy(v, p->value);
@@ -72,6 +124,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
           p->work = w;
         }
       }
+      bucket_of_[p] = static_cast<int>(buckets_.size());
       b.members.push_back({p, at});
       at += n;
     }
@@ -79,9 +132,104 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
   }
 }
 
+void GradBuckets::watch(ModelChunk& chunk) {
+  if (!per_micro_batch_) return;
+  chunk_param_blocks_.emplace_back();
+  for (auto& blk : chunk.blocks()) {
+    const int index = blk->spec().index;
+    if (!blk->params().empty()) chunk_param_blocks_.back().push_back(index);
+    for (Param* p : blk->params()) {
+      auto it = bucket_of_.find(p);
+      RELAY_ASSERT(it != bucket_of_.end(), "parameter " << p->name << " has no gradient bucket");
+      auto& mine = buckets_of_block_[index];
+      if (std::find(mine.begin(), mine.end(), it->second) == mine.end()) mine.push_back(it->second);
+    }
+  }
+  writes_ = zero2_writes(chunk_param_blocks_, buckets_of_block_);
+  chunk.set_hooks(this);
+}
+
+void GradBuckets::before_weight_grads(int block) {
+  auto it = writes_.find(block);
+  if (it == writes_.end()) return;
+  for (const Zero2Write& w : it->second) {
+    const int bi = w.bucket;
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    if (b.buffer >= 0) continue;  // already open (an earlier writer of this pass)
+    b.buffer = pool_plan_.acquire(b.padded);
+    if (static_cast<size_t>(b.buffer) == pool_.size()) {  // a new buffer of this bucket's size
+      MemoryScope scope(MemKind::grads);
+      const int64_t dp = comm_->size();
+      PoolBuffer pb;
+      pb.flat = Tensor(be_, {b.padded});
+      pb.recv = Tensor(be_, {b.padded / dp});
+      if (bf16_wire_) {
+        pb.wire = Tensor(be_, {b.padded}, DType::bf16);
+        pb.wire_recv = Tensor(be_, {b.padded / dp}, DType::bf16);
+      }
+      pool_.push_back(std::move(pb));
+    }
+    PoolBuffer& pb = pool_[static_cast<size_t>(b.buffer)];
+    Tensor flat = pb.flat.rows(0, b.padded);
+    be_.fill(flat, 0.f);
+    for (auto& [p, at] : b.members) p->grad = flat.rows(at, p->value.numel()).view(p->value.shape());
+  }
+}
+
+void GradBuckets::after_weight_grads(int block) {
+  auto it = writes_.find(block);
+  if (it == writes_.end()) return;
+  for (const Zero2Write& w : it->second) {
+    const int bi = w.bucket;
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    RELAY_ASSERT(b.buffer >= 0, "ZeRO-2: bucket " << bi << " written by block " << block << " is not open");
+    if (!w.closes) continue;
+    // Its last writer is done: this micro-batch's gradients go out, this rank's piece comes back to pool.recv.
+    PoolBuffer& pb = pool_[static_cast<size_t>(b.buffer)];
+    const int64_t dp = comm_->size();
+    if (tracer_) pb.launch_mark = tracer_->mark();
+    Tensor flat = pb.flat.rows(0, b.padded);
+    if (bf16_wire_) {
+      Tensor w = pb.wire.rows(0, b.padded), wr = pb.wire_recv.rows(0, b.padded / dp);
+      be_.convert(flat, w);
+      pb.request = comm_->ireduce_scatter_sum(w, wr);
+    } else {
+      Tensor r = pb.recv.rows(0, b.padded / dp);
+      pb.request = comm_->ireduce_scatter_sum(flat, r);
+    }
+    pb.request->what = cat("the ZeRO-2 gradient reduce-scatter of bucket ", bi);
+    pb.bucket = bi;
+    pool_plan_.launch(b.buffer);
+    b.buffer = -1;
+    for (int old = pool_plan_.overflow(); old >= 0; old = pool_plan_.overflow()) reclaim(old);
+  }
+}
+
+void GradBuckets::reclaim(int buffer) {
+  PoolBuffer& pb = pool_[static_cast<size_t>(buffer)];
+  RELAY_ASSERT(pb.bucket >= 0 && pb.request, "ZeRO-2: pool buffer " << buffer << " is not in flight");
+  pb.request->wait();
+  Bucket& b = buckets_[static_cast<size_t>(pb.bucket)];
+  const int64_t piece = b.padded / comm_->size();
+  Tensor recv = pb.recv.rows(0, piece);
+  if (bf16_wire_) be_.convert(pb.wire_recv.rows(0, piece), recv);
+  be_.add(b.shard, recv, b.shard);
+  if (tracer_)
+    tracer_->add({cat("reduce-scatter bucket ", pb.bucket), "allreduce_grads", kTrackComm, trace_step_, -1, b.chunk,
+                  pb.launch_mark, tracer_->mark(), static_cast<int64_t>(pb.bucket)});
+  pb.request.reset();
+  pb.bucket = -1;
+  pool_plan_.release(buffer);
+}
+
 void GradBuckets::zero() {
   for (auto& b : buckets_) {
-    be_.fill(b.flat, 0.f);
+    if (per_micro_batch_) {  // the shard sums every micro-batch's piece
+      RELAY_ASSERT(b.buffer < 0, "ZeRO-2: a bucket is still open at the start of a step");
+      be_.fill(b.shard, 0.f);
+    } else {
+      be_.fill(b.flat, 0.f);
+    }
     b.request.reset();
     b.launched = false;
     b.widened = false;
@@ -89,6 +237,7 @@ void GradBuckets::zero() {
 }
 
 void GradBuckets::launch(Bucket& b) {
+  if (per_micro_batch_) return;  // ZeRO-2 launches each bucket as its last writer finishes
   if (b.launched) return;
   b.launched = true;
   if (tracer_) b.launch_mark = tracer_->mark();
@@ -142,9 +291,17 @@ void GradBuckets::launch_chunk(int chunk) {
 void GradBuckets::progress() {
   for (auto& b : buckets_)
     if (b.request) b.request->test();
+  for (auto& pb : pool_)  // progress only: reclaimed in launch order
+    if (pb.request) pb.request->test();
 }
 
 void GradBuckets::finish() {
+  if (per_micro_batch_) {
+    for (size_t k = 0; k < buckets_.size(); ++k)
+      RELAY_ASSERT(buckets_[k].buffer < 0, "ZeRO-2: bucket " << k << " still open at the end of the backward");
+    for (int old = pool_plan_.oldest(); old >= 0; old = pool_plan_.oldest()) reclaim(old);
+    return;
+  }
   for (auto& b : buckets_) launch(b);
   for (size_t k = 0; k < buckets_.size(); ++k) {
     Bucket& b = buckets_[k];

@@ -13,11 +13,21 @@
 // Mixed precision: gradients are f32 buckets whatever the precision; parallel.grad_reduce = "bf16" rounds a
 // bucket to bf16 for the all-reduce / reduce-scatter (half the bytes) and widens the sum back. Under ZeRO
 // with bf16 working weights, each bucket also holds the working copies, refreshed after the all-gather.
+//
+// ZeRO-2 (optimizer.zero = 2): a rank keeps only its shard of each bucket's summed gradient. A bucket's gradients
+// live in a pooled buffer from the moment the backward first writes one of them in a micro-batch (the chunk's
+// BlockHooks) until its last writer block is done, when the buffer is reduce-scattered (that micro-batch's
+// contribution) and, once reclaimed, added into the shard; the buffer then serves another bucket (Zero2Pool: at
+// most two in flight beside the open ones). Gradient memory is the shard plus a few buckets, whatever the model's
+// size. Micro-batches are summed in the shard in their order (deterministic); with one micro-batch the sum is
+// ZeRO-1's, bit for bit.
 #pragma once
+#include <map>
 #include <vector>
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
+#include "model/chunk.hpp"
 #include "model/param.hpp"
 #include "optim/optimizer.hpp"
 #include "parallel/trace.hpp"
@@ -34,13 +44,59 @@ struct BucketParam {
                                // its buckets have one layout on every tp rank and reduce to the same bits
 };
 
-class GradBuckets {
+// The bucket layout, a pure function of the parameters (relay plan computes it before anything exists).
+struct BucketKey {
+  int64_t numel = 0;
+  int chunk = 0, block = 0;  // as BucketParam
+  bool counts_in_norm = true, tied = false, tp_replicated = false;
+};
+struct BucketLayout {
+  std::vector<std::vector<size_t>> groups;  // each bucket's parameters (indices into the keys), in bucket order
+  std::vector<int64_t> padded;              // each bucket's elements, padded to a multiple of `dp`
+};
+BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb, int dp);
+// ZeRO-2: what each parameter block (BlockSpec::index) does to the buckets it writes, from the chunks' parameter
+// blocks (each chunk's in block order) and the buckets each block writes. A bucket is open over a run of writers that
+// follow each other in the backward and is launched after the run's last (lowest) block; a bucket written by blocks
+// far apart (the tied embedding: the head, then the embedding) is launched once per run, each run's sum a part of
+// the total (the shard adds them).
+struct Zero2Write {
+  int bucket = 0;
+  bool closes = false;  // this block ends a run of the bucket's writers: launch it after the block
+};
+std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vector<int>>& chunk_param_blocks,
+                                                    const std::map<int, std::vector<int>>& buckets_of_block);
+
+// ZeRO-2's buffer pool as pure bookkeeping (GradBuckets follows it with real buffers; relay plan replays the
+// schedule through it): an opening bucket takes the smallest free buffer that fits, or a new one of its exact size;
+// a launched bucket's buffer stays in flight until reclaimed, oldest first, as soon as more than kInFlight are.
+class Zero2Pool {
  public:
-  // comm is null when dp == 1 (then nothing is communicated). zero: ZeRO-1 (needs comm).
+  static constexpr size_t kInFlight = 1;  // one bucket's reduce-scatter hides behind the next block's backward
+  int acquire(int64_t elems);
+  void launch(int buffer);
+  int overflow() const { return in_flight_.size() > kInFlight ? in_flight_.front() : -1; }  // reclaim it now
+  int oldest() const { return in_flight_.empty() ? -1 : in_flight_.front(); }
+  void release(int buffer);  // reclaimed: free again
+  const std::vector<int64_t>& capacities() const { return cap_; }
+
+ private:
+  std::vector<int64_t> cap_;
+  std::vector<bool> free_;
+  std::vector<int> in_flight_;
+};
+
+class GradBuckets : public BlockHooks {
+ public:
+  // comm is null when dp == 1 (then nothing is communicated). zero: the ZeRO stage 0, 1 or 2 (1, 2 need comm).
   // wire: the dtype gradients travel in (parallel.grad_reduce); they are kept and summed into f32 either way.
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-              bool zero = false, GradReduce wire = GradReduce::fp32);
+              int zero = 0, GradReduce wire = GradReduce::fp32);
   bool sharded() const { return zero_; }
+  // ZeRO-2: learn which blocks write each bucket and hook the chunk's backward (before its first step).
+  void watch(ModelChunk& chunk);
+  void before_weight_grads(int block) override;
+  void after_weight_grads(int block) override;
   // What the optimizer updates: every parameter whole, or (ZeRO) the pieces this replica owns.
   std::vector<OptimSlice> optimizer_slices() const;
   // A tied parameter's reduced gradient that the pair sums: its gradient, or (ZeRO) its owned piece.
@@ -62,7 +118,8 @@ class GradBuckets {
 
  private:
   struct Bucket {
-    Tensor flat;  // (padded) every gradient of the bucket (padded to a multiple of dp under ZeRO)
+    Tensor flat;  // (padded) every gradient of the bucket (padded to a multiple of dp under ZeRO); ZeRO-2: none
+    int64_t padded = 0;
     Tensor values, shard;  // ZeRO: (padded) the parameters; (padded / dp) this replica's summed gradients
     Tensor work;           // ZeRO under bf16: (padded) the parameters' bf16 working copies
     Tensor wire, wire_shard;  // grad_reduce = "bf16": (padded) and (padded / dp) bf16 copies that travel
@@ -74,14 +131,31 @@ class GradBuckets {
     bool widened = false;  // grad_reduce bf16: the wire's sum is back in the f32 gradients (finish() runs twice
                            // in a step with tied weights; the second must not undo the tied sum)
     int64_t launch_mark = 0;  // when traced
+    int buffer = -1;           // ZeRO-2: the pool buffer holding its gradients now, or -1
+  };
+  // ZeRO-2: a pooled gradient buffer and what its reduce-scatter sends and receives.
+  struct PoolBuffer {
+    Tensor flat, wire;          // (capacity) f32 gradients; bf16 copy (grad_reduce = "bf16")
+    Tensor recv, wire_recv;     // (capacity / dp) f32 this rank's piece of the sum; its bf16 form
+    int bucket = -1;            // in flight for this bucket
+    RequestPtr request;
+    int64_t launch_mark = 0;
   };
   void launch(Bucket& b);
+  void reclaim(int buffer);       // ZeRO-2: wait for its reduce-scatter and add the piece into the shard
   int64_t own_begin(const Bucket& b) const { return b.shard.numel() * comm_->rank(); }
   Backend& be_;
   Communicator* comm_;
   bool zero_;
+  bool per_micro_batch_;  // ZeRO-2
   bool bf16_wire_;
   std::vector<Bucket> buckets_;
+  std::map<int, std::vector<int>> buckets_of_block_;  // ZeRO-2: block index -> buckets it writes
+  std::vector<std::vector<int>> chunk_param_blocks_;  // ZeRO-2: each watched chunk's parameter blocks
+  std::map<int, std::vector<Zero2Write>> writes_;     // ZeRO-2: zero2_writes of the above
+  std::map<Param*, int> bucket_of_;
+  Zero2Pool pool_plan_;
+  std::vector<PoolBuffer> pool_;
   Tracer* tracer_ = nullptr;
   int64_t trace_step_ = 0;
 };

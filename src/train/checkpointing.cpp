@@ -153,7 +153,7 @@ CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::sha
   meta.dp = g.dp;
   meta.pp = g.pp;
   meta.tp = g.tp;
-  meta.zero = ctx.cfg.optimizer.zero && g.replicas() > 1 ? 1 : 0;
+  meta.zero = g.replicas() > 1 ? ctx.cfg.optimizer.zero : 0;
   meta.virtual_stages = ctx.cfg.parallel.virtual_stages;
   meta.schedule = ctx.cfg.parallel.schedule;
   meta.optimizer = ctx.optimizer.name();

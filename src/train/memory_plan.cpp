@@ -1,13 +1,84 @@
 #include "train/memory_plan.hpp"
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
+#include <map>
 #include <set>
 
 #include "core/memory.hpp"
 #include "model/chunk.hpp"
+#include "parallel/data_parallel.hpp"
 #include "parallel/slot_plan.hpp"
 
 namespace relay {
+
+ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp) {
+  // The rank's parameters as the trainer hands them to GradBuckets (train/setup.cpp): first use in chunk and block
+  // order, with their placement; and every block that writes each.
+  const int tp = static_cast<int>(cfg.parallel.tp);
+  std::vector<BucketKey> keys;
+  std::map<std::string, size_t> key_of;
+  std::vector<std::vector<int>> writers;
+  for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
+    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
+      for (const ParamSpec& p : layout.blocks()[static_cast<size_t>(i)].params) {
+        auto [it, fresh] = key_of.insert({p.name, keys.size()});
+        if (fresh) {
+          const ParamPlacement pl = layout.placement(p.name, pp_rank, tp, tp_rank);
+          keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
+                          pl.tp_replicated});
+          writers.emplace_back();
+        }
+        writers[it->second].push_back(i);
+      }
+  const BucketLayout bl = layout_buckets(keys, cfg.parallel.bucket_mb, dp);
+  ZeroTwoBuckets z;
+  std::map<int, std::vector<int>> buckets_of_block;  // as GradBuckets::watch
+  for (size_t g = 0; g < bl.groups.size(); ++g) {
+    z.total_padded += bl.padded[g];
+    for (size_t k : bl.groups[g])
+      for (int w : writers[k]) {
+        auto& mine = buckets_of_block[w];
+        if (std::find(mine.begin(), mine.end(), int(g)) == mine.end()) mine.push_back(int(g));
+      }
+  }
+  std::vector<std::vector<int>> chunk_param_blocks;
+  for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp) {
+    chunk_param_blocks.emplace_back();
+    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
+      if (!layout.blocks()[static_cast<size_t>(i)].params.empty()) chunk_param_blocks.back().push_back(i);
+  }
+  const auto writes = zero2_writes(chunk_param_blocks, buckets_of_block);
+  // Replay one step's schedule through the pool as the chunks' hooks drive it (parallel/data_parallel.cpp).
+  Zero2Pool pool;
+  std::vector<int> open(bl.groups.size(), -1);
+  ScheduleShape shape = schedule_shape(cfg);
+  for (const Action& a : generate_schedule(shape, pp_rank)) {
+    if (a.op == Op::reduce_tied_grads || a.op == Op::optimizer_step) {
+      for (int old = pool.oldest(); old >= 0; old = pool.oldest()) pool.release(old);
+      continue;
+    }
+    if (a.op != Op::backward && a.op != Op::backward_weight) continue;
+    const ChunkRange& cr = layout.chunks[static_cast<size_t>(a.chunk)];
+    for (int i = cr.end; i-- > cr.begin;) {
+      auto it = writes.find(i);
+      if (it == writes.end()) continue;
+      for (const Zero2Write& w : it->second)
+        if (open[size_t(w.bucket)] < 0) open[size_t(w.bucket)] = pool.acquire(bl.padded[size_t(w.bucket)]);
+      for (const Zero2Write& w : it->second)
+        if (w.closes) {
+          pool.launch(open[size_t(w.bucket)]);
+          open[size_t(w.bucket)] = -1;
+          for (int old = pool.overflow(); old >= 0; old = pool.overflow()) pool.release(old);
+        }
+    }
+  }
+  z.pool_elements = 0;
+  for (int64_t c : pool.capacities()) z.pool_elements += c;
+  z.pool_buffers = static_cast<int64_t>(pool.capacities().size());
+  return z;
+}
 
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank) {
   // Replicas: the dp x cp ranks holding the same parameters (ZeRO shards over them); a rank's rows: its T / cp of
@@ -29,7 +100,14 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   const int64_t f32 = 4, act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
   const bool mixed = act != f32, wire = cfg.parallel.grad_reduce == GradReduce::bf16 && dp > 1;
   b.params = f32 * numel + (mixed ? act * numel : 0);
-  b.grads = f32 * numel + (zero ? f32 * numel / dp : 0) + (wire ? 2 * numel + (zero ? 2 * numel / dp : 0) : 0);
+  if (zero && cfg.optimizer.zero >= 2) {
+    // ZeRO-2 (parallel/data_parallel.hpp): the shard of every bucket, and the pool of the largest bucket's buffers.
+    const ZeroTwoBuckets z = zero2_buckets(cfg, layout, pp_rank, tp_rank, dp);
+    const int64_t pool = z.pool_elements + z.pool_elements / dp;  // each buffer and its piece of the sum
+    b.grads = f32 * z.total_padded / dp + f32 * pool + (wire ? 2 * pool : 0);
+  } else {
+    b.grads = f32 * numel + (zero ? f32 * numel / dp : 0) + (wire ? 2 * numel + (zero ? 2 * numel / dp : 0) : 0);
+  }
   const int64_t moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
   b.optimizer = moments * f32 * (zero ? numel / dp : numel);
   // Activations: the schedule's slots per chunk (parallel/slot_plan.hpp), a boundary pair per

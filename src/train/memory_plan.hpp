@@ -5,7 +5,8 @@
 // (every micro-batch slot of every chunk on the rank: block inputs and outputs, their gradients, the
 // blocks' saved intermediates, the loss's buffers; with train.recompute = "blocks" a transformer block
 // keeps its input only, plus one scratch set per chunk). Eval buffers and ZeRO's bucket padding (under
-// dp elements per bucket) are not in the prediction.
+// dp elements per bucket) are not in the prediction. Under ZeRO-2 the gradients are every bucket's shard
+// (padded) and the pool of in-flight bucket buffers (parallel/data_parallel.hpp), which are exact.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -19,6 +20,13 @@ struct MemoryBytes {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
   int64_t total() const { return params + grads + optimizer + activations; }
 };
+
+// ZeRO-2's gradient buckets on the rank at (pp_rank, tp_rank) with dp replicas: their padded sizes and the pool.
+struct ZeroTwoBuckets {
+  int64_t total_padded = 0;                   // every bucket, padded to a multiple of dp (the shards: / dp)
+  int64_t pool_buffers = 0, pool_elements = 0;  // the in-flight buffers a step allocates (Zero2Pool)
+};
+ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp);
 
 // The rank at (pp_rank, tp_rank) of the config's layout (every replica holds the same).
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank);

@@ -117,7 +117,7 @@ void setup_communicators(Run& r) {
   r.pp_comm = make_group_comm(r, r.grid.pp_comm, /*point_to_point=*/true);
   if (r.grid.tp > 1) {
     r.tp_comm = make_group_comm(r, r.grid.tp_comm, /*point_to_point=*/false);
-    r.tp = TensorParallel{r.tp_comm.get(), r.grid.tp, r.grid.tp_rank};
+    r.tp = TensorParallel{r.tp_comm.get(), r.grid.tp, r.grid.tp_rank, {}};
     if (r.cfg.parallel.sequence_parallel) r.tp.sp_rows = std::make_shared<Tensor>();  // one buffer for the rank
   }
   if (r.grid.cp > 1) {
@@ -187,6 +187,7 @@ void setup_data_and_model(Run& r) {
   }
   r.buckets = std::make_unique<GradBuckets>(*r.be, g.replicas() > 1 ? r.dp_comm.get() : nullptr, bucket_params,
                                             cfg.parallel.bucket_mb, cfg.optimizer.zero, cfg.parallel.grad_reduce);
+  for (auto& ch : r.chunks) r.buckets->watch(*ch);  // ZeRO-2: reduce-scatter each bucket as its blocks finish
   r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,
                                           lists[static_cast<size_t>(g.pp_rank)], r.mb_rows, r.layout.model.seq_len, B,

@@ -182,8 +182,10 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
               static_cast<long long>(cfg.parallel.virtual_stages), static_cast<long long>(cfg.train.micro_batches),
               static_cast<long long>(r.mb_rows), r.be->describe().c_str());
   if (cfg.optimizer.zero && g.replicas() > 1)
-    std::printf("relay: ZeRO-1: each of the %d replicas keeps 1/%d of the optimizer state and updates that piece\n",
-                g.replicas(), g.replicas());
+    std::printf("relay: ZeRO-%d: each of the %d replicas keeps 1/%d of the optimizer state%s and updates that piece\n",
+                cfg.optimizer.zero, g.replicas(), g.replicas(),
+                cfg.optimizer.zero >= 2 ? " and of the gradients (each bucket reduce-scattered as the backward makes it)"
+                                        : "");
   if (g.cp > 1)
     std::printf("relay: context parallelism: each sequence of %lld tokens is cut into %d chunks; rank i of a cp group "
                 "holds chunks i and %d - i (%lld tokens) and attends to the group's gathered keys and values\n",
