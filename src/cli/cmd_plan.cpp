@@ -159,6 +159,37 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
                 ck.c_str());
 }
 
+// The data-parallel collectives of a step on pp rank 0, tp rank 0 (the others alike): what each ZeRO stage moves over
+// the dp x cp replicas, as buffer bytes and the bytes a rank sends in a ring (all-reduce 2 (R - 1) / R of the buffer,
+// reduce-scatter and all-gather (R - 1) / R).
+void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
+  const int R = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp);
+  if (R <= 1) return;
+  const ZeroTwoBuckets z = zero2_buckets(cfg, layout, 0, 0, R);
+  const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4, ring = double(R - 1) / R;
+  const double grads = wire * double(z.total_padded), params = 4.0 * double(z.total_padded);
+  auto mb = [](double bytes) { return mib(static_cast<int64_t>(bytes)); };
+  std::printf("\ndata-parallel collectives per step on each rank (%d replicas, gradients in %s):\n", R,
+              wire == 2 ? "bf16" : "fp32");
+  const int zero = cfg.optimizer.zero;
+  if (zero == 0)
+    std::printf("  ZeRO-0: all-reduce of every gradient bucket after the backward: %s MiB, %s MiB sent\n",
+                mb(grads).c_str(), mb(2 * ring * grads).c_str());
+  if (zero == 1)
+    std::printf("  ZeRO-1: reduce-scatter of every gradient bucket after the backward (%s MiB, %s MiB sent) and "
+                "all-gather of the updated parameters (%s MiB, %s MiB sent): %s MiB sent, as ZeRO-0's all-reduce\n",
+                mb(grads).c_str(), mb(ring * grads).c_str(), mb(params).c_str(), mb(ring * params).c_str(),
+                mb(ring * (grads + params)).c_str());
+  if (zero >= 2)
+    std::printf("  ZeRO-2: %lld reduce-scatters of gradient buckets during the backward, each as its blocks finish, "
+                "every micro-batch (%s MiB, %s MiB sent), and all-gather of the updated parameters (%s MiB, %s MiB "
+                "sent): %.2fx ZeRO-1's bytes; the gradients held are the shard and %lld bucket buffers (%s MiB)\n",
+                static_cast<long long>(z.launches), mb(wire * double(z.launched_elements)).c_str(),
+                mb(ring * wire * double(z.launched_elements)).c_str(), mb(params).c_str(), mb(ring * params).c_str(),
+                (wire * double(z.launched_elements) + params) / (grads + params),
+                static_cast<long long>(z.pool_buffers), mb(4.0 * double(z.pool_elements)).c_str());
+}
+
 void print_sim(const char* title, const ScheduleShape& shape, const SimResult& sim) {
   std::printf("\n%s\n%s", title, render_grid(shape, sim).c_str());
   std::printf("bubble fraction %.4f (idle time / (ranks x makespan)); makespan %.4g\n", sim.bubble_fraction,
@@ -209,6 +240,7 @@ int run_plan_command(const PlanOptions& o) {
               describe_partition(layout.chunks, layout.blocks(), shape.pp).c_str());
   print_layout(cfg, layout);
   print_memory(cfg, layout);
+  print_data_parallel(cfg, layout);
   auto lists = generate_all(shape);
   SimResult eq = simulate(shape, lists, Costs{});
   print_sim("schedule with equal F, B and W costs (F = forward, B = backward-input, W = backward-weight):", shape, eq);

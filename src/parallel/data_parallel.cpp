@@ -60,7 +60,9 @@ std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vecto
 int Zero2Pool::acquire(int64_t elems) {
   int best = -1;
   for (size_t i = 0; i < cap_.size(); ++i)
-    if (free_[i] && cap_[i] >= elems && (best < 0 || cap_[i] < cap_[static_cast<size_t>(best)])) best = int(i);
+    if (free_[i] && cap_[i] >= elems && cap_[i] <= 2 * elems &&  // never a much larger buffer (the embedding's)
+        (best < 0 || cap_[i] < cap_[static_cast<size_t>(best)]))
+      best = int(i);
   if (best < 0) {
     cap_.push_back(elems);
     free_.push_back(false);

@@ -68,7 +68,8 @@ std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vecto
                                                     const std::map<int, std::vector<int>>& buckets_of_block);
 
 // ZeRO-2's buffer pool as pure bookkeeping (GradBuckets follows it with real buffers; relay plan replays the
-// schedule through it): an opening bucket takes the smallest free buffer that fits, or a new one of its exact size;
+// schedule through it): an opening bucket takes the smallest free buffer that fits and is at most twice its size, or
+// a new one of its exact size;
 // a launched bucket's buffer stays in flight until reclaimed, oldest first, as soon as more than kInFlight are.
 class Zero2Pool {
  public:

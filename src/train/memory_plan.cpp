@@ -68,6 +68,8 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
         if (open[size_t(w.bucket)] < 0) open[size_t(w.bucket)] = pool.acquire(bl.padded[size_t(w.bucket)]);
       for (const Zero2Write& w : it->second)
         if (w.closes) {
+          ++z.launches;
+          z.launched_elements += bl.padded[size_t(w.bucket)];
           pool.launch(open[size_t(w.bucket)]);
           open[size_t(w.bucket)] = -1;
           for (int old = pool.overflow(); old >= 0; old = pool.overflow()) pool.release(old);

@@ -25,6 +25,7 @@ struct MemoryBytes {
 struct ZeroTwoBuckets {
   int64_t total_padded = 0;                   // every bucket, padded to a multiple of dp (the shards: / dp)
   int64_t pool_buffers = 0, pool_elements = 0;  // the in-flight buffers a step allocates (Zero2Pool)
+  int64_t launches = 0, launched_elements = 0;  // a step's reduce-scatters and their summed sizes
 };
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp);
 
