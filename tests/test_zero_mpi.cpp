@@ -30,12 +30,12 @@ struct Case {
   int zero = 2, dp = 2, tp = 1, pp = 1, cp = 1;
   std::string schedule = "1f1b";
   int m = 2;
-  bool recompute = false;
+  bool recompute = false, keep = false;  // keep: parallel.reshard_after_forward = false
   int ranks() const { return dp * cp * tp * pp; }
   std::string name() const {
     std::string s = model + "_zero" + std::to_string(zero) + "_dp" + std::to_string(dp) + "_tp" + std::to_string(tp) +
                     "_pp" + std::to_string(pp) + "_cp" + std::to_string(cp) + "_" + schedule + "_m" +
-                    std::to_string(m) + (recompute ? "_recompute" : "");
+                    std::to_string(m) + (recompute ? "_recompute" : "") + (keep ? "_keep" : "");
     for (auto& c : s) if (c == '-') c = '_';
     return s;
   }
@@ -58,7 +58,8 @@ std::vector<std::string> case_overrides(const Case& c, const std::string& run) {
                        "parallel.pp=" + std::to_string(c.pp), "parallel.schedule=" + quoted(c.schedule),
                        "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
                        "train.micro_batches=" + std::to_string(c.m), "optimizer.zero=" + std::to_string(c.zero),
-                       std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\"")});
+                       std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\""),
+                       std::string("parallel.reshard_after_forward=") + (c.keep ? "false" : "true")});
   return ov;
 }
 
@@ -76,6 +77,16 @@ std::vector<Case> all_cases() {
   add({"gpt", 2, 1, 1, 1, 2});                         // the replicas of cp 2
   add({"llama", 2, 2, 1, 1, 1, "1f1b", 2, true});
   add({"llama", 2, 2, 2, 2, 1, "1f1b", 2});            // dp x tp x pp
+  // ZeRO-3: the same compositions; under pp > 1 a stage's parameters stay gathered for the step.
+  const size_t two = out.size();
+  for (size_t i = 0; i < two; ++i) {
+    Case c = out[i];
+    c.zero = 3;
+    out.push_back(c);
+  }
+  Case keep{"gpt", 3, 2};
+  keep.keep = true;
+  add(keep);
   return out;
 }
 
@@ -124,7 +135,7 @@ TEST_P(ZeroStages, MatchesSerialRun) {
   const std::string run = dir_->file(c.name());
   RunResult r = train(c.ranks(), problem_.config, case_overrides(c, run));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "ZeRO-2: each of the ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "ZeRO-" + std::to_string(c.zero) + ": each of the ")) << r.output;
   const auto losses = read_losses(run), norms = read_grad_norms(run);
   const auto &ref = serial_losses_[c.model], &ref_norms = serial_norms_[c.model];
   ASSERT_EQ(losses.size(), ref.size());
@@ -228,9 +239,9 @@ TEST(ZeroRuns, BadStagesAreNamed) {
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"optimizer.zero=4", "optimizer.zero: must be a ZeRO stage 0, 1 or 2, got 4"},
-      {"optimizer.zero=\"two\"", "optimizer.zero: expected a ZeRO stage 0, 1 or 2 (or true / false), got string"},
-      {"optimizer.zero=3", "optimizer.zero: 3 (ZeRO-3, sharded parameters) is not available yet"}};
+      {"optimizer.zero=4", "optimizer.zero: must be a ZeRO stage 0, 1, 2 or 3, got 4"},
+      {"optimizer.zero=\"two\"", "optimizer.zero: expected a ZeRO stage 0, 1, 2 or 3 (or true / false), got string"},
+      {"parallel.reshard_after_forward=1", "parallel.reshard_after_forward: expected true or false, got integer"}};
   for (auto& [setting, message] : bad) {
     RunResult r = train(2, p.config, {"run.dir=" + quoted(dir.file("bad")), "parallel.dp=2", setting}, 60);
     EXPECT_EQ(r.exit_code, 1) << r.output;

@@ -321,15 +321,12 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   opt.real("eps", c.optimizer.eps, 0, 1, true);
   opt.real("weight_decay", c.optimizer.weight_decay, 0, 1e6);
   opt.real("momentum", c.optimizer.momentum, 0, 1);
-  if (auto* z = opt.get("zero")) {  // a stage 0..2, or true / false (1 / 0, as before stages)
+  if (auto* z = opt.get("zero")) {  // a stage 0..3, or true / false (1 / 0, as before stages)
     if (z->is_boolean()) c.optimizer.zero = z->value<bool>().value() ? 1 : 0;
-    else if (!z->is_integer()) opt.fail("zero", cat("expected a ZeRO stage 0, 1 or 2 (or true / false), got ", type_name(*z)));
+    else if (!z->is_integer()) opt.fail("zero", cat("expected a ZeRO stage 0, 1, 2 or 3 (or true / false), got ", type_name(*z)));
     else {
       const int64_t v = z->value<int64_t>().value();
-      if (v == 3)
-        opt.fail("zero", "3 (ZeRO-3, sharded parameters) is not available yet; stage 2 shards the gradients and the "
-                         "optimizer state");
-      if (v < 0 || v > 2) opt.fail("zero", cat("must be a ZeRO stage 0, 1 or 2, got ", v));
+      if (v < 0 || v > 3) opt.fail("zero", cat("must be a ZeRO stage 0, 1, 2 or 3, got ", v));
       c.optimizer.zero = int(v);
     }
   }
@@ -347,7 +344,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
 
   Section par(tab("parallel"), "parallel", source,
               {"dp", "pp", "tp", "cp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "grad_reduce",
-               "timeout", "sequence_parallel"});
+               "timeout", "sequence_parallel", "reshard_after_forward"});
   par.integer("dp", c.parallel.dp, 1, 1 << 20);
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
   par.integer("cp", c.parallel.cp, 1, 1 << 12);
@@ -366,6 +363,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.real("bucket_mb", c.parallel.bucket_mb, 0, 1e6, true);
   par.choice("comm", c.parallel.comm, {"auto", "nccl", "mpi"});
   par.enum_choice("grad_reduce", c.parallel.grad_reduce, kGradReduceNames);
+  par.boolean("reshard_after_forward", c.parallel.reshard_after_forward);
   par.str("timeout", c.parallel.timeout);
   if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, source + ": parallel.timeout");
   if (c.parallel.tp > 1) {
@@ -505,7 +503,8 @@ std::string Config::to_toml() const {
     o << "]\n";
   }
   o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm)
-    << "\ngrad_reduce = " << q(grad_reduce_name(parallel.grad_reduce)) << "\ntimeout = "
+    << "\ngrad_reduce = " << q(grad_reduce_name(parallel.grad_reduce))
+    << "\nreshard_after_forward = " << (parallel.reshard_after_forward ? "true" : "false") << "\ntimeout = "
     << q(parallel.timeout) << "\n\n";
   o << "[log]\ntensorboard = " << (log.tensorboard ? "true" : "false") << "\n\n";
   if (trace.on()) o << "[trace]\nsteps = [" << trace.first << ", " << trace.last << "]\n\n";

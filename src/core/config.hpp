@@ -73,7 +73,8 @@ struct Config {
     double weight_decay = 0.01;
     double momentum = 0.0;
     // ZeRO stage over the dp (x cp) replicas: 0 none; 1 optimizer state sharded; 2 gradients too (reduce-scattered
-    // per bucket as the backward makes them). true / false mean 1 / 0.
+    // per bucket as the backward makes them); 3 parameters too (each block's gathered while it runs). true / false
+    // mean 1 / 0.
     int zero = 0;
   } optimizer;
   struct LrSchedule {
@@ -92,6 +93,9 @@ struct Config {
     double bucket_mb = 25.0;
     std::string comm = "auto";      // auto | nccl | mpi
     GradReduce grad_reduce = GradReduce::fp32;  // the gradient all-reduce / reduce-scatter wire type
+    // ZeRO-3 on one pipeline stage: free a block's gathered parameters after its forward (and gather them again
+    // for its backward); false keeps them from first use to the end of the step (always so when pp > 1).
+    bool reshard_after_forward = true;
     std::string timeout = "10m";    // progress watchdog; "0" = off
   } parallel;
   struct Log {

@@ -36,5 +36,8 @@ void mem_account(MemKind k, int64_t bytes) {
 
 int64_t mem_bytes(MemKind k) { return held[static_cast<int>(k)].load(); }
 int64_t mem_peak_bytes(MemKind k) { return peak[static_cast<int>(k)].load(); }
+void mem_reset_peaks() {
+  for (int i = 0; i < static_cast<int>(MemKind::count); ++i) peak[i].store(held[i].load());
+}
 
 }  // namespace relay

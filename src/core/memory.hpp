@@ -25,5 +25,6 @@ MemKind current_mem_kind();
 void mem_account(MemKind k, int64_t bytes);  // + on allocation, - when freed
 int64_t mem_bytes(MemKind k);                 // held now
 int64_t mem_peak_bytes(MemKind k);            // the most held at once so far
+void mem_reset_peaks();                       // from now on: peaks count from what is held now
 
 }  // namespace relay

@@ -157,12 +157,23 @@ Tensor ModelChunk::input_grad(int mb, int64_t rows) {
   return grad(slot(mb, rows), 0, rows);
 }
 
+void ModelChunk::params_in(size_t k, int64_t next) {
+  if (!hooks_ || blocks_[k]->params().empty()) return;
+  hooks_->before_params(blocks_[k]->spec().index);
+  if (next >= 0 && next < int64_t(blocks_.size())) hooks_->prefetch_params(blocks_[size_t(next)]->spec().index);
+}
+void ModelChunk::params_out(size_t k) {
+  if (hooks_ && !blocks_[k]->params().empty()) hooks_->after_params(blocks_[k]->spec().index);
+}
+
 Tensor ModelChunk::forward(int mb, int64_t rows) {
   Slot& sl = slot(mb, rows);
   for (size_t k = 0; k < blocks_.size(); ++k) {
     Tensor y = act(sl, k + 1, rows);
     hand_documents(sl, k, rows);
+    params_in(k, int64_t(k) + 1);
     blocks_[k]->forward(be_, act(sl, k, rows), y, saved(sl, k));
+    params_out(k);
   }
   return act(sl, blocks_.size(), rows);
 }
@@ -175,7 +186,9 @@ Tensor ModelChunk::backward_input(int mb, int64_t rows) {
     if (!needs_input_grad(k)) break;
     Tensor dx = grad(sl, k, rows);
     hand_documents(sl, k, rows);
+    params_in(k, int64_t(k) - 1);
     blocks_[k]->backward_input(be_, act(sl, k, rows), grad(sl, k + 1, rows), dx, sl.saved[k]);
+    params_out(k);
   }
   return is_first_ ? Tensor() : grad(sl, 0, rows);
 }
@@ -202,6 +215,7 @@ Tensor ModelChunk::backward(int mb, int64_t rows) {
     Tensor x = act(sl, k, rows), dy = grad(sl, k + 1, rows);
     BlockSaved& sv = saved(sl, k);
     hand_documents(sl, k, rows);
+    params_in(k, int64_t(k) - 1);
     if (recomputed_[k]) {  // the forward again, from the kept input; its output (already used) is dropped
       Tensor y = scratch_out_.rows(0, out_rows(k, rows));
       blocks_[k]->forward(be_, x, y, sv);
@@ -212,6 +226,7 @@ Tensor ModelChunk::backward(int mb, int64_t rows) {
       blocks_[k]->backward_input(be_, x, dy, dx, sv);
     }
     if (!blocks_[k]->params().empty()) weight_grads(k, x, dy, sv);
+    params_out(k);
   }
   return is_first_ ? Tensor() : grad(sl, 0, rows);
 }

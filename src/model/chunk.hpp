@@ -32,13 +32,18 @@ struct ChunkBytes {
 // attention its q, k, v and gradients (rows each). 0 without context parallelism or attention blocks.
 int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows);
 
-// What runs around a block's work (ZeRO-2's per-bucket gradient reduce-scatter, parallel/data_parallel.hpp): the
-// block `block` (BlockSpec::index) is about to accumulate its parameter gradients of a micro-batch, and has.
+// What runs around a block's work (ZeRO-2 and 3, parallel/data_parallel.hpp); `block` is BlockSpec::index.
+// before/after_weight_grads: the block is about to accumulate its parameter gradients of a micro-batch, and has.
+// before/after_params: the block is about to read its parameters (its forward, or its backward: the recomputed
+// forward and the input gradient), and is done with them; prefetch_params: the block that runs next will.
 class BlockHooks {
  public:
   virtual ~BlockHooks() = default;
   virtual void before_weight_grads(int block) = 0;
   virtual void after_weight_grads(int block) = 0;
+  virtual void before_params(int) {}
+  virtual void after_params(int) {}
+  virtual void prefetch_params(int) {}
 };
 
 class ModelChunk {
@@ -117,6 +122,9 @@ class ModelChunk {
   void hand_documents(Slot& sl, size_t k, int64_t rows);
   // Block k's backward_weight, between the hooks.
   void weight_grads(size_t k, const Tensor& x, const Tensor& dy, BlockSaved& sv);
+  // The parameter hooks around block k's use of its parameters; `next` the block visited after it (-1: none).
+  void params_in(size_t k, int64_t next);
+  void params_out(size_t k);
 
   Backend& be_;
   int id_;

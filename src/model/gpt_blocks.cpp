@@ -299,8 +299,9 @@ class Head final : public Block {
     ln_w_ = params_[0];
     ln_b_ = spec.bias ? params_[1] : nullptr;
     w_ = params_.back();
+    out_width_ = w_->value.size(0);  // known before ZeRO-3 shards the weight away
   }
-  int64_t out_width() const override { return w_->value.size(0); }
+  int64_t out_width() const override { return out_width_; }
   // Under sequence parallelism every buffer holds this rank's m = n / tp rows.
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n) {
     const DType a = spec.dtype, f32 = DType::f32;
@@ -357,6 +358,7 @@ class Head final : public Block {
  private:
   TensorParallel tp_;
   Param *ln_w_, *ln_b_, *w_;
+  int64_t out_width_ = 0;  // this rank's vocabulary columns
   Tensor zero_, dbeta_scratch_;
   SpNormGrads norm_grads_;  // sequence parallelism: the final norm's weight (and bias) gradients
 };

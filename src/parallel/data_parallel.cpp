@@ -82,8 +82,9 @@ void Zero2Pool::release(int buffer) {
 }
 
 GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-                         int zero, GradReduce wire)
+                         int zero, GradReduce wire, bool reshard)
     : be_(be), comm_(comm), zero_(zero >= 1 && comm != nullptr), per_micro_batch_(zero >= 2 && comm != nullptr),
+      zero3_(zero >= 3 && comm != nullptr), reshard_(reshard),
       bf16_wire_(wire == GradReduce::bf16 && comm != nullptr) {
   MemoryScope scope(MemKind::grads);
   std::vector<BucketKey> keys;
@@ -105,7 +106,12 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
       if (zero_) b.wire_shard = Tensor(be, {padded / dp}, DType::bf16);
     }
     const bool has_work = params[g.front()].param->work.defined();
-    if (zero_) {
+    b.work_dtype = has_work ? params[g.front()].param->work.dtype() : DType::f32;
+    if (zero3_) {  // this rank's piece of the masters; nothing whole
+      MemoryScope as_params(MemKind::params);
+      b.master = Tensor(be, {padded / dp});
+      be.fill(b.master, 0.f);  // the padding
+    } else if (zero_) {
       MemoryScope as_params(MemKind::params);  // the parameters' new home
       b.values = Tensor(be, {padded});
       be.fill(b.values, 0.f);  // the padding
@@ -116,7 +122,16 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
       Param* p = params[i].param;
       const int64_t n = p->value.numel();
       if (!per_micro_batch_) p->grad = b.flat.rows(at, n).view(p->value.shape());
-      if (zero_) {  // the parameter moves into the bucket's flat buffer, initial values and all
+      if (zero3_) {  // its elements in this rank's piece move into the masters; the whole copy is freed
+        const int64_t lo = (padded / dp) * comm_->rank(), a = std::max(lo, at), e = std::min(lo + padded / dp, at + n);
+        if (a < e) {
+          Tensor dst = b.master.rows(a - lo, e - a);
+          be.copy(dst, p->value.view({n}).rows(a - at, e - a));
+        }
+        b.shapes.push_back(p->value.shape());
+        p->value = Tensor();
+        p->work = Tensor();
+      } else if (zero_) {  // the parameter moves into the bucket's flat buffer, initial values and all
         Tensor v = b.values.rows(at, n).view(p->value.shape());
         be.copy(v, p->value);
         p->value = v;
@@ -126,6 +141,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
           p->work = w;
         }
       }
+      if (!zero3_) b.shapes.push_back(p->value.shape());
       bucket_of_[p] = static_cast<int>(buckets_.size());
       b.members.push_back({p, at});
       at += n;
@@ -174,7 +190,70 @@ void GradBuckets::before_weight_grads(int block) {
     PoolBuffer& pb = pool_[static_cast<size_t>(b.buffer)];
     Tensor flat = pb.flat.rows(0, b.padded);
     be_.fill(flat, 0.f);
-    for (auto& [p, at] : b.members) p->grad = flat.rows(at, p->value.numel()).view(p->value.shape());
+    for (size_t i = 0; i < b.members.size(); ++i) {
+      auto& [p, at] = b.members[i];
+      p->grad = flat.rows(at, shape_numel(b.shapes[i])).view(b.shapes[i]);
+    }
+  }
+}
+
+void GradBuckets::start_gather(Bucket& b) {
+  if (b.full.defined()) return;  // gathered, or on its way
+  MemoryScope scope(MemKind::params);
+  const int64_t piece = b.master.numel();
+  b.full = Tensor(be_, {b.padded}, b.work_dtype);
+  Tensor mine = b.full.rows(piece * comm_->rank(), piece);
+  if (b.work_dtype == DType::f32) be_.copy(mine, b.master);
+  else be_.convert(b.master, mine);
+  b.gather = comm_->iallgather(b.full);
+  b.gather->what = "the ZeRO-3 parameter all-gather";
+}
+
+void GradBuckets::finish_gather(Bucket& b) {
+  start_gather(b);
+  if (!b.gather) return;  // ready
+  b.gather->wait();
+  b.gather.reset();
+  for (size_t i = 0; i < b.members.size(); ++i) {
+    auto& [p, at] = b.members[i];
+    Tensor v = b.full.rows(at, shape_numel(b.shapes[i])).view(b.shapes[i]);
+    (b.work_dtype == DType::f32 ? p->value : p->work) = v;
+  }
+}
+
+void GradBuckets::release(Bucket& b) {
+  if (b.gather) b.gather->wait();  // a prefetch nobody used
+  b.gather.reset();
+  b.full = Tensor();
+  for (auto& [p, at] : b.members) p->value = p->work = Tensor();
+}
+
+void GradBuckets::before_params(int block) {
+  if (!zero3_) return;
+  auto it = buckets_of_block_.find(block);
+  if (it == buckets_of_block_.end()) return;
+  for (int bi : it->second) {
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    finish_gather(b);
+    ++b.users;
+  }
+}
+
+void GradBuckets::prefetch_params(int block) {
+  if (!zero3_) return;
+  auto it = buckets_of_block_.find(block);
+  if (it == buckets_of_block_.end()) return;
+  for (int bi : it->second) start_gather(buckets_[static_cast<size_t>(bi)]);
+}
+
+void GradBuckets::after_params(int block) {
+  if (!zero3_) return;
+  auto it = buckets_of_block_.find(block);
+  if (it == buckets_of_block_.end()) return;
+  for (int bi : it->second) {
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    RELAY_ASSERT(b.users > 0, "ZeRO-3: block " << block << " let go of parameters it did not hold");
+    if (--b.users == 0 && reshard_) release(b);
   }
 }
 
@@ -258,10 +337,14 @@ std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
         out.push_back(whole(p));
         continue;
       }
-      const int64_t lo = own_begin(b), hi = lo + b.shard.numel(), n = p->value.numel();
+      const int64_t lo = own_begin(b), hi = lo + b.shard.numel();
+      int64_t n = 0;
+      for (size_t k = 0; k < b.members.size(); ++k)
+        if (b.members[k].first == p) n = shape_numel(b.shapes[k]);
       const int64_t a = std::max(lo, at), e = std::min(hi, at + n);
       if (a >= e) continue;  // another replica's piece
-      out.push_back({p, b.values.rows(a, e - a), b.shard.rows(a - lo, e - a), a - at, Tensor()});  // work: gather_params
+      Tensor value = zero3_ ? b.master.rows(a - lo, e - a) : b.values.rows(a, e - a);
+      out.push_back({p, value, b.shard.rows(a - lo, e - a), a - at, Tensor()});  // work: gathered when used
     }
   return out;
 }
@@ -274,6 +357,13 @@ Tensor GradBuckets::reduced_grad(Param* p) {
 }
 
 void GradBuckets::gather_params() {
+  if (zero3_) {  // the masters changed: any gathered copy is stale
+    for (Bucket& b : buckets_) {
+      RELAY_ASSERT(b.users == 0, "ZeRO-3: parameters still in use after the step");
+      release(b);
+    }
+    return;
+  }
   if (!zero_) return;
   std::vector<RequestPtr> reqs;
   for (Bucket& b : buckets_) {

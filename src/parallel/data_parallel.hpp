@@ -14,6 +14,12 @@
 // bucket to bf16 for the all-reduce / reduce-scatter (half the bytes) and widens the sum back. Under ZeRO
 // with bf16 working weights, each bucket also holds the working copies, refreshed after the all-gather.
 //
+// ZeRO-3 (optimizer.zero = 3; FSDP's design, Zhao et al., arXiv:2304.11277): the parameters are sharded too. Every
+// block is a bucket of its own (a unit), whose fp32 masters this rank holds 1/dp of (the optimizer updates them); a
+// block about to run gathers its units in the working dtype (one all-gather each, the next block's issued ahead) and
+// frees them when done (parallel.reshard_after_forward; kept to the end of the step otherwise, and always under
+// pp > 1); gradients as ZeRO-2. Outside a block's run a parameter's value and working copy are undefined.
+//
 // ZeRO-2 (optimizer.zero = 2): a rank keeps only its shard of each bucket's summed gradient. A bucket's gradients
 // live in a pooled buffer from the moment the backward first writes one of them in a micro-batch (the chunk's
 // BlockHooks) until its last writer block is done, when the buffer is reduce-scattered (that micro-batch's
@@ -89,20 +95,25 @@ class Zero2Pool {
 
 class GradBuckets : public BlockHooks {
  public:
-  // comm is null when dp == 1 (then nothing is communicated). zero: the ZeRO stage 0, 1 or 2 (1, 2 need comm).
+  // comm is null when dp == 1 (then nothing is communicated). zero: the ZeRO stage 0 to 3 (1 to 3 need comm).
   // wire: the dtype gradients travel in (parallel.grad_reduce); they are kept and summed into f32 either way.
+  // reshard: ZeRO-3 frees a block's gathered parameters as soon as it is done with them.
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-              int zero = 0, GradReduce wire = GradReduce::fp32);
+              int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true);
+  bool params_sharded() const { return zero3_; }
   bool sharded() const { return zero_; }
   // ZeRO-2: learn which blocks write each bucket and hook the chunk's backward (before its first step).
   void watch(ModelChunk& chunk);
   void before_weight_grads(int block) override;
   void after_weight_grads(int block) override;
+  void before_params(int block) override;
+  void after_params(int block) override;
+  void prefetch_params(int block) override;
   // What the optimizer updates: every parameter whole, or (ZeRO) the pieces this replica owns.
   std::vector<OptimSlice> optimizer_slices() const;
   // A tied parameter's reduced gradient that the pair sums: its gradient, or (ZeRO) its owned piece.
   Tensor reduced_grad(Param* p);
-  // ZeRO: all-gather the updated parameters (blocking); nothing otherwise.
+  // ZeRO-1, 2: all-gather the updated parameters (blocking); ZeRO-3: free any still gathered (they are stale).
   void gather_params();
   void zero();                    // start of a step
   void launch_chunk(int chunk);   // allreduce_grads(chunk): start the chunk's all-reduces
@@ -125,6 +136,12 @@ class GradBuckets : public BlockHooks {
     Tensor work;           // ZeRO under bf16: (padded) the parameters' bf16 working copies
     Tensor wire, wire_shard;  // grad_reduce = "bf16": (padded) and (padded / dp) bf16 copies that travel
     std::vector<std::pair<Param*, int64_t>> members;  // each parameter with its offset in flat
+    std::vector<Shape> shapes;                         // each member's (tp shard's) shape
+    Tensor master;       // ZeRO-3: (padded / dp) f32 this rank's piece of the parameters
+    Tensor full;         // ZeRO-3: (padded) working dtype, the gathered parameters while in use
+    RequestPtr gather;   // ZeRO-3: the all-gather in flight
+    int users = 0;       // ZeRO-3: blocks running on the gathered parameters
+    DType work_dtype = DType::f32;
     int chunk = 0;
     bool counts_in_norm = true;
     RequestPtr request;
@@ -143,12 +160,16 @@ class GradBuckets : public BlockHooks {
     int64_t launch_mark = 0;
   };
   void launch(Bucket& b);
+  void start_gather(Bucket& b);   // ZeRO-3: issue the unit's all-gather (if not gathered or in flight)
+  void finish_gather(Bucket& b);  // ZeRO-3: wait for it and point the parameters into it
+  void release(Bucket& b);        // ZeRO-3: free the gathered parameters
   void reclaim(int buffer);       // ZeRO-2: wait for its reduce-scatter and add the piece into the shard
   int64_t own_begin(const Bucket& b) const { return b.shard.numel() * comm_->rank(); }
   Backend& be_;
   Communicator* comm_;
   bool zero_;
-  bool per_micro_batch_;  // ZeRO-2
+  bool per_micro_batch_;  // ZeRO-2 and 3
+  bool zero3_ = false, reshard_ = true;
   bool bf16_wire_;
   std::vector<Bucket> buckets_;
   std::map<int, std::vector<int>> buckets_of_block_;  // ZeRO-2: block index -> buckets it writes

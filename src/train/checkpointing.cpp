@@ -41,6 +41,11 @@ struct LocalPiece {
   int64_t offset = 0;
 };
 LocalPiece local_piece(CheckpointContext& ctx, const std::string& name) {
+  if (name.rfind("model/", 0) == 0 && !ctx.param_pieces.empty()) {  // ZeRO-3: the piece of the masters held here
+    for (auto& sl : ctx.param_pieces)
+      if (sl.param->name == name.substr(6)) return {&sl.value, sl.offset};
+    return {};
+  }
   if (name.rfind("model/", 0) == 0) return {&ctx.params.at(name.substr(6))->value, 0};
   for (auto& st : ctx.optimizer.state())
     if (name == "optimizer/" + st.kind + "/" + st.param) return {st.tensor, st.offset};
@@ -52,7 +57,8 @@ int64_t shard_numel(const ManifestEntry& e, const ProcessGrid& g, int tp_rank) {
   return shape_numel(shard_shape(e.shape, e.split, g.tp, tp_rank));
 }
 bool zero_sharded(CheckpointContext& ctx, const ManifestEntry& e) {
-  return ctx.cfg.optimizer.zero && ctx.grid.replicas() > 1 && e.name.rfind("optimizer/", 0) == 0;
+  if (!ctx.cfg.optimizer.zero || ctx.grid.replicas() <= 1) return false;
+  return e.name.rfind("optimizer/", 0) == 0 || (ctx.cfg.optimizer.zero >= 3 && e.name.rfind("model/", 0) == 0);
 }
 
 // Collective over this rank's replica group (ranks of the owning stage): this tp rank's shard of the
@@ -260,13 +266,15 @@ void load_init_from(CheckpointContext& ctx, const std::string& path) {
   for (auto& [name, param] : ctx.params) {
     buf.resize(static_cast<size_t>(shape_numel(param->full_shape)));
     src.read(name, param->full_shape, buf.data());
-    if (param->sharded()) {
-      shard.resize(static_cast<size_t>(param->value.numel()));
+    const float* src = buf.data();
+    if (ctx.grid.tp > 1 && !param->split.replicated()) {
+      shard.resize(static_cast<size_t>(shape_numel(shard_shape(param->full_shape, param->split, ctx.grid.tp,
+                                                               ctx.grid.tp_rank))));
       extract_shard(buf.data(), param->full_shape, param->split, ctx.grid.tp, ctx.grid.tp_rank, shard.data());
-      ctx.be.upload(param->value, shard.data());
-    } else {
-      ctx.be.upload(param->value, buf.data());
+      src = shard.data();
     }
+    LocalPiece lp = local_piece(ctx, "model/" + name);  // the whole tp shard, or (ZeRO-3) this rank's piece of it
+    if (lp.tensor) ctx.be.upload(*lp.tensor, src + lp.offset);
   }
 }
 

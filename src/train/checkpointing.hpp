@@ -29,6 +29,8 @@ struct CheckpointContext {
   Optimizer& optimizer;
   int64_t samples = 0;  // training set size (sampler position)
   std::string tokenizer;  // a GPT model's data tokenizer ("bytes" | "gpt2" | "hf"), stored for `relay generate`
+  // ZeRO-3: this rank's pieces of the parameters (GradBuckets::optimizer_slices), which hold them; empty otherwise.
+  std::vector<OptimSlice> param_pieces = {};
 };
 
 // Every tensor a checkpoint of this model and optimizer holds, with its owning pipeline rank.

@@ -32,7 +32,7 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
         }
         writers[it->second].push_back(i);
       }
-  const BucketLayout bl = layout_buckets(keys, cfg.parallel.bucket_mb, dp);
+  const BucketLayout bl = layout_buckets(keys, zero_bucket_mb(cfg), dp);
   ZeroTwoBuckets z;
   std::map<int, std::vector<int>> buckets_of_block;  // as GradBuckets::watch
   for (size_t g = 0; g < bl.groups.size(); ++g) {
@@ -102,9 +102,12 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   const int64_t f32 = 4, act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
   const bool mixed = act != f32, wire = cfg.parallel.grad_reduce == GradReduce::bf16 && dp > 1;
   b.params = f32 * numel + (mixed ? act * numel : 0);
+  ZeroTwoBuckets z;
+  if (zero && cfg.optimizer.zero >= 2) z = zero2_buckets(cfg, layout, pp_rank, tp_rank, dp);
+  if (zero && cfg.optimizer.zero >= 3) b.params = f32 * z.total_padded / dp;  // the masters' pieces; blocks gathered
+                                                                              // while they run (freed after the step)
   if (zero && cfg.optimizer.zero >= 2) {
     // ZeRO-2 (parallel/data_parallel.hpp): the shard of every bucket, and the pool of the largest bucket's buffers.
-    const ZeroTwoBuckets z = zero2_buckets(cfg, layout, pp_rank, tp_rank, dp);
     const int64_t pool = z.pool_elements + z.pool_elements / dp;  // each buffer and its piece of the sum
     b.grads = f32 * z.total_padded / dp + f32 * pool + (wire ? 2 * pool : 0);
   } else {

@@ -21,6 +21,9 @@ struct MemoryBytes {
   int64_t total() const { return params + grads + optimizer + activations; }
 };
 
+// The gradient buckets' size limit: parallel.bucket_mb, or under ZeRO-3 0 (a bucket per block: the gather unit).
+inline double zero_bucket_mb(const Config& cfg) { return cfg.optimizer.zero >= 3 ? 0.0 : cfg.parallel.bucket_mb; }
+
 // ZeRO-2's gradient buckets on the rank at (pp_rank, tp_rank) with dp replicas: their padded sizes and the pool.
 struct ZeroTwoBuckets {
   int64_t total_padded = 0;                   // every bucket, padded to a multiple of dp (the shards: / dp)

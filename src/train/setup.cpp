@@ -8,6 +8,7 @@
 #include "comm/mpi_check.hpp"
 #include "core/error.hpp"
 #include "parallel/simulator.hpp"
+#include "train/memory_plan.hpp"
 #include "train/run_state.hpp"
 #ifdef RELAY_HAVE_CUDA
 #include "comm/nccl_communicator.hpp"
@@ -186,7 +187,8 @@ void setup_data_and_model(Run& r) {
                                     compute_dtype(cfg.train.precision));
   }
   r.buckets = std::make_unique<GradBuckets>(*r.be, g.replicas() > 1 ? r.dp_comm.get() : nullptr, bucket_params,
-                                            cfg.parallel.bucket_mb, cfg.optimizer.zero, cfg.parallel.grad_reduce);
+                                            zero_bucket_mb(cfg), cfg.optimizer.zero, cfg.parallel.grad_reduce,
+                                            cfg.parallel.reshard_after_forward && g.pp == 1);
   for (auto& ch : r.chunks) r.buckets->watch(*ch);  // ZeRO-2: reduce-scatter each bucket as its blocks finish
   r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,

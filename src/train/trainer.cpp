@@ -3,6 +3,8 @@
 // (the loss, stop flag and gradient norm are reduced every step).
 #include "train/trainer.hpp"
 
+#include "core/memory.hpp"
+
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -16,6 +18,7 @@
 
 #include "backend/gpu_peaks.hpp"
 #include "comm/agree.hpp"
+#include "core/memory.hpp"
 #include "comm/watchdog.hpp"
 #include "train/checkpoint_writer.hpp"
 #include "train/checkpointing.hpp"
@@ -155,7 +158,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   r.optimizer->step(res.lr);
   r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica
   span("optimizer", "optimizer_step", kTrackCompute, m_opt);  // norm, reductions, clipping, update
-  if (r.verify_tied) verify_tied_copies(r, step);
+  if (r.verify_tied && !r.buckets->params_sharded()) verify_tied_copies(r, step);
   return res;
 }
 
@@ -250,18 +253,19 @@ void write_trace(Run& r) {
 void report_memory(Run& r) {
   const ProcessGrid& g = r.grid;
   const MemoryBytes got = measured_memory(), want = predict_memory(r.cfg, r.layout, g.pp_rank, g.tp_rank);
-  int64_t mine[8] = {got.params, got.grads, got.optimizer, got.activations,
-                     want.params, want.grads, want.optimizer, want.activations};
+  // The step's peak of parameter bytes (from setup's end): ZeRO-3's gathered blocks at their most.
+  int64_t mine[9] = {got.params, got.grads, got.optimizer, got.activations,
+                     want.params, want.grads, want.optimizer, want.activations, mem_peak_bytes(MemKind::params)};
   const std::vector<std::byte> bytes = r.world->gather_host(mine, sizeof mine, 0, nullptr, "the memory report");
   if (g.world_rank != 0) return;
-  std::vector<int64_t> all(8 * static_cast<size_t>(g.world_size));  // (world_size x 8)
+  std::vector<int64_t> all(9 * static_cast<size_t>(g.world_size));  // (world_size x 9)
   std::memcpy(all.data(), bytes.data(), bytes.size());
   static const char* kinds[4] = {"params", "grads", "optimizer", "activations"};
   nlohmann::json ranks = nlohmann::json::array();
   std::string table = "relay: memory per rank after the first step, MiB measured (predicted by relay plan)\n"
                       "  rank              params          grads       optimizer     activations\n";
   for (int w = 0; w < g.world_size; ++w) {
-    const int64_t* v = all.data() + 8 * static_cast<size_t>(w);
+    const int64_t* v = all.data() + 9 * static_cast<size_t>(w);
     const GridCoord c = grid_coord(w, g.dp, g.tp, g.cp);
     nlohmann::json j = {{"rank", w}, {"dp", c.dp_rank}, {"tp", c.tp_rank}, {"pp", c.pp_rank}, {"cp", c.cp_rank}};
     char row[160];
@@ -270,6 +274,7 @@ void report_memory(Run& r) {
     for (int k = 0; k < 4; ++k) {
       j["measured"][kinds[k]] = v[k];
       j["predicted"][kinds[k]] = v[4 + k];
+      j["peak_params"] = v[8];
       std::snprintf(row, sizeof row, " %7s (%6s)", mib(v[k]).c_str(), mib(v[4 + k]).c_str());
       table += row;
     }
@@ -314,6 +319,7 @@ int run_training(const Config& cfg) {
   // Phase 3: resume, run directory, log.
   CheckpointContext ckpt{cfg, g, r.layout, *r.be, *r.world, *r.dp_comm, r.params, *r.optimizer, r.train_data.samples(),
                          r.train_data.tokens ? r.train_data.tokens->tokenizer() : std::string()};
+  if (r.buckets->params_sharded()) ckpt.param_pieces = r.buckets->optimizer_slices();  // ZeRO-3
   std::string resume_path;
   agree_on_errors(MPI_COMM_WORLD, [&] {
     resume_path = resolve_resume_path(cfg);
@@ -321,6 +327,7 @@ int run_training(const Config& cfg) {
     else if (!cfg.model.init_from.empty()) load_init_from(ckpt, cfg.model.init_from);
     for (auto& [name, p] : r.params) p->refresh_work(*r.be);  // bf16 copies of the loaded masters
   });
+  mem_reset_peaks();  // the step's peaks, not setup's (ZeRO-3 starts from whole parameters, then shards them)
   const std::string placement = placement_table(r);
   std::unique_ptr<MetricsLog> log;
   const RestartInfo restart = restart_from_env();
