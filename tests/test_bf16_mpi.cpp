@@ -73,12 +73,6 @@ std::vector<Layout> layouts() {
   add(2, 1, 1, "1f1b", 1, true);
   add(1, 1, 2, "1f1b", 2, false, true);
   add(2, 2, 2, "1f1b", 2, true, true, true);
-  // Context parallelism exchanges keys and values in bf16; sequence parallelism all-gathers and
-  // reduce-scatters bf16 activations between the tp ranks.
-  add(1, 1, 1, "1f1b", 1);
-  out.back().cp = 2;
-  add(1, 2, 1, "1f1b", 2, true, true);
-  out.back().cp = 2, out.back().sp = true;
   return out;
 }
 

@@ -185,13 +185,16 @@ TEST(ZeroRuns, OneMicroBatchIsZeroOneBitwiseTwiceAndResumes) {
   expect_tensors_within(read_checkpoint(c), read_checkpoint(a), kRel, kAbs, "ZeRO-2 dp 2 resumed on dp 1");
 }
 
-// Measured bytes per rank at dp 4 equal relay plan's prediction (1%) for stages 0, 1 and 2, and ZeRO-2's gradients
-// are the shard plus the pool of a few buckets: well under ZeRO-1's whole gradients plus shard.
+// Measured bytes per rank at dp 4 equal relay plan's prediction (1%) for stages 0 to 3, and so does the step's peak
+// of parameter bytes (ZeRO-3: its masters' pieces and the gathered blocks at their most). ZeRO-2's gradients are the
+// shard plus a few buckets, well under ZeRO-1's whole gradients plus shard; ZeRO-3's parameters, gradients and
+// optimizer state come within 1.1x of stage 0's over dp, plus the gathered blocks and the gradient buffers in flight
+// (each about two blocks).
 TEST(ZeroRuns, MemoryPerRankAsPlanned) {
   TempDir dir;
   Problem p = make_gpt_problem(dir.path(), 8193, 96, 64);
-  std::map<int, double> grads;  // by stage: rank 0's measured gradient bytes
-  for (int zero : {0, 1, 2}) {
+  std::map<int, nlohmann::json> rank0;  // by stage
+  for (int zero : {0, 1, 2, 3}) {
     const std::string run = dir.file("zero" + std::to_string(zero));
     RunResult r = train(4, p.config,
                         {"run.dir=" + quoted(run), "model.n_embd=64", "model.n_head=4", "model.n_layer=12", "parallel.dp=4",
@@ -201,16 +204,25 @@ TEST(ZeroRuns, MemoryPerRankAsPlanned) {
     auto j = nlohmann::json::parse(read_file(run + "/memory.json"));
     ASSERT_EQ(j.at("bytes_per_rank").size(), 4u);
     for (auto& rank : j.at("bytes_per_rank"))
-      for (const char* k : {"params", "grads", "optimizer", "activations"}) {
+      for (const char* k : {"params", "grads", "optimizer", "activations", "peak_params"}) {
         const double got = rank.at("measured").at(k).get<double>(), want = rank.at("predicted").at(k).get<double>();
         EXPECT_NEAR(got, want, 0.01 * want + 1024) << "zero " << zero << " rank " << rank.at("rank") << " " << k;
       }
-    grads[zero] = j.at("bytes_per_rank")[0].at("measured").at("grads").get<double>();
+    rank0[zero] = j.at("bytes_per_rank")[0].at("measured");
   }
-  std::printf("gradient bytes per rank at dp 4: zero 0 %.0f, zero 1 %.0f, zero 2 %.0f (%.2fx of zero 0)\n", grads[0],
-              grads[1], grads[2], grads[2] / grads[0]);
-  EXPECT_LT(grads[2], 0.6 * grads[0]);
-  EXPECT_GT(grads[1], grads[0]);
+  auto at = [&](int zero, const char* k) { return rank0[zero].at(k).get<double>(); };
+  auto states = [&](int zero) { return at(zero, "params") + at(zero, "grads") + at(zero, "optimizer"); };
+  const double gathered = at(3, "peak_params") - at(3, "params");
+  std::printf("bytes per rank at dp 4 (params, grads, optimizer; peak params):\n");
+  for (int zero : {0, 1, 2, 3})
+    std::printf("  zero %d: %9.0f %9.0f %9.0f; %9.0f\n", zero, at(zero, "params"), at(zero, "grads"),
+                at(zero, "optimizer"), at(zero, "peak_params"));
+  EXPECT_LT(at(2, "grads"), 0.6 * at(0, "grads"));
+  EXPECT_GT(at(1, "grads"), at(0, "grads"));
+  EXPECT_LT(at(3, "params"), 0.26 * at(0, "params"));  // 1/dp and the padding
+  EXPECT_GT(gathered, 0.0);
+  EXPECT_LE(states(3), 1.1 * states(0) / 4 + 2 * gathered) << "ZeRO-3 holds more than its shards and two blocks";
+  EXPECT_LT(states(3) + gathered, 0.55 * (states(1) + at(1, "peak_params") - at(1, "params")));
 }
 
 // The MLP, whose activation blocks hold no parameters (a bucket's writers are the parameter blocks the backward

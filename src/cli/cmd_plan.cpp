@@ -136,8 +136,8 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
   const int tp = static_cast<int>(cfg.parallel.tp);
   std::printf("\npredicted memory per rank, MiB (fp32; every replica the same%s%s):\n",
               cfg.optimizer.zero && cfg.parallel.dp * cfg.parallel.cp > 1
-                  ? cat("; ZeRO-", cfg.optimizer.zero, cfg.optimizer.zero >= 2 ? " gradients and" : "",
-                        " optimizer state sharded").c_str()
+                  ? cat("; ZeRO-", cfg.optimizer.zero, cfg.optimizer.zero >= 3 ? " parameters," : "",
+                        cfg.optimizer.zero >= 2 ? " gradients and" : "", " optimizer state sharded").c_str()
                   : "",
               cfg.train.recompute == "blocks" ? "; transformer blocks recomputed" : "");
   std::printf("  pp  tp      params       grads   optimizer activations       total\n");
@@ -146,6 +146,13 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
       const MemoryBytes b = predict_memory(cfg, layout, p, t);
       std::printf("  %2d  %2d %11s %11s %11s %11s %11s\n", p, t, mib(b.params).c_str(), mib(b.grads).c_str(),
                   mib(b.optimizer).c_str(), mib(b.activations).c_str(), mib(b.total()).c_str());
+    }
+  if (cfg.optimizer.zero >= 3 && cfg.parallel.dp * cfg.parallel.cp > 1)
+    for (int p = 0; p < layout.pp; ++p) {
+      const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, static_cast<int>(cfg.parallel.dp * cfg.parallel.cp));
+      std::printf("  pp %d: ZeRO-3's gathered parameters at their most, beyond the table (freed %s): %s MiB\n", p,
+                  cfg.parallel.pp > 1 || !cfg.parallel.reshard_after_forward ? "after the step" : "after each block",
+                  mib(int64_t(dtype_size(compute_dtype(cfg.train.precision))) * z.gathered_peak).c_str());
     }
   // Rank 0's host copy of a checkpoint (train/checkpoint_writer.hpp).
   const std::string ck = mib(checkpoint_bytes(layout, cfg.optimizer));
@@ -180,7 +187,29 @@ void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
                 "all-gather of the updated parameters (%s MiB, %s MiB sent): %s MiB sent, as ZeRO-0's all-reduce\n",
                 mb(grads).c_str(), mb(ring * grads).c_str(), mb(params).c_str(), mb(ring * params).c_str(),
                 mb(ring * (grads + params)).c_str());
-  if (zero >= 2)
+  const double act = double(dtype_size(compute_dtype(cfg.train.precision)));
+  if (zero >= 3 && cfg.parallel.pp > 1)
+    std::printf("  ZeRO-3 (pp > 1): the stage's parameters all-gathered once at their first use and kept for the step "
+                "(%s MiB, %s MiB sent), the step's whole gradients reduce-scattered once after the last micro-batch "
+                "(%s MiB, %s MiB sent): %.2fx ZeRO-1's bytes; gathered at once: %s MiB (the whole stage, in the working "
+                "dtype), gradients whole during the step\n",
+                mb(act * double(z.gathered_elements)).c_str(), mb(ring * act * double(z.gathered_elements)).c_str(),
+                mb(grads).c_str(), mb(ring * grads).c_str(), (act * double(z.gathered_elements) + grads) / (grads + params),
+                mb(act * double(z.gathered_peak)).c_str());
+  else if (zero >= 3)
+    std::printf("  ZeRO-3: each block's parameters all-gathered for its forward and again for its backward, every "
+                "micro-batch (%s MiB, %s MiB sent), and %lld gradient reduce-scatters as under ZeRO-2 (%s MiB, %s MiB "
+                "sent): %.2fx ZeRO-1's bytes (1.5x with one micro-batch in fp32: two gathers and a reduce-scatter of "
+                "every parameter against one of each; a parameter two blocks use, the tied embedding, twice each way); gathered at "
+                "once: at most %s MiB (%s, the next block's "
+                "prefetched), freed after each block\n",
+                mb(act * double(z.gathered_elements)).c_str(), mb(ring * act * double(z.gathered_elements)).c_str(),
+                static_cast<long long>(z.launches), mb(wire * double(z.launched_elements)).c_str(),
+                mb(ring * wire * double(z.launched_elements)).c_str(),
+                (act * double(z.gathered_elements) + wire * double(z.launched_elements)) / (grads + params),
+                mb(act * double(z.gathered_peak)).c_str(),
+                cfg.parallel.reshard_after_forward ? "two blocks" : "parallel.reshard_after_forward = false: every block");
+  if (zero == 2)
     std::printf("  ZeRO-2: %lld reduce-scatters of gradient buckets during the backward, each as its blocks finish, "
                 "every micro-batch (%s MiB, %s MiB sent), and all-gather of the updated parameters (%s MiB, %s MiB "
                 "sent): %.2fx ZeRO-1's bytes; the gradients held are the shard and %lld bucket buffers (%s MiB)\n",

@@ -82,9 +82,11 @@ void Zero2Pool::release(int buffer) {
 }
 
 GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-                         int zero, GradReduce wire, bool reshard)
-    : be_(be), comm_(comm), zero_(zero >= 1 && comm != nullptr), per_micro_batch_(zero >= 2 && comm != nullptr),
-      zero3_(zero >= 3 && comm != nullptr), reshard_(reshard),
+                         int zero, GradReduce wire, bool reshard, bool pipelined)
+    : be_(be), comm_(comm), zero_(zero >= 1 && comm != nullptr),
+      per_micro_batch_(zero >= 2 && comm != nullptr && !(zero >= 3 && pipelined)),
+      zero3_(zero >= 3 && comm != nullptr), reshard_(reshard && !pipelined),
+      step_grads_(zero >= 3 && comm != nullptr && pipelined),
       bf16_wire_(wire == GradReduce::bf16 && comm != nullptr) {
   MemoryScope scope(MemKind::grads);
   std::vector<BucketKey> keys;
@@ -97,12 +99,12 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     Bucket b;
     const int64_t padded = layout.padded[gi];
     b.padded = padded;
-    if (!per_micro_batch_) b.flat = Tensor(be, {padded});
+    if (!per_micro_batch_ && !step_grads_) b.flat = Tensor(be, {padded});
     if (zero_) b.shard = Tensor(be, {padded / dp});
     b.chunk = params[g.front()].chunk;
     b.counts_in_norm = params[g.front()].counts_in_norm;
     if (bf16_wire_ && !per_micro_batch_) {
-      b.wire = Tensor(be, {padded}, DType::bf16);
+      if (!step_grads_) b.wire = Tensor(be, {padded}, DType::bf16);
       if (zero_) b.wire_shard = Tensor(be, {padded / dp}, DType::bf16);
     }
     const bool has_work = params[g.front()].param->work.defined();
@@ -121,7 +123,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     for (size_t i : g) {
       Param* p = params[i].param;
       const int64_t n = p->value.numel();
-      if (!per_micro_batch_) p->grad = b.flat.rows(at, n).view(p->value.shape());
+      if (b.flat.defined()) p->grad = b.flat.rows(at, n).view(p->value.shape());
       if (zero3_) {  // its elements in this rank's piece move into the masters; the whole copy is freed
         const int64_t lo = (padded / dp) * comm_->rank(), a = std::max(lo, at), e = std::min(lo + padded / dp, at + n);
         if (a < e) {
@@ -151,7 +153,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
 }
 
 void GradBuckets::watch(ModelChunk& chunk) {
-  if (!per_micro_batch_) return;
+  if (!per_micro_batch_ && !zero3_) return;
   chunk_param_blocks_.emplace_back();
   for (auto& blk : chunk.blocks()) {
     const int index = blk->spec().index;
@@ -163,7 +165,7 @@ void GradBuckets::watch(ModelChunk& chunk) {
       if (std::find(mine.begin(), mine.end(), it->second) == mine.end()) mine.push_back(it->second);
     }
   }
-  writes_ = zero2_writes(chunk_param_blocks_, buckets_of_block_);
+  if (per_micro_batch_) writes_ = zero2_writes(chunk_param_blocks_, buckets_of_block_);
   chunk.set_hooks(this);
 }
 
@@ -308,6 +310,13 @@ void GradBuckets::zero() {
     if (per_micro_batch_) {  // the shard sums every micro-batch's piece
       RELAY_ASSERT(b.buffer < 0, "ZeRO-2: a bucket is still open at the start of a step");
       be_.fill(b.shard, 0.f);
+    } else if (step_grads_) {  // the step's whole gradients, freed by finish()
+      MemoryScope scope(MemKind::grads);
+      b.flat = Tensor(be_, {b.padded});
+      if (bf16_wire_) b.wire = Tensor(be_, {b.padded}, DType::bf16);
+      be_.fill(b.flat, 0.f);
+      for (size_t i = 0; i < b.members.size(); ++i)
+        b.members[i].first->grad = b.flat.rows(b.members[i].second, shape_numel(b.shapes[i])).view(b.shapes[i]);
     } else {
       be_.fill(b.flat, 0.f);
     }
@@ -403,6 +412,10 @@ void GradBuckets::finish() {
       b.widened = true;
       if (zero_) be_.convert(b.wire_shard, b.shard);
       else be_.convert(b.wire, b.flat);
+    }
+    if (step_grads_) {  // ZeRO-3 under pp > 1: only the shard outlives the step
+      b.flat = b.wire = Tensor();
+      for (auto& [p, at] : b.members) p->grad = Tensor();
     }
     if (tracer_)
       tracer_->add({cat("allreduce bucket ", k), "allreduce_grads", kTrackComm, trace_step_, -1, b.chunk,

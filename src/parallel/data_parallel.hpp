@@ -17,8 +17,10 @@
 // ZeRO-3 (optimizer.zero = 3; FSDP's design, Zhao et al., arXiv:2304.11277): the parameters are sharded too. Every
 // block is a bucket of its own (a unit), whose fp32 masters this rank holds 1/dp of (the optimizer updates them); a
 // block about to run gathers its units in the working dtype (one all-gather each, the next block's issued ahead) and
-// frees them when done (parallel.reshard_after_forward; kept to the end of the step otherwise, and always under
-// pp > 1); gradients as ZeRO-2. Outside a block's run a parameter's value and working copy are undefined.
+// frees them when done (parallel.reshard_after_forward; kept to the end of the step otherwise); gradients as ZeRO-2.
+// Under pp > 1 a stage's parameters are gathered once and kept for the step, and its gradients are whole buckets
+// during the step, reduce-scattered once after the last micro-batch and freed. Outside a block's run (or the step)
+// a parameter's value and working copy are undefined.
 //
 // ZeRO-2 (optimizer.zero = 2): a rank keeps only its shard of each bucket's summed gradient. A bucket's gradients
 // live in a pooled buffer from the moment the backward first writes one of them in a micro-batch (the chunk's
@@ -97,9 +99,11 @@ class GradBuckets : public BlockHooks {
  public:
   // comm is null when dp == 1 (then nothing is communicated). zero: the ZeRO stage 0 to 3 (1 to 3 need comm).
   // wire: the dtype gradients travel in (parallel.grad_reduce); they are kept and summed into f32 either way.
-  // reshard: ZeRO-3 frees a block's gathered parameters as soon as it is done with them.
+  // reshard: ZeRO-3 frees a block's gathered parameters as soon as it is done with them. pipelined (pp > 1): ZeRO-3
+  // keeps them for the step instead, and its gradients are whole buckets for the step, reduce-scattered once at the
+  // schedule's allreduce_grads as under ZeRO-1 and freed after (torchtitan's choice: no per-micro-batch collectives).
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-              int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true);
+              int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, bool pipelined = false);
   bool params_sharded() const { return zero3_; }
   bool sharded() const { return zero_; }
   // ZeRO-2: learn which blocks write each bucket and hook the chunk's backward (before its first step).
@@ -170,6 +174,7 @@ class GradBuckets : public BlockHooks {
   bool zero_;
   bool per_micro_batch_;  // ZeRO-2 and 3
   bool zero3_ = false, reshard_ = true;
+  bool step_grads_ = false;  // ZeRO-3 under pp > 1: whole gradient buckets only during the step
   bool bf16_wire_;
   std::vector<Bucket> buckets_;
   std::map<int, std::vector<int>> buckets_of_block_;  // ZeRO-2: block index -> buckets it writes

@@ -49,6 +49,40 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
     for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
       if (!layout.blocks()[static_cast<size_t>(i)].params.empty()) chunk_param_blocks.back().push_back(i);
   }
+  // ZeRO-3: the gathered units at their most. A block holds its units while it runs and the next block's are
+  // prefetched (model/chunk.cpp), forward and backward alike; kept for the step, every unit of the rank.
+  if (cfg.optimizer.zero >= 3) {
+    const bool keep = !cfg.parallel.reshard_after_forward || layout.pp > 1;
+    auto units = [&](int block, std::set<int>& into) {
+      auto it = buckets_of_block.find(block);
+      if (it != buckets_of_block.end()) into.insert(it->second.begin(), it->second.end());
+    };
+    for (size_t g = 0; g < bl.groups.size() && keep; ++g) z.gathered_peak += bl.padded[g];
+    for (const auto& blocks : chunk_param_blocks)
+      for (size_t k = 0; k < blocks.size() && !keep; ++k)
+        for (int step : {+1, -1}) {  // the forward visits k then k + 1, the backward k then k - 1
+          std::set<int> held;
+          units(blocks[k], held);
+          const int64_t next = int64_t(k) + step;
+          // The chunk prefetches its next block; a block without parameters in between prefetches nothing.
+          const std::vector<BlockSpec>& all = layout.blocks();
+          const int nb = blocks[k] + step;
+          if (next >= 0 && next < int64_t(blocks.size()) && nb >= 0 && nb < int(all.size()) &&
+              !all[size_t(nb)].params.empty())
+            units(nb, held);
+          int64_t n = 0;
+          for (int g : held) n += bl.padded[size_t(g)];
+          z.gathered_peak = std::max(z.gathered_peak, n);
+        }
+    // Gathers a step: every unit once when kept; else every block's units for its forward and its backward, per
+    // micro-batch (a unit two blocks use, the tied embedding, twice each way).
+    if (keep) {
+      z.gathered_elements = z.total_padded;
+    } else {
+      for (auto& [block, gs] : buckets_of_block)
+        for (int g : gs) z.gathered_elements += 2 * cfg.train.micro_batches * bl.padded[size_t(g)];
+    }
+  }
   const auto writes = zero2_writes(chunk_param_blocks, buckets_of_block);
   // Replay one step's schedule through the pool as the chunks' hooks drive it (parallel/data_parallel.cpp).
   Zero2Pool pool;
@@ -104,9 +138,13 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   b.params = f32 * numel + (mixed ? act * numel : 0);
   ZeroTwoBuckets z;
   if (zero && cfg.optimizer.zero >= 2) z = zero2_buckets(cfg, layout, pp_rank, tp_rank, dp);
+  if (zero && cfg.optimizer.zero >= 3) b.gathered = act * z.gathered_peak;
   if (zero && cfg.optimizer.zero >= 3) b.params = f32 * z.total_padded / dp;  // the masters' pieces; blocks gathered
                                                                               // while they run (freed after the step)
-  if (zero && cfg.optimizer.zero >= 2) {
+  if (zero && cfg.optimizer.zero >= 3 && layout.pp > 1) {
+    // ZeRO-3 under pp > 1: after the step only the shards (the step's whole buckets are freed).
+    b.grads = f32 * z.total_padded / dp + (wire ? 2 * z.total_padded / dp : 0);
+  } else if (zero && cfg.optimizer.zero >= 2) {
     // ZeRO-2 (parallel/data_parallel.hpp): the shard of every bucket, and the pool of the largest bucket's buffers.
     const int64_t pool = z.pool_elements + z.pool_elements / dp;  // each buffer and its piece of the sum
     b.grads = f32 * z.total_padded / dp + f32 * pool + (wire ? 2 * pool : 0);

@@ -18,6 +18,7 @@ namespace relay {
 
 struct MemoryBytes {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  int64_t gathered = 0;  // ZeRO-3: parameters gathered at once at their most, beyond params (not in total())
   int64_t total() const { return params + grads + optimizer + activations; }
 };
 
@@ -29,6 +30,8 @@ struct ZeroTwoBuckets {
   int64_t total_padded = 0;                   // every bucket, padded to a multiple of dp (the shards: / dp)
   int64_t pool_buffers = 0, pool_elements = 0;  // the in-flight buffers a step allocates (Zero2Pool)
   int64_t launches = 0, launched_elements = 0;  // a step's reduce-scatters and their summed sizes
+  int64_t gathered_peak = 0;      // ZeRO-3: the most parameter elements gathered at once (working dtype)
+  int64_t gathered_elements = 0;  // ZeRO-3: parameter elements all-gathered a step
 };
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp);
 

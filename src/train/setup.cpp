@@ -188,7 +188,7 @@ void setup_data_and_model(Run& r) {
   }
   r.buckets = std::make_unique<GradBuckets>(*r.be, g.replicas() > 1 ? r.dp_comm.get() : nullptr, bucket_params,
                                             zero_bucket_mb(cfg), cfg.optimizer.zero, cfg.parallel.grad_reduce,
-                                            cfg.parallel.reshard_after_forward && g.pp == 1);
+                                            cfg.parallel.reshard_after_forward, /*pipelined=*/g.pp > 1);
   for (auto& ch : r.chunks) r.buckets->watch(*ch);  // ZeRO-2: reduce-scatter each bucket as its blocks finish
   r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,

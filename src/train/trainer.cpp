@@ -254,18 +254,19 @@ void report_memory(Run& r) {
   const ProcessGrid& g = r.grid;
   const MemoryBytes got = measured_memory(), want = predict_memory(r.cfg, r.layout, g.pp_rank, g.tp_rank);
   // The step's peak of parameter bytes (from setup's end): ZeRO-3's gathered blocks at their most.
-  int64_t mine[9] = {got.params, got.grads, got.optimizer, got.activations,
-                     want.params, want.grads, want.optimizer, want.activations, mem_peak_bytes(MemKind::params)};
+  int64_t mine[10] = {got.params, got.grads, got.optimizer, got.activations,
+                      want.params, want.grads, want.optimizer, want.activations, mem_peak_bytes(MemKind::params),
+                      want.params + want.gathered};
   const std::vector<std::byte> bytes = r.world->gather_host(mine, sizeof mine, 0, nullptr, "the memory report");
   if (g.world_rank != 0) return;
-  std::vector<int64_t> all(9 * static_cast<size_t>(g.world_size));  // (world_size x 9)
+  std::vector<int64_t> all(10 * static_cast<size_t>(g.world_size));  // (world_size x 10)
   std::memcpy(all.data(), bytes.data(), bytes.size());
   static const char* kinds[4] = {"params", "grads", "optimizer", "activations"};
   nlohmann::json ranks = nlohmann::json::array();
   std::string table = "relay: memory per rank after the first step, MiB measured (predicted by relay plan)\n"
                       "  rank              params          grads       optimizer     activations\n";
   for (int w = 0; w < g.world_size; ++w) {
-    const int64_t* v = all.data() + 9 * static_cast<size_t>(w);
+    const int64_t* v = all.data() + 10 * static_cast<size_t>(w);
     const GridCoord c = grid_coord(w, g.dp, g.tp, g.cp);
     nlohmann::json j = {{"rank", w}, {"dp", c.dp_rank}, {"tp", c.tp_rank}, {"pp", c.pp_rank}, {"cp", c.cp_rank}};
     char row[160];
@@ -274,7 +275,8 @@ void report_memory(Run& r) {
     for (int k = 0; k < 4; ++k) {
       j["measured"][kinds[k]] = v[k];
       j["predicted"][kinds[k]] = v[4 + k];
-      j["peak_params"] = v[8];
+      j["measured"]["peak_params"] = v[8];
+      j["predicted"]["peak_params"] = v[9];
       std::snprintf(row, sizeof row, " %7s (%6s)", mib(v[k]).c_str(), mib(v[4 + k]).c_str());
       table += row;
     }
