@@ -11,7 +11,9 @@
 // a few buckets. Bad stage values are named.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 
@@ -223,6 +225,55 @@ TEST(ZeroRuns, MemoryPerRankAsPlanned) {
   EXPECT_GT(gathered, 0.0);
   EXPECT_LE(states(3), 1.1 * states(0) / 4 + 2 * gathered) << "ZeRO-3 holds more than its shards and two blocks";
   EXPECT_LT(states(3) + gathered, 0.55 * (states(1) + at(1, "peak_params") - at(1, "params")));
+}
+
+// A rank killed (SIGKILL) inside a ZeRO-3 parameter all-gather ends the job within seconds, the launcher naming the
+// rank; its newest checkpoint (step 4) resumes on dp 1 without ZeRO and continues the uninterrupted ZeRO-3 run
+// exactly; and the other way round, the serial run's step-2 checkpoint resumes under ZeRO-3 on dp 2 x pp 2.
+TEST(ZeroRuns, KilledInAGatherAndResumesAcrossStages) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  auto ov = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> o = {"run.dir=" + quoted(dir.file(name)), "model.n_head=4", "checkpoint.every=2",
+                                  "parallel.timeout=\"3s\"", "train.log_every=1"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return o;
+  };
+  const std::vector<std::string> z3 = {"parallel.dp=2", "optimizer.zero=3", "train.micro_batches=2"};
+  RunResult a = train(2, p.config, ov("a", z3));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  setenv("RELAY_TEST_KILL_RANK", "1", 1);
+  setenv("RELAY_TEST_KILL_STEP", "5", 1);
+  setenv("RELAY_TEST_KILL_WHERE", "zero3-gather", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult b = train(2, p.config, ov("b", z3), 120);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  unsetenv("RELAY_TEST_KILL_RANK");
+  unsetenv("RELAY_TEST_KILL_STEP");
+  unsetenv("RELAY_TEST_KILL_WHERE");
+  EXPECT_NE(b.exit_code, 0) << b.output;
+  EXPECT_LT(took, 30.0) << b.output;
+  EXPECT_TRUE(contains(b.output, "rank 1") && contains(b.output, "signal 9")) << b.output;
+  std::printf("killed in a ZeRO-3 all-gather: the job ended in %.1f s\n", took);
+  const std::string c = dir.file("c");
+  RunResult rc = train(1, p.config, ov("c", {"optimizer.zero=0", "checkpoint.resume=" +
+                                             quoted(dir.file("b") + "/checkpoints/step_00000004.h5")}));
+  ASSERT_EQ(rc.exit_code, 0) << rc.output;
+  const auto la = read_losses(dir.file("a")), lc = read_losses(c);
+  ASSERT_EQ(la.size(), 6u);
+  ASSERT_EQ(lc.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(lc[i], la[i + 4], kAbs + kRel * std::abs(la[i + 4])) << "step " << i + 5;
+  expect_tensors_within(read_checkpoint(c + "/checkpoints/step_00000006.h5"),
+                        read_checkpoint(dir.file("a") + "/checkpoints/step_00000006.h5"), kRel, kAbs,
+                        "a ZeRO-3 checkpoint resumed on dp 1");
+  RunResult s = train(1, p.config, ov("s", {}));
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  RunResult d = train(4, p.config, ov("d", {"parallel.dp=2", "parallel.pp=2", "optimizer.zero=3", "train.micro_batches=2",
+                                            "checkpoint.resume=" + quoted(dir.file("s") + "/checkpoints/step_00000002.h5")}));
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  expect_tensors_within(read_checkpoint(dir.file("d") + "/checkpoints/step_00000006.h5"),
+                        read_checkpoint(dir.file("s") + "/checkpoints/step_00000006.h5"), kRel, kAbs,
+                        "the serial run resumed under ZeRO-3 on dp 2 x pp 2");
 }
 
 // The MLP, whose activation blocks hold no parameters (a bucket's writers are the parameter blocks the backward

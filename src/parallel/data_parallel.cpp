@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.hpp"
 
 #include <algorithm>
+#include <csignal>
 #include <numeric>
 #include <tuple>
 
@@ -209,6 +210,7 @@ void GradBuckets::start_gather(Bucket& b) {
   else be_.convert(b.master, mine);
   b.gather = comm_->iallgather(b.full);
   b.gather->what = "the ZeRO-3 parameter all-gather";
+  if (kill_in_gather_) std::raise(SIGKILL);  // test only: a rank lost mid-collective
 }
 
 void GradBuckets::finish_gather(Bucket& b) {

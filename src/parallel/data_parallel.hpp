@@ -105,6 +105,8 @@ class GradBuckets : public BlockHooks {
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
               int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, bool pipelined = false);
   bool params_sharded() const { return zero3_; }
+  // Test only (RELAY_TEST_KILL_WHERE): SIGKILL this process right after it issues its next parameter all-gather.
+  void test_kill_in_next_gather() { kill_in_gather_ = true; }
   bool sharded() const { return zero_; }
   // ZeRO-2: learn which blocks write each bucket and hook the chunk's backward (before its first step).
   void watch(ModelChunk& chunk);
@@ -175,6 +177,7 @@ class GradBuckets : public BlockHooks {
   bool per_micro_batch_;  // ZeRO-2 and 3
   bool zero3_ = false, reshard_ = true;
   bool step_grads_ = false;  // ZeRO-3 under pp > 1: whole gradient buckets only during the step
+  bool kill_in_gather_ = false;
   bool bf16_wire_;
   std::vector<Bucket> buckets_;
   std::map<int, std::vector<int>> buckets_of_block_;  // ZeRO-2: block index -> buckets it writes

@@ -43,6 +43,11 @@ RestartVerdict judge_restart(const std::string& metrics_path, int64_t resume_ste
   return v;
 }
 
+bool test_kill_in_gather() {
+  const char* where = std::getenv("RELAY_TEST_KILL_WHERE");
+  return where && std::string(where) == "zero3-gather";
+}
+
 int64_t test_kill_step(int world_rank) {
   const char* rank = std::getenv("RELAY_TEST_KILL_RANK");
   const char* step = std::getenv("RELAY_TEST_KILL_STEP");

@@ -27,5 +27,8 @@ RestartVerdict judge_restart(const std::string& metrics_path, int64_t resume_ste
 // Test only: RELAY_TEST_KILL_RANK=R RELAY_TEST_KILL_STEP=S make world rank R kill itself (SIGKILL)
 // as step S begins, in every run: a fault that repeats at one step. -1 elsewhere.
 int64_t test_kill_step(int world_rank);
+// With RELAY_TEST_KILL_WHERE=zero3-gather the rank kills itself inside that step's first ZeRO-3 parameter
+// all-gather instead (its piece sent, the gather in flight), a rank lost mid-collective.
+bool test_kill_in_gather();
 
 }  // namespace relay

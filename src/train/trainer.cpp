@@ -379,7 +379,10 @@ int run_training(const Config& cfg) {
     const double ckpt_s = last_ckpt_s * (writer.in_flight() ? 2 : 1);
     const bool out_of_time = rank0 && time_limit > 0 && now_s() - t_start + 2 * avg_step + 1.5 * ckpt_s >= time_limit;
     if (Watchdog* wd = active_watchdog()) wd->set_context(cat("step ", step));
-    if (step == kill_step) std::raise(SIGKILL);  // test only: a rank lost at the same step every run
+    if (step == kill_step) {  // test only: a rank lost at the same step every run (or inside its next all-gather)
+      if (test_kill_in_gather()) r.buckets->test_kill_in_next_gather();
+      else std::raise(SIGKILL);
+    }
     if (step == r.start_step + 2) r.be->op_profile_restart();  // RELAY_OP_PROFILE: from the second step on
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
     writer.poll();  // checkpoint.async: a failed write ends every rank here
