@@ -297,7 +297,7 @@ TEST(ZeroRuns, MlpMatchesSerialRun) {
                         "MLP ZeRO-2 dp 2 x pp 2 against the serial run");
 }
 
-// Bad stage values: one line naming the key, exit 1 on every rank.
+// Bad stage values, and a ZeRO-3 block too large to gather: one line naming the key, exit 1 on every rank.
 TEST(ZeroRuns, BadStagesAreNamed) {
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
@@ -311,6 +311,16 @@ TEST(ZeroRuns, BadStagesAreNamed) {
     EXPECT_TRUE(contains(r.output, message)) << r.output;
     EXPECT_EQ(count_of(r.output, "error:"), 1u) << r.output;
   }
+  // An MLP layer of 400000 x 400000 (640 GB in fp32) can never be gathered: named before anything is allocated.
+  Problem mlp = make_problem(dir.file("mlp"));
+  RunResult r = train(2, mlp.config,
+                      {"run.dir=" + quoted(dir.file("big")), "parallel.dp=2", "optimizer.zero=3",
+                       "model.layers=[{ type = \"linear\", out = 400000 }, { type = \"linear\", out = 400000 }]"},
+                      60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "optimizer.zero = 3: block 1 (linear) gathers 610353.1 MiB of parameters at once, "
+                                 "but this rank can allocate")) << r.output;
+  EXPECT_EQ(count_of(r.output, "error:"), 1u) << r.output;
 }
 
 }  // namespace

@@ -41,6 +41,9 @@ class Backend : public Allocator {
   Backend();
   ~Backend() override;
   virtual std::string describe() const = 0;  // "cpu: oneDNN, 2 threads" / "cuda:0 NVIDIA H100 ..."
+  // Bytes this device could still allocate: the host's MemAvailable (shared by the node's ranks), or the GPU's free
+  // memory (shared by the ranks on it).
+  virtual int64_t available_bytes() const = 0;
   // Chooses the GEMM mode (tf32 on CUDA) and checks the device can run the precision; a relay::Error
   // naming train.precision when it cannot.
   virtual void set_precision(Precision p) = 0;

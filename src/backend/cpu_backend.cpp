@@ -2,6 +2,9 @@
 // checks are the front door's (backend.cpp); this file only dispatches.
 #include "backend/cpu_backend.hpp"
 
+#include <climits>
+#include <fstream>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -39,6 +42,16 @@ const X* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<X>() : nullp
 
 CpuBackend::CpuBackend(int threads) : threads_(threads < 1 ? 1 : threads) { cpu::set_threads(threads_); }
 
+int64_t CpuBackend::available_bytes() const {
+  std::ifstream in("/proc/meminfo");
+  for (std::string key; in >> key;) {
+    int64_t kib = 0;
+    in >> kib;
+    if (key == "MemAvailable:") return kib * 1024;
+    in.ignore(256, '\n');
+  }
+  return INT64_MAX;  // unknown: nothing is refused
+}
 std::string CpuBackend::describe() const { return cat("cpu (oneDNN, ", threads_, " thread", threads_ > 1 ? "s" : "", ")"); }
 
 void CpuBackend::set_precision(Precision p) {

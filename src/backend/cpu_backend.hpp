@@ -9,6 +9,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads);
   Device device() const override { return Device::cpu; }
   std::string describe() const override;
+  int64_t available_bytes() const override;
   void set_precision(Precision p) override;
   bool supports(DType) const override { return true; }
 

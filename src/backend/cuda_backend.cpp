@@ -332,6 +332,11 @@ class CudaBackend final : public Backend {
     return pool_->allocate(bytes);
   }
 
+  int64_t available_bytes() const override {
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return static_cast<int64_t>(free_bytes);
+  }
   std::string describe() const override {
     int cublas_version = 0;
     CUBLAS_CHECK(cublasGetVersion(cublas_, &cublas_version));

@@ -137,6 +137,29 @@ void setup_communicators(Run& r) {
   if (member) r.tied_comm = make_group_comm(r, r.tied_mpi, /*point_to_point=*/false);
 }
 
+// ZeRO-3 gathers a block's parameters whole (its tp shard) before the block runs: a block larger than this rank can
+// allocate can never run. Named before anything is allocated (the device's free bytes over the ranks sharing it).
+void check_zero3_gather(Run& r) {
+  const Config& cfg = r.cfg;
+  const ProcessGrid& g = r.grid;
+  const int64_t width = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
+  const int sharing = r.be->device() == Device::cpu ? g.local_size : std::max(1, g.local_size / cuda_device_count());
+  const int64_t available = r.be->available_bytes() / sharing;
+  for (int c = g.pp_rank; c < r.layout.num_chunks(); c += g.pp)
+    for (int i = r.layout.chunks[size_t(c)].begin; i < r.layout.chunks[size_t(c)].end; ++i) {
+      const BlockSpec& b = r.layout.blocks()[size_t(i)];
+      int64_t bytes = 0;
+      for (const ParamSpec& p : b.params) bytes += width * shape_numel(shard_shape(p.shape, p.split, g.tp, g.tp_rank));
+      if (bytes > available)
+        throw Error(cat("optimizer.zero = 3: block ", i, " (", block_kind_name(b.kind), ") gathers ", mib(bytes),
+                        " MiB of parameters at once, but this rank can allocate ", mib(available), " MiB (",
+                        r.be->device() == Device::cpu ? "the host's available memory" : "the GPU's free memory",
+                        " over the ", sharing, " rank", sharing > 1 ? "s" : "", " sharing it); ",
+                        r.layout.model.language_model ? "split its weights with parallel.tp" : "shrink the layer",
+                        " or give each rank more memory"));
+    }
+}
+
 void setup_data_and_model(Run& r) {
   const Config& cfg = r.cfg;
   const ProcessGrid& g = r.grid;
@@ -153,6 +176,7 @@ void setup_data_and_model(Run& r) {
   SimResult sim = simulate(r.shape, lists, Costs{});  // rejects deadlocks before anything runs
   r.predicted_bubble = sim.bubble_fraction;
 
+  if (cfg.optimizer.zero >= 3 && g.replicas() > 1) check_zero3_gather(r);
   // This rank's chunks: c = pp_rank, pp_rank + pp, ...
   r.store = std::make_unique<ParamStore>(*r.be, cfg.model.seed, g.tp, g.tp_rank, compute_dtype(cfg.train.precision));
   const int last = r.layout.num_chunks() - 1;
