@@ -154,8 +154,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ZeroStages, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 
 // With one micro-batch and untied embeddings (a tied embedding's bucket is launched twice, after the head and after
-// the embedding) ZeRO-2's shard is 0 + the one reduce-scatter, ZeRO-1's sum: the same bits, over an fp32 and a bf16
-// wire (a bf16 round trip of a stray f32 sum would show). Two ZeRO-2 runs with micro-batches give the same bits.
+// the embedding) ZeRO-2's and ZeRO-3's shards are 0 + the one reduce-scatter, ZeRO-1's sum: the same bits, over an
+// fp32 and a bf16 wire (a bf16 round trip of a stray f32 sum would show). Two ZeRO-2 runs with micro-batches give the same bits.
 // A ZeRO-2 checkpoint at step 3 resumes on dp 1 without ZeRO and equals the ZeRO-2 run's steps 4-6.
 TEST(ZeroRuns, OneMicroBatchIsZeroOneBitwiseTwiceAndResumes) {
   TempDir dir;
@@ -174,10 +174,17 @@ TEST(ZeroRuns, OneMicroBatchIsZeroOneBitwiseTwiceAndResumes) {
     const std::string one = run_of("z1_" + wire, 2, {"parallel.dp=2", "optimizer.zero=1", grad_reduce, untied});
     const std::string two = run_of("z2_" + wire, 2, {"parallel.dp=2", "optimizer.zero=2", grad_reduce, untied});
     expect_same_tensors(read_checkpoint(two), read_checkpoint(one), 0.0, "ZeRO-2 and ZeRO-1, one micro-batch, " + wire);
+    // ZeRO-3 gathers the very values ZeRO-1 all-gathers after its update; its buckets (a block each) sum the same
+    // two numbers per element.
+    const std::string three = run_of("z3_" + wire, 2, {"parallel.dp=2", "optimizer.zero=3", grad_reduce, untied});
+    expect_same_tensors(read_checkpoint(three), read_checkpoint(one), 0.0, "ZeRO-3 and ZeRO-1, one micro-batch, " + wire);
   }
   const std::string a = run_of("a", 2, {"parallel.dp=2", "optimizer.zero=2", "train.micro_batches=2"});
   const std::string b = run_of("b", 2, {"parallel.dp=2", "optimizer.zero=2", "train.micro_batches=2"});
   expect_same_tensors(read_checkpoint(a), read_checkpoint(b), 0.0, "two ZeRO-2 runs");
+  const std::string a3 = run_of("a3", 2, {"parallel.dp=2", "optimizer.zero=3", "train.micro_batches=2"});
+  const std::string b3 = run_of("b3", 2, {"parallel.dp=2", "optimizer.zero=3", "train.micro_batches=2"});
+  expect_same_tensors(read_checkpoint(a3), read_checkpoint(b3), 0.0, "two ZeRO-3 runs");
   const std::string c = run_of("c", 1, {"optimizer.zero=0", "checkpoint.resume=" +
                                                                 quoted(dir.file("a") + "/checkpoints/step_00000003.h5")});
   const auto la = read_losses(dir.file("a")), lc = read_losses(dir.file("c"));
@@ -228,7 +235,7 @@ TEST(ZeroRuns, MemoryPerRankAsPlanned) {
 }
 
 // A rank killed (SIGKILL) inside a ZeRO-3 parameter all-gather ends the job within seconds, the launcher naming the
-// rank; its newest checkpoint (step 4) resumes on dp 1 without ZeRO and continues the uninterrupted ZeRO-3 run
+// rank (the uninterrupted run writes its checkpoints asynchronously); its newest checkpoint (step 4) resumes on dp 1 without ZeRO and continues the uninterrupted ZeRO-3 run
 // exactly; and the other way round, the serial run's step-2 checkpoint resumes under ZeRO-3 on dp 2 x pp 2.
 TEST(ZeroRuns, KilledInAGatherAndResumesAcrossStages) {
   TempDir dir;
@@ -240,7 +247,9 @@ TEST(ZeroRuns, KilledInAGatherAndResumesAcrossStages) {
     return o;
   };
   const std::vector<std::string> z3 = {"parallel.dp=2", "optimizer.zero=3", "train.micro_batches=2"};
-  RunResult a = train(2, p.config, ov("a", z3));
+  std::vector<std::string> async = z3;
+  async.push_back("checkpoint.async=true");  // rank 0 gathers the pieces and a thread writes them
+  RunResult a = train(2, p.config, ov("a", async));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   setenv("RELAY_TEST_KILL_RANK", "1", 1);
   setenv("RELAY_TEST_KILL_STEP", "5", 1);
