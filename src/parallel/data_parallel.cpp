@@ -73,6 +73,15 @@ int Zero2Pool::acquire(int64_t elems) {
   return best;
 }
 
+bool Zero2Pool::should_wait_for(int64_t elems) const {
+  auto fits = [&](size_t i) { return cap_[i] >= elems && cap_[i] <= 2 * elems; };
+  for (size_t i = 0; i < cap_.size(); ++i)
+    if (free_[i] && fits(i)) return false;
+  for (int i : in_flight_)
+    if (fits(size_t(i))) return true;
+  return false;
+}
+
 void Zero2Pool::launch(int buffer) { in_flight_.push_back(buffer); }
 
 void Zero2Pool::release(int buffer) {
@@ -177,6 +186,7 @@ void GradBuckets::before_weight_grads(int block) {
     const int bi = w.bucket;
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     if (b.buffer >= 0) continue;  // already open (an earlier writer of this pass)
+    while (pool_plan_.should_wait_for(b.padded)) reclaim(pool_plan_.oldest());
     b.buffer = pool_plan_.acquire(b.padded);
     if (static_cast<size_t>(b.buffer) == pool_.size()) {  // a new buffer of this bucket's size
       MemoryScope scope(MemKind::grads);

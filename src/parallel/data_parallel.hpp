@@ -78,7 +78,8 @@ std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vecto
 // ZeRO-2's buffer pool as pure bookkeeping (GradBuckets follows it with real buffers; relay plan replays the
 // schedule through it): an opening bucket takes the smallest free buffer that fits and is at most twice its size, or
 // a new one of its exact size;
-// a launched bucket's buffer stays in flight until reclaimed, oldest first, as soon as more than kInFlight are.
+// a launched bucket's buffer stays in flight until reclaimed, oldest first, as soon as more than kInFlight are or
+// when the only buffers that fit an opening bucket are in flight.
 class Zero2Pool {
  public:
   static constexpr size_t kInFlight = 1;  // one bucket's reduce-scatter hides behind the next block's backward
@@ -86,6 +87,9 @@ class Zero2Pool {
   void launch(int buffer);
   int overflow() const { return in_flight_.size() > kInFlight ? in_flight_.front() : -1; }  // reclaim it now
   int oldest() const { return in_flight_.empty() ? -1 : in_flight_.front(); }
+  // No free buffer fits `elems` but one in flight would: reclaim the oldest in flight first (then ask again), rather
+  // than allocate another (the embedding's bucket, opened again by the next micro-batch while the last is in flight).
+  bool should_wait_for(int64_t elems) const;
   void release(int buffer);  // reclaimed: free again
   const std::vector<int64_t>& capacities() const { return cap_; }
 

@@ -99,7 +99,10 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
       auto it = writes.find(i);
       if (it == writes.end()) continue;
       for (const Zero2Write& w : it->second)
-        if (open[size_t(w.bucket)] < 0) open[size_t(w.bucket)] = pool.acquire(bl.padded[size_t(w.bucket)]);
+        if (open[size_t(w.bucket)] < 0) {
+          while (pool.should_wait_for(bl.padded[size_t(w.bucket)])) pool.release(pool.oldest());
+          open[size_t(w.bucket)] = pool.acquire(bl.padded[size_t(w.bucket)]);
+        }
       for (const Zero2Write& w : it->second)
         if (w.closes) {
           ++z.launches;
