@@ -149,10 +149,18 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
     }
   if (cfg.optimizer.zero >= 3 && cfg.parallel.dp * cfg.parallel.cp > 1)
     for (int p = 0; p < layout.pp; ++p) {
-      const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, static_cast<int>(cfg.parallel.dp * cfg.parallel.cp));
-      std::printf("  pp %d: ZeRO-3's gathered parameters at their most, beyond the table (freed %s): %s MiB\n", p,
-                  cfg.parallel.pp > 1 || !cfg.parallel.reshard_after_forward ? "after the step" : "after each block",
-                  mib(int64_t(dtype_size(compute_dtype(cfg.train.precision))) * z.gathered_peak).c_str());
+      const int R = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp);
+      const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, R);
+      const MemoryBytes b = predict_memory(cfg, layout, p, 0);
+      // Under pp > 1 the step's gradients are whole buckets until the step's reduce-scatter (freed after it).
+      const int64_t whole = cfg.parallel.pp > 1 ? (4 + (cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 0)) *
+                                                      z.total_padded : 0;
+      std::printf("  pp %d: beyond the table, ZeRO-3's gathered parameters at their most (freed %s): %s MiB%s; the "
+                  "step's peak %s MiB\n",
+                  p, cfg.parallel.pp > 1 || !cfg.parallel.reshard_after_forward ? "after the step" : "after each block",
+                  mib(b.gathered).c_str(),
+                  whole ? cat(", and the step's whole gradients: ", mib(whole), " MiB").c_str() : "",
+                  mib(b.total() + b.gathered + whole).c_str());
     }
   // Rank 0's host copy of a checkpoint (train/checkpoint_writer.hpp).
   const std::string ck = mib(checkpoint_bytes(layout, cfg.optimizer));
