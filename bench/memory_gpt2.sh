@@ -39,7 +39,7 @@ for r in ranks:
     seen.add(key)
     m, p = r["measured"], r["predicted"]
     cells = "  ".join(f"{k} {mib(m[k]):8.1f} ({mib(p[k]):8.1f})" for k in ("params", "grads", "optimizer", "activations"))
-    print(f"  rank {r['rank']:2d} (pp {r['pp']}, tp {r['tp']}): {cells}  total {mib(sum(m.values())):8.1f}")
+    print(f"  rank {r['rank']:2d} (pp {r['pp']}, tp {r['tp']}): {cells}  total {mib(sum(m[k] for k in ("params", "grads", "optimizer", "activations"))):8.1f}")
 PY
 }
 run serial 1 1 1 8 false none
