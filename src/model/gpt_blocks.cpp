@@ -299,7 +299,7 @@ class Head final : public Block {
     ln_w_ = params_[0];
     ln_b_ = spec.bias ? params_[1] : nullptr;
     w_ = params_.back();
-    out_width_ = w_->value.size(0);  // known before ZeRO-3 shards the weight away
+    out_width_ = w_->shape[0];  // (ZeRO-3 holds no whole value)
   }
   int64_t out_width() const override { return out_width_; }
   // Under sequence parallelism every buffer holds this rank's m = n / tp rows.

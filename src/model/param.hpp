@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,7 +36,12 @@ struct Param {
   Shape full_shape;  // the torch shape
   TpSplit split{};
   Tensor work;   // bf16 runs: the working copy forward and backward read (written by the optimizer)
-  bool sharded() const { return value.numel() != shape_numel(full_shape); }
+  Shape shape;   // this rank's shard shape: value's, also while ZeRO-3 holds no whole value
+  // ZeRO-3 (ParamStore made with defer): the shard's initial values on the host, computed when GradBuckets takes this
+  // rank's piece of them; value and work are never allocated whole at setup. Empty otherwise.
+  std::function<std::vector<float>()> initial;
+  DType work_dtype = DType::f32;  // the working copy's dtype (bf16 under mixed precision), allocated or not
+  bool sharded() const { return shape_numel(shape) != shape_numel(full_shape); }
   // What the model computes with: the bf16 working copy, or the fp32 value itself.
   const Tensor& compute() const { return work.defined() ? work : value; }
   // After value was written from outside the optimizer (initialisation, checkpoint, import).
@@ -53,8 +59,10 @@ class ParamStore {
  public:
   // tp, tp_rank: this rank's place in its tensor-parallel group; a split parameter holds its shard.
   // work_dtype bf16: every Param gets a bf16 working copy (mixed precision).
-  ParamStore(Backend& be, uint64_t model_seed, int tp = 1, int tp_rank = 0, DType work_dtype = DType::f32)
-      : be_(be), seed_(model_seed), tp_(tp), tp_rank_(tp_rank), work_dtype_(work_dtype) {}
+  // defer (ZeRO-3): nothing is allocated; each Param's `initial` gives its values when they are sharded.
+  ParamStore(Backend& be, uint64_t model_seed, int tp = 1, int tp_rank = 0, DType work_dtype = DType::f32,
+             bool defer = false)
+      : be_(be), seed_(model_seed), tp_(tp), tp_rank_(tp_rank), work_dtype_(work_dtype), defer_(defer) {}
   // This rank's Param for the spec: created and initialised (the whole tensor's initial values, then
   // this rank's shard: every layout starts from the same weights) on the first request; later requests
   // with the same name return the same Param (shapes must agree).
@@ -67,6 +75,7 @@ class ParamStore {
   uint64_t seed_;
   int tp_, tp_rank_;
   DType work_dtype_;
+  bool defer_;
   std::deque<Param> params_;  // stable addresses
   std::map<std::string, Param*> by_name_;
 };

@@ -39,20 +39,29 @@ Param* ParamStore::get(const ParamSpec& spec) {
   }
   MemoryScope scope(MemKind::params);
   const Shape local = shard_shape(spec.shape, spec.split, tp_, tp_rank_);
-  params_.push_back({spec.name, Tensor(be_, local), {}, spec.shape, spec.split, {}});  // work: set below on bf16 runs
-  Param* p = &params_.back();
-  auto v = initial_values(spec, seed_);
-  if (p->sharded()) {
+  // This rank's tp shard of the whole tensor's initial values (every layout starts from the same weights).
+  auto shard_values = [spec, seed = seed_, tp = tp_, tp_rank = tp_rank_, local]() {
+    auto v = initial_values(spec, seed);
+    if (shape_numel(local) == shape_numel(spec.shape)) return v;
     std::vector<float> shard(static_cast<size_t>(shape_numel(local)));
-    extract_shard(v.data(), spec.shape, spec.split, tp_, tp_rank_, shard.data());
-    v = std::move(shard);
+    extract_shard(v.data(), spec.shape, spec.split, tp, tp_rank, shard.data());
+    return shard;
+  };
+  params_.push_back({spec.name, Tensor(), {}, spec.shape, spec.split, {}, local, {}});  // work: below on bf16 runs
+  Param* p = &params_.back();
+  p->work_dtype = work_dtype_;
+  by_name_[spec.name] = p;
+  if (defer_) {  // ZeRO-3: GradBuckets takes this rank's piece of the values; nothing whole is allocated
+    p->initial = shard_values;
+    return p;
   }
+  p->value = Tensor(be_, local);
+  auto v = shard_values();
   be_.upload(p->value, v.data());
   if (work_dtype_ != DType::f32) {
     p->work = Tensor(be_, local, work_dtype_);
     p->refresh_work(be_);
   }
-  by_name_[spec.name] = p;
   return p;
 }
 

@@ -101,7 +101,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
   MemoryScope scope(MemKind::grads);
   std::vector<BucketKey> keys;
   for (const BucketParam& p : params)
-    keys.push_back({p.param->value.numel(), p.chunk, p.block, p.counts_in_norm, p.tied, p.tp_replicated});
+    keys.push_back({shape_numel(p.param->shape), p.chunk, p.block, p.counts_in_norm, p.tied, p.tp_replicated});
   const int dp = zero_ ? comm_->size() : 1;
   const BucketLayout layout = layout_buckets(keys, bucket_mb, dp);
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
@@ -117,8 +117,8 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
       if (!step_grads_) b.wire = Tensor(be, {padded}, DType::bf16);
       if (zero_) b.wire_shard = Tensor(be, {padded / dp}, DType::bf16);
     }
-    const bool has_work = params[g.front()].param->work.defined();
-    b.work_dtype = has_work ? params[g.front()].param->work.dtype() : DType::f32;
+    const bool has_work = params[g.front()].param->work_dtype != DType::f32;
+    b.work_dtype = params[g.front()].param->work_dtype;
     if (zero3_) {  // this rank's piece of the masters; nothing whole
       MemoryScope as_params(MemKind::params);
       b.master = Tensor(be, {padded / dp});
@@ -132,15 +132,19 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     int64_t at = 0;
     for (size_t i : g) {
       Param* p = params[i].param;
-      const int64_t n = p->value.numel();
-      if (b.flat.defined()) p->grad = b.flat.rows(at, n).view(p->value.shape());
-      if (zero3_) {  // its elements in this rank's piece move into the masters; the whole copy is freed
+      const int64_t n = shape_numel(p->shape);
+      if (b.flat.defined()) p->grad = b.flat.rows(at, n).view(p->shape);
+      if (zero3_) {  // its elements in this rank's piece go into the masters; nothing whole is kept
         const int64_t lo = (padded / dp) * comm_->rank(), a = std::max(lo, at), e = std::min(lo + padded / dp, at + n);
         if (a < e) {
           Tensor dst = b.master.rows(a - lo, e - a);
-          be.copy(dst, p->value.view({n}).rows(a - at, e - a));
+          if (p->value.defined()) {
+            be.copy(dst, p->value.view({n}).rows(a - at, e - a));
+          } else {  // deferred (ParamStore defer): the host's values, one parameter at a time
+            const std::vector<float> v = p->initial();
+            be.upload(dst, v.data() + (a - at));
+          }
         }
-        b.shapes.push_back(p->value.shape());
         p->value = Tensor();
         p->work = Tensor();
       } else if (zero_) {  // the parameter moves into the bucket's flat buffer, initial values and all
@@ -153,7 +157,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
           p->work = w;
         }
       }
-      if (!zero3_) b.shapes.push_back(p->value.shape());
+      b.shapes.push_back(p->shape);
       bucket_of_[p] = static_cast<int>(buckets_.size());
       b.members.push_back({p, at});
       at += n;
