@@ -68,29 +68,6 @@ std::vector<Case> all_cases() {
   return out;
 }
 
-// A token file of the GPT problem's vocabulary whose documents (1 to 40 tokens) end at token 0.
-void write_documents(const std::string& path, uint64_t seed = 7, size_t n = 4097) {
-  relay::Rng rng(seed, 3);
-  std::vector<int32_t> tokens(n);
-  int64_t next_end = 1 + int64_t(rng.below(40));
-  for (int64_t i = 0; i < int64_t(tokens.size()); ++i) {
-    tokens[size_t(i)] = 1 + int32_t(rng.below(95));
-    if (i == next_end) tokens[size_t(i)] = 0, next_end += 1 + int64_t(rng.below(40));
-  }
-  relay::write_token_file(path, tokens, 96, "bytes", {{"eot_id", 0}});
-}
-
-// Every step's gradient norm from <run>/metrics.jsonl.
-std::vector<double> read_grad_norms(const std::string& run) {
-  std::vector<double> out;
-  std::istringstream in(read_file(run + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("grad_norm") && j.contains("loss")) out.push_back(j.at("grad_norm").get<double>());
-  }
-  return out;
-}
-
 class SequenceParallel : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() {

@@ -246,11 +246,14 @@ void GradBuckets::release(Bucket& b) {
   for (auto& [p, at] : b.members) p->value = p->work = Tensor();
 }
 
-void GradBuckets::before_params(int block) {
-  if (!zero3_) return;
+const std::vector<int>& GradBuckets::units_of(int block) const {
+  static const std::vector<int> none;
   auto it = buckets_of_block_.find(block);
-  if (it == buckets_of_block_.end()) return;
-  for (int bi : it->second) {
+  return zero3_ && it != buckets_of_block_.end() ? it->second : none;
+}
+
+void GradBuckets::before_params(int block) {
+  for (int bi : units_of(block)) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     finish_gather(b);
     ++b.users;
@@ -258,17 +261,11 @@ void GradBuckets::before_params(int block) {
 }
 
 void GradBuckets::prefetch_params(int block) {
-  if (!zero3_) return;
-  auto it = buckets_of_block_.find(block);
-  if (it == buckets_of_block_.end()) return;
-  for (int bi : it->second) start_gather(buckets_[static_cast<size_t>(bi)]);
+  for (int bi : units_of(block)) start_gather(buckets_[static_cast<size_t>(bi)]);
 }
 
 void GradBuckets::after_params(int block) {
-  if (!zero3_) return;
-  auto it = buckets_of_block_.find(block);
-  if (it == buckets_of_block_.end()) return;
-  for (int bi : it->second) {
+  for (int bi : units_of(block)) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     RELAY_ASSERT(b.users > 0, "ZeRO-3: block " << block << " let go of parameters it did not hold");
     if (--b.users == 0 && reshard_) release(b);

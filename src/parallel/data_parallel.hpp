@@ -170,6 +170,7 @@ class GradBuckets : public BlockHooks {
     int64_t launch_mark = 0;
   };
   void launch(Bucket& b);
+  const std::vector<int>& units_of(int block) const;  // ZeRO-3: the buckets block reads (none otherwise)
   void start_gather(Bucket& b);   // ZeRO-3: issue the unit's all-gather (if not gathered or in flight)
   void finish_gather(Bucket& b);  // ZeRO-3: wait for it and point the parameters into it
   void release(Bucket& b);        // ZeRO-3: free the gathered parameters

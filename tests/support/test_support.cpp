@@ -79,6 +79,9 @@ bool contains(const std::string& haystack, const std::string& needle) {
 #include "core/bf16.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "io/token_dataset.hpp"
+#include "core/rng.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace relay::test {
 
@@ -128,6 +131,27 @@ warmup_steps = 2
 min_lr = 0.001
 )");
   return p;
+}
+
+void write_documents(const std::string& path, uint64_t seed, size_t n) {
+  relay::Rng rng(seed, 3);
+  std::vector<int32_t> tokens(n);
+  int64_t next_end = 1 + int64_t(rng.below(40));
+  for (int64_t i = 0; i < int64_t(tokens.size()); ++i) {
+    tokens[size_t(i)] = 1 + int32_t(rng.below(95));
+    if (i == next_end) tokens[size_t(i)] = 0, next_end += 1 + int64_t(rng.below(40));
+  }
+  relay::write_token_file(path, tokens, 96, "bytes", {{"eot_id", 0}});
+}
+
+std::vector<double> read_grad_norms(const std::string& run_dir) {
+  std::vector<double> out;
+  std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("grad_norm") && j.contains("loss")) out.push_back(j.at("grad_norm").get<double>());
+  }
+  return out;
 }
 
 Problem make_gpt_problem(const std::string& dir, int64_t tokens, int64_t vocab, int64_t block_size) {

@@ -57,12 +57,16 @@ Problem make_problem(const std::string& dir, int64_t samples = 512, int64_t feat
 // A small GPT problem: token files written by relay::write_token_file (io/token_dataset.hpp), byte-like text of `tokens` tokens below `vocab`, and a config of a 4-layer GPT
 // (6 blocks: embedding, 4 transformer blocks, head; tied embeddings) training 6 steps.
 Problem make_gpt_problem(const std::string& dir, int64_t tokens = 4097, int64_t vocab = 96, int64_t block_size = 16);
+// A token file of the GPT problem's vocabulary (96) whose documents (1 to 40 tokens) end at token 0 (its eot_id).
+void write_documents(const std::string& path, uint64_t seed = 7, size_t n = 4097);
 
 // Runs `relay train` on `ranks` ranks (1 = no mpirun) with --set overrides; returns exit code and output.
 RunResult train(int ranks, const std::string& config, const std::vector<std::string>& overrides, int timeout_s = 300);
 
 // Per-step training losses from <run_dir>/metrics.jsonl (index = step - 1).
 std::vector<double> read_losses(const std::string& run_dir);
+// Every step's gradient norm from <run_dir>/metrics.jsonl (index = step - 1).
+std::vector<double> read_grad_norms(const std::string& run_dir);
 // Mean over steps [from, to) of |a - b| / b: how far a run's losses a stay from a reference run's b.
 double mean_relative_difference(const std::vector<double>& a, const std::vector<double>& b, size_t from, size_t to);
 // Every tensor of a checkpoint by name.
