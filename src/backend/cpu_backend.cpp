@@ -3,10 +3,9 @@
 #include "backend/cpu_backend.hpp"
 
 #include <climits>
-#include <fstream>
-
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/flash_attention.hpp"

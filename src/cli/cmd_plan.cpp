@@ -149,15 +149,14 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
     }
   if (cfg.optimizer.zero >= 3 && cfg.parallel.dp * cfg.parallel.cp > 1)
     for (int p = 0; p < layout.pp; ++p) {
-      const int R = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp);
-      const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, R);
+      const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, static_cast<int>(cfg.parallel.dp * cfg.parallel.cp));
       const MemoryBytes b = predict_memory(cfg, layout, p, 0);
       // Under pp > 1 the step's gradients are whole buckets until the step's reduce-scatter (freed after it).
       const int64_t whole = cfg.parallel.pp > 1 ? (4 + (cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 0)) *
                                                       z.total_padded : 0;
       std::printf("  pp %d: beyond the table, ZeRO-3's gathered parameters at their most (freed %s): %s MiB%s; the "
                   "step's peak %s MiB\n",
-                  p, cfg.parallel.pp > 1 || !cfg.parallel.reshard_after_forward ? "after the step" : "after each block",
+                  p, z.kept ? "after the step" : "after each block",
                   mib(b.gathered).c_str(),
                   whole ? cat(", and the step's whole gradients: ", mib(whole), " MiB").c_str() : "",
                   mib(b.total() + b.gathered + whole).c_str());
@@ -208,9 +207,8 @@ void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
     std::printf("  ZeRO-3: each block's parameters all-gathered for its forward and again for its backward, every "
                 "micro-batch (%s MiB, %s MiB sent), and %lld gradient reduce-scatters as under ZeRO-2 (%s MiB, %s MiB "
                 "sent): %.2fx ZeRO-1's bytes (1.5x with one micro-batch in fp32: two gathers and a reduce-scatter of "
-                "every parameter against one of each; a parameter two blocks use, the tied embedding, twice each way); gathered at "
-                "once: at most %s MiB (%s, the next block's "
-                "prefetched), freed after each block\n",
+                "every parameter against one of each; a parameter two blocks use, the tied embedding, twice each way); "
+                "gathered at once: at most %s MiB (%s, the next block's prefetched), freed after each block\n",
                 mb(act * double(z.gathered_elements)).c_str(), mb(ring * act * double(z.gathered_elements)).c_str(),
                 static_cast<long long>(z.launches), mb(wire * double(z.launched_elements)).c_str(),
                 mb(ring * wire * double(z.launched_elements)).c_str(),

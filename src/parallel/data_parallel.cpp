@@ -58,37 +58,46 @@ std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vecto
   return out;
 }
 
-int Zero2Pool::acquire(int64_t elems) {
-  int best = -1;
-  for (size_t i = 0; i < cap_.size(); ++i)
-    if (free_[i] && cap_[i] >= elems && cap_[i] <= 2 * elems &&  // never a much larger buffer (the embedding's)
-        (best < 0 || cap_[i] < cap_[static_cast<size_t>(best)]))
-      best = int(i);
-  if (best < 0) {
-    cap_.push_back(elems);
-    free_.push_back(false);
-    return static_cast<int>(cap_.size() - 1);
+int Zero2Pool::open(int64_t elems, const Reclaim& reclaim) {
+  for (;;) {
+    int best = -1;
+    for (size_t i = 0; i < cap_.size(); ++i)
+      if (free_[i] && fits(i, elems) && (best < 0 || cap_[i] < cap_[size_t(best)])) best = int(i);
+    if (best >= 0) {
+      free_[size_t(best)] = false;
+      return best;
+    }
+    const bool one_in_flight_fits =
+        std::any_of(in_flight_.begin(), in_flight_.end(), [&](int i) { return fits(size_t(i), elems); });
+    if (!one_in_flight_fits) break;
+    reclaim_oldest(reclaim);  // then look again
   }
-  free_[static_cast<size_t>(best)] = false;
-  return best;
+  cap_.push_back(elems);
+  free_.push_back(false);
+  return static_cast<int>(cap_.size() - 1);
 }
 
-bool Zero2Pool::should_wait_for(int64_t elems) const {
-  auto fits = [&](size_t i) { return cap_[i] >= elems && cap_[i] <= 2 * elems; };
-  for (size_t i = 0; i < cap_.size(); ++i)
-    if (free_[i] && fits(i)) return false;
-  for (int i : in_flight_)
-    if (fits(size_t(i))) return true;
-  return false;
+void Zero2Pool::close(int buffer, const Reclaim& reclaim) {
+  in_flight_.push_back(buffer);
+  while (in_flight_.size() > kInFlight) reclaim_oldest(reclaim);
 }
 
-void Zero2Pool::launch(int buffer) { in_flight_.push_back(buffer); }
+void Zero2Pool::drain(const Reclaim& reclaim) {
+  while (!in_flight_.empty()) reclaim_oldest(reclaim);
+}
 
-void Zero2Pool::release(int buffer) {
-  auto it = std::find(in_flight_.begin(), in_flight_.end(), buffer);
-  RELAY_ASSERT(it != in_flight_.end(), "ZeRO-2: pool buffer " << buffer << " is not in flight");
-  in_flight_.erase(it);
-  free_[static_cast<size_t>(buffer)] = true;
+void Zero2Pool::reclaim_oldest(const Reclaim& reclaim) {
+  const int buffer = in_flight_.front();
+  reclaim(buffer);
+  in_flight_.erase(in_flight_.begin());
+  free_[size_t(buffer)] = true;
+}
+
+void GradBuckets::point(Bucket& b, const Tensor& flat, Tensor Param::*field) {
+  for (size_t i = 0; i < b.members.size(); ++i) {
+    auto& [p, at] = b.members[i];
+    p->*field = flat.rows(at, shape_numel(b.shapes[i])).view(b.shapes[i]);
+  }
 }
 
 GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
@@ -133,7 +142,6 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     for (size_t i : g) {
       Param* p = params[i].param;
       const int64_t n = shape_numel(p->shape);
-      if (b.flat.defined()) p->grad = b.flat.rows(at, n).view(p->shape);
       if (zero3_) {  // its elements in this rank's piece go into the masters; nothing whole is kept
         const int64_t lo = (padded / dp) * comm_->rank(), a = std::max(lo, at), e = std::min(lo + padded / dp, at + n);
         if (a < e) {
@@ -147,6 +155,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
         }
         p->value = Tensor();
         p->work = Tensor();
+        p->initial = nullptr;  // taken
       } else if (zero_) {  // the parameter moves into the bucket's flat buffer, initial values and all
         Tensor v = b.values.rows(at, n).view(p->value.shape());
         be.copy(v, p->value);
@@ -162,6 +171,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
       b.members.push_back({p, at});
       at += n;
     }
+    if (b.flat.defined()) point(b, b.flat, &Param::grad);
     buckets_.push_back(std::move(b));
   }
 }
@@ -190,8 +200,7 @@ void GradBuckets::before_weight_grads(int block) {
     const int bi = w.bucket;
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     if (b.buffer >= 0) continue;  // already open (an earlier writer of this pass)
-    while (pool_plan_.should_wait_for(b.padded)) reclaim(pool_plan_.oldest());
-    b.buffer = pool_plan_.acquire(b.padded);
+    b.buffer = pool_plan_.open(b.padded, [this](int old) { reclaim(old); });
     if (static_cast<size_t>(b.buffer) == pool_.size()) {  // a new buffer of this bucket's size
       MemoryScope scope(MemKind::grads);
       const int64_t dp = comm_->size();
@@ -207,10 +216,7 @@ void GradBuckets::before_weight_grads(int block) {
     PoolBuffer& pb = pool_[static_cast<size_t>(b.buffer)];
     Tensor flat = pb.flat.rows(0, b.padded);
     be_.fill(flat, 0.f);
-    for (size_t i = 0; i < b.members.size(); ++i) {
-      auto& [p, at] = b.members[i];
-      p->grad = flat.rows(at, shape_numel(b.shapes[i])).view(b.shapes[i]);
-    }
+    point(b, flat, &Param::grad);
   }
 }
 
@@ -232,11 +238,7 @@ void GradBuckets::finish_gather(Bucket& b) {
   if (!b.gather) return;  // ready
   b.gather->wait();
   b.gather.reset();
-  for (size_t i = 0; i < b.members.size(); ++i) {
-    auto& [p, at] = b.members[i];
-    Tensor v = b.full.rows(at, shape_numel(b.shapes[i])).view(b.shapes[i]);
-    (b.work_dtype == DType::f32 ? p->value : p->work) = v;
-  }
+  point(b, b.full, b.work_dtype == DType::f32 ? &Param::value : &Param::work);
 }
 
 void GradBuckets::release(Bucket& b) {
@@ -295,9 +297,9 @@ void GradBuckets::after_weight_grads(int block) {
     }
     pb.request->what = cat("the ZeRO-2 gradient reduce-scatter of bucket ", bi);
     pb.bucket = bi;
-    pool_plan_.launch(b.buffer);
+    const int buffer = b.buffer;
     b.buffer = -1;
-    for (int old = pool_plan_.overflow(); old >= 0; old = pool_plan_.overflow()) reclaim(old);
+    pool_plan_.close(buffer, [this](int old) { reclaim(old); });
   }
 }
 
@@ -315,7 +317,6 @@ void GradBuckets::reclaim(int buffer) {
                   pb.launch_mark, tracer_->mark(), static_cast<int64_t>(pb.bucket)});
   pb.request.reset();
   pb.bucket = -1;
-  pool_plan_.release(buffer);
 }
 
 void GradBuckets::zero() {
@@ -328,8 +329,7 @@ void GradBuckets::zero() {
       b.flat = Tensor(be_, {b.padded});
       if (bf16_wire_) b.wire = Tensor(be_, {b.padded}, DType::bf16);
       be_.fill(b.flat, 0.f);
-      for (size_t i = 0; i < b.members.size(); ++i)
-        b.members[i].first->grad = b.flat.rows(b.members[i].second, shape_numel(b.shapes[i])).view(b.shapes[i]);
+      point(b, b.flat, &Param::grad);
     } else {
       be_.fill(b.flat, 0.f);
     }
@@ -354,15 +354,13 @@ void GradBuckets::launch(Bucket& b) {
 std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
   std::vector<OptimSlice> out;
   for (const Bucket& b : buckets_)
-    for (auto& [p, at] : b.members) {
+    for (size_t i = 0; i < b.members.size(); ++i) {
+      auto& [p, at] = b.members[i];
       if (!zero_) {
         out.push_back(whole(p));
         continue;
       }
-      const int64_t lo = own_begin(b), hi = lo + b.shard.numel();
-      int64_t n = 0;
-      for (size_t k = 0; k < b.members.size(); ++k)
-        if (b.members[k].first == p) n = shape_numel(b.shapes[k]);
+      const int64_t lo = own_begin(b), hi = lo + b.shard.numel(), n = shape_numel(b.shapes[i]);
       const int64_t a = std::max(lo, at), e = std::min(hi, at + n);
       if (a >= e) continue;  // another replica's piece
       Tensor value = zero3_ ? b.master.rows(a - lo, e - a) : b.values.rows(a, e - a);
@@ -413,7 +411,7 @@ void GradBuckets::finish() {
   if (per_micro_batch_) {
     for (size_t k = 0; k < buckets_.size(); ++k)
       RELAY_ASSERT(buckets_[k].buffer < 0, "ZeRO-2: bucket " << k << " still open at the end of the backward");
-    for (int old = pool_plan_.oldest(); old >= 0; old = pool_plan_.oldest()) reclaim(old);
+    pool_plan_.drain([this](int old) { reclaim(old); });
     return;
   }
   for (auto& b : buckets_) launch(b);

@@ -25,11 +25,12 @@
 // ZeRO-2 (optimizer.zero = 2): a rank keeps only its shard of each bucket's summed gradient. A bucket's gradients
 // live in a pooled buffer from the moment the backward first writes one of them in a micro-batch (the chunk's
 // BlockHooks) until its last writer block is done, when the buffer is reduce-scattered (that micro-batch's
-// contribution) and, once reclaimed, added into the shard; the buffer then serves another bucket (Zero2Pool: at
-// most two in flight beside the open ones). Gradient memory is the shard plus a few buckets, whatever the model's
+// contribution) and, once reclaimed, added into the shard; the buffer then serves another bucket (Zero2Pool: one
+// in flight beside the open ones). Gradient memory is the shard plus a few buckets, whatever the model's
 // size. Micro-batches are summed in the shard in their order (deterministic); with one micro-batch the sum is
 // ZeRO-1's, bit for bit.
 #pragma once
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -76,24 +77,23 @@ std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vecto
                                                     const std::map<int, std::vector<int>>& buckets_of_block);
 
 // ZeRO-2's buffer pool as pure bookkeeping (GradBuckets follows it with real buffers; relay plan replays the
-// schedule through it): an opening bucket takes the smallest free buffer that fits and is at most twice its size, or
-// a new one of its exact size;
-// a launched bucket's buffer stays in flight until reclaimed, oldest first, as soon as more than kInFlight are or
-// when the only buffers that fit an opening bucket are in flight.
+// schedule through it, so both make the same buffers): an opening bucket takes the smallest free buffer that fits and
+// is at most twice its size, or a new one of its exact size; a launched bucket's buffer stays in flight until
+// reclaimed, oldest first, as soon as more than kInFlight are, or when the only buffers that fit an opening bucket
+// are in flight (rather than allocate another: the embedding's bucket, opened again by the next micro-batch while
+// the last is in flight). `reclaim` finishes a buffer's reduce-scatter before the pool frees it.
 class Zero2Pool {
  public:
   static constexpr size_t kInFlight = 1;  // one bucket's reduce-scatter hides behind the next block's backward
-  int acquire(int64_t elems);
-  void launch(int buffer);
-  int overflow() const { return in_flight_.size() > kInFlight ? in_flight_.front() : -1; }  // reclaim it now
-  int oldest() const { return in_flight_.empty() ? -1 : in_flight_.front(); }
-  // No free buffer fits `elems` but one in flight would: reclaim the oldest in flight first (then ask again), rather
-  // than allocate another (the embedding's bucket, opened again by the next micro-batch while the last is in flight).
-  bool should_wait_for(int64_t elems) const;
-  void release(int buffer);  // reclaimed: free again
+  using Reclaim = std::function<void(int buffer)>;
+  int open(int64_t elems, const Reclaim& reclaim);   // a buffer for a bucket of `elems`
+  void close(int buffer, const Reclaim& reclaim);    // its bucket launched: in flight
+  void drain(const Reclaim& reclaim);                // every buffer in flight, oldest first
   const std::vector<int64_t>& capacities() const { return cap_; }
 
  private:
+  bool fits(size_t i, int64_t elems) const { return cap_[i] >= elems && cap_[i] <= 2 * elems; }
+  void reclaim_oldest(const Reclaim& reclaim);
   std::vector<int64_t> cap_;
   std::vector<bool> free_;
   std::vector<int> in_flight_;
@@ -112,7 +112,7 @@ class GradBuckets : public BlockHooks {
   // Test only (RELAY_TEST_KILL_WHERE): SIGKILL this process right after it issues its next parameter all-gather.
   void test_kill_in_next_gather() { kill_in_gather_ = true; }
   bool sharded() const { return zero_; }
-  // ZeRO-2: learn which blocks write each bucket and hook the chunk's backward (before its first step).
+  // ZeRO-2, 3: learn which blocks write (and read) each bucket and hook the chunk's blocks (before its first step).
   void watch(ModelChunk& chunk);
   void before_weight_grads(int block) override;
   void after_weight_grads(int block) override;
@@ -175,6 +175,8 @@ class GradBuckets : public BlockHooks {
   void finish_gather(Bucket& b);  // ZeRO-3: wait for it and point the parameters into it
   void release(Bucket& b);        // ZeRO-3: free the gathered parameters
   void reclaim(int buffer);       // ZeRO-2: wait for its reduce-scatter and add the piece into the shard
+  // Points each member's field (grad, value or work) into flat (the bucket's layout).
+  static void point(Bucket& b, const Tensor& flat, Tensor Param::*field);
   int64_t own_begin(const Bucket& b) const { return b.shard.numel() * comm_->rank(); }
   Backend& be_;
   Communicator* comm_;
@@ -185,8 +187,8 @@ class GradBuckets : public BlockHooks {
   bool kill_in_gather_ = false;
   bool bf16_wire_;
   std::vector<Bucket> buckets_;
-  std::map<int, std::vector<int>> buckets_of_block_;  // ZeRO-2: block index -> buckets it writes
-  std::vector<std::vector<int>> chunk_param_blocks_;  // ZeRO-2: each watched chunk's parameter blocks
+  std::map<int, std::vector<int>> buckets_of_block_;  // ZeRO-2, 3: block index -> buckets it writes and reads
+  std::vector<std::vector<int>> chunk_param_blocks_;  // ZeRO-2, 3: each watched chunk's parameter blocks
   std::map<int, std::vector<Zero2Write>> writes_;     // ZeRO-2: zero2_writes of the above
   std::map<Param*, int> bucket_of_;
   Zero2Pool pool_plan_;

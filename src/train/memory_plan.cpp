@@ -1,7 +1,6 @@
 #include "train/memory_plan.hpp"
 
 #include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -49,34 +48,34 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
     for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
       if (!layout.blocks()[static_cast<size_t>(i)].params.empty()) chunk_param_blocks.back().push_back(i);
   }
-  // ZeRO-3: the gathered units at their most. A block holds its units while it runs and the next block's are
-  // prefetched (model/chunk.cpp), forward and backward alike; kept for the step, every unit of the rank.
+  // ZeRO-3: the gathered units at their most. A block holds its units while it runs and the chunk's next block's are
+  // prefetched (model/chunk.cpp), forward (i, then i + 1) and backward (i, then i - 1) alike; kept for the step,
+  // every unit of the rank.
   if (cfg.optimizer.zero >= 3) {
-    const bool keep = !cfg.parallel.reshard_after_forward || layout.pp > 1;
+    z.kept = !cfg.parallel.reshard_after_forward || layout.pp > 1;
     auto units = [&](int block, std::set<int>& into) {
       auto it = buckets_of_block.find(block);
       if (it != buckets_of_block.end()) into.insert(it->second.begin(), it->second.end());
     };
-    for (size_t g = 0; g < bl.groups.size() && keep; ++g) z.gathered_peak += bl.padded[g];
-    for (const auto& blocks : chunk_param_blocks)
-      for (size_t k = 0; k < blocks.size() && !keep; ++k)
-        for (int step : {+1, -1}) {  // the forward visits k then k + 1, the backward k then k - 1
-          std::set<int> held;
-          units(blocks[k], held);
-          const int64_t next = int64_t(k) + step;
-          // The chunk prefetches its next block; a block without parameters in between prefetches nothing.
-          const std::vector<BlockSpec>& all = layout.blocks();
-          const int nb = blocks[k] + step;
-          if (next >= 0 && next < int64_t(blocks.size()) && nb >= 0 && nb < int(all.size()) &&
-              !all[size_t(nb)].params.empty())
-            units(nb, held);
-          int64_t n = 0;
-          for (int g : held) n += bl.padded[size_t(g)];
-          z.gathered_peak = std::max(z.gathered_peak, n);
-        }
+    if (z.kept) {
+      z.gathered_peak = z.total_padded;
+    } else {
+      for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp) {
+        const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
+        for (int i = cr.begin; i < cr.end; ++i)
+          for (int next : {i + 1, i - 1}) {
+            std::set<int> held;
+            units(i, held);
+            if (next >= cr.begin && next < cr.end) units(next, held);
+            int64_t n = 0;
+            for (int g : held) n += bl.padded[size_t(g)];
+            z.gathered_peak = std::max(z.gathered_peak, n);
+          }
+      }
+    }
     // Gathers a step: every unit once when kept; else every block's units for its forward and its backward, per
     // micro-batch (a unit two blocks use, the tied embedding, twice each way).
-    if (keep) {
+    if (z.kept) {
       z.gathered_elements = z.total_padded;
     } else {
       for (auto& [block, gs] : buckets_of_block)
@@ -84,13 +83,15 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
     }
   }
   const auto writes = zero2_writes(chunk_param_blocks, buckets_of_block);
-  // Replay one step's schedule through the pool as the chunks' hooks drive it (parallel/data_parallel.cpp).
+  // Replay one step's schedule through the pool as the chunks' hooks drive it (GradBuckets::before_weight_grads,
+  // after_weight_grads and finish): nothing to wait for here.
   Zero2Pool pool;
+  const Zero2Pool::Reclaim nothing = [](int) {};
   std::vector<int> open(bl.groups.size(), -1);
   ScheduleShape shape = schedule_shape(cfg);
   for (const Action& a : generate_schedule(shape, pp_rank)) {
     if (a.op == Op::reduce_tied_grads || a.op == Op::optimizer_step) {
-      for (int old = pool.oldest(); old >= 0; old = pool.oldest()) pool.release(old);
+      pool.drain(nothing);
       continue;
     }
     if (a.op != Op::backward && a.op != Op::backward_weight) continue;
@@ -99,17 +100,13 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
       auto it = writes.find(i);
       if (it == writes.end()) continue;
       for (const Zero2Write& w : it->second)
-        if (open[size_t(w.bucket)] < 0) {
-          while (pool.should_wait_for(bl.padded[size_t(w.bucket)])) pool.release(pool.oldest());
-          open[size_t(w.bucket)] = pool.acquire(bl.padded[size_t(w.bucket)]);
-        }
+        if (open[size_t(w.bucket)] < 0) open[size_t(w.bucket)] = pool.open(bl.padded[size_t(w.bucket)], nothing);
       for (const Zero2Write& w : it->second)
         if (w.closes) {
           ++z.launches;
           z.launched_elements += bl.padded[size_t(w.bucket)];
-          pool.launch(open[size_t(w.bucket)]);
+          pool.close(open[size_t(w.bucket)], nothing);
           open[size_t(w.bucket)] = -1;
-          for (int old = pool.overflow(); old >= 0; old = pool.overflow()) pool.release(old);
         }
     }
   }
@@ -141,9 +138,10 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   b.params = f32 * numel + (mixed ? act * numel : 0);
   ZeroTwoBuckets z;
   if (zero && cfg.optimizer.zero >= 2) z = zero2_buckets(cfg, layout, pp_rank, tp_rank, dp);
-  if (zero && cfg.optimizer.zero >= 3) b.gathered = act * z.gathered_peak;
-  if (zero && cfg.optimizer.zero >= 3) b.params = f32 * z.total_padded / dp;  // the masters' pieces; blocks gathered
-                                                                              // while they run (freed after the step)
+  if (zero && cfg.optimizer.zero >= 3) {
+    b.params = f32 * z.total_padded / dp;  // the masters' pieces
+    b.gathered = act * z.gathered_peak;    // blocks gathered while they run (all freed after the step)
+  }
   if (zero && cfg.optimizer.zero >= 3 && layout.pp > 1) {
     // ZeRO-3 under pp > 1: after the step only the shards (the step's whole buckets are freed).
     b.grads = f32 * z.total_padded / dp + (wire ? 2 * z.total_padded / dp : 0);

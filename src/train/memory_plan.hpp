@@ -32,6 +32,7 @@ struct ZeroTwoBuckets {
   int64_t launches = 0, launched_elements = 0;  // a step's reduce-scatters and their summed sizes
   int64_t gathered_peak = 0;      // ZeRO-3: the most parameter elements gathered at once (working dtype)
   int64_t gathered_elements = 0;  // ZeRO-3: parameter elements all-gathered a step
+  bool kept = false;              // ZeRO-3: gathered parameters kept to the end of the step (pp > 1, or no reshard)
 };
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp);
 

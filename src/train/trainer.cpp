@@ -3,8 +3,6 @@
 // (the loss, stop flag and gradient norm are reduced every step).
 #include "train/trainer.hpp"
 
-#include "core/memory.hpp"
-
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -272,11 +270,11 @@ void report_memory(Run& r) {
     char row[160];
     std::snprintf(row, sizeof row, "  %4d", w);
     table += row;
+    j["measured"]["peak_params"] = v[8];
+    j["predicted"]["peak_params"] = v[9];
     for (int k = 0; k < 4; ++k) {
       j["measured"][kinds[k]] = v[k];
       j["predicted"][kinds[k]] = v[4 + k];
-      j["measured"]["peak_params"] = v[8];
-      j["predicted"]["peak_params"] = v[9];
       std::snprintf(row, sizeof row, " %7s (%6s)", mib(v[k]).c_str(), mib(v[4 + k]).c_str());
       table += row;
     }
@@ -329,7 +327,7 @@ int run_training(const Config& cfg) {
     else if (!cfg.model.init_from.empty()) load_init_from(ckpt, cfg.model.init_from);
     for (auto& [name, p] : r.params) p->refresh_work(*r.be);  // bf16 copies of the loaded masters
   });
-  mem_reset_peaks();  // the step's peaks, not setup's (ZeRO-3 starts from whole parameters, then shards them)
+  mem_reset_peaks();  // the peaks the report gives are the steps', not setup's or a checkpoint load's
   const std::string placement = placement_table(r);
   std::unique_ptr<MetricsLog> log;
   const RestartInfo restart = restart_from_env();
