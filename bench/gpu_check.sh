@@ -3,7 +3,8 @@
 # Run from the checkout root on the GPU machine after `eval "$(bash .gpu-bundle/setup.sh)"` (../shared/gpu/README.md).
 # The device tool copies the checkout to the same path as here (/work/main), so setup.sh leaves the bundled build
 # under /opt/relay-root: move it into place first, as every call of this session did:
-#   eval "$(bash .gpu-bundle/setup.sh)" && rm -rf build && mv /opt/relay-root/work/main/build build && bench/gpu_check.sh Logs go to OUT (default /tmp/relay-gpu-check); a short summary is printed last.
+#   bench/gpu_bundle.sh here, then there: eval "$(bash .gpu-bundle/setup.sh)" && rm -rf build && mv /opt/relay-root/work/main/build-gpu build && bench/gpu_check.sh
+# Logs go to OUT (default /tmp/relay-gpu-check); a short summary is printed last.
 # Usage: bench/gpu_check.sh [parts ("tests mlp lm profile")]
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -165,3 +165,59 @@ TEST_F(GpuTraining, LlamaMatchesCpuLayoutsAndGeneration) {
   ASSERT_EQ(gen.exit_code, 0) << gen.output;
   EXPECT_EQ(gen.output, gen_cpu.output) << "Llama greedy tokens on the GPU and the CPU";
 }
+
+// data.document_mask on the GPU (the document-start kernels: flash attention forward/backward with document
+// starts, positions in rope and the embedding): GPT and Llama equal the CPU's run in fp32; Llama in bf16 tracks fp32.
+TEST_F(GpuTraining, DocumentMaskMatchesCpu) {
+  Problem g = make_gpt_problem(dir_.path() + "/docs", 4097, 96);
+  write_documents(dir_.file("docs.h5"), 7);
+  write_documents(dir_.file("docs_eval.h5"), 8, 1025);
+  const std::vector<std::string> docs = {"data.train=" + q(dir_.file("docs.h5")), "data.eval=" + q(dir_.file("docs_eval.h5")),
+                                         "data.document_mask=true", "model.n_head=4"};
+  const std::vector<std::string> llama = {"model.type=\"llama\"", "model.n_embd=32", "model.n_head=8",
+                                          "model.n_kv_head=4", "model.ffn_hidden=48"};
+  auto run = [&](const std::string& name, bool is_llama, std::vector<std::string> extra) {
+    std::vector<std::string> ov = docs;
+    if (is_llama) ov.insert(ov.end(), llama.begin(), llama.end());
+    ov.push_back("run.dir=" + q(dir_.file(name)));
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    RunResult r = train(1, g.config, ov);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  };
+  for (bool is_llama : {false, true}) {
+    const std::string m = is_llama ? "llama" : "gpt";
+    run(m + "_cpu", is_llama, {});
+    run(m + "_gpu", is_llama, {"train.device=\"cuda\""});
+    expect_close(read_losses(dir_.file(m + "_gpu")), read_losses(dir_.file(m + "_cpu")), m + " document-masked losses");
+    expect_same_tensors(read_checkpoint(ckpt(m + "_gpu", 6)), read_checkpoint(ckpt(m + "_cpu", 6)), 1e-5,
+                        m + " document-masked tensors");
+  }
+  run("llama_bf16", true, {"train.device=\"cuda\"", "train.precision=\"bf16\""});
+  const auto b = read_losses(dir_.file("llama_bf16")), f = read_losses(dir_.file("llama_gpu"));
+  ASSERT_EQ(b.size(), f.size());
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_NEAR(b[i], f[i], 1e-2 * f[i]) << "document-masked bf16 at step " << i + 1;
+}
+
+// ZeRO-2 and ZeRO-3 on device tensors (one GPU, so parallel.comm = "mpi"): per-micro-batch gradient
+// reduce-scatters from the pool, per-block parameter gathers with prefetch, and ZeRO-3 under pp = 2, each equal to
+// the GPU's serial run in every loss and final tensor.
+TEST_F(GpuTraining, Zero2And3MatchSerial) {
+  Problem g = make_gpt_problem(dir_.path() + "/zero", 4097, 61);
+  RunResult one = train(1, g.config, {"run.dir=" + q(dir_.file("z1")), "train.device=\"cuda\"", "model.n_head=4",
+                                      "train.micro_batches=2"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  struct Layout { std::string name; int ranks; std::vector<std::string> set; };
+  const std::vector<Layout> layouts = {
+      {"zero2_dp2", 2, {"parallel.dp=2", "optimizer.zero=2"}},
+      {"zero3_dp2", 2, {"parallel.dp=2", "optimizer.zero=3"}},
+      {"zero3_dp2_pp2", 4, {"parallel.dp=2", "parallel.pp=2", "optimizer.zero=3", "train.recompute=\"blocks\""}}};
+  for (const Layout& l : layouts) {
+    std::vector<std::string> ov = {"run.dir=" + q(dir_.file(l.name)), "train.device=\"cuda\"", "parallel.comm=\"mpi\"",
+                                   "model.n_head=4", "train.micro_batches=2"};
+    ov.insert(ov.end(), l.set.begin(), l.set.end());
+    RunResult r = train(l.ranks, g.config, ov);
+    ASSERT_EQ(r.exit_code, 0) << l.name << "\n" << r.output;
+    expect_close(read_losses(dir_.file(l.name)), read_losses(dir_.file("z1")), l.name + " on the GPU");
+    expect_same_tensors(read_checkpoint(ckpt(l.name, 6)), read_checkpoint(ckpt("z1", 6)), 1e-5, l.name + " tensors");
+  }
+}

@@ -103,9 +103,6 @@ void setup_grid_and_backend(Run& r) {
     bo.gpu = r.grid.local_rank % n;
   }
   r.be = make_backend(bo);
-  if (r.cfg.data.document_mask && r.be->device() == Device::cuda)
-    throw Error("data.document_mask is not implemented on the CUDA backend yet (its attention kernels take no "
-                "document starts); train it with train.device = \"cpu\"");
   const char* verify = std::getenv("RELAY_VERIFY_TIED");
   r.verify_tied = verify && std::string(verify) == "1";
 }
