@@ -11,6 +11,7 @@
 # Usage: bench/bench_gpu_lm.sh [relay binary (build/relay)] [steps (20)] [micro-batch (16)] [micro-batches (4)]
 #        [models ("gpt llama")] [torch modes ("eager compile"; "none": Relay alone)]
 # RELAY_TRACE=1 also records steps [10, 12] into <run>/trace.json and prints the top kernels' share.
+# RELAY_SETS="key=value ...": more --set overrides for Relay's runs (e.g. model.vocab_size=50304, nanoGPT's padding).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RELAY=$(realpath "${1:-build/relay}")
@@ -45,6 +46,7 @@ for model in $MODELS; do
   dir="$work/relay-$model"
   trace=()
   [[ ${RELAY_TRACE:-0} == 1 ]] && trace=(--set "trace.steps=[10, 12]")
+  for kv in ${RELAY_SETS:-}; do trace+=(--set "$kv"); done
   mem_watch "$dir.mem" & w=$!
   "$RELAY" train --config "$config" "${extra[@]}" "${trace[@]}" --set "run.dir=\"$dir\"" --set "data.train=\"$work/tokens.h5\"" \
     --set 'data.eval=""' --set 'train.device="cuda"' --set 'train.precision="bf16"' --set train.steps="$STEPS" \

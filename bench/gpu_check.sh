@@ -34,6 +34,12 @@ for part in $PARTS; do
       BENCH_WORK=/tmp/relay-gpulm timeout ${LM_TIMEOUT:-330} bench/bench_gpu_lm.sh build/relay ${LM_STEPS:-15} ${LM_MB:-16} \
         ${LM_M:-4} "${LM_MODELS:-gpt llama}" "${LM_MODES:-eager compile}" >"$OUT/logs/bench_lm.log" 2>&1
       cat "$OUT/logs/bench_lm.log" >>"$summary"
+      if [[ -n ${LM_VOCAB:-} ]]; then  # e.g. 50304: GPT-2 with its vocabulary padded to a multiple of 64, both sides
+        echo "# GPT-2 with vocab_size $LM_VOCAB (Relay and PyTorch eager):" | tee -a "$summary" >>"$OUT/logs/bench_lm.log"
+        RELAY_SETS="model.vocab_size=$LM_VOCAB" GPT_VOCAB=$LM_VOCAB BENCH_WORK=/tmp/relay-gpulm3 timeout 150 \
+          bench/bench_gpu_lm.sh build/relay ${LM_STEPS:-15} ${LM_MB:-16} ${LM_M:-4} gpt eager 2>&1 | tail -n +3 |
+          grep -v '^torch ' | tee -a "$summary" >>"$OUT/logs/bench_lm.log"
+      fi
       if [[ -n ${LM_EXTRA:-} ]]; then  # e.g. "32 2": Relay alone at another micro-batch x micro-batches
         BENCH_WORK=/tmp/relay-gpulm2 timeout 120 bench/bench_gpu_lm.sh build/relay ${LM_STEPS:-15} $LM_EXTRA \
           "${LM_MODELS:-gpt llama}" none 2>&1 | tail -n +2 | tee -a "$summary" >>"$OUT/logs/bench_lm.log"
@@ -52,11 +58,11 @@ for part in $PARTS; do
           mlp) build/relay data synth --out /tmp/relay-mlp.h5 --samples 16384 --features 8192 --classes 10 --seed 1 >/dev/null
                args=(--config configs/bench_gpu_mlp.toml --set 'data.train="/tmp/relay-mlp.h5"') ;;
         esac
-        RELAY_OP_PROFILE=1 timeout ${PROF_TIMEOUT:-100} build/relay train "${args[@]}" \
+        RELAY_OP_PROFILE=${PROF_MODE:-1} timeout ${PROF_TIMEOUT:-100} build/relay train "${args[@]}" \
           --set "run.dir=\"/tmp/relay-prof-$target\"" --set 'train.device="cuda"' --set 'train.precision="bf16"' \
           --set train.steps=${PROF_STEPS:-6} --set 'checkpoint.resume="none"' >"$OUT/logs/prof-$target.log" 2>&1
         echo "profile $target (exit $?):" | tee -a "$summary"
-        sed -n '/GPU time by op/,$p' "$OUT/logs/prof-$target.log" | head -24 | tee -a "$summary"
+        sed -n '/GPU time by op/,$p' "$OUT/logs/prof-$target.log" | head -${PROF_LINES:-24} | tee -a "$summary"
       done ;;
   esac
 done

@@ -14,10 +14,11 @@ step), model TFLOP/s by nanoGPT's count ((6 x parameters + 12 x n_layer x n_embd
 included in the parameters as Relay counts them), MFU against PEAK_TFLOPS, and torch.cuda.max_memory_allocated.
 
 Usage: torch_gpu_lm.py gpt|llama eager|compile STEPS MICRO_BATCH MICRO_BATCHES [PEAK_TFLOPS (989.4)] [SKIP (3)]
-  gpt:   GPT-2 124M: V 50257, T 1024, 12 layers, 12 heads, 768 wide
+  gpt:   GPT-2 124M: V 50257 (or $GPT_VOCAB), T 1024, 12 layers, 12 heads, 768 wide
   llama: SmolLM2-135M's shape: V 49152, T 1024, 30 layers, 9 heads (3 key-value), 576 wide, 1536 SwiGLU
 """
 import math
+import os
 import sys
 import time
 
@@ -83,7 +84,7 @@ class GPT(nn.Module):
 
 
 if family == "gpt":
-    V, L, C = 50257, 12, 768
+    V, L, C = int(os.environ.get("GPT_VOCAB", 50257)), 12, 768  # GPT_VOCAB=50304: nanoGPT's padded vocabulary
     model = GPT(V, L, 12, C).to(dev)
     what = "nanoGPT GPT-2 124M, SDPA"
 else:

@@ -263,6 +263,32 @@ std::vector<OpCase> all_cases() {
       return std::vector{out(be, "dst", dst), out(be, "dst_rows", dst_rows)};
     });
   }
+  // Uploads of 4 MiB and more land in a device buffer on a copy stream (CUDA): three in a row through the two staging
+  // slots, the third overwriting the first tensor, must leave each tensor with its own bytes; upload_f32 into bf16
+  // rounds on the GPU there (to nearest even, as the host does), small and large, special values included.
+  for (DType x : float_types)
+    add("upload_landed_1100x1024" + suffix(x), kTolExact, [=](Backend& be) {
+      const Shape s = {1100, 1024};
+      Tensor a(be, s, x), b(be, s, x), c = input(be, s, 1, x), d = input(be, s, 2, x), e = input(be, s, 3, x);
+      std::vector<std::byte> host(static_cast<size_t>(a.bytes()));
+      for (auto [src, dst] : {std::pair{&c, &a}, {&d, &b}, {&e, &a}}) {
+        be.download(host.data(), *src);
+        be.upload(*dst, host.data());
+        std::fill(host.begin(), host.end(), std::byte{0x7f});  // the caller may reuse its buffer at once
+      }
+      return std::vector{out(be, "a", a), out(be, "b", b)};
+    });
+  for (const Shape& s : std::vector<Shape>{{3, 7}, {1100, 1024}})
+    add("upload_f32_to_bf16_" + dims(s), kTolExact, [=](Backend& be) {
+      std::vector<float> v = random_values(s[0] * s[1], 11, -300, 300);
+      const std::vector<uint32_t> bits = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7fffffu, 0x7f800000u, 0x00000001u};
+      for (size_t i = 0; i < bits.size() && i < v.size(); ++i) std::memcpy(&v[i], &bits[i], sizeof(float));
+      Tensor t(be, s, DType::bf16), u(be, s, DType::bf16);
+      be.upload_f32(t, v.data());
+      for (float& f : v) f = -f;
+      be.upload_f32(u, v.data());
+      return std::vector{out(be, "t", t), out(be, "u", u)};
+    });
   add("fill_i32_5x3", kTolExact, [](Backend& be) {
     Tensor t = class_targets(be, 15, 100, 7).view({5, 3});
     be.fill(t, -7.0f);

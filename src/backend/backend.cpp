@@ -110,6 +110,9 @@ void Backend::upload_f32(Tensor& dst, const float* host_src) {
   Check c(*this, "upload_f32");
   c.tensor(dst, "dst", kFloat);
   if (dst.dtype() == DType::f32) return upload(dst, host_src);
+  upload_f32_bf16_impl(dst, host_src);
+}
+void Backend::upload_f32_bf16_impl(Tensor& dst, const float* host_src) {
   std::vector<bf16> rounded(static_cast<size_t>(dst.numel()));
   for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = f32_to_bf16(host_src[i]);
   upload(dst, rounded.data());

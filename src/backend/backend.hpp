@@ -55,7 +55,8 @@ class Backend : public Allocator {
   virtual std::shared_ptr<std::byte> allocate_host(size_t bytes) = 0;
   virtual void upload(Tensor& dst, const void* host_src) = 0;      // dst.bytes() bytes
   virtual void download(void* host_dst, const Tensor& src) = 0;    // src.bytes() bytes; synchronous
-  // dst.numel() floats from the host into a float tensor of either dtype (rounded to bf16 on the host).
+  // dst.numel() floats from the host into a float tensor of either dtype (rounded to bf16: on the host by default,
+  // on the device where the backend overrides upload_f32_impl).
   void upload_f32(Tensor& dst, const float* host_src);
   void copy(Tensor& dst, const Tensor& src);                       // any dtype; same numel and dtype
   // dst (n, w) row i = src (m, w) row index[i]; index i32 (n), every entry in [0, m); float, one dtype; dst must not
@@ -254,6 +255,8 @@ class Backend : public Allocator {
   void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args, Tensor& work);
 
  protected:
+  // upload_f32 into a bf16 tensor (the front door has checked dst): rounds on the host, then upload().
+  virtual void upload_f32_bf16_impl(Tensor& dst, const float* host_src);
   // What each backend computes, called by the front doors above after their checks.
   virtual void copy_impl(Tensor& dst, const Tensor& src) = 0;
   virtual void gather_rows_impl(const Tensor& src, const Tensor& index, Tensor& dst) = 0;

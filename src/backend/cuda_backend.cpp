@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -203,6 +204,8 @@ class OpProfile {
     free_.pop_back();
     CUDA_CHECK(cudaEventRecord(open_.second.first, stream));
   }
+  // Appends detail to the open op's name (RELAY_OP_PROFILE=shapes: a GEMM's shape and types).
+  void label(const std::string& detail) { open_.first += detail; }
   void end(cudaStream_t stream) {
     CUDA_CHECK(cudaEventRecord(open_.second.second, stream));
     pending_.push_back(open_);
@@ -285,9 +288,15 @@ class CudaBackend final : public Backend {
     lt_workspace_ = pool_->allocate(kLtWorkspaceBytes);
     lt_ = std::make_unique<cuda::LtGemm>(lt_workspace_.get(), kLtWorkspaceBytes);
     host_scalar_ = allocate_host(sizeof(double));
-    for (Staging& slot : staging_) CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+    for (Staging& slot : staging_) {
+      CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&slot.consumed, cudaEventDisableTiming));
+    }
     set_precision(opts.precision);
-    if (const char* v = std::getenv("RELAY_OP_PROFILE"); v && std::string(v) == "1") profile_ = std::make_unique<OpProfile>();
+    if (const char* v = std::getenv("RELAY_OP_PROFILE"); v && (std::string(v) == "1" || std::string(v) == "shapes")) {
+      profile_ = std::make_unique<OpProfile>();
+      profile_shapes_ = std::string(v) == "shapes";
+    }
   }
 
   ~CudaBackend() override {
@@ -306,8 +315,13 @@ class CudaBackend final : public Backend {
     reduce_scratch_.reset();
     lt_.reset();
     lt_workspace_.reset();
-    for (Staging& slot : staging_)
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+    for (Staging& slot : staging_) {
       if (slot.copied) cudaEventDestroy(slot.copied);
+      if (slot.consumed) cudaEventDestroy(slot.consumed);
+      if (slot.landing) cudaFree(slot.landing);
+    }
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -378,17 +392,21 @@ class CudaBackend final : public Backend {
     const size_t bytes = dst.bytes();
     if (bytes == 0) return;
     RELAY_ASSERT(host_src, "upload: null host pointer");
-    Staging& slot = staging_[next_staging_];
-    next_staging_ = (next_staging_ + 1) % staging_.size();
-    CUDA_CHECK(cudaEventSynchronize(slot.copied));  // its last copy has read the buffer (no-op if none)
-    if (slot.capacity < bytes) {
-      slot.buffer.reset();
-      slot.buffer = allocate_host(bytes);
-      slot.capacity = bytes;
-    }
-    std::memcpy(slot.buffer.get(), host_src, bytes);
+    if (bytes >= kLandedUploadBytes) return upload_landed(dst, host_src, bytes, /*round_to_bf16=*/false);
+    Staging& slot = next_slot();
+    stage(slot, host_src, bytes);
     CUDA_CHECK(cudaMemcpyAsync(dst.raw(), slot.buffer.get(), bytes, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaEventRecord(slot.copied, stream_));
+  }
+
+  // float32 from the host into a bf16 tensor: copied as float32 and rounded on the GPU (the host's rounding loop
+  // cost the bf16 MLP benchmark 230 ms a step for its 8192 x 8192 batches).
+  void upload_f32_bf16_impl(Tensor& dst, const float* host_src) override {
+    bind();
+    const size_t bytes = size_t(dst.numel()) * sizeof(float);
+    if (bytes == 0) return;
+    RELAY_ASSERT(host_src, "upload_f32: null host pointer");
+    upload_landed(dst, host_src, bytes, /*round_to_bf16=*/true);
   }
 
   void download(void* host_dst, const Tensor& src) override {
@@ -522,7 +540,7 @@ class CudaBackend final : public Backend {
     lt.a = a.raw();
     lt.b = b.raw();
     lt.c = y.raw();
-    if (lt_->run(lt, stream_)) return;
+    if (label_gemm(lt), lt_->run(lt, stream_)) return;
 
     // cuBLASLt had no algorithm: cublasGemmEx.
     // Row-major y = op(a) op(b) is column-major y^T = op(b)^T op(a)^T: cuBLAS sees each row-major
@@ -564,7 +582,7 @@ class CudaBackend final : public Backend {
       lt.bias = bias.defined() ? bias.raw() : nullptr;
       lt.gelu = gelu;
       lt.aux = pre_act ? pre_act->raw() : nullptr;
-      if (lt_->run(lt, stream_)) return;
+      if (label_gemm(lt), lt_->run(lt, stream_)) return;
     }
     Tensor& z = pre_act ? *pre_act : y;  // (n, out) the GEMM's output; the GELU runs in place without pre_act
     matmul_impl(x, false, w, true, z, 1.f, 0.f);
@@ -606,7 +624,7 @@ class CudaBackend final : public Backend {
       lt.b = w.raw();
       lt.c = dx.raw();
       lt.dgelu_in = act_in.raw();
-      if (lt_->run(lt, stream_)) return;
+      if (label_gemm(lt), lt_->run(lt, stream_)) return;
     }
     matmul_impl(dy, false, w, false, dx, 1.f, 0.f);  // (n, out) @ (out, in)
     if (act == LinearAct::gelu_tanh) activation_backward_impl(Activation::gelu_tanh, act_in, dx, dx);
@@ -927,6 +945,80 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  struct Staging {
+    std::shared_ptr<std::byte> buffer;  // pinned
+    size_t capacity = 0;
+    cudaEvent_t copied = nullptr;    // recorded after the copy that last read buffer
+    void* landing = nullptr;         // (landing_capacity) device bytes: large uploads arrive here first
+    size_t landing_capacity = 0;
+    cudaEvent_t consumed = nullptr;  // recorded after the compute stream last read landing
+  };
+
+  // RELAY_OP_PROFILE=shapes: the open op's GEMM as " [m x n x k ab->c epilogue]", so the profile sums by shape.
+  void label_gemm(const cuda::LtMatmul& p) const {
+    if (!profile_shapes_ || op_depth_ != 1) return;
+    auto type = [](cudaDataType_t t) { return t == CUDA_R_16BF ? "bf16" : "f32"; };
+    profile_->label(cat(" [", p.m, " x ", p.n, " x ", p.k, p.trans_a ? " aT" : "", p.trans_b ? " bT" : "", " ",
+                        type(p.ab_type), "->", type(p.c_type), p.beta != 0.f ? " +=" : "", p.bias ? " bias" : "",
+                        p.gelu ? " gelu" : "", p.dgelu_in ? " dgelu" : "", "]"));
+  }
+
+  // Uploads of at least this many bytes (a batch of dense features) land in a device buffer on a copy stream, so the
+  // transfer overlaps the compute stream's work; token batches stay on the direct path.
+  static constexpr size_t kLandedUploadBytes = size_t(4) << 20;
+
+  Staging& next_slot() {
+    Staging& slot = staging_[next_staging_];
+    next_staging_ = (next_staging_ + 1) % staging_.size();
+    return slot;
+  }
+
+  // Copies bytes of host_src into the slot's pinned buffer once its last transfer has read it. Large copies are split
+  // over host threads: one thread's memcpy of a 256 MiB batch takes tens of milliseconds.
+  void stage(Staging& slot, const void* host_src, size_t bytes) {
+    CUDA_CHECK(cudaEventSynchronize(slot.copied));  // its last copy has read the buffer (no-op if none)
+    if (slot.capacity < bytes) {
+      slot.buffer.reset();
+      slot.buffer = allocate_host(bytes);
+      slot.capacity = bytes;
+    }
+    const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+    const size_t threads = std::min<size_t>({8, hw, std::max<size_t>(1, bytes / (size_t(32) << 20))});
+    auto part = [&](size_t i) {
+      const size_t begin = bytes * i / threads, end = bytes * (i + 1) / threads;
+      std::memcpy(slot.buffer.get() + begin, static_cast<const std::byte*>(host_src) + begin, end - begin);
+    };
+    std::vector<std::thread> pool;
+    for (size_t i = 1; i < threads; ++i) pool.emplace_back(part, i);
+    part(0);
+    for (std::thread& t : pool) t.join();
+  }
+
+  // host_src (bytes) -> pinned staging -> the slot's device landing buffer on copy_stream_ (after the compute stream has
+  // consumed the landing buffer's last contents) -> dst on the compute stream: a device copy, or the float32 -> bf16
+  // rounding when round_to_bf16.
+  void upload_landed(Tensor& dst, const void* host_src, size_t bytes, bool round_to_bf16) {
+    if (!copy_stream_) CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    Staging& slot = next_slot();
+    stage(slot, host_src, bytes);
+    if (slot.landing_capacity < bytes) {
+      CUDA_CHECK(cudaEventSynchronize(slot.consumed));
+      if (slot.landing) CUDA_CHECK(cudaFree(slot.landing));
+      slot.landing = nullptr;
+      CUDA_CHECK(cudaMalloc(&slot.landing, bytes));
+      slot.landing_capacity = bytes;
+    }
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, slot.consumed, 0));
+    CUDA_CHECK(cudaMemcpyAsync(slot.landing, slot.buffer.get(), bytes, cudaMemcpyHostToDevice, copy_stream_));
+    CUDA_CHECK(cudaEventRecord(slot.copied, copy_stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.copied, 0));
+    if (round_to_bf16)
+      cuda::convert(static_cast<const float*>(slot.landing), ptr<__nv_bfloat16>(dst), dst.numel(), stream_);
+    else
+      CUDA_CHECK(cudaMemcpyAsync(dst.raw(), slot.landing, bytes, cudaMemcpyDeviceToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(slot.consumed, stream_));
+  }
+
   // The runtime's current device is per host thread; binding on every entry point keeps ops right
   // when a helper thread (a data prefetcher) calls in. Cheap when the device is already current.
   void bind() const { CUDA_CHECK(cudaSetDevice(device_)); }
@@ -958,13 +1050,10 @@ class CudaBackend final : public Backend {
   std::shared_ptr<DevicePool> pool_;
   std::shared_ptr<std::byte> reduce_scratch_;  // (kSumSquaresMaxBlocks + 1) doubles
   std::shared_ptr<std::byte> host_scalar_;     // one pinned double for sum_squares
-  std::unique_ptr<OpProfile> profile_;         // RELAY_OP_PROFILE=1 only
+  std::unique_ptr<OpProfile> profile_;         // RELAY_OP_PROFILE=1 or shapes only
+  bool profile_shapes_ = false;                // RELAY_OP_PROFILE=shapes: GEMMs summed by shape
   mutable int op_depth_ = 0;                   // nesting of front-door ops: only the outermost is timed
-  struct Staging {
-    std::shared_ptr<std::byte> buffer;  // pinned
-    size_t capacity = 0;
-    cudaEvent_t copied = nullptr;  // recorded after the copy that last read buffer
-  };
+  cudaStream_t copy_stream_ = nullptr;  // large uploads' host-to-device copies (created on the first)
   std::array<Staging, 2> staging_;
   size_t next_staging_ = 0;
 };
