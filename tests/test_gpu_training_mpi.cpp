@@ -200,7 +200,7 @@ TEST_F(GpuTraining, DocumentMaskMatchesCpu) {
 
 // ZeRO-2 and ZeRO-3 on device tensors (one GPU, so parallel.comm = "mpi"): per-micro-batch gradient
 // reduce-scatters from the pool, per-block parameter gathers with prefetch, and ZeRO-3 under pp = 2, each equal to
-// the GPU's serial run in every loss and final tensor.
+// the GPU's serial run in every loss and final tensor; in bf16, equal to ZeRO-1 in bf16.
 TEST_F(GpuTraining, Zero2And3MatchSerial) {
   Problem g = make_gpt_problem(dir_.path() + "/zero", 4097, 61);
   RunResult one = train(1, g.config, {"run.dir=" + q(dir_.file("z1")), "train.device=\"cuda\"", "model.n_head=4",
@@ -219,5 +219,25 @@ TEST_F(GpuTraining, Zero2And3MatchSerial) {
     ASSERT_EQ(r.exit_code, 0) << l.name << "\n" << r.output;
     expect_close(read_losses(dir_.file(l.name)), read_losses(dir_.file("z1")), l.name + " on the GPU");
     expect_same_tensors(read_checkpoint(ckpt(l.name, 6)), read_checkpoint(ckpt("z1", 6)), 1e-5, l.name + " tensors");
+  }
+  // bf16 (gathered in bf16; gradients reduced in fp32, or in bf16 with parallel.grad_reduce = "bf16"): ZeRO-2 and
+  // ZeRO-3 equal ZeRO-1 on the same layout and reduction (one micro-batch, so every stage reduces the same sums, and
+  // two ranks: a sum of two is the same in any order).
+  for (std::string reduce : {"fp32", "bf16"}) {
+    auto bf16_run = [&](const std::string& name, const std::string& zero) {
+      RunResult r = train(2, g.config, {"run.dir=" + q(dir_.file(name)), "train.device=\"cuda\"", "parallel.comm=\"mpi\"",
+                                        "model.n_head=4", "train.micro_batches=1", "parallel.dp=2",
+                                        "train.precision=\"bf16\"", "parallel.grad_reduce=" + q(reduce),
+                                        "optimizer.zero=" + zero});
+      EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    };
+    const std::string z1 = "bf16_" + reduce + "_zero1";
+    bf16_run(z1, "1");
+    for (std::string zero : {"2", "3"}) {
+      const std::string name = "bf16_" + reduce + "_zero" + zero;
+      bf16_run(name, zero);
+      expect_close(read_losses(dir_.file(name)), read_losses(dir_.file(z1)), name + " against ZeRO-1");
+      expect_same_tensors(read_checkpoint(ckpt(name, 6)), read_checkpoint(ckpt(z1, 6)), 1e-5, name + " tensors");
+    }
   }
 }
