@@ -27,6 +27,7 @@
 #include "backend/backend.hpp"
 #include "core/bf16.hpp"
 #include "core/rng.hpp"
+#include "model/context_parallel.hpp"
 
 namespace relay {
 namespace {
@@ -808,6 +809,60 @@ std::vector<OpCase> all_cases() {
           }
           return std::vector{out(be, "out", o), out(be, "kcache", kc), out(be, "vcache", vc)};
         });
+    }
+  }
+
+  // Context parallelism's positioned attention (flash_attention_gqa_forward_at / _backward_at): one cp rank's
+  // Tq = Tk / cp query rows of each sequence against all Tk keys. Positions as training lays them out
+  // (cp_position: chunks rank and 2cp - 1 - rank of 2cp, the load-balanced split), or one contiguous middle chunk
+  // [first, first + Tq); with the document mask each query's document start is its position's. T never a multiple
+  // of the GPU's tiles (16, 8, 32) and not of the CPU's (128); a key no query sees gets zero gradients.
+  struct At { int64_t B, Tk, cp, rank, first, H, KV, hd; };  // first < 0: cp rank `rank`'s zigzag chunks
+  for (DType x : float_types) {
+    const std::string sx = suffix(x);
+    for (At g : {At{2, 76, 2, 0, -1, 4, 2, 16}, At{2, 76, 2, 1, -1, 4, 4, 16}, At{1, 264, 4, 1, -1, 4, 1, 64},
+                 At{1, 264, 4, 3, -1, 4, 2, 64}, At{1, 130, 3, 0, 50, 4, 2, 64}, At{2, 40, 2, 1, -1, 2, 1, 128},
+                 At{1, 36, 3, 2, -1, 3, 3, 40}, At{2, 37, 1, 0, 0, 4, 2, 16}}) {
+      const int64_t Tq = g.Tk / g.cp, nq = g.B * Tq, nk = g.B * g.Tk, C = g.H * g.hd, Ckv = g.KV * g.hd;
+      const std::string d = "B" + std::to_string(g.B) + "_Tk" + std::to_string(g.Tk) + "_Tq" + std::to_string(Tq) +
+                            (g.first < 0 ? "_cp" + std::to_string(g.cp) + "rank" + std::to_string(g.rank)
+                                         : "_from" + std::to_string(g.first)) +
+                            "_H" + std::to_string(g.H) + "_KV" + std::to_string(g.KV) + "_hd" + std::to_string(g.hd);
+      std::vector<int32_t> q_pos(static_cast<size_t>(nq));  // (B*Tq) each query row's key position
+      for (int64_t b = 0; b < g.B; ++b)
+        for (int64_t t = 0; t < Tq; ++t)
+          q_pos[static_cast<size_t>(b * Tq + t)] =
+              static_cast<int32_t>(g.first < 0 ? cp_position(g.Tk, int(g.cp), int(g.rank), t) : g.first + t);
+      std::vector<int32_t> key_start, unused, q_start(static_cast<size_t>(nq));  // (B*Tk) and (B*Tq) document starts
+      document_layout_rows(g.B, g.Tk, 150, key_start, unused);
+      for (int64_t b = 0; b < g.B; ++b)
+        for (int64_t t = 0; t < Tq; ++t)
+          q_start[static_cast<size_t>(b * Tq + t)] = key_start[static_cast<size_t>(b * g.Tk + q_pos[size_t(b * Tq + t)])];
+      for (bool docs : {false, true}) {
+        const std::string dd = docs ? "_documents" : "";
+        add("flash_attention_at_forward_" + d + dd + sx, kTolFlash, [=](Backend& be) {
+          Tensor q = input(be, {nq, C}, 151, x, -2, 2), k = input(be, {nk, Ckv}, 152, x, -2, 2);
+          Tensor v = input(be, {nk, Ckv}, 153, x, -2, 2), y(be, {nq, C}, x), lse(be, {g.B, g.H, Tq});
+          const Tensor pos = i32_tensor(be, q_pos), doc = docs ? i32_tensor(be, q_start) : Tensor();
+          be.flash_attention_gqa_forward_at(q, k, v, g.B, Tq, g.Tk, pos, g.H, g.KV, y, lse, doc);
+          return std::vector{out(be, "out", y), out(be, "lse", lse)};
+        });
+        // The backward from the CPU's forward (the same out and lse on both backends).
+        add("flash_attention_at_backward_" + d + dd + sx, kTolFlash, [=](Backend& be) {
+          Backend& cpu = cpu_backend();
+          Tensor q_ref = input(cpu, {nq, C}, 154, x, -2, 2), k_ref = input(cpu, {nk, Ckv}, 155, x, -2, 2);
+          Tensor v_ref = input(cpu, {nk, Ckv}, 156, x, -2, 2), y_ref(cpu, {nq, C}, x), lse_ref(cpu, {g.B, g.H, Tq});
+          cpu.flash_attention_gqa_forward_at(q_ref, k_ref, v_ref, g.B, Tq, g.Tk, i32_tensor(cpu, q_pos), g.H, g.KV,
+                                             y_ref, lse_ref, docs ? i32_tensor(cpu, q_start) : Tensor());
+          Tensor q = copy_to(be, q_ref), k = copy_to(be, k_ref), v = copy_to(be, v_ref);
+          Tensor y = copy_to(be, y_ref), lse = copy_to(be, lse_ref);
+          const Tensor pos = i32_tensor(be, q_pos), doc = docs ? i32_tensor(be, q_start) : Tensor();
+          Tensor dy = input(be, {nq, C}, 157, x), dq = input(be, {nq, C}, 158, x);  // overwritten
+          Tensor dk = input(be, {nk, Ckv}, 159, x), dv = input(be, {nk, Ckv}, 160, x);
+          be.flash_attention_gqa_backward_at(dy, q, k, v, y, lse, g.B, Tq, g.Tk, pos, g.H, g.KV, dq, dk, dv, doc);
+          return std::vector{out(be, "dq", dq), out(be, "dk", dk), out(be, "dv", dv)};
+        });
+      }
     }
   }
   return cases;

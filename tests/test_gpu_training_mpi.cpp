@@ -1,6 +1,6 @@
 // Training on the GPU with the real binary (issue "CUDA backend"): (dp, pp) = (1, 1) in fp32 matches
-// the CPU run; dp = 2 and pp = 2 with parallel.comm = "mpi" on one GPU match the serial run; a
-// checkpoint written on the GPU resumes on the CPU and the other way round. Tolerance as the
+// the CPU run; dp = 2 and pp = 2 with parallel.comm = "mpi" on one GPU match the serial run (and cp = 2, with and
+// without document masks); a checkpoint written on the GPU resumes on the CPU and the other way round. Tolerance as the
 // equivalence tests: |a - b| <= 1e-6 + 1e-5 |b|. Skipped, with the reason, without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -240,4 +240,38 @@ TEST_F(GpuTraining, Zero2And3MatchSerial) {
       expect_same_tensors(read_checkpoint(ckpt(name, 6)), read_checkpoint(ckpt(z1, 6)), 1e-5, name + " tensors");
     }
   }
+}
+
+// Context parallelism on device tensors (one GPU, so parallel.comm = "mpi"): cp = 2 cuts each sequence of 16 tokens
+// into 4 chunks, each rank attends with its two chunks' queries at their positions to the gathered keys (the CUDA
+// positioned attention, flash_attention_gqa_forward_at / _backward_at), and the key gradients are reduce-scattered.
+// GPT and its Llama twin (grouped-query attention), with and without data.document_mask, equal the GPU's serial run
+// in every loss and final tensor.
+TEST_F(GpuTraining, ContextParallelMatchesSerial) {
+  Problem g = make_gpt_problem(dir_.path() + "/cp");
+  write_documents(dir_.file("cp_docs.h5"));
+  write_documents(dir_.file("cp_docs_eval.h5"), 8, 1025);
+  const std::vector<std::string> llama = {"model.type=\"llama\"", "model.n_embd=32", "model.n_head=8",
+                                          "model.n_kv_head=4", "model.ffn_hidden=48"};
+  const std::vector<std::string> docs = {"data.train=" + q(dir_.file("cp_docs.h5")),
+                                         "data.eval=" + q(dir_.file("cp_docs_eval.h5")), "data.document_mask=true"};
+  for (bool is_llama : {false, true})
+    for (bool masked : {false, true}) {
+      const std::string m = std::string(is_llama ? "llama" : "gpt") + (masked ? "_docs" : "");
+      auto run = [&](int ranks, const std::string& name, std::vector<std::string> extra) {
+        std::vector<std::string> ov = {"run.dir=" + q(dir_.file(name)), "train.device=\"cuda\""};
+        if (is_llama) ov.insert(ov.end(), llama.begin(), llama.end());
+        if (masked) ov.insert(ov.end(), docs.begin(), docs.end());
+        ov.insert(ov.end(), extra.begin(), extra.end());
+        RunResult r = train(ranks, g.config, ov);
+        EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+        return r;
+      };
+      run(1, m + "_serial", {});
+      RunResult r = run(2, m + "_cp2", {"parallel.comm=\"mpi\"", "parallel.cp=2"});
+      EXPECT_TRUE(contains(r.output, "context parallelism: each sequence of 16 tokens is cut into 4 chunks")) << r.output;
+      expect_close(read_losses(dir_.file(m + "_cp2")), read_losses(dir_.file(m + "_serial")), m + " cp2 on the GPU");
+      expect_same_tensors(read_checkpoint(ckpt(m + "_cp2", 6)), read_checkpoint(ckpt(m + "_serial", 6)), 1e-5,
+                          m + " cp2 tensors");
+    }
 }

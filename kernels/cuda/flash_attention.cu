@@ -16,8 +16,13 @@
 // (q = qkv, k = qkv + C, v = qkv + 2C, ld 3C) and Llama's separate grouped-query q, k, v share the kernels:
 // query head h reads key/value head h / (H / KV). The dK/dV blocks of a key/value head walk its query heads
 // in order (KV == H: one head, the packed op's arithmetic unchanged).
+// Positioned queries (context parallelism, flash_attention_gqa_forward_at): q holds Tq rows of each sequence, k and
+// v its Tk gathered rows, and query t sits at key position q_pos[t] (non-decreasing) instead of t. Without q_pos
+// the kernels are the self-attention ones above, with the same arithmetic: every loop bound below reduces to its
+// old value when q_pos is null and Tq == Tk.
 #include "kernels/cuda/flash_attention.cuh"
 
+#include <algorithm>
 #include <climits>
 
 #include <type_traits>
@@ -68,11 +73,26 @@ __device__ inline float dot_column(const float* a, const float (*bt)[kTile + 1],
   return s;
 }
 
-// grid (B*H, ceil(T / kFwdRows)), block (kThreads). DPL = head dims per lane, D = 32 DPL >= hd.
+// The key position of query row t: qp[t] (qp, (Tq) non-decreasing), or t itself for self-attention (qp null).
+__device__ inline int position_of(const int32_t* qp, int t) { return qp ? qp[t] : t; }
+
+// The first query row in [lo, hi) whose value in a (non-decreasing) is at least x; hi if none. Every thread of a
+// block computes the same answer.
+__device__ inline int lower_bound(const int32_t* a, int lo, int hi, int x) {
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (a[mid] < x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// grid (B*H, ceil(Tq / kFwdRows)), block (kThreads). DPL = head dims per lane, D = 32 DPL >= hd.
+// q_pos (B*Tq) or null (then Tq == Tk and query t sits at position t); doc_start (B*Tq) or null.
 template <typename X, int DPL>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(const X* q_in, const X* k_in, const X* v_in, int64_t ldq, int64_t ldkv, X* out, float* lse,
-                         int T, int H, int KV, int hd, const int32_t* doc_start) {
+                         int Tq, int Tk, const int32_t* q_pos, int H, int KV, int hd, const int32_t* doc_start) {
   constexpr int D = 32 * DPL;
   constexpr int R = kFwdRows / kWarps;  // query rows per warp
   __shared__ float q_s[kFwdRows][D];    // (queries, hd) this block's queries
@@ -80,12 +100,13 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float v_t[D][kTile + 1];   // (hd, keys) its values
   const int C = H * hd, bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int q0 = blockIdx.y * kFwdRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const X* qseq = q_in + int64_t(b) * T * ldq + int64_t(h) * hd;     // (T, ldq): this sequence, this head
-  const X* kseq = k_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;  // (T, ldkv): its key/value head
-  const X* vseq = v_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;
+  const X* qseq = q_in + int64_t(b) * Tq * ldq + int64_t(h) * hd;     // (Tq, ldq): this sequence, this head
+  const X* kseq = k_in + int64_t(b) * Tk * ldkv + int64_t(kvh) * hd;  // (Tk, ldkv): its key/value head
+  const X* vseq = v_in + int64_t(b) * Tk * ldkv + int64_t(kvh) * hd;
+  const int32_t* qp = q_pos ? q_pos + int64_t(b) * Tq : nullptr;       // (Tq) key positions of the queries, or null
   const float scale2 = kLog2e / sqrtf(float(hd));  // scores in log2 units: the softmax uses exp2
 
-  load_rows<X, D>(qseq, ldq, q0, kFwdRows, T, hd, q_s);
+  load_rows<X, D>(qseq, ldq, q0, kFwdRows, Tq, hd, q_s);
   float m[R], l[R], acc[R][DPL];  // per row: running max (log2 units), running sum, output dims of this lane
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
@@ -94,24 +115,27 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[rr][i] = 0.0f;
   }
-  const int q_end = min(T, q0 + kFwdRows);  // keys at or after the block's last query + 1 are never seen
-  const int32_t* ds = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T) each query's document start
+  // Keys after the block's last query's position are never seen (positions are non-decreasing).
+  const int k_end = position_of(qp, min(Tq, q0 + kFwdRows) - 1) + 1;
+  const int32_t* ds = doc_start ? doc_start + int64_t(b) * Tq : nullptr;  // (Tq) each query's document start
   // Key tiles before the block's first document start (documents are contiguous: the first row's) are skipped.
-  for (int k0 = ds && q0 < T ? ds[q0] / kTile * kTile : 0; k0 < q_end; k0 += kTile) {
+  for (int k0 = ds && q0 < Tq ? ds[q0] / kTile * kTile : 0; k0 < k_end; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous tile
-    load_tile_transposed<X, D>(kseq, ldkv, k0, T, hd, k_t);
-    load_tile_transposed<X, D>(vseq, ldkv, k0, T, hd, v_t);
+    load_tile_transposed<X, D>(kseq, ldkv, k0, Tk, hd, k_t);
+    load_tile_transposed<X, D>(vseq, ldkv, k0, Tk, hd, v_t);
     __syncthreads();
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       const int t = q0 + warp + rr * kWarps;
-      if (t >= T || t < k0) continue;  // the same for the whole warp: this row sees no key of the tile
-      const int lo = ds ? ds[t] : 0;   // the row's first visible key
-      if (k0 + kTile <= lo) continue;  // its document starts after the tile
-      const int visible = min(kTile, t - k0 + 1);  // keys k0 .. k0 + visible - 1
+      if (t >= Tq) continue;             // the same for the whole warp
+      const int pt = position_of(qp, t);  // the row's key position: it sees keys [lo, pt]
+      if (pt < k0) continue;              // warp-uniform: this row sees no key of the tile
+      const int lo = ds ? ds[t] : 0;      // the row's first visible key
+      if (k0 + kTile <= lo) continue;     // its document starts after the tile
+      const int visible = min(kTile, pt - k0 + 1);  // keys k0 .. k0 + visible - 1
       const bool seen = lane < visible && k0 + lane >= lo;
       const float score = seen ? dot_column<D>(q_s[t - q0], k_t, lane, hd) * scale2 : -INFINITY;
-      const float m_new = fmaxf(m[rr], warp_max(score));  // finite: the tile holds a key in [lo, t]
+      const float m_new = fmaxf(m[rr], warp_max(score));  // finite: the tile holds a key in [lo, pt]
       const float p = exp2f(score - m_new);               // 0 for a masked key
       const float corr = exp2f(m[rr] - m_new);            // 0 on the row's first tile (m = -inf)
       l[rr] = l[rr] * corr + warp_sum(p);
@@ -128,15 +152,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
     const int t = q0 + warp + rr * kWarps;
-    if (t >= T) continue;
+    if (t >= Tq) continue;
     const float inv = 1.0f / l[rr];
-    X* o = out + (int64_t(b) * T + t) * C + int64_t(h) * hd;  // (hd)
+    X* o = out + (int64_t(b) * Tq + t) * C + int64_t(h) * hd;  // (hd)
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
       if (d < hd) store(o[d], acc[rr][i] * inv);
     }
-    if (lane == 0) lse[int64_t(bh) * T + t] = (m[rr] + log2f(l[rr])) * kLn2;
+    if (lane == 0) lse[int64_t(bh) * Tq + t] = (m[rr] + log2f(l[rr])) * kLn2;
   }
 }
 
@@ -156,13 +180,13 @@ __global__ void flash_backward_row_dot_kernel(const X* dout, const X* out, float
   if (lane == 0) row_dot[row] = s;
 }
 
-// grid (B*H, ceil(T / kDqRows)), block (kThreads): dQ of kDqRows queries, over their key tiles.
+// grid (B*H, ceil(Tq / kDqRows)), block (kThreads): dQ of kDqRows queries, over their key tiles.
 //   P = exp2(scale2 q.k - lse2), dP = dO.v, dS = P (dP - D), dQ = scale sum_s dS k_s.
 template <typename X, int DPL>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(const X* dout, const X* q_in, const X* k_in, const X* v_in, int64_t ldq, int64_t ldkv,
-                             const float* lse, const float* row_dot, X* dq_out, int T, int H, int KV, int hd,
-                             const int32_t* doc_start) {
+                             const float* lse, const float* row_dot, X* dq_out, int Tq, int Tk, const int32_t* q_pos,
+                             int H, int KV, int hd, const int32_t* doc_start) {
   constexpr int D = 32 * DPL;
   constexpr int R = kDqRows / kWarps;  // query rows per warp
   __shared__ float q_s[kDqRows][D];    // (queries, hd)
@@ -171,37 +195,40 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float v_t[D][kTile + 1];  // (hd, keys) its values
   const int C = H * hd, bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / KV);
   const int q0 = blockIdx.y * kDqRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const X* qseq = q_in + int64_t(b) * T * ldq + int64_t(h) * hd;     // (T, ldq)
-  const X* kseq = k_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;  // (T, ldkv)
-  const X* vseq = v_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;
-  const X* dseq = dout + int64_t(b) * T * C + int64_t(h) * hd;  // (T, C)
+  const X* qseq = q_in + int64_t(b) * Tq * ldq + int64_t(h) * hd;     // (Tq, ldq)
+  const X* kseq = k_in + int64_t(b) * Tk * ldkv + int64_t(kvh) * hd;  // (Tk, ldkv)
+  const X* vseq = v_in + int64_t(b) * Tk * ldkv + int64_t(kvh) * hd;
+  const X* dseq = dout + int64_t(b) * Tq * C + int64_t(h) * hd;       // (Tq, C)
+  const int32_t* qp = q_pos ? q_pos + int64_t(b) * Tq : nullptr;       // (Tq) key positions of the queries, or null
   const float scale = 1.0f / sqrtf(float(hd)), scale2 = kLog2e / sqrtf(float(hd));
 
-  load_rows<X, D>(qseq, ldq, q0, kDqRows, T, hd, q_s);
-  load_rows<X, D>(dseq, C, q0, kDqRows, T, hd, do_s);
+  load_rows<X, D>(qseq, ldq, q0, kDqRows, Tq, hd, q_s);
+  load_rows<X, D>(dseq, C, q0, kDqRows, Tq, hd, do_s);
   float dq[R][DPL], lse2[R], drow[R];
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
     const int t = q0 + warp + rr * kWarps;
-    lse2[rr] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : 0.0f;
-    drow[rr] = t < T ? row_dot[int64_t(bh) * T + t] : 0.0f;
+    lse2[rr] = t < Tq ? lse[int64_t(bh) * Tq + t] * kLog2e : 0.0f;
+    drow[rr] = t < Tq ? row_dot[int64_t(bh) * Tq + t] : 0.0f;
 #pragma unroll
     for (int i = 0; i < DPL; ++i) dq[rr][i] = 0.0f;
   }
-  const int q_end = min(T, q0 + kDqRows);
-  const int32_t* dst = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T) each query's document start
-  for (int k0 = dst && q0 < T ? dst[q0] / kTile * kTile : 0; k0 < q_end; k0 += kTile) {
+  const int k_end = position_of(qp, min(Tq, q0 + kDqRows) - 1) + 1;  // past the block's last query's position
+  const int32_t* dst = doc_start ? doc_start + int64_t(b) * Tq : nullptr;  // (Tq) each query's document start
+  for (int k0 = dst && q0 < Tq ? dst[q0] / kTile * kTile : 0; k0 < k_end; k0 += kTile) {
     __syncthreads();
-    load_tile_transposed<X, D>(kseq, ldkv, k0, T, hd, k_t);
-    load_tile_transposed<X, D>(vseq, ldkv, k0, T, hd, v_t);
+    load_tile_transposed<X, D>(kseq, ldkv, k0, Tk, hd, k_t);
+    load_tile_transposed<X, D>(vseq, ldkv, k0, Tk, hd, v_t);
     __syncthreads();
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       const int t = q0 + warp + rr * kWarps;
-      if (t >= T || t < k0) continue;  // warp-uniform
+      if (t >= Tq) continue;  // warp-uniform
+      const int pt = position_of(qp, t);
+      if (pt < k0) continue;  // warp-uniform: the row sees no key of the tile
       const int lo = dst ? dst[t] : 0;
       if (k0 + kTile <= lo) continue;  // warp-uniform: the row's document starts after the tile
-      const int visible = min(kTile, t - k0 + 1);
+      const int visible = min(kTile, pt - k0 + 1);
       float ds = 0.0f;  // dS of query t and key k0 + lane
       if (lane < visible && k0 + lane >= lo) {
         const float p = exp2f(dot_column<D>(q_s[t - q0], k_t, lane, hd) * scale2 - lse2[rr]);
@@ -218,8 +245,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
     const int t = q0 + warp + rr * kWarps;
-    if (t >= T) continue;
-    X* g = dq_out + (int64_t(b) * T + t) * ldq + int64_t(h) * hd;  // (hd) of row t
+    if (t >= Tq) continue;
+    X* g = dq_out + (int64_t(b) * Tq + t) * ldq + int64_t(h) * hd;  // (hd) of row t
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
@@ -228,13 +255,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid (B*KV, ceil(T / kDkvRows)), block (kThreads): dK and dV of kDkvRows keys of one key/value head, over
+// grid (B*KV, ceil(Tk / kDkvRows)), block (kThreads): dK and dV of kDkvRows keys of one key/value head, over
 // its query heads in order and for each the query tiles that see them. dV = sum_t P dO_t, dK = scale sum_t dS q_t.
+// A key no query sees (after every query's position) gets dK = dV = 0.
 template <typename X, int DPL>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkv_kernel(const X* dout, const X* q_in, const X* k_in, const X* v_in, int64_t ldq, int64_t ldkv,
-                              const float* lse, const float* row_dot, X* dk_out, X* dv_out, int T, int H, int KV,
-                              int hd, const int32_t* doc_start) {
+                              const float* lse, const float* row_dot, X* dk_out, X* dv_out, int Tq, int Tk,
+                              const int32_t* q_pos, int H, int KV, int hd, const int32_t* doc_start) {
   constexpr int D = 32 * DPL;
   constexpr int R = kDkvRows / kWarps;  // key rows per warp
   __shared__ float k_s[kDkvRows][D];    // (keys, hd) this block's keys
@@ -244,28 +272,24 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float lse2_s[kTile];       // (queries) lse in log2 units
   __shared__ float drow_s[kTile];       // (queries) D
   __shared__ int lo_s[kTile];           // (queries) document starts
+  __shared__ int pos_s[kTile];          // (queries) key positions
   const int C = H * hd, bkv = blockIdx.x, b = bkv / KV, kvh = bkv % KV, group = H / KV;
   const int s0 = blockIdx.y * kDkvRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const X* kseq = k_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;  // (T, ldkv)
-  const X* vseq = v_in + int64_t(b) * T * ldkv + int64_t(kvh) * hd;
+  const X* kseq = k_in + int64_t(b) * Tk * ldkv + int64_t(kvh) * hd;  // (Tk, ldkv)
+  const X* vseq = v_in + int64_t(b) * Tk * ldkv + int64_t(kvh) * hd;
   const float scale = 1.0f / sqrtf(float(hd)), scale2 = kLog2e / sqrtf(float(hd));
-  const int32_t* dst = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T) each query's document start
+  const int32_t* qp = q_pos ? q_pos + int64_t(b) * Tq : nullptr;           // (Tq) key positions of the queries
+  const int32_t* dst = doc_start ? doc_start + int64_t(b) * Tq : nullptr;  // (Tq) each query's document start
+  // Queries at positions before s0 see none of the block's keys: the first that may is the first at position s0 or
+  // later (s0 itself without q_pos).
+  const int q_first = qp ? lower_bound(qp, 0, Tq, s0) : min(s0, Tq);
   // Queries whose document starts after the block's last key see none of its keys: with a document mask the
   // query range ends where that key's document ends (the first query whose document starts after it).
-  int q_stop = T;
-  if (dst) {
-    const int s_last = min(T, s0 + kDkvRows) - 1;
-    int lo = s_last + 1, hi = T;  // lower bound of s_last + 1 in dst[s_last + 1, T) (non-decreasing)
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (dst[mid] <= s_last) lo = mid + 1;
-      else hi = mid;
-    }
-    q_stop = lo;
-  }
+  const int s_last = min(Tk, s0 + kDkvRows) - 1;
+  const int q_stop = dst ? lower_bound(dst, q_first, Tq, s_last + 1) : Tq;
 
-  load_rows<X, D>(kseq, ldkv, s0, kDkvRows, T, hd, k_s);
-  load_rows<X, D>(vseq, ldkv, s0, kDkvRows, T, hd, v_s);
+  load_rows<X, D>(kseq, ldkv, s0, kDkvRows, Tk, hd, k_s);
+  load_rows<X, D>(vseq, ldkv, s0, kDkvRows, Tk, hd, v_s);
   float dk[R][DPL], dv[R][DPL];
 #pragma unroll
   for (int rr = 0; rr < R; ++rr)
@@ -273,26 +297,29 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < DPL; ++i) dk[rr][i] = dv[rr][i] = 0.0f;
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {  // the query heads sharing these keys, in order
     const int bh = b * H + h;
-    const X* qseq = q_in + int64_t(b) * T * ldq + int64_t(h) * hd;  // (T, ldq)
-    const X* dseq = dout + int64_t(b) * T * C + int64_t(h) * hd;    // (T, C)
-    // Queries before the tile that holds key s0 see none of this block's keys.
-    for (int q0 = s0 / kTile * kTile; q0 < q_stop; q0 += kTile) {
+    const X* qseq = q_in + int64_t(b) * Tq * ldq + int64_t(h) * hd;  // (Tq, ldq)
+    const X* dseq = dout + int64_t(b) * Tq * C + int64_t(h) * hd;    // (Tq, C)
+    // From the tile that holds the first query that may see these keys.
+    for (int q0 = q_first / kTile * kTile; q0 < q_stop; q0 += kTile) {
       __syncthreads();
-      load_tile_transposed<X, D>(qseq, ldq, q0, T, hd, q_t);
-      load_tile_transposed<X, D>(dseq, C, q0, T, hd, do_t);
+      load_tile_transposed<X, D>(qseq, ldq, q0, Tq, hd, q_t);
+      load_tile_transposed<X, D>(dseq, C, q0, Tq, hd, do_t);
       if (threadIdx.x < kTile) {
         const int t = q0 + threadIdx.x;
-        lse2_s[threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : 0.0f;
-        drow_s[threadIdx.x] = t < T ? row_dot[int64_t(bh) * T + t] : 0.0f;
-        lo_s[threadIdx.x] = t < T && dst ? dst[t] : 0;
+        lse2_s[threadIdx.x] = t < Tq ? lse[int64_t(bh) * Tq + t] * kLog2e : 0.0f;
+        drow_s[threadIdx.x] = t < Tq ? row_dot[int64_t(bh) * Tq + t] : 0.0f;
+        lo_s[threadIdx.x] = t < Tq && dst ? dst[t] : 0;
+        pos_s[threadIdx.x] = t < Tq ? position_of(qp, t) : INT_MAX;
       }
       __syncthreads();
 #pragma unroll
       for (int rr = 0; rr < R; ++rr) {
         const int s = s0 + warp + rr * kWarps;
-        // Queries q0 + [first, last) see key s: t >= s and t < T. The same for the whole warp.
-        const int first = max(0, s - q0), last = min(kTile, T - q0);
-        if (s >= T || first >= last) continue;
+        // Queries q0 + [first, last) see key s by position: positions are non-decreasing, so those before it are
+        // a prefix of the tile (first = max(0, s - q0) without q_pos). The same for the whole warp.
+        const int last = min(kTile, Tq - q0);
+        const int first = __popc(__ballot_sync(0xffffffffu, lane < last && pos_s[lane] < s));
+        if (s >= Tk || first >= last) continue;
         float p = 0.0f, ds = 0.0f;  // P and dS of query q0 + lane and key s
         if (lane >= first && lane < last && lo_s[lane] <= s) {  // query q0 + lane sees key s
           p = exp2f(dot_column<D>(k_s[s - s0], q_t, lane, hd) * scale2 - lse2_s[lane]);
@@ -313,8 +340,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
     const int s = s0 + warp + rr * kWarps;
-    if (s >= T) continue;
-    const int64_t at = (int64_t(b) * T + s) * ldkv + int64_t(kvh) * hd;  // (hd) of row s
+    if (s >= Tk) continue;
+    const int64_t at = (int64_t(b) * Tk + s) * ldkv + int64_t(kvh) * hd;  // (hd) of row s
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
@@ -331,7 +358,8 @@ __global__ void __launch_bounds__(kThreads)
 namespace {
 
 // The shapes every launcher needs: hd in [1, kFlashMaxHeadDim], KV dividing H, the grid within CUDA's limits
-// (blocks of (b, h) on x, tiles of T on y, at most 65535), and int-sized T and H*hd.
+// (blocks of (b, h) on x, tiles of Tq or Tk on y, at most 65535), and int-sized T and H*hd. T is the longer of Tq
+// and Tk (the same for self-attention).
 void check_shape(const char* op, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd) {
   RELAY_ASSERT(B >= 0 && T >= 0 && H > 0 && KV > 0 && H % KV == 0 && hd > 0,
                op << ": B " << B << ", T " << T << ", H " << H << ", KV " << KV << ", head dim " << hd);
@@ -344,33 +372,70 @@ void check_shape(const char* op, int64_t B, int64_t T, int64_t H, int64_t KV, in
 // Head dims per lane: 1 for hd <= 32, ..., 4 for hd <= 128.
 int dims_per_lane(int64_t hd) { return static_cast<int>((hd + 31) / 32); }
 
-// The strided views of one call.
+// The strided views of one call: Tq query rows and Tk key rows of each sequence.
 template <typename X>
 struct Views {
   const X *q, *k, *v;
-  int64_t ldq, ldkv, B, T, H, KV, hd;
-  const int32_t* doc_start;  // (B*T) or null
+  int64_t ldq, ldkv, B, Tq, Tk, H, KV, hd;
+  const int32_t* q_pos;      // (B*Tq) key positions of the queries, or null (Tq == Tk, query t at t)
+  const int32_t* doc_start;  // (B*Tq) or null
 };
 
 template <typename X, int DPL>
 void launch_forward(const Views<X>& a, X* out, float* lse, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.T + kFwdRows - 1) / kFwdRows));
-  flash_forward_kernel<X, DPL><<<grid, kThreads, 0, stream>>>(a.q, a.k, a.v, a.ldq, a.ldkv, out, lse, int(a.T),
-                                                              int(a.H), int(a.KV), int(a.hd), a.doc_start);
+  const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.Tq + kFwdRows - 1) / kFwdRows));
+  flash_forward_kernel<X, DPL><<<grid, kThreads, 0, stream>>>(a.q, a.k, a.v, a.ldq, a.ldkv, out, lse, int(a.Tq),
+                                                              int(a.Tk), a.q_pos, int(a.H), int(a.KV), int(a.hd),
+                                                              a.doc_start);
 }
 
 template <typename X, int DPL>
 void launch_backward(const Views<X>& a, const X* dout, const float* lse, const float* row_dot, X* dq, X* dk, X* dv,
                      cudaStream_t stream) {
-  const dim3 grid_q(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.T + kDqRows - 1) / kDqRows));
+  const dim3 grid_q(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((a.Tq + kDqRows - 1) / kDqRows));
   flash_backward_dq_kernel<X, DPL><<<grid_q, kThreads, 0, stream>>>(dout, a.q, a.k, a.v, a.ldq, a.ldkv, lse, row_dot,
-                                                                    dq, int(a.T), int(a.H), int(a.KV), int(a.hd),
-                                                                    a.doc_start);
+                                                                    dq, int(a.Tq), int(a.Tk), a.q_pos, int(a.H),
+                                                                    int(a.KV), int(a.hd), a.doc_start);
   CUDA_CHECK(cudaGetLastError());
-  const dim3 grid_kv(static_cast<unsigned>(a.B * a.KV), static_cast<unsigned>((a.T + kDkvRows - 1) / kDkvRows));
+  const dim3 grid_kv(static_cast<unsigned>(a.B * a.KV), static_cast<unsigned>((a.Tk + kDkvRows - 1) / kDkvRows));
   flash_backward_dkv_kernel<X, DPL><<<grid_kv, kThreads, 0, stream>>>(dout, a.q, a.k, a.v, a.ldq, a.ldkv, lse,
-                                                                      row_dot, dk, dv, int(a.T), int(a.H), int(a.KV),
-                                                                      int(a.hd), a.doc_start);
+                                                                      row_dot, dk, dv, int(a.Tq), int(a.Tk), a.q_pos,
+                                                                      int(a.H), int(a.KV), int(a.hd), a.doc_start);
+}
+
+// The scalar kernels on any views (the tensor-core path is the callers' choice).
+template <typename X>
+void scalar_forward(const Views<X>& a, X* out, float* lse, cudaStream_t stream) {
+  switch (dims_per_lane(a.hd)) {
+    case 1: launch_forward<X, 1>(a, out, lse, stream); break;
+    case 2: launch_forward<X, 2>(a, out, lse, stream); break;
+    case 3: launch_forward<X, 3>(a, out, lse, stream); break;
+    case 4: launch_forward<X, 4>(a, out, lse, stream); break;
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// dQ, then dK and dV; row_dot (B, H, Tq): D = rowsum(dout * out), made by row_dots first.
+template <typename X>
+void scalar_backward(const Views<X>& a, const X* dout, const float* lse, const float* row_dot, X* dq, X* dk, X* dv,
+                     cudaStream_t stream) {
+  switch (dims_per_lane(a.hd)) {
+    case 1: launch_backward<X, 1>(a, dout, lse, row_dot, dq, dk, dv, stream); break;
+    case 2: launch_backward<X, 2>(a, dout, lse, row_dot, dq, dk, dv, stream); break;
+    case 3: launch_backward<X, 3>(a, dout, lse, row_dot, dq, dk, dv, stream); break;
+    case 4: launch_backward<X, 4>(a, dout, lse, row_dot, dq, dk, dv, stream); break;
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// row_dot (B, H, Tq) = rowsum(dout * out), dout and out (B*Tq, H*hd).
+template <typename X>
+void row_dots(const X* dout, const X* out, float* row_dot, int64_t B, int64_t Tq, int64_t H, int64_t hd,
+              cudaStream_t stream) {
+  const int64_t rows = B * H * Tq;
+  flash_backward_row_dot_kernel<X><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+      dout, out, row_dot, rows, int(Tq), int(H * hd), int(H));
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -387,14 +452,7 @@ void flash_attention_gqa_forward(const X* q, const X* k, const X* v, int64_t ldq
     if (flash_mma_supported(hd, ldq, ldkv, ptrs, 4))
       return flash_mma_forward(q, k, v, ldq, ldkv, out, lse, B, T, H, KV, hd, doc_start, stream);
   }
-  const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd, doc_start};
-  switch (dims_per_lane(hd)) {
-    case 1: launch_forward<X, 1>(a, out, lse, stream); break;
-    case 2: launch_forward<X, 2>(a, out, lse, stream); break;
-    case 3: launch_forward<X, 3>(a, out, lse, stream); break;
-    case 4: launch_forward<X, 4>(a, out, lse, stream); break;
-  }
-  CUDA_CHECK(cudaGetLastError());
+  scalar_forward(Views<X>{q, k, v, ldq, ldkv, B, T, T, H, KV, hd, nullptr, doc_start}, out, lse, stream);
 }
 
 template <typename X>
@@ -405,24 +463,44 @@ void flash_attention_gqa_backward(const X* dout, const X* q, const X* k, const X
   check_shape("flash_attention_backward", B, T, H, KV, hd);
   if (B == 0 || T == 0) return;
   RELAY_ASSERT(dout && q && k && v && out && lse && dq && dk && dv && scratch, "flash_attention_backward: null pointer");
-  const int64_t rows = B * H * T;  // scratch (B, H, T): D of every row
-  flash_backward_row_dot_kernel<X><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
-      dout, out, scratch, rows, int(T), int(H * hd), int(H));
-  CUDA_CHECK(cudaGetLastError());
+  row_dots(dout, out, scratch, B, T, H, hd, stream);  // scratch (B, H, T): D of every row
   if constexpr (std::is_same_v<X, __nv_bfloat16>) {
     const void* ptrs[] = {dout, q, k, v, dq, dk, dv};
     if (flash_mma_supported(hd, ldq, ldkv, ptrs, 7))
       return flash_mma_backward(dout, q, k, v, ldq, ldkv, lse, scratch, dq, dk, dv, B, T, H, KV, hd, doc_start,
                                 stream);
   }
-  const Views<X> a{q, k, v, ldq, ldkv, B, T, H, KV, hd, doc_start};
-  switch (dims_per_lane(hd)) {
-    case 1: launch_backward<X, 1>(a, dout, lse, scratch, dq, dk, dv, stream); break;
-    case 2: launch_backward<X, 2>(a, dout, lse, scratch, dq, dk, dv, stream); break;
-    case 3: launch_backward<X, 3>(a, dout, lse, scratch, dq, dk, dv, stream); break;
-    case 4: launch_backward<X, 4>(a, dout, lse, scratch, dq, dk, dv, stream); break;
-  }
-  CUDA_CHECK(cudaGetLastError());
+  scalar_backward(Views<X>{q, k, v, ldq, ldkv, B, T, T, H, KV, hd, nullptr, doc_start}, dout, lse, scratch, dq, dk,
+                  dv, stream);
+}
+
+// Context parallelism's positioned queries: always the scalar kernels (the tensor-core ones know only self-attention).
+template <typename X>
+void flash_attention_gqa_forward_at(const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv, X* out, float* lse,
+                                    int64_t B, int64_t Tq, int64_t Tk, const int32_t* q_pos, int64_t H, int64_t KV,
+                                    int64_t hd, const int32_t* doc_start, cudaStream_t stream) {
+  check_shape("flash_attention_gqa_forward_at", B, std::max(Tq, Tk), H, KV, hd);
+  if (B == 0 || Tq == 0) return;
+  RELAY_ASSERT(Tk >= Tq, "flash_attention_gqa_forward_at: Tq " << Tq << " query rows against Tk " << Tk
+                                                               << " key rows (need Tk >= Tq)");
+  RELAY_ASSERT(q && k && v && out && lse && q_pos, "flash_attention_gqa_forward_at: null pointer");
+  scalar_forward(Views<X>{q, k, v, ldq, ldkv, B, Tq, Tk, H, KV, hd, q_pos, doc_start}, out, lse, stream);
+}
+
+template <typename X>
+void flash_attention_gqa_backward_at(const X* dout, const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv,
+                                     const X* out, const float* lse, X* dq, X* dk, X* dv, float* scratch, int64_t B,
+                                     int64_t Tq, int64_t Tk, const int32_t* q_pos, int64_t H, int64_t KV, int64_t hd,
+                                     const int32_t* doc_start, cudaStream_t stream) {
+  check_shape("flash_attention_gqa_backward_at", B, std::max(Tq, Tk), H, KV, hd);
+  if (B == 0 || Tq == 0) return;
+  RELAY_ASSERT(Tk >= Tq, "flash_attention_gqa_backward_at: Tq " << Tq << " query rows against Tk " << Tk
+                                                                << " key rows (need Tk >= Tq)");
+  RELAY_ASSERT(dout && q && k && v && out && lse && dq && dk && dv && scratch && q_pos,
+               "flash_attention_gqa_backward_at: null pointer");
+  row_dots(dout, out, scratch, B, Tq, H, hd, stream);  // scratch (B, H, Tq): D of every query row
+  scalar_backward(Views<X>{q, k, v, ldq, ldkv, B, Tq, Tk, H, KV, hd, q_pos, doc_start}, dout, lse, scratch, dq, dk,
+                  dv, stream);
 }
 
 // GPT's packed qkv (B*T, 3C): q, k, v at columns 0, C, 2C of rows 3C apart; KV == H.
@@ -452,7 +530,14 @@ void flash_attention_backward(const X* dout, const X* qkv, const X* out, const f
                                                int64_t, int64_t, int64_t, int64_t, const int32_t*, cudaStream_t);  \
   template void flash_attention_gqa_backward<X>(const X*, const X*, const X*, const X*, int64_t, int64_t, const X*, \
                                                 const float*, X*, X*, X*, float*, int64_t, int64_t, int64_t,        \
-                                                int64_t, int64_t, const int32_t*, cudaStream_t);
+                                                int64_t, int64_t, const int32_t*, cudaStream_t);          \
+  template void flash_attention_gqa_forward_at<X>(const X*, const X*, const X*, int64_t, int64_t, X*, float*,      \
+                                                  int64_t, int64_t, int64_t, const int32_t*, int64_t, int64_t,     \
+                                                  int64_t, const int32_t*, cudaStream_t);                          \
+  template void flash_attention_gqa_backward_at<X>(const X*, const X*, const X*, const X*, int64_t, int64_t,       \
+                                                   const X*, const float*, X*, X*, X*, float*, int64_t, int64_t,   \
+                                                   int64_t, const int32_t*, int64_t, int64_t, int64_t,             \
+                                                   const int32_t*, cudaStream_t);
 RELAY_CUDA_FOR_FLOAT_TYPES(INST)
 #undef INST
 

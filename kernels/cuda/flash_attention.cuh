@@ -43,4 +43,20 @@ void flash_attention_gqa_backward(const X* dout, const X* q, const X* k, const X
                                   int64_t T, int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start,
                                   cudaStream_t stream);
 
+// Positioned queries (context parallelism: a rank's chunks of each sequence against its gathered keys), the twin of
+// the CPU's flash_attention_gqa_forward_at: q (B*Tq rows, ldq apart), k, v (B*Tk rows, ldkv apart), Tk >= Tq;
+// q_pos (device, B*Tq, required): query t of sequence b sits at key position q_pos[b*Tq + t], non-decreasing in t
+// and < Tk, and sees keys [doc_start[b*Tq + t] (or 0), q_pos[b*Tq + t]]. out (B*Tq, H*hd), lse (B, H, Tq).
+// The backward overwrites dq (rows ldq apart) and dk, dv (B*Tk rows, ldkv apart) with the gradients from these
+// queries alone (0 for keys none of them sees); scratch: (B, H, Tq) floats. Always the scalar kernels.
+template <typename X>
+void flash_attention_gqa_forward_at(const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv, X* out, float* lse,
+                                    int64_t B, int64_t Tq, int64_t Tk, const int32_t* q_pos, int64_t H, int64_t KV,
+                                    int64_t hd, const int32_t* doc_start, cudaStream_t stream);
+template <typename X>
+void flash_attention_gqa_backward_at(const X* dout, const X* q, const X* k, const X* v, int64_t ldq, int64_t ldkv,
+                                     const X* out, const float* lse, X* dq, X* dk, X* dv, float* scratch, int64_t B,
+                                     int64_t Tq, int64_t Tk, const int32_t* q_pos, int64_t H, int64_t KV, int64_t hd,
+                                     const int32_t* doc_start, cudaStream_t stream);
+
 }  // namespace relay::cuda

@@ -207,7 +207,7 @@ class Backend : public Allocator {
   // of its scaled scores, is kept for the backward. qkv, out, dout, dqkv: float, one dtype.
   // doc_start (optional, data.document_mask): i32 (B*T), query t of sequence b sees keys [doc_start[b*T + t], t]
   // only (its document's first position; documents contiguous: doc_start[t] <= t, non-decreasing in t). The CPU
-  // skips key tiles before every query's document; the CUDA backend refuses it for now (a named error).
+  // skips key tiles before every query's document, and so do the CUDA kernels.
   void flash_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, Tensor& out, Tensor& lse,
                                const Tensor& doc_start = Tensor());
   void flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
@@ -217,7 +217,7 @@ class Backend : public Allocator {
   // sequence b sits at key position q_pos[b*Tq + t] (i32, non-decreasing in t, < Tk) and sees keys
   // [doc_start[b*Tq + t] (optional), q_pos[b*Tq + t]]. The backward writes dq (B*Tq, H*hd) and dk, dv (B*Tk, KV*hd):
   // every key's gradient from these queries alone (the caller sums them over the ranks holding the other queries).
-  // The CUDA backend refuses them for now (a named error).
+  // doc_start, like q_pos, is indexed by query row and non-decreasing in t (documents contiguous).
   void flash_attention_gqa_forward_at(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,
                                       int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV, Tensor& out, Tensor& lse,
                                       const Tensor& doc_start = Tensor());

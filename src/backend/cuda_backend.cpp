@@ -473,19 +473,6 @@ class CudaBackend final : public Backend {
                                  cudaMemcpyDeviceToDevice, stream_));
   }
 
-  // Context parallelism's positioned attention is not on the GPU yet: a named error, never a silent fallback.
-  void flash_attention_gqa_forward_at_impl(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, int64_t,
-                                           const Tensor&, int64_t, int64_t, Tensor&, Tensor&, const Tensor&) override {
-    throw Error("flash_attention_gqa_forward_at: context parallelism (parallel.cp > 1) is not implemented on the "
-                "CUDA backend yet; run it with train.device = \"cpu\"");
-  }
-  void flash_attention_gqa_backward_at_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                            const Tensor&, int64_t, int64_t, int64_t, const Tensor&, int64_t, int64_t,
-                                            Tensor&, Tensor&, Tensor&, const Tensor&) override {
-    throw Error("flash_attention_gqa_backward_at: context parallelism (parallel.cp > 1) is not implemented on the "
-                "CUDA backend yet; run it with train.device = \"cpu\"");
-  }
-
   void fill_impl(Tensor& x, float value) override {
     bind();
     if (x.dtype() == DType::i32) return cuda::fill_i32(x.i32(), static_cast<int32_t>(value), x.numel(), stream_);
@@ -913,6 +900,40 @@ class CudaBackend final : public Backend {
       cuda::flash_attention_gqa_backward(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
                                          ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv), scratch.f32(), B,
                                          T, H, KV, hd, i32_or_null(doc_start), stream_);
+    });
+  }
+
+  // Context parallelism: a rank's query rows (B*Tq, H*hd) at positions q_pos (B*Tq) against the sequences' gathered
+  // keys and values (B*Tk, KV*hd).
+  void flash_attention_gqa_forward_at_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,
+                                           int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV, Tensor& out,
+                                           Tensor& lse, const Tensor& doc_start) override {
+    bind();
+    const int64_t hd = cols_of(q) / H;
+    check_gqa_head_dim("flash_attention_gqa_forward_at", hd, H);
+    by_dtype(q, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::flash_attention_gqa_forward_at(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out),
+                                           lse.f32(), B, Tq, Tk, q_pos.i32(), H, KV, hd, i32_or_null(doc_start),
+                                           stream_);
+    });
+  }
+
+  void flash_attention_gqa_backward_at_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& out, const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk,
+                                            const Tensor& q_pos, int64_t H, int64_t KV, Tensor& dq, Tensor& dk,
+                                            Tensor& dv, const Tensor& doc_start) override {
+    bind();
+    const int64_t hd = cols_of(q) / H;
+    check_gqa_head_dim("flash_attention_gqa_backward_at", hd, H);
+    // (B, H, Tq) row dots D = rowsum(dout * out); the pool hands it to later work on this stream only.
+    Tensor scratch(*this, {B, H, Tq});
+    by_dtype(q, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::flash_attention_gqa_backward_at(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
+                                            ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv),
+                                            scratch.f32(), B, Tq, Tk, q_pos.i32(), H, KV, hd, i32_or_null(doc_start),
+                                            stream_);
     });
   }
 
