@@ -132,9 +132,11 @@ void write_tmp_file(const std::string& tmp, const CheckpointMeta& meta, const st
     }
   }
   for (const auto& t : tensors) {
+    const float* values = t.fetch ? t.fetch() : t.values();
     {
       Hdf5Lock lock;  // per tensor: other threads' HDF5 reads run between tensors
-      RELAY_ASSERT(t.view || static_cast<int64_t>(t.data.size()) == shape_numel(t.shape), "tensor " << t.name << " size");
+      RELAY_ASSERT(t.fetch || t.view || static_cast<int64_t>(t.data.size()) == shape_numel(t.shape),
+                   "tensor " << t.name << " size");
       size_t slash = t.name.rfind('/');
       H5Handle<H5Gclose> g(ensure_group(root, t.name.substr(0, slash), ctx));
       std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
@@ -142,7 +144,7 @@ void write_tmp_file(const std::string& tmp, const CheckpointMeta& meta, const st
       H5Dataset d(RELAY_H5_CHECK(H5Dcreate2(g.get(), t.name.substr(slash + 1).c_str(), H5T_IEEE_F32LE, sp.get(),
                                             H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                                  cat(ctx, ": ", t.name)));
-      RELAY_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.values()),
+      RELAY_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values),
                      cat(ctx, ": ", t.name));
     }
     if (on_tensor) on_tensor();

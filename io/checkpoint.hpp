@@ -34,6 +34,9 @@ struct CheckpointTensor {
   Shape shape;
   std::vector<float> data;      // shape's values, unless view is set
   const float* view = nullptr;  // shape's values held elsewhere (a training run's host copy of its checkpoint)
+  // Or produced as the tensor is written (a streamed checkpoint: rank 0 receives it then): called once, just
+  // before the write, outside the HDF5 lock; the pointer stays valid until the write is done.
+  std::function<const float*()> fetch;
   const float* values() const { return view ? view : data.data(); }
 };
 

@@ -36,7 +36,7 @@ Config::Model gpt2() {
 }
 
 CheckpointTensor tensor(const std::string& name, Shape shape) {
-  CheckpointTensor t{name, shape, std::vector<float>(static_cast<size_t>(shape_numel(shape)))};
+  CheckpointTensor t{name, shape, std::vector<float>(static_cast<size_t>(shape_numel(shape))), nullptr, {}};
   for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = float(i) * 0.25f - float(name.size());  // distinct per tensor
   return t;
 }

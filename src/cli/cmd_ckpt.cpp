@@ -84,7 +84,7 @@ int run_ckpt_export(const CkptOptions& o) {
   std::vector<CheckpointTensor> tensors;
   int64_t values = 0;
   for (auto& [name, shape] : names) {
-    CheckpointTensor t{name, shape, std::vector<float>(static_cast<size_t>(shape_numel(shape)))};
+    CheckpointTensor t{name, shape, std::vector<float>(static_cast<size_t>(shape_numel(shape))), nullptr, {}};
     r.read("model/" + name, shape, t.data.data());
     values += shape_numel(shape);
     tensors.push_back(std::move(t));

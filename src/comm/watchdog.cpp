@@ -146,8 +146,12 @@ void Watchdog::wait(MPI_Request* req, const std::string& what, int peer) {
       std::vector<int> silent;
       for (int r = 0; r < size_; ++r)
         if (!replied[static_cast<size_t>(r)]) silent.push_back(r);
-      const bool someone_working =
-          std::any_of(replies.begin(), replies.end(), [](const Reply& r) { return r.working != 0; });
+      // Working, or waiting but with progress within the timeout (rank 0 streaming a checkpoint answers from
+      // its receive of the next tensor while the senders of later ones wait on it): slow, not stalled. A deadlock
+      // leaves every rank idle; one that entered its wait lately is seen idle at the next round.
+      const bool someone_working = std::any_of(replies.begin(), replies.end(), [&](const Reply& r) {
+        return r.working != 0 || r.idle_s < timeout_;
+      });
       if (silent.empty() && someone_working) {
         start = now_s();  // slow, not stalled: wait another timeout
         continue;

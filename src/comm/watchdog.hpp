@@ -4,6 +4,8 @@
 // wait, and every schedule action, eval batch and checkpoint tensor (progress()). So:
 //   - a rank that is working (writing a large checkpoint, a long eval, a slow first step) answers
 //     "working" within one poll interval, and the waiters simply keep waiting: slow is not stalled;
+//   - a rank that is waiting but made progress within the timeout (rank 0 streaming a checkpoint, between
+//     receiving one tensor and the next) is moving too;
 //   - a rank that stopped (SIGSTOP, a wedged GPU kernel, a dead link, a swapping node) does not answer
 //     within the grace period, and the job ends with one line naming it and what was waited for:
 //     "rank 2 (stage 1, replica 0) made no progress for 600 s while rank 0 waited for its activation

@@ -1,5 +1,6 @@
 #include "train/checkpointing.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -103,56 +104,53 @@ int64_t checkpoint_bytes(const ModelLayout& layout, const Config::Optimizer& opt
   return n * int64_t(sizeof(float));
 }
 
-CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::shared_ptr<std::byte> host) {
+namespace {
+
+// Rank 0: entry e whole into dst (shape_numel floats), from the rank that sends each tp shard (or from its own
+// gather); shard: scratch for one tp shard.
+void receive_tensor(CheckpointContext& ctx, const ManifestEntry& e, int64_t step, float* dst, std::vector<float>& shard) {
+  const ProcessGrid& g = ctx.grid;
+  const int shards = split_over_tp(e, g) ? g.tp : 1;
+  for (int tr = 0; tr < shards; ++tr) {
+    float* into = dst;
+    if (shards > 1) {
+      shard.resize(static_cast<size_t>(shard_numel(e, g, tr)));
+      into = shard.data();
+    }
+    if (e.owner() == 0 && tr == 0) {
+      gather_shard(ctx, e, step, into);
+    } else {
+      const int from = g.world_rank_of(e.owner(), 0, tr);
+      ctx.world.recv_host(into, static_cast<size_t>(shard_numel(e, g, tr)) * sizeof(float), from, kCheckpointTag,
+                          cat("tensor ", e.name, " of the step-", step, " checkpoint"));
+    }
+    if (shards > 1) insert_shard(shard.data(), e.shape, e.split, g.tp, tr, dst);
+  }
+  watchdog_progress();
+}
+
+// Ranks other than 0: every entry this rank contributes, in manifest order, sent to rank 0.
+void send_tensors(CheckpointContext& ctx, const std::vector<ManifestEntry>& manifest, int64_t step) {
+  const ProcessGrid& g = ctx.grid;
+  std::vector<float> shard;  // (shard_numel) this rank's contribution, in host memory
+  for (auto& e : manifest) {
+    if (e.owner() != g.pp_rank) continue;
+    const bool sender = g.replica_rank() == 0 && (g.tp_rank == 0 || split_over_tp(e, g));
+    shard.resize(sender ? static_cast<size_t>(shard_numel(e, g, g.tp_rank)) : 0);
+    gather_shard(ctx, e, step, sender ? shard.data() : nullptr);  // collective over the replica group
+    if (!sender) continue;
+    ctx.world.send_host(shard.data(), shard.size() * sizeof(float), 0, kCheckpointTag,
+                        cat("rank 0 to take tensor ", e.name, " of the step-", step, " checkpoint"));
+  }
+}
+
+CheckpointImage image_header(CheckpointContext& ctx, int64_t step) {
   const ProcessGrid& g = ctx.grid;
   CheckpointImage img;
   img.started_s = now_s();
-  auto manifest = checkpoint_manifest(ctx.layout, ctx.cfg.optimizer);
   img.dir = ctx.cfg.checkpoint.dir;
   img.path = img.dir + "/" + checkpoint_file_name(step);
   img.keep = ctx.cfg.checkpoint.keep;
-  if (g.world_rank != 0) {
-    std::vector<float> shard;  // (shard_numel) this rank's contribution, in host memory
-    for (auto& e : manifest) {
-      if (e.owner() != g.pp_rank) continue;
-      const bool sender = g.replica_rank() == 0 && (g.tp_rank == 0 || split_over_tp(e, g));
-      shard.resize(sender ? static_cast<size_t>(shard_numel(e, g, g.tp_rank)) : 0);
-      gather_shard(ctx, e, step, sender ? shard.data() : nullptr);  // collective over the replica group
-      if (!sender) continue;
-      ctx.world.send_host(shard.data(), shard.size() * sizeof(float), 0, kCheckpointTag,
-                          cat("rank 0 to take tensor ", e.name, " of the step-", step, " checkpoint"));
-    }
-    return img;
-  }
-  // Rank 0: every tensor into one host block (pinned on CUDA when checkpoint.async keeps it).
-  const int64_t bytes = checkpoint_bytes(ctx.layout, ctx.cfg.optimizer);
-  img.host = host ? std::move(host)
-                  : std::shared_ptr<std::byte>(new std::byte[static_cast<size_t>(bytes)], std::default_delete<std::byte[]>());
-  float* at = reinterpret_cast<float*>(img.host.get());
-  std::vector<float> shard;  // (shard_numel) one tp shard, when tensor parallelism splits the tensor
-  img.tensors.reserve(manifest.size());
-  for (auto& e : manifest) {
-    CheckpointTensor t{e.name, e.shape, {}, at};
-    const int shards = split_over_tp(e, g) ? g.tp : 1;
-    for (int tr = 0; tr < shards; ++tr) {
-      float* dst = at;
-      if (shards > 1) {
-        shard.resize(static_cast<size_t>(shard_numel(e, g, tr)));
-        dst = shard.data();
-      }
-      if (e.owner() == 0 && tr == 0) {
-        gather_shard(ctx, e, step, dst);
-      } else {
-        const int from = g.world_rank_of(e.owner(), 0, tr);
-        ctx.world.recv_host(dst, static_cast<size_t>(shard_numel(e, g, tr)) * sizeof(float), from, kCheckpointTag,
-                            cat("tensor ", e.name, " of the step-", step, " checkpoint"));
-      }
-      if (shards > 1) insert_shard(shard.data(), e.shape, e.split, g.tp, tr, at);
-    }
-    watchdog_progress();
-    at += shape_numel(e.shape);
-    img.tensors.push_back(std::move(t));
-  }
   CheckpointMeta& meta = img.meta;
   meta.step = step;
   meta.config_toml = ctx.cfg.to_toml();
@@ -172,6 +170,30 @@ CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::sha
   meta.data_seed = ctx.cfg.data.seed;
   meta.model_seed = ctx.cfg.model.seed;
   meta.tokenizer = ctx.tokenizer;
+  return img;
+}
+
+}  // namespace
+
+CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::shared_ptr<std::byte> host) {
+  CheckpointImage img = image_header(ctx, step);
+  auto manifest = checkpoint_manifest(ctx.layout, ctx.cfg.optimizer);
+  if (ctx.grid.world_rank != 0) {
+    send_tensors(ctx, manifest, step);
+    return img;
+  }
+  // Rank 0: every tensor into one host block (pinned on CUDA when checkpoint.async keeps it).
+  const int64_t bytes = checkpoint_bytes(ctx.layout, ctx.cfg.optimizer);
+  img.host = host ? std::move(host)
+                  : std::shared_ptr<std::byte>(new std::byte[static_cast<size_t>(bytes)], std::default_delete<std::byte[]>());
+  float* at = reinterpret_cast<float*>(img.host.get());
+  std::vector<float> shard;  // (shard_numel) one tp shard, when tensor parallelism splits the tensor
+  img.tensors.reserve(manifest.size());
+  for (auto& e : manifest) {
+    receive_tensor(ctx, e, step, at, shard);
+    img.tensors.push_back(CheckpointTensor{e.name, e.shape, {}, at, {}});
+    at += shape_numel(e.shape);
+  }
   img.copied_s = now_s();
   return img;
 }
@@ -204,12 +226,37 @@ void write_checkpoint_image(const CheckpointImage& img, const std::function<void
 }
 
 std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
-  CheckpointImage img = gather_checkpoint(ctx, step);
-  // Rank 0 writes; every rank learns the outcome, so a failed write (disk full, permission, quota)
-  // ends every rank with rank 0's one-line message and exit code 1, the previous checkpoint and
-  // `latest` untouched. Nobody goes on before the file and `latest` are in place.
+  // Streamed: rank 0 receives each tensor just before writing it, into one buffer of the largest tensor, so it never
+  // holds the whole model and optimizer state (ZeRO-3's point; checkpoint.async keeps a whole host copy instead).
+  // Rank 0 writes; every rank learns the outcome, so a failed write (disk full, permission, quota) ends every rank
+  // with rank 0's one-line message and exit code 1, the previous checkpoint and `latest` untouched. After a failed
+  // write rank 0 still takes every remaining tensor, so no sender is left waiting. Nobody goes on before the file
+  // and `latest` are in place.
+  CheckpointImage img = image_header(ctx, step);
+  auto manifest = checkpoint_manifest(ctx.layout, ctx.cfg.optimizer);
+  if (ctx.grid.world_rank != 0) {
+    send_tensors(ctx, manifest, step);
+    agree_on_errors(MPI_COMM_WORLD, [] {});
+    return img.path;
+  }
+  int64_t largest = 0;
+  for (auto& e : manifest) largest = std::max(largest, shape_numel(e.shape));
+  std::vector<float> buffer(static_cast<size_t>(largest)), shard;  // (largest) one whole tensor at a time
+  size_t next = 0;  // the first tensor not yet received
+  auto fetch = [&](size_t i) {
+    receive_tensor(ctx, manifest[i], step, buffer.data(), shard);
+    next = i + 1;
+    return static_cast<const float*>(buffer.data());
+  };
+  for (size_t i = 0; i < manifest.size(); ++i)
+    img.tensors.push_back(CheckpointTensor{manifest[i].name, manifest[i].shape, {}, nullptr, [&fetch, i] { return fetch(i); }});
   agree_on_errors(MPI_COMM_WORLD, [&] {
-    if (ctx.grid.world_rank == 0) write_checkpoint_image(img, watchdog_progress);
+    try {
+      write_checkpoint_image(img, watchdog_progress);
+    } catch (...) {
+      while (next < manifest.size()) fetch(next);  // drain: every sender's tensor is taken
+      throw;
+    }
   });
   return img.path;
 }
