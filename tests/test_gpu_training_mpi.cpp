@@ -228,7 +228,7 @@ TEST_F(GpuTraining, Zero2And3MatchSerial) {
       RunResult r = train(2, g.config, {"run.dir=" + q(dir_.file(name)), "train.device=\"cuda\"", "parallel.comm=\"mpi\"",
                                         "model.n_head=4", "train.micro_batches=1", "parallel.dp=2",
                                         "train.precision=\"bf16\"", "parallel.grad_reduce=" + q(reduce),
-                                        "optimizer.zero=" + zero});
+                                        "model.tie_embeddings=false", "optimizer.zero=" + zero});
       EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
     };
     const std::string z1 = "bf16_" + reduce + "_zero1";
@@ -236,8 +236,29 @@ TEST_F(GpuTraining, Zero2And3MatchSerial) {
     for (std::string zero : {"2", "3"}) {
       const std::string name = "bf16_" + reduce + "_zero" + zero;
       bf16_run(name, zero);
-      expect_close(read_losses(dir_.file(name)), read_losses(dir_.file(z1)), name + " against ZeRO-1");
-      expect_same_tensors(read_checkpoint(ckpt(name, 6)), read_checkpoint(ckpt(z1, 6)), 1e-5, name + " tensors");
+      // fp32 reduction: today's 1e-5. bf16 reduction rounds each gradient to bf16 before the sum, so a last-bit
+      // difference of the float32 gradients (cuBLASLt picks kernels by the operands' alignment, and ZeRO-3's gathered
+      // weights live elsewhere than ZeRO-1's) can become one bf16 step (2^-8) of that gradient where it meets a
+      // rounding boundary, and AdamW then moves that element by up to lr x 2^-8 differently per step: compared at 5
+      // steps x lr x 2^-8. Untied embeddings, as in test_zero_mpi: with them tied, ZeRO-3's per-block reduction rounds
+      // the embedding's and the head's contributions to bf16 separately, ZeRO-1 their sum once (on an H200 a c_fc
+      // weight ended 6.7e-5 apart).
+      if (reduce == "fp32") {
+        expect_close(read_losses(dir_.file(name)), read_losses(dir_.file(z1)), name + " against ZeRO-1");
+        expect_same_tensors(read_checkpoint(ckpt(name, 6)), read_checkpoint(ckpt(z1, 6)), 1e-5, name + " tensors");
+        continue;
+      }
+      const auto a = read_losses(dir_.file(name)), b = read_losses(dir_.file(z1));
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * std::abs(b[i])) << name << " step " << i + 1;
+      const double lr = 0.002, tol = 5 * lr / 256;
+      const auto x = read_checkpoint(ckpt(name, 6)), y = read_checkpoint(ckpt(z1, 6));
+      ASSERT_EQ(x.size(), y.size());
+      for (auto& [t, v] : x) {
+        ASSERT_TRUE(y.count(t)) << name << ": " << t;
+        ASSERT_EQ(v.size(), y.at(t).size()) << t;
+        for (size_t i = 0; i < v.size(); ++i) ASSERT_NEAR(v[i], y.at(t)[i], tol) << name << " tensors: " << t << "[" << i << "]";
+      }
     }
   }
 }
