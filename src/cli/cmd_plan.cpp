@@ -168,9 +168,10 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
                 "the whole run, beyond the above, and training continues while a writer thread writes the file\n",
                 ck.c_str());
   else
-    std::printf("checkpoint: %s MiB; checkpoint.async = false: every rank waits while rank 0 writes it, rank 0 "
-                "holding a host copy only then (checkpoint.async = true keeps that copy and writes in the background)\n",
-                ck.c_str());
+    std::printf("checkpoint: %s MiB; checkpoint.async = false: every rank waits while rank 0 writes it, streamed: rank 0 "
+                "holds one tensor at a time (the largest: %s MiB) beyond the above (checkpoint.async = true keeps a whole "
+                "copy and writes in the background)\n",
+                ck.c_str(), mib(checkpoint_largest_tensor_bytes(layout, cfg.optimizer)).c_str());
 }
 
 // The data-parallel collectives of a step on pp rank 0, tp rank 0 (the others alike): what each ZeRO stage moves over

@@ -175,6 +175,12 @@ CheckpointImage image_header(CheckpointContext& ctx, int64_t step) {
 
 }  // namespace
 
+int64_t checkpoint_largest_tensor_bytes(const ModelLayout& layout, const Config::Optimizer& opt) {
+  int64_t n = 0;
+  for (auto& e : checkpoint_manifest(layout, opt)) n = std::max(n, shape_numel(e.shape));
+  return n * int64_t(sizeof(float));
+}
+
 CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::shared_ptr<std::byte> host) {
   CheckpointImage img = image_header(ctx, step);
   auto manifest = checkpoint_manifest(ctx.layout, ctx.cfg.optimizer);

@@ -58,8 +58,10 @@ struct CheckpointImage {
   bool background = false;                // written by checkpoint.async's writer thread
 };
 
-// Bytes of every tensor of a checkpoint (rank 0's host copy).
+// Bytes of every tensor of a checkpoint (rank 0's host copy under checkpoint.async).
 int64_t checkpoint_bytes(const ModelLayout& layout, const Config::Optimizer& opt);
+// Bytes of its largest tensor (what rank 0 holds while it streams a synchronous checkpoint).
+int64_t checkpoint_largest_tensor_bytes(const ModelLayout& layout, const Config::Optimizer& opt);
 // Collective over every rank: each rank copies what it contributes into host memory and sends it to
 // rank 0, which assembles the whole checkpoint in `host` (checkpoint_bytes; a fresh block when null).
 CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::shared_ptr<std::byte> host = {});
@@ -67,7 +69,8 @@ CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::sha
 // on_tensor runs after each tensor (the caller's progress hook). Throws Error on failure.
 void write_checkpoint_image(const CheckpointImage& img, const std::function<void()>& on_tensor);
 
-// Collective over every rank: gather_checkpoint, then rank 0 writes while the others wait. Returns the
+// Collective over every rank, streamed: rank 0 receives each tensor just before it writes it (one tensor in host
+// memory at a time) while the others wait. Returns the
 // file's path (on every rank) after rank 0 has written it, updated `latest` and pruned old files;
 // rank 0 logs its size and time. A failed write ends every rank (agree_on_errors) with its message.
 std::string save_checkpoint(CheckpointContext& ctx, int64_t step);
