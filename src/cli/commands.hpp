@@ -17,9 +17,17 @@ struct PlanOptions {
   std::vector<std::string> overrides;
   bool measure = false;
   int64_t input_dim = 0;
+  // --cluster: the cluster-scale planner (cmd_plan_cluster.cpp)
+  std::string cluster;
+  int nodes = 0;
+  int64_t global_batch = 0, seq = 0;
+  int top = 5;
+  bool layout = false, json = false;
+  double device_mtbf_hours = 0;  // 0 = the default (cmd_plan_cluster.cpp cites it)
 };
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& o);
 int run_plan_command(const PlanOptions& o);
+int run_plan_cluster(const PlanOptions& o);
 
 struct DataOptions {
   std::string out, file;
