@@ -73,16 +73,21 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
         if (pp > blocks) break;
         const int dp = world / (tp * cp * pp);
         if (B % dp) continue;
-        for (int64_t mbs : {1, 2, 4, 8}) {
+        for (int64_t mbs : {1, 2, 4}) {
           if ((B / dp) % mbs) continue;
           const int64_t m = B / dp / mbs;
           struct Sched { const char* name; int v; };
           std::vector<Sched> scheds = {{"1f1b", 1}};
           if (pp > 1) scheds = {{"1f1b", 1}, {"interleaved", 2}, {"interleaved", 4}, {"zb-h1", 1}};
-          for (const Sched& sc : scheds)
-            for (int zero : {0, 1, 2, 3}) {
-              if (zero && dp * cp == 1) continue;
-              for (const char* rc : {"none", "blocks"}) {
+          for (const Sched& sc : scheds) {
+            // Cheapest in time first: ZeRO and recomputation only save memory here (ZeRO-1's smaller optimizer
+            // step aside), so once two settings of this shape fit, the rest would be slower.
+            int fitted = 0;
+            for (const char* rc : {"none", "blocks"})
+              for (int zero : {0, 1, 2, 3}) {
+                if (fitted >= 2) break;
+                if (zero && dp * cp == 1) continue;
+                if (zero == 2 && pp > 1) continue;  // reduce-scatters every micro-batch: ZeRO-1's memory, m x its bytes
                 if (std::string(rc) == "blocks" && std::string(sc.name) == "zb-h1") continue;
                 Config c = base;
                 c.parallel.dp = dp;
@@ -111,10 +116,11 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                 }
                 fit_tp_pp[{tp, pp}] = fit_tp_pp[{tp, pp}] || l.prediction.fits;
                 if (!l.prediction.fits) continue;
+                ++fitted;
                 ++res.fitting;
                 all.push_back(std::move(l));
               }
-            }
+          }
         }
       }
     }

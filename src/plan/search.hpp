@@ -2,7 +2,7 @@
 // pp with its schedule and virtual stages, cp, ZeRO stage, recomputation, micro-batch size and count) whose
 // planned memory fits, each predicted by plan/step_model.hpp, best tokens/s first. tp stays inside a node and
 // sequence parallelism is on with tp (the same bytes as the all-reduces, less memory); GPipe is left out (1F1B
-// has its bubble with less memory).
+// has its bubble with less memory); micro-batches of 1, 2 or 4 sequences.
 #pragma once
 #include <string>
 #include <vector>
