@@ -24,13 +24,14 @@ enum class Metric { hardware_tflops, mfu, tokens_per_s };  // what the source re
 struct Row {
   const char* source;
   const char* cluster;  // configs/clusters/<name>.toml
-  const char* model;    // configs/models/<name>.toml
+  const char* model;    // configs/<name>.toml
   std::vector<std::string> set;  // the layout, batch and (Megatron) model shape as --set keys
   Metric metric;
   double published;
   // Why the prediction is expected to be off by more than 25% (bench/RESULTS.md has the numbers); such a row is held
-  // to 40% so that a change to the model still shows. nullptr: held to 25%.
+  // to `bound` so that a change to the model still shows. nullptr: held to 25%.
   const char* outside = nullptr;
+  double bound = 0.40;
 };
 
 // Megatron-LM of 2021 wrote the attention scores (heads x s x s per sequence) to memory and read them back through the
@@ -47,7 +48,7 @@ const char* kMaterialisedAttention = "Megatron-LM 2021 materialised attention sc
 Row megatron(const char* size, int heads, int hidden, int layers, int tp, int pp, int gpus, int batch, double tflops,
              const char* outside = nullptr) {
   const int dp = gpus / (tp * pp);
-  return {size, "a100-80gb-sxm-hdr", "gpt3-175b",
+  return {size, "a100-80gb-sxm-hdr", "models/gpt3-175b",
           {cat("model.n_head=", heads), cat("model.n_embd=", hidden), cat("model.n_layer=", layers),
            cat("parallel.tp=", tp), cat("parallel.pp=", pp), cat("parallel.dp=", dp), cat("train.batch_size=", batch),
            cat("train.micro_batches=", batch / dp), "train.recompute=\"blocks\"", "parallel.schedule=\"1f1b\""},
@@ -68,19 +69,25 @@ std::vector<Row> rows() {
       megatron("Megatron-LM 529.6B, 2520 A100", 128, 20480, 105, 8, 35, 2520, 2520, 163),
       megatron("Megatron-LM 1008B, 3072 A100", 160, 25600, 128, 8, 64, 3072, 3072, 163),
   };
-  // Llama 3 405B (Dubey et al., arXiv:2407.21783, Table 4): 8192-token sequences, 16M tokens a step, tp 8, pp 16 with
+  // Llama 3 405B (Dubey et al., arXiv:2407.21783, Table 4): 8192-token sequences (the third row 131,072 over cp 16),
+  // 16M tokens a step, tp 8, pp 16 with
   // the interleaved schedule (section 3.3.2; two chunks a rank), batch per dp group 32 / 16, BF16 MFU 43% / 41% on
   // H100 SXM (700 W) with 8 x 400 Gb/s per node; no activation recomputation stated. A micro-batch of 1 sequence.
-  r.push_back({"Llama 3 405B, 8192 H100", "h100-80gb-sxm-ndr", "llama3-405b",
+  r.push_back({"Llama 3 405B, 8192 H100", "h100-80gb-sxm-ndr", "models/llama3-405b",
                {"parallel.tp=8", "parallel.pp=16", "parallel.dp=64", "parallel.schedule=\"interleaved\"",
                 "parallel.virtual_stages=2", "parallel.sequence_parallel=true", "train.batch_size=2048",
                 "train.micro_batches=32", "optimizer.zero=1"},
                Metric::mfu, 0.43});
-  r.push_back({"Llama 3 405B, 16384 H100", "h100-80gb-sxm-ndr", "llama3-405b",
+  r.push_back({"Llama 3 405B, 16384 H100", "h100-80gb-sxm-ndr", "models/llama3-405b",
                {"parallel.tp=8", "parallel.pp=16", "parallel.dp=128", "parallel.schedule=\"interleaved\"",
                 "parallel.virtual_stages=2", "parallel.sequence_parallel=true", "train.batch_size=2048",
                 "train.micro_batches=16", "optimizer.zero=1"},
                Metric::mfu, 0.41});
+  r.push_back({"Llama 3 405B, 16384 H100, 128K", "h100-80gb-sxm-ndr", "models/llama3-405b",
+               {"parallel.tp=8", "parallel.cp=16", "parallel.pp=16", "parallel.dp=8", "parallel.schedule=\"interleaved\"",
+                "parallel.virtual_stages=2", "parallel.sequence_parallel=true", "model.block_size=131072",
+                "train.batch_size=128", "train.micro_batches=16", "optimizer.zero=1"},
+               Metric::mfu, 0.38});
   // torchtitan's eager PyTorch reaches 52-61% MFU on these rows where the planner's kernels-only model (every GEMM at
   // the best-shape rate, no host-side stalls) predicts 65-82%: the model has no term for a framework's per-operator
   // overhead, which Relay (C++, no Python) should also have less of; not tuned away (bench/RESULTS.md).
@@ -88,14 +95,25 @@ std::vector<Row> rows() {
   // torchtitan on 64 A100 80GB (docs/performance.md, torchtitan commit 0413364): FSDP2 over all 64 GPUs (ZeRO-3),
   // local batch 1 x 8192 tokens (Llama 3) or 2 x 4096 (Llama 2), tokens/s per GPU. Relay recomputes whole blocks
   // where torchtitan's row names selective or full checkpointing, and nothing where it names none.
-  r.push_back({"torchtitan Llama 3 8B, 64 A100", "a100-80gb-sxm-hdr", "llama3-8b",
+  r.push_back({"torchtitan Llama 3 8B, 64 A100", "a100-80gb-sxm-hdr", "models/llama3-8b",
                {"parallel.dp=64", "optimizer.zero=3", "train.batch_size=64", "train.recompute=\"blocks\""},
                Metric::tokens_per_s, 2904});
-  r.push_back({"torchtitan Llama 3 70B, 64 A100", "a100-80gb-sxm-hdr", "llama3-70b",
+  r.push_back({"torchtitan Llama 3 70B, 64 A100", "a100-80gb-sxm-hdr", "models/llama3-70b",
                {"parallel.dp=64", "optimizer.zero=3", "train.batch_size=64", "train.recompute=\"blocks\""},
                Metric::tokens_per_s, 331, kEagerFsdp});
-  r.push_back({"torchtitan Llama 2 13B, 64 A100", "a100-80gb-sxm-hdr", "llama2-13b",
+  r.push_back({"torchtitan Llama 2 13B, 64 A100", "a100-80gb-sxm-hdr", "models/llama2-13b",
                {"parallel.dp=64", "optimizer.zero=3", "train.batch_size=128"}, Metric::tokens_per_s, 2162, kEagerFsdp});
+  // Relay itself on one H100 80GB HBM3 (bench/RESULTS.md, "GPT-2 124M and Llama on one H100 against PyTorch",
+  // 2026-11-25): 16 sequences x 4 micro-batches x 1024 tokens, bf16, tokens/s. Not a published result but the one
+  // multi-layer measurement of Relay on a GPU there is, and the planner predicts Relay.
+  r.push_back({"Relay Llama 135M, 1 H100 (measured)", "h100-80gb-sxm-ndr", "smollm2-135m",
+               {"train.batch_size=64", "train.micro_batches=4", "model.block_size=1024", "train.precision=\"bf16\""},
+               Metric::tokens_per_s, 218349});
+  r.push_back({"Relay GPT-2 124M, 1 H100 (measured)", "h100-80gb-sxm-ndr", "gpt2-124m",
+               {"train.batch_size=64", "train.micro_batches=4", "model.block_size=1024", "train.precision=\"bf16\""},
+               Metric::tokens_per_s, 225960,
+               "Relay's GPT-2 kernels below the preset's rates: attention backward 4.4x its forward, GEMMs ~240 TFLOP/s",
+               0.70});
   return r;
 }
 
@@ -103,11 +121,11 @@ TEST(PlanPublished, PredictionsWithinTargetOfPublishedResults) {
   const auto t0 = std::chrono::steady_clock::now();
   int within15 = 0, n = 0;
   double worst = 0;
-  std::printf("\n%-34s %-20s %-12s %10s %10s %8s %9s\n", "configuration", "cluster", "metric", "published", "Relay",
+  std::printf("\n%-37s %-20s %-12s %10s %10s %8s %9s\n", "configuration", "cluster", "metric", "published", "Relay",
               "error", "mem(GiB)");
   for (const Row& row : rows()) {
     const Cluster cl = load_cluster(src(cat("configs/clusters/", row.cluster, ".toml")));
-    const Config cfg = load_config(src(cat("configs/models/", row.model, ".toml")), row.set);
+    const Config cfg = load_config(src(cat("configs/", row.model, ".toml")), row.set);
     const StepPrediction p = predict_step(cl, cfg);
     double predicted = 0;
     const char* metric = "";
@@ -117,13 +135,13 @@ TEST(PlanPublished, PredictionsWithinTargetOfPublishedResults) {
       case Metric::tokens_per_s: predicted = p.tokens_per_s_per_device; metric = "tokens/s/GPU"; break;
     }
     const double err = (predicted - row.published) / row.published;
-    std::printf("%-34s %-20s %-12s %10.3g %10.3g %+7.1f%% %9.1f\n", row.source, row.cluster, metric, row.published,
+    std::printf("%-37s %-20s %-12s %10.3g %10.3g %+7.1f%% %9.1f\n", row.source, row.cluster, metric, row.published,
                 predicted, 100 * err, p.memory_bytes_per_device / double(1 << 30));
-    if (row.outside) std::printf("    outside 25%%, explained: %s\n", row.outside);
+    if (row.outside) std::printf("    outside 25%%, explained (held to %.0f%%): %s\n", 100 * row.bound, row.outside);
     ++n;
     within15 += std::abs(err) <= 0.15;
     worst = std::max(worst, std::abs(err));
-    EXPECT_LE(std::abs(err), row.outside ? 0.40 : 0.25)
+    EXPECT_LE(std::abs(err), row.outside ? row.bound : 0.25)
         << row.source << ": predicted " << predicted << ", published " << row.published;
   }
   std::printf("%d of %d rows within 15%%, worst %.1f%%\n", within15, n, 100 * worst);
