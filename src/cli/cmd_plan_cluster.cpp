@@ -80,12 +80,20 @@ int run_plan_cluster(const PlanOptions& o) {
                       "(train.batch_size = ", base.train.batch_size, " must divide over dp, n_layer = ",
                       base.model.n_layer, " bounds pp, n_head = ", base.model.n_head, " bounds tp); hint: a node "
                       "count whose devices divide the batch, or --global-batch"));
-    if (sr.best.empty())
+    if (sr.best.empty()) {
+      // What would fit: fp32 masters, gradients and AdamW's moments (and bf16 copies) of every parameter, sharded over
+      // every device at best, bound the node count from below.
+      const double per_param = 16.0 + (dtype_size(compute_dtype(base.train.precision)) == 4 ? 0.0 : 2.0);
+      const double usable = cl.device.memory_bytes - cl.device.reserved_bytes;
+      const double state = per_param * double(make_layout(base, 0).param_count());
+      const int64_t min_nodes = int64_t(std::ceil(state / usable / cl.devices_per_node));
       throw Error(cat(o.config, ": no layout fits ", cl.name, "'s ", std::round(gib(cl.device.memory_bytes) * 10) / 10,
                       " GiB per device on ", nodes, " nodes: the smallest needs ",
                       std::round(gib(sr.smallest_memory_bytes) * 10) / 10, " GiB (", sr.smallest_layout,
                       ", the runtime's ", std::round(gib(cl.device.reserved_bytes) * 10) / 10,
-                      " GiB included); hint: more nodes, a shorter --seq, or a device with more memory"));
+                      " GiB included); the weights, gradients and optimizer state alone need ", min_nodes,
+                      " nodes or more; hint: more --nodes, a shorter --seq, or a device with more memory"));
+    }
     rows = sr.best;
   }
 
