@@ -102,6 +102,34 @@ TEST(PlanCluster, JsonFields) {
     EXPECT_NE(r.output.find(f), std::string::npos) << f;
 }
 
+// Closing the loop on this machine: --calibrate writes a cluster file the planner reads; a run given it with
+// --plan-cluster writes the prediction as metrics.jsonl's first record, step_time_s in every step record, and ends with
+// the predicted-vs-measured table, its memory row exact (the memory plan).
+TEST(PlanCluster, CalibrateThenTrainRecordsAndComparesThePlan) {
+  TempDir dir;
+  const Problem p = make_gpt_problem(dir.path());
+  const std::string cal = dir.file("this-machine.toml");
+  const RunResult plan = run_command(relay_binary() + " plan --config " + p.config + " --measure --calibrate " + cal);
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  const Cluster c = load_cluster(cal);
+  EXPECT_EQ(c.name, "this-machine");
+  EXPECT_GT(c.device.peak_fp32, 0);
+  const std::string run_dir = dir.file("run");
+  const RunResult r = run_command("OMP_NUM_THREADS=1 " + relay_binary() + " train -c " + p.config + " --plan-cluster " +
+                                  cal + " --set run.dir='\"" + run_dir + "\"' --set train.steps=3" +
+                                  " --set lr_schedule.warmup_steps=0 --set train.log_every=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string metrics = read(run_dir + "/metrics.jsonl");
+  EXPECT_EQ(metrics.rfind("{\"plan\": {", 0), 0u) << metrics.substr(0, 200);
+  EXPECT_NE(metrics.find("\"calibration\":\"" + cal + "\""), std::string::npos);
+  EXPECT_NE(metrics.find("{\"step\":3,"), std::string::npos);
+  EXPECT_NE(metrics.find("\"step_time_s\":", metrics.find("{\"step\":1,")), std::string::npos);
+  EXPECT_NE(r.output.find("relay: plan vs measured"), std::string::npos) << r.output;
+  const size_t mem = r.output.find("  memory ");
+  ASSERT_NE(mem, std::string::npos) << r.output;
+  EXPECT_NE(r.output.substr(mem, r.output.find('\n', mem) - mem).find("+0.0%"), std::string::npos) << r.output;
+}
+
 // The top layout of the search against the published one, both predicted on the same preset.
 void expect_recommendation_beats(const char* cluster, const char* model, int nodes, const std::vector<std::string>& published) {
   const Cluster cl = load_cluster(src(cat("configs/clusters/", cluster, ".toml")));
