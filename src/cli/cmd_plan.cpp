@@ -15,6 +15,7 @@
 #include "parallel/process_grid.hpp"
 #include "parallel/simulator.hpp"
 #include "parallel/trace.hpp"
+#include "plan/calibration.hpp"
 #include "train/checkpointing.hpp"
 #include "train/memory_plan.hpp"
 #include "train/model_layout.hpp"
@@ -29,6 +30,20 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--input-dim", o.input_dim, "Input width D when data.train is not there yet");
   c->add_option("--trace", o.trace, "Also write the simulated schedule (1 time unit = 1 ms) as a Chrome trace-event "
                                     "file, the format of a run's trace.json, to open side by side");
+  c->add_option("--calibrate", o.calibrate, "With --measure: write this machine, measured at the model's shapes, as a "
+                                            "cluster file for --cluster (one device = one rank of train.threads, 1 "
+                                            "when 0)");
+  c->add_option("--cluster", o.cluster, "Plan at cluster scale on this cluster description (configs/clusters/*.toml): "
+                                        "predicted step time, MFU and memory of the best layouts");
+  c->add_option("--nodes", o.nodes, "With --cluster: the number of nodes");
+  c->add_option("--global-batch", o.global_batch, "With --cluster: sequences per step (train.batch_size)");
+  c->add_option("--seq", o.seq, "With --cluster: tokens per sequence (model.block_size)");
+  c->add_option("--top", o.top, "With --cluster: how many layouts to print (default 5)");
+  c->add_flag("--layout", o.layout, "With --cluster: evaluate the config's own layout (parallel.*, train.*, "
+                                    "optimizer.zero) instead of searching");
+  c->add_flag("--json", o.json, "With --cluster: one JSON object per layout, one a line");
+  c->add_option("--device-mtbf-hours", o.device_mtbf_hours, "With --cluster: mean time between failures of one "
+                                                            "device, for the checkpoint interval (default: Llama 3's fleet)");
   return c;
 }
 
@@ -238,6 +253,7 @@ void print_sim(const char* title, const ScheduleShape& shape, const SimResult& s
 }  // namespace
 
 int run_plan_command(const PlanOptions& o) {
+  if (!o.cluster.empty()) return run_plan_cluster(o);
   Config cfg = load_config(o.config, o.overrides);
   int64_t D = o.input_dim;
   if (D <= 0 && !make_model_spec(cfg, 1).language_model) {
@@ -302,6 +318,17 @@ int run_plan_command(const PlanOptions& o) {
     }
     SimResult ms = simulate(shape, lists, c);
     print_sim("schedule with the measured costs (time in seconds):", shape, ms);
+    if (!o.calibrate.empty()) {
+      const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : 1;
+      auto cb = make_backend(BackendOptions{Device::cpu, threads, 0, cfg.train.precision});
+      const std::string text = calibrate_this_machine(*cb, layout, act_rows / cp, threads, cfg.train.precision);
+      std::ofstream f(o.calibrate, std::ios::trunc);
+      if (!f || !(f << text)) throw Error(cat("--calibrate ", o.calibrate, ": cannot write the file"));
+      std::printf("\nwrote this machine's calibration to %s (use it as --cluster %s):\n%s", o.calibrate.c_str(),
+                  o.calibrate.c_str(), text.c_str());
+    }
+  } else if (!o.calibrate.empty()) {
+    throw Error("--calibrate: needs --measure (it measures this machine)");
   }
   return 0;
 }

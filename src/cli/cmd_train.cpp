@@ -10,6 +10,11 @@
 #include "parallel/process_grid.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "plan/cluster.hpp"
+#include "plan/step_model.hpp"
+#include "train/memory_plan.hpp"
+#include "train/model_layout.hpp"
+#include <nlohmann/json.hpp>
 #include "train/signals.hpp"
 #include "train/trainer.hpp"
 
@@ -20,11 +25,37 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--config,-c", o.config, "TOML config file")->required();
   c->add_option("--set", o.overrides, "Override a key: --set section.key=value (TOML value syntax)")
       ->allow_extra_args(false);
+  c->add_option("--plan-cluster", o.plan_cluster, "Predict this run on the cluster file's machine (relay plan --cluster; "
+                                                  "for this machine the file relay plan --measure --calibrate wrote): the "
+                                                  "prediction is metrics.jsonl's first record, compared with the run at "
+                                                  "its end");
   c->footer("Exit codes: 0 done; 75 stopped early by SIGTERM/SIGUSR1 or train.time_limit after writing a "
             "checkpoint (resumable: rerun with checkpoint.resume = \"auto\"); 1 error; 74 a rank stalled "
             "(parallel.timeout); 76 an in-job restart would repeat the failure before it.");
   return c;
 }
+
+namespace {
+
+// The planner's prediction for this run's layout on the cluster file's machine (plan/step_model.hpp).
+RunPrediction predict_run(const std::string& cluster_file, const Config& cfg) {
+  if (!cfg.model.is_lm()) throw Error("--plan-cluster: the planner predicts language models (model.type gpt or llama)");
+  const Cluster cl = load_cluster(cluster_file);
+  const StepPrediction p = predict_step(cl, cfg);
+  RunPrediction r;
+  r.step_time_s = p.step_time_s;
+  r.compute_s = p.compute_s;
+  r.wait_s = p.step_time_s - p.compute_s;
+  r.memory_bytes = double(predict_memory(cfg, make_layout(cfg, 0), 0, 0).total());
+  r.json = nlohmann::json{{"step_time_s", p.step_time_s}, {"tokens_per_s_per_device", p.tokens_per_s_per_device},
+                          {"memory_bytes_per_device", p.memory_bytes_per_device}, {"mfu", p.mfu},
+                          {"bubble_fraction", p.bubble_fraction}, {"exposed_comm_s", p.exposed_comm_s},
+                          {"compute_s", p.compute_s}, {"cluster", cl.name}, {"calibration", cluster_file},
+                          {"layout", describe_layout(cfg)}}.dump();
+  return r;
+}
+
+}  // namespace
 
 int run_train_command(const TrainOptions& o, int argc, char** argv) {
   // Before MPI_Init: a SIGUSR1/SIGTERM that arrives during start-up must set the stop flag, not kill us.
@@ -46,7 +77,10 @@ int run_train_command(const TrainOptions& o, int argc, char** argv) {
     const int cp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.cp));
     Watchdog watchdog(MPI_COMM_WORLD, timeout, [dp, tp, cp](int r) { return rank_label(r, dp, tp, cp); });
     set_active_watchdog(&watchdog);
-    code = run_training(cfg);
+    RunPrediction plan;
+    if (!o.plan_cluster.empty())
+      agree_on_errors(MPI_COMM_WORLD, [&] { plan = predict_run(o.plan_cluster, cfg); });
+    code = run_training(cfg, plan);
     set_active_watchdog(nullptr);
   } catch (const AgreedError&) {
     code = 1;  // printed once by the rank that saw it; every rank got here

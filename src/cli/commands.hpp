@@ -8,7 +8,7 @@
 
 namespace relay {
 
-struct TrainOptions { std::string config; std::vector<std::string> overrides; };
+struct TrainOptions { std::string config, plan_cluster; std::vector<std::string> overrides; };
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o);
 int run_train_command(const TrainOptions& o, int argc, char** argv);
 
@@ -17,9 +17,18 @@ struct PlanOptions {
   std::vector<std::string> overrides;
   bool measure = false;
   int64_t input_dim = 0;
+  // --cluster: the cluster-scale planner (cmd_plan_cluster.cpp)
+  std::string cluster;
+  int nodes = 0;
+  int64_t global_batch = 0, seq = 0;
+  int top = 5;
+  bool layout = false, json = false;
+  double device_mtbf_hours = 0;  // 0 = the default (cmd_plan_cluster.cpp cites it)
+  std::string calibrate;         // with --measure: write this machine as a cluster file (plan/calibration.hpp)
 };
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& o);
 int run_plan_command(const PlanOptions& o);
+int run_plan_cluster(const PlanOptions& o);
 
 struct DataOptions {
   std::string out, file;

@@ -104,6 +104,7 @@ void MetricsLog::train(const StepRecord& r) {
   j["lr"] = number(r.lr);
   j["grad_norm"] = number(r.grad_norm);
   j["samples_per_s"] = number(r.samples_per_s);
+  j["step_time_s"] = number(r.step_time_s);
   if (tokens_per_sample_ > 0) j["tokens_per_s"] = number(tokens_per_s);
   j["flops_per_s"] = number(r.flops_per_s);
   if (r.mfu >= 0) j["mfu"] = number(r.mfu);
@@ -179,6 +180,10 @@ void MetricsLog::restart(int64_t step, int64_t count, const std::string& cause, 
   j["cause"] = cause;
   j["failed_after_step"] = failed_after_step;
   append(j.dump());
+}
+
+void MetricsLog::plan(const std::string& plan_json) {
+  append(cat("{\"plan\": ", plan_json, "}"));
 }
 
 void MetricsLog::note(const std::string& line) {

@@ -13,6 +13,7 @@ struct StepRecord {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, samples_per_s = 0;
   double elapsed_s = 0, eta_s = 0;
+  double step_time_s = 0;               // the mean wall time of a step over the logging window
   double rss_mib = 0, rss_max_mib = 0;  // resident memory: rank 0's, and the largest over all ranks
   double peak_rss_max_mib = 0;          // the largest peak resident memory (VmHWM) over all ranks
   std::vector<double> peak_rss_mib_per_rank;  // every rank's peak resident memory, by world rank
@@ -48,6 +49,8 @@ class MetricsLog {
   // An in-job restart (restarts.hpp): resumed at `step` after a run that logged up to failed_after_step.
   void restart(int64_t step, int64_t count, const std::string& cause, int64_t failed_after_step);
   void note(const std::string& line);  // printed only
+  // {"plan": plan_json}: the planner's prediction for this run (relay train --plan-cluster), the file's first record.
+  void plan(const std::string& plan_json);
   // log.tensorboard: every train and eval record also goes to TensorBoard event files in dir, as
   // scalars tagged train/<key> and eval/<key> (the metrics.jsonl keys).
   void enable_tensorboard(const std::string& dir);

@@ -39,16 +39,24 @@ std::vector<ParamEntry> ModelLayout::shared_params() const {
 }
 
 ParamPlacement ModelLayout::placement(const std::string& name, int pp_rank, int tp, int tp_rank) const {
-  for (const ParamEntry& e : params()) {
-    if (e.name != name) continue;
-    ParamPlacement p;
-    p.tied = e.pp_ranks.size() > 1;
-    p.owner = e.pp_ranks.front() == pp_rank;
-    p.tp_replicated = tp > 1 && e.split.replicated();
-    p.counts_in_norm = p.owner && !(tp_rank > 0 && e.split.replicated());
-    return p;
-  }
-  RELAY_ASSERT(false, "parameter " << name << " is not in the model");
+  // params()'s entry for `name` without building every entry (the memory plan asks for each parameter of a stage,
+  // and relay plan --cluster for thousands of layouts of models with thousands of parameters).
+  std::vector<int> ranks;
+  const ParamSpec* spec = nullptr;
+  for (const BlockSpec& b : model.blocks)
+    for (const ParamSpec& p : b.params) {
+      if (p.name != name) continue;
+      if (!spec) spec = &p;
+      const int rank = pp_rank_of_chunk(chunk_of_block(b.index));
+      if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
+    }
+  RELAY_ASSERT(spec, "parameter " << name << " is not in the model");
+  ParamPlacement p;
+  p.tied = ranks.size() > 1;
+  p.owner = ranks.front() == pp_rank;
+  p.tp_replicated = tp > 1 && spec->split.replicated();
+  p.counts_in_norm = p.owner && !(tp_rank > 0 && spec->split.replicated());
+  return p;
 }
 
 int64_t ModelLayout::param_count() const {

@@ -160,6 +160,36 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   return res;
 }
 
+// Rank 0, at the end of a run with a prediction: predicted vs measured, and a warning naming the part of the model that
+// was off when the step time is more than 25% away (compute, or the waiting: bubble and exposed communication), or the
+// memory more than 10%. Measured step: the mean of the steps after the first; compute and waiting: rank 0's, every
+// step; memory: rank 0's tensors after the first step.
+void compare_with_plan(const RunPrediction& p, double step_s, double compute_s, double wait_s, double mem) {
+  auto row = [](const char* what, double predicted, double measured, const char* unit, double scale) {
+    std::printf("  %-10s %12.4f %12.4f %+8.1f%%  %s\n", what, predicted * scale, measured * scale,
+                100 * (measured - predicted) / std::max(1e-12, predicted), unit);
+  };
+  std::printf("relay: plan vs measured (rank 0; the step after the first):\n  %-10s %12s %12s %9s\n", "", "predicted",
+              "measured", "error");
+  row("step", p.step_time_s, step_s, "s", 1);
+  row("compute", p.compute_s, compute_s, "s", 1);
+  row("waiting", p.wait_s, wait_s, "s (bubble and exposed communication)", 1);
+  row("memory", p.memory_bytes, mem, "MiB (tensors)", 1.0 / (1 << 20));
+  const double off = (step_s - p.step_time_s) / p.step_time_s;
+  if (std::abs(off) > 0.25) {
+    const bool compute = std::abs(compute_s - p.compute_s) >= std::abs(wait_s - p.wait_s);
+    std::printf("relay: warning: the step took %.0f%% %s time than planned; the part most off: %s\n", 100 * std::abs(off),
+                off > 0 ? "more" : "less",
+                compute ? cat("compute (predicted ", p.compute_s, " s, measured ", compute_s, " s)").c_str()
+                        : cat("the bubble and collectives (predicted ", p.wait_s, " s of waiting, measured ", wait_s,
+                              " s)").c_str());
+  }
+  if (std::abs(mem - p.memory_bytes) > 0.1 * p.memory_bytes)
+    std::printf("relay: warning: memory is %.0f%% off the plan (predicted %s MiB, measured %s MiB)\n",
+                100 * std::abs(mem - p.memory_bytes) / p.memory_bytes, mib(int64_t(p.memory_bytes)).c_str(),
+                mib(int64_t(mem)).c_str());
+}
+
 // Rank 0: the run directory, the saved config and the start-up report.
 std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
   const Config& cfg = r.cfg;
@@ -304,7 +334,7 @@ void start_prefetcher(Run& r) {
 
 }  // namespace
 
-int run_training(const Config& cfg) {
+int run_training(const Config& cfg, const RunPrediction& plan) {
   const double t_start = now_s();
   const std::unique_ptr<RunLock> run_lock = own_run_dir(cfg.run.dir);  // one job per run.dir; held to the end
   Run r(cfg);
@@ -338,6 +368,7 @@ int run_training(const Config& cfg) {
     if (restart.count > 0) v = judge_restart(cfg.run.dir + "/metrics.jsonl", r.start_step, restart);
     if (!(no_progress = v.no_progress).empty()) return;
     log = start_log(r, resume_path);
+    if (plan.on() && r.start_step == 0) log->plan(plan.json);
     if (restart.count > 0) log->restart(r.start_step, restart.count, restart.cause, v.failed_after_step);
     std::printf("relay: placement\n%s", placement.c_str());
     std::fflush(stdout);
@@ -359,6 +390,9 @@ int run_training(const Config& cfg) {
   const int64_t steps = cfg.train.steps;
   const double time_limit = cfg.train.time_limit.empty() ? 0 : parse_duration(cfg.train.time_limit, "train.time_limit");
   double last_ckpt_s = 0, window_t0 = now_s(), loop_t0 = now_s();
+  // For the predicted-vs-measured table: the steps' wall time after the first (its warm-up left out), and the tensors'
+  // bytes after the first step (before any evaluation's buffers).
+  double steps_after_first_s = 0, memory_after_first = 0;
   int64_t window_steps = 0;
   // MFU on GPUs of the peak table (src/backend/gpu_peaks.cpp).
   const double peak_flops = r.be->device() == Device::cuda
@@ -382,9 +416,14 @@ int run_training(const Config& cfg) {
       else std::raise(SIGKILL);
     }
     if (step == r.start_step + 2) r.be->op_profile_restart();  // RELAY_OP_PROFILE: from the second step on
+    const double step_t0 = now_s();
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
+    if (step > r.start_step + 1) steps_after_first_s += now_s() - step_t0;
     writer.poll();  // checkpoint.async: a failed write ends every rank here
-    if (step == r.start_step + 1) report_memory(r);
+    if (step == r.start_step + 1) {
+      report_memory(r);
+      memory_after_first = double(measured_memory().total());
+    }
     totals.compute_s += res.stats.compute_s;
     totals.wait_s += res.stats.wait_s;
     totals.step_s += res.stats.step_s;
@@ -413,6 +452,7 @@ int run_training(const Config& cfg) {
         rec.grad_norm = res.grad_norm;
         rec.skipped_steps = step - r.optimizer->step_count();  // over the whole run: updates are counted
         rec.samples_per_s = per_s;
+        rec.step_time_s = (t - window_t0) / double(std::max<int64_t>(1, window_steps));
         rec.elapsed_s = t - t_start;
         rec.eta_s = eta;
         rec.rss_mib = rss;
@@ -471,6 +511,9 @@ int run_training(const Config& cfg) {
     std::printf("relay: done. rank 0 per step: compute %.4f s, waiting %.4f s (%.1f%% idle; simulated bubble %.1f%%)\n",
                 totals.compute_s / double(stat_steps), totals.wait_s / double(stat_steps),
                 100.0 * totals.wait_s / std::max(1e-12, totals.step_s), 100.0 * r.predicted_bubble);
+  if (rank0 && plan.on() && stat_steps > 1)
+    compare_with_plan(plan, steps_after_first_s / double(stat_steps - 1), totals.compute_s / double(stat_steps),
+                      totals.wait_s / double(stat_steps), memory_after_first);
   if (rank0) std::printf("relay: results in %s (metrics.jsonl, config.toml, checkpoints/)\n", cfg.run.dir.c_str());
   std::fflush(stdout);
   // Per-rank idle time for benchmarks: RELAY_STAGE_STATS=1 prints every rank's measured wait.

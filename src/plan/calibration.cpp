@@ -1,0 +1,128 @@
+#include "plan/calibration.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <thread>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace relay {
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Mean seconds of `run` over enough repeats to last ~0.2 s, after one warm-up.
+template <class F>
+double time_of(Backend& be, F run) {
+  run();
+  be.synchronize();
+  int reps = 0;
+  const double t0 = now();
+  double t = t0;
+  while (reps < 3 || t - t0 < 0.2) {
+    run();
+    be.synchronize();
+    ++reps;
+    t = now();
+  }
+  return (t - t0) / reps;
+}
+
+Tensor filled(Backend& be, Shape shape, DType dt, float v = 0.01f) {
+  Tensor t(be, std::move(shape), dt);
+  be.fill(t, v);
+  return t;
+}
+
+}  // namespace
+
+std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64_t rows, int threads,
+                                   Precision precision) {
+  const BlockSpec* block = nullptr;
+  for (const BlockSpec& b : layout.blocks())
+    if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer) {
+      block = &b;
+      break;
+    }
+  if (!block) throw Error("--calibrate: the model has no decoder block to measure (model.type gpt or llama)");
+  const DType dt = compute_dtype(precision);
+  const int64_t C = block->in, T = block->seq_len, n = rows, B = std::max<int64_t>(1, n / T);
+  const int64_t H = block->n_head, hd = C / H;
+  const int64_t KV = block->kind == BlockKind::llama_layer ? block->n_kv_head : H;
+  const int64_t F = block->kind == BlockKind::llama_layer ? block->ffn_hidden : 4 * C;
+
+  // GEMMs: the block's widest projections as forward, backward-input and backward-weight shapes.
+  double gemm_flops = 0, gemm_s = 0;
+  for (const int64_t N : {C, F}) {
+    Tensor x = filled(be, {n, C}, dt), w = filled(be, {N, C}, dt), y = filled(be, {n, N}, dt);
+    Tensor dw = filled(be, {N, C}, DType::f32), dx = filled(be, {n, C}, dt);
+    gemm_s += time_of(be, [&] { be.matmul(x, false, w, true, y, 1.f, 0.f); });    // y = x w^T
+    gemm_s += time_of(be, [&] { be.matmul(y, false, w, false, dx, 1.f, 0.f); });  // dx = dy w
+    gemm_s += time_of(be, [&] { be.matmul(y, true, x, false, dw, 1.f, 1.f); });   // dw += dy^T x
+    gemm_flops += 3 * 2.0 * double(n) * double(N) * double(C);
+  }
+  const double peak = gemm_flops / gemm_s;
+
+  // Attention at the block's heads, B sequences of T: causal FLOPs as the cost model counts them.
+  const double attn = 0.5 * 4.0 * double(T) * double(H * hd) * double(B * T);
+  Tensor lse = filled(be, {B, H, T}, DType::f32);
+  double fwd_s = 0, bwd_s = 0;
+  if (KV == H && block->kind == BlockKind::transformer) {
+    Tensor qkv = filled(be, {B * T, 3 * C}, dt), out = filled(be, {B * T, C}, dt), dqkv = filled(be, {B * T, 3 * C}, dt);
+    fwd_s = time_of(be, [&] { be.flash_attention_forward(qkv, B, T, H, out, lse); });
+    bwd_s = time_of(be, [&] { be.flash_attention_backward(out, qkv, out, lse, B, T, H, dqkv); });
+  } else {
+    Tensor q = filled(be, {B * T, H * hd}, dt), k = filled(be, {B * T, KV * hd}, dt), v = filled(be, {B * T, KV * hd}, dt);
+    Tensor out = filled(be, {B * T, H * hd}, dt), dq = filled(be, {B * T, H * hd}, dt);
+    Tensor dk = filled(be, {B * T, KV * hd}, dt), dv = filled(be, {B * T, KV * hd}, dt);
+    fwd_s = time_of(be, [&] { be.flash_attention_gqa_forward(q, k, v, B, T, H, KV, out, lse); });
+    bwd_s = time_of(be, [&] { be.flash_attention_gqa_backward(out, q, k, v, out, lse, B, T, H, KV, dq, dk, dv); });
+  }
+  const double attn_fwd_eff = std::min(1.0, attn / fwd_s / peak), attn_bwd_eff = std::min(1.0, 2.5 * attn / bwd_s / peak);
+
+  // Streaming: a 64 MiB copy (read and write); the launch term: a one-element copy.
+  const int64_t big = int64_t(16) << 20;
+  Tensor a = filled(be, {big}, DType::f32), b = filled(be, {big}, DType::f32);
+  const double bandwidth = 2.0 * 4.0 * double(big) / time_of(be, [&] { be.copy(b, a); });
+  Tensor s1 = filled(be, {1}, DType::f32), s2 = filled(be, {1}, DType::f32);
+  const double launch = time_of(be, [&] { be.copy(s2, s1); });
+
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  const int devices = std::max(1, cores / std::max(1, threads));
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  char host[256] = "this machine";
+  gethostname(host, sizeof host);
+  std::time_t t = std::time(nullptr);
+  char when[64];
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  const std::string p = cat(peak);
+  return cat(
+      "# This machine (", host, ") as measured by `relay plan --measure --calibrate` on ", when, ", one device = one\n",
+      "# rank of ", threads, " thread(s), ", precision_name(precision), ", at ", n, " rows of ", layout.model.blocks.size(),
+      "-block model's shapes (src/plan/calibration.hpp).\n",
+      "name = \"this-machine\"\n\n[node]\ndevices = ", devices, "                    # ", cores, " cores / ", threads,
+      " thread(s) a rank\n\n[device]\nname = \"", be.describe(), "\"\n",
+      "# The measured GEMM rate over the block's forward, backward-input and backward-weight shapes (every precision).\n",
+      "peak_bf16_flops = ", p, "\npeak_tf32_flops = ", p, "\npeak_fp32_flops = ", p, "\n",
+      "memory_bytes = ", ram / devices, "   # physical memory / devices\n",
+      "reserved_bytes = 0\n",
+      "memory_bandwidth = ", bandwidth, "   # a 64 MiB copy, read + write\n",
+      "sms = 1                            # no waves on a CPU core\n",
+      "gemm_efficiency = 1.0              # the peak above is the measured rate\n",
+      "attention_forward_efficiency = ", attn_fwd_eff, "   # flash attention forward (causal FLOPs) / the GEMM rate\n",
+      "attention_backward_efficiency = ", attn_bwd_eff, "  # its backward, 2.5x the forward's FLOPs\n",
+      "memory_efficiency = 1.0\n",
+      "kernel_launch_s = ", launch, "     # a one-element copy\n\n",
+      "[intra_node]\n# Not measured through the communicator: the copy bandwidth halved (shared memory copies twice).\n",
+      "bandwidth = ", bandwidth / 2, "\nefficiency = 1.0\nlatency = 2e-6\n\n",
+      "[inter_node]\n# No second node measured: as within the node.\n",
+      "bandwidth = ", bandwidth / 2, "\nefficiency = 1.0\nlatency = 2e-6\n\n",
+      "[storage]\nwrite_bandwidth = 1e9                # assumed, not measured\n");
+}
+
+}  // namespace relay

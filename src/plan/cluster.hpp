@@ -1,0 +1,42 @@
+// A cluster description for the planner (configs/clusters/*.toml): devices per node, one device's peaks
+// (FLOP/s by precision, memory, bandwidth) and achieved-efficiency defaults, and the two links a
+// collective can cross (within a node, between nodes). Every key is required: a missing one is an
+// Error naming the file and the key.
+#pragma once
+#include <string>
+
+#include "core/precision.hpp"
+
+namespace relay {
+
+struct Link {
+  double bandwidth = 0;   // bytes/s per device, each way (data sheet)
+  double efficiency = 1;  // fraction of bandwidth a large NCCL collective reaches (nccl-tests busbw)
+  double latency = 0;     // seconds per ring step (alpha)
+  double busbw() const { return bandwidth * efficiency; }
+};
+
+struct Cluster {
+  std::string source, name;
+  int devices_per_node = 0;
+  struct Device {
+    std::string name;
+    double peak_bf16 = 0, peak_tf32 = 0, peak_fp32 = 0;  // dense FLOP/s
+    double memory_bytes = 0, reserved_bytes = 0;         // capacity; what the runtime takes before Relay
+    double memory_bandwidth = 0;                         // bytes/s
+    int sms = 0;                                         // streaming multiprocessors (GEMM wave quantisation)
+    double gemm_efficiency = 1;                          // best GEMM rate / peak
+    double attention_forward_efficiency = 1, attention_backward_efficiency = 1;
+    double memory_efficiency = 1;                        // streaming kernels' bandwidth / data sheet
+    double kernel_launch_s = 0;
+    double peak(Precision p) const { return p == Precision::bf16 ? peak_bf16 : p == Precision::tf32 ? peak_tf32 : peak_fp32; }
+  } device;
+  Link intra_node, inter_node;
+  double storage_write_bandwidth = 0;  // bytes/s one node writes to the shared file system
+};
+
+// Reads and checks a cluster file; Error "FILE: section.key: why" on a missing or bad key.
+Cluster load_cluster(const std::string& path);
+Cluster parse_cluster_text(const std::string& text, const std::string& source);
+
+}  // namespace relay

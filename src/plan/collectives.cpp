@@ -1,0 +1,51 @@
+#include "plan/collectives.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace relay {
+
+GroupPath group_path(const Cluster& c, int size, int stride) {
+  GroupPath g;
+  g.size = size;
+  const int node = c.devices_per_node;
+  if (size <= 1) return g;
+  if (int64_t(size) * stride <= node) {
+    g.busbw = c.intra_node.busbw();
+    g.latency = c.intra_node.latency;
+    g.members_per_node = size;
+    return g;
+  }
+  g.crosses_nodes = true;
+  g.members_per_node = std::max(1, std::min(size, node / std::max(1, stride)));
+  // A hierarchical ring: the inter-node share of the bytes leaves through every member's adapter; the
+  // NVLink part is never the slower one on the presets, but is kept as a bound.
+  g.busbw = std::min(c.intra_node.busbw(), c.inter_node.busbw() * g.members_per_node);
+  g.latency = c.inter_node.latency;
+  return g;
+}
+
+double all_reduce_s(const GroupPath& g, double bytes) {
+  const int n = g.size;
+  if (n <= 1 || bytes <= 0) return 0;
+  // Ring: 2 (n - 1) steps, each rank sending 2 (n - 1) / n of the buffer.
+  const double ring = 2.0 * (n - 1) * g.latency + 2.0 * (n - 1) / n * bytes / g.busbw;
+  // Double binary tree (NCCL >= 2.4): 2 log2 n steps, the whole buffer up and down at full bandwidth.
+  const double tree = 2.0 * std::ceil(std::log2(double(n))) * g.latency + 2.0 * bytes / g.busbw;
+  return std::min(ring, tree);
+}
+
+double all_gather_s(const GroupPath& g, double bytes) {
+  const int n = g.size;
+  if (n <= 1 || bytes <= 0) return 0;
+  return (n - 1) * g.latency + double(n - 1) / n * bytes / g.busbw;
+}
+
+double reduce_scatter_s(const GroupPath& g, double bytes) { return all_gather_s(g, bytes); }
+
+double send_s(const Cluster& c, int stride, double bytes) {
+  const Link& l = stride >= c.devices_per_node ? c.inter_node : c.intra_node;
+  return l.latency + bytes / l.busbw();
+}
+
+}  // namespace relay

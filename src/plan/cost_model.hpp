@@ -1,0 +1,44 @@
+// The compute side of the planner's cost model: one block's forward, backward-input and backward-weight
+// time for one micro-batch on one tensor-parallel rank of a device, from its shapes (model/block.hpp)
+// against the device's peaks (plan/cluster.hpp), plus the collectives the block waits for (tp, cp).
+//
+// GEMMs: time = max(2MNK / (peak x gemm_efficiency x wave_quantisation), bytes moved / bandwidth) + a launch,
+// where gemm_efficiency is the device's best measured GEMM rate (the preset cites it) and wave quantisation
+// the fraction of the last wave of 128 x 256 output tiles that has work (tiles / (ceil(tiles / SMs) x SMs)):
+// the efficiency curve by shape, which falls for skinny or small GEMMs. Attention: FlashAttention-2's causal
+// FLOPs (half the full score matrix; backward 2.5x the forward) at the device's attention efficiencies.
+// Norms, activations, bias and residual adds: the elements they read and write over the streaming bandwidth.
+// Recomputation (train.recompute = "blocks") runs the forward again before backward-input.
+#pragma once
+#include "core/precision.hpp"
+#include "model/block.hpp"
+#include "plan/cluster.hpp"
+#include "plan/collectives.hpp"
+
+namespace relay {
+
+// Seconds for y (M, N) = x (M, K) @ w (K, N) on the device in `precision`.
+double gemm_s(const Cluster::Device& d, Precision precision, double M, double N, double K);
+// Seconds to stream `bytes` through device memory (read + write counted by the caller).
+double stream_s(const Cluster::Device& d, double bytes);
+
+// Where the block runs: its rows (tokens of the micro-batch on this rank), tp and cp groups, settings.
+struct BlockContext {
+  int64_t rows = 0;           // micro-batch tokens on the rank (samples x T / cp)
+  int tp = 1, cp = 1;
+  bool sequence_parallel = false, recompute = false;
+  Precision precision = Precision::bf16;
+  GroupPath tp_path, cp_path;
+};
+
+struct BlockTime {
+  double forward = 0, backward_input = 0, backward_weight = 0;  // seconds, collectives included
+  double comm_forward = 0, comm_backward = 0;                   // of which tp / cp collectives (critical path)
+};
+BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockContext& ctx);
+
+// Seconds for AdamW (or SGD) over `elements` fp32 parameters of the rank (masters, gradients, moments,
+// the working bf16 copy) and the gradient norm: memory-bound.
+double optimizer_s(const Cluster::Device& d, double elements, bool mixed);
+
+}  // namespace relay

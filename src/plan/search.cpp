@@ -1,0 +1,147 @@
+#include "plan/search.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "core/error.hpp"
+#include "train/model_layout.hpp"
+
+namespace relay {
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+std::string gib(double bytes) { return cat(std::round(bytes / double(1 << 30) * 10) / 10); }
+
+// A tp that the model's heads, key/value heads, SwiGLU width and vocabulary split into (core/config.cpp's rules).
+bool tp_splits(const Config& c, int tp) {
+  const auto& m = c.model;
+  if (m.n_head % tp) return false;
+  if (m.is_llama() && (m.n_kv_head % tp || m.ffn_hidden % tp)) return false;
+  return m.vocab_size >= tp;
+}
+
+std::string why_line(const Cluster& cl, const PlannedLayout& l, const std::map<std::pair<int, int>, bool>& fit_tp_pp,
+                     double params) {
+  const auto& p = l.cfg.parallel;
+  const StepPrediction& s = l.prediction;
+  std::vector<std::string> parts;
+  if (p.tp > 1) parts.push_back(cat("tp ", p.tp, " inside a node"));
+  if (p.pp > 1) {
+    bool smaller_fits = false;
+    for (auto& [k, fits] : fit_tp_pp)
+      if (k.first == p.tp && k.second < p.pp && fits) smaller_fits = true;
+    parts.push_back(smaller_fits ? cat("pp ", p.pp) : cat("pp ", p.pp, " to fit ", std::round(params / 1e9), "B"));
+    parts.push_back(cat(std::round(s.bubble_fraction * 100), "% bubble with ", p.schedule,
+                        p.virtual_stages > 1 ? cat(" v", p.virtual_stages) : ""));
+  }
+  if (p.cp > 1) parts.push_back(cat("cp ", p.cp, " for ", l.cfg.model.block_size, "-token sequences"));
+  if (l.cfg.optimizer.zero) parts.push_back(cat("ZeRO-", l.cfg.optimizer.zero, " over ", p.dp * p.cp, " replicas"));
+  if (l.cfg.train.recompute == "blocks") parts.push_back("recompute to fit activations");
+  parts.push_back(cat(std::round(100 * s.exposed_comm_s / s.step_time_s), "% of the step in exposed communication"));
+  parts.push_back(cat(gib(s.memory_bytes_per_device), " of ", gib(cl.device.memory_bytes - cl.device.reserved_bytes),
+                      " GiB"));
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? "; " : "") + parts[i];
+  return out;
+}
+
+}  // namespace
+
+SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, int top) {
+  const int world = nodes * cl.devices_per_node;
+  const int64_t B = base.train.batch_size, T = base.model.block_size;
+  const int64_t blocks = base.model.n_layer + 2;
+  SearchResult res;
+  res.smallest_memory_bytes = -1;
+  std::vector<PlannedLayout> all;
+  std::map<std::pair<int, int>, bool> fit_tp_pp;
+  double params = 0;
+  for (int tp : divisors(cl.devices_per_node)) {
+    if (world % tp || !tp_splits(base, tp)) continue;
+    for (int cp = 1; cp <= world / tp; cp *= 2) {
+      if (cp > 1 && (T % (2 * cp) || T / cp < 4096)) break;  // cp is for long sequences: >= 4096 tokens a rank
+      if ((world / tp) % cp) break;
+      for (int pp : divisors(world / (tp * cp))) {
+        if (pp > blocks) break;
+        const int dp = world / (tp * cp * pp);
+        if (B % dp) continue;
+        for (int64_t mbs : {1, 2, 4}) {
+          if ((B / dp) % mbs) continue;
+          const int64_t m = B / dp / mbs;
+          struct Sched { const char* name; int v; };
+          std::vector<Sched> scheds = {{"1f1b", 1}};
+          if (pp > 1) scheds = {{"1f1b", 1}, {"interleaved", 2}, {"interleaved", 4}, {"zb-h1", 1}};
+          for (const Sched& sc : scheds) {
+            // Cheapest in time first: ZeRO and recomputation only save memory here (ZeRO-1's smaller optimizer
+            // step aside), so once two settings of this shape fit, the rest would be slower.
+            int fitted = 0;
+            for (const char* rc : {"none", "blocks"})
+              for (int zero : {0, 1, 2, 3}) {
+                if (fitted >= 2) break;
+                if (zero && dp * cp == 1) continue;
+                if (zero == 2 && pp > 1) continue;  // reduce-scatters every micro-batch: ZeRO-1's memory, m x its bytes
+                if (std::string(rc) == "blocks" && std::string(sc.name) == "zb-h1") continue;
+                Config c = base;
+                c.parallel.dp = dp;
+                c.parallel.tp = tp;
+                c.parallel.cp = cp;
+                c.parallel.pp = pp;
+                c.parallel.schedule = sc.name;
+                c.parallel.virtual_stages = sc.v;
+                c.parallel.sequence_parallel = tp > 1 && (T / cp) % tp == 0;
+                c.parallel.balance.clear();
+                c.train.micro_batches = m;
+                c.train.recompute = rc;
+                c.optimizer.zero = zero;
+                PlannedLayout l{c, {}, {}};
+                try {
+                  if (pp * sc.v > blocks) continue;
+                  l.prediction = predict_step(cl, c, /*time_only_if_fits=*/true);
+                } catch (const Error&) {
+                  continue;  // a shape Relay refuses (the interleaved schedule's micro-batch rule, the partition)
+                }
+                ++res.evaluated;
+                const double mem = l.prediction.memory_bytes_per_device + cl.device.reserved_bytes;
+                if (res.smallest_memory_bytes < 0 || mem < res.smallest_memory_bytes) {
+                  res.smallest_memory_bytes = mem;
+                  res.smallest_layout = describe_layout(c);
+                }
+                fit_tp_pp[{tp, pp}] = fit_tp_pp[{tp, pp}] || l.prediction.fits;
+                if (!l.prediction.fits) continue;
+                ++fitted;
+                ++res.fitting;
+                all.push_back(std::move(l));
+              }
+          }
+        }
+      }
+    }
+  }
+  std::sort(all.begin(), all.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
+    return a.prediction.tokens_per_s_per_device > b.prediction.tokens_per_s_per_device;
+  });
+  if (int(all.size()) > top) all.resize(size_t(top));
+  if (!all.empty()) {
+    const ModelLayout layout = make_layout(all.front().cfg, 0);
+    params = double(layout.param_count());
+  }
+  for (PlannedLayout& l : all) l.why = why_line(cl, l, fit_tp_pp, params);
+  res.best = std::move(all);
+  return res;
+}
+
+int64_t checkpoint_every_steps(double write_s, double device_mtbf_hours, int devices, double step_time_s) {
+  const double job_mtbf_s = device_mtbf_hours * 3600.0 / std::max(1, devices);
+  const double interval = std::sqrt(2.0 * write_s * job_mtbf_s);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::llround(interval / step_time_s)));
+}
+
+}  // namespace relay

@@ -1,0 +1,168 @@
+#include "plan/step_model.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "parallel/simulator.hpp"
+#include "plan/collectives.hpp"
+#include "plan/cost_model.hpp"
+#include "train/checkpointing.hpp"
+#include "train/memory_plan.hpp"
+#include "train/model_layout.hpp"
+
+namespace relay {
+
+std::string describe_layout(const Config& cfg) {
+  const auto& p = cfg.parallel;
+  std::string s = cat("dp ", p.dp, ", tp ", p.tp);
+  if (p.tp > 1 && p.sequence_parallel) s += " (sp)";
+  if (p.cp > 1) s += cat(", cp ", p.cp);
+  s += cat(", pp ", p.pp);
+  if (p.pp > 1) s += cat(" (", p.schedule, p.virtual_stages > 1 ? cat(" v", p.virtual_stages) : "", ")");
+  s += cat(", mbs ", micro_batch_rows(cfg), " x ", cfg.train.micro_batches);
+  if (cfg.optimizer.zero) s += cat(", ZeRO-", cfg.optimizer.zero);
+  if (cfg.train.recompute == "blocks") s += ", recompute";
+  return s;
+}
+
+StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only_if_fits) {
+  const Cluster::Device& dev = cl.device;
+  const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), pp = int(cfg.parallel.pp);
+  ModelLayout layout = make_layout(cfg, 0);
+  ScheduleShape shape = schedule_shape(cfg);
+  shape.tied = !layout.shared_params().empty();
+  const int64_t mbs = micro_batch_rows(cfg), T = layout.model.seq_len;
+  const int chunks = layout.num_chunks();
+  const Precision prec = cfg.train.precision;
+  const double e = double(dtype_size(compute_dtype(prec)));
+  const bool mixed = e != 4;
+
+  StepPrediction r;
+  r.devices = dp * cp * tp * pp;
+  BlockContext ctx;
+  ctx.rows = mbs * T / cp;
+  ctx.tp = tp;
+  ctx.cp = cp;
+  ctx.sequence_parallel = cfg.parallel.sequence_parallel;
+  ctx.recompute = cfg.train.recompute == "blocks";
+  ctx.precision = prec;
+  ctx.tp_path = group_path(cl, tp, 1);
+  ctx.cp_path = group_path(cl, cp, tp);
+  const GroupPath dp_path = group_path(cl, dp * cp, tp);  // the replicas ZeRO and the gradient sums span
+
+  const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4;
+  const int zero_mem = dp * cp > 1 ? cfg.optimizer.zero : 0;
+  // Memory: the memory plan of the first and last pipeline ranks (the first holds the most micro-batches in flight,
+  // the last the head), tp rank 0; ZeRO-3 adds what is gathered at once and, under pp > 1, the whole gradients.
+  for (int p : {0, pp - 1}) {
+    const MemoryBytes b = predict_memory(cfg, layout, p, 0);
+    double bytes = double(b.total() + b.gathered);
+    if (zero_mem >= 3 && pp > 1) {
+      const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, dp * cp);
+      bytes += (4 + (wire == 2 ? 2 : 0)) * double(z.total_padded);
+    }
+    r.memory_bytes_per_device = std::max(r.memory_bytes_per_device, bytes);
+  }
+  r.fits = r.memory_bytes_per_device + dev.reserved_bytes <= dev.memory_bytes;
+  r.checkpoint_bytes = double(checkpoint_bytes(layout, cfg.optimizer));
+  if (time_only_if_fits && !r.fits) return r;
+
+  // Per chunk: the simulator's F, B, W (seconds), and what the chunk's parameters weigh on a tp rank.
+  Costs costs;
+  costs.chunk_forward.assign(size_t(chunks), 0);
+  costs.chunk_backward_input = costs.chunk_backward_weight = costs.chunk_forward;
+  std::vector<double> chunk_comm(size_t(chunks), 0), chunk_params(size_t(chunks), 0);
+  const int zero = dp * cp > 1 ? cfg.optimizer.zero : 0;
+  for (int c = 0; c < chunks; ++c) {
+    const ChunkRange& cr = layout.chunks[size_t(c)];
+    double prev_compute = 0;
+    for (int i = cr.begin; i < cr.end; ++i) {
+      const BlockSpec& b = layout.blocks()[size_t(i)];
+      const BlockTime t = block_time(dev, b, ctx);
+      double params = 0;
+      for (const ParamSpec& p : b.params) params += double(shape_numel(p.shape)) / (p.split.replicated() ? 1 : tp);
+      chunk_params[size_t(c)] += params;
+      double f = t.forward, bi = t.backward_input, bw = t.backward_weight;
+      if (zero >= 2) {
+        // ZeRO-2/3: each micro-batch's gradient buckets are reduce-scattered as the backward finishes their blocks
+        // (hidden behind the backward unless the collective is the longer); ZeRO-3 on one stage also gathers each
+        // block's parameters for its forward and again for its backward, the next block's while this one runs.
+        double bwd_comm = reduce_scatter_s(dp_path, wire * params);
+        if (zero >= 3 && pp == 1) {
+          const double gather = all_gather_s(dp_path, e * params);
+          f += std::max(0.0, gather - prev_compute);
+          bwd_comm += gather;
+        }
+        bw += std::max(0.0, bwd_comm - (t.backward_input + t.backward_weight));
+      }
+      prev_compute = t.forward - t.comm_forward;
+      costs.chunk_forward[size_t(c)] += f;
+      costs.chunk_backward_input[size_t(c)] += bi;
+      costs.chunk_backward_weight[size_t(c)] += bw;
+      chunk_comm[size_t(c)] += t.comm_forward + t.comm_backward;
+    }
+  }
+  // A pipeline send: one (rows, C) activation (rows / tp of it under sequence parallelism), to the rank tp x cp x dp
+  // ranks on.
+  const double boundary = e * double(ctx.rows) * double(layout.model.blocks[1].in) / (ctx.sequence_parallel ? tp : 1);
+  costs.comm = pp > 1 ? send_s(cl, tp * cp * dp, boundary) : 0;
+  r.pipeline_comm_s = costs.comm;
+  const SimResult sim = simulate(shape, generate_all(shape), costs);
+  r.bubble_fraction = sim.bubble_fraction;
+
+  // After the simulated compute: each rank's data-parallel reductions, started as each chunk's last weight gradient
+  // is done (allreduce_grads) and run one after another; then the optimizer and (ZeRO-1/2) the parameter all-gather.
+  double step = 0;
+  for (int rank = 0; rank < pp; ++rank) {
+    std::map<int, double> last_w;  // chunk -> end of its last backward
+    double end = 0, comm_free = 0, busy = 0, params = 0, comm = 0;
+    for (const TimedAction& a : sim.timeline[size_t(rank)]) {
+      end = std::max(end, a.end);
+      busy += a.end - a.start;
+      if (a.action.op == Op::backward || a.action.op == Op::backward_weight)
+        last_w[a.action.chunk] = std::max(last_w[a.action.chunk], a.end);
+    }
+    std::vector<std::pair<double, int>> order;
+    for (auto& [c, t] : last_w) order.push_back({t, c});
+    std::sort(order.begin(), order.end());
+    for (auto& [t, c] : order) {
+      params += chunk_params[size_t(c)];
+      comm += chunk_comm[size_t(c)] * shape.m;
+      double reduce = 0;
+      if (zero == 0) reduce = all_reduce_s(dp_path, wire * chunk_params[size_t(c)]);
+      else if (zero == 1 || (zero >= 3 && pp > 1)) reduce = reduce_scatter_s(dp_path, wire * chunk_params[size_t(c)]);
+      if (reduce > 0) comm_free = std::max(comm_free, t) + reduce;
+    }
+    const double shard = zero ? params / (dp * cp) : params;
+    const double opt = optimizer_s(dev, shard, mixed);
+    // ZeRO-1/2 all-gather the updated parameters after the optimizer; ZeRO-3 under pp > 1 gathers the stage's
+    // parameters at the start of the next step before its first forward (its first block's at least).
+    double gather = 0;
+    if (zero == 1 || zero == 2) gather = all_gather_s(dp_path, 4 * params);
+    if (zero >= 3 && pp > 1) gather = all_gather_s(dp_path, e * params);
+    const double rank_step = std::max(end, comm_free) + opt + gather;
+    if (rank_step > step) {
+      step = rank_step;
+      r.dp_comm_exposed_s = std::max(0.0, comm_free - end) + gather;
+      r.optimizer_s = opt;
+      r.tp_cp_comm_s = comm;
+      r.compute_s = busy - comm;
+    }
+  }
+  r.step_time_s = step;
+  r.exposed_comm_s = r.tp_cp_comm_s + r.dp_comm_exposed_s + (pp > 1 ? 2.0 * (shape.m + pp - 1) * costs.comm / pp : 0);
+  const double tokens = double(cfg.train.batch_size) * double(T);
+  double model_flops = 0, recompute_flops = 0;
+  for (const BlockSpec& b : layout.blocks()) {
+    model_flops += 3 * b.flops;
+    if (ctx.recompute && b.recomputable) recompute_flops += b.flops;
+  }
+  r.tokens_per_s_per_device = tokens / step / r.devices;
+  r.mfu = model_flops * tokens / step / r.devices / dev.peak(prec);
+  r.hardware_flops_per_s_per_device = (model_flops + recompute_flops) * tokens / step / r.devices;
+
+  r.checkpoint_bytes = double(checkpoint_bytes(layout, cfg.optimizer));
+  return r;
+}
+
+}  // namespace relay

@@ -1,0 +1,37 @@
+// One layout's predicted training step on a cluster: per-chunk forward / backward-input / backward-weight
+// costs (plan/cost_model.hpp) fed to the schedule simulator (parallel/simulator.hpp) with the pipeline
+// sends as its comm cost, then the data-parallel collectives as Relay overlaps them (parallel/
+// data_parallel.hpp), the optimizer, and the memory of the largest rank from the memory plan
+// (train/memory_plan.hpp). Nothing is allocated: a 405B model is planned as a 1M one.
+#pragma once
+#include <string>
+
+#include "core/config.hpp"
+#include "plan/cluster.hpp"
+
+namespace relay {
+
+struct StepPrediction {
+  double step_time_s = 0;
+  double tokens_per_s_per_device = 0;
+  double mfu = 0;                         // model FLOPs (3 x forward, no recomputation) / (time x devices x peak)
+  double hardware_flops_per_s_per_device = 0;  // recomputation counted
+  double memory_bytes_per_device = 0;     // the largest rank's planned bytes (what Relay allocates)
+  bool fits = false;                      // memory + the device's reserved bytes <= its memory
+  double bubble_fraction = 0;             // the simulator's idle share of the pipeline ranks
+  double exposed_comm_s = 0;              // communication the step waits for (see step_model.cpp)
+  double compute_s = 0;                   // the busiest rank's compute, collectives inside blocks excluded
+  double tp_cp_comm_s = 0, dp_comm_exposed_s = 0, pipeline_comm_s = 0, optimizer_s = 0;
+  double checkpoint_bytes = 0;            // rank 0's whole checkpoint image
+  int devices = 0;
+};
+
+// The prediction for cfg's layout (parallel.*, train.*, optimizer.zero, model.*) on `cluster`. Throws Error
+// (naming the key) for a layout Relay cannot run. With time_only_if_fits, a layout whose memory does not fit
+// gets its memory only (the search's shortcut).
+StepPrediction predict_step(const Cluster& cluster, const Config& cfg, bool time_only_if_fits = false);
+
+// "dp 24, tp 8, pp 8 (1f1b), mbs 1 x 96, ZeRO-1, recompute": the layout's keys in one line.
+std::string describe_layout(const Config& cfg);
+
+}  // namespace relay
