@@ -56,7 +56,7 @@ for zero in $STAGES; do
       --config configs/gpt2-124m.toml "${model[@]}" --set optimizer.zero=$zero --set model.n_layer=$L \
       --set "run.dir=\"$work/z$zero\"" --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' --set train.steps=2 \
       --set lr_schedule.warmup_steps=0 --set "checkpoint.dir=\"$work/z$zero/ckpt\"" > "$work/z$zero.log" 2>&1; then
-    result="trained 2 steps in $(( $(date +%s) - t0 )) s"
+    result="trained 2 steps in $(( $(date +%s) - t0 )) s; $(grep -m1 -o "checkpoint step [0-9]*: .*" "$work/z$zero.log" | sed "s|$work/||")"
   else
     result="FAILED: $(grep -m1 -i "error\|killed\|signal" "$work/z$zero.log" | cut -c1-120)"
   fi
