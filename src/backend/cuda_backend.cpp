@@ -455,6 +455,26 @@ class CudaBackend final : public Backend {
                                  cudaMemcpyDeviceToDevice, stream_));
   }
 
+  // Mixture-of-experts routing is not on the GPU yet: a named error, never a silent fallback.
+  void moe_router_forward_impl(const Tensor&, int64_t, bool, Tensor&, Tensor&, Tensor&, Tensor&) override {
+    throw Error("moe_router_forward: mixture-of-experts models (model.type = \"mixtral\" or \"qwen3_moe\") are not "
+                "implemented on the CUDA backend yet; run them with train.device = \"cpu\"");
+  }
+  void moe_router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&,
+                                int64_t, float, Tensor&) override {
+    throw Error("moe_router_backward: mixture-of-experts models are not implemented on the CUDA backend yet; run "
+                "them with train.device = \"cpu\"");
+  }
+  void moe_combine_impl(const Tensor&, const Tensor&, const Tensor&, Tensor&) override {
+    throw Error("moe_combine: mixture-of-experts models are not implemented on the CUDA backend yet; run them with "
+                "train.device = \"cpu\"");
+  }
+  void moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                                 Tensor&) override {
+    throw Error("moe_combine_backward: mixture-of-experts models are not implemented on the CUDA backend yet; run "
+                "them with train.device = \"cpu\"");
+  }
+
   // Context parallelism's positioned attention is not on the GPU yet: a named error, never a silent fallback.
   void flash_attention_gqa_forward_at_impl(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, int64_t,
                                            const Tensor&, int64_t, int64_t, Tensor&, Tensor&, const Tensor&) override {

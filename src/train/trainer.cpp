@@ -3,6 +3,7 @@
 // (the loss, stop flag and gradient norm are reduced every step).
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -71,7 +72,40 @@ struct StepResult {
   bool stop = false;  // a stop signal or the time limit, agreed by every rank
   bool skipped = false;  // a non-finite loss or gradient norm: no update (train.skip_nonfinite)
   StepStats stats;
+  // MoE models: the means of the load-balancing and z losses (model/moe.hpp; in `loss` with their coefficients) and
+  // each MoE layer's largest and mean token count per expert over the global batch.
+  double aux_loss = 0, z_loss = 0;
+  std::vector<double> load_max, load_mean;
 };
+
+// MoE models: the routers' statistics summed over every rank (a layer's once: tp rank 0's), into res; returns the
+// loss's router terms, router_aux_loss_coef x mean aux + router_z_loss_coef x mean lse^2.
+double router_terms(Run& r, StepResult& res) {
+  const Config::Model& mc = r.cfg.model;
+  int64_t layers = 0, E = 0;
+  for (const BlockSpec& b : r.layout.model.blocks)
+    if (b.moe.on()) ++layers, E = b.moe.n_experts;
+  if (layers == 0) return 0;
+  std::vector<double> sums(size_t(2 + layers * E), 0.0);  // aux, z, then (layer, expert) token counts
+  if (r.grid.tp_rank == 0)
+    for (const RouterStats& s : res.stats.routers) {
+      sums[0] += s.aux_sum;
+      sums[1] += s.z_sum;
+      for (int64_t e = 0; e < E; ++e) sums[size_t(2 + s.layer * E + e)] += s.tokens[size_t(e)];
+    }
+  r.world->allreduce_host(sums.data(), int(sums.size()), ReduceOp::sum, "the router statistics reduction");
+  const double seqs = double(r.cfg.train.batch_size) * double(layers);
+  res.aux_loss = sums[0] / seqs;
+  res.z_loss = sums[1] / (seqs * double(r.layout.model.seq_len));
+  for (int64_t l = 0; l < layers; ++l) {
+    const double* t = sums.data() + 2 + l * E;
+    res.load_max.push_back(*std::max_element(t, t + E));
+    double total = 0;
+    for (int64_t e = 0; e < E; ++e) total += t[e];
+    res.load_mean.push_back(total / double(E));
+  }
+  return mc.router_aux_loss_coef * res.aux_loss + mc.router_z_loss_coef * res.z_loss;
+}
 
 // A step with a non-finite loss or gradient norm (every rank decides alike). train.skip_nonfinite
 // consecutive ones are skipped, as Megatron-LM skips an iteration whose gradients overflowed: no
@@ -141,6 +175,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   r.world->allreduce_host(flags, 2, ReduceOp::max, "the stop-flag reduction");
   res.loss = loss_sum / (data.counted_targets > 0 ? double(data.counted_targets)
                                                  : double(cfg.train.batch_size) * double(r.layout.model.seq_len));
+  res.loss += router_terms(r, res);
   res.stop = flags[0] > 0;
   res.lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, cfg.train.steps);
   // The same decision on every rank: a max-reduced flag, and sums every rank received alike.
@@ -429,6 +464,11 @@ int run_training(const Config& cfg) {
         rec.slowest_compute_s = times.slowest_compute_s;
         rec.median_compute_s = times.median_compute_s;
         rec.restarts = restart.count;
+        rec.moe = !res.load_max.empty();
+        rec.aux_loss = res.aux_loss;
+        rec.z_loss = res.z_loss;
+        rec.expert_load_max = res.load_max;
+        rec.expert_load_mean = res.load_mean;
         log->train(rec);
         window_t0 = t;
       }
