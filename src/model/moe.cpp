@@ -6,6 +6,17 @@
 namespace relay {
 
 namespace {
+// An expert's rows [0, count) in pieces of power-of-two sizes >= 16 and one remainder below 16 (count's binary
+// digits): oneDNN caches a primitive per GEMM shape and creating one costs milliseconds, so the row counts of the
+// experts' GEMMs, different every micro-batch, take at most log2(rows) + 16 shapes instead of one each.
+template <typename F>
+void by_pieces(int64_t count, F&& f) {
+  int64_t at = 0;
+  for (int64_t bit = int64_t(1) << 40; bit >= 16; bit >>= 1)
+    if (count & bit) f(at, bit), at += bit;
+  if (count > at) f(at, count - at);
+}
+
 // Saved buffers of one micro-batch of n tokens, R = n k routed rows (MoeMlp::saved_shapes).
 enum : size_t { kLogits, kProbs, kLse, kExperts, kWeights, kPos, kSrc, kOffsets, kXs, kGate, kUp, kH, kYs,
                 kGYs, kGGate, kGUp, kGXs, kGWeights, kGLogits, kSeqGrad, kCount };
@@ -84,14 +95,16 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   be.upload(s[kOffsets], offsets_.data());
   be.gather_rows(x, src, xs);                                                           // (R, C)
   Tensor gate = rows(kGate, R), up = rows(kUp, R), h = rows(kH, R), ys = rows(kYs, R);
-  for (int64_t e = 0; e < E; ++e) {
-    if (count(e) == 0) continue;  // an expert no token chose this micro-batch
-    Tensor ge = expert_rows(gate, e), ue = expert_rows(up, e), he = expert_rows(h, e), ye = expert_rows(ys, e);
-    be.linear(expert_rows(xs, e), gate_[size_t(e)]->compute(), Tensor(), ge);         // (count, F)
-    be.linear(expert_rows(xs, e), up_[size_t(e)]->compute(), Tensor(), ue);           // (count, F)
-    be.swiglu_forward(ge, ue, he);                                                      // (count, F)
-    be.linear(he, down_[size_t(e)]->compute(), Tensor(), ye);                         // (count, C)
-  }
+  for (int64_t e = 0; e < E; ++e)  // an expert no token chose this micro-batch has no piece
+    by_pieces(count(e), [&](int64_t at, int64_t len) {
+      const int64_t r = offsets_[size_t(e)] + at;
+      Tensor xe = xs.rows(r, len), ge = gate.rows(r, len), ue = up.rows(r, len), he = h.rows(r, len);
+      Tensor ye = ys.rows(r, len);
+      be.linear(xe, gate_[size_t(e)]->compute(), Tensor(), ge);                         // (len, F)
+      be.linear(xe, up_[size_t(e)]->compute(), Tensor(), ue);                           // (len, F)
+      be.swiglu_forward(ge, ue, he);                                                      // (len, F)
+      be.linear(he, down_[size_t(e)]->compute(), Tensor(), ye);                         // (len, C)
+    });
   be.moe_combine(ys, pos, weights, y);                                                  // (n, C)
 }
 
@@ -102,14 +115,15 @@ void MoeMlp::backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tens
   Tensor gys = rows(kGYs, R), gweights = rows(kGWeights, n), ggate = rows(kGGate, R), gup = rows(kGUp, R);
   Tensor gxs = rows(kGXs, R), glogits = rows(kGLogits, n);
   be.moe_combine_backward(dy, rows(kYs, R), rows(kPos, n), rows(kWeights, n), gys, gweights);  // (R, C), (n, k)
-  for (int64_t e = 0; e < E; ++e) {
-    if (count(e) == 0) continue;
-    Tensor gg = expert_rows(ggate, e), gu = expert_rows(gup, e), gx = expert_rows(gxs, e);
-    be.matmul(expert_rows(gys, e), false, down_[size_t(e)]->compute(), false, gg, 1.f, 0.f);  // (count, F) d h
-    be.swiglu_backward(gg, expert_rows(rows(kGate, R), e), expert_rows(rows(kUp, R), e), gg, gu);
-    be.matmul(gg, false, gate_[size_t(e)]->compute(), false, gx, 1.f, 0.f);                  // (count, C)
-    be.matmul(gu, false, up_[size_t(e)]->compute(), false, gx, 1.f, 1.f);
-  }
+  for (int64_t e = 0; e < E; ++e)
+    by_pieces(count(e), [&](int64_t at, int64_t len) {
+      const int64_t r = offsets_[size_t(e)] + at;
+      Tensor gg = ggate.rows(r, len), gu = gup.rows(r, len), gx = gxs.rows(r, len);
+      be.matmul(gys.rows(r, len), false, down_[size_t(e)]->compute(), false, gg, 1.f, 0.f);  // (len, F) d h
+      be.swiglu_backward(gg, s[kGate].rows(r, len), s[kUp].rows(r, len), gg, gu);
+      be.matmul(gg, false, gate_[size_t(e)]->compute(), false, gx, 1.f, 0.f);                 // (len, C)
+      be.matmul(gu, false, up_[size_t(e)]->compute(), false, gx, 1.f, 1.f);
+    });
   // The load-balancing and z losses of this micro-batch's sequences (host statistics of the saved routing).
   const int64_t B = n / T_;
   probs_.resize(size_t(n * E));
@@ -146,17 +160,18 @@ void MoeMlp::backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tens
 }
 
 void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
-  const int64_t n = x.size(0), E = moe_.n_experts, R = n * moe_.k;
+  const int64_t n = x.size(0), E = moe_.n_experts;
   auto rows = [&](size_t b, int64_t r) { return s[b].rows(0, r); };
   download_offsets(be, s);
   be.matmul(rows(kGLogits, n), true, x, false, router_->grad, 1.f, 1.f);               // dW_gate (E, C)
-  for (int64_t e = 0; e < E; ++e) {
-    if (count(e) == 0) continue;
-    const Tensor xe = expert_rows(rows(kXs, R), e);
-    be.matmul(expert_rows(rows(kGYs, R), e), true, expert_rows(rows(kH, R), e), false, down_[size_t(e)]->grad, 1.f, 1.f);
-    be.matmul(expert_rows(rows(kGGate, R), e), true, xe, false, gate_[size_t(e)]->grad, 1.f, 1.f);
-    be.matmul(expert_rows(rows(kGUp, R), e), true, xe, false, up_[size_t(e)]->grad, 1.f, 1.f);
-  }
+  for (int64_t e = 0; e < E; ++e)
+    by_pieces(count(e), [&](int64_t at, int64_t len) {
+      const int64_t r = offsets_[size_t(e)] + at;
+      const Tensor xe = s[kXs].rows(r, len);
+      be.matmul(s[kGYs].rows(r, len), true, s[kH].rows(r, len), false, down_[size_t(e)]->grad, 1.f, 1.f);
+      be.matmul(s[kGGate].rows(r, len), true, xe, false, gate_[size_t(e)]->grad, 1.f, 1.f);
+      be.matmul(s[kGUp].rows(r, len), true, xe, false, up_[size_t(e)]->grad, 1.f, 1.f);
+    });
 }
 
 void MoeMlp::take_stats(std::vector<RouterStats>& out) {

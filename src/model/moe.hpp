@@ -34,8 +34,7 @@ class MoeMlp {
   void take_stats(std::vector<RouterStats>& out);
 
  private:
-  // Expert e's rows of a (n k, w) buffer, from the offsets of the last forward or download_offsets.
-  Tensor expert_rows(const Tensor& t, int64_t e) const { return t.rows(offsets_[size_t(e)], count(e)); }
+  // Expert e's rows, from the offsets of the last forward or download_offsets.
   int64_t count(int64_t e) const { return offsets_[size_t(e) + 1] - offsets_[size_t(e)]; }
   void download_offsets(Backend& be, Tensor* s);
 
