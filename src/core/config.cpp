@@ -229,7 +229,7 @@ void parse_moe_keys(const Section& model, Config::Model& m) {
   for (int64_t i = 0; i < m.n_layer; ++i) dense = dense || !m.moe_layer(i);
   if (dense && m.ffn_hidden == 0)
     model.fail("ffn_hidden", "required key is missing: some layers are dense (model.mlp_only_layers, "
-                             "model.decoder_sparse_step) and use an SwiGLU of ffn_hidden units");
+                             "model.decoder_sparse_step) and use a SwiGLU of ffn_hidden units");
 }
 
 }  // namespace
