@@ -4,6 +4,7 @@
 // A block maps its input activation (rows, in) to (rows, out) and keeps, per micro-batch slot, the
 // tensors its backward needs. Its parameters are handles into the ParamStore (param_store.hpp).
 #pragma once
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +86,9 @@ struct RouterStats {
   double aux_sum = 0;           // sum over sequences of aux_{l,s} (model/moe.hpp)
   double z_sum = 0;             // sum over tokens of lse^2
   std::vector<double> tokens;   // (n_experts) tokens routed to each expert
+  // The smallest gap between a token's k-th and (k+1)-th router probability: where it nears float rounding, two
+  // correct layouts may route that token differently (infinity when k = n_experts).
+  double min_margin = INFINITY;
 };
 
 class Block {

@@ -151,6 +151,16 @@ void MoeMlp::backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tens
     stats_.aux_sum += norm * aux;
   }
   for (float l : lse_) stats_.z_sum += double(l) * double(l);
+  if (k < E)  // the k-th largest probability is the smallest chosen one; the (k+1)-th the largest of the rest
+    for (int64_t t = 0; t < n; ++t) {
+      const float* p = probs_.data() + t * E;
+      float kth = INFINITY, next = -INFINITY;
+      for (int64_t j = 0; j < k; ++j) kth = std::min(kth, p[experts_[size_t(t * k + j)]]);
+      for (int64_t e = 0; e < E; ++e)
+        if (std::find(experts_.begin() + t * k, experts_.begin() + (t + 1) * k, int32_t(e)) == experts_.begin() + (t + 1) * k)
+          next = std::max(next, p[e]);
+      stats_.min_margin = std::min(stats_.min_margin, double(kth) - double(next));
+    }
   Tensor seq_grad = s[kSeqGrad].rows(0, B);
   be.upload(seq_grad, seq_grad_.data());
   be.moe_router_backward(rows(kProbs, n), rows(kLse, n), rows(kExperts, n), gweights, moe_.renormalize,
@@ -177,6 +187,7 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
 void MoeMlp::take_stats(std::vector<RouterStats>& out) {
   out.push_back(stats_);
   stats_.aux_sum = stats_.z_sum = 0;
+  stats_.min_margin = INFINITY;
   std::fill(stats_.tokens.begin(), stats_.tokens.end(), 0.0);
 }
 

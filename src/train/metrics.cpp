@@ -122,6 +122,7 @@ void MetricsLog::train(const StepRecord& r) {
     j["z_loss"] = number(r.z_loss);
     j["expert_load_max"] = r.expert_load_max;
     j["expert_load_mean"] = r.expert_load_mean;
+    if (std::isfinite(r.router_margin)) j["router_margin_min"] = number(r.router_margin);
   }
   j["rss_mib"] = number(r.rss_mib);
   j["rss_max_mib"] = number(r.rss_max_mib);

@@ -32,6 +32,7 @@ struct StepRecord {
   bool moe = false;
   double aux_loss = 0, z_loss = 0;
   std::vector<double> expert_load_max, expert_load_mean;
+  double router_margin = 0;  // the smallest k-th minus (k+1)-th router probability of any token (model/block.hpp)
 };
 
 // This process's peak resident set size in MiB (VmHWM in /proc/self/status), 0 where unavailable.

@@ -74,7 +74,7 @@ struct StepResult {
   StepStats stats;
   // MoE models: the means of the load-balancing and z losses (model/moe.hpp; in `loss` with their coefficients) and
   // each MoE layer's largest and mean token count per expert over the global batch.
-  double aux_loss = 0, z_loss = 0;
+  double aux_loss = 0, z_loss = 0, margin = INFINITY;
   std::vector<double> load_max, load_mean;
 };
 
@@ -94,6 +94,8 @@ double router_terms(Run& r, StepResult& res) {
       for (int64_t e = 0; e < E; ++e) sums[size_t(2 + s.layer * E + e)] += s.tokens[size_t(e)];
     }
   r.world->allreduce_host(sums.data(), int(sums.size()), ReduceOp::sum, "the router statistics reduction");
+  for (const RouterStats& s : res.stats.routers) res.margin = std::min(res.margin, s.min_margin);
+  r.world->allreduce_host(&res.margin, 1, ReduceOp::min, "the router margin reduction");
   const double seqs = double(r.cfg.train.batch_size) * double(layers);
   res.aux_loss = sums[0] / seqs;
   res.z_loss = sums[1] / (seqs * double(r.layout.model.seq_len));
@@ -469,6 +471,7 @@ int run_training(const Config& cfg) {
         rec.z_loss = res.z_loss;
         rec.expert_load_max = res.load_max;
         rec.expert_load_mean = res.load_mean;
+        rec.router_margin = res.margin;
         log->train(rec);
         window_t0 = t;
       }
