@@ -2,7 +2,7 @@
 // reordering. The real binary trains a 4-layer Mixtral and a Qwen3-MoE (8 experts, top 2, aux and z losses on) on
 // the GPT equivalence test's token file for 6 steps under mpirun, over data parallelism, every pipeline schedule,
 // uneven stages, ZeRO-1 and recomputation; every step's loss, every step's token count per expert and every final
-// tensor (parameters and AdamW state) is compared with the serial run. The experts are ordinary parameters, so
+// tensor (parameters and AdamW state) is compared with the serial run, and every rank's memory with the plan's. The experts are ordinary parameters, so
 // nothing in data or pipeline parallelism knows of them.
 //
 // Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities agree to rounding may be
@@ -133,6 +133,12 @@ TEST_P(MoeEquivalence, MatchesSerialRun) {
   }
   expect_tensors_within(read_checkpoint(run + "/checkpoints/step_00000006.h5"), serial_tensors_[c.model], kRel, kAbs,
                         "against the serial run");
+  // The memory plan (relay plan) predicts every rank's bytes of each kind, the experts' buffers included.
+  auto mem = nlohmann::json::parse(read_file(run + "/memory.json"));
+  ASSERT_EQ(mem["bytes_per_rank"].size(), size_t(c.ranks()));
+  for (auto& rank : mem["bytes_per_rank"])
+    for (auto& [kind, bytes] : rank["measured"].items())
+      EXPECT_EQ(bytes, rank["predicted"][kind]) << "rank " << rank["rank"] << ": " << kind << " bytes";
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivalence,
