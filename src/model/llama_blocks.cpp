@@ -12,15 +12,16 @@
 //
 // Tensor parallelism (Megatron-LM): each tp rank holds n_head / tp query heads and n_kv_head / tp key/value
 // heads (q/k/v_proj column-parallel, o_proj row-parallel) and ffn_hidden / tp SwiGLU units (gate/up
-// column-parallel, down row-parallel); the RMSNorm weights are replicated.
-//
-// The same layer is Mixtral's and Qwen3-MoE's (transformers' MixtralDecoderLayer, Qwen3MoeDecoderLayer): with
-// spec.moe on, the MLP is a mixture of experts (model/moe.hpp); with spec.qk_norm (Qwen3), q and k are RMS-normalised
-// per head (q_norm, k_norm over head_dim) before the rotation; spec.head_dim may differ from C / n_head. One all-reduce after each
+// column-parallel, down row-parallel); the RMSNorm weights are replicated. One all-reduce after each
 // row-parallel projection and one of each column-parallel input gradient, as in GPT-2's block. Under sequence
 // parallelism, as GPT-2's block too: (n / tp, C) rows in and out, the norms' outputs all-gathered before the
 // column-parallel projections, reduce-scatters after the row-parallel ones, the RMSNorm weight gradients summed
 // over the group.
+//
+// The same layer is Mixtral's and Qwen3-MoE's (transformers' MixtralDecoderLayer, Qwen3MoeDecoderLayer): with
+// spec.moe on, the MLP is a mixture of experts (model/moe.hpp); with spec.qk_norm (Qwen3), q and k are RMS-normalised
+// per head (q_norm, k_norm over head_dim) before the rotation; spec.head_dim may differ from C / n_head. Neither runs
+// under tensor or context parallelism yet (refused by the config).
 #include "model/blocks.hpp"
 #include "model/moe.hpp"
 
@@ -215,6 +216,10 @@ class LlamaLayer final : public Block {
     if (sp) norm_grads_.finish(be, tp_, {&p_.norm1->grad, &p_.norm2->grad});
   }
 
+  void take_router_stats(std::vector<RouterStats>& out) override {
+    if (moe_) moe_->take_stats(out);
+  }
+
   // Generation: key and value caches (n, max_len, KV hd) and one position's intermediates.
   enum : size_t { dK, dV, dN, dRstd, dQ, dKn, dVn, dAtty, dRes, dGate, dUp, dH, dQraw, dKraw, dRstdQ, dRstdK, dCount };
   bool can_decode() const override { return !tp_.on(); }
@@ -310,11 +315,6 @@ class LlamaLayer final : public Block {
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   SpNormGrads norm_grads_;  // sequence parallelism: the two RMSNorm weights' gradients
   std::unique_ptr<MoeMlp> moe_;  // spec.moe on: the experts instead of gate, up and down
-
- public:
-  void take_router_stats(std::vector<RouterStats>& out) override {
-    if (moe_) moe_->take_stats(out);
-  }
 };
 
 }  // namespace
