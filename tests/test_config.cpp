@@ -181,4 +181,11 @@ TEST(Config, MixtureOfExperts) {
   EXPECT_EQ(qb.model.mlp_only_layers, std::vector<int64_t>{0});
   EXPECT_TRUE(qb.model.norm_topk_prob);
   EXPECT_EQ(qb.model.router_z_loss_coef, 0.001);
+  // [moe]: the aux-loss-free expert bias, for mixtures of experts only.
+  Config b = parse_config_text(moe, "cfg.toml", {"moe.expert_bias=true", "moe.bias_update_rate=0.01"});
+  Config bb = parse_config_text(b.to_toml(), "effective.toml");
+  EXPECT_TRUE(bb.moe.expert_bias);
+  EXPECT_EQ(bb.moe.bias_update_rate, 0.01);
+  expect_error({"moe.expert_bias=true"}, "moe.expert_bias", "needs a mixture of experts", kBase);
+  expect_error({"moe.bias_update_rate=-1.0"}, "moe.bias_update_rate", "must be in", moe);
 }

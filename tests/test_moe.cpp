@@ -85,6 +85,22 @@ TEST(MoeRouter, ForwardMatchesNaive) {
   }
 }
 
+// moe.expert_bias: the experts are the top k of p + bias, the weights stay p's (renormalised).
+TEST(MoeRouter, BiasChoosesButDoesNotWeigh) {
+  auto be = cpu();
+  const int64_t n = 1, E = 4, k = 2;
+  const std::vector<float> z = {2.f, 1.f, 0.f, -1.f}, b = {0.f, 0.f, 0.f, 1.f};  // expert 3 lifted above 1 and 2
+  Tensor logits = make(*be, {n, E}, z), probs(*be, {n, E}), lse(*be, {n}), experts(*be, {n, k}, DType::i32),
+         weights(*be, {n, k}), bias = make(*be, {E}, b);
+  be->moe_router_forward(logits, k, true, probs, lse, experts, weights, bias);
+  const auto ex = get<int32_t>(*be, experts);
+  const auto w = get<float>(*be, weights);
+  EXPECT_EQ(ex, (std::vector<int32_t>{3, 0}));  // scores p + b: 0.644, 0.237, 0.087, 1.032
+  const RouterRef r = router_ref({2, 1, 0, -1}, {3, 0}, true);
+  EXPECT_NEAR(w[0], r.w[0], 1e-6);
+  EXPECT_NEAR(w[1], r.w[1], 1e-6);
+}
+
 // d/dz of L = sum a[t,j] w[t,j] + sum g[s,e] p[t,e] + zs sum lse[t]^2 (the routing held fixed) by central
 // differences in double, against moe_router_backward with dweights = a, seq_grad = g, z_scale = zs.
 TEST(MoeRouter, BackwardMatchesFiniteDifferences) {

@@ -76,7 +76,7 @@ void swiglu_backward(const X* dh, const X* gate, const X* up, X* dgate, X* dup, 
 // Mixture of experts (kernels/cpu/moe.cpp; Backend::moe_router_forward and friends say what each computes).
 template <typename X>
 void moe_router_forward(const X* logits, float* probs, float* lse, int32_t* experts, float* weights, int64_t n,
-                        int64_t E, int64_t k, bool renormalize);
+                        int64_t E, int64_t k, bool renormalize, const float* bias = nullptr);
 template <typename X>
 void moe_router_backward(const float* probs, const float* lse, const int32_t* experts, const float* dweights,
                          bool renormalize, const float* seq_grad, int64_t T, float z_scale, X* dlogits, int64_t n,

@@ -11,7 +11,7 @@ namespace relay::cpu {
 
 template <typename X>
 void moe_router_forward(const X* logits, float* probs, float* lse, int32_t* experts, float* weights, int64_t n,
-                        int64_t E, int64_t k, bool renormalize) {
+                        int64_t E, int64_t k, bool renormalize, const float* bias) {
 #pragma omp parallel for schedule(static) if (n * E > 16384)
   for (int64_t t = 0; t < n; ++t) {
     const X* z = logits + t * E;
@@ -26,7 +26,8 @@ void moe_router_forward(const X* logits, float* probs, float* lse, int32_t* expe
     const float inv = float(1.0 / sum);
     for (int64_t e = 0; e < E; ++e) p[e] *= inv;
     lse[t] = mx + float(std::log(sum));
-    // Top k by selection: k passes, each taking the largest remaining probability (the lower expert on a tie).
+    // Top k by selection: k passes, each taking the largest remaining score p + bias (the lower expert on a tie).
+    auto score = [&](int64_t e) { return bias ? p[e] + bias[e] : p[e]; };
     int32_t* ex = experts + t * k;
     float* w = weights + t * k;
     float top = 0;
@@ -35,7 +36,7 @@ void moe_router_forward(const X* logits, float* probs, float* lse, int32_t* expe
       for (int64_t e = 0; e < E; ++e) {
         bool taken = false;
         for (int64_t i = 0; i < j; ++i) taken = taken || ex[i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        if (!taken && (best < 0 || score(e) > score(best))) best = e;
       }
       ex[j] = int32_t(best);
       w[j] = p[best];
@@ -113,7 +114,8 @@ void moe_combine_backward(const X* dy, const X* rows, const int32_t* pos, const 
 }
 
 #define INST(X)                                                                                                   \
-  template void moe_router_forward<X>(const X*, float*, float*, int32_t*, float*, int64_t, int64_t, int64_t, bool); \
+  template void moe_router_forward<X>(const X*, float*, float*, int32_t*, float*, int64_t, int64_t, int64_t, bool,   \
+                                      const float*);                                                                \
   template void moe_router_backward<X>(const float*, const float*, const int32_t*, const float*, bool, const float*, \
                                        int64_t, float, X*, int64_t, int64_t, int64_t);                              \
   template void moe_combine<X>(const X*, const int32_t*, const float*, X*, int64_t, int64_t, int64_t);             \

@@ -289,14 +289,15 @@ void Backend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const T
 }
 
 void Backend::moe_router_forward(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs, Tensor& lse,
-                                 Tensor& experts, Tensor& weights) {
+                                 Tensor& experts, Tensor& weights, const Tensor& bias) {
   const int64_t n = rows_of(logits), E = cols_of(logits);
   Check c(*this, "moe_router_forward");
   c.tensor(logits, "logits", kFloat).that(k >= 1 && k <= E, cat("k = ", k, " must be in [1, E = ", E, "]"));
   c.tensor(probs, "probs", kF32).numel(probs, "probs", n * E).tensor(lse, "lse", kF32).numel(lse, "lse", n);
   c.tensor(experts, "experts", kI32).numel(experts, "experts", n * k);
   c.tensor(weights, "weights", kF32).numel(weights, "weights", n * k);
-  moe_router_forward_impl(logits, k, renormalize, probs, lse, experts, weights);
+  if (bias.defined()) c.tensor(bias, "bias", kF32).numel(bias, "bias", E);
+  moe_router_forward_impl(logits, k, renormalize, probs, lse, experts, weights, bias);
 }
 void Backend::moe_router_backward(const Tensor& probs, const Tensor& lse, const Tensor& experts, const Tensor& dweights,
                                   bool renormalize, const Tensor& seq_grad, int64_t T, float z_scale, Tensor& dlogits) {

@@ -145,9 +145,10 @@ class Backend : public Allocator {
   // The router of n tokens over E experts, as transformers' TopKRouter: probs (n, E) f32 = softmax of logits
   // (n, E) in f32, lse (n) f32 its log-sum-exp (the z-loss's term), experts i32 (n, k) the k largest
   // probabilities' experts in descending order (the lower expert first on a tie), weights (n, k) f32 their
-  // probabilities, divided by their sum when renormalize. logits: float.
+  // probabilities, divided by their sum when renormalize. logits: float. bias (E) f32, optional (aux-loss-free
+  // balancing): the experts are the k largest of probs + bias; the weights stay the probabilities.
   void moe_router_forward(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs, Tensor& lse,
-                          Tensor& experts, Tensor& weights);
+                          Tensor& experts, Tensor& weights, const Tensor& bias = Tensor());
   // dlogits (n, E) (float, logits' dtype) = the gradient through the softmax of
   //   the top-k weights' gradient dweights (n, k) f32 (through the renormalisation when renormalize),
   //   + seq_grad[s, e] (f32 (n / T, E), may be undefined) on every probability p[t, e] of sequence s = t / T
@@ -319,7 +320,7 @@ class Backend : public Allocator {
   virtual void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
                                     Tensor& dup) = 0;
   virtual void moe_router_forward_impl(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs, Tensor& lse,
-                                      Tensor& experts, Tensor& weights) = 0;
+                                      Tensor& experts, Tensor& weights, const Tensor& bias) = 0;
   virtual void moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts,
                                        const Tensor& dweights, bool renormalize, const Tensor& seq_grad, int64_t T,
                                        float z_scale, Tensor& dlogits) = 0;

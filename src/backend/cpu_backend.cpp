@@ -232,10 +232,10 @@ void CpuBackend::rmsnorm_backward_weight_impl(const Tensor& dy, const Tensor& x,
   });
 }
 void CpuBackend::moe_router_forward_impl(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs,
-                                         Tensor& lse, Tensor& experts, Tensor& weights) {
+                                         Tensor& lse, Tensor& experts, Tensor& weights, const Tensor& bias) {
   by_dtype(logits, [&](auto* t) {
     cpu::moe_router_forward(ptr<X_OF(t)>(logits), probs.f32(), lse.f32(), experts.i32(), weights.f32(),
-                            rows_of(logits), cols_of(logits), k, renormalize);
+                            rows_of(logits), cols_of(logits), k, renormalize, bias.defined() ? bias.f32() : nullptr);
   });
 }
 void CpuBackend::moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts,

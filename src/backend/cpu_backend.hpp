@@ -79,7 +79,7 @@ class CpuBackend final : public Backend {
                                    Tensor& dx) override;
   void rmsnorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dgamma) override;
   void moe_router_forward_impl(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs, Tensor& lse,
-                               Tensor& experts, Tensor& weights) override;
+                               Tensor& experts, Tensor& weights, const Tensor& bias) override;
   void moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts, const Tensor& dweights,
                                 bool renormalize, const Tensor& seq_grad, int64_t T, float z_scale,
                                 Tensor& dlogits) override;

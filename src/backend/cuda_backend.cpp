@@ -456,7 +456,7 @@ class CudaBackend final : public Backend {
   }
 
   // Mixture-of-experts routing is not on the GPU yet: a named error, never a silent fallback.
-  void moe_router_forward_impl(const Tensor&, int64_t, bool, Tensor&, Tensor&, Tensor&, Tensor&) override {
+  void moe_router_forward_impl(const Tensor&, int64_t, bool, Tensor&, Tensor&, Tensor&, Tensor&, const Tensor&) override {
     throw Error("moe_router_forward: mixture-of-experts models (model.type = \"mixtral\" or \"qwen3_moe\") are not "
                 "implemented on the CUDA backend yet; run them with train.device = \"cpu\"");
   }

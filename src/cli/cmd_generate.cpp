@@ -114,6 +114,14 @@ int run_generate_command(const GenerateOptions& o) {
       param->refresh_work(*be);
     }
   Generator gen(*be, cfg, store);
+  if (cfg.moe.expert_bias) {  // the routers' top-k choice as training left it
+    for (auto& [name, shape] : reader.tensors())
+      if (name == "router/expert_bias") {
+        std::vector<float> bias(static_cast<size_t>(shape_numel(shape)));
+        reader.read(name, shape, bias.data());
+        gen.set_expert_bias(bias);
+      }
+  }
   SamplingOptions so;
   so.max_new_tokens = o.max_new_tokens;
   so.temperature = o.temperature;

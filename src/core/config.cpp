@@ -252,7 +252,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   for (auto& ov : overrides) apply_override(root, ov, source);
 
   const std::set<std::string> sections = {"run", "model", "data", "train", "optimizer", "lr_schedule", "parallel",
-                                          "checkpoint", "trace", "log"};
+                                          "checkpoint", "trace", "log", "moe"};
   for (auto&& [k, v] : root) {
     if (!sections.count(std::string(k.str())))
       throw Error(cat(source, ": unknown section [", k.str(), "] (known: ", Section::join(sections), ")"));
@@ -495,6 +495,13 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   Section lg(tab("log"), "log", source, {"tensorboard"});
   lg.boolean("tensorboard", c.log.tensorboard);
 
+  Section moe(tab("moe"), "moe", source, {"expert_bias", "bias_update_rate"});
+  moe.boolean("expert_bias", c.moe.expert_bias);
+  moe.real("bias_update_rate", c.moe.bias_update_rate, 0, 1e3);
+  if (c.moe.expert_bias && !c.model.is_moe())
+    moe.fail("expert_bias", cat("= true needs a mixture of experts (model.type = \"mixtral\" or \"qwen3_moe\"), got "
+                                "model.type = \"", c.model.type, "\""));
+
   Section ck(tab("checkpoint"), "checkpoint", source, {"dir", "every", "keep", "save_initial", "resume", "async"});
   ck.str("dir", c.checkpoint.dir);
   ck.integer("every", c.checkpoint.every, 0, INT64_MAX);
@@ -594,6 +601,9 @@ std::string Config::to_toml() const {
     << "\nreshard_after_forward = " << (parallel.reshard_after_forward ? "true" : "false") << "\ntimeout = "
     << q(parallel.timeout) << "\n\n";
   o << "[log]\ntensorboard = " << (log.tensorboard ? "true" : "false") << "\n\n";
+  if (model.is_moe())
+    o << "[moe]\nexpert_bias = " << (moe.expert_bias ? "true" : "false") << "\nbias_update_rate = "
+      << num(moe.bias_update_rate) << "\n\n";
   if (trace.on()) o << "[trace]\nsteps = [" << trace.first << ", " << trace.last << "]\n\n";
   o << "[checkpoint]\ndir = " << q(checkpoint.dir) << "\nevery = " << checkpoint.every << "\nkeep = " << checkpoint.keep
     << "\nsave_initial = " << (checkpoint.save_initial ? "true" : "false") << "\nresume = " << q(checkpoint.resume)

@@ -117,6 +117,13 @@ struct Config {
   struct Log {
     bool tensorboard = false;  // TensorBoard event files under <run.dir>/tb (rank 0)
   } log;
+  // Mixture-of-experts training (model.type = "mixtral" or "qwen3_moe"). expert_bias: DeepSeek-V3's auxiliary-loss-
+  // free balancing: a per-expert bias added to the router's probabilities for the top-k choice only, updated after
+  // every optimizer step from the global batch's token counts, b_e += bias_update_rate x sign(mean(c) - c_e).
+  struct Moe {
+    bool expert_bias = false;
+    double bias_update_rate = 0.001;
+  } moe;
   struct Trace {
     int64_t first = 0, last = -1;  // steps = [first, last]; off when last < first (the default)
     bool on() const { return last >= first && first >= 1; }

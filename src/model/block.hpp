@@ -28,7 +28,8 @@ struct MoeSpec {
   // The loss's weight on this layer's terms: router_aux_loss_coef / (MoE layers x sequences of the global batch) on
   // each sequence's aux, router_z_loss_coef / (MoE layers x tokens of the global batch) on each token's lse^2.
   double aux_weight = 0, z_weight = 0;
-  int layer = -1;            // this layer's place among the model's MoE layers (logs)
+  int layer = -1;            // this layer's place among the model's MoE layers (logs, the expert bias)
+  bool expert_bias = false;  // moe.expert_bias: a per-expert bias on the top-k choice (model/moe.hpp)
   bool on() const { return n_experts > 0; }
 };
 
@@ -123,6 +124,8 @@ class Block {
   // Appends this block's router statistics of the training micro-batches since the last call, and resets them
   // (MoE layers; other blocks have none).
   virtual void take_router_stats(std::vector<RouterStats>&) {}
+  // moe.expert_bias: every MoE layer's bias, (MoE layers, n_experts) on the host; a MoE layer takes its row.
+  virtual void set_expert_bias(Backend&, const std::vector<float>& /*bias*/) {}
 
   // Generation (relay generate: one rank, whole blocks), one position at a time with a cache.
   // allocate_decode sizes `cache` for n sequences of up to max_len positions (key-value caches and

@@ -219,6 +219,9 @@ class LlamaLayer final : public Block {
   void take_router_stats(std::vector<RouterStats>& out) override {
     if (moe_) moe_->take_stats(out);
   }
+  void set_expert_bias(Backend& be, const std::vector<float>& bias) override {
+    if (moe_) moe_->set_bias(be, bias.data() + spec_.moe.layer * spec_.moe.n_experts);
+  }
 
   // Generation: key and value caches (n, max_len, KV hd) and one position's intermediates.
   enum : size_t { dK, dV, dN, dRstd, dQ, dKn, dVn, dAtty, dRes, dGate, dUp, dH, dQraw, dKraw, dRstdQ, dRstdK, dCount };

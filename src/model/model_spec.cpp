@@ -209,7 +209,7 @@ ModelSpec llama_spec(const Config& cfg) {
       const int64_t E = c.n_experts, Fe = c.moe_ffn_hidden;
       b.moe = {E, c.experts_per_token, Fe, mixtral || c.norm_topk_prob,
                c.router_aux_loss_coef / (double(moe_layers) * sequences),
-               c.router_z_loss_coef / (double(moe_layers) * sequences * double(T)), 0};
+               c.router_z_loss_coef / (double(moe_layers) * sequences * double(T)), 0, cfg.moe.expert_bias};
       for (const BlockSpec& prev : m.blocks) b.moe.layer += prev.moe.on() ? 1 : 0;
       const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
       b.params.push_back(w(moe + "gate.weight", {E, C}));

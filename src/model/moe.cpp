@@ -75,7 +75,8 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   Tensor logits = rows(kLogits, n), probs = rows(kProbs, n), lse = rows(kLse, n), experts = rows(kExperts, n);
   Tensor weights = rows(kWeights, n), pos = rows(kPos, n), src = s[kSrc].rows(0, R), xs = rows(kXs, R);
   be.linear(x, router_->compute(), Tensor(), logits);                                   // (n, E)
-  be.moe_router_forward(logits, k, moe_.renormalize, probs, lse, experts, weights);     // (n, E), (n), (n, k) x 2
+  // moe.expert_bias: the bias the trainer (or relay generate) set; undefined, the router is unbiased.
+  be.moe_router_forward(logits, k, moe_.renormalize, probs, lse, experts, weights, bias_);  // (n, E), (n), (n, k) x 2
   // The routing plan on the host: a counting sort of the (token, j) pairs by expert.
   experts_.resize(size_t(R));
   be.download(experts_.data(), experts);
@@ -154,11 +155,12 @@ void MoeMlp::backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tens
   if (k < E)  // the k-th largest probability is the smallest chosen one; the (k+1)-th the largest of the rest
     for (int64_t t = 0; t < n; ++t) {
       const float* p = probs_.data() + t * E;
+      auto score = [&](int64_t e) { return host_bias_.empty() ? p[e] : p[e] + host_bias_[size_t(e)]; };
       float kth = INFINITY, next = -INFINITY;
-      for (int64_t j = 0; j < k; ++j) kth = std::min(kth, p[experts_[size_t(t * k + j)]]);
+      for (int64_t j = 0; j < k; ++j) kth = std::min(kth, score(experts_[size_t(t * k + j)]));
       for (int64_t e = 0; e < E; ++e)
         if (std::find(experts_.begin() + t * k, experts_.begin() + (t + 1) * k, int32_t(e)) == experts_.begin() + (t + 1) * k)
-          next = std::max(next, p[e]);
+          next = std::max(next, score(e));
       stats_.min_margin = std::min(stats_.min_margin, double(kth) - double(next));
     }
   Tensor seq_grad = s[kSeqGrad].rows(0, B);
@@ -182,6 +184,12 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
       be.matmul(s[kGGate].rows(r, len), true, xe, false, gate_[size_t(e)]->grad, 1.f, 1.f);
       be.matmul(s[kGUp].rows(r, len), true, xe, false, up_[size_t(e)]->grad, 1.f, 1.f);
     });
+}
+
+void MoeMlp::set_bias(Backend& be, const float* bias) {
+  if (!bias_.defined()) bias_ = Tensor(be, {moe_.n_experts});
+  host_bias_.assign(bias, bias + moe_.n_experts);
+  be.upload(bias_, host_bias_.data());
 }
 
 void MoeMlp::take_stats(std::vector<RouterStats>& out) {

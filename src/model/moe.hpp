@@ -32,6 +32,8 @@ class MoeMlp {
   // Accumulates the router's and the experts' weight gradients.
   void backward_weight(Backend& be, const Tensor& x, Tensor* s);
   void take_stats(std::vector<RouterStats>& out);
+  // moe.expert_bias: this layer's bias (E floats), added to the probabilities for the top-k choice only.
+  void set_bias(Backend& be, const float* bias);
 
  private:
   // Expert e's rows, from the offsets of the last forward or download_offsets.
@@ -45,6 +47,8 @@ class MoeMlp {
   // Host scratch: the routing plan of the micro-batch at hand.
   std::vector<int32_t> experts_, pos_, src_, offsets_;
   std::vector<float> probs_, lse_, seq_grad_;
+  Tensor bias_;                   // (E) f32 on the device: moe.expert_bias's, undefined until set_bias
+  std::vector<float> host_bias_;  // (E) the same values (the top-k margin is over the biased scores)
   RouterStats stats_;
 };
 

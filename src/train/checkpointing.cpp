@@ -153,6 +153,9 @@ CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::sha
     at += shape_numel(e.shape);
     img.tensors.push_back(std::move(t));
   }
+  if (ctx.expert_bias)  // every rank holds it whole: rank 0's copy
+    img.tensors.push_back({"router/expert_bias",
+                           {int64_t(ctx.expert_bias->size()) / ctx.n_experts, ctx.n_experts}, *ctx.expert_bias});
   CheckpointMeta& meta = img.meta;
   meta.step = step;
   meta.config_toml = ctx.cfg.to_toml();
@@ -349,6 +352,17 @@ int64_t load_checkpoint(CheckpointContext& ctx, const std::string& path) {
       src = shard.data();
     }
     ctx.be.upload(*lp.tensor, src + lp.offset);
+  }
+  if (ctx.expert_bias) {
+    const Shape want{int64_t(ctx.expert_bias->size()) / ctx.n_experts, ctx.n_experts};
+    auto it = in_file.find("router/expert_bias");
+    if (it == in_file.end())
+      throw Error(cat(where, ": tensor router/expert_bias ", shape_str(want), " is missing, but moe.expert_bias = true "
+                             "(the checkpoint was written without it; hint: moe.expert_bias = false)"));
+    if (it->second != want)
+      throw Error(cat(where, ": tensor router/expert_bias has shape ", shape_str(it->second), " but the model expects ",
+                      shape_str(want)));
+    reader.read("router/expert_bias", want, ctx.expert_bias->data());
   }
   ctx.optimizer.set_step_count(meta.optimizer_step);
   return meta.step;

@@ -76,7 +76,28 @@ struct StepResult {
   // each MoE layer's largest and mean token count per expert over the global batch.
   double aux_loss = 0, z_loss = 0, margin = INFINITY;
   std::vector<double> load_max, load_mean;
+  std::vector<double> tokens;  // (MoE layers, n_experts) tokens routed to each expert over the global batch
 };
+
+// moe.expert_bias: every block of this rank takes its layer's row of the run's bias.
+void push_expert_bias(Run& r) {
+  for (auto& ch : r.chunks)
+    for (const auto& b : ch->blocks()) b->set_expert_bias(*r.be, r.expert_bias);
+}
+
+// moe.expert_bias after an optimizer step (DeepSeek-V3, arXiv:2412.19437): b_e += rate x sign(mean(c) - c_e), c the
+// global batch's token counts of the layer; the same on every rank (the counts are the world's).
+void update_expert_bias(Run& r, const StepResult& res) {
+  const int64_t E = int64_t(res.tokens.size() / res.load_mean.size());
+  const float rate = float(r.cfg.moe.bias_update_rate);
+  for (size_t l = 0; l < res.load_mean.size(); ++l)
+    for (int64_t e = 0; e < E; ++e) {
+      const double c = res.tokens[l * size_t(E) + size_t(e)], mean = res.load_mean[l];
+      float& b = r.expert_bias[l * size_t(E) + size_t(e)];
+      b += c < mean ? rate : c > mean ? -rate : 0.f;
+    }
+  push_expert_bias(r);
+}
 
 // MoE models: the routers' statistics summed over every rank (a layer's once: tp rank 0's), into res; returns the
 // loss's router terms, router_aux_loss_coef x mean aux + router_z_loss_coef x mean lse^2.
@@ -99,6 +120,7 @@ double router_terms(Run& r, StepResult& res) {
   const double seqs = double(r.cfg.train.batch_size) * double(layers);
   res.aux_loss = sums[0] / seqs;
   res.z_loss = sums[1] / (seqs * double(r.layout.model.seq_len));
+  res.tokens.assign(sums.begin() + 2, sums.end());
   for (int64_t l = 0; l < layers; ++l) {
     const double* t = sums.data() + 2 + l * E;
     res.load_max.push_back(*std::max_element(t, t + E));
@@ -192,6 +214,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
   r.optimizer->step(res.lr);
   r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica
+  if (!r.expert_bias.empty()) update_expert_bias(r, res);
   span("optimizer", "optimizer_step", kTrackCompute, m_opt);  // norm, reductions, clipping, update
   if (r.verify_tied && !r.buckets->params_sharded()) verify_tied_copies(r, step);
   return res;
@@ -357,12 +380,20 @@ int run_training(const Config& cfg) {
   CheckpointContext ckpt{cfg, g, r.layout, *r.be, *r.world, *r.dp_comm, r.params, *r.optimizer, r.train_data.samples(),
                          r.train_data.tokens ? r.train_data.tokens->tokenizer() : std::string()};
   if (r.buckets->params_sharded()) ckpt.param_pieces = r.buckets->optimizer_slices();  // ZeRO-3
+  if (cfg.moe.expert_bias) {  // zero until a checkpoint says otherwise
+    int64_t layers = 0;
+    for (const BlockSpec& b : r.layout.model.blocks)
+      if (b.moe.on()) ++layers, ckpt.n_experts = b.moe.n_experts;
+    r.expert_bias.assign(size_t(layers * ckpt.n_experts), 0.f);
+    ckpt.expert_bias = &r.expert_bias;
+  }
   std::string resume_path;
   agree_on_errors(MPI_COMM_WORLD, [&] {
     resume_path = resolve_resume_path(cfg);
     if (!resume_path.empty()) r.start_step = load_checkpoint(ckpt, resume_path);
     else if (!cfg.model.init_from.empty()) load_init_from(ckpt, cfg.model.init_from);
     for (auto& [name, p] : r.params) p->refresh_work(*r.be);  // bf16 copies of the loaded masters
+    if (!r.expert_bias.empty()) push_expert_bias(r);
   });
   mem_reset_peaks();  // the peaks the report gives are the steps', not setup's or a checkpoint load's
   const std::string placement = placement_table(r);
