@@ -20,7 +20,7 @@ namespace relay {
 
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   auto* c = app.add_subcommand("generate", "Generate text from a GPT checkpoint (one rank, CPU or GPU)");
-  c->add_option("--checkpoint", o.checkpoint, "Checkpoint file (step_XXXXXXXX.h5) of a language model run (model.type = \"gpt\" or \"llama\")")->required();
+  c->add_option("--checkpoint", o.checkpoint, "Checkpoint file (step_XXXXXXXX.h5) of a language model run (model.type = \"gpt\", \"llama\", \"mixtral\" or \"qwen3_moe\")")->required();
   auto* p = c->add_option("--prompt", o.prompt, "Prompt text");
   auto* pt = c->add_option("--prompt-tokens", o.prompt_tokens, "File of whitespace-separated prompt token ids");
   p->excludes(pt);

@@ -322,7 +322,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
                           "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps", "n_experts", "experts_per_token",
                           "moe_ffn_hidden", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
                           "router_aux_loss_coef", "router_z_loss_coef", "head_dim"})
-      if (model.get(k)) model.fail(k, "is a language-model key; set model.type = \"gpt\" or \"llama\" to use it");
+      if (model.get(k)) model.fail(k, "is a language-model key; set model.type = \"gpt\", \"llama\", \"mixtral\" or \"qwen3_moe\" to use it");
     auto* layers = model.get("layers");
     if (!layers) model.fail("layers", "required key is missing");
     if (!layers->is_array()) model.fail("layers", cat("expected an array of tables, got ", type_name(*layers)));
