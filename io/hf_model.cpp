@@ -19,7 +19,8 @@ namespace relay {
 std::string hf_model_type(const Config::Model& m, const std::string& where) {
   if (m.is_gpt()) return "gpt2";
   if (m.is_llama()) return "llama";
-  throw Error(cat(where, ": model.type = \"", m.type, "\" has no Hugging Face form (gpt and llama do)"));
+  if (m.is_moe()) return m.type;  // "mixtral", "qwen3_moe": transformers' model_type spells them so
+  throw Error(cat(where, ": model.type = \"", m.type, "\" has no Hugging Face form (gpt, llama, mixtral and qwen3_moe do)"));
 }
 
 bool hf_transposed(const std::string& model_type, const std::string& name) {
@@ -64,24 +65,47 @@ nlohmann::ordered_json hf_config_json(const Config::Model& m, const std::string&
     c["scale_attn_by_inverse_layer_idx"] = false;
     c["reorder_and_upcast_attn"] = false;
   } else {
-    c["architectures"] = {"LlamaForCausalLM"};
-    c["model_type"] = "llama";
+    const bool mixtral = type == "mixtral", qwen = type == "qwen3_moe";
+    c["architectures"] = {mixtral ? "MixtralForCausalLM" : qwen ? "Qwen3MoeForCausalLM" : "LlamaForCausalLM"};
+    c["model_type"] = type;
     c["vocab_size"] = m.vocab_size;
     c["hidden_size"] = m.n_embd;
-    c["intermediate_size"] = m.ffn_hidden;
+    // Mixtral's intermediate_size is an expert's width; Qwen3-MoE's the dense layers' (moe_intermediate_size the
+    // experts').
+    c["intermediate_size"] = mixtral ? m.moe_ffn_hidden : m.ffn_hidden > 0 ? m.ffn_hidden : m.moe_ffn_hidden;
     c["num_hidden_layers"] = m.n_layer;
     c["num_attention_heads"] = m.n_head;
     c["num_key_value_heads"] = m.n_kv_head;
-    c["head_dim"] = m.n_embd / m.n_head;
+    c["head_dim"] = m.head_dim > 0 ? m.head_dim : m.n_embd / m.n_head;
+    if (mixtral) {
+      c["num_local_experts"] = m.n_experts;
+      c["num_experts_per_tok"] = m.experts_per_token;
+      c["router_jitter_noise"] = 0.0;
+      c["sliding_window"] = nullptr;
+    }
+    if (qwen) {
+      c["num_experts"] = m.n_experts;
+      c["num_experts_per_tok"] = m.experts_per_token;
+      c["moe_intermediate_size"] = m.moe_ffn_hidden;
+      c["norm_topk_prob"] = m.norm_topk_prob;
+      c["decoder_sparse_step"] = m.decoder_sparse_step;
+      c["mlp_only_layers"] = m.mlp_only_layers;
+      c["use_sliding_window"] = false;
+      c["sliding_window"] = nullptr;
+    }
+    if (m.is_moe()) {
+      c["router_aux_loss_coef"] = m.router_aux_loss_coef;
+      c["output_router_logits"] = false;
+    }
     c["max_position_embeddings"] = m.block_size;
     c["rms_norm_eps"] = m.norm_eps;
     c["rope_theta"] = m.rope_theta;  // transformers 4.x
     c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};  // transformers 5
     c["hidden_act"] = "silu";
     c["attention_bias"] = false;
-    c["mlp_bias"] = false;
+    if (!m.is_moe()) c["mlp_bias"] = false;
     c["attention_dropout"] = 0.0;
-    c["pretraining_tp"] = 1;
+    if (m.is_llama()) c["pretraining_tp"] = 1;
   }
   c["tie_word_embeddings"] = m.tie_embeddings;
   c["initializer_range"] = m.init_std;
@@ -209,6 +233,44 @@ HfModelDir::HfModelDir(const std::string& dir, const std::string& where) : dir_(
       shapes_[e.name] = hf_transposed(model_type_, e.name) && e.shape.size() == 2 ? Shape{e.shape[1], e.shape[0]} : e.shape;
     }
   }
+  if (model_type_ == "mixtral" || model_type_ == "qwen3_moe") name_experts();
+}
+
+// transformers 5's modules hold a layer's experts fused, gate_up_proj (E, 2F, C) ([gate; up] per expert) and
+// down_proj (E, C, F), and name Mixtral's block mlp; save_pretrained writes the per-expert names Relay uses
+// (block_sparse_moe.experts.E.w1 / w3 / w2 for Mixtral, mlp.experts.E.gate_proj / up_proj / down_proj for
+// Qwen3-MoE). A directory in the fused form is read as if it held the per-expert tensors.
+void HfModelDir::name_experts() {
+  const bool mixtral = model_type_ == "mixtral";
+  std::map<std::string, Shape> out;
+  auto ends = [](const std::string& n, const std::string& tail) {
+    return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  // transformers 5's "model.layers.N.mlp" -> Relay's prefix of that layer's experts and router.
+  auto block = [&](const std::string& mlp) {
+    return mixtral && ends(mlp, ".mlp") ? mlp.substr(0, mlp.size() - 4) + ".block_sparse_moe" : mlp;
+  };
+  const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj", mixtral ? "w2" : "down_proj"};
+  for (auto& [name, shape] : shapes_) {
+    const bool gate_up = ends(name, ".experts.gate_up_proj"), down = ends(name, ".experts.down_proj");
+    if ((gate_up || down) && shape.size() == 3) {
+      const std::string prefix = block(name.substr(0, name.size() - (gate_up ? 21 : 18))) + ".experts.";
+      const int64_t E = shape[0], rows = gate_up ? shape[1] / 2 : shape[1], cols = shape[2];
+      for (int64_t e = 0; e < E; ++e)
+        for (int part = 0; part < (gate_up ? 2 : 1); ++part) {
+          const std::string relay = cat(prefix, e, ".", names[gate_up ? part : 2], ".weight");
+          slices_[relay] = {name, (e * (gate_up ? 2 : 1) + part) * rows * cols};
+          out[relay] = {rows, cols};
+        }
+    } else if (mixtral && ends(name, ".mlp.gate.weight")) {
+      const std::string relay = block(name.substr(0, name.size() - 12)) + ".gate.weight";
+      slices_[relay] = {name, -1};
+      out[relay] = shape;
+    } else {
+      out[name] = shape;
+    }
+  }
+  shapes_ = std::move(out);
 }
 
 void HfModelDir::check_matches(const Config::Model& m) const {
@@ -228,12 +290,31 @@ void HfModelDir::check_matches(const Config::Model& m) const {
   } else {
     const json rope = value_or(config_, "rope_parameters", json::object());
     pairs = {{"vocab_size", 32000, "vocab_size", m.vocab_size}, {"hidden_size", 4096, "n_embd", m.n_embd},
-             {"intermediate_size", 11008, "ffn_hidden", m.ffn_hidden},
              {"num_hidden_layers", 32, "n_layer", m.n_layer}, {"num_attention_heads", 32, "n_head", m.n_head},
              {"num_key_value_heads", value_or(config_, "num_attention_heads", 32), "n_kv_head", m.n_kv_head},
              {"rms_norm_eps", 1e-6, "norm_eps", m.norm_eps},
              {"rope_theta", rope.value("rope_theta", 10000.0), "rope_theta", m.rope_theta},
              {"tie_word_embeddings", false, "tie_embeddings", m.tie_embeddings}};
+    // The MLP's keys, with transformers' defaults for each class.
+    if (want == "llama") pairs.push_back({"intermediate_size", 11008, "ffn_hidden", m.ffn_hidden});
+    if (want == "mixtral")
+      pairs.insert(pairs.end(), {{"intermediate_size", 14336, "moe_ffn_hidden", m.moe_ffn_hidden},
+                                 {"num_local_experts", 8, "n_experts", m.n_experts},
+                                 {"num_experts_per_tok", 2, "experts_per_token", m.experts_per_token}});
+    if (want == "qwen3_moe") {
+      pairs.insert(pairs.end(), {{"moe_intermediate_size", 768, "moe_ffn_hidden", m.moe_ffn_hidden},
+                                 // transformers 4 (and Qwen's published configs) say num_experts; 5 writes
+                                 // num_local_experts
+                                 {config_.contains("num_local_experts") ? "num_local_experts" : "num_experts", 128,
+                                  "n_experts", m.n_experts},
+                                 {"num_experts_per_tok", 8, "experts_per_token", m.experts_per_token},
+                                 {"norm_topk_prob", false, "norm_topk_prob", m.norm_topk_prob},
+                                 {"decoder_sparse_step", 1, "decoder_sparse_step", m.decoder_sparse_step},
+                                 {"mlp_only_layers", json::array(), "mlp_only_layers", m.mlp_only_layers}});
+      bool dense = false;
+      for (int64_t i = 0; i < m.n_layer; ++i) dense = dense || !m.moe_layer(i);
+      if (dense) pairs.push_back({"intermediate_size", 6144, "ffn_hidden", m.ffn_hidden});
+    }
   }
   for (auto& p : pairs) {
     const json theirs = value_or(config_, p.hf, p.dflt);
@@ -254,12 +335,18 @@ void HfModelDir::check_matches(const Config::Model& m) const {
     if (!m.bias)
       throw Error(cat(where_, ": config.json is a GPT-2 (which has biases) but model.bias = false"));
   } else {
+    const int64_t hd = m.head_dim > 0 ? m.head_dim : m.n_embd / std::max<int64_t>(1, m.n_head);
     fixed = {{"hidden_act", "silu", "silu", "Relay's Llama MLP is SwiGLU"},
              {"attention_bias", false, false, "Relay's Llama has no biases"},
              {"mlp_bias", false, false, "Relay's Llama has no biases"},
-             {"head_dim", m.n_embd / std::max<int64_t>(1, m.n_head), m.n_embd / std::max<int64_t>(1, m.n_head),
-              "Relay's Llama heads are n_embd / n_head wide"},
+             {"head_dim", m.n_embd / std::max<int64_t>(1, m.n_head), hd,
+              m.head_dim > 0 ? "model.head_dim" : "Relay's heads are n_embd / n_head wide"},
              {"rope_scaling", nullptr, nullptr, "Relay applies plain rotary embeddings"}};
+    if (want == "mixtral") fixed.push_back({"router_jitter_noise", 0.0, 0.0, "Relay's router adds no noise"});
+    const char* window = want == "mixtral" ? "sliding_window" : want == "qwen3_moe" ? "use_sliding_window" : nullptr;
+    if (window && !value_or(config_, window, nullptr).is_null() && value_or(config_, window, nullptr) != false)
+      throw Error(cat(where_, ": config.json ", window, " = ", config_[window].dump(),
+                      " but Relay's attention is causal over the whole block (no sliding window)"));
     const json rope = value_or(config_, "rope_parameters", json::object());
     if (rope.value("rope_type", "default") != "default")
       throw Error(cat(where_, ": config.json rope_parameters.rope_type = \"", rope.value("rope_type", ""),
@@ -278,6 +365,19 @@ void HfModelDir::check_matches(const Config::Model& m) const {
 }
 
 void HfModelDir::read(const std::string& name, const Shape& relay_shape, float* out) const {
+  if (auto sl = slices_.find(name); sl != slices_.end()) {  // a fused expert tensor's slice, or a renamed one
+    const auto& [source, offset] = sl->second;
+    const SafetensorsFile& f = *files_[file_of_.at(source)];
+    const Shape stored = f.find(source)->shape;
+    if (offset < 0) return f.read(source, relay_shape, out);
+    if (cached_name_ != source) {
+      cached_.resize(static_cast<size_t>(shape_numel(stored)));
+      f.read(source, stored, cached_.data());
+      cached_name_ = source;
+    }
+    std::copy_n(cached_.data() + offset, shape_numel(relay_shape), out);
+    return;
+  }
   auto it = file_of_.find(name);
   if (it == file_of_.end()) throw Error(cat(where_, ": tensor ", name, " is missing from the directory"));
   const SafetensorsFile& f = *files_[it->second];

@@ -6,7 +6,8 @@
 // state_dict names, so the tensor mapping is the identity except for one thing: GPT-2's Conv1D layers
 // (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) store their weight (in, out), Relay (out, in) as
 // torch.nn.Linear does; those are transposed on the way in and out. A tied head is saved once, as the
-// embedding (save_pretrained leaves lm_head.weight out).
+// embedding (save_pretrained leaves lm_head.weight out). Mixtral and Qwen3-MoE are written with the per-expert
+// names save_pretrained writes, and read from those or from transformers 5's fused expert tensors.
 #pragma once
 #include <map>
 #include <memory>
@@ -20,7 +21,8 @@
 
 namespace relay {
 
-// "gpt2" for model.type = "gpt", "llama" for "llama"; an Error (naming `where`) for the MLP.
+// "gpt2" for model.type = "gpt", "llama" for "llama", "mixtral" and "qwen3_moe" for those; an Error (naming `where`)
+// for the MLP.
 std::string hf_model_type(const Config::Model& m, const std::string& where);
 
 // Whether transformers stores this tensor of a model_type transposed (GPT-2's Conv1D weights).
@@ -60,6 +62,12 @@ class HfModelDir {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> file_of_;  // tensor name -> index into files_
   std::map<std::string, Shape> shapes_;
+  // Mixtral and Qwen3-MoE: Relay's per-expert names read from transformers 5's fused expert tensors (source
+  // tensor, offset of the slice in floats) or from a renamed tensor (offset -1).
+  void name_experts();
+  std::map<std::string, std::pair<std::string, int64_t>> slices_;
+  mutable std::string cached_name_;  // the fused tensor read last, whole
+  mutable std::vector<float> cached_;
 };
 
 }  // namespace relay

@@ -7,7 +7,9 @@
 # 1201-1202 into trace.json for the pipeline picture). Checks: the eval loss falls below 2.3 nats per byte (from
 # ln 256 = 5.55) and the resumed run ends within 0.01 of it.
 # The same steps for Llama: RELAY_DEMO_CONFIG=configs/llama-small-bytes.toml scripts/demo_gpt.sh
-# (runs/llama-4ranks, runs/llama-resumed, runs/llama-plots).
+# (runs/llama-4ranks, runs/llama-resumed, runs/llama-plots); for the mixtures of experts,
+# RELAY_DEMO_CONFIG=configs/mixtral-small-bytes.toml or configs/qwen3-moe-small-bytes.toml (experts on every rank:
+# expert parallelism, parallel.ep, is not there yet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

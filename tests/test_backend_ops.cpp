@@ -1049,6 +1049,31 @@ TEST(BackendOpsFlash, CudaRefusesHeadDimAbove128) {
   }
 }
 
+// Mixture-of-experts routing is CPU-only for now (tests/test_moe.cpp checks the CPU kernels): the CUDA backend
+// refuses each of its ops with an error that names the op and the way out, never a crash or a silent fallback.
+TEST(BackendOpsMoe, CudaRefusesMoeOpsByName) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << kNoCuda;
+  Backend& gpu = cuda_backend();
+  const int64_t n = 4, E = 4, k = 2, C = 8;
+  Tensor logits(gpu, {n, E}), probs(gpu, {n, E}), lse(gpu, {n}), experts(gpu, {n, k}, DType::i32), w(gpu, {n, k});
+  Tensor rows(gpu, {n * k, C}), pos(gpu, {n, k}, DType::i32), y(gpu, {n, C}), drows(gpu, {n * k, C});
+  const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+      {"moe_router_forward", [&] { gpu.moe_router_forward(logits, k, true, probs, lse, experts, w); }},
+      {"moe_router_backward", [&] { gpu.moe_router_backward(probs, lse, experts, w, true, Tensor(), 1, 0.f, logits); }},
+      {"moe_combine", [&] { gpu.moe_combine(rows, pos, w, y); }},
+      {"moe_combine_backward", [&] { gpu.moe_combine_backward(y, rows, pos, w, drows, w); }}};
+  for (const auto& [name, run] : ops) {
+    try {
+      run();
+      ADD_FAILURE() << name << " ran on the CUDA backend";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(name), std::string::npos) << what;
+      EXPECT_NE(what.find("train.device = \"cpu\""), std::string::npos) << what;
+    }
+  }
+}
+
 // --- Llama's ops on the CPU against references written here -----------------------------------------
 // float32 CPU kernels against the formulas in double (RMSNorm, SwiGLU, rotary embeddings), and grouped-query
 // attention against the reference attention_forward / attention_backward with each key/value head repeated

@@ -137,3 +137,55 @@ TEST(Config, DocumentMask) {
   EXPECT_TRUE(back.data.document_mask);
   EXPECT_FALSE(back.data.reset_positions);
 }
+
+TEST(Config, MixtureOfExperts) {
+  const std::string moe = "[model]\ntype = \"mixtral\"\nvocab_size = 64\nblock_size = 16\nn_layer = 2\nn_head = 2\n"
+                          "n_embd = 8\nn_experts = 4\nexperts_per_token = 2\nmoe_ffn_hidden = 12\n[data]\ntrain = "
+                          "\"t.h5\"\n[train]\nsteps = 1\nbatch_size = 1\n";
+  Config c = parse_config_text(moe, "cfg.toml");
+  EXPECT_TRUE(c.model.is_moe() && c.model.llama_like() && c.model.is_lm());
+  EXPECT_TRUE(c.model.norm_topk_prob);  // Mixtral always renormalises
+  EXPECT_TRUE(c.model.moe_layer(0) && c.model.moe_layer(1));
+  Config back = parse_config_text(c.to_toml(), "effective.toml");
+  EXPECT_EQ(back.model.n_experts, 4);
+  EXPECT_EQ(back.model.moe_ffn_hidden, 12);
+  // Each mistake names its key.
+  auto expect_error = [&](const std::vector<std::string>& ov, const std::string& key, const std::string& text,
+                          const std::string& base) {
+    const std::string e = error_of(base, ov);
+    EXPECT_NE(e.find(key), std::string::npos) << e;
+    EXPECT_NE(e.find(text), std::string::npos) << e;
+  };
+  expect_error({"model.experts_per_token=5"}, "model.experts_per_token", "more than model.n_experts = 4", moe);
+  expect_error({"model.norm_topk_prob=false"}, "model.norm_topk_prob", "qwen3_moe key", moe);
+  expect_error({"model.mlp_only_layers=[0]"}, "model.mlp_only_layers", "qwen3_moe key", moe);
+  expect_error({"parallel.tp=2"}, "parallel.tp", "not implemented yet", moe);
+  expect_error({"parallel.cp=2"}, "parallel.cp", "not implemented yet", moe);
+  expect_error({"model.type=\"llama\"", "model.ffn_hidden=16"}, "model.n_experts", "mixture-of-experts key", moe);
+  // Qwen3-MoE: dense layers need ffn_hidden; explicit head_dim; mlp_only_layers within the model.
+  Config q = parse_config_text(moe, "cfg.toml", {"model.type=\"qwen3_moe\"", "model.head_dim=6",
+                                                 "model.decoder_sparse_step=2", "model.ffn_hidden=16"});
+  EXPECT_FALSE(q.model.norm_topk_prob);  // Qwen3MoeConfig's default
+  EXPECT_FALSE(q.model.moe_layer(0));
+  EXPECT_TRUE(q.model.moe_layer(1));
+  EXPECT_EQ(q.model.head_dim, 6);
+  expect_error({"model.type=\"qwen3_moe\"", "model.mlp_only_layers=[1]"}, "model.ffn_hidden", "required", moe);
+  expect_error({"model.type=\"qwen3_moe\"", "model.mlp_only_layers=[2]"}, "model.mlp_only_layers", "[0, model.n_layer = 2)",
+               moe);
+  expect_error({"model.type=\"qwen3_moe\"", "model.head_dim=5"}, "model.head_dim", "even head size", moe);
+  Config qb = parse_config_text(
+      parse_config_text(moe, "cfg.toml", {"model.type=\"qwen3_moe\"", "model.mlp_only_layers=[0]", "model.ffn_hidden=16",
+                                          "model.norm_topk_prob=true", "model.router_z_loss_coef=0.001"})
+          .to_toml(),
+      "effective.toml");
+  EXPECT_EQ(qb.model.mlp_only_layers, std::vector<int64_t>{0});
+  EXPECT_TRUE(qb.model.norm_topk_prob);
+  EXPECT_EQ(qb.model.router_z_loss_coef, 0.001);
+  // [moe]: the aux-loss-free expert bias, for mixtures of experts only.
+  Config b = parse_config_text(moe, "cfg.toml", {"moe.expert_bias=true", "moe.bias_update_rate=0.01"});
+  Config bb = parse_config_text(b.to_toml(), "effective.toml");
+  EXPECT_TRUE(bb.moe.expert_bias);
+  EXPECT_EQ(bb.moe.bias_update_rate, 0.01);
+  expect_error({"moe.expert_bias=true"}, "moe.expert_bias", "needs a mixture of experts", kBase);
+  expect_error({"moe.bias_update_rate=-1.0"}, "moe.bias_update_rate", "must be in", moe);
+}

@@ -73,6 +73,19 @@ template <typename X>
 void swiglu_forward(const X* gate, const X* up, X* h, int64_t n);
 template <typename X>
 void swiglu_backward(const X* dh, const X* gate, const X* up, X* dgate, X* dup, int64_t n);
+// Mixture of experts (kernels/cpu/moe.cpp; Backend::moe_router_forward and friends say what each computes).
+template <typename X>
+void moe_router_forward(const X* logits, float* probs, float* lse, int32_t* experts, float* weights, int64_t n,
+                        int64_t E, int64_t k, bool renormalize, const float* bias = nullptr);
+template <typename X>
+void moe_router_backward(const float* probs, const float* lse, const int32_t* experts, const float* dweights,
+                         bool renormalize, const float* seq_grad, int64_t T, float z_scale, X* dlogits, int64_t n,
+                         int64_t E, int64_t k);
+template <typename X>
+void moe_combine(const X* rows, const int32_t* pos, const float* weights, X* y, int64_t n, int64_t k, int64_t C);
+template <typename X>
+void moe_combine_backward(const X* dy, const X* rows, const int32_t* pos, const float* weights, X* drows,
+                          float* dweights, int64_t n, int64_t k, int64_t C);
 // Rotate-half rotary embedding of x (rows, heads * hd) into y (may alias x); row r at position pos0 + r % T, or
 // pos0 + positions[r] (each < T: positions restarting with each document); inverse rotates by minus the angle
 // (kernels/rope_angles.hpp has the angles).

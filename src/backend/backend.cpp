@@ -291,6 +291,54 @@ void Backend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const T
   rmsnorm_backward_weight_impl(dy, x, rstd, dgamma);
 }
 
+void Backend::moe_router_forward(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs, Tensor& lse,
+                                 Tensor& experts, Tensor& weights, const Tensor& bias) {
+  const int64_t n = rows_of(logits), E = cols_of(logits);
+  Check c(*this, "moe_router_forward");
+  c.tensor(logits, "logits", kFloat).that(k >= 1 && k <= E, cat("k = ", k, " must be in [1, E = ", E, "]"));
+  c.tensor(probs, "probs", kF32).numel(probs, "probs", n * E).tensor(lse, "lse", kF32).numel(lse, "lse", n);
+  c.tensor(experts, "experts", kI32).numel(experts, "experts", n * k);
+  c.tensor(weights, "weights", kF32).numel(weights, "weights", n * k);
+  if (bias.defined()) c.tensor(bias, "bias", kF32).numel(bias, "bias", E);
+  moe_router_forward_impl(logits, k, renormalize, probs, lse, experts, weights, bias);
+}
+void Backend::moe_router_backward(const Tensor& probs, const Tensor& lse, const Tensor& experts, const Tensor& dweights,
+                                  bool renormalize, const Tensor& seq_grad, int64_t T, float z_scale, Tensor& dlogits) {
+  const int64_t n = rows_of(probs), E = cols_of(probs), k = cols_of(experts);
+  Check c(*this, "moe_router_backward");
+  c.tensor(probs, "probs", kF32).tensor(lse, "lse", kF32).numel(lse, "lse", n);
+  c.tensor(experts, "experts", kI32).numel(experts, "experts", n * k);
+  c.tensor(dweights, "dweights", kF32).numel(dweights, "dweights", n * k);
+  c.tensor(dlogits, "dlogits", kFloat).numel(dlogits, "dlogits", n * E);
+  if (seq_grad.defined()) {
+    c.that(T >= 1 && n % T == 0, cat("T = ", T, " must divide the ", n, " rows"));
+    c.tensor(seq_grad, "seq_grad", kF32).numel(seq_grad, "seq_grad", n / T * E);
+  }
+  moe_router_backward_impl(probs, lse, experts, dweights, renormalize, seq_grad, T, z_scale, dlogits);
+}
+void Backend::moe_combine(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) {
+  const int64_t n = rows_of(y), k = cols_of(pos);
+  Check c(*this, "moe_combine");
+  c.tensor(rows, "rows", kFloat).tensor(y, "y", kFloat).same_dtype(y, "y", rows, "rows");
+  c.that(cols_of(y) == cols_of(rows), cat("y ", shape_str(y.shape()), " and rows ", shape_str(rows.shape()),
+                                          " must have rows of one width"));
+  c.tensor(pos, "pos", kI32).numel(pos, "pos", n * k);
+  if (weights.defined()) c.tensor(weights, "weights", kF32).numel(weights, "weights", n * k);
+  c.that(y.raw() != rows.raw(), "y must not alias rows");
+  moe_combine_impl(rows, pos, weights, y);
+}
+void Backend::moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& pos, const Tensor& weights,
+                                   Tensor& drows, Tensor& dweights) {
+  const int64_t n = rows_of(dy), k = cols_of(pos);
+  Check c(*this, "moe_combine_backward");
+  c.tensor(rows, "rows", kFloat).like(drows, "drows", rows, "rows").tensor(dy, "dy", kFloat);
+  c.same_dtype(dy, "dy", rows, "rows").numel(rows, "rows", n * k * cols_of(dy));
+  c.tensor(pos, "pos", kI32).numel(pos, "pos", n * k).tensor(weights, "weights", kF32).numel(weights, "weights", n * k);
+  c.tensor(dweights, "dweights", kF32).numel(dweights, "dweights", n * k);
+  c.that(drows.raw() != dy.raw() && drows.raw() != rows.raw(), "drows must not alias dy or rows");
+  moe_combine_backward_impl(dy, rows, pos, weights, drows, dweights);
+}
+
 void Backend::swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& h) {
   Check c(*this, "swiglu_forward");
   c.tensor(gate, "gate", kFloat).like(up, "up", gate, "gate").like(h, "h", gate, "gate");

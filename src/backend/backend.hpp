@@ -142,6 +142,30 @@ class Backend : public Allocator {
   void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& h);
   // dgate = dh * up * silu'(gate), dup = dh * silu(gate); elementwise: dgate and dup may alias dh, gate or up.
   void swiglu_backward(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup);
+  // --- Mixture of experts (Mixtral, Qwen3-MoE: model/moe.hpp) --------------------------------------
+  // The router of n tokens over E experts, as transformers' TopKRouter: probs (n, E) f32 = softmax of logits
+  // (n, E) in f32, lse (n) f32 its log-sum-exp (the z-loss's term), experts i32 (n, k) the k largest
+  // probabilities' experts in descending order (the lower expert first on a tie), weights (n, k) f32 their
+  // probabilities, divided by their sum when renormalize. logits: float. bias (E) f32, optional (aux-loss-free
+  // balancing): the experts are the k largest of probs + bias; the weights stay the probabilities.
+  void moe_router_forward(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs, Tensor& lse,
+                          Tensor& experts, Tensor& weights, const Tensor& bias = Tensor());
+  // dlogits (n, E) (float, logits' dtype) = the gradient through the softmax of
+  //   the top-k weights' gradient dweights (n, k) f32 (through the renormalisation when renormalize),
+  //   + seq_grad[s, e] (f32 (n / T, E), may be undefined) on every probability p[t, e] of sequence s = t / T
+  //     (the per-sequence load-balancing loss: d loss / d p[t, e] is constant over a sequence's tokens),
+  //   + z_scale * 2 * lse[t] on lse[t] (the z-loss z_scale * lse^2).
+  // probs, lse, experts as moe_router_forward wrote them. Overwrites dlogits.
+  void moe_router_backward(const Tensor& probs, const Tensor& lse, const Tensor& experts, const Tensor& dweights,
+                           bool renormalize, const Tensor& seq_grad, int64_t T, float z_scale, Tensor& dlogits);
+  // y (n, C) = sum over j < k of weights[t, j] * rows[pos[t, j]] (rows (R, C), pos i32 (n, k) in [0, R)), summed in
+  // j order; weights undefined: 1 (an expert input's gradient back to its token). rows, y: float, one dtype;
+  // weights f32. y must not alias rows.
+  void moe_combine(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y);
+  // The combine's backward: drows[pos[t, j]] = weights[t, j] * dy[t] (every row of drows is some (t, j)'s: pos is
+  // a permutation of [0, R = n k)), dweights[t, j] = dy[t] . rows[pos[t, j]] (f32, summed in f32).
+  void moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& pos, const Tensor& weights,
+                            Tensor& drows, Tensor& dweights);
   // --- Rotary position embedding as transformers' Llama applies it (rotate-half) ------------------
   // x, y (n, heads * head_dim), row r at position pos0 + r % T; for each head and i < head_dim / 2,
   // a = pos * inv_freq[i], inv_freq[i] = 1 / theta^(2i / head_dim):
@@ -298,6 +322,14 @@ class Backend : public Allocator {
   virtual void swiglu_forward_impl(const Tensor& gate, const Tensor& up, Tensor& h) = 0;
   virtual void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
                                     Tensor& dup) = 0;
+  virtual void moe_router_forward_impl(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs, Tensor& lse,
+                                      Tensor& experts, Tensor& weights, const Tensor& bias) = 0;
+  virtual void moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts,
+                                       const Tensor& dweights, bool renormalize, const Tensor& seq_grad, int64_t T,
+                                       float z_scale, Tensor& dlogits) = 0;
+  virtual void moe_combine_impl(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) = 0;
+  virtual void moe_combine_backward_impl(const Tensor& dy, const Tensor& rows, const Tensor& pos,
+                                        const Tensor& weights, Tensor& drows, Tensor& dweights) = 0;
   virtual void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
                          Tensor& y, const Tensor& positions) = 0;
   virtual void cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,

@@ -231,6 +231,35 @@ void CpuBackend::rmsnorm_backward_weight_impl(const Tensor& dy, const Tensor& x,
     cpu::rmsnorm_backward_weight(ptr<X>(dy), ptr<X>(x), rstd.f32(), dgamma.f32(), rows_of(x), cols_of(x));
   });
 }
+void CpuBackend::moe_router_forward_impl(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs,
+                                         Tensor& lse, Tensor& experts, Tensor& weights, const Tensor& bias) {
+  by_dtype(logits, [&](auto* t) {
+    cpu::moe_router_forward(ptr<X_OF(t)>(logits), probs.f32(), lse.f32(), experts.i32(), weights.f32(),
+                            rows_of(logits), cols_of(logits), k, renormalize, bias.defined() ? bias.f32() : nullptr);
+  });
+}
+void CpuBackend::moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts,
+                                          const Tensor& dweights, bool renormalize, const Tensor& seq_grad, int64_t T,
+                                          float z_scale, Tensor& dlogits) {
+  by_dtype(dlogits, [&](auto* t) {
+    cpu::moe_router_backward(probs.f32(), lse.f32(), experts.i32(), dweights.f32(), renormalize,
+                             seq_grad.defined() ? seq_grad.f32() : nullptr, T, z_scale, ptr<X_OF(t)>(dlogits),
+                             rows_of(probs), cols_of(probs), cols_of(experts));
+  });
+}
+void CpuBackend::moe_combine_impl(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) {
+  by_dtype(y, [&](auto* t) {
+    cpu::moe_combine(ptr<X_OF(t)>(rows), pos.i32(), weights.defined() ? weights.f32() : nullptr, ptr<X_OF(t)>(y),
+                     rows_of(y), cols_of(pos), cols_of(y));
+  });
+}
+void CpuBackend::moe_combine_backward_impl(const Tensor& dy, const Tensor& rows, const Tensor& pos,
+                                           const Tensor& weights, Tensor& drows, Tensor& dweights) {
+  by_dtype(dy, [&](auto* t) {
+    cpu::moe_combine_backward(ptr<X_OF(t)>(dy), ptr<X_OF(t)>(rows), pos.i32(), weights.f32(), ptr<X_OF(t)>(drows),
+                              dweights.f32(), rows_of(dy), cols_of(pos), cols_of(dy));
+  });
+}
 void CpuBackend::swiglu_forward_impl(const Tensor& gate, const Tensor& up, Tensor& h) {
   by_dtype(gate, [&](auto* t) { cpu::swiglu_forward(ptr<X_OF(t)>(gate), ptr<X_OF(t)>(up), ptr<X_OF(t)>(h), h.numel()); });
 }

@@ -78,6 +78,14 @@ class CpuBackend final : public Backend {
   void rmsnorm_backward_input_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
                                    Tensor& dx) override;
   void rmsnorm_backward_weight_impl(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dgamma) override;
+  void moe_router_forward_impl(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs, Tensor& lse,
+                               Tensor& experts, Tensor& weights, const Tensor& bias) override;
+  void moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts, const Tensor& dweights,
+                                bool renormalize, const Tensor& seq_grad, int64_t T, float z_scale,
+                                Tensor& dlogits) override;
+  void moe_combine_impl(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) override;
+  void moe_combine_backward_impl(const Tensor& dy, const Tensor& rows, const Tensor& pos, const Tensor& weights,
+                                 Tensor& drows, Tensor& dweights) override;
   void swiglu_forward_impl(const Tensor& gate, const Tensor& up, Tensor& h) override;
   void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
                             Tensor& dup) override;

@@ -473,6 +473,26 @@ class CudaBackend final : public Backend {
                                  cudaMemcpyDeviceToDevice, stream_));
   }
 
+  // Mixture-of-experts routing is not on the GPU yet: a named error, never a silent fallback.
+  void moe_router_forward_impl(const Tensor&, int64_t, bool, Tensor&, Tensor&, Tensor&, Tensor&, const Tensor&) override {
+    throw Error("moe_router_forward: mixture-of-experts models (model.type = \"mixtral\" or \"qwen3_moe\") are not "
+                "implemented on the CUDA backend yet; run them with train.device = \"cpu\"");
+  }
+  void moe_router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&,
+                                int64_t, float, Tensor&) override {
+    throw Error("moe_router_backward: mixture-of-experts models are not implemented on the CUDA backend yet; run "
+                "them with train.device = \"cpu\"");
+  }
+  void moe_combine_impl(const Tensor&, const Tensor&, const Tensor&, Tensor&) override {
+    throw Error("moe_combine: mixture-of-experts models are not implemented on the CUDA backend yet; run them with "
+                "train.device = \"cpu\"");
+  }
+  void moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                                 Tensor&) override {
+    throw Error("moe_combine_backward: mixture-of-experts models are not implemented on the CUDA backend yet; run "
+                "them with train.device = \"cpu\"");
+  }
+
   void fill_impl(Tensor& x, float value) override {
     bind();
     if (x.dtype() == DType::i32) return cuda::fill_i32(x.i32(), static_cast<int32_t>(value), x.numel(), stream_);

@@ -20,7 +20,7 @@ namespace relay {
 
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   auto* c = app.add_subcommand("generate", "Generate text from a GPT checkpoint (one rank, CPU or GPU)");
-  c->add_option("--checkpoint", o.checkpoint, "Checkpoint file (step_XXXXXXXX.h5) of a language model run (model.type = \"gpt\" or \"llama\")")->required();
+  c->add_option("--checkpoint", o.checkpoint, "Checkpoint file (step_XXXXXXXX.h5) of a language model run (model.type = \"gpt\", \"llama\", \"mixtral\" or \"qwen3_moe\")")->required();
   auto* p = c->add_option("--prompt", o.prompt, "Prompt text");
   auto* pt = c->add_option("--prompt-tokens", o.prompt_tokens, "File of whitespace-separated prompt token ids");
   p->excludes(pt);
@@ -114,6 +114,14 @@ int run_generate_command(const GenerateOptions& o) {
       param->refresh_work(*be);
     }
   Generator gen(*be, cfg, store);
+  if (cfg.moe.expert_bias) {  // the routers' top-k choice as training left it
+    for (auto& [name, shape] : reader.tensors())
+      if (name == "router/expert_bias") {
+        std::vector<float> bias(static_cast<size_t>(shape_numel(shape)));
+        reader.read(name, shape, bias.data());
+        gen.set_expert_bias(bias);
+      }
+  }
   SamplingOptions so;
   so.max_new_tokens = o.max_new_tokens;
   so.temperature = o.temperature;

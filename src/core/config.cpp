@@ -182,6 +182,65 @@ double parse_duration(const std::string& text, const std::string& key) {
   return total;
 }
 
+namespace {
+
+constexpr const char* kMoeKeys[] = {"n_experts", "experts_per_token", "moe_ffn_hidden", "norm_topk_prob",
+                                    "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+                                    "router_z_loss_coef", "head_dim"};
+
+// The mixture-of-experts keys of [model] (model.type = "mixtral" or "qwen3_moe"; refused for "llama").
+void parse_moe_keys(const Section& model, Config::Model& m) {
+  if (!m.is_moe()) {
+    for (const char* k : kMoeKeys)
+      if (model.get(k))
+        model.fail(k, cat("is a mixture-of-experts key; model.type = \"", m.type,
+                          "\" has no experts (use \"mixtral\" or \"qwen3_moe\")"));
+    return;
+  }
+  const bool qwen = m.type == "qwen3_moe";
+  for (const char* k : {"norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "head_dim"})
+    if (!qwen && model.get(k))
+      model.fail(k, cat("is a qwen3_moe key; model.type = \"mixtral\" has ",
+                        std::string(k) == "norm_topk_prob" ? "always renormalised top-k weights"
+                        : std::string(k) == "head_dim"     ? "head size n_embd / n_head"
+                                                           : "experts in every layer"));
+  model.integer("n_experts", m.n_experts, 1, 1 << 16, true);
+  model.integer("experts_per_token", m.experts_per_token, 1, 1 << 16, true);
+  if (m.experts_per_token > m.n_experts)
+    model.fail("experts_per_token", cat("= ", m.experts_per_token, " is more than model.n_experts = ", m.n_experts,
+                                        " (each token picks experts_per_token distinct experts)"));
+  model.integer("moe_ffn_hidden", m.moe_ffn_hidden, 1, int64_t(1) << 24, true);
+  m.norm_topk_prob = !qwen;  // Mixtral renormalises; Qwen3MoeConfig's default is false
+  model.boolean("norm_topk_prob", m.norm_topk_prob);
+  model.integer("decoder_sparse_step", m.decoder_sparse_step, 1, 1 << 16);
+  model.integer("head_dim", m.head_dim, 1, 1 << 16);
+  model.real("router_aux_loss_coef", m.router_aux_loss_coef, 0, 1e6);
+  model.real("router_z_loss_coef", m.router_z_loss_coef, 0, 1e6);
+  if (auto* l = model.get("mlp_only_layers")) {
+    auto* arr = l->as_array();
+    if (!arr) model.fail("mlp_only_layers", cat("expected an array of layer indices, got ", type_name(*l)));
+    for (auto& e : *arr) {
+      if (!e.is_integer() || e.value<int64_t>().value() < 0 || e.value<int64_t>().value() >= m.n_layer)
+        model.fail("mlp_only_layers", cat("every entry must be a layer index in [0, model.n_layer = ", m.n_layer, ")"));
+      m.mlp_only_layers.push_back(e.value<int64_t>().value());
+    }
+  }
+  bool dense = false;
+  for (int64_t i = 0; i < m.n_layer; ++i) dense = dense || !m.moe_layer(i);
+  if (dense && m.ffn_hidden == 0)
+    model.fail("ffn_hidden", "required key is missing: some layers are dense (model.mlp_only_layers, "
+                             "model.decoder_sparse_step) and use a SwiGLU of ffn_hidden units");
+}
+
+}  // namespace
+
+bool Config::Model::moe_layer(int64_t i) const {
+  if (!is_moe()) return false;
+  for (int64_t d : mlp_only_layers)
+    if (d == i) return false;
+  return (i + 1) % decoder_sparse_step == 0;
+}
+
 Config parse_config_text(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
   toml::table root;
   try {
@@ -193,7 +252,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   for (auto& ov : overrides) apply_override(root, ov, source);
 
   const std::set<std::string> sections = {"run", "model", "data", "train", "optimizer", "lr_schedule", "parallel",
-                                          "checkpoint", "trace", "log"};
+                                          "checkpoint", "trace", "log", "moe"};
   for (auto&& [k, v] : root) {
     if (!sections.count(std::string(k.str())))
       throw Error(cat(source, ": unknown section [", k.str(), "] (known: ", Section::join(sections), ")"));
@@ -209,8 +268,10 @@ Config parse_config_text(const std::string& text, const std::string& source, con
 
   Section model(tab("model"), "model", source,
                 {"type", "seed", "init_from", "loss", "layers", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias",
-                 "tie_embeddings", "init_std", "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps"});
-  model.choice("type", c.model.type, {"mlp", "gpt", "llama"});
+                 "tie_embeddings", "init_std", "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps", "n_experts",
+                 "experts_per_token", "moe_ffn_hidden", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+                 "router_aux_loss_coef", "router_z_loss_coef", "head_dim"});
+  model.choice("type", c.model.type, {"mlp", "gpt", "llama", "mixtral", "qwen3_moe"});
   model.u64("seed", c.model.seed);
   model.str("init_from", c.model.init_from);
   model.choice("loss", c.model.loss, {"cross_entropy", "mse"});
@@ -226,7 +287,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     model.integer("n_layer", c.model.n_layer, 1, 1 << 16, true);
     model.integer("n_head", c.model.n_head, 1, 1 << 16, true);
     model.integer("n_embd", c.model.n_embd, 1, int64_t(1) << 20, true);
-    if (c.model.is_llama()) c.model.tie_embeddings = false;  // Llama's default: an untied lm_head
+    if (c.model.llama_like()) c.model.tie_embeddings = false;  // Llama's default: an untied lm_head
     model.boolean("tie_embeddings", c.model.tie_embeddings);
     model.real("init_std", c.model.init_std, 0, 10, true);
     if (c.model.n_embd % c.model.n_head != 0)
@@ -235,26 +296,33 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     if (c.model.is_gpt()) {
       for (const char* k : {"n_kv_head", "ffn_hidden", "rope_theta", "norm_eps"})
         if (model.get(k)) model.fail(k, "is a Llama key; set model.type = \"llama\" to use it");
+      for (const char* k : kMoeKeys)
+        if (model.get(k)) model.fail(k, "is a mixture-of-experts key; set model.type = \"mixtral\" or \"qwen3_moe\"");
       model.boolean("bias", c.model.bias);
     } else {
       if (model.get("bias")) model.fail("bias", "is a GPT key: a Llama model has no biases");
       c.model.bias = false;
       c.model.n_kv_head = c.model.n_head;
       model.integer("n_kv_head", c.model.n_kv_head, 1, 1 << 16);
-      model.integer("ffn_hidden", c.model.ffn_hidden, 1, int64_t(1) << 24, true);
+      model.integer("ffn_hidden", c.model.ffn_hidden, 1, int64_t(1) << 24, c.model.is_llama());
       model.real("rope_theta", c.model.rope_theta, 0, 1e12, true);
       model.real("norm_eps", c.model.norm_eps, 0, 1, true);
       if (c.model.n_head % c.model.n_kv_head != 0)
         model.fail("n_kv_head", cat("= ", c.model.n_kv_head, " must divide model.n_head = ", c.model.n_head,
                                     " (each key/value head serves n_head / n_kv_head query heads)"));
-      if ((c.model.n_embd / c.model.n_head) % 2 != 0)
-        model.fail("n_head", cat("= ", c.model.n_head, " gives head size ", c.model.n_embd / c.model.n_head,
-                                 "; rotary embeddings need an even head size (n_embd / n_head)"));
+      parse_moe_keys(model, c.model);
+      const int64_t hd = c.model.head_dim > 0 ? c.model.head_dim : c.model.n_embd / c.model.n_head;
+      if (hd % 2 != 0)
+        model.fail(c.model.head_dim > 0 ? "head_dim" : "n_head",
+                   cat("gives head size ", hd, "; rotary embeddings need an even head size (",
+                       c.model.head_dim > 0 ? "head_dim" : "n_embd / n_head", ")"));
     }
   } else {
     for (const char* k : {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tie_embeddings", "init_std",
-                          "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps"})
-      if (model.get(k)) model.fail(k, "is a language-model key; set model.type = \"gpt\" or \"llama\" to use it");
+                          "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps", "n_experts", "experts_per_token",
+                          "moe_ffn_hidden", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+                          "router_aux_loss_coef", "router_z_loss_coef", "head_dim"})
+      if (model.get(k)) model.fail(k, "is a language-model key; set model.type = \"gpt\", \"llama\", \"mixtral\" or \"qwen3_moe\" to use it");
     auto* layers = model.get("layers");
     if (!layers) model.fail("layers", "required key is missing");
     if (!layers->is_array()) model.fail("layers", cat("expected an array of tables, got ", type_name(*layers)));
@@ -349,6 +417,9 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
   par.integer("cp", c.parallel.cp, 1, 1 << 12);
   if (c.parallel.cp > 1) {
+    if (c.model.is_moe())  // the load-balancing loss's per-sequence statistics would need summing over cp first
+      par.fail("cp", cat("= ", c.parallel.cp, ": context parallelism of model.type = \"", c.model.type,
+                         "\" is not implemented yet"));
     if (!c.model.is_lm())
       par.fail("cp", cat("= ", c.parallel.cp, " needs model.type = \"gpt\" or \"llama\" (context parallelism splits "
                          "sequences; an MLP model has none)"));
@@ -373,10 +444,14 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     if (c.model.n_head % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_head = ", c.model.n_head,
                          " (each tensor-parallel rank holds whole attention heads)"));
-    if (c.model.is_llama() && c.model.n_kv_head % c.parallel.tp != 0)
+    if (c.model.is_moe())
+      par.fail("tp", cat("= ", c.parallel.tp, ": tensor parallelism of model.type = \"", c.model.type,
+                         "\" (experts split like the dense SwiGLU) is not implemented yet; use parallel.dp and "
+                         "parallel.pp"));
+    if (c.model.llama_like() && c.model.n_kv_head % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_kv_head = ", c.model.n_kv_head,
                          " (each tensor-parallel rank holds whole key/value heads)"));
-    if (c.model.is_llama() && c.model.ffn_hidden % c.parallel.tp != 0)
+    if (c.model.llama_like() && c.model.ffn_hidden % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.ffn_hidden = ", c.model.ffn_hidden));
     if (c.model.vocab_size < c.parallel.tp)
       par.fail("tp", cat("= ", c.parallel.tp, " is more than model.vocab_size = ", c.model.vocab_size));
@@ -420,6 +495,13 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   Section lg(tab("log"), "log", source, {"tensorboard"});
   lg.boolean("tensorboard", c.log.tensorboard);
 
+  Section moe(tab("moe"), "moe", source, {"expert_bias", "bias_update_rate"});
+  moe.boolean("expert_bias", c.moe.expert_bias);
+  moe.real("bias_update_rate", c.moe.bias_update_rate, 0, 1e3);
+  if (c.moe.expert_bias && !c.model.is_moe())
+    moe.fail("expert_bias", cat("= true needs a mixture of experts (model.type = \"mixtral\" or \"qwen3_moe\"), got "
+                                "model.type = \"", c.model.type, "\""));
+
   Section ck(tab("checkpoint"), "checkpoint", source, {"dir", "every", "keep", "save_initial", "resume", "async"});
   ck.str("dir", c.checkpoint.dir);
   ck.integer("every", c.checkpoint.every, 0, INT64_MAX);
@@ -461,9 +543,21 @@ std::string Config::to_toml() const {
     if (model.is_gpt()) o << "\nbias = " << (model.bias ? "true" : "false");
     o << "\ntie_embeddings = " << (model.tie_embeddings ? "true" : "false") << "\ninit_std = " << num(model.init_std)
       << "\n";
-    if (model.is_llama())
-      o << "n_kv_head = " << model.n_kv_head << "\nffn_hidden = " << model.ffn_hidden << "\nrope_theta = "
-        << num(model.rope_theta) << "\nnorm_eps = " << num(model.norm_eps) << "\n";
+    if (model.llama_like())
+      o << "n_kv_head = " << model.n_kv_head << (model.ffn_hidden > 0 ? cat("\nffn_hidden = ", model.ffn_hidden) : "")
+        << "\nrope_theta = " << num(model.rope_theta) << "\nnorm_eps = " << num(model.norm_eps) << "\n";
+    if (model.is_moe()) {
+      o << "n_experts = " << model.n_experts << "\nexperts_per_token = " << model.experts_per_token
+        << "\nmoe_ffn_hidden = " << model.moe_ffn_hidden << "\nrouter_aux_loss_coef = "
+        << num(model.router_aux_loss_coef) << "\nrouter_z_loss_coef = " << num(model.router_z_loss_coef) << "\n";
+      if (model.type == "qwen3_moe") {
+        o << "norm_topk_prob = " << (model.norm_topk_prob ? "true" : "false")
+          << "\ndecoder_sparse_step = " << model.decoder_sparse_step << "\nmlp_only_layers = [";
+        for (size_t i = 0; i < model.mlp_only_layers.size(); ++i) o << (i ? ", " : "") << model.mlp_only_layers[i];
+        o << "]\n";
+        if (model.head_dim > 0) o << "head_dim = " << model.head_dim << "\n";
+      }
+    }
   } else {
     o << "layers = [\n";
     for (auto& l : model.layers) {
@@ -507,6 +601,9 @@ std::string Config::to_toml() const {
     << "\nreshard_after_forward = " << (parallel.reshard_after_forward ? "true" : "false") << "\ntimeout = "
     << q(parallel.timeout) << "\n\n";
   o << "[log]\ntensorboard = " << (log.tensorboard ? "true" : "false") << "\n\n";
+  if (model.is_moe())
+    o << "[moe]\nexpert_bias = " << (moe.expert_bias ? "true" : "false") << "\nbias_update_rate = "
+      << num(moe.bias_update_rate) << "\n\n";
   if (trace.on()) o << "[trace]\nsteps = [" << trace.first << ", " << trace.last << "]\n\n";
   o << "[checkpoint]\ndir = " << q(checkpoint.dir) << "\nevery = " << checkpoint.every << "\nkeep = " << checkpoint.keep
     << "\nsave_initial = " << (checkpoint.save_initial ? "true" : "false") << "\nresume = " << q(checkpoint.resume)

@@ -20,7 +20,7 @@ struct Config {
 
   struct Run { std::string dir = "runs/relay"; } run;
   struct Model {
-    std::string type = "mlp";            // mlp | gpt | llama
+    std::string type = "mlp";            // mlp | gpt | llama | mixtral | qwen3_moe
     // Initial weights: a .safetensors file (PyTorch names) or a Hugging Face model directory; "" = none
     std::string init_from;
     uint64_t seed = 1;
@@ -35,10 +35,26 @@ struct Config {
     // rotary base and RMSNorm epsilon
     int64_t n_kv_head = 0, ffn_hidden = 0;
     double rope_theta = 10000.0, norm_eps = 1e-5;
+    // Mixtures of experts (mixtral: transformers' MixtralForCausalLM; qwen3_moe: Qwen3MoeForCausalLM): Llama's
+    // keys and these. n_experts experts per MoE layer, each a SwiGLU of moe_ffn_hidden units; each token goes to
+    // its experts_per_token (top-k) most probable ones. norm_topk_prob (qwen3_moe; Mixtral always renormalises):
+    // the k weights divided by their sum. qwen3_moe's dense layers (ffn_hidden units): those in mlp_only_layers
+    // and those i with (i + 1) % decoder_sparse_step != 0. head_dim (qwen3_moe): each head's width, 0 = n_embd /
+    // n_head; qwen3_moe also normalises q and k per head (q_norm, k_norm). The training loss adds
+    // router_aux_loss_coef x the per-sequence load-balancing loss and router_z_loss_coef x the z-loss (model/moe.hpp).
+    int64_t n_experts = 0, experts_per_token = 0, moe_ffn_hidden = 0, decoder_sparse_step = 1, head_dim = 0;
+    bool norm_topk_prob = false;
+    std::vector<int64_t> mlp_only_layers;
+    double router_aux_loss_coef = 0.001, router_z_loss_coef = 0.0;
     bool is_gpt() const { return type == "gpt"; }
     bool is_llama() const { return type == "llama"; }
-    // A decoder-only language model over token ids (gpt or llama), as opposed to the MLP.
-    bool is_lm() const { return is_gpt() || is_llama(); }
+    bool is_moe() const { return type == "mixtral" || type == "qwen3_moe"; }
+    // Llama's decoder layer (RMSNorm, rotary grouped-query attention, SwiGLU): llama and the MoE families.
+    bool llama_like() const { return is_llama() || is_moe(); }
+    // Whether decoder layer i of a MoE family routes over experts (qwen3_moe: decoder_sparse_step, mlp_only_layers).
+    bool moe_layer(int64_t i) const;
+    // A decoder-only language model over token ids (gpt, llama or a MoE family), as opposed to the MLP.
+    bool is_lm() const { return is_gpt() || llama_like(); }
   } model;
   struct Data {
     std::string train;
@@ -101,6 +117,13 @@ struct Config {
   struct Log {
     bool tensorboard = false;  // TensorBoard event files under <run.dir>/tb (rank 0)
   } log;
+  // Mixture-of-experts training (model.type = "mixtral" or "qwen3_moe"). expert_bias: DeepSeek-V3's auxiliary-loss-
+  // free balancing: a per-expert bias added to the router's probabilities for the top-k choice only, updated after
+  // every optimizer step from the global batch's token counts, b_e += bias_update_rate x sign(mean(c) - c_e).
+  struct Moe {
+    bool expert_bias = false;
+    double bias_update_rate = 0.001;
+  } moe;
   struct Trace {
     int64_t first = 0, last = -1;  // steps = [first, last]; off when last < first (the default)
     bool on() const { return last >= first && first >= 1; }

@@ -4,6 +4,7 @@
 // A block maps its input activation (rows, in) to (rows, out) and keeps, per micro-batch slot, the
 // tensors its backward needs. Its parameters are handles into the ParamStore (param_store.hpp).
 #pragma once
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,20 @@ enum class BlockKind { linear, relu, gelu, tanh, layernorm, embedding, transform
 // The normalisation a language model's blocks use: GPT-2's LayerNorm or Llama's RMSNorm (weight only).
 enum class NormKind { layernorm, rmsnorm };
 const char* block_kind_name(BlockKind k);
+
+// A decoder layer's mixture of experts (model/moe.hpp); n_experts 0: the layer's MLP is dense.
+struct MoeSpec {
+  int64_t n_experts = 0;
+  int64_t k = 0;             // experts per token (top-k)
+  int64_t ffn_hidden = 0;    // one expert's SwiGLU units
+  bool renormalize = true;   // the k weights divided by their sum (Mixtral; Qwen3-MoE's norm_topk_prob)
+  // The loss's weight on this layer's terms: router_aux_loss_coef / (MoE layers x sequences of the global batch) on
+  // each sequence's aux, router_z_loss_coef / (MoE layers x tokens of the global batch) on each token's lse^2.
+  double aux_weight = 0, z_weight = 0;
+  int layer = -1;            // this layer's place among the model's MoE layers (logs, the expert bias)
+  bool expert_bias = false;  // moe.expert_bias: a per-expert bias on the top-k choice (model/moe.hpp)
+  bool on() const { return n_experts > 0; }
+};
 
 // Everything known about a block before anything is allocated: what the partitioner, `relay plan`,
 // the checkpoint manifest and the factory need. Made by model_spec.cpp, the one place that knows
@@ -36,6 +51,9 @@ struct BlockSpec {
   int64_t n_kv_head = 0;    // llama_layer: key/value heads (grouped-query attention)
   int64_t ffn_hidden = 0;   // llama_layer: SwiGLU hidden units
   double rope_theta = 10000;  // llama_layer: rotary base
+  int64_t head_dim = 0;     // llama_layer: each head's width; 0: in / n_head
+  bool qk_norm = false;     // llama_layer: RMSNorm over each query and key head (Qwen3's q_norm, k_norm)
+  MoeSpec moe;              // llama_layer: its MLP's experts (off: the dense SwiGLU of ffn_hidden units)
   int64_t seq_len = 1;      // T: rows per sequence (language models), 1 for the MLP
   bool bias = true;         // transformer, head: Linear and LayerNorm biases
   bool starts_unit = true;  // a stage may begin here (false for an MLP's parameter-free layer)
@@ -61,6 +79,17 @@ void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, std::ve
 // Tensors one block keeps for one micro-batch in flight (its input is kept by the chunk).
 struct BlockSaved {
   std::vector<Tensor> t;
+};
+
+// What a MoE layer's router saw over one training step (all its micro-batches), for the loss and the logs.
+struct RouterStats {
+  int layer = -1;               // MoeSpec::layer
+  double aux_sum = 0;           // sum over sequences of aux_{l,s} (model/moe.hpp)
+  double z_sum = 0;             // sum over tokens of lse^2
+  std::vector<double> tokens;   // (n_experts) tokens routed to each expert
+  // The smallest gap between a token's k-th and (k+1)-th router probability: where it nears float rounding, two
+  // correct layouts may route that token differently (infinity when k = n_experts).
+  double min_margin = INFINITY;
 };
 
 class Block {
@@ -91,6 +120,12 @@ class Block {
     positions_ = positions;
     q_pos_ = q_pos;
   }
+
+  // Appends this block's router statistics of the training micro-batches since the last call, and resets them
+  // (MoE layers; other blocks have none).
+  virtual void take_router_stats(std::vector<RouterStats>&) {}
+  // moe.expert_bias: every MoE layer's bias, (MoE layers, n_experts) on the host; a MoE layer takes its row.
+  virtual void set_expert_bias(Backend&, const std::vector<float>& /*bias*/) {}
 
   // Generation (relay generate: one rank, whole blocks), one position at a time with a cache.
   // allocate_decode sizes `cache` for n sequences of up to max_len positions (key-value caches and

@@ -1,6 +1,7 @@
 // Forward, backward-input and backward-weight over a chunk's blocks with per-slot buffers.
 #include "model/chunk.hpp"
 
+#include <algorithm>
 #include <set>
 
 #include "core/memory.hpp"
@@ -13,7 +14,15 @@ ModelChunk::ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Block>> 
     : be_(be), id_(id), blocks_(std::move(blocks)), is_first_(is_first), is_last_(is_last),
       alias_output_grad_(alias_output_grad) {
   RELAY_ASSERT(!blocks_.empty(), "chunk " << id << " has no blocks");
-  for (auto& b : blocks_) recomputed_.push_back(recompute && b->spec().recomputable);
+  std::vector<bool> kinds;  // by scratch set: whether its blocks have experts
+  for (auto& b : blocks_) {
+    recomputed_.push_back(recompute && b->spec().recomputable);
+    const bool moe = b->spec().moe.on();
+    auto it = std::find(kinds.begin(), kinds.end(), moe);
+    scratch_of_.push_back(size_t(it - kinds.begin()));
+    if (it == kinds.end()) kinds.push_back(moe);
+  }
+  scratch_.resize(kinds.size());
   first_param_block_ = blocks_.size();
   for (size_t k = 0; k < blocks_.size(); ++k)
     if (!blocks_[k]->params().empty()) { first_param_block_ = k; break; }
@@ -43,20 +52,24 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
   // The sequence layout: document starts (document mask), positions (either), places in the sequence (cp).
   b.slot += 4 * rows * ((documents ? 1 : 0) + (documents || cp > 1 ? 1 : 0) + (cp > 1 ? 1 : 0));
   if (!is_first) b.boundary = act * in_rows * first.in;       // the input gradient sent back
-  int64_t norm_grads = 0;
+  int64_t norm_grads = 0, moe_set = 0, dense_set = 0, scratch_out = 0;
   for (size_t k = 0; k < blocks.size(); ++k) {
     const BlockSpec& s = blocks[k];
     const int64_t w = block_out_width(s, tp, tp_rank), out = block_out_rows(s, rows) * w;
     const bool last = k + 1 == blocks.size(), alias = last && alias_output_grad, sent = last && !is_last;
     b.slot += act * out * (alias || sent ? 1 : 2);  // output (unless sent on) and its gradient
     if (sent) b.boundary += act * out;               // the output sent on
-    if (recompute && s.recomputable) b.scratch = saved_bytes(s, rows, tp) + act * out;  // one set and an output
+    if (recompute && s.recomputable) {  // one set per kind of block (with or without experts) and one output
+      int64_t& set = s.moe.on() ? moe_set : dense_set;
+      set = saved_bytes(s, rows, tp);
+      scratch_out = act * out;
+    }
     else b.slot += saved_bytes(s, rows, tp);
     // Sequence parallelism: a block's norm-weight gradients of a micro-batch before the group's sum (4 x C f32).
     if (s.sp > 1 && (s.kind == BlockKind::transformer || s.kind == BlockKind::llama_layer || s.kind == BlockKind::head))
       norm_grads += 4 * s.in * 4;
   }
-  b.scratch += norm_grads;
+  b.scratch += moe_set + dense_set + scratch_out + norm_grads;
   return b;
 }
 
@@ -101,10 +114,10 @@ ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
       sl.grads[k + 1] = (k + 1 == L && alias_output_grad_) ? sl.acts[k + 1] : Tensor(be_, {r, w}, dt);
       if (!recomputed_[k]) blocks_[k]->allocate_saved(be_, rows, sl.saved[k]);
     }
-    if (scratch_rows_ < rows) {  // every recomputed block sizes the one scratch set (they share shapes)
+    if (scratch_rows_ < rows) {  // each recomputed block sizes its kind's scratch set (the kind's blocks share shapes)
       for (size_t k = 0; k < L; ++k)
         if (recomputed_[k]) {
-          blocks_[k]->allocate_saved(be_, rows, scratch_);
+          blocks_[k]->allocate_saved(be_, rows, scratch_[scratch_of_[k]]);
           scratch_out_ = Tensor(be_, {out_rows(k, rows), blocks_[k]->out_width()}, dt);
         }
       scratch_rows_ = rows;
@@ -115,7 +128,7 @@ ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
   return sl;
 }
 
-BlockSaved& ModelChunk::saved(Slot& sl, size_t k) { return recomputed_[k] ? scratch_ : sl.saved[k]; }
+BlockSaved& ModelChunk::saved(Slot& sl, size_t k) { return recomputed_[k] ? scratch_[scratch_of_[k]] : sl.saved[k]; }
 
 void ModelChunk::set_documents(int mb, int64_t rows, const int32_t* doc_start, const int32_t* positions,
                                const int32_t* q_pos) {

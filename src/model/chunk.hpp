@@ -135,7 +135,10 @@ class ModelChunk {
   std::vector<Boundary> boundaries_;  // by micro-batch
   std::vector<int> slot_of_;
   std::vector<bool> recomputed_;  // per block
-  BlockSaved scratch_;            // the recomputed blocks' intermediates, for scratch_rows_ rows
+  // The recomputed blocks' intermediates, for scratch_rows_ rows: one set per kind of recomputed block (a MoE
+  // model's dense and sparse decoder layers keep different buffers), scratch_of_[k] block k's.
+  std::vector<BlockSaved> scratch_;
+  std::vector<size_t> scratch_of_;
   Tensor scratch_out_;            // (scratch_rows_, C) a recomputed forward's output
   int64_t scratch_rows_ = 0;
   bool documents_ = false;  // set_documents was called: every slot carries a document layout

@@ -29,6 +29,10 @@ class Generator {
   // logits, when given, receives the logits (vocab_size, f32) each new token was drawn from, in order.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingOptions& opt,
                                 std::vector<std::vector<float>>* logits = nullptr);
+  // moe.expert_bias: the checkpoint's bias, (MoE layers, n_experts), for every MoE layer's top-k choice.
+  void set_expert_bias(const std::vector<float>& bias) {
+    for (auto& b : blocks_) b->set_expert_bias(be_, bias);
+  }
 
  private:
   // Runs position t (< block_size) of token `tok` through the model, filling the caches' row t;

@@ -17,39 +17,62 @@
 // parallelism, as GPT-2's block too: (n / tp, C) rows in and out, the norms' outputs all-gathered before the
 // column-parallel projections, reduce-scatters after the row-parallel ones, the RMSNorm weight gradients summed
 // over the group.
+//
+// The same layer is Mixtral's and Qwen3-MoE's (transformers' MixtralDecoderLayer, Qwen3MoeDecoderLayer): with
+// spec.moe on, the MLP is a mixture of experts (model/moe.hpp); with spec.qk_norm (Qwen3), q and k are RMS-normalised
+// per head (q_norm, k_norm over head_dim) before the rotation; spec.head_dim may differ from C / n_head. Neither runs
+// under tensor or context parallelism yet (refused by the config).
 #include "model/blocks.hpp"
+#include "model/moe.hpp"
 
 namespace relay {
 
 namespace {
 
-// Parameter roles, in spec order (model_spec.cpp).
+// Parameter roles, in spec order (model_spec.cpp): norm1, q, k, v, o, [q_norm, k_norm], norm2, then the dense MLP's
+// gate, up, down or the experts' router and (gate, up, down) per expert.
 struct LlamaParams {
-  Param *norm1, *q, *k, *v, *o, *norm2, *gate, *up, *down;
+  Param *norm1, *q, *k, *v, *o, *q_norm = nullptr, *k_norm = nullptr, *norm2, *gate = nullptr, *up = nullptr,
+        *down = nullptr;
 };
 
 class LlamaLayer final : public Block {
  public:
   LlamaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
-      : Block(spec, std::move(params)), tp_(tp), hd_(spec.in / spec.n_head), H_(spec.n_head / tp.size),
-        KV_(spec.n_kv_head / tp.size), F_(spec.ffn_hidden / tp.size),
+      : Block(spec, std::move(params)), tp_(tp), hd_(head_dim(spec)), H_(spec.n_head / tp.size),
+        KV_(spec.n_kv_head / tp.size), F_(spec.moe.on() ? 0 : spec.ffn_hidden / tp.size),
         cp_attn_(cp.on() ? cp.attention : nullptr) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "llama layer: sequence parallelism disagrees");
-    RELAY_ASSERT(params_.size() == 9, "llama layer: " << params_.size() << " params, expected 9");
-    p_ = {params_[0], params_[1], params_[2], params_[3], params_[4], params_[5], params_[6], params_[7], params_[8]};
+    const size_t attn = spec.qk_norm ? 8 : 6;  // norm1, q, k, v, o, [q_norm, k_norm], norm2
+    const size_t want = attn + (spec.moe.on() ? size_t(1 + 3 * spec.moe.n_experts) : 3);
+    RELAY_ASSERT(params_.size() == want, "llama layer: " << params_.size() << " params, expected " << want);
+    p_.norm1 = params_[0], p_.q = params_[1], p_.k = params_[2], p_.v = params_[3], p_.o = params_[4];
+    if (spec.qk_norm) p_.q_norm = params_[5], p_.k_norm = params_[6];
+    p_.norm2 = params_[attn - 1];
+    if (spec.moe.on()) {
+      RELAY_ASSERT(tp.size == 1 && !cp.on(), "llama layer: experts under tensor or context parallelism");
+      moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn));
+    } else {
+      p_.gate = params_[attn], p_.up = params_[attn + 1], p_.down = params_[attn + 2];
+    }
   }
+  static int64_t head_dim(const BlockSpec& spec) { return spec.head_dim > 0 ? spec.head_dim : spec.in / spec.n_head; }
 
   // saved.t: the forward's intermediates, then the gradients backward_input leaves for backward_weight.
   // Widths are this tp rank's: H heads of hd (queries), KV heads (keys, values), F SwiGLU units.
   // Under sequence parallelism the row-wise ones (local()) hold this rank's m = n / tp rows.
+  // Then, sized 0 when unused: q_norm / k_norm's inputs, rstds and output gradients (qk_norm), the attention output's
+  // gradient when it is wider than the rows' C (head_dim x n_head > C), and from kCount the experts' (moe.hpp).
   enum : size_t { kN1, kRstd1, kQ, kK, kV, kLse, kAtty, kRes1, kN2, kRstd2, kGate, kUp, kH,
-                  kGRes1, kGGate, kGUp, kGN2, kGQ, kGK, kGV, kGN1, kCount };
+                  kGRes1, kGGate, kGUp, kGN2, kGQ, kGK, kGV, kGN1, kQraw, kKraw, kRstdQ, kRstdK, kGQn, kGKn, kGAtty,
+                  kCount };
   static bool local(size_t k) {
     return k == kN1 || k == kRstd1 || k == kRes1 || k == kN2 || k == kRstd2 || k == kGRes1 || k == kGN2 || k == kGN1;
   }
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
-    const int64_t C = spec.in, hd = C / spec.n_head, m = n / spec.sp;
-    const int64_t Hq = spec.n_head / tp * hd, Hkv = spec.n_kv_head / tp * hd, F = spec.ffn_hidden / tp;
+    const int64_t C = spec.in, hd = head_dim(spec), m = n / spec.sp;
+    const int64_t Hq = spec.n_head / tp * hd, Hkv = spec.n_kv_head / tp * hd;
+    const int64_t F = spec.moe.on() ? 0 : spec.ffn_hidden / tp;
     const DType a = spec.dtype, f32 = DType::f32;
     std::vector<BufferSpec> s(kCount);
     s[kN1] = {{m, C}, a};
@@ -73,6 +96,16 @@ class LlamaLayer final : public Block {
     s[kGK] = {{n, Hkv}, a};
     s[kGV] = {{n, Hkv}, a};
     s[kGN1] = {{m, C}, a};
+    const bool qk = spec.qk_norm;
+    s[kQraw] = {{qk ? n : 0, Hq}, a};
+    s[kKraw] = {{qk ? n : 0, Hkv}, a};
+    s[kRstdQ] = {{qk ? n : 0, spec.n_head / tp}, f32};
+    s[kRstdK] = {{qk ? n : 0, spec.n_kv_head / tp}, f32};
+    s[kGQn] = {{qk ? n : 0, Hq}, a};
+    s[kGKn] = {{qk ? n : 0, Hkv}, a};
+    s[kGAtty] = {{Hq > C ? n : 0, Hq}, a};
+    if (spec.moe.on())
+      for (const BufferSpec& b : MoeMlp::saved_shapes(spec, n)) s.push_back(b);
     return s;
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
@@ -89,8 +122,10 @@ class LlamaLayer final : public Block {
     Tensor lse = s.t[kLse].rows(0, n);
     const float eps = float(spec_.eps);
     be.rmsnorm_forward(x, p_.norm1->compute(), eps, n1, rstd1);               // (m, C)
+    QkNorm qkn;
+    if (spec_.qk_norm) qkn = {v(kQraw), v(kKraw), v(kRstdQ), v(kRstdK)};
     attention_inputs(be, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"), q, k, val, T,
-                     0);                                                      // (n, Hq), (n, Hkv) x 2, rotated
+                     0, qkn);                                                 // (n, Hq), (n, Hkv) x 2, rotated
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys and values
       cp_attn_->forward(be, q, k, val, T, H_, KV_, q_pos_, doc_start_, atty, lse);  // (n, Hq)
     else
@@ -98,6 +133,11 @@ class LlamaLayer final : public Block {
     tp_.row_parallel_matmul(be, atty, p_.o->compute(), true, res1, "the attention output all-reduce");  // (m, C)
     be.add(res1, x, res1);                                                    // residual 1
     be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
+    if (moe_) {  // the experts (no tensor or sequence parallelism: m == n)
+      moe_->forward(be, n2, y, &s.t[kCount]);                                 // (n, C)
+      be.add(y, res1, y);                                                     // residual 2
+      return;
+    }
     const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
     be.linear(n2_all, p_.gate->compute(), Tensor(), gate);                    // (n, F) column-parallel
     be.linear(n2_all, p_.up->compute(), Tensor(), up);                        // (n, F) column-parallel
@@ -111,25 +151,37 @@ class LlamaLayer final : public Block {
     auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor g_res1 = v(kGRes1), g_gate = v(kGGate), g_up = v(kGUp), g_n2 = v(kGN2), g_q = v(kGQ), g_k = v(kGK),
            g_v = v(kGV), g_n1 = v(kGN1);
-    const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
-    be.matmul(dy_all, false, p_.down->compute(), false, g_gate, 1.f, 0.f);    // (n, F) d h, into d gate's buffer
-    be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);               // (n, F) d gate, d up
-    sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce");  // (m, C) d n2
+    if (moe_) {
+      moe_->backward_input(be, v(kN2), dy, g_n2, &s.t[kCount]);               // (n, C) d n2
+    } else {
+      const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
+      be.matmul(dy_all, false, p_.down->compute(), false, g_gate, 1.f, 0.f);  // (n, F) d h, into d gate's buffer
+      be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
+      sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce");  // (m, C) d n2
+    }
     Tensor tmp = g_n1;                                                        // (m, C) scratch
     be.rmsnorm_backward_input(g_n2, v(kRes1), p_.norm2->compute(), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                  // (m, C) d res1
     const int64_t Hq = H_ * hd_;
     const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
-    Tensor g_atty = g_n1.view({m * spec_.in}).rows(0, n * Hq).view({n, Hq});  // (n, Hq) scratch
+    Tensor g_atty = s.t[kGAtty].size(0) > 0 ? v(kGAtty)                        // (n, Hq) scratch
+                                             : g_n1.view({m * spec_.in}).rows(0, n * Hq).view({n, Hq});
     be.matmul(g_res1_all, false, p_.o->compute(), false, g_atty, 1.f, 0.f);   // (n, Hq) d atty
+    // With q_norm / k_norm the attention's q and k gradients are the normalised ones' (kept for the norms' weights).
+    Tensor g_qa = spec_.qk_norm ? v(kGQn) : g_q, g_ka = spec_.qk_norm ? v(kGKn) : g_k;
     if (cp_attn_)
       cp_attn_->backward(be, g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), T, H_, KV_, q_pos_,
-                         doc_start_, g_q, g_k, g_v);
+                         doc_start_, g_qa, g_ka, g_v);
     else
       be.flash_attention_gqa_backward(g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), n / T, T, H_,
-                                      KV_, g_q, g_k, g_v, doc_start_);
-    be.rope(g_q, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_q, positions_);  // d q before the rotation
-    be.rope(g_k, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_k, positions_);
+                                      KV_, g_qa, g_ka, g_v, doc_start_);
+    be.rope(g_qa, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_qa, positions_);  // d q before the rotation
+    be.rope(g_ka, T, hd_, spec_.rope_theta, 0, /*inverse=*/true, g_ka, positions_);
+    if (spec_.qk_norm) {  // (n H, hd) rows: d q_proj's output from d q_norm's
+      Tensor gq = heads(g_q, H_), gk = heads(g_k, KV_);
+      be.rmsnorm_backward_input(heads(g_qa, H_), heads(v(kQraw), H_), p_.q_norm->compute(), flat(v(kRstdQ)), gq);
+      be.rmsnorm_backward_input(heads(g_ka, KV_), heads(v(kKraw), KV_), p_.k_norm->compute(), flat(v(kRstdK)), gk);
+    }
     sum_over_tp(be, {{g_q, p_.q}, {g_k, p_.k}, {g_v, p_.v}}, g_n1, "the attention input-gradient all-reduce");  // (m, C)
     be.rmsnorm_backward_input(g_n1, x, p_.norm1->compute(), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                   // residual 1
@@ -142,29 +194,50 @@ class LlamaLayer final : public Block {
     if (sp) norm_grads_.begin(be);
     Tensor dnorm1 = sp ? norm_grads_.part(0) : p_.norm1->grad, dnorm2 = sp ? norm_grads_.part(1) : p_.norm2->grad;
     // Under sequence parallelism each operand of (n) rows is gathered when it is needed (one buffer at a time).
-    weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kH), *p_.down);
-    const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
-    weight_grad(be, v(kGGate), n2_all, *p_.gate);
-    weight_grad(be, v(kGUp), n2_all, *p_.up);
+    if (moe_) {
+      moe_->backward_weight(be, v(kN2), &s.t[kCount]);
+    } else {
+      weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kH), *p_.down);
+      const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
+      weight_grad(be, v(kGGate), n2_all, *p_.gate);
+      weight_grad(be, v(kGUp), n2_all, *p_.up);
+    }
     be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), dnorm2);
     weight_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.o);
     const Tensor n1_all = tp_.all_rows(be, v(kN1), "the sequence-parallel all-gather of input_layernorm");
     weight_grad(be, v(kGQ), n1_all, *p_.q);
     weight_grad(be, v(kGK), n1_all, *p_.k);
     weight_grad(be, v(kGV), n1_all, *p_.v);
+    if (spec_.qk_norm) {
+      be.rmsnorm_backward_weight(heads(v(kGQn), H_), heads(v(kQraw), H_), flat(v(kRstdQ)), p_.q_norm->grad);
+      be.rmsnorm_backward_weight(heads(v(kGKn), KV_), heads(v(kKraw), KV_), flat(v(kRstdK)), p_.k_norm->grad);
+    }
     be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), dnorm1);
     if (sp) norm_grads_.finish(be, tp_, {&p_.norm1->grad, &p_.norm2->grad});
   }
 
+  void take_router_stats(std::vector<RouterStats>& out) override {
+    if (moe_) moe_->take_stats(out);
+  }
+  void set_expert_bias(Backend& be, const std::vector<float>& bias) override {
+    if (moe_) moe_->set_bias(be, bias.data() + spec_.moe.layer * spec_.moe.n_experts);
+  }
+
   // Generation: key and value caches (n, max_len, KV hd) and one position's intermediates.
-  enum : size_t { dK, dV, dN, dRstd, dQ, dKn, dVn, dAtty, dRes, dGate, dUp, dH, dCount };
+  enum : size_t { dK, dV, dN, dRstd, dQ, dKn, dVn, dAtty, dRes, dGate, dUp, dH, dQraw, dKraw, dRstdQ, dRstdK, dCount };
   bool can_decode() const override { return !tp_.on(); }
   void allocate_decode(Backend& be, int64_t n, int64_t max_len, BlockSaved& c) override {
-    const int64_t C = spec_.in, Hq = H_ * hd_, Hkv = KV_ * hd_;
+    const int64_t C = spec_.in, Hq = H_ * hd_, Hkv = KV_ * hd_, qk = spec_.qk_norm ? n : 0;
     const DType a = spec_.dtype;
     allocate_buffers(be, {{{n, max_len, Hkv}, a}, {{n, max_len, Hkv}, a}, {{n, C}, a}, {{n}, DType::f32},
                           {{n, Hq}, a}, {{n, Hkv}, a}, {{n, Hkv}, a}, {{n, Hq}, a}, {{n, C}, a},
-                          {{n, F_}, a}, {{n, F_}, a}, {{n, F_}, a}}, c.t);
+                          {{n, F_}, a}, {{n, F_}, a}, {{n, F_}, a}, {{qk, Hq}, a}, {{qk, Hkv}, a}, {{qk, H_}, DType::f32},
+                          {{qk, KV_}, DType::f32}}, c.t);
+    if (moe_) {  // the experts' buffers for n rows after the decode set
+      std::vector<Tensor> m;
+      allocate_buffers(be, MoeMlp::saved_shapes(spec_, n), m);
+      for (Tensor& t : m) c.t.push_back(t);
+    }
   }
   // x, y (n, C) at position t, attending over the cached positions.
   void decode(Backend& be, const Tensor& x, Tensor& y, int64_t t, BlockSaved& c) override {
@@ -172,11 +245,18 @@ class LlamaLayer final : public Block {
     Tensor &res = c.t[dRes], &gate = c.t[dGate], &up = c.t[dUp], &h = c.t[dH];
     const float eps = float(spec_.eps);
     be.rmsnorm_forward(x, p_.norm1->compute(), eps, nrm, rstd);
-    attention_inputs(be, nrm, q, k, val, 1, t);                         // one position per sequence: t
+    QkNorm qkn;
+    if (spec_.qk_norm) qkn = {c.t[dQraw], c.t[dKraw], c.t[dRstdQ], c.t[dRstdK]};
+    attention_inputs(be, nrm, q, k, val, 1, t, qkn);                    // one position per sequence: t
     be.attention_decode_gqa(q, k, val, c.t[dK], c.t[dV], t, H_, KV_, atty);
     be.linear(atty, p_.o->compute(), Tensor(), res);
     be.add(res, x, res);                                                // residual 1
     be.rmsnorm_forward(res, p_.norm2->compute(), eps, nrm, rstd);
+    if (moe_) {
+      moe_->forward(be, nrm, y, &c.t[dCount]);                          // (n, C)
+      be.add(y, res, y);
+      return;
+    }
     be.linear(nrm, p_.gate->compute(), Tensor(), gate);
     be.linear(nrm, p_.up->compute(), Tensor(), up);
     be.swiglu_forward(gate, up, h);                                     // (n, F)
@@ -200,11 +280,29 @@ class LlamaLayer final : public Block {
     if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(sums, out, what);
     else tp_.allreduce_sum(out, what);
   }
-  // q (n, Hq), k, v (n, Hkv) = the projections of n1 (n, C); q and k rotated for rows at positions
-  // pos0 + r % T, or at positions_ (restarting with each document) when set.
-  void attention_inputs(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, int64_t T, int64_t pos0) {
-    be.linear(n1, p_.q->compute(), Tensor(), q);
-    be.linear(n1, p_.k->compute(), Tensor(), k);
+  // Qwen3's per-head norms' buffers: q_proj's and k_proj's outputs (n, Hq), (n, Hkv) and their rstds (n, H), (n, KV).
+  struct QkNorm {
+    Tensor qraw, kraw, rstd_q, rstd_k;
+  };
+  // x (n, heads x hd) as (n heads, hd) rows, one per head; a rstd (n, heads) as (n heads).
+  Tensor heads(const Tensor& x, int64_t h) const { return x.view({x.size(0) * h, hd_}); }
+  static Tensor flat(const Tensor& r) { return r.view({r.numel()}); }
+  // q (n, Hq), k, v (n, Hkv) = the projections of n1 (n, C), q and k RMS-normalised per head when spec.qk_norm (qk
+  // holds the norms' inputs and rstds); q and k rotated for rows at positions pos0 + r % T, or at positions_
+  // (restarting with each document) when set.
+  void attention_inputs(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, int64_t T, int64_t pos0,
+                        QkNorm& qk) {
+    if (spec_.qk_norm) {
+      const float eps = float(spec_.eps);
+      be.linear(n1, p_.q->compute(), Tensor(), qk.qraw);
+      be.linear(n1, p_.k->compute(), Tensor(), qk.kraw);
+      Tensor qh = heads(q, H_), kh = heads(k, KV_), rq = flat(qk.rstd_q), rk = flat(qk.rstd_k);
+      be.rmsnorm_forward(heads(qk.qraw, H_), p_.q_norm->compute(), eps, qh, rq);
+      be.rmsnorm_forward(heads(qk.kraw, KV_), p_.k_norm->compute(), eps, kh, rk);
+    } else {
+      be.linear(n1, p_.q->compute(), Tensor(), q);
+      be.linear(n1, p_.k->compute(), Tensor(), k);
+    }
     be.linear(n1, p_.v->compute(), Tensor(), v);
     be.rope(q, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, q, positions_);
     be.rope(k, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, k, positions_);
@@ -219,6 +317,7 @@ class LlamaLayer final : public Block {
   int64_t hd_, H_, KV_, F_;  // head size; this rank's query heads, key/value heads and SwiGLU units
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   SpNormGrads norm_grads_;  // sequence parallelism: the two RMSNorm weights' gradients
+  std::unique_ptr<MoeMlp> moe_;  // spec.moe on: the experts instead of gate, up and down
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 // (model.seed, name), RMSNorm weights 1.
 #include "model/model_spec.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -152,10 +153,17 @@ ModelSpec gpt_spec(const Config& cfg) {
   return m;
 }
 
+// Llama's decoder, and Mixtral's and Qwen3-MoE's (transformers' names: Mixtral's experts under
+// block_sparse_moe.experts.E.w1 / w3 / w2 (gate, up, down) and its router block_sparse_moe.gate, Qwen3-MoE's under
+// mlp.experts.E.gate_proj / up_proj / down_proj and mlp.gate; Qwen3's per-head q_norm and k_norm).
 ModelSpec llama_spec(const Config& cfg) {
   const auto& c = cfg.model;
   const int64_t V = c.vocab_size, T = c.block_size, C = c.n_embd, L = c.n_layer, F = c.ffn_hidden;
-  const int64_t hd = C / c.n_head, Hq = c.n_head * hd, Hkv = c.n_kv_head * hd;
+  const int64_t hd = c.head_dim > 0 ? c.head_dim : C / c.n_head, Hq = c.n_head * hd, Hkv = c.n_kv_head * hd;
+  const bool mixtral = c.type == "mixtral", qwen = c.type == "qwen3_moe";
+  int64_t moe_layers = 0;
+  for (int64_t i = 0; i < L; ++i) moe_layers += c.moe_layer(i) ? 1 : 0;
+  const double sequences = double(std::max<int64_t>(cfg.train.batch_size, 1));  // of the global batch
   auto w = [&](const std::string& name, Shape shape, TpSplit split = {}) {
     return ParamSpec{name, std::move(shape), ParamInit{ParamInit::normal, c.init_std, name_stream(name), 0}, split};
   };
@@ -182,18 +190,43 @@ ModelSpec llama_spec(const Config& cfg) {
     b.rope_theta = c.rope_theta;
     b.eps = c.norm_eps;
     b.bias = false;
+    b.head_dim = hd;
+    b.qk_norm = qwen;
     b.params = {{p + "input_layernorm.weight", {C}, constant(1)},
                 w(p + "self_attn.q_proj.weight", {Hq, C}, col),
                 w(p + "self_attn.k_proj.weight", {Hkv, C}, col),
                 w(p + "self_attn.v_proj.weight", {Hkv, C}, col),
-                w(p + "self_attn.o_proj.weight", {C, Hq}, row),
-                {p + "post_attention_layernorm.weight", {C}, constant(1)},
-                w(p + "mlp.gate_proj.weight", {F, C}, col),
-                w(p + "mlp.up_proj.weight", {F, C}, col),
-                w(p + "mlp.down_proj.weight", {C, F}, row)};
-    // Per token: 2 x (q, k, v, o) + 2 x 3 C F in the projections, 2 x 2 x T x Hq in QK^T and att @ V.
+                w(p + "self_attn.o_proj.weight", {C, Hq}, row)};
+    if (b.qk_norm) {
+      b.params.push_back({p + "self_attn.q_norm.weight", {hd}, constant(1)});
+      b.params.push_back({p + "self_attn.k_norm.weight", {hd}, constant(1)});
+    }
+    b.params.push_back({p + "post_attention_layernorm.weight", {C}, constant(1)});
+    // Per token: 2 x (q, k, v, o) + 2 x 3 C F in the MLP (2 x (E C + k x 3 C F_moe) with experts), 2 x 2 x T x Hq
+    // in QK^T and att @ V.
+    double mlp_flops = 6.0 * double(C) * double(F);
+    if (c.moe_layer(i)) {
+      const int64_t E = c.n_experts, Fe = c.moe_ffn_hidden;
+      b.moe = {E, c.experts_per_token, Fe, mixtral || c.norm_topk_prob,
+               c.router_aux_loss_coef / (double(moe_layers) * sequences),
+               c.router_z_loss_coef / (double(moe_layers) * sequences * double(T)), 0, cfg.moe.expert_bias};
+      for (const BlockSpec& prev : m.blocks) b.moe.layer += prev.moe.on() ? 1 : 0;
+      const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      b.params.push_back(w(moe + "gate.weight", {E, C}));
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = moe + "experts." + std::to_string(e) + ".";
+        b.params.push_back(w(x + (mixtral ? "w1.weight" : "gate_proj.weight"), {Fe, C}));
+        b.params.push_back(w(x + (mixtral ? "w3.weight" : "up_proj.weight"), {Fe, C}));
+        b.params.push_back(w(x + (mixtral ? "w2.weight" : "down_proj.weight"), {C, Fe}));
+      }
+      mlp_flops = 2.0 * double(C) * double(E) + double(c.experts_per_token) * 6.0 * double(C) * double(Fe);
+    } else {
+      b.params.push_back(w(p + "mlp.gate_proj.weight", {F, C}, col));
+      b.params.push_back(w(p + "mlp.up_proj.weight", {F, C}, col));
+      b.params.push_back(w(p + "mlp.down_proj.weight", {C, F}, row));
+    }
     b.attn_flops = 4.0 * double(T) * double(Hq);
-    b.flops = 2.0 * double(C) * double(2 * Hq + 2 * Hkv) + 6.0 * double(C) * double(F) + b.attn_flops;
+    b.flops = 2.0 * double(C) * double(2 * Hq + 2 * Hkv) + mlp_flops + b.attn_flops;
     b.recomputable = true;
     m.blocks.push_back(std::move(b));
   }
@@ -236,7 +269,7 @@ std::string ModelSpec::tp_shard(int tp, int r) const {
 }
 
 ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
-  ModelSpec m = cfg.model.is_gpt() ? gpt_spec(cfg) : cfg.model.is_llama() ? llama_spec(cfg) : mlp_spec(cfg, input_dim);
+  ModelSpec m = cfg.model.is_gpt() ? gpt_spec(cfg) : cfg.model.llama_like() ? llama_spec(cfg) : mlp_spec(cfg, input_dim);
   for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
   for (BlockSpec& b : m.blocks) b.dtype = compute_dtype(cfg.train.precision);
   if (cfg.parallel.sequence_parallel && m.language_model && cfg.parallel.tp > 1)

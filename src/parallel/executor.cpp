@@ -221,6 +221,8 @@ StepStats Executor::run_step(const StepData& data) {
     if (tracer_) trace(a, m0, compute);
     watchdog_progress();  // an action done: answer the watchdog's questions
   }
+  for (auto& [c, ch] : chunks_)
+    for (const auto& b : ch->blocks()) b->take_router_stats(st.routers);
   st.step_s = now_s() - t_step;
   return st;
 }

@@ -39,6 +39,7 @@ struct StepStats {
   double pipeline_wait_s = 0;   // of which in receives of activations and gradients
   double allreduce_wait_s = 0;  // of which in the all-reduces at the end of the step
   double step_s = 0;
+  std::vector<RouterStats> routers;  // this rank's MoE layers' router statistics of the step
 };
 
 class Executor {

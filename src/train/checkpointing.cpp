@@ -144,6 +144,13 @@ void send_tensors(CheckpointContext& ctx, const std::vector<ManifestEntry>& mani
   }
 }
 
+// moe.expert_bias: (MoE layers, n_experts), every rank holds it whole, so rank 0's copy; no name when off.
+CheckpointTensor expert_bias_tensor(CheckpointContext& ctx) {
+  if (!ctx.expert_bias) return {};
+  return {"router/expert_bias", {int64_t(ctx.expert_bias->size()) / ctx.n_experts, ctx.n_experts}, *ctx.expert_bias,
+          nullptr, {}};
+}
+
 CheckpointImage image_header(CheckpointContext& ctx, int64_t step) {
   const ProcessGrid& g = ctx.grid;
   CheckpointImage img;
@@ -200,6 +207,7 @@ CheckpointImage gather_checkpoint(CheckpointContext& ctx, int64_t step, std::sha
     img.tensors.push_back(CheckpointTensor{e.name, e.shape, {}, at, {}});
     at += shape_numel(e.shape);
   }
+  if (CheckpointTensor bias = expert_bias_tensor(ctx); !bias.name.empty()) img.tensors.push_back(std::move(bias));
   img.copied_s = now_s();
   return img;
 }
@@ -256,6 +264,7 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step) {
   };
   for (size_t i = 0; i < manifest.size(); ++i)
     img.tensors.push_back(CheckpointTensor{manifest[i].name, manifest[i].shape, {}, nullptr, [&fetch, i] { return fetch(i); }});
+  if (CheckpointTensor bias = expert_bias_tensor(ctx); !bias.name.empty()) img.tensors.push_back(std::move(bias));
   agree_on_errors(MPI_COMM_WORLD, [&] {
     try {
       write_checkpoint_image(img, watchdog_progress);
@@ -402,6 +411,17 @@ int64_t load_checkpoint(CheckpointContext& ctx, const std::string& path) {
       src = shard.data();
     }
     ctx.be.upload(*lp.tensor, src + lp.offset);
+  }
+  if (ctx.expert_bias) {
+    const Shape want{int64_t(ctx.expert_bias->size()) / ctx.n_experts, ctx.n_experts};
+    auto it = in_file.find("router/expert_bias");
+    if (it == in_file.end())
+      throw Error(cat(where, ": tensor router/expert_bias ", shape_str(want), " is missing, but moe.expert_bias = true "
+                             "(the checkpoint was written without it; hint: moe.expert_bias = false)"));
+    if (it->second != want)
+      throw Error(cat(where, ": tensor router/expert_bias has shape ", shape_str(it->second), " but the model expects ",
+                      shape_str(want)));
+    reader.read("router/expert_bias", want, ctx.expert_bias->data());
   }
   ctx.optimizer.set_step_count(meta.optimizer_step);
   return meta.step;

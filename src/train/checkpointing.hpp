@@ -31,6 +31,10 @@ struct CheckpointContext {
   std::string tokenizer;  // a GPT model's data tokenizer ("bytes" | "gpt2" | "hf"), stored for `relay generate`
   // ZeRO-3: this rank's pieces of the parameters (GradBuckets::optimizer_slices), which hold them; empty otherwise.
   std::vector<OptimSlice> param_pieces = {};
+  // moe.expert_bias: the run's bias, (MoE layers, n_experts) on every rank; saved as router/expert_bias (rank 0 holds
+  // it whole) and read back by every rank. Null without it.
+  std::vector<float>* expert_bias = nullptr;
+  int64_t n_experts = 0;
 };
 
 // Every tensor a checkpoint of this model and optimizer holds, with its owning pipeline rank.

@@ -118,6 +118,13 @@ void MetricsLog::train(const StepRecord& r) {
   }
   if (r.restarts > 0) j["restarts"] = r.restarts;
   j["skipped_steps"] = r.skipped_steps;
+  if (r.moe) {
+    j["aux_loss"] = number(r.aux_loss);
+    j["z_loss"] = number(r.z_loss);
+    j["expert_load_max"] = r.expert_load_max;
+    j["expert_load_mean"] = r.expert_load_mean;
+    if (std::isfinite(r.router_margin)) j["router_margin_min"] = number(r.router_margin);
+  }
   j["rss_mib"] = number(r.rss_mib);
   j["rss_max_mib"] = number(r.rss_max_mib);
   j["peak_rss_max_mib"] = number(r.peak_rss_max_mib);
@@ -131,6 +138,14 @@ void MetricsLog::train(const StepRecord& r) {
         {"train/skipped_steps", double(r.skipped_steps)}};
     if (tokens_per_sample_ > 0) v.emplace_back("train/tokens_per_s", tokens_per_s);
     if (r.mfu >= 0) v.emplace_back("train/mfu", r.mfu);
+    if (r.moe) {
+      v.emplace_back("train/aux_loss", r.aux_loss);
+      v.emplace_back("train/z_loss", r.z_loss);
+      for (size_t l = 0; l < r.expert_load_max.size(); ++l) {
+        v.emplace_back(cat("train/expert_load_max/layer_", l), r.expert_load_max[l]);
+        v.emplace_back(cat("train/expert_load_mean/layer_", l), r.expert_load_mean[l]);
+      }
+    }
     tensorboard(r.step, v);
   }
 }

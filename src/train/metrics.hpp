@@ -28,6 +28,12 @@ struct StepRecord {
   double slowest_compute_s = 0, median_compute_s = 0;
   int64_t restarts = 0;  // in-job restarts of this allocation before this run (RELAY_RESTART_COUNT)
   int64_t skipped_steps = 0;  // steps skipped so far for a non-finite loss or gradient norm (train.skip_nonfinite)
+  // MoE models (this step's, not the window's): the mean load-balancing loss and z-loss (loss holds them times
+  // their coefficients) and per MoE layer the largest and the mean tokens per expert.
+  bool moe = false;
+  double aux_loss = 0, z_loss = 0;
+  std::vector<double> expert_load_max, expert_load_mean;
+  double router_margin = 0;  // the smallest k-th minus (k+1)-th router probability of any token (model/block.hpp)
 };
 
 // This process's peak resident set size in MiB (VmHWM in /proc/self/status), 0 where unavailable.

@@ -60,6 +60,9 @@ struct Run {
   double predicted_bubble = 0;
   bool verify_tied = false;  // RELAY_VERIFY_TIED=1: check the tied copies are bitwise equal every step
   int64_t nonfinite_in_a_row = 0;  // consecutive steps skipped for a non-finite loss or gradient norm
+  // moe.expert_bias: every MoE layer's bias, (MoE layers, n_experts), the same on every rank (each computes every
+  // layer's update from the world's token counts); checkpointed as router/expert_bias. Empty without it.
+  std::vector<float> expert_bias;
 
   explicit Run(const Config& c) : cfg(c) {}
 };

@@ -3,6 +3,7 @@
 // (the loss, stop flag and gradient norm are reduced every step).
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -71,7 +72,64 @@ struct StepResult {
   bool stop = false;  // a stop signal or the time limit, agreed by every rank
   bool skipped = false;  // a non-finite loss or gradient norm: no update (train.skip_nonfinite)
   StepStats stats;
+  // MoE models: the means of the load-balancing and z losses (model/moe.hpp; in `loss` with their coefficients) and
+  // each MoE layer's largest and mean token count per expert over the global batch.
+  double aux_loss = 0, z_loss = 0, margin = INFINITY;
+  std::vector<double> load_max, load_mean;
+  std::vector<double> tokens;  // (MoE layers, n_experts) tokens routed to each expert over the global batch
 };
+
+// moe.expert_bias: every block of this rank takes its layer's row of the run's bias.
+void push_expert_bias(Run& r) {
+  for (auto& ch : r.chunks)
+    for (const auto& b : ch->blocks()) b->set_expert_bias(*r.be, r.expert_bias);
+}
+
+// moe.expert_bias after an optimizer step (DeepSeek-V3, arXiv:2412.19437): b_e += rate x sign(mean(c) - c_e), c the
+// global batch's token counts of the layer; the same on every rank (the counts are the world's).
+void update_expert_bias(Run& r, const StepResult& res) {
+  const int64_t E = int64_t(res.tokens.size() / res.load_mean.size());
+  const float rate = float(r.cfg.moe.bias_update_rate);
+  for (size_t l = 0; l < res.load_mean.size(); ++l)
+    for (int64_t e = 0; e < E; ++e) {
+      const double c = res.tokens[l * size_t(E) + size_t(e)], mean = res.load_mean[l];
+      float& b = r.expert_bias[l * size_t(E) + size_t(e)];
+      b += c < mean ? rate : c > mean ? -rate : 0.f;
+    }
+  push_expert_bias(r);
+}
+
+// MoE models: the routers' statistics summed over every rank (a layer's once: tp rank 0's), into res; returns the
+// loss's router terms, router_aux_loss_coef x mean aux + router_z_loss_coef x mean lse^2.
+double router_terms(Run& r, StepResult& res) {
+  const Config::Model& mc = r.cfg.model;
+  int64_t layers = 0, E = 0;
+  for (const BlockSpec& b : r.layout.model.blocks)
+    if (b.moe.on()) ++layers, E = b.moe.n_experts;
+  if (layers == 0) return 0;
+  std::vector<double> sums(size_t(2 + layers * E), 0.0);  // aux, z, then (layer, expert) token counts
+  if (r.grid.tp_rank == 0)
+    for (const RouterStats& s : res.stats.routers) {
+      sums[0] += s.aux_sum;
+      sums[1] += s.z_sum;
+      for (int64_t e = 0; e < E; ++e) sums[size_t(2 + s.layer * E + e)] += s.tokens[size_t(e)];
+    }
+  r.world->allreduce_host(sums.data(), int(sums.size()), ReduceOp::sum, "the router statistics reduction");
+  for (const RouterStats& s : res.stats.routers) res.margin = std::min(res.margin, s.min_margin);
+  r.world->allreduce_host(&res.margin, 1, ReduceOp::min, "the router margin reduction");
+  const double seqs = double(r.cfg.train.batch_size) * double(layers);
+  res.aux_loss = sums[0] / seqs;
+  res.z_loss = sums[1] / (seqs * double(r.layout.model.seq_len));
+  res.tokens.assign(sums.begin() + 2, sums.end());
+  for (int64_t l = 0; l < layers; ++l) {
+    const double* t = sums.data() + 2 + l * E;
+    res.load_max.push_back(*std::max_element(t, t + E));
+    double total = 0;
+    for (int64_t e = 0; e < E; ++e) total += t[e];
+    res.load_mean.push_back(total / double(E));
+  }
+  return mc.router_aux_loss_coef * res.aux_loss + mc.router_z_loss_coef * res.z_loss;
+}
 
 // A step with a non-finite loss or gradient norm (every rank decides alike). train.skip_nonfinite
 // consecutive ones are skipped, as Megatron-LM skips an iteration whose gradients overflowed: no
@@ -141,6 +199,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   r.world->allreduce_host(flags, 2, ReduceOp::max, "the stop-flag reduction");
   res.loss = loss_sum / (data.counted_targets > 0 ? double(data.counted_targets)
                                                  : double(cfg.train.batch_size) * double(r.layout.model.seq_len));
+  res.loss += router_terms(r, res);
   res.stop = flags[0] > 0;
   res.lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, cfg.train.steps);
   // The same decision on every rank: a max-reduced flag, and sums every rank received alike.
@@ -155,6 +214,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
   r.optimizer->step(res.lr);
   r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica
+  if (!r.expert_bias.empty()) update_expert_bias(r, res);
   span("optimizer", "optimizer_step", kTrackCompute, m_opt);  // norm, reductions, clipping, update
   if (r.verify_tied && !r.buckets->params_sharded()) verify_tied_copies(r, step);
   return res;
@@ -350,12 +410,20 @@ int run_training(const Config& cfg, const RunPrediction& plan) {
   CheckpointContext ckpt{cfg, g, r.layout, *r.be, *r.world, *r.dp_comm, r.params, *r.optimizer, r.train_data.samples(),
                          r.train_data.tokens ? r.train_data.tokens->tokenizer() : std::string()};
   if (r.buckets->params_sharded()) ckpt.param_pieces = r.buckets->optimizer_slices();  // ZeRO-3
+  if (cfg.moe.expert_bias) {  // zero until a checkpoint says otherwise
+    int64_t layers = 0;
+    for (const BlockSpec& b : r.layout.model.blocks)
+      if (b.moe.on()) ++layers, ckpt.n_experts = b.moe.n_experts;
+    r.expert_bias.assign(size_t(layers * ckpt.n_experts), 0.f);
+    ckpt.expert_bias = &r.expert_bias;
+  }
   std::string resume_path;
   agree_on_errors(MPI_COMM_WORLD, [&] {
     resume_path = resolve_resume_path(cfg);
     if (!resume_path.empty()) r.start_step = load_checkpoint(ckpt, resume_path);
     else if (!cfg.model.init_from.empty()) load_init_from(ckpt, cfg.model.init_from);
     for (auto& [name, p] : r.params) p->refresh_work(*r.be);  // bf16 copies of the loaded masters
+    if (!r.expert_bias.empty()) push_expert_bias(r);
   });
   mem_reset_peaks();  // the peaks the report gives are the steps', not setup's or a checkpoint load's
   const std::string placement = placement_table(r);
@@ -469,6 +537,12 @@ int run_training(const Config& cfg, const RunPrediction& plan) {
         rec.slowest_compute_s = times.slowest_compute_s;
         rec.median_compute_s = times.median_compute_s;
         rec.restarts = restart.count;
+        rec.moe = !res.load_max.empty();
+        rec.aux_loss = res.aux_loss;
+        rec.z_loss = res.z_loss;
+        rec.expert_load_max = res.load_max;
+        rec.expert_load_mean = res.load_mean;
+        rec.router_margin = res.margin;
         log->train(rec);
         window_t0 = t;
       }

@@ -213,7 +213,8 @@ def train(cfg, weights, tokens, run, dtype, autocast=False, make_model=None):
     """Trains a GPT from weights {name: array} with run's data order, AdamW, clipping and schedule.
 
     make_model: another module to train instead of nanoGPT's GPT(cfg) (tests/torch/test_llama_reference.py
-    trains transformers' LlamaForCausalLM): make_model() -> a module mapping idx (B, T) to logits (B, T, V).
+    trains transformers' LlamaForCausalLM): make_model() -> a module mapping idx (B, T) to logits (B, T, V); one
+    with an extra_loss() method has its value (of the last forward) added to the loss.
     run: dict(steps, batch_size, shuffle, data_seed, lr, betas, eps, weight_decay, clip, schedule), and for a
     document mask eot (the end-of-text token) and reset_positions: the model gets document_layout's mask and
     positions, and the position whose input is eot has its target ignored (ignore_index, out of the mean).
@@ -244,6 +245,8 @@ def train(cfg, weights, tokens, run, dtype, autocast=False, make_model=None):
             logits = model(x, **kw)  # (B, T, V)
         # The mean over the counted targets: all B*T, or all but a document mask's ignored ones.
         loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1), ignore_index=-100)
+        if hasattr(model, "extra_loss"):  # terms the model adds to the loss (tests/torch/test_moe_reference.py's router)
+            loss = loss + model.extra_loss()
         loss.backward()
         if run["clip"] > 0:
             norm = torch.nn.utils.clip_grad_norm_(params.values(), run["clip"])

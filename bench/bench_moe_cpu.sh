@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Mixture-of-experts CPU benchmark (measures, never fails): tokens/s of Relay's model.type = "mixtral" and
+# "qwen3_moe" against the dense Llama with the same active parameters per token, and against transformers'
+# MixtralForCausalLM / Qwen3MoeForCausalLM (bench/torch_moe.py, PyTorch 2.x from PyPI; fp32 and bf16 autocast),
+# back to back per model, on the small byte-level configs:
+#   llama-small   configs/llama-small-bytes.toml    (dense: SwiGLU 352)
+#   mixtral-small configs/mixtral-small-bytes.toml  (8 experts of 176, top 2: 352 active SwiGLU units)
+#   qwen3-small   configs/qwen3-moe-small-bytes.toml (layer 0 dense 352, then 8 experts of 176, top 2)
+# every one V 256, T 64, 4 layers, 4 heads sharing 2 kv heads, 128 wide, batch 16, 1 micro-batch.
+# tokens/s: mean of the per-step tokens/s after the first max(2, steps / 4) steps.
+# "vs dense": relay tokens/s / relay llama-small's at the same precision (the issue's target: >= 0.75 in bf16);
+# "vs torch": relay / torch2 at the same precision (target: >= 2 in bf16 for qwen3_moe).
+# check: ok when every run's first loss is within 5% of ln(V) (a small-init model starts near uniform).
+# Usage: bench/bench_moe_cpu.sh [relay binary (build/relay)] [steps (20)] [threads (all cores)]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/cpu_info.sh
+RELAY=$(realpath "${1:-build/relay}")
+STEPS=${2:-20}
+THREADS=${3:-$(nproc)}
+((STEPS >= 3)) || { echo "bench_moe_cpu.sh: steps must be >= 3 (got $STEPS)" >&2; exit 2; }
+work=$(mktemp -d /tmp/relay-bench-moe-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+SKIP=$((STEPS / 4 > 2 ? STEPS / 4 : 2))
+T=64
+B=16
+
+torch2=""
+if torch2=$(/usr/bin/python3 tests/torch/pypi_venv.py hf 2>"$work/venv.err"); then :; else torch2=""; fi
+
+printf "# Relay MoE CPU benchmark: %d threads, %d steps (the first %d skipped), T %d, batch %d\n" "$THREADS" "$STEPS" \
+  "$SKIP" "$T" "$B"
+cpu_info
+printf "# torch2: %s\n" "${torch2:-not available: $(tail -c 300 "$work/venv.err" | tr '\n' ' ')}"
+/usr/bin/python3 - "$work/tokens.h5" $((B * T * (STEPS + 2) + 1)) <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "w") as f:
+    f.create_dataset("tokens", data=np.random.default_rng(1).integers(0, 256, int(sys.argv[2]), dtype=np.int32))
+    f.attrs["vocab_size"], f.attrs["tokenizer"] = 256, "bytes"
+PY
+
+relay_run() {  # config precision -> "tokens/s loss1" or "n/a"
+  local dir="$work/run-$(basename "$1" .toml)-$2"
+  if ! OMP_NUM_THREADS=$THREADS "$RELAY" train --config "$1" --set "run.dir=\"$dir\"" \
+      --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' --set "train.precision=\"$2\"" \
+      --set train.steps="$STEPS" --set train.log_every=1 --set train.batch_size=$B --set train.micro_batches=1 \
+      --set lr_schedule.warmup_steps=0 --set train.threads="$THREADS" --set model.block_size=$T >"$dir.out" 2>&1; then
+    echo "# relay $(basename "$1") $2: n/a: $(grep -m1 -i error "$dir.out" || tail -n1 "$dir.out")" >>"$work/notes"
+    echo n/a; return
+  fi
+  python3 - "$dir/metrics.jsonl" "$SKIP" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+w = [x["tokens_per_s"] for x in r if x["step"] > int(sys.argv[2])]
+print("%.1f %.4f" % (sum(w) / len(w), r[0]["loss"]))
+PY
+}
+torch_run() {  # config mode -> "tokens/s loss1" or "n/a"
+  local out
+  [[ -z $torch2 ]] && { echo n/a; return; }
+  if ! out=$(OMP_NUM_THREADS=$THREADS "$torch2" bench/torch_moe.py "$1" "$STEPS" "$THREADS" $T $B "$2" "$SKIP" 2>&1); then
+    echo "# torch2 $(basename "$1") $2: n/a: $(echo "$out" | tail -n1)" >>"$work/notes"
+    echo n/a; return
+  fi
+  echo "$out" | tail -n1 | sed -n 's/.*tokens_per_s \([0-9.]*\) .*loss1 \([0-9.na]*\).*/\1 \2/p'
+}
+
+printf "#%-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s\n" "model" "relay fp32" "relay bf16" "torch2 fp32" \
+  "torch2 bf16" "vs dense" "vs dense" "vs torch" "vs torch" "check"
+printf "#%-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s\n" "" "(tok/s)" "(tok/s)" "(tok/s)" "(tok/s autocast)" "fp32" \
+  "bf16" "fp32" "bf16" ""
+dense32="" dense16=""
+for row in "llama-small configs/llama-small-bytes.toml" "mixtral-small configs/mixtral-small-bytes.toml" \
+           "qwen3-small configs/qwen3-moe-small-bytes.toml"; do
+  read -r name config <<<"$row"
+  r32=$(relay_run "$config" fp32); r16=$(relay_run "$config" bf16)
+  if [[ $name == llama-small ]]; then t32=n/a t16=n/a; dense32=$r32 dense16=$r16
+  else t32=$(torch_run "$config" fp32); t16=$(torch_run "$config" bf16); fi
+  python3 - "$name" "$r32" "$r16" "$t32" "$t16" "$dense32" "$dense16" <<'PY'
+import math, sys
+name, *runs = sys.argv[1:]
+r = [None if x in ("n/a", "") else [float(v) for v in x.split()] for x in runs]
+tps = lambda x: "n/a" if x is None else "%.1f" % x[0]
+ratio = lambda a, b: "n/a" if a is None or b is None else "%.2fx" % (a[0] / b[0])
+ok = all(abs(x[1] - math.log(256)) <= 0.05 * math.log(256) for x in r[:4] if x is not None)
+print(" %-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s" % (name, tps(r[0]), tps(r[1]), tps(r[2]), tps(r[3]),
+      ratio(r[0], r[4]), ratio(r[1], r[5]), ratio(r[0], r[2]), ratio(r[1], r[3]), "ok" if ok else "BAD"))
+PY
+done
+[[ -s $work/notes ]] && { echo; cat "$work/notes"; }
+load_at_end
