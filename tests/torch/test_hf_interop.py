@@ -23,7 +23,6 @@ test_hf_interop.py <relay binary>; exit 77 = skipped (the venv cannot be made).
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -40,8 +39,8 @@ if "--inside" not in sys.argv:  # re-run this file with the venv's python
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from safetensors.numpy import load_file as load_numpy  # noqa: E402
+from hf_harness import Harness  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 import transformers  # noqa: E402
 from transformers import (AutoModelForCausalLM, BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel,  # noqa: E402
@@ -51,65 +50,15 @@ torch.set_num_threads(1)
 TOL = 1e-5  # relative: one fp32 forward pass in two libraries
 T = 32      # block_size
 CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
-passed = 0
 EVAL_TOKENS = None  # the eval file's tokens (bytes)
 # A run that keeps its initial weights: step-0 checkpoint, one step with lr 0, eval after it.
 STILL = ["--set", "train.steps=1", "--set", "optimizer.lr=0.0", "--set", "optimizer.weight_decay=0.0",
          "--set", "train.eval_every=1", "--set", "checkpoint.save_initial=true"]
 
 
-def run(cmd, ranks=1, expect=0):
-    cmd = ([RELAY] if ranks == 1 else ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), RELAY]) + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
-    if (r.returncode == 0) != (expect == 0) or (expect and r.returncode != expect):
-        print(r.stdout[-3000:] + r.stderr[-3000:])
-        sys.exit(f"FAILED: {' '.join(cmd)} exited {r.returncode}, expected {expect}")
-    return r
-
-
-def ok(msg):
-    global passed
-    passed += 1
-    print(f"ok {passed}: {msg}")
-
-
-def eval_losses(run_dir):
-    return {j["step"]: j["eval_loss"] for j in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl")))
-            if "eval_loss" in j}
-
-
-def close(a, b, what):
-    rel = abs(a - b) / max(1e-12, abs(b))
-    if rel > TOL:
-        sys.exit(f"FAILED {what}: {a!r} vs {b!r} (relative {rel:.2e} > {TOL})")
-    return rel
-
-
-def hf_eval_loss(model, tokens):
-    """transformers' mean cross-entropy over the eval file's windows, as Relay's eval reads them."""
-    n = (len(tokens) - 1) // T
-    x = torch.tensor(np.stack([tokens[s * T:s * T + T] for s in range(n)]).astype(np.int64))
-    y = torch.tensor(np.stack([tokens[s * T + 1:s * T + T + 1] for s in range(n)]).astype(np.int64))
-    with torch.no_grad():
-        logits = model(input_ids=x).logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), y.reshape(-1)).item()
-
-
-def relay_tensors(run_dir, step, tmp):
-    """Relay's checkpoint tensors at `step` (Relay's names and shapes), through relay ckpt export."""
-    out = os.path.join(tmp, f"{os.path.basename(run_dir)}_{step}.safetensors")
-    run(["ckpt", "export", f"{run_dir}/checkpoints/step_{step:08d}.h5", "--out", out])
-    return load_numpy(out)
-
-
-def expect_error(cmd, needles, ranks=1):
-    """Exit 1 with one error line that holds every needle."""
-    r = run(cmd, ranks, expect=1)
-    lines = sorted({ln.split("error: ", 1)[1] for ln in r.stderr.splitlines() if "error: " in ln})
-    if len(lines) != 1 or not all(n in lines[0] for n in needles):
-        print(r.stderr[-3000:])
-        sys.exit(f"FAILED: expected one error line naming {needles}, got {lines}")
-    return lines[0]
+H = Harness(RELAY, ENV, TOL, T)
+run, ok, eval_losses, close = H.run, H.ok, H.eval_losses, H.close
+hf_eval_loss, relay_tensors, expect_error = H.hf_eval_loss, H.relay_tensors, H.expect_error
 
 
 def randomized(m):
@@ -335,4 +284,4 @@ norm_eps = 1e-5""")
                         ['model_type "llama"', "LlamaForCausalLM", 'model.type = "gpt"'])
     ok(f"a Llama directory for a GPT run: exit 1, {line}")
 
-    print(f"{passed} passed, 0 failed (transformers {transformers.__version__}, torch {torch.__version__})")
+    print(f"{H.passed} passed, 0 failed (transformers {transformers.__version__}, torch {torch.__version__})")

@@ -18,10 +18,8 @@ Bad input (exit 1, one line): a Mixtral directory for a qwen3_moe run, and a key
 The packages live in the cached venv relay-torch2 (tests/torch/pypi_venv.py). Usage:
 test_moe_hf_interop.py <relay binary>; exit 77 = skipped (the venv cannot be made).
 """
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -38,8 +36,8 @@ if "--inside" not in sys.argv:  # re-run this file with the venv's python
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from safetensors.numpy import load_file as load_numpy  # noqa: E402
+from hf_harness import Harness  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 import transformers  # noqa: E402
 from transformers import (AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,  # noqa: E402
@@ -48,7 +46,6 @@ from transformers import (AutoModelForCausalLM, MixtralConfig, MixtralForCausalL
 torch.set_num_threads(1)
 TOL = 1e-5
 T = 32
-passed = 0
 STILL = ["--set", "train.steps=1", "--set", "optimizer.lr=0.0", "--set", "optimizer.weight_decay=0.0",
          "--set", "train.eval_every=1", "--set", "checkpoint.save_initial=true"]
 COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -57,55 +54,9 @@ COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention
               pad_token_id=None, experts_implementation="eager")
 
 
-def run(cmd, ranks=1, expect=0):
-    cmd = ([RELAY] if ranks == 1 else ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), RELAY]) + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
-    if (r.returncode == 0) != (expect == 0) or (expect and r.returncode != expect):
-        print(r.stdout[-3000:] + r.stderr[-3000:])
-        sys.exit(f"FAILED: {' '.join(cmd)} exited {r.returncode}, expected {expect}")
-    return r
-
-
-def ok(msg):
-    global passed
-    passed += 1
-    print(f"ok {passed}: {msg}")
-
-
-def eval_losses(run_dir):
-    return {j["step"]: j["eval_loss"] for j in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl")))
-            if "eval_loss" in j}
-
-
-def close(a, b, what):
-    rel = abs(a - b) / max(1e-12, abs(b))
-    if rel > TOL:
-        sys.exit(f"FAILED {what}: {a!r} vs {b!r} (relative {rel:.2e} > {TOL})")
-    return rel
-
-
-def hf_eval_loss(model, tokens):
-    n = (len(tokens) - 1) // T
-    x = torch.tensor(np.stack([tokens[s * T:s * T + T] for s in range(n)]).astype(np.int64))
-    y = torch.tensor(np.stack([tokens[s * T + 1:s * T + T + 1] for s in range(n)]).astype(np.int64))
-    with torch.no_grad():
-        logits = model(input_ids=x).logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), y.reshape(-1)).item()
-
-
-def relay_tensors(run_dir, step, tmp):
-    out = os.path.join(tmp, f"{os.path.basename(run_dir)}_{step}.safetensors")
-    run(["ckpt", "export", f"{run_dir}/checkpoints/step_{step:08d}.h5", "--out", out])
-    return load_numpy(out)
-
-
-def expect_error(cmd, needles, ranks=1):
-    r = run(cmd, ranks, expect=1)
-    lines = sorted({ln.split("error: ", 1)[1] for ln in r.stderr.splitlines() if "error: " in ln})
-    if len(lines) != 1 or not all(n in lines[0] for n in needles):
-        print(r.stderr[-3000:])
-        sys.exit(f"FAILED: expected one error line naming {needles}, got {lines}")
-    return lines[0]
+H = Harness(RELAY, ENV, TOL, T)
+run, ok, eval_losses, close = H.run, H.ok, H.eval_losses, H.close
+hf_eval_loss, relay_tensors, expect_error = H.hf_eval_loss, H.relay_tensors, H.expect_error
 
 
 def random_model(family, seed):
@@ -250,4 +201,4 @@ norm_eps = 1e-5"""
                          "--set", f'model.init_from="{tmp}/hf_mixtral"', "--set", "model.n_experts=8"],
                         ["config.json num_local_experts = 4 but model.n_experts = 8"])
     ok(f"an expert count that differs: exit 1, {line}")
-    print(f"{passed} passed, 0 failed (transformers {transformers.__version__}, torch {torch.__version__})")
+    print(f"{H.passed} passed, 0 failed (transformers {transformers.__version__}, torch {torch.__version__})")
