@@ -251,14 +251,9 @@ TEST_F(GpuTraining, Zero2And3MatchSerial) {
       const auto a = read_losses(dir_.file(name)), b = read_losses(dir_.file(z1));
       ASSERT_EQ(a.size(), b.size());
       for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * std::abs(b[i])) << name << " step " << i + 1;
-      const double lr = 0.002, tol = 5 * lr / 256;
-      const auto x = read_checkpoint(ckpt(name, 6)), y = read_checkpoint(ckpt(z1, 6));
-      ASSERT_EQ(x.size(), y.size());
-      for (auto& [t, v] : x) {
-        ASSERT_TRUE(y.count(t)) << name << ": " << t;
-        ASSERT_EQ(v.size(), y.at(t).size()) << t;
-        for (size_t i = 0; i < v.size(); ++i) ASSERT_NEAR(v[i], y.at(t)[i], tol) << name << " tensors: " << t << "[" << i << "]";
-      }
+      const double lr = 0.002;
+      expect_tensors_within(read_checkpoint(ckpt(name, 6)), read_checkpoint(ckpt(z1, 6)), 0.0, 5 * lr / 256,
+                            name + " tensors");
     }
   }
 }
