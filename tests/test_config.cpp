@@ -161,6 +161,14 @@ TEST(Config, MixtureOfExperts) {
   expect_error({"model.mlp_only_layers=[0]"}, "model.mlp_only_layers", "qwen3_moe key", moe);
   expect_error({"parallel.tp=2"}, "parallel.tp", "not implemented yet", moe);
   expect_error({"parallel.cp=2"}, "parallel.cp", "not implemented yet", moe);
+  // Expert parallelism: ep divides dp and n_experts; ZeRO-2/3 not yet; only for mixtures of experts.
+  expect_error({"parallel.dp=4", "parallel.ep=3"}, "parallel.ep", "must divide parallel.dp = 4", moe);
+  expect_error({"parallel.dp=8", "parallel.ep=8"}, "parallel.ep", "must divide model.n_experts = 4", moe);
+  expect_error({"parallel.dp=2", "parallel.ep=2", "optimizer.zero=2"}, "parallel.ep", "optimizer.zero = 2", moe);
+  expect_error({"parallel.dp=2", "parallel.ep=2"}, "parallel.ep", "needs a mixture of experts", kBase);
+  EXPECT_EQ(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=2"}).parallel.ep, 2);
+  EXPECT_EQ(parse_config_text(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=4"}).to_toml(),
+                              "effective.toml").parallel.ep, 4);
   expect_error({"model.type=\"llama\"", "model.ffn_hidden=16"}, "model.n_experts", "mixture-of-experts key", moe);
   // Qwen3-MoE: dense layers need ffn_hidden; explicit head_dim; mlp_only_layers within the model.
   Config q = parse_config_text(moe, "cfg.toml", {"model.type=\"qwen3_moe\"", "model.head_dim=6",

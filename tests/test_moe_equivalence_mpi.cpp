@@ -1,9 +1,9 @@
 // Mixtures of experts keep Relay's guarantee: every layout gives the serial run's result up to floating-point
 // reordering. The real binary trains a 4-layer Mixtral and a Qwen3-MoE (8 experts, top 2, aux and z losses on) on
-// the GPT equivalence test's token file for 6 steps under mpirun, over data parallelism, every pipeline schedule,
-// uneven stages, ZeRO-1, recomputation and the aux-loss-free expert bias (moe.expert_bias); every step's loss, every step's token count per expert and every final
-// tensor (parameters and AdamW state) is compared with the serial run, and every rank's memory with the plan's. The experts are ordinary parameters, so
-// nothing in data or pipeline parallelism knows of them.
+// the GPT equivalence test's token file for 6 steps under mpirun, over data parallelism, expert parallelism (ep 2
+// and 4, with and without copies of each expert), every pipeline schedule, uneven stages, ZeRO-1, recomputation and
+// the aux-loss-free expert bias (moe.expert_bias); every step's loss, every step's token count per expert and every
+// final tensor (parameters and AdamW state) is compared with the serial run, and every rank's memory with the plan's.
 //
 // Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities agree to rounding may be
 // routed differently by two correct layouts. The serial run's smallest such margin (metrics.jsonl's
@@ -17,6 +17,8 @@
 #include <fstream>
 #include <map>
 #include <memory>
+
+#include <hdf5.h>
 
 #include <nlohmann/json.hpp>
 
@@ -35,9 +37,11 @@ struct Case {
   int m = 1;
   std::string balance;
   bool zero = false, recompute = false;
+  int ep = 1;
   int ranks() const { return dp * pp; }
   std::string name() const {
-    std::string s = model + "_dp" + std::to_string(dp) + "_pp" + std::to_string(pp) + "_" + schedule + "_m" +
+    std::string s = model + "_dp" + std::to_string(dp) + (ep > 1 ? "_ep" + std::to_string(ep) : "") + "_pp" +
+                    std::to_string(pp) + "_" + schedule + "_m" +
                     std::to_string(m) + (balance.empty() ? "" : "_uneven") + (zero ? "_zero" : "") +
                     (recompute ? "_recompute" : "");
     for (auto& c : s) if (c == '-') c = '_';
@@ -123,7 +127,8 @@ TEST_P(MoeEquivalence, MatchesSerialRun) {
   std::string run = dir_->file(c.name());
   auto ov = model_overrides(c.model);
   ov.insert(ov.end(), {"run.dir=\"" + run + "\"", "parallel.dp=" + std::to_string(c.dp),
-                       "parallel.pp=" + std::to_string(c.pp), "parallel.schedule=\"" + c.schedule + "\"",
+                       "parallel.pp=" + std::to_string(c.pp), "parallel.ep=" + std::to_string(c.ep),
+                       "parallel.schedule=\"" + c.schedule + "\"",
                        "train.micro_batches=" + std::to_string(c.m),
                        "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
                        std::string("optimizer.zero=") + (c.zero ? "true" : "false"),
@@ -155,10 +160,18 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivalence,
                                            Case{"mixtral", 2, 2, "zb-h1", 2, "", true},
                                            Case{"qwen3_moe", 1, 3, "1f1b", 4, "[1, 3, 2]"},
                                            Case{"qwen3_moe", 2, 2, "gpipe", 2, "", false, true},
-                                           Case{"mixtral_bias", 2, 2, "1f1b", 2, "", true}),
+                                           Case{"mixtral_bias", 2, 2, "1f1b", 2, "", true},
+                                           // Expert parallelism: the experts split over 2 or 4 of the dp ranks; with
+                                           // dp 4 x ep 2 each expert has two copies (summed, ZeRO-1 sharded).
+                                           Case{"mixtral", 2, 1, "1f1b", 2, "", false, false, 2},
+                                           Case{"mixtral", 4, 1, "1f1b", 1, "", true, false, 2},
+                                           Case{"qwen3_moe", 4, 1, "gpipe", 2, "", false, true, 4},
+                                           Case{"mixtral", 2, 2, "zb-h1", 2, "", false, false, 2},
+                                           Case{"mixtral_bias", 2, 2, "interleaved", 4, "", true, true, 2}),
                          [](const auto& info) { return info.param.name(); });
 
-// Two runs of one layout give the same bits (the routing plan, the per-expert GEMMs and every sum have a fixed order).
+// Two runs of one layout (dp 2 x ep 2 x pp 2) give the same bits (the routing plan, the all-to-alls' row order, the
+// per-expert GEMMs and every sum have a fixed order).
 TEST(MoeModel, BitwiseAcrossRuns) {
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
@@ -166,8 +179,9 @@ TEST(MoeModel, BitwiseAcrossRuns) {
   for (int i = 0; i < 2; ++i) {
     auto ov = model_overrides("qwen3_moe");
     ov.insert(ov.end(), {"run.dir=\"" + dir.file("run" + std::to_string(i)) + "\"", "train.steps=2",
-                         "lr_schedule.warmup_steps=0", "parallel.pp=2", "train.micro_batches=2"});
-    RunResult r = train(2, p.config, ov);
+                         "lr_schedule.warmup_steps=0", "parallel.pp=2", "parallel.dp=2", "parallel.ep=2",
+                         "train.micro_batches=2"});
+    RunResult r = train(4, p.config, ov);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     auto t = read_checkpoint(dir.file("run" + std::to_string(i)) + "/checkpoints/step_00000002.h5");
     if (i == 0) first = t;
@@ -175,9 +189,10 @@ TEST(MoeModel, BitwiseAcrossRuns) {
   }
 }
 
-// Layout-free checkpoints: a Mixtral run on dp 2 x pp 2 and the same run stopped at step 3 and resumed serially
-// reach the same losses and final tensors (the experts are whole per-expert tensors in the checkpoint), with
-// moe.expert_bias on: the bias resumes from the checkpoint's router/expert_bias.
+// Layout-free checkpoints: a Mixtral run on dp 4 x ep 4 (each rank holds 2 of the 8 experts) and the same run stopped
+// at step 3 and resumed serially (ep 4 -> 1) and on dp 2 x ep 2 x pp 2 reach the same losses and final tensors (the
+// experts are whole per-expert tensors in the checkpoint), with moe.expert_bias on: the bias resumes from the
+// checkpoint's router/expert_bias.
 TEST(MoeModel, ResumesOnAnotherLayout) {
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
@@ -189,14 +204,65 @@ TEST(MoeModel, ResumesOnAnotherLayout) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return dir.file(name);
   };
-  const std::string a = run_of("a", 4, {"parallel.dp=2", "parallel.pp=2", "train.micro_batches=2"});
-  const std::string b = run_of("b", 1, {"checkpoint.resume=\"" + a + "/checkpoints/step_00000003.h5\""});
-  const auto la = read_losses(a), lb = read_losses(b);  // b's metrics hold steps 4-6
+  const std::string a = run_of("a", 4, {"parallel.dp=4", "parallel.ep=4"});
+  const std::string at3 = "checkpoint.resume=\"" + a + "/checkpoints/step_00000003.h5\"";
+  const std::string b = run_of("b", 1, {at3});
+  const std::string c = run_of("c", 4, {at3, "parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "train.micro_batches=2"});
+  const auto la = read_losses(a);
   ASSERT_EQ(la.size(), 6u);
-  ASSERT_EQ(lb.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(lb[i], la[i + 3], kAbs + kRel * std::abs(la[i + 3])) << "step " << i + 4;
-  expect_tensors_within(read_checkpoint(b + "/checkpoints/step_00000006.h5"),
-                        read_checkpoint(a + "/checkpoints/step_00000006.h5"), kRel, kAbs, "resumed serially");
+  for (const std::string& resumed : {b, c}) {
+    const auto lb = read_losses(resumed);  // its metrics hold steps 4-6
+    ASSERT_EQ(lb.size(), 3u) << resumed;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(lb[i], la[i + 3], kAbs + kRel * std::abs(la[i + 3])) << resumed << ": step " << i + 4;
+    expect_tensors_within(read_checkpoint(resumed + "/checkpoints/step_00000006.h5"),
+                          read_checkpoint(a + "/checkpoints/step_00000006.h5"), kRel, kAbs, "resumed on another layout");
+  }
+}
+
+// Experts that receive no token under expert parallelism: the step-0 checkpoint's router/expert_bias is set to 1 for
+// experts 0 and 1 (and the update rate to 0), so every token's top 2 are those two, both held by ep rank 0 of dp 2 x
+// ep 2: rank 1's experts receive no row in any micro-batch, it sends all of its rows away, and nothing hangs or
+// changes: losses and final tensors equal the serial run from the same checkpoint.
+TEST(MoeModel, ExpertsWithoutTokensUnderExpertParallelism) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  auto ov_of = [&](const std::string& name, std::vector<std::string> extra) {
+    auto ov = model_overrides("mixtral_bias");
+    ov.insert(ov.end(), {"run.dir=\"" + dir.file(name) + "\"", "moe.bias_update_rate=0", "train.steps=3"});
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    return ov;
+  };
+  RunResult r0 = train(1, p.config, ov_of("init", {"checkpoint.save_initial=true", "train.steps=1", "lr_schedule.warmup_steps=0"}));
+  ASSERT_EQ(r0.exit_code, 0) << r0.output;
+  const std::string init = dir.file("init") + "/checkpoints/step_00000000.h5";
+  {  // every MoE layer's bias: (4 layers, 8 experts)
+    std::vector<float> bias(32, 0.f);
+    for (int l = 0; l < 4; ++l) bias[size_t(l * 8)] = bias[size_t(l * 8 + 1)] = 1.f;
+    const hid_t f = H5Fopen(init.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const hid_t d = H5Dopen2(f, "router/expert_bias", H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    EXPECT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, bias.data()), 0);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  const std::string resume = "checkpoint.resume=\"" + init + "\"";
+  RunResult a = train(1, p.config, ov_of("serial", {resume}));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  RunResult b = train(2, p.config, ov_of("ep", {resume, "parallel.dp=2", "parallel.ep=2", "train.micro_batches=2"}));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const Steps sa = read_steps(dir.file("serial")), sb = read_steps(dir.file("ep"));
+  ASSERT_EQ(sa.losses.size(), 3u);
+  ASSERT_EQ(sb.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(sb.losses[i], sa.losses[i], kAbs + kRel * std::abs(sa.losses[i])) << "step " << i + 1;
+    for (size_t l = 0; l < sb.load_max[i].size(); ++l)  // two experts hold every token: mean = 2 max / 8
+      EXPECT_EQ(sb.load_mean[i][l] * 8, 2 * sb.load_max[i][l]) << "layer " << l << " at step " << i + 1;
+  }
+  expect_tensors_within(read_checkpoint(dir.file("ep") + "/checkpoints/step_00000003.h5"),
+                        read_checkpoint(dir.file("serial") + "/checkpoints/step_00000003.h5"), kRel, kAbs,
+                        "ep 2 with idle experts against the serial run");
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include "core/rng.hpp"
 #include "io/dataset.hpp"
 #include "model/model_spec.hpp"
+#include "model/expert_parallel.hpp"
+#include "model/moe.hpp"
 #include "parallel/process_grid.hpp"
 #include "parallel/simulator.hpp"
 #include "parallel/trace.hpp"
@@ -195,6 +197,36 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
 void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
   const int R = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp);
   if (R <= 1) return;
+  if (layout.ep > 1) {  // ZeRO-0 or 1 (the config refuses more): dense gradients over R replicas, experts' over R / ep
+    int64_t dense = 0, expert = 0;
+    for (int c = 0; c < layout.num_chunks(); c += layout.pp)
+      for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i) {
+        const BlockSpec& b = layout.blocks()[size_t(i)];
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          const int64_t e = expert_of_param(b, j);
+          if (e < 0) dense += shape_numel(b.params[j].shape);
+          else if (expert_owner(e, b.moe.n_experts, layout.ep) == 0) expert += shape_numel(b.params[j].shape);
+        }
+      }
+    const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4;
+    std::printf("\ndata-parallel collectives per step on each rank of pp rank 0 (gradients in %s):\n", wire == 2 ? "bf16" : "fp32");
+    auto line = [&](const char* what, int64_t numel, int r) {
+      if (r <= 1) {
+        std::printf("  %s: %s MiB, no other copy: nothing to reduce\n", what, mib(int64_t(wire * double(numel))).c_str());
+        return;
+      }
+      const double ring = double(r - 1) / r, g = wire * double(numel), p = 4.0 * double(numel);
+      if (cfg.optimizer.zero)
+        std::printf("  %s over %d ranks, ZeRO-1: reduce-scatter %s MiB and all-gather %s MiB, %s MiB sent\n", what, r,
+                    mib(int64_t(g)).c_str(), mib(int64_t(p)).c_str(), mib(int64_t(ring * (g + p))).c_str());
+      else
+        std::printf("  %s over %d ranks: all-reduce %s MiB, %s MiB sent\n", what, r, mib(int64_t(g)).c_str(),
+                    mib(int64_t(2 * ring * g)).c_str());
+    };
+    line("dense gradients", dense, R);
+    line("expert gradients", expert, R / layout.ep);
+    return;
+  }
   const ZeroTwoBuckets z = zero2_buckets(cfg, layout, 0, 0, R);
   const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4, ring = double(R - 1) / R;
   const double grads = wire * double(z.total_padded), params = 4.0 * double(z.total_padded);
@@ -241,6 +273,51 @@ void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
                 static_cast<long long>(z.pool_buffers), mb(4.0 * double(z.pool_elements)).c_str());
 }
 
+// Expert parallelism: which experts each ep rank holds, and per pp rank the bytes of its experts' weights, gradients and
+// optimizer state and of the all-to-all buffers (parts of the memory table's columns).
+void print_experts(const Config& cfg, const ModelLayout& layout) {
+  const int ep = layout.ep;
+  if (ep <= 1) return;
+  int64_t E = 0, k = 0;
+  for (const BlockSpec& b : layout.blocks())
+    if (b.moe.on()) E = b.moe.n_experts, k = b.moe.k;
+  const int edp = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp) / ep;
+  const bool zero = cfg.optimizer.zero && edp > 1;
+  const int64_t act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
+  const int64_t moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
+  const int64_t n = micro_batch_rows(cfg) * layout.model.seq_len / cfg.parallel.cp;  // rows of a micro-batch
+  std::printf("\nexpert parallelism: ep %d of the %lld dp ranks; each MoE layer's %lld experts, %lld per rank:\n", ep,
+              static_cast<long long>(cfg.parallel.dp), static_cast<long long>(E), static_cast<long long>(E / ep));
+  for (int r = 0; r < ep; ++r) {
+    std::string ranks;
+    for (int d = r; d < cfg.parallel.dp && d < r + 8 * ep; d += ep) ranks += cat(ranks.empty() ? "" : ", ", d);
+    if (r + 8 * ep < cfg.parallel.dp) ranks += ", ...";
+    std::printf("  ep rank %d (dp ranks %s): experts %lld..%lld of every MoE layer\n", r, ranks.c_str(),
+                static_cast<long long>(r * (E / ep)), static_cast<long long>((r + 1) * (E / ep) - 1));
+  }
+  std::printf("  each expert's gradients summed over %d rank%s%s; a micro-batch's rows of a MoE layer reach their "
+              "experts and come back in all-to-alls (at most ep x %lld tokens x min(k = %lld, %lld) rows received: "
+              "dropless)\n", edp, edp > 1 ? "s" : "", zero ? " (ZeRO-1: its optimizer state sharded over them)" : "",
+              static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(E / ep));
+  for (int p = 0; p < layout.pp; ++p) {
+    int64_t numel = 0, exchange = 0;
+    for (int c = p; c < layout.num_chunks(); c += layout.pp)
+      for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i) {
+        const BlockSpec& b = layout.blocks()[size_t(i)];
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          const int64_t e = expert_of_param(b, j);
+          if (e >= 0 && expert_owner(e, E, ep) == 0) numel += shape_numel(b.params[j].shape);
+        }
+        if (b.moe.on()) exchange += MoeMlp::exchange_bytes(b, n);
+      }
+    const int64_t weights = 4 * numel + (act != 4 ? act * numel : 0);
+    const int64_t grads = 4 * numel + (zero ? 4 * numel / edp : 0), state = moments * 4 * (zero ? numel / edp : numel);
+    std::printf("  pp %d: its experts' weights %s MiB, gradients %s MiB, optimizer state %s MiB; all-to-all buffers %s "
+                "MiB per micro-batch in flight (in the activations)\n",
+                p, mib(weights).c_str(), mib(grads).c_str(), mib(state).c_str(), mib(exchange).c_str());
+  }
+}
+
 void print_sim(const char* title, const ScheduleShape& shape, const SimResult& sim) {
   std::printf("\n%s\n%s", title, render_grid(shape, sim).c_str());
   std::printf("bubble fraction %.4f (idle time / (ranks x makespan)); makespan %.4g\n", sim.bubble_fraction,
@@ -266,9 +343,10 @@ int run_plan_command(const PlanOptions& o) {
   shape.tied = !layout.shared_params().empty();
   const int64_t dp = cfg.parallel.dp, m = cfg.train.micro_batches, rows = micro_batch_rows(cfg);
   const int64_t tp = cfg.parallel.tp, cp = cfg.parallel.cp;
-  std::printf("plan for %s: dp %lld x %stp %lld x pp %lld = %lld ranks, schedule %s, v = %d, %lld micro-batches of %lld "
+  std::printf("plan for %s: dp %lld%s x %stp %lld x pp %lld = %lld ranks, schedule %s, v = %d, %lld micro-batches of %lld "
               "samples\n",
-              cfg.source.c_str(), static_cast<long long>(dp), cp > 1 ? cat("cp ", cp, " x ").c_str() : "",
+              cfg.source.c_str(), static_cast<long long>(dp),
+              cfg.parallel.ep > 1 ? cat(" (ep ", cfg.parallel.ep, ")").c_str() : "", cp > 1 ? cat("cp ", cp, " x ").c_str() : "",
               static_cast<long long>(tp), static_cast<long long>(cfg.parallel.pp),
               static_cast<long long>(dp * cp * tp * cfg.parallel.pp), cfg.parallel.schedule.c_str(), shape.v,
               static_cast<long long>(m), static_cast<long long>(rows));
@@ -293,6 +371,7 @@ int run_plan_command(const PlanOptions& o) {
   print_layout(cfg, layout);
   print_memory(cfg, layout);
   print_data_parallel(cfg, layout);
+  print_experts(cfg, layout);
   auto lists = generate_all(shape);
   SimResult eq = simulate(shape, lists, Costs{});
   print_sim("schedule with equal F, B and W costs (F = forward, B = backward-input, W = backward-weight):", shape, eq);

@@ -45,6 +45,11 @@ class Communicator {
   virtual RequestPtr ireduce_scatter_sum(const Tensor& in, Tensor& out) = 0;
   virtual RequestPtr iallgather(Tensor& buf) = 0;
   virtual void broadcast(Tensor& t, int root) = 0;
+  // Expert parallelism's exchange, blocking and watched: send's first send_rows[0] rows (dim 0) go to member 0, the
+  // next send_rows[1] to member 1, and so on; recv gets recv_rows[p] rows from each member p, in member order. Both
+  // tensors have the same dtype and row width; the counts agree pairwise (exchange them with alltoall_host first).
+  virtual void alltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                             const std::vector<int64_t>& recv_rows, const std::string& what) = 0;
 
   // Blocking reductions of a few host doubles (losses, norms, flags); always exact and ordered.
   // `what` names the reduction in the progress watchdog's message.
@@ -52,6 +57,8 @@ class Communicator {
   // Every member's `count` host doubles into all (size x count, member order) on root; all is not
   // touched elsewhere. Blocking and watched, like allreduce_host (per-rank timings, memory reports).
   virtual void gather_f64(const double* mine, int count, double* all, int root, const std::string& what) = 0;
+  // send (size x count host int64s): block p to member p; recv (size x count): block p from member p. Blocking, watched.
+  virtual void alltoall_host(const int64_t* send, int64_t* recv, int count, const std::string& what) = 0;
   virtual void barrier() = 0;
 
   // Blocking transfers of host bytes, for reports, traces and checkpoints (on GPU communicators they

@@ -59,6 +59,35 @@ void host_recv(MPI_Comm comm, void* data, size_t bytes, int peer, int tag, int w
   }
 }
 
+void host_alltoall(MPI_Comm comm, const int64_t* send, int64_t* recv, int count, const std::string& what) {
+  MPI_Request req;
+  MPI_CHECK(MPI_Ialltoall(send, count, MPI_INT64_T, recv, count, MPI_INT64_T, comm, &req));
+  watchdog_wait(&req, what);
+}
+
+void host_alltoall_rows(MPI_Comm comm, const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, size_t row_bytes, const std::string& what) {
+  // Counts in rows of one contiguous type (row_bytes bytes), so a peer's share may exceed 2 GiB.
+  const size_t n = send_rows.size();
+  std::vector<int> sc(n), sd(n), rc(n), rd(n);  // (size) counts and displacements, in rows
+  int64_t s_at = 0, r_at = 0;
+  for (size_t p = 0; p < n; ++p) {
+    RELAY_ASSERT(s_at <= std::numeric_limits<int>::max() && r_at <= std::numeric_limits<int>::max(),
+                 "an all-to-all of more than 2^31 rows");
+    sc[p] = int(send_rows[p]), sd[p] = int(s_at), rc[p] = int(recv_rows[p]), rd[p] = int(r_at);
+    s_at += send_rows[p];
+    r_at += recv_rows[p];
+  }
+  RELAY_ASSERT(row_bytes <= size_t(std::numeric_limits<int>::max()), "rows of " << row_bytes << " bytes");
+  MPI_Datatype row;
+  MPI_CHECK(MPI_Type_contiguous(int(row_bytes), MPI_BYTE, &row));
+  MPI_CHECK(MPI_Type_commit(&row));
+  MPI_Request req;
+  MPI_CHECK(MPI_Ialltoallv(send, sc.data(), sd.data(), row, recv, rc.data(), rd.data(), row, comm, &req));
+  watchdog_wait(&req, what);
+  MPI_Type_free(&row);
+}
+
 int world_rank_in(MPI_Comm comm, int rank) {
   MPI_Group group, world;
   MPI_CHECK(MPI_Comm_group(comm, &group));

@@ -19,6 +19,13 @@ std::vector<std::byte> host_gather(MPI_Comm comm, const void* data, size_t bytes
 void host_send(MPI_Comm comm, const void* data, size_t bytes, int peer, int tag, int world_peer, const std::string& what);
 void host_recv(MPI_Comm comm, void* data, size_t bytes, int peer, int tag, int world_peer, const std::string& what);
 
+// Collective over comm: send (size x count int64s) block p to member p, recv block p from member p.
+void host_alltoall(MPI_Comm comm, const int64_t* send, int64_t* recv, int count, const std::string& what);
+// Collective over comm: rows of row_bytes bytes, send_rows[p] of send's (in member order) to member p, recv_rows[p]
+// from member p into recv (in member order).
+void host_alltoall_rows(MPI_Comm comm, const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, size_t row_bytes, const std::string& what);
+
 // The world rank of member `rank` of comm.
 int world_rank_in(MPI_Comm comm, int rank);
 

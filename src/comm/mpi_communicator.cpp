@@ -185,6 +185,32 @@ void MpiCommunicator::broadcast(Tensor& t, int root) {
   if (rank_ != root) be_.upload(t, host.data());
 }
 
+void MpiCommunicator::alltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                                    const std::vector<int64_t>& recv_rows, const std::string& what) {
+  RELAY_ASSERT(int(send_rows.size()) == size_ && int(recv_rows.size()) == size_, "all-to-all counts of another group");
+  RELAY_ASSERT(send.dtype() == recv.dtype(), "all-to-all between dtypes");
+  const size_t row_bytes = send.size(0) > 0 ? send.bytes() / size_t(send.size(0)) : recv.bytes() / size_t(std::max<int64_t>(recv.size(0), 1));
+  int64_t s_total = 0, r_total = 0;
+  for (int p = 0; p < size_; ++p) s_total += send_rows[size_t(p)], r_total += recv_rows[size_t(p)];
+  RELAY_ASSERT(s_total <= send.size(0) && r_total <= recv.size(0), "all-to-all rows beyond the tensors");
+  if (send.device() == Device::cpu) {
+    host_alltoall_rows(comm_, send.raw(), send_rows, recv.raw(), recv_rows, row_bytes, what);
+    return;
+  }
+  // Staged through host memory: only the rows that travel.
+  std::vector<std::byte> out(size_t(s_total) * row_bytes), in(size_t(r_total) * row_bytes);
+  if (s_total) be_.download(out.data(), send.rows(0, s_total));
+  host_alltoall_rows(comm_, out.data(), send_rows, in.data(), recv_rows, row_bytes, what);
+  if (r_total) {
+    Tensor dst = recv.rows(0, r_total);
+    be_.upload(dst, in.data());
+  }
+}
+
+void MpiCommunicator::alltoall_host(const int64_t* send, int64_t* recv, int count, const std::string& what) {
+  host_alltoall(comm_, send, recv, count, what);
+}
+
 void MpiCommunicator::allreduce_host(double* values, int count, ReduceOp op, const std::string& what) {
   MPI_Op mop = mpi_op_of(op, DType::f32);
   MPI_Request req;

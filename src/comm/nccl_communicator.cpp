@@ -266,6 +266,35 @@ class NcclCommunicator final : public Communicator {
     finish(coll_stream_)->wait();
   }
 
+  // Grouped point-to-point over the group communicator (NCCL has no all-to-all-v): one ncclSend and one ncclRecv per
+  // member, then the host waits (the counts that follow depend on it).
+  void alltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                     const std::vector<int64_t>& recv_rows, const std::string& what) override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    check_device_tensor(send, "alltoall_rows");
+    check_device_tensor(recv, "alltoall_rows");
+    RELAY_ASSERT(int(send_rows.size()) == size_ && int(recv_rows.size()) == size_, "all-to-all counts of another group");
+    const int64_t width = send.size(0) > 0 ? send.numel() / send.size(0) : recv.numel() / std::max<int64_t>(recv.size(0), 1);
+    after_compute(coll_stream_);
+    NCCL_CHECK(ncclGroupStart());
+    int64_t s_at = 0, r_at = 0;
+    for (int p = 0; p < size_; ++p) {
+      const int64_t sn = send_rows[size_t(p)], rn = recv_rows[size_t(p)];
+      if (sn) NCCL_CHECK(ncclSend(send.rows(s_at, sn).raw(), size_t(sn * width), nccl_type(send), p, group_comm_, coll_stream_));
+      if (rn) NCCL_CHECK(ncclRecv(recv.rows(r_at, rn).raw(), size_t(rn * width), nccl_type(recv), p, group_comm_, coll_stream_));
+      s_at += sn;
+      r_at += rn;
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    auto req = finish(coll_stream_);
+    req->what = what;
+    req->wait();
+  }
+
+  void alltoall_host(const int64_t* send, int64_t* recv, int count, const std::string& what) override {
+    host_alltoall(mpi_comm_, send, recv, count, what);
+  }
+
   void allreduce_host(double* values, int count, ReduceOp op, const std::string& what) override {
     if (count == 0) return;
     MPI_Request req;

@@ -411,7 +411,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     lrs.fail("min_lr", cat("must be <= optimizer.lr (", c.optimizer.lr, "), got ", c.lr_schedule.min_lr));
 
   Section par(tab("parallel"), "parallel", source,
-              {"dp", "pp", "tp", "cp", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "grad_reduce",
+              {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "grad_reduce",
                "timeout", "sequence_parallel", "reshard_after_forward"});
   par.integer("dp", c.parallel.dp, 1, 1 << 20);
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
@@ -429,6 +429,21 @@ Config parse_config_text(const std::string& text, const std::string& source, con
                          "2cp - 1 - i)"));
   }
   par.integer("tp", c.parallel.tp, 1, 1 << 12);
+  par.integer("ep", c.parallel.ep, 1, 1 << 16);
+  if (c.parallel.ep > 1) {  // Megatron-LM's and torchtitan's rule: the expert-parallel ranks are data-parallel ranks
+    if (!c.model.is_moe())
+      par.fail("ep", cat("= ", c.parallel.ep, " splits experts over ranks and needs a mixture of experts (model.type = "
+                         "\"mixtral\" or \"qwen3_moe\"), got model.type = \"", c.model.type, "\""));
+    if (c.parallel.dp % c.parallel.ep != 0)
+      par.fail("ep", cat("= ", c.parallel.ep, " must divide parallel.dp = ", c.parallel.dp,
+                         " (the expert-parallel ranks are taken from the data-parallel ranks)"));
+    if (c.model.n_experts % c.parallel.ep != 0)
+      par.fail("ep", cat("= ", c.parallel.ep, " must divide model.n_experts = ", c.model.n_experts,
+                         " (each rank holds n_experts / ep whole experts)"));
+    if (c.optimizer.zero >= 2)
+      par.fail("ep", cat("= ", c.parallel.ep, " does not combine with optimizer.zero = ", c.optimizer.zero,
+                         " yet (ZeRO-1 shards expert and dense optimizer states; use optimizer.zero = 1)"));
+  }
   par.choice("schedule", c.parallel.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
   par.integer("virtual_stages", c.parallel.virtual_stages, 1, 1024);
   par.real("bucket_mb", c.parallel.bucket_mb, 0, 1e6, true);
@@ -588,6 +603,7 @@ std::string Config::to_toml() const {
     << "\nmin_lr = " << num(lr_schedule.min_lr) << "\n\n";
   o << "[parallel]\ndp = " << parallel.dp << "\npp = " << parallel.pp << "\ntp = " << parallel.tp;
   if (parallel.cp > 1) o << "\ncp = " << parallel.cp;
+  if (parallel.ep > 1) o << "\nep = " << parallel.ep;
   if (parallel.sequence_parallel) o << "\nsequence_parallel = true";
   o << "\nschedule = " << q(parallel.schedule)
     << "\nvirtual_stages = " << parallel.virtual_stages << "\n";

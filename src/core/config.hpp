@@ -102,6 +102,7 @@ struct Config {
     int64_t dp = 1, pp = 1;
     int64_t tp = 1;                 // tensor parallelism (GPT): world = dp x cp x tp x pp, tp fastest-varying
     int64_t cp = 1;                 // context parallelism (language models): each sequence split over cp ranks
+    int64_t ep = 1;                 // expert parallelism (MoE): each MoE layer's experts split over ep of the dp ranks
     bool sequence_parallel = false; // with tp > 1: norms and residuals on 1/tp of the rows (Megatron-LM's)
     std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
     int64_t virtual_stages = 1;

@@ -30,6 +30,7 @@ struct MoeSpec {
   double aux_weight = 0, z_weight = 0;
   int layer = -1;            // this layer's place among the model's MoE layers (logs, the expert bias)
   bool expert_bias = false;  // moe.expert_bias: a per-expert bias on the top-k choice (model/moe.hpp)
+  int ep = 1;                // parallel.ep: the experts are split over ep ranks (model/expert_parallel.hpp)
   bool on() const { return n_experts > 0; }
 };
 

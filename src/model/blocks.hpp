@@ -5,6 +5,7 @@
 
 #include "model/block.hpp"
 #include "model/context_parallel.hpp"
+#include "model/expert_parallel.hpp"
 
 namespace relay {
 
@@ -15,8 +16,10 @@ std::unique_ptr<Block> make_gpt_block(const BlockSpec& spec, std::vector<Param*>
                                       const TensorParallel& tp, const ContextParallel& cp = {});
 // The shapes a block's allocate_saved makes for `rows` rows at tensor-parallel size tp (memory plans).
 std::vector<BufferSpec> gpt_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
+// ep: the MoE layers' expert-parallel group; params then hold this rank's experts only (model/expert_parallel.hpp).
 std::unique_ptr<Block> make_llama_block(const BlockSpec& spec, std::vector<Param*> params,  // llama_blocks.cpp
-                                        const TensorParallel& tp, const ContextParallel& cp = {});
+                                        const TensorParallel& tp, const ContextParallel& cp = {},
+                                        const ExpertParallel& ep = {});
 std::vector<BufferSpec> llama_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 std::vector<BufferSpec> mlp_saved_shapes(const BlockSpec& spec, int64_t rows);
 

@@ -38,20 +38,21 @@ struct LlamaParams {
 
 class LlamaLayer final : public Block {
  public:
-  LlamaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
+  LlamaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp,
+             const ExpertParallel& ep)
       : Block(spec, std::move(params)), tp_(tp), hd_(head_dim(spec)), H_(spec.n_head / tp.size),
         KV_(spec.n_kv_head / tp.size), F_(spec.moe.on() ? 0 : spec.ffn_hidden / tp.size),
-        cp_attn_(cp.on() ? cp.attention : nullptr) {
+        cp_attn_(cp.on() ? cp.attention : nullptr), ep_on_(ep.on()) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "llama layer: sequence parallelism disagrees");
     const size_t attn = spec.qk_norm ? 8 : 6;  // norm1, q, k, v, o, [q_norm, k_norm], norm2
-    const size_t want = attn + (spec.moe.on() ? size_t(1 + 3 * spec.moe.n_experts) : 3);
+    const size_t want = attn + (spec.moe.on() ? size_t(1 + 3 * ep.local_experts(spec.moe.n_experts)) : 3);
     RELAY_ASSERT(params_.size() == want, "llama layer: " << params_.size() << " params, expected " << want);
     p_.norm1 = params_[0], p_.q = params_[1], p_.k = params_[2], p_.v = params_[3], p_.o = params_[4];
     if (spec.qk_norm) p_.q_norm = params_[5], p_.k_norm = params_[6];
     p_.norm2 = params_[attn - 1];
     if (spec.moe.on()) {
       RELAY_ASSERT(tp.size == 1 && !cp.on(), "llama layer: experts under tensor or context parallelism");
-      moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn));
+      moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn), ep);
     } else {
       p_.gate = params_[attn], p_.up = params_[attn + 1], p_.down = params_[attn + 2];
     }
@@ -225,7 +226,7 @@ class LlamaLayer final : public Block {
 
   // Generation: key and value caches (n, max_len, KV hd) and one position's intermediates.
   enum : size_t { dK, dV, dN, dRstd, dQ, dKn, dVn, dAtty, dRes, dGate, dUp, dH, dQraw, dKraw, dRstdQ, dRstdK, dCount };
-  bool can_decode() const override { return !tp_.on(); }
+  bool can_decode() const override { return !tp_.on() && !ep_on_; }
   void allocate_decode(Backend& be, int64_t n, int64_t max_len, BlockSaved& c) override {
     const int64_t C = spec_.in, Hq = H_ * hd_, Hkv = KV_ * hd_, qk = spec_.qk_norm ? n : 0;
     const DType a = spec_.dtype;
@@ -317,6 +318,7 @@ class LlamaLayer final : public Block {
   int64_t hd_, H_, KV_, F_;  // head size; this rank's query heads, key/value heads and SwiGLU units
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   SpNormGrads norm_grads_;  // sequence parallelism: the two RMSNorm weights' gradients
+  bool ep_on_ = false;           // its experts split over ranks (generation runs them all on one)
   std::unique_ptr<MoeMlp> moe_;  // spec.moe on: the experts instead of gate, up and down
 };
 
@@ -327,9 +329,9 @@ std::vector<BufferSpec> llama_saved_shapes(const BlockSpec& spec, int64_t rows, 
 }
 
 std::unique_ptr<Block> make_llama_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
-                                        const ContextParallel& cp) {
+                                        const ContextParallel& cp, const ExpertParallel& ep) {
   RELAY_ASSERT(spec.kind == BlockKind::llama_layer, "make_llama_block: not a Llama layer: " << block_kind_name(spec.kind));
-  return std::make_unique<LlamaLayer>(spec, std::move(params), tp, cp);
+  return std::make_unique<LlamaLayer>(spec, std::move(params), tp, cp, ep);
 }
 
 }  // namespace relay

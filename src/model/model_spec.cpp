@@ -304,14 +304,15 @@ int64_t block_out_width(const BlockSpec& spec, int tp, int tp_rank) {
 }
 
 std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp,
-                                  const ContextParallel& cp) {
+                                  const ContextParallel& cp, const ExpertParallel& ep) {
   std::vector<Param*> params;
-  for (const ParamSpec& p : spec.params) params.push_back(store.get(p));
+  for (size_t i = 0; i < spec.params.size(); ++i)
+    if (ep.holds(spec, i)) params.push_back(store.get(spec.params[i]));
   switch (spec.kind) {
     case BlockKind::embedding:
     case BlockKind::transformer:
     case BlockKind::head: return make_gpt_block(spec, std::move(params), tp, cp);
-    case BlockKind::llama_layer: return make_llama_block(spec, std::move(params), tp, cp);
+    case BlockKind::llama_layer: return make_llama_block(spec, std::move(params), tp, cp, ep);
     default: return make_mlp_block(spec, std::move(params));
   }
 }

@@ -8,6 +8,7 @@
 #include "core/config.hpp"
 #include "model/block.hpp"
 #include "model/context_parallel.hpp"
+#include "model/expert_parallel.hpp"
 #include "model/param.hpp"
 
 namespace relay {
@@ -41,8 +42,9 @@ int64_t block_out_width(const BlockSpec& spec, int tp, int tp_rank);
 
 // Builds the block with its parameters taken from (or created in) the store; GPT blocks split their
 // work over the stage's tensor-parallel group (tp.size == 1: the whole block).
-// cp: the attention blocks' context-parallel group (parallel.cp).
+// cp: the attention blocks' context-parallel group (parallel.cp); ep: the MoE layers' expert-parallel group, whose
+// rank takes only its own experts' parameters from the store (parallel.ep).
 std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, const TensorParallel& tp = {},
-                                  const ContextParallel& cp = {});
+                                  const ContextParallel& cp = {}, const ExpertParallel& ep = {});
 
 }  // namespace relay

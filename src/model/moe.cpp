@@ -2,6 +2,9 @@
 #include "model/moe.hpp"
 
 #include <algorithm>
+#include <chrono>
+
+#include "parallel/trace.hpp"
 
 namespace relay {
 
@@ -17,18 +20,28 @@ void by_pieces(int64_t count, F&& f) {
   if (count > at) f(at, count - at);
 }
 
-// Saved buffers of one micro-batch of n tokens, R = n k routed rows (MoeMlp::saved_shapes).
+// Saved buffers of one micro-batch of n tokens, R = n k routed rows (MoeMlp::saved_shapes), Rl the rows this rank's
+// experts may receive (R without expert parallelism).
 enum : size_t { kLogits, kProbs, kLse, kExperts, kWeights, kPos, kSrc, kOffsets, kXs, kGate, kUp, kH, kYs,
-                kGYs, kGGate, kGUp, kGXs, kGWeights, kGLogits, kSeqGrad, kCount };
+                kGYs, kGGate, kGUp, kGXs, kGWeights, kGLogits, kSeqGrad, kRecvCounts, kToLocal, kToRanks, kXl, kYl,
+                kGYl, kGXl, kStage, kCount };
+
+// Host seconds since `t0` (the all-to-all statistics).
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 }  // namespace
 
-MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params)
-    : moe_(spec.moe), C_(spec.in), T_(spec.seq_len) {
+MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep)
+    : ep_(ep), moe_(spec.moe), C_(spec.in), T_(spec.seq_len) {
   RELAY_ASSERT(moe_.on(), "MoeMlp: the block has no experts");
-  RELAY_ASSERT(int64_t(params.size()) == 1 + 3 * moe_.n_experts,
-               "MoeMlp: " << params.size() << " params, expected " << 1 + 3 * moe_.n_experts);
+  RELAY_ASSERT(ep_.size == moe_.ep, "MoeMlp: an ep group of " << ep_.size << " for a layer planned at ep " << moe_.ep);
+  E_local_ = ep_.local_experts(moe_.n_experts);
+  first_ = ep_.first_expert(moe_.n_experts);
+  RELAY_ASSERT(int64_t(params.size()) == 1 + 3 * E_local_,
+               "MoeMlp: " << params.size() << " params, expected " << 1 + 3 * E_local_);
   router_ = params[0];
-  for (int64_t e = 0; e < moe_.n_experts; ++e) {
+  for (int64_t e = 0; e < E_local_; ++e) {
     gate_.push_back(params[size_t(1 + 3 * e)]);
     up_.push_back(params[size_t(2 + 3 * e)]);
     down_.push_back(params[size_t(3 + 3 * e)]);
@@ -38,7 +51,10 @@ MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params)
 }
 
 std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n) {
+  const int ep = spec.moe.ep;
   const int64_t E = spec.moe.n_experts, k = spec.moe.k, F = spec.moe.ffn_hidden, C = spec.in, R = n * k;
+  // Rows this rank's experts may receive: each of the ep ranks' n tokens sends at most min(k, E / ep) of its rows here.
+  const int64_t Rl = ep > 1 ? int64_t(ep) * n * std::min(k, E / ep) : R, Rx = ep > 1 ? Rl : 0;
   const DType a = spec.dtype, f32 = DType::f32, i32 = DType::i32;
   std::vector<BufferSpec> s(kCount);
   s[kLogits] = {{n, E}, a};
@@ -50,23 +66,90 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n) {
   s[kSrc] = {{R}, i32};         // token of each sorted row
   s[kOffsets] = {{E + 1}, i32}; // expert e's rows: [offsets[e], offsets[e + 1])
   s[kXs] = {{R, C}, a};         // the tokens' rows, sorted by expert
-  s[kGate] = {{R, F}, a};
-  s[kUp] = {{R, F}, a};
-  s[kH] = {{R, F}, a};
-  s[kYs] = {{R, C}, a};         // each expert's output, before its weight
+  s[kGate] = {{Rl, F}, a};      // this rank's experts' rows from here on
+  s[kUp] = {{Rl, F}, a};
+  s[kH] = {{Rl, F}, a};
+  s[kYs] = {{R, C}, a};         // each expert's output, before its weight (sorted rows)
   s[kGYs] = {{R, C}, a};
-  s[kGGate] = {{R, F}, a};
-  s[kGUp] = {{R, F}, a};
+  s[kGGate] = {{Rl, F}, a};
+  s[kGUp] = {{Rl, F}, a};
   s[kGXs] = {{R, C}, a};
   s[kGWeights] = {{n, k}, f32};
   s[kGLogits] = {{n, E}, a};
   s[kSeqGrad] = {{std::max<int64_t>(n / spec.seq_len, 1), E}, f32};  // d loss / d p[t, e] of each sequence
+  // Expert parallelism only (size 0 otherwise): what each rank sent this rank's experts, the maps between the rows'
+  // arrival order (rank after rank) and the experts' (expert after expert), the local rows and one staging buffer.
+  s[kRecvCounts] = {{ep > 1 ? E : 0}, i32};  // (ep, E / ep)
+  s[kToLocal] = {{Rx}, i32};    // local row r is arrival row to_local[r]
+  s[kToRanks] = {{Rx}, i32};    // arrival row i is local row to_ranks[i]
+  s[kXl] = {{Rx, C}, a};
+  s[kYl] = {{Rx, C}, a};
+  s[kGYl] = {{Rx, C}, a};
+  s[kGXl] = {{Rx, C}, a};
+  s[kStage] = {{Rx, C}, a};     // rows in arrival order, on their way in or out
   return s;
 }
 
-void MoeMlp::download_offsets(Backend& be, Tensor* s) {
+int64_t MoeMlp::exchange_bytes(const BlockSpec& spec, int64_t n) {
+  const std::vector<BufferSpec> s = saved_shapes(spec, n);
+  int64_t bytes = 0;
+  for (size_t i = kRecvCounts; i < kCount; ++i) bytes += shape_numel(s[i].shape) * int64_t(dtype_size(s[i].dtype));
+  return bytes;
+}
+
+void MoeMlp::make_exchange_plan() {
+  const int P = ep_.size;
+  local_.assign(size_t(E_local_ + 1), 0);
+  if (!ep_.on()) {
+    for (int64_t e = 0; e <= E_local_; ++e) local_[size_t(e)] = offsets_[size_t(e)];
+    return;
+  }
+  send_rows_.assign(size_t(P), 0);
+  recv_rows_.assign(size_t(P), 0);
+  for (int q = 0; q < P; ++q) send_rows_[size_t(q)] = offsets_[size_t((q + 1) * E_local_)] - offsets_[size_t(q * E_local_)];
+  for (int p = 0; p < P; ++p)
+    for (int64_t j = 0; j < E_local_; ++j) {
+      recv_rows_[size_t(p)] += recv_counts_[size_t(p * E_local_ + j)];
+      local_[size_t(j + 1)] += recv_counts_[size_t(p * E_local_ + j)];
+    }
+  for (int64_t j = 0; j < E_local_; ++j) local_[size_t(j + 1)] += local_[size_t(j)];
+}
+
+void MoeMlp::download_plan(Backend& be, Tensor* s) {
   offsets_.resize(size_t(moe_.n_experts + 1));
   be.download(offsets_.data(), s[kOffsets]);
+  if (ep_.on()) {
+    recv_counts_.resize(size_t(moe_.n_experts));
+    be.download(recv_counts_.data(), s[kRecvCounts]);
+  }
+  make_exchange_plan();
+}
+
+void MoeMlp::dispatch(Backend& be, const Tensor& sorted, Tensor& local, Tensor* s, const char* what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t m0 = ep_.stats->tracer ? ep_.stats->tracer->mark() : 0;
+  const int64_t Rl = local_rows();
+  Tensor stage = s[kStage].rows(0, Rl);  // (Rl, C) rank after rank
+  ep_.comm->alltoall_rows(sorted, send_rows_, stage, recv_rows_, what);
+  be.gather_rows(stage, s[kToLocal].rows(0, Rl), local);  // (Rl, C) expert after expert
+  ep_.stats->seconds += since(t0);
+  ep_.stats->rows_sent += offsets_.back() - send_rows_[size_t(ep_.rank)];
+  if (ep_.stats->tracer)
+    ep_.stats->tracer->add({"ep all-to-all", "ep_alltoall", kTrackComm, ep_.stats->trace_step, -1, -1, m0,
+                            ep_.stats->tracer->mark()});
+}
+
+void MoeMlp::undispatch(Backend& be, const Tensor& local, Tensor& sorted, Tensor* s, const char* what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t m0 = ep_.stats->tracer ? ep_.stats->tracer->mark() : 0;
+  const int64_t Rl = local_rows();
+  Tensor stage = s[kStage].rows(0, Rl);
+  be.gather_rows(local, s[kToRanks].rows(0, Rl), stage);  // (Rl, C) rank after rank
+  ep_.comm->alltoall_rows(stage, recv_rows_, sorted, send_rows_, what);
+  ep_.stats->seconds += since(t0);
+  if (ep_.stats->tracer)
+    ep_.stats->tracer->add({"ep all-to-all back", "ep_alltoall", kTrackComm, ep_.stats->trace_step, -1, -1, m0,
+                            ep_.stats->tracer->mark()});
 }
 
 void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
@@ -95,36 +178,76 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   be.upload(src, src_.data());
   be.upload(s[kOffsets], offsets_.data());
   be.gather_rows(x, src, xs);                                                           // (R, C)
-  Tensor gate = rows(kGate, R), up = rows(kUp, R), h = rows(kH, R), ys = rows(kYs, R);
-  for (int64_t e = 0; e < E; ++e)  // an expert no token chose this micro-batch has no piece
-    by_pieces(count(e), [&](int64_t at, int64_t len) {
-      const int64_t r = offsets_[size_t(e)] + at;
-      Tensor xe = xs.rows(r, len), ge = gate.rows(r, len), ue = up.rows(r, len), he = h.rows(r, len);
-      Tensor ye = ys.rows(r, len);
+  if (ep_.on()) {
+    // Counts first: every rank learns how many rows each rank sends each of its experts.
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<int64_t> mine(static_cast<size_t>(E)), theirs(static_cast<size_t>(E));  // (ep, E / ep): to each rank's experts; from each rank
+    for (int64_t e = 0; e < E; ++e) mine[size_t(e)] = offsets_[size_t(e + 1)] - offsets_[size_t(e)];
+    ep_.comm->alltoall_host(mine.data(), theirs.data(), int(E_local_), "the expert-parallel row counts");
+    ep_.stats->seconds += since(t0);
+    recv_counts_.assign(theirs.begin(), theirs.end());
+    be.upload(s[kRecvCounts], recv_counts_.data());
+  }
+  make_exchange_plan();
+  const int64_t Rl = local_rows();
+  Tensor xl = xs, gate = rows(kGate, Rl), up = rows(kUp, Rl), h = rows(kH, Rl), yl = rows(kYs, R);
+  if (ep_.on()) {
+    // Arrival order (rank p's rows of local expert j at arrival[p] + its earlier experts) <-> expert order.
+    std::vector<int32_t> to_local(static_cast<size_t>(Rl)), to_ranks(static_cast<size_t>(Rl));
+    std::vector<int64_t> at(local_.begin(), local_.end() - 1);  // next local row of each expert
+    int64_t arrival = 0;
+    for (int p = 0; p < ep_.size; ++p)
+      for (int64_t j = 0; j < E_local_; ++j)
+        for (int32_t i = 0; i < recv_counts_[size_t(p * E_local_ + j)]; ++i, ++arrival) {
+          to_local[size_t(at[size_t(j)])] = int32_t(arrival);
+          to_ranks[size_t(arrival)] = int32_t(at[size_t(j)]++);
+        }
+    Tensor tl = s[kToLocal].rows(0, Rl), tr = s[kToRanks].rows(0, Rl);
+    be.upload(tl, to_local.data());
+    be.upload(tr, to_ranks.data());
+    xl = rows(kXl, Rl);
+    yl = rows(kYl, Rl);
+    dispatch(be, xs, xl, s, "the expert-parallel dispatch of the tokens' rows");            // (Rl, C)
+  }
+  for (int64_t e = 0; e < E_local_; ++e)  // an expert no token chose this micro-batch has no piece
+    by_pieces(local_[size_t(e + 1)] - local_[size_t(e)], [&](int64_t at, int64_t len) {
+      const int64_t r = local_[size_t(e)] + at;
+      Tensor xe = xl.rows(r, len), ge = gate.rows(r, len), ue = up.rows(r, len), he = h.rows(r, len);
+      Tensor ye = yl.rows(r, len);
       be.linear(xe, gate_[size_t(e)]->compute(), Tensor(), ge);                         // (len, F)
       be.linear(xe, up_[size_t(e)]->compute(), Tensor(), ue);                           // (len, F)
       be.swiglu_forward(ge, ue, he);                                                      // (len, F)
       be.linear(he, down_[size_t(e)]->compute(), Tensor(), ye);                         // (len, C)
     });
+  Tensor ys = rows(kYs, R);
+  if (ep_.on()) undispatch(be, yl, ys, s, "the expert-parallel return of the experts' outputs");  // (R, C)
   be.moe_combine(ys, pos, weights, y);                                                  // (n, C)
 }
 
 void MoeMlp::backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, Tensor* s) {
   const int64_t n = x.size(0), E = moe_.n_experts, k = moe_.k, R = n * k;
   auto rows = [&](size_t b, int64_t r) { return s[b].rows(0, r); };
-  download_offsets(be, s);
-  Tensor gys = rows(kGYs, R), gweights = rows(kGWeights, n), ggate = rows(kGGate, R), gup = rows(kGUp, R);
+  download_plan(be, s);
+  const int64_t Rl = local_rows();
+  Tensor gys = rows(kGYs, R), gweights = rows(kGWeights, n), ggate = rows(kGGate, Rl), gup = rows(kGUp, Rl);
   Tensor gxs = rows(kGXs, R), glogits = rows(kGLogits, n);
   be.moe_combine_backward(dy, rows(kYs, R), rows(kPos, n), rows(kWeights, n), gys, gweights);  // (R, C), (n, k)
-  for (int64_t e = 0; e < E; ++e)
-    by_pieces(count(e), [&](int64_t at, int64_t len) {
-      const int64_t r = offsets_[size_t(e)] + at;
-      Tensor gg = ggate.rows(r, len), gu = gup.rows(r, len), gx = gxs.rows(r, len);
-      be.matmul(gys.rows(r, len), false, down_[size_t(e)]->compute(), false, gg, 1.f, 0.f);  // (len, F) d h
+  Tensor gyl = gys, gxl = gxs;
+  if (ep_.on()) {
+    gyl = rows(kGYl, Rl);
+    gxl = rows(kGXl, Rl);
+    dispatch(be, gys, gyl, s, "the expert-parallel dispatch of the outputs' gradients");    // (Rl, C)
+  }
+  for (int64_t e = 0; e < E_local_; ++e)
+    by_pieces(local_[size_t(e + 1)] - local_[size_t(e)], [&](int64_t at, int64_t len) {
+      const int64_t r = local_[size_t(e)] + at;
+      Tensor gg = ggate.rows(r, len), gu = gup.rows(r, len), gx = gxl.rows(r, len);
+      be.matmul(gyl.rows(r, len), false, down_[size_t(e)]->compute(), false, gg, 1.f, 0.f);  // (len, F) d h
       be.swiglu_backward(gg, s[kGate].rows(r, len), s[kUp].rows(r, len), gg, gu);
       be.matmul(gg, false, gate_[size_t(e)]->compute(), false, gx, 1.f, 0.f);                 // (len, C)
       be.matmul(gu, false, up_[size_t(e)]->compute(), false, gx, 1.f, 1.f);
     });
+  if (ep_.on()) undispatch(be, gxl, gxs, s, "the expert-parallel return of the inputs' gradients");  // (R, C)
   // The load-balancing and z losses of this micro-batch's sequences (host statistics of the saved routing).
   const int64_t B = n / T_;
   probs_.resize(size_t(n * E));
@@ -172,15 +295,16 @@ void MoeMlp::backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tens
 }
 
 void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
-  const int64_t n = x.size(0), E = moe_.n_experts;
+  const int64_t n = x.size(0);
   auto rows = [&](size_t b, int64_t r) { return s[b].rows(0, r); };
-  download_offsets(be, s);
+  download_plan(be, s);
   be.matmul(rows(kGLogits, n), true, x, false, router_->grad, 1.f, 1.f);               // dW_gate (E, C)
-  for (int64_t e = 0; e < E; ++e)
-    by_pieces(count(e), [&](int64_t at, int64_t len) {
-      const int64_t r = offsets_[size_t(e)] + at;
-      const Tensor xe = s[kXs].rows(r, len);
-      be.matmul(s[kGYs].rows(r, len), true, s[kH].rows(r, len), false, down_[size_t(e)]->grad, 1.f, 1.f);
+  const size_t xl = ep_.on() ? kXl : kXs, gyl = ep_.on() ? kGYl : kGYs;  // this rank's experts' rows
+  for (int64_t e = 0; e < E_local_; ++e)
+    by_pieces(local_[size_t(e + 1)] - local_[size_t(e)], [&](int64_t at, int64_t len) {
+      const int64_t r = local_[size_t(e)] + at;
+      const Tensor xe = s[xl].rows(r, len);
+      be.matmul(s[gyl].rows(r, len), true, s[kH].rows(r, len), false, down_[size_t(e)]->grad, 1.f, 1.f);
       be.matmul(s[kGGate].rows(r, len), true, xe, false, gate_[size_t(e)]->grad, 1.f, 1.f);
       be.matmul(s[kGUp].rows(r, len), true, xe, false, up_[size_t(e)]->grad, 1.f, 1.f);
     });

@@ -6,6 +6,10 @@
 // Dropless: every token reaches all of its k experts. Tokens are sorted by expert (stable: by token, then by rank in
 // its top-k) so that each expert runs its GEMMs on one contiguous block of rows.
 //
+// Expert parallelism (model/expert_parallel.hpp): the sorted rows of experts held elsewhere go to their ranks in one
+// all-to-all (after one of the counts), arrive rank after rank, are regrouped expert after expert for the GEMMs, and
+// their outputs travel back the same way; the backward sends the outputs' gradients and returns the inputs'.
+//
 // Load balancing, per sequence (DeepSeek-V3's sequence-wise loss, Megatron-core's seq_aux_loss): for a sequence of T
 // tokens, c_e the number of its tokens whose top-k holds e, aux = E / (k T^2) sum_e c_e sum_t p[t, e] (1 when
 // perfectly balanced); the loss adds aux_weight x aux per sequence (the counts are constants: no gradient through
@@ -15,15 +19,20 @@
 #include <vector>
 
 #include "model/block.hpp"
+#include "model/expert_parallel.hpp"
 
 namespace relay {
 
 class MoeMlp {
  public:
-  // params: the router (E, C), then each expert's gate (F, C), up (F, C) and down (C, F).
-  MoeMlp(const BlockSpec& spec, std::span<Param* const> params);
-  // The buffers a micro-batch of n rows keeps (saved[first, first + count)): routing, gathered rows, gradients.
+  // params: the router (E, C), then each of this rank's experts' gate (F, C), up (F, C) and down (C, F) (every
+  // expert's without expert parallelism).
+  MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep = {});
+  // The buffers a micro-batch of n rows keeps (saved[first, first + count)): routing, gathered rows, gradients; under
+  // expert parallelism (spec.moe.ep) the rows this rank's experts may receive (dropless: at most ep n min(k, E/ep)).
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n);
+  // Of those, the bytes only expert parallelism needs (the rows received, their staging and their maps): relay plan.
+  static int64_t exchange_bytes(const BlockSpec& spec, int64_t n);
   // x (n, C) -> y (n, C), from the saved buffers `s` (saved_shapes' order).
   void forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s);
   // dy (n, C) -> dx (n, C), the input's gradient through the experts and the router; adds the step's router
@@ -36,16 +45,28 @@ class MoeMlp {
   void set_bias(Backend& be, const float* bias);
 
  private:
-  // Expert e's rows, from the offsets of the last forward or download_offsets.
-  int64_t count(int64_t e) const { return offsets_[size_t(e) + 1] - offsets_[size_t(e)]; }
-  void download_offsets(Backend& be, Tensor* s);
+  // The routing plan of a micro-batch, from its saved offsets (and the counts the other ranks sent): local expert j's
+  // rows [local_[j], local_[j + 1]) of the rows here; under ep the rows sent to and received from each rank.
+  void download_plan(Backend& be, Tensor* s);
+  void make_exchange_plan();  // from offsets_ and recv_counts_
+  // Under ep: rows (R, C) sorted by expert -> the rows of this rank's experts (Rl, C), expert after expert
+  // (dispatch); and back (combine). Without ep, copies of nothing: the callers use the sorted rows directly.
+  void dispatch(Backend& be, const Tensor& sorted, Tensor& local, Tensor* s, const char* what);
+  void undispatch(Backend& be, const Tensor& local, Tensor& sorted, Tensor* s, const char* what);
+  int64_t local_rows() const { return local_.back(); }
+
+  ExpertParallel ep_;
+  int64_t E_local_ = 0, first_ = 0;
 
   MoeSpec moe_;
   int64_t C_, T_;
   Param* router_;
-  std::vector<Param*> gate_, up_, down_;  // by expert
+  std::vector<Param*> gate_, up_, down_;  // by local expert
   // Host scratch: the routing plan of the micro-batch at hand.
   std::vector<int32_t> experts_, pos_, src_, offsets_;
+  std::vector<int32_t> recv_counts_;               // (ep, E / ep) rows each rank sends this rank's experts
+  std::vector<int64_t> send_rows_, recv_rows_;     // (ep) rows to and from each rank
+  std::vector<int64_t> local_;                     // (E / ep + 1) local expert j's rows here, expert after expert
   std::vector<float> probs_, lse_, seq_grad_;
   Tensor bias_;                   // (E) f32 on the device: moe.expert_bias's, undefined until set_bias
   std::vector<float> host_bias_;  // (E) the same values (the top-k margin is over the biased scores)

@@ -9,12 +9,14 @@
 
 namespace relay {
 
-BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb, int dp) {
+BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb, int dp, int expert_dp) {
+  if (expert_dp <= 0) expert_dp = dp;
   // Per (chunk, counts_in_norm), reverse block order; a block's parameters never straddle two buckets.
   std::vector<size_t> order(keys.size());
   std::iota(order.begin(), order.end(), size_t{0});
   auto key = [&](size_t i) {
-    return std::make_tuple(keys[i].chunk, keys[i].tied, keys[i].tp_replicated, !keys[i].counts_in_norm, -keys[i].block);
+    return std::make_tuple(keys[i].chunk, keys[i].tied, keys[i].tp_replicated, !keys[i].counts_in_norm, keys[i].expert,
+                           -keys[i].block);
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
   const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4));
@@ -23,7 +25,7 @@ BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb
   for (size_t k = 0; k < order.size(); ++k) {
     const BucketKey &a = keys[order[k]], *prev = k ? &keys[order[k - 1]] : nullptr;
     const bool new_group = !prev || a.chunk != prev->chunk || a.counts_in_norm != prev->counts_in_norm ||
-                           a.tp_replicated != prev->tp_replicated || a.tied || prev->tied;
+                           a.tp_replicated != prev->tp_replicated || a.expert != prev->expert || a.tied || prev->tied;
     const bool new_block = !prev || a.block != prev->block;
     if (new_group || (new_block && fill >= cap)) {
       out.groups.emplace_back();
@@ -35,7 +37,8 @@ BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb
   for (auto& g : out.groups) {
     int64_t total = 0;
     for (size_t i : g) total += keys[i].numel;
-    out.padded.push_back((total + dp - 1) / dp * dp);
+    const int64_t d = keys[g.front()].expert ? expert_dp : dp;
+    out.padded.push_back((total + d - 1) / d * d);
   }
   return out;
 }
@@ -101,7 +104,7 @@ void GradBuckets::point(Bucket& b, const Tensor& flat, Tensor Param::*field) {
 }
 
 GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-                         int zero, GradReduce wire, bool reshard, bool pipelined)
+                         int zero, GradReduce wire, bool reshard, bool pipelined, Communicator* expert_comm)
     : be_(be), comm_(comm), zero_(zero >= 1 && comm != nullptr),
       per_micro_batch_(zero >= 2 && comm != nullptr && !(zero >= 3 && pipelined)),
       zero3_(zero >= 3 && comm != nullptr), reshard_(reshard && !pipelined),
@@ -110,21 +113,25 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
   MemoryScope scope(MemKind::grads);
   std::vector<BucketKey> keys;
   for (const BucketParam& p : params)
-    keys.push_back({shape_numel(p.param->shape), p.chunk, p.block, p.counts_in_norm, p.tied, p.tp_replicated});
-  const int dp = zero_ ? comm_->size() : 1;
-  const BucketLayout layout = layout_buckets(keys, bucket_mb, dp);
+    keys.push_back({shape_numel(p.param->shape), p.chunk, p.block, p.counts_in_norm, p.tied, p.tp_replicated, p.expert});
+  const BucketLayout layout = layout_buckets(keys, bucket_mb, zero_ ? comm_->size() : 1,
+                                             zero >= 1 && expert_comm ? expert_comm->size() : 1);
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
     const auto& g = layout.groups[gi];
     Bucket b;
+    b.comm = params[g.front()].expert ? expert_comm : comm;
+    b.zero = zero >= 1 && b.comm;
+    b.wired = wire == GradReduce::bf16 && b.comm;
+    const int dp = b.zero ? b.comm->size() : 1;
     const int64_t padded = layout.padded[gi];
     b.padded = padded;
     if (!per_micro_batch_ && !step_grads_) b.flat = Tensor(be, {padded});
-    if (zero_) b.shard = Tensor(be, {padded / dp});
+    if (b.zero) b.shard = Tensor(be, {padded / dp});
     b.chunk = params[g.front()].chunk;
     b.counts_in_norm = params[g.front()].counts_in_norm;
-    if (bf16_wire_ && !per_micro_batch_) {
+    if (b.wired && !per_micro_batch_) {
       if (!step_grads_) b.wire = Tensor(be, {padded}, DType::bf16);
-      if (zero_) b.wire_shard = Tensor(be, {padded / dp}, DType::bf16);
+      if (b.zero) b.wire_shard = Tensor(be, {padded / dp}, DType::bf16);
     }
     const bool has_work = params[g.front()].param->work_dtype != DType::f32;
     b.work_dtype = params[g.front()].param->work_dtype;
@@ -132,7 +139,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
       MemoryScope as_params(MemKind::params);
       b.master = Tensor(be, {padded / dp});
       be.fill(b.master, 0.f);  // the padding
-    } else if (zero_) {
+    } else if (b.zero) {
       MemoryScope as_params(MemKind::params);  // the parameters' new home
       b.values = Tensor(be, {padded});
       be.fill(b.values, 0.f);  // the padding
@@ -156,7 +163,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
         p->value = Tensor();
         p->work = Tensor();
         p->initial = nullptr;  // taken
-      } else if (zero_) {  // the parameter moves into the bucket's flat buffer, initial values and all
+      } else if (b.zero) {  // the parameter moves into the bucket's flat buffer, initial values and all
         Tensor v = b.values.rows(at, n).view(p->value.shape());
         be.copy(v, p->value);
         p->value = v;
@@ -344,11 +351,11 @@ void GradBuckets::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
   if (tracer_) b.launch_mark = tracer_->mark();
-  if (!comm_) return;
-  if (bf16_wire_) be_.convert(b.flat, b.wire);
-  Tensor& send = bf16_wire_ ? b.wire : b.flat;
-  if (zero_) b.request = comm_->ireduce_scatter_sum(send, bf16_wire_ ? b.wire_shard : b.shard);
-  else b.request = comm_->iallreduce_sum(send);
+  if (!b.comm) return;
+  if (b.wired) be_.convert(b.flat, b.wire);
+  Tensor& send = b.wired ? b.wire : b.flat;
+  if (b.zero) b.request = b.comm->ireduce_scatter_sum(send, b.wired ? b.wire_shard : b.shard);
+  else b.request = b.comm->iallreduce_sum(send);
 }
 
 std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
@@ -356,7 +363,7 @@ std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
   for (const Bucket& b : buckets_)
     for (size_t i = 0; i < b.members.size(); ++i) {
       auto& [p, at] = b.members[i];
-      if (!zero_) {
+      if (!b.zero) {
         out.push_back(whole(p));
         continue;
       }
@@ -370,9 +377,9 @@ std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
 }
 
 Tensor GradBuckets::reduced_grad(Param* p) {
-  if (!zero_) return p->grad;
   for (Bucket& b : buckets_)
-    if (b.members.size() == 1 && b.members.front().first == p) return b.shard;
+    if (b.members.size() == 1 && b.members.front().first == p) return b.zero ? b.shard : p->grad;
+  if (!zero_) return p->grad;
   RELAY_ASSERT(false, "tied parameter " << p->name << " has no bucket of its own");
 }
 
@@ -384,10 +391,10 @@ void GradBuckets::gather_params() {
     }
     return;
   }
-  if (!zero_) return;
   std::vector<RequestPtr> reqs;
   for (Bucket& b : buckets_) {
-    reqs.push_back(comm_->iallgather(b.values));
+    if (!b.zero) continue;
+    reqs.push_back(b.comm->iallgather(b.values));
     reqs.back()->what = "the ZeRO parameter all-gather";
   }
   for (auto& r : reqs) r->wait();
@@ -419,9 +426,9 @@ void GradBuckets::finish() {
     Bucket& b = buckets_[k];
     if (!b.request) continue;
     b.request->wait();
-    if (bf16_wire_ && !b.widened) {  // widen the bf16 sum back into the f32 gradients, once
+    if (b.wired && !b.widened) {  // widen the bf16 sum back into the f32 gradients, once
       b.widened = true;
-      if (zero_) be_.convert(b.wire_shard, b.shard);
+      if (b.zero) be_.convert(b.wire_shard, b.shard);
       else be_.convert(b.wire, b.flat);
     }
     if (step_grads_) {  // ZeRO-3 under pp > 1: only the shard outlives the step
@@ -437,12 +444,19 @@ void GradBuckets::finish() {
 double GradBuckets::sum_squares() {
   double s = 0;
   for (auto& b : buckets_)
-    if (b.counts_in_norm) s += be_.sum_squares(zero_ ? b.shard : b.flat);
+    if (b.counts_in_norm) s += be_.sum_squares(b.zero ? b.shard : b.flat);
+  return s;
+}
+
+double GradBuckets::norm_share() {
+  double s = 0;
+  for (auto& b : buckets_)
+    if (b.counts_in_norm && (b.zero || !b.comm || b.comm->rank() == 0)) s += be_.sum_squares(b.zero ? b.shard : b.flat);
   return s;
 }
 
 void GradBuckets::scale(float s) {
-  for (auto& b : buckets_) be_.scale(zero_ ? b.shard : b.flat, s);
+  for (auto& b : buckets_) be_.scale(b.zero ? b.shard : b.flat, s);
 }
 
 }  // namespace relay

@@ -51,19 +51,21 @@ struct BucketParam {
   bool tied = false;   // summed with another stage's copy: a bucket of its own (same layout on both)
   bool tp_replicated = false;  // the same on every tp rank (tp > 1): kept apart from split parameters, so
                                // its buckets have one layout on every tp rank and reduce to the same bits
+  bool expert = false;  // an expert's weight under parallel.ep: summed over the ranks holding the same experts only
 };
 
 // The bucket layout, a pure function of the parameters (relay plan computes it before anything exists).
 struct BucketKey {
   int64_t numel = 0;
   int chunk = 0, block = 0;  // as BucketParam
-  bool counts_in_norm = true, tied = false, tp_replicated = false;
+  bool counts_in_norm = true, tied = false, tp_replicated = false, expert = false;
 };
 struct BucketLayout {
   std::vector<std::vector<size_t>> groups;  // each bucket's parameters (indices into the keys), in bucket order
-  std::vector<int64_t> padded;              // each bucket's elements, padded to a multiple of `dp`
+  std::vector<int64_t> padded;              // each bucket's elements, padded to a multiple of `dp` (expert_dp)
 };
-BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb, int dp);
+// Expert weights (parallel.ep) get buckets of their own, padded to a multiple of expert_dp (0: dp).
+BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb, int dp, int expert_dp = 0);
 // ZeRO-2: what each parameter block (BlockSpec::index) does to the buckets it writes, from the chunks' parameter
 // blocks (each chunk's in block order) and the buckets each block writes. A bucket is open over a run of writers that
 // follow each other in the backward and is launched after the run's last (lowest) block; a bucket written by blocks
@@ -106,8 +108,11 @@ class GradBuckets : public BlockHooks {
   // reshard: ZeRO-3 frees a block's gathered parameters as soon as it is done with them. pipelined (pp > 1): ZeRO-3
   // keeps them for the step instead, and its gradients are whole buckets for the step, reduce-scattered once at the
   // schedule's allreduce_grads as under ZeRO-1 and freed after (torchtitan's choice: no per-micro-batch collectives).
+  // expert_comm (parallel.ep): the ranks holding this rank's experts, over which the expert weights' buckets are
+  // summed (null when this rank's experts have no other copy); ZeRO-1 shards those buckets over it.
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-              int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, bool pipelined = false);
+              int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, bool pipelined = false,
+              Communicator* expert_comm = nullptr);
   bool params_sharded() const { return zero3_; }
   // Test only (RELAY_TEST_KILL_WHERE): SIGKILL this process right after it issues its next parameter all-gather.
   void test_kill_in_next_gather() { kill_in_gather_ = true; }
@@ -130,6 +135,9 @@ class GradBuckets : public BlockHooks {
   void progress();                // let MPI advance outstanding all-reduces
   void finish();                  // wait for every all-reduce (launching any not yet started)
   double sum_squares();           // of the gradients that count in the norm (after finish)
+  // This rank's share of the squared gradient norm (after finish), so that the sum over all ranks counts every
+  // gradient once: its shards (ZeRO), or its whole buckets where it is the first of the ranks holding them.
+  double norm_share();
   void scale(float s);
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
   // Record each bucket's all-reduce (launch to completion) of this step in tracer (null: do not).
@@ -140,6 +148,9 @@ class GradBuckets : public BlockHooks {
 
  private:
   struct Bucket {
+    Communicator* comm = nullptr;  // the ranks that sum it (the replicas, or an expert's); null: none
+    bool zero = false;             // ZeRO (1): sharded over comm
+    bool wired = false;            // grad_reduce = "bf16": travels in bf16
     Tensor flat;  // (padded) every gradient of the bucket (padded to a multiple of dp under ZeRO); ZeRO-2: none
     int64_t padded = 0;
     Tensor values, shard;  // ZeRO: (padded) the parameters; (padded / dp) this replica's summed gradients
@@ -177,7 +188,7 @@ class GradBuckets : public BlockHooks {
   void reclaim(int buffer);       // ZeRO-2: wait for its reduce-scatter and add the piece into the shard
   // Points each member's field (grad, value or work) into flat (the bucket's layout).
   static void point(Bucket& b, const Tensor& flat, Tensor Param::*field);
-  int64_t own_begin(const Bucket& b) const { return b.shard.numel() * comm_->rank(); }
+  int64_t own_begin(const Bucket& b) const { return b.shard.numel() * b.comm->rank(); }
   Backend& be_;
   Communicator* comm_;
   bool zero_;

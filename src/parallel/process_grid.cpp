@@ -15,7 +15,7 @@ void local_rank_and_size(int& local_rank, int& local_size) {
   MPI_CHECK(MPI_Comm_free(&node));
 }
 
-ProcessGrid make_process_grid(int dp, int pp, int tp, int cp) {
+ProcessGrid make_process_grid(int dp, int pp, int tp, int cp, int ep) {
   ProcessGrid g;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g.world_rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g.world_size));
@@ -37,6 +37,8 @@ ProcessGrid make_process_grid(int dp, int pp, int tp, int cp) {
   g.tp_rank = c.tp_rank;
   g.pp_rank = c.pp_rank;
   g.cp_rank = c.cp_rank;
+  g.ep = ep;
+  g.ep_rank = g.dp_rank % ep;
   local_rank_and_size(g.local_rank, g.local_size);
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
@@ -45,6 +47,12 @@ ProcessGrid make_process_grid(int dp, int pp, int tp, int cp) {
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, (g.dp_rank * cp + g.cp_rank) * tp + g.tp_rank, g.pp_rank, &g.pp_comm));
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, (g.pp_rank * dp + g.dp_rank) * cp + g.cp_rank, g.tp_rank, &g.tp_comm));
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, (g.pp_rank * dp + g.dp_rank) * tp + g.tp_rank, g.cp_rank, &g.cp_comm));
+  if (ep > 1) {
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, ((g.pp_rank * (dp / ep) + g.dp_rank / ep) * cp + g.cp_rank) * tp + g.tp_rank,
+                             g.ep_rank, &g.ep_comm));
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, (g.pp_rank * ep + g.ep_rank) * tp + g.tp_rank, g.expert_replica_rank(),
+                             &g.expert_dp_comm));
+  }
   return g;
 }
 
@@ -53,6 +61,8 @@ void free_process_grid(ProcessGrid& g) {
   if (g.pp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.pp_comm);
   if (g.tp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.tp_comm);
   if (g.cp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.cp_comm);
+  if (g.ep_comm != MPI_COMM_NULL) MPI_Comm_free(&g.ep_comm);
+  if (g.expert_dp_comm != MPI_COMM_NULL) MPI_Comm_free(&g.expert_dp_comm);
 }
 
 std::string rank_label(int world_rank, int dp, int tp, int cp) {

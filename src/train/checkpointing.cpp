@@ -24,12 +24,12 @@ namespace relay {
 std::vector<ManifestEntry> checkpoint_manifest(const ModelLayout& layout, const Config::Optimizer& opt) {
   std::vector<ManifestEntry> m;
   auto params = layout.params();
-  for (auto& p : params) m.push_back({"model/" + p.name, p.shape, p.split, p.pp_ranks});
+  for (auto& p : params) m.push_back({"model/" + p.name, p.shape, p.split, p.pp_ranks, p.ep_owner});
   std::vector<std::string> kinds;
   if (opt.name == "adamw") kinds = {"exp_avg", "exp_avg_sq"};
   else if (opt.momentum != 0) kinds = {"momentum_buffer"};
   for (auto& k : kinds)
-    for (auto& p : params) m.push_back({"optimizer/" + k + "/" + p.name, p.shape, p.split, p.pp_ranks});
+    for (auto& p : params) m.push_back({"optimizer/" + k + "/" + p.name, p.shape, p.split, p.pp_ranks, p.ep_owner});
   return m;
 }
 
@@ -47,7 +47,10 @@ LocalPiece local_piece(CheckpointContext& ctx, const std::string& name) {
       if (sl.param->name == name.substr(6)) return {&sl.value, sl.offset};
     return {};
   }
-  if (name.rfind("model/", 0) == 0) return {&ctx.params.at(name.substr(6))->value, 0};
+  if (name.rfind("model/", 0) == 0) {  // (parallel.ep: another rank's expert is not here)
+    auto it = ctx.params.find(name.substr(6));
+    return it == ctx.params.end() ? LocalPiece{} : LocalPiece{&it->second->value, 0};
+  }
   for (auto& st : ctx.optimizer.state())
     if (name == "optimizer/" + st.kind + "/" + st.param) return {st.tensor, st.offset};
   return {};
@@ -58,7 +61,8 @@ int64_t shard_numel(const ManifestEntry& e, const ProcessGrid& g, int tp_rank) {
   return shape_numel(shard_shape(e.shape, e.split, g.tp, tp_rank));
 }
 bool zero_sharded(CheckpointContext& ctx, const ManifestEntry& e) {
-  if (!ctx.cfg.optimizer.zero || ctx.grid.replicas() <= 1) return false;
+  const int replicas = e.ep_owner >= 0 ? ctx.grid.expert_replicas() : ctx.grid.replicas();
+  if (!ctx.cfg.optimizer.zero || replicas <= 1) return false;
   return e.name.rfind("optimizer/", 0) == 0 || (ctx.cfg.optimizer.zero >= 3 && e.name.rfind("model/", 0) == 0);
 }
 
@@ -79,7 +83,8 @@ void gather_shard(CheckpointContext& ctx, const ManifestEntry& e, int64_t step, 
   std::memcpy(piece.data(), head, sizeof head);
   if (n) ctx.be.download(piece.data() + sizeof head, *mine.tensor);
   std::vector<size_t> sizes;
-  const std::vector<std::byte> all = ctx.dp.gather_host(
+  Communicator& group = e.ep_owner >= 0 ? *ctx.expert_dp : ctx.dp;  // the ranks holding the pieces
+  const std::vector<std::byte> all = group.gather_host(
       piece.data(), piece.size(), 0, &sizes, cat("the ZeRO pieces of ", e.name, " for the step-", step, " checkpoint"));
   if (!out) return;  // another replica, or a tp rank whose copy of a replicated tensor is not sent
   std::fill_n(out, shard_numel(e, g, g.tp_rank), 0.f);
@@ -117,10 +122,10 @@ void receive_tensor(CheckpointContext& ctx, const ManifestEntry& e, int64_t step
       shard.resize(static_cast<size_t>(shard_numel(e, g, tr)));
       into = shard.data();
     }
-    if (e.owner() == 0 && tr == 0) {
+    if (e.owner() == 0 && tr == 0 && e.ep_owner <= 0) {
       gather_shard(ctx, e, step, into);
-    } else {
-      const int from = g.world_rank_of(e.owner(), 0, tr);
+    } else {  // from the stage's first replica holding it (parallel.ep: replica ep_owner holds expert ep_owner's)
+      const int from = g.world_rank_of(e.owner(), std::max(e.ep_owner, 0), tr);
       ctx.world.recv_host(into, static_cast<size_t>(shard_numel(e, g, tr)) * sizeof(float), from, kCheckpointTag,
                           cat("tensor ", e.name, " of the step-", step, " checkpoint"));
     }
@@ -135,7 +140,9 @@ void send_tensors(CheckpointContext& ctx, const std::vector<ManifestEntry>& mani
   std::vector<float> shard;  // (shard_numel) this rank's contribution, in host memory
   for (auto& e : manifest) {
     if (e.owner() != g.pp_rank) continue;
-    const bool sender = g.replica_rank() == 0 && (g.tp_rank == 0 || split_over_tp(e, g));
+    if (e.ep_owner >= 0 && e.ep_owner != g.ep_rank) continue;  // another rank's expert
+    const bool first = e.ep_owner >= 0 ? g.expert_replica_rank() == 0 : g.replica_rank() == 0;
+    const bool sender = first && (g.tp_rank == 0 || split_over_tp(e, g));
     shard.resize(sender ? static_cast<size_t>(shard_numel(e, g, g.tp_rank)) : 0);
     gather_shard(ctx, e, step, sender ? shard.data() : nullptr);  // collective over the replica group
     if (!sender) continue;

@@ -1,7 +1,8 @@
 // Moving checkpoints between the ranks and the file: world rank 0 writes one file of whole tensors,
 // whatever the layout. A tensor's owning stage sends it from replica 0, one shard per tp rank when
 // tensor parallelism splits it; ZeRO-1 optimizer state is first gathered within the replica group
-// (each replica holds a piece). On resume every rank reads the tensors of its own chunks and keeps its
+// (each replica holds a piece). Under expert parallelism an expert's tensors come from the first rank holding
+// that expert (replica ep_owner), its ZeRO-1 pieces gathered over the ranks holding it. On resume every rank reads the tensors of its own chunks and keeps its
 // shard and piece of each.
 #pragma once
 #include <functional>
@@ -35,6 +36,8 @@ struct CheckpointContext {
   // it whole) and read back by every rank. Null without it.
   std::vector<float>* expert_bias = nullptr;
   int64_t n_experts = 0;
+  // parallel.ep: the ranks holding this rank's experts (their ZeRO-1 pieces); null when none other does.
+  Communicator* expert_dp = nullptr;
 };
 
 // Every tensor a checkpoint of this model and optimizer holds, with its owning pipeline rank.
@@ -43,6 +46,7 @@ struct ManifestEntry {
   Shape shape;       // the whole tensor (what the file holds)
   TpSplit split;     // how tensor parallelism splits it among a stage's tp ranks
   std::vector<int> pp_ranks;  // holders; the first (the owner) sends it to rank 0 when saving
+  int ep_owner = -1;          // an expert's weight or state under parallel.ep: the ep rank holding it (-1: every one)
   int owner() const { return pp_ranks.front(); }
   bool held_by(int pp_rank) const {
     for (int r : pp_ranks) if (r == pp_rank) return true;

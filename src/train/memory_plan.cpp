@@ -7,6 +7,7 @@
 
 #include "core/memory.hpp"
 #include "model/chunk.hpp"
+#include "model/expert_parallel.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/slot_plan.hpp"
 
@@ -124,13 +125,28 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   const bool zero = cfg.optimizer.zero && dp > 1, recompute = cfg.train.recompute == "blocks";
   const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * layout.model.seq_len / cp;
   MemoryBytes b;
-  // Parameters, gradients and optimizer state: every parameter of this rank's chunks once.
+  // Parameters, gradients and optimizer state: every parameter of this rank's chunks once (of a MoE layer's experts,
+  // this rank's under parallel.ep: those of ep rank 0, every ep rank holding as many).
   std::set<std::string> seen;
-  int64_t numel = 0;
+  int64_t numel = 0, expert_numel = 0;
+  const int ep = layout.ep;
   for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
-    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
-      for (const ParamSpec& p : layout.blocks()[static_cast<size_t>(i)].params)
-        if (seen.insert(p.name).second) numel += shape_numel(shard_shape(p.shape, p.split, tp, tp_rank));
+    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i) {
+      const BlockSpec& blk = layout.blocks()[static_cast<size_t>(i)];
+      for (size_t j = 0; j < blk.params.size(); ++j) {
+        const ParamSpec& p = blk.params[j];
+        const int64_t e = ep > 1 ? expert_of_param(blk, j) : -1;
+        if (e >= 0 && expert_owner(e, blk.moe.n_experts, ep) != 0) continue;
+        if (!seen.insert(p.name).second) continue;
+        const int64_t n = shape_numel(shard_shape(p.shape, p.split, tp, tp_rank));
+        numel += n;
+        if (e >= 0) expert_numel += n;
+      }
+    }
+  // ZeRO shards the dense parameters' state over the dp x cp replicas, the experts' over the replicas of the experts.
+  const int edp = dp / ep;
+  const bool ezero = cfg.optimizer.zero && edp > 1, ewire = cfg.parallel.grad_reduce == GradReduce::bf16 && edp > 1;
+  const int64_t dense = numel - expert_numel;
   // Sizes in bytes: f32 masters, gradients and state; act: activations and working weights (bf16 under
   // train.precision = "bf16", f32 otherwise); the gradient wire copies of parallel.grad_reduce = "bf16".
   const int64_t f32 = 4, act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
@@ -150,10 +166,14 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
     const int64_t pool = z.pool_elements + z.pool_elements / dp;  // each buffer and its piece of the sum
     b.grads = f32 * z.total_padded / dp + f32 * pool + (wire ? 2 * pool : 0);
   } else {
-    b.grads = f32 * numel + (zero ? f32 * numel / dp : 0) + (wire ? 2 * numel + (zero ? 2 * numel / dp : 0) : 0);
+    // The buckets, the ZeRO-1 shards of their sums, and their bf16 wire copies (dense, then the experts').
+    auto grads = [&](int64_t n, bool z1, bool w, int d) {
+      return f32 * n + (z1 ? f32 * n / d : 0) + (w ? 2 * n + (z1 ? 2 * n / d : 0) : 0);
+    };
+    b.grads = grads(dense, zero, wire, dp) + grads(expert_numel, ezero, ewire, edp);
   }
   const int64_t moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
-  b.optimizer = moments * f32 * (zero ? numel / dp : numel);
+  b.optimizer = moments * f32 * ((zero ? dense / dp : dense) + (ezero ? expert_numel / edp : expert_numel));
   // Activations: the schedule's slots per chunk (parallel/slot_plan.hpp), a boundary pair per
   // micro-batch, the loss's buffers per micro-batch on the last chunk.
   ScheduleShape shape = schedule_shape(cfg);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include "model/expert_parallel.hpp"
+
 namespace relay {
 
 int ModelLayout::chunk_of_block(int block) const {
@@ -16,11 +18,13 @@ std::vector<ParamEntry> ModelLayout::params() const {
   std::map<std::string, size_t> at;
   for (const BlockSpec& b : model.blocks) {
     const int rank = pp_rank_of_chunk(chunk_of_block(b.index));
-    for (const ParamSpec& p : b.params) {
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const ParamSpec& p = b.params[i];
       auto it = at.find(p.name);
       if (it == at.end()) {
         at[p.name] = out.size();
-        out.push_back({p.name, p.shape, p.split, {rank}});
+        const int64_t e = ep > 1 ? expert_of_param(b, i) : -1;
+        out.push_back({p.name, p.shape, p.split, {rank}, e < 0 ? -1 : expert_owner(e, b.moe.n_experts, ep)});
       } else {
         auto& ranks = out[it->second].pp_ranks;
         if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
@@ -43,10 +47,13 @@ ParamPlacement ModelLayout::placement(const std::string& name, int pp_rank, int 
   // and relay plan --cluster for thousands of layouts of models with thousands of parameters).
   std::vector<int> ranks;
   const ParamSpec* spec = nullptr;
+  bool expert = false;
   for (const BlockSpec& b : model.blocks)
-    for (const ParamSpec& p : b.params) {
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const ParamSpec& p = b.params[i];
       if (p.name != name) continue;
       if (!spec) spec = &p;
+      expert = ep > 1 && expert_of_param(b, i) >= 0;
       const int rank = pp_rank_of_chunk(chunk_of_block(b.index));
       if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
     }
@@ -56,6 +63,7 @@ ParamPlacement ModelLayout::placement(const std::string& name, int pp_rank, int 
   p.owner = ranks.front() == pp_rank;
   p.tp_replicated = tp > 1 && spec->split.replicated();
   p.counts_in_norm = p.owner && !(tp_rank > 0 && spec->split.replicated());
+  p.expert = expert;
   return p;
 }
 
@@ -74,7 +82,10 @@ double ModelLayout::forward_flops_per_sample() const {
 ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<double>& measured_costs) {
   ModelLayout l;
   l.model = make_model_spec(cfg, input_dim);
+  for (BlockSpec& b : l.model.blocks)
+    if (b.moe.on()) b.moe.ep = static_cast<int>(cfg.parallel.ep);
   l.pp = static_cast<int>(cfg.parallel.pp);
+  l.ep = static_cast<int>(cfg.parallel.ep);
   l.v = static_cast<int>(cfg.parallel.virtual_stages);
   l.chunks = partition_blocks(l.model.blocks, l.pp * l.v, cfg.parallel.balance, measured_costs);
   return l;

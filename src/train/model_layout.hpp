@@ -18,6 +18,7 @@ struct ParamEntry {
   Shape shape;     // the whole tensor
   TpSplit split;   // how tensor parallelism splits it
   std::vector<int> pp_ranks;  // ranks holding a copy, ascending; the first is the owner (checkpoints)
+  int ep_owner = -1;          // an expert's weight under parallel.ep: the ep rank holding it (-1: every ep rank)
 };
 
 // Where one parameter lives and how its gradient is treated, seen from one rank: the one rule the
@@ -27,11 +28,13 @@ struct ParamPlacement {
   bool owner = true;           // this pipeline rank is the first that holds it (its copy is the one checkpointed)
   bool tp_replicated = false;  // whole on every tp rank (not split): the tp ranks' gradients are equal
   bool counts_in_norm = true;  // counted once in the gradient norm: the owner's copy, on tp rank 0 unless split
+  bool expert = false;         // an expert's weight under parallel.ep: reduced over the ranks holding that expert
 };
 
 struct ModelLayout {
   ModelSpec model;
   int pp = 1, v = 1;
+  int ep = 1;                      // parallel.ep: each MoE layer's experts split over ep ranks
   std::vector<ChunkRange> chunks;  // pp * v contiguous block ranges
 
   const std::vector<BlockSpec>& blocks() const { return model.blocks; }

@@ -40,6 +40,9 @@ struct Run {
   std::unique_ptr<Communicator> dp_comm, pp_comm, tp_comm, cp_comm;
   TensorParallel tp;  // this stage's tensor-parallel group (size 1: none)
   ContextParallel cp;  // this rank's context-parallel group (size 1: none)
+  // parallel.ep: this rank's expert-parallel group and the ranks holding the same experts (null when alone)
+  std::unique_ptr<Communicator> ep_comm, expert_dp_comm;
+  ExpertParallel ep;
   std::unique_ptr<Communicator> tied_comm;  // first and last pipeline rank of a replica, when they share a weight
   MPI_Comm tied_mpi = MPI_COMM_NULL;
   DataSource train_data, eval_data;

@@ -91,7 +91,8 @@ void open_data(Run& r) {
 void setup_grid_and_backend(Run& r) {
   const Config& cfg = r.cfg;
   r.grid = make_process_grid(static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.pp),
-                             static_cast<int>(cfg.parallel.tp), static_cast<int>(cfg.parallel.cp));
+                             static_cast<int>(cfg.parallel.tp), static_cast<int>(cfg.parallel.cp),
+                             static_cast<int>(cfg.parallel.ep));
   set_process_identity(r.grid.world_rank, r.grid.host);
   BackendOptions bo;
   bo.device = resolve_device(cfg.train.device);
@@ -125,6 +126,11 @@ void setup_communicators(Run& r) {
     r.cp_comm = make_group_comm(r, r.grid.cp_comm, /*point_to_point=*/false);
     r.cp = ContextParallel{r.cp_comm.get(), r.grid.cp, r.grid.cp_rank,
                            std::make_shared<CpAttention>(r.cp_comm.get(), r.grid.cp, r.grid.cp_rank)};
+  }
+  if (r.grid.ep > 1) {
+    r.ep_comm = make_group_comm(r, r.grid.ep_comm, /*point_to_point=*/false);
+    r.ep = ExpertParallel{r.ep_comm.get(), r.grid.ep, r.grid.ep_rank, std::make_shared<ExpertExchangeStats>()};
+    if (r.grid.expert_replicas() > 1) r.expert_dp_comm = make_group_comm(r, r.grid.expert_dp_comm, /*point_to_point=*/false);
   }
   // The embedding group (Megatron-LM): the first and last pipeline rank of each (replica, tp rank),
   // which hold the same shard of the tied weight. Split on every rank (a collective); only used when
@@ -186,7 +192,7 @@ void setup_data_and_model(Run& r) {
     const ChunkRange& cr = r.layout.chunks[static_cast<size_t>(c)];
     std::vector<std::unique_ptr<Block>> blocks;
     for (int i = cr.begin; i < cr.end; ++i)
-      blocks.push_back(make_block(r.layout.blocks()[static_cast<size_t>(i)], *r.store, r.tp, r.cp));
+      blocks.push_back(make_block(r.layout.blocks()[static_cast<size_t>(i)], *r.store, r.tp, r.cp, r.ep));
     auto ch = std::make_unique<ModelChunk>(*r.be, c, std::move(blocks), c == 0, c == last, lm && c == last,
                                            cfg.train.recompute == "blocks");
     r.chunk_map[c] = ch.get();
@@ -203,7 +209,7 @@ void setup_data_and_model(Run& r) {
         r.params[p->name] = p;
         const ParamPlacement pl = r.layout.placement(p->name, g.pp_rank, g.tp, g.tp_rank);
         if (pl.tied) tied.push_back(p);
-        bucket_params.push_back({p, ch->id(), b->spec().index, pl.counts_in_norm, pl.tied, pl.tp_replicated});
+        bucket_params.push_back({p, ch->id(), b->spec().index, pl.counts_in_norm, pl.tied, pl.tp_replicated, pl.expert});
       }
   if (r.chunk_map.count(last)) {
     const int64_t V = r.layout.model.output_dim;
@@ -213,7 +219,8 @@ void setup_data_and_model(Run& r) {
   }
   r.buckets = std::make_unique<GradBuckets>(*r.be, g.replicas() > 1 ? r.dp_comm.get() : nullptr, bucket_params,
                                             zero_bucket_mb(cfg), cfg.optimizer.zero, cfg.parallel.grad_reduce,
-                                            cfg.parallel.reshard_after_forward, /*pipelined=*/g.pp > 1);
+                                            cfg.parallel.reshard_after_forward, /*pipelined=*/g.pp > 1,
+                                            r.expert_dp_comm.get());
   for (auto& ch : r.chunks) r.buckets->watch(*ch);  // ZeRO-2: reduce-scatter each bucket as its blocks finish
   r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,

@@ -159,6 +159,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   const Config& cfg = r.cfg;
   Tracer* tr = r.tracer && r.tracer->on(step) ? r.tracer.get() : nullptr;
   r.executor->set_trace(tr, step);
+  if (r.ep.stats) *r.ep.stats = ExpertExchangeStats{tr, step};  // this step's all-to-alls
   auto span = [&](const char* name, const char* op, int track, int64_t begin) {
     if (tr) tr->add({name, op, track, step, -1, -1, begin, tr->mark()});
   };
@@ -186,9 +187,9 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   res.stats = r.executor->run_step(data);
   const int64_t m_opt = tr ? tr->mark() : 0;
   // Gradient norm over every rank's share: all stages and tp shards of replica 0 (replicas hold equal
-  // gradients after the all-reduce), or every rank's ZeRO shard; a tied weight and a parameter
-  // replicated over tp count once.
-  double sq = r.buckets->sharded() || r.grid.replica_rank() == 0 ? r.buckets->sum_squares() : 0.0;
+  // gradients after the all-reduce; an expert's, the first of the ranks holding it), or every rank's ZeRO shard; a
+  // tied weight and a parameter replicated over tp count once.
+  double sq = r.buckets->norm_share();
   const bool finite_here = std::isfinite(sq) && std::isfinite(res.stats.loss_sum);
   r.world->allreduce_host(&sq, 1, ReduceOp::sum, "the gradient-norm reduction");
   res.grad_norm = std::sqrt(sq);
@@ -266,8 +267,9 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
                                           r.layout.model.language_model ? r.layout.model.seq_len : 0);
   if (cfg.log.tensorboard) log->enable_tensorboard(cfg.run.dir + "/tb");
   std::printf("relay: effective config (saved as %s/config.toml)\n%s\n", cfg.run.dir.c_str(), cfg.to_toml().c_str());
-  std::printf("relay: %d rank%s = dp %d x %s%spp %d, schedule %s (v=%lld, %lld micro-batches of %lld), backend %s\n",
-              g.world_size, g.world_size > 1 ? "s" : "", g.dp, g.cp > 1 ? cat("cp ", g.cp, " x ").c_str() : "",
+  std::printf("relay: %d rank%s = dp %d%s x %s%spp %d, schedule %s (v=%lld, %lld micro-batches of %lld), backend %s\n",
+              g.world_size, g.world_size > 1 ? "s" : "", g.dp, g.ep > 1 ? cat(" (ep ", g.ep, ")").c_str() : "",
+              g.cp > 1 ? cat("cp ", g.cp, " x ").c_str() : "",
               g.tp > 1 ? cat("tp ", g.tp, " x ").c_str() : "", g.pp,
               cfg.parallel.schedule.c_str(),
               static_cast<long long>(cfg.parallel.virtual_stages), static_cast<long long>(cfg.train.micro_batches),
@@ -277,6 +279,16 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
                 cfg.optimizer.zero, g.replicas(), g.replicas(),
                 cfg.optimizer.zero >= 2 ? " and of the gradients (each bucket reduce-scattered as the backward makes it)"
                                         : "");
+  if (g.ep > 1) {
+    int64_t E = 0;
+    for (const BlockSpec& b : r.layout.model.blocks)
+      if (b.moe.on()) E = b.moe.n_experts;
+    std::printf("relay: expert parallelism: each MoE layer's %lld experts over ep %d of the dp ranks, %lld each (ep rank "
+                "r holds experts [%lld r, %lld (r + 1))); rows travel to their experts and back in all-to-alls; each "
+                "expert's gradients summed over the %d rank%s holding it\n",
+                static_cast<long long>(E), g.ep, static_cast<long long>(E / g.ep), static_cast<long long>(E / g.ep),
+                static_cast<long long>(E / g.ep), g.expert_replicas(), g.expert_replicas() > 1 ? "s" : "");
+  }
   if (g.cp > 1)
     std::printf("relay: context parallelism: each sequence of %lld tokens is cut into %d chunks; rank i of a cp group "
                 "holds chunks i and %d - i (%lld tokens) and attends to the group's gathered keys and values\n",
@@ -309,8 +321,9 @@ std::string placement_table(Run& r) {
   const ProcessGrid& g = r.grid;
   constexpr int kLen = 160;
   char mine[kLen] = {};
-  std::snprintf(mine, kLen, "  %s on %s: local rank %d of %d, %s", rank_label(g.world_rank, g.dp, g.tp, g.cp).c_str(),
-                g.host.c_str(), g.local_rank, g.local_size, r.be->describe().c_str());
+  std::snprintf(mine, kLen, "  %s on %s: local rank %d of %d, %s%s", rank_label(g.world_rank, g.dp, g.tp, g.cp).c_str(),
+                g.host.c_str(), g.local_rank, g.local_size, r.be->describe().c_str(),
+                g.ep > 1 ? cat(", ep rank ", g.ep_rank).c_str() : "");
   // (world_size x kLen) chars on rank 0
   const std::vector<std::byte> all = r.world->gather_host(mine, kLen, 0, nullptr, "the placement report");
   std::string table;
@@ -410,6 +423,7 @@ int run_training(const Config& cfg, const RunPrediction& plan) {
   CheckpointContext ckpt{cfg, g, r.layout, *r.be, *r.world, *r.dp_comm, r.params, *r.optimizer, r.train_data.samples(),
                          r.train_data.tokens ? r.train_data.tokens->tokenizer() : std::string()};
   if (r.buckets->params_sharded()) ckpt.param_pieces = r.buckets->optimizer_slices();  // ZeRO-3
+  ckpt.expert_dp = r.expert_dp_comm.get();
   if (cfg.moe.expert_bias) {  // zero until a checkpoint says otherwise
     int64_t layers = 0;
     for (const BlockSpec& b : r.layout.model.blocks)

@@ -149,7 +149,8 @@ def relay_config(d, data, opts, layout):
         "optimizer": dict(name="adamw", lr=RUN["lr"], betas=list(RUN["betas"]), eps=RUN["eps"],
                           weight_decay=RUN["weight_decay"]),
         "lr_schedule": RUN["schedule"],
-        "parallel": dict(dp=layout["dp"], pp=layout["pp"], tp=layout.get("tp", 1), schedule="1f1b"),
+        "parallel": dict(dp=layout["dp"], pp=layout["pp"], tp=layout.get("tp", 1), schedule="1f1b",
+                         **(dict(ep=layout["ep"]) if layout.get("ep", 1) > 1 else {})),
         "checkpoint": dict(save_initial=True),
     }
     return "".join(f"[{s}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in kv.items()) + "\n"
