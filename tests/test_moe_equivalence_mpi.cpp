@@ -37,10 +37,12 @@ struct Case {
   int m = 1;
   std::string balance;
   bool zero = false, recompute = false;
-  int ep = 1;
-  int ranks() const { return dp * pp; }
+  int ep = 1, tp = 1;
+  bool sp = false;
+  int ranks() const { return dp * pp * tp; }
   std::string name() const {
-    std::string s = model + "_dp" + std::to_string(dp) + (ep > 1 ? "_ep" + std::to_string(ep) : "") + "_pp" +
+    std::string s = model + "_dp" + std::to_string(dp) + (ep > 1 ? "_ep" + std::to_string(ep) : "") +
+                    (tp > 1 ? "_tp" + std::to_string(tp) : "") + (sp ? "_sp" : "") + "_pp" +
                     std::to_string(pp) + "_" + schedule + "_m" +
                     std::to_string(m) + (balance.empty() ? "" : "_uneven") + (zero ? "_zero" : "") +
                     (recompute ? "_recompute" : "");
@@ -128,6 +130,8 @@ TEST_P(MoeEquivalence, MatchesSerialRun) {
   auto ov = model_overrides(c.model);
   ov.insert(ov.end(), {"run.dir=\"" + run + "\"", "parallel.dp=" + std::to_string(c.dp),
                        "parallel.pp=" + std::to_string(c.pp), "parallel.ep=" + std::to_string(c.ep),
+                       "parallel.tp=" + std::to_string(c.tp),
+                       std::string("parallel.sequence_parallel=") + (c.sp ? "true" : "false"),
                        "parallel.schedule=\"" + c.schedule + "\"",
                        "train.micro_batches=" + std::to_string(c.m),
                        "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
@@ -167,7 +171,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivalence,
                                            Case{"mixtral", 4, 1, "1f1b", 1, "", true, false, 2},
                                            Case{"qwen3_moe", 4, 1, "gpipe", 2, "", false, true, 4},
                                            Case{"mixtral", 2, 2, "zb-h1", 2, "", false, false, 2},
-                                           Case{"mixtral_bias", 2, 2, "interleaved", 4, "", true, true, 2}),
+                                           Case{"mixtral_bias", 2, 2, "interleaved", 4, "", true, true, 2},
+                                           // Tensor parallelism: each expert split like the dense SwiGLU; with ep and
+                                           // sequence parallelism too.
+                                           Case{"qwen3_moe", 1, 2, "1f1b", 2, "", false, false, 1, 2},
+                                           Case{"mixtral", 2, 1, "1f1b", 2, "", true, false, 2, 2, true}),
                          [](const auto& info) { return info.param.name(); });
 
 // Two runs of one layout (dp 2 x ep 2 x pp 2) give the same bits (the routing plan, the all-to-alls' row order, the
@@ -190,7 +198,8 @@ TEST(MoeModel, BitwiseAcrossRuns) {
 }
 
 // Layout-free checkpoints: a Mixtral run on dp 4 x ep 4 (each rank holds 2 of the 8 experts) and the same run stopped
-// at step 3 and resumed serially (ep 4 -> 1) and on dp 2 x ep 2 x pp 2 reach the same losses and final tensors (the
+// at step 3 and resumed serially (ep 4 -> 1), on dp 2 x ep 2 x pp 2 and on tp 2 x pp 2 (each expert split over two
+// ranks) reach the same losses and final tensors (the
 // experts are whole per-expert tensors in the checkpoint), with moe.expert_bias on: the bias resumes from the
 // checkpoint's router/expert_bias.
 TEST(MoeModel, ResumesOnAnotherLayout) {
@@ -208,9 +217,10 @@ TEST(MoeModel, ResumesOnAnotherLayout) {
   const std::string at3 = "checkpoint.resume=\"" + a + "/checkpoints/step_00000003.h5\"";
   const std::string b = run_of("b", 1, {at3});
   const std::string c = run_of("c", 4, {at3, "parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "train.micro_batches=2"});
+  const std::string d = run_of("d", 4, {at3, "parallel.tp=2", "parallel.pp=2", "train.micro_batches=2"});
   const auto la = read_losses(a);
   ASSERT_EQ(la.size(), 6u);
-  for (const std::string& resumed : {b, c}) {
+  for (const std::string& resumed : {b, c, d}) {
     const auto lb = read_losses(resumed);  // its metrics hold steps 4-6
     ASSERT_EQ(lb.size(), 3u) << resumed;
     for (size_t i = 0; i < 3; ++i)

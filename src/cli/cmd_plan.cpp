@@ -204,12 +204,14 @@ void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
         const BlockSpec& b = layout.blocks()[size_t(i)];
         for (size_t j = 0; j < b.params.size(); ++j) {
           const int64_t e = expert_of_param(b, j);
-          if (e < 0) dense += shape_numel(b.params[j].shape);
-          else if (expert_owner(e, b.moe.n_experts, layout.ep) == 0) expert += shape_numel(b.params[j].shape);
+          const int64_t numel = shape_numel(shard_shape(b.params[j].shape, b.params[j].split, int(cfg.parallel.tp), 0));
+          if (e < 0) dense += numel;
+          else if (expert_owner(e, b.moe.n_experts, layout.ep) == 0) expert += numel;
         }
       }
     const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4;
-    std::printf("\ndata-parallel collectives per step on each rank of pp rank 0 (gradients in %s):\n", wire == 2 ? "bf16" : "fp32");
+    std::printf("\ndata-parallel collectives per step on each rank of pp rank 0, tp rank 0 (gradients in %s):\n",
+                wire == 2 ? "bf16" : "fp32");
     auto line = [&](const char* what, int64_t numel, int r) {
       if (r <= 1) {
         std::printf("  %s: %s MiB, no other copy: nothing to reduce\n", what, mib(int64_t(wire * double(numel))).c_str());
@@ -306,9 +308,10 @@ void print_experts(const Config& cfg, const ModelLayout& layout) {
         const BlockSpec& b = layout.blocks()[size_t(i)];
         for (size_t j = 0; j < b.params.size(); ++j) {
           const int64_t e = expert_of_param(b, j);
-          if (e >= 0 && expert_owner(e, E, ep) == 0) numel += shape_numel(b.params[j].shape);
+          if (e >= 0 && expert_owner(e, E, ep) == 0)
+            numel += shape_numel(shard_shape(b.params[j].shape, b.params[j].split, int(cfg.parallel.tp), 0));
         }
-        if (b.moe.on()) exchange += MoeMlp::exchange_bytes(b, n);
+        if (b.moe.on()) exchange += MoeMlp::exchange_bytes(b, n, int(cfg.parallel.tp));
       }
     const int64_t weights = 4 * numel + (act != 4 ? act * numel : 0);
     const int64_t grads = 4 * numel + (zero ? 4 * numel / edp : 0), state = moments * 4 * (zero ? numel / edp : numel);

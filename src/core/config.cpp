@@ -459,10 +459,9 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     if (c.model.n_head % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_head = ", c.model.n_head,
                          " (each tensor-parallel rank holds whole attention heads)"));
-    if (c.model.is_moe())
-      par.fail("tp", cat("= ", c.parallel.tp, ": tensor parallelism of model.type = \"", c.model.type,
-                         "\" (experts split like the dense SwiGLU) is not implemented yet; use parallel.dp and "
-                         "parallel.pp"));
+    if (c.model.is_moe() && c.model.moe_ffn_hidden % c.parallel.tp != 0)
+      par.fail("tp", cat("= ", c.parallel.tp, " must divide model.moe_ffn_hidden = ", c.model.moe_ffn_hidden,
+                         " (each expert's SwiGLU units are split over the tp ranks)"));
     if (c.model.llama_like() && c.model.n_kv_head % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_kv_head = ", c.model.n_kv_head,
                          " (each tensor-parallel rank holds whole key/value heads)"));

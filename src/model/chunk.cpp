@@ -68,6 +68,8 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
     // Sequence parallelism: a block's norm-weight gradients of a micro-batch before the group's sum (4 x C f32).
     if (s.sp > 1 && (s.kind == BlockKind::transformer || s.kind == BlockKind::llama_layer || s.kind == BlockKind::head))
       norm_grads += 4 * s.in * 4;
+    // Tensor parallelism with q_norm / k_norm (Qwen3): their gradients from this rank's heads before the sum (4 x hd).
+    if (tp > 1 && s.qk_norm) norm_grads += 4 * (s.head_dim > 0 ? s.head_dim : s.in / s.n_head) * 4;
   }
   b.scratch += moe_set + dense_set + scratch_out + norm_grads;
   return b;

@@ -51,8 +51,8 @@ class LlamaLayer final : public Block {
     if (spec.qk_norm) p_.q_norm = params_[5], p_.k_norm = params_[6];
     p_.norm2 = params_[attn - 1];
     if (spec.moe.on()) {
-      RELAY_ASSERT(tp.size == 1 && !cp.on(), "llama layer: experts under tensor or context parallelism");
-      moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn), ep);
+      RELAY_ASSERT(!cp.on(), "llama layer: experts under context parallelism");
+      moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn), ep, tp);
     } else {
       p_.gate = params_[attn], p_.up = params_[attn + 1], p_.down = params_[attn + 2];
     }
@@ -106,12 +106,13 @@ class LlamaLayer final : public Block {
     s[kGKn] = {{qk ? n : 0, Hkv}, a};
     s[kGAtty] = {{Hq > C ? n : 0, Hq}, a};
     if (spec.moe.on())
-      for (const BufferSpec& b : MoeMlp::saved_shapes(spec, n)) s.push_back(b);
+      for (const BufferSpec& b : MoeMlp::saved_shapes(spec, n, tp)) s.push_back(b);
     return s;
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s.t);
     if (tp_.sequence_parallel()) norm_grads_.allocate(be, spec_.in);
+    if (tp_.on() && spec_.qk_norm) qk_grads_.allocate(be, hd_);
   }
 
   // x, y (m, C): m = n rows, or n / tp this rank's under sequence parallelism.
@@ -134,8 +135,12 @@ class LlamaLayer final : public Block {
     tp_.row_parallel_matmul(be, atty, p_.o->compute(), true, res1, "the attention output all-reduce");  // (m, C)
     be.add(res1, x, res1);                                                    // residual 1
     be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
-    if (moe_) {  // the experts (no tensor or sequence parallelism: m == n)
-      moe_->forward(be, n2, y, &s.t[kCount]);                                 // (n, C)
+    if (moe_) {  // the experts: under tp every rank routes the group's rows and runs its share of each expert
+      const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
+      Tensor part = tp_.sequence_parallel() ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : y;  // (n, C) partial
+      moe_->forward(be, n2_all, part, &s.t[kCount]);                          // (n, C)
+      if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(part, y, "the experts' output reduce-scatter");  // (m, C)
+      else if (tp_.on()) tp_.allreduce_sum(y, "the experts' output all-reduce");
       be.add(y, res1, y);                                                     // residual 2
       return;
     }
@@ -153,7 +158,11 @@ class LlamaLayer final : public Block {
     Tensor g_res1 = v(kGRes1), g_gate = v(kGGate), g_up = v(kGUp), g_n2 = v(kGN2), g_q = v(kGQ), g_k = v(kGK),
            g_v = v(kGV), g_n1 = v(kGN1);
     if (moe_) {
-      moe_->backward_input(be, v(kN2), dy, g_n2, &s.t[kCount]);               // (n, C) d n2
+      const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
+      Tensor part = tp_.sequence_parallel() ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : g_n2;  // (n, C) partial
+      moe_->backward_input(be, dy_all, dy_all, part, &s.t[kCount]);           // (n, C) d n2 (x: only its rows)
+      if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(part, g_n2, "the experts' input-gradient reduce-scatter");
+      else if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
     } else {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       be.matmul(dy_all, false, p_.down->compute(), false, g_gate, 1.f, 0.f);  // (n, F) d h, into d gate's buffer
@@ -196,7 +205,8 @@ class LlamaLayer final : public Block {
     Tensor dnorm1 = sp ? norm_grads_.part(0) : p_.norm1->grad, dnorm2 = sp ? norm_grads_.part(1) : p_.norm2->grad;
     // Under sequence parallelism each operand of (n) rows is gathered when it is needed (one buffer at a time).
     if (moe_) {
-      moe_->backward_weight(be, v(kN2), &s.t[kCount]);
+      moe_->backward_weight(be, tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm"),
+                            &s.t[kCount]);
     } else {
       weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kH), *p_.down);
       const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
@@ -209,9 +219,12 @@ class LlamaLayer final : public Block {
     weight_grad(be, v(kGQ), n1_all, *p_.q);
     weight_grad(be, v(kGK), n1_all, *p_.k);
     weight_grad(be, v(kGV), n1_all, *p_.v);
-    if (spec_.qk_norm) {
-      be.rmsnorm_backward_weight(heads(v(kGQn), H_), heads(v(kQraw), H_), flat(v(kRstdQ)), p_.q_norm->grad);
-      be.rmsnorm_backward_weight(heads(v(kGKn), KV_), heads(v(kKraw), KV_), flat(v(kRstdK)), p_.k_norm->grad);
+    if (spec_.qk_norm) {  // under tp each rank's heads give part of q_norm's and k_norm's gradients: summed over tp
+      if (tp_.on()) qk_grads_.begin(be);
+      Tensor dq = tp_.on() ? qk_grads_.part(0) : p_.q_norm->grad, dk = tp_.on() ? qk_grads_.part(1) : p_.k_norm->grad;
+      be.rmsnorm_backward_weight(heads(v(kGQn), H_), heads(v(kQraw), H_), flat(v(kRstdQ)), dq);
+      be.rmsnorm_backward_weight(heads(v(kGKn), KV_), heads(v(kKraw), KV_), flat(v(kRstdK)), dk);
+      if (tp_.on()) qk_grads_.finish(be, tp_, {&p_.q_norm->grad, &p_.k_norm->grad});
     }
     be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), dnorm1);
     if (sp) norm_grads_.finish(be, tp_, {&p_.norm1->grad, &p_.norm2->grad});
@@ -318,6 +331,7 @@ class LlamaLayer final : public Block {
   int64_t hd_, H_, KV_, F_;  // head size; this rank's query heads, key/value heads and SwiGLU units
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   SpNormGrads norm_grads_;  // sequence parallelism: the two RMSNorm weights' gradients
+  SpNormGrads qk_grads_;    // tensor parallelism with q_norm / k_norm: their gradients from this rank's heads
   bool ep_on_ = false;           // its experts split over ranks (generation runs them all on one)
   std::unique_ptr<MoeMlp> moe_;  // spec.moe on: the experts instead of gate, up and down
 };

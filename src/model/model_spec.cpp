@@ -215,9 +215,10 @@ ModelSpec llama_spec(const Config& cfg) {
       b.params.push_back(w(moe + "gate.weight", {E, C}));
       for (int64_t e = 0; e < E; ++e) {
         const std::string x = moe + "experts." + std::to_string(e) + ".";
-        b.params.push_back(w(x + (mixtral ? "w1.weight" : "gate_proj.weight"), {Fe, C}));
-        b.params.push_back(w(x + (mixtral ? "w3.weight" : "up_proj.weight"), {Fe, C}));
-        b.params.push_back(w(x + (mixtral ? "w2.weight" : "down_proj.weight"), {C, Fe}));
+        // Tensor parallelism splits each expert like the dense SwiGLU; the router stays whole.
+        b.params.push_back(w(x + (mixtral ? "w1.weight" : "gate_proj.weight"), {Fe, C}, col));
+        b.params.push_back(w(x + (mixtral ? "w3.weight" : "up_proj.weight"), {Fe, C}, col));
+        b.params.push_back(w(x + (mixtral ? "w2.weight" : "down_proj.weight"), {C, Fe}, row));
       }
       mlp_flops = 2.0 * double(C) * double(E) + double(c.experts_per_token) * 6.0 * double(C) * double(Fe);
     } else {

@@ -32,8 +32,9 @@ double since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep)
-    : ep_(ep), moe_(spec.moe), C_(spec.in), T_(spec.seq_len) {
+MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep,
+               const TensorParallel& tp)
+    : ep_(ep), tp_(tp), moe_(spec.moe), C_(spec.in), T_(spec.seq_len) {
   RELAY_ASSERT(moe_.on(), "MoeMlp: the block has no experts");
   RELAY_ASSERT(ep_.size == moe_.ep, "MoeMlp: an ep group of " << ep_.size << " for a layer planned at ep " << moe_.ep);
   E_local_ = ep_.local_experts(moe_.n_experts);
@@ -50,9 +51,9 @@ MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const Expe
   stats_.tokens.assign(size_t(moe_.n_experts), 0.0);
 }
 
-std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n) {
+std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
   const int ep = spec.moe.ep;
-  const int64_t E = spec.moe.n_experts, k = spec.moe.k, F = spec.moe.ffn_hidden, C = spec.in, R = n * k;
+  const int64_t E = spec.moe.n_experts, k = spec.moe.k, F = spec.moe.ffn_hidden / tp, C = spec.in, R = n * k;
   // Rows this rank's experts may receive: each of the ep ranks' n tokens sends at most min(k, E / ep) of its rows here.
   const int64_t Rl = ep > 1 ? int64_t(ep) * n * std::min(k, E / ep) : R, Rx = ep > 1 ? Rl : 0;
   const DType a = spec.dtype, f32 = DType::f32, i32 = DType::i32;
@@ -90,8 +91,8 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n) {
   return s;
 }
 
-int64_t MoeMlp::exchange_bytes(const BlockSpec& spec, int64_t n) {
-  const std::vector<BufferSpec> s = saved_shapes(spec, n);
+int64_t MoeMlp::exchange_bytes(const BlockSpec& spec, int64_t n, int tp) {
+  const std::vector<BufferSpec> s = saved_shapes(spec, n, tp);
   int64_t bytes = 0;
   for (size_t i = kRecvCounts; i < kCount; ++i) bytes += shape_numel(s[i].shape) * int64_t(dtype_size(s[i].dtype));
   return bytes;
@@ -232,6 +233,8 @@ void MoeMlp::backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tens
   Tensor gys = rows(kGYs, R), gweights = rows(kGWeights, n), ggate = rows(kGGate, Rl), gup = rows(kGUp, Rl);
   Tensor gxs = rows(kGXs, R), glogits = rows(kGLogits, n);
   be.moe_combine_backward(dy, rows(kYs, R), rows(kPos, n), rows(kWeights, n), gys, gweights);  // (R, C), (n, k)
+  // Under tp the outputs ys were this rank's partial sums, so the weights' gradients dy . ys are too.
+  if (tp_.on()) tp_.allreduce_sum(gweights, "the expert weights' gradient all-reduce");
   Tensor gyl = gys, gxl = gxs;
   if (ep_.on()) {
     gyl = rows(kGYl, Rl);
@@ -291,7 +294,8 @@ void MoeMlp::backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tens
   be.moe_router_backward(rows(kProbs, n), rows(kLse, n), rows(kExperts, n), gweights, moe_.renormalize,
                          moe_.aux_weight > 0 ? seq_grad : Tensor(), T_, float(moe_.z_weight), glogits);  // (n, E)
   be.moe_combine(gxs, rows(kPos, n), Tensor(), dx);                                    // (n, C) through the experts
-  be.matmul(glogits, false, router_->compute(), false, dx, 1.f, 1.f);                  // + through the router
+  if (tp_.rank == 0)  // + through the router (whole on every tp rank: counted once in the group's sum)
+    be.matmul(glogits, false, router_->compute(), false, dx, 1.f, 1.f);
 }
 
 void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {

@@ -27,16 +27,20 @@ class MoeMlp {
  public:
   // params: the router (E, C), then each of this rank's experts' gate (F, C), up (F, C) and down (C, F) (every
   // expert's without expert parallelism).
-  MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep = {});
+  // tp: each expert's SwiGLU split over the tensor-parallel group like the dense one (gate and up by rows, down by
+  // columns: moe_ffn_hidden / tp units here); the outputs (and input gradients) are then this rank's partial sums,
+  // which the caller reduces over the group; the router is whole on every tp rank.
+  MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep = {},
+         const TensorParallel& tp = {});
   // The buffers a micro-batch of n rows keeps (saved[first, first + count)): routing, gathered rows, gradients; under
   // expert parallelism (spec.moe.ep) the rows this rank's experts may receive (dropless: at most ep n min(k, E/ep)).
-  static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n);
+  static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp = 1);
   // Of those, the bytes only expert parallelism needs (the rows received, their staging and their maps): relay plan.
-  static int64_t exchange_bytes(const BlockSpec& spec, int64_t n);
-  // x (n, C) -> y (n, C), from the saved buffers `s` (saved_shapes' order).
+  static int64_t exchange_bytes(const BlockSpec& spec, int64_t n, int tp = 1);
+  // x (n, C) -> y (n, C), from the saved buffers `s` (saved_shapes' order); under tp, this rank's partial sum.
   void forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s);
-  // dy (n, C) -> dx (n, C), the input's gradient through the experts and the router; adds the step's router
-  // statistics. T: rows per sequence (the load-balancing loss's sequences).
+  // dy (n, C) -> dx (n, C), the input's gradient through the experts and the router (under tp this rank's partial
+  // sum: the router's term on tp rank 0 only); adds the step's router statistics.
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, Tensor* s);
   // Accumulates the router's and the experts' weight gradients.
   void backward_weight(Backend& be, const Tensor& x, Tensor* s);
@@ -56,6 +60,7 @@ class MoeMlp {
   int64_t local_rows() const { return local_.back(); }
 
   ExpertParallel ep_;
+  TensorParallel tp_;
   int64_t E_local_ = 0, first_ = 0;
 
   MoeSpec moe_;

@@ -22,7 +22,8 @@ margin near float32 rounding (~1e-7) is that, not a bug.
 
 Cases, serially: Mixtral (renormalised top-2 of 4 experts, z-loss on), Qwen3-MoE (head_dim 16 with n_embd 32 and
 4 heads, q_norm / k_norm, layer 0 dense via mlp_only_layers, norm_topk_prob on), and Mixtral on dp 2 x ep 2 x pp 2
-(each rank holds 2 of the 4 experts; the tokens travel to them and back in all-to-alls: the same run).
+(each rank holds 2 of the 4 experts; the tokens travel to them and back in all-to-alls: the same run), and
+Qwen3-MoE on tp 2 (heads, experts' SwiGLU units and the dense layer split over two ranks).
 
 transformers and PyTorch 2.x come from PyPI into the cached venv of pypi_venv.py (torch2); exit 77 = skipped.
 Usage: test_moe_reference.py <relay binary>
@@ -206,6 +207,7 @@ CASES = [  # name, family, ranks, layout
     ("mixtral_serial", MixtralFamily, 1, dict(dp=1, pp=1, m=1)),
     ("qwen3_moe_serial_m2", Qwen3MoeFamily, 1, dict(dp=1, pp=1, m=2)),
     ("mixtral_dp2_ep2_pp2", MixtralFamily, 4, dict(dp=2, ep=2, pp=2, m=2)),
+    ("qwen3_moe_tp2", Qwen3MoeFamily, 2, dict(dp=1, pp=1, tp=2, m=1)),
 ]
 
 if __name__ == "__main__":
