@@ -22,7 +22,8 @@ struct ExpertExchangeStats {
   Tracer* tracer = nullptr;  // this step's trace, or null
   int64_t trace_step = 0;
   double seconds = 0;        // host time in the all-to-alls (counts and rows) this step
-  int64_t rows_sent = 0;     // (token, expert) rows this rank sent to other ranks this step
+  int64_t rows_sent = 0;     // rows this rank's dispatches sent to other ranks this step (the tokens' in the forward,
+                             // their outputs' gradients in the backward; the returns are as many)
 };
 
 // A rank's expert-parallel group as a MoE layer sees it. comm is null when size == 1 (every expert here).

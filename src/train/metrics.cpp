@@ -125,6 +125,10 @@ void MetricsLog::train(const StepRecord& r) {
     j["expert_load_mean"] = r.expert_load_mean;
     if (std::isfinite(r.router_margin)) j["router_margin_min"] = number(r.router_margin);
   }
+  if (r.ep_alltoall_s >= 0) {
+    j["ep_alltoall_s"] = number(r.ep_alltoall_s);
+    j["ep_rows_sent"] = number(r.ep_rows_sent);
+  }
   j["rss_mib"] = number(r.rss_mib);
   j["rss_max_mib"] = number(r.rss_max_mib);
   j["peak_rss_max_mib"] = number(r.peak_rss_max_mib);

@@ -34,6 +34,9 @@ struct StepRecord {
   double aux_loss = 0, z_loss = 0;
   std::vector<double> expert_load_max, expert_load_mean;
   double router_margin = 0;  // the smallest k-th minus (k+1)-th router probability of any token (model/block.hpp)
+  // parallel.ep > 1 (this step's): the most time a rank spent in its MoE all-to-alls (counts and rows, waits for its
+  // peers included) and the rows all ranks' dispatches sent to other ranks (ExpertExchangeStats); -1 without ep.
+  double ep_alltoall_s = -1, ep_rows_sent = 0;
 };
 
 // This process's peak resident set size in MiB (VmHWM in /proc/self/status), 0 where unavailable.

@@ -77,6 +77,7 @@ struct StepResult {
   double aux_loss = 0, z_loss = 0, margin = INFINITY;
   std::vector<double> load_max, load_mean;
   std::vector<double> tokens;  // (MoE layers, n_experts) tokens routed to each expert over the global batch
+  double ep_alltoall_s = -1, ep_rows_sent = 0;  // parallel.ep: the slowest rank's all-to-all time; rows sent away
 };
 
 // moe.expert_bias: every block of this rank takes its layer's row of the run's bias.
@@ -201,6 +202,13 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   res.loss = loss_sum / (data.counted_targets > 0 ? double(data.counted_targets)
                                                  : double(cfg.train.batch_size) * double(r.layout.model.seq_len));
   res.loss += router_terms(r, res);
+  if (r.ep.stats) {  // every rank has an ep group when parallel.ep > 1
+    double t = r.ep.stats->seconds, rows = double(r.ep.stats->rows_sent);
+    r.world->allreduce_host(&t, 1, ReduceOp::max, "the all-to-all time reduction");
+    r.world->allreduce_host(&rows, 1, ReduceOp::sum, "the all-to-all rows reduction");
+    res.ep_alltoall_s = t;
+    res.ep_rows_sent = rows;
+  }
   res.stop = flags[0] > 0;
   res.lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, cfg.train.steps);
   // The same decision on every rank: a max-reduced flag, and sums every rank received alike.
@@ -557,6 +565,8 @@ int run_training(const Config& cfg, const RunPrediction& plan) {
         rec.expert_load_max = res.load_max;
         rec.expert_load_mean = res.load_mean;
         rec.router_margin = res.margin;
+        rec.ep_alltoall_s = res.ep_alltoall_s;
+        rec.ep_rows_sent = res.ep_rows_sent;
         log->train(rec);
         window_t0 = t;
       }
