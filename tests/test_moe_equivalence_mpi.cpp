@@ -275,4 +275,30 @@ TEST(MoeModel, ExpertsWithoutTokensUnderExpertParallelism) {
                         "ep 2 with idle experts against the serial run");
 }
 
+// Evaluation under expert parallelism: 63 eval sequences over dp 2 in batches of 1 give the replicas 31 and 32
+// forwards, but every forward is collective over the ep group; the replica with the smaller share runs a filler
+// forward (its result dropped), so nothing waits forever and the eval loss is the serial run's.
+TEST(MoeModel, EvaluatesUnevenSharesUnderExpertParallelism) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());  // eval: 63 sequences of 16 tokens
+  auto eval_loss = [&](const std::string& name, int ranks, std::vector<std::string> extra) {
+    auto ov = model_overrides("mixtral");
+    ov.insert(ov.end(), {"run.dir=\"" + dir.file(name) + "\"", "train.steps=1", "lr_schedule.warmup_steps=0",
+                         "train.batch_size=2", "train.micro_batches=1", "parallel.timeout=\"60s\""});
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    RunResult r = train(ranks, p.config, ov);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    double loss = NAN;
+    std::ifstream f(dir.file(name) + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("eval_loss")) loss = j["eval_loss"];
+    }
+    return loss;
+  };
+  const double serial = eval_loss("serial", 1, {}), ep = eval_loss("ep", 2, {"parallel.dp=2", "parallel.ep=2"});
+  ASSERT_TRUE(std::isfinite(serial));
+  EXPECT_NEAR(ep, serial, kAbs + kRel * std::abs(serial));
+}
+
 }  // namespace

@@ -1,6 +1,8 @@
 // Evaluation: every replica scores its share of the eval set with forward passes only; the sums are
 // reduced over the world. For GPT the loss is the mean over every target token and the accuracy is
-// next-token accuracy.
+// next-token accuracy. Under expert parallelism every forward is collective over the ep group (its all-to-alls), so
+// every replica runs as many batches as the largest share needs: one whose share is done scores its first sample
+// again and drops the result.
 #include "train/run_state.hpp"
 
 namespace relay {
@@ -17,10 +19,15 @@ EvalResult evaluate(Run& r) {
   std::vector<int64_t> rows;
   std::vector<float> inputs, dense;
   std::vector<int32_t> tokens, cls;
-  for (int64_t at = lo; at < hi; at += r.replica_rows) {
-    const int64_t n = std::min(r.replica_rows, hi - at);
+  const int64_t mine = (hi - lo + r.replica_rows - 1) / r.replica_rows;                  // batches of this share
+  const int64_t most = ((N + g.dp - 1) / g.dp + r.replica_rows - 1) / r.replica_rows;  // of the largest share
+  const int64_t batches = g.ep > 1 ? most : mine;
+  for (int64_t b = 0; b < batches; ++b) {
+    const int64_t at = lo + b * r.replica_rows;
+    const bool filler = b >= mine;  // parallel.ep: a forward only to keep the group's all-to-alls in step
+    const int64_t n = filler ? 1 : std::min(r.replica_rows, hi - at);
     rows.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = at + i;
+    for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = filler ? std::min(lo, N - 1) : at + i;
     StepData d;
     if (ev.tokens) {
       tokens.resize(static_cast<size_t>(n * T));  // (n, T)
@@ -51,6 +58,7 @@ EvalResult evaluate(Run& r) {
     double ls = 0;
     int64_t c = 0, k = 0;
     r.executor->evaluate(n, d, ls, c, k);
+    if (filler) continue;
     loss_sum += ls;
     correct += c;
     counted += k;
