@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# kill -9 of rank 0 in the middle of a checkpoint write (slowed to 0.3 s per tensor so the kill lands
+# kill -9 of rank 0 in the middle of a checkpoint write (slowed to 0.15 s per tensor so the kill lands
 # inside it): `latest` still names the previous complete checkpoint, which reads back, and the next
 # run removes the dead writer's temporary file and resumes the loss curve.
 source "$(dirname "$0")/lib.sh" "$1"
 reference
-export RELAY_FAULT_SLOW_CHECKPOINT=0.3
+export RELAY_FAULT_SLOW_CHECKPOINT=0.15
 start
 wait_partial_checkpoint 100
 kill -KILL "$(rank_pid 0)"; fault_now

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # checkpoint.async = true and a stop request (SIGUSR1 to the launcher) while the writer thread is
-# still writing (0.3 s per tensor): the job writes its stop checkpoint after the one in flight and
+# still writing (0.15 s per tensor): the job writes its stop checkpoint after the one in flight and
 # waits for it before exiting 75 (resumable); `latest` names the stop step's complete file and the
 # resume continues the uninterrupted loss curve.
 source "$(dirname "$0")/lib.sh" "$1"
 reference
-export RELAY_FAULT_SLOW_CHECKPOINT=0.3
+export RELAY_FAULT_SLOW_CHECKPOINT=0.15
 start --set checkpoint.async=true
 wait_partial_checkpoint 50
 kill -USR1 "$JOB"; fault_now

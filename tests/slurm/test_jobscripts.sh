@@ -21,7 +21,8 @@ for s in "$CPU" "$GPU"; do
   done
 done
 
-slurm_start
+# 16 CPUs: case 4's job (4 tasks) runs beside the others (at most 4 tasks x 2 CPUs).
+slurm_start 16
 export FAKE_RELAY_STEP_SECONDS=0.02
 write_config "$WORK_DIR/test.toml" "$WORK_DIR/data" 64
 mkdir -p "$WORK_DIR/elsewhere" "$WORK_DIR/repo/jobscripts" "$WORK_DIR/repo/build" "$WORK_DIR/norepo/jobscripts"
@@ -32,6 +33,21 @@ ranks_signalled() {
   local r
   for r in 0 1 2 3; do [[ $(grep -c "^\[rank $r\] got SIGUSR1" "$1") == "$2" ]] || return 1; done
 }
+
+# 4 (started first, checked last). mpirun, with Slurm's own --signal=B:USR1@50 on a 1-minute limit and
+#    RELAY_MAX_REQUEUES=1: stopped twice, requeued once, then the cap. slurmctld sends --signal's USR1
+#    from a check it makes every 30 s from its start (so up to a minute early), which made this case
+#    wait for two of those checks (~60 s). Now the first run is stopped at once by the same USR1 to the
+#    batch shell (scancel --batch, as in case 3); the requeued run, up again ~10 s in, takes Slurm's own
+#    signal at the first check (~30 s), while cases 1-3 and 5 run beside it.
+cd "$WORK_DIR" || fail "cd"
+run4=$WORK_DIR/run-mpirun
+id4=$(RELAY_BIN=$FAKE RELAY_LAUNCHER=mpirun RELAY_BIND=none RELAY_MAX_REQUEUES=1 \
+      slurm_submit --ntasks=4 --time=1 --signal=B:USR1@50 --output=mpirun.out "$CPU" "$WORK_DIR/test.toml" \
+      --set run.dir="$run4" --set train.steps=6000 --set checkpoint.every=1000) || fail "sbatch failed"
+_started4() { (( $(metrics_steps "$run4") >= 50 )); }
+wait_until 60 _started4 || { show mpirun.out; fail "mpirun job $id4 did not get going"; }
+scancel --batch --signal=USR1 "$id4" || fail "scancel failed"
 
 # 1. No RELAY_BIN: the script finds build/relay next to its own jobscripts/ through the job record,
 #    although sbatch runs a copy and the job was submitted from another directory.
@@ -69,21 +85,6 @@ ranks_signalled srun.out 1 || { show srun.out; fail "srun: SIGUSR1 did not reach
 check_train_steps "$run" 400
 log "srun: USR1 reached each rank once; exit 75, requeued, resumed, finished"
 
-# 4. mpirun, with Slurm's own --signal=B:USR1@50 on a 1-minute limit (Slurm sends it up to a minute
-#    early; here about 30 s in) and RELAY_MAX_REQUEUES=1: stopped twice, requeued once, then the cap.
-run=$WORK_DIR/run-mpirun
-id=$(RELAY_LAUNCHER=mpirun RELAY_BIND=none RELAY_MAX_REQUEUES=1 \
-     slurm_submit --ntasks=4 --time=1 --signal=B:USR1@50 --output=mpirun.out "$CPU" "$WORK_DIR/test.toml" \
-     --set run.dir="$run" --set train.steps=6000 --set checkpoint.every=1000) || fail "sbatch failed"
-wait_job_done "$id" 240
-log "mpirun: job $id $JOB_STATE, exit code $(job_field "$id" ExitCode), restarts $(job_field "$id" Restarts)"
-[[ $JOB_STATE == FAILED && $(job_field "$id" ExitCode) == 75:0 && $(job_field "$id" Restarts) == 1 ]] \
-  || { show mpirun.out; fail "mpirun: expected FAILED with exit code 75 after 1 restart"; }
-ranks_signalled mpirun.out 2 || { show mpirun.out; fail "mpirun: SIGUSR1 did not reach each rank exactly once per run"; }
-grep -q 'not requeued: already restarted 1 times (RELAY_MAX_REQUEUES=1)' mpirun.out \
-  || { show mpirun.out; fail "mpirun: the cap on requeues was not reported"; }
-log "mpirun: Slurm's --signal=B:USR1 reached each rank in both runs; requeued once, then capped"
-
 # 5. relay-gpu.sbatch on four pretend GPUs: one task per GPU, train.device=cuda.
 id=$(slurm_submit --ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task=2 --output=gpu.out "$GPU" \
      "$WORK_DIR/test.toml" --set run.dir="$WORK_DIR/run-gpu" --set train.steps=20) || fail "sbatch failed"
@@ -92,4 +93,13 @@ wait_job_done "$id" 60
 grep -q "running: srun --mpi=pmix --ntasks=4 --cpus-per-task=2 .* --set checkpoint.resume=auto --set train.device=cuda" gpu.out \
   || { show gpu.out; fail "relay-gpu.sbatch: unexpected command"; }
 check_train_steps "$WORK_DIR/run-gpu" 20
+# 4, checked: the first run stopped by scancel's USR1, the requeued one by Slurm's own, then the cap.
+wait_job_done "$id4" 240
+log "mpirun: job $id4 $JOB_STATE, exit code $(job_field "$id4" ExitCode), restarts $(job_field "$id4" Restarts)"
+[[ $JOB_STATE == FAILED && $(job_field "$id4" ExitCode) == 75:0 && $(job_field "$id4" Restarts) == 1 ]] \
+  || { show mpirun.out; fail "mpirun: expected FAILED with exit code 75 after 1 restart"; }
+ranks_signalled mpirun.out 2 || { show mpirun.out; fail "mpirun: SIGUSR1 did not reach each rank exactly once per run"; }
+grep -q 'not requeued: already restarted 1 times (RELAY_MAX_REQUEUES=1)' mpirun.out \
+  || { show mpirun.out; fail "mpirun: the cap on requeues was not reported"; }
+log "mpirun: USR1 reached each rank in both runs (scancel's, then Slurm's own --signal=B:USR1 after the requeue); requeued once, then capped"
 log "PASS: job scripts find the binary, pass SIGUSR1 on once per rank, requeue up to the cap; GPU script runs"
