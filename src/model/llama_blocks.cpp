@@ -160,7 +160,7 @@ class LlamaLayer final : public Block {
     if (moe_) {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       Tensor part = tp_.sequence_parallel() ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : g_n2;  // (n, C) partial
-      moe_->backward_input(be, dy_all, dy_all, part, &s.t[kCount]);           // (n, C) d n2 (x: only its rows)
+      moe_->backward_input(be, dy_all, part, &s.t[kCount]);                   // (n, C) d n2
       if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(part, g_n2, "the experts' input-gradient reduce-scatter");
       else if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
     } else {

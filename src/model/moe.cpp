@@ -225,8 +225,8 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   be.moe_combine(ys, pos, weights, y);                                                  // (n, C)
 }
 
-void MoeMlp::backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, Tensor* s) {
-  const int64_t n = x.size(0), E = moe_.n_experts, k = moe_.k, R = n * k;
+void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s) {
+  const int64_t n = dy.size(0), E = moe_.n_experts, k = moe_.k, R = n * k;
   auto rows = [&](size_t b, int64_t r) { return s[b].rows(0, r); };
   download_plan(be, s);
   const int64_t Rl = local_rows();

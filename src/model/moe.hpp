@@ -41,7 +41,7 @@ class MoeMlp {
   void forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s);
   // dy (n, C) -> dx (n, C), the input's gradient through the experts and the router (under tp this rank's partial
   // sum: the router's term on tp rank 0 only); adds the step's router statistics.
-  void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, Tensor* s);
+  void backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s);
   // Accumulates the router's and the experts' weight gradients.
   void backward_weight(Backend& be, const Tensor& x, Tensor* s);
   void take_stats(std::vector<RouterStats>& out);
