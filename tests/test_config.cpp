@@ -160,7 +160,7 @@ TEST(Config, MixtureOfExperts) {
   expect_error({"model.norm_topk_prob=false"}, "model.norm_topk_prob", "qwen3_moe key", moe);
   expect_error({"model.mlp_only_layers=[0]"}, "model.mlp_only_layers", "qwen3_moe key", moe);
   expect_error({"parallel.tp=2", "model.moe_ffn_hidden=13"}, "parallel.tp", "must divide model.moe_ffn_hidden = 13", moe);
-  expect_error({"parallel.cp=2"}, "parallel.cp", "not implemented yet", moe);
+  EXPECT_EQ(parse_config_text(moe, "cfg.toml", {"parallel.cp=2"}).parallel.cp, 2);  // context parallelism too
   // Expert parallelism: ep divides dp and n_experts; ZeRO-2/3 not yet; only for mixtures of experts.
   expect_error({"parallel.dp=4", "parallel.ep=3"}, "parallel.ep", "must divide parallel.dp = 4", moe);
   expect_error({"parallel.dp=8", "parallel.ep=8"}, "parallel.ep", "must divide model.n_experts = 4", moe);

@@ -39,10 +39,12 @@ struct Case {
   bool zero = false, recompute = false;
   int ep = 1, tp = 1;
   bool sp = false;
-  int ranks() const { return dp * pp * tp; }
+  int cp = 1;
+  int ranks() const { return dp * pp * tp * cp; }
   std::string name() const {
     std::string s = model + "_dp" + std::to_string(dp) + (ep > 1 ? "_ep" + std::to_string(ep) : "") +
-                    (tp > 1 ? "_tp" + std::to_string(tp) : "") + (sp ? "_sp" : "") + "_pp" +
+                    (tp > 1 ? "_tp" + std::to_string(tp) : "") + (sp ? "_sp" : "") +
+                    (cp > 1 ? "_cp" + std::to_string(cp) : "") + "_pp" +
                     std::to_string(pp) + "_" + schedule + "_m" +
                     std::to_string(m) + (balance.empty() ? "" : "_uneven") + (zero ? "_zero" : "") +
                     (recompute ? "_recompute" : "");
@@ -130,7 +132,7 @@ TEST_P(MoeEquivalence, MatchesSerialRun) {
   auto ov = model_overrides(c.model);
   ov.insert(ov.end(), {"run.dir=\"" + run + "\"", "parallel.dp=" + std::to_string(c.dp),
                        "parallel.pp=" + std::to_string(c.pp), "parallel.ep=" + std::to_string(c.ep),
-                       "parallel.tp=" + std::to_string(c.tp),
+                       "parallel.tp=" + std::to_string(c.tp), "parallel.cp=" + std::to_string(c.cp),
                        std::string("parallel.sequence_parallel=") + (c.sp ? "true" : "false"),
                        "parallel.schedule=\"" + c.schedule + "\"",
                        "train.micro_batches=" + std::to_string(c.m),
@@ -175,7 +177,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivalence,
                                            // Tensor parallelism: each expert split like the dense SwiGLU; with ep and
                                            // sequence parallelism too.
                                            Case{"qwen3_moe", 1, 2, "1f1b", 2, "", false, false, 1, 2},
-                                           Case{"mixtral", 2, 1, "1f1b", 2, "", true, false, 2, 2, true}),
+                                           Case{"mixtral", 2, 1, "1f1b", 2, "", true, false, 2, 2, true},
+                                           // Context parallelism: each sequence over 2 ranks, its load-balancing
+                                           // statistics summed over them; with ep and with pp.
+                                           Case{"qwen3_moe", 2, 1, "1f1b", 2, "", false, false, 2, 1, false, 2},
+                                           Case{"mixtral_bias", 1, 2, "1f1b", 2, "", false, true, 1, 1, false, 2}),
                          [](const auto& info) { return info.param.name(); });
 
 // Two runs of one layout (dp 2 x ep 2 x pp 2) give the same bits (the routing plan, the all-to-alls' row order, the

@@ -54,7 +54,9 @@ namespace {
 struct LayerTimes { double f = 0, b = 0, w = 0; };
 
 // Times one block on this machine's CPU at the micro-batch size (median-free: mean of a few repeats).
-LayerTimes time_block(Backend& be, const BlockSpec& spec, int64_t rows) {
+LayerTimes time_block(Backend& be, const BlockSpec& planned, int64_t rows) {
+  BlockSpec spec = planned;
+  spec.moe.ep = spec.moe.cp = 1;  // one process: every expert here, whole sequences
   ParamStore store(be, 1, 1, 0, spec.dtype);
   auto layer = make_block(spec, store);
   const bool tokens = spec.in == 0;

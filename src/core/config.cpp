@@ -417,9 +417,6 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
   par.integer("cp", c.parallel.cp, 1, 1 << 12);
   if (c.parallel.cp > 1) {
-    if (c.model.is_moe())  // the load-balancing loss's per-sequence statistics would need summing over cp first
-      par.fail("cp", cat("= ", c.parallel.cp, ": context parallelism of model.type = \"", c.model.type,
-                         "\" is not implemented yet"));
     if (!c.model.is_lm())
       par.fail("cp", cat("= ", c.parallel.cp, " needs model.type = \"gpt\" or \"llama\" (context parallelism splits "
                          "sequences; an MLP model has none)"));

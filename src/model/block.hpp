@@ -31,6 +31,7 @@ struct MoeSpec {
   int layer = -1;            // this layer's place among the model's MoE layers (logs, the expert bias)
   bool expert_bias = false;  // moe.expert_bias: a per-expert bias on the top-k choice (model/moe.hpp)
   int ep = 1;                // parallel.ep: the experts are split over ep ranks (model/expert_parallel.hpp)
+  int cp = 1;                // parallel.cp: a rank holds T / cp rows of each sequence (its statistics summed over cp)
   bool on() const { return n_experts > 0; }
 };
 

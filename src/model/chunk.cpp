@@ -79,7 +79,8 @@ int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, in
   if (cp <= 1) return 0;
   for (const BlockSpec& s : blocks) {  // every attention block of a model has the same widths
     if (s.kind != BlockKind::transformer && s.kind != BlockKind::llama_layer) continue;
-    const int64_t hd = s.in / s.n_head, heads = s.kind == BlockKind::transformer ? s.n_head : s.n_kv_head;
+    const int64_t hd = s.head_dim > 0 ? s.head_dim : s.in / s.n_head;  // Qwen3's explicit head_dim
+    const int64_t heads = s.kind == BlockKind::transformer ? s.n_head : s.n_kv_head;
     const int64_t w = heads / tp * hd, act = int64_t(dtype_size(s.dtype)), gathered = cp * rows;
     return 5 * gathered * w * act + 2 * gathered * 4 + (s.kind == BlockKind::transformer ? 6 * rows * w * act : 0);
   }

@@ -51,8 +51,7 @@ class LlamaLayer final : public Block {
     if (spec.qk_norm) p_.q_norm = params_[5], p_.k_norm = params_[6];
     p_.norm2 = params_[attn - 1];
     if (spec.moe.on()) {
-      RELAY_ASSERT(!cp.on(), "llama layer: experts under context parallelism");
-      moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn), ep, tp);
+      moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn), ep, tp, cp);
     } else {
       p_.gate = params_[attn], p_.up = params_[attn + 1], p_.down = params_[attn + 2];
     }

@@ -33,8 +33,9 @@ double since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep,
-               const TensorParallel& tp)
-    : ep_(ep), tp_(tp), moe_(spec.moe), C_(spec.in), T_(spec.seq_len) {
+               const TensorParallel& tp, const ContextParallel& cp)
+    : ep_(ep), tp_(tp), cp_(cp), moe_(spec.moe), C_(spec.in), T_(spec.seq_len) {
+  RELAY_ASSERT(cp_.size == moe_.cp, "MoeMlp: a cp group of " << cp_.size << " for a layer planned at cp " << moe_.cp);
   RELAY_ASSERT(moe_.on(), "MoeMlp: the block has no experts");
   RELAY_ASSERT(ep_.size == moe_.ep, "MoeMlp: an ep group of " << ep_.size << " for a layer planned at ep " << moe_.ep);
   E_local_ = ep_.local_experts(moe_.n_experts);
@@ -77,7 +78,7 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, i
   s[kGXs] = {{R, C}, a};
   s[kGWeights] = {{n, k}, f32};
   s[kGLogits] = {{n, E}, a};
-  s[kSeqGrad] = {{std::max<int64_t>(n / spec.seq_len, 1), E}, f32};  // d loss / d p[t, e] of each sequence
+  s[kSeqGrad] = {{std::max<int64_t>(n * spec.moe.cp / spec.seq_len, 1), E}, f32};  // d loss / d p[t, e] per sequence
   // Expert parallelism only (size 0 otherwise): what each rank sent this rank's experts, the maps between the rows'
   // arrival order (rank after rank) and the experts' (expert after expert), the local rows and one staging buffer.
   s[kRecvCounts] = {{ep > 1 ? E : 0}, i32};  // (ep, E / ep)
@@ -251,8 +252,9 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
       be.matmul(gu, false, up_[size_t(e)]->compute(), false, gx, 1.f, 1.f);
     });
   if (ep_.on()) undispatch(be, gxl, gxs, s, "the expert-parallel return of the inputs' gradients");  // (R, C)
-  // The load-balancing and z losses of this micro-batch's sequences (host statistics of the saved routing).
-  const int64_t B = n / T_;
+  // The load-balancing and z losses of this micro-batch's sequences (host statistics of the saved routing): Tl of a
+  // sequence's T rows here (T / cp under context parallelism, whose group sums c and sum_t p first).
+  const int64_t Tl = T_ / cp_.size, B = n / Tl;
   probs_.resize(size_t(n * E));
   lse_.resize(size_t(n));
   experts_.resize(size_t(R));
@@ -261,21 +263,28 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
   be.download(experts_.data(), rows(kExperts, n));
   seq_grad_.assign(size_t(B * E), 0.f);
   const double norm = double(E) / (double(k) * double(T_) * double(T_));
-  std::vector<double> c(static_cast<size_t>(E)), psum(static_cast<size_t>(E));
+  std::vector<double> cp_stats(static_cast<size_t>(2 * B * E), 0.0);  // (B, 2, E) per sequence: c, then sum_t p
   for (int64_t b = 0; b < B; ++b) {
-    std::fill(c.begin(), c.end(), 0.0);
-    std::fill(psum.begin(), psum.end(), 0.0);
-    for (int64_t t = b * T_; t < (b + 1) * T_; ++t) {
-      for (int64_t j = 0; j < k; ++j) c[size_t(experts_[size_t(t * k + j)])] += 1;
-      for (int64_t e = 0; e < E; ++e) psum[size_t(e)] += probs_[size_t(t * E + e)];
+    double* c = cp_stats.data() + 2 * b * E;
+    double* psum = c + E;
+    for (int64_t t = b * Tl; t < (b + 1) * Tl; ++t) {
+      for (int64_t j = 0; j < k; ++j) c[experts_[size_t(t * k + j)]] += 1;
+      for (int64_t e = 0; e < E; ++e) psum[e] += probs_[size_t(t * E + e)];
     }
+    for (int64_t e = 0; e < E; ++e) stats_.tokens[size_t(e)] += c[e];  // this rank's tokens
+  }
+  if (cp_.on())
+    cp_.comm->allreduce_host(cp_stats.data(), int(cp_stats.size()), ReduceOp::sum,
+                             "the context-parallel sum of the load-balancing statistics");
+  for (int64_t b = 0; b < B; ++b) {
+    const double* c = cp_stats.data() + 2 * b * E;
+    const double* psum = c + E;
     double aux = 0;
     for (int64_t e = 0; e < E; ++e) {
-      aux += c[size_t(e)] * psum[size_t(e)];
-      seq_grad_[size_t(b * E + e)] = float(moe_.aux_weight * norm * c[size_t(e)]);
-      stats_.tokens[size_t(e)] += c[size_t(e)];
+      aux += c[e] * psum[e];
+      seq_grad_[size_t(b * E + e)] = float(moe_.aux_weight * norm * c[e]);
     }
-    stats_.aux_sum += norm * aux;
+    if (cp_.rank == 0) stats_.aux_sum += norm * aux;  // each sequence once
   }
   for (float l : lse_) stats_.z_sum += double(l) * double(l);
   if (k < E)  // the k-th largest probability is the smallest chosen one; the (k+1)-th the largest of the rest
@@ -292,7 +301,7 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
   Tensor seq_grad = s[kSeqGrad].rows(0, B);
   be.upload(seq_grad, seq_grad_.data());
   be.moe_router_backward(rows(kProbs, n), rows(kLse, n), rows(kExperts, n), gweights, moe_.renormalize,
-                         moe_.aux_weight > 0 ? seq_grad : Tensor(), T_, float(moe_.z_weight), glogits);  // (n, E)
+                         moe_.aux_weight > 0 ? seq_grad : Tensor(), Tl, float(moe_.z_weight), glogits);  // (n, E)
   be.moe_combine(gxs, rows(kPos, n), Tensor(), dx);                                    // (n, C) through the experts
   if (tp_.rank == 0)  // + through the router (whole on every tp rank: counted once in the group's sum)
     be.matmul(glogits, false, router_->compute(), false, dx, 1.f, 1.f);

@@ -13,12 +13,14 @@
 // Load balancing, per sequence (DeepSeek-V3's sequence-wise loss, Megatron-core's seq_aux_loss): for a sequence of T
 // tokens, c_e the number of its tokens whose top-k holds e, aux = E / (k T^2) sum_e c_e sum_t p[t, e] (1 when
 // perfectly balanced); the loss adds aux_weight x aux per sequence (the counts are constants: no gradient through
-// the top-k choice) and z_weight x lse^2 per token (the router z-loss, ST-MoE arXiv:2202.08906).
+// the top-k choice) and z_weight x lse^2 per token (the router z-loss, ST-MoE arXiv:2202.08906). Under context
+// parallelism a rank holds T / cp rows of each sequence: c_e and sum_t p[t, e] are summed over the cp group first.
 #pragma once
 #include <span>
 #include <vector>
 
 #include "model/block.hpp"
+#include "model/context_parallel.hpp"
 #include "model/expert_parallel.hpp"
 
 namespace relay {
@@ -30,8 +32,9 @@ class MoeMlp {
   // tp: each expert's SwiGLU split over the tensor-parallel group like the dense one (gate and up by rows, down by
   // columns: moe_ffn_hidden / tp units here); the outputs (and input gradients) are then this rank's partial sums,
   // which the caller reduces over the group; the router is whole on every tp rank.
+  // cp: the rank's context-parallel group; a sequence's load-balancing statistics are summed over it first.
   MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep = {},
-         const TensorParallel& tp = {});
+         const TensorParallel& tp = {}, const ContextParallel& cp = {});
   // The buffers a micro-batch of n rows keeps (saved[first, first + count)): routing, gathered rows, gradients; under
   // expert parallelism (spec.moe.ep) the rows this rank's experts may receive (dropless: at most ep n min(k, E/ep)).
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp = 1);
@@ -61,6 +64,7 @@ class MoeMlp {
 
   ExpertParallel ep_;
   TensorParallel tp_;
+  ContextParallel cp_;
   int64_t E_local_ = 0, first_ = 0;
 
   MoeSpec moe_;

@@ -83,7 +83,7 @@ ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<
   ModelLayout l;
   l.model = make_model_spec(cfg, input_dim);
   for (BlockSpec& b : l.model.blocks)
-    if (b.moe.on()) b.moe.ep = static_cast<int>(cfg.parallel.ep);
+    if (b.moe.on()) b.moe.ep = static_cast<int>(cfg.parallel.ep), b.moe.cp = static_cast<int>(cfg.parallel.cp);
   l.pp = static_cast<int>(cfg.parallel.pp);
   l.ep = static_cast<int>(cfg.parallel.ep);
   l.v = static_cast<int>(cfg.parallel.virtual_stages);
