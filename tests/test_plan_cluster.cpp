@@ -1,10 +1,13 @@
 // relay plan --cluster (src/plan/, src/cli/cmd_plan_cluster.cpp): cluster files with a missing key, a model no
 // layout fits, a node count no layout can use (each one line naming the key or the reason, exit 1, through the real
 // binary); and the recommendations: for GPT-3 175B on 1024 A100s and Llama 3 70B on 64 H100 nodes the top layout's
-// predicted MFU is at least that of the layout published for that model (README "Planning a run").
+// predicted MFU is at least that of the layout published for that model (README "Planning a run"); and expert
+// parallelism: the search over ep for Mixtral 8x7B, ep 8 against ep 1 under --layout, and the planned memory of a
+// dp 2 x ep 2 Mixtral against what its training run measures.
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -158,6 +161,108 @@ TEST(PlanCluster, Llama3_70BOn64H100NodesBeatsTorchtitansLayout) {
   expect_recommendation_beats("h100-80gb-sxm-ndr", "llama3-70b", 64,
                               {"parallel.tp=8", "parallel.dp=64", "parallel.sequence_parallel=true", "optimizer.zero=3",
                                "train.micro_batches=1", "train.recompute=\"blocks\""});
+}
+
+// Mixtral 8x7B on 8 H100 nodes: the search tries ep over the divisors of dp that divide the 8 experts, and its best
+// layouts split the experts (the expert state, 45 of the 46.7B parameters, is what fills memory); against the same
+// layout at ep 1, each of them either fits only with ep or runs faster with it.
+TEST(PlanCluster, MixtralSearchSplitsExperts) {
+  const Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
+  const Config base = load_config(src("configs/models/mixtral-8x7b.toml"));
+  const SearchResult s = search_layouts(cl, base, 8, 5);
+  ASSERT_FALSE(s.best.empty());
+  EXPECT_TRUE(s.best.front().prediction.fits);
+  int with_ep = 0;
+  for (const PlannedLayout& l : s.best) {
+    std::printf("%s: %.0f tok/s/dev, %.1f GiB, ep all-to-alls %.3f s of %.3f s\n   why: %s\n",
+                describe_layout(l.cfg).c_str(), l.prediction.tokens_per_s_per_device,
+                l.prediction.memory_bytes_per_device / double(1 << 30), l.prediction.ep_comm_s,
+                l.prediction.step_time_s, l.why.c_str());
+    EXPECT_TRUE(l.prediction.fits);
+    EXPECT_EQ(l.cfg.parallel.tp, 1);  // MoE: tp 1, cp 1 (core/config.cpp)
+    EXPECT_EQ(l.cfg.parallel.cp, 1);
+    if (l.cfg.parallel.ep == 1) continue;
+    ++with_ep;
+    EXPECT_EQ(l.cfg.parallel.dp % l.cfg.parallel.ep, 0);
+    EXPECT_LE(l.cfg.optimizer.zero, 1);
+    EXPECT_GT(l.prediction.ep_comm_s, 0);
+    EXPECT_NE(l.why.find(cat("ep ", l.cfg.parallel.ep, ": ")), std::string::npos) << l.why;
+    Config dense = l.cfg;
+    dense.parallel.ep = 1;
+    const StepPrediction one = predict_step(cl, dense);
+    EXPECT_LT(l.prediction.memory_bytes_per_device, one.memory_bytes_per_device) << describe_layout(l.cfg);
+    EXPECT_TRUE(!one.fits || l.prediction.tokens_per_s_per_device > one.tokens_per_s_per_device)
+        << describe_layout(l.cfg) << ": fits at ep 1 and runs at least as fast";
+  }
+  EXPECT_GT(with_ep, 0) << "no layout among the best splits the experts";
+}
+
+// --layout with parallel.ep = 8 against ep = 1, the rest of the layout the same (dp 16 x pp 4 on 8 nodes, micro-batches
+// of one sequence, recomputation): each rank holds an eighth of the experts' state (less memory: the worst-case
+// receive buffers, 4x the routed rows at ep 8, are small beside it here) and waits for the four all-to-alls of every
+// MoE layer (more exposed communication); the JSON layout names ep.
+TEST(PlanCluster, LayoutWithExpertParallelism) {
+  auto plan = [](int ep) {
+    const RunResult r =
+        run_command(relay_binary() + " plan --cluster " + src("configs/clusters/h100-80gb-sxm-ndr.toml") +
+                    " --nodes 8 --config " + src("configs/models/mixtral-8x7b.toml") +
+                    " --layout --json --set parallel.dp=16 --set parallel.pp=4 --set train.micro_batches=64"
+                    " --set optimizer.zero=1 --set train.recompute='\"blocks\"' --set parallel.ep=" +
+                    std::to_string(ep));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output);
+  };
+  const nlohmann::json one = plan(1), eight = plan(8);
+  EXPECT_EQ(one["layout"]["ep"], 1);
+  EXPECT_EQ(eight["layout"]["ep"], 8);
+  std::printf("ep 1: %.1f GiB, exposed comm %.3f s, step %.3f s; ep 8: %.1f GiB, exposed comm %.3f s, step %.3f s\n",
+              one["memory_bytes_per_device"].get<double>() / double(1 << 30), one["exposed_comm_s"].get<double>(),
+              one["step_time_s"].get<double>(), eight["memory_bytes_per_device"].get<double>() / double(1 << 30),
+              eight["exposed_comm_s"].get<double>(), eight["step_time_s"].get<double>());
+  EXPECT_LT(eight["memory_bytes_per_device"].get<double>(), one["memory_bytes_per_device"].get<double>());
+  EXPECT_GT(eight["exposed_comm_s"].get<double>(), one["exposed_comm_s"].get<double>());
+  EXPECT_NE(eight["why"].get<std::string>().find("config's layout"), std::string::npos);
+}
+
+// The planner's memory for a Mixtral on dp 2 x ep 2 is the memory plan's (train/memory_plan.hpp) at ep 2, which a
+// training run measures: the largest rank's measured bytes (memory.json) equal relay plan --cluster --layout's.
+TEST(PlanCluster, ExpertParallelMemoryEqualsTheRunsMeasurement) {
+  TempDir dir;
+  const Problem p = make_gpt_problem(dir.path());
+  const std::vector<std::string> moe = {"model.type=\"mixtral\"", "model.n_embd=32", "model.n_head=4",
+                                        "model.n_kv_head=2", "model.n_experts=8", "model.experts_per_token=2",
+                                        "model.moe_ffn_hidden=24", "parallel.dp=2", "train.micro_batches=2",
+                                        "optimizer.zero=true"};
+  auto sets = [&](int ep) {
+    std::string s;
+    for (const std::string& o : moe) s += " --set '" + o + "'";
+    return s + " --set parallel.ep=" + std::to_string(ep);
+  };
+  auto planned = [&](int ep) {
+    const RunResult r = run_command(relay_binary() + " plan --cluster " +
+                                    src("configs/clusters/h100-80gb-sxm-ndr.toml") + " --config " + p.config +
+                                    " --layout --json" + sets(ep));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output)["memory_bytes_per_device"].get<double>();
+  };
+  std::vector<std::string> ov = moe;
+  ov.insert(ov.end(), {"parallel.ep=2", "run.dir=\"" + dir.file("run") + "\"", "train.steps=1",
+                       "lr_schedule.warmup_steps=0"});
+  const RunResult r = train(2, p.config, ov);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto mem = nlohmann::json::parse(read(dir.file("run") + "/memory.json"));
+  ASSERT_EQ(mem["bytes_per_rank"].size(), 2u);
+  double measured = 0;
+  for (const auto& rank : mem["bytes_per_rank"]) {
+    double total = 0;
+    for (const char* kind : {"params", "grads", "optimizer", "activations"})
+      total += rank["measured"][kind].get<double>();
+    measured = std::max(measured, total);
+  }
+  const double at_ep2 = planned(2), at_ep1 = planned(1);
+  std::printf("dp 2 x ep 2: measured %.0f bytes, planned %.0f (ep 1: %.0f)\n", measured, at_ep2, at_ep1);
+  EXPECT_EQ(at_ep2, measured);
+  EXPECT_NE(at_ep1, at_ep2);  // the planner reads parallel.ep
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "model/expert_parallel.hpp"
 #include "plan/cluster.hpp"
 #include "plan/search.hpp"
 #include "plan/step_model.hpp"
@@ -25,6 +26,7 @@ double gib(double bytes) { return bytes / double(int64_t(1) << 30); }
 
 nlohmann::json layout_json(const Config& c) {
   return {{"dp", c.parallel.dp}, {"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"cp", c.parallel.cp},
+          {"ep", c.parallel.ep},
           {"schedule", c.parallel.schedule}, {"virtual_stages", c.parallel.virtual_stages},
           {"sequence_parallel", c.parallel.sequence_parallel}, {"zero", c.optimizer.zero},
           {"recompute", c.train.recompute}, {"micro_batch_size", micro_batch_rows(c)},
@@ -32,11 +34,25 @@ nlohmann::json layout_json(const Config& c) {
           {"seq", c.model.block_size}, {"precision", precision_name(c.train.precision)}};
 }
 
+// A mixture of experts' parameters a token uses: the dense ones and k of each MoE layer's E experts (what MFU counts).
+double active_params(const ModelLayout& ml) {
+  double n = double(ml.param_count());
+  for (const BlockSpec& b : ml.blocks()) {
+    if (!b.moe.on()) continue;
+    double experts = 0;
+    for (size_t j = 0; j < b.params.size(); ++j)
+      if (expert_of_param(b, j) >= 0) experts += double(shape_numel(b.params[j].shape));
+    n -= experts * (1 - double(b.moe.k) / double(b.moe.n_experts));
+  }
+  return n;
+}
+
 // The --set flags that make a training run of this layout.
 std::string set_flags(const Config& c) {
   std::string s = cat("--set parallel.dp=", c.parallel.dp, " --set parallel.tp=", c.parallel.tp,
                       " --set parallel.pp=", c.parallel.pp);
   if (c.parallel.cp > 1) s += cat(" --set parallel.cp=", c.parallel.cp);
+  if (c.parallel.ep > 1) s += cat(" --set parallel.ep=", c.parallel.ep);
   if (c.parallel.pp > 1) s += cat(" --set parallel.schedule=", c.parallel.schedule);
   if (c.parallel.virtual_stages > 1) s += cat(" --set parallel.virtual_stages=", c.parallel.virtual_stages);
   if (c.parallel.sequence_parallel) s += " --set parallel.sequence_parallel=true";
@@ -56,7 +72,7 @@ int run_plan_cluster(const PlanOptions& o) {
   const Config base = load_config(o.config, overrides);
   if (!base.model.is_lm())
     throw Error(cat(o.config, ": model.type = \"", base.model.type, "\": relay plan --cluster plans language models "
-                    "(gpt or llama)"));
+                    "(gpt, llama, mixtral or qwen3_moe)"));
   const double mtbf = o.device_mtbf_hours > 0 ? o.device_mtbf_hours : kDefaultDeviceMtbfHours;
   int nodes = o.nodes;
   const int64_t config_world = base.parallel.dp * base.parallel.cp * base.parallel.tp * base.parallel.pp;
@@ -115,9 +131,11 @@ int run_plan_cluster(const PlanOptions& o) {
   if (o.json) return 0;
 
   const ModelLayout ml = make_layout(rows.front().cfg, 0);
-  std::printf("plan for %s (%s, %.2fB parameters, %lld sequences x %lld tokens a step) on %s: %d nodes x %d = %d "
+  const std::string active =
+      base.model.is_moe() ? cat(", ", std::round(active_params(ml) / 1e7) / 100, "B active") : "";
+  std::printf("plan for %s (%s, %.2fB parameters%s, %lld sequences x %lld tokens a step) on %s: %d nodes x %d = %d "
               "devices, %s peak %.1f TFLOP/s, %.1f GiB each\n",
-              o.config.c_str(), base.model.type.c_str(), double(ml.param_count()) / 1e9,
+              o.config.c_str(), base.model.type.c_str(), double(ml.param_count()) / 1e9, active.c_str(),
               static_cast<long long>(base.train.batch_size), static_cast<long long>(base.model.block_size),
               cl.name.c_str(), nodes, cl.devices_per_node, world, precision_name(base.train.precision), peak / 1e12,
               gib(cl.device.memory_bytes));

@@ -9,6 +9,8 @@ GroupPath group_path(const Cluster& c, int size, int stride) {
   GroupPath g;
   g.size = size;
   const int node = c.devices_per_node;
+  g.intra_busbw = c.intra_node.busbw();
+  g.inter_busbw = c.inter_node.busbw();
   if (size <= 1) return g;
   if (int64_t(size) * stride <= node) {
     g.busbw = c.intra_node.busbw();
@@ -42,6 +44,15 @@ double all_gather_s(const GroupPath& g, double bytes) {
 }
 
 double reduce_scatter_s(const GroupPath& g, double bytes) { return all_gather_s(g, bytes); }
+
+double all_to_all_s(const GroupPath& g, double bytes) {
+  const int n = g.size;
+  if (n <= 1 || bytes <= 0) return 0;
+  const int q = g.crosses_nodes ? g.members_per_node : n;
+  const double intra = double(q - 1) / n * bytes / g.intra_busbw;
+  const double inter = g.crosses_nodes ? double(n - q) / n * bytes / g.inter_busbw : 0;
+  return (n - 1) * g.latency + std::max(intra, inter);
+}
 
 double send_s(const Cluster& c, int stride, double bytes) {
   const Link& l = stride >= c.devices_per_node ? c.inter_node : c.intra_node;

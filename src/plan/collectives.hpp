@@ -2,7 +2,8 @@
 // forms NCCL implements, Thakur et al. 2005 "Optimization of Collective Communication Operations in
 // MPICH"), over the link a group crosses. Relay's rank order (Megatron-LM's, parallel/process_grid.hpp):
 // world rank = ((pp x dp + dp_rank) x cp + cp_rank) x tp + tp_rank, so tp is innermost (stride 1), cp has
-// stride tp, dp stride tp x cp and pp stride tp x cp x dp.
+// stride tp, dp stride tp x cp and pp stride tp x cp x dp. An expert-parallel group (parallel.ep) is ep consecutive dp
+// ranks: stride tp x cp, spanning tp x cp x ep consecutive world ranks.
 #pragma once
 #include "plan/cluster.hpp"
 
@@ -16,6 +17,7 @@ struct GroupPath {
   bool crosses_nodes = false;
   int members_per_node = 1;
   double busbw = 0, latency = 0;  // bytes/s per rank of a large ring collective; seconds per step
+  double intra_busbw = 0, inter_busbw = 0;  // each rank's own links: NVLink, its network adapter (all-to-all)
 };
 GroupPath group_path(const Cluster& c, int size, int stride);
 
@@ -25,6 +27,11 @@ GroupPath group_path(const Cluster& c, int size, int stride);
 double all_reduce_s(const GroupPath& g, double bytes);
 double all_gather_s(const GroupPath& g, double bytes);
 double reduce_scatter_s(const GroupPath& g, double bytes);
+// All-to-all (pairwise exchange, Thakur et al. 2005 section 4.4; NCCL runs it as grouped send/recv): each rank sends
+// `bytes` in all, a 1/n share to every rank of the group (balanced routing), itself included. With q of the n ranks
+// on the rank's node, (q - 1)/n of the bytes cross NVLink and (n - q)/n the rank's own network adapter, at once:
+//   t = (n - 1) alpha + max((q - 1)/n x bytes / busbw_intra, (n - q)/n x bytes / busbw_inter).
+double all_to_all_s(const GroupPath& g, double bytes);
 // One message of `bytes` between two ranks `stride` apart (a pipeline send).
 double send_s(const Cluster& c, int stride, double bytes);
 

@@ -23,19 +23,28 @@ double gemm_s(const Cluster::Device& d, Precision p, double M, double N, double 
 
 namespace {
 
-struct Gemm { double M, N, K; };  // forward y (M, N) = x (M, K) @ w (K, N)
+struct Gemm { double M, N, K, count = 1; };  // `count` GEMMs y (M, N) = x (M, K) @ w (K, N) in the forward
 
 // The forward GEMMs of a block on one tp rank for `n` rows: dX is (n, K) = (n, N) @ (N, K), dW (K, N) = x^T dY.
-std::vector<Gemm> block_gemms(const BlockSpec& b, double n, int tp) {
+// A MoE layer's experts: E / ep on the rank, each on n k ep / E rows under balanced routing (model/moe.hpp groups the
+// rows expert by expert and runs each expert's GEMMs on its block).
+std::vector<Gemm> block_gemms(const BlockSpec& b, double n, int tp, int ep) {
   const double C = double(b.in), t = double(tp);
   switch (b.kind) {
     case BlockKind::transformer:
       return {{n, 3 * C / t, C}, {n, C, C / t}, {n, 4 * C / t, C}, {n, C, 4 * C / t}};
     case BlockKind::llama_layer: {
       const double hd = C / double(b.n_head), Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
-      const double F = double(b.ffn_hidden);
-      return {{n, Hq / t, C}, {n, Hkv / t, C}, {n, Hkv / t, C}, {n, C, Hq / t},
-              {n, F / t, C}, {n, F / t, C}, {n, C, F / t}};
+      std::vector<Gemm> g = {{n, Hq / t, C}, {n, Hkv / t, C}, {n, Hkv / t, C}, {n, C, Hq / t}};
+      if (b.moe.on()) {
+        const double E = double(b.moe.n_experts), F = double(b.moe.ffn_hidden), local = E / ep;
+        const double rows = n * double(b.moe.k) * ep / E;  // (rows, C) per local expert
+        g.insert(g.end(), {{n, E, C}, {rows, F, C, 2 * local}, {rows, C, F, local}});
+      } else {
+        const double F = double(b.ffn_hidden);
+        g.insert(g.end(), {{n, F / t, C}, {n, F / t, C}, {n, C, F / t}});
+      }
+      return g;
     }
     case BlockKind::head: return {{n, std::ceil(double(b.out) / t), C}};
     case BlockKind::linear: return {{n, double(b.out), double(b.in)}};
@@ -47,7 +56,7 @@ std::vector<Gemm> block_gemms(const BlockSpec& b, double n, int tp) {
 // the backward moves about twice as much (each reads the forward's input and the output gradient and
 // writes the input gradient, plus the bias and norm-weight reductions) in about twice the kernels.
 struct Streaming { double elements_per_row = 0; int kernels = 0; };
-Streaming streaming(const BlockSpec& b, int tp, int sp) {
+Streaming streaming(const BlockSpec& b, int tp, int sp, int ep) {
   const double C = double(b.in), t = double(tp), s = double(sp);
   switch (b.kind) {
     case BlockKind::transformer:
@@ -59,7 +68,13 @@ Streaming streaming(const BlockSpec& b, int tp, int sp) {
       const double hd = C / double(b.n_head), Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
       // two RMSNorms (2C each) and residual adds (3C each) on rows / sp; RoPE on q and k (read, write),
       // SwiGLU (read gate and up, write F).
-      return {(2 * 2 + 2 * 3) * C / s + 2 * (Hq + Hkv) / t + 3 * double(b.ffn_hidden) / t, 9};
+      const double attn = (2 * 2 + 2 * 3) * C / s + 2 * (Hq + Hkv) / t;
+      if (!b.moe.on()) return {attn + 3 * double(b.ffn_hidden) / t, 9};
+      // MoE: the router's softmax and top-k over E (read, write), the tokens' k rows gathered in expert order (k C
+      // each way), SwiGLU over k F per token, the k outputs weighted and summed (read k C, write C); under ep the
+      // rows regrouped between arrival and expert order on the way in and out (k C each way, twice).
+      const double E = double(b.moe.n_experts), k = double(b.moe.k), F = double(b.moe.ffn_hidden);
+      return {attn + 2 * E + 2 * k * C + 3 * k * F + (k + 1) * C + (ep > 1 ? 4 * k * C : 0), ep > 1 ? 14 : 12};
     }
     case BlockKind::head:
       // the final norm, and the loss over the vocabulary shard: logits read, softmax and gradient written (f32).
@@ -75,10 +90,10 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   BlockTime t;
   const double n = double(ctx.rows);
   const Precision p = ctx.precision;
-  for (const Gemm& g : block_gemms(b, n, ctx.tp)) {
-    t.forward += gemm_s(d, p, g.M, g.N, g.K);
-    t.backward_input += gemm_s(d, p, g.M, g.K, g.N);
-    t.backward_weight += gemm_s(d, p, g.K, g.N, g.M);
+  for (const Gemm& g : block_gemms(b, n, ctx.tp, ctx.ep)) {
+    t.forward += g.count * gemm_s(d, p, g.M, g.N, g.K);
+    t.backward_input += g.count * gemm_s(d, p, g.M, g.K, g.N);
+    t.backward_weight += g.count * gemm_s(d, p, g.K, g.N, g.M);
   }
   const double e = double(dtype_size(compute_dtype(p)));
   const bool attention = b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer;
@@ -90,7 +105,7 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     t.backward_input += 2.5 * flops / (d.peak(p) * d.attention_backward_efficiency) + d.kernel_launch_s;
   }
   const int sp = ctx.sequence_parallel ? ctx.tp : 1;
-  const Streaming s = streaming(b, ctx.tp, sp);
+  const Streaming s = streaming(b, ctx.tp, sp, ctx.ep);
   const double elementwise = stream_s(d, e * s.elements_per_row * n) + s.kernels * d.kernel_launch_s;
   t.forward += elementwise;
   t.backward_input += 2 * elementwise;
@@ -118,11 +133,22 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     t.comm_forward += all_gather_s(ctx.cp_path, kv);
     t.comm_backward += all_gather_s(ctx.cp_path, kv) + reduce_scatter_s(ctx.cp_path, kv);
   }
+  // Expert parallelism (model/expert_parallel.hpp): the forward exchanges the row counts (E integers) and sends the
+  // routed rows (n k of them, C elements each) to their experts' ranks and back; the backward sends the outputs'
+  // gradients and returns the inputs'. Not overlapped: the next GEMM needs the rows.
+  if (b.moe.on() && ctx.ep > 1) {
+    const double rows = e * n * double(b.moe.k) * double(b.in);
+    t.ep_forward = all_to_all_s(ctx.ep_path, 8.0 * double(b.moe.n_experts)) + 2 * all_to_all_s(ctx.ep_path, rows);
+    t.ep_backward = 2 * all_to_all_s(ctx.ep_path, rows);
+    t.comm_forward += t.ep_forward;
+    t.comm_backward += t.ep_backward;
+  }
   t.forward += t.comm_forward;
   t.backward_input += t.comm_backward;
   if (ctx.recompute && b.recomputable) {
     t.backward_input += t.forward;
     t.comm_backward += t.comm_forward;
+    t.ep_backward += t.ep_forward;
   }
   return t;
 }

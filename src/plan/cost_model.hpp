@@ -9,6 +9,10 @@
 // FLOPs (half the full score matrix; backward 2.5x the forward) at the device's attention efficiencies.
 // Norms, activations, bias and residual adds: the elements they read and write over the streaming bandwidth.
 // Recomputation (train.recompute = "blocks") runs the forward again before backward-input.
+// A mixture-of-experts layer (model/moe.hpp): the router GEMM, then each of the rank's E / ep experts' three GEMMs on
+// its n k ep / E rows (balanced routing: the rank's experts receive n k rows in all, whatever ep), the row gathers and
+// SwiGLU over the routed rows; under parallel.ep the four all-to-alls of the rows (dispatch and return, forward and
+// backward; n k C elements each, collectives.hpp) and the forward's count exchange, on the critical path.
 #pragma once
 #include "core/precision.hpp"
 #include "model/block.hpp"
@@ -25,15 +29,16 @@ double stream_s(const Cluster::Device& d, double bytes);
 // Where the block runs: its rows (tokens of the micro-batch on this rank), tp and cp groups, settings.
 struct BlockContext {
   int64_t rows = 0;           // micro-batch tokens on the rank (samples x T / cp)
-  int tp = 1, cp = 1;
+  int tp = 1, cp = 1, ep = 1;
   bool sequence_parallel = false, recompute = false;
   Precision precision = Precision::bf16;
-  GroupPath tp_path, cp_path;
+  GroupPath tp_path, cp_path, ep_path;
 };
 
 struct BlockTime {
   double forward = 0, backward_input = 0, backward_weight = 0;  // seconds, collectives included
-  double comm_forward = 0, comm_backward = 0;                   // of which tp / cp collectives (critical path)
+  double comm_forward = 0, comm_backward = 0;                   // of which tp / cp / ep collectives (critical path)
+  double ep_forward = 0, ep_backward = 0;                       // of which the ep all-to-alls
 };
 BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockContext& ctx);
 

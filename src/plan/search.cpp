@@ -43,6 +43,13 @@ std::string why_line(const Cluster& cl, const PlannedLayout& l, const std::map<s
                         p.virtual_stages > 1 ? cat(" v", p.virtual_stages) : ""));
   }
   if (p.cp > 1) parts.push_back(cat("cp ", p.cp, " for ", l.cfg.model.block_size, "-token sequences"));
+  if (p.ep > 1) {
+    const int64_t E = l.cfg.model.n_experts;
+    const bool inside = int64_t(p.ep) * p.tp * p.cp <= cl.devices_per_node;
+    parts.push_back(cat("ep ", p.ep, ": ", E / p.ep, " of ", E, " experts a rank, ",
+                        std::round(100 * s.ep_comm_s / s.step_time_s), "% of the step in all-to-alls ",
+                        inside ? "over NVLink" : "across nodes"));
+  }
   if (l.cfg.optimizer.zero) parts.push_back(cat("ZeRO-", l.cfg.optimizer.zero, " over ", p.dp * p.cp, " replicas"));
   if (l.cfg.train.recompute == "blocks") parts.push_back("recompute to fit activations");
   parts.push_back(cat(std::round(100 * s.exposed_comm_s / s.step_time_s), "% of the step in exposed communication"));
@@ -64,9 +71,14 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
   std::vector<PlannedLayout> all;
   std::map<std::pair<int, int>, bool> fit_tp_pp;
   double params = 0;
+  // Mixtures of experts: Relay runs them with tp 1 and cp 1 (core/config.cpp refuses the rest), and splits the experts
+  // over ep of the dp ranks (ep divides dp and n_experts; ZeRO-0 or 1).
+  const bool moe = base.model.is_moe();
   for (int tp : divisors(cl.devices_per_node)) {
     if (world % tp || !tp_splits(base, tp)) continue;
+    if (moe && tp > 1) break;
     for (int cp = 1; cp <= world / tp; cp *= 2) {
+      if (moe && cp > 1) break;
       if (cp > 1 && (T % (2 * cp) || T / cp < 4096)) break;  // cp is for long sequences: >= 4096 tokens a rank
       if ((world / tp) % cp) break;
       for (int pp : divisors(world / (tp * cp))) {
@@ -79,47 +91,56 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
           struct Sched { const char* name; int v; };
           std::vector<Sched> scheds = {{"1f1b", 1}};
           if (pp > 1) scheds = {{"1f1b", 1}, {"interleaved", 2}, {"interleaved", 4}, {"zb-h1", 1}};
+          std::vector<int> eps = {1};
+          if (moe)
+            for (int ep : divisors(dp))
+              if (ep > 1 && base.model.n_experts % ep == 0) eps.push_back(ep);
           for (const Sched& sc : scheds) {
-            // Cheapest in time first: ZeRO and recomputation only save memory here (ZeRO-1's smaller optimizer
-            // step aside), so once two settings of this shape fit, the rest would be slower.
-            int fitted = 0;
-            for (const char* rc : {"none", "blocks"})
-              for (int zero : {0, 1, 2, 3}) {
-                if (fitted >= 2) break;
-                if (zero && dp * cp == 1) continue;
-                if (zero == 2 && pp > 1) continue;  // reduce-scatters every micro-batch: ZeRO-1's memory, m x its bytes
-                if (std::string(rc) == "blocks" && std::string(sc.name) == "zb-h1") continue;
-                Config c = base;
-                c.parallel.dp = dp;
-                c.parallel.tp = tp;
-                c.parallel.cp = cp;
-                c.parallel.pp = pp;
-                c.parallel.schedule = sc.name;
-                c.parallel.virtual_stages = sc.v;
-                c.parallel.sequence_parallel = tp > 1 && (T / cp) % tp == 0;
-                c.parallel.balance.clear();
-                c.train.micro_batches = m;
-                c.train.recompute = rc;
-                c.optimizer.zero = zero;
-                PlannedLayout l{c, {}, {}};
-                try {
-                  if (pp * sc.v > blocks) continue;
-                  l.prediction = predict_step(cl, c, /*time_only_if_fits=*/true);
-                } catch (const Error&) {
-                  continue;  // a shape Relay refuses (the interleaved schedule's micro-batch rule, the partition)
+            for (int ep : eps) {
+              // Cheapest in time first: ZeRO and recomputation only save memory here (ZeRO-1's smaller optimizer
+              // step aside), so once two settings of this shape fit, the rest would be slower.
+              int fitted = 0;
+              for (const char* rc : {"none", "blocks"})
+                for (int zero : {0, 1, 2, 3}) {
+                  if (fitted >= 2) break;
+                  if (zero && dp * cp == 1) continue;
+                  if (zero >= 2 && ep > 1) continue;  // ZeRO-2/3 with ep: refused by core/config.cpp
+                  // ZeRO-2 under pp > 1 reduce-scatters every micro-batch: ZeRO-1's memory, m x its bytes.
+                  if (zero == 2 && pp > 1) continue;
+                  if (std::string(rc) == "blocks" && std::string(sc.name) == "zb-h1") continue;
+                  Config c = base;
+                  c.parallel.dp = dp;
+                  c.parallel.tp = tp;
+                  c.parallel.cp = cp;
+                  c.parallel.ep = ep;
+                  c.parallel.pp = pp;
+                  c.parallel.schedule = sc.name;
+                  c.parallel.virtual_stages = sc.v;
+                  c.parallel.sequence_parallel = tp > 1 && (T / cp) % tp == 0;
+                  c.parallel.balance.clear();
+                  c.train.micro_batches = m;
+                  c.train.recompute = rc;
+                  c.optimizer.zero = zero;
+                  PlannedLayout l{c, {}, {}};
+                  try {
+                    if (pp * sc.v > blocks) continue;
+                    l.prediction = predict_step(cl, c, /*time_only_if_fits=*/true);
+                  } catch (const Error&) {
+                    continue;  // a shape Relay refuses (the interleaved schedule's micro-batch rule, the partition)
+                  }
+                  ++res.evaluated;
+                  const double mem = l.prediction.memory_bytes_per_device + cl.device.reserved_bytes;
+                  if (res.smallest_memory_bytes < 0 || mem < res.smallest_memory_bytes) {
+                    res.smallest_memory_bytes = mem;
+                    res.smallest_layout = describe_layout(c);
+                  }
+                  fit_tp_pp[{tp, pp}] = fit_tp_pp[{tp, pp}] || l.prediction.fits;
+                  if (!l.prediction.fits) continue;
+                  ++fitted;
+                  ++res.fitting;
+                  all.push_back(std::move(l));
                 }
-                ++res.evaluated;
-                const double mem = l.prediction.memory_bytes_per_device + cl.device.reserved_bytes;
-                if (res.smallest_memory_bytes < 0 || mem < res.smallest_memory_bytes) {
-                  res.smallest_memory_bytes = mem;
-                  res.smallest_layout = describe_layout(c);
-                }
-                fit_tp_pp[{tp, pp}] = fit_tp_pp[{tp, pp}] || l.prediction.fits;
-                if (!l.prediction.fits) continue;
-                ++fitted;
-                ++res.fitting;
-                all.push_back(std::move(l));
-              }
+            }
           }
         }
       }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "model/expert_parallel.hpp"
 #include "parallel/simulator.hpp"
 #include "plan/collectives.hpp"
 #include "plan/cost_model.hpp"
@@ -17,6 +18,7 @@ std::string describe_layout(const Config& cfg) {
   std::string s = cat("dp ", p.dp, ", tp ", p.tp);
   if (p.tp > 1 && p.sequence_parallel) s += " (sp)";
   if (p.cp > 1) s += cat(", cp ", p.cp);
+  if (p.ep > 1) s += cat(", ep ", p.ep);
   s += cat(", pp ", p.pp);
   if (p.pp > 1) s += cat(" (", p.schedule, p.virtual_stages > 1 ? cat(" v", p.virtual_stages) : "", ")");
   s += cat(", mbs ", micro_batch_rows(cfg), " x ", cfg.train.micro_batches);
@@ -28,6 +30,7 @@ std::string describe_layout(const Config& cfg) {
 StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only_if_fits) {
   const Cluster::Device& dev = cl.device;
   const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), pp = int(cfg.parallel.pp);
+  const int ep = int(cfg.parallel.ep);
   ModelLayout layout = make_layout(cfg, 0);
   ScheduleShape shape = schedule_shape(cfg);
   shape.tied = !layout.shared_params().empty();
@@ -48,7 +51,11 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
   ctx.precision = prec;
   ctx.tp_path = group_path(cl, tp, 1);
   ctx.cp_path = group_path(cl, cp, tp);
+  ctx.ep = ep;
+  ctx.ep_path = group_path(cl, ep, tp * cp);  // ep consecutive dp ranks
   const GroupPath dp_path = group_path(cl, dp * cp, tp);  // the replicas ZeRO and the gradient sums span
+  // Under ep, an expert's copies: the dp x cp / ep ranks holding the same experts, one in each ep group.
+  const GroupPath edp_path = group_path(cl, dp * cp / ep, tp * cp * ep);
 
   const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4;
   const int zero_mem = dp * cp > 1 ? cfg.optimizer.zero : 0;
@@ -71,7 +78,10 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
   Costs costs;
   costs.chunk_forward.assign(size_t(chunks), 0);
   costs.chunk_backward_input = costs.chunk_backward_weight = costs.chunk_forward;
-  std::vector<double> chunk_comm(size_t(chunks), 0), chunk_params(size_t(chunks), 0);
+  // chunk_params: the chunk's dense parameters on a tp rank (every parameter at ep 1); chunk_experts: under ep > 1, the
+  // rank's experts' (1 / ep of them), summed over edp_path instead of dp_path.
+  std::vector<double> chunk_comm(size_t(chunks), 0), chunk_ep_comm(size_t(chunks), 0), chunk_params(size_t(chunks), 0),
+      chunk_experts(size_t(chunks), 0);
   const int zero = dp * cp > 1 ? cfg.optimizer.zero : 0;
   for (int c = 0; c < chunks; ++c) {
     const ChunkRange& cr = layout.chunks[size_t(c)];
@@ -79,9 +89,15 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
     for (int i = cr.begin; i < cr.end; ++i) {
       const BlockSpec& b = layout.blocks()[size_t(i)];
       const BlockTime t = block_time(dev, b, ctx);
-      double params = 0;
-      for (const ParamSpec& p : b.params) params += double(shape_numel(p.shape)) / (p.split.replicated() ? 1 : tp);
+      double params = 0, experts = 0;
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const ParamSpec& p = b.params[j];
+        const double n = double(shape_numel(p.shape)) / (p.split.replicated() ? 1 : tp);
+        if (ep > 1 && expert_of_param(b, j) >= 0) experts += n / ep;
+        else params += n;
+      }
       chunk_params[size_t(c)] += params;
+      chunk_experts[size_t(c)] += experts;
       double f = t.forward, bi = t.backward_input, bw = t.backward_weight;
       if (zero >= 2) {
         // ZeRO-2/3: each micro-batch's gradient buckets are reduce-scattered as the backward finishes their blocks
@@ -100,6 +116,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
       costs.chunk_backward_input[size_t(c)] += bi;
       costs.chunk_backward_weight[size_t(c)] += bw;
       chunk_comm[size_t(c)] += t.comm_forward + t.comm_backward;
+      chunk_ep_comm[size_t(c)] += t.ep_forward + t.ep_backward;
     }
   }
   // A pipeline send: one (rows, C) activation (rows / tp of it under sequence parallelism), to the rank tp x cp x dp
@@ -115,7 +132,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
   double step = 0;
   for (int rank = 0; rank < pp; ++rank) {
     std::map<int, double> last_w;  // chunk -> end of its last backward
-    double end = 0, comm_free = 0, busy = 0, params = 0, comm = 0;
+    double end = 0, comm_free = 0, busy = 0, params = 0, experts = 0, comm = 0, ep_comm = 0;
     for (const TimedAction& a : sim.timeline[size_t(rank)]) {
       end = std::max(end, a.end);
       busy += a.end - a.start;
@@ -127,18 +144,25 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
     std::sort(order.begin(), order.end());
     for (auto& [t, c] : order) {
       params += chunk_params[size_t(c)];
+      experts += chunk_experts[size_t(c)];
       comm += chunk_comm[size_t(c)] * shape.m;
+      ep_comm += chunk_ep_comm[size_t(c)] * shape.m;
+      // Dense buckets over every replica, then (ep > 1, ZeRO-0/1 only) the experts' over their copies.
       double reduce = 0;
-      if (zero == 0) reduce = all_reduce_s(dp_path, wire * chunk_params[size_t(c)]);
-      else if (zero == 1 || (zero >= 3 && pp > 1)) reduce = reduce_scatter_s(dp_path, wire * chunk_params[size_t(c)]);
+      if (zero == 0)
+        reduce = all_reduce_s(dp_path, wire * chunk_params[size_t(c)]) +
+                 all_reduce_s(edp_path, wire * chunk_experts[size_t(c)]);
+      else if (zero == 1 || (zero >= 3 && pp > 1))
+        reduce = reduce_scatter_s(dp_path, wire * chunk_params[size_t(c)]) +
+                 reduce_scatter_s(edp_path, wire * chunk_experts[size_t(c)]);
       if (reduce > 0) comm_free = std::max(comm_free, t) + reduce;
     }
-    const double shard = zero ? params / (dp * cp) : params;
+    const double shard = zero ? params / (dp * cp) + experts / (dp * cp / ep) : params + experts;
     const double opt = optimizer_s(dev, shard, mixed);
     // ZeRO-1/2 all-gather the updated parameters after the optimizer; ZeRO-3 under pp > 1 gathers the stage's
     // parameters at the start of the next step before its first forward (its first block's at least).
     double gather = 0;
-    if (zero == 1 || zero == 2) gather = all_gather_s(dp_path, 4 * params);
+    if (zero == 1 || zero == 2) gather = all_gather_s(dp_path, 4 * params) + all_gather_s(edp_path, 4 * experts);
     if (zero >= 3 && pp > 1) gather = all_gather_s(dp_path, e * params);
     const double rank_step = std::max(end, comm_free) + opt + gather;
     if (rank_step > step) {
@@ -146,6 +170,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
       r.dp_comm_exposed_s = std::max(0.0, comm_free - end) + gather;
       r.optimizer_s = opt;
       r.tp_cp_comm_s = comm;
+      r.ep_comm_s = ep_comm;
       r.compute_s = busy - comm;
     }
   }

@@ -22,6 +22,7 @@ struct StepPrediction {
   double exposed_comm_s = 0;              // communication the step waits for (see step_model.cpp)
   double compute_s = 0;                   // the busiest rank's compute, collectives inside blocks excluded
   double tp_cp_comm_s = 0, dp_comm_exposed_s = 0, pipeline_comm_s = 0, optimizer_s = 0;
+  double ep_comm_s = 0;                   // of tp_cp_comm_s: the expert-parallel all-to-alls (never overlapped)
   double checkpoint_bytes = 0;            // rank 0's whole checkpoint image
   int devices = 0;
 };
@@ -31,7 +32,8 @@ struct StepPrediction {
 // gets its memory only (the search's shortcut).
 StepPrediction predict_step(const Cluster& cluster, const Config& cfg, bool time_only_if_fits = false);
 
-// "dp 24, tp 8, pp 8 (1f1b), mbs 1 x 96, ZeRO-1, recompute": the layout's keys in one line.
+// "dp 24, tp 8, pp 8 (1f1b), mbs 1 x 96, ZeRO-1, recompute": the layout's keys in one line (", ep 8" after tp / cp
+// under expert parallelism).
 std::string describe_layout(const Config& cfg);
 
 }  // namespace relay
