@@ -34,10 +34,11 @@ std::vector<Gemm> block_gemms(const BlockSpec& b, double n, int tp, int ep) {
     case BlockKind::transformer:
       return {{n, 3 * C / t, C}, {n, C, C / t}, {n, 4 * C / t, C}, {n, C, 4 * C / t}};
     case BlockKind::llama_layer: {
-      const double hd = C / double(b.n_head), Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
+      const double hd = b.head_dim > 0 ? double(b.head_dim) : C / double(b.n_head);
+      const double Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
       std::vector<Gemm> g = {{n, Hq / t, C}, {n, Hkv / t, C}, {n, Hkv / t, C}, {n, C, Hq / t}};
-      if (b.moe.on()) {
-        const double E = double(b.moe.n_experts), F = double(b.moe.ffn_hidden), local = E / ep;
+      if (b.moe.on()) {  // tp splits each expert's units as the dense SwiGLU's; the router is whole on every tp rank
+        const double E = double(b.moe.n_experts), F = double(b.moe.ffn_hidden) / t, local = E / ep;
         const double rows = n * double(b.moe.k) * ep / E;  // (rows, C) per local expert
         g.insert(g.end(), {{n, E, C}, {rows, F, C, 2 * local}, {rows, C, F, local}});
       } else {
@@ -65,7 +66,8 @@ Streaming streaming(const BlockSpec& b, int tp, int sp, int ep) {
       // (4C / tp each way, twice).
       return {(2 * 2 + 2 * 3 + 2 * 2) * C / s + (2 * 3 + 4 * 4) * C / t, 12};
     case BlockKind::llama_layer: {
-      const double hd = C / double(b.n_head), Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
+      const double hd = b.head_dim > 0 ? double(b.head_dim) : C / double(b.n_head);
+      const double Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
       // two RMSNorms (2C each) and residual adds (3C each) on rows / sp; RoPE on q and k (read, write),
       // SwiGLU (read gate and up, write F).
       const double attn = (2 * 2 + 2 * 3) * C / s + 2 * (Hq + Hkv) / t;
@@ -73,7 +75,7 @@ Streaming streaming(const BlockSpec& b, int tp, int sp, int ep) {
       // MoE: the router's softmax and top-k over E (read, write), the tokens' k rows gathered in expert order (k C
       // each way), SwiGLU over k F per token, the k outputs weighted and summed (read k C, write C); under ep the
       // rows regrouped between arrival and expert order on the way in and out (k C each way, twice).
-      const double E = double(b.moe.n_experts), k = double(b.moe.k), F = double(b.moe.ffn_hidden);
+      const double E = double(b.moe.n_experts), k = double(b.moe.k), F = double(b.moe.ffn_hidden) / t;
       return {attn + 2 * E + 2 * k * C + 3 * k * F + (k + 1) * C + (ep > 1 ? 4 * k * C : 0), ep > 1 ? 14 : 12};
     }
     case BlockKind::head:
@@ -129,7 +131,8 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // the group, the backward gathers them again and reduce-scatters their gradients.
   if (attention && ctx.cp > 1) {
     const double kv_heads = b.kind == BlockKind::transformer ? double(b.n_head) : double(b.n_kv_head);
-    const double kv = 2 * e * n * ctx.cp * kv_heads * (double(b.in) / double(b.n_head)) / ctx.tp;
+    const double hd = b.head_dim > 0 ? double(b.head_dim) : double(b.in) / double(b.n_head);
+    const double kv = 2 * e * n * ctx.cp * kv_heads * hd / ctx.tp;
     t.comm_forward += all_gather_s(ctx.cp_path, kv);
     t.comm_backward += all_gather_s(ctx.cp_path, kv) + reduce_scatter_s(ctx.cp_path, kv);
   }

@@ -71,14 +71,13 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
   std::vector<PlannedLayout> all;
   std::map<std::pair<int, int>, bool> fit_tp_pp;
   double params = 0;
-  // Mixtures of experts: Relay runs them with tp 1 and cp 1 (core/config.cpp refuses the rest), and splits the experts
-  // over ep of the dp ranks (ep divides dp and n_experts; ZeRO-0 or 1).
+  // Mixtures of experts: the experts split over ep of the dp ranks too (ep divides dp and n_experts; ZeRO-0 or 1), and
+  // each expert over tp like the dense SwiGLU (tp divides moe_ffn_hidden).
   const bool moe = base.model.is_moe();
   for (int tp : divisors(cl.devices_per_node)) {
     if (world % tp || !tp_splits(base, tp)) continue;
-    if (moe && tp > 1) break;
+    if (moe && base.model.moe_ffn_hidden % tp) continue;
     for (int cp = 1; cp <= world / tp; cp *= 2) {
-      if (moe && cp > 1) break;
       if (cp > 1 && (T % (2 * cp) || T / cp < 4096)) break;  // cp is for long sequences: >= 4096 tokens a rank
       if ((world / tp) % cp) break;
       for (int pp : divisors(world / (tp * cp))) {

@@ -20,12 +20,13 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
   std::vector<BucketKey> keys;
   std::map<std::string, size_t> key_of;
   std::vector<std::vector<int>> writers;
+  const auto placement = layout.placements(pp_rank, tp, tp_rank);
   for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
     for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
       for (const ParamSpec& p : layout.blocks()[static_cast<size_t>(i)].params) {
         auto [it, fresh] = key_of.insert({p.name, keys.size()});
         if (fresh) {
-          const ParamPlacement pl = layout.placement(p.name, pp_rank, tp, tp_rank);
+          const ParamPlacement& pl = placement.at(p.name);
           keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
                           pl.tp_replicated});
           writers.emplace_back();

@@ -42,29 +42,42 @@ std::vector<ParamEntry> ModelLayout::shared_params() const {
   return out;
 }
 
-ParamPlacement ModelLayout::placement(const std::string& name, int pp_rank, int tp, int tp_rank) const {
-  // params()'s entry for `name` without building every entry (the memory plan asks for each parameter of a stage,
-  // and relay plan --cluster for thousands of layouts of models with thousands of parameters).
-  std::vector<int> ranks;
-  const ParamSpec* spec = nullptr;
-  bool expert = false;
-  for (const BlockSpec& b : model.blocks)
+std::map<std::string, ParamPlacement> ModelLayout::placements(int pp_rank, int tp, int tp_rank) const {
+  // One pass over the blocks: each name's pipeline ranks (first use first), its split and whether it is an expert's.
+  struct Seen {
+    std::vector<int> ranks;
+    TpSplit split;
+    bool expert = false;
+  };
+  std::map<std::string, Seen> seen;
+  for (const BlockSpec& b : model.blocks) {
+    const int rank = pp_rank_of_chunk(chunk_of_block(b.index));
     for (size_t i = 0; i < b.params.size(); ++i) {
-      const ParamSpec& p = b.params[i];
-      if (p.name != name) continue;
-      if (!spec) spec = &p;
-      expert = ep > 1 && expert_of_param(b, i) >= 0;
-      const int rank = pp_rank_of_chunk(chunk_of_block(b.index));
-      if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
+      auto [it, fresh] = seen.try_emplace(b.params[i].name);
+      Seen& s = it->second;
+      if (fresh) s.split = b.params[i].split;
+      s.expert = ep > 1 && expert_of_param(b, i) >= 0;
+      if (std::find(s.ranks.begin(), s.ranks.end(), rank) == s.ranks.end()) s.ranks.push_back(rank);
     }
-  RELAY_ASSERT(spec, "parameter " << name << " is not in the model");
-  ParamPlacement p;
-  p.tied = ranks.size() > 1;
-  p.owner = ranks.front() == pp_rank;
-  p.tp_replicated = tp > 1 && spec->split.replicated();
-  p.counts_in_norm = p.owner && !(tp_rank > 0 && spec->split.replicated());
-  p.expert = expert;
-  return p;
+  }
+  std::map<std::string, ParamPlacement> out;
+  for (const auto& [name, s] : seen) {
+    ParamPlacement p;
+    p.tied = s.ranks.size() > 1;
+    p.owner = s.ranks.front() == pp_rank;
+    p.tp_replicated = tp > 1 && s.split.replicated();
+    p.counts_in_norm = p.owner && !(tp_rank > 0 && s.split.replicated());
+    p.expert = s.expert;
+    out.emplace(name, p);
+  }
+  return out;
+}
+
+ParamPlacement ModelLayout::placement(const std::string& name, int pp_rank, int tp, int tp_rank) const {
+  const auto all = placements(pp_rank, tp, tp_rank);
+  auto it = all.find(name);
+  RELAY_ASSERT(it != all.end(), "parameter " << name << " is not in the model");
+  return it->second;
 }
 
 int64_t ModelLayout::param_count() const {

@@ -3,6 +3,7 @@
 // (GPT's token embedding, used by the embedding and the head) is one parameter; when its two blocks
 // sit on two pipeline ranks, both hold a copy. Pure: no MPI, no allocation.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,8 +46,10 @@ struct ModelLayout {
   std::vector<ParamEntry> params() const;
   // Parameters held by more than one pipeline rank (a tied embedding with pp > 1).
   std::vector<ParamEntry> shared_params() const;
-  // The placement of parameter `name` on pipeline rank pp_rank, tp rank tp_rank of tp.
+  // The placement of parameter `name` on pipeline rank pp_rank, tp rank tp_rank of tp; of every parameter at once (one
+  // pass over the model: the memory plan and setup ask for each of thousands of parameters).
   ParamPlacement placement(const std::string& name, int pp_rank, int tp, int tp_rank) const;
+  std::map<std::string, ParamPlacement> placements(int pp_rank, int tp, int tp_rank) const;
   int64_t param_count() const;
   double forward_flops_per_sample() const;  // a sample is a sequence of seq_len tokens for GPT
 };

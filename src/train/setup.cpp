@@ -202,12 +202,13 @@ void setup_data_and_model(Run& r) {
   // by the layout (ModelLayout::placement: tied copies, tp-replicated copies, counted once in the norm).
   std::vector<BucketParam> bucket_params;
   std::vector<Param*> tied;
+  const auto placement = r.layout.placements(g.pp_rank, g.tp, g.tp_rank);
   for (auto& ch : r.chunks)
     for (auto& b : ch->blocks())
       for (Param* p : b->params()) {
         if (r.params.count(p->name)) continue;
         r.params[p->name] = p;
-        const ParamPlacement pl = r.layout.placement(p->name, g.pp_rank, g.tp, g.tp_rank);
+        const ParamPlacement& pl = placement.at(p->name);
         if (pl.tied) tied.push_back(p);
         bucket_params.push_back({p, ch->id(), b->spec().index, pl.counts_in_norm, pl.tied, pl.tp_replicated, pl.expert});
       }
