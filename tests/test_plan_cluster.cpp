@@ -10,6 +10,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "model/family.hpp"
 #include "plan/cluster.hpp"
 #include "plan/search.hpp"
 #include "plan/step_model.hpp"

@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "core/rng.hpp"
 #include "io/dataset.hpp"
+#include "model/family.hpp"
 #include "model/model_spec.hpp"
 #include "parallel/process_grid.hpp"
 #include "parallel/simulator.hpp"

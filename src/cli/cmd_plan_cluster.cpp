@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "model/family.hpp"
 #include "plan/cluster.hpp"
 #include "plan/search.hpp"
 #include "plan/step_model.hpp"
@@ -54,7 +55,7 @@ int run_plan_cluster(const PlanOptions& o) {
   if (o.global_batch > 0) overrides.push_back(cat("train.batch_size=", o.global_batch));
   if (o.seq > 0) overrides.push_back(cat("model.block_size=", o.seq));
   const Config base = load_config(o.config, overrides);
-  if (!base.model.is_lm())
+  if (!model_family(base).language_model())
     throw Error(cat(o.config, ": model.type = \"", base.model.type, "\": relay plan --cluster plans language models "
                     "(gpt or llama)"));
   const double mtbf = o.device_mtbf_hours > 0 ? o.device_mtbf_hours : kDefaultDeviceMtbfHours;
