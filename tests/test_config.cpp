@@ -3,6 +3,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "model/family.hpp"
 
 using namespace relay;
 
@@ -39,7 +40,7 @@ TEST(Config, CheckpointAsync) {
   EXPECT_FALSE(parse_config_text(kBase, "cfg.toml").checkpoint.async);
   Config c = parse_config_text(kBase, "cfg.toml", {"checkpoint.async=true"});
   EXPECT_TRUE(c.checkpoint.async);
-  EXPECT_TRUE(parse_config_text(c.to_toml(), "effective.toml").checkpoint.async);  // kept by the saved config
+  EXPECT_TRUE(parse_config_text(to_toml(c), "effective.toml").checkpoint.async);  // kept by the saved config
   std::string e = error_of(kBase, {"checkpoint.async=\"yes\""});
   EXPECT_NE(e.find("checkpoint.async"), std::string::npos) << e;
 }
@@ -89,9 +90,9 @@ TEST(Config, OverridesAndBareStrings) {
 
 TEST(Config, EffectiveConfigRoundTrips) {
   Config c = parse_config_text(kBase, "cfg.toml", {"optimizer.lr=0.0123", "parallel.balance=[2, 1]", "train.time_limit=\"1h\""});
-  std::string text = c.to_toml();
+  std::string text = to_toml(c);
   Config d = parse_config_text(text, "effective.toml");
-  EXPECT_EQ(d.to_toml(), text);
+  EXPECT_EQ(to_toml(d), text);
   EXPECT_DOUBLE_EQ(d.optimizer.lr, 0.0123);
   EXPECT_EQ(d.parallel.balance, c.parallel.balance);
 }
@@ -113,7 +114,7 @@ TEST(Config, SkipNonfiniteAndLogSection) {
   Config d = parse_config_text(kBase, "cfg.toml", {"train.skip_nonfinite=3", "log.tensorboard=true"});
   EXPECT_EQ(d.train.skip_nonfinite, 3);
   EXPECT_TRUE(d.log.tensorboard);
-  Config e = parse_config_text(d.to_toml(), "saved.toml");
+  Config e = parse_config_text(to_toml(d), "saved.toml");
   EXPECT_EQ(e.train.skip_nonfinite, 3);
   EXPECT_TRUE(e.log.tensorboard);
   EXPECT_NE(error_of(kBase, {"train.skip_nonfinite=-1"}).find("train.skip_nonfinite: must be in [0"), std::string::npos);
@@ -133,7 +134,7 @@ TEST(Config, DocumentMask) {
   Config c = parse_config_text(lm, "cfg.toml", {"data.document_mask=true", "data.reset_positions=false"});
   EXPECT_TRUE(c.data.document_mask);
   EXPECT_FALSE(c.data.reset_positions);
-  Config back = parse_config_text(c.to_toml(), "effective.toml");
+  Config back = parse_config_text(to_toml(c), "effective.toml");
   EXPECT_TRUE(back.data.document_mask);
   EXPECT_FALSE(back.data.reset_positions);
 }
@@ -143,10 +144,10 @@ TEST(Config, MixtureOfExperts) {
                           "n_embd = 8\nn_experts = 4\nexperts_per_token = 2\nmoe_ffn_hidden = 12\n[data]\ntrain = "
                           "\"t.h5\"\n[train]\nsteps = 1\nbatch_size = 1\n";
   Config c = parse_config_text(moe, "cfg.toml");
-  EXPECT_TRUE(c.model.is_moe() && c.model.llama_like() && c.model.is_lm());
+  EXPECT_TRUE(model_family(c).has_experts() && model_family(c).language_model());
   EXPECT_TRUE(c.model.norm_topk_prob);  // Mixtral always renormalises
   EXPECT_TRUE(c.model.moe_layer(0) && c.model.moe_layer(1));
-  Config back = parse_config_text(c.to_toml(), "effective.toml");
+  Config back = parse_config_text(to_toml(c), "effective.toml");
   EXPECT_EQ(back.model.n_experts, 4);
   EXPECT_EQ(back.model.moe_ffn_hidden, 12);
   // Each mistake names its key.
@@ -167,7 +168,7 @@ TEST(Config, MixtureOfExperts) {
   expect_error({"parallel.dp=2", "parallel.ep=2", "optimizer.zero=2"}, "parallel.ep", "optimizer.zero = 2", moe);
   expect_error({"parallel.dp=2", "parallel.ep=2"}, "parallel.ep", "needs a mixture of experts", kBase);
   EXPECT_EQ(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=2"}).parallel.ep, 2);
-  EXPECT_EQ(parse_config_text(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=4"}).to_toml(),
+  EXPECT_EQ(parse_config_text(to_toml(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=4"})),
                               "effective.toml").parallel.ep, 4);
   expect_error({"model.type=\"llama\"", "model.ffn_hidden=16"}, "model.n_experts", "mixture-of-experts key", moe);
   // Qwen3-MoE: dense layers need ffn_hidden; explicit head_dim; mlp_only_layers within the model.
@@ -182,16 +183,16 @@ TEST(Config, MixtureOfExperts) {
                moe);
   expect_error({"model.type=\"qwen3_moe\"", "model.head_dim=5"}, "model.head_dim", "even head size", moe);
   Config qb = parse_config_text(
-      parse_config_text(moe, "cfg.toml", {"model.type=\"qwen3_moe\"", "model.mlp_only_layers=[0]", "model.ffn_hidden=16",
-                                          "model.norm_topk_prob=true", "model.router_z_loss_coef=0.001"})
-          .to_toml(),
+      to_toml(parse_config_text(moe, "cfg.toml", {"model.type=\"qwen3_moe\"", "model.mlp_only_layers=[0]",
+                                                  "model.ffn_hidden=16", "model.norm_topk_prob=true",
+                                                  "model.router_z_loss_coef=0.001"})),
       "effective.toml");
   EXPECT_EQ(qb.model.mlp_only_layers, std::vector<int64_t>{0});
   EXPECT_TRUE(qb.model.norm_topk_prob);
   EXPECT_EQ(qb.model.router_z_loss_coef, 0.001);
   // [moe]: the aux-loss-free expert bias, for mixtures of experts only.
   Config b = parse_config_text(moe, "cfg.toml", {"moe.expert_bias=true", "moe.bias_update_rate=0.01"});
-  Config bb = parse_config_text(b.to_toml(), "effective.toml");
+  Config bb = parse_config_text(to_toml(b), "effective.toml");
   EXPECT_TRUE(bb.moe.expert_bias);
   EXPECT_EQ(bb.moe.bias_update_rate, 0.01);
   expect_error({"moe.expert_bias=true"}, "moe.expert_bias", "needs a mixture of experts", kBase);

@@ -1,4 +1,4 @@
-// Hugging Face model directories (io/hf_model.hpp) without transformers: a written directory reads back
+// Hugging Face model directories (model/hf_model.hpp) without transformers: a written directory reads back
 // with the same tensors (GPT-2's Conv1D weights transposed on disk and back), config.json matches the
 // [model] it was written from, and every difference, another model_type, a missing tensor and a GPT
 // without biases are errors naming the key and both values. Llama and GPT-2 both.
@@ -13,7 +13,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "io/hf_model.hpp"
+#include "model/hf_model.hpp"
 
 using namespace relay;
 namespace fs = std::filesystem;

@@ -13,6 +13,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "model/family.hpp"
 #include "plan/cluster.hpp"
 #include "plan/search.hpp"
 #include "plan/step_model.hpp"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "model/family.hpp"
 #include "plan/cluster.hpp"
 #include "plan/step_model.hpp"
 

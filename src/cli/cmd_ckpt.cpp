@@ -10,8 +10,9 @@
 
 #include "core/config.hpp"
 #include "io/checkpoint.hpp"
-#include "io/hf_model.hpp"
 #include "io/safetensors.hpp"
+#include "model/family.hpp"
+#include "model/hf_model.hpp"
 
 namespace relay {
 
@@ -72,7 +73,7 @@ namespace relay {
 // The model's tensors (not the optimizer's), named as the equivalent PyTorch module's state_dict: the
 // MLP as torch.nn.Sequential ("0.weight", ...), GPT as nanoGPT's module (tests/torch/nanogpt_ref.py;
 // a tied head is the one tensor transformer.wte.weight). Layer order, as state_dict lists them.
-// --format hf: the same tensors as a transformers model directory (io/hf_model.hpp), with the model
+// --format hf: the same tensors as a transformers model directory (model/hf_model.hpp), with the model
 // keys taken from the config stored in the checkpoint.
 int run_ckpt_export(const CkptOptions& o) {
   CheckpointReader r(o.file);

@@ -13,6 +13,7 @@
 #include "cli/commands.hpp"
 #include "io/checkpoint.hpp"
 #include "io/tokenizer.hpp"
+#include "model/family.hpp"
 #include "model/generate.hpp"
 #include "model/model_spec.hpp"
 

@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "core/rng.hpp"
 #include "io/dataset.hpp"
+#include "model/family.hpp"
 #include "model/model_spec.hpp"
 #include "model/expert_parallel.hpp"
 #include "model/moe.hpp"

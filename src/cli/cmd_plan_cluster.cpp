@@ -8,6 +8,7 @@
 
 #include "cli/commands.hpp"
 #include "model/expert_parallel.hpp"
+#include "model/family.hpp"
 #include "plan/cluster.hpp"
 #include "plan/search.hpp"
 #include "plan/step_model.hpp"
@@ -70,7 +71,7 @@ int run_plan_cluster(const PlanOptions& o) {
   if (o.global_batch > 0) overrides.push_back(cat("train.batch_size=", o.global_batch));
   if (o.seq > 0) overrides.push_back(cat("model.block_size=", o.seq));
   const Config base = load_config(o.config, overrides);
-  if (!base.model.is_lm())
+  if (!model_family(base).language_model())
     throw Error(cat(o.config, ": model.type = \"", base.model.type, "\": relay plan --cluster plans language models "
                     "(gpt, llama, mixtral or qwen3_moe)"));
   const double mtbf = o.device_mtbf_hours > 0 ? o.device_mtbf_hours : kDefaultDeviceMtbfHours;
@@ -132,7 +133,7 @@ int run_plan_cluster(const PlanOptions& o) {
 
   const ModelLayout ml = make_layout(rows.front().cfg, 0);
   const std::string active =
-      base.model.is_moe() ? cat(", ", std::round(active_params(ml) / 1e7) / 100, "B active") : "";
+      model_family(base).has_experts() ? cat(", ", std::round(active_params(ml) / 1e7) / 100, "B active") : "";
   std::printf("plan for %s (%s, %.2fB parameters%s, %lld sequences x %lld tokens a step) on %s: %d nodes x %d = %d "
               "devices, %s peak %.1f TFLOP/s, %.1f GiB each\n",
               o.config.c_str(), base.model.type.c_str(), double(ml.param_count()) / 1e9, active.c_str(),

@@ -10,6 +10,7 @@
 #include "parallel/process_grid.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "model/family.hpp"
 #include "plan/cluster.hpp"
 #include "plan/step_model.hpp"
 #include "train/memory_plan.hpp"
@@ -39,7 +40,7 @@ namespace {
 
 // The planner's prediction for this run's layout on the cluster file's machine (plan/step_model.hpp).
 RunPrediction predict_run(const std::string& cluster_file, const Config& cfg) {
-  if (!cfg.model.is_lm()) throw Error("--plan-cluster: the planner predicts language models (model.type gpt or llama)");
+  if (!model_family(cfg).language_model()) throw Error("--plan-cluster: the planner predicts language models (model.type gpt or llama)");
   const Cluster cl = load_cluster(cluster_file);
   const StepPrediction p = predict_step(cl, cfg);
   RunPrediction r;

@@ -2,8 +2,11 @@
 // values are errors naming the file and the key.
 #include "core/config.hpp"
 
+#include "core/config_keys.hpp"
+
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -24,9 +27,7 @@ constexpr const char* kGradReduceNames[] = {"fp32", "bf16"};
 const char* precision_name(Precision p) { return kPrecisionNames[static_cast<size_t>(p)]; }
 const char* grad_reduce_name(GradReduce g) { return kGradReduceNames[static_cast<size_t>(g)]; }
 
-namespace {
-
-const char* type_name(const toml::node& n) {
+const char* toml_type_name(const toml::node& n) {
   switch (n.type()) {
     case toml::node_type::string: return "string";
     case toml::node_type::integer: return "integer";
@@ -38,77 +39,94 @@ const char* type_name(const toml::node& n) {
   }
 }
 
-// Reads one section with a fixed set of keys, checking types.
-class Section {
- public:
-  Section(const toml::table* t, std::string name, std::string source, std::set<std::string> known)
-      : t_(t), name_(std::move(name)), source_(std::move(source)) {
-    if (!t_) return;
-    for (auto&& [k, v] : *t_)
-      if (!known.count(std::string(k.str())))
-        fail(std::string(k.str()), cat("unknown key (known keys in [", name_, "]: ", join(known), ")"));
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
-    throw Error(cat(source_, ": ", name_, ".", key, ": ", why));
-  }
-  const toml::node* get(const std::string& key) const { return t_ ? t_->get(key) : nullptr; }
+std::string toml_quote(const std::string& s) {
+  std::ostringstream os;
+  os << toml::value<std::string>(s);
+  return os.str();
+}
 
-  void str(const std::string& key, std::string& out, bool required = false) const {
-    auto* n = get(key);
-    if (!n) { if (required) fail(key, "required key is missing"); return; }
-    if (!n->is_string()) fail(key, cat("expected a string, got ", type_name(*n)));
-    out = n->value<std::string>().value();
-  }
-  void integer(const std::string& key, int64_t& out, int64_t lo, int64_t hi, bool required = false) const {
-    auto* n = get(key);
-    if (!n) { if (required) fail(key, "required key is missing"); return; }
-    if (!n->is_integer()) fail(key, cat("expected an integer, got ", type_name(*n)));
-    int64_t v = n->value<int64_t>().value();
-    if (v < lo || v > hi) fail(key, cat("must be in [", lo, ", ", hi, "], got ", v));
-    out = v;
-  }
-  void u64(const std::string& key, uint64_t& out) const {
-    int64_t v = static_cast<int64_t>(out);
-    integer(key, v, 0, INT64_MAX);
-    out = static_cast<uint64_t>(v);
-  }
-  void real(const std::string& key, double& out, double lo, double hi, bool lo_open = false) const {
-    auto* n = get(key);
-    if (!n) return;
-    if (!n->is_number()) fail(key, cat("expected a number, got ", type_name(*n)));
-    double v = n->is_integer() ? double(n->value<int64_t>().value()) : n->value<double>().value();
-    if (!std::isfinite(v) || v < lo || v > hi || (lo_open && v == lo))
-      fail(key, cat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", v));
-    out = v;
-  }
-  void boolean(const std::string& key, bool& out) const {
-    auto* n = get(key);
-    if (!n) return;
-    if (!n->is_boolean()) fail(key, cat("expected true or false, got ", type_name(*n)));
-    out = n->value<bool>().value();
-  }
-  void choice(const std::string& key, std::string& out, const std::set<std::string>& allowed) const {
-    str(key, out);
-    if (!allowed.count(out)) fail(key, cat("must be one of ", join(allowed), ", got \"", out, "\""));
-  }
-  // A choice parsed into its enum: names[i] is the spelling of E(i).
-  template <typename E, size_t N>
-  void enum_choice(const std::string& key, E& out, const char* const (&names)[N]) const {
-    std::string v = names[static_cast<size_t>(out)];
-    choice(key, v, std::set<std::string>(std::begin(names), std::end(names)));
-    for (size_t i = 0; i < N; ++i)
-      if (v == names[i]) out = static_cast<E>(i);
-  }
-  static std::string join(const std::set<std::string>& s) {
-    std::string r;
-    for (auto& x : s) r += (r.empty() ? "" : ", ") + x;
-    return r;
-  }
+std::string toml_number(double v) {
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);
+  std::string r(buf, res.ptr);
+  if (r.find_first_of(".eEn") == std::string::npos) r += ".0";
+  return r;
+}
 
- private:
-  const toml::table* t_;
-  std::string name_, source_;
-};
+ConfigSection::ConfigSection(const toml::table* t, std::string name, std::string source, std::set<std::string> known)
+    : t_(t), name_(std::move(name)), source_(std::move(source)) {
+  if (!t_) return;
+  for (auto&& [k, v] : *t_)
+    if (!known.count(std::string(k.str())))
+      fail(std::string(k.str()), cat("unknown key (known keys in [", name_, "]: ", join(known), ")"));
+}
+
+void ConfigSection::fail(const std::string& key, const std::string& why) const {
+  throw Error(cat(source_, ": ", name_, ".", key, ": ", why));
+}
+
+std::vector<std::string> ConfigSection::present() const {
+  std::vector<std::string> keys;
+  if (t_)
+    for (auto&& [k, v] : *t_) keys.emplace_back(k.str());
+  return keys;
+}
+
+void ConfigSection::str(const std::string& key, std::string& out, bool required) const {
+  auto* n = get(key);
+  if (!n) { if (required) fail(key, "required key is missing"); return; }
+  if (!n->is_string()) fail(key, cat("expected a string, got ", toml_type_name(*n)));
+  out = n->value<std::string>().value();
+}
+
+void ConfigSection::integer(const std::string& key, int64_t& out, int64_t lo, int64_t hi, bool required) const {
+  auto* n = get(key);
+  if (!n) { if (required) fail(key, "required key is missing"); return; }
+  if (!n->is_integer()) fail(key, cat("expected an integer, got ", toml_type_name(*n)));
+  int64_t v = n->value<int64_t>().value();
+  if (v < lo || v > hi) fail(key, cat("must be in [", lo, ", ", hi, "], got ", v));
+  out = v;
+}
+
+void ConfigSection::u64(const std::string& key, uint64_t& out) const {
+  int64_t v = static_cast<int64_t>(out);
+  integer(key, v, 0, INT64_MAX);
+  out = static_cast<uint64_t>(v);
+}
+
+void ConfigSection::real(const std::string& key, double& out, double lo, double hi, bool lo_open) const {
+  auto* n = get(key);
+  if (!n) return;
+  if (!n->is_number()) fail(key, cat("expected a number, got ", toml_type_name(*n)));
+  double v = n->is_integer() ? double(n->value<int64_t>().value()) : n->value<double>().value();
+  if (!std::isfinite(v) || v < lo || v > hi || (lo_open && v == lo))
+    fail(key, cat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", v));
+  out = v;
+}
+
+void ConfigSection::boolean(const std::string& key, bool& out) const {
+  auto* n = get(key);
+  if (!n) return;
+  if (!n->is_boolean()) fail(key, cat("expected true or false, got ", toml_type_name(*n)));
+  out = n->value<bool>().value();
+}
+
+void ConfigSection::choice(const std::string& key, std::string& out, const std::set<std::string>& allowed) const {
+  str(key, out);
+  if (!allowed.count(out)) fail(key, cat("must be one of ", join(allowed), ", got \"", out, "\""));
+}
+
+std::string ConfigSection::join(const std::set<std::string>& s) {
+  std::string r;
+  for (auto& x : s) r += (r.empty() ? "" : ", ") + x;
+  return r;
+}
+
+namespace {
+
+// The short names the sections below were written with.
+using Section = ConfigSection;
+const char* type_name(const toml::node& n) { return toml_type_name(n); }
 
 void apply_override(toml::table& root, const std::string& ov, const std::string& source) {
   auto eq = ov.find('=');
@@ -131,12 +149,6 @@ void apply_override(toml::table& root, const std::string& ov, const std::string&
   auto* sec = root.get(section)->as_table();
   if (!sec) throw Error(cat(source, ": ", section, " is not a table"));
   sec->insert_or_assign(key, *holder.get("v"));
-}
-
-std::string toml_quote(const std::string& s) {
-  std::ostringstream os;
-  os << toml::value<std::string>(s);
-  return os.str();
 }
 
 }  // namespace
@@ -182,66 +194,15 @@ double parse_duration(const std::string& text, const std::string& key) {
   return total;
 }
 
-namespace {
-
-constexpr const char* kMoeKeys[] = {"n_experts", "experts_per_token", "moe_ffn_hidden", "norm_topk_prob",
-                                    "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
-                                    "router_z_loss_coef", "head_dim"};
-
-// The mixture-of-experts keys of [model] (model.type = "mixtral" or "qwen3_moe"; refused for "llama").
-void parse_moe_keys(const Section& model, Config::Model& m) {
-  if (!m.is_moe()) {
-    for (const char* k : kMoeKeys)
-      if (model.get(k))
-        model.fail(k, cat("is a mixture-of-experts key; model.type = \"", m.type,
-                          "\" has no experts (use \"mixtral\" or \"qwen3_moe\")"));
-    return;
-  }
-  const bool qwen = m.type == "qwen3_moe";
-  for (const char* k : {"norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "head_dim"})
-    if (!qwen && model.get(k))
-      model.fail(k, cat("is a qwen3_moe key; model.type = \"mixtral\" has ",
-                        std::string(k) == "norm_topk_prob" ? "always renormalised top-k weights"
-                        : std::string(k) == "head_dim"     ? "head size n_embd / n_head"
-                                                           : "experts in every layer"));
-  model.integer("n_experts", m.n_experts, 1, 1 << 16, true);
-  model.integer("experts_per_token", m.experts_per_token, 1, 1 << 16, true);
-  if (m.experts_per_token > m.n_experts)
-    model.fail("experts_per_token", cat("= ", m.experts_per_token, " is more than model.n_experts = ", m.n_experts,
-                                        " (each token picks experts_per_token distinct experts)"));
-  model.integer("moe_ffn_hidden", m.moe_ffn_hidden, 1, int64_t(1) << 24, true);
-  m.norm_topk_prob = !qwen;  // Mixtral renormalises; Qwen3MoeConfig's default is false
-  model.boolean("norm_topk_prob", m.norm_topk_prob);
-  model.integer("decoder_sparse_step", m.decoder_sparse_step, 1, 1 << 16);
-  model.integer("head_dim", m.head_dim, 1, 1 << 16);
-  model.real("router_aux_loss_coef", m.router_aux_loss_coef, 0, 1e6);
-  model.real("router_z_loss_coef", m.router_z_loss_coef, 0, 1e6);
-  if (auto* l = model.get("mlp_only_layers")) {
-    auto* arr = l->as_array();
-    if (!arr) model.fail("mlp_only_layers", cat("expected an array of layer indices, got ", type_name(*l)));
-    for (auto& e : *arr) {
-      if (!e.is_integer() || e.value<int64_t>().value() < 0 || e.value<int64_t>().value() >= m.n_layer)
-        model.fail("mlp_only_layers", cat("every entry must be a layer index in [0, model.n_layer = ", m.n_layer, ")"));
-      m.mlp_only_layers.push_back(e.value<int64_t>().value());
-    }
-  }
-  bool dense = false;
-  for (int64_t i = 0; i < m.n_layer; ++i) dense = dense || !m.moe_layer(i);
-  if (dense && m.ffn_hidden == 0)
-    model.fail("ffn_hidden", "required key is missing: some layers are dense (model.mlp_only_layers, "
-                             "model.decoder_sparse_step) and use a SwiGLU of ffn_hidden units");
-}
-
-}  // namespace
-
 bool Config::Model::moe_layer(int64_t i) const {
-  if (!is_moe()) return false;
+  if (n_experts == 0) return false;  // a family without experts (their [model] keys refuse n_experts)
   for (int64_t d : mlp_only_layers)
     if (d == i) return false;
   return (i + 1) % decoder_sparse_step == 0;
 }
 
-Config parse_config_text(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+Config parse_config_text(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
+                         const std::vector<const ModelKeys*>& families) {
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -266,85 +227,25 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   run.str("dir", c.run.dir);
   if (c.run.dir.empty()) run.fail("dir", "must not be empty");
 
-  Section model(tab("model"), "model", source,
-                {"type", "seed", "init_from", "loss", "layers", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias",
-                 "tie_embeddings", "init_std", "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps", "n_experts",
-                 "experts_per_token", "moe_ffn_hidden", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-                 "router_aux_loss_coef", "router_z_loss_coef", "head_dim"});
-  model.choice("type", c.model.type, {"mlp", "gpt", "llama", "mixtral", "qwen3_moe"});
+  // [model]: the keys every run has, then the family's own (model.type; src/model/families).
+  const std::set<std::string> common = {"type", "seed", "init_from", "loss"};
+  std::set<std::string> model_keys = common, types;
+  for (const ModelKeys* f : families) {
+    types.insert(f->name());
+    for (const std::string& k : f->keys()) model_keys.insert(k);
+  }
+  Section model(tab("model"), "model", source, model_keys);
+  model.choice("type", c.model.type, types);
+  const ModelKeys& family = **std::find_if(families.begin(), families.end(),
+                                           [&](const ModelKeys* f) { return f->name() == c.model.type; });
   model.u64("seed", c.model.seed);
   model.str("init_from", c.model.init_from);
   model.choice("loss", c.model.loss, {"cross_entropy", "mse"});
-  if (c.model.is_lm()) {
-    const std::string t = c.model.type;
-    for (const char* k : {"layers"})
-      if (model.get(k)) model.fail(k, cat("is an MLP key; a model.type = \"", t, "\" model is given by vocab_size, "
-                                          "block_size, n_layer, n_head and n_embd"));
-    if (c.model.loss != "cross_entropy")
-      model.fail("loss", cat("a model.type = \"", t, "\" model trains with \"cross_entropy\" (next-token loss)"));
-    model.integer("vocab_size", c.model.vocab_size, 1, int64_t(1) << 31, true);
-    model.integer("block_size", c.model.block_size, 1, int64_t(1) << 20, true);
-    model.integer("n_layer", c.model.n_layer, 1, 1 << 16, true);
-    model.integer("n_head", c.model.n_head, 1, 1 << 16, true);
-    model.integer("n_embd", c.model.n_embd, 1, int64_t(1) << 20, true);
-    if (c.model.llama_like()) c.model.tie_embeddings = false;  // Llama's default: an untied lm_head
-    model.boolean("tie_embeddings", c.model.tie_embeddings);
-    model.real("init_std", c.model.init_std, 0, 10, true);
-    if (c.model.n_embd % c.model.n_head != 0)
-      model.fail("n_embd", cat("= ", c.model.n_embd, " must be divisible by model.n_head = ", c.model.n_head,
-                               " (each head gets n_embd / n_head channels)"));
-    if (c.model.is_gpt()) {
-      for (const char* k : {"n_kv_head", "ffn_hidden", "rope_theta", "norm_eps"})
-        if (model.get(k)) model.fail(k, "is a Llama key; set model.type = \"llama\" to use it");
-      for (const char* k : kMoeKeys)
-        if (model.get(k)) model.fail(k, "is a mixture-of-experts key; set model.type = \"mixtral\" or \"qwen3_moe\"");
-      model.boolean("bias", c.model.bias);
-    } else {
-      if (model.get("bias")) model.fail("bias", "is a GPT key: a Llama model has no biases");
-      c.model.bias = false;
-      c.model.n_kv_head = c.model.n_head;
-      model.integer("n_kv_head", c.model.n_kv_head, 1, 1 << 16);
-      model.integer("ffn_hidden", c.model.ffn_hidden, 1, int64_t(1) << 24, c.model.is_llama());
-      model.real("rope_theta", c.model.rope_theta, 0, 1e12, true);
-      model.real("norm_eps", c.model.norm_eps, 0, 1, true);
-      if (c.model.n_head % c.model.n_kv_head != 0)
-        model.fail("n_kv_head", cat("= ", c.model.n_kv_head, " must divide model.n_head = ", c.model.n_head,
-                                    " (each key/value head serves n_head / n_kv_head query heads)"));
-      parse_moe_keys(model, c.model);
-      const int64_t hd = c.model.head_dim > 0 ? c.model.head_dim : c.model.n_embd / c.model.n_head;
-      if (hd % 2 != 0)
-        model.fail(c.model.head_dim > 0 ? "head_dim" : "n_head",
-                   cat("gives head size ", hd, "; rotary embeddings need an even head size (",
-                       c.model.head_dim > 0 ? "head_dim" : "n_embd / n_head", ")"));
-    }
-  } else {
-    for (const char* k : {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tie_embeddings", "init_std",
-                          "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps", "n_experts", "experts_per_token",
-                          "moe_ffn_hidden", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-                          "router_aux_loss_coef", "router_z_loss_coef", "head_dim"})
-      if (model.get(k)) model.fail(k, "is a language-model key; set model.type = \"gpt\", \"llama\", \"mixtral\" or \"qwen3_moe\" to use it");
-    auto* layers = model.get("layers");
-    if (!layers) model.fail("layers", "required key is missing");
-    if (!layers->is_array()) model.fail("layers", cat("expected an array of tables, got ", type_name(*layers)));
-    int idx = 0;
-    for (auto& ln : *layers->as_array()) {
-      std::string lname = cat("layers[", idx, "]");
-      if (!ln.is_table()) model.fail(lname, "expected a table like { type = \"linear\", out = 256 }");
-      Section l(ln.as_table(), cat("model.layers[", idx, "]"), source, {"type", "out", "eps"});
-      LayerConfig lc;
-      l.choice("type", lc.type, {"linear", "relu", "gelu", "tanh", "layernorm"});
-      if (lc.type == "linear") l.integer("out", lc.out, 1, int64_t(1) << 31, true);
-      else if (l.get("out")) l.fail("out", cat("only linear layers take 'out' (this layer is ", lc.type, ")"));
-      if (lc.type == "layernorm") l.real("eps", lc.eps, 0, 1, true);
-      else if (l.get("eps")) l.fail("eps", cat("only layernorm layers take 'eps' (this layer is ", lc.type, ")"));
-      c.model.layers.push_back(lc);
-      ++idx;
-    }
-    if (c.model.layers.empty()) model.fail("layers", "must hold at least one layer");
-    bool any_linear = false;
-    for (auto& l : c.model.layers) any_linear |= l.type == "linear";
-    if (!any_linear) model.fail("layers", "needs at least one linear layer");
-  }
+  family.parse_keys(model, c.model);
+  const std::set<std::string> own = family.keys();
+  for (const std::string& k : model.present())  // another family's key that this family's parse let through
+    if (!common.count(k) && !own.count(k))
+      model.fail(k, cat("is not a key of model.type = \"", c.model.type, "\" (its keys: ", Section::join(own), ")"));
 
   Section data(tab("data"), "data", source, {"train", "eval", "shuffle", "seed", "document_mask", "reset_positions"});
   data.str("train", c.data.train, true);
@@ -353,7 +254,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   data.u64("seed", c.data.seed);
   data.boolean("document_mask", c.data.document_mask);
   data.boolean("reset_positions", c.data.reset_positions);
-  if (c.data.document_mask && !c.model.is_lm())
+  if (c.data.document_mask && !family.language_model())
     data.fail("document_mask", "needs a language model (model.type = \"gpt\" or \"llama\"): an MLP has no documents");
 
   Section train(tab("train"), "train", source,
@@ -417,7 +318,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
   par.integer("cp", c.parallel.cp, 1, 1 << 12);
   if (c.parallel.cp > 1) {
-    if (!c.model.is_lm())
+    if (!family.language_model())
       par.fail("cp", cat("= ", c.parallel.cp, " needs model.type = \"gpt\" or \"llama\" (context parallelism splits "
                          "sequences; an MLP model has none)"));
     if (c.model.block_size % (2 * c.parallel.cp) != 0)
@@ -428,7 +329,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.integer("tp", c.parallel.tp, 1, 1 << 12);
   par.integer("ep", c.parallel.ep, 1, 1 << 16);
   if (c.parallel.ep > 1) {  // Megatron-LM's and torchtitan's rule: the expert-parallel ranks are data-parallel ranks
-    if (!c.model.is_moe())
+    if (!family.has_experts())
       par.fail("ep", cat("= ", c.parallel.ep, " splits experts over ranks and needs a mixture of experts (model.type = "
                          "\"mixtral\" or \"qwen3_moe\"), got model.type = \"", c.model.type, "\""));
     if (c.parallel.dp % c.parallel.ep != 0)
@@ -450,19 +351,19 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.str("timeout", c.parallel.timeout);
   if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, source + ": parallel.timeout");
   if (c.parallel.tp > 1) {
-    if (!c.model.is_lm())
+    if (!family.language_model())
       par.fail("tp", cat("= ", c.parallel.tp, " needs model.type = \"gpt\" or \"llama\" (tensor parallelism splits "
                          "attention heads, MLP units and the vocabulary; an MLP model uses parallel.dp and parallel.pp)"));
     if (c.model.n_head % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_head = ", c.model.n_head,
                          " (each tensor-parallel rank holds whole attention heads)"));
-    if (c.model.is_moe() && c.model.moe_ffn_hidden % c.parallel.tp != 0)
+    if (family.has_experts() && c.model.moe_ffn_hidden % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.moe_ffn_hidden = ", c.model.moe_ffn_hidden,
                          " (each expert's SwiGLU units are split over the tp ranks)"));
-    if (c.model.llama_like() && c.model.n_kv_head % c.parallel.tp != 0)
+    if (c.model.n_kv_head % c.parallel.tp != 0)  // n_kv_head and ffn_hidden: 0 in a GPT
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_kv_head = ", c.model.n_kv_head,
                          " (each tensor-parallel rank holds whole key/value heads)"));
-    if (c.model.llama_like() && c.model.ffn_hidden % c.parallel.tp != 0)
+    if (c.model.ffn_hidden % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.ffn_hidden = ", c.model.ffn_hidden));
     if (c.model.vocab_size < c.parallel.tp)
       par.fail("tp", cat("= ", c.parallel.tp, " is more than model.vocab_size = ", c.model.vocab_size));
@@ -480,7 +381,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   if (c.train.recompute == "blocks" && c.parallel.schedule == "zb-h1")
     train.fail("recompute", "= \"blocks\" does not combine with parallel.schedule = \"zb-h1\" (its separate weight-"
                             "gradient step needs each block's saved intermediates; use 1f1b or interleaved)");
-  if (c.train.recompute == "blocks" && !c.model.is_lm())
+  if (c.train.recompute == "blocks" && !family.language_model())
     train.fail("recompute", "= \"blocks\" recomputes transformer blocks and needs model.type = \"gpt\" or \"llama\"");
   if (auto* b = par.get("balance")) {
     auto* arr = b->as_array();
@@ -509,7 +410,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   Section moe(tab("moe"), "moe", source, {"expert_bias", "bias_update_rate"});
   moe.boolean("expert_bias", c.moe.expert_bias);
   moe.real("bias_update_rate", c.moe.bias_update_rate, 0, 1e3);
-  if (c.moe.expert_bias && !c.model.is_moe())
+  if (c.moe.expert_bias && !family.has_experts())
     moe.fail("expert_bias", cat("= true needs a mixture of experts (model.type = \"mixtral\" or \"qwen3_moe\"), got "
                                 "model.type = \"", c.model.type, "\""));
 
@@ -525,60 +426,23 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   const std::vector<const ModelKeys*>& families) {
   std::ifstream f(path);
   if (!f) throw Error(cat("--config ", path, ": cannot open the file"));
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse_config_text(ss.str(), path, overrides);
+  return parse_config_text(ss.str(), path, overrides, families);
 }
 
-std::string Config::to_toml() const {
+std::string Config::to_toml(const ModelKeys& family) const {
   std::ostringstream o;
   auto q = [](const std::string& s) { return toml_quote(s); };
-  // The shortest text that reads back as the same double: numbers print as the user wrote them
-  // (lr = 0.003, not 0.0030000000000000001), and a saved config loads back to the same Config.
-  auto num = [](double v) {
-    char buf[64];
-    const auto res = std::to_chars(buf, buf + sizeof buf, v);
-    std::string r(buf, res.ptr);
-    if (r.find_first_of(".eEn") == std::string::npos) r += ".0";
-    return r;
-  };
+  auto num = [](double v) { return toml_number(v); };
   o << "[run]\ndir = " << q(run.dir) << "\n\n";
   o << "[model]\ntype = " << q(model.type) << "\nseed = " << model.seed << "\nloss = " << q(model.loss) << "\n";
   if (!model.init_from.empty()) o << "init_from = " << q(model.init_from) << "\n";
-  if (model.is_lm()) {
-    o << "vocab_size = " << model.vocab_size << "\nblock_size = " << model.block_size << "\nn_layer = " << model.n_layer
-      << "\nn_head = " << model.n_head << "\nn_embd = " << model.n_embd;
-    if (model.is_gpt()) o << "\nbias = " << (model.bias ? "true" : "false");
-    o << "\ntie_embeddings = " << (model.tie_embeddings ? "true" : "false") << "\ninit_std = " << num(model.init_std)
-      << "\n";
-    if (model.llama_like())
-      o << "n_kv_head = " << model.n_kv_head << (model.ffn_hidden > 0 ? cat("\nffn_hidden = ", model.ffn_hidden) : "")
-        << "\nrope_theta = " << num(model.rope_theta) << "\nnorm_eps = " << num(model.norm_eps) << "\n";
-    if (model.is_moe()) {
-      o << "n_experts = " << model.n_experts << "\nexperts_per_token = " << model.experts_per_token
-        << "\nmoe_ffn_hidden = " << model.moe_ffn_hidden << "\nrouter_aux_loss_coef = "
-        << num(model.router_aux_loss_coef) << "\nrouter_z_loss_coef = " << num(model.router_z_loss_coef) << "\n";
-      if (model.type == "qwen3_moe") {
-        o << "norm_topk_prob = " << (model.norm_topk_prob ? "true" : "false")
-          << "\ndecoder_sparse_step = " << model.decoder_sparse_step << "\nmlp_only_layers = [";
-        for (size_t i = 0; i < model.mlp_only_layers.size(); ++i) o << (i ? ", " : "") << model.mlp_only_layers[i];
-        o << "]\n";
-        if (model.head_dim > 0) o << "head_dim = " << model.head_dim << "\n";
-      }
-    }
-  } else {
-    o << "layers = [\n";
-    for (auto& l : model.layers) {
-      o << "  { type = " << q(l.type);
-      if (l.type == "linear") o << ", out = " << l.out;
-      if (l.type == "layernorm") o << ", eps = " << num(l.eps);
-      o << " },\n";
-    }
-    o << "]\n";
-  }
+  family.write_keys(o, model);
   o << "\n[data]\ntrain = " << q(data.train) << "\n";
   if (!data.eval.empty()) o << "eval = " << q(data.eval) << "\n";
   o << "shuffle = " << (data.shuffle ? "true" : "false") << "\nseed = " << data.seed << "\n";
@@ -613,7 +477,7 @@ std::string Config::to_toml() const {
     << "\nreshard_after_forward = " << (parallel.reshard_after_forward ? "true" : "false") << "\ntimeout = "
     << q(parallel.timeout) << "\n\n";
   o << "[log]\ntensorboard = " << (log.tensorboard ? "true" : "false") << "\n\n";
-  if (model.is_moe())
+  if (family.has_experts())
     o << "[moe]\nexpert_bias = " << (moe.expert_bias ? "true" : "false") << "\nbias_update_rate = "
       << num(moe.bias_update_rate) << "\n\n";
   if (trace.on()) o << "[trace]\nsteps = [" << trace.first << ", " << trace.last << "]\n\n";

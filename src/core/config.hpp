@@ -9,6 +9,8 @@
 
 namespace relay {
 
+class ModelKeys;  // a model family's [model] keys (core/config_keys.hpp)
+
 struct LayerConfig {        // one entry of model.layers
   std::string type;         // linear | relu | gelu | tanh | layernorm
   int64_t out = 0;          // linear only
@@ -20,7 +22,7 @@ struct Config {
 
   struct Run { std::string dir = "runs/relay"; } run;
   struct Model {
-    std::string type = "mlp";            // mlp | gpt | llama | mixtral | qwen3_moe
+    std::string type = "mlp";            // mlp | gpt | llama | mixtral | qwen3_moe (src/model/families)
     // Initial weights: a .safetensors file (PyTorch names) or a Hugging Face model directory; "" = none
     std::string init_from;
     uint64_t seed = 1;
@@ -46,15 +48,8 @@ struct Config {
     bool norm_topk_prob = false;
     std::vector<int64_t> mlp_only_layers;
     double router_aux_loss_coef = 0.001, router_z_loss_coef = 0.0;
-    bool is_gpt() const { return type == "gpt"; }
-    bool is_llama() const { return type == "llama"; }
-    bool is_moe() const { return type == "mixtral" || type == "qwen3_moe"; }
-    // Llama's decoder layer (RMSNorm, rotary grouped-query attention, SwiGLU): llama and the MoE families.
-    bool llama_like() const { return is_llama() || is_moe(); }
     // Whether decoder layer i of a MoE family routes over experts (qwen3_moe: decoder_sparse_step, mlp_only_layers).
     bool moe_layer(int64_t i) const;
-    // A decoder-only language model over token ids (gpt, llama or a MoE family), as opposed to the MLP.
-    bool is_lm() const { return is_gpt() || llama_like(); }
   } model;
   struct Data {
     std::string train;
@@ -139,15 +134,17 @@ struct Config {
   } checkpoint;
 
   // The effective configuration as TOML text (every key, defaults filled in); loading it back gives
-  // the same Config.
-  std::string to_toml() const;
+  // the same Config. family: model.type's (model/family.hpp's to_toml(cfg) finds it).
+  std::string to_toml(const ModelKeys& family) const;
 };
 
 // Loads and validates. overrides are "section.key=value" strings (value in TOML syntax, or a bare
-// string). Throws relay::Error naming the file and key on any problem.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-Config parse_config_text(const std::string& text, const std::string& source,
-                         const std::vector<std::string>& overrides = {});
+// string). Throws relay::Error naming the file and key on any problem. families: every model.type and its
+// [model] keys (core/config_keys.hpp); model/family.hpp's load_config and parse_config_text pass the registry.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   const std::vector<const ModelKeys*>& families);
+Config parse_config_text(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
+                         const std::vector<const ModelKeys*>& families);
 
 // "3h50m", "90m", "45s", "2h", "01:30:00", "3600" -> seconds. Throws Error naming `key`.
 double parse_duration(const std::string& text, const std::string& key);

@@ -1,5 +1,6 @@
 // The registry of block kinds: from the config, the model as a list of BlockSpecs (shapes, parameter
-// specs, FLOPs) and the factory that builds one block. The only place that knows every kind.
+// specs, FLOPs; each family's own, model/family.hpp) and the factory that builds one block. The only place
+// that knows every kind.
 #pragma once
 #include <memory>
 #include <string>
@@ -32,8 +33,15 @@ struct ModelSpec {
   std::string tp_shard(int tp, int r) const;
 };
 
-// input_dim: the MLP's feature count (from the data); ignored for GPT.
+// input_dim: the MLP's feature count (from the data); ignored for GPT. The blocks are model.type's family's
+// (model/family.hpp).
 ModelSpec make_model_spec(const Config& cfg, int64_t input_dim);
+
+// The language models' first and last blocks (gpt_blocks.cpp's Embedding and Head, shared by the language-model
+// families): token ids -> (rows, C) from the tables in params (the token embedding, [learned positions]);
+// and a norm over C (params: its weight, [bias], then the output weight) -> logits over the vocabulary V.
+BlockSpec lm_embedding(std::vector<ParamSpec> params, int64_t C, int64_t T);
+BlockSpec lm_head(std::vector<ParamSpec> params, int64_t C, int64_t V, int64_t T, bool bias, NormKind norm, double eps);
 
 // Bytes a block keeps per micro-batch slot of `rows` rows (its allocate_saved), and its output width on
 // tp rank tp_rank (a tensor-parallel head's vocabulary shard): for memory plans, before anything runs.

@@ -22,6 +22,8 @@ struct ParamInit {
   uint64_t skip = 0;    // draws to skip first (an MLP bias continues its weight's stream, as before)
 };
 
+inline ParamInit param_constant(double v) { return {ParamInit::constant, v, 0, 0}; }
+
 struct ParamSpec {
   std::string name;  // torch state_dict name: "3.weight", "transformer.h.0.attn.c_attn.weight"
   Shape shape;       // torch shape (the whole tensor)

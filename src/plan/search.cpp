@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "model/family.hpp"
 #include "train/model_layout.hpp"
 
 namespace relay {
@@ -20,13 +21,8 @@ std::vector<int> divisors(int n) {
 
 std::string gib(double bytes) { return cat(std::round(bytes / double(1 << 30) * 10) / 10); }
 
-// A tp that the model's heads, key/value heads, SwiGLU width and vocabulary split into (core/config.cpp's rules).
-bool tp_splits(const Config& c, int tp) {
-  const auto& m = c.model;
-  if (m.n_head % tp) return false;
-  if (m.is_llama() && (m.n_kv_head % tp || m.ffn_hidden % tp)) return false;
-  return m.vocab_size >= tp;
-}
+// A tp that the model's heads, key/value heads, SwiGLU width and vocabulary split into (its family's rule).
+bool tp_splits(const Config& c, int tp) { return model_family(c).tp_splits(c.model, tp); }
 
 std::string why_line(const Cluster& cl, const PlannedLayout& l, const std::map<std::pair<int, int>, bool>& fit_tp_pp,
                      double params) {
@@ -73,7 +69,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
   double params = 0;
   // Mixtures of experts: the experts split over ep of the dp ranks too (ep divides dp and n_experts; ZeRO-0 or 1), and
   // each expert over tp like the dense SwiGLU (tp divides moe_ffn_hidden).
-  const bool moe = base.model.is_moe();
+  const bool moe = model_family(base).has_experts();
   for (int tp : divisors(cl.devices_per_node)) {
     if (world % tp || !tp_splits(base, tp)) continue;
     if (moe && base.model.moe_ffn_hidden % tp) continue;

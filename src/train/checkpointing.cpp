@@ -13,7 +13,8 @@
 #include <set>
 
 #include "comm/agree.hpp"
-#include "io/hf_model.hpp"
+#include "model/hf_model.hpp"
+#include "model/family.hpp"
 #include "io/safetensors.hpp"
 #include "comm/watchdog.hpp"
 
@@ -167,7 +168,7 @@ CheckpointImage image_header(CheckpointContext& ctx, int64_t step) {
   img.keep = ctx.cfg.checkpoint.keep;
   CheckpointMeta& meta = img.meta;
   meta.step = step;
-  meta.config_toml = ctx.cfg.to_toml();
+  meta.config_toml = to_toml(ctx.cfg);
   meta.dp = g.dp;
   meta.pp = g.pp;
   meta.tp = g.tp;

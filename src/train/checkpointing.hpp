@@ -85,7 +85,7 @@ std::string save_checkpoint(CheckpointContext& ctx, int64_t step);
 
 // model.init_from: this rank's parameters from a safetensors file named as the PyTorch module's
 // state_dict (relay ckpt export writes one; so does safetensors.torch.save_file(model.state_dict())),
-// or from a Hugging Face model directory (io/hf_model.hpp), whose config.json must match [model].
+// or from a Hugging Face model directory (model/hf_model.hpp), whose config.json must match [model].
 // Every rank checks the whole model against the file first (missing tensors, shapes, tensors the model
 // does not have), so every rank reports the same mismatch. Optimizer state starts at zero.
 void load_init_from(CheckpointContext& ctx, const std::string& path);

@@ -7,6 +7,7 @@
 
 #include "comm/mpi_check.hpp"
 #include "core/error.hpp"
+#include "model/family.hpp"
 #include "parallel/simulator.hpp"
 #include "train/memory_plan.hpp"
 #include "train/run_state.hpp"
@@ -98,7 +99,7 @@ void setup_grid_and_backend(Run& r) {
   bo.device = resolve_device(cfg.train.device);
   bo.threads = threads_for_rank(cfg, r.grid.local_size);
   bo.precision = cfg.train.precision;
-  if (bo.device == Device::cuda && cfg.model.is_moe())  // its routing ops are CPU-only for now (backend.hpp)
+  if (bo.device == Device::cuda && model_family(cfg).has_experts())  // its routing ops are CPU-only for now (backend.hpp)
     throw Error(cat("train.device = \"", cfg.train.device, "\" runs on a GPU, but model.type = \"", cfg.model.type,
                     "\" (mixture of experts) is not implemented on the CUDA backend yet; use train.device = \"cpu\""));
   if (bo.device == Device::cuda) {

@@ -19,6 +19,7 @@
 #include "comm/agree.hpp"
 #include "core/memory.hpp"
 #include "comm/watchdog.hpp"
+#include "model/family.hpp"
 #include "train/checkpoint_writer.hpp"
 #include "train/checkpointing.hpp"
 #include "train/memory_plan.hpp"
@@ -267,14 +268,14 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
   {
     std::ofstream f(cfg.run.dir + "/config.toml", std::ios::trunc);
     if (!f) throw Error(cat("run.dir: cannot write ", cfg.run.dir, "/config.toml"));
-    f << cfg.to_toml();
+    f << to_toml(cfg);
   }
   for (const auto& name : remove_stale_temporaries(cfg.checkpoint.dir))
     std::printf("relay: removed %s/%s, left by a checkpoint writer that died\n", cfg.checkpoint.dir.c_str(), name.c_str());
   auto log = std::make_unique<MetricsLog>(cfg.run.dir + "/metrics.jsonl", resume_path.empty() ? -1 : r.start_step,
                                           r.layout.model.language_model ? r.layout.model.seq_len : 0);
   if (cfg.log.tensorboard) log->enable_tensorboard(cfg.run.dir + "/tb");
-  std::printf("relay: effective config (saved as %s/config.toml)\n%s\n", cfg.run.dir.c_str(), cfg.to_toml().c_str());
+  std::printf("relay: effective config (saved as %s/config.toml)\n%s\n", cfg.run.dir.c_str(), to_toml(cfg).c_str());
   std::printf("relay: %d rank%s = dp %d%s x %s%spp %d, schedule %s (v=%lld, %lld micro-batches of %lld), backend %s\n",
               g.world_size, g.world_size > 1 ? "s" : "", g.dp, g.ep > 1 ? cat(" (ep ", g.ep, ")").c_str() : "",
               g.cp > 1 ? cat("cp ", g.cp, " x ").c_str() : "",
