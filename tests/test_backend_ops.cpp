@@ -66,6 +66,7 @@ struct Output {
   std::string name;
   std::vector<double> values;
   bool bf16 = false;  // downloaded from a bf16 tensor (its row's tolerance gets one bf16 ulp more)
+  bool exact = false;  // compared bit for bit whatever its row's tolerance (a router's chosen experts)
 };
 
 struct OpCase {
@@ -221,6 +222,70 @@ const char* act_name(Activation a) {
 
 // Row name suffix of a storage dtype: float32 rows keep their historical names.
 std::string suffix(DType x) { return x == DType::bf16 ? "_bf16" : ""; }
+
+// --- mixture-of-experts inputs ------------------------------------------------------------------
+// The routing rows compare the experts chosen bit for bit, so their logits have no near-ties: the CPU's and the GPU's
+// probabilities differ in their last bits (expf, sums in another order), and a choice between two scores that agree
+// to rounding is neither backend's mistake. RouterInputsHaveNoNearTies checks the margin of every row's inputs.
+
+const std::vector<int64_t> kMoeTokens = {1, 7, 64, 300};  // n: each routing row runs all four
+constexpr uint64_t kRouterSeed = 170;                     // logits of n tokens: seed kRouterSeed + n
+constexpr uint64_t kBiasSeed = 171;
+struct MoeShape { int64_t E, k; };
+std::vector<MoeShape> moe_shapes() {  // E experts, top k <= E
+  std::vector<MoeShape> r;
+  for (int64_t E : {2, 4, 8, 60, 128})
+    for (int64_t k : {1, 2, 8})
+      if (k <= E) r.push_back({E, k});
+  return r;
+}
+
+// (n, E) router logits: row t a shuffle of the E distinct values (i - E/2 + o_t) * step, i < E, with a row offset
+// o_t in [-32, 32] and step 1/4 (E <= 32) or 1/16: integers below 2^7 times a power of two, exact in bf16, and
+// neighbouring probabilities a factor exp(step) >= 1.06 apart.
+std::vector<float> router_logits(int64_t n, int64_t E) {
+  Rng rng(kRouterSeed + static_cast<uint64_t>(n), 3);
+  const float step = E <= 32 ? 0.25f : 0.0625f;
+  std::vector<float> v(static_cast<size_t>(n * E));
+  std::vector<int64_t> perm(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < E; ++i) perm[size_t(i)] = i;
+    for (int64_t i = E - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[rng.below(static_cast<uint64_t>(i + 1))]);
+    const int64_t o = static_cast<int64_t>(rng.below(65)) - 32;
+    for (int64_t e = 0; e < E; ++e) v[size_t(t * E + e)] = static_cast<float>(perm[size_t(e)] - E / 2 + o) * step;
+  }
+  return v;
+}
+// (E) expert bias of 0 or 1 (aux-loss-free balancing): a choice both by bias and, among equal biases, by probability;
+// a probability is below 1, so scores of different biases are never near each other unless one probability is near 1.
+std::vector<float> router_bias(int64_t E) {
+  Rng rng(kBiasSeed, 3);
+  std::vector<float> v(static_cast<size_t>(E));
+  for (float& b : v) b = static_cast<float>(rng.below(2));
+  return v;
+}
+// The smallest gap, over the rows, between neighbouring scores among each row's k + 1 best (in double): the margin
+// by which the top k and their order are decided.
+double router_margin(const std::vector<float>& logits, int64_t n, int64_t E, int64_t k, const std::vector<float>& bias) {
+  double margin = INFINITY;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* z = logits.data() + t * E;
+    const double mx = *std::max_element(z, z + E);
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(double(z[e]) - mx);
+    std::vector<double> s(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) s[size_t(e)] = std::exp(double(z[e]) - mx) / sum + (bias.empty() ? 0.0 : bias[size_t(e)]);
+    std::sort(s.begin(), s.end(), std::greater<double>());
+    for (int64_t j = 0; j < std::min(k, E - 1); ++j) margin = std::min(margin, s[size_t(j)] - s[size_t(j + 1)]);
+  }
+  return margin;
+}
+// pos (n, k): a random permutation of the n k expert rows, as the MoE layer's regrouping makes.
+Tensor row_permutation(Backend& be, int64_t n, int64_t k, uint64_t seed) {
+  std::vector<int32_t> v;
+  for (int64_t r : permutation(n * k, seed, 4)) v.push_back(static_cast<int32_t>(r));
+  return i32_tensor(be, v).view({n, k});
+}
 
 // --- the table ---------------------------------------------------------------------------------
 
@@ -865,6 +930,93 @@ std::vector<OpCase> all_cases() {
       }
     }
   }
+
+  // Mixture of experts (model/moe.cpp): the router over (E, k) x renormalisation x expert bias, its backward with and
+  // without the aux loss's per-sequence gradient (T rows per sequence) and the z-loss, the combine (weighted, and
+  // unweighted as the backward uses it) and its backward over random row permutations. Each row runs n = 1, 7, 64,
+  // 300 tokens. The chosen experts must be the CPU's bit for bit (exact outputs); probabilities, lse and weights
+  // are float math in another order (kTolFp32); drows are single products (bit for bit in practice).
+  for (DType x : float_types) {
+    const std::string sx = suffix(x);
+    for (MoeShape m : moe_shapes()) {
+      const std::string ek = "E" + std::to_string(m.E) + "_k" + std::to_string(m.k);
+      for (bool renorm : {false, true}) {
+        const std::string rn = renorm ? "_renorm" : "";
+        for (bool biased : {false, true})
+          add("moe_router_forward_" + ek + rn + (biased ? "_bias" : "") + sx, kTolFp32, [=](Backend& be) {
+            std::vector<Output> outs;
+            for (int64_t n : kMoeTokens) {
+              Tensor logits(be, {n, m.E}, x), bias;
+              upload_values(be, logits, router_logits(n, m.E));
+              if (biased) {
+                bias = Tensor(be, {m.E});
+                upload_values(be, bias, router_bias(m.E));
+              }
+              Tensor probs(be, {n, m.E}), lse(be, {n}), experts(be, {n, m.k}, DType::i32), weights(be, {n, m.k});
+              be.moe_router_forward(logits, m.k, renorm, probs, lse, experts, weights, bias);
+              const std::string sn = "_n" + std::to_string(n);
+              outs.push_back(out(be, "experts" + sn, experts));
+              outs.back().exact = true;
+              for (auto [name, t] : {std::pair{"probs", &probs}, {"lse", &lse}, {"weights", &weights}})
+                outs.push_back(out(be, name + sn, *t));
+            }
+            return outs;
+          });
+        // The backward from the CPU's forward (the same probabilities and choices on both backends).
+        add("moe_router_backward_" + ek + rn + sx, kTolFp32, [=](Backend& be) {
+          Backend& cpu = cpu_backend();
+          std::vector<Output> outs;
+          for (int64_t n : kMoeTokens) {
+            Tensor logits(cpu, {n, m.E}, x), probs_ref(cpu, {n, m.E}), lse_ref(cpu, {n});
+            Tensor experts_ref(cpu, {n, m.k}, DType::i32), weights_ref(cpu, {n, m.k});
+            upload_values(cpu, logits, router_logits(n, m.E));
+            cpu.moe_router_forward(logits, m.k, renorm, probs_ref, lse_ref, experts_ref, weights_ref);
+            Tensor probs = copy_to(be, probs_ref), lse = copy_to(be, lse_ref), experts = copy_to(be, experts_ref);
+            Tensor dweights = input(be, {n, m.k}, 172);
+            const int64_t T = n == 64 ? 16 : n == 300 ? 100 : n;  // several sequences for the larger n
+            Tensor seq_grad = input(be, {n / T, m.E}, 173, -0.1, 0.1);
+            for (auto [name, seq, z] : {std::tuple{"", false, 0.0f}, {"_seq", true, 0.0f}, {"_z", false, 0.01f},
+                                        {"_seq_z", true, 0.01f}}) {
+              Tensor dlogits = input(be, {n, m.E}, 174, x);  // overwritten
+              be.moe_router_backward(probs, lse, experts, dweights, renorm, seq ? seq_grad : Tensor(), T, z, dlogits);
+              outs.push_back(out(be, "dlogits_n" + std::to_string(n) + name, dlogits));
+            }
+          }
+          return outs;
+        });
+      }
+    }
+    for (int64_t k : {1, 2, 8})
+      for (int64_t C : {3, 130}) {
+        const std::string kc = "k" + std::to_string(k) + "_C" + std::to_string(C);
+        for (bool weighted : {true, false})
+          add("moe_combine_" + kc + (weighted ? "" : "_unweighted") + sx, kTolFp32, [=](Backend& be) {
+            std::vector<Output> outs;
+            for (int64_t n : kMoeTokens) {
+              Tensor rows = input(be, {n * k, C}, 175, x), weights = input(be, {n, k}, 176, 0.0, 1.0);
+              Tensor pos = row_permutation(be, n, k, 177 + static_cast<uint64_t>(n));
+              Tensor y = input(be, {n, C}, 178, x);  // overwritten
+              be.moe_combine(rows, pos, weighted ? weights : Tensor(), y);
+              outs.push_back(out(be, "y_n" + std::to_string(n), y));
+            }
+            return outs;
+          });
+        add("moe_combine_backward_" + kc + sx, kTolFp32, [=](Backend& be) {
+          std::vector<Output> outs;
+          for (int64_t n : kMoeTokens) {
+            Tensor dy = input(be, {n, C}, 179, x), rows = input(be, {n * k, C}, 180, x);
+            Tensor weights = input(be, {n, k}, 181, 0.0, 1.0);
+            Tensor pos = row_permutation(be, n, k, 182 + static_cast<uint64_t>(n));
+            Tensor drows = input(be, {n * k, C}, 183, x), dweights = input(be, {n, k}, 184);  // overwritten
+            be.moe_combine_backward(dy, rows, pos, weights, drows, dweights);
+            const std::string sn = "_n" + std::to_string(n);
+            outs.push_back(out(be, "drows" + sn, drows));
+            outs.push_back(out(be, "dweights" + sn, dweights));
+          }
+          return outs;
+        });
+      }
+  }
   return cases;
 }
 
@@ -913,6 +1065,7 @@ void expect_within(const std::string& what, const Output& ref, const Output& got
 // row_scale: the largest |value| over the row's reference outputs.
 void expect_close(const std::string& name, const Output& ref, const Output& got, double row_tol, double row_scale) {
   ASSERT_EQ(ref.bf16, got.bf16) << name << ": output " << ref.name << " dtypes differ";
+  if (ref.exact) row_tol = kTolExact;
   const bool ulp = row_tol > 0.0 && ref.bf16;
   expect_within(name + ": output " + ref.name, ref, got, ulp ? row_tol + kBf16Ulp : row_tol, "cpu", "cuda",
                 ulp ? " (the row's plus one bf16 ulp)" : "", row_scale);
@@ -1025,7 +1178,7 @@ TEST_P(Bf16Ops, MatchFp32OnCpu) {
     auto r = std::find_if(ref.begin(), ref.end(), [&](const Output& o) { return o.name == ref_name; });
     ASSERT_NE(r, ref.end()) << p.fp32.name << " has no output " << ref_name;
     expect_within(p.bf16.name + " against " + p.fp32.name + ": output " + g.name, *r, g,
-                  g.name == "work" ? kBf16OneRounding : tol, "fp32", "bf16");
+                  r->exact ? kTolExact : g.name == "work" ? kBf16OneRounding : tol, "fp32", "bf16");
   }
 }
 
@@ -1049,28 +1202,47 @@ TEST(BackendOpsFlash, CudaRefusesHeadDimAbove128) {
   }
 }
 
-// Mixture-of-experts routing is CPU-only for now (tests/test_moe.cpp checks the CPU kernels): the CUDA backend
-// refuses each of its ops with an error that names the op and the way out, never a crash or a silent fallback.
-TEST(BackendOpsMoe, CudaRefusesMoeOpsByName) {
+// The routing rows' inputs decide every choice by a margin far above float rounding (router_logits), so a row that
+// finds other experts on the GPU has found a kernel's mistake. On the CPU: no GPU needed.
+TEST(BackendOpsMoe, RouterInputsHaveNoNearTies) {
+  for (MoeShape m : moe_shapes())
+    for (int64_t n : kMoeTokens)
+      for (bool biased : {false, true}) {
+        const double margin = router_margin(router_logits(n, m.E), n, m.E, m.k,
+                                            biased ? router_bias(m.E) : std::vector<float>());
+        // 1e-5: some 40 float ulps of a score below 2 (a probability plus a bias of 0 or 1)
+        EXPECT_GT(margin, 1e-5) << "E " << m.E << ", k " << m.k << ", n " << n << (biased ? ", bias" : "");
+      }
+}
+
+// The router keeps each lane's chosen experts in a 64-bit mask: above 32 x 64 experts the CUDA backend refuses the
+// model by name (an Error naming model.n_experts), never a wrong choice.
+TEST(BackendOpsMoe, CudaRefusesMoreThan2048Experts) {
   if (cuda_device_count() == 0) GTEST_SKIP() << kNoCuda;
   Backend& gpu = cuda_backend();
-  const int64_t n = 4, E = 4, k = 2, C = 8;
+  const int64_t n = 2, E = 2049, k = 2;
   Tensor logits(gpu, {n, E}), probs(gpu, {n, E}), lse(gpu, {n}), experts(gpu, {n, k}, DType::i32), w(gpu, {n, k});
-  Tensor rows(gpu, {n * k, C}), pos(gpu, {n, k}, DType::i32), y(gpu, {n, C}), drows(gpu, {n * k, C});
-  const std::vector<std::pair<const char*, std::function<void()>>> ops = {
-      {"moe_router_forward", [&] { gpu.moe_router_forward(logits, k, true, probs, lse, experts, w); }},
-      {"moe_router_backward", [&] { gpu.moe_router_backward(probs, lse, experts, w, true, Tensor(), 1, 0.f, logits); }},
-      {"moe_combine", [&] { gpu.moe_combine(rows, pos, w, y); }},
-      {"moe_combine_backward", [&] { gpu.moe_combine_backward(y, rows, pos, w, drows, w); }}};
-  for (const auto& [name, run] : ops) {
-    try {
-      run();
-      ADD_FAILURE() << name << " ran on the CUDA backend";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(name), std::string::npos) << what;
-      EXPECT_NE(what.find("train.device = \"cpu\""), std::string::npos) << what;
-    }
+  try {
+    gpu.moe_router_forward(logits, k, true, probs, lse, experts, w);
+    ADD_FAILURE() << "moe_router_forward accepted " << E << " experts";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("moe_router_forward"), std::string::npos) << what;
+    EXPECT_NE(what.find("model.n_experts"), std::string::npos) << what;
+  }
+}
+
+// No atomics: two runs of each routing op on the GPU give the same bits (the largest row shapes).
+TEST(BackendOpsMoe, CudaRoutingIsBitwiseRepeatable) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << kNoCuda;
+  std::vector<OpCase> cases = all_cases();
+  for (const std::string name : {"moe_router_forward_E128_k8_renorm_bias", "moe_router_backward_E128_k8_renorm",
+                                 "moe_combine_k8_C130", "moe_combine_backward_k8_C130"}) {
+    auto c = std::find_if(cases.begin(), cases.end(), [&](const OpCase& o) { return o.name == name; });
+    ASSERT_NE(c, cases.end()) << name;
+    const std::vector<Output> a = c->run(cuda_backend()), b = c->run(cuda_backend());
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].values, b[i].values) << name << ": output " << a[i].name;
   }
 }
 

@@ -35,6 +35,7 @@
 #include "kernels/cuda/swiglu.cuh"
 #include "kernels/cuda/loss.cuh"
 #include "kernels/cuda/lt_gemm.cuh"
+#include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/sum_squares.cuh"
 #include "kernels/cuda/transformer.cuh"
@@ -473,24 +474,44 @@ class CudaBackend final : public Backend {
                                  cudaMemcpyDeviceToDevice, stream_));
   }
 
-  // Mixture-of-experts routing is not on the GPU yet: a named error, never a silent fallback.
-  void moe_router_forward_impl(const Tensor&, int64_t, bool, Tensor&, Tensor&, Tensor&, Tensor&, const Tensor&) override {
-    throw Error("moe_router_forward: mixture-of-experts models (model.type = \"mixtral\" or \"qwen3_moe\") are not "
-                "implemented on the CUDA backend yet; run them with train.device = \"cpu\"");
+  // Mixture of experts (kernels/cuda/moe.cu): the CPU's routing semantics, tie order included.
+  void moe_router_forward_impl(const Tensor& logits, int64_t k, bool renormalize, Tensor& probs, Tensor& lse,
+                               Tensor& experts, Tensor& weights, const Tensor& bias) override {
+    bind();
+    const int64_t E = cols_of(logits);
+    if (E > cuda::kMoeMaxExperts)  // a model choice: an Error naming the key, not an assertion
+      throw Error(cat("moe_router_forward: ", E, " experts per layer are above the CUDA router's limit of ",
+                      cuda::kMoeMaxExperts, "; choose model.n_experts <= ", cuda::kMoeMaxExperts,
+                      " or train.device = \"cpu\""));
+    by_dtype(logits, [&](auto* t) {
+      cuda::moe_router_forward(ptr<X_OF(t)>(logits), probs.f32(), lse.f32(), experts.i32(), weights.f32(),
+                               rows_of(logits), E, k, renormalize, bias.defined() ? bias.f32() : nullptr, stream_);
+    });
   }
-  void moe_router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&,
-                                int64_t, float, Tensor&) override {
-    throw Error("moe_router_backward: mixture-of-experts models are not implemented on the CUDA backend yet; run "
-                "them with train.device = \"cpu\"");
+  void moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts, const Tensor& dweights,
+                                bool renormalize, const Tensor& seq_grad, int64_t T, float z_scale,
+                                Tensor& dlogits) override {
+    bind();
+    by_dtype(dlogits, [&](auto* t) {
+      cuda::moe_router_backward(probs.f32(), lse.f32(), experts.i32(), dweights.f32(), renormalize,
+                                seq_grad.defined() ? seq_grad.f32() : nullptr, T, z_scale, ptr<X_OF(t)>(dlogits),
+                                rows_of(probs), cols_of(probs), cols_of(experts), stream_);
+    });
   }
-  void moe_combine_impl(const Tensor&, const Tensor&, const Tensor&, Tensor&) override {
-    throw Error("moe_combine: mixture-of-experts models are not implemented on the CUDA backend yet; run them with "
-                "train.device = \"cpu\"");
+  void moe_combine_impl(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) override {
+    bind();
+    by_dtype(y, [&](auto* t) {
+      cuda::moe_combine(ptr<X_OF(t)>(rows), pos.i32(), weights.defined() ? weights.f32() : nullptr, ptr<X_OF(t)>(y),
+                        rows_of(y), cols_of(pos), cols_of(y), stream_);
+    });
   }
-  void moe_combine_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
-                                 Tensor&) override {
-    throw Error("moe_combine_backward: mixture-of-experts models are not implemented on the CUDA backend yet; run "
-                "them with train.device = \"cpu\"");
+  void moe_combine_backward_impl(const Tensor& dy, const Tensor& rows, const Tensor& pos, const Tensor& weights,
+                                 Tensor& drows, Tensor& dweights) override {
+    bind();
+    by_dtype(dy, [&](auto* t) {
+      cuda::moe_combine_backward(ptr<X_OF(t)>(dy), ptr<X_OF(t)>(rows), pos.i32(), weights.f32(), ptr<X_OF(t)>(drows),
+                                 dweights.f32(), rows_of(dy), cols_of(pos), cols_of(dy), stream_);
+    });
   }
 
   void fill_impl(Tensor& x, float value) override {

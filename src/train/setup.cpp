@@ -99,9 +99,6 @@ void setup_grid_and_backend(Run& r) {
   bo.device = resolve_device(cfg.train.device);
   bo.threads = threads_for_rank(cfg, r.grid.local_size);
   bo.precision = cfg.train.precision;
-  if (bo.device == Device::cuda && model_family(cfg).has_experts())  // its routing ops are CPU-only for now (backend.hpp)
-    throw Error(cat("train.device = \"", cfg.train.device, "\" runs on a GPU, but model.type = \"", cfg.model.type,
-                    "\" (mixture of experts) is not implemented on the CUDA backend yet; use train.device = \"cpu\""));
   if (bo.device == Device::cuda) {
     int n = cuda_device_count();
     if (n == 0) throw Error("train.device = \"cuda\" but no CUDA device is visible (hint: check CUDA_VISIBLE_DEVICES, or use train.device = \"cpu\")");
