@@ -7,7 +7,6 @@
 
 #include "comm/mpi_check.hpp"
 #include "core/error.hpp"
-#include "model/family.hpp"
 #include "parallel/simulator.hpp"
 #include "train/memory_plan.hpp"
 #include "train/run_state.hpp"
