@@ -2,10 +2,10 @@
 # Expert parallelism on one machine (measures, never fails): the same MoE model on 2 ranks of 1 thread each, as
 # dp 2 with every expert on both ranks (ep 1) and as dp 2 x ep 2 (each rank holds half of every layer's experts and
 # the tokens' rows travel to them and back in all-to-alls), back to back. Per run: tokens/s (mean over the steps
-# after the first 2), the step time, and where a step's time goes on rank 0, from the trace of two steps
-# ([trace] steps): forward and backward compute, the expert all-to-alls ("ep all-to-all" spans: the row exchange,
-# waits for the peer included), the gradient all-reduce waits; plus metrics.jsonl's ep_alltoall_s (the slowest
-# rank's time in all-to-alls per step, the count exchange included) and ep_rows_sent.
+# after the first 2), the step time, and where a step's time goes on rank 0, from the trace of two steps before the
+# last (whose end-of-run checkpoint would count): forward and backward compute, the expert all-to-alls ("ep all-to-all"
+# spans: the row exchange, waits for the peer included), the gradient all-reduce waits; plus metrics.jsonl's
+# ep_alltoall_s (the slowest rank's time in all-to-alls per step, the count exchange included) and ep_rows_sent.
 # Models: configs/mixtral-small-bytes.toml (8 experts of 176 units, top 2, C 128, T 64) and
 # configs/qwen3-moe-a3b-shape.toml (Qwen3-30B-A3B's layer: 128 experts of 768 units, top 8, C 2048; T 128, batch 4,
 # SGD so that ep 1's two full copies of the 0.6 B parameters fit in this machine's memory).
@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
 RELAY=$(realpath "${1:-build/relay}")
 STEPS=${2:-8}
+((STEPS >= 5)) || { echo "bench_moe_ep.sh: steps must be >= 5 (got $STEPS)" >&2; exit 2; }
 work=$(mktemp -d /tmp/relay-bench-moe-ep-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -33,7 +34,7 @@ run() {  # name config ep extra-sets...
   if ! mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1 "$RELAY" train --config "$cfg" --set "run.dir=\"$dir\"" \
       --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' --set train.steps="$STEPS" --set train.log_every=1 \
       --set lr_schedule.warmup_steps=0 --set train.threads=1 --set parallel.dp=2 --set parallel.ep="$ep" \
-      --set checkpoint.every=0 --set "trace.steps=[$((STEPS - 1)), $STEPS]" "$@" >"$dir.out" 2>&1; then
+      --set checkpoint.every=0 --set "trace.steps=[$((STEPS - 2)), $((STEPS - 1))]" "$@" >"$dir.out" 2>&1; then
     printf "%-14s ep %d: failed: %s\n" "$name" "$ep" "$(grep -m1 -i error "$dir.out" || tail -n1 "$dir.out")"
     return
   fi
