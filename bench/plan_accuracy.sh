@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner against this machine: calibrates (relay plan --measure --calibrate), then trains each layout a few steps
 # with --plan-cluster and prints predicted vs measured step time (the run's own end-of-run table). GPT- and
-# Llama-shaped models; dp, tp, pp with each schedule, ZeRO, recomputation, micro-batch counts, bf16.
+# Llama-shaped models; dp, tp, pp with each schedule, ZeRO, recomputation, micro-batch counts, bf16; a Mixtral-shaped
+# one (8 experts of 384 units, top 2) serially, on dp 2 and on dp 2 x ep 2.
 # Usage: bench/plan_accuracy.sh [relay binary] (from the checkout root; ~4 minutes on 2 cores). Measures; never fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,8 @@ calibrate() {  # name, model flags...
 calibrate gpt $gpt
 calibrate gpt-bf16 $gpt --set train.precision='"bf16"'
 calibrate llama $llama
+mixtral="-c configs/mixtral-small-bytes.toml --set model.n_embd=256 --set model.block_size=256 --set model.moe_ffn_hidden=384"
+calibrate mixtral $mixtral
 
 printf "%-44s %6s %12s %12s %8s\n" "layout" "ranks" "predicted_s" "measured_s" "error"
 run() {  # label, ranks, calibration, flags...
@@ -55,3 +58,6 @@ run "gpt pp 2, interleaved v2, 4 micro-batches" 2 gpt       $gpt --set parallel.
 run "llama serial"                              1 llama     $llama
 run "llama pp 2, 1f1b, 4 micro-batches"         2 llama     $llama --set parallel.pp=2 --set train.micro_batches=4
 run "llama dp 2, ZeRO-2"                        2 llama     $llama --set parallel.dp=2 --set optimizer.zero=2
+run "mixtral serial"                            1 mixtral   $mixtral
+run "mixtral dp 2"                              2 mixtral   $mixtral --set parallel.dp=2
+run "mixtral dp 2 x ep 2"                       2 mixtral   $mixtral --set parallel.dp=2 --set parallel.ep=2
