@@ -13,7 +13,6 @@
 #include "io/dataset.hpp"
 #include "model/family.hpp"
 #include "model/model_spec.hpp"
-#include "model/expert_parallel.hpp"
 #include "model/moe.hpp"
 #include "parallel/process_grid.hpp"
 #include "parallel/simulator.hpp"
@@ -201,17 +200,8 @@ void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
   const int R = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp);
   if (R <= 1) return;
   if (layout.ep > 1) {  // ZeRO-0 or 1 (the config refuses more): dense gradients over R replicas, experts' over R / ep
-    int64_t dense = 0, expert = 0;
-    for (int c = 0; c < layout.num_chunks(); c += layout.pp)
-      for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i) {
-        const BlockSpec& b = layout.blocks()[size_t(i)];
-        for (size_t j = 0; j < b.params.size(); ++j) {
-          const int64_t e = expert_of_param(b, j);
-          const int64_t numel = shape_numel(shard_shape(b.params[j].shape, b.params[j].split, int(cfg.parallel.tp), 0));
-          if (e < 0) dense += numel;
-          else if (expert_owner(e, b.moe.n_experts, layout.ep) == 0) expert += numel;
-        }
-      }
+    const StageParams sp = stage_params(layout, 0, int(cfg.parallel.tp), 0);
+    const int64_t dense = sp.numel - sp.expert, expert = sp.expert;
     const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4;
     std::printf("\ndata-parallel collectives per step on each rank of pp rank 0, tp rank 0 (gradients in %s):\n",
                 wire == 2 ? "bf16" : "fp32");
@@ -305,17 +295,12 @@ void print_experts(const Config& cfg, const ModelLayout& layout) {
               "dropless)\n", edp, edp > 1 ? "s" : "", zero ? " (ZeRO-1: its optimizer state sharded over them)" : "",
               static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(E / ep));
   for (int p = 0; p < layout.pp; ++p) {
-    int64_t numel = 0, exchange = 0;
+    const int64_t numel = stage_params(layout, p, int(cfg.parallel.tp), 0).expert;
+    int64_t exchange = 0;
     for (int c = p; c < layout.num_chunks(); c += layout.pp)
-      for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i) {
-        const BlockSpec& b = layout.blocks()[size_t(i)];
-        for (size_t j = 0; j < b.params.size(); ++j) {
-          const int64_t e = expert_of_param(b, j);
-          if (e >= 0 && expert_owner(e, E, ep) == 0)
-            numel += shape_numel(shard_shape(b.params[j].shape, b.params[j].split, int(cfg.parallel.tp), 0));
-        }
-        if (b.moe.on()) exchange += MoeMlp::exchange_bytes(b, n, int(cfg.parallel.tp));
-      }
+      for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i)
+        if (layout.blocks()[size_t(i)].moe.on())
+          exchange += MoeMlp::exchange_bytes(layout.blocks()[size_t(i)], n, int(cfg.parallel.tp));
     const int64_t weights = 4 * numel + (act != 4 ? act * numel : 0);
     const int64_t grads = 4 * numel + (zero ? 4 * numel / edp : 0), state = moments * 4 * (zero ? numel / edp : numel);
     std::printf("  pp %d: its experts' weights %s MiB, gradients %s MiB, optimizer state %s MiB; all-to-all buffers %s "

@@ -118,6 +118,25 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
   return z;
 }
 
+StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_rank) {
+  StageParams out;
+  std::set<std::string> seen;
+  for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
+    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i) {
+      const BlockSpec& blk = layout.blocks()[static_cast<size_t>(i)];
+      for (size_t j = 0; j < blk.params.size(); ++j) {
+        const ParamSpec& p = blk.params[j];
+        const int64_t e = layout.ep > 1 ? expert_of_param(blk, j) : -1;
+        if (e >= 0 && expert_owner(e, blk.moe.n_experts, layout.ep) != 0) continue;  // ep rank 0's experts
+        if (!seen.insert(p.name).second) continue;
+        const int64_t n = shape_numel(shard_shape(p.shape, p.split, tp, tp_rank));
+        out.numel += n;
+        if (e >= 0) out.expert += n;
+      }
+    }
+  return out;
+}
+
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank) {
   // Replicas: the dp x cp ranks holding the same parameters (ZeRO shards over them); a rank's rows: its T / cp of
   // every sequence of a micro-batch.
@@ -126,24 +145,10 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   const bool zero = cfg.optimizer.zero && dp > 1, recompute = cfg.train.recompute == "blocks";
   const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * layout.model.seq_len / cp;
   MemoryBytes b;
-  // Parameters, gradients and optimizer state: every parameter of this rank's chunks once (of a MoE layer's experts,
-  // this rank's under parallel.ep: those of ep rank 0, every ep rank holding as many).
-  std::set<std::string> seen;
-  int64_t numel = 0, expert_numel = 0;
+  // Parameters, gradients and optimizer state: every parameter of this rank's chunks once (stage_params).
+  const StageParams sp = stage_params(layout, pp_rank, tp, tp_rank);
+  const int64_t numel = sp.numel, expert_numel = sp.expert;
   const int ep = layout.ep;
-  for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
-    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i) {
-      const BlockSpec& blk = layout.blocks()[static_cast<size_t>(i)];
-      for (size_t j = 0; j < blk.params.size(); ++j) {
-        const ParamSpec& p = blk.params[j];
-        const int64_t e = ep > 1 ? expert_of_param(blk, j) : -1;
-        if (e >= 0 && expert_owner(e, blk.moe.n_experts, ep) != 0) continue;
-        if (!seen.insert(p.name).second) continue;
-        const int64_t n = shape_numel(shard_shape(p.shape, p.split, tp, tp_rank));
-        numel += n;
-        if (e >= 0) expert_numel += n;
-      }
-    }
   // ZeRO shards the dense parameters' state over the dp x cp replicas, the experts' over the replicas of the experts.
   const int edp = dp / ep;
   const bool ezero = cfg.optimizer.zero && edp > 1, ewire = cfg.parallel.grad_reduce == GradReduce::bf16 && edp > 1;

@@ -36,6 +36,13 @@ struct ZeroTwoBuckets {
 };
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp);
 
+// The parameter elements the rank at (pp_rank, tp_rank) holds: its tp shard of every parameter of its chunks, once; of
+// a MoE layer's experts under parallel.ep only its own (every ep rank holds as many). expert: those of experts.
+struct StageParams {
+  int64_t numel = 0, expert = 0;
+};
+StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_rank);
+
 // The rank at (pp_rank, tp_rank) of the config's layout (every replica holds the same).
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank);
 // What this process's tensors hold now.
