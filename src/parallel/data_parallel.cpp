@@ -441,13 +441,6 @@ void GradBuckets::finish() {
   }
 }
 
-double GradBuckets::sum_squares() {
-  double s = 0;
-  for (auto& b : buckets_)
-    if (b.counts_in_norm) s += be_.sum_squares(b.zero ? b.shard : b.flat);
-  return s;
-}
-
 double GradBuckets::norm_share() {
   double s = 0;
   for (auto& b : buckets_)

@@ -134,7 +134,6 @@ class GradBuckets : public BlockHooks {
   void launch_chunk(int chunk);   // allreduce_grads(chunk): start the chunk's all-reduces
   void progress();                // let MPI advance outstanding all-reduces
   void finish();                  // wait for every all-reduce (launching any not yet started)
-  double sum_squares();           // of the gradients that count in the norm (after finish)
   // This rank's share of the squared gradient norm (after finish), so that the sum over all ranks counts every
   // gradient once: its shards (ZeRO), or its whole buckets where it is the first of the ranks holding them.
   double norm_share();
