@@ -65,6 +65,9 @@ struct BlockSpec {
   int sp = 1;
 };
 
+// An attention block's head width: Qwen3's explicit head_dim, else in / n_head.
+inline int64_t head_dim(const BlockSpec& s) { return s.head_dim > 0 ? s.head_dim : s.in / s.n_head; }
+
 // Rows of a block's input and output for a micro-batch of n rows (tokens): n / sp under sequence parallelism,
 // except the embedding's input (token ids, every row) and the head's output (every row's logits).
 inline int64_t block_in_rows(const BlockSpec& s, int64_t n) { return s.kind == BlockKind::embedding ? n : n / s.sp; }

@@ -69,7 +69,7 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
     if (s.sp > 1 && (s.kind == BlockKind::transformer || s.kind == BlockKind::llama_layer || s.kind == BlockKind::head))
       norm_grads += 4 * s.in * 4;
     // Tensor parallelism with q_norm / k_norm (Qwen3): their gradients from this rank's heads before the sum (4 x hd).
-    if (tp > 1 && s.qk_norm) norm_grads += 4 * (s.head_dim > 0 ? s.head_dim : s.in / s.n_head) * 4;
+    if (tp > 1 && s.qk_norm) norm_grads += 4 * head_dim(s) * 4;
   }
   b.scratch += moe_set + dense_set + scratch_out + norm_grads;
   return b;
@@ -79,7 +79,7 @@ int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, in
   if (cp <= 1) return 0;
   for (const BlockSpec& s : blocks) {  // every attention block of a model has the same widths
     if (s.kind != BlockKind::transformer && s.kind != BlockKind::llama_layer) continue;
-    const int64_t hd = s.head_dim > 0 ? s.head_dim : s.in / s.n_head;  // Qwen3's explicit head_dim
+    const int64_t hd = head_dim(s);
     const int64_t heads = s.kind == BlockKind::transformer ? s.n_head : s.n_kv_head;
     const int64_t w = heads / tp * hd, act = int64_t(dtype_size(s.dtype)), gathered = cp * rows;
     return 5 * gathered * w * act + 2 * gathered * 4 + (s.kind == BlockKind::transformer ? 6 * rows * w * act : 0);

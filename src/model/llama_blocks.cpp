@@ -56,7 +56,6 @@ class LlamaLayer final : public Block {
       p_.gate = params_[attn], p_.up = params_[attn + 1], p_.down = params_[attn + 2];
     }
   }
-  static int64_t head_dim(const BlockSpec& spec) { return spec.head_dim > 0 ? spec.head_dim : spec.in / spec.n_head; }
 
   // saved.t: the forward's intermediates, then the gradients backward_input leaves for backward_weight.
   // Widths are this tp rank's: H heads of hd (queries), KV heads (keys, values), F SwiGLU units.

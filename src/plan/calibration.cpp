@@ -52,7 +52,7 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
   if (!block) throw Error("--calibrate: the model has no decoder block to measure (model.type gpt or llama)");
   const DType dt = compute_dtype(precision);
   const int64_t C = block->in, T = block->seq_len, n = rows, B = std::max<int64_t>(1, n / T);
-  const int64_t H = block->n_head, hd = block->head_dim > 0 ? block->head_dim : C / H;  // Qwen3: explicit head_dim
+  const int64_t H = block->n_head, hd = head_dim(*block);
   const int64_t KV = block->kind == BlockKind::llama_layer ? block->n_kv_head : H;
   // The MLP's width: the dense SwiGLU's, or (a MoE layer) one expert's.
   const int64_t F = block->kind != BlockKind::llama_layer ? 4 * C : block->moe.on() ? block->moe.ffn_hidden

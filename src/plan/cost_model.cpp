@@ -34,7 +34,7 @@ std::vector<Gemm> block_gemms(const BlockSpec& b, double n, int tp, int ep) {
     case BlockKind::transformer:
       return {{n, 3 * C / t, C}, {n, C, C / t}, {n, 4 * C / t, C}, {n, C, 4 * C / t}};
     case BlockKind::llama_layer: {
-      const double hd = b.head_dim > 0 ? double(b.head_dim) : C / double(b.n_head);
+      const double hd = double(head_dim(b));
       const double Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
       std::vector<Gemm> g = {{n, Hq / t, C}, {n, Hkv / t, C}, {n, Hkv / t, C}, {n, C, Hq / t}};
       if (b.moe.on()) {  // tp splits each expert's units as the dense SwiGLU's; the router is whole on every tp rank
@@ -66,7 +66,7 @@ Streaming streaming(const BlockSpec& b, int tp, int sp, int ep) {
       // (4C / tp each way, twice).
       return {(2 * 2 + 2 * 3 + 2 * 2) * C / s + (2 * 3 + 4 * 4) * C / t, 12};
     case BlockKind::llama_layer: {
-      const double hd = b.head_dim > 0 ? double(b.head_dim) : C / double(b.n_head);
+      const double hd = double(head_dim(b));
       const double Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
       // two RMSNorms (2C each) and residual adds (3C each) on rows / sp; RoPE on q and k (read, write),
       // SwiGLU (read gate and up, write F).
@@ -131,7 +131,7 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // the group, the backward gathers them again and reduce-scatters their gradients.
   if (attention && ctx.cp > 1) {
     const double kv_heads = b.kind == BlockKind::transformer ? double(b.n_head) : double(b.n_kv_head);
-    const double hd = b.head_dim > 0 ? double(b.head_dim) : double(b.in) / double(b.n_head);
+    const double hd = double(head_dim(b));
     const double kv = 2 * e * n * ctx.cp * kv_heads * hd / ctx.tp;
     t.comm_forward += all_gather_s(ctx.cp_path, kv);
     t.comm_backward += all_gather_s(ctx.cp_path, kv) + reduce_scatter_s(ctx.cp_path, kv);
