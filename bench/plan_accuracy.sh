@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The planner against this machine: calibrates (relay plan --measure --calibrate), then trains each layout a few steps
+# The planner against this machine: calibrates (mpirun -np 2 relay plan --measure --calibrate: compute and links), then trains each layout a few steps
 # with --plan-cluster and prints predicted vs measured step time (the run's own end-of-run table). GPT- and
 # Llama-shaped models; dp, tp, pp with each schedule, ZeRO, recomputation, micro-batch counts, bf16; a Mixtral-shaped
 # one (8 experts of 384 units, top 2) serially, on dp 2 and on dp 2 x ep 2.
@@ -23,7 +23,9 @@ llama+=" --set model.n_head=4 --set model.n_kv_head=2 --set model.ffn_hidden=768
 calibrate() {  # name, model flags...
   local name=$1; shift
   # shellcheck disable=SC2086
-  "$RELAY" plan "$@" $common --measure --calibrate "$W/$name.toml" > /dev/null || echo "calibration $name failed"
+  # two ranks: the links measured through the communicator (rank 0 alone then measures the compute)
+  mpirun -np 2 --bind-to none -x OMP_NUM_THREADS "$RELAY" plan "$@" $common --measure --calibrate "$W/$name.toml" \
+    > /dev/null || echo "calibration $name failed"
 }
 calibrate gpt $gpt
 calibrate gpt-bf16 $gpt --set train.precision='"bf16"'

@@ -15,6 +15,8 @@
 #include "core/error.hpp"
 #include "model/family.hpp"
 #include "plan/cluster.hpp"
+#include "plan/collectives.hpp"
+#include "plan/link_calibration.hpp"
 #include "plan/search.hpp"
 #include "plan/step_model.hpp"
 #include "support/test_support.hpp"
@@ -106,18 +108,57 @@ TEST(PlanCluster, JsonFields) {
     EXPECT_NE(r.output.find(f), std::string::npos) << f;
 }
 
-// Closing the loop on this machine: --calibrate writes a cluster file the planner reads; a run given it with
-// --plan-cluster writes the prediction as metrics.jsonl's first record, step_time_s in every step record, and ends with
-// the predicted-vs-measured table, its memory row exact (the memory plan).
+// The link fit recovers the alpha, busbw and reduce_bw that made the times (nccl-tests' bus bytes, ring steps, a
+// reduction's (n-1)/n of the buffer summed), and the planner's reducing collectives pay for the sums.
+TEST(PlanCluster, LinkFitRecoversTheLinkAndReductionsPayForTheSums) {
+  const double alpha = 5e-6, busbw = 4e9, reduce_bw = 1e9;
+  std::vector<CollectiveSample> samples;
+  for (const int n : {2, 4})
+    for (double bytes = 4096; bytes <= 64 << 20; bytes *= 4)
+      for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}) {
+        CollectiveSample s{op, n, bytes, 0};
+        s.seconds = s.steps() * alpha + s.bytes * s.bus_factor() / busbw + s.reduced_bytes() / reduce_bw;
+        samples.push_back(s);
+      }
+  const LinkFit f = fit_link(samples);
+  ASSERT_TRUE(f.ok);
+  EXPECT_NEAR(f.busbw, busbw, 1e-6 * busbw);
+  EXPECT_NEAR(f.latency, alpha, 1e-9 * alpha + 1e-15);
+  EXPECT_NEAR(f.reduce_bw, reduce_bw, 1e-6 * reduce_bw);
+  EXPECT_LT(f.rms_error, 1e-9);
+  EXPECT_NE(samples_table(samples, f).find("#   reduce_scatter      4"), std::string::npos);
+
+  Cluster c = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
+  const GroupPath plain = group_path(c, 4, 1);
+  c.intra_node.reduce_bandwidth = reduce_bw;
+  const GroupPath summing = group_path(c, 4, 1);
+  const double bytes = 64 << 20;
+  EXPECT_DOUBLE_EQ(reduce_scatter_s(summing, bytes) - reduce_scatter_s(plain, bytes), 0.75 * bytes / reduce_bw);
+  EXPECT_DOUBLE_EQ(all_gather_s(summing, bytes), all_gather_s(plain, bytes));
+  EXPECT_GE(all_reduce_s(summing, bytes) - all_reduce_s(plain, bytes), 0.75 * bytes / reduce_bw);
+}
+
+// Closing the loop on this machine: --calibrate under mpirun writes a cluster file the planner reads, its links
+// measured through the communicator (a table per collective and size, the fitted latency and bandwidth); a run given it with --plan-cluster writes the prediction as metrics.jsonl's first record,
+// step_time_s in every step record, and ends with the predicted-vs-measured table, its memory row exact (the memory
+// plan).
 TEST(PlanCluster, CalibrateThenTrainRecordsAndComparesThePlan) {
   TempDir dir;
   const Problem p = make_gpt_problem(dir.path());
   const std::string cal = dir.file("this-machine.toml");
-  const RunResult plan = run_command(relay_binary() + " plan --config " + p.config + " --measure --calibrate " + cal);
+  const RunResult plan = run_command(mpirun_relay(2) + " plan --config " + p.config + " --measure --calibrate " + cal);
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_EQ(plan.output.find("plan for"), plan.output.rfind("plan for")) << "only rank 0 prints the plan";
   const Cluster c = load_cluster(cal);
   EXPECT_EQ(c.name, "this-machine");
   EXPECT_GT(c.device.peak_fp32, 0);
+  const std::string text = read(cal);
+  EXPECT_NE(text.find("# Measured through the communicator: 2 ranks on one host (mpi"), std::string::npos) << text;
+  for (const char* row : {"#   all_reduce          2   67108864", "#   all_to_all          2       4096"})
+    EXPECT_NE(text.find(row), std::string::npos) << row << "\n" << text;
+  EXPECT_GT(c.intra_node.bandwidth, 1e8);  // shared memory moves more than 100 MB/s
+  EXPECT_EQ(c.intra_node.efficiency, 1.0);
+  EXPECT_EQ(c.inter_node.bandwidth, c.intra_node.bandwidth) << "no second host: as within the node";
   const std::string run_dir = dir.file("run");
   const RunResult r = run_command("OMP_NUM_THREADS=1 " + relay_binary() + " train -c " + p.config + " --plan-cluster " +
                                   cal + " --set run.dir='\"" + run_dir + "\"' --set train.steps=3" +

@@ -2,13 +2,21 @@
 // schedule, the simulated bubble (equal F/B/W costs, and with --measure per-layer costs timed here)
 // and the peak number of micro-batches whose activations each stage holds; the 3D layout (which world
 // rank holds which (dp, tp, pp) coordinate and which shard) and the memory each rank will hold.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.hpp"
 #include "cli/commands.hpp"
+#include "comm/mpi_check.hpp"
+#include "comm/mpi_communicator.hpp"
 #include "core/rng.hpp"
 #include "io/dataset.hpp"
 #include "model/family.hpp"
@@ -18,6 +26,7 @@
 #include "parallel/simulator.hpp"
 #include "parallel/trace.hpp"
 #include "plan/calibration.hpp"
+#include "plan/link_calibration.hpp"
 #include "train/checkpointing.hpp"
 #include "train/memory_plan.hpp"
 #include "train/model_layout.hpp"
@@ -318,11 +327,117 @@ void print_sim(const char* title, const ScheduleShape& shape, const SimResult& s
                 sim.idle[s], sim.peak_live_micro_batches[s]);
 }
 
+// `relay plan --measure --calibrate` started by mpirun or srun: every rank measures the links through the communicator
+// (within each host, then between hosts' first ranks); then rank 0 alone measures the compute and writes the file while
+// the others wait for its exit status (polling, so that they take no core from it) and exit with it.
+class CalibrationRanks {
+ public:
+  static bool launched() {
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+      if (std::getenv(v)) return true;
+    return false;
+  }
+  CalibrationRanks() {
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  }
+  ~CalibrationRanks() { MPI_Finalize(); }
+  int rank() const { return rank_; }
+
+  LinkCalibration measure() {
+    auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
+    LinkCalibration l;
+    l.world = size_;
+    if (size_ < 2) return l;
+    // Hosts by name, numbered in order of their first rank.
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_CHECK(MPI_Get_processor_name(name, &len));
+    std::vector<char> all(size_t(size_) * MPI_MAX_PROCESSOR_NAME);
+    MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                            MPI_COMM_WORLD));
+    std::vector<std::string> hosts;
+    int host = -1;
+    for (int r = 0; r < size_; ++r) {
+      const std::string h(&all[size_t(r) * MPI_MAX_PROCESSOR_NAME]);
+      const auto it = std::find(hosts.begin(), hosts.end(), h);
+      if (it == hosts.end()) hosts.push_back(h);
+      if (r == rank_) host = int(std::find(hosts.begin(), hosts.end(), h) - hosts.begin());
+    }
+    l.nodes = int(hosts.size());
+    MPI_Comm node = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, host, rank_, &node));
+    int node_rank = 0, node_size = 1;
+    MPI_CHECK(MPI_Comm_rank(node, &node_rank));
+    MPI_CHECK(MPI_Comm_size(node, &node_size));
+    l.ranks_per_node = node_size;
+    if (node_size >= 2) {  // every host at once, as a run's tp or ep groups would; rank 0 keeps its host's
+      MpiCommunicator c(node, *be);
+      l.comm = c.name();
+      l.intra = time_collectives(c, *be);
+      l.intra_fit = fit_link(l.intra);
+    }
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, node_rank == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
+    if (leaders != MPI_COMM_NULL && l.nodes >= 2) {
+      MpiCommunicator c(leaders, *be);
+      l.comm = c.name();
+      l.inter = time_collectives(c, *be);
+      l.inter_fit = fit_link(l.inter);
+    }
+    if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
+    MPI_Comm_free(&node);
+    if (l.comm.empty()) l.comm = "mpi";
+    return l;
+  }
+
+  // Rank 0: tell the others how it ended. The others: wait for that and return it.
+  void release(int status) {
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD, &req));
+    MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
+  }
+  int wait_for_rank0() {
+    int status = 1, done = 0;
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD, &req));
+    while (!done) {
+      MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return status;
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links);
+
 }  // namespace
 
 int run_plan_command(const PlanOptions& o) {
   if (!o.cluster.empty()) return run_plan_cluster(o);
   Config cfg = load_config(o.config, o.overrides);
+  if (o.calibrate.empty() || !o.measure || !CalibrationRanks::launched()) return plan_body(o, cfg, nullptr);
+  CalibrationRanks ranks;
+  const LinkCalibration links = ranks.measure();
+  if (ranks.rank() != 0) return ranks.wait_for_rank0();
+  int status = 1;
+  try {
+    status = plan_body(o, cfg, &links);
+  } catch (...) {
+    ranks.release(1);
+    throw;
+  }
+  ranks.release(status);
+  return status;
+}
+
+namespace {
+
+int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links) {
   int64_t D = o.input_dim;
   if (D <= 0 && !make_model_spec(cfg, 1).language_model) {
     DatasetSpec spec;
@@ -391,7 +506,7 @@ int run_plan_command(const PlanOptions& o) {
     if (!o.calibrate.empty()) {
       const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : 1;
       auto cb = make_backend(BackendOptions{Device::cpu, threads, 0, cfg.train.precision});
-      const std::string text = calibrate_this_machine(*cb, layout, act_rows / cp, threads, cfg.train.precision);
+      const std::string text = calibrate_this_machine(*cb, layout, act_rows / cp, threads, cfg.train.precision, links);
       std::ofstream f(o.calibrate, std::ios::trunc);
       if (!f || !(f << text)) throw Error(cat("--calibrate ", o.calibrate, ": cannot write the file"));
       std::printf("\nwrote this machine's calibration to %s (use it as --cluster %s):\n%s", o.calibrate.c_str(),
@@ -402,5 +517,7 @@ int run_plan_command(const PlanOptions& o) {
   }
   return 0;
 }
+
+}  // namespace
 
 }  // namespace relay

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <thread>
 #include <vector>
@@ -41,8 +42,32 @@ Tensor filled(Backend& be, Shape shape, DType dt, float v = 0.01f) {
 
 }  // namespace
 
+namespace {
+
+// A link's three keys: the fitted ones, or the copy bandwidth halved where nothing was measured.
+std::string link_keys(const LinkFit& fit, double copy_bandwidth) {
+  if (!fit.ok) return cat("bandwidth = ", copy_bandwidth / 2, "\nefficiency = 1.0\nlatency = 2e-6\n\n");
+  return cat("bandwidth = ", fit.busbw, "   # fitted bus bandwidth, bytes/s\n",
+             "efficiency = 1.0              # the measured bandwidth is what a collective reaches\n",
+             "latency = ", fit.latency, "   # fitted seconds per ring step\n",
+             fit.reduce_bw > 0 ? cat("reduce_bandwidth = ", fit.reduce_bw, "   # fitted: MPI's sums on the CPU, bytes/s\n")
+                               : std::string(),
+             "\n");
+}
+
+// The comment over a measured link: how, and the table with the fit against each time.
+std::string measured(const std::string& how, const std::vector<CollectiveSample>& samples, const LinkFit& fit) {
+  char rms[32];
+  std::snprintf(rms, sizeof rms, "%.0f%%", 100 * fit.rms_error);
+  return cat("# Measured through the communicator: ", how, ". Bus bandwidth as nccl-tests reports it; `fit` is\n",
+             "# the alpha-beta line of the keys below against each time (root-mean-square ", rms, "):\n",
+             samples_table(samples, fit));
+}
+
+}  // namespace
+
 std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64_t rows, int threads,
-                                   Precision precision) {
+                                   Precision precision, const LinkCalibration* links) {
   const BlockSpec* block = nullptr;
   for (const BlockSpec& b : layout.blocks())
     if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer) {
@@ -103,6 +128,20 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
   char when[64];
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
   const std::string p = cat(peak);
+  const std::string how = links ? cat(links->comm, ", ", links->world, " ranks on ", links->nodes, " host(s)") : "";
+  std::string intra = "[intra_node]\n", inter = "[inter_node]\n";
+  if (links && links->intra_fit.ok)
+    intra += measured(cat(links->ranks_per_node, " ranks on one host (", how, ")"), links->intra, links->intra_fit);
+  else
+    intra += links ? "# Not measured: one rank a host. The copy bandwidth halved (shared memory copies twice).\n"
+                   : "# Not measured (one process; run it under mpirun -np 2 or more to measure the links through the\n"
+                     "# communicator): the copy bandwidth halved (shared memory copies twice).\n";
+  intra += link_keys(links ? links->intra_fit : LinkFit{}, bandwidth);
+  if (links && links->inter_fit.ok)
+    inter += measured(cat("one rank on each of ", links->nodes, " hosts (", how, ")"), links->inter, links->inter_fit) +
+             link_keys(links->inter_fit, bandwidth);
+  else
+    inter += "# No second host measured: as within the node.\n" + link_keys(links ? links->intra_fit : LinkFit{}, bandwidth);
   return cat(
       "# This machine (", host, ") as measured by `relay plan --measure --calibrate` on ", when, ", one device = one\n",
       "# rank of ", threads, " thread(s), ", precision_name(precision), ", at ", n, " rows of ", layout.model.blocks.size(),
@@ -120,10 +159,7 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
       "attention_backward_efficiency = ", attn_bwd_eff, "  # its backward, 2.5x the forward's FLOPs\n",
       "memory_efficiency = 1.0\n",
       "kernel_launch_s = ", launch, "     # a one-element copy\n\n",
-      "[intra_node]\n# Not measured through the communicator: the copy bandwidth halved (shared memory copies twice).\n",
-      "bandwidth = ", bandwidth / 2, "\nefficiency = 1.0\nlatency = 2e-6\n\n",
-      "[inter_node]\n# No second node measured: as within the node.\n",
-      "bandwidth = ", bandwidth / 2, "\nefficiency = 1.0\nlatency = 2e-6\n\n",
+      intra, inter,
       "[storage]\nwrite_bandwidth = 1e9                # assumed, not measured\n");
 }
 

@@ -3,18 +3,21 @@
 // (forward, backward-input and backward-weight shapes; the rate is the device's peak and gemm_efficiency 1), the
 // flash attention's forward and backward rates as efficiencies against that peak, the streaming bandwidth of a
 // large copy and the time of an empty operation (the launch term). A device is one rank with `threads` threads.
-// The links are not measured through the communicator (plan runs without MPI): they are the copy bandwidth
-// halved (MPI's shared-memory transport copies a message twice), and the file says so.
+// The links: under mpirun, measured through the communicator (plan/link_calibration.hpp: within a node when a node
+// has two ranks or more, between nodes when the ranks span several hosts); otherwise, or for the link no run crossed,
+// the copy bandwidth halved (MPI's shared-memory transport copies a message twice), and the file says which.
 #pragma once
 #include <string>
 
 #include "backend/backend.hpp"
+#include "plan/link_calibration.hpp"
 #include "train/model_layout.hpp"
 
 namespace relay {
 
-// The cluster file's text for this machine, from measurements at `rows` rows (a micro-batch's tokens).
+// The cluster file's text for this machine, from measurements at `rows` rows (a micro-batch's tokens) and the links
+// measured across the launched ranks (null: one process, no link measured).
 std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64_t rows, int threads,
-                                   Precision precision);
+                                   Precision precision, const LinkCalibration* links);
 
 }  // namespace relay

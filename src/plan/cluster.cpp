@@ -24,6 +24,10 @@ struct Reader {
     if (!n) throw Error(cat(source, ": ", name, ": required key is missing"));
     return *n;
   }
+  bool has(const std::string& section, const std::string& key) const {
+    const toml::node* sec = root.get(section);
+    return sec && sec->is_table() && sec->as_table()->get(key);
+  }
   double number(const std::string& section, const std::string& key, double lo, double hi) const {
     const toml::node& n = node(section, key);
     const std::string name = section + "." + key;
@@ -42,6 +46,7 @@ struct Reader {
     l.bandwidth = number(section, "bandwidth", 1, 1e15);
     l.efficiency = number(section, "efficiency", 0.01, 1);
     l.latency = number(section, "latency", 0, 1);
+    if (has(section, "reduce_bandwidth")) l.reduce_bandwidth = number(section, "reduce_bandwidth", 1, 1e15);
     return l;
   }
 };

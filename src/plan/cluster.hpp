@@ -1,7 +1,7 @@
 // A cluster description for the planner (configs/clusters/*.toml): devices per node, one device's peaks
 // (FLOP/s by precision, memory, bandwidth) and achieved-efficiency defaults, and the two links a
-// collective can cross (within a node, between nodes). Every key is required: a missing one is an
-// Error naming the file and the key.
+// collective can cross (within a node, between nodes). Every key is required but a link's reduce_bandwidth: a missing
+// one is an Error naming the file and the key.
 #pragma once
 #include <string>
 
@@ -13,6 +13,10 @@ struct Link {
   double bandwidth = 0;   // bytes/s per device, each way (data sheet)
   double efficiency = 1;  // fraction of bandwidth a large NCCL collective reaches (nccl-tests busbw)
   double latency = 0;     // seconds per ring step (alpha)
+  // Optional: bytes/s at which a rank sums what a reducing collective (all-reduce, reduce-scatter) receives, where
+  // that is slower than the link: MPI reduces in a loop on the CPU after each copy (measured by --calibrate). 0 (the
+  // presets): NCCL reduces inside its copy kernels at line rate.
+  double reduce_bandwidth = 0;
   double busbw() const { return bandwidth * efficiency; }
 };
 

@@ -14,6 +14,7 @@ GroupPath group_path(const Cluster& c, int size, int stride) {
   if (size <= 1) return g;
   if (int64_t(size) * stride <= node) {
     g.busbw = c.intra_node.busbw();
+    g.reduce_bw = c.intra_node.reduce_bandwidth;
     g.latency = c.intra_node.latency;
     g.members_per_node = size;
     return g;
@@ -24,6 +25,7 @@ GroupPath group_path(const Cluster& c, int size, int stride) {
   // NVLink part is never the slower one on the presets, but is kept as a bound.
   g.busbw = std::min(c.intra_node.busbw(), c.inter_node.busbw() * g.members_per_node);
   g.latency = c.inter_node.latency;
+  g.reduce_bw = c.inter_node.reduce_bandwidth;
   return g;
 }
 
@@ -31,9 +33,9 @@ double all_reduce_s(const GroupPath& g, double bytes) {
   const int n = g.size;
   if (n <= 1 || bytes <= 0) return 0;
   // Ring: 2 (n - 1) steps, each rank sending 2 (n - 1) / n of the buffer.
-  const double ring = 2.0 * (n - 1) * g.latency + 2.0 * (n - 1) / n * bytes / g.busbw;
+  const double ring = 2.0 * (n - 1) * g.latency + 2.0 * (n - 1) / n * bytes / g.busbw + g.reduce_s(double(n - 1) / n * bytes);
   // Double binary tree (NCCL >= 2.4): 2 log2 n steps, the whole buffer up and down at full bandwidth.
-  const double tree = 2.0 * std::ceil(std::log2(double(n))) * g.latency + 2.0 * bytes / g.busbw;
+  const double tree = 2.0 * std::ceil(std::log2(double(n))) * g.latency + 2.0 * bytes / g.busbw + g.reduce_s(bytes);
   return std::min(ring, tree);
 }
 
@@ -43,7 +45,9 @@ double all_gather_s(const GroupPath& g, double bytes) {
   return (n - 1) * g.latency + double(n - 1) / n * bytes / g.busbw;
 }
 
-double reduce_scatter_s(const GroupPath& g, double bytes) { return all_gather_s(g, bytes); }
+double reduce_scatter_s(const GroupPath& g, double bytes) {
+  return all_gather_s(g, bytes) + (g.size > 1 ? g.reduce_s(double(g.size - 1) / g.size * bytes) : 0);
+}
 
 double all_to_all_s(const GroupPath& g, double bytes) {
   const int n = g.size;

@@ -18,12 +18,15 @@ struct GroupPath {
   int members_per_node = 1;
   double busbw = 0, latency = 0;  // bytes/s per rank of a large ring collective; seconds per step
   double intra_busbw = 0, inter_busbw = 0;  // each rank's own links: NVLink, its network adapter (all-to-all)
+  double reduce_bw = 0;  // the crossed link's reduce_bandwidth (0: reductions at line rate)
+  double reduce_s(double bytes) const { return reduce_bw > 0 ? bytes / reduce_bw : 0; }
 };
 GroupPath group_path(const Cluster& c, int size, int stride);
 
 // Seconds for a buffer of `bytes` (the whole buffer: each rank's input for all-reduce, the gathered
 // result for all-gather and the reduce-scatter's input): the faster of ring and tree for all-reduce,
-// rings otherwise. 0 for a group of one.
+// rings otherwise; all-reduce and reduce-scatter also sum (n - 1)/n of the buffer (the tree: all of it) at the link's
+// reduce_bandwidth where it has one. 0 for a group of one.
 double all_reduce_s(const GroupPath& g, double bytes);
 double all_gather_s(const GroupPath& g, double bytes);
 double reduce_scatter_s(const GroupPath& g, double bytes);

@@ -1,0 +1,154 @@
+#include "plan/link_calibration.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.hpp"
+
+namespace relay {
+
+double CollectiveSample::bus_factor() const {
+  const double n = ranks;
+  return op == "all_reduce" ? 2 * (n - 1) / n : (n - 1) / n;
+}
+
+double CollectiveSample::reduced_bytes() const {
+  return op == "all_reduce" || op == "reduce_scatter" ? bytes * (ranks - 1) / ranks : 0;
+}
+
+double CollectiveSample::steps() const { return op == "all_reduce" ? 2.0 * (ranks - 1) : double(ranks - 1); }
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// The slowest member's mean seconds of `run` over `reps` repeats, after a warm-up and a barrier: the best of three
+// such trials (a rank descheduled by another process's burst would otherwise stretch one trial by milliseconds).
+template <class F>
+double slowest_mean(Communicator& g, int reps, F run) {
+  run();
+  double best = 0;
+  for (int trial = 0; trial < 3; ++trial) {
+    g.barrier();
+    const double t0 = now();
+    for (int i = 0; i < reps; ++i) run();
+    double t = (now() - t0) / reps;
+    g.allreduce_host(&t, 1, ReduceOp::max, "a calibration timing");
+    best = trial == 0 ? t : std::min(best, t);
+  }
+  return best;
+}
+
+Tensor zeros(Backend& be, Shape shape) {
+  Tensor t(be, std::move(shape), DType::f32);
+  be.fill(t, 0.f);
+  return t;
+}
+
+}  // namespace
+
+std::vector<CollectiveSample> time_collectives(Communicator& g, Backend& be) {
+  const int n = g.size();
+  RELAY_ASSERT(n >= 2, "timing collectives needs a group of two or more ranks");
+  constexpr int64_t kWidth = 256;  // all-to-all row: 1 KiB of f32
+  std::vector<CollectiveSample> out;
+  for (int64_t bytes = int64_t(4) << 10; bytes <= int64_t(64) << 20; bytes *= 4) {
+    // ~128 MiB moved per size, operation and trial, 3 to 100 repeats.
+    const int reps = int(std::clamp<int64_t>((int64_t(128) << 20) / bytes, 3, 100));
+    const int64_t m = std::max<int64_t>(1, bytes / 4 / n);  // f32 elements per member
+    {
+      Tensor t = zeros(be, {n * m});  // (n m) each member's whole buffer
+      out.push_back({"all_reduce", n, 4.0 * double(n * m), slowest_mean(g, reps, [&] { g.iallreduce_sum(t)->wait(); })});
+    }
+    {
+      Tensor buf = zeros(be, {n * m});  // (n m) member r's part [r m, (r + 1) m)
+      out.push_back({"all_gather", n, 4.0 * double(n * m), slowest_mean(g, reps, [&] { g.iallgather(buf)->wait(); })});
+    }
+    {
+      Tensor in = zeros(be, {n * m}), piece = zeros(be, {m});  // (n m) -> (m)
+      out.push_back({"reduce_scatter", n, 4.0 * double(n * m),
+                     slowest_mean(g, reps, [&] { g.ireduce_scatter_sum(in, piece)->wait(); })});
+    }
+    {
+      const int64_t rows = std::max<int64_t>(1, bytes / (4 * kWidth) / n);  // rows to each member
+      Tensor send = zeros(be, {n * rows, kWidth}), recv = zeros(be, {n * rows, kWidth});  // (n rows, 256)
+      const std::vector<int64_t> counts(size_t(n), rows);
+      out.push_back({"all_to_all", n, 4.0 * double(n * rows * kWidth), slowest_mean(g, reps, [&] {
+                       g.alltoall_rows(send, counts, recv, counts, "a calibration all-to-all");
+                     })});
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Weighted least squares of y(s) = k x(s) through the origin over the samples `use` keeps, each weighted by 1 / t
+// (relative error): k, or 0 when no sample is kept.
+template <class Use, class X, class Y>
+double slope(const std::vector<CollectiveSample>& samples, Use use, X x, Y y) {
+  double xx = 0, xy = 0;
+  for (const CollectiveSample& s : samples) {
+    if (!(s.seconds > 0) || !use(s)) continue;
+    const double w2 = 1 / (s.seconds * s.seconds);
+    xx += w2 * x(s) * x(s), xy += w2 * x(s) * y(s);
+  }
+  return xx > 0 ? xy / xx : 0;
+}
+
+}  // namespace
+
+LinkFit fit_link(const std::vector<CollectiveSample>& samples) {
+  constexpr double kLarge = 1 << 20, kSmall = 64 << 10;  // bytes
+  const bool any_move = std::any_of(samples.begin(), samples.end(), [](const CollectiveSample& s) { return s.reduced_bytes() == 0; });
+  auto move = [&](const CollectiveSample& s) { return !any_move || s.reduced_bytes() == 0; };
+  auto bus_bytes = [](const CollectiveSample& s) { return s.bytes * s.bus_factor(); };
+  auto time = [](const CollectiveSample& s) { return s.seconds; };
+  auto large_move = [&](const CollectiveSample& s) { return move(s) && s.bytes >= kLarge; };
+  auto small_move = [&](const CollectiveSample& s) { return move(s) && s.bytes <= kSmall; };
+  auto steps = [](const CollectiveSample& s) { return s.steps(); };
+  LinkFit f;
+  // 1 / busbw from the large moves, as nccl-tests' headline busbw, and alpha from the small ones, each after the
+  // other's part of the time: alternated until they settle (exact on times that follow the form).
+  double alpha = 0, beta = 0;
+  for (int it = 0; it < 50; ++it) {
+    beta = slope(samples, large_move, bus_bytes, [&](const CollectiveSample& s) { return s.seconds - alpha * s.steps(); });
+    if (!(beta > 0)) beta = slope(samples, move, bus_bytes, time);
+    if (!(beta > 0)) return f;
+    alpha = std::max(0.0, slope(samples, small_move, steps,
+                                [&](const CollectiveSample& s) { return s.seconds - beta * bus_bytes(s); }));
+  }
+  f.ok = true;
+  f.busbw = 1 / beta;
+  f.latency = alpha;
+  // 1 / reduce_bw from what the large reductions take beyond a move of their bytes.
+  if (any_move) {
+    const double r = slope(samples, [&](const CollectiveSample& s) { return s.reduced_bytes() > 0 && s.bytes >= kLarge; },
+                           [](const CollectiveSample& s) { return s.reduced_bytes(); },
+                           [&](const CollectiveSample& s) { return s.seconds - f.predict(s); });
+    if (r > 0) f.reduce_bw = 1 / r;
+  }
+  double sq = 0;
+  for (const CollectiveSample& s : samples) {
+    const double e = f.predict(s) / s.seconds - 1;
+    sq += e * e;
+  }
+  f.rms_error = std::sqrt(sq / double(std::max<size_t>(1, samples.size())));
+  return f;
+}
+
+std::string samples_table(const std::vector<CollectiveSample>& samples, const LinkFit& fit) {
+  std::string s = "#   collective      ranks      bytes    time (us)  algbw (GB/s)  busbw (GB/s)   fit\n";
+  char line[160];
+  for (const CollectiveSample& c : samples) {
+    std::snprintf(line, sizeof line, "#   %-14s %6d %10.0f %12.1f %13.3f %13.3f %+6.0f%%\n", c.op.c_str(), c.ranks,
+                  c.bytes, 1e6 * c.seconds, c.algbw() / 1e9, c.busbw() / 1e9,
+                  fit.ok ? 100 * (fit.predict(c) / c.seconds - 1) : 0.0);
+    s += line;
+  }
+  return s;
+}
+
+}  // namespace relay
