@@ -17,6 +17,9 @@
 #include "cli/commands.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/mpi_communicator.hpp"
+#ifdef RELAY_HAVE_CUDA
+#include "comm/nccl_communicator.hpp"
+#endif
 #include "core/rng.hpp"
 #include "io/dataset.hpp"
 #include "model/family.hpp"
@@ -327,6 +330,12 @@ void print_sim(const char* title, const ScheduleShape& shape, const SimResult& s
                 sim.idle[s], sim.peak_live_micro_batches[s]);
 }
 
+// The device --calibrate measures: the config's train.device ("auto": a GPU when one is visible).
+Device calibration_device(const Config& cfg) {
+  const std::string& d = cfg.train.device;
+  return d == "cuda" || (d == "auto" && cuda_device_count() > 0) ? Device::cuda : Device::cpu;
+}
+
 // `relay plan --measure --calibrate` started by mpirun or srun: every rank measures the links through the communicator
 // (within each host, then between hosts' first ranks); then rank 0 alone measures the compute and writes the file while
 // the others wait for its exit status (polling, so that they take no core from it) and exit with it.
@@ -346,8 +355,8 @@ class CalibrationRanks {
   ~CalibrationRanks() { MPI_Finalize(); }
   int rank() const { return rank_; }
 
-  LinkCalibration measure() {
-    auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
+  // On GPUs (train.device), each rank times its own GPU's collectives through NCCL (parallel.comm = "mpi": MPI).
+  LinkCalibration measure(const Config& cfg) {
     LinkCalibration l;
     l.world = size_;
     if (size_ < 2) return l;
@@ -373,17 +382,26 @@ class CalibrationRanks {
     MPI_CHECK(MPI_Comm_rank(node, &node_rank));
     MPI_CHECK(MPI_Comm_size(node, &node_size));
     l.ranks_per_node = node_size;
+    const Device device = calibration_device(cfg);
+    auto be = make_backend(BackendOptions{device, 1, device == Device::cuda ? node_rank % cuda_device_count() : 0,
+                                          Precision::fp32});
+    auto communicator = [&](MPI_Comm c) -> std::unique_ptr<Communicator> {
+#ifdef RELAY_HAVE_CUDA
+      if (device == Device::cuda && cfg.parallel.comm != "mpi") return make_nccl_communicator(c, *be, false);
+#endif
+      return std::make_unique<MpiCommunicator>(c, *be);
+    };
     if (node_size >= 2) {  // every host at once, as a run's tp or ep groups would; rank 0 keeps its host's
-      MpiCommunicator c(node, *be);
-      l.comm = c.name();
-      l.intra = time_collectives(c, *be);
+      auto c = communicator(node);
+      l.comm = c->name();
+      l.intra = time_collectives(*c, *be);
       l.intra_fit = fit_link(l.intra);
     }
     MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, node_rank == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
     if (leaders != MPI_COMM_NULL && l.nodes >= 2) {
-      MpiCommunicator c(leaders, *be);
-      l.comm = c.name();
-      l.inter = time_collectives(c, *be);
+      auto c = communicator(leaders);
+      l.comm = c->name();
+      l.inter = time_collectives(*c, *be);
       l.inter_fit = fit_link(l.inter);
     }
     if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
@@ -422,7 +440,7 @@ int run_plan_command(const PlanOptions& o) {
   Config cfg = load_config(o.config, o.overrides);
   if (o.calibrate.empty() || !o.measure || !CalibrationRanks::launched()) return plan_body(o, cfg, nullptr);
   CalibrationRanks ranks;
-  const LinkCalibration links = ranks.measure();
+  const LinkCalibration links = ranks.measure(cfg);
   if (ranks.rank() != 0) return ranks.wait_for_rank0();
   int status = 1;
   try {
@@ -505,7 +523,7 @@ int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links) {
     print_sim("schedule with the measured costs (time in seconds):", shape, ms);
     if (!o.calibrate.empty()) {
       const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : 1;
-      auto cb = make_backend(BackendOptions{Device::cpu, threads, 0, cfg.train.precision});
+      auto cb = make_backend(BackendOptions{calibration_device(cfg), threads, 0, cfg.train.precision});
       const std::string text = calibrate_this_machine(*cb, layout, act_rows / cp, threads, cfg.train.precision, links);
       std::ofstream f(o.calibrate, std::ios::trunc);
       if (!f || !(f << text)) throw Error(cat("--calibrate ", o.calibrate, ": cannot write the file"));

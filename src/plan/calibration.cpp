@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/gpu_peaks.hpp"
 #include "core/error.hpp"
 
 namespace relay {
@@ -50,7 +51,7 @@ std::string link_keys(const LinkFit& fit, double copy_bandwidth) {
   return cat("bandwidth = ", fit.busbw, "   # fitted bus bandwidth, bytes/s\n",
              "efficiency = 1.0              # the measured bandwidth is what a collective reaches\n",
              "latency = ", fit.latency, "   # fitted seconds per ring step\n",
-             fit.reduce_bw > 0 ? cat("reduce_bandwidth = ", fit.reduce_bw, "   # fitted: MPI's sums on the CPU, bytes/s\n")
+             fit.reduce_bw > 0 ? cat("reduce_bandwidth = ", fit.reduce_bw, "   # fitted: what summing a reduction adds to its copy, bytes/s\n")
                                : std::string(),
              "\n");
 }
@@ -68,6 +69,7 @@ std::string measured(const std::string& how, const std::vector<CollectiveSample>
 
 std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64_t rows, int threads,
                                    Precision precision, const LinkCalibration* links) {
+  const double free_at_start = double(be.available_bytes());  // a GPU's memory before this allocates any
   const BlockSpec* block = nullptr;
   for (const BlockSpec& b : layout.blocks())
     if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer) {
@@ -93,7 +95,12 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
     gemm_s += time_of(be, [&] { be.matmul(y, true, x, false, dw, 1.f, 1.f); });   // dw += dy^T x
     gemm_flops += 3 * 2.0 * double(n) * double(N) * double(C);
   }
-  const double peak = gemm_flops / gemm_s;
+  const double gemm_rate = gemm_flops / gemm_s;
+  // What the efficiencies are fractions of: a GPU's data-sheet peak of the run's precision (so that MFU means what it
+  // means on the presets), or on a CPU (no data sheet) the measured GEMM rate itself.
+  const bool gpu = be.device() == Device::cuda;
+  const double sheet = gpu ? gpu_peak_flops(be.describe(), precision) : 0;
+  const double peak = sheet > 0 ? sheet : gemm_rate;
 
   // Attention at the block's heads, B sequences of T: causal FLOPs as the cost model counts them.
   const double attn = 0.5 * 4.0 * double(T) * double(H * hd) * double(B * T);
@@ -112,22 +119,24 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
   }
   const double attn_fwd_eff = std::min(1.0, attn / fwd_s / peak), attn_bwd_eff = std::min(1.0, 2.5 * attn / bwd_s / peak);
 
-  // Streaming: a 64 MiB copy (read and write); the launch term: a one-element copy.
+  // Streaming: a 64 MiB copy (read and write); the launch term: one of 200 one-element copies queued back to back.
   const int64_t big = int64_t(16) << 20;
   Tensor a = filled(be, {big}, DType::f32), b = filled(be, {big}, DType::f32);
   const double bandwidth = 2.0 * 4.0 * double(big) / time_of(be, [&] { be.copy(b, a); });
   Tensor s1 = filled(be, {1}, DType::f32), s2 = filled(be, {1}, DType::f32);
-  const double launch = time_of(be, [&] { be.copy(s2, s1); });
+  const double launch = time_of(be, [&] {
+                          for (int i = 0; i < 200; ++i) be.copy(s2, s1);
+                        }) / 200;
 
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
-  const int devices = std::max(1, cores / std::max(1, threads));
+  const int devices = gpu ? std::max(1, cuda_device_count()) : std::max(1, cores / std::max(1, threads));
   const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  const double memory = gpu ? free_at_start : ram / devices;
   char host[256] = "this machine";
   gethostname(host, sizeof host);
   std::time_t t = std::time(nullptr);
   char when[64];
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
-  const std::string p = cat(peak);
   const std::string how = links ? cat(links->comm, ", ", links->world, " ranks on ", links->nodes, " host(s)") : "";
   std::string intra = "[intra_node]\n", inter = "[inter_node]\n";
   if (links && links->intra_fit.ok)
@@ -142,23 +151,32 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
              link_keys(links->inter_fit, bandwidth);
   else
     inter += "# No second host measured: as within the node.\n" + link_keys(links ? links->intra_fit : LinkFit{}, bandwidth);
+  const std::string device_lines =
+      sheet > 0
+          ? cat("# The data sheet's dense peaks (backend/gpu_peaks.hpp); gemm_efficiency is the GEMM rate measured over the\n",
+                "# block's forward, backward-input and backward-weight shapes in ", precision_name(precision), " over the peak.\n",
+                "peak_bf16_flops = ", gpu_peak_flops(be.describe(), Precision::bf16), "\npeak_tf32_flops = ",
+                gpu_peak_flops(be.describe(), Precision::tf32), "\npeak_fp32_flops = ",
+                gpu_peak_flops(be.describe(), Precision::fp32), "\n", "gemm_efficiency = ", std::min(1.0, gemm_rate / peak),
+                "   # measured ", gemm_rate, " FLOP/s\n")
+          : cat("# The measured GEMM rate over the block's forward, backward-input and backward-weight shapes (every "
+                "precision).\n", "peak_bf16_flops = ", gemm_rate, "\npeak_tf32_flops = ", gemm_rate, "\npeak_fp32_flops = ",
+                gemm_rate, "\n", "gemm_efficiency = 1.0              # the peaks above are the measured rate\n");
   return cat(
       "# This machine (", host, ") as measured by `relay plan --measure --calibrate` on ", when, ", one device = one\n",
-      "# rank of ", threads, " thread(s), ", precision_name(precision), ", at ", n, " rows of ", layout.model.blocks.size(),
-      "-block model's shapes (src/plan/calibration.hpp).\n",
-      "name = \"this-machine\"\n\n[node]\ndevices = ", devices, "                    # ", cores, " cores / ", threads,
-      " thread(s) a rank\n\n[device]\nname = \"", be.describe(), "\"\n",
-      "# The measured GEMM rate over the block's forward, backward-input and backward-weight shapes (every precision).\n",
-      "peak_bf16_flops = ", p, "\npeak_tf32_flops = ", p, "\npeak_fp32_flops = ", p, "\n",
-      "memory_bytes = ", ram / devices, "   # physical memory / devices\n",
+      "# rank of ", gpu ? std::string("one GPU") : cat(threads, " thread(s)"), ", ", precision_name(precision), ", at ", n,
+      " rows of ", layout.model.blocks.size(), "-block model's shapes (src/plan/calibration.hpp).\n",
+      "name = \"this-machine\"\n\n[node]\ndevices = ", devices, "                    # ",
+      gpu ? std::string("visible GPUs") : cat(cores, " cores / ", threads, " thread(s) a rank"), "\n\n[device]\nname = \"",
+      be.describe(), "\"\n", device_lines,
+      "memory_bytes = ", memory, gpu ? "   # free on the GPU with the CUDA context up\n" : "   # physical memory / devices\n",
       "reserved_bytes = 0\n",
       "memory_bandwidth = ", bandwidth, "   # a 64 MiB copy, read + write\n",
-      "sms = 1                            # no waves on a CPU core\n",
-      "gemm_efficiency = 1.0              # the peak above is the measured rate\n",
-      "attention_forward_efficiency = ", attn_fwd_eff, "   # flash attention forward (causal FLOPs) / the GEMM rate\n",
+      "sms = 1                            # no wave term: the GEMM rate is measured at the model's shapes\n",
+      "attention_forward_efficiency = ", attn_fwd_eff, "   # flash attention forward (causal FLOPs) / the peak\n",
       "attention_backward_efficiency = ", attn_bwd_eff, "  # its backward, 2.5x the forward's FLOPs\n",
       "memory_efficiency = 1.0\n",
-      "kernel_launch_s = ", launch, "     # a one-element copy\n\n",
+      "kernel_launch_s = ", launch, "     # a one-element copy, queued back to back\n\n",
       intra, inter,
       "[storage]\nwrite_bandwidth = 1e9                # assumed, not measured\n");
 }

@@ -26,14 +26,17 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 
 // The slowest member's mean seconds of `run` over `reps` repeats, after a warm-up and a barrier: the best of three
 // such trials (a rank descheduled by another process's burst would otherwise stretch one trial by milliseconds).
+// On a GPU a collective's wait() only orders the compute stream after it: the device is synchronised at both ends.
 template <class F>
-double slowest_mean(Communicator& g, int reps, F run) {
+double slowest_mean(Communicator& g, Backend& be, int reps, F run) {
   run();
   double best = 0;
   for (int trial = 0; trial < 3; ++trial) {
+    be.synchronize();
     g.barrier();
     const double t0 = now();
     for (int i = 0; i < reps; ++i) run();
+    be.synchronize();
     double t = (now() - t0) / reps;
     g.allreduce_host(&t, 1, ReduceOp::max, "a calibration timing");
     best = trial == 0 ? t : std::min(best, t);
@@ -60,22 +63,22 @@ std::vector<CollectiveSample> time_collectives(Communicator& g, Backend& be) {
     const int64_t m = std::max<int64_t>(1, bytes / 4 / n);  // f32 elements per member
     {
       Tensor t = zeros(be, {n * m});  // (n m) each member's whole buffer
-      out.push_back({"all_reduce", n, 4.0 * double(n * m), slowest_mean(g, reps, [&] { g.iallreduce_sum(t)->wait(); })});
+      out.push_back({"all_reduce", n, 4.0 * double(n * m), slowest_mean(g, be, reps, [&] { g.iallreduce_sum(t)->wait(); })});
     }
     {
       Tensor buf = zeros(be, {n * m});  // (n m) member r's part [r m, (r + 1) m)
-      out.push_back({"all_gather", n, 4.0 * double(n * m), slowest_mean(g, reps, [&] { g.iallgather(buf)->wait(); })});
+      out.push_back({"all_gather", n, 4.0 * double(n * m), slowest_mean(g, be, reps, [&] { g.iallgather(buf)->wait(); })});
     }
     {
       Tensor in = zeros(be, {n * m}), piece = zeros(be, {m});  // (n m) -> (m)
       out.push_back({"reduce_scatter", n, 4.0 * double(n * m),
-                     slowest_mean(g, reps, [&] { g.ireduce_scatter_sum(in, piece)->wait(); })});
+                     slowest_mean(g, be, reps, [&] { g.ireduce_scatter_sum(in, piece)->wait(); })});
     }
     {
       const int64_t rows = std::max<int64_t>(1, bytes / (4 * kWidth) / n);  // rows to each member
       Tensor send = zeros(be, {n * rows, kWidth}), recv = zeros(be, {n * rows, kWidth});  // (n rows, 256)
       const std::vector<int64_t> counts(size_t(n), rows);
-      out.push_back({"all_to_all", n, 4.0 * double(n * rows * kWidth), slowest_mean(g, reps, [&] {
+      out.push_back({"all_to_all", n, 4.0 * double(n * rows * kWidth), slowest_mean(g, be, reps, [&] {
                        g.alltoall_rows(send, counts, recv, counts, "a calibration all-to-all");
                      })});
     }
