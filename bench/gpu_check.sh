@@ -5,7 +5,7 @@
 # under /opt/relay-root: move it into place first, as every call of this session did:
 #   bench/gpu_bundle.sh here, then there: eval "$(bash .gpu-bundle/setup.sh)" && rm -rf build && mv /opt/relay-root/work/main/build-gpu build && bench/gpu_check.sh
 # Logs go to OUT (default /tmp/relay-gpu-check); a short summary is printed last.
-# Usage: bench/gpu_check.sh [parts ("tests mlp lm profile")]
+# Usage: bench/gpu_check.sh [parts ("tests mlp lm profile"; also "plan": the planner calibrated on this GPU)]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/relay-gpu-check}
@@ -45,6 +45,29 @@ for part in $PARTS; do
           "${LM_MODELS:-gpt llama}" none 2>&1 | tail -n +2 | tee -a "$summary" >>"$OUT/logs/bench_lm.log"
       fi
       for f in /tmp/relay-gpulm/relay-*.out; do [[ -f $f ]] && tail -n 30 "$f" >"$OUT/logs/$(basename "$f").txt"; done ;;
+    plan)
+      # The planner against Relay on this GPU: `relay plan --measure --calibrate` measures the GPU at GPT-2 124M's and
+      # the SmolLM2-shaped Llama's shapes (bf16, micro-batch 16 x 1024), then a 6-step run with --plan-cluster prints
+      # the predicted-vs-measured table (one GPU: no link measured).
+      [[ -f /tmp/relay-gpulm/tokens.h5 ]] || { echo "plan: no token file (run the lm part first)" >>"$summary"; continue; }
+      for target in ${PLAN_TARGETS:-gpt llama}; do
+        case $target in
+          gpt) args=(--config configs/gpt2-124m.toml) ;;
+          llama) args=(--config configs/smollm2-135m.toml --set model.block_size=1024) ;;
+        esac
+        args+=(--set 'data.train="/tmp/relay-gpulm/tokens.h5"' --set 'data.eval=""' --set train.batch_size=64
+               --set train.micro_batches=4 --set lr_schedule.warmup_steps=0 --set 'train.device="cuda"'
+               --set 'train.precision="bf16"')
+        timeout ${PLAN_TIMEOUT:-150} build/relay plan "${args[@]}" --measure --calibrate "$OUT/logs/cal-$target.toml" \
+          >"$OUT/logs/plan-$target.log" 2>&1 &&
+        timeout ${PLAN_TIMEOUT:-150} build/relay train "${args[@]}" --plan-cluster "$OUT/logs/cal-$target.toml" \
+          --set "run.dir=\"/tmp/relay-plan-$target\"" --set train.steps=${PLAN_STEPS:-6} --set 'checkpoint.resume="none"' \
+          >>"$OUT/logs/plan-$target.log" 2>&1
+        echo "plan $target (exit $?):" | tee -a "$summary"
+        grep -A8 "plan vs measured" "$OUT/logs/plan-$target.log" | tee -a "$summary"
+        grep -E "^(peak_bf16_flops|gemm_efficiency|attention_|memory_bandwidth|kernel_launch)" \
+          "$OUT/logs/cal-$target.toml" | tee -a "$summary"
+      done ;;
     profile)
       # GPU time by op (RELAY_OP_PROFILE=1: CUDA events around every backend op) over 6 steps: GPT-2 124M and
       # Llama (SmolLM2 shape, T 1024) at micro-batch 16, bf16; the bf16 MLP of bench_gpu.sh.

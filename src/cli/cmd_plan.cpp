@@ -40,7 +40,8 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   auto* c = app.add_subcommand("plan", "Print the pipeline plan and its simulated bubble (no MPI needed)");
   c->add_option("--config,-c", o.config, "TOML config file")->required();
   c->add_option("--set", o.overrides, "Override a key: --set section.key=value");
-  c->add_flag("--measure", o.measure, "Also time every layer's forward, backward-input and backward-weight here");
+  c->add_flag("--measure", o.measure, "Also time every layer's forward, backward-input and backward-weight here (on one "
+                                      "CPU thread, or the GPU when train.device is cuda)");
   c->add_option("--input-dim", o.input_dim, "Input width D when data.train is not there yet");
   c->add_option("--trace", o.trace, "Also write the simulated schedule (1 time unit = 1 ms) as a Chrome trace-event "
                                     "file, the format of a run's trace.json, to open side by side");
@@ -504,12 +505,15 @@ int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links) {
     std::printf("wrote the simulated schedule to %s (1 time unit = 1 ms)\n", o.trace.c_str());
   }
   if (o.measure) {
-    auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
+    // One CPU thread (fp32), or the GPU (train.device) in the run's precision.
+    const bool gpu = calibration_device(cfg) == Device::cuda;
+    auto be = make_backend(BackendOptions{gpu ? Device::cuda : Device::cpu, 1, 0, gpu ? cfg.train.precision : Precision::fp32});
     Costs c;
     c.chunk_forward.assign(static_cast<size_t>(layout.num_chunks()), 0);
     c.chunk_backward_input = c.chunk_backward_weight = c.chunk_forward;
     const int64_t act_rows = rows * layout.model.seq_len;
-    std::printf("\nmeasured per-block times on this machine (1 thread, %lld rows), ms:\n", static_cast<long long>(act_rows));
+    std::printf("\nmeasured per-block times on this machine (%s, %lld rows), ms:\n", gpu ? be->describe().c_str() : "1 thread",
+                static_cast<long long>(act_rows));
     for (const BlockSpec& b : layout.blocks()) {
       LayerTimes t = time_block(*be, b, act_rows);
       std::printf("  block %2d %-11s F %8.3f  B %8.3f  W %8.3f\n", b.index, block_kind_name(b.kind), 1e3 * t.f,
