@@ -419,6 +419,52 @@ std::vector<OpCase> all_cases() {
     }
   }
 
+  // Grouped GEMMs (a MoE layer's experts in one pass; cublasGemmGroupedBatchedEx on CUDA): 5 row groups of 3, 0, 17,
+  // 1 and 19 rows of 45 (the last 5 rows belong to none and are left alone; the empty group is skipped, or scaled
+  // by beta in the weight gradient), y = a op(b[g]) + beta y per group with b transposed (the forward) or not (the
+  // input gradient), and dw[g] = dy_g^T x_g + beta dw[g]; float32 (also TF32), bfloat16, and bfloat16 inputs into
+  // float32 weight gradients (one GEMM a group on CUDA).
+  {
+    const std::vector<int64_t> offsets = {0, 3, 3, 20, 21, 40};
+    const int64_t rows = 45, G = int64_t(offsets.size()) - 1;
+    for (const Mnk& g : std::vector<Mnk>{{0, 7, 5}, {0, 96, 64}}) {  // n, k (m: the groups)
+      const std::string d = std::to_string(g.n) + "x" + std::to_string(g.k);
+      for (const bool tb : {true, false})
+        for (const float beta : {0.0f, 1.0f}) {
+          auto run = [=](DType x) {
+            return [=](Backend& be) {
+              Tensor a = input(be, {rows, g.k}, 20, x), y = input(be, {rows, g.n}, 21, x);  // (45, k), (45, n)
+              std::vector<Tensor> b;
+              for (int64_t e = 0; e < G; ++e) b.push_back(input(be, tb ? Shape{g.n, g.k} : Shape{g.k, g.n}, 22 + e, x));
+              be.grouped_matmul(a, b, tb, y, offsets, beta);
+              return std::vector{out(be, "y", y)};
+            };
+          };
+          const std::string base = "grouped_matmul_" + d + (tb ? "_nt" : "_nn") + (beta != 0 ? "_beta1" : "");
+          add(base + "_fp32", kTolFp32, run(DType::f32));
+          add(base + "_tf32", kTolTf32, run(DType::f32), Precision::tf32);
+          add(base + "_bf16", kTolBf16Gemm, run(DType::bf16), Precision::bf16);
+        }
+      for (const float beta : {0.5f, 1.0f}) {
+        auto run = [=](DType x, DType w) {
+          return [=](Backend& be) {
+            Tensor dy = input(be, {rows, g.n}, 30, x), xs = input(be, {rows, g.k}, 31, x);  // (45, n), (45, k)
+            std::vector<Tensor> dw;
+            for (int64_t e = 0; e < G; ++e) dw.push_back(input(be, {g.n, g.k}, 32 + e, w));
+            be.grouped_matmul_weight(dy, xs, offsets, dw, beta);
+            std::vector<Output> o;
+            for (int64_t e = 0; e < G; ++e) o.push_back(out(be, "dw" + std::to_string(e), dw[size_t(e)]));
+            return o;
+          };
+        };
+        const std::string base = "grouped_matmul_weight_" + d + (beta != 1 ? "_beta_half" : "");
+        add(base + "_fp32", kTolFp32, run(DType::f32, DType::f32));
+        add(base + "_bf16", kTolBf16Gemm, run(DType::bf16, DType::bf16), Precision::bf16);
+        add(base + "_bf16_dw_f32", kTolBf16Gemm, run(DType::bf16, DType::f32), Precision::bf16);
+      }
+    }
+  }
+
   // linear: y (n, out) = act(x (n, in) @ w (out, in)^T + bias), pre_act = the GELU's input; with and
   // without bias, no activation or gelu_tanh. On CUDA, cuBLASLt's BIAS / GELU_AUX_BIAS epilogues where out is
   // a multiple of 8 (its rule for the pre-activation's leading dimension), the unfused path at out = 513.

@@ -444,6 +444,71 @@ TEST(Linear, CpuEqualsUnfusedOps) {
   }
 }
 
+// Backend::grouped_matmul and grouped_matmul_weight (a MoE layer's experts in one pass) against one matmul a group,
+// in f32: groups of 0, 37, 1, 0 and 20 rows of 64 (the last 6 rows in none: left alone; the CPU runs each group in
+// power-of-two row pieces, so 37 and 20 rows take several GEMMs), both transposes of b, beta 0 and 1; the weight
+// gradients with beta 0.5, which an empty group's gradient is only scaled by. Within f32 rounding (oneDNN picks its
+// kernel by the row count, and a weight gradient's sum over rows is split at the pieces); rows in no group keep
+// their bits.
+TEST(GroupedMatmul, CpuEqualsOneMatmulAGroup) {
+  auto be = make_backend(BackendOptions{Device::cpu, 2});
+  const std::vector<int64_t> offsets = {0, 0, 37, 38, 38, 58};
+  const int64_t rows = 64, n = 24, k = 40, G = int64_t(offsets.size()) - 1;
+  auto filled = [&](relay::Shape shape, uint64_t seed) {
+    Tensor t(*be, shape);
+    Rng rng(seed, 0);
+    std::vector<float> v(size_t(t.numel()));
+    for (float& x : v) x = float(rng.uniform(-2.0, 2.0));
+    be->upload(t, v.data());
+    return t;
+  };
+  auto host = [&](const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    be->download(v.data(), t);
+    return v;
+  };
+  for (const bool tb : {true, false})
+    for (const float beta : {0.f, 1.f}) {
+      const std::string what = cat(tb ? "b transposed" : "b", ", beta ", beta);
+      Tensor a = filled({rows, k}, 1), y = filled({rows, n}, 2), ref = filled({rows, n}, 2);  // (64, 40), (64, 24)
+      std::vector<Tensor> b;
+      for (int64_t g = 0; g < G; ++g) b.push_back(filled(tb ? relay::Shape{n, k} : relay::Shape{k, n}, 10 + g));
+      be->grouped_matmul(a, b, tb, y, offsets, beta);
+      for (int64_t g = 0; g < G; ++g)
+        if (offsets[g + 1] > offsets[g]) {
+          Tensor rg = ref.rows(offsets[g], offsets[g + 1] - offsets[g]);
+          be->matmul(a.rows(offsets[g], offsets[g + 1] - offsets[g]), false, b[size_t(g)], tb, rg, 1.f, beta);
+        }
+      const std::vector<float> got = host(y), want = host(ref);
+      double scale = 0, worst = 0;
+      for (size_t j = 0; j < want.size(); ++j) {
+        scale = std::max(scale, std::fabs(double(want[j])));
+        worst = std::max(worst, std::fabs(double(got[j]) - double(want[j])));
+      }
+      EXPECT_LE(worst, kF32Tol * scale) << what;
+      for (size_t j = size_t(offsets.back() * n); j < want.size(); ++j)
+        ASSERT_EQ(got[j], want[j]) << what << ": row " << j / size_t(n) << " is in no group";
+    }
+  Tensor dy = filled({rows, n}, 3), x = filled({rows, k}, 4);  // (64, 24), (64, 40)
+  std::vector<Tensor> dw, ref;
+  for (int64_t g = 0; g < G; ++g) dw.push_back(filled({n, k}, 20 + g)), ref.push_back(filled({n, k}, 20 + g));
+  be->grouped_matmul_weight(dy, x, offsets, dw, 0.5f);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t m = offsets[g + 1] - offsets[g];
+    if (m > 0)
+      be->matmul(dy.rows(offsets[g], m), true, x.rows(offsets[g], m), false, ref[size_t(g)], 1.f, 0.5f);
+    else
+      be->scale(ref[size_t(g)], 0.5f);
+    const std::vector<float> got = host(dw[size_t(g)]), want = host(ref[size_t(g)]);
+    double scale = 0, worst = 0;
+    for (size_t j = 0; j < want.size(); ++j) {
+      scale = std::max(scale, std::fabs(double(want[j])));
+      worst = std::max(worst, std::fabs(double(got[j]) - double(want[j])));
+    }
+    EXPECT_LE(worst, kF32Tol * scale) << "dw[" << g << "] of " << m << " rows";
+  }
+}
+
 // Backend::linear_backward_input against matmul + activation_backward: the same ops on the CPU, so the
 // same bits in f32 and bf16.
 TEST(Linear, CpuBackwardInputEqualsUnfusedOps) {

@@ -167,6 +167,50 @@ void Backend::matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_
   c.that(y.raw() != a.raw() && y.raw() != b.raw(), "y must not alias a or b");
   matmul_impl(a, trans_a, b, trans_b, y, alpha, beta);
 }
+// The row groups of a grouped GEMM: ascending, within `rows` (messages built only on failure: per expert, per call).
+static void check_groups(const Check& c, const std::vector<int64_t>& offsets, size_t groups, int64_t rows) {
+  if (offsets.size() != groups + 1) c.that(false, cat(offsets.size(), " offsets for ", groups, " groups (expected groups + 1)"));
+  for (size_t g = 0; g + 1 < offsets.size(); ++g)
+    if (offsets[g] < 0 || offsets[g] > offsets[g + 1])
+      c.that(false, cat("offsets[", g, "] = ", offsets[g], ", offsets[", g + 1, "] = ", offsets[g + 1],
+                        " (the groups are ascending row ranges)"));
+  if (offsets.back() > rows) c.that(false, cat("the groups end at row ", offsets.back(), " of ", rows));
+}
+void Backend::grouped_matmul(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
+                             const std::vector<int64_t>& offsets, float beta) {
+  Check c(*this, "grouped_matmul");
+  c.tensor(a, "a", kFloat).tensor(y, "y", kFloat).same_dtype(y, "y", a, "a");
+  if (a.ndim() != 2 || y.ndim() != 2 || a.size(0) != y.size(0))
+    c.that(false, cat("a ", shape_str(a.shape()), " and y ", shape_str(y.shape()), " must be matrices of the same rows"));
+  c.that(y.raw() != a.raw(), "y must not alias a");
+  check_groups(c, offsets, b.size(), a.size(0));
+  for (const Tensor& w : b) {
+    c.tensor(w, "b[g]", kFloat).same_dtype(w, "b[g]", a, "a");
+    const bool fits = w.ndim() == 2 && (trans_b ? w.size(1) : w.size(0)) == a.size(1) &&
+                      (trans_b ? w.size(0) : w.size(1)) == y.size(1);
+    if (!fits)
+      c.that(false, cat("op(b[g]) of b[g] ", shape_str(w.shape()), trans_b ? " transposed" : "", " for a ",
+                        shape_str(a.shape()), " and y ", shape_str(y.shape())));
+    c.that(y.raw() != w.raw(), "y must not alias b[g]");
+  }
+  grouped_matmul_impl(a, b, trans_b, y, offsets, beta);
+}
+void Backend::grouped_matmul_weight(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
+                                    const std::vector<Tensor>& dw, float beta) {
+  Check c(*this, "grouped_matmul_weight");
+  c.tensor(dy, "dy", kFloat).tensor(x, "x", kFloat).same_dtype(x, "x", dy, "dy");
+  if (dy.ndim() != 2 || x.ndim() != 2 || dy.size(0) != x.size(0))
+    c.that(false, cat("dy ", shape_str(dy.shape()), " and x ", shape_str(x.shape()), " must be matrices of the same rows"));
+  check_groups(c, offsets, dw.size(), dy.size(0));
+  for (const Tensor& w : dw) {
+    c.tensor(w, "dw[g]", kFloat);
+    c.that(dy.dtype() == DType::bf16 || w.dtype() == DType::f32, "float32 inputs need float32 dw[g]");
+    if (w.ndim() != 2 || w.size(0) != dy.size(1) || w.size(1) != x.size(1))
+      c.that(false, cat("dw[g] ", shape_str(w.shape()), " for dy ", shape_str(dy.shape()), " and x ", shape_str(x.shape())));
+    c.that(w.raw() != dy.raw() && w.raw() != x.raw(), "dw[g] must not alias dy or x");
+  }
+  grouped_matmul_weight_impl(dy, x, offsets, dw, beta);
+}
 void Backend::add_bias(Tensor& y, const Tensor& bias) {
   Check c(*this, "add_bias");
   c.tensor(y, "y", kFloat).tensor(bias, "bias", kFloat).same_dtype(bias, "bias", y, "y").numel(bias, "bias", cols_of(y));

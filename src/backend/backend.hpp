@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "core/precision.hpp"
@@ -109,6 +110,19 @@ class Backend : public Allocator {
   // dy, w, act_in, dx: float, one dtype; dx must not alias dy, w or act_in. Equals matmul +
   // activation_backward (the same bits on the CPU).
   void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act, const Tensor& act_in);
+
+  // --- grouped GEMMs: a MoE layer's experts in one pass where the backend allows (model/moe.cpp) ---------
+  // Row groups: group g is rows [offsets[g], offsets[g + 1]) of a and y (offsets on the host, G + 1 ascending entries,
+  // offsets[G] <= the rows of a and y); a group with no rows is skipped.
+  // y_g (m_g, n) = a_g (m_g, k) @ op(b[g]) + beta * y_g, op(b) = b^T for b (n, k) when trans_b, else b (k, n).
+  // a, every b[g], y: float, one dtype; y must not alias a or any b[g].
+  void grouped_matmul(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
+                      const std::vector<int64_t>& offsets, float beta);
+  // The weight gradients over the same row groups: dw[g] (n, k) = dy_g^T (n, m_g) @ x_g (m_g, k) + beta * dw[g]
+  // (beta * dw[g] for a group with no rows). dy, x: float, one dtype; every dw[g]: float (f32 when dy is f32),
+  // aliasing neither.
+  void grouped_matmul_weight(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
+                             const std::vector<Tensor>& dw, float beta);
 
   // --- elementwise (float, one dtype) ----------------------------------------------------------
   void activation_forward(Activation act, const Tensor& x, Tensor& y);
@@ -303,6 +317,10 @@ class Backend : public Allocator {
                            Tensor* pre_act) = 0;
   virtual void linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
                                           const Tensor& act_in) = 0;
+  virtual void grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
+                                   const std::vector<int64_t>& offsets, float beta) = 0;
+  virtual void grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
+                                          const std::vector<Tensor>& dw, float beta) = 0;
   virtual void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) = 0;
   virtual void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void scale_impl(Tensor& x, float s) = 0;

@@ -121,6 +121,47 @@ void CpuBackend::matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, boo
     cpu::matmul(m, a.raw(), b.raw(), y.raw());
 }
 
+namespace {
+// A group's rows [0, count) in pieces of power-of-two sizes >= 16 and one remainder below 16 (count's binary digits):
+// oneDNN caches a primitive per GEMM shape and creating one costs milliseconds, so the experts' row counts, different
+// every micro-batch, take at most log2(rows) + 16 shapes instead of one each.
+template <typename F>
+void by_pieces(int64_t count, F&& f) {
+  int64_t at = 0;
+  for (int64_t bit = int64_t(1) << 40; bit >= 16; bit >>= 1)
+    if (count & bit) f(at, bit), at += bit;
+  if (count > at) f(at, count - at);
+}
+}  // namespace
+
+// A loop over the groups with the cached oneDNN GEMMs (each one threaded), in row pieces.
+void CpuBackend::grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
+                                     const std::vector<int64_t>& offsets, float beta) {
+  for (size_t g = 0; g < b.size(); ++g)
+    by_pieces(offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
+      Tensor yg = y.rows(offsets[g] + at, len);                                 // (len, n)
+      matmul_impl(a.rows(offsets[g] + at, len), false, b[g], trans_b, yg, 1.f, beta);
+    });
+}
+
+void CpuBackend::grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
+                                            const std::vector<Tensor>& dw, float beta) {
+  for (size_t g = 0; g < dw.size(); ++g) {
+    float b = beta;  // the first piece scales dw[g] by beta, the others add to it
+    Tensor w = dw[g];
+    by_pieces(offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
+      matmul_impl(dy.rows(offsets[g] + at, len), true, x.rows(offsets[g] + at, len), false, w, 1.f, b);  // (n, k)
+      b = 1.f;
+    });
+    if (offsets[g + 1] == offsets[g] && beta != 1.f) {  // no rows: an empty sum, dw[g] = beta dw[g]
+      if (beta == 0.f)
+        fill_impl(w, 0.f);
+      else
+        scale_impl(w, beta);
+    }
+  }
+}
+
 #define X_OF(t) std::remove_pointer_t<decltype(t)>
 void CpuBackend::add_bias_impl(Tensor& y, const Tensor& bias) {
   by_dtype(y, [&](auto* t) { cpu::add_bias(ptr<X_OF(t)>(y), ptr<X_OF(t)>(bias), rows_of(y), cols_of(y)); });

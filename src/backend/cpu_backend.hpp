@@ -40,6 +40,10 @@ class CpuBackend final : public Backend {
                    Tensor* pre_act) override;
   void linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
                                   const Tensor& act_in) override;
+  void grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
+                           const std::vector<int64_t>& offsets, float beta) override;
+  void grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
+                                  const std::vector<Tensor>& dw, float beta) override;
   void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) override;
   void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) override;
   void scale_impl(Tensor& x, float s) override;

@@ -9,22 +9,23 @@
 namespace relay {
 
 namespace {
-// An expert's rows [0, count) in pieces of power-of-two sizes >= 16 and one remainder below 16 (count's binary
-// digits): oneDNN caches a primitive per GEMM shape and creating one costs milliseconds, so the row counts of the
-// experts' GEMMs, different every micro-batch, take at most log2(rows) + 16 shapes instead of one each.
-template <typename F>
-void by_pieces(int64_t count, F&& f) {
-  int64_t at = 0;
-  for (int64_t bit = int64_t(1) << 40; bit >= 16; bit >>= 1)
-    if (count & bit) f(at, bit), at += bit;
-  if (count > at) f(at, count - at);
-}
-
 // Saved buffers of one micro-batch of n tokens, R = n k routed rows (MoeMlp::saved_shapes), Rl the rows this rank's
 // experts may receive (R without expert parallelism).
 enum : size_t { kLogits, kProbs, kLse, kExperts, kWeights, kPos, kSrc, kOffsets, kXs, kGate, kUp, kH, kYs,
                 kGYs, kGGate, kGUp, kGXs, kGWeights, kGLogits, kSeqGrad, kRecvCounts, kToLocal, kToRanks, kXl, kYl,
                 kGYl, kGXl, kStage, kCount };
+
+// The local experts' weights for the GEMMs (their working copies under bf16), and their gradients.
+std::vector<Tensor> weights_of(const std::vector<Param*>& ps) {
+  std::vector<Tensor> w;
+  for (const Param* p : ps) w.push_back(p->compute());
+  return w;
+}
+std::vector<Tensor> grads_of(const std::vector<Param*>& ps) {
+  std::vector<Tensor> g;
+  for (const Param* p : ps) g.push_back(p->grad);
+  return g;
+}
 
 // Host seconds since `t0` (the all-to-all statistics).
 double since(std::chrono::steady_clock::time_point t0) {
@@ -211,16 +212,16 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
     yl = rows(kYl, Rl);
     dispatch(be, xs, xl, s, "the expert-parallel dispatch of the tokens' rows");            // (Rl, C)
   }
-  for (int64_t e = 0; e < E_local_; ++e)  // an expert no token chose this micro-batch has no piece
-    by_pieces(local_[size_t(e + 1)] - local_[size_t(e)], [&](int64_t at, int64_t len) {
-      const int64_t r = local_[size_t(e)] + at;
-      Tensor xe = xl.rows(r, len), ge = gate.rows(r, len), ue = up.rows(r, len), he = h.rows(r, len);
-      Tensor ye = yl.rows(r, len);
-      be.linear(xe, gate_[size_t(e)]->compute(), Tensor(), ge);                         // (len, F)
-      be.linear(xe, up_[size_t(e)]->compute(), Tensor(), ue);                           // (len, F)
-      be.swiglu_forward(ge, ue, he);                                                      // (len, F)
-      be.linear(he, down_[size_t(e)]->compute(), Tensor(), ye);                         // (len, C)
-    });
+  // Every local expert in one pass (a grouped GEMM): expert j's rows are [local_[j], local_[j + 1]) of xl; an expert no
+  // token chose this micro-batch has none.
+  const int64_t used = local_.back();
+  be.grouped_matmul(xl, weights_of(gate_), true, gate, local_, 0.f);                     // (Rl, F)
+  be.grouped_matmul(xl, weights_of(up_), true, up, local_, 0.f);                         // (Rl, F)
+  if (used) {
+    Tensor hu = h.rows(0, used);
+    be.swiglu_forward(gate.rows(0, used), up.rows(0, used), hu);                         // (used, F)
+  }
+  be.grouped_matmul(h, weights_of(down_), true, yl, local_, 0.f);                        // (Rl, C)
   Tensor ys = rows(kYs, R);
   if (ep_.on()) undispatch(be, yl, ys, s, "the expert-parallel return of the experts' outputs");  // (R, C)
   be.moe_combine(ys, pos, weights, y);                                                  // (n, C)
@@ -242,15 +243,14 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
     gxl = rows(kGXl, Rl);
     dispatch(be, gys, gyl, s, "the expert-parallel dispatch of the outputs' gradients");    // (Rl, C)
   }
-  for (int64_t e = 0; e < E_local_; ++e)
-    by_pieces(local_[size_t(e + 1)] - local_[size_t(e)], [&](int64_t at, int64_t len) {
-      const int64_t r = local_[size_t(e)] + at;
-      Tensor gg = ggate.rows(r, len), gu = gup.rows(r, len), gx = gxl.rows(r, len);
-      be.matmul(gyl.rows(r, len), false, down_[size_t(e)]->compute(), false, gg, 1.f, 0.f);  // (len, F) d h
-      be.swiglu_backward(gg, s[kGate].rows(r, len), s[kUp].rows(r, len), gg, gu);
-      be.matmul(gg, false, gate_[size_t(e)]->compute(), false, gx, 1.f, 0.f);                 // (len, C)
-      be.matmul(gu, false, up_[size_t(e)]->compute(), false, gx, 1.f, 1.f);
-    });
+  const int64_t used = local_.back();
+  be.grouped_matmul(gyl, weights_of(down_), false, ggate, local_, 0.f);                   // (Rl, F) d h
+  if (used) {
+    Tensor gg = ggate.rows(0, used), gu = gup.rows(0, used);
+    be.swiglu_backward(gg, s[kGate].rows(0, used), s[kUp].rows(0, used), gg, gu);       // (used, F) each
+  }
+  be.grouped_matmul(ggate, weights_of(gate_), false, gxl, local_, 0.f);                  // (Rl, C)
+  be.grouped_matmul(gup, weights_of(up_), false, gxl, local_, 1.f);
   if (ep_.on()) undispatch(be, gxl, gxs, s, "the expert-parallel return of the inputs' gradients");  // (R, C)
   // The load-balancing and z losses of this micro-batch's sequences (host statistics of the saved routing): Tl of a
   // sequence's T rows here (T / cp under context parallelism, whose group sums c and sum_t p first).
@@ -313,14 +313,11 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
   download_plan(be, s);
   be.matmul(rows(kGLogits, n), true, x, false, router_->grad, 1.f, 1.f);               // dW_gate (E, C)
   const size_t xl = ep_.on() ? kXl : kXs, gyl = ep_.on() ? kGYl : kGYs;  // this rank's experts' rows
-  for (int64_t e = 0; e < E_local_; ++e)
-    by_pieces(local_[size_t(e + 1)] - local_[size_t(e)], [&](int64_t at, int64_t len) {
-      const int64_t r = local_[size_t(e)] + at;
-      const Tensor xe = s[xl].rows(r, len);
-      be.matmul(s[gyl].rows(r, len), true, s[kH].rows(r, len), false, down_[size_t(e)]->grad, 1.f, 1.f);
-      be.matmul(s[kGGate].rows(r, len), true, xe, false, gate_[size_t(e)]->grad, 1.f, 1.f);
-      be.matmul(s[kGUp].rows(r, len), true, xe, false, up_[size_t(e)]->grad, 1.f, 1.f);
-    });
+  const int64_t Rl = local_rows();
+  const Tensor xe = s[xl].rows(0, Rl);                                                  // (Rl, C)
+  be.grouped_matmul_weight(s[gyl].rows(0, Rl), rows(kH, Rl), local_, grads_of(down_), 1.f);  // dW_down (C, F) each
+  be.grouped_matmul_weight(rows(kGGate, Rl), xe, local_, grads_of(gate_), 1.f);              // dW_gate (F, C) each
+  be.grouped_matmul_weight(rows(kGUp, Rl), xe, local_, grads_of(up_), 1.f);                  // dW_up (F, C) each
 }
 
 void MoeMlp::set_bias(Backend& be, const float* bias) {
