@@ -10,7 +10,9 @@
 #     (stage 0 and stage 1 on both nodes) and continues the one-host run's losses exactly.
 #   - run.dir ownership across nodes: while a job whose rank 0 is on node1 holds a run.dir, a job
 #     started on node2 on the same directory (this machine's filesystem, seen by both) is refused with
-#     one line naming node1's owner, and the holder is not disturbed.
+#     one line naming node1's owner, and the holder is not disturbed;
+#   - relay plan --measure --calibrate over both nodes (2 ranks each) measures the links through the communicator
+#     within a node (node1's pair) and between the nodes (their first ranks) and writes both.
 # Root only; exits 77 (skipped) with the reason where namespaces cannot be made.
 set -uo pipefail
 RELAY=$(realpath "$1")
@@ -143,4 +145,17 @@ steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"loss"' in l]
 assert steps == list(range(1, len(steps) + 1)), steps[:10]
 PY
 echo "run.dir held by node1's job: node2's job refused naming node1; the holder ran on to its time limit (exit 75)"
+
+# 4. The planner's calibration across the nodes: every rank times the collectives within its node, the nodes' first
+#    ranks between them; rank 0 writes both links.
+timeout 300 ip netns exec "$NS1" unshare --uts bash -c 'hostname node1; exec "$@"' _ \
+  mpirun --host "${SUB}1:2,${SUB}2:2" "${MCA[@]}" --map-by slot -np 4 -x OMP_NUM_THREADS \
+  "$RELAY" plan --config "$(dirname "$0")/../../configs/gpt-small-bytes.toml" --measure --calibrate "$WORK/cal.toml" \
+  > "$WORK/cal.log" 2>&1 || { tail -30 "$WORK/cal.log"; fail "the calibration across two nodes failed"; }
+grep -q "^# Measured through the communicator: 2 ranks on one host (mpi, 4 ranks on 2 host(s))" "$WORK/cal.toml" ||
+  { cat "$WORK/cal.toml"; fail "no link measured within a node"; }
+grep -q "^# Measured through the communicator: one rank on each of 2 hosts (mpi, 4 ranks on 2 host(s))" "$WORK/cal.toml" ||
+  { cat "$WORK/cal.toml"; fail "no link measured between the nodes"; }
+grep -E "^(bandwidth|latency|reduce_bandwidth) =" "$WORK/cal.toml"
+echo "calibration over two nodes: the links within node1 and between node1 and node2 measured"
 echo "1 passed, 0 failed"
