@@ -99,7 +99,6 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                 for (int zero : {0, 1, 2, 3}) {
                   if (fitted >= 2) break;
                   if (zero && dp * cp == 1) continue;
-                  if (zero >= 2 && ep > 1) continue;  // ZeRO-2/3 with ep: refused by core/config.cpp
                   // ZeRO-2 under pp > 1 reduce-scatters every micro-batch: ZeRO-1's memory, m x its bytes.
                   if (zero == 2 && pp > 1) continue;
                   if (std::string(rc) == "blocks" && std::string(sc.name) == "zb-h1") continue;
