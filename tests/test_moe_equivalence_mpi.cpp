@@ -212,8 +212,8 @@ TEST(MoeModel, BitwiseAcrossRuns) {
   }
 }
 
-// Layout-free checkpoints: a Mixtral run on dp 4 x ep 2 under ZeRO-3 (each rank holds 4 of the 8 experts, its half of
-// their two copies' parameters and state, and a quarter of the dense ones) and the same run stopped at step 3 and
+// Layout-free checkpoints: a Mixtral run on dp 4 x ep 2 under ZeRO-3 (each rank holds 4 of the 8 experts, two ranks
+// each, and half of their parameters and state; a quarter of the dense ones) and the same run stopped at step 3 and
 // resumed serially (ep 2 -> 1), on dp 2 x ep 2 x pp 2, on tp 2 x pp 2 (each expert split over two ranks) and on its
 // own layout (each rank's ZeRO-3 pieces loaded from the file) reach the same losses and final tensors (the experts
 // are whole per-expert tensors in the checkpoint), with moe.expert_bias on: the bias resumes from the checkpoint's

@@ -308,8 +308,11 @@ void print_experts(const Config& cfg, const ModelLayout& layout) {
   std::printf("  each expert's gradients summed over %d rank%s%s; a micro-batch's rows of a MoE layer reach their "
               "experts and come back in all-to-alls (at most ep x %lld tokens x min(k = %lld, %lld) rows received: "
               "dropless)\n", edp, edp > 1 ? "s" : "",
-              zero ? cat(" (ZeRO-", zero, ": its optimizer state", zero >= 2 ? ", gradients" : "",
-                         zero >= 3 ? ", parameters" : "", " sharded over them)").c_str() : "",
+              zero ? cat(" (ZeRO-", zero, ": its ",
+                         zero >= 3   ? "parameters, gradients and optimizer state"
+                         : zero == 2 ? "gradients and optimizer state"
+                                     : "optimizer state",
+                         " sharded over them)").c_str() : "",
               static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(E / ep));
   for (int p = 0; p < layout.pp; ++p) {
     const int64_t numel = stage_params(layout, p, int(cfg.parallel.tp), 0).expert;

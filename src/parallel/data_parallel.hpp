@@ -89,10 +89,10 @@ std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vecto
 // schedule through it, so both make the same buffers): a buffer holds a bucket's gradients and the piece of their sum
 // this rank receives (its shard: smaller for a dense bucket than for an expert's of the same size under ep). An
 // opening bucket takes the smallest free buffer that fits (both), at most twice its size, or a new one of its exact
-// sizes; a launched bucket's buffer stays in flight until
-// reclaimed, oldest first, as soon as more than kInFlight are, or when the only buffers that fit an opening bucket
-// are in flight (rather than allocate another: the embedding's bucket, opened again by the next micro-batch while
-// the last is in flight). `reclaim` finishes a buffer's reduce-scatter before the pool frees it.
+// sizes; a launched bucket's buffer stays in flight until reclaimed, oldest first, as soon as more than kInFlight
+// are, or when the only buffers that fit an opening bucket are in flight (rather than allocate another: the
+// embedding's bucket, opened again by the next micro-batch while the last is in flight). `reclaim` finishes a
+// buffer's reduce-scatter before the pool frees it.
 class Zero2Pool {
  public:
   static constexpr size_t kInFlight = 1;  // one bucket's reduce-scatter hides behind the next block's backward

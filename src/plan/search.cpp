@@ -67,8 +67,8 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
   std::vector<PlannedLayout> all;
   std::map<std::pair<int, int>, bool> fit_tp_pp;
   double params = 0;
-  // Mixtures of experts: the experts split over ep of the dp ranks too (ep divides dp and n_experts; ZeRO-0 or 1), and
-  // each expert over tp like the dense SwiGLU (tp divides moe_ffn_hidden).
+  // Mixtures of experts: the experts split over ep of the dp ranks too (ep divides dp and n_experts; every ZeRO
+  // stage), and each expert over tp like the dense SwiGLU (tp divides moe_ffn_hidden).
   const bool moe = model_family(base).has_experts();
   for (int tp : divisors(cl.devices_per_node)) {
     if (world % tp || !tp_splits(base, tp)) continue;
