@@ -162,10 +162,12 @@ TEST(Config, MixtureOfExperts) {
   expect_error({"model.mlp_only_layers=[0]"}, "model.mlp_only_layers", "qwen3_moe key", moe);
   expect_error({"parallel.tp=2", "model.moe_ffn_hidden=13"}, "parallel.tp", "must divide model.moe_ffn_hidden = 13", moe);
   EXPECT_EQ(parse_config_text(moe, "cfg.toml", {"parallel.cp=2"}).parallel.cp, 2);  // context parallelism too
-  // Expert parallelism: ep divides dp and n_experts; ZeRO-2/3 not yet; only for mixtures of experts.
+  // Expert parallelism: ep divides dp and n_experts; every ZeRO stage; only for mixtures of experts.
   expect_error({"parallel.dp=4", "parallel.ep=3"}, "parallel.ep", "must divide parallel.dp = 4", moe);
   expect_error({"parallel.dp=8", "parallel.ep=8"}, "parallel.ep", "must divide model.n_experts = 4", moe);
-  expect_error({"parallel.dp=2", "parallel.ep=2", "optimizer.zero=2"}, "parallel.ep", "optimizer.zero = 2", moe);
+  for (int zero : {2, 3})
+    EXPECT_EQ(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=2", cat("optimizer.zero=", zero)})
+                  .optimizer.zero, zero);
   expect_error({"parallel.dp=2", "parallel.ep=2"}, "parallel.ep", "needs a mixture of experts", kBase);
   EXPECT_EQ(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=2"}).parallel.ep, 2);
   EXPECT_EQ(parse_config_text(to_toml(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=4"})),

@@ -1,9 +1,10 @@
 // Mixtures of experts keep Relay's guarantee: every layout gives the serial run's result up to floating-point
 // reordering. The real binary trains a 4-layer Mixtral and a Qwen3-MoE (8 experts, top 2, aux and z losses on) on
 // the GPT equivalence test's token file for 6 steps under mpirun, over data parallelism, expert parallelism (ep 2
-// and 4, with and without copies of each expert), every pipeline schedule, uneven stages, ZeRO-1, recomputation and
-// the aux-loss-free expert bias (moe.expert_bias); every step's loss, every step's token count per expert and every
-// final tensor (parameters and AdamW state) is compared with the serial run, and every rank's memory with the plan's.
+// and 4, with and without copies of each expert), every pipeline schedule, uneven stages, ZeRO-1, 2 and 3 (the
+// experts' buckets sharded over their copies, or whole without any), recomputation and the aux-loss-free expert bias
+// (moe.expert_bias); every step's loss, every step's token count per expert and every final tensor (parameters and
+// AdamW state) is compared with the serial run, and every rank's memory with the plan's.
 //
 // Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities agree to rounding may be
 // routed differently by two correct layouts. The serial run's smallest such margin (metrics.jsonl's
@@ -36,7 +37,8 @@ struct Case {
   std::string schedule = "1f1b";
   int m = 1;
   std::string balance;
-  bool zero = false, recompute = false;
+  int zero = 0;  // optimizer.zero
+  bool recompute = false;
   int ep = 1, tp = 1;
   bool sp = false;
   int cp = 1;
@@ -46,7 +48,8 @@ struct Case {
                     (tp > 1 ? "_tp" + std::to_string(tp) : "") + (sp ? "_sp" : "") +
                     (cp > 1 ? "_cp" + std::to_string(cp) : "") + "_pp" +
                     std::to_string(pp) + "_" + schedule + "_m" +
-                    std::to_string(m) + (balance.empty() ? "" : "_uneven") + (zero ? "_zero" : "") +
+                    std::to_string(m) + (balance.empty() ? "" : "_uneven") +
+                    (zero == 1 ? "_zero" : zero ? "_zero" + std::to_string(zero) : "") +
                     (recompute ? "_recompute" : "");
     for (auto& c : s) if (c == '-') c = '_';
     return s;
@@ -137,7 +140,7 @@ TEST_P(MoeEquivalence, MatchesSerialRun) {
                        "parallel.schedule=\"" + c.schedule + "\"",
                        "train.micro_batches=" + std::to_string(c.m),
                        "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
-                       std::string("optimizer.zero=") + (c.zero ? "true" : "false"),
+                       "optimizer.zero=" + std::to_string(c.zero),
                        std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\"")});
   if (!c.balance.empty()) ov.push_back("parallel.balance=" + c.balance);
   RunResult r = train(c.ranks(), problem_.config, ov);
@@ -162,26 +165,32 @@ TEST_P(MoeEquivalence, MatchesSerialRun) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivalence,
                          ::testing::Values(Case{"mixtral", 2, 1, "1f1b", 2},
-                                           Case{"mixtral", 1, 2, "interleaved", 4, "", false, true},
-                                           Case{"mixtral", 2, 2, "zb-h1", 2, "", true},
+                                           Case{"mixtral", 1, 2, "interleaved", 4, "", 0, true},
+                                           Case{"mixtral", 2, 2, "zb-h1", 2, "", 1},
                                            Case{"qwen3_moe", 1, 3, "1f1b", 4, "[1, 3, 2]"},
-                                           Case{"qwen3_moe", 2, 2, "gpipe", 2, "", false, true},
-                                           Case{"mixtral_bias", 2, 2, "1f1b", 2, "", true},
+                                           Case{"qwen3_moe", 2, 2, "gpipe", 2, "", 0, true},
+                                           Case{"mixtral_bias", 2, 2, "1f1b", 2, "", 1},
                                            // Expert parallelism: the experts split over 2 or 4 of the dp ranks; with
                                            // dp 4 x ep 2 each expert has two copies (summed, ZeRO-1 sharded).
-                                           Case{"mixtral", 2, 1, "1f1b", 2, "", false, false, 2},
-                                           Case{"mixtral", 4, 1, "1f1b", 1, "", true, false, 2},
-                                           Case{"qwen3_moe", 4, 1, "gpipe", 2, "", false, true, 4},
-                                           Case{"mixtral", 2, 2, "zb-h1", 2, "", false, false, 2},
-                                           Case{"mixtral_bias", 2, 2, "interleaved", 4, "", true, true, 2},
+                                           Case{"mixtral", 2, 1, "1f1b", 2, "", 0, false, 2},
+                                           Case{"mixtral", 4, 1, "1f1b", 1, "", 1, false, 2},
+                                           Case{"qwen3_moe", 4, 1, "gpipe", 2, "", 0, true, 4},
+                                           Case{"mixtral", 2, 2, "zb-h1", 2, "", 0, false, 2},
+                                           Case{"mixtral_bias", 2, 2, "interleaved", 4, "", 1, true, 2},
+                                           // ZeRO-2 and 3 with ep: the dense buckets sharded over the dp ranks, the
+                                           // experts' over their copies (dp 4 x ep 2: 2 of them) or, without copies
+                                           // (dp 2 x ep 2), kept whole; ZeRO-3 on two stages gathers once a step.
+                                           Case{"mixtral", 2, 1, "1f1b", 2, "", 2, false, 2},
+                                           Case{"mixtral", 4, 1, "1f1b", 2, "", 3, false, 2},
+                                           Case{"qwen3_moe", 2, 2, "1f1b", 2, "", 3, false, 2},
                                            // Tensor parallelism: each expert split like the dense SwiGLU; with ep and
                                            // sequence parallelism too.
-                                           Case{"qwen3_moe", 1, 2, "1f1b", 2, "", false, false, 1, 2},
-                                           Case{"mixtral", 2, 1, "1f1b", 2, "", true, false, 2, 2, true},
+                                           Case{"qwen3_moe", 1, 2, "1f1b", 2, "", 0, false, 1, 2},
+                                           Case{"mixtral", 2, 1, "1f1b", 2, "", 1, false, 2, 2, true},
                                            // Context parallelism: each sequence over 2 ranks, its load-balancing
                                            // statistics summed over them; with ep and with pp.
-                                           Case{"qwen3_moe", 2, 1, "1f1b", 2, "", false, false, 2, 1, false, 2},
-                                           Case{"mixtral_bias", 1, 2, "1f1b", 2, "", false, true, 1, 1, false, 2}),
+                                           Case{"qwen3_moe", 2, 1, "1f1b", 2, "", 0, false, 2, 1, false, 2},
+                                           Case{"mixtral_bias", 1, 2, "1f1b", 2, "", 0, true, 1, 1, false, 2}),
                          [](const auto& info) { return info.param.name(); });
 
 // Two runs of one layout (dp 2 x ep 2 x pp 2) give the same bits (the routing plan, the all-to-alls' row order, the
@@ -203,11 +212,12 @@ TEST(MoeModel, BitwiseAcrossRuns) {
   }
 }
 
-// Layout-free checkpoints: a Mixtral run on dp 4 x ep 4 (each rank holds 2 of the 8 experts) and the same run stopped
-// at step 3 and resumed serially (ep 4 -> 1), on dp 2 x ep 2 x pp 2 and on tp 2 x pp 2 (each expert split over two
-// ranks) reach the same losses and final tensors (the
-// experts are whole per-expert tensors in the checkpoint), with moe.expert_bias on: the bias resumes from the
-// checkpoint's router/expert_bias.
+// Layout-free checkpoints: a Mixtral run on dp 4 x ep 2 under ZeRO-3 (each rank holds 4 of the 8 experts, two ranks
+// each, and half of their parameters and state; a quarter of the dense ones) and the same run stopped at step 3 and
+// resumed serially (ep 2 -> 1), on dp 2 x ep 2 x pp 2, on tp 2 x pp 2 (each expert split over two ranks) and on its
+// own layout (each rank's ZeRO-3 pieces loaded from the file) reach the same losses and final tensors (the experts
+// are whole per-expert tensors in the checkpoint), with moe.expert_bias on: the bias resumes from the checkpoint's
+// router/expert_bias.
 TEST(MoeModel, ResumesOnAnotherLayout) {
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
@@ -219,14 +229,18 @@ TEST(MoeModel, ResumesOnAnotherLayout) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return dir.file(name);
   };
-  const std::string a = run_of("a", 4, {"parallel.dp=4", "parallel.ep=4"});
+  const std::vector<std::string> zero3 = {"parallel.dp=4", "parallel.ep=2", "optimizer.zero=3"};
+  const std::string a = run_of("a", 4, zero3);
   const std::string at3 = "checkpoint.resume=\"" + a + "/checkpoints/step_00000003.h5\"";
   const std::string b = run_of("b", 1, {at3});
   const std::string c = run_of("c", 4, {at3, "parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "train.micro_batches=2"});
   const std::string d = run_of("d", 4, {at3, "parallel.tp=2", "parallel.pp=2", "train.micro_batches=2"});
+  std::vector<std::string> again = zero3;
+  again.push_back(at3);
+  const std::string e = run_of("e", 4, again);
   const auto la = read_losses(a);
   ASSERT_EQ(la.size(), 6u);
-  for (const std::string& resumed : {b, c, d}) {
+  for (const std::string& resumed : {b, c, d, e}) {
     const auto lb = read_losses(resumed);  // its metrics hold steps 4-6
     ASSERT_EQ(lb.size(), 3u) << resumed;
     for (size_t i = 0; i < 3; ++i)

@@ -184,14 +184,14 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
       const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, static_cast<int>(cfg.parallel.dp * cfg.parallel.cp));
       const MemoryBytes b = predict_memory(cfg, layout, p, 0);
       // Under pp > 1 the step's gradients are whole buckets until the step's reduce-scatter (freed after it).
-      const int64_t whole = cfg.parallel.pp > 1 ? (4 + (cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 0)) *
-                                                      z.total_padded : 0;
+      const int64_t step_grads = cfg.parallel.pp > 1 ? (4 + (cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 0)) *
+                                                           (z.total_padded - z.whole) : 0;
       std::printf("  pp %d: beyond the table, ZeRO-3's gathered parameters at their most (freed %s): %s MiB%s; the "
                   "step's peak %s MiB\n",
                   p, z.kept ? "after the step" : "after each block",
                   mib(b.gathered).c_str(),
-                  whole ? cat(", and the step's whole gradients: ", mib(whole), " MiB").c_str() : "",
-                  mib(b.total() + b.gathered + whole).c_str());
+                  step_grads ? cat(", and the step's whole gradients: ", mib(step_grads), " MiB").c_str() : "",
+                  mib(b.total() + b.gathered + step_grads).c_str());
     }
   // Rank 0's host copy of a checkpoint (train/checkpoint_writer.hpp).
   const std::string ck = mib(checkpoint_bytes(layout, cfg.optimizer));
@@ -212,21 +212,36 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
 void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
   const int R = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp);
   if (R <= 1) return;
-  if (layout.ep > 1) {  // ZeRO-0 or 1 (the config refuses more): dense gradients over R replicas, experts' over R / ep
+  if (layout.ep > 1) {  // dense gradients over R replicas, experts' over R / ep
     const StageParams sp = stage_params(layout, 0, int(cfg.parallel.tp), 0);
     const int64_t dense = sp.numel - sp.expert, expert = sp.expert;
     const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4;
+    const double act = double(dtype_size(compute_dtype(cfg.train.precision)));
+    const int64_t m = cfg.train.micro_batches;
     std::printf("\ndata-parallel collectives per step on each rank of pp rank 0, tp rank 0 (gradients in %s):\n",
                 wire == 2 ? "bf16" : "fp32");
     auto line = [&](const char* what, int64_t numel, int r) {
       if (r <= 1) {
-        std::printf("  %s: %s MiB, no other copy: nothing to reduce\n", what, mib(int64_t(wire * double(numel))).c_str());
+        std::printf("  %s: %s MiB, no other copy: nothing to reduce or gather\n", what,
+                    mib(int64_t(wire * double(numel))).c_str());
         return;
       }
       const double ring = double(r - 1) / r, g = wire * double(numel), p = 4.0 * double(numel);
-      if (cfg.optimizer.zero)
+      const double w = act * double(numel);  // ZeRO-3's gathers, in the working dtype
+      if (cfg.optimizer.zero == 1)
         std::printf("  %s over %d ranks, ZeRO-1: reduce-scatter %s MiB and all-gather %s MiB, %s MiB sent\n", what, r,
                     mib(int64_t(g)).c_str(), mib(int64_t(p)).c_str(), mib(int64_t(ring * (g + p))).c_str());
+      else if (cfg.optimizer.zero == 2)
+        std::printf("  %s over %d ranks, ZeRO-2: reduce-scatter %s MiB every micro-batch and all-gather %s MiB, %s MiB "
+                    "sent\n", what, r, mib(int64_t(g)).c_str(), mib(int64_t(p)).c_str(),
+                    mib(int64_t(ring * (double(m) * g + p))).c_str());
+      else if (cfg.optimizer.zero >= 3 && cfg.parallel.pp > 1)
+        std::printf("  %s over %d ranks, ZeRO-3: all-gather %s MiB once, reduce-scatter %s MiB once, %s MiB sent\n",
+                    what, r, mib(int64_t(w)).c_str(), mib(int64_t(g)).c_str(), mib(int64_t(ring * (w + g))).c_str());
+      else if (cfg.optimizer.zero >= 3)
+        std::printf("  %s over %d ranks, ZeRO-3: all-gather %s MiB twice and reduce-scatter %s MiB every micro-batch, "
+                    "%s MiB sent\n", what, r, mib(int64_t(w)).c_str(), mib(int64_t(g)).c_str(),
+                    mib(int64_t(ring * double(m) * (2 * w + g))).c_str());
       else
         std::printf("  %s over %d ranks: all-reduce %s MiB, %s MiB sent\n", what, r, mib(int64_t(g)).c_str(),
                     mib(int64_t(2 * ring * g)).c_str());
@@ -290,7 +305,7 @@ void print_experts(const Config& cfg, const ModelLayout& layout) {
   for (const BlockSpec& b : layout.blocks())
     if (b.moe.on()) E = b.moe.n_experts, k = b.moe.k;
   const int edp = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp) / ep;
-  const bool zero = cfg.optimizer.zero && edp > 1;
+  const int zero = edp > 1 ? int(cfg.optimizer.zero) : 0;  // the ZeRO stage of the experts (none without copies)
   const int64_t act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
   const int64_t moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
   const int64_t n = micro_batch_rows(cfg) * layout.model.seq_len / cfg.parallel.cp;  // rows of a micro-batch
@@ -305,7 +320,12 @@ void print_experts(const Config& cfg, const ModelLayout& layout) {
   }
   std::printf("  each expert's gradients summed over %d rank%s%s; a micro-batch's rows of a MoE layer reach their "
               "experts and come back in all-to-alls (at most ep x %lld tokens x min(k = %lld, %lld) rows received: "
-              "dropless)\n", edp, edp > 1 ? "s" : "", zero ? " (ZeRO-1: its optimizer state sharded over them)" : "",
+              "dropless)\n", edp, edp > 1 ? "s" : "",
+              zero ? cat(" (ZeRO-", zero, ": its ",
+                         zero >= 3   ? "parameters, gradients and optimizer state"
+                         : zero == 2 ? "gradients and optimizer state"
+                                     : "optimizer state",
+                         " sharded over them)").c_str() : "",
               static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(E / ep));
   for (int p = 0; p < layout.pp; ++p) {
     const int64_t numel = stage_params(layout, p, int(cfg.parallel.tp), 0).expert;
@@ -314,8 +334,10 @@ void print_experts(const Config& cfg, const ModelLayout& layout) {
       for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i)
         if (layout.blocks()[size_t(i)].moe.on())
           exchange += MoeMlp::exchange_bytes(layout.blocks()[size_t(i)], n, int(cfg.parallel.tp));
-    const int64_t weights = 4 * numel + (act != 4 ? act * numel : 0);
-    const int64_t grads = 4 * numel + (zero ? 4 * numel / edp : 0), state = moments * 4 * (zero ? numel / edp : numel);
+    // ZeRO-3: the masters' piece (gathered while a block runs); ZeRO-2, 3: the gradients' shard (beside the pool).
+    const int64_t weights = zero >= 3 ? 4 * numel / edp : 4 * numel + (act != 4 ? act * numel : 0);
+    const int64_t grads = zero >= 2 ? 4 * numel / edp : 4 * numel + (zero ? 4 * numel / edp : 0);
+    const int64_t state = moments * 4 * (zero ? numel / edp : numel);
     std::printf("  pp %d: its experts' weights %s MiB, gradients %s MiB, optimizer state %s MiB; all-to-all buffers %s "
                 "MiB per micro-batch in flight (in the activations)\n",
                 p, mib(weights).c_str(), mib(grads).c_str(), mib(state).c_str(), mib(exchange).c_str());

@@ -338,9 +338,6 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     if (c.model.n_experts % c.parallel.ep != 0)
       par.fail("ep", cat("= ", c.parallel.ep, " must divide model.n_experts = ", c.model.n_experts,
                          " (each rank holds n_experts / ep whole experts)"));
-    if (c.optimizer.zero >= 2)
-      par.fail("ep", cat("= ", c.parallel.ep, " does not combine with optimizer.zero = ", c.optimizer.zero,
-                         " yet (ZeRO-1 shards expert and dense optimizer states; use optimizer.zero = 1)"));
   }
   par.choice("schedule", c.parallel.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
   par.integer("virtual_stages", c.parallel.virtual_stages, 1, 1024);

@@ -37,8 +37,9 @@ BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb
   for (auto& g : out.groups) {
     int64_t total = 0;
     for (size_t i : g) total += keys[i].numel;
-    const int64_t d = keys[g.front()].expert ? expert_dp : dp;
+    const int d = keys[g.front()].expert ? expert_dp : dp;
     out.padded.push_back((total + d - 1) / d * d);
+    out.shards.push_back(d);
   }
   return out;
 }
@@ -61,21 +62,22 @@ std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vecto
   return out;
 }
 
-int Zero2Pool::open(int64_t elems, const Reclaim& reclaim) {
+int Zero2Pool::open(int64_t elems, int64_t piece, const Reclaim& reclaim) {
   for (;;) {
     int best = -1;
     for (size_t i = 0; i < cap_.size(); ++i)
-      if (free_[i] && fits(i, elems) && (best < 0 || cap_[i] < cap_[size_t(best)])) best = int(i);
+      if (free_[i] && fits(i, elems, piece) && (best < 0 || cap_[i] < cap_[size_t(best)])) best = int(i);
     if (best >= 0) {
       free_[size_t(best)] = false;
       return best;
     }
     const bool one_in_flight_fits =
-        std::any_of(in_flight_.begin(), in_flight_.end(), [&](int i) { return fits(size_t(i), elems); });
+        std::any_of(in_flight_.begin(), in_flight_.end(), [&](int i) { return fits(size_t(i), elems, piece); });
     if (!one_in_flight_fits) break;
     reclaim_oldest(reclaim);  // then look again
   }
   cap_.push_back(elems);
+  piece_cap_.push_back(piece);
   free_.push_back(false);
   return static_cast<int>(cap_.size() - 1);
 }
@@ -122,22 +124,22 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     b.comm = params[g.front()].expert ? expert_comm : comm;
     b.zero = zero >= 1 && b.comm;
     b.wired = wire == GradReduce::bf16 && b.comm;
-    const int dp = b.zero ? b.comm->size() : 1;
+    const int shards = b.zero ? b.comm->size() : 1;
     const int64_t padded = layout.padded[gi];
     b.padded = padded;
-    if (!per_micro_batch_ && !step_grads_) b.flat = Tensor(be, {padded});
-    if (b.zero) b.shard = Tensor(be, {padded / dp});
+    if (!b.zero || (!per_micro_batch_ && !step_grads_)) b.flat = Tensor(be, {padded});
+    if (b.zero) b.shard = Tensor(be, {padded / shards});
     b.chunk = params[g.front()].chunk;
     b.counts_in_norm = params[g.front()].counts_in_norm;
     if (b.wired && !per_micro_batch_) {
       if (!step_grads_) b.wire = Tensor(be, {padded}, DType::bf16);
-      if (b.zero) b.wire_shard = Tensor(be, {padded / dp}, DType::bf16);
+      if (b.zero) b.wire_shard = Tensor(be, {padded / shards}, DType::bf16);
     }
     const bool has_work = params[g.front()].param->work_dtype != DType::f32;
     b.work_dtype = params[g.front()].param->work_dtype;
-    if (zero3_) {  // this rank's piece of the masters; nothing whole
+    if (zero3_ && b.zero) {  // this rank's piece of the masters; nothing whole
       MemoryScope as_params(MemKind::params);
-      b.master = Tensor(be, {padded / dp});
+      b.master = Tensor(be, {padded / shards});
       be.fill(b.master, 0.f);  // the padding
     } else if (b.zero) {
       MemoryScope as_params(MemKind::params);  // the parameters' new home
@@ -149,8 +151,9 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     for (size_t i : g) {
       Param* p = params[i].param;
       const int64_t n = shape_numel(p->shape);
-      if (zero3_) {  // its elements in this rank's piece go into the masters; nothing whole is kept
-        const int64_t lo = (padded / dp) * comm_->rank(), a = std::max(lo, at), e = std::min(lo + padded / dp, at + n);
+      if (zero3_ && b.zero) {  // its elements in this rank's piece go into the masters; nothing whole is kept
+        const int64_t piece = padded / shards, lo = piece * b.comm->rank(), a = std::max(lo, at),
+                      e = std::min(lo + piece, at + n);
         if (a < e) {
           Tensor dst = b.master.rows(a - lo, e - a);
           if (p->value.defined()) {
@@ -172,6 +175,16 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
           be.copy(w, p->work);
           p->work = w;
         }
+      } else if (!p->value.defined()) {  // ZeRO-3's deferred values of an expert with no other copy: made whole here
+        MemoryScope as_params(MemKind::params);
+        p->value = Tensor(be, p->shape);
+        const std::vector<float> v = p->initial();
+        be.upload(p->value, v.data());
+        if (p->work_dtype != DType::f32) {
+          p->work = Tensor(be, p->shape, p->work_dtype);
+          p->refresh_work(be);
+        }
+        p->initial = nullptr;
       }
       b.shapes.push_back(p->shape);
       bucket_of_[p] = static_cast<int>(buckets_.size());
@@ -192,6 +205,7 @@ void GradBuckets::watch(ModelChunk& chunk) {
     for (Param* p : blk->params()) {
       auto it = bucket_of_.find(p);
       RELAY_ASSERT(it != bucket_of_.end(), "parameter " << p->name << " has no gradient bucket");
+      if (!buckets_[static_cast<size_t>(it->second)].zero) continue;  // whole: nothing to gather or reduce-scatter
       auto& mine = buckets_of_block_[index];
       if (std::find(mine.begin(), mine.end(), it->second) == mine.end()) mine.push_back(it->second);
     }
@@ -207,16 +221,16 @@ void GradBuckets::before_weight_grads(int block) {
     const int bi = w.bucket;
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     if (b.buffer >= 0) continue;  // already open (an earlier writer of this pass)
-    b.buffer = pool_plan_.open(b.padded, [this](int old) { reclaim(old); });
-    if (static_cast<size_t>(b.buffer) == pool_.size()) {  // a new buffer of this bucket's size
+    const int64_t piece = b.shard.numel();
+    b.buffer = pool_plan_.open(b.padded, piece, [this](int old) { reclaim(old); });
+    if (static_cast<size_t>(b.buffer) == pool_.size()) {  // a new buffer of this bucket's sizes
       MemoryScope scope(MemKind::grads);
-      const int64_t dp = comm_->size();
       PoolBuffer pb;
       pb.flat = Tensor(be_, {b.padded});
-      pb.recv = Tensor(be_, {b.padded / dp});
+      pb.recv = Tensor(be_, {piece});
       if (bf16_wire_) {
         pb.wire = Tensor(be_, {b.padded}, DType::bf16);
-        pb.wire_recv = Tensor(be_, {b.padded / dp}, DType::bf16);
+        pb.wire_recv = Tensor(be_, {piece}, DType::bf16);
       }
       pool_.push_back(std::move(pb));
     }
@@ -232,10 +246,10 @@ void GradBuckets::start_gather(Bucket& b) {
   MemoryScope scope(MemKind::params);
   const int64_t piece = b.master.numel();
   b.full = Tensor(be_, {b.padded}, b.work_dtype);
-  Tensor mine = b.full.rows(piece * comm_->rank(), piece);
+  Tensor mine = b.full.rows(piece * b.comm->rank(), piece);
   if (b.work_dtype == DType::f32) be_.copy(mine, b.master);
   else be_.convert(b.master, mine);
-  b.gather = comm_->iallgather(b.full);
+  b.gather = b.comm->iallgather(b.full);
   b.gather->what = "the ZeRO-3 parameter all-gather";
   if (kill_in_gather_) std::raise(SIGKILL);  // test only: a rank lost mid-collective
 }
@@ -291,16 +305,16 @@ void GradBuckets::after_weight_grads(int block) {
     if (!w.closes) continue;
     // Its last writer is done: this micro-batch's gradients go out, this rank's piece comes back to pool.recv.
     PoolBuffer& pb = pool_[static_cast<size_t>(b.buffer)];
-    const int64_t dp = comm_->size();
+    const int64_t piece = b.shard.numel();
     if (tracer_) pb.launch_mark = tracer_->mark();
     Tensor flat = pb.flat.rows(0, b.padded);
     if (bf16_wire_) {
-      Tensor w = pb.wire.rows(0, b.padded), wr = pb.wire_recv.rows(0, b.padded / dp);
+      Tensor w = pb.wire.rows(0, b.padded), wr = pb.wire_recv.rows(0, piece);
       be_.convert(flat, w);
-      pb.request = comm_->ireduce_scatter_sum(w, wr);
+      pb.request = b.comm->ireduce_scatter_sum(w, wr);
     } else {
-      Tensor r = pb.recv.rows(0, b.padded / dp);
-      pb.request = comm_->ireduce_scatter_sum(flat, r);
+      Tensor r = pb.recv.rows(0, piece);
+      pb.request = b.comm->ireduce_scatter_sum(flat, r);
     }
     pb.request->what = cat("the ZeRO-2 gradient reduce-scatter of bucket ", bi);
     pb.bucket = bi;
@@ -315,7 +329,7 @@ void GradBuckets::reclaim(int buffer) {
   RELAY_ASSERT(pb.bucket >= 0 && pb.request, "ZeRO-2: pool buffer " << buffer << " is not in flight");
   pb.request->wait();
   Bucket& b = buckets_[static_cast<size_t>(pb.bucket)];
-  const int64_t piece = b.padded / comm_->size();
+  const int64_t piece = b.shard.numel();
   Tensor recv = pb.recv.rows(0, piece);
   if (bf16_wire_) be_.convert(pb.wire_recv.rows(0, piece), recv);
   be_.add(b.shard, recv, b.shard);
@@ -328,10 +342,10 @@ void GradBuckets::reclaim(int buffer) {
 
 void GradBuckets::zero() {
   for (auto& b : buckets_) {
-    if (per_micro_batch_) {  // the shard sums every micro-batch's piece
+    if (per_micro_batch_ && b.zero) {  // the shard sums every micro-batch's piece
       RELAY_ASSERT(b.buffer < 0, "ZeRO-2: a bucket is still open at the start of a step");
       be_.fill(b.shard, 0.f);
-    } else if (step_grads_) {  // the step's whole gradients, freed by finish()
+    } else if (step_grads_ && b.zero) {  // the step's whole gradients, freed by finish()
       MemoryScope scope(MemKind::grads);
       b.flat = Tensor(be_, {b.padded});
       if (bf16_wire_) b.wire = Tensor(be_, {b.padded}, DType::bf16);
@@ -387,7 +401,7 @@ void GradBuckets::gather_params() {
   if (zero3_) {  // the masters changed: any gathered copy is stale
     for (Bucket& b : buckets_) {
       RELAY_ASSERT(b.users == 0, "ZeRO-3: parameters still in use after the step");
-      release(b);
+      if (b.zero) release(b);  // (a bucket with no other copy keeps its parameters whole)
     }
     return;
   }

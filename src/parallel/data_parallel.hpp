@@ -29,6 +29,12 @@
 // in flight beside the open ones). Gradient memory is the shard plus a few buckets, whatever the model's
 // size. Micro-batches are summed in the shard in their order (deterministic); with one micro-batch the sum is
 // ZeRO-1's, bit for bit.
+//
+// Expert parallelism (parallel.ep): an expert's weights are summed over the ranks holding the same experts only
+// (expert_comm, dp / ep of them), so every ZeRO stage shards an expert bucket over that group: its padding, shard,
+// reduce-scatter, all-gather and master piece follow the bucket's communicator, not the replicas'. Where the experts
+// have no other copy (ep == dp) their buckets have no communicator: kept whole at every stage, as without ZeRO
+// (nothing to reduce or gather; the rank owns them).
 #pragma once
 #include <functional>
 #include <map>
@@ -62,7 +68,8 @@ struct BucketKey {
 };
 struct BucketLayout {
   std::vector<std::vector<size_t>> groups;  // each bucket's parameters (indices into the keys), in bucket order
-  std::vector<int64_t> padded;              // each bucket's elements, padded to a multiple of `dp` (expert_dp)
+  std::vector<int64_t> padded;              // each bucket's elements, padded to a multiple of its shards
+  std::vector<int> shards;                  // each bucket's ranks that shard it: `dp`, or expert_dp for an expert's
 };
 // Expert weights (parallel.ep) get buckets of their own, padded to a multiple of expert_dp (0: dp).
 BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb, int dp, int expert_dp = 0);
@@ -79,24 +86,29 @@ std::map<int, std::vector<Zero2Write>> zero2_writes(const std::vector<std::vecto
                                                     const std::map<int, std::vector<int>>& buckets_of_block);
 
 // ZeRO-2's buffer pool as pure bookkeeping (GradBuckets follows it with real buffers; relay plan replays the
-// schedule through it, so both make the same buffers): an opening bucket takes the smallest free buffer that fits and
-// is at most twice its size, or a new one of its exact size; a launched bucket's buffer stays in flight until
-// reclaimed, oldest first, as soon as more than kInFlight are, or when the only buffers that fit an opening bucket
-// are in flight (rather than allocate another: the embedding's bucket, opened again by the next micro-batch while
-// the last is in flight). `reclaim` finishes a buffer's reduce-scatter before the pool frees it.
+// schedule through it, so both make the same buffers): a buffer holds a bucket's gradients and the piece of their sum
+// this rank receives (its shard: smaller for a dense bucket than for an expert's of the same size under ep). An
+// opening bucket takes the smallest free buffer that fits (both), at most twice its size, or a new one of its exact
+// sizes; a launched bucket's buffer stays in flight until reclaimed, oldest first, as soon as more than kInFlight
+// are, or when the only buffers that fit an opening bucket are in flight (rather than allocate another: the
+// embedding's bucket, opened again by the next micro-batch while the last is in flight). `reclaim` finishes a
+// buffer's reduce-scatter before the pool frees it.
 class Zero2Pool {
  public:
   static constexpr size_t kInFlight = 1;  // one bucket's reduce-scatter hides behind the next block's backward
   using Reclaim = std::function<void(int buffer)>;
-  int open(int64_t elems, const Reclaim& reclaim);   // a buffer for a bucket of `elems`
+  int open(int64_t elems, int64_t piece, const Reclaim& reclaim);  // a buffer for a bucket of `elems` (shard: piece)
   void close(int buffer, const Reclaim& reclaim);    // its bucket launched: in flight
   void drain(const Reclaim& reclaim);                // every buffer in flight, oldest first
   const std::vector<int64_t>& capacities() const { return cap_; }
+  const std::vector<int64_t>& piece_capacities() const { return piece_cap_; }
 
  private:
-  bool fits(size_t i, int64_t elems) const { return cap_[i] >= elems && cap_[i] <= 2 * elems; }
+  bool fits(size_t i, int64_t elems, int64_t piece) const {
+    return cap_[i] >= elems && cap_[i] <= 2 * elems && piece_cap_[i] >= piece;
+  }
   void reclaim_oldest(const Reclaim& reclaim);
-  std::vector<int64_t> cap_;
+  std::vector<int64_t> cap_, piece_cap_;
   std::vector<bool> free_;
   std::vector<int> in_flight_;
 };
@@ -109,7 +121,7 @@ class GradBuckets : public BlockHooks {
   // keeps them for the step instead, and its gradients are whole buckets for the step, reduce-scattered once at the
   // schedule's allreduce_grads as under ZeRO-1 and freed after (torchtitan's choice: no per-micro-batch collectives).
   // expert_comm (parallel.ep): the ranks holding this rank's experts, over which the expert weights' buckets are
-  // summed (null when this rank's experts have no other copy); ZeRO-1 shards those buckets over it.
+  // summed and (ZeRO) sharded; null when this rank's experts have no other copy (their buckets are kept whole).
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
               int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, bool pipelined = false,
               Communicator* expert_comm = nullptr);
@@ -148,16 +160,18 @@ class GradBuckets : public BlockHooks {
  private:
   struct Bucket {
     Communicator* comm = nullptr;  // the ranks that sum it (the replicas, or an expert's); null: none
-    bool zero = false;             // ZeRO (1): sharded over comm
+    bool zero = false;             // ZeRO (1 to 3): sharded over comm (its size: `shards` below)
     bool wired = false;            // grad_reduce = "bf16": travels in bf16
-    Tensor flat;  // (padded) every gradient of the bucket (padded to a multiple of dp under ZeRO); ZeRO-2: none
+    // (padded) every gradient of the bucket (padded to a multiple of shards under ZeRO); ZeRO-2 and 3: only when
+    // not sharded, or (ZeRO-3 under pp > 1) during the step
+    Tensor flat;
     int64_t padded = 0;
-    Tensor values, shard;  // ZeRO: (padded) the parameters; (padded / dp) this replica's summed gradients
-    Tensor work;           // ZeRO under bf16: (padded) the parameters' bf16 working copies
-    Tensor wire, wire_shard;  // grad_reduce = "bf16": (padded) and (padded / dp) bf16 copies that travel
+    Tensor values, shard;  // ZeRO-1, 2: (padded) the parameters; ZeRO: (padded / shards) this rank's summed gradients
+    Tensor work;           // ZeRO-1, 2 under bf16: (padded) the parameters' bf16 working copies
+    Tensor wire, wire_shard;  // grad_reduce = "bf16": (padded) and (padded / shards) bf16 copies that travel
     std::vector<std::pair<Param*, int64_t>> members;  // each parameter with its offset in flat
     std::vector<Shape> shapes;                         // each member's (tp shard's) shape
-    Tensor master;       // ZeRO-3: (padded / dp) f32 this rank's piece of the parameters
+    Tensor master;       // ZeRO-3: (padded / shards) f32 this rank's piece of the parameters
     Tensor full;         // ZeRO-3: (padded) working dtype, the gathered parameters while in use
     RequestPtr gather;   // ZeRO-3: the all-gather in flight
     int users = 0;       // ZeRO-3: blocks running on the gathered parameters
@@ -174,7 +188,7 @@ class GradBuckets : public BlockHooks {
   // ZeRO-2: a pooled gradient buffer and what its reduce-scatter sends and receives.
   struct PoolBuffer {
     Tensor flat, wire;          // (capacity) f32 gradients; bf16 copy (grad_reduce = "bf16")
-    Tensor recv, wire_recv;     // (capacity / dp) f32 this rank's piece of the sum; its bf16 form
+    Tensor recv, wire_recv;     // (piece capacity) f32 this rank's piece of the sum; its bf16 form
     int bucket = -1;            // in flight for this bucket
     RequestPtr request;
     int64_t launch_mark = 0;

@@ -67,8 +67,8 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
   std::vector<PlannedLayout> all;
   std::map<std::pair<int, int>, bool> fit_tp_pp;
   double params = 0;
-  // Mixtures of experts: the experts split over ep of the dp ranks too (ep divides dp and n_experts; ZeRO-0 or 1), and
-  // each expert over tp like the dense SwiGLU (tp divides moe_ffn_hidden).
+  // Mixtures of experts: the experts split over ep of the dp ranks too (ep divides dp and n_experts; every ZeRO
+  // stage), and each expert over tp like the dense SwiGLU (tp divides moe_ffn_hidden).
   const bool moe = model_family(base).has_experts();
   for (int tp : divisors(cl.devices_per_node)) {
     if (world % tp || !tp_splits(base, tp)) continue;
@@ -99,7 +99,6 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                 for (int zero : {0, 1, 2, 3}) {
                   if (fitted >= 2) break;
                   if (zero && dp * cp == 1) continue;
-                  if (zero >= 2 && ep > 1) continue;  // ZeRO-2/3 with ep: refused by core/config.cpp
                   // ZeRO-2 under pp > 1 reduce-scatters every micro-batch: ZeRO-1's memory, m x its bytes.
                   if (zero == 2 && pp > 1) continue;
                   if (std::string(rc) == "blocks" && std::string(sc.name) == "zb-h1") continue;

@@ -66,7 +66,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
     double bytes = double(b.total() + b.gathered);
     if (zero_mem >= 3 && pp > 1) {
       const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, dp * cp);
-      bytes += (4 + (wire == 2 ? 2 : 0)) * double(z.total_padded);
+      bytes += (4 + (wire == 2 ? 2 : 0)) * double(z.total_padded - z.whole);
     }
     r.memory_bytes_per_device = std::max(r.memory_bytes_per_device, bytes);
   }
@@ -102,10 +102,11 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
       if (zero >= 2) {
         // ZeRO-2/3: each micro-batch's gradient buckets are reduce-scattered as the backward finishes their blocks
         // (hidden behind the backward unless the collective is the longer); ZeRO-3 on one stage also gathers each
-        // block's parameters for its forward and again for its backward, the next block's while this one runs.
-        double bwd_comm = reduce_scatter_s(dp_path, wire * params);
+        // block's parameters for its forward and again for its backward, the next block's while this one runs. The
+        // experts' go over their copies (edp_path).
+        double bwd_comm = reduce_scatter_s(dp_path, wire * params) + reduce_scatter_s(edp_path, wire * experts);
         if (zero >= 3 && pp == 1) {
-          const double gather = all_gather_s(dp_path, e * params);
+          const double gather = all_gather_s(dp_path, e * params) + all_gather_s(edp_path, e * experts);
           f += std::max(0.0, gather - prev_compute);
           bwd_comm += gather;
         }
@@ -147,7 +148,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
       experts += chunk_experts[size_t(c)];
       comm += chunk_comm[size_t(c)] * shape.m;
       ep_comm += chunk_ep_comm[size_t(c)] * shape.m;
-      // Dense buckets over every replica, then (ep > 1, ZeRO-0/1 only) the experts' over their copies.
+      // Dense buckets over every replica, then (ep > 1) the experts' over their copies.
       double reduce = 0;
       if (zero == 0)
         reduce = all_reduce_s(dp_path, wire * chunk_params[size_t(c)]) +
@@ -163,7 +164,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
     // parameters at the start of the next step before its first forward (its first block's at least).
     double gather = 0;
     if (zero == 1 || zero == 2) gather = all_gather_s(dp_path, 4 * params) + all_gather_s(edp_path, 4 * experts);
-    if (zero >= 3 && pp > 1) gather = all_gather_s(dp_path, e * params);
+    if (zero >= 3 && pp > 1) gather = all_gather_s(dp_path, e * params) + all_gather_s(edp_path, e * experts);
     const double rank_step = std::max(end, comm_free) + opt + gather;
     if (rank_step > step) {
       step = rank_step;

@@ -15,29 +15,40 @@ namespace relay {
 
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp) {
   // The rank's parameters as the trainer hands them to GradBuckets (train/setup.cpp): first use in chunk and block
-  // order, with their placement; and every block that writes each.
-  const int tp = static_cast<int>(cfg.parallel.tp);
+  // order, with their placement (of a MoE layer's experts under ep, ep rank 0's: every ep rank holds as many); and
+  // every block that writes each.
+  const int tp = static_cast<int>(cfg.parallel.tp), edp = dp / layout.ep;
   std::vector<BucketKey> keys;
   std::map<std::string, size_t> key_of;
   std::vector<std::vector<int>> writers;
   const auto placement = layout.placements(pp_rank, tp, tp_rank);
   for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
-    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
-      for (const ParamSpec& p : layout.blocks()[static_cast<size_t>(i)].params) {
+    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i) {
+      const BlockSpec& blk = layout.blocks()[static_cast<size_t>(i)];
+      for (size_t j = 0; j < blk.params.size(); ++j) {
+        const ParamSpec& p = blk.params[j];
+        const int64_t e = layout.ep > 1 ? expert_of_param(blk, j) : -1;
+        if (e >= 0 && expert_owner(e, blk.moe.n_experts, layout.ep) != 0) continue;  // ep rank 0's experts
         auto [it, fresh] = key_of.insert({p.name, keys.size()});
         if (fresh) {
           const ParamPlacement& pl = placement.at(p.name);
           keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
-                          pl.tp_replicated});
+                          pl.tp_replicated, pl.expert});
           writers.emplace_back();
         }
         writers[it->second].push_back(i);
       }
-  const BucketLayout bl = layout_buckets(keys, zero_bucket_mb(cfg), dp);
+    }
+  const BucketLayout bl = layout_buckets(keys, zero_bucket_mb(cfg), dp, edp);
   ZeroTwoBuckets z;
-  std::map<int, std::vector<int>> buckets_of_block;  // as GradBuckets::watch
+  std::map<int, std::vector<int>> buckets_of_block;  // as GradBuckets::watch: the sharded buckets only
   for (size_t g = 0; g < bl.groups.size(); ++g) {
     z.total_padded += bl.padded[g];
+    if (bl.shards[g] == 1) {  // an expert's with no other copy: whole
+      z.whole += bl.padded[g];
+      continue;
+    }
+    z.shards += bl.padded[g] / bl.shards[g];
     for (size_t k : bl.groups[g])
       for (int w : writers[k]) {
         auto& mine = buckets_of_block[w];
@@ -60,7 +71,7 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
       if (it != buckets_of_block.end()) into.insert(it->second.begin(), it->second.end());
     };
     if (z.kept) {
-      z.gathered_peak = z.total_padded;
+      z.gathered_peak = z.total_padded - z.whole;
     } else {
       for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp) {
         const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
@@ -78,7 +89,7 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
     // Gathers a step: every unit once when kept; else every block's units for its forward and its backward, per
     // micro-batch (a unit two blocks use, the tied embedding, twice each way).
     if (z.kept) {
-      z.gathered_elements = z.total_padded;
+      z.gathered_elements = z.total_padded - z.whole;
     } else {
       for (auto& [block, gs] : buckets_of_block)
         for (int g : gs) z.gathered_elements += 2 * cfg.train.micro_batches * bl.padded[size_t(g)];
@@ -102,7 +113,9 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
       auto it = writes.find(i);
       if (it == writes.end()) continue;
       for (const Zero2Write& w : it->second)
-        if (open[size_t(w.bucket)] < 0) open[size_t(w.bucket)] = pool.open(bl.padded[size_t(w.bucket)], nothing);
+        if (open[size_t(w.bucket)] < 0)
+          open[size_t(w.bucket)] =
+              pool.open(bl.padded[size_t(w.bucket)], bl.padded[size_t(w.bucket)] / bl.shards[size_t(w.bucket)], nothing);
       for (const Zero2Write& w : it->second)
         if (w.closes) {
           ++z.launches;
@@ -112,8 +125,9 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
         }
     }
   }
-  z.pool_elements = 0;
+  z.pool_elements = z.pool_piece_elements = 0;
   for (int64_t c : pool.capacities()) z.pool_elements += c;
+  for (int64_t c : pool.piece_capacities()) z.pool_piece_elements += c;
   z.pool_buffers = static_cast<int64_t>(pool.capacities().size());
   return z;
 }
@@ -160,17 +174,18 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   b.params = f32 * numel + (mixed ? act * numel : 0);
   ZeroTwoBuckets z;
   if (zero && cfg.optimizer.zero >= 2) z = zero2_buckets(cfg, layout, pp_rank, tp_rank, dp);
+  // ZeRO-2, 3: the buckets with no other copy (experts when ep = dp x cp) are whole, parameters and gradients.
   if (zero && cfg.optimizer.zero >= 3) {
-    b.params = f32 * z.total_padded / dp;  // the masters' pieces
-    b.gathered = act * z.gathered_peak;    // blocks gathered while they run (all freed after the step)
+    b.params = f32 * z.shards + (f32 + (mixed ? act : 0)) * z.whole;  // the masters' pieces, the whole buckets
+    b.gathered = act * z.gathered_peak;  // blocks gathered while they run (all freed after the step)
   }
   if (zero && cfg.optimizer.zero >= 3 && layout.pp > 1) {
     // ZeRO-3 under pp > 1: after the step only the shards (the step's whole buckets are freed).
-    b.grads = f32 * z.total_padded / dp + (wire ? 2 * z.total_padded / dp : 0);
+    b.grads = f32 * (z.shards + z.whole) + (wire ? 2 * z.shards : 0);
   } else if (zero && cfg.optimizer.zero >= 2) {
     // ZeRO-2 (parallel/data_parallel.hpp): the shard of every bucket, and the pool of the largest bucket's buffers.
-    const int64_t pool = z.pool_elements + z.pool_elements / dp;  // each buffer and its piece of the sum
-    b.grads = f32 * z.total_padded / dp + f32 * pool + (wire ? 2 * pool : 0);
+    const int64_t pool = z.pool_elements + z.pool_piece_elements;  // each buffer and its piece of the sum
+    b.grads = f32 * (z.shards + z.whole) + f32 * pool + (wire ? 2 * pool : 0);
   } else {
     // The buckets, the ZeRO-1 shards of their sums, and their bf16 wire copies (dense, then the experts').
     auto grads = [&](int64_t n, bool z1, bool w, int d) {

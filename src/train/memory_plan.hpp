@@ -25,10 +25,14 @@ struct MemoryBytes {
 // The gradient buckets' size limit: parallel.bucket_mb, or under ZeRO-3 0 (a bucket per block: the gather unit).
 inline double zero_bucket_mb(const Config& cfg) { return cfg.optimizer.zero >= 3 ? 0.0 : cfg.parallel.bucket_mb; }
 
-// ZeRO-2's gradient buckets on the rank at (pp_rank, tp_rank) with dp replicas: their padded sizes and the pool.
+// ZeRO-2's gradient buckets on the rank at (pp_rank, tp_rank) with dp replicas: their padded sizes and the pool. Under
+// parallel.ep an expert's buckets are sharded over its dp / ep copies, or kept whole where it has none.
 struct ZeroTwoBuckets {
-  int64_t total_padded = 0;                   // every bucket, padded to a multiple of dp (the shards: / dp)
+  int64_t total_padded = 0;  // every bucket, padded to a multiple of the ranks sharding it
+  int64_t shards = 0;        // this rank's piece of every sharded bucket (padded / its ranks)
+  int64_t whole = 0;         // the buckets with no other copy (kept whole: not sharded, pooled or gathered)
   int64_t pool_buffers = 0, pool_elements = 0;  // the in-flight buffers a step allocates (Zero2Pool)
+  int64_t pool_piece_elements = 0;              // their pieces of the sums
   int64_t launches = 0, launched_elements = 0;  // a step's reduce-scatters and their summed sizes
   int64_t gathered_peak = 0;      // ZeRO-3: the most parameter elements gathered at once (working dtype)
   int64_t gathered_elements = 0;  // ZeRO-3: parameter elements all-gathered a step

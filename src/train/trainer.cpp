@@ -294,9 +294,12 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
       if (b.moe.on()) E = b.moe.n_experts;
     std::printf("relay: expert parallelism: each MoE layer's %lld experts over ep %d of the dp ranks, %lld each (ep rank "
                 "r holds experts [%lld r, %lld (r + 1))); rows travel to their experts and back in all-to-alls; each "
-                "expert's gradients summed over the %d rank%s holding it\n",
+                "expert's gradients summed over the %d rank%s holding it%s\n",
                 static_cast<long long>(E), g.ep, static_cast<long long>(E / g.ep), static_cast<long long>(E / g.ep),
-                static_cast<long long>(E / g.ep), g.expert_replicas(), g.expert_replicas() > 1 ? "s" : "");
+                static_cast<long long>(E / g.ep), g.expert_replicas(), g.expert_replicas() > 1 ? "s" : "",
+                !cfg.optimizer.zero || g.replicas() == 1 ? ""
+                : g.expert_replicas() > 1 ? " (ZeRO shards them over those ranks)"
+                                          : " (no other copy: ZeRO keeps them whole)");
   }
   if (g.cp > 1)
     std::printf("relay: context parallelism: each sequence of %lld tokens is cut into %d chunks; rank i of a cp group "
