@@ -3,7 +3,7 @@
 // planned memory fits, each predicted by plan/step_model.hpp, best tokens/s first. tp stays inside a node and
 // sequence parallelism is on with tp (the same bytes as the all-reduces, less memory); GPipe is left out (1F1B
 // has its bubble with less memory); micro-batches of 1, 2 or 4 sequences. A mixture of experts adds ep (every divisor
-// of dp that divides n_experts, with every ZeRO stage) and keeps tp and cp at 1, as Relay runs it.
+// of dp that divides n_experts, with every ZeRO stage), combined with tp and cp as for a dense model.
 #pragma once
 #include <string>
 #include <vector>
