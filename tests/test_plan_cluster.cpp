@@ -154,7 +154,7 @@ TEST(PlanCluster, CalibrateThenTrainRecordsAndComparesThePlan) {
   EXPECT_GT(c.device.peak_fp32, 0);
   const std::string text = read(cal);
   EXPECT_NE(text.find("# Measured through the communicator: 2 ranks on one host (mpi"), std::string::npos) << text;
-  for (const char* row : {"#   all_reduce          2   67108864", "#   all_to_all          2       4096"})
+  for (const char* row : {"#   all_reduce          2   16777216", "#   all_to_all          2       4096"})
     EXPECT_NE(text.find(row), std::string::npos) << row << "\n" << text;
   EXPECT_GT(c.intra_node.bandwidth, 1e8);  // shared memory moves more than 100 MB/s
   EXPECT_EQ(c.intra_node.efficiency, 1.0);

@@ -57,9 +57,9 @@ std::vector<CollectiveSample> time_collectives(Communicator& g, Backend& be) {
   RELAY_ASSERT(n >= 2, "timing collectives needs a group of two or more ranks");
   constexpr int64_t kWidth = 256;  // all-to-all row: 1 KiB of f32
   std::vector<CollectiveSample> out;
-  for (int64_t bytes = int64_t(4) << 10; bytes <= int64_t(64) << 20; bytes *= 4) {
-    // ~128 MiB moved per size, operation and trial, 3 to 100 repeats.
-    const int reps = int(std::clamp<int64_t>((int64_t(128) << 20) / bytes, 3, 100));
+  for (int64_t bytes = int64_t(4) << 10; bytes <= int64_t(16) << 20; bytes *= 4) {
+    // ~64 MiB moved per size, operation and trial, 2 to 100 repeats.
+    const int reps = int(std::clamp<int64_t>((int64_t(64) << 20) / bytes, 2, 100));
     const int64_t m = std::max<int64_t>(1, bytes / 4 / n);  // f32 elements per member
     {
       Tensor t = zeros(be, {n * m});  // (n m) each member's whole buffer
