@@ -13,6 +13,23 @@
 
 namespace relay {
 
+namespace {
+// f(chunk, block, param, expert) for every parameter of pp rank pp_rank's blocks in chunk and block order (a tied
+// parameter once per block that uses it); of a MoE layer's experts under ep, ep rank 0's only (every ep rank holds as
+// many). expert: the parameter's expert, -1 for a dense one.
+template <class F>
+void for_each_stage_param(const ModelLayout& layout, int pp_rank, F&& f) {
+  for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
+    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i) {
+      const BlockSpec& blk = layout.blocks()[static_cast<size_t>(i)];
+      for (size_t j = 0; j < blk.params.size(); ++j) {
+        const int64_t e = layout.ep > 1 ? expert_of_param(blk, j) : -1;
+        if (e < 0 || expert_owner(e, blk.moe.n_experts, layout.ep) == 0) f(c, i, blk.params[j], e);
+      }
+    }
+}
+}  // namespace
+
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp) {
   // The rank's parameters as the trainer hands them to GradBuckets (train/setup.cpp): first use in chunk and block
   // order, with their placement (of a MoE layer's experts under ep, ep rank 0's: every ep rank holds as many); and
@@ -22,23 +39,16 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
   std::map<std::string, size_t> key_of;
   std::vector<std::vector<int>> writers;
   const auto placement = layout.placements(pp_rank, tp, tp_rank);
-  for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
-    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i) {
-      const BlockSpec& blk = layout.blocks()[static_cast<size_t>(i)];
-      for (size_t j = 0; j < blk.params.size(); ++j) {
-        const ParamSpec& p = blk.params[j];
-        const int64_t e = layout.ep > 1 ? expert_of_param(blk, j) : -1;
-        if (e >= 0 && expert_owner(e, blk.moe.n_experts, layout.ep) != 0) continue;  // ep rank 0's experts
-        auto [it, fresh] = key_of.insert({p.name, keys.size()});
-        if (fresh) {
-          const ParamPlacement& pl = placement.at(p.name);
-          keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
-                          pl.tp_replicated, pl.expert});
-          writers.emplace_back();
-        }
-        writers[it->second].push_back(i);
-      }
+  for_each_stage_param(layout, pp_rank, [&](int c, int i, const ParamSpec& p, int64_t) {
+    auto [it, fresh] = key_of.insert({p.name, keys.size()});
+    if (fresh) {
+      const ParamPlacement& pl = placement.at(p.name);
+      keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
+                      pl.tp_replicated, pl.expert});
+      writers.emplace_back();
     }
+    writers[it->second].push_back(i);
+  });
   const BucketLayout bl = layout_buckets(keys, zero_bucket_mb(cfg), dp, edp);
   ZeroTwoBuckets z;
   std::map<int, std::vector<int>> buckets_of_block;  // as GradBuckets::watch: the sharded buckets only
@@ -135,19 +145,12 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
 StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_rank) {
   StageParams out;
   std::set<std::string> seen;
-  for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
-    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i) {
-      const BlockSpec& blk = layout.blocks()[static_cast<size_t>(i)];
-      for (size_t j = 0; j < blk.params.size(); ++j) {
-        const ParamSpec& p = blk.params[j];
-        const int64_t e = layout.ep > 1 ? expert_of_param(blk, j) : -1;
-        if (e >= 0 && expert_owner(e, blk.moe.n_experts, layout.ep) != 0) continue;  // ep rank 0's experts
-        if (!seen.insert(p.name).second) continue;
-        const int64_t n = shape_numel(shard_shape(p.shape, p.split, tp, tp_rank));
-        out.numel += n;
-        if (e >= 0) out.expert += n;
-      }
-    }
+  for_each_stage_param(layout, pp_rank, [&](int, int, const ParamSpec& p, int64_t e) {
+    if (!seen.insert(p.name).second) return;
+    const int64_t n = shape_numel(shard_shape(p.shape, p.split, tp, tp_rank));
+    out.numel += n;
+    if (e >= 0) out.expert += n;
+  });
   return out;
 }
 
