@@ -655,6 +655,12 @@ int cuda_device_count() {
 #endif
 }
 
+Device resolve_device(const std::string& setting) {
+  if (setting == "cpu") return Device::cpu;
+  if (setting == "cuda") return Device::cuda;
+  return cuda_device_count() > 0 ? Device::cuda : Device::cpu;
+}
+
 std::unique_ptr<Backend> make_backend(const BackendOptions& opts) {
   std::unique_ptr<Backend> b;
   if (opts.device == Device::cpu) {

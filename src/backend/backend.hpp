@@ -408,5 +408,7 @@ struct BackendOptions {
 std::unique_ptr<Backend> make_backend(const BackendOptions& opts);
 // Number of usable CUDA devices (0 in a CPU-only build or without a GPU).
 int cuda_device_count();
+// The device train.device names: "cpu", "cuda", or "auto" (a GPU when one is visible).
+Device resolve_device(const std::string& setting);
 
 }  // namespace relay

@@ -353,12 +353,6 @@ void print_sim(const char* title, const ScheduleShape& shape, const SimResult& s
                 sim.idle[s], sim.peak_live_micro_batches[s]);
 }
 
-// The device --calibrate measures: the config's train.device ("auto": a GPU when one is visible).
-Device calibration_device(const Config& cfg) {
-  const std::string& d = cfg.train.device;
-  return d == "cuda" || (d == "auto" && cuda_device_count() > 0) ? Device::cuda : Device::cpu;
-}
-
 // `relay plan --measure --calibrate` started by mpirun or srun: every rank measures the links through the communicator
 // (within each host, then between hosts' first ranks); then rank 0 alone measures the compute and writes the file while
 // the others wait for its exit status (polling, so that they take no core from it) and exit with it.
@@ -383,29 +377,16 @@ class CalibrationRanks {
     LinkCalibration l;
     l.world = size_;
     if (size_ < 2) return l;
-    // Hosts by name, numbered in order of their first rank.
-    char name[MPI_MAX_PROCESSOR_NAME] = {};
-    int len = 0;
-    MPI_CHECK(MPI_Get_processor_name(name, &len));
-    std::vector<char> all(size_t(size_) * MPI_MAX_PROCESSOR_NAME);
-    MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
-                            MPI_COMM_WORLD));
-    std::vector<std::string> hosts;
-    int host = -1;
-    for (int r = 0; r < size_; ++r) {
-      const std::string h(&all[size_t(r) * MPI_MAX_PROCESSOR_NAME]);
-      const auto it = std::find(hosts.begin(), hosts.end(), h);
-      if (it == hosts.end()) hosts.push_back(h);
-      if (r == rank_) host = int(std::find(hosts.begin(), hosts.end(), h) - hosts.begin());
-    }
-    l.nodes = int(hosts.size());
+    // Hosts as the process grid finds them (MPI_COMM_TYPE_SHARED); their first ranks count them.
     MPI_Comm node = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, host, rank_, &node));
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
     int node_rank = 0, node_size = 1;
     MPI_CHECK(MPI_Comm_rank(node, &node_rank));
     MPI_CHECK(MPI_Comm_size(node, &node_size));
+    int first = node_rank == 0;
+    MPI_CHECK(MPI_Allreduce(&first, &l.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
     l.ranks_per_node = node_size;
-    const Device device = calibration_device(cfg);
+    const Device device = resolve_device(cfg.train.device);
     auto be = make_backend(BackendOptions{device, 1, device == Device::cuda ? node_rank % cuda_device_count() : 0,
                                           Precision::fp32});
     auto communicator = [&](MPI_Comm c) -> std::unique_ptr<Communicator> {
@@ -528,7 +509,7 @@ int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links) {
   }
   if (o.measure) {
     // One CPU thread (fp32), or the GPU (train.device) in the run's precision.
-    const bool gpu = calibration_device(cfg) == Device::cuda;
+    const bool gpu = resolve_device(cfg.train.device) == Device::cuda;
     auto be = make_backend(BackendOptions{gpu ? Device::cuda : Device::cpu, 1, 0, gpu ? cfg.train.precision : Precision::fp32});
     Costs c;
     c.chunk_forward.assign(static_cast<size_t>(layout.num_chunks()), 0);
@@ -549,7 +530,7 @@ int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links) {
     print_sim("schedule with the measured costs (time in seconds):", shape, ms);
     if (!o.calibrate.empty()) {
       const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : 1;
-      auto cb = make_backend(BackendOptions{calibration_device(cfg), threads, 0, cfg.train.precision});
+      auto cb = make_backend(BackendOptions{resolve_device(cfg.train.device), threads, 0, cfg.train.precision});
       const std::string text = calibrate_this_machine(*cb, layout, act_rows / cp, threads, cfg.train.precision, links);
       std::ofstream f(o.calibrate, std::ios::trunc);
       if (!f || !(f << text)) throw Error(cat("--calibrate ", o.calibrate, ": cannot write the file"));

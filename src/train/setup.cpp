@@ -31,12 +31,6 @@ int threads_for_rank(const Config& cfg, int local_size) {
   return std::max(1, affinity / std::max(1, local_size));
 }
 
-Device resolve_device(const std::string& d) {
-  if (d == "cpu") return Device::cpu;
-  if (d == "cuda") return Device::cuda;
-  return cuda_device_count() > 0 ? Device::cuda : Device::cpu;
-}
-
 std::unique_ptr<Communicator> make_group_comm(Run& r, MPI_Comm c, bool point_to_point) {
 #ifdef RELAY_HAVE_CUDA
   if (r.be->device() == Device::cuda && r.cfg.parallel.comm != "mpi") return make_nccl_communicator(c, *r.be, point_to_point);
