@@ -237,6 +237,12 @@ TEST(Matmul, EmptyDimensions) {
   std::vector<float> a(20, 1.f), b(5, 1.f), c(4, 42.f);
   cpu::matmul(p, a.data(), b.data(), c.data());
   EXPECT_EQ(c, std::vector<float>(4, 42.f)) << "n == 0 wrote c";
+  // cpu::gemm (f32, dnnl_sgemm) with k == 0: c = beta c, as cpu::matmul and the CUDA backend give; beta 0 never reads c.
+  for (float beta : {0.f, 0.5f}) {
+    std::vector<float> g(6, beta == 0.f ? std::nanf("") : 4.f);
+    cpu::gemm(false, false, 2, 3, 0, 3.f, a.data(), 1, b.data(), 3, beta, g.data(), 3);
+    EXPECT_EQ(g, std::vector<float>(6, beta == 0.f ? 0.f : 2.f)) << "sgemm with k == 0, beta " << beta;
+  }
 
   for (DType ct : {DType::f32, DType::bf16})
     for (float beta : {0.f, 1.f}) {

@@ -24,6 +24,11 @@ int threads() { return g_threads; }
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: c = beta c (beta 0 does not read c), which dnnl_sgemm leaves undone
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+    return;
+  }
   dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (st != dnnl_success)
     fatal(cat("dnnl_sgemm(", m, "x", n, "x", k, ") failed with oneDNN status ", static_cast<int>(st)), __FILE__,
