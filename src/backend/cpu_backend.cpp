@@ -147,18 +147,16 @@ void CpuBackend::grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>&
 void CpuBackend::grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
                                             const std::vector<Tensor>& dw, float beta) {
   for (size_t g = 0; g < dw.size(); ++g) {
+    Tensor w = dw[g];  // (n, k)
+    if (offsets[g + 1] == offsets[g]) {  // no rows: an empty sum, dw[g] = beta dw[g] (matmul_impl's k == 0)
+      if (beta != 1.f) matmul_impl(dy.rows(offsets[g], 0), true, x.rows(offsets[g], 0), false, w, 1.f, beta);
+      continue;
+    }
     float b = beta;  // the first piece scales dw[g] by beta, the others add to it
-    Tensor w = dw[g];
     by_pieces(offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
-      matmul_impl(dy.rows(offsets[g] + at, len), true, x.rows(offsets[g] + at, len), false, w, 1.f, b);  // (n, k)
+      matmul_impl(dy.rows(offsets[g] + at, len), true, x.rows(offsets[g] + at, len), false, w, 1.f, b);
       b = 1.f;
     });
-    if (offsets[g + 1] == offsets[g] && beta != 1.f) {  // no rows: an empty sum, dw[g] = beta dw[g]
-      if (beta == 0.f)
-        fill_impl(w, 0.f);
-      else
-        scale_impl(w, beta);
-    }
   }
 }
 

@@ -594,70 +594,61 @@ class CudaBackend final : public Backend {
   };
 
   // Every problem in one cublasGemmGroupedBatchedEx call (cuBLAS >= 12.5), one group each, when a, b and y share a
-  // dtype; otherwise (bf16 inputs into f32 weight gradients), or when cuBLAS declines the call, one GEMM each through
-  // matmul_impl's path. Row-major y = op(a) op(b) is column-major y^T = op(b)^T op(a)^T, as in matmul_impl: b goes
-  // first and m, n swap.
-  void run_grouped(const std::vector<GroupGemm>& ps, DType ab, DType c, float beta) {
-    if (ps.empty()) return;
-    bind();
+  // dtype; false (the caller then runs matmul_impl a group) for bf16 inputs into f32 weight gradients, without the
+  // call, or when cuBLAS declines it. Row-major y = op(a) op(b) is column-major y^T = op(b)^T op(a)^T, as in
+  // matmul_impl: b goes first and m, n swap.
+  bool run_grouped(const std::vector<GroupGemm>& ps, DType ab, DType c, float beta) {
 #if CUBLAS_VERSION >= 120500
-    if (ab == c) {
-      const size_t P = ps.size();
-      std::vector<cublasOperation_t> ta(P), tb(P);
-      std::vector<int> m(P), n(P), k(P), lda(P), ldb(P), ldc(P), one(P, 1);
-      std::vector<float> alphas(P, 1.f), betas(P, beta);
-      std::vector<const void*> host(3 * P);  // A (b's), B (a's), C (y's) pointers, as cuBLAS names them
-      for (size_t i = 0; i < P; ++i) {
-        const GroupGemm& p = ps[i];
-        RELAY_ASSERT(p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX && p.lda <= INT_MAX && p.ldb <= INT_MAX,
-                     "grouped GEMM dimensions exceed cuBLAS's int range");
-        ta[i] = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-        tb[i] = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-        m[i] = int(p.n), n[i] = int(p.m), k[i] = int(p.k);
-        lda[i] = int(p.ldb), ldb[i] = int(p.lda), ldc[i] = int(p.ldy);
-        host[i] = p.b, host[P + i] = p.a, host[2 * P + i] = p.y;
-      }
-      Tensor pointers(*this, {int64_t(6 * P)}, DType::i32);  // (3 P) device pointers, 8 bytes each
-      upload(pointers, host.data());
-      const void* const* dev = reinterpret_cast<const void* const*>(pointers.raw());
-      const cublasStatus_t st = cublasGemmGroupedBatchedEx(
-          cublas_, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), dev, cuda_type(ab), lda.data(),
-          dev + P, cuda_type(ab), ldb.data(), betas.data(), const_cast<void* const*>(dev + 2 * P), cuda_type(c),
-          ldc.data(), int(P), one.data(), compute_type(ab));
-      if (st == CUBLAS_STATUS_SUCCESS) return;
-      RELAY_ASSERT(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
-                   "cublasGemmGroupedBatchedEx failed with status " << int(st));
+    if (ab != c) return false;
+    if (ps.empty()) return true;
+    bind();
+    const size_t P = ps.size();
+    std::vector<cublasOperation_t> ta(P), tb(P);
+    std::vector<int> m(P), n(P), k(P), lda(P), ldb(P), ldc(P), one(P, 1);
+    std::vector<float> alphas(P, 1.f), betas(P, beta);
+    std::vector<const void*> host(3 * P);  // A (b's), B (a's), C (y's) pointers, as cuBLAS names them
+    for (size_t i = 0; i < P; ++i) {
+      const GroupGemm& p = ps[i];
+      RELAY_ASSERT(p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX && p.lda <= INT_MAX && p.ldb <= INT_MAX,
+                   "grouped GEMM dimensions exceed cuBLAS's int range");
+      ta[i] = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+      tb[i] = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+      m[i] = int(p.n), n[i] = int(p.m), k[i] = int(p.k);
+      lda[i] = int(p.ldb), ldb[i] = int(p.lda), ldc[i] = int(p.ldy);
+      host[i] = p.b, host[P + i] = p.a, host[2 * P + i] = p.y;
     }
+    Tensor pointers(*this, {int64_t(6 * P)}, DType::i32);  // (3 P) device pointers, 8 bytes each
+    upload(pointers, host.data());
+    const void* const* dev = reinterpret_cast<const void* const*>(pointers.raw());
+    const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        cublas_, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), dev, cuda_type(ab), lda.data(),
+        dev + P, cuda_type(ab), ldb.data(), betas.data(), const_cast<void* const*>(dev + 2 * P), cuda_type(c),
+        ldc.data(), int(P), one.data(), compute_type(ab));
+    if (st == CUBLAS_STATUS_SUCCESS) return true;
+    RELAY_ASSERT(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
+                 "cublasGemmGroupedBatchedEx failed with status " << int(st));
+#else
+    (void)ps, (void)ab, (void)c, (void)beta;
 #endif
-    for (const GroupGemm& p : ps) {  // one GEMM a group
-      const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-      const float alpha = 1.f;
-      CUBLAS_CHECK(cublasGemmEx(cublas_, op_b, op_a, int(p.n), int(p.m), int(p.k), &alpha, p.b, cuda_type(ab),
-                                int(p.ldb), p.a, cuda_type(ab), int(p.lda), &beta, p.y, cuda_type(c), int(p.ldy),
-                                compute_type(ab), CUBLAS_GEMM_DEFAULT));
-    }
+    return false;
   }
 
   void grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
                            const std::vector<int64_t>& offsets, float beta) override {
     std::vector<GroupGemm> ps;
     const size_t ea = dtype_size(a.dtype()), ey = dtype_size(y.dtype());
-    for (size_t g = 0; g < b.size(); ++g) {
-      const int64_t rows = offsets[g + 1] - offsets[g];
-      if (rows == 0 || y.size(1) == 0) continue;
-      ps.push_back({static_cast<const std::byte*>(a.raw()) + size_t(offsets[g] * a.size(1)) * ea, b[g].raw(),
-                    static_cast<std::byte*>(y.raw()) + size_t(offsets[g] * y.size(1)) * ey, false, trans_b, rows,
-                    y.size(1), a.size(1), a.size(1), b[g].size(1), y.size(1)});
-    }
-    if (a.size(1) == 0) {  // empty sums: y_g = beta y_g, through matmul_impl's k == 0 case
-      for (size_t g = 0; g < b.size(); ++g)
-        if (offsets[g + 1] > offsets[g]) {
-          Tensor yg = y.rows(offsets[g], offsets[g + 1] - offsets[g]);
-          matmul_impl(a.rows(offsets[g], offsets[g + 1] - offsets[g]), false, b[g], trans_b, yg, 1.f, beta);
-        }
-      return;
-    }
-    run_grouped(ps, a.dtype(), y.dtype(), beta);
+    for (size_t g = 0; g < b.size(); ++g)
+      if (offsets[g + 1] > offsets[g])
+        ps.push_back({static_cast<const std::byte*>(a.raw()) + size_t(offsets[g] * a.size(1)) * ea, b[g].raw(),
+                      static_cast<std::byte*>(y.raw()) + size_t(offsets[g] * y.size(1)) * ey, false, trans_b,
+                      offsets[g + 1] - offsets[g], y.size(1), a.size(1), a.size(1), b[g].size(1), y.size(1)});
+    // Empty sums (k == 0) and empty outputs go through matmul_impl's own cases.
+    if (a.size(1) > 0 && y.size(1) > 0 && run_grouped(ps, a.dtype(), y.dtype(), beta)) return;
+    for (size_t g = 0; g < b.size(); ++g)
+      if (offsets[g + 1] > offsets[g]) {
+        Tensor yg = y.rows(offsets[g], offsets[g + 1] - offsets[g]);  // (m_g, n)
+        matmul_impl(a.rows(offsets[g], offsets[g + 1] - offsets[g]), false, b[g], trans_b, yg, 1.f, beta);
+      }
   }
 
   void grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
@@ -666,22 +657,23 @@ class CudaBackend final : public Backend {
     const size_t e = dtype_size(dy.dtype());
     for (size_t g = 0; g < dw.size(); ++g) {
       const int64_t rows = offsets[g + 1] - offsets[g];
-      if (rows == 0) {  // an empty sum: dw[g] = beta dw[g]
-        if (beta != 1.f) {
-          Tensor w = dw[g];
-          matmul_impl(dy.rows(offsets[g], 0), true, x.rows(offsets[g], 0), false, w, 1.f, beta);
-        }
+      Tensor w = dw[g];  // (n, k) written through its handle
+      if (rows == 0) {   // an empty sum: dw[g] = beta dw[g], matmul_impl's k == 0 case
+        if (beta != 1.f) matmul_impl(dy.rows(offsets[g], 0), true, x.rows(offsets[g], 0), false, w, 1.f, beta);
         continue;
       }
-      Tensor w = dw[g];  // (n, k) written through its handle
       ps.push_back({static_cast<const std::byte*>(dy.raw()) + size_t(offsets[g] * dy.size(1)) * e,
                     static_cast<const std::byte*>(x.raw()) + size_t(offsets[g] * x.size(1)) * e, w.raw(), true,
                     false, dy.size(1), x.size(1), rows, dy.size(1), x.size(1), x.size(1)});
     }
-    if (ps.empty()) return;
-    DType c = dw.front().dtype();
-    for (const Tensor& w : dw) RELAY_ASSERT(w.dtype() == c, "grouped_matmul_weight: dw[g] of mixed dtypes");
-    run_grouped(ps, dy.dtype(), c, beta);
+    const bool one_dtype = std::all_of(dw.begin(), dw.end(), [&](const Tensor& w) { return w.dtype() == dw.front().dtype(); });
+    if (ps.empty() || (one_dtype && run_grouped(ps, dy.dtype(), dw.front().dtype(), beta))) return;
+    for (size_t g = 0; g < dw.size(); ++g)
+      if (offsets[g + 1] > offsets[g]) {
+        Tensor w = dw[g];
+        matmul_impl(dy.rows(offsets[g], offsets[g + 1] - offsets[g]), true, x.rows(offsets[g], offsets[g + 1] - offsets[g]),
+                    false, w, 1.f, beta);
+      }
   }
 
   // One cuBLASLt GEMM: bias (CUBLASLT_EPILOGUE_BIAS) or bias then GELU with the pre-activation written to
