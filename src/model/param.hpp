@@ -50,6 +50,9 @@ struct Param {
   void refresh_work(Backend& be) {
     if (work.defined()) be.convert(value, work);
   }
+  // value (and the working copy) allocated whole and set from `initial`, which is then dropped: ParamStore's
+  // parameters, and under ZeRO-3 the deferred ones no other rank shares (an expert with no other copy).
+  void materialize(Backend& be);
 };
 
 // 64-bit FNV-1a of a parameter name: the GPT initialisation stream.

@@ -51,18 +51,21 @@ Param* ParamStore::get(const ParamSpec& spec) {
   Param* p = &params_.back();
   p->work_dtype = work_dtype_;
   by_name_[spec.name] = p;
-  if (defer_) {  // ZeRO-3: GradBuckets takes this rank's piece of the values; nothing whole is allocated
-    p->initial = shard_values;
-    return p;
-  }
-  p->value = Tensor(be_, local);
-  auto v = shard_values();
-  be_.upload(p->value, v.data());
-  if (work_dtype_ != DType::f32) {
-    p->work = Tensor(be_, local, work_dtype_);
-    p->refresh_work(be_);
-  }
+  p->initial = shard_values;
+  if (!defer_) p->materialize(be_);  // ZeRO-3: GradBuckets takes this rank's piece of the values; nothing whole
   return p;
+}
+
+void Param::materialize(Backend& be) {
+  MemoryScope scope(MemKind::params);
+  value = Tensor(be, shape);
+  const std::vector<float> v = initial();
+  be.upload(value, v.data());
+  if (work_dtype != DType::f32) {
+    work = Tensor(be, shape, work_dtype);
+    refresh_work(be);
+  }
+  initial = nullptr;
 }
 
 Param* ParamStore::find(const std::string& name) {

@@ -176,15 +176,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
           p->work = w;
         }
       } else if (!p->value.defined()) {  // ZeRO-3's deferred values of an expert with no other copy: made whole here
-        MemoryScope as_params(MemKind::params);
-        p->value = Tensor(be, p->shape);
-        const std::vector<float> v = p->initial();
-        be.upload(p->value, v.data());
-        if (p->work_dtype != DType::f32) {
-          p->work = Tensor(be, p->shape, p->work_dtype);
-          p->refresh_work(be);
-        }
-        p->initial = nullptr;
+        p->materialize(be);
       }
       b.shapes.push_back(p->shape);
       bucket_of_[p] = static_cast<int>(buckets_.size());
