@@ -509,8 +509,9 @@ int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links) {
   }
   if (o.measure) {
     // One CPU thread (fp32), or the GPU (train.device) in the run's precision.
-    const bool gpu = resolve_device(cfg.train.device) == Device::cuda;
-    auto be = make_backend(BackendOptions{gpu ? Device::cuda : Device::cpu, 1, 0, gpu ? cfg.train.precision : Precision::fp32});
+    const Device device = resolve_device(cfg.train.device);
+    const bool gpu = device == Device::cuda;
+    auto be = make_backend(BackendOptions{device, 1, 0, gpu ? cfg.train.precision : Precision::fp32});
     Costs c;
     c.chunk_forward.assign(static_cast<size_t>(layout.num_chunks()), 0);
     c.chunk_backward_input = c.chunk_backward_weight = c.chunk_forward;
@@ -530,7 +531,7 @@ int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links) {
     print_sim("schedule with the measured costs (time in seconds):", shape, ms);
     if (!o.calibrate.empty()) {
       const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : 1;
-      auto cb = make_backend(BackendOptions{resolve_device(cfg.train.device), threads, 0, cfg.train.precision});
+      auto cb = make_backend(BackendOptions{device, threads, 0, cfg.train.precision});
       const std::string text = calibrate_this_machine(*cb, layout, act_rows / cp, threads, cfg.train.precision, links);
       std::ofstream f(o.calibrate, std::ios::trunc);
       if (!f || !(f << text)) throw Error(cat("--calibrate ", o.calibrate, ": cannot write the file"));

@@ -41,10 +41,6 @@ Tensor filled(Backend& be, Shape shape, DType dt, float v = 0.01f) {
   return t;
 }
 
-}  // namespace
-
-namespace {
-
 // A link's three keys: the fitted ones, or the copy bandwidth halved where nothing was measured.
 std::string link_keys(const LinkFit& fit, double copy_bandwidth) {
   if (!fit.ok) return cat("bandwidth = ", copy_bandwidth / 2, "\nefficiency = 1.0\nlatency = 2e-6\n\n");
