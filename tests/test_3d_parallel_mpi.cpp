@@ -242,25 +242,32 @@ TEST(ThreeDMemory, MeasuredMatchesPredictedZeroShardsRecomputeCuts) {
       }
     return mem;
   };
-  Layout plain, zero, tp, rec, norec, gpipe;
+  Layout plain, zero, tp, rec, norec, gpipe, zb;
   plain.dp = 2, plain.m = 1;
   zero = plain, zero.zero = true;
   tp.dp = 2, tp.tp = 2, tp.pp = 2, tp.m = 2, tp.zero = true;
   norec.pp = 2, norec.m = 4;
   rec = norec, rec.recompute = true;
   gpipe = norec, gpipe.schedule = "gpipe";
+  zb = norec, zb.schedule = "zb-h1";
   auto mp = run_layout(plain), mz = run_layout(zero);
   run_layout(tp);
-  auto mn = run_layout(norec), mr = run_layout(rec), mg = run_layout(gpipe);
+  auto mn = run_layout(norec), mr = run_layout(rec), mg = run_layout(gpipe), mb = run_layout(zb);
   // 1F1B's first stage holds 2 of the 4 micro-batches at once, GPipe all 4: the slots follow the schedule.
   EXPECT_LT(mn[0].measured["activations"], 0.7 * mg[0].measured["activations"]);
+  // ZB-H1 holds as many micro-batches as 1F1B but runs their B and W apart, so each block of each slot keeps its
+  // backward buffers (10 of the GPT block's 25 C a row); 1F1B's blocks and slots share one set.
+  for (size_t w = 0; w < mn.size(); ++w)
+    EXPECT_GT(mb[w].measured["activations"], 1.2 * mn[w].measured["activations"]) << "rank " << w;
   for (size_t w = 0; w < mp.size(); ++w)
     EXPECT_NEAR(mz[w].measured["optimizer"] * 2, mp[w].measured["optimizer"], 64)
         << "rank " << w << ": ZeRO-1 optimizer state is not 1/dp of the unsharded state";
   for (size_t w = 0; w < mn.size(); ++w) {
     const double predicted = mn[w].predicted["activations"] / mr[w].predicted["activations"];
     const double measured = mn[w].measured["activations"] / mr[w].measured["activations"];
-    EXPECT_GT(predicted, 1.5) << "rank " << w;
+    // Recomputation keeps a block's input only; without it the blocks keep their forward intermediates (their
+    // backward buffers are one shared set either way). Rank 1's vocabulary-wide head, never recomputed, dilutes it.
+    EXPECT_GT(predicted, 1.25) << "rank " << w;
     EXPECT_GE(measured, predicted * 0.999) << "rank " << w;
   }
 }

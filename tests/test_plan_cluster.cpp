@@ -207,9 +207,10 @@ TEST(PlanCluster, Llama3_70BOn64H100NodesBeatsTorchtitansLayout) {
 
 // Mixtral 8x7B on 8 H100 nodes: the search tries ep over the divisors of dp that divide the 8 experts (and tp over
 // each expert's units), and some of its 40 best layouts split the experts (the expert state, 45 of the 46.7B
-// parameters, is what fills memory); against the same layout at ep 1, each of them below ZeRO-3 either fits only with
-// ep or runs faster with it. ZeRO-3 shards the experts' state over every dp rank at any ep (1 / dp of it either way):
-// there ep trades smaller gathers for its all-to-alls and receive buffers, and need not win either.
+// parameters, is what fills memory). Below ZeRO-3 ep holds 1 / ep of the expert state but waits for all-to-alls and
+// keeps receive buffers sized for the worst routing (ep x the routed rows), so it need not win: wherever the same
+// layout at ep 1 fits and runs faster, the search ranks that one above it. ZeRO-3 shards the experts' state over
+// every dp rank at any ep (1 / dp of it either way): there ep trades smaller gathers for its all-to-alls.
 TEST(PlanCluster, MixtralSearchSplitsExperts) {
   const Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
   const Config base = load_config(src("configs/models/mixtral-8x7b.toml"));
@@ -234,9 +235,13 @@ TEST(PlanCluster, MixtralSearchSplitsExperts) {
     Config dense = l.cfg;
     dense.parallel.ep = 1;
     const StepPrediction one = predict_step(cl, dense);
-    EXPECT_LT(l.prediction.memory_bytes_per_device, one.memory_bytes_per_device) << describe_layout(l.cfg);
-    EXPECT_TRUE(!one.fits || l.prediction.tokens_per_s_per_device > one.tokens_per_s_per_device)
-        << describe_layout(l.cfg) << ": fits at ep 1 and runs at least as fast";
+    if (!one.fits || one.tokens_per_s_per_device <= l.prediction.tokens_per_s_per_device) continue;
+    bool ranked_above = false;
+    for (const PlannedLayout& o : s.best) {
+      if (&o == &l) break;
+      ranked_above = ranked_above || describe_layout(o.cfg) == describe_layout(dense);
+    }
+    EXPECT_TRUE(ranked_above) << describe_layout(l.cfg) << ": its ep 1 twin fits and runs faster, yet is not listed above";
   }
   EXPECT_GT(with_ep, 0) << "no layout among the best splits the experts";
   EXPECT_GT(below_zero3, 0) << "no layout among the best splits the experts below ZeRO-3";

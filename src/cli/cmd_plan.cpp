@@ -166,8 +166,8 @@ void print_layout(const Config& cfg, const ModelLayout& layout) {
 // Predicted bytes per rank (replicas hold the same), MiB.
 void print_memory(const Config& cfg, const ModelLayout& layout) {
   const int tp = static_cast<int>(cfg.parallel.tp);
-  std::printf("\npredicted memory per rank, MiB (fp32; every replica the same%s%s):\n",
-              cfg.optimizer.zero && cfg.parallel.dp * cfg.parallel.cp > 1
+  std::printf("\npredicted memory per rank, MiB (%s; every replica the same%s%s):\n",
+              precision_name(cfg.train.precision), cfg.optimizer.zero && cfg.parallel.dp * cfg.parallel.cp > 1
                   ? cat("; ZeRO-", cfg.optimizer.zero, cfg.optimizer.zero >= 3 ? " parameters," : "",
                         cfg.optimizer.zero >= 2 ? " gradients and" : "", " optimizer state sharded").c_str()
                   : "",

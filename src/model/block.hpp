@@ -5,8 +5,10 @@
 // tensors its backward needs. Its parameters are handles into the ParamStore (param_store.hpp).
 #pragma once
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -74,17 +76,37 @@ inline int64_t block_in_rows(const BlockSpec& s, int64_t n) { return s.kind == B
 inline int64_t block_out_rows(const BlockSpec& s, int64_t n) { return s.kind == BlockKind::head ? n : n / s.sp; }
 
 // One buffer a block keeps per micro-batch: its shape and dtype (statistics stay f32 under bf16).
+// backward: the buffer holds nothing from the forward to the backward: backward_input writes it for backward_weight,
+// or a call uses it as scratch. Where a chunk runs every block's backward_input and
+// backward_weight back to back (all schedules but zero-bubble ones), such buffers are shared by all its blocks and
+// micro-batches (SharedBuffers) instead of kept per block and micro-batch.
 struct BufferSpec {
   Shape shape;
   DType dtype = DType::f32;
+  bool backward = false;
 };
-// The buffers of specs, allocated.
-void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, std::vector<Tensor>& out);
 
-// Tensors one block keeps for one micro-batch in flight (its input is kept by the chunk).
+// The backward buffers one chunk's blocks share: one tensor per (place in a block's list, shape, dtype), so no two
+// buffers of one block are the same memory while blocks of any kind reuse each other's.
+class SharedBuffers {
+ public:
+  Tensor get(Backend& be, size_t index, const BufferSpec& spec);
+  // Bytes of the distinct buffers `lists` (each block's specs) would share: the same rule as get().
+  static int64_t planned_bytes(const std::vector<std::vector<BufferSpec>>& lists);
+
+ private:
+  std::map<std::tuple<size_t, DType, Shape>, Tensor> t_;
+};
+
+// Tensors one block keeps for one micro-batch in flight (its input is kept by the chunk). shared: where its
+// backward buffers come from (null: its own).
 struct BlockSaved {
   std::vector<Tensor> t;
+  SharedBuffers* shared = nullptr;
 };
+// The buffers of specs, allocated into saved.t (the backward ones from saved.shared when there is one).
+void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, BlockSaved& saved);
+void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, std::vector<Tensor>& out);
 
 // What a MoE layer's router saw over one training step (all its micro-batches), for the loss and the logs.
 struct RouterStats {

@@ -10,9 +10,9 @@
 namespace relay {
 
 ModelChunk::ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Block>> blocks, bool is_first, bool is_last,
-                       bool alias_output_grad, bool recompute)
+                       bool alias_output_grad, bool recompute, bool split_backward)
     : be_(be), id_(id), blocks_(std::move(blocks)), is_first_(is_first), is_last_(is_last),
-      alias_output_grad_(alias_output_grad) {
+      alias_output_grad_(alias_output_grad), split_backward_(split_backward) {
   RELAY_ASSERT(!blocks_.empty(), "chunk " << id << " has no blocks");
   std::vector<bool> kinds;  // by scratch set: whether its blocks have experts
   for (auto& b : blocks_) {
@@ -44,7 +44,7 @@ bool ModelChunk::needs_input_grad(size_t k) const {
 
 ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
                                      bool is_first, bool is_last, bool alias_output_grad, bool recompute,
-                                     bool documents, int cp) {
+                                     bool split_backward, bool documents, int cp) {
   ChunkBytes b;
   const BlockSpec& first = blocks.front();
   const int64_t act = int64_t(dtype_size(first.dtype)), in_rows = block_in_rows(first, rows);
@@ -53,6 +53,7 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
   b.slot += 4 * rows * ((documents ? 1 : 0) + (documents || cp > 1 ? 1 : 0) + (cp > 1 ? 1 : 0));
   if (!is_first) b.boundary = act * in_rows * first.in;       // the input gradient sent back
   int64_t norm_grads = 0, moe_set = 0, dense_set = 0, scratch_out = 0;
+  std::vector<std::vector<BufferSpec>> shared;  // the kept blocks' lists, whose backward buffers they share
   for (size_t k = 0; k < blocks.size(); ++k) {
     const BlockSpec& s = blocks[k];
     const int64_t w = block_out_width(s, tp, tp_rank), out = block_out_rows(s, rows) * w;
@@ -64,14 +65,19 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
       set = saved_bytes(s, rows, tp);
       scratch_out = act * out;
     }
-    else b.slot += saved_bytes(s, rows, tp);
+    else {
+      std::vector<BufferSpec> specs = saved_shapes(s, rows, tp);
+      for (const BufferSpec& sp : specs)
+        if (split_backward || !sp.backward) b.slot += shape_numel(sp.shape) * int64_t(dtype_size(sp.dtype));
+      if (!split_backward) shared.push_back(std::move(specs));
+    }
     // Sequence parallelism: a block's norm-weight gradients of a micro-batch before the group's sum (4 x C f32).
     if (s.sp > 1 && (s.kind == BlockKind::transformer || s.kind == BlockKind::llama_layer || s.kind == BlockKind::head))
       norm_grads += 4 * s.in * 4;
     // Tensor parallelism with q_norm / k_norm (Qwen3): their gradients from this rank's heads before the sum (4 x hd).
     if (tp > 1 && s.qk_norm) norm_grads += 4 * head_dim(s) * 4;
   }
-  b.scratch += moe_set + dense_set + scratch_out + norm_grads;
+  b.scratch += moe_set + dense_set + scratch_out + norm_grads + SharedBuffers::planned_bytes(shared);
   return b;
 }
 
@@ -115,7 +121,9 @@ ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
       const bool boundary = k + 1 == L && !is_last_;  // the output sent on lives in the micro-batch's buffer
       if (!boundary) sl.acts[k + 1] = Tensor(be_, {r, w}, dt);
       sl.grads[k + 1] = (k + 1 == L && alias_output_grad_) ? sl.acts[k + 1] : Tensor(be_, {r, w}, dt);
-      if (!recomputed_[k]) blocks_[k]->allocate_saved(be_, rows, sl.saved[k]);
+      if (recomputed_[k]) continue;
+      sl.saved[k].shared = split_backward_ ? nullptr : &shared_;  // B and W together: one set for every block
+      blocks_[k]->allocate_saved(be_, rows, sl.saved[k]);
     }
     if (scratch_rows_ < rows) {  // each recomputed block sizes its kind's scratch set (the kind's blocks share shapes)
       for (size_t k = 0; k < L; ++k)
@@ -195,6 +203,7 @@ Tensor ModelChunk::forward(int mb, int64_t rows) {
 }
 
 Tensor ModelChunk::backward_input(int mb, int64_t rows) {
+  RELAY_ASSERT(split_backward_, "chunk " << id_ << " was built for B and W together (ModelChunk::backward)");
   Slot& sl = slot(mb, rows);
   for (size_t k = 0; k < blocks_.size(); ++k)
     RELAY_ASSERT(!recomputed_[k], "a recomputed block's backward runs B and W together (ModelChunk::backward)");
@@ -210,6 +219,7 @@ Tensor ModelChunk::backward_input(int mb, int64_t rows) {
 }
 
 void ModelChunk::backward_weight(int mb, int64_t rows) {
+  RELAY_ASSERT(split_backward_, "chunk " << id_ << " was built for B and W together (ModelChunk::backward)");
   Slot& sl = slot(mb, rows);
   for (size_t k = blocks_.size(); k-- > 0;)
     if (!blocks_[k]->params().empty()) {

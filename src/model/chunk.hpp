@@ -8,6 +8,10 @@
 // micro-batch (m: evaluation). Backward is split into backward_input (B) and backward_weight (W) for zero-bubble
 // schedules (Qi et al., arXiv:2401.10241); backward() runs both, block by block.
 //
+// Backward buffers (BufferSpec::backward: what backward_input leaves for backward_weight, and backward scratch): a
+// zero-bubble schedule runs a micro-batch's B and W apart, so every slot keeps its own; every other schedule runs them
+// block by block (backward()), so the chunk's blocks and slots share one set (SharedBuffers), sized by the largest.
+//
 // Activation recomputation (train.recompute = "blocks"; Chen et al., arXiv:1604.06174, as Megatron-LM's
 // full recomputation): a transformer block keeps nothing per micro-batch but its input; its forward
 // writes its intermediates into one scratch set shared by every slot, and its backward runs the forward
@@ -54,12 +58,14 @@ class ModelChunk {
   // a third i32 per row; the gathered keys and values are the rank's, cp_attention_bytes).
   static ChunkBytes planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
                                   bool is_first, bool is_last, bool alias_output_grad, bool recompute,
-                                  bool documents = false, int cp = 1);
+                                  bool split_backward, bool documents = false, int cp = 1);
 
   // alias_output_grad: the output gradient is written over the output (the last chunk of a model
   // whose loss computes its gradient in place, so a vocabulary-sized logits buffer exists once).
+  // split_backward: the schedule calls backward_input and backward_weight apart (zero-bubble); otherwise only
+  // backward(), and the blocks share their backward buffers.
   ModelChunk(Backend& be, int id, std::vector<std::unique_ptr<Block>> blocks, bool is_first, bool is_last,
-             bool alias_output_grad = false, bool recompute = false);
+             bool alias_output_grad = false, bool recompute = false, bool split_backward = false);
   int id() const { return id_; }
   bool is_first() const { return is_first_; }
   bool is_last() const { return is_last_; }
@@ -129,7 +135,8 @@ class ModelChunk {
   Backend& be_;
   int id_;
   std::vector<std::unique_ptr<Block>> blocks_;
-  bool is_first_, is_last_, alias_output_grad_;
+  bool is_first_, is_last_, alias_output_grad_, split_backward_;
+  SharedBuffers shared_;  // the blocks' backward buffers, unless split_backward_
   size_t first_param_block_;  // in the first chunk, no gradient is needed below this block
   std::vector<Slot> slots_;
   std::vector<Boundary> boundaries_;  // by micro-batch

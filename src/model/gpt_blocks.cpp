@@ -134,15 +134,15 @@ class Transformer final : public Block {
     s[kRstd2] = {{m}, f32};
     s[kFch] = {{n, 4 * Cl}, a};
     s[kFcg] = {{n, 4 * Cl}, a};
-    s[kGRes1] = {{m, C}, a};
-    s[kGFch] = {{n, 4 * Cl}, a};
-    s[kGLn2] = {{m, C}, a};
-    s[kGQkv] = {{n, 3 * Cl}, a};
-    s[kGLn1] = {{m, C}, a};
+    s[kGRes1] = {{m, C}, a, true};  // from here on backward_input's, for backward_weight
+    s[kGFch] = {{n, 4 * Cl}, a, true};
+    s[kGLn2] = {{m, C}, a, true};
+    s[kGQkv] = {{n, 3 * Cl}, a, true};
+    s[kGLn1] = {{m, C}, a, true};
     return s;
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
-    allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s.t);
+    allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s);
     make_zero(be);
     if (tp_.sequence_parallel()) norm_grads_.allocate(be, spec_.in);
   }
@@ -306,11 +306,11 @@ class Head final : public Block {
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n) {
     const DType a = spec.dtype, f32 = DType::f32;
     const int64_t m = n / spec.sp;
-    return {{{m, spec.in}, a}, {{m}, f32}, {{m}, f32}, {{m, spec.in}, a}};  // norm out, mean, rstd, d norm out
+    return {{{m, spec.in}, a}, {{m}, f32}, {{m}, f32}, {{m, spec.in}, a, true}};  // norm out, mean, rstd, d norm out
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     const int64_t C = spec_.in;
-    allocate_buffers(be, saved_shapes(spec_, n), s.t);
+    allocate_buffers(be, saved_shapes(spec_, n), s);
     if (tp_.sequence_parallel()) norm_grads_.allocate(be, C);
     if (!spec_.bias && spec_.norm == NormKind::layernorm) {
       zero_ = Tensor(be, {C}, spec_.dtype);

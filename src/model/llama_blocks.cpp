@@ -87,28 +87,28 @@ class LlamaLayer final : public Block {
     s[kGate] = {{n, F}, a};
     s[kUp] = {{n, F}, a};
     s[kH] = {{n, F}, a};
-    s[kGRes1] = {{m, C}, a};
-    s[kGGate] = {{n, F}, a};
-    s[kGUp] = {{n, F}, a};
-    s[kGN2] = {{m, C}, a};
-    s[kGQ] = {{n, Hq}, a};
-    s[kGK] = {{n, Hkv}, a};
-    s[kGV] = {{n, Hkv}, a};
-    s[kGN1] = {{m, C}, a};
+    s[kGRes1] = {{m, C}, a, true};
+    s[kGGate] = {{n, F}, a, true};
+    s[kGUp] = {{n, F}, a, true};
+    s[kGN2] = {{m, C}, a, true};
+    s[kGQ] = {{n, Hq}, a, true};
+    s[kGK] = {{n, Hkv}, a, true};
+    s[kGV] = {{n, Hkv}, a, true};
+    s[kGN1] = {{m, C}, a, true};
     const bool qk = spec.qk_norm;
     s[kQraw] = {{qk ? n : 0, Hq}, a};
     s[kKraw] = {{qk ? n : 0, Hkv}, a};
     s[kRstdQ] = {{qk ? n : 0, spec.n_head / tp}, f32};
     s[kRstdK] = {{qk ? n : 0, spec.n_kv_head / tp}, f32};
-    s[kGQn] = {{qk ? n : 0, Hq}, a};
-    s[kGKn] = {{qk ? n : 0, Hkv}, a};
-    s[kGAtty] = {{Hq > C ? n : 0, Hq}, a};
+    s[kGQn] = {{qk ? n : 0, Hq}, a, true};
+    s[kGKn] = {{qk ? n : 0, Hkv}, a, true};
+    s[kGAtty] = {{Hq > C ? n : 0, Hq}, a, true};
     if (spec.moe.on())
       for (const BufferSpec& b : MoeMlp::saved_shapes(spec, n, tp)) s.push_back(b);
     return s;
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
-    allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s.t);
+    allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s);
     if (tp_.sequence_parallel()) norm_grads_.allocate(be, spec_.in);
     if (tp_.on() && spec_.qk_norm) qk_grads_.allocate(be, hd_);
   }

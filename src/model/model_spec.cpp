@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "model/blocks.hpp"
 #include "model/family.hpp"
@@ -92,6 +93,29 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
 void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, std::vector<Tensor>& out) {
   out.clear();
   for (const BufferSpec& b : specs) out.emplace_back(be, b.shape, b.dtype);
+}
+
+void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, BlockSaved& saved) {
+  saved.t.clear();
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (saved.shared && specs[i].backward) saved.t.push_back(saved.shared->get(be, i, specs[i]));
+    else saved.t.emplace_back(be, specs[i].shape, specs[i].dtype);
+}
+
+Tensor SharedBuffers::get(Backend& be, size_t index, const BufferSpec& spec) {
+  Tensor& t = t_[{index, spec.dtype, spec.shape}];
+  if (!t.defined()) t = Tensor(be, spec.shape, spec.dtype);
+  return t;
+}
+
+int64_t SharedBuffers::planned_bytes(const std::vector<std::vector<BufferSpec>>& lists) {
+  std::set<std::tuple<size_t, DType, Shape>> seen;
+  int64_t bytes = 0;
+  for (const auto& specs : lists)
+    for (size_t i = 0; i < specs.size(); ++i)
+      if (specs[i].backward && seen.insert({i, specs[i].dtype, specs[i].shape}).second)
+        bytes += shape_numel(specs[i].shape) * int64_t(dtype_size(specs[i].dtype));
+  return bytes;
 }
 
 std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t rows, int tp) {

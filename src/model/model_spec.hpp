@@ -43,8 +43,9 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim);
 BlockSpec lm_embedding(std::vector<ParamSpec> params, int64_t C, int64_t T);
 BlockSpec lm_head(std::vector<ParamSpec> params, int64_t C, int64_t V, int64_t T, bool bias, NormKind norm, double eps);
 
-// Bytes a block keeps per micro-batch slot of `rows` rows (its allocate_saved), and its output width on
-// tp rank tp_rank (a tensor-parallel head's vocabulary shard): for memory plans, before anything runs.
+// The buffers a block keeps per micro-batch slot of `rows` rows (its allocate_saved) and their bytes, and its output
+// width on tp rank tp_rank (a tensor-parallel head's vocabulary shard): for memory plans, before anything runs.
+std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 int64_t saved_bytes(const BlockSpec& spec, int64_t rows, int tp);
 int64_t block_out_width(const BlockSpec& spec, int tp, int tp_rank);
 

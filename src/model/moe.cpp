@@ -73,13 +73,13 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, i
   s[kUp] = {{Rl, F}, a};
   s[kH] = {{Rl, F}, a};
   s[kYs] = {{R, C}, a};         // each expert's output, before its weight (sorted rows)
-  s[kGYs] = {{R, C}, a};
-  s[kGGate] = {{Rl, F}, a};
-  s[kGUp] = {{Rl, F}, a};
-  s[kGXs] = {{R, C}, a};
-  s[kGWeights] = {{n, k}, f32};
-  s[kGLogits] = {{n, E}, a};
-  s[kSeqGrad] = {{std::max<int64_t>(n * spec.moe.cp / spec.seq_len, 1), E}, f32};  // d loss / d p[t, e] per sequence
+  s[kGYs] = {{R, C}, a, true};
+  s[kGGate] = {{Rl, F}, a, true};
+  s[kGUp] = {{Rl, F}, a, true};
+  s[kGXs] = {{R, C}, a, true};
+  s[kGWeights] = {{n, k}, f32, true};
+  s[kGLogits] = {{n, E}, a, true};
+  s[kSeqGrad] = {{std::max<int64_t>(n * spec.moe.cp / spec.seq_len, 1), E}, f32, true};  // d loss / d p[t, e] per sequence
   // Expert parallelism only (size 0 otherwise): what each rank sent this rank's experts, the maps between the rows'
   // arrival order (rank after rank) and the experts' (expert after expert), the local rows and one staging buffer.
   s[kRecvCounts] = {{ep > 1 ? E : 0}, i32};  // (ep, E / ep)
@@ -87,9 +87,9 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, i
   s[kToRanks] = {{Rx}, i32};    // arrival row i is local row to_ranks[i]
   s[kXl] = {{Rx, C}, a};
   s[kYl] = {{Rx, C}, a};
-  s[kGYl] = {{Rx, C}, a};
-  s[kGXl] = {{Rx, C}, a};
-  s[kStage] = {{Rx, C}, a};     // rows in arrival order, on their way in or out
+  s[kGYl] = {{Rx, C}, a, true};
+  s[kGXl] = {{Rx, C}, a, true};
+  s[kStage] = {{Rx, C}, a, true};     // rows in arrival order, on their way in or out
   return s;
 }
 

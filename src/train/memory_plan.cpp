@@ -208,7 +208,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
     const std::span<const BlockSpec> blocks(layout.blocks().data() + cr.begin, size_t(cr.end - cr.begin));
     const ChunkBytes cb = ModelChunk::planned_bytes(blocks, tp, tp_rank, rows, c == 0, c == last,
                                                     layout.model.language_model && c == last, recompute,
-                                                    cfg.data.document_mask, cp);
+                                                    shape.kind == ScheduleKind::zb_h1, cfg.data.document_mask, cp);
     int64_t per_mb = 0;
     if (c == last) {
       const bool ce = layout.model.language_model || cfg.model.loss == "cross_entropy";

@@ -185,7 +185,7 @@ void setup_data_and_model(Run& r) {
     for (int i = cr.begin; i < cr.end; ++i)
       blocks.push_back(make_block(r.layout.blocks()[static_cast<size_t>(i)], *r.store, r.tp, r.cp, r.ep));
     auto ch = std::make_unique<ModelChunk>(*r.be, c, std::move(blocks), c == 0, c == last, lm && c == last,
-                                           cfg.train.recompute == "blocks");
+                                           cfg.train.recompute == "blocks", r.shape.kind == ScheduleKind::zb_h1);
     r.chunk_map[c] = ch.get();
     r.chunks.push_back(std::move(ch));
   }
