@@ -3,7 +3,7 @@
 # V = 50257) at several 3D layouts: one training step each on random tokens, then every rank's
 # measured bytes of parameters, gradients, optimizer state and activations beside relay plan's
 # prediction (the run's memory.json). 8 micro-batches of one 1024-token sequence per replica, schedule
-# 1f1b: the layouts of the README's worked example. Measures; does not pass or fail.
+# 1f1b (one zb-h1 beside it): the layouts of the README's worked example. Measures; does not pass or fail.
 # Usage: bench/memory_gpt2.sh [build/relay]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,11 +39,12 @@ for r in ranks:
     seen.add(key)
     m, p = r["measured"], r["predicted"]
     cells = "  ".join(f"{k} {mib(m[k]):8.1f} ({mib(p[k]):8.1f})" for k in ("params", "grads", "optimizer", "activations"))
-    print(f"  rank {r['rank']:2d} (pp {r['pp']}, tp {r['tp']}): {cells}  total {mib(sum(m[k] for k in ("params", "grads", "optimizer", "activations"))):8.1f}")
+    print(f"  rank {r['rank']:2d} (pp {r['pp']}, tp {r['tp']}): {cells}  total {mib(sum(m[k] for k in ('params', 'grads', 'optimizer', 'activations'))):8.1f}")
 PY
 }
 run serial 1 1 1 8 false none
 run pp2 1 1 2 8 false none
+run pp2_zb_h1 1 1 2 8 false none zb-h1  # B and W apart: every block keeps its backward buffers per slot
 run pp2_recompute 1 1 2 8 false blocks
 run tp2_pp2 1 2 2 8 false none
 run tp2_pp2_recompute 1 2 2 8 false blocks

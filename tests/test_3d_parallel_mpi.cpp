@@ -227,10 +227,13 @@ TEST(ThreeDMemory, MeasuredMatchesPredictedZeroShardsRecomputeCuts) {
     const std::string run = dir.file("mem_" + l.name());
     auto ov = l.overrides(run);
     ov.push_back("train.steps=2");
+    // An evaluation after the first step, before the report: it runs in the training's buffers and must add none.
+    ov.push_back("train.eval_every=1");
     ov.push_back("lr_schedule.warmup_steps=1");
     RunResult r = train(l.ranks(), p.config, ov);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_TRUE(contains(r.output, "memory per rank after the first step")) << r.output;
+    EXPECT_TRUE(contains(r.output, "eval step      1")) << r.output;
     auto mem = read_memory(run);
     EXPECT_EQ(mem.size(), static_cast<size_t>(l.ranks()));
     for (size_t w = 0; w < mem.size(); ++w)

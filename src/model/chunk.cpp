@@ -96,14 +96,16 @@ int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, in
 ModelChunk::Slot& ModelChunk::slot(int mb, int64_t rows) {
   RELAY_ASSERT(mb >= 0, "negative micro-batch");
   const size_t L = blocks_.size(), m = slot_of_.size();
-  // Planned micro-batches share the plan's slots (all below m); evaluation (mb = m) has slot m.
-  const size_t s = static_cast<size_t>(mb) < m ? static_cast<size_t>(slot_of_[static_cast<size_t>(mb)])
-                                              : m == 0 ? static_cast<size_t>(mb) : m;
+  // Planned micro-batches share the plan's slots (all below m). Evaluation (mb = m) runs between steps, when no
+  // micro-batch is in flight, on micro-batches of the training's size: it takes micro-batch 0's slot and boundary
+  // buffers, so it allocates nothing. Without a plan, a slot per micro-batch.
+  const size_t b = m > 0 && static_cast<size_t>(mb) >= m ? 0 : static_cast<size_t>(mb);
+  const size_t s = m > 0 ? static_cast<size_t>(slot_of_[b]) : b;
   if (s >= slots_.size()) slots_.resize(s + 1);
-  if (static_cast<size_t>(mb) >= boundaries_.size()) boundaries_.resize(static_cast<size_t>(mb) + 1);
+  if (b >= boundaries_.size()) boundaries_.resize(b + 1);
   MemoryScope scope(MemKind::activations);
   const DType dt = blocks_.front()->spec().dtype;  // activations and their gradients
-  Boundary& bd = boundaries_[static_cast<size_t>(mb)];
+  Boundary& bd = boundaries_[b];
   if (bd.capacity < rows) {
     bd.capacity = rows;
     if (!is_last_) bd.out = Tensor(be_, {out_rows(L - 1, rows), out_width()}, dt);

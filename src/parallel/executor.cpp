@@ -252,7 +252,8 @@ void Executor::trace(const Action& a, int64_t m0, bool compute) {
 
 void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct,
                         int64_t& counted) {
-  // One forward pass through every chunk in order; slot m is reserved for evaluation.
+  // One forward pass through every chunk in order, as micro-batch m (its own message tags) in micro-batch 0's buffers:
+  // between steps none is in flight (ModelChunk::slot), and the loss's buffers of micro-batch 0 are free too.
   const int slot = shape_.m;
   const int64_t rows = samples * local_len_;
   loss_sum = 0;
@@ -281,8 +282,8 @@ void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum,
     Tensor out = ch->forward(slot, rows);
     watchdog_progress();
     if (c == last_chunk_) {
-      upload_targets(slot, 0, samples, data);
-      loss_->evaluate(slot, out, loss_sum, correct);
+      upload_targets(0, 0, samples, data);
+      loss_->evaluate(0, out, loss_sum, correct);
     } else if (!chunks_.count(c + 1)) {
       sends_.push_back(comm_.isend(out, peer_of_chunk(c + 1), tag(kActivation, c + 1, slot)));
     }

@@ -11,7 +11,8 @@ EvalResult evaluate(Run& r) {
   const ProcessGrid& g = r.grid;
   const DataSource& ev = r.eval_data;
   const int64_t N = ev.samples(), T = r.layout.model.seq_len;
-  // Replica d scores samples [d*N/dp, (d+1)*N/dp) in batches of at most the replica's training samples.
+  // Replica d scores samples [d*N/dp, (d+1)*N/dp) in batches of at most a training micro-batch's samples, in the
+  // buffers of the training's first micro-batch (ModelChunk::slot): evaluation needs no memory of its own.
   const int64_t lo = g.dp_rank * N / g.dp, hi = (g.dp_rank + 1) * N / g.dp;
   double loss_sum = 0;
   int64_t correct = 0, counted = 0;
@@ -19,13 +20,14 @@ EvalResult evaluate(Run& r) {
   std::vector<int64_t> rows;
   std::vector<float> inputs, dense;
   std::vector<int32_t> tokens, cls;
-  const int64_t mine = (hi - lo + r.replica_rows - 1) / r.replica_rows;                  // batches of this share
-  const int64_t most = ((N + g.dp - 1) / g.dp + r.replica_rows - 1) / r.replica_rows;  // of the largest share
+  const int64_t per = r.mb_rows;
+  const int64_t mine = (hi - lo + per - 1) / per;                  // batches of this share
+  const int64_t most = ((N + g.dp - 1) / g.dp + per - 1) / per;  // of the largest share
   const int64_t batches = g.ep > 1 ? most : mine;
   for (int64_t b = 0; b < batches; ++b) {
-    const int64_t at = lo + b * r.replica_rows;
+    const int64_t at = lo + b * per;
     const bool filler = b >= mine;  // parallel.ep: a forward only to keep the group's all-to-alls in step
-    const int64_t n = filler ? 1 : std::min(r.replica_rows, hi - at);
+    const int64_t n = filler ? 1 : std::min(per, hi - at);
     rows.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = filler ? std::min(lo, N - 1) : at + i;
     StepData d;

@@ -361,7 +361,8 @@ void write_trace(Run& r) {
   }
 }
 
-// Collective, after the first step (every buffer exists, no eval yet): each rank's measured bytes by
+// Collective, after the first step and its evaluation if it has one (every buffer exists; evaluation runs in the
+// training's buffers and allocates none of its own, which this report shows): each rank's measured bytes by
 // kind beside the prediction `relay plan` makes, printed by rank 0 and written to <run.dir>/memory.json.
 void report_memory(Run& r) {
   const ProcessGrid& g = r.grid;
@@ -514,10 +515,6 @@ int run_training(const Config& cfg, const RunPrediction& plan) {
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
     if (step > r.start_step + 1) steps_after_first_s += now_s() - step_t0;
     writer.poll();  // checkpoint.async: a failed write ends every rank here
-    if (step == r.start_step + 1) {
-      report_memory(r);
-      memory_after_first = double(measured_memory().total());
-    }
     totals.compute_s += res.stats.compute_s;
     totals.wait_s += res.stats.wait_s;
     totals.step_s += res.stats.step_s;
@@ -584,6 +581,10 @@ int run_training(const Config& cfg, const RunPrediction& plan) {
       EvalResult e = evaluate(r);
       if (tr) tr->add({"eval", "eval", kTrackCompute, step, -1, -1, m, tr->mark()});
       if (rank0) log->eval(step, e.loss, e.accuracy, r.layout.model.language_model || cfg.model.loss == "cross_entropy");
+    }
+    if (step == r.start_step + 1) {  // after the first step and its evaluation, before any checkpoint
+      report_memory(r);
+      memory_after_first = double(measured_memory().total());
     }
     const bool stop = res.stop && step < steps;
     if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop) {
