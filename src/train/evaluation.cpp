@@ -23,10 +23,13 @@ EvalResult evaluate(Run& r) {
   const int64_t per = r.mb_rows;
   const int64_t mine = (hi - lo + per - 1) / per;                  // batches of this share
   const int64_t most = ((N + g.dp - 1) / g.dp + per - 1) / per;  // of the largest share
-  const int64_t batches = g.ep > 1 ? most : mine;
+  // A forward that talks to the other replicas (parallel.ep's all-to-alls, ZeRO-3's parameter gathers) must run as
+  // often on each of them: a replica with a smaller share runs filler batches, whose results it drops.
+  const bool lockstep = g.ep > 1 || (r.cfg.optimizer.zero >= 3 && g.replicas() > 1);
+  const int64_t batches = lockstep ? most : mine;
   for (int64_t b = 0; b < batches; ++b) {
     const int64_t at = lo + b * per;
-    const bool filler = b >= mine;  // parallel.ep: a forward only to keep the group's all-to-alls in step
+    const bool filler = b >= mine;  // a forward only to keep the replicas' collectives in step
     const int64_t n = filler ? 1 : std::min(per, hi - at);
     rows.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = filler ? std::min(lo, N - 1) : at + i;
