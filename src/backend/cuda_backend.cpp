@@ -666,14 +666,14 @@ class CudaBackend final : public Backend {
                     static_cast<const std::byte*>(x.raw()) + size_t(offsets[g] * x.size(1)) * e, w.raw(), true,
                     false, dy.size(1), x.size(1), rows, dy.size(1), x.size(1), x.size(1)});
     }
-    const bool one_dtype = std::all_of(dw.begin(), dw.end(), [&](const Tensor& w) { return w.dtype() == dw.front().dtype(); });
+    const bool one_dtype =
+        std::all_of(dw.begin(), dw.end(), [&](const Tensor& w) { return w.dtype() == dw.front().dtype(); });
     if (ps.empty() || (one_dtype && run_grouped(ps, dy.dtype(), dw.front().dtype(), beta))) return;
-    for (size_t g = 0; g < dw.size(); ++g)
-      if (offsets[g + 1] > offsets[g]) {
-        Tensor w = dw[g];
-        matmul_impl(dy.rows(offsets[g], offsets[g + 1] - offsets[g]), true, x.rows(offsets[g], offsets[g + 1] - offsets[g]),
-                    false, w, 1.f, beta);
-      }
+    for (size_t g = 0; g < dw.size(); ++g) {
+      const int64_t rows = offsets[g + 1] - offsets[g];
+      Tensor w = dw[g];
+      if (rows > 0) matmul_impl(dy.rows(offsets[g], rows), true, x.rows(offsets[g], rows), false, w, 1.f, beta);
+    }
   }
 
   // One cuBLASLt GEMM: bias (CUBLASLT_EPILOGUE_BIAS) or bias then GELU with the pre-activation written to

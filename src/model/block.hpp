@@ -84,6 +84,7 @@ struct BufferSpec {
   Shape shape;
   DType dtype = DType::f32;
   bool backward = false;
+  int64_t bytes() const { return shape_numel(shape) * int64_t(dtype_size(dtype)); }
 };
 
 // The backward buffers one chunk's blocks share: one tensor per (place in a block's list, shape, dtype), so no two
@@ -95,7 +96,9 @@ class SharedBuffers {
   static int64_t planned_bytes(const std::vector<std::vector<BufferSpec>>& lists);
 
  private:
-  std::map<std::tuple<size_t, DType, Shape>, Tensor> t_;
+  using Key = std::tuple<size_t, DType, Shape>;
+  static Key key(size_t index, const BufferSpec& spec) { return {index, spec.dtype, spec.shape}; }
+  std::map<Key, Tensor> t_;
 };
 
 // Tensors one block keeps for one micro-batch in flight (its input is kept by the chunk). shared: where its

@@ -68,7 +68,7 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
     else {
       std::vector<BufferSpec> specs = saved_shapes(s, rows, tp);
       for (const BufferSpec& sp : specs)
-        if (split_backward || !sp.backward) b.slot += shape_numel(sp.shape) * int64_t(dtype_size(sp.dtype));
+        if (split_backward || !sp.backward) b.slot += sp.bytes();
       if (!split_backward) shared.push_back(std::move(specs));
     }
     // Sequence parallelism: a block's norm-weight gradients of a micro-batch before the group's sum (4 x C f32).

@@ -91,8 +91,9 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
 }
 
 void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, std::vector<Tensor>& out) {
-  out.clear();
-  for (const BufferSpec& b : specs) out.emplace_back(be, b.shape, b.dtype);
+  BlockSaved own;  // no shared buffers: every buffer its own
+  allocate_buffers(be, specs, own);
+  out = std::move(own.t);
 }
 
 void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, BlockSaved& saved) {
@@ -103,18 +104,17 @@ void allocate_buffers(Backend& be, const std::vector<BufferSpec>& specs, BlockSa
 }
 
 Tensor SharedBuffers::get(Backend& be, size_t index, const BufferSpec& spec) {
-  Tensor& t = t_[{index, spec.dtype, spec.shape}];
+  Tensor& t = t_[key(index, spec)];
   if (!t.defined()) t = Tensor(be, spec.shape, spec.dtype);
   return t;
 }
 
 int64_t SharedBuffers::planned_bytes(const std::vector<std::vector<BufferSpec>>& lists) {
-  std::set<std::tuple<size_t, DType, Shape>> seen;
+  std::set<Key> seen;
   int64_t bytes = 0;
   for (const auto& specs : lists)
     for (size_t i = 0; i < specs.size(); ++i)
-      if (specs[i].backward && seen.insert({i, specs[i].dtype, specs[i].shape}).second)
-        bytes += shape_numel(specs[i].shape) * int64_t(dtype_size(specs[i].dtype));
+      if (specs[i].backward && seen.insert(key(i, specs[i])).second) bytes += specs[i].bytes();
   return bytes;
 }
 
@@ -130,7 +130,7 @@ std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t rows, int tp
 
 int64_t saved_bytes(const BlockSpec& spec, int64_t rows, int tp) {
   int64_t n = 0;
-  for (const BufferSpec& b : saved_shapes(spec, rows, tp)) n += shape_numel(b.shape) * int64_t(dtype_size(b.dtype));
+  for (const BufferSpec& b : saved_shapes(spec, rows, tp)) n += b.bytes();
   return n;
 }
 

@@ -79,7 +79,8 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, i
   s[kGXs] = {{R, C}, a, true};
   s[kGWeights] = {{n, k}, f32, true};
   s[kGLogits] = {{n, E}, a, true};
-  s[kSeqGrad] = {{std::max<int64_t>(n * spec.moe.cp / spec.seq_len, 1), E}, f32, true};  // d loss / d p[t, e] per sequence
+  // d loss / d p[t, e] per sequence
+  s[kSeqGrad] = {{std::max<int64_t>(n * spec.moe.cp / spec.seq_len, 1), E}, f32, true};
   // Expert parallelism only (size 0 otherwise): what each rank sent this rank's experts, the maps between the rows'
   // arrival order (rank after rank) and the experts' (expert after expert), the local rows and one staging buffer.
   s[kRecvCounts] = {{ep > 1 ? E : 0}, i32};  // (ep, E / ep)
@@ -89,14 +90,14 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, i
   s[kYl] = {{Rx, C}, a};
   s[kGYl] = {{Rx, C}, a, true};
   s[kGXl] = {{Rx, C}, a, true};
-  s[kStage] = {{Rx, C}, a, true};     // rows in arrival order, on their way in or out
+  s[kStage] = {{Rx, C}, a, true};  // rows in arrival order, on their way in or out
   return s;
 }
 
 int64_t MoeMlp::exchange_bytes(const BlockSpec& spec, int64_t n, int tp) {
   const std::vector<BufferSpec> s = saved_shapes(spec, n, tp);
   int64_t bytes = 0;
-  for (size_t i = kRecvCounts; i < kCount; ++i) bytes += shape_numel(s[i].shape) * int64_t(dtype_size(s[i].dtype));
+  for (size_t i = kRecvCounts; i < kCount; ++i) bytes += s[i].bytes();
   return bytes;
 }
 

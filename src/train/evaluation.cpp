@@ -25,7 +25,7 @@ EvalResult evaluate(Run& r) {
   const int64_t most = ((N + g.dp - 1) / g.dp + per - 1) / per;  // of the largest share
   // A forward that talks to the other replicas (parallel.ep's all-to-alls, ZeRO-3's parameter gathers) must run as
   // often on each of them: a replica with a smaller share runs filler batches, whose results it drops.
-  const bool lockstep = g.ep > 1 || (r.cfg.optimizer.zero >= 3 && g.replicas() > 1);
+  const bool lockstep = g.ep > 1 || r.zero3;
   const int64_t batches = lockstep ? most : mine;
   for (int64_t b = 0; b < batches; ++b) {
     const int64_t at = lo + b * per;

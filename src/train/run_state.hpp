@@ -61,6 +61,9 @@ struct Run {
   ScheduleShape shape{};
   int64_t mb_rows = 0, replica_rows = 0, start_step = 0;
   double predicted_bubble = 0;
+  // optimizer.zero >= 3 over more than one replica: parameters sharded, each block's gathered over the replicas when
+  // it runs (so every replica must run as many forwards).
+  bool zero3 = false;
   bool verify_tied = false;  // RELAY_VERIFY_TIED=1: check the tied copies are bitwise equal every step
   int64_t nonfinite_in_a_row = 0;  // consecutive steps skipped for a non-finite loss or gradient norm
   // moe.expert_bias: every MoE layer's bias, (MoE layers, n_experts), the same on every rank (each computes every

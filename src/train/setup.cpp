@@ -173,10 +173,11 @@ void setup_data_and_model(Run& r) {
   SimResult sim = simulate(r.shape, lists, Costs{});  // rejects deadlocks before anything runs
   r.predicted_bubble = sim.bubble_fraction;
 
-  if (cfg.optimizer.zero >= 3 && g.replicas() > 1) check_zero3_gather(r);
+  r.zero3 = cfg.optimizer.zero >= 3 && g.replicas() > 1;
+  if (r.zero3) check_zero3_gather(r);
   // This rank's chunks: c = pp_rank, pp_rank + pp, ...
   r.store = std::make_unique<ParamStore>(*r.be, cfg.model.seed, g.tp, g.tp_rank, compute_dtype(cfg.train.precision),
-                                         /*defer=*/cfg.optimizer.zero >= 3 && g.replicas() > 1);
+                                         /*defer=*/r.zero3);
   const int last = r.layout.num_chunks() - 1;
   const bool lm = r.layout.model.language_model;
   for (int c = g.pp_rank; c <= last; c += g.pp) {
