@@ -390,9 +390,11 @@ std::vector<OpCase> all_cases() {
   });
 
   // matmul: y (m, n) = alpha op(a) op(b) + beta y, every transpose combination; float32 (also on TF32
-  // tensor cores) and bfloat16 a, b with a float32 or a bfloat16 y
+  // tensor cores) and bfloat16 a, b with a float32 or a bfloat16 y. 1025 x 1027 x 1029: large enough (m n k >= 2^30)
+  // that CUDA runs it on zero-padded copies (every extent odd: m padded where a is stored transposed).
   struct Mnk { int64_t m, n, k; };
-  const std::vector<Mnk> gemms = {{1, 1, 1}, {3, 7, 5}, {127, 513, 65}, {256, 1024, 512}, {33, 17, 1023}};
+  const std::vector<Mnk> gemms = {{1, 1, 1}, {3, 7, 5}, {127, 513, 65}, {256, 1024, 512}, {33, 17, 1023},
+                                  {1025, 1027, 1029}};
   for (const Mnk& g : gemms) {
     for (int t = 0; t < 4; ++t) {
       const bool ta = t & 1, tb = t & 2;

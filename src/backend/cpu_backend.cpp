@@ -152,11 +152,18 @@ void CpuBackend::grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, c
       if (beta != 1.f) matmul_impl(dy.rows(offsets[g], 0), true, x.rows(offsets[g], 0), false, w, 1.f, beta);
       continue;
     }
+    // A bf16 dw summed in more than one piece accumulates in float and is rounded once, as one GEMM (and CUDA's
+    // grouped GEMM) rounds it: rounding every piece's partial sum cost up to one bf16 ulp (seen on an AVX512 host).
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    const bool pieces = rows >= 16 && (rows & (rows - 1)) != 0;
+    Tensor acc = w.dtype() == DType::bf16 && pieces ? Tensor(*this, w.shape(), DType::f32) : w;  // (n, k)
+    if (acc.dtype() != w.dtype() && beta != 0.f) convert_impl(w, acc);
     float b = beta;  // the first piece scales dw[g] by beta, the others add to it
-    by_pieces(offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
-      matmul_impl(dy.rows(offsets[g] + at, len), true, x.rows(offsets[g] + at, len), false, w, 1.f, b);
+    by_pieces(rows, [&](int64_t at, int64_t len) {
+      matmul_impl(dy.rows(offsets[g] + at, len), true, x.rows(offsets[g] + at, len), false, acc, 1.f, b);
       b = 1.f;
     });
+    if (acc.dtype() != w.dtype()) convert_impl(acc, w);
   }
 }
 
