@@ -4,15 +4,15 @@
 namespace relay {
 
 Prefetcher::Prefetcher(const Hdf5Dataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin,
-                       int64_t count, bool want_inputs, bool want_targets)
-    : Prefetcher(&data, nullptr, sampler, first_step, begin, count, want_inputs, want_targets) {}
+                       int64_t count, bool want_inputs, bool want_targets, bool preloaded)
+    : Prefetcher(&data, nullptr, sampler, first_step, begin, count, want_inputs, want_targets, preloaded) {}
 
 Prefetcher::Prefetcher(const TokenDataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin,
                        int64_t count, bool want_inputs, bool want_targets)
-    : Prefetcher(nullptr, &data, sampler, first_step, begin, count, want_inputs, want_targets) {}
+    : Prefetcher(nullptr, &data, sampler, first_step, begin, count, want_inputs, want_targets, false) {}
 
 Prefetcher::Prefetcher(const Hdf5Dataset* data, const TokenDataset* tokens, SamplerSpec sampler, int64_t first_step,
-                       int64_t begin, int64_t count, bool want_inputs, bool want_targets)
+                       int64_t begin, int64_t count, bool want_inputs, bool want_targets, bool preloaded)
     : data_(data),
       tokens_(tokens),
       sampler_(sampler),
@@ -21,6 +21,7 @@ Prefetcher::Prefetcher(const Hdf5Dataset* data, const TokenDataset* tokens, Samp
       count_(count),
       want_inputs_(want_inputs),
       want_targets_(want_targets),
+      preloaded_(preloaded),
       next_step_(first_step) {
   if (first_step < 0 || begin < 0 || count < 0 || begin + count > sampler.batch_size)
     throw Error(cat("prefetcher: first step ", first_step, " and slice [", begin, ", ", begin + count,
@@ -88,7 +89,9 @@ void Prefetcher::fill(HostBatch& batch, int64_t step) {
                   want_targets_ ? batch.class_targets.data() : nullptr);
     return;
   }
-  if (want_inputs_) {
+  if (want_inputs_ && preloaded_) {
+    batch.rows.assign(rows_.begin(), rows_.end());  // int32: the preloaded inputs' rows (checked at preload)
+  } else if (want_inputs_) {
     batch.inputs.resize(static_cast<size_t>(count_ * data_->features()));
     data_->read_inputs(rows_, batch.inputs.data());
   }

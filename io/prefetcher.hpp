@@ -22,6 +22,7 @@ struct HostBatch {
   std::vector<int32_t> tokens;         // (count, T) token ids of a language model's sequences
   std::vector<int32_t> class_targets;  // (count) class indices, or (count, T) next tokens; when requested
   std::vector<float> dense_targets;    // (count, K); dense targets, when targets were requested
+  std::vector<int32_t> rows;           // (count) the samples' rows in the file, when the inputs are preloaded
 };
 
 class Prefetcher {
@@ -29,8 +30,9 @@ class Prefetcher {
   // Reads, for steps first_step, first_step+1, ..., rows [begin, begin+count) of each global batch
   // (this replica's slice); inputs only if want_inputs, targets only if want_targets (the first
   // pipeline stage needs inputs, the last needs targets). `data` must outlive the Prefetcher.
+  // preloaded: the inputs are held on the device (data.preload): `rows` names the samples instead of reading them.
   Prefetcher(const Hdf5Dataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin, int64_t count,
-             bool want_inputs, bool want_targets);
+             bool want_inputs, bool want_targets, bool preloaded = false);
   // The same over a token file: sequences are the samples; inputs fill `tokens`, targets `class_targets`.
   Prefetcher(const TokenDataset& data, SamplerSpec sampler, int64_t first_step, int64_t begin, int64_t count,
              bool want_inputs, bool want_targets);
@@ -49,7 +51,7 @@ class Prefetcher {
     std::exception_ptr error;
   };
   Prefetcher(const Hdf5Dataset* data, const TokenDataset* tokens, SamplerSpec sampler, int64_t first_step,
-             int64_t begin, int64_t count, bool want_inputs, bool want_targets);
+             int64_t begin, int64_t count, bool want_inputs, bool want_targets, bool preloaded);
   void run();  // the thread: fills slot (step - first_step) % 2 whenever it is free
   void fill(HostBatch& batch, int64_t step);
   Slot& slot_of(int64_t step) { return slots_[static_cast<size_t>((step - first_step_) % 2)]; }
@@ -59,7 +61,7 @@ class Prefetcher {
   Sampler sampler_;            // used by the thread only
   std::vector<int64_t> rows_;  // (count) sample indices of the step being read; thread only
   const int64_t first_step_, begin_, count_;
-  const bool want_inputs_, want_targets_;
+  const bool want_inputs_, want_targets_, preloaded_;
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -322,6 +322,16 @@ std::vector<OpCase> all_cases() {
         return std::vector{out(be, "x", t)};
       });
     }
+    // dst (37, w) row i = src (50, w) row index[i], repeats and any order (data.preload's micro-batches, context
+    // parallelism's keys): widths of 16-byte words (64) and not (7).
+    for (int64_t w : {7, 64})
+      add("gather_rows_37_of_50x" + std::to_string(w) + sx, kTolExact, [=](Backend& be) {
+        std::vector<int32_t> index(37);
+        for (size_t i = 0; i < index.size(); ++i) index[i] = int32_t((i * 29 + 11) % 50);
+        Tensor src = input(be, {50, w}, 7, x), dst(be, {37, w}, x), idx = i32_tensor(be, index);
+        be.gather_rows(src, idx, dst);
+        return std::vector{out(be, "dst", dst)};
+      });
     add("copy_row_view_9x5" + sx, kTolExact, [=](Backend& be) {
       Tensor src = input(be, {9, 5}, 5, x), dst = input(be, {9, 5}, 6, x);
       Tensor dst_rows = dst.rows(2, 4);

@@ -139,6 +139,19 @@ TEST(Config, DocumentMask) {
   EXPECT_FALSE(back.data.reset_positions);
 }
 
+// data.preload: auto, on or off, kept by the effective config; an MLP's key (a language model's batches are ids).
+TEST(Config, Preload) {
+  EXPECT_EQ(parse_config_text(kBase, "cfg.toml").data.preload, "auto");
+  Config c = parse_config_text(kBase, "cfg.toml", {"data.preload=\"on\""});
+  EXPECT_EQ(parse_config_text(to_toml(c), "effective.toml").data.preload, "on");
+  const std::string bad = error_of(kBase, {"data.preload=\"yes\""});
+  EXPECT_NE(bad.find("data.preload: must be one of auto, off, on"), std::string::npos) << bad;
+  const std::string lm = "[model]\ntype = \"gpt\"\nvocab_size = 64\nblock_size = 16\nn_layer = 1\nn_head = 2\n"
+                         "n_embd = 8\n[data]\ntrain = \"t.h5\"\n[train]\nsteps = 1\nbatch_size = 1\n";
+  const std::string e = error_of(lm, {"data.preload=\"on\""});
+  EXPECT_NE(e.find("data.preload: holds an MLP's feature file"), std::string::npos) << e;
+}
+
 TEST(Config, MixtureOfExperts) {
   const std::string moe = "[model]\ntype = \"mixtral\"\nvocab_size = 64\nblock_size = 16\nn_layer = 2\nn_head = 2\n"
                           "n_embd = 8\nn_experts = 4\nexperts_per_token = 2\nmoe_ffn_hidden = 12\n[data]\ntrain = "

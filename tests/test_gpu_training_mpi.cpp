@@ -1,5 +1,5 @@
 // Training on the GPU with the real binary (issue "CUDA backend"): (dp, pp) = (1, 1) in fp32 matches
-// the CPU run; dp = 2 and pp = 2 with parallel.comm = "mpi" on one GPU match the serial run (and cp = 2, with and
+// the CPU run (the GPU's inputs preloaded, data.preload = "auto"); dp = 2 and pp = 2 with parallel.comm = "mpi" on one GPU match the serial run (and cp = 2, with and
 // without document masks); a checkpoint written on the GPU resumes on the CPU and the other way round; a Mixtral on
 // the GPU equals the CPU's run and its dp 2 x ep 2 run on one GPU the serial one. Tolerance as the
 // equivalence tests: |a - b| <= 1e-6 + 1e-5 |b|. Skipped, with the reason, without a CUDA device.
@@ -53,6 +53,9 @@ TEST_F(GpuTraining, SerialFp32MatchesCpu) {
   ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
   RunResult gpu = train(1, p_.config, {"run.dir=" + q(dir_.file("gpu")), "train.device=\"cuda\""});
   ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  // data.preload = "auto": the GPU run gathers its batches from inputs held on the device, the CPU run reads them
+  EXPECT_NE(gpu.output.find("relay: data.preload: the "), std::string::npos) << gpu.output;
+  EXPECT_EQ(cpu.output.find("relay: data.preload: the "), std::string::npos) << cpu.output;
   expect_close(read_losses(dir_.file("gpu")), read_losses(dir_.file("cpu")), "losses");
   expect_same_tensors(read_checkpoint(ckpt("gpu", 6)), read_checkpoint(ckpt("cpu", 6)), 1e-5, "final tensors");
 }

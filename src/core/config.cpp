@@ -247,13 +247,18 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     if (!common.count(k) && !own.count(k))
       model.fail(k, cat("is not a key of model.type = \"", c.model.type, "\" (its keys: ", Section::join(own), ")"));
 
-  Section data(tab("data"), "data", source, {"train", "eval", "shuffle", "seed", "document_mask", "reset_positions"});
+  Section data(tab("data"), "data", source,
+               {"train", "eval", "shuffle", "seed", "document_mask", "reset_positions", "preload"});
   data.str("train", c.data.train, true);
   data.str("eval", c.data.eval);
   data.boolean("shuffle", c.data.shuffle);
   data.u64("seed", c.data.seed);
   data.boolean("document_mask", c.data.document_mask);
   data.boolean("reset_positions", c.data.reset_positions);
+  data.choice("preload", c.data.preload, {"auto", "on", "off"});
+  if (c.data.preload == "on" && family.language_model())
+    data.fail("preload", "holds an MLP's feature file on the device; a language model's batches are token ids "
+                         "(4 bytes a token), read and uploaded as they are");
   if (c.data.document_mask && !family.language_model())
     data.fail("document_mask", "needs a language model (model.type = \"gpt\" or \"llama\"): an MLP has no documents");
 
@@ -443,6 +448,7 @@ std::string Config::to_toml(const ModelKeys& family) const {
   o << "\n[data]\ntrain = " << q(data.train) << "\n";
   if (!data.eval.empty()) o << "eval = " << q(data.eval) << "\n";
   o << "shuffle = " << (data.shuffle ? "true" : "false") << "\nseed = " << data.seed << "\n";
+  if (data.preload != "auto") o << "preload = " << q(data.preload) << "\n";
   if (data.document_mask)
     o << "document_mask = true\nreset_positions = " << (data.reset_positions ? "true" : "false") << "\n";
   o << "\n";

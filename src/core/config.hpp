@@ -61,6 +61,10 @@ struct Config {
     // positions restart at 0 with every document.
     bool document_mask = false;
     bool reset_positions = true;
+    // An MLP's training inputs held whole on the device, each micro-batch gathered there by its rows instead of read
+    // from the file and uploaded: "on", "off", or "auto" (on with a CUDA device when they take at most a quarter
+    // of its free memory).
+    std::string preload = "auto";
   } data;
   struct Train {
     int64_t steps = 0;

@@ -63,10 +63,23 @@ const int32_t* Executor::local_rows(const int32_t* full, int64_t samples) {
   return local_.data();
 }
 
+void Executor::preload_inputs(Tensor all) {
+  preloaded_ = std::move(all);
+  preload_rows_ = Tensor(be_, {mb_rows_}, DType::i32);
+}
+
 void Executor::upload_input(ModelChunk& ch, int slot, int64_t sample0, int64_t samples, const StepData& d) {
   Tensor in = ch.input(slot, samples * local_len_);
-  if (ch.in_width() == 0) be_.upload(in, local_rows(d.tokens + sample0 * seq_len_, samples));  // (samples x T/cp) ids
-  else be_.upload_f32(in, d.inputs + sample0 * ch.in_width());                                   // (samples, D)
+  if (ch.in_width() == 0) {
+    be_.upload(in, local_rows(d.tokens + sample0 * seq_len_, samples));  // (samples x T/cp) ids
+  } else if (d.rows) {  // data.preload: gathered on the device
+    RELAY_ASSERT(preloaded_.defined() && samples <= preload_rows_.numel(), "preloaded inputs: none, or too few rows");
+    Tensor rows = preload_rows_.rows(0, samples);                     // (samples) i32
+    be_.upload(rows, d.rows + sample0);
+    be_.gather_rows(preloaded_, rows, in);                           // (samples, D)
+  } else {
+    be_.upload_f32(in, d.inputs + sample0 * ch.in_width());          // (samples, D)
+  }
 }
 
 void Executor::upload_targets(int slot, int64_t sample0, int64_t samples, const StepData& d) {

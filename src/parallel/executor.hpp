@@ -26,6 +26,9 @@ struct StepData {
   const int32_t* tokens = nullptr;
   const int32_t* class_targets = nullptr;
   const float* dense_targets = nullptr;
+  // data.preload: the samples' rows (samples) of the inputs held on the device (Executor::preload_inputs), given
+  // instead of `inputs`.
+  const int32_t* rows = nullptr;
   // data.document_mask: the targets the loss counts over the whole global batch (every replica); the mean's
   // denominator, and 1 / it the gradients' scale. 0: every row counts (batch x T).
   int64_t counted_targets = 0;
@@ -62,6 +65,9 @@ class Executor {
   // Forward only over `samples` samples (eval); returns on the last stage the loss sum and correct
   // count over their rows (samples x seq_len), of which `counted` count (all but a document mask's ignored ones).
   void evaluate(int64_t samples, const StepData& data, double& loss_sum, int64_t& correct, int64_t& counted);
+  // data.preload: every training input (samples, D), in the first chunk's input dtype, held on the device; steps
+  // whose StepData names rows gather their micro-batches from it.
+  void preload_inputs(Tensor all);
 
  private:
   int peer_of_chunk(int chunk) const { return chunk % shape_.pp; }  // pp_comm rank
@@ -105,6 +111,8 @@ class Executor {
   std::vector<int32_t> doc_start_, positions_, q_pos_;  // (samples x T / cp) of the step or evaluation batch
   std::vector<int32_t> masked_targets_;          // (micro-batch rows) targets with the ignored ones -1
   std::vector<int32_t> local_, local2_;          // local_rows' results
+  Tensor preloaded_;                             // (samples in the file, D) data.preload's inputs, or undefined
+  Tensor preload_rows_;                          // (mb_rows) i32: a micro-batch's rows of preloaded_
 };
 
 }  // namespace relay

@@ -80,6 +80,40 @@ void open_data(Run& r) {
   }
 }
 
+// data.preload: this rank's first-stage training inputs, all of them, in the compute dtype on the device (read in
+// pieces of at most 64 MiB of float32). "auto" preloads on a GPU when they take at most a quarter of its free memory.
+void preload_inputs(Run& r) {
+  const Config& cfg = r.cfg;
+  const bool wants_inputs = r.grid.is_first_stage() && !r.documents.on() && r.grid.cp == 1;
+  if (!r.train_data.features || !wants_inputs || cfg.data.preload == "off") return;
+  const Hdf5Dataset& data = *r.train_data.features;
+  const int64_t N = data.samples(), D = data.features();
+  const DType dt = compute_dtype(cfg.train.precision);
+  const int64_t bytes = N * D * int64_t(dtype_size(dt));
+  if (cfg.data.preload == "auto" && (r.be->device() != Device::cuda || bytes > r.be->available_bytes() / 4)) return;
+  if (N > INT32_MAX)
+    throw Error(cat("data.preload: data.train (", cfg.data.train, ") has ", N, " samples; preloaded rows are indexed "
+                    "by int32 (at most ", INT32_MAX, "): set data.preload = \"off\""));
+  Tensor all(*r.be, {N, D}, dt);  // (N, D)
+  const int64_t piece = std::max<int64_t>(1, (int64_t(64) << 20) / (D * 4));
+  std::vector<int64_t> rows;
+  std::vector<float> host;
+  for (int64_t at = 0; at < N; at += piece) {
+    const int64_t len = std::min(piece, N - at);
+    rows.resize(size_t(len));
+    for (int64_t i = 0; i < len; ++i) rows[size_t(i)] = at + i;
+    host.resize(size_t(len * D));
+    data.read_inputs(rows, host.data());
+    Tensor part = all.rows(at, len);
+    r.be->upload_f32(part, host.data());
+  }
+  r.be->synchronize();  // host's pieces reused: every upload done before they go
+  r.executor->preload_inputs(all);
+  r.preloaded = true;
+  r.preload_note = cat("data.preload: the ", N, " x ", D, " training inputs (", dt == DType::bf16 ? "bf16" : "float32",
+                       ", ", mib(bytes), " MiB) are held on ", r.be->describe(), "; each micro-batch gathers its rows there");
+}
+
 }  // namespace
 
 void setup_grid_and_backend(Run& r) {
@@ -219,6 +253,7 @@ void setup_data_and_model(Run& r) {
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,
                                           lists[static_cast<size_t>(g.pp_rank)], r.mb_rows, r.layout.model.seq_len, B,
                                           r.tied_comm.get(), tied, r.documents, r.cp);
+  preload_inputs(r);
 }
 
 void teardown(Run& r) {

@@ -174,6 +174,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
     data.tokens = hb.tokens.empty() ? nullptr : hb.tokens.data();
     data.class_targets = hb.class_targets.empty() ? nullptr : hb.class_targets.data();
     data.dense_targets = hb.dense_targets.empty() ? nullptr : hb.dense_targets.data();
+    data.rows = hb.rows.empty() ? nullptr : hb.rows.data();
   }
   if (r.documents.on()) {  // the loss's denominator: counted targets over every replica
     // Each replica's count once (its cp ranks read the same sequences), summed over the dp x cp replicas.
@@ -314,6 +315,7 @@ std::unique_ptr<MetricsLog> start_log(Run& r, const std::string& resume_path) {
                 static_cast<long long>(r.mb_rows * r.layout.model.seq_len / g.cp), g.tp);
   if (cfg.train.recompute == "blocks")
     std::printf("relay: recomputing transformer blocks in the backward (only their inputs are kept)\n");
+  if (!r.preload_note.empty()) std::printf("relay: %s\n", r.preload_note.c_str());
   std::printf("relay: model %s, %lld parameters, stages:\n%s", cfg.model.type.c_str(),
               static_cast<long long>(r.layout.param_count()),
               describe_partition(r.layout.chunks, r.layout.blocks(), g.pp).c_str());
@@ -415,7 +417,7 @@ void start_prefetcher(Run& r) {
                                                 want_in, want_tg);
   else
     r.prefetcher = std::make_unique<Prefetcher>(*r.train_data.features, sampler, r.start_step, begin, r.replica_rows,
-                                                want_in, want_tg);
+                                                want_in, want_tg, r.preloaded);
 }
 
 }  // namespace
