@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU benchmark (measures, never fails): 8192 -> 4 x 8192 GELU -> 10, batch 8192, AdamW, in fp32 and
-# bf16, next to PyTorch on the same GPU (bench/torch_gpu_mlp.py). TFLOP/s = 6 x params x samples/s.
+# GPU benchmark (measures, never fails): 8192 -> 4 x 8192 GELU -> 10, batch 8192, AdamW, in fp32, tf32 and
+# bf16, next to PyTorch on the same GPU (bench/torch_gpu_mlp.py). TFLOP/s = 6 x params x samples/s. Relay's inputs
+# are preloaded on the GPU (data.preload = "auto"), as the PyTorch twin keeps its batch there.
 # Usage: bench/bench_gpu.sh [relay binary (build/relay)] [steps (30)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ LOG=$((STEPS / 3))
 printf "# Relay GPU benchmark: %s, %d steps, %d parameters; samples/s over the log windows after the first\n" \
   "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" "$STEPS" "$PARAMS"
 printf "%-12s %11s %9s %10s %13s\n" "precision" "samples/s" "TFLOP/s" "final_loss" "input_wait_s"
-for prec in fp32 bf16; do
+for prec in fp32 tf32 bf16; do
   dir="$work/$prec"
   "$RELAY" train --config configs/bench_gpu_mlp.toml --set "data.train=\"$work/train.h5\"" --set train.steps=$STEPS \
     --set train.log_every=$LOG --set "train.precision=\"$prec\"" --set "run.dir=\"$dir\"" >"$dir.log" 2>&1 || { tail "$dir.log"; continue; }

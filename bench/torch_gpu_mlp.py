@@ -2,11 +2,12 @@
 """PyTorch reference for Relay's GPU MLP benchmark (bench/bench_mlp --device cuda).
 
 Trains the same model on one GPU: input 8192 -> 4 hidden layers of 8192 with GELU -> 10 classes,
-batch 8192, AdamW, cross-entropy on synthetic data, in fp32 (TF32 off, as Relay's fp32 GEMMs) and
-with bf16 autocast (bf16 GEMM inputs, fp32 master weights, as Relay's train.precision = "bf16").
+batch 8192, AdamW, cross-entropy on synthetic data, in fp32 (TF32 off, as Relay's fp32 GEMMs), tf32 (fp32 with
+allow_tf32, as Relay's train.precision = "tf32") and with bf16 autocast (bf16 GEMM inputs, fp32 master weights, as
+Relay's train.precision = "bf16").
 Prints an nccl-tests style table; the formula for every derived column is in the header.
 
-  python3 bench/torch_gpu_mlp.py                      # both precisions, default sizes
+  python3 bench/torch_gpu_mlp.py                      # the three precisions, default sizes
   python3 bench/torch_gpu_mlp.py --precision bf16 --batch 4096 --steps 50
 
 Exit code 77 (skip) when PyTorch or a CUDA device is missing.
@@ -26,9 +27,9 @@ def parse_args():
     p.add_argument("--batch", type=int, default=8192, help="samples per step")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    p.add_argument("--precision", default="fp32,bf16", help="comma list of fp32, bf16")
+    p.add_argument("--precision", default="fp32,tf32,bf16", help="comma list of fp32, tf32, bf16")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--tf32", action="store_true", help="allow TF32 in fp32 GEMMs (Relay does not)")
+    p.add_argument("--tf32", action="store_true", help="allow TF32 in the fp32 row's GEMMs too (Relay does not)")
     p.add_argument("--seed", type=int, default=1234)
     return p.parse_args()
 
@@ -53,6 +54,7 @@ def run(torch, args, precision):
     x = torch.randn(args.batch, args.input, device=device)                 # (batch, input)
     y = torch.randint(0, args.classes, (args.batch,), device=device)       # (batch,)
     use_bf16 = precision == "bf16"
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32 or precision == "tf32"
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -89,8 +91,8 @@ def main():
         return 77
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     for p in precisions:
-        if p not in ("fp32", "bf16"):
-            print(f"error: --precision {p}: expected fp32 or bf16", file=sys.stderr)
+        if p not in ("fp32", "tf32", "bf16"):
+            print(f"error: --precision {p}: expected fp32, tf32 or bf16", file=sys.stderr)
             return 2
 
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
@@ -101,7 +103,7 @@ def main():
     print(f"# PyTorch reference MLP training: torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"{torch.cuda.get_device_name(0)}")
     print(f"# model: {dims}; params {params:,}; batch {args.batch}; AdamW lr {args.lr}; "
-          f"cross-entropy; tf32 {'on' if args.tf32 else 'off'}")
+          f"cross-entropy; tf32 {'on' if args.tf32 else 'off'} in the fp32 row")
     print(f"# steps: {args.warmup} warm-up, {args.steps} timed")
     print("# samples/s = batch / (time per step);  TFLOP/s = 6 x params x samples/s / 1e12")
     print("# ok: both losses finite (#wrong = 0)")

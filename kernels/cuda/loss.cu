@@ -3,6 +3,8 @@
 // overflow (llm.c's fused classifier).
 #include "kernels/cuda/loss.cuh"
 
+#include <cstdint>
+
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_utils.cuh"
 
@@ -10,35 +12,81 @@ namespace relay::cuda {
 
 // kernels ---------------------------------------------------------------------------------------
 
-// grid (n), block (kBlock)
+// A row of c values of X as a 16-byte-aligned body of words of 16 / sizeof(X) values between a scalar head and tail
+// (a vocabulary of 50,257 leaves rows at every 2-byte offset): the loss reads the logits' row in words.
+template <typename X>
+struct RowWords {
+  static constexpr int kPer = 16 / int(sizeof(X));
+  int64_t head, words;  // head values before the first aligned word; whole words after them
+  __device__ RowWords(const X* row, int64_t c) {
+    const int64_t to_word = int64_t((16 - reinterpret_cast<uintptr_t>(row) % 16) % 16 / sizeof(X));
+    head = to_word < c ? to_word : c;
+    words = (c - head) / kPer;
+  }
+};
+
+// grid (n), block (kBlock). Two passes over the row (llm.c's fused classifier, with an online softmax): each thread
+// keeps a running maximum and the sum of exp(x - its maximum) over its values, rescaled when the maximum grows; the
+// block combines them into the row's; the second pass writes the gradient (softmax - one-hot) x grad_scale. The
+// row is read in 16-byte words (RowWords).
 template <typename X>
 __global__ void cross_entropy_kernel(const X* logits, const int32_t* targets, float grad_scale, float* losses,
                                      X* dlogits, int64_t c) {
   const int64_t row = blockIdx.x;
   const X* xr = logits + row * c;  // (c)
+  const RowWords<X> rw(xr, c);
+  constexpr int P = RowWords<X>::kPer;
+  const uint4* body = reinterpret_cast<const uint4*>(xr + rw.head);  // (words) 16-byte words
 
-  float local_max = -INFINITY;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) local_max = fmaxf(local_max, load(xr[j]));
-  const float row_max = block_max(local_max);
-
-  float local_sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) local_sum += expf(load(xr[j]) - row_max);
-  const float sum = block_sum(local_sum);
+  float m = -INFINITY, s = 0.0f;  // this thread's running maximum and sum of exp(x - m)
+  auto see = [&](float x) {
+    if (x > m) {
+      s = s * expf(m - x) + 1.0f;  // m = -inf at first: expf(-inf) = 0
+      m = x;
+    } else if (x != -INFINITY) {
+      s += expf(x - m);
+    }
+  };
+  for (int64_t j = threadIdx.x; j < rw.head; j += blockDim.x) see(load(xr[j]));
+  for (int64_t i = threadIdx.x; i < rw.words; i += blockDim.x) {
+    const uint4 w = body[i];
+    const X* v = reinterpret_cast<const X*>(&w);
+#pragma unroll
+    for (int u = 0; u < P; ++u) see(load(v[u]));
+  }
+  for (int64_t j = rw.head + rw.words * P + threadIdx.x; j < c; j += blockDim.x) see(load(xr[j]));
+  const float row_max = block_max(m);
+  const float sum = block_sum(m == -INFINITY ? 0.0f : s * expf(m - row_max));
 
   const int32_t target = targets[row];
   const bool valid = target >= 0 && target < c, ignored = target < 0;  // ignored: no loss, no gradient
   if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : valid ? logf(sum) + row_max - load(xr[target]) : NAN;
 
   if (dlogits) {
-    // dlogits may alias logits: each thread reads xr[j] before writing dr[j] for the same j, and this
+    // dlogits may alias logits: each thread reads a value (or word) before writing the same positions, and this
     // barrier keeps thread 0's read of xr[target] for the loss ahead of every write.
     __syncthreads();
     X* dr = dlogits + row * c;  // (c)
     const float inv_sum = 1.0f / sum;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      const float p = expf(load(xr[j]) - row_max) * inv_sum;
+    auto grad = [&](int64_t j, float x) {
       const float onehot = (valid && j == target) ? 1.0f : 0.0f;
-      store(dr[j], ignored ? 0.0f : (p - onehot) * grad_scale);
+      return ignored ? 0.0f : (expf(x - row_max) * inv_sum - onehot) * grad_scale;
+    };
+    if (reinterpret_cast<uintptr_t>(dr) % 16 == reinterpret_cast<uintptr_t>(xr) % 16) {  // words in, words out
+      uint4* out = reinterpret_cast<uint4*>(dr + rw.head);
+      for (int64_t j = threadIdx.x; j < rw.head; j += blockDim.x) store(dr[j], grad(j, load(xr[j])));
+      for (int64_t i = threadIdx.x; i < rw.words; i += blockDim.x) {
+        const uint4 w = body[i];
+        const X* v = reinterpret_cast<const X*>(&w);
+        uint4 o;
+        X* ov = reinterpret_cast<X*>(&o);
+#pragma unroll
+        for (int u = 0; u < P; ++u) store(ov[u], grad(rw.head + i * P + u, load(v[u])));
+        out[i] = o;
+      }
+      for (int64_t j = rw.head + rw.words * P + threadIdx.x; j < c; j += blockDim.x) store(dr[j], grad(j, load(xr[j])));
+    } else {
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) store(dr[j], grad(j, load(xr[j])));
     }
   }
 }
