@@ -57,7 +57,8 @@ class LlamaLayer final : public Block {
     }
   }
 
-  // saved.t: the forward's intermediates, then the gradients backward_input leaves for backward_weight.
+  // saved.t: the forward's intermediates, then the gradients backward_input leaves for backward_weight (and kH, the
+  // SwiGLU output: scratch the forward's down projection reads and backward_weight recomputes, bitwise the same).
   // Widths are this tp rank's: H heads of hd (queries), KV heads (keys, values), F SwiGLU units.
   // Under sequence parallelism the row-wise ones (local()) hold this rank's m = n / tp rows.
   // Then, sized 0 when unused: q_norm / k_norm's inputs, rstds and output gradients (qk_norm), the attention output's
@@ -86,7 +87,7 @@ class LlamaLayer final : public Block {
     s[kRstd2] = {{m}, f32};
     s[kGate] = {{n, F}, a};
     s[kUp] = {{n, F}, a};
-    s[kH] = {{n, F}, a};
+    s[kH] = {{n, F}, a, true};  // scratch: the forward's SwiGLU output, recomputed for down's weight gradient
     s[kGRes1] = {{m, C}, a, true};
     s[kGGate] = {{n, F}, a, true};
     s[kGUp] = {{n, F}, a, true};
@@ -206,7 +207,9 @@ class LlamaLayer final : public Block {
       moe_->backward_weight(be, tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm"),
                             &s.t[kCount]);
     } else {
-      weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kH), *p_.down);
+      Tensor h = v(kH);  // (n, F) recomputed from the kept gate and up: a micro-batch does not keep it from its forward
+      be.swiglu_forward(v(kGate), v(kUp), h);
+      weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), h, *p_.down);
       const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
       weight_grad(be, v(kGGate), n2_all, *p_.gate);
       weight_grad(be, v(kGUp), n2_all, *p_.up);
