@@ -111,6 +111,9 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   const double elementwise = stream_s(d, e * s.elements_per_row * n) + s.kernels * d.kernel_launch_s;
   t.forward += elementwise;
   t.backward_input += 2 * elementwise;
+  // A dense Llama layer's backward_weight recomputes the SwiGLU output from the kept gate and up (read 2F, write F).
+  if (b.kind == BlockKind::llama_layer && !b.moe.on())
+    t.backward_weight += stream_s(d, e * 3.0 * double(b.ffn_hidden) / ctx.tp * n) + d.kernel_launch_s;
   // Tensor parallelism (Megatron-LM): a decoder block all-reduces its two row-parallel outputs in the forward and
   // its two column-parallel input gradients in the backward (under sequence parallelism an all-gather and a
   // reduce-scatter in their place: the same bytes); the vocabulary-parallel embedding sums its output, the head
