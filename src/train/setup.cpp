@@ -7,6 +7,7 @@
 
 #include "comm/mpi_check.hpp"
 #include "core/error.hpp"
+#include "core/memory.hpp"
 #include "parallel/simulator.hpp"
 #include "train/memory_plan.hpp"
 #include "train/run_state.hpp"
@@ -94,7 +95,8 @@ void preload_inputs(Run& r) {
   if (N > INT32_MAX)
     throw Error(cat("data.preload: data.train (", cfg.data.train, ") has ", N, " samples; preloaded rows are indexed "
                     "by int32 (at most ", INT32_MAX, "): set data.preload = \"off\""));
-  Tensor all(*r.be, {N, D}, dt);  // (N, D)
+  MemoryScope scope(MemKind::other);  // data, not one of the plan's kinds
+  Tensor all(*r.be, {N, D}, dt);      // (N, D)
   const int64_t piece = std::max<int64_t>(1, (int64_t(64) << 20) / (D * 4));
   std::vector<int64_t> rows;
   std::vector<float> host;
