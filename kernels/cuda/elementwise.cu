@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdint>
 
-
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_utils.cuh"
 

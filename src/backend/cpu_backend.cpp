@@ -125,6 +125,8 @@ namespace {
 // A group's rows [0, count) in pieces of power-of-two sizes >= 16 and one remainder below 16 (count's binary digits):
 // oneDNN caches a primitive per GEMM shape and creating one costs milliseconds, so the experts' row counts, different
 // every micro-batch, take at most log2(rows) + 16 shapes instead of one each.
+// Whether by_pieces cuts count into more than one piece: 16 or more rows that are not a power of two.
+bool several_pieces(int64_t count) { return count >= 16 && (count & (count - 1)) != 0; }
 template <typename F>
 void by_pieces(int64_t count, F&& f) {
   int64_t at = 0;
@@ -155,8 +157,7 @@ void CpuBackend::grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, c
     // A bf16 dw summed in more than one piece accumulates in float and is rounded once, as one GEMM (and CUDA's
     // grouped GEMM) rounds it: rounding every piece's partial sum cost up to one bf16 ulp (seen on an AVX512 host).
     const int64_t rows = offsets[g + 1] - offsets[g];
-    const bool pieces = rows >= 16 && (rows & (rows - 1)) != 0;
-    Tensor acc = w.dtype() == DType::bf16 && pieces ? Tensor(*this, w.shape(), DType::f32) : w;  // (n, k)
+    Tensor acc = w.dtype() == DType::bf16 && several_pieces(rows) ? Tensor(*this, w.shape(), DType::f32) : w;  // (n, k)
     if (acc.dtype() != w.dtype() && beta != 0.f) convert_impl(w, acc);
     float b = beta;  // the first piece scales dw[g] by beta, the others add to it
     by_pieces(rows, [&](int64_t at, int64_t len) {

@@ -68,6 +68,7 @@ class Executor {
   // data.preload: every training input (samples, D), in the first chunk's input dtype, held on the device; steps
   // whose StepData names rows gather their micro-batches from it.
   void preload_inputs(Tensor all);
+  bool preloaded() const { return preloaded_.defined(); }  // the prefetcher then hands over rows, not inputs
 
  private:
   int peer_of_chunk(int chunk) const { return chunk % shape_.pp; }  // pp_comm rank

@@ -57,8 +57,7 @@ struct Run {
   std::map<std::string, Param*> params;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<Prefetcher> prefetcher;
-  bool preloaded = false;    // data.preload: the training inputs are on the device (the prefetcher reads only rows)
-  std::string preload_note;  // the log line saying so
+  std::string preload_note;  // data.preload: the log line saying the training inputs are on the device
   std::unique_ptr<Tracer> tracer;  // [trace] steps; null when off
   ScheduleShape shape{};
   int64_t mb_rows = 0, replica_rows = 0, start_step = 0;

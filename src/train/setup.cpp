@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <cstdlib>
+#include <numeric>
 #include <thread>
 
 #include "comm/mpi_check.hpp"
@@ -83,10 +84,10 @@ void open_data(Run& r) {
 
 // data.preload: this rank's first-stage training inputs, all of them, in the compute dtype on the device (read in
 // pieces of at most 64 MiB of float32). "auto" preloads on a GPU when they take at most a quarter of its free memory.
+// (Feature files are an MLP's: no documents or cp, so only the first stage reads inputs.)
 void preload_inputs(Run& r) {
   const Config& cfg = r.cfg;
-  const bool wants_inputs = r.grid.is_first_stage() && !r.documents.on() && r.grid.cp == 1;
-  if (!r.train_data.features || !wants_inputs || cfg.data.preload == "off") return;
+  if (!r.train_data.features || !r.grid.is_first_stage() || cfg.data.preload == "off") return;
   const Hdf5Dataset& data = *r.train_data.features;
   const int64_t N = data.samples(), D = data.features();
   const DType dt = compute_dtype(cfg.train.precision);
@@ -103,15 +104,13 @@ void preload_inputs(Run& r) {
   for (int64_t at = 0; at < N; at += piece) {
     const int64_t len = std::min(piece, N - at);
     rows.resize(size_t(len));
-    for (int64_t i = 0; i < len; ++i) rows[size_t(i)] = at + i;
+    std::iota(rows.begin(), rows.end(), at);
     host.resize(size_t(len * D));
     data.read_inputs(rows, host.data());
     Tensor part = all.rows(at, len);
-    r.be->upload_f32(part, host.data());
+    r.be->upload_f32(part, host.data());  // host is read before it returns (staged), so the next piece may reuse it
   }
-  r.be->synchronize();  // host's pieces reused: every upload done before they go
   r.executor->preload_inputs(all);
-  r.preloaded = true;
   r.preload_note = cat("data.preload: the ", N, " x ", D, " training inputs (", dt == DType::bf16 ? "bf16" : "float32",
                        ", ", mib(bytes), " MiB) are held on ", r.be->describe(), "; each micro-batch gathers its rows there");
 }

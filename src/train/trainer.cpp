@@ -417,7 +417,7 @@ void start_prefetcher(Run& r) {
                                                 want_in, want_tg);
   else
     r.prefetcher = std::make_unique<Prefetcher>(*r.train_data.features, sampler, r.start_step, begin, r.replica_rows,
-                                                want_in, want_tg, r.preloaded);
+                                                want_in, want_tg, r.executor->preloaded());
 }
 
 }  // namespace
