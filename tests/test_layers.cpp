@@ -212,3 +212,26 @@ TEST(GptSpec, InitialisationIsGpt2sAndAPureFunctionOfSeedAndName) {
   EXPECT_NE(initial_values(m.blocks[1].params[2], 1), initial_values(m.blocks[2].params[2], 1));
   EXPECT_NE(initial_values(blk[2], 1), initial_values(blk[2], 2));
 }
+
+// A dense Llama layer keeps two (rows, ffn_hidden) values of a micro-batch from its forward, gate's and up's: the
+// SwiGLU output is a backward buffer (scratch the forward's down projection reads and backward_weight recomputes),
+// so schedules that run B and W together share one for every block and slot.
+TEST(LlamaSpec, SwigluOutputIsBackwardScratch) {
+  Config c;
+  c.model.type = "llama";
+  c.model.vocab_size = 64;
+  c.model.block_size = 16;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.n_kv_head = 1;
+  c.model.n_embd = 8;
+  c.model.ffn_hidden = 24;
+  const ModelSpec m = make_model_spec(c, 0);
+  const BlockSpec& layer = m.blocks.at(1);
+  ASSERT_EQ(layer.kind, BlockKind::llama_layer);
+  int kept = 0, scratch = 0;
+  for (const BufferSpec& b : saved_shapes(layer, 32, 1))
+    if (b.shape == Shape{32, 24}) (b.backward ? scratch : kept) += 1;
+  EXPECT_EQ(kept, 2);     // gate, up
+  EXPECT_EQ(scratch, 3);  // h, d gate, d up
+}
