@@ -11,7 +11,7 @@
 # "vs dense": relay tokens/s / relay llama-small's at the same precision (the issue's target: >= 0.75 in bf16);
 # "vs torch": relay / torch2 at the same precision (target: >= 2 in bf16 for qwen3_moe).
 # check: ok when every run's first loss is within 5% of ln(V) (a small-init model starts near uniform).
-# Usage: bench/bench_moe_cpu.sh [relay binary (build/relay)] [steps (20)] [threads (all cores)]
+# Usage: [TORCH2_PYTHON=python3] bench/bench_moe_cpu.sh [relay binary (build/relay)] [steps (20)] [threads (all cores)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
@@ -25,14 +25,22 @@ SKIP=$((STEPS / 4 > 2 ? STEPS / 4 : 2))
 T=64
 B=16
 
-torch2=""
-if torch2=$(/usr/bin/python3 tests/torch/pypi_venv.py hf 2>"$work/venv.err"); then :; else torch2=""; fi
+# TORCH2_PYTHON: a python with PyTorch 2.x and transformers already installed (a machine without network, such as
+# the GPU machine, whose host CPU has AVX512_BF16: bench/gpu_check.sh moe-cpu); otherwise the tests' cached venv.
+torch2=${TORCH2_PYTHON:-}
+if [[ -z $torch2 ]] && ! torch2=$(/usr/bin/python3 tests/torch/pypi_venv.py hf 2>"$work/venv.err"); then torch2=""; fi
 
 printf "# Relay MoE CPU benchmark: %d threads, %d steps (the first %d skipped), T %d, batch %d\n" "$THREADS" "$STEPS" \
   "$SKIP" "$T" "$B"
 cpu_info
-printf "# torch2: %s\n" "${torch2:-not available: $(tail -c 300 "$work/venv.err" | tr '\n' ' ')}"
-/usr/bin/python3 - "$work/tokens.h5" $((B * T * (STEPS + 2) + 1)) <<'PY'
+if [[ -n $torch2 ]]; then
+  printf "# torch2: %s (%s)\n" "$torch2" "$("$torch2" -c 'import torch, transformers; print("PyTorch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -n1)"
+else
+  printf "# torch2: not available: %s\n" "$(tail -c 300 "$work/venv.err" | tr '\n' ' ')"
+fi
+h5python=/usr/bin/python3  # the token file: whichever python has h5py (Debian's here; PATH's on the GPU machine)
+/usr/bin/python3 -c 'import h5py' 2>/dev/null || h5python=python3
+"$h5python" - "$work/tokens.h5" $((B * T * (STEPS + 2) + 1)) <<'PY'
 import sys, h5py, numpy as np
 with h5py.File(sys.argv[1], "w") as f:
     f.create_dataset("tokens", data=np.random.default_rng(1).integers(0, 256, int(sys.argv[2]), dtype=np.int32))

@@ -5,7 +5,8 @@
 # under /opt/relay-root: move it into place first, as every call of this session did:
 #   bench/gpu_bundle.sh here, then there: eval "$(bash .gpu-bundle/setup.sh)" && rm -rf build && mv /opt/relay-root/work/main/build-gpu build && bench/gpu_check.sh
 # Logs go to OUT (default /tmp/relay-gpu-check); a short summary is printed last.
-# Usage: bench/gpu_check.sh [parts ("tests mlp lm profile"; also "plan": the planner calibrated on this GPU)]
+# Usage: bench/gpu_check.sh [parts ("tests mlp lm profile"; also "plan": the planner calibrated on this GPU, and
+#   "moe-cpu": the MoE CPU benchmark on two of the host's cores, for its bf16)]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/relay-gpu-check}
@@ -68,6 +69,13 @@ for part in $PARTS; do
         grep -E "^(peak_bf16_flops|gemm_efficiency|attention_|memory_bandwidth|kernel_launch)" \
           "$OUT/logs/cal-$target.toml" | tee -a "$summary"
       done ;;
+    moe-cpu)
+      # Issue 25's CPU bf16 targets on this machine's host CPU (AVX512_BF16 where the development machine has none):
+      # bench/bench_moe_cpu.sh on two cores, 2 threads, against this machine's own PyTorch and transformers.
+      TORCH2_PYTHON=${TORCH2_PYTHON:-python3} timeout ${MOE_TIMEOUT:-240} taskset -c 0,1 bench/bench_moe_cpu.sh build/relay \
+        ${MOE_STEPS:-12} 2 >"$OUT/logs/bench_moe_cpu.log" 2>&1
+      echo "moe-cpu (exit $?):" | tee -a "$summary"
+      tee -a "$summary" <"$OUT/logs/bench_moe_cpu.log" ;;
     profile)
       # GPU time by op (RELAY_OP_PROFILE=1: CUDA events around every backend op) over 6 steps: GPT-2 124M and
       # Llama (SmolLM2 shape, T 1024) at micro-batch 16, bf16; the bf16 MLP of bench_gpu.sh.

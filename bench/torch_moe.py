@@ -12,7 +12,10 @@ Prints one line (torch_twin.report): tokens/s over the steps after the first SKI
 Usage: torch_moe.py CONFIG STEPS THREADS BLOCK BATCH [MODE (fp32)] [SKIP (STEPS/4)]
 """
 import sys
-import tomllib
+try:
+    import tomllib  # Python 3.11+
+except ImportError:  # an older python (a GPU machine's own): pip's copy of the same parser
+    from pip._vendor import tomli as tomllib
 
 import torch
 import torch.nn.functional as F
