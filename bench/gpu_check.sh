@@ -94,7 +94,9 @@ for part in $PARTS; do
           --set train.steps=${PROF_STEPS:-6} --set 'checkpoint.resume="none"' >"$OUT/logs/prof-$target.log" 2>&1
         echo "profile $target (exit $?):" | tee -a "$summary"
         sed -n '/GPU time by op/,$p' "$OUT/logs/prof-$target.log" | head -${PROF_LINES:-24} | tee -a "$summary"
-      done ;;
+      done
+      # PyTorch's SDPA at the profiles' attention shapes: per-call times beside Relay's flash_attention ops.
+      timeout 60 python3 bench/torch_gpu_attention.py 16 1024 2>&1 | tail -n 2 | tee -a "$summary" ;;
   esac
 done
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"

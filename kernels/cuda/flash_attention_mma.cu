@@ -15,7 +15,10 @@
 //   C (16 x 8, float):      c0, c1 = row g, cols 2c, 2c + 1; c2, c3 = row g + 8
 // so a C fragment pair (n-tiles 2j, 2j + 1) of S is, packed to bf16, the A fragment of P for keys 16j .. 16j + 15.
 // Tiles sit in shared memory as rows of HD bf16 padded to HD + 8 (16 bytes more): the 8 rows a fragment load
-// touches start 4 banks apart, free of bank conflicts, and every row is 16-byte aligned for ldmatrix.
+// touches start 4 banks apart, free of bank conflicts, and every row is 16-byte aligned for ldmatrix. Every fragment
+// is one ldmatrix.x4 (an A fragment, or the B fragments of two n-tiles). The tiles a block walks through (key tiles
+// of the forward and dQ, query tiles of dK/dV) come in two stages by cp.async: the next tile is in flight while
+// the current one is used.
 #include "kernels/cuda/flash_attention_mma.cuh"
 
 #include <climits>
@@ -31,6 +34,7 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kWarps;  // queries of a forward / dQ block, keys of a dK/dV block
+constexpr int kForwardKeys = 64;    // keys of a forward tile
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
 
@@ -47,26 +51,37 @@ __device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ inline uint32_t lds32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// One ldmatrix.x4: lanes 8i .. 8i + 7 give the row addresses of 8 x 8 matrix i; lane l receives, of each matrix, row
+// l / 4, elements 2 (l % 4) and 2 (l % 4) + 1 (.trans: column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1), in r[i].
+template <bool TRANS>
+__device__ inline void ldmatrix_x4(const bf16* p, uint32_t (&r)[4]) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  if constexpr (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
 
-// A fragment of rows r0 .. r0 + 15, columns c0 .. c0 + 15 of the shared tile s (rows LD apart).
+// A fragment of rows r0 .. r0 + 15, columns c0 .. c0 + 15 of the shared tile s (rows LD apart): matrices (rows 0..7,
+// cols 0..7) = a0, (rows 8..15, cols 0..7) = a1, (rows 0..7, cols 8..15) = a2, (rows 8..15, cols 8..15) = a3, so lane l
+// addresses row l % 16 at column 8 (l / 16).
 template <int LD>
 __device__ inline void load_a(const bf16* s, int r0, int c0, uint32_t (&a)[4]) {
   const int lane = threadIdx.x % 32;
-  const bf16* p = s + (r0 + lane / 4) * LD + c0 + 2 * (lane % 4);
-  a[0] = lds32(p);
-  a[1] = lds32(p + 8 * LD);
-  a[2] = lds32(p + 8);
-  a[3] = lds32(p + 8 * LD + 8);
+  ldmatrix_x4<false>(s + (r0 + lane % 16) * LD + c0 + (lane / 16) * 8, a);
 }
 
-// B fragment B[k][n] = s[n0 + n][k0 + k]: the tile's rows are B's columns (K in Q K^T, V in dO V^T).
+// Two B fragments B[k][n] = s[n0 + n][k0 + k] for n-tiles n0 (b[0], b[1]) and n0 + 8 (b[2], b[3]): the tile's rows are
+// B's columns (K in Q K^T, V in dO V^T, Q and dO in the dK/dV products). b0 of n-tile n0 is row n0 + g, columns
+// k0 + 2c, + 1 of s: matrix (rows n0..n0+7, cols k0..k0+7); b1 the columns k0 + 8..; then the rows n0 + 8...
 template <int LD>
-__device__ inline void load_b_rows(const bf16* s, int n0, int k0, uint32_t& b0, uint32_t& b1) {
-  const int lane = threadIdx.x % 32;
-  const bf16* p = s + (n0 + lane / 4) * LD + k0 + 2 * (lane % 4);
-  b0 = lds32(p);
-  b1 = lds32(p + 8);
+__device__ inline void load_b_rows_x2(const bf16* s, int n0, int k0, uint32_t (&b)[4]) {
+  const int lane = threadIdx.x % 32, i = lane / 8;
+  ldmatrix_x4<false>(s + (n0 + lane % 8 + (i >> 1) * 8) * LD + k0 + (i & 1) * 8, b);
 }
 
 // Two B fragments B[k][n] = s[k0 + k][n0 + n] for n-tiles n0 (b[0], b[1]) and n0 + 8 (b[2], b[3]): the tile's
@@ -76,22 +91,28 @@ __device__ inline void load_b_rows(const bf16* s, int n0, int k0, uint32_t& b0, 
 template <int LD>
 __device__ inline void load_b_cols_x2(const bf16* s, int k0, int n0, uint32_t (&b)[4]) {
   const int lane = threadIdx.x % 32, i = lane / 8, r = lane % 8;
-  const bf16* p = s + (k0 + r + (i & 1) * 8) * LD + n0 + (i >> 1) * 8;
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-               : "r"(addr));
+  ldmatrix_x4<true>(s + (k0 + r + (i & 1) * 8) * LD + n0 + (i >> 1) * 8, b);
 }
 
-// dst (ROWS, HD + 8) = rows [t0, t0 + ROWS) of src (T, ld), columns [0, HD); zeros beyond T. 16-byte copies.
+// 16 bytes global -> shared without passing through registers (cp.async, sm_80); `valid` false writes zeros and
+// reads nothing (src-size 0), src then only has to be a mapped address.
+__device__ inline void cp_async16(bf16* dst, const bf16* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Wait until at most N of this thread's committed groups are still in flight (then __syncthreads for everyone's).
+template <int N>
+__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Starts dst (ROWS, HD + 8) = rows [t0, t0 + ROWS) of src (T, ld), columns [0, HD); zeros beyond T. 16-byte
+// asynchronous copies, part of the caller's next cp_async_commit group.
 template <int HD, int ROWS>
-__device__ inline void load_tile(const bf16* src, int64_t ld, int t0, int T, bf16* dst) {
+__device__ inline void load_tile_async(const bf16* src, int64_t ld, int t0, int T, bf16* dst) {
   constexpr int kVecs = HD / 8;  // 16-byte vectors per row
   for (int i = threadIdx.x; i < ROWS * kVecs; i += kThreads) {
     const int r = i / kVecs, c = (i % kVecs) * 8, t = t0 + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (t < T) v = *reinterpret_cast<const uint4*>(src + int64_t(t) * ld + c);
-    *reinterpret_cast<uint4*>(dst + r * (HD + 8) + c) = v;
+    cp_async16(dst + r * (HD + 8) + c, src + (t < T ? int64_t(t) * ld + c : 0), t < T);
   }
 }
 
@@ -108,16 +129,15 @@ __device__ inline void a_from_c(const float (&x)[N][4], int kc, uint32_t (&a)[4]
 
 // --- forward ------------------------------------------------------------------------------------
 
-// grid (B*H, ceil(T / 64)), block 128, dynamic shared memory 3 x 64 x (HD + 8) bf16.
+// grid (B*H, ceil(T / 64)), block 128, dynamic shared memory (64 + 2 x 2 x 64) x (HD + 8) bf16.
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     mma_forward_kernel(const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv, bf16* out,
                        float* lse, int T, int H, int KV, const int32_t* doc_start) {
-  constexpr int LD = HD + 8, BN = 64, NT = BN / 8, KS = HD / 16, DT = HD / 8;
+  constexpr int LD = HD + 8, BN = kForwardKeys, NT = BN / 8, KS = HD / 16, DT = HD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);  // (64, LD) this block's queries
-  bf16* k_s = q_s + kRows * LD;               // (BN, LD) the current key tile
-  bf16* v_s = k_s + BN * LD;                  // (BN, LD) its values
+  bf16* kv_s = q_s + kRows * LD;              // two stages of [(BN, LD) a key tile, (BN, LD) its values]
   const int bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / KV), C = H * HD;
   const int q0 = blockIdx.y * kRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, c4 = lane % 4;
   const int wrow = q0 + 16 * warp;                         // the warp's first query
@@ -131,18 +151,32 @@ __global__ void __launch_bounds__(kThreads)
   const int lo[2] = {ds && rows[0] < T ? ds[rows[0]] : 0, ds && rows[1] < T ? ds[rows[1]] : 0};
   const int wlo = ds && wrow < T ? ds[wrow] : 0;
 
-  load_tile<HD, kRows>(qseq, ldq, q0, T, q_s);
   float o[DT][4];  // (16 x HD) of the warp's output, unnormalised
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // per row: running max (log2 units), partial sum
   const int q_last = min(T, q0 + kRows) - 1;
-  // Key tiles before the block's first document start are never loaded.
-  for (int k0 = ds ? ds[q0] / BN * BN : 0; k0 <= q_last; k0 += BN) {
-    __syncthreads();  // every warp is done with the previous tile
-    load_tile<HD, BN>(kseq, ldkv, k0, T, k_s);
-    load_tile<HD, BN>(vseq, ldkv, k0, T, v_s);
+  // Key tiles before the block's first document start are never loaded. Two stages: tile i + 1's copies are in
+  // flight while tile i is used. The first group holds the queries too.
+  const int k_first = ds ? ds[q0] / BN * BN : 0;
+  load_tile_async<HD, kRows>(qseq, ldq, q0, T, q_s);
+  load_tile_async<HD, BN>(kseq, ldkv, k_first, T, kv_s);
+  load_tile_async<HD, BN>(vseq, ldkv, k_first, T, kv_s + BN * LD);
+  cp_async_commit();
+  for (int k0 = k_first, st = 0; k0 <= q_last; k0 += BN, st ^= 1) {
+    __syncthreads();  // every warp is done with the previous tile, whose stage the next copies overwrite
+    if (k0 + BN <= q_last) {
+      bf16* next = kv_s + (st ^ 1) * 2 * BN * LD;
+      load_tile_async<HD, BN>(kseq, ldkv, k0 + BN, T, next);
+      load_tile_async<HD, BN>(vseq, ldkv, k0 + BN, T, next + BN * LD);
+      cp_async_commit();
+      cp_async_wait<1>();  // this tile's group is complete, the next one's may still be in flight
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    const bf16* k_s = kv_s + st * 2 * BN * LD;  // (BN, LD) the current key tile
+    const bf16* v_s = k_s + BN * LD;            // (BN, LD) its values
     if (k0 > wrow + 15) continue;  // every key of the tile is after every query of the warp
     if (k0 + BN <= wlo) continue;  // ... or before every query's document
     float s[NT][4];                // (16 x BN) scores
@@ -153,10 +187,11 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t a[4];
       load_a<LD>(q_s, 16 * warp, 16 * ks, a);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t b0, b1;
-        load_b_rows<LD>(k_s, 8 * nt, 16 * ks, b0, b1);
-        mma(s[nt], a, b0, b1);
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bb[4];
+        load_b_rows_x2<LD>(k_s, 16 * np, 16 * ks, bb);
+        mma(s[2 * np], a, bb[0], bb[1]);
+        mma(s[2 * np + 1], a, bb[2], bb[3]);
       }
     }
     // Scale, mask (keys after the query, keys beyond T, keys before the query's document), row max over the
@@ -234,7 +269,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- backward -----------------------------------------------------------------------------------
 
-// grid (B*H, ceil(T / 64)), block 128, dynamic shared memory (2 x 64 + 2 x BN) x (HD + 8) bf16.
+// grid (B*H, ceil(T / 64)), block 128, dynamic shared memory (2 x 64 + 2 x 2 x BN) x (HD + 8) bf16.
 template <int HD, int BN>
 __global__ void __launch_bounds__(kThreads)
     mma_dq_kernel(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv,
@@ -243,8 +278,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);  // (64, LD) this block's queries
   bf16* do_s = q_s + kRows * LD;              // (64, LD) their output gradients
-  bf16* k_s = do_s + kRows * LD;              // (BN, LD) the current key tile
-  bf16* v_s = k_s + BN * LD;                  // (BN, LD) its values
+  bf16* kv_s = do_s + kRows * LD;             // two stages of [(BN, LD) a key tile, (BN, LD) its values]
   const int bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / KV), C = H * HD;
   const int q0 = blockIdx.y * kRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, c4 = lane % 4;
   const int wrow = q0 + 16 * warp;
@@ -258,8 +292,6 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* ds = doc_start ? doc_start + int64_t(b) * T : nullptr;  // (T) document starts
   const int lo[2] = {ds && rows[0] < T ? ds[rows[0]] : 0, ds && rows[1] < T ? ds[rows[1]] : 0};
   const int wlo = ds && wrow < T ? ds[wrow] : 0;
-  load_tile<HD, kRows>(qseq, ldq, q0, T, q_s);
-  load_tile<HD, kRows>(dseq, C, q0, T, do_s);
   float lse2[2], drow[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -270,11 +302,27 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
   const int q_last = min(T, q0 + kRows) - 1;
-  for (int k0 = ds ? ds[q0] / BN * BN : 0; k0 <= q_last; k0 += BN) {
+  // Two stages, as in the forward: the first group holds the queries and their output gradients too.
+  const int k_first = ds ? ds[q0] / BN * BN : 0;
+  load_tile_async<HD, kRows>(qseq, ldq, q0, T, q_s);
+  load_tile_async<HD, kRows>(dseq, C, q0, T, do_s);
+  load_tile_async<HD, BN>(kseq, ldkv, k_first, T, kv_s);
+  load_tile_async<HD, BN>(vseq, ldkv, k_first, T, kv_s + BN * LD);
+  cp_async_commit();
+  for (int k0 = k_first, st = 0; k0 <= q_last; k0 += BN, st ^= 1) {
+    __syncthreads();  // every warp is done with the previous tile, whose stage the next copies overwrite
+    if (k0 + BN <= q_last) {
+      bf16* next = kv_s + (st ^ 1) * 2 * BN * LD;
+      load_tile_async<HD, BN>(kseq, ldkv, k0 + BN, T, next);
+      load_tile_async<HD, BN>(vseq, ldkv, k0 + BN, T, next + BN * LD);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    load_tile<HD, BN>(kseq, ldkv, k0, T, k_s);
-    load_tile<HD, BN>(vseq, ldkv, k0, T, v_s);
-    __syncthreads();
+    const bf16* k_s = kv_s + st * 2 * BN * LD;  // (BN, LD) the current key tile
+    const bf16* v_s = k_s + BN * LD;            // (BN, LD) its values
     if (k0 > wrow + 15 || k0 + BN <= wlo) continue;  // after every query of the warp, or before their documents
     float s[NT][4], dp[NT][4];  // (16 x BN) scores and dP = dO V^T
 #pragma unroll
@@ -287,12 +335,14 @@ __global__ void __launch_bounds__(kThreads)
       load_a<LD>(q_s, 16 * warp, 16 * ks, aq);
       load_a<LD>(do_s, 16 * warp, 16 * ks, ad);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t b0, b1;
-        load_b_rows<LD>(k_s, 8 * nt, 16 * ks, b0, b1);
-        mma(s[nt], aq, b0, b1);
-        load_b_rows<LD>(v_s, 8 * nt, 16 * ks, b0, b1);
-        mma(dp[nt], ad, b0, b1);
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bb[4];
+        load_b_rows_x2<LD>(k_s, 16 * np, 16 * ks, bb);
+        mma(s[2 * np], aq, bb[0], bb[1]);
+        mma(s[2 * np + 1], aq, bb[2], bb[3]);
+        load_b_rows_x2<LD>(v_s, 16 * np, 16 * ks, bb);
+        mma(dp[2 * np], ad, bb[0], bb[1]);
+        mma(dp[2 * np + 1], ad, bb[2], bb[3]);
       }
     }
     const bool edge = ds || k0 + BN - 1 > wrow || k0 + BN > T;
@@ -329,7 +379,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid (B*KV, ceil(T / 64)), block 128, dynamic shared memory (2 x 64 + 2 x BQ) x (HD + 8) bf16 + 2 x BQ floats.
+// grid (B*KV, ceil(T / 64)), block 128, dynamic shared memory (2 x 64 + 2 x 2 x BQ) x (HD + 8) bf16 + 2 x 3 x BQ
+// floats.
 template <int HD, int BQ>
 __global__ void __launch_bounds__(kThreads)
     mma_dkv_kernel(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv,
@@ -339,11 +390,9 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* k_s = reinterpret_cast<bf16*>(smem);  // (64, LD) this block's keys
   bf16* v_s = k_s + kRows * LD;               // (64, LD) their values
-  bf16* q_s = v_s + kRows * LD;               // (BQ, LD) the current query tile
-  bf16* do_s = q_s + BQ * LD;                 // (BQ, LD) its output gradients
-  float* lse2_s = reinterpret_cast<float*>(do_s + BQ * LD);  // (BQ) lse in log2 units
-  float* drow_s = lse2_s + BQ;                                // (BQ) D
-  int* lo_s = reinterpret_cast<int*>(drow_s + BQ);            // (BQ) each query's document start
+  bf16* qdo_s = v_s + kRows * LD;             // two stages of [(BQ, LD) a query tile, (BQ, LD) its output gradients]
+  // two stages of [(BQ) lse in log2 units, (BQ) D, (BQ) each query's document start (int)]
+  float* f_s = reinterpret_cast<float*>(qdo_s + 2 * 2 * BQ * LD);
   const int bkv = blockIdx.x, b = bkv / KV, kvh = bkv % KV, group = H / KV, C = H * HD;
   const int s0 = blockIdx.y * kRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, c4 = lane % 4;
   const int wkey = s0 + 16 * warp;  // the warp's first key
@@ -365,75 +414,95 @@ __global__ void __launch_bounds__(kThreads)
     }
     q_stop = lo;
   }
+  // The (query head, query tile) pairs that see the block's keys, heads in order, tiles from s0 (queries before s0
+  // see none of them): tile i's copies go to stage i % 2 while tile i - 1 is used.
+  const int n_q = (q_stop - s0 + BQ - 1) / BQ, tiles = group * n_q;
+  auto issue = [&](int i, int st) {
+    const int h = kvh * group + i / n_q, q0 = s0 + (i % n_q) * BQ;
+    bf16* qs = qdo_s + st * 2 * BQ * LD;
+    load_tile_async<HD, BQ>(q + int64_t(b) * T * ldq + int64_t(h) * HD, ldq, q0, T, qs);
+    load_tile_async<HD, BQ>(dout + int64_t(b) * T * C + int64_t(h) * HD, C, q0, T, qs + BQ * LD);
+    cp_async_commit();
+    if (threadIdx.x < BQ) {  // plain stores: read after the __syncthreads that precedes the tile's use
+      float* f = f_s + st * 3 * BQ;
+      const int t = q0 + threadIdx.x;
+      const int64_t at = int64_t(b * H + h) * T + t;
+      f[threadIdx.x] = t < T ? lse[at] * kLog2e : 0.0f;
+      f[BQ + threadIdx.x] = t < T ? row_dot[at] : 0.0f;
+      reinterpret_cast<int*>(f + 2 * BQ)[threadIdx.x] = t < T && ds ? ds[t] : 0;
+    }
+  };
 
-  load_tile<HD, kRows>(kseq, ldkv, s0, T, k_s);
-  load_tile<HD, kRows>(vseq, ldkv, s0, T, v_s);
+  load_tile_async<HD, kRows>(kseq, ldkv, s0, T, k_s);  // in the first tile's group
+  load_tile_async<HD, kRows>(vseq, ldkv, s0, T, v_s);
+  issue(0, 0);
   float dkacc[DT][4], dvacc[DT][4];  // (16 x HD) each: dK (before the scale) and dV of the warp's keys
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
     for (int j = 0; j < 4; ++j) dkacc[dt][j] = dvacc[dt][j] = 0.0f;
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {  // the query heads sharing these keys, in order
-    const int bh = b * H + h;
-    const bf16* qseq = q + int64_t(b) * T * ldq + int64_t(h) * HD;
-    const bf16* dseq = dout + int64_t(b) * T * C + int64_t(h) * HD;
-    for (int q0 = s0; q0 < q_stop; q0 += BQ) {  // queries before s0 see none of the block's keys
-      __syncthreads();
-      load_tile<HD, BQ>(qseq, ldq, q0, T, q_s);
-      load_tile<HD, BQ>(dseq, C, q0, T, do_s);
-      if (threadIdx.x < BQ) {
-        const int t = q0 + threadIdx.x;
-        lse2_s[threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : 0.0f;
-        drow_s[threadIdx.x] = t < T ? row_dot[int64_t(bh) * T + t] : 0.0f;
-        lo_s[threadIdx.x] = t < T && ds ? ds[t] : 0;
+  for (int tile = 0, stage = 0; tile < tiles; ++tile, stage ^= 1) {
+    __syncthreads();  // every warp is done with the previous tile, whose stage the next one overwrites
+    if (tile + 1 < tiles) {
+      issue(tile + 1, stage ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int q0 = s0 + (tile % n_q) * BQ;
+    const bf16* q_s = qdo_s + stage * 2 * BQ * LD;  // (BQ, LD) the current query tile
+    const bf16* do_s = q_s + BQ * LD;                // (BQ, LD) its output gradients
+    const float* lse2_s = f_s + stage * 3 * BQ;      // (BQ) lse in log2 units
+    const float* drow_s = lse2_s + BQ;               // (BQ) D
+    const int* lo_s = reinterpret_cast<const int*>(drow_s + BQ);  // (BQ) each query's document start
+    if (q0 + BQ - 1 < wkey) continue;  // every query of the tile is before every key of the warp
+    float st[NQ][4], dpt[NQ][4];       // (16 keys x BQ queries): S^T and dP^T = V dO^T
+#pragma unroll
+    for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) st[nt][j] = dpt[nt][j] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      uint32_t ak[4], av[4];
+      load_a<LD>(k_s, 16 * warp, 16 * ks, ak);
+      load_a<LD>(v_s, 16 * warp, 16 * ks, av);
+#pragma unroll
+      for (int np = 0; np < NQ / 2; ++np) {
+        uint32_t bb[4];
+        load_b_rows_x2<LD>(q_s, 16 * np, 16 * ks, bb);
+        mma(st[2 * np], ak, bb[0], bb[1]);
+        mma(st[2 * np + 1], ak, bb[2], bb[3]);
+        load_b_rows_x2<LD>(do_s, 16 * np, 16 * ks, bb);
+        mma(dpt[2 * np], av, bb[0], bb[1]);
+        mma(dpt[2 * np + 1], av, bb[2], bb[3]);
       }
-      __syncthreads();
-      if (q0 + BQ - 1 < wkey) continue;  // every query of the tile is before every key of the warp
-      float st[NQ][4], dpt[NQ][4];       // (16 keys x BQ queries): S^T and dP^T = V dO^T
+    }
+    const bool edge = ds || q0 < wkey + 15 || q0 + BQ > T;
 #pragma unroll
-      for (int nt = 0; nt < NQ; ++nt)
+    for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) st[nt][j] = dpt[nt][j] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        uint32_t ak[4], av[4];
-        load_a<LD>(k_s, 16 * warp, 16 * ks, ak);
-        load_a<LD>(v_s, 16 * warp, 16 * ks, av);
-#pragma unroll
-        for (int nt = 0; nt < NQ; ++nt) {
-          uint32_t b0, b1;
-          load_b_rows<LD>(q_s, 8 * nt, 16 * ks, b0, b1);
-          mma(st[nt], ak, b0, b1);
-          load_b_rows<LD>(do_s, 8 * nt, 16 * ks, b0, b1);
-          mma(dpt[nt], av, b0, b1);
-        }
+      for (int j = 0; j < 4; ++j) {
+        const int i = 8 * nt + 2 * c4 + (j & 1), t = q0 + i;  // the query of this element
+        const bool masked = edge && (t < keys[j / 2] || t >= T || lo_s[i] > keys[j / 2]);
+        const float p = masked ? 0.0f : exp2f(st[nt][j] * scale2 - lse2_s[i]);
+        st[nt][j] = p;                            // P^T
+        dpt[nt][j] = p * (dpt[nt][j] - drow_s[i]);  // dS^T
       }
-      const bool edge = ds || q0 < wkey + 15 || q0 + BQ > T;
 #pragma unroll
-      for (int nt = 0; nt < NQ; ++nt)
+    for (int kc = 0; kc < BQ / 16; ++kc) {  // dV += P^T dO, dK += dS^T Q, 16 queries at a time
+      uint32_t ap[4], ads[4];
+      a_from_c(st, kc, ap);
+      a_from_c(dpt, kc, ads);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i = 8 * nt + 2 * c4 + (j & 1), t = q0 + i;  // the query of this element
-          const bool masked = edge && (t < keys[j / 2] || t >= T || lo_s[i] > keys[j / 2]);
-          const float p = masked ? 0.0f : exp2f(st[nt][j] * scale2 - lse2_s[i]);
-          st[nt][j] = p;                            // P^T
-          dpt[nt][j] = p * (dpt[nt][j] - drow_s[i]);  // dS^T
-        }
-#pragma unroll
-      for (int kc = 0; kc < BQ / 16; ++kc) {  // dV += P^T dO, dK += dS^T Q, 16 queries at a time
-        uint32_t ap[4], ads[4];
-        a_from_c(st, kc, ap);
-        a_from_c(dpt, kc, ads);
-#pragma unroll
-        for (int dd = 0; dd < DT / 2; ++dd) {
-          uint32_t bb[4];
-          load_b_cols_x2<LD>(do_s, 16 * kc, 16 * dd, bb);
-          mma(dvacc[2 * dd], ap, bb[0], bb[1]);
-          mma(dvacc[2 * dd + 1], ap, bb[2], bb[3]);
-          load_b_cols_x2<LD>(q_s, 16 * kc, 16 * dd, bb);
-          mma(dkacc[2 * dd], ads, bb[0], bb[1]);
-          mma(dkacc[2 * dd + 1], ads, bb[2], bb[3]);
-        }
+      for (int dd = 0; dd < DT / 2; ++dd) {
+        uint32_t bb[4];
+        load_b_cols_x2<LD>(do_s, 16 * kc, 16 * dd, bb);
+        mma(dvacc[2 * dd], ap, bb[0], bb[1]);
+        mma(dvacc[2 * dd + 1], ap, bb[2], bb[3]);
+        load_b_cols_x2<LD>(q_s, 16 * kc, 16 * dd, bb);
+        mma(dkacc[2 * dd], ads, bb[0], bb[1]);
+        mma(dkacc[2 * dd + 1], ads, bb[2], bb[3]);
       }
     }
   }
@@ -462,7 +531,7 @@ void allow_shared(Kernel kernel, size_t bytes) {
 template <int HD>
 void forward(const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv, bf16* out, float* lse, int64_t B,
              int64_t T, int64_t H, int64_t KV, const int32_t* doc_start, cudaStream_t stream) {
-  const size_t smem = size_t(3 * kRows) * (HD + 8) * sizeof(bf16);
+  const size_t smem = size_t(kRows + 2 * 2 * kForwardKeys) * (HD + 8) * sizeof(bf16);  // the queries, two stages of K and V
   allow_shared(mma_forward_kernel<HD>, smem);
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kRows - 1) / kRows));
   mma_forward_kernel<HD><<<grid, kThreads, smem, stream>>>(q, k, v, ldq, ldkv, out, lse, int(T), int(H), int(KV),
@@ -476,13 +545,13 @@ void backward(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int
               const float* lse, const float* row_dot, bf16* dq, bf16* dk, bf16* dv, int64_t B, int64_t T, int64_t H,
               int64_t KV, const int32_t* doc_start, cudaStream_t stream) {
   constexpr int BN = HD <= 64 ? 64 : 32;
-  const size_t smem_q = size_t(2 * kRows + 2 * BN) * (HD + 8) * sizeof(bf16);
+  const size_t smem_q = size_t(2 * kRows + 2 * 2 * BN) * (HD + 8) * sizeof(bf16);
   allow_shared(mma_dq_kernel<HD, BN>, smem_q);
   const dim3 grid_q(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kRows - 1) / kRows));
   mma_dq_kernel<HD, BN><<<grid_q, kThreads, smem_q, stream>>>(dout, q, k, v, ldq, ldkv, lse, row_dot, dq, int(T),
                                                                int(H), int(KV), doc_start);
   CUDA_CHECK(cudaGetLastError());
-  const size_t smem_kv = size_t(2 * kRows + 2 * BN) * (HD + 8) * sizeof(bf16) + 2 * BN * sizeof(float) + BN * sizeof(int);
+  const size_t smem_kv = size_t(2 * kRows + 2 * 2 * BN) * (HD + 8) * sizeof(bf16) + 2 * 3 * BN * sizeof(float);
   allow_shared(mma_dkv_kernel<HD, BN>, smem_kv);
   const dim3 grid_kv(static_cast<unsigned>(B * KV), static_cast<unsigned>((T + kRows - 1) / kRows));
   mma_dkv_kernel<HD, BN><<<grid_kv, kThreads, smem_kv, stream>>>(dout, q, k, v, ldq, ldkv, lse, row_dot, dk, dv,
