@@ -15,7 +15,7 @@ namespace {
 template <bool kWork>
 inline void adamw_loop(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, float b1, float omb1,
                        float b2, float omb2, float step_size, float bc2_sqrt, float epsf, float decay) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > 8192)
   for (int64_t i = 0; i < n; ++i) {
     const float pi = p[i] * decay;
     const float mi = b1 * m[i] + omb1 * g[i];
@@ -31,7 +31,7 @@ inline void adamw_loop(float* p, const float* g, float* m, float* v, bf16* work,
 template <bool kWork>
 inline void sgd_loop(float* p, const float* g, float* buf, bf16* work, int64_t n, float lrf, float mom, float wd,
                      bool first_step) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > 8192)
   for (int64_t i = 0; i < n; ++i) {
     float d = g[i] + wd * p[i];
     if (mom != 0.f) {

@@ -5,7 +5,9 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
+#include <mutex>
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/flash_attention.hpp"
@@ -124,11 +126,16 @@ void CpuBackend::matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, boo
 namespace {
 // A group's rows [0, count) in pieces of power-of-two sizes >= 16 and one remainder below 16 (count's binary digits):
 // oneDNN caches a primitive per GEMM shape and creating one costs milliseconds, so the experts' row counts, different
-// every micro-batch, take at most log2(rows) + 16 shapes instead of one each.
-// Whether by_pieces cuts count into more than one piece: 16 or more rows that are not a power of two.
-bool several_pieces(int64_t count) { return count >= 16 && (count & (count - 1)) != 0; }
+// every micro-batch, take at most log2(rows) + 16 shapes instead of one each. f32 GEMMs run through dnnl_sgemm
+// (cpu::gemm), which caches nothing per shape: one piece.
+// Whether by_pieces cuts count into more than one piece: bf16, 16 or more rows that are not a power of two.
+bool several_pieces(DType t, int64_t count) { return t != DType::f32 && count >= 16 && (count & (count - 1)) != 0; }
 template <typename F>
-void by_pieces(int64_t count, F&& f) {
+void by_pieces(DType t, int64_t count, F&& f) {
+  if (t == DType::f32) {
+    if (count > 0) f(0, count);
+    return;
+  }
   int64_t at = 0;
   for (int64_t bit = int64_t(1) << 40; bit >= 16; bit >>= 1)
     if (count & bit) f(at, bit), at += bit;
@@ -136,36 +143,70 @@ void by_pieces(int64_t count, F&& f) {
 }
 }  // namespace
 
-// A loop over the groups with the cached oneDNN GEMMs (each one threaded), in row pieces.
+namespace {
+// Many groups (a MoE layer's experts, more than two a thread): the groups are spread over the threads, each group's
+// GEMMs run on one (oneDNN runs single-threaded inside a parallel region), so that a grouped GEMM forks and joins
+// once instead of once a group and piece. Fewer groups: one after another, each GEMM threaded. Which thread takes a
+// group changes no bit: a group's GEMMs are the same calls on either.
+bool across_groups(size_t groups) { return cpu::threads() > 1 && groups >= 2 * size_t(cpu::threads()); }
+template <typename F>
+void for_groups(size_t groups, F&& f) {
+  if (!across_groups(groups)) {
+    for (size_t g = 0; g < groups; ++g) f(g);
+    return;
+  }
+  std::exception_ptr failed;  // an exception must not leave the parallel region; the first is rethrown after it
+  std::mutex m;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t g = 0; g < int64_t(groups); ++g) {
+    try {
+      f(size_t(g));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(m);
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+}
+}  // namespace
+
+// The groups with the cached oneDNN GEMMs, in row pieces.
 void CpuBackend::grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
                                      const std::vector<int64_t>& offsets, float beta) {
-  for (size_t g = 0; g < b.size(); ++g)
-    by_pieces(offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
+  for_groups(b.size(), [&](size_t g) {
+    by_pieces(a.dtype(), offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
       Tensor yg = y.rows(offsets[g] + at, len);                                 // (len, n)
       matmul_impl(a.rows(offsets[g] + at, len), false, b[g], trans_b, yg, 1.f, beta);
     });
+  });
 }
 
 void CpuBackend::grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
                                             const std::vector<Tensor>& dw, float beta) {
+  // A bf16 dw summed in more than one piece accumulates in float and is rounded once, as one GEMM (and CUDA's
+  // grouped GEMM) rounds it: rounding every piece's partial sum cost up to one bf16 ulp (seen on an AVX512 host).
+  // The accumulators are made here, on the calling thread (its memory scope counts them), not in the loop.
+  std::vector<Tensor> acc(dw.size());
   for (size_t g = 0; g < dw.size(); ++g) {
+    const int64_t rows = offsets[g + 1] - offsets[g];
+    const bool widen = dw[g].dtype() == DType::bf16 && several_pieces(dy.dtype(), rows);
+    acc[g] = widen ? Tensor(*this, dw[g].shape(), DType::f32) : dw[g];  // (n, k)
+  }
+  for_groups(dw.size(), [&](size_t g) {
     Tensor w = dw[g];  // (n, k)
     if (offsets[g + 1] == offsets[g]) {  // no rows: an empty sum, dw[g] = beta dw[g] (matmul_impl's k == 0)
       if (beta != 1.f) matmul_impl(dy.rows(offsets[g], 0), true, x.rows(offsets[g], 0), false, w, 1.f, beta);
-      continue;
+      return;
     }
-    // A bf16 dw summed in more than one piece accumulates in float and is rounded once, as one GEMM (and CUDA's
-    // grouped GEMM) rounds it: rounding every piece's partial sum cost up to one bf16 ulp (seen on an AVX512 host).
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    Tensor acc = w.dtype() == DType::bf16 && several_pieces(rows) ? Tensor(*this, w.shape(), DType::f32) : w;  // (n, k)
-    if (acc.dtype() != w.dtype() && beta != 0.f) convert_impl(w, acc);
+    Tensor& sum = acc[g];  // (n, k)
+    if (sum.dtype() != w.dtype() && beta != 0.f) convert_impl(w, sum);
     float b = beta;  // the first piece scales dw[g] by beta, the others add to it
-    by_pieces(rows, [&](int64_t at, int64_t len) {
-      matmul_impl(dy.rows(offsets[g] + at, len), true, x.rows(offsets[g] + at, len), false, acc, 1.f, b);
+    by_pieces(dy.dtype(), offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
+      matmul_impl(dy.rows(offsets[g] + at, len), true, x.rows(offsets[g] + at, len), false, sum, 1.f, b);
       b = 1.f;
     });
-    if (acc.dtype() != w.dtype()) convert_impl(acc, w);
-  }
+    if (sum.dtype() != w.dtype()) convert_impl(sum, w);
+  });
 }
 
 #define X_OF(t) std::remove_pointer_t<decltype(t)>
