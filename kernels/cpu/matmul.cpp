@@ -148,8 +148,7 @@ Cache& cache() {
 // Plans are never evicted, so the reference stays valid after the lock is released.
 const Plan& plan_for(const MatmulArgs& p, bool has_bias) {
   const Key key{p.trans_a, p.trans_b, has_bias, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.ab_type, p.c_type,
-                has_bias ? p.bias_type : DType::f32, float_bits(p.alpha), float_bits(p.beta),
-                omp_in_parallel() ? 1 : omp_get_max_threads()};  // inside a parallel region oneDNN runs on one
+                has_bias ? p.bias_type : DType::f32, float_bits(p.alpha), float_bits(p.beta), omp_get_max_threads()};
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   auto it = c.plans.find(key);

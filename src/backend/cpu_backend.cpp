@@ -2,6 +2,8 @@
 // checks are the front door's (backend.cpp); this file only dispatches.
 #include "backend/cpu_backend.hpp"
 
+#include <omp.h>
+
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -144,10 +146,11 @@ void by_pieces(DType t, int64_t count, F&& f) {
 }  // namespace
 
 namespace {
-// Many groups (a MoE layer's experts, more than two a thread): the groups are spread over the threads, each group's
-// GEMMs run on one (oneDNN runs single-threaded inside a parallel region), so that a grouped GEMM forks and joins
-// once instead of once a group and piece. Fewer groups: one after another, each GEMM threaded. Which thread takes a
-// group changes no bit: a group's GEMMs are the same calls on either.
+// Many groups (a MoE layer's experts, two or more a thread): the groups are spread over the threads, each group's
+// GEMMs on one, so that a grouped GEMM forks and joins once instead of once a group and piece. Fewer groups: one
+// after another, each GEMM threaded. Each thread of the region sets its own thread count to 1 (as the CPU flash
+// attention does): dnnl_sgemm then runs on the calling thread, and a bf16 primitive made there is made, cached
+// (cpu::matmul keys it by omp_get_max_threads()) and run for one thread. Which thread takes a group changes no bit.
 bool across_groups(size_t groups) { return cpu::threads() > 1 && groups >= 2 * size_t(cpu::threads()); }
 template <typename F>
 void for_groups(size_t groups, F&& f) {
@@ -157,13 +160,17 @@ void for_groups(size_t groups, F&& f) {
   }
   std::exception_ptr failed;  // an exception must not leave the parallel region; the first is rethrown after it
   std::mutex m;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t g = 0; g < int64_t(groups); ++g) {
-    try {
-      f(size_t(g));
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(m);
-      if (!failed) failed = std::current_exception();
+#pragma omp parallel
+  {
+    omp_set_num_threads(1);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t g = 0; g < int64_t(groups); ++g) {
+      try {
+        f(size_t(g));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(m);
+        if (!failed) failed = std::current_exception();
+      }
     }
   }
   if (failed) std::rethrow_exception(failed);
