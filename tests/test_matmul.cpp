@@ -451,14 +451,15 @@ TEST(Linear, CpuEqualsUnfusedOps) {
 }
 
 // Backend::grouped_matmul and grouped_matmul_weight (a MoE layer's experts in one pass) against one matmul a group,
-// in f32: groups of 0, 37, 1, 0 and 20 rows of 64 (the last 6 rows in none: left alone; the CPU runs each group in
-// power-of-two row pieces, so 37 and 20 rows take several GEMMs), both transposes of b, beta 0 and 1; the weight
+// in f32, on 2 threads: groups of 0, 37, 1, 0 and 20 rows of 64 (one group above a thread's share of the rows: the
+// groups one after another, each GEMM threaded), and eight groups of 0 to 9 rows (the groups spread over the
+// threads, each on one); the last 6 rows in none: left alone. Both transposes of b, beta 0 and 1; the weight
 // gradients with beta 0.5, which an empty group's gradient is only scaled by. Within f32 rounding (oneDNN picks its
-// kernel by the row count, and a weight gradient's sum over rows is split at the pieces); rows in no group keep
-// their bits.
-TEST(GroupedMatmul, CpuEqualsOneMatmulAGroup) {
+// kernel by the row count and the threads); rows in no group keep their bits.
+class GroupedMatmul : public ::testing::TestWithParam<std::vector<int64_t>> {};
+TEST_P(GroupedMatmul, CpuEqualsOneMatmulAGroup) {
   auto be = make_backend(BackendOptions{Device::cpu, 2});
-  const std::vector<int64_t> offsets = {0, 0, 37, 38, 38, 58};
+  const std::vector<int64_t> offsets = GetParam();
   const int64_t rows = 64, n = 24, k = 40, G = int64_t(offsets.size()) - 1;
   auto filled = [&](relay::Shape shape, uint64_t seed) {
     Tensor t(*be, shape);
@@ -514,6 +515,10 @@ TEST(GroupedMatmul, CpuEqualsOneMatmulAGroup) {
     EXPECT_LE(worst, kF32Tol * scale) << "dw[" << g << "] of " << m << " rows";
   }
 }
+INSTANTIATE_TEST_SUITE_P(Groups, GroupedMatmul,
+                         ::testing::Values(std::vector<int64_t>{0, 0, 37, 38, 38, 58},
+                                           std::vector<int64_t>{0, 9, 9, 17, 25, 33, 41, 50, 58}),
+                         [](const auto& info) { return info.index == 0 ? "skewed" : "spread"; });
 
 // Backend::linear_backward_input against matmul + activation_backward: the same ops on the CPU, so the
 // same bits in f32 and bf16.

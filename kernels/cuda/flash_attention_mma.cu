@@ -116,6 +116,54 @@ __device__ inline void load_tile_async(const bf16* src, int64_t ld, int t0, int 
   }
 }
 
+// Key tiles in two stages (the forward and dQ kernels): key tile k0 and its values are, or are being, copied into
+// stage `cur` (BN rows of keys, then BN of values); starts tile k0 + BN's copies into the other stage when the block
+// needs it (k0 + BN <= last), then waits for this thread's copies of tile k0. A __syncthreads must follow before
+// the tile is read, and one must precede the call: the other stage was the previous tile's.
+template <int HD, int BN>
+__device__ inline const bf16* next_key_tile(const bf16* kseq, const bf16* vseq, int64_t ldkv, int k0, int last, int T,
+                                            bf16* stages, int cur) {
+  constexpr int LD = HD + 8;
+  if (k0 + BN <= last) {
+    bf16* next = stages + (cur ^ 1) * 2 * BN * LD;
+    load_tile_async<HD, BN>(kseq, ldkv, k0 + BN, T, next);
+    load_tile_async<HD, BN>(vseq, ldkv, k0 + BN, T, next + BN * LD);
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's group is complete, the next one's may still be in flight
+  } else {
+    cp_async_wait<0>();
+  }
+  return stages + cur * 2 * BN * LD;
+}
+
+// The backward's two score products over the head dimension for a warp's 16 rows r0.. of tiles a1 and a2, against
+// tiles b1 and b2 whose rows are the products' columns: x (16 x 8N) = a1 b1^T, y = a2 b2^T (S = Q K^T and
+// dP = dO V^T in dQ; S^T = K Q^T and dP^T = V dO^T in dK/dV).
+template <int LD, int KS, int N>
+__device__ inline void two_products(const bf16* a1, const bf16* a2, int r0, const bf16* b1, const bf16* b2,
+                                    float (&x)[N][4], float (&y)[N][4]) {
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[nt][j] = y[nt][j] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t f1[4], f2[4];
+    load_a<LD>(a1, r0, 16 * ks, f1);
+    load_a<LD>(a2, r0, 16 * ks, f2);
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      uint32_t bb[4];
+      load_b_rows_x2<LD>(b1, 16 * np, 16 * ks, bb);
+      mma(x[2 * np], f1, bb[0], bb[1]);
+      mma(x[2 * np + 1], f1, bb[2], bb[3]);
+      load_b_rows_x2<LD>(b2, 16 * np, 16 * ks, bb);
+      mma(y[2 * np], f2, bb[0], bb[1]);
+      mma(y[2 * np + 1], f2, bb[2], bb[3]);
+    }
+  }
+}
+
 // The A fragment of keys (or queries) 16 kc .. 16 kc + 15 from C fragments x (n-tiles of 8), packed to bf16.
 template <int N>
 __device__ inline void a_from_c(const float (&x)[N][4], int kc, uint32_t (&a)[4]) {
@@ -165,18 +213,9 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_commit();
   for (int k0 = k_first, st = 0; k0 <= q_last; k0 += BN, st ^= 1) {
     __syncthreads();  // every warp is done with the previous tile, whose stage the next copies overwrite
-    if (k0 + BN <= q_last) {
-      bf16* next = kv_s + (st ^ 1) * 2 * BN * LD;
-      load_tile_async<HD, BN>(kseq, ldkv, k0 + BN, T, next);
-      load_tile_async<HD, BN>(vseq, ldkv, k0 + BN, T, next + BN * LD);
-      cp_async_commit();
-      cp_async_wait<1>();  // this tile's group is complete, the next one's may still be in flight
-    } else {
-      cp_async_wait<0>();
-    }
+    const bf16* k_s = next_key_tile<HD, BN>(kseq, vseq, ldkv, k0, q_last, T, kv_s, st);  // (BN, LD) the key tile
+    const bf16* v_s = k_s + BN * LD;                                                     // (BN, LD) its values
     __syncthreads();
-    const bf16* k_s = kv_s + st * 2 * BN * LD;  // (BN, LD) the current key tile
-    const bf16* v_s = k_s + BN * LD;            // (BN, LD) its values
     if (k0 > wrow + 15) continue;  // every key of the tile is after every query of the warp
     if (k0 + BN <= wlo) continue;  // ... or before every query's document
     float s[NT][4];                // (16 x BN) scores
@@ -311,40 +350,12 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_commit();
   for (int k0 = k_first, st = 0; k0 <= q_last; k0 += BN, st ^= 1) {
     __syncthreads();  // every warp is done with the previous tile, whose stage the next copies overwrite
-    if (k0 + BN <= q_last) {
-      bf16* next = kv_s + (st ^ 1) * 2 * BN * LD;
-      load_tile_async<HD, BN>(kseq, ldkv, k0 + BN, T, next);
-      load_tile_async<HD, BN>(vseq, ldkv, k0 + BN, T, next + BN * LD);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const bf16* k_s = next_key_tile<HD, BN>(kseq, vseq, ldkv, k0, q_last, T, kv_s, st);  // (BN, LD) the key tile
+    const bf16* v_s = k_s + BN * LD;                                                     // (BN, LD) its values
     __syncthreads();
-    const bf16* k_s = kv_s + st * 2 * BN * LD;  // (BN, LD) the current key tile
-    const bf16* v_s = k_s + BN * LD;            // (BN, LD) its values
     if (k0 > wrow + 15 || k0 + BN <= wlo) continue;  // after every query of the warp, or before their documents
     float s[NT][4], dp[NT][4];  // (16 x BN) scores and dP = dO V^T
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) s[nt][j] = dp[nt][j] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t aq[4], ad[4];
-      load_a<LD>(q_s, 16 * warp, 16 * ks, aq);
-      load_a<LD>(do_s, 16 * warp, 16 * ks, ad);
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t bb[4];
-        load_b_rows_x2<LD>(k_s, 16 * np, 16 * ks, bb);
-        mma(s[2 * np], aq, bb[0], bb[1]);
-        mma(s[2 * np + 1], aq, bb[2], bb[3]);
-        load_b_rows_x2<LD>(v_s, 16 * np, 16 * ks, bb);
-        mma(dp[2 * np], ad, bb[0], bb[1]);
-        mma(dp[2 * np + 1], ad, bb[2], bb[3]);
-      }
-    }
+    two_products<LD, KS>(q_s, do_s, 16 * warp, k_s, v_s, s, dp);
     const bool edge = ds || k0 + BN - 1 > wrow || k0 + BN > T;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -458,26 +469,7 @@ __global__ void __launch_bounds__(kThreads)
     const int* lo_s = reinterpret_cast<const int*>(drow_s + BQ);  // (BQ) each query's document start
     if (q0 + BQ - 1 < wkey) continue;  // every query of the tile is before every key of the warp
     float st[NQ][4], dpt[NQ][4];       // (16 keys x BQ queries): S^T and dP^T = V dO^T
-#pragma unroll
-    for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) st[nt][j] = dpt[nt][j] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t ak[4], av[4];
-      load_a<LD>(k_s, 16 * warp, 16 * ks, ak);
-      load_a<LD>(v_s, 16 * warp, 16 * ks, av);
-#pragma unroll
-      for (int np = 0; np < NQ / 2; ++np) {
-        uint32_t bb[4];
-        load_b_rows_x2<LD>(q_s, 16 * np, 16 * ks, bb);
-        mma(st[2 * np], ak, bb[0], bb[1]);
-        mma(st[2 * np + 1], ak, bb[2], bb[3]);
-        load_b_rows_x2<LD>(do_s, 16 * np, 16 * ks, bb);
-        mma(dpt[2 * np], av, bb[0], bb[1]);
-        mma(dpt[2 * np + 1], av, bb[2], bb[3]);
-      }
-    }
+    two_products<LD, KS>(k_s, v_s, 16 * warp, q_s, do_s, st, dpt);
     const bool edge = ds || q0 < wkey + 15 || q0 + BQ > T;
 #pragma unroll
     for (int nt = 0; nt < NQ; ++nt)

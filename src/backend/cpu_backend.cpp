@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -147,14 +148,22 @@ void by_pieces(DType t, int64_t count, F&& f) {
 
 namespace {
 // Many groups (a MoE layer's experts, two or more a thread): the groups are spread over the threads, each group's
-// GEMMs on one, so that a grouped GEMM forks and joins once instead of once a group and piece. Fewer groups: one
-// after another, each GEMM threaded. Each thread of the region sets its own thread count to 1 (as the CPU flash
+// GEMMs on one, so that a grouped GEMM forks and joins once instead of once a group and piece. Fewer groups, or one
+// with more than a thread's share of the rows: one after another, each GEMM threaded. Each thread of the region sets its own thread count to 1 (as the CPU flash
 // attention does): dnnl_sgemm then runs on the calling thread, and a bf16 primitive made there is made, cached
 // (cpu::matmul keys it by omp_get_max_threads()) and run for one thread. Which thread takes a group changes no bit.
-bool across_groups(size_t groups) { return cpu::threads() > 1 && groups >= 2 * size_t(cpu::threads()); }
+// Not when one group holds more than a thread's share of the rows (skewed routing): it would run on one thread.
+bool across_groups(const std::vector<int64_t>& offsets) {
+  const int64_t threads = cpu::threads(), groups = int64_t(offsets.size()) - 1;
+  if (threads < 2 || groups < 2 * threads) return false;
+  int64_t largest = 0;
+  for (int64_t g = 0; g < groups; ++g) largest = std::max(largest, offsets[size_t(g) + 1] - offsets[size_t(g)]);
+  return largest * threads <= offsets.back() - offsets.front();
+}
 template <typename F>
-void for_groups(size_t groups, F&& f) {
-  if (!across_groups(groups)) {
+void for_groups(const std::vector<int64_t>& offsets, F&& f) {
+  const size_t groups = offsets.size() - 1;
+  if (!across_groups(offsets)) {
     for (size_t g = 0; g < groups; ++g) f(g);
     return;
   }
@@ -180,7 +189,7 @@ void for_groups(size_t groups, F&& f) {
 // The groups with the cached oneDNN GEMMs, in row pieces.
 void CpuBackend::grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
                                      const std::vector<int64_t>& offsets, float beta) {
-  for_groups(b.size(), [&](size_t g) {
+  for_groups(offsets, [&](size_t g) {
     by_pieces(a.dtype(), offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
       Tensor yg = y.rows(offsets[g] + at, len);                                 // (len, n)
       matmul_impl(a.rows(offsets[g] + at, len), false, b[g], trans_b, yg, 1.f, beta);
@@ -192,20 +201,22 @@ void CpuBackend::grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, c
                                             const std::vector<Tensor>& dw, float beta) {
   // A bf16 dw summed in more than one piece accumulates in float and is rounded once, as one GEMM (and CUDA's
   // grouped GEMM) rounds it: rounding every piece's partial sum cost up to one bf16 ulp (seen on an AVX512 host).
-  // The accumulators are made here, on the calling thread (its memory scope counts them), not in the loop.
+  // Tensors are made on the calling thread (its memory scope counts them): across the threads, every group's
+  // accumulator before the loop; one after another, each in its turn.
+  auto widened = [&](size_t g) {
+    const bool widen = dw[g].dtype() == DType::bf16 && several_pieces(dy.dtype(), offsets[g + 1] - offsets[g]);
+    return widen ? Tensor(*this, dw[g].shape(), DType::f32) : dw[g];  // (n, k)
+  };
   std::vector<Tensor> acc(dw.size());
-  for (size_t g = 0; g < dw.size(); ++g) {
-    const int64_t rows = offsets[g + 1] - offsets[g];
-    const bool widen = dw[g].dtype() == DType::bf16 && several_pieces(dy.dtype(), rows);
-    acc[g] = widen ? Tensor(*this, dw[g].shape(), DType::f32) : dw[g];  // (n, k)
-  }
-  for_groups(dw.size(), [&](size_t g) {
+  if (across_groups(offsets))
+    for (size_t g = 0; g < dw.size(); ++g) acc[g] = widened(g);
+  for_groups(offsets, [&](size_t g) {
     Tensor w = dw[g];  // (n, k)
     if (offsets[g + 1] == offsets[g]) {  // no rows: an empty sum, dw[g] = beta dw[g] (matmul_impl's k == 0)
       if (beta != 1.f) matmul_impl(dy.rows(offsets[g], 0), true, x.rows(offsets[g], 0), false, w, 1.f, beta);
       return;
     }
-    Tensor& sum = acc[g];  // (n, k)
+    Tensor sum = acc[g].defined() ? acc[g] : widened(g);  // (n, k)
     if (sum.dtype() != w.dtype() && beta != 0.f) convert_impl(w, sum);
     float b = beta;  // the first piece scales dw[g] by beta, the others add to it
     by_pieces(dy.dtype(), offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
