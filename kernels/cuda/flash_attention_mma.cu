@@ -136,30 +136,22 @@ __device__ inline const bf16* next_key_tile(const bf16* kseq, const bf16* vseq, 
   return stages + cur * 2 * BN * LD;
 }
 
-// The backward's two score products over the head dimension for a warp's 16 rows r0.. of tiles a1 and a2, against
-// tiles b1 and b2 whose rows are the products' columns: x (16 x 8N) = a1 b1^T, y = a2 b2^T (S = Q K^T and
-// dP = dO V^T in dQ; S^T = K Q^T and dP^T = V dO^T in dK/dV).
+// Scores over the head dimension for a warp's 16 rows r0.. of tile a, against tile b whose rows are the columns:
+// x (16 x 8N) = a b^T (S = Q K^T in the forward and dQ, dP = dO V^T; S^T = K Q^T and dP^T = V dO^T in dK/dV).
 template <int LD, int KS, int N>
-__device__ inline void two_products(const bf16* a1, const bf16* a2, int r0, const bf16* b1, const bf16* b2,
-                                    float (&x)[N][4], float (&y)[N][4]) {
+__device__ inline void scores(const bf16* a, int r0, const bf16* b, float (&x)[N][4]) {
 #pragma unroll
-  for (int nt = 0; nt < N; ++nt)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) x[nt][j] = y[nt][j] = 0.0f;
+  for (int nt = 0; nt < N; ++nt) x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
-    uint32_t f1[4], f2[4];
-    load_a<LD>(a1, r0, 16 * ks, f1);
-    load_a<LD>(a2, r0, 16 * ks, f2);
+    uint32_t f[4];
+    load_a<LD>(a, r0, 16 * ks, f);
 #pragma unroll
     for (int np = 0; np < N / 2; ++np) {
       uint32_t bb[4];
-      load_b_rows_x2<LD>(b1, 16 * np, 16 * ks, bb);
-      mma(x[2 * np], f1, bb[0], bb[1]);
-      mma(x[2 * np + 1], f1, bb[2], bb[3]);
-      load_b_rows_x2<LD>(b2, 16 * np, 16 * ks, bb);
-      mma(y[2 * np], f2, bb[0], bb[1]);
-      mma(y[2 * np + 1], f2, bb[2], bb[3]);
+      load_b_rows_x2<LD>(b, 16 * np, 16 * ks, bb);
+      mma(x[2 * np], f, bb[0], bb[1]);
+      mma(x[2 * np + 1], f, bb[2], bb[3]);
     }
   }
 }
@@ -171,6 +163,24 @@ __device__ inline void a_from_c(const float (&x)[N][4], int kc, uint32_t (&a)[4]
   a[1] = pack_bf16(x[2 * kc][2], x[2 * kc][3]);
   a[2] = pack_bf16(x[2 * kc + 1][0], x[2 * kc + 1][1]);
   a[3] = pack_bf16(x[2 * kc + 1][2], x[2 * kc + 1][3]);
+}
+
+// acc (16 x HD) += p (16 x 16 KC, C fragments of a warp's rows, rounded to bf16) @ tile rows [0, 16 KC): O += P V in
+// the forward, dQ += dS K, dV += P^T dO and dK += dS^T Q.
+template <int LD, int KC, int N, int DT>
+__device__ inline void accumulate(const float (&p)[N][4], const bf16* tile, float (&acc)[DT][4]) {
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) {
+    uint32_t a[4];
+    a_from_c(p, kc, a);
+#pragma unroll
+    for (int dd = 0; dd < DT / 2; ++dd) {
+      uint32_t bb[4];
+      load_b_cols_x2<LD>(tile, 16 * kc, 16 * dd, bb);
+      mma(acc[2 * dd], a, bb[0], bb[1]);
+      mma(acc[2 * dd + 1], a, bb[2], bb[3]);
+    }
+  }
 }
 
 // kernels ---------------------------------------------------------------------------------------
@@ -219,20 +229,7 @@ __global__ void __launch_bounds__(kThreads)
     if (k0 > wrow + 15) continue;  // every key of the tile is after every query of the warp
     if (k0 + BN <= wlo) continue;  // ... or before every query's document
     float s[NT][4];                // (16 x BN) scores
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t a[4];
-      load_a<LD>(q_s, 16 * warp, 16 * ks, a);
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t bb[4];
-        load_b_rows_x2<LD>(k_s, 16 * np, 16 * ks, bb);
-        mma(s[2 * np], a, bb[0], bb[1]);
-        mma(s[2 * np + 1], a, bb[2], bb[3]);
-      }
-    }
+    scores<LD, KS>(q_s, 16 * warp, k_s, s);
     // Scale, mask (keys after the query, keys beyond T, keys before the query's document), row max over the
     // quad that shares a row.
     const bool edge = ds || k0 + BN - 1 > wrow || k0 + BN > T;
@@ -275,18 +272,7 @@ __global__ void __launch_bounds__(kThreads)
       o[dt][2] *= corr[1];
       o[dt][3] *= corr[1];
     }
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) {  // O += P V, 16 keys at a time
-      uint32_t a[4];
-      a_from_c(s, kc, a);
-#pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
-        uint32_t bb[4];
-        load_b_cols_x2<LD>(v_s, 16 * kc, 16 * dp, bb);
-        mma(o[2 * dp], a, bb[0], bb[1]);
-        mma(o[2 * dp + 1], a, bb[2], bb[3]);
-      }
-    }
+    accumulate<LD, BN / 16>(s, v_s, o);  // O += P V
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -355,7 +341,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (k0 > wrow + 15 || k0 + BN <= wlo) continue;  // after every query of the warp, or before their documents
     float s[NT][4], dp[NT][4];  // (16 x BN) scores and dP = dO V^T
-    two_products<LD, KS>(q_s, do_s, 16 * warp, k_s, v_s, s, dp);
+    scores<LD, KS>(q_s, 16 * warp, k_s, s);
+    scores<LD, KS>(do_s, 16 * warp, v_s, dp);
     const bool edge = ds || k0 + BN - 1 > wrow || k0 + BN > T;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -366,18 +353,7 @@ __global__ void __launch_bounds__(kThreads)
         const float p = masked ? 0.0f : exp2f(s[nt][j] * scale2 - lse2[j / 2]);
         s[nt][j] = p * (dp[nt][j] - drow[j / 2]);  // dS
       }
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) {  // dQ += dS K, 16 keys at a time
-      uint32_t a[4];
-      a_from_c(s, kc, a);
-#pragma unroll
-      for (int dd = 0; dd < DT / 2; ++dd) {
-        uint32_t bb[4];
-        load_b_cols_x2<LD>(k_s, 16 * kc, 16 * dd, bb);
-        mma(acc[2 * dd], a, bb[0], bb[1]);
-        mma(acc[2 * dd + 1], a, bb[2], bb[3]);
-      }
-    }
+    accumulate<LD, BN / 16>(s, k_s, acc);  // dQ += dS K
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -469,7 +445,8 @@ __global__ void __launch_bounds__(kThreads)
     const int* lo_s = reinterpret_cast<const int*>(drow_s + BQ);  // (BQ) each query's document start
     if (q0 + BQ - 1 < wkey) continue;  // every query of the tile is before every key of the warp
     float st[NQ][4], dpt[NQ][4];       // (16 keys x BQ queries): S^T and dP^T = V dO^T
-    two_products<LD, KS>(k_s, v_s, 16 * warp, q_s, do_s, st, dpt);
+    scores<LD, KS>(k_s, 16 * warp, q_s, st);
+    scores<LD, KS>(v_s, 16 * warp, do_s, dpt);
     const bool edge = ds || q0 < wkey + 15 || q0 + BQ > T;
 #pragma unroll
     for (int nt = 0; nt < NQ; ++nt)
@@ -481,22 +458,8 @@ __global__ void __launch_bounds__(kThreads)
         st[nt][j] = p;                            // P^T
         dpt[nt][j] = p * (dpt[nt][j] - drow_s[i]);  // dS^T
       }
-#pragma unroll
-    for (int kc = 0; kc < BQ / 16; ++kc) {  // dV += P^T dO, dK += dS^T Q, 16 queries at a time
-      uint32_t ap[4], ads[4];
-      a_from_c(st, kc, ap);
-      a_from_c(dpt, kc, ads);
-#pragma unroll
-      for (int dd = 0; dd < DT / 2; ++dd) {
-        uint32_t bb[4];
-        load_b_cols_x2<LD>(do_s, 16 * kc, 16 * dd, bb);
-        mma(dvacc[2 * dd], ap, bb[0], bb[1]);
-        mma(dvacc[2 * dd + 1], ap, bb[2], bb[3]);
-        load_b_cols_x2<LD>(q_s, 16 * kc, 16 * dd, bb);
-        mma(dkacc[2 * dd], ads, bb[0], bb[1]);
-        mma(dkacc[2 * dd + 1], ads, bb[2], bb[3]);
-      }
-    }
+    accumulate<LD, BQ / 16>(st, do_s, dvacc);   // dV += P^T dO
+    accumulate<LD, BQ / 16>(dpt, q_s, dkacc);   // dK += dS^T Q
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -523,7 +486,8 @@ void allow_shared(Kernel kernel, size_t bytes) {
 template <int HD>
 void forward(const bf16* q, const bf16* k, const bf16* v, int64_t ldq, int64_t ldkv, bf16* out, float* lse, int64_t B,
              int64_t T, int64_t H, int64_t KV, const int32_t* doc_start, cudaStream_t stream) {
-  const size_t smem = size_t(kRows + 2 * 2 * kForwardKeys) * (HD + 8) * sizeof(bf16);  // the queries, two stages of K and V
+  // The queries, two stages of keys and values.
+  const size_t smem = size_t(kRows + 2 * 2 * kForwardKeys) * (HD + 8) * sizeof(bf16);
   allow_shared(mma_forward_kernel<HD>, smem);
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((T + kRows - 1) / kRows));
   mma_forward_kernel<HD><<<grid, kThreads, smem, stream>>>(q, k, v, ldq, ldkv, out, lse, int(T), int(H), int(KV),
