@@ -135,7 +135,7 @@ namespace {
 bool several_pieces(DType t, int64_t count) { return t != DType::f32 && count >= 16 && (count & (count - 1)) != 0; }
 template <typename F>
 void by_pieces(DType t, int64_t count, F&& f) {
-  if (t == DType::f32) {
+  if (!several_pieces(t, count)) {
     if (count > 0) f(0, count);
     return;
   }
@@ -144,15 +144,10 @@ void by_pieces(DType t, int64_t count, F&& f) {
     if (count & bit) f(at, bit), at += bit;
   if (count > at) f(at, count - at);
 }
-}  // namespace
 
-namespace {
-// Many groups (a MoE layer's experts, two or more a thread): the groups are spread over the threads, each group's
-// GEMMs on one, so that a grouped GEMM forks and joins once instead of once a group and piece. Fewer groups, or one
-// with more than a thread's share of the rows: one after another, each GEMM threaded. Each thread of the region sets its own thread count to 1 (as the CPU flash
-// attention does): dnnl_sgemm then runs on the calling thread, and a bf16 primitive made there is made, cached
-// (cpu::matmul keys it by omp_get_max_threads()) and run for one thread. Which thread takes a group changes no bit.
-// Not when one group holds more than a thread's share of the rows (skewed routing): it would run on one thread.
+// Whether a grouped GEMM spreads its groups over the threads, each group's GEMMs on one, so that it forks and joins
+// once instead of once a group and piece: two or more groups a thread, and none with more than a thread's share of
+// the rows (skewed routing would run that one on one thread). Otherwise one group after another, each GEMM threaded.
 bool across_groups(const std::vector<int64_t>& offsets) {
   const int64_t threads = cpu::threads(), groups = int64_t(offsets.size()) - 1;
   if (threads < 2 || groups < 2 * threads) return false;
@@ -160,10 +155,13 @@ bool across_groups(const std::vector<int64_t>& offsets) {
   for (int64_t g = 0; g < groups; ++g) largest = std::max(largest, offsets[size_t(g) + 1] - offsets[size_t(g)]);
   return largest * threads <= offsets.back() - offsets.front();
 }
+// f(g) for every group, across the threads or one after another. Across, each thread of the region sets its own
+// thread count to 1 (as the CPU flash attention does): dnnl_sgemm then runs on the calling thread, and a bf16
+// primitive made there is made, cached (cpu::matmul keys it by omp_get_max_threads()) and run for one thread.
+// Which thread takes a group changes no bit.
 template <typename F>
-void for_groups(const std::vector<int64_t>& offsets, F&& f) {
-  const size_t groups = offsets.size() - 1;
-  if (!across_groups(offsets)) {
+void for_groups(bool across, size_t groups, F&& f) {
+  if (!across) {
     for (size_t g = 0; g < groups; ++g) f(g);
     return;
   }
@@ -189,7 +187,7 @@ void for_groups(const std::vector<int64_t>& offsets, F&& f) {
 // The groups with the cached oneDNN GEMMs, in row pieces.
 void CpuBackend::grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
                                      const std::vector<int64_t>& offsets, float beta) {
-  for_groups(offsets, [&](size_t g) {
+  for_groups(across_groups(offsets), b.size(), [&](size_t g) {
     by_pieces(a.dtype(), offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
       Tensor yg = y.rows(offsets[g] + at, len);                                 // (len, n)
       matmul_impl(a.rows(offsets[g] + at, len), false, b[g], trans_b, yg, 1.f, beta);
@@ -207,10 +205,11 @@ void CpuBackend::grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, c
     const bool widen = dw[g].dtype() == DType::bf16 && several_pieces(dy.dtype(), offsets[g + 1] - offsets[g]);
     return widen ? Tensor(*this, dw[g].shape(), DType::f32) : dw[g];  // (n, k)
   };
+  const bool across = across_groups(offsets);
   std::vector<Tensor> acc(dw.size());
-  if (across_groups(offsets))
+  if (across)
     for (size_t g = 0; g < dw.size(); ++g) acc[g] = widened(g);
-  for_groups(offsets, [&](size_t g) {
+  for_groups(across, dw.size(), [&](size_t g) {
     Tensor w = dw[g];  // (n, k)
     if (offsets[g + 1] == offsets[g]) {  // no rows: an empty sum, dw[g] = beta dw[g] (matmul_impl's k == 0)
       if (beta != 1.f) matmul_impl(dy.rows(offsets[g], 0), true, x.rows(offsets[g], 0), false, w, 1.f, beta);
