@@ -116,6 +116,13 @@ __device__ inline void load_tile_async(const bf16* src, int64_t ld, int t0, int 
   }
 }
 
+// Starts key tile k0's copies (BN rows of keys, then BN of their values) into one stage.
+template <int HD, int BN>
+__device__ inline void load_key_tile(const bf16* kseq, const bf16* vseq, int64_t ldkv, int k0, int T, bf16* stage) {
+  load_tile_async<HD, BN>(kseq, ldkv, k0, T, stage);
+  load_tile_async<HD, BN>(vseq, ldkv, k0, T, stage + BN * (HD + 8));
+}
+
 // Key tiles in two stages (the forward and dQ kernels): key tile k0 and its values are, or are being, copied into
 // stage `cur` (BN rows of keys, then BN of values); starts tile k0 + BN's copies into the other stage when the block
 // needs it (k0 + BN <= last), then waits for this thread's copies of tile k0. A __syncthreads must follow before
@@ -125,9 +132,7 @@ __device__ inline const bf16* next_key_tile(const bf16* kseq, const bf16* vseq, 
                                             bf16* stages, int cur) {
   constexpr int LD = HD + 8;
   if (k0 + BN <= last) {
-    bf16* next = stages + (cur ^ 1) * 2 * BN * LD;
-    load_tile_async<HD, BN>(kseq, ldkv, k0 + BN, T, next);
-    load_tile_async<HD, BN>(vseq, ldkv, k0 + BN, T, next + BN * LD);
+    load_key_tile<HD, BN>(kseq, vseq, ldkv, k0 + BN, T, stages + (cur ^ 1) * 2 * BN * LD);
     cp_async_commit();
     cp_async_wait<1>();  // this tile's group is complete, the next one's may still be in flight
   } else {
@@ -218,8 +223,7 @@ __global__ void __launch_bounds__(kThreads)
   // flight while tile i is used. The first group holds the queries too.
   const int k_first = ds ? ds[q0] / BN * BN : 0;
   load_tile_async<HD, kRows>(qseq, ldq, q0, T, q_s);
-  load_tile_async<HD, BN>(kseq, ldkv, k_first, T, kv_s);
-  load_tile_async<HD, BN>(vseq, ldkv, k_first, T, kv_s + BN * LD);
+  load_key_tile<HD, BN>(kseq, vseq, ldkv, k_first, T, kv_s);
   cp_async_commit();
   for (int k0 = k_first, st = 0; k0 <= q_last; k0 += BN, st ^= 1) {
     __syncthreads();  // every warp is done with the previous tile, whose stage the next copies overwrite
@@ -331,8 +335,7 @@ __global__ void __launch_bounds__(kThreads)
   const int k_first = ds ? ds[q0] / BN * BN : 0;
   load_tile_async<HD, kRows>(qseq, ldq, q0, T, q_s);
   load_tile_async<HD, kRows>(dseq, C, q0, T, do_s);
-  load_tile_async<HD, BN>(kseq, ldkv, k_first, T, kv_s);
-  load_tile_async<HD, BN>(vseq, ldkv, k_first, T, kv_s + BN * LD);
+  load_key_tile<HD, BN>(kseq, vseq, ldkv, k_first, T, kv_s);
   cp_async_commit();
   for (int k0 = k_first, st = 0; k0 <= q_last; k0 += BN, st ^= 1) {
     __syncthreads();  // every warp is done with the previous tile, whose stage the next copies overwrite
