@@ -169,17 +169,26 @@ TEST(Bf16Training, DeterministicResumesBitwiseAndCrossesPrecisions) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return run;
   };
-  const std::string a = run_of("a", "bf16", {}), b = run_of("b", "bf16", {});
-  EXPECT_EQ(read_losses(a), read_losses(b));
-  expect_same_tensors(read_checkpoint(a + "/checkpoints/step_00000008.h5"),
-                      read_checkpoint(b + "/checkpoints/step_00000008.h5"), 0.0, "two bf16 runs");
-  // Resume from step 4 of a: steps 5-8 bitwise as a's.
-  const std::string c = run_of("c", "bf16", {"checkpoint.resume=" + quoted(a + "/checkpoints/step_00000004.h5")});
-  const auto la = read_losses(a), lc = read_losses(c);  // c's metrics hold steps 5-8
-  ASSERT_EQ(lc.size() + 4, la.size());
-  for (size_t i = 4; i < la.size(); ++i) EXPECT_EQ(lc[i - 4], la[i]) << "step " << i + 1;
-  expect_same_tensors(read_checkpoint(c + "/checkpoints/step_00000008.h5"),
-                      read_checkpoint(a + "/checkpoints/step_00000008.h5"), 0.0, "bf16 resume");
+  // Both ways of multiplying bf16 inputs (train.cpu_bf16_gemm), each named: "auto" picks one per process by
+  // timing, which two runs on a machine where both are about as fast could pick differently.
+  std::string a;
+  for (const std::string gemm : {"native", "widened"}) {
+    const std::string mode = "train.cpu_bf16_gemm=" + quoted(gemm);
+    const std::string a1 = run_of("a_" + gemm, "bf16", {mode}), b1 = run_of("b_" + gemm, "bf16", {mode});
+    EXPECT_EQ(read_losses(a1), read_losses(b1)) << gemm;
+    expect_same_tensors(read_checkpoint(a1 + "/checkpoints/step_00000008.h5"),
+                        read_checkpoint(b1 + "/checkpoints/step_00000008.h5"), 0.0, "two bf16 runs, " + gemm);
+    // Resume from step 4 of a: steps 5-8 bitwise as a's.
+    const std::string c = run_of("c_" + gemm, "bf16",
+                                 {mode, "checkpoint.resume=" + quoted(a1 + "/checkpoints/step_00000004.h5")});
+    const auto la = read_losses(a1), lc = read_losses(c);  // c's metrics hold steps 5-8
+    ASSERT_EQ(lc.size() + 4, la.size());
+    for (size_t i = 4; i < la.size(); ++i) EXPECT_EQ(lc[i - 4], la[i]) << gemm << ", step " << i + 1;
+    expect_same_tensors(read_checkpoint(c + "/checkpoints/step_00000008.h5"),
+                        read_checkpoint(a1 + "/checkpoints/step_00000008.h5"), 0.0, "bf16 resume, " + gemm);
+    if (a.empty()) a = a1;
+  }
+  const auto la = read_losses(a);
   // fp32 -> bf16 and bf16 -> fp32: the other precision's checkpoint resumes and keeps training.
   const std::string f = run_of("f", "fp32", {});
   const std::string fb = run_of("fb", "bf16", {"checkpoint.resume=" + quoted(f + "/checkpoints/step_00000004.h5")});

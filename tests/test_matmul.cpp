@@ -165,20 +165,26 @@ struct Case {
   DType ab, c;
   int bias;  // 0 none, 1 f32, 2 bf16
   Shape shape;
+  bool widened = false;  // bf16 inputs widened to f32 and multiplied by dnnl_sgemm (cpu::Bf16Gemm::widened)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   const char* bias[] = {"none", "f32", "bf16"};
   *os << dtype_name(c.ab) << " -> " << dtype_name(c.c) << ", bias " << bias[c.bias] << ", " << c.shape.m << "x"
-      << c.shape.n << "x" << c.shape.k;
+      << c.shape.n << "x" << c.shape.k << (c.widened ? ", widened" : "");
 }
 
 class MatmulTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MatmulTest, MatchesDoubleReference) {
   const Case tc = GetParam();
-  if (tc.ab == DType::bf16) RELAY_SKIP_WITHOUT_CPU_BF16();  // bf16 inputs need oneDNN's bf16 GEMMs
+  // bf16 inputs need oneDNN's bf16 GEMMs, unless widened (any CPU).
+  if (tc.ab == DType::bf16 && !tc.widened) RELAY_SKIP_WITHOUT_CPU_BF16();
   cpu::set_threads(2);
+  cpu::set_bf16_gemm(tc.widened ? cpu::Bf16Gemm::widened : cpu::Bf16Gemm::native);
+  struct Restore {
+    ~Restore() { cpu::set_bf16_gemm(cpu::Bf16Gemm::native); }
+  } restore;
   uint64_t seed = 1;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
@@ -211,7 +217,13 @@ std::vector<Case> all_cases() {
   for (DType ab : {DType::f32, DType::bf16})
     for (DType c : {DType::f32, DType::bf16})
       for (int bias : {0, 1, 2})
-        for (Shape s : {Shape{1, 1, 1}, Shape{3, 5, 7}, Shape{65, 33, 17}}) out.push_back({ab, c, bias, s});
+        for (Shape s : {Shape{1, 1, 1}, Shape{3, 5, 7}, Shape{65, 33, 17}}) {
+          out.push_back({ab, c, bias, s});
+          if (ab == DType::bf16) out.push_back({ab, c, bias, s, true});
+        }
+  // Widened GEMMs run in blocks of 2048 rows, columns and summed terms: shapes across each boundary.
+  for (DType c : {DType::f32, DType::bf16})
+    for (Shape s : {Shape{2051, 5, 2049}, Shape{6, 2050, 9}}) out.push_back({DType::bf16, c, 1, s, true});
   return out;
 }
 
@@ -219,7 +231,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   const char* bias[] = {"nobias", "biasf32", "biasbf16"};
   return name(c.ab) + "_to_" + name(c.c) + "_" + bias[c.bias] + "_" + std::to_string(c.shape.m) + "x" +
-         std::to_string(c.shape.n) + "x" + std::to_string(c.shape.k);
+         std::to_string(c.shape.n) + "x" + std::to_string(c.shape.k) + (c.widened ? "_widened" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Combinations, MatmulTest, ::testing::ValuesIn(all_cases()), case_name);

@@ -1,17 +1,24 @@
 // cpu::matmul: oneDNN 2.x matmul primitives (dev_guide_matmul) built from strided memory descriptors,
 // so transposes and leading dimensions cost no copies; alpha is the output scale, beta the sum post-op.
 // Created once per call signature under a mutex and run with a per-thread stream and scratchpad.
+// bf16 inputs may instead be widened to f32 and multiplied by dnnl_sgemm (Bf16Gemm::widened).
 #include "kernels/cpu/matmul.hpp"
 
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <dnnl.hpp>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cpu/simd.hpp"
 
 namespace relay::cpu {
 
@@ -203,17 +210,32 @@ float load_as_f32(const void* p, DType t, int64_t i) {
 
 // c (m, n) = t (m, n) [or 0 when t is null] + bias (n) [or 0] + beta * c, rounded once to C.
 // beta == 0 never reads c (it may hold NaN, as with BLAS).
+// Threaded as widen_rows is. The two common cases (no bias; beta 0 or 1) are loops of their own, which vectorise.
 template <typename C>
-void finish_rows(C* c, int64_t ldc, const float* t, const void* bias, DType bias_type, float beta, int64_t m,
-                 int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      float v = t ? t[i * n + j] : 0.f;
-      if (bias) v += load_as_f32(bias, bias_type, j);
-      if (beta != 0.f) v += beta * load(c[i * ldc + j]);
-      store(c[i * ldc + j], v);
+RELAY_CPU_CLONES void finish_rows(C* c, int64_t ldc, const float* t, const void* bias, DType bias_type, float beta,
+                                  int64_t m, int64_t n) {
+  auto row = [&](int64_t i) {
+    C* ci = c + i * ldc;
+    const float* ti = t ? t + i * n : nullptr;
+    if (ti && !bias && beta == 0.f) {
+      for (int64_t j = 0; j < n; ++j) store(ci[j], ti[j]);
+    } else if (ti && !bias && beta == 1.f) {
+      for (int64_t j = 0; j < n; ++j) store(ci[j], ti[j] + load(ci[j]));
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        float v = ti ? ti[j] : 0.f;
+        if (bias) v += load_as_f32(bias, bias_type, j);
+        if (beta != 0.f) v += beta * load(ci[j]);
+        store(ci[j], v);
+      }
     }
+  };
+  if (m * n > 65536 && !omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; ++i) row(i);
+  } else {
+    for (int64_t i = 0; i < m; ++i) row(i);
+  }
 }
 
 void finish(const MatmulArgs& p, void* c, const float* t, const void* bias) {
@@ -237,13 +259,128 @@ void check_args(const MatmulArgs& p) {
                          << " ldc " << p.ldc);
 }
 
+std::atomic<Bf16Gemm> g_bf16_gemm{Bf16Gemm::native};
+
+// Bf16Gemm::widened. The GEMM runs in blocks of at most kBlock rows, columns and summed terms, so that the f32
+// copies stay small (3 x 16 MiB a thread at most) whatever the shape (GPT-2's vocabulary GEMMs would need
+// 150-400 MiB whole); one block for every GEMM up to 2048 in each dimension, which is all of an MoE expert's.
+// Within a block sgemm sums over k; blocks of k are summed into an f32 block of c (or of the staging buffer) in
+// order, so the bits depend on the shape alone. A bf16 c, or a bias, goes through the f32 staging block and is
+// rounded once at the end, after bias and beta c, as the primitive rounds it.
+constexpr int64_t kBlock = 2048;
+
+// out (rows, cols) = the bf16 rows at in (row stride ld), widened. Threaded when large and not already inside a
+// parallel region: a parallel construct there, even one that runs on one thread, makes (and mallocs) a team a call.
+RELAY_CPU_CLONES void widen_rows(const bf16* in, int64_t ld, float* out, int64_t rows, int64_t cols) {
+  auto row = [&](int64_t r) {
+    for (int64_t j = 0; j < cols; ++j) out[r * cols + j] = bf16_to_f32(in[r * ld + j]);
+  };
+  if (rows * cols > 65536 && !omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) row(r);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) row(r);
+  }
+}
+
+// The (rows, cols) block at (r0, c0) of a bf16 matrix stored with row stride ld, as a compact f32 (rows, cols).
+const float* widen_block(Buffer& buf, const void* p, int64_t ld, int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
+  auto* out = static_cast<float*>(buf.get(size_t(rows * cols) * sizeof(float)));
+  widen_rows(static_cast<const bf16*>(p) + r0 * ld + c0, ld, out, rows, cols);
+  return out;
+}
+
+struct WideBuffers {
+  Buffer a, b, t;
+};
+
+void matmul_widened(const MatmulArgs& p, const void* a, const void* b, void* c, const void* bias) {
+  thread_local WideBuffers w;
+  const bool direct = p.c_type == DType::f32 && !bias;  // sgemm writes c itself
+  const size_t bias_size = p.bias_type == DType::bf16 ? sizeof(bf16) : sizeof(float);
+  const size_t c_size = p.c_type == DType::bf16 ? sizeof(bf16) : sizeof(float);
+  for (int64_t j0 = 0; j0 < p.n; j0 += kBlock)
+    for (int64_t i0 = 0; i0 < p.m; i0 += kBlock) {
+      const int64_t nb = std::min(kBlock, p.n - j0), mb = std::min(kBlock, p.m - i0);
+      float* t = direct ? static_cast<float*>(c) + i0 * p.ldc + j0
+                        : static_cast<float*>(w.t.get(size_t(mb * nb) * sizeof(float)));  // (mb, nb)
+      const int64_t ldt = direct ? p.ldc : nb;
+      for (int64_t l0 = 0; l0 < p.k; l0 += kBlock) {
+        const int64_t kb = std::min(kBlock, p.k - l0);
+        // op(a)'s block (mb, kb) and op(b)'s (kb, nb), as stored: a (k, m) when trans_a, b (n, k) when trans_b.
+        const float* wa = p.trans_a ? widen_block(w.a, a, p.lda, l0, i0, kb, mb) : widen_block(w.a, a, p.lda, i0, l0, mb, kb);
+        const float* wb = p.trans_b ? widen_block(w.b, b, p.ldb, j0, l0, nb, kb) : widen_block(w.b, b, p.ldb, l0, j0, kb, nb);
+        const float beta = l0 > 0 ? 1.f : direct ? p.beta : 0.f;
+        gemm(p.trans_a, p.trans_b, mb, nb, kb, p.alpha, wa, p.trans_a ? mb : kb, wb, p.trans_b ? kb : nb, beta, t, ldt);
+      }
+      if (direct) continue;
+      MatmulArgs block = p;
+      block.m = mb, block.n = nb;
+      const void* block_bias = bias ? static_cast<const char*>(bias) + size_t(j0) * bias_size : nullptr;
+      finish(block, static_cast<char*>(c) + size_t(i0 * p.ldc + j0) * c_size, t, block_bias);
+    }
+}
+
 }  // namespace
+
+void set_bf16_gemm(Bf16Gemm mode) { g_bf16_gemm = mode; }
+Bf16Gemm bf16_gemm() { return g_bf16_gemm; }
+
+std::string native_bf16_missing() {
+  static const std::string why = [] {
+    MatmulArgs probe;
+    probe.m = probe.n = probe.k = probe.lda = probe.ldb = probe.ldc = 16;
+    probe.ab_type = DType::bf16;
+    try {
+      plan_for(probe, false);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  return why;
+}
+
+Bf16GemmTiming time_bf16_gemm(int trials) {
+  constexpr int64_t n = 1024;
+  MatmulArgs p;
+  p.m = p.n = p.k = p.lda = p.ldb = p.ldc = n;
+  p.trans_b = true;  // x W^T, a linear layer's forward
+  p.ab_type = p.c_type = DType::bf16;
+  std::vector<bf16> a(size_t(n * n)), b(size_t(n * n)), c(size_t(n * n));
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = f32_to_bf16(float(i % 7) * 0.25f - 0.75f);
+    b[i] = f32_to_bf16(float(i % 5) * 0.125f - 0.25f);
+  }
+  auto seconds = [&](bool native) {
+    const auto start = std::chrono::steady_clock::now();
+    if (native)
+      matmul(p, a.data(), b.data(), c.data());  // the primitive (the mode is native while timing)
+    else
+      matmul_widened(p, a.data(), b.data(), c.data(), nullptr);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const Bf16Gemm mode = g_bf16_gemm;
+  g_bf16_gemm = Bf16Gemm::native;
+  seconds(true), seconds(false);  // warm-up: the primitive's creation, the buffers, oneDNN's threads
+  Bf16GemmTiming best{1e30, 1e30};
+  for (int i = 0; i < trials; ++i) {
+    best.native_s = std::min(best.native_s, seconds(true));
+    best.widened_s = std::min(best.widened_s, seconds(false));
+  }
+  g_bf16_gemm = mode;
+  return best;
+}
 
 void matmul(const MatmulArgs& args, const void* a, const void* b, void* c, const void* bias) {
   check_args(args);
   if (args.m == 0 || args.n == 0) return;
   if (args.k == 0) {  // an empty sum: oneDNN would reject the zero-sized inputs
     finish(args, c, nullptr, bias);
+    return;
+  }
+  if (args.ab_type == DType::bf16 && g_bf16_gemm == Bf16Gemm::widened) {
+    matmul_widened(args, a, b, c, bias);
     return;
   }
   const Plan& plan = plan_for(args, bias != nullptr);
@@ -272,6 +409,7 @@ void matmul(const MatmulArgs& args, const void* a, const void* b, void* c, const
 std::string matmul_impl(const MatmulArgs& args, bool has_bias) {
   check_args(args);
   if (args.m == 0 || args.n == 0 || args.k == 0) return "none";
+  if (args.ab_type == DType::bf16 && g_bf16_gemm == Bf16Gemm::widened) return "widened to f32:dnnl_sgemm";
   return plan_for(args, has_bias).impl;
 }
 

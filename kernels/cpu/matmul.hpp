@@ -24,9 +24,28 @@ struct MatmulArgs {
   float alpha = 1.f, beta = 0.f;
 };
 
-// Throws relay::Error when oneDNN has no bf16 matmul for this CPU (it needs AVX512; hint: fp32 training).
-// Thread-safe: the cache is locked for lookups, and calls run on oneDNN's OpenMP threads concurrently.
+// Throws relay::Error when oneDNN has no bf16 matmul for this CPU (it needs AVX512; hint: fp32 training)
+// and bf16 GEMMs are not widened (below). Thread-safe: the cache is locked for lookups, and calls run on
+// oneDNN's OpenMP threads concurrently.
 void matmul(const MatmulArgs& args, const void* a, const void* b, void* c, const void* bias = nullptr);
+
+// How bf16 inputs are multiplied. native: oneDNN's bf16 matmul primitive (AVX512_BF16 / AMX, or oneDNN's
+// emulation on AVX512). widened: a and b widened to f32 (exactly: a bf16 is an f32 with its low 16 bits zero),
+// dnnl_sgemm, and c rounded once, as native rounds it; the same math (exact products, f32 sums) in another
+// summation order, on any x86-64, and faster where the CPU's bf16 dot products are no faster than its f32 FMAs
+// (seen on an Intel Xeon with AVX512_BF16 and no AMX: the primitive at 0.56x dnnl_sgemm's rate, bench/RESULTS.md).
+// Process-wide; native until set (CpuBackend sets it from train.cpu_bf16_gemm).
+enum class Bf16Gemm { native, widened };
+void set_bf16_gemm(Bf16Gemm mode);
+Bf16Gemm bf16_gemm();
+// The empty string when oneDNN has a bf16 matmul for this CPU, else its error message.
+std::string native_bf16_missing();
+// The seconds of one (1024 x 1024 x 1024) GEMM with bf16 inputs by each path on the calling thread's OpenMP threads:
+// the best of `trials` runs, the two paths interleaved, so that load from other processes inflates both alike.
+struct Bf16GemmTiming {
+  double native_s = 0, widened_s = 0;
+};
+Bf16GemmTiming time_bf16_gemm(int trials);
 
 // The oneDNN implementation that runs args ("brg:avx512_core_bf16", "gemm:jit", ...), creating and
 // caching its primitive; "none" when no primitive runs (m, n or k is 0). For benchmarks and tests.

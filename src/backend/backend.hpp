@@ -401,6 +401,7 @@ struct BackendOptions {
   int threads = 1;        // CPU threads for this rank
   int gpu = 0;            // CUDA device index (local rank mod visible GPUs)
   Precision precision = Precision::fp32;
+  std::string cpu_bf16_gemm = "auto";  // train.cpu_bf16_gemm: auto | native | widened
 };
 
 // Makes the backend for the options; a clear relay::Error when the device is not available

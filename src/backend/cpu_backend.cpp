@@ -44,7 +44,10 @@ template <typename X>
 const X* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<X>() : nullptr; }
 }  // namespace
 
-CpuBackend::CpuBackend(int threads) : threads_(threads < 1 ? 1 : threads) { cpu::set_threads(threads_); }
+CpuBackend::CpuBackend(int threads, std::string bf16_gemm)
+    : threads_(threads < 1 ? 1 : threads), bf16_gemm_(std::move(bf16_gemm)) {
+  cpu::set_threads(threads_);
+}
 
 int64_t CpuBackend::available_bytes() const {
   std::ifstream in("/proc/meminfo");
@@ -56,18 +59,39 @@ int64_t CpuBackend::available_bytes() const {
   }
   return INT64_MAX;  // unknown: nothing is refused
 }
-std::string CpuBackend::describe() const { return cat("cpu (oneDNN, ", threads_, " thread", threads_ > 1 ? "s" : "", ")"); }
+std::string CpuBackend::describe() const {
+  return cat("cpu (oneDNN, ", threads_, " thread", threads_ > 1 ? "s" : "", bf16_note_.empty() ? "" : ", ", bf16_note_,
+             ")");
+}
 
 void CpuBackend::set_precision(Precision p) {
   if (p == Precision::tf32)
     throw Error("train.precision = \"tf32\" is a CUDA mode (TF32 tensor-core GEMMs); the CPU backend has no TF32. "
                 "Use train.precision = \"fp32\" or \"bf16\"");
-  if (p == Precision::bf16) {  // a clear error now, on a CPU that oneDNN has no bf16 GEMM for
-    cpu::MatmulArgs probe;
-    probe.m = probe.n = probe.k = probe.lda = probe.ldb = probe.ldc = 16;
-    probe.ab_type = DType::bf16;
-    cpu::matmul_impl(probe, false);
+  if (p != Precision::bf16) return;
+  // How bf16 GEMMs run (kernels/cpu/matmul.hpp), decided once: train.cpu_bf16_gemm, or for "auto" widened to f32
+  // where oneDNN has no bf16 matmul, or where its primitive takes 1.25x the widened GEMM's time or more on a 1024^3
+  // test GEMM (best of 3 each, interleaved, ~0.1 s; the widened one measured 0.56-0.64 of the primitive's time on an
+  // Intel Xeon with AVX512_BF16 and no AMX, where AMD Zen 4's primitive ran at 1.9x sgemm's rate: far from the line
+  // either way, so the choice does not flip with load). A clear error for "native" on a CPU without it.
+  const std::string missing = cpu::native_bf16_missing();
+  bool widen = bf16_gemm_ == "widened";
+  if (bf16_gemm_ == "native" && !missing.empty()) throw Error(cat(missing, " (train.cpu_bf16_gemm = \"native\")"));
+  if (bf16_gemm_ == "auto") {
+    if (!missing.empty()) {
+      widen = true;
+      bf16_note_ = "bf16 GEMMs widened to f32: no oneDNN bf16 matmul on this CPU";
+    } else {
+      const cpu::Bf16GemmTiming t = cpu::time_bf16_gemm(3);
+      widen = t.native_s >= 1.25 * t.widened_s;
+      char ratio[32];
+      std::snprintf(ratio, sizeof ratio, "%.2f", t.widened_s / t.native_s);
+      bf16_note_ = cat("bf16 GEMMs ", widen ? "widened to f32" : "native", ": oneDNN's bf16 at ", ratio, "x sgemm's rate");
+    }
+  } else {
+    bf16_note_ = cat("bf16 GEMMs ", bf16_gemm_);
   }
+  cpu::set_bf16_gemm(widen ? cpu::Bf16Gemm::widened : cpu::Bf16Gemm::native);
 }
 
 std::shared_ptr<std::byte> CpuBackend::allocate(size_t bytes) {
@@ -132,7 +156,10 @@ namespace {
 // every micro-batch, take at most log2(rows) + 16 shapes instead of one each. f32 GEMMs run through dnnl_sgemm
 // (cpu::gemm), which caches nothing per shape: one piece.
 // Whether by_pieces cuts count into more than one piece: bf16, 16 or more rows that are not a power of two.
-bool several_pieces(DType t, int64_t count) { return t != DType::f32 && count >= 16 && (count & (count - 1)) != 0; }
+// Widened bf16 GEMMs (cpu::Bf16Gemm::widened) run on dnnl_sgemm too: one piece.
+bool several_pieces(DType t, int64_t count) {
+  return t != DType::f32 && cpu::bf16_gemm() == cpu::Bf16Gemm::native && count >= 16 && (count & (count - 1)) != 0;
+}
 template <typename F>
 void by_pieces(DType t, int64_t count, F&& f) {
   if (!several_pieces(t, count)) {

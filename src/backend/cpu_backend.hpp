@@ -6,7 +6,8 @@ namespace relay {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads);
+  // bf16_gemm: train.cpu_bf16_gemm ("auto", "native" or "widened"), applied by set_precision(bf16).
+  explicit CpuBackend(int threads, std::string bf16_gemm = "auto");
   Device device() const override { return Device::cpu; }
   std::string describe() const override;
   int64_t available_bytes() const override;
@@ -109,6 +110,8 @@ class CpuBackend final : public Backend {
 
  private:
   int threads_;
+  std::string bf16_gemm_;  // as configured
+  std::string bf16_note_;  // how bf16 GEMMs run, for describe(); empty until set_precision(bf16)
 };
 
 }  // namespace relay

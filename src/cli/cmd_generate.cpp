@@ -102,6 +102,7 @@ int run_generate_command(const GenerateOptions& o) {
   bo.device = o.device == "cuda" ? Device::cuda : Device::cpu;
   bo.threads = std::max(1u, std::thread::hardware_concurrency());
   bo.precision = cfg.train.precision;
+  bo.cpu_bf16_gemm = cfg.train.cpu_bf16_gemm;
   auto be = make_backend(bo);
   ParamStore store(*be, cfg.model.seed, 1, 0, compute_dtype(cfg.train.precision));
   std::vector<float> buf;

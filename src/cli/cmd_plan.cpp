@@ -531,7 +531,7 @@ int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links) {
     print_sim("schedule with the measured costs (time in seconds):", shape, ms);
     if (!o.calibrate.empty()) {
       const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : 1;
-      auto cb = make_backend(BackendOptions{device, threads, 0, cfg.train.precision});
+      auto cb = make_backend(BackendOptions{device, threads, 0, cfg.train.precision, cfg.train.cpu_bf16_gemm});
       const std::string text = calibrate_this_machine(*cb, layout, act_rows / cp, threads, cfg.train.precision, links);
       std::ofstream f(o.calibrate, std::ios::trunc);
       if (!f || !(f << text)) throw Error(cat("--calibrate ", o.calibrate, ": cannot write the file"));

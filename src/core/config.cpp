@@ -264,7 +264,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
 
   Section train(tab("train"), "train", source,
                 {"steps", "batch_size", "micro_batches", "log_every", "eval_every", "clip_grad_norm", "device",
-                 "precision", "threads", "time_limit", "recompute", "skip_nonfinite"});
+                 "precision", "threads", "time_limit", "recompute", "skip_nonfinite", "cpu_bf16_gemm"});
   train.integer("steps", c.train.steps, 1, INT64_MAX / 4, true);
   train.integer("batch_size", c.train.batch_size, 1, int64_t(1) << 31, true);
   train.integer("micro_batches", c.train.micro_batches, 1, 1 << 20);
@@ -274,6 +274,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   train.choice("device", c.train.device, {"cpu", "cuda", "auto"});
   train.enum_choice("precision", c.train.precision, kPrecisionNames);
   train.integer("threads", c.train.threads, 0, 4096);
+  train.choice("cpu_bf16_gemm", c.train.cpu_bf16_gemm, {"auto", "native", "widened"});
   train.str("time_limit", c.train.time_limit);
   train.choice("recompute", c.train.recompute, {"none", "blocks"});
   train.integer("skip_nonfinite", c.train.skip_nonfinite, 0, INT64_MAX);
@@ -458,6 +459,7 @@ std::string Config::to_toml(const ModelKeys& family) const {
     << "\ndevice = " << q(train.device) << "\nprecision = " << q(precision_name(train.precision)) << "\nthreads = " << train.threads
     << "\nrecompute = " << q(train.recompute) << "\nskip_nonfinite = " << train.skip_nonfinite << "\n";
   if (!train.time_limit.empty()) o << "time_limit = " << q(train.time_limit) << "\n";
+  if (train.cpu_bf16_gemm != "auto") o << "cpu_bf16_gemm = " << q(train.cpu_bf16_gemm) << "\n";
   o << "\n[optimizer]\nname = " << q(optimizer.name) << "\nlr = " << num(optimizer.lr) << "\nbetas = ["
     << num(optimizer.beta1) << ", " << num(optimizer.beta2) << "]\neps = " << num(optimizer.eps)
     << "\nweight_decay = " << num(optimizer.weight_decay) << "\nmomentum = " << num(optimizer.momentum)

@@ -76,6 +76,10 @@ struct Config {
     std::string device = "cpu";     // cpu | cuda | auto
     Precision precision = Precision::fp32;  // fp32 | bf16 | tf32 (cuda)
     int64_t threads = 0;            // CPU threads per rank; 0 = the cores given to this rank
+    // How the CPU multiplies bf16 inputs: "native" (oneDNN's bf16 matmul), "widened" (to f32, then dnnl_sgemm:
+    // the same math on any x86-64), or "auto" (widened where oneDNN has no bf16 matmul or it runs clearly slower
+    // than sgemm on a test GEMM at start; kernels/cpu/matmul.hpp).
+    std::string cpu_bf16_gemm = "auto";
     std::string time_limit;         // e.g. "3h50m"; empty = none
     std::string recompute = "none"; // none | blocks: keep only each transformer block's input, recompute in backward
     int64_t skip_nonfinite = 0;     // skip up to N consecutive steps with a non-finite loss or gradient norm; 0 = stop

@@ -127,6 +127,7 @@ void setup_grid_and_backend(Run& r) {
   bo.device = resolve_device(cfg.train.device);
   bo.threads = threads_for_rank(cfg, r.grid.local_size);
   bo.precision = cfg.train.precision;
+  bo.cpu_bf16_gemm = cfg.train.cpu_bf16_gemm;
   if (bo.device == Device::cuda) {
     int n = cuda_device_count();
     if (n == 0) throw Error("train.device = \"cuda\" but no CUDA device is visible (hint: check CUDA_VISIBLE_DEVICES, or use train.device = \"cpu\")");
