@@ -11,14 +11,18 @@
 # "vs dense": relay tokens/s / relay llama-small's at the same precision (the issue's target: >= 0.75 in bf16);
 # "vs torch": relay / torch2 at the same precision (target: >= 2 in bf16 for qwen3_moe).
 # check: ok when every run's first loss is within 5% of ln(V) (a small-init model starts near uniform).
+# Rounds: every run that many times, rounds in turn; cells are medians over the rounds (their values are printed).
 # Usage: [TORCH2_PYTHON=python3] bench/bench_moe_cpu.sh [relay binary (build/relay)] [steps (20)] [threads (all cores)]
+#        [rounds (1)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
 RELAY=$(realpath "${1:-build/relay}")
 STEPS=${2:-20}
 THREADS=${3:-$(nproc)}
+ROUNDS=${4:-1}
 ((STEPS >= 3)) || { echo "bench_moe_cpu.sh: steps must be >= 3 (got $STEPS)" >&2; exit 2; }
+((ROUNDS >= 1)) || { echo "bench_moe_cpu.sh: rounds must be >= 1 (got $ROUNDS)" >&2; exit 2; }
 work=$(mktemp -d /tmp/relay-bench-moe-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 SKIP=$((STEPS / 4 > 2 ? STEPS / 4 : 2))
@@ -30,8 +34,8 @@ B=16
 torch2=${TORCH2_PYTHON:-}
 if [[ -z $torch2 ]] && ! torch2=$(/usr/bin/python3 tests/torch/pypi_venv.py hf 2>"$work/venv.err"); then torch2=""; fi
 
-printf "# Relay MoE CPU benchmark: %d threads, %d steps (the first %d skipped), T %d, batch %d\n" "$THREADS" "$STEPS" \
-  "$SKIP" "$T" "$B"
+printf "# Relay MoE CPU benchmark: %d threads, %d steps (the first %d skipped), T %d, batch %d, %d round(s)\n" \
+  "$THREADS" "$STEPS" "$SKIP" "$T" "$B" "$ROUNDS"
 cpu_info
 if [[ -n $torch2 ]]; then
   printf "# torch2: %s (%s)\n" "$torch2" "$("$torch2" -c 'import torch, transformers; print("PyTorch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -n1)"
@@ -48,13 +52,18 @@ with h5py.File(sys.argv[1], "w") as f:
 PY
 
 relay_run() {  # config precision -> "tokens/s loss1" or "n/a"
-  local dir="$work/run-$(basename "$1" .toml)-$2"
+  local dir="$work/run-$(basename "$1" .toml)-$2-$round"
   if ! OMP_NUM_THREADS=$THREADS "$RELAY" train --config "$1" --set "run.dir=\"$dir\"" \
       --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' --set "train.precision=\"$2\"" \
       --set train.steps="$STEPS" --set train.log_every=1 --set train.batch_size=$B --set train.micro_batches=1 \
       --set lr_schedule.warmup_steps=0 --set train.threads="$THREADS" --set model.block_size=$T >"$dir.out" 2>&1; then
     echo "# relay $(basename "$1") $2: n/a: $(grep -m1 -i error "$dir.out" || tail -n1 "$dir.out")" >>"$work/notes"
     echo n/a; return
+  fi
+  # how the bf16 GEMMs ran (train.cpu_bf16_gemm = "auto": the backend's choice), once
+  if [[ $2 == bf16 && ! -e $work/bf16-noted ]]; then
+    touch "$work/bf16-noted"
+    grep -m1 -o 'bf16 GEMMs[^)]*' "$dir.out" | sed 's/^/# relay bf16: /' >>"$work/notes" || true
   fi
   python3 - "$dir/metrics.jsonl" "$SKIP" <<'PY'
 import json, sys
@@ -77,23 +86,40 @@ printf "#%-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s\n" "model" "relay fp32" "
   "torch2 bf16" "vs dense" "vs dense" "vs torch" "vs torch" "check"
 printf "#%-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s\n" "" "(tok/s)" "(tok/s)" "(tok/s)" "(tok/s autocast)" "fp32" \
   "bf16" "fp32" "bf16" ""
-dense32="" dense16=""
-for row in "llama-small configs/llama-small-bytes.toml" "mixtral-small configs/mixtral-small-bytes.toml" \
-           "qwen3-small configs/qwen3-moe-small-bytes.toml"; do
-  read -r name config <<<"$row"
-  r32=$(relay_run "$config" fp32); r16=$(relay_run "$config" bf16)
-  if [[ $name == llama-small ]]; then t32=n/a t16=n/a; dense32=$r32 dense16=$r16
-  else t32=$(torch_run "$config" fp32); t16=$(torch_run "$config" bf16); fi
-  python3 - "$name" "$r32" "$r16" "$t32" "$t16" "$dense32" "$dense16" <<'PY'
-import math, sys
-name, *runs = sys.argv[1:]
-r = [None if x in ("n/a", "") else [float(v) for v in x.split()] for x in runs]
+# Every run ROUNDS times, the rounds one after another (each round all models and columns in the same order), so
+# that a slow spell on a shared machine hits one round of every column; each cell is the median over the rounds,
+# and the ratios are of medians.
+for ((round = 1; round <= ROUNDS; ++round)); do
+  for row in "llama-small configs/llama-small-bytes.toml" "mixtral-small configs/mixtral-small-bytes.toml" \
+             "qwen3-small configs/qwen3-moe-small-bytes.toml"; do
+    read -r name config <<<"$row"
+    r32=$(relay_run "$config" fp32); r16=$(relay_run "$config" bf16)
+    if [[ $name == llama-small ]]; then t32=n/a t16=n/a
+    else t32=$(torch_run "$config" fp32); t16=$(torch_run "$config" bf16); fi
+    printf "%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$name" "$r32" "$r16" "$t32" "$t16" >>"$work/rounds"
+  done
+done
+python3 - "$work/rounds" "$ROUNDS" <<'PY'
+import math, statistics, sys
+rows, rounds = {}, int(sys.argv[2])
+for line in open(sys.argv[1]):
+    rnd, name, *cells = line.rstrip("\n").split("\t")
+    rows.setdefault(name, []).append([None if c in ("n/a", "") else [float(v) for v in c.split()] for c in cells])
+def median(runs, i):
+    got = [r[i] for r in runs if r[i] is not None]
+    return None if not got else [statistics.median(g[0] for g in got), got[0][1]]
 tps = lambda x: "n/a" if x is None else "%.1f" % x[0]
 ratio = lambda a, b: "n/a" if a is None or b is None else "%.2fx" % (a[0] / b[0])
-ok = all(abs(x[1] - math.log(256)) <= 0.05 * math.log(256) for x in r[:4] if x is not None)
-print(" %-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s" % (name, tps(r[0]), tps(r[1]), tps(r[2]), tps(r[3]),
-      ratio(r[0], r[4]), ratio(r[1], r[5]), ratio(r[0], r[2]), ratio(r[1], r[3]), "ok" if ok else "BAD"))
+dense = [median(rows["llama-small"], i) for i in range(4)]
+for name, runs in rows.items():
+    r = [median(runs, i) for i in range(4)]
+    ok = all(abs(x[1] - math.log(256)) <= 0.05 * math.log(256) for run in runs for x in run if x is not None)
+    print(" %-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s" % (name, tps(r[0]), tps(r[1]), tps(r[2]), tps(r[3]),
+          ratio(r[0], dense[0]), ratio(r[1], dense[1]), ratio(r[0], r[2]), ratio(r[1], r[3]), "ok" if ok else "BAD"))
+if rounds > 1:
+    print("# each round's tok/s (relay fp32, relay bf16, torch2 fp32, torch2 bf16):")
+    for name, runs in rows.items():
+        print("#  %-14s " % name + "  |  ".join(" ".join(tps(c) for c in run) for run in runs))
 PY
-done
 [[ -s $work/notes ]] && { echo; cat "$work/notes"; }
 load_at_end
