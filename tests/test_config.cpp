@@ -73,7 +73,8 @@ TEST(Config, BadValues) {
   EXPECT_NE(error_of(kBase, {"optimizer.betas=[0.9]"}).find("optimizer.betas"), std::string::npos);
   EXPECT_NE(error_of(kBase, {"lr_schedule.warmup_steps=11"}).find("lr_schedule.warmup_steps"), std::string::npos);
   EXPECT_NE(error_of(kBase, {"train.time_limit=\"3 hours\""}).find("train.time_limit"), std::string::npos);
-  EXPECT_NE(error_of(kBase, {"train.cpu_bf16_gemm=\"fast\""}).find("train.cpu_bf16_gemm: must be one of auto, native, widened"),
+  EXPECT_NE(error_of(kBase, {"train.cpu_bf16_gemm=\"fast\""})
+                .find("train.cpu_bf16_gemm: must be one of auto, native, widened"),
             std::string::npos);
   std::string layer = error_of("[model]\nlayers = [ { type = \"linear\" } ]\n[data]\ntrain=\"x\"\n[train]\nsteps=1\nbatch_size=1\n");
   EXPECT_NE(layer.find("model.layers[0].out"), std::string::npos) << layer;
@@ -91,8 +92,9 @@ TEST(Config, OverridesAndBareStrings) {
 }
 
 TEST(Config, EffectiveConfigRoundTrips) {
-  Config c = parse_config_text(kBase, "cfg.toml", {"optimizer.lr=0.0123", "parallel.balance=[2, 1]", "train.time_limit=\"1h\"",
-                                                   "train.cpu_bf16_gemm=\"widened\""});
+  Config c = parse_config_text(kBase, "cfg.toml",
+                               {"optimizer.lr=0.0123", "parallel.balance=[2, 1]", "train.time_limit=\"1h\"",
+                                "train.cpu_bf16_gemm=\"widened\""});
   std::string text = to_toml(c);
   Config d = parse_config_text(text, "effective.toml");
   EXPECT_EQ(to_toml(d), text);

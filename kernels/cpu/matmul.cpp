@@ -308,8 +308,10 @@ void matmul_widened(const MatmulArgs& p, const void* a, const void* b, void* c, 
       for (int64_t l0 = 0; l0 < p.k; l0 += kBlock) {
         const int64_t kb = std::min(kBlock, p.k - l0);
         // op(a)'s block (mb, kb) and op(b)'s (kb, nb), as stored: a (k, m) when trans_a, b (n, k) when trans_b.
-        const float* wa = p.trans_a ? widen_block(w.a, a, p.lda, l0, i0, kb, mb) : widen_block(w.a, a, p.lda, i0, l0, mb, kb);
-        const float* wb = p.trans_b ? widen_block(w.b, b, p.ldb, j0, l0, nb, kb) : widen_block(w.b, b, p.ldb, l0, j0, kb, nb);
+        const float* wa = p.trans_a ? widen_block(w.a, a, p.lda, l0, i0, kb, mb)   // (kb, mb)
+                                    : widen_block(w.a, a, p.lda, i0, l0, mb, kb);  // (mb, kb)
+        const float* wb = p.trans_b ? widen_block(w.b, b, p.ldb, j0, l0, nb, kb)   // (nb, kb)
+                                    : widen_block(w.b, b, p.ldb, l0, j0, kb, nb);  // (kb, nb)
         const float beta = l0 > 0 ? 1.f : direct ? p.beta : 0.f;
         gemm(p.trans_a, p.trans_b, mb, nb, kb, p.alpha, wa, p.trans_a ? mb : kb, wb, p.trans_b ? kb : nb, beta, t, ldt);
       }
