@@ -208,9 +208,21 @@ float load_as_f32(const void* p, DType t, int64_t i) {
   return t == DType::bf16 ? bf16_to_f32(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
+// row(r) for r in [0, rows), threaded when the rows hold more than 64 Ki values and the caller is not already inside a
+// parallel region: a parallel construct there, even one that runs on one thread, makes (and mallocs) a team a call.
+template <typename F>
+void for_rows(int64_t rows, int64_t values, F&& row) {
+  if (values > 65536 && !omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) row(r);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) row(r);
+  }
+}
+
 // c (m, n) = t (m, n) [or 0 when t is null] + bias (n) [or 0] + beta * c, rounded once to C.
 // beta == 0 never reads c (it may hold NaN, as with BLAS).
-// Threaded as widen_rows is. The two common cases (no bias; beta 0 or 1) are loops of their own, which vectorise.
+// Threaded by for_rows. The two common cases (no bias; beta 0 or 1) are loops of their own, which vectorise.
 template <typename C>
 RELAY_CPU_CLONES void finish_rows(C* c, int64_t ldc, const float* t, const void* bias, DType bias_type, float beta,
                                   int64_t m, int64_t n) {
@@ -230,12 +242,7 @@ RELAY_CPU_CLONES void finish_rows(C* c, int64_t ldc, const float* t, const void*
       }
     }
   };
-  if (m * n > 65536 && !omp_in_parallel()) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < m; ++i) row(i);
-  } else {
-    for (int64_t i = 0; i < m; ++i) row(i);
-  }
+  for_rows(m, m * n, row);
 }
 
 void finish(const MatmulArgs& p, void* c, const float* t, const void* bias) {
@@ -269,18 +276,11 @@ std::atomic<Bf16Gemm> g_bf16_gemm{Bf16Gemm::native};
 // rounded once at the end, after bias and beta c, as the primitive rounds it.
 constexpr int64_t kBlock = 2048;
 
-// out (rows, cols) = the bf16 rows at in (row stride ld), widened. Threaded when large and not already inside a
-// parallel region: a parallel construct there, even one that runs on one thread, makes (and mallocs) a team a call.
+// out (rows, cols) = the bf16 rows at in (row stride ld), widened (threaded by for_rows).
 RELAY_CPU_CLONES void widen_rows(const bf16* in, int64_t ld, float* out, int64_t rows, int64_t cols) {
-  auto row = [&](int64_t r) {
+  for_rows(rows, rows * cols, [&](int64_t r) {
     for (int64_t j = 0; j < cols; ++j) out[r * cols + j] = bf16_to_f32(in[r * ld + j]);
-  };
-  if (rows * cols > 65536 && !omp_in_parallel()) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) row(r);
-  } else {
-    for (int64_t r = 0; r < rows; ++r) row(r);
-  }
+  });
 }
 
 // The (rows, cols) block at (r0, c0) of a bf16 matrix stored with row stride ld, as a compact f32 (rows, cols).
@@ -323,6 +323,8 @@ void matmul_widened(const MatmulArgs& p, const void* a, const void* b, void* c, 
     }
 }
 
+// The oneDNN primitive's run (below matmul, which checks the arguments and takes the empty cases first).
+void matmul_primitive(const MatmulArgs& args, const void* a, const void* b, void* c, const void* bias);
 }  // namespace
 
 void set_bf16_gemm(Bf16Gemm mode) { g_bf16_gemm = mode; }
@@ -357,20 +359,17 @@ Bf16GemmTiming time_bf16_gemm(int trials) {
   auto seconds = [&](bool native) {
     const auto start = std::chrono::steady_clock::now();
     if (native)
-      matmul(p, a.data(), b.data(), c.data());  // the primitive (the mode is native while timing)
+      matmul_primitive(p, a.data(), b.data(), c.data(), nullptr);
     else
       matmul_widened(p, a.data(), b.data(), c.data(), nullptr);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  const Bf16Gemm mode = g_bf16_gemm;
-  g_bf16_gemm = Bf16Gemm::native;
   seconds(true), seconds(false);  // warm-up: the primitive's creation, the buffers, oneDNN's threads
   Bf16GemmTiming best{1e30, 1e30};
   for (int i = 0; i < trials; ++i) {
     best.native_s = std::min(best.native_s, seconds(true));
     best.widened_s = std::min(best.widened_s, seconds(false));
   }
-  g_bf16_gemm = mode;
   return best;
 }
 
@@ -381,10 +380,14 @@ void matmul(const MatmulArgs& args, const void* a, const void* b, void* c, const
     finish(args, c, nullptr, bias);
     return;
   }
-  if (args.ab_type == DType::bf16 && g_bf16_gemm == Bf16Gemm::widened) {
+  if (args.ab_type == DType::bf16 && g_bf16_gemm == Bf16Gemm::widened)
     matmul_widened(args, a, b, c, bias);
-    return;
-  }
+  else
+    matmul_primitive(args, a, b, c, bias);
+}
+
+namespace {
+void matmul_primitive(const MatmulArgs& args, const void* a, const void* b, void* c, const void* bias) {
   const Plan& plan = plan_for(args, bias != nullptr);
   thread_local Workspace ws;
 
@@ -407,6 +410,7 @@ void matmul(const MatmulArgs& args, const void* a, const void* b, void* c, const
   ws.stream.wait();
   if (plan.stage_output) finish(args, c, static_cast<const float*>(dst), nullptr);
 }
+}  // namespace
 
 std::string matmul_impl(const MatmulArgs& args, bool has_bias) {
   check_args(args);

@@ -306,19 +306,7 @@ void expect_same_tensors(const std::map<std::string, std::vector<float>>& a,
 }
 
 bool cpu_bf16_available(std::string* why) {
-  static const std::string error = [] {
-    cpu::MatmulArgs p;
-    p.m = p.n = p.k = p.lda = p.ldb = p.ldc = 16;
-    p.ab_type = DType::bf16;
-    std::vector<bf16> a(256, f32_to_bf16(1.f)), b(256, f32_to_bf16(1.f));
-    std::vector<float> c(256, 0.f);
-    try {
-      cpu::matmul(p, a.data(), b.data(), c.data());
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  }();
+  const std::string error = cpu::native_bf16_missing();
   if (why) *why = error;
   return error.empty();
 }
