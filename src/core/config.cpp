@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -22,7 +23,37 @@ namespace {
 // Spellings of the enums, in enum order (Section::enum_choice, to_toml).
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "tf32"};
 constexpr const char* kGradReduceNames[] = {"fp32", "bf16"};
+
+// Every section and its keys ([model]'s: these and each family's own, ModelKeys::keys()). The parser reads these and
+// config_keys() lists them: the configuration reference must name exactly these (tests/test_docs.cpp).
+const std::map<std::string, std::set<std::string>>& section_keys() {
+  static const std::map<std::string, std::set<std::string>> keys = {
+      {"run", {"dir"}},
+      {"model", {"type", "seed", "init_from", "loss"}},
+      {"data", {"train", "eval", "shuffle", "seed", "document_mask", "reset_positions", "preload"}},
+      {"train", {"steps", "batch_size", "micro_batches", "log_every", "eval_every", "clip_grad_norm", "device",
+                 "precision", "threads", "time_limit", "recompute", "skip_nonfinite", "cpu_bf16_gemm"}},
+      {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "momentum", "zero"}},
+      {"lr_schedule", {"name", "warmup_steps", "min_lr"}},
+      {"parallel", {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "comm",
+                    "grad_reduce", "timeout", "sequence_parallel", "reshard_after_forward"}},
+      {"checkpoint", {"dir", "every", "keep", "save_initial", "resume", "async"}},
+      {"trace", {"steps"}},
+      {"log", {"tensorboard"}},
+      {"moe", {"expert_bias", "bias_update_rate"}},
+  };
+  return keys;
+}
 }  // namespace
+
+std::vector<std::string> config_keys(const std::vector<const ModelKeys*>& families) {
+  std::set<std::string> all;
+  for (const auto& [section, keys] : section_keys())
+    for (const std::string& k : keys) all.insert(section + "." + k);
+  for (const ModelKeys* f : families)
+    for (const std::string& k : f->keys()) all.insert("model." + k);
+  return {all.begin(), all.end()};
+}
 
 const char* precision_name(Precision p) { return kPrecisionNames[static_cast<size_t>(p)]; }
 const char* grad_reduce_name(GradReduce g) { return kGradReduceNames[static_cast<size_t>(g)]; }
@@ -212,8 +243,9 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   }
   for (auto& ov : overrides) apply_override(root, ov, source);
 
-  const std::set<std::string> sections = {"run", "model", "data", "train", "optimizer", "lr_schedule", "parallel",
-                                          "checkpoint", "trace", "log", "moe"};
+  std::set<std::string> sections;
+  for (const auto& [name, keys] : section_keys()) sections.insert(name);
+  auto known = [](const char* section) { return section_keys().at(section); };
   for (auto&& [k, v] : root) {
     if (!sections.count(std::string(k.str())))
       throw Error(cat(source, ": unknown section [", k.str(), "] (known: ", Section::join(sections), ")"));
@@ -223,12 +255,12 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   Config c;
   c.source = source;
 
-  Section run(tab("run"), "run", source, {"dir"});
+  Section run(tab("run"), "run", source, known("run"));
   run.str("dir", c.run.dir);
   if (c.run.dir.empty()) run.fail("dir", "must not be empty");
 
   // [model]: the keys every run has, then the family's own (model.type; src/model/families).
-  const std::set<std::string> common = {"type", "seed", "init_from", "loss"};
+  const std::set<std::string> common = known("model");
   std::set<std::string> model_keys = common, types;
   for (const ModelKeys* f : families) {
     types.insert(f->name());
@@ -247,8 +279,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     if (!common.count(k) && !own.count(k))
       model.fail(k, cat("is not a key of model.type = \"", c.model.type, "\" (its keys: ", Section::join(own), ")"));
 
-  Section data(tab("data"), "data", source,
-               {"train", "eval", "shuffle", "seed", "document_mask", "reset_positions", "preload"});
+  Section data(tab("data"), "data", source, known("data"));
   data.str("train", c.data.train, true);
   data.str("eval", c.data.eval);
   data.boolean("shuffle", c.data.shuffle);
@@ -262,9 +293,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   if (c.data.document_mask && !family.language_model())
     data.fail("document_mask", "needs a language model (model.type = \"gpt\" or \"llama\"): an MLP has no documents");
 
-  Section train(tab("train"), "train", source,
-                {"steps", "batch_size", "micro_batches", "log_every", "eval_every", "clip_grad_norm", "device",
-                 "precision", "threads", "time_limit", "recompute", "skip_nonfinite", "cpu_bf16_gemm"});
+  Section train(tab("train"), "train", source, known("train"));
   train.integer("steps", c.train.steps, 1, INT64_MAX / 4, true);
   train.integer("batch_size", c.train.batch_size, 1, int64_t(1) << 31, true);
   train.integer("micro_batches", c.train.micro_batches, 1, 1 << 20);
@@ -280,7 +309,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   train.integer("skip_nonfinite", c.train.skip_nonfinite, 0, INT64_MAX);
   if (!c.train.time_limit.empty()) parse_duration(c.train.time_limit, source + ": train.time_limit");
 
-  Section opt(tab("optimizer"), "optimizer", source, {"name", "lr", "betas", "eps", "weight_decay", "momentum", "zero"});
+  Section opt(tab("optimizer"), "optimizer", source, known("optimizer"));
   opt.choice("name", c.optimizer.name, {"adamw", "sgd"});
   opt.real("lr", c.optimizer.lr, 0, 1e6);
   if (auto* b = opt.get("betas")) {
@@ -308,7 +337,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   if (c.optimizer.name == "adamw" && c.optimizer.momentum != 0)
     opt.fail("momentum", "is an SGD setting; with optimizer.name = \"adamw\" use optimizer.betas");
 
-  Section lrs(tab("lr_schedule"), "lr_schedule", source, {"name", "warmup_steps", "min_lr"});
+  Section lrs(tab("lr_schedule"), "lr_schedule", source, known("lr_schedule"));
   lrs.choice("name", c.lr_schedule.name, {"constant", "cosine"});
   lrs.integer("warmup_steps", c.lr_schedule.warmup_steps, 0, INT64_MAX);
   lrs.real("min_lr", c.lr_schedule.min_lr, 0, 1e6);
@@ -317,9 +346,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   if (c.lr_schedule.min_lr > c.optimizer.lr)
     lrs.fail("min_lr", cat("must be <= optimizer.lr (", c.optimizer.lr, "), got ", c.lr_schedule.min_lr));
 
-  Section par(tab("parallel"), "parallel", source,
-              {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "comm", "grad_reduce",
-               "timeout", "sequence_parallel", "reshard_after_forward"});
+  Section par(tab("parallel"), "parallel", source, known("parallel"));
   par.integer("dp", c.parallel.dp, 1, 1 << 20);
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
   par.integer("cp", c.parallel.cp, 1, 1 << 12);
@@ -396,7 +423,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     }
   }
 
-  Section tr(tab("trace"), "trace", source, {"steps"});
+  Section tr(tab("trace"), "trace", source, known("trace"));
   if (auto* st = tr.get("steps")) {
     auto* arr = st->as_array();
     if (!arr || arr->size() != 2 || !(*arr)[0].is_integer() || !(*arr)[1].is_integer())
@@ -407,17 +434,17 @@ Config parse_config_text(const std::string& text, const std::string& source, con
       tr.fail("steps", cat("must be [first, last] with 1 <= first <= last, got [", c.trace.first, ", ", c.trace.last, "]"));
   }
 
-  Section lg(tab("log"), "log", source, {"tensorboard"});
+  Section lg(tab("log"), "log", source, known("log"));
   lg.boolean("tensorboard", c.log.tensorboard);
 
-  Section moe(tab("moe"), "moe", source, {"expert_bias", "bias_update_rate"});
+  Section moe(tab("moe"), "moe", source, known("moe"));
   moe.boolean("expert_bias", c.moe.expert_bias);
   moe.real("bias_update_rate", c.moe.bias_update_rate, 0, 1e3);
   if (c.moe.expert_bias && !family.has_experts())
     moe.fail("expert_bias", cat("= true needs a mixture of experts (model.type = \"mixtral\" or \"qwen3_moe\"), got "
                                 "model.type = \"", c.model.type, "\""));
 
-  Section ck(tab("checkpoint"), "checkpoint", source, {"dir", "every", "keep", "save_initial", "resume", "async"});
+  Section ck(tab("checkpoint"), "checkpoint", source, known("checkpoint"));
   ck.str("dir", c.checkpoint.dir);
   ck.integer("every", c.checkpoint.every, 0, INT64_MAX);
   ck.integer("keep", c.checkpoint.keep, 0, INT64_MAX);

@@ -154,6 +154,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config_text(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
                          const std::vector<const ModelKeys*>& families);
 
+// Every key the parser accepts, as "section.key" in sorted order; [model]'s include every family's own keys. The
+// configuration reference (docs/configuration.md) names exactly these (tests/test_docs.cpp).
+std::vector<std::string> config_keys(const std::vector<const ModelKeys*>& families);
+
 // "3h50m", "90m", "45s", "2h", "01:30:00", "3600" -> seconds. Throws Error naming `key`.
 double parse_duration(const std::string& text, const std::string& key);
 

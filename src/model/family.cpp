@@ -48,6 +48,8 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   return parse_config_text(text, source, overrides, keys_of_families());
 }
 
+std::vector<std::string> config_keys() { return config_keys(keys_of_families()); }
+
 std::string to_toml(const Config& cfg) { return cfg.to_toml(model_family(cfg)); }
 
 const std::set<std::string> kLanguageModelKeys = {"vocab_size", "block_size", "n_layer", "n_head",

@@ -56,6 +56,8 @@ const ModelFamily* hf_model_family(const std::string& hf_type);
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 Config parse_config_text(const std::string& text, const std::string& source,
                          const std::vector<std::string>& overrides = {});
+// Every key the parser accepts with the registry's families ("section.key"; core/config.hpp's config_keys).
+std::vector<std::string> config_keys();
 // cfg.to_toml with its family.
 std::string to_toml(const Config& cfg);
 
