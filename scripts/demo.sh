@@ -5,9 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-./scripts/build.sh
+RELAY=$(./scripts/build.sh --relay)  # the relay binary only; CPU-only unless a GPU is visible
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-RELAY=build/relay
 mkdir -p data
 [ -f data/train.h5 ] || $RELAY data synth --out data/train.h5 --samples 16384 --features 64 --classes 16 --seed 1
 [ -f data/eval.h5 ] || $RELAY data synth --out data/eval.h5 --samples 4096 --features 64 --classes 16 --seed 2

@@ -14,10 +14,9 @@
 # from PyPI in the tests' cached venv; skipped without network), whose greedy continuation must equal relay's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
-./scripts/build.sh
+./scripts/setup.sh --with-extras
+RELAY=$(./scripts/build.sh --relay)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-RELAY=build/relay
 mkdir -p data
 if [ ! -f data/fortunes_train.h5 ]; then
   texts=()

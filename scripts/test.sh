@@ -3,12 +3,18 @@
 # golden references). Works on a fresh Debian 12 machine. Usage: scripts/test.sh [ctest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh --with-slurm --with-torch
+./scripts/setup.sh --with-slurm --with-torch --with-extras
 ./scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd build
+mkdir -p Testing
 rc=0
-ctest --output-on-failure --timeout 1200 "$@" || rc=$?
+start=$(date +%s)
+ctest --output-on-failure --timeout 1200 "$@" 2>&1 | tee Testing/ctest_output.txt || rc=$?
+echo "test.sh: ctest took $(( $(date +%s) - start )) s"
+python3 ../scripts/slowest_tests.py . || true
 # A failing test's output again at the very end, where a truncated CI log still shows it.
 (( rc == 0 )) || python3 ../scripts/show_failed_tests.py . || true
+# ctest's own summary closes the log, after the tables above.
+echo; sed -n '/tests passed, .* tests failed out of/,$p' Testing/ctest_output.txt
 exit "$rc"

@@ -2,34 +2,22 @@
 // schedule, the simulated bubble (equal F/B/W costs, and with --measure per-layer costs timed here)
 // and the peak number of micro-batches whose activations each stage holds; the 3D layout (which world
 // rank holds which (dp, tp, pp) coordinate and which shard) and the memory each rank will hold.
-#include <mpi.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <thread>
-#include <nlohmann/json.hpp>
 
 #include "backend/backend.hpp"
 #include "cli/commands.hpp"
-#include "comm/mpi_check.hpp"
-#include "comm/mpi_communicator.hpp"
-#ifdef RELAY_HAVE_CUDA
-#include "comm/nccl_communicator.hpp"
-#endif
-#include "core/rng.hpp"
 #include "io/dataset.hpp"
 #include "model/family.hpp"
 #include "model/model_spec.hpp"
 #include "model/moe.hpp"
 #include "parallel/process_grid.hpp"
 #include "parallel/simulator.hpp"
-#include "parallel/trace.hpp"
 #include "plan/calibration.hpp"
 #include "plan/link_calibration.hpp"
+#include "plan/measure.hpp"
 #include "train/checkpointing.hpp"
 #include "train/memory_plan.hpp"
 #include "train/model_layout.hpp"
@@ -63,78 +51,6 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
 }
 
 namespace {
-
-struct LayerTimes { double f = 0, b = 0, w = 0; };
-
-// Times one block on this machine's CPU at the micro-batch size (median-free: mean of a few repeats).
-LayerTimes time_block(Backend& be, const BlockSpec& planned, int64_t rows) {
-  BlockSpec spec = planned;
-  spec.moe.ep = spec.moe.cp = 1;  // one process: every expert here, whole sequences
-  ParamStore store(be, 1, 1, 0, spec.dtype);
-  auto layer = make_block(spec, store);
-  const bool tokens = spec.in == 0;
-  const DType dt = spec.dtype;
-  Tensor x = tokens ? Tensor(be, {rows}, DType::i32) : Tensor(be, {rows, spec.in}, dt);
-  Tensor y(be, {rows, spec.out}, dt), dy(be, {rows, spec.out}, dt), dx(be, {rows, std::max<int64_t>(1, spec.in)}, dt);
-  std::vector<float> h(static_cast<size_t>(rows * std::max(spec.in, spec.out)));
-  Rng rng(7, static_cast<uint64_t>(spec.index));
-  for (auto& v : h) v = float(rng.normal());
-  if (tokens) {
-    std::vector<int32_t> ids(static_cast<size_t>(rows), 0);
-    be.upload(x, ids.data());
-  } else {
-    be.upload_f32(x, h.data());
-  }
-  be.upload_f32(dy, h.data());
-  for (Param* p : store.all()) {
-    p->grad = Tensor(be, p->value.shape());
-    be.fill(p->grad, 0.f);
-  }
-  BlockSaved saved;
-  layer->allocate_saved(be, rows, saved);
-  auto clock = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  LayerTimes t;
-  const int reps = 5;
-  for (int r = -1; r < reps; ++r) {  // r = -1 warms up
-    double t0 = clock();
-    layer->forward(be, x, y, saved);
-    be.synchronize();
-    double t1 = clock();
-    if (!tokens) layer->backward_input(be, x, dy, dx, saved);
-    be.synchronize();
-    double t2 = clock();
-    layer->backward_weight(be, x, dy, saved);
-    be.synchronize();
-    double t3 = clock();
-    if (r >= 0) {
-      t.f += (t1 - t0) / reps;
-      t.b += (t2 - t1) / reps;
-      t.w += (t3 - t2) / reps;
-    }
-  }
-  return t;
-}
-
-// The simulated schedule in the format of a run's trace.json (parallel/trace.hpp): one process per
-// pipeline rank, compute spans on track 0, one time unit = 1 ms.
-void write_sim_trace(const std::string& path, const ScheduleShape& shape, const SimResult& sim) {
-  nlohmann::json events = nlohmann::json::array();
-  for (size_t r = 0; r < sim.timeline.size(); ++r) {
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r},
-                      {"args", {{"name", cat("pipeline rank ", r, " (simulated)")}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 0}, {"args", {{"name", "compute"}}}});
-    for (const TimedAction& t : sim.timeline[r]) {
-      const char* op = op_name(t.action.op);
-      events.push_back({{"ph", "X"}, {"name", compute_span_name(op, t.action.micro_batch, t.action.chunk, shape.v > 1)},
-                        {"cat", "compute"}, {"pid", r}, {"tid", 0}, {"ts", t.start * 1000.0},
-                        {"dur", (t.end - t.start) * 1000.0},
-                        {"args", {{"step", 1}, {"micro_batch", t.action.micro_batch}, {"chunk", t.action.chunk}, {"op", op}}}});
-    }
-  }
-  std::ofstream f(path, std::ios::trunc);
-  if (!f) throw Error(cat("--trace ", path, ": cannot write the file"));
-  f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-}
 
 // World rank -> (dp, cp, tp, pp) coordinate, stage, tensor-parallel shard and (context parallelism) the tokens of each
 // sequence it holds (Megatron-LM's order: tp fastest, then cp, dp, pp), one line per rank (the first 64).
@@ -353,87 +269,6 @@ void print_sim(const char* title, const ScheduleShape& shape, const SimResult& s
                 sim.idle[s], sim.peak_live_micro_batches[s]);
 }
 
-// `relay plan --measure --calibrate` started by mpirun or srun: every rank measures the links through the communicator
-// (within each host, then between hosts' first ranks); then rank 0 alone measures the compute and writes the file while
-// the others wait for its exit status (polling, so that they take no core from it) and exit with it.
-class CalibrationRanks {
- public:
-  static bool launched() {
-    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
-      if (std::getenv(v)) return true;
-    return false;
-  }
-  CalibrationRanks() {
-    int provided = 0;
-    MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
-  }
-  ~CalibrationRanks() { MPI_Finalize(); }
-  int rank() const { return rank_; }
-
-  // On GPUs (train.device), each rank times its own GPU's collectives through NCCL (parallel.comm = "mpi": MPI).
-  LinkCalibration measure(const Config& cfg) {
-    LinkCalibration l;
-    l.world = size_;
-    if (size_ < 2) return l;
-    // Hosts as the process grid finds them (MPI_COMM_TYPE_SHARED); their first ranks count them.
-    MPI_Comm node = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    int node_rank = 0, node_size = 1;
-    MPI_CHECK(MPI_Comm_rank(node, &node_rank));
-    MPI_CHECK(MPI_Comm_size(node, &node_size));
-    int first = node_rank == 0;
-    MPI_CHECK(MPI_Allreduce(&first, &l.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
-    l.ranks_per_node = node_size;
-    const Device device = resolve_device(cfg.train.device);
-    auto be = make_backend(BackendOptions{device, 1, device == Device::cuda ? node_rank % cuda_device_count() : 0,
-                                          Precision::fp32});
-    auto communicator = [&](MPI_Comm c) -> std::unique_ptr<Communicator> {
-#ifdef RELAY_HAVE_CUDA
-      if (device == Device::cuda && cfg.parallel.comm != "mpi") return make_nccl_communicator(c, *be, false);
-#endif
-      return std::make_unique<MpiCommunicator>(c, *be);
-    };
-    if (node_size >= 2) {  // every host at once, as a run's tp or ep groups would; rank 0 keeps its host's
-      auto c = communicator(node);
-      l.comm = c->name();
-      l.intra = time_collectives(*c, *be);
-      l.intra_fit = fit_link(l.intra);
-    }
-    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, node_rank == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
-    if (leaders != MPI_COMM_NULL && l.nodes >= 2) {
-      auto c = communicator(leaders);
-      l.comm = c->name();
-      l.inter = time_collectives(*c, *be);
-      l.inter_fit = fit_link(l.inter);
-    }
-    if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
-    MPI_Comm_free(&node);
-    if (l.comm.empty()) l.comm = "mpi";
-    return l;
-  }
-
-  // Rank 0: tell the others how it ended. The others: wait for that and return it.
-  void release(int status) {
-    MPI_Request req;
-    MPI_CHECK(MPI_Ibcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD, &req));
-    MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
-  }
-  int wait_for_rank0() {
-    int status = 1, done = 0;
-    MPI_Request req;
-    MPI_CHECK(MPI_Ibcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD, &req));
-    while (!done) {
-      MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return status;
-  }
-
- private:
-  int rank_ = 0, size_ = 1;
-};
 
 int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links);
 
@@ -442,8 +277,8 @@ int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links);
 int run_plan_command(const PlanOptions& o) {
   if (!o.cluster.empty()) return run_plan_cluster(o);
   Config cfg = load_config(o.config, o.overrides);
-  if (o.calibrate.empty() || !o.measure || !CalibrationRanks::launched()) return plan_body(o, cfg, nullptr);
-  CalibrationRanks ranks;
+  if (o.calibrate.empty() || !o.measure || !LaunchedRanks::launched()) return plan_body(o, cfg, nullptr);
+  LaunchedRanks ranks;
   const LinkCalibration links = ranks.measure(cfg);
   if (ranks.rank() != 0) return ranks.wait_for_rank0();
   int status = 1;
@@ -512,22 +347,16 @@ int plan_body(const PlanOptions& o, Config& cfg, const LinkCalibration* links) {
     const Device device = resolve_device(cfg.train.device);
     const bool gpu = device == Device::cuda;
     auto be = make_backend(BackendOptions{device, 1, 0, gpu ? cfg.train.precision : Precision::fp32});
-    Costs c;
-    c.chunk_forward.assign(static_cast<size_t>(layout.num_chunks()), 0);
-    c.chunk_backward_input = c.chunk_backward_weight = c.chunk_forward;
     const int64_t act_rows = rows * layout.model.seq_len;
     std::printf("\nmeasured per-block times on this machine (%s, %lld rows), ms:\n", gpu ? be->describe().c_str() : "1 thread",
                 static_cast<long long>(act_rows));
+    const MeasuredCosts measured = measure_costs(*be, layout, act_rows);
     for (const BlockSpec& b : layout.blocks()) {
-      LayerTimes t = time_block(*be, b, act_rows);
-      std::printf("  block %2d %-11s F %8.3f  B %8.3f  W %8.3f\n", b.index, block_kind_name(b.kind), 1e3 * t.f,
-                  1e3 * t.b, 1e3 * t.w);
-      size_t ch = static_cast<size_t>(layout.chunk_of_block(b.index));
-      c.chunk_forward[ch] += t.f;
-      c.chunk_backward_input[ch] += t.b;
-      c.chunk_backward_weight[ch] += t.w;
+      const BlockTimes& t = measured.blocks[size_t(b.index)];
+      std::printf("  block %2d %-11s F %8.3f  B %8.3f  W %8.3f\n", b.index, block_kind_name(b.kind), 1e3 * t.forward,
+                  1e3 * t.backward_input, 1e3 * t.backward_weight);
     }
-    SimResult ms = simulate(shape, lists, c);
+    SimResult ms = simulate(shape, lists, measured.costs);
     print_sim("schedule with the measured costs (time in seconds):", shape, ms);
     if (!o.calibrate.empty()) {
       const int threads = cfg.train.threads > 0 ? int(cfg.train.threads) : 1;

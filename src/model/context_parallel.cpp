@@ -2,7 +2,7 @@
 
 #include "core/error.hpp"
 #include "core/memory.hpp"
-#include "parallel/trace.hpp"
+#include "comm/trace.hpp"
 
 namespace relay {
 

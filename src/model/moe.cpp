@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "parallel/trace.hpp"
+#include "comm/trace.hpp"
 
 namespace relay {
 

@@ -45,7 +45,7 @@
 #include "model/chunk.hpp"
 #include "model/param.hpp"
 #include "optim/optimizer.hpp"
-#include "parallel/trace.hpp"
+#include "comm/trace.hpp"
 
 namespace relay {
 

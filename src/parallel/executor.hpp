@@ -14,7 +14,7 @@
 #include "parallel/data_parallel.hpp"
 #include "parallel/process_grid.hpp"
 #include "parallel/schedule.hpp"
-#include "parallel/trace.hpp"
+#include "comm/trace.hpp"
 
 namespace relay {
 

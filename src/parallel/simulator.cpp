@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "comm/trace.hpp"
 
 namespace relay {
 namespace {
@@ -373,6 +377,25 @@ std::string render_grid(const ScheduleShape& s, const SimResult& r) {
   out += cat("(a column is ", unit, " time unit; F forward, B backward or backward_input, W backward_weight",
              s.v > 1 ? "; F3.5 = micro-batch 3 on chunk 5" : "", "; '.' idle)\n");
   return out;
+}
+
+void write_sim_trace(const std::string& path, const ScheduleShape& shape, const SimResult& sim) {
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t r = 0; r < sim.timeline.size(); ++r) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r},
+                      {"args", {{"name", cat("pipeline rank ", r, " (simulated)")}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 0}, {"args", {{"name", "compute"}}}});
+    for (const TimedAction& t : sim.timeline[r]) {
+      const char* op = op_name(t.action.op);
+      events.push_back({{"ph", "X"}, {"name", compute_span_name(op, t.action.micro_batch, t.action.chunk, shape.v > 1)},
+                        {"cat", "compute"}, {"pid", r}, {"tid", 0}, {"ts", t.start * 1000.0},
+                        {"dur", (t.end - t.start) * 1000.0},
+                        {"args", {{"step", 1}, {"micro_batch", t.action.micro_batch}, {"chunk", t.action.chunk}, {"op", op}}}});
+    }
+  }
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) throw Error(cat("--trace ", path, ": cannot write the file"));
+  f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
 }
 
 }  // namespace relay

@@ -49,4 +49,9 @@ SimResult simulate(const ScheduleShape& s, const std::vector<std::vector<Action>
 // micro-batch 3 on chunk 5. An action spans as many columns as it takes time units; '.' is idle.
 std::string render_grid(const ScheduleShape& s, const SimResult& r);
 
+// The simulated schedule in the format of a run's trace.json (comm/trace.hpp), to open side by side with one: one
+// process per pipeline rank, compute spans on track 0, one time unit = 1 ms. An Error naming `path` when it cannot
+// be written.
+void write_sim_trace(const std::string& path, const ScheduleShape& shape, const SimResult& sim);
+
 }  // namespace relay

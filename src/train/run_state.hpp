@@ -19,7 +19,7 @@
 #include "parallel/data_parallel.hpp"
 #include "parallel/executor.hpp"
 #include "parallel/process_grid.hpp"
-#include "parallel/trace.hpp"
+#include "comm/trace.hpp"
 #include "train/model_layout.hpp"
 
 namespace relay {

@@ -1,6 +1,6 @@
 // Tracer: spans as backend marks, resolved to microseconds at the end, gathered to rank 0 and written
 // with nlohmann::json in the Chrome trace-event format.
-#include "parallel/trace.hpp"
+#include "comm/trace.hpp"
 
 #include <algorithm>
 #include <fstream>
