@@ -3,7 +3,7 @@
 # V = 50257) at several 3D layouts: one training step each on random tokens, then every rank's
 # measured bytes of parameters, gradients, optimizer state and activations beside relay plan's
 # prediction (the run's memory.json). 8 micro-batches of one 1024-token sequence per replica, schedule
-# 1f1b (one zb-h1 beside it): the layouts of the README's worked example. Measures; does not pass or fail.
+# 1f1b (one zb-h1 beside it): the layouts of docs/parallelism.md's worked example. Measures; does not pass or fail.
 # Usage: bench/memory_gpt2.sh [build/relay]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-// Relay's HDF5 checkpoint format, version 1 (README "Checkpoint format"): whole global tensors named
+// Relay's HDF5 checkpoint format, version 1 (io/README.md "Checkpoint format"): whole global tensors named
 // as PyTorch's state_dict and torch.optim's state, so a file never depends on the parallel layout.
 // Written under a temporary name, fsynced and renamed into place; `latest` is replaced the same way.
 #pragma once

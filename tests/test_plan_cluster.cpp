@@ -1,9 +1,9 @@
 // relay plan --cluster (src/plan/, src/cli/cmd_plan_cluster.cpp): cluster files with a missing key, a model no
 // layout fits, a node count no layout can use (each one line naming the key or the reason, exit 1, through the real
 // binary); and the recommendations: for GPT-3 175B on 1024 A100s and Llama 3 70B on 64 H100 nodes the top layout's
-// predicted MFU is at least that of the layout published for that model (README "Planning a run"); and expert
-// parallelism: the search over ep for Mixtral 8x7B, ep 8 against ep 1 under --layout, and the planned memory of a
-// dp 2 x ep 2 Mixtral against what its training run measures.
+// predicted MFU is at least that of the layout published for that model (docs/planning.md "Recommendations"); and
+// expert parallelism: the search over ep for Mixtral 8x7B, ep 8 against ep 1 under --layout, and the planned memory
+// of a dp 2 x ep 2 Mixtral against what its training run measures.
 #include <gtest/gtest.h>
 
 #include <fstream>

@@ -1,7 +1,7 @@
-// The planner against published large-scale training results (bench/RESULTS.md, README "Planning a run"): each
-// row is a fully specified configuration from a paper or a framework's published table, predicted from the
-// cluster presets alone (configs/clusters/*.toml; nothing tuned per row). Within 25% on every row and within 15% on
-// most (the issue's target); the rows outside 15% are explained in bench/RESULTS.md. The table is printed.
+// The planner against published large-scale training results (bench/RESULTS.md, docs/planning.md "Against published
+// results"): each row is a fully specified configuration from a paper or a framework's published table, predicted
+// from the cluster presets alone (configs/clusters/*.toml; nothing tuned per row). Within 25% on every row and within
+// 15% on most (the issue's target); the rows outside 15% are explained in bench/RESULTS.md. The table is printed.
 #include <gtest/gtest.h>
 
 #include <chrono>

@@ -1,6 +1,6 @@
 // The exit codes of `relay train`, a public interface: jobscripts/ act on them (requeue on 75, restart
-// in the allocation on 74 and on a rank killed by a signal, never again on 76). Listed in the README's
-// "Exit codes of relay train" and in jobscripts/README.md.
+// in the allocation on 74 and on a rank killed by a signal, never again on 76). Listed in docs/operations.md
+// ("Exit codes of relay train") and in jobscripts/README.md.
 #pragma once
 
 namespace relay {

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Writes a synthetic trace.json in the format of Relay's tracer (Chrome trace events, see README
-"Logs and metrics") for tests of scripts/plot_run.py: dp x pp ranks running 1F1B (Narayanan et al.,
+"""Writes a synthetic trace.json in the format of Relay's tracer (Chrome trace events, see docs/operations.md
+"Timelines") for tests of scripts/plot_run.py: dp x pp ranks running 1F1B (Narayanan et al.,
 arXiv:2104.04473) or a ZB-H1-like variant (arXiv:2401.10241: backward split into B and W, the W's
 of the cool-down deferred to fill its bubbles), timed by list scheduling with jittered costs.
 

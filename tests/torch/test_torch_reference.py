@@ -124,7 +124,7 @@ save_initial = true
         raise AssertionError(f"{name}: relay failed\n{r.stdout}\n{r.stderr}")
     relay_losses = [json.loads(l)["loss"] for l in open(f"{d}/run/metrics.jsonl") if '"loss"' in l]
 
-    # PyTorch from Relay's initial weights (the README's h5py recipe).
+    # PyTorch from Relay's initial weights (io/README.md's h5py recipe).
     model = torch_model(d_in)
     with h5py.File(f"{d}/run/checkpoints/step_00000000.h5", "r") as f:
         assert f.attrs["format"] == "relay-checkpoint" and f.attrs["version"] == 1
