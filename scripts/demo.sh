@@ -27,7 +27,7 @@ $RELAY ckpt inspect runs/demo-resumed/checkpoints/step_00000600.h5 | head -4
 acc() { grep eval_accuracy "$1/metrics.jsonl" | tail -1 | sed "s/.*\"eval_accuracy\": *\([0-9.]*\).*/\1/"; }
 echo
 echo "final eval accuracy: serial $(acc runs/demo-serial), 4 ranks $(acc runs/demo-4ranks), resumed on another layout $(acc runs/demo-resumed)"
-echo "results: runs/demo-*/metrics.jsonl, config.toml and checkpoints/ (h5py-readable; see README)"
+echo "results: runs/demo-*/metrics.jsonl, config.toml and checkpoints/ (h5py-readable; docs/operations.md and io/README.md)"
 python3 - "$(acc runs/demo-serial)" "$(acc runs/demo-4ranks)" "$(acc runs/demo-resumed)" <<'PY'
 import sys
 s, p, r = map(float, sys.argv[1:])
