@@ -3,6 +3,8 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "model/families/llama.hpp"
+#include "model/families/mlp.hpp"
 #include "model/family.hpp"
 
 using namespace relay;
@@ -30,7 +32,7 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
 
 TEST(Config, MinimalLoadsWithDefaults) {
   Config c = parse_config_text(kBase, "cfg.toml");
-  EXPECT_EQ(c.model.layers.size(), 3u);
+  EXPECT_EQ(c.model.args<MlpArgs>().layers.size(), 3u);
   EXPECT_EQ(c.optimizer.name, "adamw");
   EXPECT_EQ(c.parallel.dp, 1);
   EXPECT_EQ(c.checkpoint.dir, c.run.dir + "/checkpoints");
@@ -164,11 +166,11 @@ TEST(Config, MixtureOfExperts) {
                           "\"t.h5\"\n[train]\nsteps = 1\nbatch_size = 1\n";
   Config c = parse_config_text(moe, "cfg.toml");
   EXPECT_TRUE(model_family(c).has_experts() && model_family(c).language_model());
-  EXPECT_TRUE(c.model.norm_topk_prob);  // Mixtral always renormalises
-  EXPECT_TRUE(c.model.moe_layer(0) && c.model.moe_layer(1));
+  EXPECT_TRUE(c.model.args<MoeArgs>().norm_topk_prob);  // Mixtral always renormalises
+  EXPECT_TRUE(c.model.args<MoeArgs>().moe_layer(0) && c.model.args<MoeArgs>().moe_layer(1));
   Config back = parse_config_text(to_toml(c), "effective.toml");
-  EXPECT_EQ(back.model.n_experts, 4);
-  EXPECT_EQ(back.model.moe_ffn_hidden, 12);
+  EXPECT_EQ(back.model.args<MoeArgs>().n_experts, 4);
+  EXPECT_EQ(back.model.args<MoeArgs>().moe_ffn_hidden, 12);
   // Each mistake names its key.
   auto expect_error = [&](const std::vector<std::string>& ov, const std::string& key, const std::string& text,
                           const std::string& base) {
@@ -191,14 +193,17 @@ TEST(Config, MixtureOfExperts) {
   EXPECT_EQ(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=2"}).parallel.ep, 2);
   EXPECT_EQ(parse_config_text(to_toml(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=4"})),
                               "effective.toml").parallel.ep, 4);
-  expect_error({"model.type=\"llama\"", "model.ffn_hidden=16"}, "model.n_experts", "mixture-of-experts key", moe);
+  // Another family's keys, the first in key order named, with the families that have it (from the registry).
+  expect_error({"model.type=\"llama\"", "model.ffn_hidden=16"}, "model.experts_per_token",
+               cat("mixture-of-experts key; model.type = \"llama\" has no experts (use ",
+                   family_names(&ModelKeys::has_experts), ")"), moe);
   // Qwen3-MoE: dense layers need ffn_hidden; explicit head_dim; mlp_only_layers within the model.
   Config q = parse_config_text(moe, "cfg.toml", {"model.type=\"qwen3_moe\"", "model.head_dim=6",
                                                  "model.decoder_sparse_step=2", "model.ffn_hidden=16"});
-  EXPECT_FALSE(q.model.norm_topk_prob);  // Qwen3MoeConfig's default
-  EXPECT_FALSE(q.model.moe_layer(0));
-  EXPECT_TRUE(q.model.moe_layer(1));
-  EXPECT_EQ(q.model.head_dim, 6);
+  EXPECT_FALSE(q.model.args<MoeArgs>().norm_topk_prob);  // Qwen3MoeConfig's default
+  EXPECT_FALSE(q.model.args<MoeArgs>().moe_layer(0));
+  EXPECT_TRUE(q.model.args<MoeArgs>().moe_layer(1));
+  EXPECT_EQ(q.model.args<MoeArgs>().head_dim, 6);
   expect_error({"model.type=\"qwen3_moe\"", "model.mlp_only_layers=[1]"}, "model.ffn_hidden", "required", moe);
   expect_error({"model.type=\"qwen3_moe\"", "model.mlp_only_layers=[2]"}, "model.mlp_only_layers", "[0, model.n_layer = 2)",
                moe);
@@ -208,9 +213,9 @@ TEST(Config, MixtureOfExperts) {
                                                   "model.ffn_hidden=16", "model.norm_topk_prob=true",
                                                   "model.router_z_loss_coef=0.001"})),
       "effective.toml");
-  EXPECT_EQ(qb.model.mlp_only_layers, std::vector<int64_t>{0});
-  EXPECT_TRUE(qb.model.norm_topk_prob);
-  EXPECT_EQ(qb.model.router_z_loss_coef, 0.001);
+  EXPECT_EQ(qb.model.args<MoeArgs>().mlp_only_layers, std::vector<int64_t>{0});
+  EXPECT_TRUE(qb.model.args<MoeArgs>().norm_topk_prob);
+  EXPECT_EQ(qb.model.args<MoeArgs>().router_z_loss_coef, 0.001);
   // [moe]: the aux-loss-free expert bias, for mixtures of experts only.
   Config b = parse_config_text(moe, "cfg.toml", {"moe.expert_bias=true", "moe.bias_update_rate=0.01"});
   Config bb = parse_config_text(to_toml(b), "effective.toml");
@@ -218,4 +223,67 @@ TEST(Config, MixtureOfExperts) {
   EXPECT_EQ(bb.moe.bias_update_rate, 0.01);
   expect_error({"moe.expert_bias=true"}, "moe.expert_bias", "needs a mixture of experts", kBase);
   expect_error({"moe.bias_update_rate=-1.0"}, "moe.bias_update_rate", "must be in", moe);
+}
+
+// A family owns its [model] keys (src/model/families): another family's key is refused naming the families that have
+// it, lists of families in messages are the registry's, and a copied Config holds its own copy of the family's keys.
+TEST(Config, FamilyKeysAndListsOfFamilies) {
+  const std::string gpt = "[model]\ntype = \"gpt\"\nvocab_size = 64\nblock_size = 16\nn_layer = 1\nn_head = 2\n"
+                          "n_embd = 8\n[data]\ntrain = \"t.h5\"\n[train]\nsteps = 1\nbatch_size = 1\n";
+  auto having = [](const std::string& key) {
+    std::vector<const ModelKeys*> owners;
+    for (const ModelFamily* f : model_families())
+      if (f->keys().count(key)) owners.push_back(f);
+    return family_names(owners);
+  };
+  auto expect_error = [](const std::string& text, const std::vector<std::string>& ov, const std::string& want) {
+    const std::string e = error_of(text, ov);
+    EXPECT_NE(e.find(want), std::string::npos) << e << "\nwanted: " << want;
+  };
+  const std::string language_models = family_names(&ModelKeys::language_model);
+  for (const ModelFamily* f : model_families())
+    EXPECT_EQ(language_models.find(cat("\"", f->name(), "\"")) != std::string::npos, f->language_model()) << f->name();
+  EXPECT_EQ(family_names(&ModelKeys::has_experts), "\"mixtral\" or \"qwen3_moe\"");
+  EXPECT_EQ(family_names({&model_family("llama")}), "\"llama\"");
+
+  expect_error(gpt, {"model.n_kv_head=1"}, cat("model.n_kv_head: is a key of model.type = ", having("n_kv_head"),
+                                               ", not of model.type = \"gpt\" (its keys: bias, block_size, "));
+  expect_error(gpt, {"model.n_experts=2"}, cat("model.n_experts: is a mixture-of-experts key; model.type = \"gpt\" has "
+                                               "no experts (use ", having("n_experts"), ")"));
+  expect_error(gpt, {"model.layers=[{ type = \"relu\" }]"},
+               "model.layers: is a key of model.type = \"mlp\"; a model.type = \"gpt\" model is given by vocab_size");
+  expect_error(kBase, {"model.vocab_size=64"},
+               cat("model.vocab_size: is a language-model key; set model.type = ", having("vocab_size"), " to use it"));
+  expect_error(kBase, {"parallel.tp=2"}, cat("parallel.tp: = 2 needs model.type = ", language_models, " (tensor "));
+  expect_error(kBase, {"parallel.cp=2"}, cat("parallel.cp: = 2 needs model.type = ", language_models, " (context "));
+  expect_error(kBase, {"train.recompute=\"blocks\""},
+               cat("recomputes transformer blocks and needs model.type = ", language_models));
+  expect_error(kBase, {"data.document_mask=true"}, cat("needs a language model (model.type = ", language_models, ")"));
+  expect_error(gpt, {"moe.expert_bias=true"},
+               cat("needs a mixture of experts (model.type = ", family_names(&ModelKeys::has_experts), ")"));
+  // The parallel checks against a family's own keys (check_layout) keep their messages.
+  expect_error(gpt, {"model.type=\"llama\"", "model.ffn_hidden=6", "model.n_kv_head=1", "parallel.tp=2"},
+               "parallel.tp: = 2 must divide model.n_kv_head = 1 (each tensor-parallel rank holds whole key/value "
+               "heads)");
+  expect_error(gpt, {"model.type=\"llama\"", "model.ffn_hidden=5", "parallel.tp=2"},
+               "parallel.tp: = 2 must divide model.ffn_hidden = 5");
+
+  // The family's keys travel with the Config: a copy holds its own, another family's are an Error naming model.type.
+  const Config c = parse_config_text(gpt, "cfg.toml", {"model.type=\"qwen3_moe\"", "model.n_experts=4",
+                                                       "model.experts_per_token=2", "model.moe_ffn_hidden=6"});
+  Config d = c;
+  d.model.edit_args<MoeArgs>().n_experts = 8;
+  EXPECT_EQ(c.model.args<MoeArgs>().n_experts, 4);
+  EXPECT_EQ(d.model.args<LlamaArgs>().n_kv_head, 2);  // the decoder's keys, through the struct MoeArgs derives from
+  d = c;
+  EXPECT_EQ(d.model.args<MoeArgs>().n_experts, 4);
+  EXPECT_EQ(model_family(c).experts(c.model), 4);
+  const Config g = parse_config_text(gpt, "cfg.toml");
+  try {
+    (void)g.model.args<LlamaArgs>();
+    ADD_FAILURE() << "a GPT's keys read as Llama's";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.type = \"gpt\""), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(Config().model.args<LlamaArgs>().rope_theta, 10000.0);  // a Config made in code: the defaults
 }

@@ -90,7 +90,8 @@ TEST_F(Gpt, BadModelShapes) {
   RunResult b = fail(2, {"parallel.pp=2", "parallel.balance=[2, 3]"});
   EXPECT_TRUE(contains(b.output, "parallel.balance sums to 5 blocks but the model has 6")) << b.output;
   RunResult k = fail(1, {"model.layers=[{ type = \"relu\" }]"});
-  EXPECT_TRUE(contains(k.output, "model.layers: is an MLP key")) << k.output;
+  EXPECT_TRUE(contains(k.output, "model.layers: is a key of model.type = \"mlp\"; a model.type = \"gpt\" model is "
+                                 "given by vocab_size")) << k.output;
 }
 
 TEST_F(Gpt, ResumeOntoOtherLayouts) {

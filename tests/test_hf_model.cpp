@@ -13,6 +13,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "model/family.hpp"
 #include "model/hf_model.hpp"
 
 using namespace relay;
@@ -20,19 +21,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
-Config::Model llama() {
-  Config::Model m;
-  m.type = "llama";
-  m.vocab_size = 64, m.block_size = 16, m.n_layer = 1, m.n_head = 4, m.n_kv_head = 2, m.n_embd = 32;
-  m.ffn_hidden = 48, m.tie_embeddings = false, m.bias = false, m.norm_eps = 1e-5, m.rope_theta = 500000.0;
-  return m;
+// [model] as the parser reads it from these keys and --set overrides.
+Config::Model parse_model(const std::string& keys, const std::vector<std::string>& overrides) {
+  return parse_config_text("[model]\n" + keys + "[data]\ntrain = \"t.h5\"\n[train]\nsteps = 1\nbatch_size = 1\n",
+                           "cfg.toml", overrides)
+      .model;
 }
 
-Config::Model gpt2() {
-  Config::Model m;
-  m.type = "gpt";
-  m.vocab_size = 64, m.block_size = 16, m.n_layer = 1, m.n_head = 4, m.n_embd = 32;
-  return m;
+Config::Model llama(const std::vector<std::string>& overrides = {}) {
+  return parse_model("type = \"llama\"\nvocab_size = 64\nblock_size = 16\nn_layer = 1\nn_head = 4\nn_kv_head = 2\n"
+                     "n_embd = 32\nffn_hidden = 48\ntie_embeddings = false\nnorm_eps = 1e-5\nrope_theta = 500000.0\n",
+                     overrides);
+}
+
+Config::Model gpt2(const std::vector<std::string>& overrides = {}) {
+  return parse_model("type = \"gpt\"\nvocab_size = 64\nblock_size = 16\nn_layer = 1\nn_head = 4\nn_embd = 32\n",
+                     overrides);
 }
 
 CheckpointTensor tensor(const std::string& name, Shape shape) {
@@ -102,12 +106,10 @@ TEST(HfModel, LlamaKeyDifferencesNameBothValues) {
   const std::string dir = (t.path / "out").string();
   write_hf_dir(dir, llama(), "bytes", llama_tensors(), false, {});
   HfModelDir d(dir, "model.init_from = \"D\"");
-  Config::Model m = llama();
-  m.n_kv_head = 4;
+  Config::Model m = llama({"model.n_kv_head=4"});
   EXPECT_EQ(error_of([&] { d.check_matches(m); }),
             "model.init_from = \"D\": config.json num_key_value_heads = 2 but model.n_kv_head = 4");
-  m = llama();
-  m.rope_theta = 10000;
+  m = llama({"model.rope_theta=10000.0"});
   EXPECT_NE(error_of([&] { d.check_matches(m); }).find("rope_theta = 500000.0 but model.rope_theta = 10000.0"),
             std::string::npos);
   m = llama();
@@ -165,8 +167,7 @@ TEST(HfModel, Bf16RoundsToNearestEven) {
 
 TEST(HfModel, BadInputIsNamed) {
   TempDir t;
-  Config::Model m = gpt2();
-  m.bias = false;
+  Config::Model m = gpt2({"model.bias=false"});
   const std::string out = (t.path / "nobias").string();
   EXPECT_NE(error_of([&] { write_hf_dir(out, m, "bytes", {}, false, {}); }).find("model.bias = false"), std::string::npos);
   EXPECT_FALSE(fs::exists(out));

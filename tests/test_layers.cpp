@@ -8,6 +8,8 @@
 
 #include "backend/backend.hpp"
 #include "core/rng.hpp"
+#include "model/families/llama.hpp"
+#include "model/families/mlp.hpp"
 #include "model/model_spec.hpp"
 
 using namespace relay;
@@ -48,7 +50,7 @@ Vec forward_double(const std::string& type, const Vec& x, int64_t rows, int64_t 
 void gradcheck(const LayerConfig& cfg, int64_t rows, int64_t in) {
   auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
   Config mc;
-  mc.model.layers = {cfg};
+  mc.model.edit_args<MlpArgs>().layers = {cfg};
   const BlockSpec spec = make_model_spec(mc, in).blocks.at(0);
   struct { int64_t in, out; } s{spec.in, spec.out};
   ParamStore store(*be, 7);
@@ -130,8 +132,8 @@ TEST(LayerGradcheck, LayerNorm) { gradcheck({"layernorm", 0, 1e-5}, 6, 13); }
 
 TEST(LayerInit, TorchDefaultsAndPureFunctionOfSeedAndIndex) {
   Config c;
-  c.model.layers = {{"relu", 0, 1e-5}, {"relu", 0, 1e-5}, {"linear", 64, 1e-5}, {"linear", 64, 1e-5},
-                    {"layernorm", 0, 1e-5}};
+  c.model.edit_args<MlpArgs>().layers = {{"relu", 0, 1e-5}, {"relu", 0, 1e-5}, {"linear", 64, 1e-5},
+                                         {"linear", 64, 1e-5}, {"layernorm", 0, 1e-5}};
   const ModelSpec m = make_model_spec(c, 100);
   const ParamSpec& w2 = m.blocks[2].params[0];
   ParamSpec w3 = m.blocks[2].params[0];
@@ -223,9 +225,9 @@ TEST(LlamaSpec, SwigluOutputIsBackwardScratch) {
   c.model.block_size = 16;
   c.model.n_layer = 2;
   c.model.n_head = 2;
-  c.model.n_kv_head = 1;
   c.model.n_embd = 8;
-  c.model.ffn_hidden = 24;
+  c.model.edit_args<LlamaArgs>().n_kv_head = 1;
+  c.model.edit_args<LlamaArgs>().ffn_hidden = 24;
   const ModelSpec m = make_model_spec(c, 0);
   const BlockSpec& layer = m.blocks.at(1);
   ASSERT_EQ(layer.kind, BlockKind::llama_layer);

@@ -13,6 +13,7 @@
 #include "io/synth.hpp"
 #include "io/token_dataset.hpp"
 #include "io/tokenizer.hpp"
+#include "model/family.hpp"
 
 namespace relay {
 
@@ -27,8 +28,9 @@ CLI::App* add_data_command(CLI::App& app, DataOptions& o, CLI::App** synth, CLI:
   s->add_option("--seed", o.seed, "Seed of the samples")->required();
   s->add_option("--teacher-seed", o.teacher_seed, "Seed of the teacher network (train and eval sets share it)")
       ->capture_default_str();
-  auto* t = d->add_subcommand("tokenize", "Turn a corpus (JSON Lines or text, plain or .zst) into a token file for a "
-                                           "language model (model.type = \"gpt\" or \"llama\")");
+  auto* t = d->add_subcommand("tokenize", cat("Turn a corpus (JSON Lines or text, plain or .zst) into a token file "
+                                               "for a language model (model.type = ",
+                                               family_names(&ModelKeys::language_model), ")"));
   t->add_option("--in", o.inputs, "Input files, read in order; a name ending in .zst is zstd-compressed")
       ->required()->expected(1, -1);
   t->add_option("--format", o.format, "jsonl: one JSON object per line, the document in --field; text: UTF-8 text")

@@ -20,8 +20,11 @@
 namespace relay {
 
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
-  auto* c = app.add_subcommand("generate", "Generate text from a GPT checkpoint (one rank, CPU or GPU)");
-  c->add_option("--checkpoint", o.checkpoint, "Checkpoint file (step_XXXXXXXX.h5) of a language model run (model.type = \"gpt\", \"llama\", \"mixtral\" or \"qwen3_moe\")")->required();
+  auto* c = app.add_subcommand("generate", "Generate text from a language model's checkpoint (one rank, CPU or GPU)");
+  c->add_option("--checkpoint", o.checkpoint,
+                cat("Checkpoint file (step_XXXXXXXX.h5) of a language model run (model.type = ",
+                    family_names(&ModelKeys::language_model), ")"))
+      ->required();
   auto* p = c->add_option("--prompt", o.prompt, "Prompt text");
   auto* pt = c->add_option("--prompt-tokens", o.prompt_tokens, "File of whitespace-separated prompt token ids");
   p->excludes(pt);
@@ -71,7 +74,8 @@ int run_generate_command(const GenerateOptions& o) {
   const ModelSpec model = make_model_spec(cfg, 0);
   if (!model.language_model)
     throw Error(cat("--checkpoint ", o.checkpoint, " holds a model.type = \"", cfg.model.type,
-                    "\" model; relay generate needs a language model's checkpoint (gpt or llama)"));
+                    "\" model; relay generate needs a language model's checkpoint (model.type = ",
+                    family_names(&ModelKeys::language_model), ")"));
   const std::string kind = reader.meta().tokenizer.empty() ? "bytes" : reader.meta().tokenizer;
   std::unique_ptr<Tokenizer> tok;
   if (!o.tokenizer_json.empty() && kind != "hf")

@@ -73,7 +73,7 @@ int run_plan_cluster(const PlanOptions& o) {
   const Config base = load_config(o.config, overrides);
   if (!model_family(base).language_model())
     throw Error(cat(o.config, ": model.type = \"", base.model.type, "\": relay plan --cluster plans language models "
-                    "(gpt, llama, mixtral or qwen3_moe)"));
+                    "(model.type = ", family_names(&ModelKeys::language_model), ")"));
   const double mtbf = o.device_mtbf_hours > 0 ? o.device_mtbf_hours : kDefaultDeviceMtbfHours;
   int nodes = o.nodes;
   const int64_t config_world = base.parallel.dp * base.parallel.cp * base.parallel.tp * base.parallel.pp;

@@ -40,7 +40,9 @@ namespace {
 
 // The planner's prediction for this run's layout on the cluster file's machine (plan/step_model.hpp).
 RunPrediction predict_run(const std::string& cluster_file, const Config& cfg) {
-  if (!model_family(cfg).language_model()) throw Error("--plan-cluster: the planner predicts language models (model.type gpt or llama)");
+  if (!model_family(cfg).language_model())
+    throw Error(cat("--plan-cluster: the planner predicts language models (model.type = ",
+                    family_names(&ModelKeys::language_model), ")"));
   const Cluster cl = load_cluster(cluster_file);
   const StepPrediction p = predict_step(cl, cfg);
   RunPrediction r;

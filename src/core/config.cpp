@@ -225,11 +225,36 @@ double parse_duration(const std::string& text, const std::string& key) {
   return total;
 }
 
-bool Config::Model::moe_layer(int64_t i) const {
-  if (n_experts == 0) return false;  // a family without experts (their [model] keys refuse n_experts)
-  for (int64_t d : mlp_only_layers)
-    if (d == i) return false;
-  return (i + 1) % decoder_sparse_step == 0;
+void Config::Model::wrong_args() const {
+  throw Error(cat("model.type = \"", type, "\": its [model] keys were asked for as another family's"));
+}
+
+std::string family_names(const std::vector<const ModelKeys*>& families, bool (ModelKeys::*which)() const) {
+  std::vector<std::string> names;
+  for (const ModelKeys* f : families)
+    if (!which || (f->*which)()) names.push_back(cat("\"", f->name(), "\""));
+  std::string r;
+  for (size_t i = 0; i < names.size(); ++i) r += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return r;
+}
+
+std::string ModelKeys::foreign_key(const std::string& key, const std::vector<const ModelKeys*>& owners) const {
+  auto all = [&](bool (ModelKeys::*which)() const) {
+    return std::all_of(owners.begin(), owners.end(), [&](const ModelKeys* f) { return (f->*which)(); });
+  };
+  auto none = [&](bool (ModelKeys::*which)() const) {
+    return std::none_of(owners.begin(), owners.end(), [&](const ModelKeys* f) { return (f->*which)(); });
+  };
+  const std::string names = family_names(owners), type = name();
+  if (!has_experts() && all(&ModelKeys::has_experts))
+    return cat("is a mixture-of-experts key; model.type = \"", type, "\" has no experts (use ", names, ")");
+  if (!language_model() && all(&ModelKeys::language_model))
+    return cat("is a language-model key; set model.type = ", names, " to use it");
+  if (language_model() && none(&ModelKeys::language_model))
+    return cat("is a key of model.type = ", names, "; a model.type = \"", type, "\" model is given by vocab_size, "
+               "block_size, n_layer, n_head and n_embd");
+  return cat("is a key of model.type = ", names, ", not of model.type = \"", type, "\" (its keys: ",
+             ConfigSection::join(keys()), ")");
 }
 
 Config parse_config_text(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
@@ -273,11 +298,18 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   model.u64("seed", c.model.seed);
   model.str("init_from", c.model.init_from);
   model.choice("loss", c.model.loss, {"cross_entropy", "mse"});
-  family.parse_keys(model, c.model);
   const std::set<std::string> own = family.keys();
-  for (const std::string& k : model.present())  // another family's key that this family's parse let through
-    if (!common.count(k) && !own.count(k))
-      model.fail(k, cat("is not a key of model.type = \"", c.model.type, "\" (its keys: ", Section::join(own), ")"));
+  for (const std::string& k : model.present())  // another family's key
+    if (!common.count(k) && !own.count(k)) {
+      std::vector<const ModelKeys*> owners;
+      for (const ModelKeys* f : families)
+        if (f->keys().count(k)) owners.push_back(f);
+      model.fail(k, family.foreign_key(k, owners));
+    }
+  family.parse_keys(model, c.model);
+  // Lists of families in the messages below.
+  const std::string language_models = family_names(families, &ModelKeys::language_model),
+                    with_experts = family_names(families, &ModelKeys::has_experts);
 
   Section data(tab("data"), "data", source, known("data"));
   data.str("train", c.data.train, true);
@@ -291,7 +323,8 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     data.fail("preload", "holds an MLP's feature file on the device; a language model's batches are token ids "
                          "(4 bytes a token), read and uploaded as they are");
   if (c.data.document_mask && !family.language_model())
-    data.fail("document_mask", "needs a language model (model.type = \"gpt\" or \"llama\"): an MLP has no documents");
+    data.fail("document_mask", cat("needs a language model (model.type = ", language_models, "): model.type = \"",
+                                   c.model.type, "\" has no documents"));
 
   Section train(tab("train"), "train", source, known("train"));
   train.integer("steps", c.train.steps, 1, INT64_MAX / 4, true);
@@ -352,8 +385,8 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.integer("cp", c.parallel.cp, 1, 1 << 12);
   if (c.parallel.cp > 1) {
     if (!family.language_model())
-      par.fail("cp", cat("= ", c.parallel.cp, " needs model.type = \"gpt\" or \"llama\" (context parallelism splits "
-                         "sequences; an MLP model has none)"));
+      par.fail("cp", cat("= ", c.parallel.cp, " needs model.type = ", language_models, " (context parallelism splits "
+                         "sequences; a model.type = \"", c.model.type, "\" model has none)"));
     if (c.model.block_size % (2 * c.parallel.cp) != 0)
       par.fail("cp", cat("= ", c.parallel.cp, ": model.block_size = ", c.model.block_size, " must be divisible by 2 x cp = ",
                          2 * c.parallel.cp, " (each sequence is cut into 2 cp equal chunks, rank i holding chunks i and "
@@ -363,14 +396,11 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.integer("ep", c.parallel.ep, 1, 1 << 16);
   if (c.parallel.ep > 1) {  // Megatron-LM's and torchtitan's rule: the expert-parallel ranks are data-parallel ranks
     if (!family.has_experts())
-      par.fail("ep", cat("= ", c.parallel.ep, " splits experts over ranks and needs a mixture of experts (model.type = "
-                         "\"mixtral\" or \"qwen3_moe\"), got model.type = \"", c.model.type, "\""));
+      par.fail("ep", cat("= ", c.parallel.ep, " splits experts over ranks and needs a mixture of experts "
+                         "(model.type = ", with_experts, "), got model.type = \"", c.model.type, "\""));
     if (c.parallel.dp % c.parallel.ep != 0)
       par.fail("ep", cat("= ", c.parallel.ep, " must divide parallel.dp = ", c.parallel.dp,
                          " (the expert-parallel ranks are taken from the data-parallel ranks)"));
-    if (c.model.n_experts % c.parallel.ep != 0)
-      par.fail("ep", cat("= ", c.parallel.ep, " must divide model.n_experts = ", c.model.n_experts,
-                         " (each rank holds n_experts / ep whole experts)"));
   }
   par.choice("schedule", c.parallel.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
   par.integer("virtual_stages", c.parallel.virtual_stages, 1, 1024);
@@ -382,22 +412,16 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, source + ": parallel.timeout");
   if (c.parallel.tp > 1) {
     if (!family.language_model())
-      par.fail("tp", cat("= ", c.parallel.tp, " needs model.type = \"gpt\" or \"llama\" (tensor parallelism splits "
-                         "attention heads, MLP units and the vocabulary; an MLP model uses parallel.dp and parallel.pp)"));
+      par.fail("tp", cat("= ", c.parallel.tp, " needs model.type = ", language_models, " (tensor parallelism splits "
+                         "attention heads, MLP units and the vocabulary; a model.type = \"", c.model.type,
+                         "\" model uses parallel.dp and parallel.pp)"));
     if (c.model.n_head % c.parallel.tp != 0)
       par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_head = ", c.model.n_head,
                          " (each tensor-parallel rank holds whole attention heads)"));
-    if (family.has_experts() && c.model.moe_ffn_hidden % c.parallel.tp != 0)
-      par.fail("tp", cat("= ", c.parallel.tp, " must divide model.moe_ffn_hidden = ", c.model.moe_ffn_hidden,
-                         " (each expert's SwiGLU units are split over the tp ranks)"));
-    if (c.model.n_kv_head % c.parallel.tp != 0)  // n_kv_head and ffn_hidden: 0 in a GPT
-      par.fail("tp", cat("= ", c.parallel.tp, " must divide model.n_kv_head = ", c.model.n_kv_head,
-                         " (each tensor-parallel rank holds whole key/value heads)"));
-    if (c.model.ffn_hidden % c.parallel.tp != 0)
-      par.fail("tp", cat("= ", c.parallel.tp, " must divide model.ffn_hidden = ", c.model.ffn_hidden));
     if (c.model.vocab_size < c.parallel.tp)
       par.fail("tp", cat("= ", c.parallel.tp, " is more than model.vocab_size = ", c.model.vocab_size));
   }
+  family.check_layout(par, c);  // tp and ep against the family's own keys (its key/value heads, experts, ...)
   par.boolean("sequence_parallel", c.parallel.sequence_parallel);
   if (c.parallel.sequence_parallel) {
     if (c.parallel.tp < 2)
@@ -412,7 +436,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     train.fail("recompute", "= \"blocks\" does not combine with parallel.schedule = \"zb-h1\" (its separate weight-"
                             "gradient step needs each block's saved intermediates; use 1f1b or interleaved)");
   if (c.train.recompute == "blocks" && !family.language_model())
-    train.fail("recompute", "= \"blocks\" recomputes transformer blocks and needs model.type = \"gpt\" or \"llama\"");
+    train.fail("recompute", cat("= \"blocks\" recomputes transformer blocks and needs model.type = ", language_models));
   if (auto* b = par.get("balance")) {
     auto* arr = b->as_array();
     if (!arr) par.fail("balance", cat("expected an array of integers, got ", type_name(*b)));
@@ -441,8 +465,8 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   moe.boolean("expert_bias", c.moe.expert_bias);
   moe.real("bias_update_rate", c.moe.bias_update_rate, 0, 1e3);
   if (c.moe.expert_bias && !family.has_experts())
-    moe.fail("expert_bias", cat("= true needs a mixture of experts (model.type = \"mixtral\" or \"qwen3_moe\"), got "
-                                "model.type = \"", c.model.type, "\""));
+    moe.fail("expert_bias", cat("= true needs a mixture of experts (model.type = ", with_experts,
+                                "), got model.type = \"", c.model.type, "\""));
 
   Section ck(tab("checkpoint"), "checkpoint", source, known("checkpoint"));
   ck.str("dir", c.checkpoint.dir);

@@ -2,6 +2,7 @@
 // Every key is a public interface (README "Config keys"). Errors name the file and the key.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,10 +12,11 @@ namespace relay {
 
 class ModelKeys;  // a model family's [model] keys (core/config_keys.hpp)
 
-struct LayerConfig {        // one entry of model.layers
-  std::string type;         // linear | relu | gelu | tanh | layernorm
-  int64_t out = 0;          // linear only
-  double eps = 1e-5;        // layernorm only
+// A model family's own [model] keys, as its file in src/model/families declares them (LlamaArgs, MoeArgs, ...). core
+// holds them without knowing them; the family reads them back with Config::Model::args<T>().
+struct FamilyArgs {
+  virtual ~FamilyArgs() = default;
+  virtual std::unique_ptr<FamilyArgs> clone() const = 0;
 };
 
 struct Config {
@@ -22,34 +24,48 @@ struct Config {
 
   struct Run { std::string dir = "runs/relay"; } run;
   struct Model {
-    std::string type = "mlp";            // mlp | gpt | llama | mixtral | qwen3_moe (src/model/families)
+    std::string type = "mlp";            // a family's name (src/model/families; model/family.hpp's registry)
     // Initial weights: a .safetensors file (PyTorch names) or a Hugging Face model directory; "" = none
     std::string init_from;
     uint64_t seed = 1;
     std::string loss = "cross_entropy";  // cross_entropy | mse (mlp only)
-    std::vector<LayerConfig> layers;     // mlp only
-    // Language models (gpt: GPT-2's decoder; llama: transformers' LlamaForCausalLM)
+    // The keys every language model has (model/family.hpp's parse_language_model_keys); the rest of [model] is the
+    // family's own (args<T>()).
     int64_t vocab_size = 0, block_size = 0, n_layer = 0, n_head = 0, n_embd = 0;
-    bool bias = true;            // gpt only
-    bool tie_embeddings = true;  // default true for gpt, false for llama
+    bool tie_embeddings = true;  // each family's default (gpt true, the Llama decoders false)
     double init_std = 0.02;
-    // llama only: grouped-query attention (n_kv_head key/value heads, default n_head), SwiGLU width,
-    // rotary base and RMSNorm epsilon
-    int64_t n_kv_head = 0, ffn_hidden = 0;
-    double rope_theta = 10000.0, norm_eps = 1e-5;
-    // Mixtures of experts (mixtral: transformers' MixtralForCausalLM; qwen3_moe: Qwen3MoeForCausalLM): Llama's
-    // keys and these. n_experts experts per MoE layer, each a SwiGLU of moe_ffn_hidden units; each token goes to
-    // its experts_per_token (top-k) most probable ones. norm_topk_prob (qwen3_moe; Mixtral always renormalises):
-    // the k weights divided by their sum. qwen3_moe's dense layers (ffn_hidden units): those in mlp_only_layers
-    // and those i with (i + 1) % decoder_sparse_step != 0. head_dim (qwen3_moe): each head's width, 0 = n_embd /
-    // n_head; qwen3_moe also normalises q and k per head (q_norm, k_norm). The training loss adds
-    // router_aux_loss_coef x the per-sequence load-balancing loss and router_z_loss_coef x the z-loss (model/moe.hpp).
-    int64_t n_experts = 0, experts_per_token = 0, moe_ffn_hidden = 0, decoder_sparse_step = 1, head_dim = 0;
-    bool norm_topk_prob = false;
-    std::vector<int64_t> mlp_only_layers;
-    double router_aux_loss_coef = 0.001, router_z_loss_coef = 0.0;
-    // Whether decoder layer i of a MoE family routes over experts (qwen3_moe: decoder_sparse_step, mlp_only_layers).
-    bool moe_layer(int64_t i) const;
+
+    // The family's own keys as its parse_keys read them (T: the family's struct, or one it derives from). A Config
+    // made in code that holds none reads T's defaults; another family's keys are an Error naming model.type.
+    template <class T>
+    const T& args() const {
+      if (!args_.p) {
+        static const T defaults{};
+        return defaults;
+      }
+      if (const T* a = dynamic_cast<const T*>(args_.p.get())) return *a;
+      wrong_args();
+    }
+    // The same to fill in (the family's parse_keys, a Config made in code): a default T first when none are held.
+    template <class T>
+    T& edit_args() {
+      if (!args_.p) args_.p = std::make_unique<T>();
+      if (T* a = dynamic_cast<T*>(args_.p.get())) return *a;
+      wrong_args();
+    }
+
+   private:
+    // Copies clone the family's keys: a copied Config holds its own.
+    struct Holder {
+      std::unique_ptr<FamilyArgs> p;
+      Holder() = default;
+      Holder(const Holder& o) : p(o.p ? o.p->clone() : nullptr) {}
+      Holder& operator=(const Holder& o) { p = o.p ? o.p->clone() : nullptr; return *this; }
+      Holder(Holder&&) = default;
+      Holder& operator=(Holder&&) = default;
+    };
+    [[noreturn]] void wrong_args() const;
+    Holder args_;
   } model;
   struct Data {
     std::string train;
@@ -103,7 +119,7 @@ struct Config {
   } lr_schedule;
   struct Parallel {
     int64_t dp = 1, pp = 1;
-    int64_t tp = 1;                 // tensor parallelism (GPT): world = dp x cp x tp x pp, tp fastest-varying
+    int64_t tp = 1;                 // tensor parallelism (language models): world = dp x cp x tp x pp, tp fastest
     int64_t cp = 1;                 // context parallelism (language models): each sequence split over cp ranks
     int64_t ep = 1;                 // expert parallelism (MoE): each MoE layer's experts split over ep of the dp ranks
     bool sequence_parallel = false; // with tp > 1: norms and residuals on 1/tp of the rows (Megatron-LM's)
@@ -121,9 +137,9 @@ struct Config {
   struct Log {
     bool tensorboard = false;  // TensorBoard event files under <run.dir>/tb (rank 0)
   } log;
-  // Mixture-of-experts training (model.type = "mixtral" or "qwen3_moe"). expert_bias: DeepSeek-V3's auxiliary-loss-
-  // free balancing: a per-expert bias added to the router's probabilities for the top-k choice only, updated after
-  // every optimizer step from the global batch's token counts, b_e += bias_update_rate x sign(mean(c) - c_e).
+  // Mixture-of-experts training (a family with experts, ModelKeys::has_experts). expert_bias: DeepSeek-V3's auxiliary-
+  // loss-free balancing: a per-expert bias added to the router's probabilities for the top-k choice only, updated
+  // after every optimizer step from the global batch's token counts, b_e += bias_update_rate x sign(mean(c) - c_e).
   struct Moe {
     bool expert_bias = false;
     double bias_update_rate = 0.001;

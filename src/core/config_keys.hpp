@@ -61,14 +61,25 @@ class ModelKeys {
   // A decoder-only language model over token ids (as opposed to the MLP): cp, tp, recomputation and document
   // masks apply to it.
   virtual bool language_model() const = 0;
-  // A mixture of experts: the [moe] section applies to it.
+  // A mixture of experts: the [moe] section and parallel.ep apply to it.
   virtual bool has_experts() const { return false; }
   // Its [model] keys besides type, seed, init_from and loss.
   virtual std::set<std::string> keys() const = 0;
-  // Reads its keys from [model] into m, with its defaults, and refuses the other families' keys.
+  // Reads its keys from [model] into m (the language models' into m's shared fields, the rest into its own struct,
+  // Config::Model::edit_args), with its defaults. Another family's keys are refused before (foreign_key).
   virtual void parse_keys(const ConfigSection& model, Config::Model& m) const = 0;
+  // Why [model] may not hold `key`, one of the keys of `owners` (the families that have it, in the registry's
+  // order) but not of this family: the text after "model.KEY: " in the error.
+  virtual std::string foreign_key(const std::string& key, const std::vector<const ModelKeys*>& owners) const;
+  // Checks [parallel]'s degrees against its own keys (Llama's: parallel.tp must divide model.n_kv_head): an Error
+  // from `parallel` naming both keys. Called after [parallel]'s checks against the keys every model has.
+  virtual void check_layout(const ConfigSection& parallel, const Config& c) const {}
   // Its keys as TOML lines (every one, defaults filled in), for Config::to_toml.
   virtual void write_keys(std::ostream& o, const Config::Model& m) const = 0;
 };
+
+// The names of `families` for messages, each quoted, in their order, the last after "or": "a", "b" or "c" (lists of
+// families come from the registry). which: only those it says true of (&ModelKeys::language_model, ...).
+std::string family_names(const std::vector<const ModelKeys*>& families, bool (ModelKeys::*which)() const = nullptr);
 
 }  // namespace relay

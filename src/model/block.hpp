@@ -34,6 +34,8 @@ struct MoeSpec {
   bool expert_bias = false;  // moe.expert_bias: a per-expert bias on the top-k choice (model/moe.hpp)
   int ep = 1;                // parallel.ep: the experts are split over ep ranks (model/expert_parallel.hpp)
   int cp = 1;                // parallel.cp: a rank holds T / cp rows of each sequence (its statistics summed over cp)
+  // router_aux_loss_coef and router_z_loss_coef themselves: the trainer's router terms of the logged loss.
+  double aux_coef = 0, z_coef = 0;
   bool on() const { return n_experts > 0; }
 };
 

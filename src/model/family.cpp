@@ -50,18 +50,16 @@ Config parse_config_text(const std::string& text, const std::string& source, con
 
 std::vector<std::string> config_keys() { return config_keys(keys_of_families()); }
 
+std::string family_names(bool (ModelKeys::*which)() const) { return family_names(keys_of_families(), which); }
+
 std::string to_toml(const Config& cfg) { return cfg.to_toml(model_family(cfg)); }
 
 const std::set<std::string> kLanguageModelKeys = {"vocab_size", "block_size", "n_layer", "n_head",
                                                   "n_embd", "tie_embeddings", "init_std"};
 
 void parse_language_model_keys(const ConfigSection& model, Config::Model& m, bool tie_default) {
-  const std::string t = m.type;
-  for (const char* k : {"layers"})
-    if (model.get(k)) model.fail(k, cat("is an MLP key; a model.type = \"", t, "\" model is given by vocab_size, "
-                                        "block_size, n_layer, n_head and n_embd"));
   if (m.loss != "cross_entropy")
-    model.fail("loss", cat("a model.type = \"", t, "\" model trains with \"cross_entropy\" (next-token loss)"));
+    model.fail("loss", cat("a model.type = \"", m.type, "\" model trains with \"cross_entropy\" (next-token loss)"));
   model.integer("vocab_size", m.vocab_size, 1, int64_t(1) << 31, true);
   model.integer("block_size", m.block_size, 1, int64_t(1) << 20, true);
   model.integer("n_layer", m.n_layer, 1, 1 << 16, true);

@@ -1,7 +1,9 @@
 // Model families: one file each under src/model/families (torchtitan's models/<name>/) holding the family's
-// [model] keys and defaults, its block specs and parameter names, and its Hugging Face form (config.json both
-// ways, the architectures name, tensor renames and fused-expert layouts). Everything else asks a family
-// questions through this interface (language_model(), has_experts(), hf_architecture()), never its name.
+// [model] keys, their struct (Config::Model::args) and defaults, its checks of them against [parallel], its block
+// specs and parameter names, and its Hugging Face form (config.json both ways, the architectures name, tensor
+// renames and fused-expert layouts). Everything else asks a family questions through this interface
+// (language_model(), has_experts(), experts(), tp_splits(), hf_architecture()), never its name or its keys; a
+// message that lists families asks the registry (family_names).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -22,8 +24,12 @@ class ModelFamily : public ModelKeys {
   // feature count, from the data.
   virtual ModelSpec blocks(const Config& cfg, int64_t input_dim) const = 0;
   // Whether tensor parallelism of degree tp splits the model into whole heads and units on every rank (the
-  // planner's search; parallel.tp's own checks are in core/config.cpp).
+  // planner's search; the configuration's checks are core/config.cpp's and the family's check_layout).
   virtual bool tp_splits(const Config::Model& m, int tp) const { return m.n_head % tp == 0 && m.vocab_size >= tp; }
+  // The experts of each MoE layer, which parallel.ep splits (check_layout requires ep to divide them); 0 without.
+  virtual int64_t experts(const Config::Model& m) const { return 0; }
+  // Whether expert parallelism of degree ep gives every rank whole experts (the planner's search).
+  bool ep_splits(const Config::Model& m, int ep) const { return experts(m) > 0 && experts(m) % ep == 0; }
 
   // --- Hugging Face (transformers) form; model/hf_model.hpp reads and writes it with these ---
   // config.json's model_type and its architectures entry; null: the family has no Hugging Face form.
@@ -51,6 +57,9 @@ const ModelFamily& model_family(const std::string& type);
 inline const ModelFamily& model_family(const Config& cfg) { return model_family(cfg.model.type); }
 // The family whose config.json model_type is hf_type; null when none.
 const ModelFamily* hf_model_family(const std::string& hf_type);
+// The registry's families for messages ("a", "b" or "c"; core/config_keys.hpp's family_names): all of them, or
+// those `which` says true of (&ModelKeys::language_model, &ModelKeys::has_experts).
+std::string family_names(bool (ModelKeys::*which)() const = nullptr);
 
 // The run configuration with every family's [model] keys (core/config.hpp's parser, given the registry).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
@@ -63,7 +72,7 @@ std::string to_toml(const Config& cfg);
 
 // --- What the language-model families share (family.cpp) ---
 // The keys every language model has: vocab_size, block_size, n_layer, n_head, n_embd, tie_embeddings (default
-// tie_default) and init_std; first refusing the MLP's layers and any loss but the next-token cross-entropy.
+// tie_default) and init_std; first refusing any loss but the next-token cross-entropy.
 void parse_language_model_keys(const ConfigSection& model, Config::Model& m, bool tie_default);
 extern const std::set<std::string> kLanguageModelKeys;
 // vocab_size .. n_embd as TOML lines (no newline after n_embd: GPT's bias follows), and tie_embeddings, init_std.

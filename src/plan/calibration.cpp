@@ -11,6 +11,7 @@
 
 #include "backend/gpu_peaks.hpp"
 #include "core/error.hpp"
+#include "model/family.hpp"
 
 namespace relay {
 
@@ -72,7 +73,9 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
       block = &b;
       break;
     }
-  if (!block) throw Error("--calibrate: the model has no decoder block to measure (model.type gpt or llama)");
+  if (!block)
+    throw Error(cat("--calibrate: the model has no decoder block to measure (model.type = ",
+                    family_names(&ModelKeys::language_model), ")"));
   const DType dt = compute_dtype(precision);
   const int64_t C = block->in, T = block->seq_len, n = rows, B = std::max<int64_t>(1, n / T);
   const int64_t H = block->n_head, hd = head_dim(*block);

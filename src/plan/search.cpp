@@ -40,7 +40,7 @@ std::string why_line(const Cluster& cl, const PlannedLayout& l, const std::map<s
   }
   if (p.cp > 1) parts.push_back(cat("cp ", p.cp, " for ", l.cfg.model.block_size, "-token sequences"));
   if (p.ep > 1) {
-    const int64_t E = l.cfg.model.n_experts;
+    const int64_t E = model_family(l.cfg).experts(l.cfg.model);
     const bool inside = int64_t(p.ep) * p.tp * p.cp <= cl.devices_per_node;
     parts.push_back(cat("ep ", p.ep, ": ", E / p.ep, " of ", E, " experts a rank, ",
                         std::round(100 * s.ep_comm_s / s.step_time_s), "% of the step in all-to-alls ",
@@ -67,12 +67,12 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
   std::vector<PlannedLayout> all;
   std::map<std::pair<int, int>, bool> fit_tp_pp;
   double params = 0;
-  // Mixtures of experts: the experts split over ep of the dp ranks too (ep divides dp and n_experts; every ZeRO
-  // stage), and each expert over tp like the dense SwiGLU (tp divides moe_ffn_hidden).
-  const bool moe = model_family(base).has_experts();
+  // Mixtures of experts: the experts split over ep of the dp ranks too (ep divides dp and the experts; every ZeRO
+  // stage), and each expert over tp like the dense SwiGLU (the family's tp_splits).
+  const ModelFamily& family = model_family(base);
+  const bool moe = family.has_experts();
   for (int tp : divisors(cl.devices_per_node)) {
     if (world % tp || !tp_splits(base, tp)) continue;
-    if (moe && base.model.moe_ffn_hidden % tp) continue;
     for (int cp = 1; cp <= world / tp; cp *= 2) {
       if (cp > 1 && (T % (2 * cp) || T / cp < 4096)) break;  // cp is for long sequences: >= 4096 tokens a rank
       if ((world / tp) % cp) break;
@@ -89,7 +89,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
           std::vector<int> eps = {1};
           if (moe)
             for (int ep : divisors(dp))
-              if (ep > 1 && base.model.n_experts % ep == 0) eps.push_back(ep);
+              if (ep > 1 && family.ep_splits(base.model, ep)) eps.push_back(ep);
           for (const Sched& sc : scheds) {
             for (int ep : eps) {
               // Cheapest in time first: ZeRO and recomputation only save memory here (ZeRO-1's smaller optimizer

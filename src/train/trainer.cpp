@@ -104,10 +104,10 @@ void update_expert_bias(Run& r, const StepResult& res) {
 // MoE models: the routers' statistics summed over every rank (a layer's once: tp rank 0's), into res; returns the
 // loss's router terms, router_aux_loss_coef x mean aux + router_z_loss_coef x mean lse^2.
 double router_terms(Run& r, StepResult& res) {
-  const Config::Model& mc = r.cfg.model;
   int64_t layers = 0, E = 0;
+  double aux_coef = 0, z_coef = 0;  // the model's, the same in every MoE layer
   for (const BlockSpec& b : r.layout.model.blocks)
-    if (b.moe.on()) ++layers, E = b.moe.n_experts;
+    if (b.moe.on()) ++layers, E = b.moe.n_experts, aux_coef = b.moe.aux_coef, z_coef = b.moe.z_coef;
   if (layers == 0) return 0;
   std::vector<double> sums(size_t(2 + layers * E), 0.0);  // aux, z, then (layer, expert) token counts
   if (r.grid.tp_rank == 0)
@@ -130,7 +130,7 @@ double router_terms(Run& r, StepResult& res) {
     for (int64_t e = 0; e < E; ++e) total += t[e];
     res.load_mean.push_back(total / double(E));
   }
-  return mc.router_aux_loss_coef * res.aux_loss + mc.router_z_loss_coef * res.z_loss;
+  return aux_coef * res.aux_loss + z_coef * res.z_loss;
 }
 
 // A step with a non-finite loss or gradient norm (every rank decides alike). train.skip_nonfinite

@@ -10,6 +10,11 @@ namespace relay {
 
 namespace {
 
+struct GptArgs : FamilyArgs {
+  bool bias = true;  // biases in every linear layer and layernorm (GPT-2 has them)
+  std::unique_ptr<FamilyArgs> clone() const override { return std::make_unique<GptArgs>(*this); }
+};
+
 class Gpt2Family final : public ModelFamily {
  public:
   const char* name() const override { return "gpt"; }
@@ -22,22 +27,18 @@ class Gpt2Family final : public ModelFamily {
 
   void parse_keys(const ConfigSection& model, Config::Model& m) const override {
     parse_language_model_keys(model, m, /*tie_default=*/true);
-    for (const char* k : {"n_kv_head", "ffn_hidden", "rope_theta", "norm_eps"})
-      if (model.get(k)) model.fail(k, "is a Llama key; set model.type = \"llama\" to use it");
-    for (const char* k : {"n_experts", "experts_per_token", "moe_ffn_hidden", "norm_topk_prob", "decoder_sparse_step",
-                          "mlp_only_layers", "router_aux_loss_coef", "router_z_loss_coef", "head_dim"})
-      if (model.get(k)) model.fail(k, "is a mixture-of-experts key; set model.type = \"mixtral\" or \"qwen3_moe\"");
-    model.boolean("bias", m.bias);
+    model.boolean("bias", m.edit_args<GptArgs>().bias);
   }
 
   void write_keys(std::ostream& o, const Config::Model& m) const override {
     write_language_model_shape(o, m);
-    o << "\nbias = " << (m.bias ? "true" : "false");
+    o << "\nbias = " << (m.args<GptArgs>().bias ? "true" : "false");
     write_language_model_init(o, m);
   }
 
   ModelSpec blocks(const Config& cfg, int64_t) const override {
     const auto& c = cfg.model;
+    const bool bias = c.args<GptArgs>().bias;
     const int64_t V = c.vocab_size, T = c.block_size, C = c.n_embd, L = c.n_layer;
     const double std_w = c.init_std, std_proj = c.init_std / std::sqrt(2.0 * double(L));
     auto normal = [](const std::string& name, double s) { return ParamInit{ParamInit::normal, s, name_stream(name), 0}; };
@@ -63,20 +64,20 @@ class Gpt2Family final : public ModelFamily {
       b.in = b.out = C;
       b.seq_len = T;
       b.n_head = c.n_head;
-      b.bias = c.bias;
+      b.bias = bias;
       auto add = [&](ParamSpec s, bool present = true) { if (present) b.params.push_back(std::move(s)); };
       add({p + "ln_1.weight", {C}, constant(1)});
-      add({p + "ln_1.bias", {C}, constant(0)}, c.bias);
+      add({p + "ln_1.bias", {C}, constant(0)}, bias);
       add(w(p + "attn.c_attn.weight", {3 * C, C}, std_w, qkv));
-      add({p + "attn.c_attn.bias", {3 * C}, constant(0), qkv}, c.bias);
+      add({p + "attn.c_attn.bias", {3 * C}, constant(0), qkv}, bias);
       add(w(p + "attn.c_proj.weight", {C, C}, std_proj, row));
-      add({p + "attn.c_proj.bias", {C}, constant(0)}, c.bias);
+      add({p + "attn.c_proj.bias", {C}, constant(0)}, bias);
       add({p + "ln_2.weight", {C}, constant(1)});
-      add({p + "ln_2.bias", {C}, constant(0)}, c.bias);
+      add({p + "ln_2.bias", {C}, constant(0)}, bias);
       add(w(p + "mlp.c_fc.weight", {4 * C, C}, std_w, col));
-      add({p + "mlp.c_fc.bias", {4 * C}, constant(0), col}, c.bias);
+      add({p + "mlp.c_fc.bias", {4 * C}, constant(0), col}, bias);
       add(w(p + "mlp.c_proj.weight", {C, 4 * C}, std_proj, row));
-      add({p + "mlp.c_proj.bias", {C}, constant(0)}, c.bias);
+      add({p + "mlp.c_proj.bias", {C}, constant(0)}, bias);
       // Per token: 2 x (3C^2 + C^2 + 4C^2 + 4C^2) in the projections, 2 x 2 x T x C in QK^T and att @ V.
       b.attn_flops = 4.0 * double(T) * double(C);
       b.flops = 24.0 * double(C) * double(C) + b.attn_flops;
@@ -85,9 +86,9 @@ class Gpt2Family final : public ModelFamily {
     }
 
     std::vector<ParamSpec> head = {{"transformer.ln_f.weight", {C}, constant(1)}};
-    if (c.bias) head.push_back({"transformer.ln_f.bias", {C}, constant(0)});
+    if (bias) head.push_back({"transformer.ln_f.bias", {C}, constant(0)});
     head.push_back(c.tie_embeddings ? wte : w("lm_head.weight", {V, C}, std_w, vocab));
-    m.blocks.push_back(lm_head(std::move(head), C, V, T, c.bias, NormKind::layernorm, 1e-5));
+    m.blocks.push_back(lm_head(std::move(head), C, V, T, bias, NormKind::layernorm, 1e-5));
     return m;
   }
 
@@ -95,7 +96,7 @@ class Gpt2Family final : public ModelFamily {
   const char* hf_architecture() const override { return "GPT2LMHeadModel"; }
 
   void hf_config(nlohmann::ordered_json& c, const Config::Model& m, const std::string& where) const override {
-    if (!m.bias)
+    if (!m.args<GptArgs>().bias)
       throw Error(cat(where, ": model.bias = false: transformers' GPT2LMHeadModel always has biases, so this GPT "
                              "has no Hugging Face form"));
     c["vocab_size"] = m.vocab_size;
@@ -122,7 +123,7 @@ class Gpt2Family final : public ModelFamily {
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       throw Error(cat(where, ": config.json activation_function = ", act.dump(),
                       " but Relay's GPT uses GELU with the tanh approximation (\"gelu_new\")"));
-    if (!m.bias)
+    if (!m.args<GptArgs>().bias)
       throw Error(cat(where, ": config.json is a GPT-2 (which has biases) but model.bias = false"));
     hf_check_fixed(config,
                    {{"layer_norm_epsilon", 1e-5, 1e-5, "Relay's GPT layernorm"},

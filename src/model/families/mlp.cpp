@@ -2,6 +2,7 @@
 // from (model.seed, layer index), named as torch.nn.Sequential's state_dict ("0.weight", "0.bias", ...).
 #include <cmath>
 
+#include "model/families/mlp.hpp"
 #include "model/family.hpp"
 
 namespace relay {
@@ -15,11 +16,7 @@ class MlpFamily final : public ModelFamily {
   std::set<std::string> keys() const override { return {"layers"}; }
 
   void parse_keys(const ConfigSection& model, Config::Model& m) const override {
-    for (const char* k : {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "tie_embeddings", "init_std",
-                          "n_kv_head", "ffn_hidden", "rope_theta", "norm_eps", "n_experts", "experts_per_token",
-                          "moe_ffn_hidden", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-                          "router_aux_loss_coef", "router_z_loss_coef", "head_dim"})
-      if (model.get(k)) model.fail(k, "is a language-model key; set model.type = \"gpt\", \"llama\", \"mixtral\" or \"qwen3_moe\" to use it");
+    MlpArgs& a = m.edit_args<MlpArgs>();
     auto* layers = model.get("layers");
     if (!layers) model.fail("layers", "required key is missing");
     if (!layers->is_array()) model.fail("layers", cat("expected an array of tables, got ", toml_type_name(*layers)));
@@ -35,18 +32,18 @@ class MlpFamily final : public ModelFamily {
       else if (l.get("out")) l.fail("out", cat("only linear layers take 'out' (this layer is ", lc.type, ")"));
       if (lc.type == "layernorm") l.real("eps", lc.eps, 0, 1, true);
       else if (l.get("eps")) l.fail("eps", cat("only layernorm layers take 'eps' (this layer is ", lc.type, ")"));
-      m.layers.push_back(lc);
+      a.layers.push_back(lc);
       ++idx;
     }
-    if (m.layers.empty()) model.fail("layers", "must hold at least one layer");
+    if (a.layers.empty()) model.fail("layers", "must hold at least one layer");
     bool any_linear = false;
-    for (auto& l : m.layers) any_linear |= l.type == "linear";
+    for (auto& l : a.layers) any_linear |= l.type == "linear";
     if (!any_linear) model.fail("layers", "needs at least one linear layer");
   }
 
   void write_keys(std::ostream& o, const Config::Model& m) const override {
     o << "layers = [\n";
-    for (auto& l : m.layers) {
+    for (auto& l : m.args<MlpArgs>().layers) {
       o << "  { type = " << toml_quote(l.type);
       if (l.type == "linear") o << ", out = " << l.out;
       if (l.type == "layernorm") o << ", eps = " << toml_number(l.eps);
@@ -59,7 +56,7 @@ class MlpFamily final : public ModelFamily {
     ModelSpec m;
     m.input_dim = input_dim;
     int64_t w = input_dim;
-    const auto& layers = cfg.model.layers;
+    const auto& layers = cfg.model.args<MlpArgs>().layers;
     for (size_t i = 0; i < layers.size(); ++i) {
       const LayerConfig& l = layers[i];
       BlockSpec b;
