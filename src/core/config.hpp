@@ -1,5 +1,5 @@
 // The run configuration: a TOML file plus --set overrides, validated once into typed structs.
-// Every key is a public interface (README "Config keys"). Errors name the file and the key.
+// Every key is a public interface (docs/configuration.md). Errors name the file and the key.
 #pragma once
 #include <cstdint>
 #include <memory>
