@@ -257,41 +257,30 @@ std::string ModelKeys::foreign_key(const std::string& key, const std::vector<con
              ConfigSection::join(keys()), ")");
 }
 
-Config parse_config_text(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
-                         const std::vector<const ModelKeys*>& families) {
-  toml::table root;
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    throw Error(cat(source, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ",
-                    e.description()));
+namespace {
+
+// What every section's reader needs: the parsed file, its name for messages, and the run's model family.
+struct Reading {
+  const toml::table& root;
+  const std::string& source;
+  const ModelKeys& family;
+  std::string language_models, with_experts;  // the registry's families of each kind, for messages
+  Section section(const char* name) const {
+    const toml::node* n = root.get(name);
+    return Section(n ? n->as_table() : nullptr, name, source, section_keys().at(name));
   }
-  for (auto& ov : overrides) apply_override(root, ov, source);
+};
 
-  std::set<std::string> sections;
-  for (const auto& [name, keys] : section_keys()) sections.insert(name);
-  auto known = [](const char* section) { return section_keys().at(section); };
-  for (auto&& [k, v] : root) {
-    if (!sections.count(std::string(k.str())))
-      throw Error(cat(source, ": unknown section [", k.str(), "] (known: ", Section::join(sections), ")"));
-    if (!v.is_table()) throw Error(cat(source, ": ", k.str(), " must be a table [", k.str(), "]"));
-  }
-  auto tab = [&](const char* n) { return root.get(n) ? root.get(n)->as_table() : nullptr; };
-  Config c;
-  c.source = source;
-
-  Section run(tab("run"), "run", source, known("run"));
-  run.str("dir", c.run.dir);
-  if (c.run.dir.empty()) run.fail("dir", "must not be empty");
-
-  // [model]: the keys every run has, then the family's own (model.type; src/model/families).
-  const std::set<std::string> common = known("model");
+// [model]: the keys every run has, then the family's own (model.type; src/model/families). Returns the family.
+const ModelKeys& read_model(const toml::table* t, const std::string& source, const std::vector<const ModelKeys*>& families,
+                            Config& c) {
+  const std::set<std::string> common = section_keys().at("model");
   std::set<std::string> model_keys = common, types;
   for (const ModelKeys* f : families) {
     types.insert(f->name());
     for (const std::string& k : f->keys()) model_keys.insert(k);
   }
-  Section model(tab("model"), "model", source, model_keys);
+  Section model(t, "model", source, model_keys);
   model.choice("type", c.model.type, types);
   const ModelKeys& family = **std::find_if(families.begin(), families.end(),
                                            [&](const ModelKeys* f) { return f->name() == c.model.type; });
@@ -307,11 +296,19 @@ Config parse_config_text(const std::string& text, const std::string& source, con
       model.fail(k, family.foreign_key(k, owners));
     }
   family.parse_keys(model, c.model);
-  // Lists of families in the messages below.
-  const std::string language_models = family_names(families, &ModelKeys::language_model),
-                    with_experts = family_names(families, &ModelKeys::has_experts);
+  return family;
+}
 
-  Section data(tab("data"), "data", source, known("data"));
+// [run]: where the run writes.
+void read_run(const Reading& r, Config& c) {
+  const Section run = r.section("run");
+  run.str("dir", c.run.dir);
+  if (c.run.dir.empty()) run.fail("dir", "must not be empty");
+}
+
+// [data]: the training and eval files and how they are read.
+void read_data(const Reading& r, Config& c) {
+  const Section data = r.section("data");
   data.str("train", c.data.train, true);
   data.str("eval", c.data.eval);
   data.boolean("shuffle", c.data.shuffle);
@@ -319,14 +316,17 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   data.boolean("document_mask", c.data.document_mask);
   data.boolean("reset_positions", c.data.reset_positions);
   data.choice("preload", c.data.preload, {"auto", "on", "off"});
-  if (c.data.preload == "on" && family.language_model())
+  if (c.data.preload == "on" && r.family.language_model())
     data.fail("preload", "holds an MLP's feature file on the device; a language model's batches are token ids "
                          "(4 bytes a token), read and uploaded as they are");
-  if (c.data.document_mask && !family.language_model())
-    data.fail("document_mask", cat("needs a language model (model.type = ", language_models, "): model.type = \"",
+  if (c.data.document_mask && !r.family.language_model())
+    data.fail("document_mask", cat("needs a language model (model.type = ", r.language_models, "): model.type = \"",
                                    c.model.type, "\" has no documents"));
+}
 
-  Section train(tab("train"), "train", source, known("train"));
+// [train]: steps, batch, device, precision, recomputation.
+void read_train(const Reading& r, Config& c) {
+  const Section train = r.section("train");
   train.integer("steps", c.train.steps, 1, INT64_MAX / 4, true);
   train.integer("batch_size", c.train.batch_size, 1, int64_t(1) << 31, true);
   train.integer("micro_batches", c.train.micro_batches, 1, 1 << 20);
@@ -340,9 +340,12 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   train.str("time_limit", c.train.time_limit);
   train.choice("recompute", c.train.recompute, {"none", "blocks"});
   train.integer("skip_nonfinite", c.train.skip_nonfinite, 0, INT64_MAX);
-  if (!c.train.time_limit.empty()) parse_duration(c.train.time_limit, source + ": train.time_limit");
+  if (!c.train.time_limit.empty()) parse_duration(c.train.time_limit, r.source + ": train.time_limit");
+}
 
-  Section opt(tab("optimizer"), "optimizer", source, known("optimizer"));
+// [optimizer]: AdamW or SGD, and the ZeRO stage.
+void read_optimizer(const Reading& r, Config& c) {
+  const Section opt = r.section("optimizer");
   opt.choice("name", c.optimizer.name, {"adamw", "sgd"});
   opt.real("lr", c.optimizer.lr, 0, 1e6);
   if (auto* b = opt.get("betas")) {
@@ -369,8 +372,11 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   }
   if (c.optimizer.name == "adamw" && c.optimizer.momentum != 0)
     opt.fail("momentum", "is an SGD setting; with optimizer.name = \"adamw\" use optimizer.betas");
+}
 
-  Section lrs(tab("lr_schedule"), "lr_schedule", source, known("lr_schedule"));
+// [lr_schedule]: the learning-rate schedule, checked against train.steps and optimizer.lr.
+void read_lr_schedule(const Reading& r, Config& c) {
+  const Section lrs = r.section("lr_schedule");
   lrs.choice("name", c.lr_schedule.name, {"constant", "cosine"});
   lrs.integer("warmup_steps", c.lr_schedule.warmup_steps, 0, INT64_MAX);
   lrs.real("min_lr", c.lr_schedule.min_lr, 0, 1e6);
@@ -378,14 +384,17 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     lrs.fail("warmup_steps", cat("must be <= train.steps (", c.train.steps, "), got ", c.lr_schedule.warmup_steps));
   if (c.lr_schedule.min_lr > c.optimizer.lr)
     lrs.fail("min_lr", cat("must be <= optimizer.lr (", c.optimizer.lr, "), got ", c.lr_schedule.min_lr));
+}
 
-  Section par(tab("parallel"), "parallel", source, known("parallel"));
+// [parallel]: degrees, schedule, communication; each degree checked against the model.
+void read_parallel(const Reading& r, Config& c) {
+  const Section par = r.section("parallel");
   par.integer("dp", c.parallel.dp, 1, 1 << 20);
   par.integer("pp", c.parallel.pp, 1, 1 << 16);
   par.integer("cp", c.parallel.cp, 1, 1 << 12);
   if (c.parallel.cp > 1) {
-    if (!family.language_model())
-      par.fail("cp", cat("= ", c.parallel.cp, " needs model.type = ", language_models, " (context parallelism splits "
+    if (!r.family.language_model())
+      par.fail("cp", cat("= ", c.parallel.cp, " needs model.type = ", r.language_models, " (context parallelism splits "
                          "sequences; a model.type = \"", c.model.type, "\" model has none)"));
     if (c.model.block_size % (2 * c.parallel.cp) != 0)
       par.fail("cp", cat("= ", c.parallel.cp, ": model.block_size = ", c.model.block_size, " must be divisible by 2 x cp = ",
@@ -395,9 +404,9 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.integer("tp", c.parallel.tp, 1, 1 << 12);
   par.integer("ep", c.parallel.ep, 1, 1 << 16);
   if (c.parallel.ep > 1) {  // Megatron-LM's and torchtitan's rule: the expert-parallel ranks are data-parallel ranks
-    if (!family.has_experts())
+    if (!r.family.has_experts())
       par.fail("ep", cat("= ", c.parallel.ep, " splits experts over ranks and needs a mixture of experts "
-                         "(model.type = ", with_experts, "), got model.type = \"", c.model.type, "\""));
+                         "(model.type = ", r.with_experts, "), got model.type = \"", c.model.type, "\""));
     if (c.parallel.dp % c.parallel.ep != 0)
       par.fail("ep", cat("= ", c.parallel.ep, " must divide parallel.dp = ", c.parallel.dp,
                          " (the expert-parallel ranks are taken from the data-parallel ranks)"));
@@ -409,10 +418,10 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   par.enum_choice("grad_reduce", c.parallel.grad_reduce, kGradReduceNames);
   par.boolean("reshard_after_forward", c.parallel.reshard_after_forward);
   par.str("timeout", c.parallel.timeout);
-  if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, source + ": parallel.timeout");
+  if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, r.source + ": parallel.timeout");
   if (c.parallel.tp > 1) {
-    if (!family.language_model())
-      par.fail("tp", cat("= ", c.parallel.tp, " needs model.type = ", language_models, " (tensor parallelism splits "
+    if (!r.family.language_model())
+      par.fail("tp", cat("= ", c.parallel.tp, " needs model.type = ", r.language_models, " (tensor parallelism splits "
                          "attention heads, MLP units and the vocabulary; a model.type = \"", c.model.type,
                          "\" model uses parallel.dp and parallel.pp)"));
     if (c.model.n_head % c.parallel.tp != 0)
@@ -421,7 +430,7 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     if (c.model.vocab_size < c.parallel.tp)
       par.fail("tp", cat("= ", c.parallel.tp, " is more than model.vocab_size = ", c.model.vocab_size));
   }
-  family.check_layout(par, c);  // tp and ep against the family's own keys (its key/value heads, experts, ...)
+  r.family.check_layout(par, c);  // tp and ep against the family's own keys (its key/value heads, experts, ...)
   par.boolean("sequence_parallel", c.parallel.sequence_parallel);
   if (c.parallel.sequence_parallel) {
     if (c.parallel.tp < 2)
@@ -432,11 +441,6 @@ Config parse_config_text(const std::string& text, const std::string& source, con
                                         " tokens per rank must be divisible by parallel.tp = ", c.parallel.tp,
                                         " (each tp rank holds an equal share of them)"));
   }
-  if (c.train.recompute == "blocks" && c.parallel.schedule == "zb-h1")
-    train.fail("recompute", "= \"blocks\" does not combine with parallel.schedule = \"zb-h1\" (its separate weight-"
-                            "gradient step needs each block's saved intermediates; use 1f1b or interleaved)");
-  if (c.train.recompute == "blocks" && !family.language_model())
-    train.fail("recompute", cat("= \"blocks\" recomputes transformer blocks and needs model.type = ", language_models));
   if (auto* b = par.get("balance")) {
     auto* arr = b->as_array();
     if (!arr) par.fail("balance", cat("expected an array of integers, got ", type_name(*b)));
@@ -446,8 +450,11 @@ Config parse_config_text(const std::string& text, const std::string& source, con
       c.parallel.balance.push_back(e.value<int64_t>().value());
     }
   }
+}
 
-  Section tr(tab("trace"), "trace", source, known("trace"));
+// [trace]: the traced steps.
+void read_trace(const Reading& r, Config& c) {
+  const Section tr = r.section("trace");
   if (auto* st = tr.get("steps")) {
     auto* arr = st->as_array();
     if (!arr || arr->size() != 2 || !(*arr)[0].is_integer() || !(*arr)[1].is_integer())
@@ -457,18 +464,27 @@ Config parse_config_text(const std::string& text, const std::string& source, con
     if (c.trace.first < 1 || c.trace.last < c.trace.first)
       tr.fail("steps", cat("must be [first, last] with 1 <= first <= last, got [", c.trace.first, ", ", c.trace.last, "]"));
   }
+}
 
-  Section lg(tab("log"), "log", source, known("log"));
+// [log]: extra logs.
+void read_log(const Reading& r, Config& c) {
+  const Section lg = r.section("log");
   lg.boolean("tensorboard", c.log.tensorboard);
+}
 
-  Section moe(tab("moe"), "moe", source, known("moe"));
+// [moe]: mixture-of-experts training.
+void read_moe(const Reading& r, Config& c) {
+  const Section moe = r.section("moe");
   moe.boolean("expert_bias", c.moe.expert_bias);
   moe.real("bias_update_rate", c.moe.bias_update_rate, 0, 1e3);
-  if (c.moe.expert_bias && !family.has_experts())
-    moe.fail("expert_bias", cat("= true needs a mixture of experts (model.type = ", with_experts,
+  if (c.moe.expert_bias && !r.family.has_experts())
+    moe.fail("expert_bias", cat("= true needs a mixture of experts (model.type = ", r.with_experts,
                                 "), got model.type = \"", c.model.type, "\""));
+}
 
-  Section ck(tab("checkpoint"), "checkpoint", source, known("checkpoint"));
+// [checkpoint]: where, how often, what to resume.
+void read_checkpoint(const Reading& r, Config& c) {
+  const Section ck = r.section("checkpoint");
   ck.str("dir", c.checkpoint.dir);
   ck.integer("every", c.checkpoint.every, 0, INT64_MAX);
   ck.integer("keep", c.checkpoint.keep, 0, INT64_MAX);
@@ -477,6 +493,54 @@ Config parse_config_text(const std::string& text, const std::string& source, con
   ck.str("resume", c.checkpoint.resume);
   if (c.checkpoint.resume.empty()) ck.fail("resume", "must be \"none\", \"auto\" or a checkpoint path");
   if (c.checkpoint.dir.empty()) c.checkpoint.dir = c.run.dir + "/checkpoints";
+}
+
+// Rules across sections.
+void check_across_sections(const Reading& r, const Config& c) {
+  if (c.train.recompute == "blocks" && c.parallel.schedule == "zb-h1")
+    r.section("train").fail("recompute", "= \"blocks\" does not combine with parallel.schedule = \"zb-h1\" (its separate weight-"
+                            "gradient step needs each block's saved intermediates; use 1f1b or interleaved)");
+  if (c.train.recompute == "blocks" && !r.family.language_model())
+    r.section("train").fail("recompute", cat("= \"blocks\" recomputes transformer blocks and needs model.type = ", r.language_models));
+}
+
+}  // namespace
+
+Config parse_config_text(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
+                         const std::vector<const ModelKeys*>& families) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw Error(cat(source, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ",
+                    e.description()));
+  }
+  for (auto& ov : overrides) apply_override(root, ov, source);
+
+  std::set<std::string> sections;
+  for (const auto& [name, keys] : section_keys()) sections.insert(name);
+  for (auto&& [k, v] : root) {
+    if (!sections.count(std::string(k.str())))
+      throw Error(cat(source, ": unknown section [", k.str(), "] (known: ", Section::join(sections), ")"));
+    if (!v.is_table()) throw Error(cat(source, ": ", k.str(), " must be a table [", k.str(), "]"));
+  }
+  Config c;
+  c.source = source;
+  const toml::node* model = root.get("model");
+  const ModelKeys& family = read_model(model ? model->as_table() : nullptr, source, families, c);
+  const Reading r{root, source, family, family_names(families, &ModelKeys::language_model),
+                  family_names(families, &ModelKeys::has_experts)};
+  read_run(r, c);
+  read_data(r, c);
+  read_train(r, c);
+  read_optimizer(r, c);
+  read_lr_schedule(r, c);
+  read_parallel(r, c);
+  check_across_sections(r, c);
+  read_trace(r, c);
+  read_log(r, c);
+  read_moe(r, c);
+  read_checkpoint(r, c);
   return c;
 }
 
