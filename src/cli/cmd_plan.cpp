@@ -14,6 +14,7 @@
 #include "model/model_spec.hpp"
 #include "model/moe.hpp"
 #include "parallel/process_grid.hpp"
+#include "parallel/sharding.hpp"
 #include "parallel/simulator.hpp"
 #include "plan/calibration.hpp"
 #include "plan/link_calibration.hpp"
@@ -82,11 +83,10 @@ void print_layout(const Config& cfg, const ModelLayout& layout) {
 // Predicted bytes per rank (replicas hold the same), MiB.
 void print_memory(const Config& cfg, const ModelLayout& layout) {
   const int tp = static_cast<int>(cfg.parallel.tp);
+  const GroupSharding dense = describe_sharding(sharding_input(cfg)).group(GradGroup::dense);
   std::printf("\npredicted memory per rank, MiB (%s; every replica the same%s%s):\n",
-              precision_name(cfg.train.precision), cfg.optimizer.zero && cfg.parallel.dp * cfg.parallel.cp > 1
-                  ? cat("; ZeRO-", cfg.optimizer.zero, cfg.optimizer.zero >= 3 ? " parameters," : "",
-                        cfg.optimizer.zero >= 2 ? " gradients and" : "", " optimizer state sharded").c_str()
-                  : "",
+              precision_name(cfg.train.precision),
+              dense.stage ? cat("; ZeRO-", dense.stage, ": ", sharded_states(dense), " sharded").c_str() : "",
               cfg.train.recompute == "blocks" ? "; transformer blocks recomputed" : "");
   std::printf("  pp  tp      params       grads   optimizer activations       total\n");
   for (int p = 0; p < layout.pp; ++p)
@@ -95,19 +95,14 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
       std::printf("  %2d  %2d %11s %11s %11s %11s %11s\n", p, t, mib(b.params).c_str(), mib(b.grads).c_str(),
                   mib(b.optimizer).c_str(), mib(b.activations).c_str(), mib(b.total()).c_str());
     }
-  if (cfg.optimizer.zero >= 3 && cfg.parallel.dp * cfg.parallel.cp > 1)
+  if (dense.parameters)
     for (int p = 0; p < layout.pp; ++p) {
-      const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, static_cast<int>(cfg.parallel.dp * cfg.parallel.cp));
       const MemoryBytes b = predict_memory(cfg, layout, p, 0);
-      // Under pp > 1 the step's gradients are whole buckets until the step's reduce-scatter (freed after it).
-      const int64_t step_grads = cfg.parallel.pp > 1 ? (4 + (cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 0)) *
-                                                           (z.total_padded - z.whole) : 0;
       std::printf("  pp %d: beyond the table, ZeRO-3's gathered parameters at their most (freed %s): %s MiB%s; the "
                   "step's peak %s MiB\n",
-                  p, z.kept ? "after the step" : "after each block",
-                  mib(b.gathered).c_str(),
-                  step_grads ? cat(", and the step's whole gradients: ", mib(step_grads), " MiB").c_str() : "",
-                  mib(b.total() + b.gathered + step_grads).c_str());
+                  p, dense.gathered_kept ? "after the step" : "after each block", mib(b.gathered).c_str(),
+                  b.step_grads ? cat(", and the step's whole gradients: ", mib(b.step_grads), " MiB").c_str() : "",
+                  mib(b.total() + b.gathered + b.step_grads).c_str());
     }
   // Rank 0's host copy of a checkpoint (train/checkpoint_writer.hpp).
   const std::string ck = mib(checkpoint_bytes(layout, cfg.optimizer));
@@ -122,94 +117,37 @@ void print_memory(const Config& cfg, const ModelLayout& layout) {
                 ck.c_str(), mib(checkpoint_largest_tensor_bytes(layout, cfg.optimizer)).c_str());
 }
 
-// The data-parallel collectives of a step on pp rank 0, tp rank 0 (the others alike): what each ZeRO stage moves over
-// the dp x cp replicas, as buffer bytes and the bytes a rank sends in a ring (all-reduce 2 (R - 1) / R of the buffer,
-// reduce-scatter and all-gather (R - 1) / R).
+// The data-parallel collectives of a step on pp rank 0, tp rank 0 (the others alike), as parallel/sharding.hpp
+// describes them: per gradient group what ZeRO shards, and each move with its bytes, ranks, when it is issued, what
+// waits for it and the bytes a rank sends in a ring; under ZeRO-2 and 3 also the buckets one by one, as the memory
+// plan replays the schedule through them.
 void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
-  const int R = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp);
-  if (R <= 1) return;
-  if (layout.ep > 1) {  // dense gradients over R replicas, experts' over R / ep
-    const StageParams sp = stage_params(layout, 0, int(cfg.parallel.tp), 0);
-    const int64_t dense = sp.numel - sp.expert, expert = sp.expert;
-    const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4;
-    const double act = double(dtype_size(compute_dtype(cfg.train.precision)));
-    const int64_t m = cfg.train.micro_batches;
-    std::printf("\ndata-parallel collectives per step on each rank of pp rank 0, tp rank 0 (gradients in %s):\n",
-                wire == 2 ? "bf16" : "fp32");
-    auto line = [&](const char* what, int64_t numel, int r) {
-      if (r <= 1) {
-        std::printf("  %s: %s MiB, no other copy: nothing to reduce or gather\n", what,
-                    mib(int64_t(wire * double(numel))).c_str());
-        return;
-      }
-      const double ring = double(r - 1) / r, g = wire * double(numel), p = 4.0 * double(numel);
-      const double w = act * double(numel);  // ZeRO-3's gathers, in the working dtype
-      if (cfg.optimizer.zero == 1)
-        std::printf("  %s over %d ranks, ZeRO-1: reduce-scatter %s MiB and all-gather %s MiB, %s MiB sent\n", what, r,
-                    mib(int64_t(g)).c_str(), mib(int64_t(p)).c_str(), mib(int64_t(ring * (g + p))).c_str());
-      else if (cfg.optimizer.zero == 2)
-        std::printf("  %s over %d ranks, ZeRO-2: reduce-scatter %s MiB every micro-batch and all-gather %s MiB, %s MiB "
-                    "sent\n", what, r, mib(int64_t(g)).c_str(), mib(int64_t(p)).c_str(),
-                    mib(int64_t(ring * (double(m) * g + p))).c_str());
-      else if (cfg.optimizer.zero >= 3 && cfg.parallel.pp > 1)
-        std::printf("  %s over %d ranks, ZeRO-3: all-gather %s MiB once, reduce-scatter %s MiB once, %s MiB sent\n",
-                    what, r, mib(int64_t(w)).c_str(), mib(int64_t(g)).c_str(), mib(int64_t(ring * (w + g))).c_str());
-      else if (cfg.optimizer.zero >= 3)
-        std::printf("  %s over %d ranks, ZeRO-3: all-gather %s MiB twice and reduce-scatter %s MiB every micro-batch, "
-                    "%s MiB sent\n", what, r, mib(int64_t(w)).c_str(), mib(int64_t(g)).c_str(),
-                    mib(int64_t(ring * double(m) * (2 * w + g))).c_str());
-      else
-        std::printf("  %s over %d ranks: all-reduce %s MiB, %s MiB sent\n", what, r, mib(int64_t(g)).c_str(),
-                    mib(int64_t(2 * ring * g)).c_str());
-    };
-    line("dense gradients", dense, R);
-    line("expert gradients", expert, R / layout.ep);
-    return;
-  }
-  const ZeroTwoBuckets z = zero2_buckets(cfg, layout, 0, 0, R);
-  const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4, ring = double(R - 1) / R;
-  const double grads = wire * double(z.total_padded), params = 4.0 * double(z.total_padded);
+  ShardingInput in = sharding_input(cfg);
+  if (in.replicas <= 1) return;
+  const StageParams sp = stage_params(layout, 0, int(cfg.parallel.tp), 0);
+  in.dense_elements = double(sp.numel - sp.expert);
+  in.expert_elements = double(sp.expert);
+  const Sharding sh = describe_sharding(in);
+  std::printf("\ndata-parallel collectives per step on each rank of pp rank 0, tp rank 0 (%d replicas, %d "
+              "micro-batches):\n%s",
+              in.replicas, in.micro_batches, render_sharding(sh).c_str());
+  const GroupSharding& dense = sh.group(GradGroup::dense);
+  if (!dense.gradients) return;
+  const ZeroTwoBuckets z = zero2_buckets(cfg, layout, 0, 0, in.replicas);
   auto mb = [](double bytes) { return mib(static_cast<int64_t>(bytes)); };
-  std::printf("\ndata-parallel collectives per step on each rank (%d replicas, gradients in %s):\n", R,
-              wire == 2 ? "bf16" : "fp32");
-  const int zero = cfg.optimizer.zero;
-  if (zero == 0)
-    std::printf("  ZeRO-0: all-reduce of every gradient bucket after the backward: %s MiB, %s MiB sent\n",
-                mb(grads).c_str(), mb(2 * ring * grads).c_str());
-  if (zero == 1)
-    std::printf("  ZeRO-1: reduce-scatter of every gradient bucket after the backward (%s MiB, %s MiB sent) and "
-                "all-gather of the updated parameters (%s MiB, %s MiB sent): %s MiB sent, as ZeRO-0's all-reduce\n",
-                mb(grads).c_str(), mb(ring * grads).c_str(), mb(params).c_str(), mb(ring * params).c_str(),
-                mb(ring * (grads + params)).c_str());
-  const double act = double(dtype_size(compute_dtype(cfg.train.precision)));
-  if (zero >= 3 && cfg.parallel.pp > 1)
-    std::printf("  ZeRO-3 (pp > 1): the stage's parameters all-gathered once at their first use and kept for the step "
-                "(%s MiB, %s MiB sent), the step's whole gradients reduce-scattered once after the last micro-batch "
-                "(%s MiB, %s MiB sent): %.2fx ZeRO-1's bytes; gathered at once: %s MiB (the whole stage, in the working "
-                "dtype), gradients whole during the step\n",
-                mb(act * double(z.gathered_elements)).c_str(), mb(ring * act * double(z.gathered_elements)).c_str(),
-                mb(grads).c_str(), mb(ring * grads).c_str(), (act * double(z.gathered_elements) + grads) / (grads + params),
-                mb(act * double(z.gathered_peak)).c_str());
-  else if (zero >= 3)
-    std::printf("  ZeRO-3: each block's parameters all-gathered for its forward and again for its backward, every "
-                "micro-batch (%s MiB, %s MiB sent), and %lld gradient reduce-scatters as under ZeRO-2 (%s MiB, %s MiB "
-                "sent): %.2fx ZeRO-1's bytes (1.5x with one micro-batch in fp32: two gathers and a reduce-scatter of "
-                "every parameter against one of each; a parameter two blocks use, the tied embedding, twice each way); "
-                "gathered at once: at most %s MiB (%s, the next block's prefetched), freed after each block\n",
-                mb(act * double(z.gathered_elements)).c_str(), mb(ring * act * double(z.gathered_elements)).c_str(),
+  const double wire = double(dtype_size(in.wire)), act = double(dtype_size(in.work));
+  if (dense.grads == GradHold::pooled)
+    std::printf("  bucket by bucket (the schedule replayed): %lld gradient reduce-scatters a step, %s MiB (a bucket "
+                "that blocks far apart write, the tied embedding's, once per run of its writers); the gradients held "
+                "are the shard and %lld bucket buffers (%s MiB)\n",
                 static_cast<long long>(z.launches), mb(wire * double(z.launched_elements)).c_str(),
-                mb(ring * wire * double(z.launched_elements)).c_str(),
-                (act * double(z.gathered_elements) + wire * double(z.launched_elements)) / (grads + params),
-                mb(act * double(z.gathered_peak)).c_str(),
-                cfg.parallel.reshard_after_forward ? "two blocks" : "parallel.reshard_after_forward = false: every block");
-  if (zero == 2)
-    std::printf("  ZeRO-2: %lld reduce-scatters of gradient buckets during the backward, each as its blocks finish, "
-                "every micro-batch (%s MiB, %s MiB sent), and all-gather of the updated parameters (%s MiB, %s MiB "
-                "sent): %.2fx ZeRO-1's bytes; the gradients held are the shard and %lld bucket buffers (%s MiB)\n",
-                static_cast<long long>(z.launches), mb(wire * double(z.launched_elements)).c_str(),
-                mb(ring * wire * double(z.launched_elements)).c_str(), mb(params).c_str(), mb(ring * params).c_str(),
-                (wire * double(z.launched_elements) + params) / (grads + params),
                 static_cast<long long>(z.pool_buffers), mb(4.0 * double(z.pool_elements)).c_str());
+  if (dense.parameters)
+    std::printf("  bucket by bucket: %s MiB of parameters all-gathered a step (a unit that two blocks use, the "
+                "tied embedding, for each); gathered at once: at most %s MiB (%s)\n",
+                mb(act * double(z.gathered_elements)).c_str(), mb(act * double(z.gathered_peak)).c_str(),
+                dense.gathered_kept ? "every unit of the rank, kept for the step"
+                                    : "two blocks: the running one and the next, prefetched");
 }
 
 // Expert parallelism: which experts each ep rank holds, and per pp rank the bytes of its experts' weights, gradients and
@@ -220,8 +158,8 @@ void print_experts(const Config& cfg, const ModelLayout& layout) {
   int64_t E = 0, k = 0;
   for (const BlockSpec& b : layout.blocks())
     if (b.moe.on()) E = b.moe.n_experts, k = b.moe.k;
-  const int edp = static_cast<int>(cfg.parallel.dp * cfg.parallel.cp) / ep;
-  const int zero = edp > 1 ? int(cfg.optimizer.zero) : 0;  // the ZeRO stage of the experts (none without copies)
+  // The experts' ZeRO stage, over their copies (none without copies: parallel/sharding.hpp).
+  const GroupSharding es = describe_sharding(sharding_input(cfg)).group(GradGroup::expert);
   const int64_t act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
   const int64_t moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
   const int64_t n = micro_batch_rows(cfg) * layout.model.seq_len / cfg.parallel.cp;  // rows of a micro-batch
@@ -236,12 +174,8 @@ void print_experts(const Config& cfg, const ModelLayout& layout) {
   }
   std::printf("  each expert's gradients summed over %d rank%s%s; a micro-batch's rows of a MoE layer reach their "
               "experts and come back in all-to-alls (at most ep x %lld tokens x min(k = %lld, %lld) rows received: "
-              "dropless)\n", edp, edp > 1 ? "s" : "",
-              zero ? cat(" (ZeRO-", zero, ": its ",
-                         zero >= 3   ? "parameters, gradients and optimizer state"
-                         : zero == 2 ? "gradients and optimizer state"
-                                     : "optimizer state",
-                         " sharded over them)").c_str() : "",
+              "dropless)\n", es.ranks, es.ranks > 1 ? "s" : "",
+              es.stage ? cat(" (ZeRO-", es.stage, ": its ", sharded_states(es), " sharded over them)").c_str() : "",
               static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(E / ep));
   for (int p = 0; p < layout.pp; ++p) {
     const int64_t numel = stage_params(layout, p, int(cfg.parallel.tp), 0).expert;
@@ -251,9 +185,10 @@ void print_experts(const Config& cfg, const ModelLayout& layout) {
         if (layout.blocks()[size_t(i)].moe.on())
           exchange += MoeMlp::exchange_bytes(layout.blocks()[size_t(i)], n, int(cfg.parallel.tp));
     // ZeRO-3: the masters' piece (gathered while a block runs); ZeRO-2, 3: the gradients' shard (beside the pool).
-    const int64_t weights = zero >= 3 ? 4 * numel / edp : 4 * numel + (act != 4 ? act * numel : 0);
-    const int64_t grads = zero >= 2 ? 4 * numel / edp : 4 * numel + (zero ? 4 * numel / edp : 0);
-    const int64_t state = moments * 4 * (zero ? numel / edp : numel);
+    const int64_t weights = es.parameters ? 4 * numel / es.ranks : 4 * numel + (act != 4 ? act * numel : 0);
+    const int64_t grads = es.gradients ? 4 * numel / es.ranks
+                                       : 4 * numel + (es.optimizer_state ? 4 * numel / es.ranks : 0);
+    const int64_t state = moments * 4 * (numel / es.shards());
     std::printf("  pp %d: its experts' weights %s MiB, gradients %s MiB, optimizer state %s MiB; all-to-all buffers %s "
                 "MiB per micro-batch in flight (in the activations)\n",
                 p, mib(weights).c_str(), mib(grads).c_str(), mib(state).c_str(), mib(exchange).c_str());

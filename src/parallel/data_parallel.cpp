@@ -105,24 +105,44 @@ void GradBuckets::point(Bucket& b, const Tensor& flat, Tensor Param::*field) {
   }
 }
 
+namespace {
+// The description GradBuckets follows: the replicas are comm's ranks (null: none), an expert's copies expert_comm's
+// (null: no copy besides this rank's, ep = the replicas).
+Sharding bucket_sharding(int zero, int pp, bool reshard, Communicator* comm, Communicator* expert_comm,
+                         const std::vector<BucketParam>& params) {
+  ShardingInput in;
+  in.zero = zero;
+  in.pp = pp;
+  in.reshard_after_forward = reshard;
+  in.replicas = comm ? comm->size() : 1;
+  const bool experts = std::any_of(params.begin(), params.end(), [](const BucketParam& p) { return p.expert; });
+  in.ep = !experts ? 1 : expert_comm ? in.replicas / expert_comm->size() : in.replicas;
+  return describe_sharding(in);
+}
+}  // namespace
+
 GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-                         int zero, GradReduce wire, bool reshard, bool pipelined, Communicator* expert_comm)
-    : be_(be), comm_(comm), zero_(zero >= 1 && comm != nullptr),
-      per_micro_batch_(zero >= 2 && comm != nullptr && !(zero >= 3 && pipelined)),
-      zero3_(zero >= 3 && comm != nullptr), reshard_(reshard && !pipelined),
-      step_grads_(zero >= 3 && comm != nullptr && pipelined),
+                         int zero, GradReduce wire, bool reshard, int pp, Communicator* expert_comm)
+    : be_(be), comm_(comm), sharding_(bucket_sharding(zero, pp, reshard, comm, expert_comm, params)),
+      zero_(sharding_.group(GradGroup::dense).optimizer_state),
+      per_micro_batch_(sharding_.group(GradGroup::dense).grads == GradHold::pooled),
+      zero3_(sharding_.group(GradGroup::dense).parameters),
+      reshard_(!sharding_.group(GradGroup::dense).gathered_kept),
+      step_grads_(sharding_.group(GradGroup::dense).grads == GradHold::step_buckets),
       bf16_wire_(wire == GradReduce::bf16 && comm != nullptr) {
   MemoryScope scope(MemKind::grads);
   std::vector<BucketKey> keys;
   for (const BucketParam& p : params)
     keys.push_back({shape_numel(p.param->shape), p.chunk, p.block, p.counts_in_norm, p.tied, p.tp_replicated, p.expert});
-  const BucketLayout layout = layout_buckets(keys, bucket_mb, zero_ ? comm_->size() : 1,
-                                             zero >= 1 && expert_comm ? expert_comm->size() : 1);
+  const BucketLayout layout = layout_buckets(keys, bucket_mb, sharding_.group(GradGroup::dense).shards(),
+                                             sharding_.group(GradGroup::expert).shards());
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
     const auto& g = layout.groups[gi];
     Bucket b;
-    b.comm = params[g.front()].expert ? expert_comm : comm;
-    b.zero = zero >= 1 && b.comm;
+    b.group = params[g.front()].expert ? GradGroup::expert : GradGroup::dense;
+    b.comm = b.group == GradGroup::expert ? expert_comm : comm;
+    b.zero = sharding_.group(b.group).optimizer_state;
+    if (const Move* m = sharding_.find(b.group, Moved::gradients)) b.reduce = m->collective;
     b.wired = wire == GradReduce::bf16 && b.comm;
     const int shards = b.zero ? b.comm->size() : 1;
     const int64_t padded = layout.padded[gi];
@@ -360,8 +380,10 @@ void GradBuckets::launch(Bucket& b) {
   if (!b.comm) return;
   if (b.wired) be_.convert(b.flat, b.wire);
   Tensor& send = b.wired ? b.wire : b.flat;
-  if (b.zero) b.request = b.comm->ireduce_scatter_sum(send, b.wired ? b.wire_shard : b.shard);
-  else b.request = b.comm->iallreduce_sum(send);
+  if (b.reduce == Collective::reduce_scatter)
+    b.request = b.comm->ireduce_scatter_sum(send, b.wired ? b.wire_shard : b.shard);
+  else
+    b.request = b.comm->iallreduce_sum(send);
 }
 
 std::vector<OptimSlice> GradBuckets::optimizer_slices() const {

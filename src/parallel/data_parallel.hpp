@@ -1,4 +1,6 @@
 // Data parallelism: gradient buckets (PyTorch DDP's design, Li et al., arXiv:2006.15704).
+// What each ZeRO stage shards and moves for the dense and the expert weights, and when, is parallel/sharding.hpp's
+// description (describe_sharding); GradBuckets follows it, and the notes below say how.
 // Every parameter's gradient is a view into a flat bucket. Buckets never mix model chunks; within a
 // chunk they are filled in reverse block order up to parallel.bucket_mb, and the schedule's
 // allreduce_grads(chunk) action starts the chunk's non-blocking all-reduces once its last weight
@@ -46,6 +48,7 @@
 #include "model/param.hpp"
 #include "optim/optimizer.hpp"
 #include "comm/trace.hpp"
+#include "parallel/sharding.hpp"
 
 namespace relay {
 
@@ -117,13 +120,13 @@ class GradBuckets : public BlockHooks {
  public:
   // comm is null when dp == 1 (then nothing is communicated). zero: the ZeRO stage 0 to 3 (1 to 3 need comm).
   // wire: the dtype gradients travel in (parallel.grad_reduce); they are kept and summed into f32 either way.
-  // reshard: ZeRO-3 frees a block's gathered parameters as soon as it is done with them. pipelined (pp > 1): ZeRO-3
-  // keeps them for the step instead, and its gradients are whole buckets for the step, reduce-scattered once at the
-  // schedule's allreduce_grads as under ZeRO-1 and freed after (torchtitan's choice: no per-micro-batch collectives).
+  // reshard: ZeRO-3 frees a block's gathered parameters as soon as it is done with them. pp > 1: ZeRO-3 keeps them
+  // for the step instead, and its gradients are whole buckets for the step, reduce-scattered once at the schedule's
+  // allreduce_grads as under ZeRO-1 and freed after (torchtitan's choice: no per-micro-batch collectives).
   // expert_comm (parallel.ep): the ranks holding this rank's experts, over which the expert weights' buckets are
   // summed and (ZeRO) sharded; null when this rank's experts have no other copy (their buckets are kept whole).
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
-              int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, bool pipelined = false,
+              int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, int pp = 1,
               Communicator* expert_comm = nullptr);
   bool params_sharded() const { return zero3_; }
   // Test only (RELAY_TEST_KILL_WHERE): SIGKILL this process right after it issues its next parameter all-gather.
@@ -160,7 +163,9 @@ class GradBuckets : public BlockHooks {
  private:
   struct Bucket {
     Communicator* comm = nullptr;  // the ranks that sum it (the replicas, or an expert's); null: none
+    GradGroup group = GradGroup::dense;
     bool zero = false;             // ZeRO (1 to 3): sharded over comm (its size: `shards` below)
+    Collective reduce = Collective::all_reduce;  // how allreduce_grads sums it: all-reduce, or (ZeRO) reduce-scatter
     bool wired = false;            // grad_reduce = "bf16": travels in bf16
     // (padded) every gradient of the bucket (padded to a multiple of shards under ZeRO); ZeRO-2 and 3: only when
     // not sharded, or (ZeRO-3 under pp > 1) during the step
@@ -204,6 +209,7 @@ class GradBuckets : public BlockHooks {
   int64_t own_begin(const Bucket& b) const { return b.shard.numel() * b.comm->rank(); }
   Backend& be_;
   Communicator* comm_;
+  Sharding sharding_;  // what each group shards and moves (comm's replicas, expert_comm's copies)
   bool zero_;
   bool per_micro_batch_;  // ZeRO-2 and 3
   bool zero3_ = false, reshard_ = true;

@@ -1,9 +1,11 @@
 #include "plan/step_model.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
 
 #include "model/expert_parallel.hpp"
+#include "parallel/sharding.hpp"
 #include "parallel/simulator.hpp"
 #include "plan/collectives.hpp"
 #include "plan/cost_model.hpp"
@@ -57,18 +59,12 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
   // Under ep, an expert's copies: the dp x cp / ep ranks holding the same experts, one in each ep group.
   const GroupPath edp_path = group_path(cl, dp * cp / ep, tp * cp * ep);
 
-  const double wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? 2 : 4;
-  const int zero_mem = dp * cp > 1 ? cfg.optimizer.zero : 0;
   // Memory: the memory plan of the first and last pipeline ranks (the first holds the most micro-batches in flight,
   // the last the head), tp rank 0; ZeRO-3 adds what is gathered at once and, under pp > 1, the whole gradients.
   for (int p : {0, pp - 1}) {
     const MemoryBytes b = predict_memory(cfg, layout, p, 0);
-    double bytes = double(b.total() + b.gathered);
-    if (zero_mem >= 3 && pp > 1) {
-      const ZeroTwoBuckets z = zero2_buckets(cfg, layout, p, 0, dp * cp);
-      bytes += (4 + (wire == 2 ? 2 : 0)) * double(z.total_padded - z.whole);
-    }
-    r.memory_bytes_per_device = std::max(r.memory_bytes_per_device, bytes);
+    r.memory_bytes_per_device =
+        std::max(r.memory_bytes_per_device, double(b.total() + b.gathered) + double(b.step_grads));
   }
   r.fits = r.memory_bytes_per_device + dev.reserved_bytes <= dev.memory_bytes;
   r.checkpoint_bytes = double(checkpoint_bytes(layout, cfg.optimizer));
@@ -82,7 +78,23 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
   // rank's experts' (1 / ep of them), summed over edp_path instead of dp_path.
   std::vector<double> chunk_comm(size_t(chunks), 0), chunk_ep_comm(size_t(chunks), 0), chunk_params(size_t(chunks), 0),
       chunk_experts(size_t(chunks), 0);
-  const int zero = dp * cp > 1 ? cfg.optimizer.zero : 0;
+  // The data-parallel moves of the layout's ZeRO stage (parallel/sharding.hpp), priced on their groups: the dense
+  // weights' over the replicas (dp_path), the experts' over their copies (edp_path); dp_comm_s(params, experts, when)
+  // sums those issued at `when` for `params` dense and `experts` expert elements, the dense ones first.
+  const Sharding sharding = describe_sharding(sharding_input(cfg));
+  auto dp_comm_s = [&](double params, double experts, std::initializer_list<Issued> when) {
+    double s = 0;
+    for (const Move& m : sharding.moves) {
+      if (std::find(when.begin(), when.end(), m.issued) == when.end()) continue;
+      const bool dense = m.group == GradGroup::dense;
+      const GroupPath& path = dense ? dp_path : edp_path;
+      const double bytes = double(dtype_size(m.dtype)) * (dense ? params : experts);
+      s += m.collective == Collective::all_reduce       ? all_reduce_s(path, bytes)
+           : m.collective == Collective::reduce_scatter ? reduce_scatter_s(path, bytes)
+                                                        : all_gather_s(path, bytes);
+    }
+    return s;
+  };
   for (int c = 0; c < chunks; ++c) {
     const ChunkRange& cr = layout.chunks[size_t(c)];
     double prev_compute = 0;
@@ -99,19 +111,19 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
       chunk_params[size_t(c)] += params;
       chunk_experts[size_t(c)] += experts;
       double f = t.forward, bi = t.backward_input, bw = t.backward_weight;
-      if (zero >= 2) {
-        // ZeRO-2/3: each micro-batch's gradient buckets are reduce-scattered as the backward finishes their blocks
-        // (hidden behind the backward unless the collective is the longer); ZeRO-3 on one stage also gathers each
-        // block's parameters for its forward and again for its backward, the next block's while this one runs. The
-        // experts' go over their copies (edp_path).
-        double bwd_comm = reduce_scatter_s(dp_path, wire * params) + reduce_scatter_s(edp_path, wire * experts);
-        if (zero >= 3 && pp == 1) {
-          const double gather = all_gather_s(dp_path, e * params) + all_gather_s(edp_path, e * experts);
-          f += std::max(0.0, gather - prev_compute);
-          bwd_comm += gather;
-        }
-        bw += std::max(0.0, bwd_comm - (t.backward_input + t.backward_weight));
-      }
+      // ZeRO-2/3: each micro-batch's gradient buckets are reduce-scattered as the backward finishes their blocks
+      // (hidden behind the backward unless the collective is the longer); ZeRO-3 on one stage also gathers each
+      // block's parameters for its forward and again for its backward, the next block's while this one runs (priced
+      // so under parallel.reshard_after_forward = false too, where a block is gathered once and kept: an upper bound).
+      // ZeRO-3 under pp > 1 reduce-scatters once, at allreduce_grads (priced below), yet this model has also priced
+      // a reduce-scatter per block in its backward since before parallel/sharding.hpp: kept, so that the predictions
+      // stay what they were.
+      const bool step_buckets = sharding.group(GradGroup::dense).grads == GradHold::step_buckets;
+      const double bucket_rs =
+          dp_comm_s(params, experts, {step_buckets ? Issued::allreduce_grads : Issued::bucket_done});
+      const double gather = pp == 1 ? dp_comm_s(params, experts, {Issued::block_run, Issued::block_first_run}) : 0;
+      if (gather > 0) f += std::max(0.0, gather - prev_compute);
+      if (bucket_rs + gather > 0) bw += std::max(0.0, bucket_rs + gather - (t.backward_input + t.backward_weight));
       prev_compute = t.forward - t.comm_forward;
       costs.chunk_forward[size_t(c)] += f;
       costs.chunk_backward_input[size_t(c)] += bi;
@@ -149,22 +161,16 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
       comm += chunk_comm[size_t(c)] * shape.m;
       ep_comm += chunk_ep_comm[size_t(c)] * shape.m;
       // Dense buckets over every replica, then (ep > 1) the experts' over their copies.
-      double reduce = 0;
-      if (zero == 0)
-        reduce = all_reduce_s(dp_path, wire * chunk_params[size_t(c)]) +
-                 all_reduce_s(edp_path, wire * chunk_experts[size_t(c)]);
-      else if (zero == 1 || (zero >= 3 && pp > 1))
-        reduce = reduce_scatter_s(dp_path, wire * chunk_params[size_t(c)]) +
-                 reduce_scatter_s(edp_path, wire * chunk_experts[size_t(c)]);
+      const double reduce = dp_comm_s(chunk_params[size_t(c)], chunk_experts[size_t(c)], {Issued::allreduce_grads});
       if (reduce > 0) comm_free = std::max(comm_free, t) + reduce;
     }
-    const double shard = zero ? params / (dp * cp) + experts / (dp * cp / ep) : params + experts;
+    const double shard = params / sharding.group(GradGroup::dense).shards() +
+                         experts / sharding.group(GradGroup::expert).shards();
     const double opt = optimizer_s(dev, shard, mixed);
     // ZeRO-1/2 all-gather the updated parameters after the optimizer; ZeRO-3 under pp > 1 gathers the stage's
     // parameters at the start of the next step before its first forward (its first block's at least).
-    double gather = 0;
-    if (zero == 1 || zero == 2) gather = all_gather_s(dp_path, 4 * params) + all_gather_s(edp_path, 4 * experts);
-    if (zero >= 3 && pp > 1) gather = all_gather_s(dp_path, e * params) + all_gather_s(edp_path, e * experts);
+    const double gather = pp > 1 ? dp_comm_s(params, experts, {Issued::after_optimizer, Issued::block_first_run})
+                                 : dp_comm_s(params, experts, {Issued::after_optimizer});
     const double rank_step = std::max(end, comm_free) + opt + gather;
     if (rank_step > step) {
       step = rank_step;

@@ -17,6 +17,7 @@
 #include "model/family.hpp"
 #include "io/safetensors.hpp"
 #include "comm/watchdog.hpp"
+#include "parallel/sharding.hpp"
 
 namespace fs = std::filesystem;
 
@@ -62,9 +63,9 @@ int64_t shard_numel(const ManifestEntry& e, const ProcessGrid& g, int tp_rank) {
   return shape_numel(shard_shape(e.shape, e.split, g.tp, tp_rank));
 }
 bool zero_sharded(CheckpointContext& ctx, const ManifestEntry& e) {
-  const int replicas = e.ep_owner >= 0 ? ctx.grid.expert_replicas() : ctx.grid.replicas();
-  if (!ctx.cfg.optimizer.zero || replicas <= 1) return false;
-  return e.name.rfind("optimizer/", 0) == 0 || (ctx.cfg.optimizer.zero >= 3 && e.name.rfind("model/", 0) == 0);
+  const Sharding sharding = describe_sharding(sharding_input(ctx.cfg));
+  const GroupSharding& s = sharding.group(e.ep_owner >= 0 ? GradGroup::expert : GradGroup::dense);
+  return (s.optimizer_state && e.name.rfind("optimizer/", 0) == 0) || (s.parameters && e.name.rfind("model/", 0) == 0);
 }
 
 // Collective over this rank's replica group (ranks of the owning stage): this tp rank's shard of the
@@ -172,7 +173,7 @@ CheckpointImage image_header(CheckpointContext& ctx, int64_t step) {
   meta.dp = g.dp;
   meta.pp = g.pp;
   meta.tp = g.tp;
-  meta.zero = g.replicas() > 1 ? ctx.cfg.optimizer.zero : 0;
+  meta.zero = describe_sharding(sharding_input(ctx.cfg)).group(GradGroup::dense).stage;  // 0 on one replica
   meta.virtual_stages = ctx.cfg.parallel.virtual_stages;
   meta.schedule = ctx.cfg.parallel.schedule;
   meta.optimizer = ctx.optimizer.name();

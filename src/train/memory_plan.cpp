@@ -9,6 +9,7 @@
 #include "model/chunk.hpp"
 #include "model/expert_parallel.hpp"
 #include "parallel/data_parallel.hpp"
+#include "parallel/sharding.hpp"
 #include "parallel/slot_plan.hpp"
 
 namespace relay {
@@ -50,6 +51,9 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
     writers[it->second].push_back(i);
   });
   const BucketLayout bl = layout_buckets(keys, zero_bucket_mb(cfg), dp, edp);
+  ShardingInput in = sharding_input(cfg);
+  in.replicas = dp;
+  const GroupSharding dense = describe_sharding(in).group(GradGroup::dense);
   ZeroTwoBuckets z;
   std::map<int, std::vector<int>> buckets_of_block;  // as GradBuckets::watch: the sharded buckets only
   for (size_t g = 0; g < bl.groups.size(); ++g) {
@@ -74,8 +78,8 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
   // ZeRO-3: the gathered units at their most. A block holds its units while it runs and the chunk's next block's are
   // prefetched (model/chunk.cpp), forward (i, then i + 1) and backward (i, then i - 1) alike; kept for the step,
   // every unit of the rank.
-  if (cfg.optimizer.zero >= 3) {
-    z.kept = !cfg.parallel.reshard_after_forward || layout.pp > 1;
+  if (dense.parameters) {
+    z.kept = dense.gathered_kept;
     auto units = [&](int block, std::set<int>& into) {
       auto it = buckets_of_block.find(block);
       if (it != buckets_of_block.end()) into.insert(it->second.begin(), it->second.end());
@@ -159,33 +163,39 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   // every sequence of a micro-batch.
   const int tp = static_cast<int>(cfg.parallel.tp), cp = static_cast<int>(cfg.parallel.cp);
   const int dp = static_cast<int>(cfg.parallel.dp) * cp;
-  const bool zero = cfg.optimizer.zero && dp > 1, recompute = cfg.train.recompute == "blocks";
+  const bool recompute = cfg.train.recompute == "blocks";
   const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * layout.model.seq_len / cp;
   MemoryBytes b;
   // Parameters, gradients and optimizer state: every parameter of this rank's chunks once (stage_params).
   const StageParams sp = stage_params(layout, pp_rank, tp, tp_rank);
   const int64_t numel = sp.numel, expert_numel = sp.expert;
-  const int ep = layout.ep;
-  // ZeRO shards the dense parameters' state over the dp x cp replicas, the experts' over the replicas of the experts.
-  const int edp = dp / ep;
-  const bool ezero = cfg.optimizer.zero && edp > 1, ewire = cfg.parallel.grad_reduce == GradReduce::bf16 && edp > 1;
+  // What ZeRO shards (parallel/sharding.hpp): the dense parameters' over the dp x cp replicas, the experts' over the
+  // replicas of the experts (none where they have no other copy); the gradients' bf16 wire copies where they move.
+  const Sharding sh = describe_sharding(sharding_input(cfg));
+  const GroupSharding &ds = sh.group(GradGroup::dense), &es = sh.group(GradGroup::expert);
+  auto bf16_wire = [&](GradGroup g) {
+    const Move* sum = sh.find(g, Moved::gradients);
+    return sum && sum->dtype == DType::bf16;
+  };
+  const bool wire = bf16_wire(GradGroup::dense), ewire = bf16_wire(GradGroup::expert);
   const int64_t dense = numel - expert_numel;
   // Sizes in bytes: f32 masters, gradients and state; act: activations and working weights (bf16 under
   // train.precision = "bf16", f32 otherwise); the gradient wire copies of parallel.grad_reduce = "bf16".
   const int64_t f32 = 4, act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
-  const bool mixed = act != f32, wire = cfg.parallel.grad_reduce == GradReduce::bf16 && dp > 1;
+  const bool mixed = act != f32;
   b.params = f32 * numel + (mixed ? act * numel : 0);
   ZeroTwoBuckets z;
-  if (zero && cfg.optimizer.zero >= 2) z = zero2_buckets(cfg, layout, pp_rank, tp_rank, dp);
+  if (ds.gradients) z = zero2_buckets(cfg, layout, pp_rank, tp_rank, dp);
   // ZeRO-2, 3: the buckets with no other copy (experts when ep = dp x cp) are whole, parameters and gradients.
-  if (zero && cfg.optimizer.zero >= 3) {
+  if (ds.parameters) {
     b.params = f32 * z.shards + (f32 + (mixed ? act : 0)) * z.whole;  // the masters' pieces, the whole buckets
     b.gathered = act * z.gathered_peak;  // blocks gathered while they run (all freed after the step)
   }
-  if (zero && cfg.optimizer.zero >= 3 && layout.pp > 1) {
-    // ZeRO-3 under pp > 1: after the step only the shards (the step's whole buckets are freed).
+  if (ds.grads == GradHold::step_buckets) {
+    // ZeRO-3 under pp > 1: after the step only the shards; during it every sharded bucket whole, and its wire copy.
     b.grads = f32 * (z.shards + z.whole) + (wire ? 2 * z.shards : 0);
-  } else if (zero && cfg.optimizer.zero >= 2) {
+    b.step_grads = (f32 + (wire ? 2 : 0)) * (z.total_padded - z.whole);
+  } else if (ds.grads == GradHold::pooled) {
     // ZeRO-2 (parallel/data_parallel.hpp): the shard of every bucket, and the pool of the largest bucket's buffers.
     const int64_t pool = z.pool_elements + z.pool_piece_elements;  // each buffer and its piece of the sum
     b.grads = f32 * (z.shards + z.whole) + f32 * pool + (wire ? 2 * pool : 0);
@@ -194,10 +204,11 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
     auto grads = [&](int64_t n, bool z1, bool w, int d) {
       return f32 * n + (z1 ? f32 * n / d : 0) + (w ? 2 * n + (z1 ? 2 * n / d : 0) : 0);
     };
-    b.grads = grads(dense, zero, wire, dp) + grads(expert_numel, ezero, ewire, edp);
+    b.grads = grads(dense, ds.optimizer_state, wire, ds.ranks) +
+              grads(expert_numel, es.optimizer_state, ewire, es.ranks);
   }
   const int64_t moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
-  b.optimizer = moments * f32 * ((zero ? dense / dp : dense) + (ezero ? expert_numel / edp : expert_numel));
+  b.optimizer = moments * f32 * (dense / ds.shards() + expert_numel / es.shards());
   // Activations: the schedule's slots per chunk (parallel/slot_plan.hpp), a boundary pair per
   // micro-batch, the loss's buffers per micro-batch on the last chunk.
   ScheduleShape shape = schedule_shape(cfg);

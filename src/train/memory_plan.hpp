@@ -19,6 +19,8 @@ namespace relay {
 struct MemoryBytes {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
   int64_t gathered = 0;  // ZeRO-3: parameters gathered at once at their most, beyond params (not in total())
+  int64_t step_grads = 0;  // ZeRO-3 under pp > 1: the step's whole gradient buckets, freed after its reduce-scatter
+                           // (not in total())
   int64_t total() const { return params + grads + optimizer + activations; }
 };
 

@@ -9,6 +9,7 @@
 #include "comm/mpi_check.hpp"
 #include "core/error.hpp"
 #include "core/memory.hpp"
+#include "parallel/sharding.hpp"
 #include "parallel/simulator.hpp"
 #include "train/memory_plan.hpp"
 #include "train/run_state.hpp"
@@ -209,7 +210,7 @@ void setup_data_and_model(Run& r) {
   SimResult sim = simulate(r.shape, lists, Costs{});  // rejects deadlocks before anything runs
   r.predicted_bubble = sim.bubble_fraction;
 
-  r.zero3 = cfg.optimizer.zero >= 3 && g.replicas() > 1;
+  r.zero3 = describe_sharding(sharding_input(cfg)).group(GradGroup::dense).parameters;
   if (r.zero3) check_zero3_gather(r);
   // This rank's chunks: c = pp_rank, pp_rank + pp, ...
   r.store = std::make_unique<ParamStore>(*r.be, cfg.model.seed, g.tp, g.tp_rank, compute_dtype(cfg.train.precision),
@@ -248,7 +249,7 @@ void setup_data_and_model(Run& r) {
   }
   r.buckets = std::make_unique<GradBuckets>(*r.be, g.replicas() > 1 ? r.dp_comm.get() : nullptr, bucket_params,
                                             zero_bucket_mb(cfg), cfg.optimizer.zero, cfg.parallel.grad_reduce,
-                                            cfg.parallel.reshard_after_forward, /*pipelined=*/g.pp > 1,
+                                            cfg.parallel.reshard_after_forward, g.pp,
                                             r.expert_dp_comm.get());
   for (auto& ch : r.chunks) r.buckets->watch(*ch);  // ZeRO-2: reduce-scatter each bucket as its blocks finish
   r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
