@@ -12,7 +12,7 @@ rc=0
 start=$(date +%s)
 ctest --output-on-failure --timeout 1200 "$@" 2>&1 | tee Testing/ctest_output.txt || rc=$?
 echo "test.sh: ctest took $(( $(date +%s) - start )) s"
-python3 ../scripts/slowest_tests.py . || true
+python3 ../scripts/show_failed_tests.py . --slowest 10 || true
 # A failing test's output again at the very end, where a truncated CI log still shows it.
 (( rc == 0 )) || python3 ../scripts/show_failed_tests.py . || true
 # ctest's own summary closes the log, after the tables above.
