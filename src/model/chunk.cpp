@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/memory.hpp"
+#include "model/block_cost.hpp"
 #include "model/model_spec.hpp"
 
 namespace relay {
@@ -84,11 +85,10 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
 int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows) {
   if (cp <= 1) return 0;
   for (const BlockSpec& s : blocks) {  // every attention block of a model has the same widths
-    if (s.kind != BlockKind::transformer && s.kind != BlockKind::llama_layer) continue;
-    const int64_t hd = head_dim(s);
-    const int64_t heads = s.kind == BlockKind::transformer ? s.n_head : s.n_kv_head;
-    const int64_t w = heads / tp * hd, act = int64_t(dtype_size(s.dtype)), gathered = cp * rows;
-    return 5 * gathered * w * act + 2 * gathered * 4 + (s.kind == BlockKind::transformer ? 6 * rows * w * act : 0);
+    const AttentionShape a = attention_shape(s);
+    if (!a.on()) continue;
+    const int64_t w = a.kv_heads / tp * a.head_dim, act = int64_t(dtype_size(s.dtype)), gathered = cp * rows;
+    return 5 * gathered * w * act + 2 * gathered * 4 + (a.packed_qkv ? 6 * rows * w * act : 0);
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 
 #include "backend/gpu_peaks.hpp"
 #include "core/error.hpp"
+#include "model/block_cost.hpp"
 #include "model/family.hpp"
 
 namespace relay {
@@ -68,21 +69,21 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
                                    Precision precision, const LinkCalibration* links) {
   const double free_at_start = double(be.available_bytes());  // a GPU's memory before this allocates any
   const BlockSpec* block = nullptr;
-  for (const BlockSpec& b : layout.blocks())
-    if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer) {
+  BlockCost cost;
+  for (const BlockSpec& b : layout.blocks()) {
+    cost = block_cost(b, {}, double(rows));
+    if (cost.attention.on()) {
       block = &b;
       break;
     }
+  }
   if (!block)
     throw Error(cat("--calibrate: the model has no decoder block to measure (model.type = ",
                     family_names(&ModelKeys::language_model), ")"));
   const DType dt = compute_dtype(precision);
   const int64_t C = block->in, T = block->seq_len, n = rows, B = std::max<int64_t>(1, n / T);
-  const int64_t H = block->n_head, hd = head_dim(*block);
-  const int64_t KV = block->kind == BlockKind::llama_layer ? block->n_kv_head : H;
-  // The MLP's width: the dense SwiGLU's, or (a MoE layer) one expert's.
-  const int64_t F = block->kind != BlockKind::llama_layer ? 4 * C : block->moe.on() ? block->moe.ffn_hidden
-                                                                                     : block->ffn_hidden;
+  const int64_t H = cost.attention.heads, hd = cost.attention.head_dim, KV = cost.attention.kv_heads;
+  const int64_t F = cost.mlp_hidden;  // the MLP's width: the dense one's, or (a MoE layer) one expert's
 
   // GEMMs: the block's widest projections as forward, backward-input and backward-weight shapes.
   double gemm_flops = 0, gemm_s = 0;
@@ -105,7 +106,7 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
   const double attn = 0.5 * 4.0 * double(T) * double(H * hd) * double(B * T);
   Tensor lse = filled(be, {B, H, T}, DType::f32);
   double fwd_s = 0, bwd_s = 0;
-  if (KV == H && block->kind == BlockKind::transformer) {
+  if (KV == H && cost.attention.packed_qkv) {
     Tensor qkv = filled(be, {B * T, 3 * C}, dt), out = filled(be, {B * T, C}, dt), dqkv = filled(be, {B * T, 3 * C}, dt);
     fwd_s = time_of(be, [&] { be.flash_attention_forward(qkv, B, T, H, out, lse); });
     bwd_s = time_of(be, [&] { be.flash_attention_backward(out, qkv, out, lse, B, T, H, dqkv); });

@@ -1,21 +1,20 @@
-// The compute side of the planner's cost model: one block's forward, backward-input and backward-weight
-// time for one micro-batch on one tensor-parallel rank of a device, from its shapes (model/block.hpp)
-// against the device's peaks (plan/cluster.hpp), plus the collectives the block waits for (tp, cp).
+// The compute side of the planner's cost model: one block's forward, backward-input and backward-weight time for one
+// micro-batch on one rank of a device, from what the block states it costs (model/block_cost.hpp: its GEMMs,
+// streamed elements, attention and collectives; the model layer knows the kinds, this file only the device) against
+// the device's peaks (plan/cluster.hpp).
 //
 // GEMMs: time = max(2MNK / (peak x gemm_efficiency x wave_quantisation), bytes moved / bandwidth) + a launch,
 // where gemm_efficiency is the device's best measured GEMM rate (the preset cites it) and wave quantisation
 // the fraction of the last wave of 128 x 256 output tiles that has work (tiles / (ceil(tiles / SMs) x SMs)):
 // the efficiency curve by shape, which falls for skinny or small GEMMs. Attention: FlashAttention-2's causal
 // FLOPs (half the full score matrix; backward 2.5x the forward) at the device's attention efficiencies.
-// Norms, activations, bias and residual adds: the elements they read and write over the streaming bandwidth.
+// Norms, activations, bias and residual adds: the elements they read and write over the streaming bandwidth, the
+// backward twice the forward's. The tp, cp and ep collectives (plan/collectives.hpp) on the critical path.
 // Recomputation (train.recompute = "blocks") runs the forward again before backward-input.
-// A mixture-of-experts layer (model/moe.hpp): the router GEMM, then each of the rank's E / ep experts' three GEMMs on
-// its n k ep / E rows (balanced routing: the rank's experts receive n k rows in all, whatever ep), the row gathers and
-// SwiGLU over the routed rows; under parallel.ep the four all-to-alls of the rows (dispatch and return, forward and
-// backward; n k C elements each, collectives.hpp) and the forward's count exchange, on the critical path.
 #pragma once
 #include "core/precision.hpp"
 #include "model/block.hpp"
+#include "model/block_cost.hpp"
 #include "plan/cluster.hpp"
 #include "plan/collectives.hpp"
 

@@ -1,0 +1,164 @@
+// Each block kind's GEMMs, streamed elements, attention and collectives (model/block_cost.hpp), and the model's FLOPs.
+// Tensor parallelism as Megatron-LM (arXiv:1909.08053), sequence parallelism as arXiv:2205.05198, mixtures of
+// experts as model/moe.hpp and model/expert_parallel.hpp run them.
+#include "model/block_cost.hpp"
+
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "model/expert_parallel.hpp"
+#include "model/model_spec.hpp"
+
+namespace relay {
+
+namespace {
+
+BlockCollective collective(ParallelDim dim, CollectiveOp op, bool backward, double count, double elements,
+                      double bytes = 0) {
+  return {dim, op, backward, count, elements, bytes};
+}
+
+// A decoder block's collectives. Tensor parallelism: the two row-parallel outputs all-reduced in the forward, the two
+// column-parallel input gradients in the backward (under sequence parallelism an all-gather and a reduce-scatter in
+// their place: the same bytes). Context parallelism (model/context_parallel.hpp): the forward all-gathers the
+// micro-batch's keys and values over the group, the backward gathers them again and reduce-scatters their gradients.
+void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) {
+  const double act = n * double(b.in);  // one (rows, C) activation
+  if (s.tp > 1) {
+    c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 2, act));
+    c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 2, act));
+  }
+  if (s.cp > 1) {
+    const double kv = 2 * n * s.cp * double(c.attention.kv_heads) * double(c.attention.head_dim) / s.tp;
+    c.collectives.push_back(collective(ParallelDim::cp, CollectiveOp::all_gather, false, 1, kv));
+    c.collectives.push_back(collective(ParallelDim::cp, CollectiveOp::all_gather, true, 1, kv));
+    c.collectives.push_back(collective(ParallelDim::cp, CollectiveOp::reduce_scatter, true, 1, kv));
+  }
+}
+
+// GPT-2's transformer block: c_attn (3C), c_proj, c_fc (4C), the MLP's c_proj. Streaming: ln_1 and ln_2 (read, write C
+// each), the two residual adds (read 2C, write C each), the two row-parallel biases (C each way) on rows / sp; the qkv
+// bias (3C / tp each way), the fc bias and GELU (4C / tp each way, twice).
+void transformer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) {
+  const double C = double(b.in), t = double(s.tp), sp = double(s.sp);
+  c.gemms = {{n, 3 * C / t, C}, {n, C, C / t}, {n, 4 * C / t, C}, {n, C, 4 * C / t}};
+  c.forward_streaming = {(2 * 2 + 2 * 3 + 2 * 2) * C / sp + (2 * 3 + 4 * 4) * C / t, 12};
+  c.mlp_hidden = 4 * b.in;
+  decoder_collectives(b, s, n, c);
+}
+
+// Llama's decoder layer: q, k, v, o, then the dense SwiGLU (gate, up, down) or the mixture of experts (the router,
+// whole on every tp rank, then each of the rank's E / ep experts' gate and up, and down, on its n k ep / E rows; tp
+// splits each expert's units as the dense SwiGLU's). Streaming: two RMSNorms (2C each) and residual adds (3C each) on
+// rows / sp; RoPE on q and k (read, write); SwiGLU (read gate and up, write F). A MoE layer besides: the router's
+// softmax and top-k over E (read, write), the tokens' k rows gathered in expert order (k C each way), SwiGLU over k F
+// per token, the k outputs weighted and summed (read k C, write C), and under ep the rows regrouped between arrival and
+// expert order on the way in and out (k C each way, twice). Under ep the forward exchanges the row counts (E integers)
+// and sends the routed rows (n k of them, C elements each) to their experts' ranks and back; the backward sends the
+// outputs' gradients and returns the inputs'.
+void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) {
+  const double C = double(b.in), t = double(s.tp), sp = double(s.sp), ep = double(s.ep);
+  const double hd = double(head_dim(b));
+  const double Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
+  c.gemms = {{n, Hq / t, C}, {n, Hkv / t, C}, {n, Hkv / t, C}, {n, C, Hq / t}};
+  const double attn = (2 * 2 + 2 * 3) * C / sp + 2 * (Hq + Hkv) / t;
+  if (b.moe.on()) {
+    const double E = double(b.moe.n_experts), k = double(b.moe.k), F = double(b.moe.ffn_hidden) / t, local = E / ep;
+    const double rows = n * k * ep / E;  // (rows, C) per local expert
+    c.gemms.insert(c.gemms.end(), {{n, E, C}, {rows, F, C, 2 * local}, {rows, C, F, local}});
+    c.forward_streaming = {attn + 2 * E + 2 * k * C + 3 * k * F + (k + 1) * C + (s.ep > 1 ? 4 * k * C : 0),
+                           s.ep > 1 ? 14 : 12};
+    c.mlp_hidden = b.moe.ffn_hidden;
+  } else {
+    const double F = double(b.ffn_hidden);
+    c.gemms.insert(c.gemms.end(), {{n, F / t, C}, {n, F / t, C}, {n, C, F / t}});
+    c.forward_streaming = {attn + 3 * F / t, 9};
+    // backward_weight remakes the SwiGLU output from the kept gate and up (read 2F, write F).
+    c.weight_streaming = {3.0 * F / t, 1};
+    c.mlp_hidden = b.ffn_hidden;
+  }
+  decoder_collectives(b, s, n, c);
+  if (b.moe.on() && s.ep > 1) {
+    const double routed = n * double(b.moe.k) * C;
+    const double counts = 8.0 * double(b.moe.n_experts);
+    c.collectives.push_back(collective(ParallelDim::ep, CollectiveOp::all_to_all, false, 1, 0, counts));
+    c.collectives.push_back(collective(ParallelDim::ep, CollectiveOp::all_to_all, false, 2, routed));
+    c.collectives.push_back(collective(ParallelDim::ep, CollectiveOp::all_to_all, true, 2, routed));
+  }
+}
+
+}  // namespace
+
+AttentionShape attention_shape(const BlockSpec& b) {
+  switch (b.kind) {
+    case BlockKind::transformer: return {b.n_head, b.n_head, head_dim(b), true};
+    case BlockKind::llama_layer: return {b.n_head, b.n_kv_head, head_dim(b), false};
+    default: return {};
+  }
+}
+
+BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
+  BlockCost c;
+  c.forward_flops_per_row = b.flops;
+  c.attention_flops_per_row = b.attn_flops;
+  c.attention = attention_shape(b);
+  const double C = double(b.in), t = double(s.tp);
+  switch (b.kind) {
+    case BlockKind::transformer: transformer(b, s, n, c); break;
+    case BlockKind::llama_layer: llama_layer(b, s, n, c); break;
+    case BlockKind::head:
+      // The vocabulary-parallel head: the final norm, the logits' GEMM on the rank's vocabulary shard, the loss over
+      // it (logits read, softmax and gradient written, f32); under tp the loss's row maxima and sums summed over the
+      // group in the forward (f32), the input gradient in the backward.
+      c.gemms = {{n, std::ceil(double(b.out) / t), C}};
+      c.forward_streaming = {2 * C / s.sp + 4.0 * std::ceil(double(b.out) / t), 4};
+      if (s.tp > 1) {
+        c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 2, 0, 4 * n));
+        c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * C));
+      }
+      break;
+    case BlockKind::embedding:
+      // The vocabulary-parallel embedding sums its output over the group. Its width `in` is 0 (token ids): the planner
+      // has always counted its streaming and its sum at 0 elements, their launches and latency only.
+      c.forward_streaming = {2 * C, 2};
+      if (s.tp > 1) c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 1, n * C));
+      break;
+    case BlockKind::linear:
+      c.gemms = {{n, double(b.out), C}};
+      c.forward_streaming = {2 * C, 1};
+      break;
+    case BlockKind::relu:
+    case BlockKind::gelu:
+    case BlockKind::tanh:
+    case BlockKind::layernorm: c.forward_streaming = {2 * C, 1}; break;
+  }
+  return c;
+}
+
+double model_flops_per_row(const ModelSpec& m) {
+  double f = 0;
+  for (const BlockSpec& b : m.blocks) f += 3 * block_cost(b, {}, 0).forward_flops_per_row;
+  return f;
+}
+
+double recomputed_flops_per_row(const ModelSpec& m) {
+  double f = 0;
+  for (const BlockSpec& b : m.blocks)
+    if (b.recomputable) f += block_cost(b, {}, 0).forward_flops_per_row;
+  return f;
+}
+
+double active_parameters(const ModelSpec& m) {
+  std::set<std::string> seen;
+  double n = 0;
+  for (const BlockSpec& b : m.blocks)
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      if (!seen.insert(b.params[j].name).second) continue;
+      const double numel = double(shape_numel(b.params[j].shape));
+      n += expert_of_param(b, j) >= 0 ? numel * double(b.moe.k) / double(b.moe.n_experts) : numel;
+    }
+  return n;
+}
+
+}  // namespace relay
