@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
-#include "model/expert_parallel.hpp"
+#include "model/block_cost.hpp"
 #include "model/family.hpp"
 #include "plan/cluster.hpp"
 #include "plan/search.hpp"
@@ -33,19 +33,6 @@ nlohmann::json layout_json(const Config& c) {
           {"recompute", c.train.recompute}, {"micro_batch_size", micro_batch_rows(c)},
           {"micro_batches", c.train.micro_batches}, {"batch_size", c.train.batch_size},
           {"seq", c.model.block_size}, {"precision", precision_name(c.train.precision)}};
-}
-
-// A mixture of experts' parameters a token uses: the dense ones and k of each MoE layer's E experts (what MFU counts).
-double active_params(const ModelLayout& ml) {
-  double n = double(ml.param_count());
-  for (const BlockSpec& b : ml.blocks()) {
-    if (!b.moe.on()) continue;
-    double experts = 0;
-    for (size_t j = 0; j < b.params.size(); ++j)
-      if (expert_of_param(b, j) >= 0) experts += double(shape_numel(b.params[j].shape));
-    n -= experts * (1 - double(b.moe.k) / double(b.moe.n_experts));
-  }
-  return n;
 }
 
 // The --set flags that make a training run of this layout.
@@ -133,7 +120,7 @@ int run_plan_cluster(const PlanOptions& o) {
 
   const ModelLayout ml = make_layout(rows.front().cfg, 0);
   const std::string active =
-      model_family(base).has_experts() ? cat(", ", std::round(active_params(ml) / 1e7) / 100, "B active") : "";
+      model_family(base).has_experts() ? cat(", ", std::round(active_parameters(ml.model) / 1e7) / 100, "B active") : "";
   std::printf("plan for %s (%s, %.2fB parameters%s, %lld sequences x %lld tokens a step) on %s: %d nodes x %d = %d "
               "devices, %s peak %.1f TFLOP/s, %.1f GiB each\n",
               o.config.c_str(), base.model.type.c_str(), double(ml.param_count()) / 1e9, active.c_str(),

@@ -60,12 +60,6 @@ std::vector<std::string> ModelSpec::tied() const {
   return out;
 }
 
-double ModelSpec::attention_flops_per_row() const {
-  double f = 0;
-  for (const BlockSpec& b : blocks) f += b.attn_flops;
-  return f;
-}
-
 std::string ModelSpec::tp_shard(int tp, int r) const {
   if (tp == 1 || !language_model) return "whole blocks";
   auto range = [&](const char* what, int64_t n) {

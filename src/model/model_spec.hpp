@@ -26,9 +26,6 @@ struct ModelSpec {
   int64_t output_dim = 0;   // the loss's width: classes / targets (MLP) or vocab_size (language model)
   // Parameters used by more than one block (a tied embedding and head): one tensor, its gradient the sum.
   std::vector<std::string> tied() const;
-  // Forward FLOPs per row of the attention scores and weighted sums, over every block (the part of a
-  // step's FLOPs that 6 x parameters does not count).
-  double attention_flops_per_row() const;
   // One line per tp rank: what tensor parallelism gives rank r of tp ("heads [0, 6) of 12, ...").
   std::string tp_shard(int tp, int r) const;
 };

@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <map>
 
+#include "model/block_cost.hpp"
 #include "model/expert_parallel.hpp"
 #include "parallel/sharding.hpp"
 #include "parallel/simulator.hpp"
@@ -184,11 +185,8 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
   r.step_time_s = step;
   r.exposed_comm_s = r.tp_cp_comm_s + r.dp_comm_exposed_s + (pp > 1 ? 2.0 * (shape.m + pp - 1) * costs.comm / pp : 0);
   const double tokens = double(cfg.train.batch_size) * double(T);
-  double model_flops = 0, recompute_flops = 0;
-  for (const BlockSpec& b : layout.blocks()) {
-    model_flops += 3 * b.flops;
-    if (ctx.recompute && b.recomputable) recompute_flops += b.flops;
-  }
+  const double model_flops = model_flops_per_row(layout.model);  // what the trainer's logged MFU counts too
+  const double recompute_flops = ctx.recompute ? recomputed_flops_per_row(layout.model) : 0;
   r.tokens_per_s_per_device = tokens / step / r.devices;
   r.mfu = model_flops * tokens / step / r.devices / dev.peak(prec);
   r.hardware_flops_per_s_per_device = (model_flops + recompute_flops) * tokens / step / r.devices;

@@ -14,7 +14,7 @@ namespace relay {
 struct StepPrediction {
   double step_time_s = 0;
   double tokens_per_s_per_device = 0;
-  double mfu = 0;                         // model FLOPs (3 x forward, no recomputation) / (time x devices x peak)
+  double mfu = 0;                         // model_flops_per_row (model/block_cost.hpp) x tokens / (time x devices x peak)
   double hardware_flops_per_s_per_device = 0;  // recomputation counted
   double memory_bytes_per_device = 0;     // the largest rank's planned bytes (what Relay allocates)
   bool fits = false;                      // memory + the device's reserved bytes <= its memory

@@ -17,7 +17,7 @@ struct StepRecord {
   double rss_mib = 0, rss_max_mib = 0;  // resident memory: rank 0's, and the largest over all ranks
   double peak_rss_max_mib = 0;          // the largest peak resident memory (VmHWM) over all ranks
   std::vector<double> peak_rss_mib_per_rank;  // every rank's peak resident memory, by world rank
-  double flops_per_s = 0;               // achieved training FLOP/s: 6 x params (+ attention) x samples/s
+  double flops_per_s = 0;               // achieved training FLOP/s: model_flops_per_row x rows/s (block_cost.hpp)
   double mfu = -1;                      // flops_per_s / (GPU peak x ranks) on a GPU in the peak table; -1 = n/a
   // Rank 0's mean per step over the logging window: waiting for the next batch, for pipeline
   // messages, and for the data-parallel (and tied-weight) all-reduces at the end of the step.

@@ -86,12 +86,6 @@ int64_t ModelLayout::param_count() const {
   return n;
 }
 
-double ModelLayout::forward_flops_per_sample() const {
-  double f = 0;
-  for (auto& b : model.blocks) f += b.flops;
-  return f * double(model.seq_len);
-}
-
 ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<double>& measured_costs) {
   ModelLayout l;
   l.model = make_model_spec(cfg, input_dim);

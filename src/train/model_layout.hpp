@@ -51,7 +51,6 @@ struct ModelLayout {
   ParamPlacement placement(const std::string& name, int pp_rank, int tp, int tp_rank) const;
   std::map<std::string, ParamPlacement> placements(int pp_rank, int tp, int tp_rank) const;
   int64_t param_count() const;
-  double forward_flops_per_sample() const;  // a sample is a sequence of seq_len tokens for GPT
 };
 
 // input_dim: the MLP's feature count (ignored for GPT).

@@ -15,6 +15,7 @@
 #include "comm/agree.hpp"
 #include "comm/watchdog.hpp"
 #include "core/memory.hpp"
+#include "model/block_cost.hpp"
 #include "train/memory_plan.hpp"
 #include "train/restarts.hpp"
 #include "train/signals.hpp"
@@ -279,11 +280,9 @@ void log_window(Run& r, LoopSetup& s, int64_t step, const StepResult& res, Windo
     // MFU on GPUs of the peak table (src/backend/gpu_peaks.cpp).
     const double peak_flops = r.be->device() == Device::cuda
                                   ? gpu_peak_flops(r.be->describe(), cfg.train.precision) : 0.0;
-    // Training FLOPs per sample: 6 x parameters per row, plus 3 x the attention's forward FLOPs (GPT-2:
-    // 12 x n_layer x n_embd x T per token), from the layout's blocks.
-    const double flops_per_sample =
-        (6.0 * double(r.layout.param_count()) + 3.0 * r.layout.model.attention_flops_per_row()) *
-        double(r.layout.model.seq_len);
+    // Training FLOPs per sample: the model FLOPs per row `relay plan` counts for its MFU (model/block_cost.hpp: 3 x
+    // the blocks' forward, attention included, a MoE layer's k active experts only) x rows per sample.
+    const double flops_per_sample = model_flops_per_row(r.layout.model) * double(r.layout.model.seq_len);
     const double per_s = double(w.steps * cfg.train.batch_size) / std::max(1e-9, t - w.t0);
     const double eta = (t - loop_t0) / double(step - r.start_step) * double(cfg.train.steps - step);
     const double n = double(std::max<int64_t>(1, w.steps));
