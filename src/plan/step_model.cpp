@@ -30,78 +30,77 @@ std::string describe_layout(const Config& cfg) {
   return s;
 }
 
-StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only_if_fits) {
-  const Cluster::Device& dev = cl.device;
-  const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), pp = int(cfg.parallel.pp);
-  const int ep = int(cfg.parallel.ep);
-  ModelLayout layout = make_layout(cfg, 0);
-  ScheduleShape shape = schedule_shape(cfg);
-  shape.tied = !layout.shared_params().empty();
-  const int64_t mbs = micro_batch_rows(cfg), T = layout.model.seq_len;
-  const int chunks = layout.num_chunks();
-  const Precision prec = cfg.train.precision;
-  const double e = double(dtype_size(compute_dtype(prec)));
-  const bool mixed = e != 4;
+namespace {
 
-  StepPrediction r;
-  r.devices = dp * cp * tp * pp;
+// Where the blocks run: the rows of a micro-batch on a rank, the tp / cp / ep groups and their paths, and the groups
+// the data-parallel moves span.
+struct Groups {
   BlockContext ctx;
-  ctx.rows = mbs * T / cp;
+  GroupPath dp_path;   // the replicas ZeRO and the gradient sums span (dp x cp)
+  GroupPath edp_path;  // under ep, an expert's copies: the dp x cp / ep ranks holding the same experts
+};
+
+Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T) {
+  const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), ep = int(cfg.parallel.ep);
+  Groups g;
+  BlockContext& ctx = g.ctx;
+  ctx.rows = micro_batch_rows(cfg) * T / cp;
   ctx.tp = tp;
   ctx.cp = cp;
   ctx.sequence_parallel = cfg.parallel.sequence_parallel;
   ctx.recompute = cfg.train.recompute == "blocks";
-  ctx.precision = prec;
+  ctx.precision = cfg.train.precision;
   ctx.tp_path = group_path(cl, tp, 1);
   ctx.cp_path = group_path(cl, cp, tp);
   ctx.ep = ep;
   ctx.ep_path = group_path(cl, ep, tp * cp);  // ep consecutive dp ranks
-  const GroupPath dp_path = group_path(cl, dp * cp, tp);  // the replicas ZeRO and the gradient sums span
-  // Under ep, an expert's copies: the dp x cp / ep ranks holding the same experts, one in each ep group.
-  const GroupPath edp_path = group_path(cl, dp * cp / ep, tp * cp * ep);
+  g.dp_path = group_path(cl, dp * cp, tp);
+  g.edp_path = group_path(cl, dp * cp / ep, tp * cp * ep);  // one in each ep group
+  return g;
+}
 
-  // Memory: the memory plan of the first and last pipeline ranks (the first holds the most micro-batches in flight,
-  // the last the head), tp rank 0; ZeRO-3 adds what is gathered at once and, under pp > 1, the whole gradients.
-  for (int p : {0, pp - 1}) {
-    const MemoryBytes b = predict_memory(cfg, layout, p, 0);
-    r.memory_bytes_per_device =
-        std::max(r.memory_bytes_per_device, double(b.total() + b.gathered) + double(b.step_grads));
+// The data-parallel moves of the layout's ZeRO stage (parallel/sharding.hpp), priced on their groups: the dense
+// weights' over the replicas (dp_path), the experts' over their copies (edp_path). Sums those issued at `when` for
+// `params` dense and `experts` expert elements, the dense ones first.
+double dp_comm_s(const Sharding& sharding, const Groups& g, double params, double experts,
+                 std::initializer_list<Issued> when) {
+  double s = 0;
+  for (const Move& m : sharding.moves) {
+    if (std::find(when.begin(), when.end(), m.issued) == when.end()) continue;
+    const bool dense = m.group == GradGroup::dense;
+    const GroupPath& path = dense ? g.dp_path : g.edp_path;
+    const double bytes = double(dtype_size(m.dtype)) * (dense ? params : experts);
+    s += m.collective == Collective::all_reduce       ? all_reduce_s(path, bytes)
+         : m.collective == Collective::reduce_scatter ? reduce_scatter_s(path, bytes)
+                                                      : all_gather_s(path, bytes);
   }
-  r.fits = r.memory_bytes_per_device + dev.reserved_bytes <= dev.memory_bytes;
-  r.checkpoint_bytes = double(checkpoint_bytes(layout, cfg.optimizer));
-  if (time_only_if_fits && !r.fits) return r;
+  return s;
+}
 
-  // Per chunk: the simulator's F, B, W (seconds), and what the chunk's parameters weigh on a tp rank.
+// Per chunk: the simulator's F, B, W (seconds), and what the chunk's parameters weigh on a tp rank.
+struct ChunkCosts {
   Costs costs;
-  costs.chunk_forward.assign(size_t(chunks), 0);
+  std::vector<double> comm, ep_comm;  // (chunks) tp / cp / ep collectives per micro-batch; of which ep's all-to-alls
+  // (chunks) the chunk's dense parameters on a tp rank (every parameter at ep 1); under ep > 1, the rank's experts'
+  // (1 / ep of them), summed over edp_path instead of dp_path.
+  std::vector<double> params, experts;
+};
+
+ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, const Groups& g, const Sharding& sharding,
+                       int tp, int ep, int pp) {
+  const size_t chunks = size_t(layout.num_chunks());
+  ChunkCosts cc;
+  Costs& costs = cc.costs;
+  costs.chunk_forward.assign(chunks, 0);
   costs.chunk_backward_input = costs.chunk_backward_weight = costs.chunk_forward;
-  // chunk_params: the chunk's dense parameters on a tp rank (every parameter at ep 1); chunk_experts: under ep > 1, the
-  // rank's experts' (1 / ep of them), summed over edp_path instead of dp_path.
-  std::vector<double> chunk_comm(size_t(chunks), 0), chunk_ep_comm(size_t(chunks), 0), chunk_params(size_t(chunks), 0),
-      chunk_experts(size_t(chunks), 0);
-  // The data-parallel moves of the layout's ZeRO stage (parallel/sharding.hpp), priced on their groups: the dense
-  // weights' over the replicas (dp_path), the experts' over their copies (edp_path); dp_comm_s(params, experts, when)
-  // sums those issued at `when` for `params` dense and `experts` expert elements, the dense ones first.
-  const Sharding sharding = describe_sharding(sharding_input(cfg));
-  auto dp_comm_s = [&](double params, double experts, std::initializer_list<Issued> when) {
-    double s = 0;
-    for (const Move& m : sharding.moves) {
-      if (std::find(when.begin(), when.end(), m.issued) == when.end()) continue;
-      const bool dense = m.group == GradGroup::dense;
-      const GroupPath& path = dense ? dp_path : edp_path;
-      const double bytes = double(dtype_size(m.dtype)) * (dense ? params : experts);
-      s += m.collective == Collective::all_reduce       ? all_reduce_s(path, bytes)
-           : m.collective == Collective::reduce_scatter ? reduce_scatter_s(path, bytes)
-                                                        : all_gather_s(path, bytes);
-    }
-    return s;
-  };
-  for (int c = 0; c < chunks; ++c) {
-    const ChunkRange& cr = layout.chunks[size_t(c)];
+  cc.comm.assign(chunks, 0);
+  cc.ep_comm = cc.params = cc.experts = cc.comm;
+  for (size_t c = 0; c < chunks; ++c) {
+    const ChunkRange& cr = layout.chunks[c];
     double prev_compute = 0;
     for (int i = cr.begin; i < cr.end; ++i) {
       const BlockSpec& b = layout.blocks()[size_t(i)];
-      const BlockTime t = block_time(dev, b, ctx);
+      const BlockTime t = block_time(dev, b, g.ctx);
       double params = 0, experts = 0;
       for (size_t j = 0; j < b.params.size(); ++j) {
         const ParamSpec& p = b.params[j];
@@ -109,8 +108,8 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
         if (ep > 1 && expert_of_param(b, j) >= 0) experts += n / ep;
         else params += n;
       }
-      chunk_params[size_t(c)] += params;
-      chunk_experts[size_t(c)] += experts;
+      cc.params[c] += params;
+      cc.experts[c] += experts;
       double f = t.forward, bi = t.backward_input, bw = t.backward_weight;
       // ZeRO-2/3: each micro-batch's gradient buckets are reduce-scattered as the backward finishes their blocks
       // (hidden behind the backward unless the collective is the longer); ZeRO-3 on one stage also gathers each
@@ -121,28 +120,28 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
       // stay what they were.
       const bool step_buckets = sharding.group(GradGroup::dense).grads == GradHold::step_buckets;
       const double bucket_rs =
-          dp_comm_s(params, experts, {step_buckets ? Issued::allreduce_grads : Issued::bucket_done});
-      const double gather = pp == 1 ? dp_comm_s(params, experts, {Issued::block_run, Issued::block_first_run}) : 0;
+          dp_comm_s(sharding, g, params, experts, {step_buckets ? Issued::allreduce_grads : Issued::bucket_done});
+      const double gather =
+          pp == 1 ? dp_comm_s(sharding, g, params, experts, {Issued::block_run, Issued::block_first_run}) : 0;
       if (gather > 0) f += std::max(0.0, gather - prev_compute);
       if (bucket_rs + gather > 0) bw += std::max(0.0, bucket_rs + gather - (t.backward_input + t.backward_weight));
       prev_compute = t.forward - t.comm_forward;
-      costs.chunk_forward[size_t(c)] += f;
-      costs.chunk_backward_input[size_t(c)] += bi;
-      costs.chunk_backward_weight[size_t(c)] += bw;
-      chunk_comm[size_t(c)] += t.comm_forward + t.comm_backward;
-      chunk_ep_comm[size_t(c)] += t.ep_forward + t.ep_backward;
+      costs.chunk_forward[c] += f;
+      costs.chunk_backward_input[c] += bi;
+      costs.chunk_backward_weight[c] += bw;
+      cc.comm[c] += t.comm_forward + t.comm_backward;
+      cc.ep_comm[c] += t.ep_forward + t.ep_backward;
     }
   }
-  // A pipeline send: one (rows, C) activation (rows / tp of it under sequence parallelism), to the rank tp x cp x dp
-  // ranks on.
-  const double boundary = e * double(ctx.rows) * double(layout.model.blocks[1].in) / (ctx.sequence_parallel ? tp : 1);
-  costs.comm = pp > 1 ? send_s(cl, tp * cp * dp, boundary) : 0;
-  r.pipeline_comm_s = costs.comm;
-  const SimResult sim = simulate(shape, generate_all(shape), costs);
-  r.bubble_fraction = sim.bubble_fraction;
+  return cc;
+}
 
-  // After the simulated compute: each rank's data-parallel reductions, started as each chunk's last weight gradient
-  // is done (allreduce_grads) and run one after another; then the optimizer and (ZeRO-1/2) the parameter all-gather.
+// After the simulated compute: each rank's data-parallel reductions, started as each chunk's last weight gradient is
+// done (allreduce_grads) and run one after another; then the optimizer and (ZeRO-1/2) the parameter all-gather. The
+// slowest rank sets the step and the breakdown in r.
+void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sharding, const ChunkCosts& cc,
+                const ScheduleShape& shape, const SimResult& sim, bool mixed, StepPrediction& r) {
+  const int pp = shape.pp;
   double step = 0;
   for (int rank = 0; rank < pp; ++rank) {
     std::map<int, double> last_w;  // chunk -> end of its last backward
@@ -157,12 +156,12 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
     for (auto& [c, t] : last_w) order.push_back({t, c});
     std::sort(order.begin(), order.end());
     for (auto& [t, c] : order) {
-      params += chunk_params[size_t(c)];
-      experts += chunk_experts[size_t(c)];
-      comm += chunk_comm[size_t(c)] * shape.m;
-      ep_comm += chunk_ep_comm[size_t(c)] * shape.m;
+      params += cc.params[size_t(c)];
+      experts += cc.experts[size_t(c)];
+      comm += cc.comm[size_t(c)] * shape.m;
+      ep_comm += cc.ep_comm[size_t(c)] * shape.m;
       // Dense buckets over every replica, then (ep > 1) the experts' over their copies.
-      const double reduce = dp_comm_s(chunk_params[size_t(c)], chunk_experts[size_t(c)], {Issued::allreduce_grads});
+      const double reduce = dp_comm_s(sharding, g, cc.params[size_t(c)], cc.experts[size_t(c)], {Issued::allreduce_grads});
       if (reduce > 0) comm_free = std::max(comm_free, t) + reduce;
     }
     const double shard = params / sharding.group(GradGroup::dense).shards() +
@@ -170,8 +169,8 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
     const double opt = optimizer_s(dev, shard, mixed);
     // ZeRO-1/2 all-gather the updated parameters after the optimizer; ZeRO-3 under pp > 1 gathers the stage's
     // parameters at the start of the next step before its first forward (its first block's at least).
-    const double gather = pp > 1 ? dp_comm_s(params, experts, {Issued::after_optimizer, Issued::block_first_run})
-                                 : dp_comm_s(params, experts, {Issued::after_optimizer});
+    const double gather = pp > 1 ? dp_comm_s(sharding, g, params, experts, {Issued::after_optimizer, Issued::block_first_run})
+                                 : dp_comm_s(sharding, g, params, experts, {Issued::after_optimizer});
     const double rank_step = std::max(end, comm_free) + opt + gather;
     if (rank_step > step) {
       step = rank_step;
@@ -183,15 +182,53 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
     }
   }
   r.step_time_s = step;
-  r.exposed_comm_s = r.tp_cp_comm_s + r.dp_comm_exposed_s + (pp > 1 ? 2.0 * (shape.m + pp - 1) * costs.comm / pp : 0);
+}
+
+}  // namespace
+
+StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only_if_fits) {
+  const Cluster::Device& dev = cl.device;
+  const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), pp = int(cfg.parallel.pp);
+  ModelLayout layout = make_layout(cfg, 0);
+  ScheduleShape shape = schedule_shape(cfg);
+  shape.tied = !layout.shared_params().empty();
+  const int64_t T = layout.model.seq_len;
+  const Precision prec = cfg.train.precision;
+  const double e = double(dtype_size(compute_dtype(prec)));
+
+  StepPrediction r;
+  r.devices = dp * cp * tp * pp;
+  // Memory: the memory plan of the first and last pipeline ranks (the first holds the most micro-batches in flight,
+  // the last the head), tp rank 0; ZeRO-3 adds what is gathered at once and, under pp > 1, the whole gradients.
+  for (int p : {0, pp - 1}) {
+    const MemoryBytes b = predict_memory(cfg, layout, p, 0);
+    r.memory_bytes_per_device =
+        std::max(r.memory_bytes_per_device, double(b.total() + b.gathered) + double(b.step_grads));
+  }
+  r.fits = r.memory_bytes_per_device + dev.reserved_bytes <= dev.memory_bytes;
+  r.checkpoint_bytes = double(checkpoint_bytes(layout, cfg.optimizer));
+  if (time_only_if_fits && !r.fits) return r;
+
+  const Groups g = step_groups(cl, cfg, T);
+  const Sharding sharding = describe_sharding(sharding_input(cfg));
+  ChunkCosts cc = chunk_costs(dev, layout, g, sharding, tp, int(cfg.parallel.ep), pp);
+  // A pipeline send: one (rows, C) activation (rows / tp of it under sequence parallelism), to the rank tp x cp x dp
+  // ranks on.
+  const double boundary = e * double(g.ctx.rows) * double(layout.model.blocks[1].in) / (g.ctx.sequence_parallel ? tp : 1);
+  cc.costs.comm = pp > 1 ? send_s(cl, tp * cp * dp, boundary) : 0;
+  r.pipeline_comm_s = cc.costs.comm;
+  const SimResult sim = simulate(shape, generate_all(shape), cc.costs);
+  r.bubble_fraction = sim.bubble_fraction;
+  rank_steps(dev, g, sharding, cc, shape, sim, e != 4, r);
+
+  const double step = r.step_time_s;
+  r.exposed_comm_s = r.tp_cp_comm_s + r.dp_comm_exposed_s + (pp > 1 ? 2.0 * (shape.m + pp - 1) * cc.costs.comm / pp : 0);
   const double tokens = double(cfg.train.batch_size) * double(T);
   const double model_flops = model_flops_per_row(layout.model);  // what the trainer's logged MFU counts too
-  const double recompute_flops = ctx.recompute ? recomputed_flops_per_row(layout.model) : 0;
+  const double recompute_flops = g.ctx.recompute ? recomputed_flops_per_row(layout.model) : 0;
   r.tokens_per_s_per_device = tokens / step / r.devices;
   r.mfu = model_flops * tokens / step / r.devices / dev.peak(prec);
   r.hardware_flops_per_s_per_device = (model_flops + recompute_flops) * tokens / step / r.devices;
-
-  r.checkpoint_bytes = double(checkpoint_bytes(layout, cfg.optimizer));
   return r;
 }
 
