@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 
 namespace relay {
 
@@ -38,6 +39,12 @@ int64_t mem_bytes(MemKind k) { return held[static_cast<int>(k)].load(); }
 int64_t mem_peak_bytes(MemKind k) { return peak[static_cast<int>(k)].load(); }
 void mem_reset_peaks() {
   for (int i = 0; i < static_cast<int>(MemKind::count); ++i) peak[i].store(held[i].load());
+}
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", bytes / (1024.0 * 1024.0));
+  return buf;
 }
 
 }  // namespace relay

@@ -4,6 +4,7 @@
 // reports them per rank after the first step beside `relay plan`'s prediction (train/memory_plan.hpp).
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace relay {
 
@@ -26,5 +27,7 @@ void mem_account(MemKind k, int64_t bytes);  // + on allocation, - when freed
 int64_t mem_bytes(MemKind k);                 // held now
 int64_t mem_peak_bytes(MemKind k);            // the most held at once so far
 void mem_reset_peaks();                       // from now on: peaks count from what is held now
+
+std::string mib(double bytes);  // "12.3": bytes as MiB with one decimal, for the plan's and the run's tables
 
 }  // namespace relay

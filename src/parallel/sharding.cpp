@@ -3,16 +3,11 @@
 #include <cstdio>
 
 #include "core/error.hpp"
+#include "core/memory.hpp"
 
 namespace relay {
 
 namespace {
-
-std::string mib_text(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", bytes / (1024.0 * 1024.0));
-  return buf;
-}
 
 const char* wire_name(DType d) { return d == DType::bf16 ? "bf16" : "fp32"; }
 const char* what_name(Moved m) { return m == Moved::gradients ? "gradients" : "parameters"; }
@@ -138,23 +133,23 @@ std::string render_sharding(const Sharding& s) {
     if (g.group == GradGroup::expert && s.input.ep <= 1) continue;
     const char* name = g.group == GradGroup::dense ? "dense weights" : "expert weights";
     if (g.ranks <= 1) {
-      out += cat("  ", name, ": ", mib_text(4 * g.elements), " MiB, no other copy",
+      out += cat("  ", name, ": ", mib(4 * g.elements), " MiB, no other copy",
                  g.group == GradGroup::expert ? " (ep = dp x cp)" : "", ": kept whole, nothing to reduce or gather\n");
       continue;
     }
-    out += cat("  ", name, " (", mib_text(4 * g.elements), " MiB) over ", g.ranks, " ranks, ZeRO-", g.stage, ": ",
+    out += cat("  ", name, " (", mib(4 * g.elements), " MiB) over ", g.ranks, " ranks, ZeRO-", g.stage, ": ",
                sharded_states(g), g.stage ? cat(" sharded (1/", g.ranks, " each)") : " sharded",
                g.grads == GradHold::step_buckets ? "; gradients whole during the step" : "", "\n");
     for (const Move& m : s.moves) {
       if (m.group != g.group) continue;
       sent += m.sent();
-      out += cat("    ", what_name(m.what), ": ", collective_name(m.collective), " of ", mib_text(m.bytes), " MiB (",
+      out += cat("    ", what_name(m.what), ": ", collective_name(m.collective), " of ", mib(m.bytes), " MiB (",
                  wire_name(m.dtype), ") ", issued_text(m.issued),
                  m.per_step > 1 ? cat(" (", m.per_step, " a step)") : "", "; needed by ", needed_text(m.needed), "; ",
-                 mib_text(m.sent()), " MiB sent a step\n");
+                 mib(m.sent()), " MiB sent a step\n");
     }
   }
-  if (s.moves.size() > 1) out += cat("  in all: ", mib_text(sent), " MiB sent a step by each rank\n");
+  if (s.moves.size() > 1) out += cat("  in all: ", mib(sent), " MiB sent a step by each rank\n");
   return out;
 }
 

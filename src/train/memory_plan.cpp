@@ -244,10 +244,4 @@ MemoryBytes measured_memory() {
           mem_bytes(MemKind::activations)};
 }
 
-std::string mib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", double(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
 }  // namespace relay

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "core/memory.hpp"  // mib()
 #include "train/model_layout.hpp"
 
 namespace relay {
@@ -53,7 +54,5 @@ StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank);
 // What this process's tensors hold now.
 MemoryBytes measured_memory();
-
-std::string mib(int64_t bytes);  // "12.3"
 
 }  // namespace relay
