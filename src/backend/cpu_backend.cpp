@@ -81,9 +81,12 @@ void CpuBackend::set_precision(Precision p) {
     if (!missing.empty()) {
       widen = true;
       bf16_note_ = "bf16 GEMMs widened to f32: no oneDNN bf16 matmul on this CPU";
+    } else if (auto_widen_ >= 0) {  // timed already: this backend's choice stands (and its note)
+      widen = auto_widen_ == 1;
     } else {
       const cpu::Bf16GemmTiming t = cpu::time_bf16_gemm(3);
       widen = t.native_s >= 1.15 * t.widened_s;
+      auto_widen_ = widen ? 1 : 0;
       char ratio[32];
       std::snprintf(ratio, sizeof ratio, "%.2f", t.widened_s / t.native_s);
       bf16_note_ = cat("bf16 GEMMs ", widen ? "widened to f32" : "native", ": oneDNN's bf16 matmul at ", ratio,

@@ -112,6 +112,7 @@ class CpuBackend final : public Backend {
   int threads_;
   std::string bf16_gemm_;  // as configured
   std::string bf16_note_;  // how bf16 GEMMs run, for describe(); empty until set_precision(bf16)
+  int auto_widen_ = -1;    // "auto"'s timed choice (1 widened, 0 native), made by the first set_precision(bf16)
 };
 
 }  // namespace relay
