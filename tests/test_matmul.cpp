@@ -185,12 +185,19 @@ TEST_P(MatmulTest, MatchesDoubleReference) {
   struct Restore {
     ~Restore() { cpu::set_bf16_gemm(cpu::Bf16Gemm::native); }
   } restore;
+  // The block-boundary shapes (millions of terms, ~0.3 s a combination) take every transpose with two of the
+  // eight (alpha, beta, padding) settings, the plain one and the one with all three; the small shapes take all.
+  const bool big = tc.shape.m * tc.shape.k > (1 << 20) || tc.shape.n * tc.shape.k > (1 << 20);
   uint64_t seed = 1;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (float alpha : {1.f, 0.5f})
         for (float beta : {0.f, 1.f})
           for (int64_t pad : {0, 3}) {
+            if (big && !(alpha == 1.f && beta == 0.f && pad == 0) && !(alpha != 1.f && beta != 0.f && pad != 0)) {
+              ++seed;
+              continue;
+            }
             cpu::MatmulArgs p;
             p.trans_a = ta;
             p.trans_b = tb;
