@@ -209,7 +209,9 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
 }
 
 void GradBuckets::watch(ModelChunk& chunk) {
-  if (!per_micro_batch_ && !zero3_) return;
+  const bool fill = micro_batches_ > 0 && !per_micro_batch_;  // launch_when_filled
+  if (!per_micro_batch_ && !zero3_ && !fill) return;
+  writes_per_step_.resize(buckets_.size(), 0);
   chunk_param_blocks_.emplace_back();
   for (auto& blk : chunk.blocks()) {
     const int index = blk->spec().index;
@@ -217,6 +219,13 @@ void GradBuckets::watch(ModelChunk& chunk) {
     for (Param* p : blk->params()) {
       auto it = bucket_of_.find(p);
       RELAY_ASSERT(it != bucket_of_.end(), "parameter " << p->name << " has no gradient bucket");
+      if (fill) {  // this block's weight gradients write the bucket once per micro-batch
+        auto& mine = fills_[index];
+        if (std::find(mine.begin(), mine.end(), it->second) == mine.end()) {
+          mine.push_back(it->second);
+          writes_per_step_[static_cast<size_t>(it->second)] += micro_batches_;
+        }
+      }
       if (!buckets_[static_cast<size_t>(it->second)].zero) continue;  // whole: nothing to gather or reduce-scatter
       auto& mine = buckets_of_block_[index];
       if (std::find(mine.begin(), mine.end(), it->second) == mine.end()) mine.push_back(it->second);
@@ -308,6 +317,9 @@ void GradBuckets::after_params(int block) {
 }
 
 void GradBuckets::after_weight_grads(int block) {
+  if (auto f = fills_.find(block); f != fills_.end())
+    for (int bi : f->second)  // the last pass over a bucket: its gradients are final, send them
+      if (--writes_left_[static_cast<size_t>(bi)] == 0) launch(buckets_[static_cast<size_t>(bi)]);
   auto it = writes_.find(block);
   if (it == writes_.end()) return;
   for (const Zero2Write& w : it->second) {
@@ -370,6 +382,7 @@ void GradBuckets::zero() {
     b.launched = false;
     b.widened = false;
   }
+  writes_left_ = writes_per_step_;
 }
 
 void GradBuckets::launch(Bucket& b) {

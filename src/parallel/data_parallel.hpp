@@ -132,7 +132,13 @@ class GradBuckets : public BlockHooks {
   // Test only (RELAY_TEST_KILL_WHERE): SIGKILL this process right after it issues its next parameter all-gather.
   void test_kill_in_next_gather() { kill_in_gather_ = true; }
   bool sharded() const { return zero_; }
-  // ZeRO-2, 3: learn which blocks write (and read) each bucket and hook the chunk's blocks (before its first step).
+  // parallel.overlap, for the buckets reduced once a step (ZeRO 0, 1, and ZeRO-3 under pp > 1): launch each bucket
+  // as soon as the last micro-batch's backward has written it (DDP's rule), in the order the backward fills them,
+  // instead of at its chunk's allreduce_grads. micro_batches: the backward passes each chunk runs in a step (every
+  // writer block's weight gradients then run that many times). Call before watch().
+  void launch_when_filled(int micro_batches) { micro_batches_ = micro_batches; }
+  // ZeRO-2, 3 (and launch_when_filled): learn which blocks write (and read) each bucket and hook the chunk's blocks
+  // (before its first step).
   void watch(ModelChunk& chunk);
   void before_weight_grads(int block) override;
   void after_weight_grads(int block) override;
@@ -223,6 +229,11 @@ class GradBuckets : public BlockHooks {
   std::map<Param*, int> bucket_of_;
   Zero2Pool pool_plan_;
   std::vector<PoolBuffer> pool_;
+  // launch_when_filled: each block's buckets (the whole ones reduced once a step), and per bucket the weight-gradient
+  // passes that write it in a step and those still to come in this one (at 0 it is launched).
+  int micro_batches_ = 0;
+  std::map<int, std::vector<int>> fills_;
+  std::vector<int> writes_per_step_, writes_left_;
   Tracer* tracer_ = nullptr;
   int64_t trace_step_ = 0;
 };
