@@ -1,0 +1,101 @@
+// Communication overlap (parallel.overlap, issue 40; docs/parallelism.md#communication-overlap): with it on, a progress
+// thread moves the gradient collectives while the rank computes, and each ZeRO-0/1 bucket's all-reduce /
+// reduce-scatter is launched as soon as the last micro-batch's backward has filled it. The real binary trains the GPT
+// problem (small buckets, about one block each) on dp 2 with ZeRO 0, 1 and 2 and on pp 2 x dp 2, overlap on and off:
+// the same buckets summed by the same collectives, so every step's loss and gradient norm and every final tensor are
+// bitwise equal, and two runs with overlap are bitwise. Its trace shows the difference: with overlap a bucket's
+// all-reduce begins before the step's last backward ends; without, every one begins after it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "support/test_support.hpp"
+
+using namespace relay::test;
+
+namespace {
+
+struct Case {
+  int zero = 0, dp = 2, pp = 1, m = 2;
+  int ranks() const { return dp * pp; }
+  std::string name() const {
+    return "zero" + std::to_string(zero) + "_dp" + std::to_string(dp) + "_pp" + std::to_string(pp) + "_m" +
+           std::to_string(m);
+  }
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
+
+struct Outcome {
+  std::vector<double> losses, norms;
+  std::map<std::string, std::vector<float>> tensors;
+  // Per rank, in step 2: the end of its last backward span and the begin of its earliest bucket all-reduce (us).
+  std::map<int, double> last_backward_end, first_allreduce_begin;
+};
+
+Outcome train_run(const Problem& p, const std::string& run, const Case& c, bool overlap) {
+  RunResult r = train(c.ranks(), p.config,
+                      {"run.dir=" + quoted(run), "model.n_head=4", "train.log_every=1", "parallel.bucket_mb=0.004",
+                       "parallel.dp=" + std::to_string(c.dp), "parallel.pp=" + std::to_string(c.pp),
+                       "train.micro_batches=" + std::to_string(c.m), "optimizer.zero=" + std::to_string(c.zero),
+                       std::string("parallel.overlap=") + (overlap ? "true" : "false"), "trace.steps=[2, 2]"});
+  Outcome out;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return out;
+  out.losses = read_losses(run);
+  out.norms = read_grad_norms(run);
+  out.tensors = read_checkpoint(run + "/checkpoints/step_00000006.h5");
+  const auto j = nlohmann::json::parse(read_file(run + "/trace.json"));
+  for (const auto& e : j.at("traceEvents")) {
+    const int rank = e.value("pid", -1);
+    if (e["ph"] == "X" && (e["args"]["op"] == "backward" || e["args"]["op"] == "backward_weight")) {
+      const double end = e["ts"].get<double>() + e["dur"].get<double>();
+      out.last_backward_end[rank] = std::max(out.last_backward_end[rank], end);
+    }
+    if (e["ph"] == "b" && e["args"]["op"] == "allreduce_grads") {
+      const double ts = e["ts"].get<double>();
+      auto it = out.first_allreduce_begin.find(rank);
+      if (it == out.first_allreduce_begin.end() || ts < it->second) out.first_allreduce_begin[rank] = ts;
+    }
+  }
+  return out;
+}
+
+class Overlap : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Overlap, OnAndOffBitwiseEqual) {
+  const Case& c = GetParam();
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  const Outcome on = train_run(p, dir.file("on"), c, true), off = train_run(p, dir.file("off"), c, false);
+  ASSERT_EQ(on.losses.size(), 6u);
+  EXPECT_EQ(on.losses, off.losses) << "every step's loss, overlap on and off";
+  EXPECT_EQ(on.norms, off.norms) << "every step's gradient norm, overlap on and off";
+  expect_same_tensors(on.tensors, off.tensors, 0.0, "overlap on and off, " + c.name());
+  if (c.zero == 2) return;  // ZeRO-2 reduce-scatters each bucket as it fills, either way
+  ASSERT_EQ(on.first_allreduce_begin.size(), size_t(c.ranks())) << "a traced bucket all-reduce on every rank";
+  for (const auto& [rank, end] : off.last_backward_end)
+    EXPECT_GE(off.first_allreduce_begin.at(rank), end) << "overlap off: rank " << rank << " reduced during the backward";
+  if (c.pp == 1)  // (under pp > 1 a stage's last backward may come after its chunk's buckets went out either way)
+    for (const auto& [rank, end] : on.last_backward_end)
+      EXPECT_LT(on.first_allreduce_begin.at(rank), end)
+          << "overlap on: rank " << rank << "'s first bucket all-reduce waited for the whole backward";
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Overlap,
+                         ::testing::Values(Case{0, 2, 1, 2}, Case{1, 2, 1, 2}, Case{2, 2, 1, 2}, Case{1, 2, 2, 4}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
+
+TEST(OverlapRuns, TwoRunsBitwise) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  const Case c{1, 2, 1, 2};
+  const Outcome a = train_run(p, dir.file("a"), c, true), b = train_run(p, dir.file("b"), c, true);
+  ASSERT_EQ(a.losses.size(), 6u);
+  EXPECT_EQ(a.losses, b.losses);
+  expect_same_tensors(a.tensors, b.tensors, 0.0, "two runs with overlap");
+}
+
+}  // namespace
