@@ -4,10 +4,14 @@
 // problem (small buckets, about one block each) on dp 2 with ZeRO 0, 1 and 2 and on pp 2 x dp 2, overlap on and off:
 // the same buckets summed by the same collectives, so every step's loss and gradient norm and every final tensor are
 // bitwise equal, and two runs with overlap are bitwise. Its trace shows the difference: with overlap a bucket's
-// all-reduce begins before the step's last backward ends; without, every one begins after it.
+// all-reduce begins before the step's last backward ends; without, every one begins after it. A rank stopped (SIGSTOP)
+// or killed (SIGKILL) right after it starts a bucket's all-reduce inside the backward still ends the job within
+// seconds, named: the progress thread neither hides the stall from the watchdog nor keeps the job alive.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -96,6 +100,38 @@ TEST(OverlapRuns, TwoRunsBitwise) {
   ASSERT_EQ(a.losses.size(), 6u);
   EXPECT_EQ(a.losses, b.losses);
   expect_same_tensors(a.tensors, b.tensors, 0.0, "two runs with overlap");
+}
+
+// RELAY_TEST_KILL_WHERE=bucket-stop | bucket-kill: world rank 1 raises the signal right after starting step 3's first
+// bucket all-reduce (ZeRO-0, overlap on: inside the backward, rank 0's copy of it in flight on the progress thread).
+TEST(OverlapRuns, RankStoppedOrKilledInFlightEndsTheJob) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  for (std::string where : {"bucket-stop", "bucket-kill"}) {
+    setenv("RELAY_TEST_KILL_RANK", "1", 1);
+    setenv("RELAY_TEST_KILL_STEP", "3", 1);
+    setenv("RELAY_TEST_KILL_WHERE", where.c_str(), 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    RunResult r = train(2, p.config,
+                        {"run.dir=" + quoted(dir.file(where)), "model.n_head=4", "parallel.bucket_mb=0.004",
+                         "parallel.dp=2", "train.micro_batches=2", "parallel.timeout=\"2s\"", "parallel.overlap=true"},
+                        120);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    unsetenv("RELAY_TEST_KILL_RANK");
+    unsetenv("RELAY_TEST_KILL_STEP");
+    unsetenv("RELAY_TEST_KILL_WHERE");
+    EXPECT_LT(took, 30.0) << where << ": " << r.output;
+    if (where == "bucket-stop") {
+      EXPECT_EQ(r.exit_code, 74) << r.output;  // a stalled rank (kExitStalled)
+      EXPECT_TRUE(contains(r.output, "rank 1") && contains(r.output, "made no progress for") &&
+                  contains(r.output, "at step 3"))
+          << r.output;
+    } else {
+      EXPECT_NE(r.exit_code, 0) << r.output;
+      EXPECT_TRUE(contains(r.output, "rank 1") && contains(r.output, "signal 9")) << r.output;
+    }
+    std::printf("%s in an overlapped all-reduce: the job ended in %.1f s\n", where.c_str(), took);
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <numeric>
 #include <tuple>
+#include <utility>
 
 #include "core/memory.hpp"
 
@@ -397,6 +398,7 @@ void GradBuckets::launch(Bucket& b) {
     b.request = b.comm->ireduce_scatter_sum(send, b.wired ? b.wire_shard : b.shard);
   else
     b.request = b.comm->iallreduce_sum(send);
+  if (const int sig = std::exchange(signal_in_launch_, 0)) std::raise(sig);  // test only: a rank lost mid-collective
 }
 
 std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
