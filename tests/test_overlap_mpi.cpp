@@ -37,6 +37,7 @@ struct Outcome {
   std::map<std::string, std::vector<float>> tensors;
   // Per rank, in step 2: the end of its last backward span and the begin of its earliest bucket all-reduce (us).
   std::map<int, double> last_backward_end, first_allreduce_begin;
+  bool exposed_reported = false;  // every window's exposed_comm_s in metrics.jsonl and the end table's column
 };
 
 Outcome train_run(const Problem& p, const std::string& run, const Case& c, bool overlap) {
@@ -51,6 +52,8 @@ Outcome train_run(const Problem& p, const std::string& run, const Case& c, bool 
   out.losses = read_losses(run);
   out.norms = read_grad_norms(run);
   out.tensors = read_checkpoint(run + "/checkpoints/step_00000006.h5");
+  out.exposed_reported = count_of(read_file(run + "/metrics.jsonl"), "\"exposed_comm_s\":") == 6 &&
+                         contains(r.output, "exposed comm ms");
   const auto j = nlohmann::json::parse(read_file(run + "/trace.json"));
   for (const auto& e : j.at("traceEvents")) {
     const int rank = e.value("pid", -1);
@@ -78,6 +81,7 @@ TEST_P(Overlap, OnAndOffBitwiseEqual) {
   EXPECT_EQ(on.losses, off.losses) << "every step's loss, overlap on and off";
   EXPECT_EQ(on.norms, off.norms) << "every step's gradient norm, overlap on and off";
   expect_same_tensors(on.tensors, off.tensors, 0.0, "overlap on and off, " + c.name());
+  EXPECT_TRUE(on.exposed_reported && off.exposed_reported) << "exposed_comm_s in metrics.jsonl and the end table";
   if (c.zero == 2) return;  // ZeRO-2 reduce-scatters each bucket as it fills, either way
   ASSERT_EQ(on.first_allreduce_begin.size(), size_t(c.ranks())) << "a traced bucket all-reduce on every rank";
   for (const auto& [rank, end] : off.last_backward_end)

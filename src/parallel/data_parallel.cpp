@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <numeric>
 #include <tuple>
@@ -279,13 +280,13 @@ void GradBuckets::start_gather(Bucket& b) {
 void GradBuckets::finish_gather(Bucket& b) {
   start_gather(b);
   if (!b.gather) return;  // ready
-  b.gather->wait();
+  wait_for(*b.gather);
   b.gather.reset();
   point(b, b.full, b.work_dtype == DType::f32 ? &Param::value : &Param::work);
 }
 
 void GradBuckets::release(Bucket& b) {
-  if (b.gather) b.gather->wait();  // a prefetch nobody used
+  if (b.gather) wait_for(*b.gather);  // a prefetch nobody used
   b.gather.reset();
   b.full = Tensor();
   for (auto& [p, at] : b.members) p->value = p->work = Tensor();
@@ -352,7 +353,7 @@ void GradBuckets::after_weight_grads(int block) {
 void GradBuckets::reclaim(int buffer) {
   PoolBuffer& pb = pool_[static_cast<size_t>(buffer)];
   RELAY_ASSERT(pb.bucket >= 0 && pb.request, "ZeRO-2: pool buffer " << buffer << " is not in flight");
-  pb.request->wait();
+  wait_for(*pb.request);
   Bucket& b = buckets_[static_cast<size_t>(pb.bucket)];
   const int64_t piece = b.shard.numel();
   Tensor recv = pb.recv.rows(0, piece);
@@ -363,6 +364,12 @@ void GradBuckets::reclaim(int buffer) {
                   pb.launch_mark, tracer_->mark(), static_cast<int64_t>(pb.bucket)});
   pb.request.reset();
   pb.bucket = -1;
+}
+
+void GradBuckets::wait_for(Request& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  r.wait();
+  waited_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void GradBuckets::zero() {
@@ -440,7 +447,7 @@ void GradBuckets::gather_params() {
     reqs.push_back(b.comm->iallgather(b.values));
     reqs.back()->what = "the ZeRO parameter all-gather";
   }
-  for (auto& r : reqs) r->wait();
+  for (auto& r : reqs) wait_for(*r);
   for (Bucket& b : buckets_)
     if (b.work.defined()) be_.convert(b.values, b.work);
 }
@@ -468,7 +475,7 @@ void GradBuckets::finish() {
   for (size_t k = 0; k < buckets_.size(); ++k) {
     Bucket& b = buckets_[k];
     if (!b.request) continue;
-    b.request->wait();
+    wait_for(*b.request);
     if (b.wired && !b.widened) {  // widen the bf16 sum back into the f32 gradients, once
       b.widened = true;
       if (b.zero) be_.convert(b.wire_shard, b.shard);

@@ -39,6 +39,7 @@
 // (nothing to reduce or gather; the rank owns them).
 #pragma once
 #include <functional>
+#include <utility>
 #include <map>
 #include <vector>
 
@@ -163,6 +164,9 @@ class GradBuckets : public BlockHooks {
   double norm_share();
   void scale(float s);
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
+  // Seconds this rank waited on the buckets' collectives (reductions and gathers) since the last call: the exposed
+  // communication of data parallelism.
+  double take_waited_s() { return std::exchange(waited_s_, 0.0); }
   // Record each bucket's all-reduce (launch to completion) of this step in tracer (null: do not).
   void set_trace(Tracer* tracer, int64_t step) {
     tracer_ = tracer;
@@ -225,6 +229,8 @@ class GradBuckets : public BlockHooks {
   bool step_grads_ = false;  // ZeRO-3 under pp > 1: whole gradient buckets only during the step
   bool kill_in_gather_ = false;
   int signal_in_launch_ = 0;
+  double waited_s_ = 0;  // take_waited_s
+  void wait_for(Request& r);  // r->wait(), timed into waited_s_
   bool bf16_wire_;
   std::vector<Bucket> buckets_;
   std::map<int, std::vector<int>> buckets_of_block_;  // ZeRO-2, 3: block index -> buckets it writes and reads

@@ -305,6 +305,7 @@ void log_window(Run& r, LoopSetup& s, int64_t step, const StepResult& res, Windo
     rec.input_wait_s = w.input_wait_s / n;
     rec.pipeline_wait_s = w.stats.pipeline_wait_s / n;
     rec.allreduce_wait_s = w.stats.allreduce_wait_s / n;
+    rec.exposed_comm_s = w.stats.exposed_comm_s / n;
     rec.slowest_rank = times.slowest_rank;
     rec.slowest_compute_s = times.slowest_compute_s;
     rec.median_compute_s = times.median_compute_s;
@@ -355,16 +356,19 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     if (step == r.start_step + 2) r.be->op_profile_restart();  // RELAY_OP_PROFILE: from the second step on
     const double step_t0 = now_s();
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
+    res.stats.exposed_comm_s = r.buckets->take_waited_s();  // the step's, the ZeRO all-gather after the update included
     if (step > r.start_step + 1) out.steps_after_first_s += now_s() - step_t0;
     s.writer.poll();  // checkpoint.async: a failed write ends every rank here
     out.last_step = step;
     out.totals.compute_s += res.stats.compute_s;
     out.totals.wait_s += res.stats.wait_s;
     out.totals.step_s += res.stats.step_s;
+    out.totals.exposed_comm_s += res.stats.exposed_comm_s;
     w.stats.compute_s += res.stats.compute_s;
     w.stats.wait_s += res.stats.wait_s;
     w.stats.pipeline_wait_s += res.stats.pipeline_wait_s;
     w.stats.allreduce_wait_s += res.stats.allreduce_wait_s;
+    w.stats.exposed_comm_s += res.stats.exposed_comm_s;
     w.input_wait_s += res.input_wait_s;
     ++w.steps;
     if (step % cfg.train.log_every == 0 || step == steps) log_window(r, s, step, res, w, loop_t0);
