@@ -61,7 +61,10 @@ class MpiRequest final : public Request {
     if (done_) return;
     if (flag_) {
       const ProgressThread::Done f = flag_;
+      ProgressThread* p = active_progress();
+      if (p) p->waiting(true);
       watchdog_wait_until([f] { return f->load(std::memory_order_acquire); }, what, peer_);
+      if (p) p->waiting(false);
     } else {
       watchdog_wait(&req_, what, peer_);
     }

@@ -76,7 +76,8 @@ void ProgressThread::run() {
       flags.resize(keep);
       continue;  // something finished: the next may be close behind
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
+    if (waiters_.load(std::memory_order_relaxed) > 0) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
   }
 }
 

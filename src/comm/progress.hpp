@@ -31,6 +31,9 @@ class ProgressThread {
 
   // Takes req (started by the caller, which must not test or wait on it again); the flag turns true once it is done.
   Done adopt(MPI_Request req);
+  // The rank's thread waits on one of them (between the two calls): test without pausing, as a blocking MPI wait
+  // would, since the rank's core is free then.
+  void waiting(bool on) { waiters_.fetch_add(on ? 1 : -1, std::memory_order_relaxed); }
   // Whether this MPI library lets a second thread make MPI calls (MPI_Init_thread gave MPI_THREAD_MULTIPLE).
   static bool supported();
 
@@ -40,6 +43,7 @@ class ProgressThread {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  std::atomic<int> waiters_{0};
   std::vector<MPI_Request> incoming_;  // handed over, not yet taken by the thread
   std::vector<Done> incoming_done_;
   std::thread thread_;
