@@ -3,7 +3,9 @@
 // reduce-scatter is launched as soon as the last micro-batch's backward has filled it. The real binary trains the GPT
 // problem (small buckets, about one block each) on dp 2 with ZeRO 0, 1 and 2 and on pp 2 x dp 2, overlap on and off:
 // the same buckets summed by the same collectives, so every step's loss and gradient norm and every final tensor are
-// bitwise equal, and two runs with overlap are bitwise. Its trace shows the difference: with overlap a bucket's
+// bitwise equal, and two runs with overlap are bitwise. (ZeRO-1 and 2 with overlap also leave the parameter all-gather
+// after the update in flight until the next forward reads the bucket, or an evaluation or checkpoint needs it: both
+// come every few steps here.) Its trace shows the difference: with overlap a bucket's
 // all-reduce begins before the step's last backward ends; without, every one begins after it. A rank stopped (SIGSTOP)
 // or killed (SIGKILL) right after it starts a bucket's all-reduce inside the backward still ends the job within
 // seconds, named: the progress thread neither hides the stall from the watchdog nor keeps the job alive.
@@ -45,7 +47,8 @@ Outcome train_run(const Problem& p, const std::string& run, const Case& c, bool 
                       {"run.dir=" + quoted(run), "model.n_head=4", "train.log_every=1", "parallel.bucket_mb=0.004",
                        "parallel.dp=" + std::to_string(c.dp), "parallel.pp=" + std::to_string(c.pp),
                        "train.micro_batches=" + std::to_string(c.m), "optimizer.zero=" + std::to_string(c.zero),
-                       std::string("parallel.overlap=") + (overlap ? "true" : "false"), "trace.steps=[2, 2]"});
+                       std::string("parallel.overlap=") + (overlap ? "true" : "false"), "trace.steps=[2, 2]",
+                       "checkpoint.every=2", "train.eval_every=3"});
   Outcome out;
   EXPECT_EQ(r.exit_code, 0) << r.output;
   if (r.exit_code != 0) return out;

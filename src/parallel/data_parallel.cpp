@@ -299,6 +299,9 @@ const std::vector<int>& GradBuckets::units_of(int block) const {
 }
 
 void GradBuckets::before_params(int block) {
+  if (params_in_flight_)  // the values this block reads come back from the last step's all-gather
+    if (auto it = buckets_of_block_.find(block); it != buckets_of_block_.end())
+      for (int bi : it->second) settle(buckets_[static_cast<size_t>(bi)]);
   for (int bi : units_of(block)) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     finish_gather(b);
@@ -441,6 +444,16 @@ void GradBuckets::gather_params() {
     }
     return;
   }
+  if (micro_batches_ > 0) {  // launch_when_filled: issued now, each waited for where the next forward first reads it
+    settle_params();  // (none in flight: the step's forward settled them all)
+    for (Bucket& b : buckets_) {
+      if (!b.zero) continue;
+      b.gather = b.comm->iallgather(b.values);
+      b.gather->what = "the ZeRO parameter all-gather";
+    }
+    params_in_flight_ = true;
+    return;
+  }
   std::vector<RequestPtr> reqs;
   for (Bucket& b : buckets_) {
     if (!b.zero) continue;
@@ -450,6 +463,19 @@ void GradBuckets::gather_params() {
   for (auto& r : reqs) wait_for(*r);
   for (Bucket& b : buckets_)
     if (b.work.defined()) be_.convert(b.values, b.work);
+}
+
+void GradBuckets::settle(Bucket& b) {
+  if (!b.gather) return;
+  wait_for(*b.gather);
+  b.gather.reset();
+  if (b.work.defined()) be_.convert(b.values, b.work);
+}
+
+void GradBuckets::settle_params() {
+  if (!params_in_flight_) return;
+  for (Bucket& b : buckets_) settle(b);
+  params_in_flight_ = false;
 }
 
 void GradBuckets::launch_chunk(int chunk) {

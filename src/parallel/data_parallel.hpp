@@ -153,8 +153,13 @@ class GradBuckets : public BlockHooks {
   std::vector<OptimSlice> optimizer_slices() const;
   // A tied parameter's reduced gradient that the pair sums: its gradient, or (ZeRO) its owned piece.
   Tensor reduced_grad(Param* p);
-  // ZeRO-1, 2: all-gather the updated parameters (blocking); ZeRO-3: free any still gathered (they are stale).
+  // ZeRO-1, 2: all-gather the updated parameters (blocking; with launch_when_filled each bucket's gather is only
+  // issued, and waited for just before the next forward's first block that reads it, or at settle_params());
+  // ZeRO-3: free any still gathered (they are stale).
   void gather_params();
+  // ZeRO-1, 2 with launch_when_filled: wait for every parameter all-gather still in flight (before anything outside a
+  // block's forward or backward reads the parameters: evaluation, checkpoints, checks).
+  void settle_params();
   void zero();                    // start of a step
   void launch_chunk(int chunk);   // allreduce_grads(chunk): start the chunk's all-reduces
   void progress();                // let MPI advance outstanding all-reduces
@@ -191,7 +196,7 @@ class GradBuckets : public BlockHooks {
     std::vector<Shape> shapes;                         // each member's (tp shard's) shape
     Tensor master;       // ZeRO-3: (padded / shards) f32 this rank's piece of the parameters
     Tensor full;         // ZeRO-3: (padded) working dtype, the gathered parameters while in use
-    RequestPtr gather;   // ZeRO-3: the all-gather in flight
+    RequestPtr gather;   // ZeRO-3 (and ZeRO-1, 2 with launch_when_filled): the parameter all-gather in flight
     int users = 0;       // ZeRO-3: blocks running on the gathered parameters
     DType work_dtype = DType::f32;
     int chunk = 0;
@@ -229,6 +234,8 @@ class GradBuckets : public BlockHooks {
   bool step_grads_ = false;  // ZeRO-3 under pp > 1: whole gradient buckets only during the step
   bool kill_in_gather_ = false;
   int signal_in_launch_ = 0;
+  bool params_in_flight_ = false;  // ZeRO-1, 2 with launch_when_filled: gather_params' all-gathers not yet settled
+  void settle(Bucket& b);          // ZeRO-1, 2: wait for the bucket's parameter all-gather, refresh its working copies
   double waited_s_ = 0;  // take_waited_s
   void wait_for(Request& r);  // r->wait(), timed into waited_s_
   bool bf16_wire_;

@@ -204,7 +204,8 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   const double clip = clip_factor(res.grad_norm, cfg.train.clip_grad_norm);
   if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
   r.optimizer->step(res.lr);
-  r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica
+  r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica (overlap: issued only)
+  if (!r.expert_bias.empty() || r.verify_tied) r.buckets->settle_params();  // (these read the parameters)
   if (!r.expert_bias.empty()) update_expert_bias(r, res);
   span("optimizer", "optimizer_step", kTrackCompute, m_opt);  // norm, reductions, clipping, update
   if (r.verify_tied && !r.buckets->params_sharded()) verify_tied_copies(r, step);
@@ -373,7 +374,13 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     ++w.steps;
     if (step % cfg.train.log_every == 0 || step == steps) log_window(r, s, step, res, w, loop_t0);
     Tracer* tr = r.tracer && r.tracer->on(step) ? r.tracer.get() : nullptr;
-    if (r.eval_data.defined() && ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || step == steps)) {
+    const bool eval_now =
+        r.eval_data.defined() && ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || step == steps);
+    const bool stop = res.stop && step < steps;
+    const bool save_now = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop;
+    // parallel.overlap: ZeRO's parameter all-gathers are still in flight unless the next forward comes first.
+    if (eval_now || save_now || step == steps) r.buckets->settle_params();
+    if (eval_now) {
       const int64_t m = tr ? tr->mark() : 0;
       EvalResult e = evaluate(r);
       if (tr) tr->add({"eval", "eval", kTrackCompute, step, -1, -1, m, tr->mark()});
@@ -383,8 +390,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
       report_memory(r);
       out.memory_after_first = double(measured_memory().total());
     }
-    const bool stop = res.stop && step < steps;
-    if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop) {
+    if (save_now) {
       const double t = now_s();
       const int64_t m = tr ? tr->mark() : 0;
       s.writer.save(step);
@@ -396,6 +402,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
       return out;
     }
   }
+  r.buckets->settle_params();
   return out;
 }
 
