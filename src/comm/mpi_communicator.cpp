@@ -144,14 +144,14 @@ RequestPtr MpiCommunicator::iallreduce(Tensor& t, ReduceOp op) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
     r->what = "a gradient all-reduce";
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count, mpi_type(t.dtype()), mpi_op_of(op, t.dtype()), comm_, r->handle()));
-    r->hand_over();
+    if (background_) r->hand_over();
     return r;
   }
   auto r = std::make_unique<MpiRequest>(be_, t, std::vector<std::byte>(t.bytes()));
   r->what = "a gradient all-reduce";
   be_.download(r->staging(), t);
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, r->staging(), count, mpi_type(t.dtype()), mpi_op_of(op, t.dtype()), comm_, r->handle()));
-  r->hand_over();
+  if (background_) r->hand_over();
   return r;
 }
 
@@ -163,7 +163,7 @@ RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
     r->what = "a gradient reduce-scatter";
     MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
-    r->hand_over();
+    if (background_) r->hand_over();
     return r;
   }
   // Staged: the whole input then the result share one host buffer (input first).
@@ -173,7 +173,7 @@ RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
   r->what = "a gradient reduce-scatter";
   auto* base = static_cast<std::byte*>(r->staging()) - in.bytes();
   MPI_CHECK(MPI_Ireduce_scatter_block(base, r->staging(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
-  r->hand_over();
+  if (background_) r->hand_over();
   return r;
 }
 
@@ -185,7 +185,7 @@ RequestPtr MpiCommunicator::iallgather(Tensor& buf) {
     r->what = "a parameter all-gather";
     MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw(), count, mpi_type(buf.dtype()), comm_,
                              r->handle()));
-    r->hand_over();
+    if (background_) r->hand_over();
     return r;
   }
   auto r = std::make_unique<MpiRequest>(be_, buf, std::vector<std::byte>(buf.bytes()));
@@ -193,7 +193,7 @@ RequestPtr MpiCommunicator::iallgather(Tensor& buf) {
   be_.download(r->staging(), buf);
   MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r->staging(), count, mpi_type(buf.dtype()), comm_,
                            r->handle()));
-  r->hand_over();
+  if (background_) r->hand_over();
   return r;
 }
 

@@ -1,6 +1,7 @@
 // The progress thread (parallel.overlap, issue 40). Open MPI moves a non-blocking collective only while some thread is
 // inside an MPI call ("OMPI progress: no" in ompi_info), so a gradient all-reduce started before a backward would sit
-// until the rank next enters MPI. One thread per rank takes the requests of the non-blocking collectives and tests
+// until the rank next enters MPI. One thread per rank takes the requests of the non-blocking collectives of the
+// communicators that ask for it (Communicator::set_background_progress: the data-parallel ones) and tests
 // them (MPI_Testsome) every poll interval, so they advance while the rank's own thread runs oneDNN; the rank's thread
 // then waits on a completion flag, through the progress watchdog (comm/watchdog.hpp) as before: a stopped or dead peer
 // still ends the job within parallel.timeout, naming it. Needs MPI_THREAD_MULTIPLE (the rank's thread keeps making
