@@ -4,7 +4,10 @@
 // Every parameter's gradient is a view into a flat bucket. Buckets never mix model chunks; within a
 // chunk they are filled in reverse block order up to parallel.bucket_mb, and the schedule's
 // allreduce_grads(chunk) action starts the chunk's non-blocking all-reduces once its last weight
-// gradient is done, overlapping the rest of the step (other chunks' backward, pipeline cool-down).
+// gradient is done, overlapping the rest of the step (other chunks' backward, pipeline cool-down). With
+// parallel.overlap (launch_when_filled) each bucket starts instead as soon as the last micro-batch's backward has
+// written it (DDP's rule), moved by the progress thread (comm/progress.hpp) while the blocks below run their backward,
+// and ZeRO-1/2's parameter all-gather is waited for where the next forward first reads the bucket.
 //
 // ZeRO-1 (Rajbhandari et al., arXiv:1910.02054; optimizer.zero = true): a bucket is padded to a
 // multiple of dp and reduce-scattered instead of all-reduced, so replica r holds the summed gradient of
