@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include "cli/commands.hpp"
 #include "comm/agree.hpp"
+#include "comm/progress.hpp"
 #include "comm/watchdog.hpp"
 #include "parallel/process_grid.hpp"
 #include "core/config.hpp"
@@ -64,7 +66,9 @@ int run_train_command(const TrainOptions& o, int argc, char** argv) {
   // Before MPI_Init: a SIGUSR1/SIGTERM that arrives during start-up must set the stop flag, not kill us.
   catch_stop_signals();
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // MULTIPLE: with parallel.overlap a progress thread tests the collectives while this thread computes (and keeps
+  // making its own MPI calls); a library that gives less runs without it (today's order).
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -80,10 +84,19 @@ int run_train_command(const TrainOptions& o, int argc, char** argv) {
     const int cp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.cp));
     Watchdog watchdog(MPI_COMM_WORLD, timeout, [dp, tp, cp](int r) { return rank_label(r, dp, tp, cp); });
     set_active_watchdog(&watchdog);
+    // parallel.overlap: the collectives move while this rank computes (stopped before MPI_Finalize, and on any
+    // error as the stack unwinds: it never keeps a failing job alive).
+    std::unique_ptr<ProgressThread> progress;
+    if (cfg.parallel.overlap && size > 1 && ProgressThread::supported()) {
+      progress = std::make_unique<ProgressThread>();
+      set_active_progress(progress.get());
+    }
     RunPrediction plan;
     if (!o.plan_cluster.empty())
       agree_on_errors(MPI_COMM_WORLD, [&] { plan = predict_run(o.plan_cluster, cfg); });
     code = run_training(cfg, plan);
+    set_active_progress(nullptr);
+    progress.reset();
     set_active_watchdog(nullptr);
   } catch (const AgreedError&) {
     code = 1;  // printed once by the rank that saw it; every rank got here

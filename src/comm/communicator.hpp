@@ -31,6 +31,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;  // "mpi" or "nccl"
+  // parallel.overlap: this communicator's non-blocking collectives are handed to the job's progress thread
+  // (comm/progress.hpp) so that they move while the rank computes; set on the data-parallel communicators, whose
+  // collectives are waited for long after they start. NCCL progresses on its own streams: nothing to do.
+  virtual void set_background_progress(bool) {}
 
   // Non-blocking point-to-point on tensors (device memory on GPU backends). Messages between one
   // pair with one tag arrive in the order they were sent.

@@ -4,6 +4,7 @@
 
 #include "comm/host_transfer.hpp"
 #include "comm/mpi_check.hpp"
+#include "comm/progress.hpp"
 #include "comm/watchdog.hpp"
 
 namespace relay {
@@ -48,13 +49,33 @@ class MpiRequest final : public Request {
       : be_(be), dst_(std::move(device_dst)), staging_(std::move(staging)), peer_(peer), offset_(result_offset) {}
   MPI_Request* handle() { return &req_; }
   void* staging() { return staging_.data() + offset_; }
+  // Hands the started request to the job's progress thread, if there is one (parallel.overlap): from here on that
+  // thread tests it, and this one only reads its completion flag.
+  void hand_over() {
+    if (ProgressThread* p = active_progress()) {
+      flag_ = p->adopt(req_);
+      req_ = MPI_REQUEST_NULL;
+    }
+  }
   void wait() override {
     if (done_) return;
-    watchdog_wait(&req_, what, peer_);
+    if (flag_) {
+      const ProgressThread::Done f = flag_;
+      ProgressThread* p = active_progress();
+      if (p) p->waiting(true);
+      watchdog_wait_until([f] { return f->load(std::memory_order_acquire); }, what, peer_);
+      if (p) p->waiting(false);
+    } else {
+      watchdog_wait(&req_, what, peer_);
+    }
     finish();
   }
   bool test() override {
     if (done_) return true;
+    if (flag_) {
+      if (flag_->load(std::memory_order_acquire)) finish();
+      return done_;
+    }
     int flag = 0;
     MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
     if (flag) finish();
@@ -72,6 +93,7 @@ class MpiRequest final : public Request {
   int peer_;  // world rank of the other side, -1 for a collective
   size_t offset_ = 0;
   MPI_Request req_ = MPI_REQUEST_NULL;
+  ProgressThread::Done flag_;  // set when the progress thread owns the request
   bool done_ = false;
 };
 
@@ -122,12 +144,14 @@ RequestPtr MpiCommunicator::iallreduce(Tensor& t, ReduceOp op) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
     r->what = "a gradient all-reduce";
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), count, mpi_type(t.dtype()), mpi_op_of(op, t.dtype()), comm_, r->handle()));
+    if (background_) r->hand_over();
     return r;
   }
   auto r = std::make_unique<MpiRequest>(be_, t, std::vector<std::byte>(t.bytes()));
   r->what = "a gradient all-reduce";
   be_.download(r->staging(), t);
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, r->staging(), count, mpi_type(t.dtype()), mpi_op_of(op, t.dtype()), comm_, r->handle()));
+  if (background_) r->hand_over();
   return r;
 }
 
@@ -139,6 +163,7 @@ RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
     r->what = "a gradient reduce-scatter";
     MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
+    if (background_) r->hand_over();
     return r;
   }
   // Staged: the whole input then the result share one host buffer (input first).
@@ -148,6 +173,7 @@ RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
   r->what = "a gradient reduce-scatter";
   auto* base = static_cast<std::byte*>(r->staging()) - in.bytes();
   MPI_CHECK(MPI_Ireduce_scatter_block(base, r->staging(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
+  if (background_) r->hand_over();
   return r;
 }
 
@@ -159,6 +185,7 @@ RequestPtr MpiCommunicator::iallgather(Tensor& buf) {
     r->what = "a parameter all-gather";
     MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw(), count, mpi_type(buf.dtype()), comm_,
                              r->handle()));
+    if (background_) r->hand_over();
     return r;
   }
   auto r = std::make_unique<MpiRequest>(be_, buf, std::vector<std::byte>(buf.bytes()));
@@ -166,6 +193,7 @@ RequestPtr MpiCommunicator::iallgather(Tensor& buf) {
   be_.download(r->staging(), buf);
   MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r->staging(), count, mpi_type(buf.dtype()), comm_,
                            r->handle()));
+  if (background_) r->hand_over();
   return r;
 }
 

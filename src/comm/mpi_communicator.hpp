@@ -18,6 +18,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
   MPI_Comm comm() const { return comm_; }
+  void set_background_progress(bool on) override { background_ = on; }
 
   RequestPtr isend(const Tensor& t, int peer, int tag) override;
   RequestPtr irecv(Tensor& t, int peer, int tag) override;
@@ -40,6 +41,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   Backend& be_;
   int rank_ = 0, size_ = 1;
+  bool background_ = false;  // set_background_progress
   std::vector<int> world_rank_;  // of each member, for the watchdog's messages
 };
 

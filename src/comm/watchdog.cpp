@@ -84,9 +84,32 @@ void Watchdog::service() {
   }
 }
 
+namespace {
+// Polls done() until it holds: a short spin for latency, then sleeps that yield the core.
+void poll_until(const std::function<bool()>& done) {
+  const double t0 = now_s();
+  while (!done())
+    if (now_s() - t0 > 0.002) std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+}  // namespace
+
 void Watchdog::wait(MPI_Request* req, const std::string& what, int peer) {
   if (timeout_ <= 0) {
     MPI_CHECK(MPI_Wait(req, MPI_STATUS_IGNORE));
+    return;
+  }
+  wait_until(
+      [req] {
+        int done = 0;
+        MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+        return done != 0;
+      },
+      what, peer);
+}
+
+void Watchdog::wait_until(const std::function<bool()>& test, const std::string& what, int peer) {
+  if (timeout_ <= 0) {
+    poll_until(test);
     return;
   }
   waiting_ = true;
@@ -94,9 +117,7 @@ void Watchdog::wait(MPI_Request* req, const std::string& what, int peer) {
   double start = now_s();
   const double t0 = start;
   for (int spin = 0;; ++spin) {
-    int done = 0;
-    MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
-    if (done) break;
+    if (test()) break;
     service();
     const double t = now_s();
     if (t - start >= timeout_) {
@@ -117,8 +138,7 @@ void Watchdog::wait(MPI_Request* req, const std::string& what, int peer) {
       const double until = now_s() + grace_for(timeout_);
       bool completed = false;
       while (now_s() < until && static_cast<int>(replies.size()) < size_ - 1) {
-        MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
-        if (done) {
+        if (test()) {
           completed = true;
           break;
         }
@@ -211,6 +231,11 @@ Watchdog* active_watchdog() { return g_active; }
 void watchdog_wait(MPI_Request* req, const std::string& what, int peer) {
   if (g_active) g_active->wait(req, what, peer);
   else MPI_CHECK(MPI_Wait(req, MPI_STATUS_IGNORE));
+}
+
+void watchdog_wait_until(const std::function<bool()>& done, const std::string& what, int peer) {
+  if (g_active) g_active->wait_until(done, what, peer);
+  else poll_until(done);
 }
 
 void watchdog_progress() {

@@ -10,7 +10,9 @@
 //     within the grace period, and the job ends with one line naming it and what was waited for:
 //     "rank 2 (stage 1, replica 0) made no progress for 600 s while rank 0 waited for its activation
 //     of micro-batch 3 at step 118", then MPI_Abort (exit code 1 on every rank that can still run).
-// Only the main thread talks MPI (MPI_THREAD_FUNNELED is enough). timeout = 0 turns it off: plain MPI_Wait.
+// The rank's own thread runs the watchdog; with parallel.overlap the progress thread (comm/progress.hpp) tests the
+// collectives' requests, and the rank's thread waits on their completion flags here (wait_until), watched the same
+// way. timeout = 0 turns it off: plain MPI_Wait (or polling the flag).
 #pragma once
 #include <mpi.h>
 
@@ -40,6 +42,8 @@ class Watchdog {
   // Waits for req like MPI_Wait. what: what is waited for ("its activation of micro-batch 3");
   // peer: the world rank it comes from, or -1 (a collective).
   void wait(MPI_Request* req, const std::string& what, int peer = -1);
+  // The same for a request another thread completes: done() turns true once it is (it must not call MPI here).
+  void wait_until(const std::function<bool()>& done, const std::string& what, int peer = -1);
   // Seconds since this rank last made progress (read by the NCCL watchdog thread).
   double seconds_since_progress() const;
 
@@ -76,6 +80,8 @@ void set_active_watchdog(Watchdog* w);
 Watchdog* active_watchdog();
 // MPI_Wait through the active watchdog, if any.
 void watchdog_wait(MPI_Request* req, const std::string& what, int peer = -1);
+// Waits until done() through the active watchdog, if any (else polls it).
+void watchdog_wait_until(const std::function<bool()>& done, const std::string& what, int peer = -1);
 // Reports progress to the active watchdog, if any.
 void watchdog_progress();
 

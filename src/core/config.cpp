@@ -36,7 +36,7 @@ const std::map<std::string, std::set<std::string>>& section_keys() {
       {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "momentum", "zero"}},
       {"lr_schedule", {"name", "warmup_steps", "min_lr"}},
       {"parallel", {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "comm",
-                    "grad_reduce", "timeout", "sequence_parallel", "reshard_after_forward"}},
+                    "grad_reduce", "timeout", "sequence_parallel", "reshard_after_forward", "overlap"}},
       {"checkpoint", {"dir", "every", "keep", "save_initial", "resume", "async"}},
       {"trace", {"steps"}},
       {"log", {"tensorboard"}},
@@ -417,6 +417,7 @@ void read_parallel(const Reading& r, Config& c) {
   par.choice("comm", c.parallel.comm, {"auto", "nccl", "mpi"});
   par.enum_choice("grad_reduce", c.parallel.grad_reduce, kGradReduceNames);
   par.boolean("reshard_after_forward", c.parallel.reshard_after_forward);
+  par.boolean("overlap", c.parallel.overlap);
   par.str("timeout", c.parallel.timeout);
   if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, r.source + ": parallel.timeout");
   if (c.parallel.tp > 1) {
@@ -594,7 +595,8 @@ std::string Config::to_toml(const ModelKeys& family) const {
   }
   o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm)
     << "\ngrad_reduce = " << q(grad_reduce_name(parallel.grad_reduce))
-    << "\nreshard_after_forward = " << (parallel.reshard_after_forward ? "true" : "false") << "\ntimeout = "
+    << "\nreshard_after_forward = " << (parallel.reshard_after_forward ? "true" : "false")
+    << "\noverlap = " << (parallel.overlap ? "true" : "false") << "\ntimeout = "
     << q(parallel.timeout) << "\n\n";
   o << "[log]\ntensorboard = " << (log.tensorboard ? "true" : "false") << "\n\n";
   if (family.has_experts())

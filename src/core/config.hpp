@@ -132,6 +132,10 @@ struct Config {
     // ZeRO-3 on one pipeline stage: free a block's gathered parameters after its forward (and gather them again
     // for its backward); false keeps them from first use to the end of the step (always so when pp > 1).
     bool reshard_after_forward = true;
+    // Communication overlap (issue 40): a progress thread moves the non-blocking collectives while the rank computes,
+    // and each gradient bucket is reduced as soon as the last micro-batch's backward has filled it (DDP's rule).
+    // false: today's order (a chunk's buckets at its allreduce_grads action, advanced only between actions).
+    bool overlap = true;
     std::string timeout = "10m";    // progress watchdog; "0" = off
   } parallel;
   struct Log {

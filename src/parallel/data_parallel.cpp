@@ -1,9 +1,11 @@
 #include "parallel/data_parallel.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <numeric>
 #include <tuple>
+#include <utility>
 
 #include "core/memory.hpp"
 
@@ -209,7 +211,9 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
 }
 
 void GradBuckets::watch(ModelChunk& chunk) {
-  if (!per_micro_batch_ && !zero3_) return;
+  const bool fill = micro_batches_ > 0 && !per_micro_batch_;  // launch_when_filled
+  if (!per_micro_batch_ && !zero3_ && !fill) return;
+  writes_per_step_.resize(buckets_.size(), 0);
   chunk_param_blocks_.emplace_back();
   for (auto& blk : chunk.blocks()) {
     const int index = blk->spec().index;
@@ -217,6 +221,13 @@ void GradBuckets::watch(ModelChunk& chunk) {
     for (Param* p : blk->params()) {
       auto it = bucket_of_.find(p);
       RELAY_ASSERT(it != bucket_of_.end(), "parameter " << p->name << " has no gradient bucket");
+      if (fill) {  // this block's weight gradients write the bucket once per micro-batch
+        auto& mine = fills_[index];
+        if (std::find(mine.begin(), mine.end(), it->second) == mine.end()) {
+          mine.push_back(it->second);
+          writes_per_step_[static_cast<size_t>(it->second)] += micro_batches_;
+        }
+      }
       if (!buckets_[static_cast<size_t>(it->second)].zero) continue;  // whole: nothing to gather or reduce-scatter
       auto& mine = buckets_of_block_[index];
       if (std::find(mine.begin(), mine.end(), it->second) == mine.end()) mine.push_back(it->second);
@@ -269,13 +280,13 @@ void GradBuckets::start_gather(Bucket& b) {
 void GradBuckets::finish_gather(Bucket& b) {
   start_gather(b);
   if (!b.gather) return;  // ready
-  b.gather->wait();
+  wait_for(*b.gather);
   b.gather.reset();
   point(b, b.full, b.work_dtype == DType::f32 ? &Param::value : &Param::work);
 }
 
 void GradBuckets::release(Bucket& b) {
-  if (b.gather) b.gather->wait();  // a prefetch nobody used
+  if (b.gather) wait_for(*b.gather);  // a prefetch nobody used
   b.gather.reset();
   b.full = Tensor();
   for (auto& [p, at] : b.members) p->value = p->work = Tensor();
@@ -288,6 +299,9 @@ const std::vector<int>& GradBuckets::units_of(int block) const {
 }
 
 void GradBuckets::before_params(int block) {
+  if (params_in_flight_)  // the values this block reads come back from the last step's all-gather
+    if (auto it = buckets_of_block_.find(block); it != buckets_of_block_.end())
+      for (int bi : it->second) settle(buckets_[static_cast<size_t>(bi)]);
   for (int bi : units_of(block)) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     finish_gather(b);
@@ -308,6 +322,9 @@ void GradBuckets::after_params(int block) {
 }
 
 void GradBuckets::after_weight_grads(int block) {
+  if (auto f = fills_.find(block); f != fills_.end())
+    for (int bi : f->second)  // the last pass over a bucket: its gradients are final, send them
+      if (--writes_left_[static_cast<size_t>(bi)] == 0) launch(buckets_[static_cast<size_t>(bi)]);
   auto it = writes_.find(block);
   if (it == writes_.end()) return;
   for (const Zero2Write& w : it->second) {
@@ -339,7 +356,7 @@ void GradBuckets::after_weight_grads(int block) {
 void GradBuckets::reclaim(int buffer) {
   PoolBuffer& pb = pool_[static_cast<size_t>(buffer)];
   RELAY_ASSERT(pb.bucket >= 0 && pb.request, "ZeRO-2: pool buffer " << buffer << " is not in flight");
-  pb.request->wait();
+  wait_for(*pb.request);
   Bucket& b = buckets_[static_cast<size_t>(pb.bucket)];
   const int64_t piece = b.shard.numel();
   Tensor recv = pb.recv.rows(0, piece);
@@ -350,6 +367,12 @@ void GradBuckets::reclaim(int buffer) {
                   pb.launch_mark, tracer_->mark(), static_cast<int64_t>(pb.bucket)});
   pb.request.reset();
   pb.bucket = -1;
+}
+
+void GradBuckets::wait_for(Request& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  r.wait();
+  waited_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void GradBuckets::zero() {
@@ -370,6 +393,7 @@ void GradBuckets::zero() {
     b.launched = false;
     b.widened = false;
   }
+  writes_left_ = writes_per_step_;
 }
 
 void GradBuckets::launch(Bucket& b) {
@@ -384,6 +408,7 @@ void GradBuckets::launch(Bucket& b) {
     b.request = b.comm->ireduce_scatter_sum(send, b.wired ? b.wire_shard : b.shard);
   else
     b.request = b.comm->iallreduce_sum(send);
+  if (const int sig = std::exchange(signal_in_launch_, 0)) std::raise(sig);  // test only: a rank lost mid-collective
 }
 
 std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
@@ -419,15 +444,38 @@ void GradBuckets::gather_params() {
     }
     return;
   }
+  if (micro_batches_ > 0) {  // launch_when_filled: issued now, each waited for where the next forward first reads it
+    settle_params();  // (none in flight: the step's forward settled them all)
+    for (Bucket& b : buckets_) {
+      if (!b.zero) continue;
+      b.gather = b.comm->iallgather(b.values);
+      b.gather->what = "the ZeRO parameter all-gather";
+    }
+    params_in_flight_ = true;
+    return;
+  }
   std::vector<RequestPtr> reqs;
   for (Bucket& b : buckets_) {
     if (!b.zero) continue;
     reqs.push_back(b.comm->iallgather(b.values));
     reqs.back()->what = "the ZeRO parameter all-gather";
   }
-  for (auto& r : reqs) r->wait();
+  for (auto& r : reqs) wait_for(*r);
   for (Bucket& b : buckets_)
     if (b.work.defined()) be_.convert(b.values, b.work);
+}
+
+void GradBuckets::settle(Bucket& b) {
+  if (!b.gather) return;
+  wait_for(*b.gather);
+  b.gather.reset();
+  if (b.work.defined()) be_.convert(b.values, b.work);
+}
+
+void GradBuckets::settle_params() {
+  if (!params_in_flight_) return;
+  for (Bucket& b : buckets_) settle(b);
+  params_in_flight_ = false;
 }
 
 void GradBuckets::launch_chunk(int chunk) {
@@ -453,7 +501,7 @@ void GradBuckets::finish() {
   for (size_t k = 0; k < buckets_.size(); ++k) {
     Bucket& b = buckets_[k];
     if (!b.request) continue;
-    b.request->wait();
+    wait_for(*b.request);
     if (b.wired && !b.widened) {  // widen the bf16 sum back into the f32 gradients, once
       b.widened = true;
       if (b.zero) be_.convert(b.wire_shard, b.shard);

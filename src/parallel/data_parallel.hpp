@@ -4,7 +4,10 @@
 // Every parameter's gradient is a view into a flat bucket. Buckets never mix model chunks; within a
 // chunk they are filled in reverse block order up to parallel.bucket_mb, and the schedule's
 // allreduce_grads(chunk) action starts the chunk's non-blocking all-reduces once its last weight
-// gradient is done, overlapping the rest of the step (other chunks' backward, pipeline cool-down).
+// gradient is done, overlapping the rest of the step (other chunks' backward, pipeline cool-down). With
+// parallel.overlap (launch_when_filled) each bucket starts instead as soon as the last micro-batch's backward has
+// written it (DDP's rule), moved by the progress thread (comm/progress.hpp) while the blocks below run their backward,
+// and ZeRO-1/2's parameter all-gather is waited for where the next forward first reads the bucket.
 //
 // ZeRO-1 (Rajbhandari et al., arXiv:1910.02054; optimizer.zero = true): a bucket is padded to a
 // multiple of dp and reduce-scattered instead of all-reduced, so replica r holds the summed gradient of
@@ -39,6 +42,7 @@
 // (nothing to reduce or gather; the rank owns them).
 #pragma once
 #include <functional>
+#include <utility>
 #include <map>
 #include <vector>
 
@@ -131,8 +135,17 @@ class GradBuckets : public BlockHooks {
   bool params_sharded() const { return zero3_; }
   // Test only (RELAY_TEST_KILL_WHERE): SIGKILL this process right after it issues its next parameter all-gather.
   void test_kill_in_next_gather() { kill_in_gather_ = true; }
+  // Test only (RELAY_TEST_KILL_WHERE=bucket-stop | bucket-kill): raise `signal` (SIGSTOP, SIGKILL) in this process right
+  // after it starts its next gradient bucket's all-reduce / reduce-scatter (with parallel.overlap: inside the backward).
+  void test_signal_in_next_launch(int signal) { signal_in_launch_ = signal; }
   bool sharded() const { return zero_; }
-  // ZeRO-2, 3: learn which blocks write (and read) each bucket and hook the chunk's blocks (before its first step).
+  // parallel.overlap, for the buckets reduced once a step (ZeRO 0, 1, and ZeRO-3 under pp > 1): launch each bucket
+  // as soon as the last micro-batch's backward has written it (DDP's rule), in the order the backward fills them,
+  // instead of at its chunk's allreduce_grads. micro_batches: the backward passes each chunk runs in a step (every
+  // writer block's weight gradients then run that many times). Call before watch().
+  void launch_when_filled(int micro_batches) { micro_batches_ = micro_batches; }
+  // ZeRO-2, 3 (and launch_when_filled): learn which blocks write (and read) each bucket and hook the chunk's blocks
+  // (before its first step).
   void watch(ModelChunk& chunk);
   void before_weight_grads(int block) override;
   void after_weight_grads(int block) override;
@@ -143,8 +156,13 @@ class GradBuckets : public BlockHooks {
   std::vector<OptimSlice> optimizer_slices() const;
   // A tied parameter's reduced gradient that the pair sums: its gradient, or (ZeRO) its owned piece.
   Tensor reduced_grad(Param* p);
-  // ZeRO-1, 2: all-gather the updated parameters (blocking); ZeRO-3: free any still gathered (they are stale).
+  // ZeRO-1, 2: all-gather the updated parameters (blocking; with launch_when_filled each bucket's gather is only
+  // issued, and waited for just before the next forward's first block that reads it, or at settle_params());
+  // ZeRO-3: free any still gathered (they are stale).
   void gather_params();
+  // ZeRO-1, 2 with launch_when_filled: wait for every parameter all-gather still in flight (before anything outside a
+  // block's forward or backward reads the parameters: evaluation, checkpoints, checks).
+  void settle_params();
   void zero();                    // start of a step
   void launch_chunk(int chunk);   // allreduce_grads(chunk): start the chunk's all-reduces
   void progress();                // let MPI advance outstanding all-reduces
@@ -154,6 +172,9 @@ class GradBuckets : public BlockHooks {
   double norm_share();
   void scale(float s);
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
+  // Seconds this rank waited on the buckets' collectives (reductions and gathers) since the last call: the exposed
+  // communication of data parallelism.
+  double take_waited_s() { return std::exchange(waited_s_, 0.0); }
   // Record each bucket's all-reduce (launch to completion) of this step in tracer (null: do not).
   void set_trace(Tracer* tracer, int64_t step) {
     tracer_ = tracer;
@@ -178,7 +199,7 @@ class GradBuckets : public BlockHooks {
     std::vector<Shape> shapes;                         // each member's (tp shard's) shape
     Tensor master;       // ZeRO-3: (padded / shards) f32 this rank's piece of the parameters
     Tensor full;         // ZeRO-3: (padded) working dtype, the gathered parameters while in use
-    RequestPtr gather;   // ZeRO-3: the all-gather in flight
+    RequestPtr gather;   // ZeRO-3 (and ZeRO-1, 2 with launch_when_filled): the parameter all-gather in flight
     int users = 0;       // ZeRO-3: blocks running on the gathered parameters
     DType work_dtype = DType::f32;
     int chunk = 0;
@@ -215,6 +236,11 @@ class GradBuckets : public BlockHooks {
   bool zero3_ = false, reshard_ = true;
   bool step_grads_ = false;  // ZeRO-3 under pp > 1: whole gradient buckets only during the step
   bool kill_in_gather_ = false;
+  int signal_in_launch_ = 0;
+  bool params_in_flight_ = false;  // ZeRO-1, 2 with launch_when_filled: gather_params' all-gathers not yet settled
+  void settle(Bucket& b);          // ZeRO-1, 2: wait for the bucket's parameter all-gather, refresh its working copies
+  double waited_s_ = 0;  // take_waited_s
+  void wait_for(Request& r);  // r->wait(), timed into waited_s_
   bool bf16_wire_;
   std::vector<Bucket> buckets_;
   std::map<int, std::vector<int>> buckets_of_block_;  // ZeRO-2, 3: block index -> buckets it writes and reads
@@ -223,6 +249,11 @@ class GradBuckets : public BlockHooks {
   std::map<Param*, int> bucket_of_;
   Zero2Pool pool_plan_;
   std::vector<PoolBuffer> pool_;
+  // launch_when_filled: each block's buckets (the whole ones reduced once a step), and per bucket the weight-gradient
+  // passes that write it in a step and those still to come in this one (at 0 it is launched).
+  int micro_batches_ = 0;
+  std::map<int, std::vector<int>> fills_;
+  std::vector<int> writes_per_step_, writes_left_;
   Tracer* tracer_ = nullptr;
   int64_t trace_step_ = 0;
 };

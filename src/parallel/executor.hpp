@@ -41,6 +41,10 @@ struct StepStats {
   double wait_s = 0;       // time blocked in receives and the final waits: the measured bubble
   double pipeline_wait_s = 0;   // of which in receives of activations and gradients
   double allreduce_wait_s = 0;  // of which in the all-reduces at the end of the step
+  // Exposed communication (issue 40): the time this rank's thread waited on its data-parallel collectives (gradient
+  // all-reduces and reduce-scatters, ZeRO's parameter all-gathers) wherever in the step, the part the overlap did not
+  // hide (GradBuckets::take_waited_s; filled by the step loop, after the ZeRO all-gather).
+  double exposed_comm_s = 0;
   double step_s = 0;
   std::vector<RouterStats> routers;  // this rank's MoE layers' router statistics of the step
 };

@@ -111,6 +111,7 @@ void MetricsLog::train(const StepRecord& r) {
   j["input_wait_s"] = number(r.input_wait_s);
   j["pipeline_wait_s"] = number(r.pipeline_wait_s);
   j["allreduce_wait_s"] = number(r.allreduce_wait_s);
+  j["exposed_comm_s"] = number(r.exposed_comm_s);
   if (r.slowest_rank >= 0) {
     j["slowest_rank"] = r.slowest_rank;
     j["slowest_compute_s"] = number(r.slowest_compute_s);

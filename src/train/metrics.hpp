@@ -22,6 +22,9 @@ struct StepRecord {
   // Rank 0's mean per step over the logging window: waiting for the next batch, for pipeline
   // messages, and for the data-parallel (and tied-weight) all-reduces at the end of the step.
   double input_wait_s = 0, pipeline_wait_s = 0, allreduce_wait_s = 0;
+  // Rank 0's mean per step over the window of the time it waited on its data-parallel collectives anywhere in the
+  // step (gradient reductions, ZeRO all-gathers): the communication parallel.overlap did not hide.
+  double exposed_comm_s = 0;
   // Compute per step over the window: the slowest rank's and the median over all ranks (stragglers.hpp);
   // slowest_rank -1 with one rank.
   int slowest_rank = -1;

@@ -1,6 +1,7 @@
 #include "train/restarts.hpp"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 
@@ -46,6 +47,12 @@ RestartVerdict judge_restart(const std::string& metrics_path, int64_t resume_ste
 bool test_kill_in_gather() {
   const char* where = std::getenv("RELAY_TEST_KILL_WHERE");
   return where && std::string(where) == "zero3-gather";
+}
+
+int test_signal_in_launch() {
+  const char* where = std::getenv("RELAY_TEST_KILL_WHERE");
+  const std::string w = where ? where : "";
+  return w == "bucket-stop" ? SIGSTOP : w == "bucket-kill" ? SIGKILL : 0;
 }
 
 int64_t test_kill_step(int world_rank) {

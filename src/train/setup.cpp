@@ -251,6 +251,11 @@ void setup_data_and_model(Run& r) {
                                             zero_bucket_mb(cfg), cfg.optimizer.zero, cfg.parallel.grad_reduce,
                                             cfg.parallel.reshard_after_forward, g.pp,
                                             r.expert_dp_comm.get());
+  if (cfg.parallel.overlap) {
+    r.buckets->launch_when_filled(static_cast<int>(r.shape.m));
+    for (Communicator* c : {r.dp_comm.get(), r.expert_dp_comm.get()})  // the gradient and ZeRO collectives
+      if (c) c->set_background_progress(true);
+  }
   for (auto& ch : r.chunks) r.buckets->watch(*ch);  // ZeRO-2: reduce-scatter each bucket as its blocks finish
   r.optimizer = make_optimizer(cfg.optimizer, *r.be, r.buckets->optimizer_slices());
   r.executor = std::make_unique<Executor>(*r.be, g, *r.pp_comm, r.chunk_map, r.loss.get(), *r.buckets, r.shape,

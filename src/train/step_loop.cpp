@@ -204,7 +204,8 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   const double clip = clip_factor(res.grad_norm, cfg.train.clip_grad_norm);
   if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
   r.optimizer->step(res.lr);
-  r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica
+  r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica (overlap: issued only)
+  if (!r.expert_bias.empty() || r.verify_tied) r.buckets->settle_params();  // (these read the parameters)
   if (!r.expert_bias.empty()) update_expert_bias(r, res);
   span("optimizer", "optimizer_step", kTrackCompute, m_opt);  // norm, reductions, clipping, update
   if (r.verify_tied && !r.buckets->params_sharded()) verify_tied_copies(r, step);
@@ -305,6 +306,7 @@ void log_window(Run& r, LoopSetup& s, int64_t step, const StepResult& res, Windo
     rec.input_wait_s = w.input_wait_s / n;
     rec.pipeline_wait_s = w.stats.pipeline_wait_s / n;
     rec.allreduce_wait_s = w.stats.allreduce_wait_s / n;
+    rec.exposed_comm_s = w.stats.exposed_comm_s / n;
     rec.slowest_rank = times.slowest_rank;
     rec.slowest_compute_s = times.slowest_compute_s;
     rec.median_compute_s = times.median_compute_s;
@@ -349,26 +351,36 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     if (Watchdog* wd = active_watchdog()) wd->set_context(cat("step ", step));
     if (step == kill_step) {  // test only: a rank lost at the same step every run (or inside its next all-gather)
       if (test_kill_in_gather()) r.buckets->test_kill_in_next_gather();
+      else if (const int sig = test_signal_in_launch()) r.buckets->test_signal_in_next_launch(sig);
       else std::raise(SIGKILL);
     }
     if (step == r.start_step + 2) r.be->op_profile_restart();  // RELAY_OP_PROFILE: from the second step on
     const double step_t0 = now_s();
     StepResult res = train_step(r, step, stop_requested() || out_of_time);
+    res.stats.exposed_comm_s = r.buckets->take_waited_s();  // the step's, the ZeRO all-gather after the update included
     if (step > r.start_step + 1) out.steps_after_first_s += now_s() - step_t0;
     s.writer.poll();  // checkpoint.async: a failed write ends every rank here
     out.last_step = step;
     out.totals.compute_s += res.stats.compute_s;
     out.totals.wait_s += res.stats.wait_s;
     out.totals.step_s += res.stats.step_s;
+    out.totals.exposed_comm_s += res.stats.exposed_comm_s;
     w.stats.compute_s += res.stats.compute_s;
     w.stats.wait_s += res.stats.wait_s;
     w.stats.pipeline_wait_s += res.stats.pipeline_wait_s;
     w.stats.allreduce_wait_s += res.stats.allreduce_wait_s;
+    w.stats.exposed_comm_s += res.stats.exposed_comm_s;
     w.input_wait_s += res.input_wait_s;
     ++w.steps;
     if (step % cfg.train.log_every == 0 || step == steps) log_window(r, s, step, res, w, loop_t0);
     Tracer* tr = r.tracer && r.tracer->on(step) ? r.tracer.get() : nullptr;
-    if (r.eval_data.defined() && ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || step == steps)) {
+    const bool eval_now =
+        r.eval_data.defined() && ((cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || step == steps);
+    const bool stop = res.stop && step < steps;
+    const bool save_now = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop;
+    // parallel.overlap: ZeRO's parameter all-gathers are still in flight unless the next forward comes first.
+    if (eval_now || save_now || step == steps) r.buckets->settle_params();
+    if (eval_now) {
       const int64_t m = tr ? tr->mark() : 0;
       EvalResult e = evaluate(r);
       if (tr) tr->add({"eval", "eval", kTrackCompute, step, -1, -1, m, tr->mark()});
@@ -378,8 +390,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
       report_memory(r);
       out.memory_after_first = double(measured_memory().total());
     }
-    const bool stop = res.stop && step < steps;
-    if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop) {
+    if (save_now) {
       const double t = now_s();
       const int64_t m = tr ? tr->mark() : 0;
       s.writer.save(step);
@@ -391,6 +402,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
       return out;
     }
   }
+  r.buckets->settle_params();
   return out;
 }
 

@@ -28,16 +28,17 @@ StragglerMonitor::StragglerMonitor(const ProcessGrid& grid, Communicator& world)
   }
 }
 
-std::vector<double> StragglerMonitor::gather(double compute_s, double wait_s, int64_t steps, const std::string& what) {
+std::vector<double> StragglerMonitor::gather(std::vector<double> values, int64_t steps, const std::string& what) {
   const double n = double(std::max<int64_t>(1, steps));
-  const double mine[2] = {compute_s / n, wait_s / n};
-  std::vector<double> all(grid_.world_rank == 0 ? 2 * static_cast<size_t>(grid_.world_size) : 0);  // (world, 2)
-  world_.gather_f64(mine, 2, all.data(), 0, what);
+  for (double& v : values) v /= n;
+  const size_t k = values.size();
+  std::vector<double> all(grid_.world_rank == 0 ? k * static_cast<size_t>(grid_.world_size) : 0);  // (world, k)
+  world_.gather_f64(values.data(), static_cast<int>(k), all.data(), 0, what);
   return all;
 }
 
 WindowTimes StragglerMonitor::window(double compute_s, double wait_s, int64_t steps, int64_t step) {
-  const std::vector<double> all = gather(compute_s, wait_s, steps, "the per-rank timings");
+  const std::vector<double> all = gather({compute_s, wait_s}, steps, "the per-rank timings");
   WindowTimes wt;
   const int n = grid_.world_size;
   if (grid_.world_rank != 0 || n < 2) return wt;
@@ -63,16 +64,18 @@ WindowTimes StragglerMonitor::window(double compute_s, double wait_s, int64_t st
   return wt;
 }
 
-void StragglerMonitor::report(double compute_s, double wait_s, int64_t steps) {
-  const std::vector<double> all = gather(compute_s, wait_s, steps, "the per-rank timings");
+void StragglerMonitor::report(double compute_s, double wait_s, double exposed_comm_s, int64_t steps) {
+  const std::vector<double> all = gather({compute_s, wait_s, exposed_comm_s}, steps, "the per-rank timings");
   if (grid_.world_rank != 0 || steps <= 0) return;
   std::printf("relay: time per step by rank over this run's %lld steps (compute: forward and backward; waiting: "
-              "pipeline receives and all-reduces)\n  %-34s %12s %12s %7s\n",
-              static_cast<long long>(steps), "rank", "compute ms", "waiting ms", "idle %");
+              "pipeline receives and all-reduces; exposed comm: waits on data-parallel collectives anywhere in the "
+              "step)\n  %-34s %12s %12s %7s %16s\n",
+              static_cast<long long>(steps), "rank", "compute ms", "waiting ms", "idle %", "exposed comm ms");
   for (int w = 0; w < grid_.world_size; ++w) {
-    const double c = all[2 * static_cast<size_t>(w)], t = all[2 * static_cast<size_t>(w) + 1];
-    std::printf("  %-34s %12.2f %12.2f %7.1f\n", rank_label(w, grid_.dp, grid_.tp, grid_.cp).c_str(), 1e3 * c, 1e3 * t,
-                100 * t / std::max(1e-12, c + t));
+    const size_t i = 3 * static_cast<size_t>(w);
+    const double c = all[i], t = all[i + 1], x = all[i + 2];
+    std::printf("  %-34s %12.2f %12.2f %7.1f %16.2f\n", rank_label(w, grid_.dp, grid_.tp, grid_.cp).c_str(), 1e3 * c,
+                1e3 * t, 100 * t / std::max(1e-12, c + t), 1e3 * x);
   }
   std::fflush(stdout);
 }

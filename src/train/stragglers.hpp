@@ -34,11 +34,12 @@ class StragglerMonitor {
   // `steps` steps, which end at `step`. Rank 0 gets the window's figures and prints any warning.
   WindowTimes window(double compute_s, double wait_s, int64_t steps, int64_t step);
   // Collective, at the end of the run: rank 0 prints every rank's compute and waiting time per step
-  // over the `steps` steps this run made.
-  void report(double compute_s, double wait_s, int64_t steps);
+  // over the `steps` steps this run made, and its exposed data-parallel communication (StepStats::exposed_comm_s).
+  void report(double compute_s, double wait_s, double exposed_comm_s, int64_t steps);
 
  private:
-  std::vector<double> gather(double compute_s, double wait_s, int64_t steps, const std::string& what);
+  // Every rank's `values` (each divided by steps) on rank 0: (world, values.size()).
+  std::vector<double> gather(std::vector<double> values, int64_t steps, const std::string& what);
 
   const ProcessGrid& grid_;
   Communicator& world_;

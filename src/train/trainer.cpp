@@ -251,7 +251,7 @@ int run_training(const Config& cfg, const RunPrediction& plan) {
                   stop_signal() ? cat("signal ", stop_signal()).c_str() : "train.time_limit", kExitResumable);
       std::fflush(stdout);
     }
-    stragglers.report(out.totals.compute_s, out.totals.wait_s, out.last_step - r.start_step);
+    stragglers.report(out.totals.compute_s, out.totals.wait_s, out.totals.exposed_comm_s, out.last_step - r.start_step);
     write_trace(r);
     teardown(r);
     return kExitResumable;
@@ -275,7 +275,7 @@ int run_training(const Config& cfg, const RunPrediction& plan) {
                 totals.step_s / double(stat_steps));
     std::fflush(stdout);
   }
-  stragglers.report(totals.compute_s, totals.wait_s, stat_steps);
+  stragglers.report(totals.compute_s, totals.wait_s, totals.exposed_comm_s, stat_steps);
   write_trace(r);
   teardown(r);
   return 0;

@@ -1,0 +1,87 @@
+// The progress thread: requests handed over by the rank's thread, tested together with MPI_Testsome every poll
+// interval; a completed request's flag is set (release) for the rank's thread to see (acquire).
+#include "comm/progress.hpp"
+
+#include <chrono>
+
+#include "comm/mpi_check.hpp"
+
+namespace relay {
+
+namespace {
+ProgressThread* g_active = nullptr;
+}
+
+ProgressThread::ProgressThread(int poll_us) : poll_us_(poll_us), thread_([this] { run(); }) {}
+
+ProgressThread::~ProgressThread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+  if (g_active == this) g_active = nullptr;
+}
+
+bool ProgressThread::supported() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  return level == MPI_THREAD_MULTIPLE;
+}
+
+ProgressThread::Done ProgressThread::adopt(MPI_Request req) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming_.push_back(req);
+    incoming_done_.push_back(done);
+  }
+  cv_.notify_one();
+  return done;
+}
+
+void ProgressThread::run() {
+  std::vector<MPI_Request> pending;  // the requests this thread owns, in the order they were handed over
+  std::vector<Done> flags;           // each one's completion flag
+  std::vector<int> finished;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Idle (nothing pending): sleep until a request comes, so the thread costs nothing between steps.
+      if (pending.empty()) cv_.wait(lock, [this] { return stop_ || !incoming_.empty(); });
+      if (stop_) return;
+      pending.insert(pending.end(), incoming_.begin(), incoming_.end());
+      flags.insert(flags.end(), incoming_done_.begin(), incoming_done_.end());
+      incoming_.clear();
+      incoming_done_.clear();
+    }
+    finished.resize(pending.size());
+    int count = 0;
+    MPI_CHECK(MPI_Testsome(static_cast<int>(pending.size()), pending.data(), &count, finished.data(),
+                           MPI_STATUSES_IGNORE));
+    if (count > 0 && count != MPI_UNDEFINED) {
+      for (int i = 0; i < count; ++i)
+        flags[static_cast<size_t>(finished[static_cast<size_t>(i)])]->store(true, std::memory_order_release);
+      size_t keep = 0;  // drop the completed (MPI set them to MPI_REQUEST_NULL), keeping the order
+      for (size_t i = 0; i < pending.size(); ++i)
+        if (pending[i] != MPI_REQUEST_NULL) {
+          if (keep != i) {
+            pending[keep] = pending[i];
+            flags[keep] = std::move(flags[i]);
+          }
+          ++keep;
+        }
+      pending.resize(keep);
+      flags.resize(keep);
+      continue;  // something finished: the next may be close behind
+    }
+    if (waiters_.load(std::memory_order_relaxed) > 0) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
+  }
+}
+
+void set_active_progress(ProgressThread* p) { g_active = p; }
+ProgressThread* active_progress() { return g_active; }
+
+}  // namespace relay

@@ -1,0 +1,58 @@
+// The progress thread (parallel.overlap, issue 40). Open MPI moves a non-blocking collective only while some thread is
+// inside an MPI call ("OMPI progress: no" in ompi_info), so a gradient all-reduce started before a backward would sit
+// until the rank next enters MPI. One thread per rank takes the requests of the non-blocking collectives of the
+// communicators that ask for it (Communicator::set_background_progress: the data-parallel ones) and tests
+// them (MPI_Testsome) every poll interval, so they advance while the rank's own thread runs oneDNN; the rank's thread
+// then waits on a completion flag, through the progress watchdog (comm/watchdog.hpp) as before: a stopped or dead peer
+// still ends the job within parallel.timeout, naming it. Needs MPI_THREAD_MULTIPLE (the rank's thread keeps making
+// its own MPI calls: pipeline messages, the watchdog's questions). The measurements behind the design (a thread that
+// tests against one that owns blocking calls) are bench/bench_comm_overlap.cpp's.
+#pragma once
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace relay {
+
+class ProgressThread {
+ public:
+  using Done = std::shared_ptr<std::atomic<bool>>;
+  // poll_us: the pause between two rounds of tests while requests are pending (a spinning thread would take the
+  // core from the rank's compute on a machine whose ranks share cores).
+  explicit ProgressThread(int poll_us = 50);
+  // Stops the thread (requests still pending are left to MPI: the job is ending); never waits on a peer.
+  ~ProgressThread();
+  ProgressThread(const ProgressThread&) = delete;
+  ProgressThread& operator=(const ProgressThread&) = delete;
+
+  // Takes req (started by the caller, which must not test or wait on it again); the flag turns true once it is done.
+  Done adopt(MPI_Request req);
+  // The rank's thread waits on one of them (between the two calls): test without pausing, as a blocking MPI wait
+  // would, since the rank's core is free then.
+  void waiting(bool on) { waiters_.fetch_add(on ? 1 : -1, std::memory_order_relaxed); }
+  // Whether this MPI library lets a second thread make MPI calls (MPI_Init_thread gave MPI_THREAD_MULTIPLE).
+  static bool supported();
+
+ private:
+  void run();
+  int poll_us_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::atomic<int> waiters_{0};
+  std::vector<MPI_Request> incoming_;  // handed over, not yet taken by the thread
+  std::vector<Done> incoming_done_;
+  std::thread thread_;
+};
+
+// The job's progress thread, installed by `relay train` for the length of a run with parallel.overlap = true (null:
+// requests advance only inside the rank's own MPI calls, today's order).
+void set_active_progress(ProgressThread* p);
+ProgressThread* active_progress();
+
+}  // namespace relay

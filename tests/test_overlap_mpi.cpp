@@ -1,0 +1,144 @@
+// Communication overlap (parallel.overlap, issue 40; docs/parallelism.md#communication-overlap): with it on, a progress
+// thread moves the gradient collectives while the rank computes, and each ZeRO-0/1 bucket's all-reduce /
+// reduce-scatter is launched as soon as the last micro-batch's backward has filled it. The real binary trains the GPT
+// problem (small buckets, about one block each) on dp 2 with ZeRO 0, 1 and 2 and on pp 2 x dp 2, overlap on and off:
+// the same buckets summed by the same collectives, so every step's loss and gradient norm and every final tensor are
+// bitwise equal, and two runs with overlap are bitwise. (ZeRO-1 and 2 with overlap also leave the parameter all-gather
+// after the update in flight until the next forward reads the bucket, or an evaluation or checkpoint needs it: both
+// come every few steps here.) Its trace shows the difference: with overlap a bucket's
+// all-reduce begins before the step's last backward ends; without, every one begins after it. A rank stopped (SIGSTOP)
+// or killed (SIGKILL) right after it starts a bucket's all-reduce inside the backward still ends the job within
+// seconds, named: the progress thread neither hides the stall from the watchdog nor keeps the job alive.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "support/test_support.hpp"
+
+using namespace relay::test;
+
+namespace {
+
+struct Case {
+  int zero = 0, dp = 2, pp = 1, m = 2;
+  int ranks() const { return dp * pp; }
+  std::string name() const {
+    return "zero" + std::to_string(zero) + "_dp" + std::to_string(dp) + "_pp" + std::to_string(pp) + "_m" +
+           std::to_string(m);
+  }
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
+
+struct Outcome {
+  std::vector<double> losses, norms;
+  std::map<std::string, std::vector<float>> tensors;
+  // Per rank, in step 2: the end of its last backward span and the begin of its earliest bucket all-reduce (us).
+  std::map<int, double> last_backward_end, first_allreduce_begin;
+  bool exposed_reported = false;  // every window's exposed_comm_s in metrics.jsonl and the end table's column
+};
+
+Outcome train_run(const Problem& p, const std::string& run, const Case& c, bool overlap) {
+  RunResult r = train(c.ranks(), p.config,
+                      {"run.dir=" + quoted(run), "model.n_head=4", "train.log_every=1", "parallel.bucket_mb=0.004",
+                       "parallel.dp=" + std::to_string(c.dp), "parallel.pp=" + std::to_string(c.pp),
+                       "train.micro_batches=" + std::to_string(c.m), "optimizer.zero=" + std::to_string(c.zero),
+                       std::string("parallel.overlap=") + (overlap ? "true" : "false"), "trace.steps=[2, 2]",
+                       "checkpoint.every=2", "train.eval_every=3"});
+  Outcome out;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return out;
+  out.losses = read_losses(run);
+  out.norms = read_grad_norms(run);
+  out.tensors = read_checkpoint(run + "/checkpoints/step_00000006.h5");
+  out.exposed_reported = count_of(read_file(run + "/metrics.jsonl"), "\"exposed_comm_s\":") == 6 &&
+                         contains(r.output, "exposed comm ms");
+  const auto j = nlohmann::json::parse(read_file(run + "/trace.json"));
+  for (const auto& e : j.at("traceEvents")) {
+    const int rank = e.value("pid", -1);
+    if (e["ph"] == "X" && (e["args"]["op"] == "backward" || e["args"]["op"] == "backward_weight")) {
+      const double end = e["ts"].get<double>() + e["dur"].get<double>();
+      out.last_backward_end[rank] = std::max(out.last_backward_end[rank], end);
+    }
+    if (e["ph"] == "b" && e["args"]["op"] == "allreduce_grads") {
+      const double ts = e["ts"].get<double>();
+      auto it = out.first_allreduce_begin.find(rank);
+      if (it == out.first_allreduce_begin.end() || ts < it->second) out.first_allreduce_begin[rank] = ts;
+    }
+  }
+  return out;
+}
+
+class Overlap : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Overlap, OnAndOffBitwiseEqual) {
+  const Case& c = GetParam();
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  const Outcome on = train_run(p, dir.file("on"), c, true), off = train_run(p, dir.file("off"), c, false);
+  ASSERT_EQ(on.losses.size(), 6u);
+  EXPECT_EQ(on.losses, off.losses) << "every step's loss, overlap on and off";
+  EXPECT_EQ(on.norms, off.norms) << "every step's gradient norm, overlap on and off";
+  expect_same_tensors(on.tensors, off.tensors, 0.0, "overlap on and off, " + c.name());
+  EXPECT_TRUE(on.exposed_reported && off.exposed_reported) << "exposed_comm_s in metrics.jsonl and the end table";
+  if (c.zero == 2) return;  // ZeRO-2 reduce-scatters each bucket as it fills, either way
+  ASSERT_EQ(on.first_allreduce_begin.size(), size_t(c.ranks())) << "a traced bucket all-reduce on every rank";
+  for (const auto& [rank, end] : off.last_backward_end)
+    EXPECT_GE(off.first_allreduce_begin.at(rank), end) << "overlap off: rank " << rank << " reduced during the backward";
+  if (c.pp == 1)  // (under pp > 1 a stage's last backward may come after its chunk's buckets went out either way)
+    for (const auto& [rank, end] : on.last_backward_end)
+      EXPECT_LT(on.first_allreduce_begin.at(rank), end)
+          << "overlap on: rank " << rank << "'s first bucket all-reduce waited for the whole backward";
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Overlap,
+                         ::testing::Values(Case{0, 2, 1, 2}, Case{1, 2, 1, 2}, Case{2, 2, 1, 2}, Case{1, 2, 2, 4}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
+
+TEST(OverlapRuns, TwoRunsBitwise) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  const Case c{1, 2, 1, 2};
+  const Outcome a = train_run(p, dir.file("a"), c, true), b = train_run(p, dir.file("b"), c, true);
+  ASSERT_EQ(a.losses.size(), 6u);
+  EXPECT_EQ(a.losses, b.losses);
+  expect_same_tensors(a.tensors, b.tensors, 0.0, "two runs with overlap");
+}
+
+// RELAY_TEST_KILL_WHERE=bucket-stop | bucket-kill: world rank 1 raises the signal right after starting step 3's first
+// bucket all-reduce (ZeRO-0, overlap on: inside the backward, rank 0's copy of it in flight on the progress thread).
+TEST(OverlapRuns, RankStoppedOrKilledInFlightEndsTheJob) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  for (std::string where : {"bucket-stop", "bucket-kill"}) {
+    setenv("RELAY_TEST_KILL_RANK", "1", 1);
+    setenv("RELAY_TEST_KILL_STEP", "3", 1);
+    setenv("RELAY_TEST_KILL_WHERE", where.c_str(), 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    RunResult r = train(2, p.config,
+                        {"run.dir=" + quoted(dir.file(where)), "model.n_head=4", "parallel.bucket_mb=0.004",
+                         "parallel.dp=2", "train.micro_batches=2", "parallel.timeout=\"2s\"", "parallel.overlap=true"},
+                        120);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    unsetenv("RELAY_TEST_KILL_RANK");
+    unsetenv("RELAY_TEST_KILL_STEP");
+    unsetenv("RELAY_TEST_KILL_WHERE");
+    EXPECT_LT(took, 30.0) << where << ": " << r.output;
+    if (where == "bucket-stop") {
+      EXPECT_EQ(r.exit_code, 74) << r.output;  // a stalled rank (kExitStalled)
+      EXPECT_TRUE(contains(r.output, "rank 1") && contains(r.output, "made no progress for") &&
+                  contains(r.output, "at step 3"))
+          << r.output;
+    } else {
+      EXPECT_NE(r.exit_code, 0) << r.output;
+      EXPECT_TRUE(contains(r.output, "rank 1") && contains(r.output, "signal 9")) << r.output;
+    }
+    std::printf("%s in an overlapped all-reduce: the job ended in %.1f s\n", where.c_str(), took);
+  }
+}
+
+}  // namespace
