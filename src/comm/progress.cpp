@@ -45,6 +45,7 @@ void ProgressThread::run() {
   std::vector<MPI_Request> pending;  // the requests this thread owns, in the order they were handed over
   std::vector<Done> flags;           // each one's completion flag
   std::vector<int> finished;
+  std::chrono::steady_clock::time_point spin_from{};  // when the current unpaused testing for a waiter began
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -74,10 +75,21 @@ void ProgressThread::run() {
         }
       pending.resize(keep);
       flags.resize(keep);
+      spin_from = {};
       continue;  // something finished: the next may be close behind
     }
-    if (waiters_.load(std::memory_order_relaxed) > 0) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
+    // The rank waits on one of these: test without pausing for 2 ms (its core is free then), after that every
+    // poll interval as the watchdog's own wait does, so that ranks sharing cores (more ranks than cores, a
+    // rank writing a checkpoint while the others wait on it) are not starved by spinning threads.
+    const auto now = std::chrono::steady_clock::now();
+    if (waiters_.load(std::memory_order_relaxed) == 0) {
+      spin_from = {};
+      std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
+    } else {
+      if (spin_from == std::chrono::steady_clock::time_point{}) spin_from = now;
+      if (now - spin_from < std::chrono::milliseconds(2)) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
+    }
   }
 }
 
