@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <initializer_list>
+#include <tuple>
 #include <vector>
 
 namespace relay {
@@ -43,13 +44,14 @@ int64_t cols_of(const Tensor& t) {
 
 namespace {
 
-enum DTypes : unsigned { kF32 = 1, kBf16 = 2, kI32 = 4, kFloat = kF32 | kBf16 };
+enum DTypes : unsigned { kF32 = 1, kBf16 = 2, kI32 = 4, kFp8 = 8, kFloat = kF32 | kBf16 };
 bool allows(unsigned set, DType dt) {
-  return (dt == DType::f32 && (set & kF32)) || (dt == DType::bf16 && (set & kBf16)) || (dt == DType::i32 && (set & kI32));
+  return (dt == DType::f32 && (set & kF32)) || (dt == DType::bf16 && (set & kBf16)) ||
+         (dt == DType::i32 && (set & kI32)) || (is_fp8(dt) && (set & kFp8));
 }
 std::string set_name(unsigned set) {
   std::string r;
-  for (auto [bit, name] : {std::pair{kF32, "float32"}, {kBf16, "bfloat16"}, {kI32, "int32"}})
+  for (auto [bit, name] : {std::pair{kF32, "float32"}, {kBf16, "bfloat16"}, {kI32, "int32"}, {kFp8, "float8"}})
     if (set & bit) r += (r.empty() ? "" : " or ") + std::string(name);
   return r;
 }
@@ -166,6 +168,49 @@ void Backend::matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_
          cat("op(a) is (", m, ", ", k, "), op(b) is (", kb, ", ", n, "), y is ", shape_str(y.shape())));
   c.that(y.raw() != a.raw() && y.raw() != b.raw(), "y must not alias a or b");
   matmul_impl(a, trans_a, b, trans_b, y, alpha, beta);
+}
+void Backend::fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales) {
+  Check c(*this, "fp8_quantize");
+  c.tensor(x, "x", kFloat).tensor(q, "q", kFp8).tensor(scales, "scales", kF32);
+  c.that(x.ndim() == 2 && q.shape() == x.shape(), cat("x ", shape_str(x.shape()), " must be a matrix and q ",
+                                                      shape_str(q.shape()), " its shape"));
+  const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
+  c.that(scales.shape() == Shape{g.rows, g.cols},
+         cat("scales ", shape_str(scales.shape()), " for ", fp8_tiling_name(tiling), " of x ", shape_str(x.shape()),
+             ", expected ", shape_str({g.rows, g.cols})));
+  fp8_quantize_impl(x, tiling, q, scales);
+}
+void Backend::fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
+                         const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta) {
+  Check c(*this, "fp8_matmul");
+  c.tensor(a, "a", kFp8).tensor(b, "b", kFp8).tensor(y, "y", kFloat);
+  c.tensor(a_scales, "a_scales", kF32).tensor(b_scales, "b_scales", kF32);
+  c.that(a.ndim() == 2 && b.ndim() == 2 && y.ndim() == 2, cat("a ", shape_str(a.shape()), ", b ", shape_str(b.shape()),
+                                                              ", y ", shape_str(y.shape()), " must be matrices"));
+  const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
+  const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
+  c.that(k == kb && y.size(0) == m && y.size(1) == n,
+         cat("op(a) is (", m, ", ", k, "), op(b) is (", kb, ", ", n, "), y is ", shape_str(y.shape())));
+  for (auto [t, s, tiling, name] : {std::tuple{&a, &a_scales, a_tiling, "a"}, {&b, &b_scales, b_tiling, "b"}}) {
+    const Fp8Grid g = fp8_grid(tiling, t->size(0), t->size(1));
+    c.that(s->shape() == Shape{g.rows, g.cols}, cat(name, "_scales ", shape_str(s->shape()), " for ",
+                                                    fp8_tiling_name(tiling), " of ", name, " ", shape_str(t->shape()),
+                                                    ", expected ", shape_str({g.rows, g.cols})));
+  }
+  c.that(fp8_k_block(k, fp8_k_tile(a_tiling, a.size(0), a.size(1), trans_a),
+                     fp8_k_tile(b_tiling, b.size(0), b.size(1), !trans_b)) > 0,
+         cat("a's scales (", fp8_tiling_name(a_tiling), trans_a ? ", transposed" : "", ") and b's (",
+             fp8_tiling_name(b_tiling), trans_b ? ", transposed" : "", ") do not share blocks along k = ", k,
+             ": both must be one block along k, or both 128 along it"));
+  c.that(y.raw() != a.raw() && y.raw() != b.raw(), "y must not alias a or b");
+  fp8_matmul_impl(a, a_scales, a_tiling, trans_a, b, b_scales, b_tiling, trans_b, y, beta);
+}
+void Backend::fp8_quantize_impl(const Tensor&, Fp8Tiling, Tensor&, Tensor&) {
+  fatal(cat("fp8_quantize: the ", describe(), " backend has no FP8 kernels"), __FILE__, __LINE__);
+}
+void Backend::fp8_matmul_impl(const Tensor&, const Tensor&, Fp8Tiling, bool, const Tensor&, const Tensor&, Fp8Tiling,
+                              bool, Tensor&, float) {
+  fatal(cat("fp8_matmul: the ", describe(), " backend has no FP8 kernels"), __FILE__, __LINE__);
 }
 // The row groups of a grouped GEMM: ascending, within `rows` (messages built only on failure: per expert, per call).
 static void check_groups(const Check& c, const std::vector<int64_t>& offsets, size_t groups, int64_t rows) {

@@ -12,6 +12,7 @@
 #include <vector>
 #include <string>
 
+#include "core/fp8_scaling.hpp"
 #include "core/precision.hpp"
 #include "core/tensor.hpp"
 
@@ -123,6 +124,18 @@ class Backend : public Allocator {
   // aliasing neither.
   void grouped_matmul_weight(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
                              const std::vector<Tensor>& dw, float beta);
+
+  // --- FP8: core/fp8.hpp's formats, core/fp8_scaling.hpp's recipes; the CPU's emulation is the reference ---------
+  // q (rows, cols) = x (rows, cols) / its tile's scale, rounded to q's format (fp8_e4m3 or fp8_e5m2) to nearest even
+  // and saturated; scales (grid rows, grid cols) f32, fp8_grid(tiling, rows, cols)'s layout, = each tile's amax / max
+  // finite (1 for an all-zero tile, and for one holding an inf or NaN, which stays non-finite in q). x: float.
+  void fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales);
+  // y (m, n) = op(a) @ op(b) + beta * y from quantised operands, op(a) (m, k), op(b) (k, n): a, b fp8 (either format),
+  // a_scales, b_scales f32 as fp8_quantize made them with a_tiling, b_tiling. Products exact, sums in f32; the scales
+  // multiply each k block's partial sum (fp8_k_block: the whole k tensorwise, 128 blockwise; the two operands' tilings
+  // must agree on it; kernels/cpu/fp8_gemm.hpp). y: float; beta 0 does not read y; y must not alias a or b.
+  void fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
+                  const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta);
 
   // --- elementwise (float, one dtype) ----------------------------------------------------------
   void activation_forward(Activation act, const Tensor& x, Tensor& y);
@@ -321,6 +334,11 @@ class Backend : public Allocator {
                                    const std::vector<int64_t>& offsets, float beta) = 0;
   virtual void grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
                                           const std::vector<Tensor>& dw, float beta) = 0;
+  // FP8: only a backend whose supports() takes the fp8 dtypes reaches these (the front door refuses the others).
+  virtual void fp8_quantize_impl(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales);
+  virtual void fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a,
+                               const Tensor& b, const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y,
+                               float beta);
   virtual void activation_forward_impl(Activation act, const Tensor& x, Tensor& y) = 0;
   virtual void activation_backward_impl(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void scale_impl(Tensor& x, float s) = 0;

@@ -14,6 +14,8 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/flash_attention.hpp"
+#include "kernels/cpu/fp8_gemm.hpp"
+#include "kernels/cpu/fp8_quantize.hpp"
 #include "kernels/cpu/matmul.hpp"
 
 namespace relay {
@@ -152,6 +154,25 @@ void CpuBackend::matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, boo
     cpu::gemm(trans_a, trans_b, m.m, m.n, m.k, alpha, a.f32(), m.lda, b.f32(), m.ldb, beta, y.f32(), m.ldc);
   else
     cpu::matmul(m, a.raw(), b.raw(), y.raw());
+}
+
+void CpuBackend::fp8_quantize_impl(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales) {
+  const Fp8Format fmt = fp8_format(q.dtype());
+  if (x.dtype() == DType::f32)
+    cpu::fp8_quantize(x.f32(), x.size(0), x.size(1), tiling, fmt, q.fp8(), scales.f32());
+  else
+    cpu::fp8_quantize(x.b16(), x.size(0), x.size(1), tiling, fmt, q.fp8(), scales.f32());
+}
+
+void CpuBackend::fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a,
+                                 const Tensor& b, const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y,
+                                 float beta) {
+  const cpu::Fp8Matrix am{a.fp8(), a_scales.f32(), a.size(0), a.size(1), fp8_format(a.dtype()), a_tiling};
+  const cpu::Fp8Matrix bm{b.fp8(), b_scales.f32(), b.size(0), b.size(1), fp8_format(b.dtype()), b_tiling};
+  if (y.dtype() == DType::f32)
+    cpu::fp8_gemm(am, trans_a, bm, trans_b, y.f32(), beta);
+  else
+    cpu::fp8_gemm(am, trans_a, bm, trans_b, y.b16(), beta);
 }
 
 namespace {

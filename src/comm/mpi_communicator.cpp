@@ -18,6 +18,8 @@ MPI_Datatype mpi_type(DType dt) {
     case DType::f32: return MPI_FLOAT;
     case DType::i32: return MPI_INT32_T;
     case DType::bf16: return MPI_UINT16_T;
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: return MPI_UINT8_T;  // moved as bytes (gathers); never summed (mpi_op_of)
   }
   return MPI_DATATYPE_NULL;
 }
@@ -29,6 +31,7 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 
 MPI_Op mpi_op_of(ReduceOp op, DType dt) {
+  RELAY_ASSERT(!is_fp8(dt), "fp8 tensors are gathered and sent, never reduced");
   if (dt == DType::bf16) {
     RELAY_ASSERT(op == ReduceOp::sum, "bfloat16 reductions are sums only");
     static MPI_Op sum = [] {

@@ -28,6 +28,8 @@ ncclDataType_t nccl_type(const Tensor& t) {
   switch (t.dtype()) {
     case DType::i32: return ncclInt32;
     case DType::bf16: return ncclBfloat16;
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: return ncclUint8;  // moved as bytes (gathers), never reduced
     case DType::f32: break;
   }
   return ncclFloat32;

@@ -12,6 +12,8 @@ size_t dtype_size(DType dt) {
     case DType::f32: return 4;
     case DType::i32: return 4;
     case DType::bf16: return 2;
+    case DType::fp8_e4m3: return 1;
+    case DType::fp8_e5m2: return 1;
   }
   return 4;
 }
@@ -20,9 +22,17 @@ const char* dtype_name(DType dt) {
     case DType::f32: return "float32";
     case DType::i32: return "int32";
     case DType::bf16: return "bfloat16";
+    case DType::fp8_e4m3: return "float8_e4m3";
+    case DType::fp8_e5m2: return "float8_e5m2";
   }
   return "?";
 }
+bool is_fp8(DType dt) { return dt == DType::fp8_e4m3 || dt == DType::fp8_e5m2; }
+Fp8Format fp8_format(DType dt) {
+  RELAY_ASSERT(is_fp8(dt), "fp8_format of a " << dtype_name(dt) << " tensor");
+  return dt == DType::fp8_e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2;
+}
+DType fp8_dtype(Fp8Format f) { return f == Fp8Format::e4m3 ? DType::fp8_e4m3 : DType::fp8_e5m2; }
 
 
 std::string shape_str(const Shape& s) {
@@ -76,6 +86,15 @@ bf16* Tensor::b16() {
 const bf16* Tensor::b16() const {
   RELAY_ASSERT(dtype_ == DType::bf16, "tensor is " << dtype_name(dtype_));
   return static_cast<const bf16*>(raw());
+}
+
+uint8_t* Tensor::fp8() {
+  RELAY_ASSERT(is_fp8(dtype_), "tensor is " << dtype_name(dtype_) << ", not an fp8 dtype");
+  return static_cast<uint8_t*>(raw());
+}
+const uint8_t* Tensor::fp8() const {
+  RELAY_ASSERT(is_fp8(dtype_), "tensor is " << dtype_name(dtype_) << ", not an fp8 dtype");
+  return static_cast<const uint8_t*>(raw());
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t count) const {

@@ -9,16 +9,21 @@
 
 #include "core/bf16.hpp"
 #include "core/error.hpp"
+#include "core/fp8.hpp"
 
 namespace relay {
 
-// f32: float32; i32: token ids, class targets, argmax; bf16: bfloat16 activations and working weights.
-enum class DType : uint8_t { f32, i32, bf16 };
+// f32: float32; i32: token ids, class targets, argmax; bf16: bfloat16 activations and working weights;
+// fp8_e4m3, fp8_e5m2: FP8 GEMM operands (core/fp8.hpp), one byte an element, with their scales beside them in f32.
+enum class DType : uint8_t { f32, i32, bf16, fp8_e4m3, fp8_e5m2 };
 enum class Device : uint8_t { cpu, cuda };
 using Shape = std::vector<int64_t>;
 
 size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);
+bool is_fp8(DType dt);
+Fp8Format fp8_format(DType dt);   // dt must be an fp8 dtype
+DType fp8_dtype(Fp8Format f);
 std::string shape_str(const Shape& s);  // "[256, 1024]"
 int64_t shape_numel(const Shape& s);
 
@@ -53,6 +58,8 @@ class Tensor {
   const int32_t* i32() const;
   bf16* b16();
   const bf16* b16() const;
+  uint8_t* fp8();  // the codes of an fp8_e4m3 or fp8_e5m2 tensor
+  const uint8_t* fp8() const;
   // Typed access for kernels templated on the storage type: data<float>() or data<bf16>().
   template <typename T>
   T* data();

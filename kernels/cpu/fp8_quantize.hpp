@@ -1,0 +1,19 @@
+// FP8 quantisation on the CPU, the reference for the CUDA kernels: each tile's amax, its scale (core/fp8_scaling.hpp:
+// tensorwise as torchao's / Megatron's, DeepSeek-V3's 1 x 128 and 128 x 128 tiles) and the codes x / scale, rounded
+// to nearest even and saturated (core/fp8.hpp).
+#pragma once
+#include <cstdint>
+
+#include "core/fp8_scaling.hpp"
+
+namespace relay::cpu {
+
+// q (rows, cols) = fp8(x (rows, cols) / scale of its tile); scales (grid.rows, grid.cols) f32 as
+// fp8_grid(tiling, rows, cols) lays them out, each fp8_scale(tile's amax). X: float or bf16.
+template <typename X>
+void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt, uint8_t* q, float* scales);
+
+// out (n) = the value of each code in (n), unscaled (exact).
+void fp8_widen(const uint8_t* in, int64_t n, Fp8Format fmt, float* out);
+
+}  // namespace relay::cpu
