@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --with-slurm --with-torch --with-extras
 # The PyPI venvs of the torch tests (~2 GB of wheels, ~2.5 minutes on a fresh machine) are made while the build
-# compiles: downloading and unpacking wheels is network and disk, the build is CPU. Cached: a no-op next time.
+# compiles: downloading and unpacking wheels is network and disk, the build is CPU. Cached: a no-op next time. The
+# python is the one ctest runs the torch tests with (a venv takes its maker's interpreter and site packages).
 venv_log=$(mktemp /tmp/relay-venvs-XXXXXX.log)
-python3 tests/torch/pypi_venv.py --all >"$venv_log" 2>&1 &
+/usr/bin/python3 tests/torch/pypi_venv.py --all >"$venv_log" 2>&1 &
 venv_pid=$!
 ./scripts/build.sh
 venv_wait=$(date +%s)
