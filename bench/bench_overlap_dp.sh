@@ -10,17 +10,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
+source bench/random_tokens.sh
 RELAY=$(realpath "${1:-build/relay}")
 STEPS=${2:-8}
 work=$(mktemp -d /tmp/relay-bench-overlap-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-/usr/bin/python3 - "$work/tokens.h5" $((2 * 128 * (STEPS + 1) + 1)) <<'PY'
-import sys, h5py, numpy as np
-with h5py.File(sys.argv[1], "w") as f:
-    f.create_dataset("tokens", data=np.random.default_rng(1).integers(0, 50257, int(sys.argv[2]), dtype=np.int32))
-    f.attrs["vocab_size"], f.attrs["tokenizer"] = 50257, "gpt2"
-PY
+random_gpt2_tokens "$work/tokens.h5" $((2 * 128 * (STEPS + 1) + 1))
 printf "# overlap benchmark: GPT 4 x 768, vocabulary 50257, dp 2 (2 ranks x 1 thread), 1 sequence of 128 per rank\n"
 cpu_info
 printf "%-6s %-8s %10s %16s %10s\n" "zero" "overlap" "step s" "exposed comm s" "loss"

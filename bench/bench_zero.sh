@@ -8,18 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
+source bench/random_tokens.sh
 RELAY=$(realpath "${1:-build/relay}")
 STEPS=${2:-6}
 PRECISION=${3:-fp32}
 work=$(mktemp -d /tmp/relay-bench-zero-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-/usr/bin/python3 - "$work/tokens.h5" $((2 * 1024 * (STEPS + 1) + 1)) <<'PY'
-import sys, h5py, numpy as np
-with h5py.File(sys.argv[1], "w") as f:
-    f.create_dataset("tokens", data=np.random.default_rng(1).integers(0, 50257, int(sys.argv[2]), dtype=np.int32))
-    f.attrs["vocab_size"], f.attrs["tokenizer"] = 50257, "gpt2"
-PY
+random_gpt2_tokens "$work/tokens.h5" $((2 * 1024 * (STEPS + 1) + 1))
 printf "# ZeRO benchmark: GPT-2 124M, %s, dp 2 (2 ranks x 1 thread), 1 sequence of 1024 per rank, %d steps\n" \
   "$PRECISION" "$STEPS"
 cpu_info

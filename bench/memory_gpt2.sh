@@ -11,12 +11,8 @@ RELAY=$(realpath "${1:-build/relay}")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 work=$(mktemp -d /tmp/relay-mem-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 - "$work/tokens.h5" <<'PY'
-import sys, h5py, numpy as np
-with h5py.File(sys.argv[1], "w") as f:
-    f.create_dataset("tokens", data=np.random.default_rng(1).integers(0, 50257, 32 * 1024 + 1, dtype=np.int32))
-    f.attrs["vocab_size"], f.attrs["tokenizer"] = 50257, "gpt2"
-PY
+source bench/random_tokens.sh
+random_gpt2_tokens "$work/tokens.h5" $((32 * 1024 + 1))
 printf "# GPT-2 124M, fp32, one step; MiB per rank: measured (predicted)\n"
 run() {  # name dp tp pp micro_batches zero recompute schedule
   local name=$1 dp=$2 tp=$3 pp=$4 m=$5 zero=$6 rec=$7 sched=${8:-1f1b}

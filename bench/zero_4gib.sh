@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
+source bench/random_tokens.sh
 RELAY=$(realpath "${1:-build/relay}")
 STAGES=${2:-"0 1 2 3"}
 RESERVE=${3:-600}
@@ -20,12 +21,7 @@ CG=/sys/fs/cgroup/memory
 work=$(mktemp -d /tmp/relay-bench-4g-XXXXXX)
 trap 'rm -rf "$work"; for d in $CG/relay-4g-*; do [ -d "$d" ] && rmdir "$d" 2>/dev/null; done; true' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-/usr/bin/python3 - "$work/tokens.h5" <<'PY'
-import sys, h5py, numpy as np
-with h5py.File(sys.argv[1], "w") as f:
-    f.create_dataset("tokens", data=np.random.default_rng(1).integers(0, 50257, 4 * 256 * 4 + 1, dtype=np.int32))
-    f.attrs["vocab_size"], f.attrs["tokenizer"] = 50257, "gpt2"
-PY
+random_gpt2_tokens "$work/tokens.h5" $((4 * 256 * 4 + 1))
 cat > "$work/in_cgroup.sh" <<'SH'
 #!/usr/bin/env bash
 # One rank in its own memory cgroup of $LIMIT bytes, then the command.

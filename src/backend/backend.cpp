@@ -106,6 +106,19 @@ class Check {
   const char* op_;
 };
 
+// The GEMM shape rule shared by matmul and fp8_matmul: a, b, y matrices with op(a) (m, k) x op(b) (k, n) = y (m, n).
+// Returns k.
+int64_t check_gemm_shapes(const Check& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                          const Tensor& y) {
+  c.that(a.ndim() == 2 && b.ndim() == 2 && y.ndim() == 2, cat("a ", shape_str(a.shape()), ", b ", shape_str(b.shape()),
+                                                              ", y ", shape_str(y.shape()), " must be matrices"));
+  const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
+  const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
+  c.that(k == kb && y.size(0) == m && y.size(1) == n,
+         cat("op(a) is (", m, ", ", k, "), op(b) is (", kb, ", ", n, "), y is ", shape_str(y.shape())));
+  return k;
+}
+
 }  // namespace
 
 void Backend::upload_f32(Tensor& dst, const float* host_src) {
@@ -160,12 +173,7 @@ void Backend::matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_
   Check c(*this, "matmul");
   c.tensor(a, "a", kFloat).tensor(b, "b", kFloat).tensor(y, "y", kFloat).same_dtype(a, "a", b, "b");
   c.that(a.dtype() == DType::bf16 || y.dtype() == DType::f32, "float32 inputs need a float32 y");
-  c.that(a.ndim() == 2 && b.ndim() == 2 && y.ndim() == 2, cat("a ", shape_str(a.shape()), ", b ", shape_str(b.shape()),
-                                                              ", y ", shape_str(y.shape()), " must be matrices"));
-  const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
-  const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
-  c.that(k == kb && y.size(0) == m && y.size(1) == n,
-         cat("op(a) is (", m, ", ", k, "), op(b) is (", kb, ", ", n, "), y is ", shape_str(y.shape())));
+  check_gemm_shapes(c, a, trans_a, b, trans_b, y);
   c.that(y.raw() != a.raw() && y.raw() != b.raw(), "y must not alias a or b");
   matmul_impl(a, trans_a, b, trans_b, y, alpha, beta);
 }
@@ -185,12 +193,7 @@ void Backend::fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_ti
   Check c(*this, "fp8_matmul");
   c.tensor(a, "a", kFp8).tensor(b, "b", kFp8).tensor(y, "y", kFloat);
   c.tensor(a_scales, "a_scales", kF32).tensor(b_scales, "b_scales", kF32);
-  c.that(a.ndim() == 2 && b.ndim() == 2 && y.ndim() == 2, cat("a ", shape_str(a.shape()), ", b ", shape_str(b.shape()),
-                                                              ", y ", shape_str(y.shape()), " must be matrices"));
-  const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
-  const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
-  c.that(k == kb && y.size(0) == m && y.size(1) == n,
-         cat("op(a) is (", m, ", ", k, "), op(b) is (", kb, ", ", n, "), y is ", shape_str(y.shape())));
+  const int64_t k = check_gemm_shapes(c, a, trans_a, b, trans_b, y);
   for (auto [t, s, tiling, name] : {std::tuple{&a, &a_scales, a_tiling, "a"}, {&b, &b_scales, b_tiling, "b"}}) {
     const Fp8Grid g = fp8_grid(tiling, t->size(0), t->size(1));
     c.that(s->shape() == Shape{g.rows, g.cols}, cat(name, "_scales ", shape_str(s->shape()), " for ",

@@ -32,8 +32,8 @@ class ProgressThread {
 
   // Takes req (started by the caller, which must not test or wait on it again); the flag turns true once it is done.
   Done adopt(MPI_Request req);
-  // The rank's thread waits on one of them (between the two calls): test without pausing, as a blocking MPI wait
-  // would, since the rank's core is free then.
+  // The rank's thread waits on one of them (between the two calls): test without pausing for the first 2 ms, as a
+  // blocking MPI wait would (the rank's core is free then), then every poll interval (ranks may share cores).
   void waiting(bool on) { waiters_.fetch_add(on ? 1 : -1, std::memory_order_relaxed); }
   // Whether this MPI library lets a second thread make MPI calls (MPI_Init_thread gave MPI_THREAD_MULTIPLE).
   static bool supported();
