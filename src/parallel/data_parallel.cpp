@@ -444,25 +444,17 @@ void GradBuckets::gather_params() {
     }
     return;
   }
-  if (micro_batches_ > 0) {  // launch_when_filled: issued now, each waited for where the next forward first reads it
-    settle_params();  // (none in flight: the step's forward settled them all)
-    for (Bucket& b : buckets_) {
-      if (!b.zero) continue;
-      b.gather = b.comm->iallgather(b.values);
-      b.gather->what = "the ZeRO parameter all-gather";
-    }
-    params_in_flight_ = true;
-    return;
-  }
-  std::vector<RequestPtr> reqs;
+  // ZeRO-1, 2: every replica's updated piece to every replica. With launch_when_filled each bucket's gather is only
+  // issued here and waited for where the next forward first reads the bucket (before_params) or at settle_params();
+  // without, all are waited for at once.
+  settle_params();  // (none in flight: the step's forward settled them all)
   for (Bucket& b : buckets_) {
     if (!b.zero) continue;
-    reqs.push_back(b.comm->iallgather(b.values));
-    reqs.back()->what = "the ZeRO parameter all-gather";
+    b.gather = b.comm->iallgather(b.values);
+    b.gather->what = "the ZeRO parameter all-gather";
   }
-  for (auto& r : reqs) wait_for(*r);
-  for (Bucket& b : buckets_)
-    if (b.work.defined()) be_.convert(b.values, b.work);
+  params_in_flight_ = true;
+  if (micro_batches_ == 0) settle_params();
 }
 
 void GradBuckets::settle(Bucket& b) {

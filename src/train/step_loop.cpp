@@ -379,7 +379,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     const bool stop = res.stop && step < steps;
     const bool save_now = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == steps || stop;
     // parallel.overlap: ZeRO's parameter all-gathers are still in flight unless the next forward comes first.
-    if (eval_now || save_now || step == steps) r.buckets->settle_params();
+    if (eval_now || save_now) r.buckets->settle_params();
     if (eval_now) {
       const int64_t m = tr ? tr->mark() : 0;
       EvalResult e = evaluate(r);

@@ -98,11 +98,6 @@ def _extends(old, new):
     return o[oi:] == n[ni:] and set(o[1:oi]) <= set(n[1:ni])
 
 
-def venv_python(name, packages, system_site_packages=False, no_deps=()):
-    """make_venv for a test: exits 77 (skipped) with the reason when the venv cannot be made."""
-    return python_or_skip(lambda: make_venv(name, packages, system_site_packages, no_deps))
-
-
 def python_or_skip(maker):
     """maker() (one of the *_python makers below) for a test: exits 77 (skipped) with the reason when the
     venv cannot be made."""
@@ -117,11 +112,7 @@ def rerun_in_venv(maker, script, relay, env=None):
     """For a test that runs inside a venv: re-runs `script relay --inside` with the python of maker() (one of
     the *_python makers, or a make_venv call) and exits with its code; exits 77 (skipped) with the reason
     when the venv cannot be made."""
-    try:
-        py = maker()
-    except VenvError as e:
-        print(f"SKIPPED: {e}")
-        sys.exit(77)
+    py = python_or_skip(maker)
     sys.exit(subprocess.run([py, os.path.abspath(script), relay, "--inside"], env=env).returncode)
 
 
