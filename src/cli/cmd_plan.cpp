@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 
 #include "backend/backend.hpp"
 #include "cli/commands.hpp"
@@ -48,6 +49,11 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_flag("--json", o.json, "With --cluster: one JSON object per layout, one a line");
   c->add_option("--device-mtbf-hours", o.device_mtbf_hours, "With --cluster: mean time between failures of one "
                                                             "device, for the checkpoint interval (default: Llama 3's fleet)");
+  c->add_option("--attention", o.attention,
+                "With --cluster: the attention kernels to price: flash (Relay's, the default) or materialised (the (T, T) "
+                "scores written to memory, as Megatron-LM 2021 ran; to compare with such published runs)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, PlannedAttention>{
+          {"flash", PlannedAttention::flash}, {"materialised", PlannedAttention::materialised}}));
   return c;
 }
 

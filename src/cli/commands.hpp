@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "plan/cost_model.hpp"
+
 namespace relay {
 
 struct TrainOptions { std::string config, plan_cluster; std::vector<std::string> overrides; };
@@ -25,6 +27,7 @@ struct PlanOptions {
   bool layout = false, json = false;
   double device_mtbf_hours = 0;  // 0 = the default (cmd_plan_cluster.cpp cites it)
   std::string calibrate;         // with --measure: write this machine as a cluster file (plan/calibration.hpp)
+  PlannedAttention attention = PlannedAttention::flash;  // --attention (plan/cost_model.hpp)
 };
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& o);
 int run_plan_command(const PlanOptions& o);

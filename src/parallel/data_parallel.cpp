@@ -448,7 +448,15 @@ void GradBuckets::gather_params() {
   // issued here and waited for where the next forward first reads the bucket (before_params) or at settle_params();
   // without, all are waited for at once.
   settle_params();  // (none in flight: the step's forward settled them all)
-  for (Bucket& b : buckets_) {
+  // Issued in the order the next forward reads them, so that the first block's parameters arrive first: chunk after
+  // chunk, and each chunk's buckets (filled in reverse block order) last to first. Every rank issues the same order.
+  std::vector<size_t> order(buckets_.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return buckets_[x].chunk != buckets_[y].chunk ? buckets_[x].chunk < buckets_[y].chunk : x > y;
+  });
+  for (size_t bi : order) {
+    Bucket& b = buckets_[bi];
     if (!b.zero) continue;
     b.gather = b.comm->iallgather(b.values);
     b.gather->what = "the ZeRO parameter all-gather";

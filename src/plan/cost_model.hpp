@@ -7,7 +7,8 @@
 // where gemm_efficiency is the device's best measured GEMM rate (the preset cites it) and wave quantisation
 // the fraction of the last wave of 128 x 256 output tiles that has work (tiles / (ceil(tiles / SMs) x SMs)):
 // the efficiency curve by shape, which falls for skinny or small GEMMs. Attention: FlashAttention-2's causal
-// FLOPs (half the full score matrix; backward 2.5x the forward) at the device's attention efficiencies.
+// FLOPs (half the full score matrix; backward 2.5x the forward) at the device's attention efficiencies, or, as the
+// named option PlannedAttention::materialised, the attention of Megatron-LM 2021 and other pre-FlashAttention code.
 // Norms, activations, bias and residual adds: the elements they read and write over the streaming bandwidth, the
 // backward twice the forward's. The tp, cp and ep collectives (plan/collectives.hpp) on the critical path.
 // Recomputation (train.recompute = "blocks") runs the forward again before backward-input.
@@ -25,12 +26,20 @@ double gemm_s(const Cluster::Device& d, Precision precision, double M, double N,
 // Seconds to stream `bytes` through device memory (read + write counted by the caller).
 double stream_s(const Cluster::Device& d, double bytes);
 
+// The attention kernels the planner prices. flash: Relay's FlashAttention-2 (the scores stay on chip). materialised
+// (`relay plan --attention materialised`; published rows of Megatron-LM 2021 state it): batched GEMMs over the whole
+// (T, T) score matrix of each sequence and head, QK^T written to memory, a fused scaled masked softmax and dropout
+// reading and writing it in the compute dtype (with a one-byte mask), att @ V reading it back; the backward's four
+// batched GEMMs and the dropout and softmax backward over the same matrix.
+enum class PlannedAttention { flash, materialised };
+
 // Where the block runs: its rows (tokens of the micro-batch on this rank), tp and cp groups, settings.
 struct BlockContext {
   int64_t rows = 0;           // micro-batch tokens on the rank (samples x T / cp)
   int tp = 1, cp = 1, ep = 1;
   bool sequence_parallel = false, recompute = false;
   Precision precision = Precision::bf16;
+  PlannedAttention attention = PlannedAttention::flash;
   GroupPath tp_path, cp_path, ep_path;
 };
 

@@ -58,7 +58,7 @@ std::string why_line(const Cluster& cl, const PlannedLayout& l, const std::map<s
 
 }  // namespace
 
-SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, int top) {
+SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, int top, PlannedAttention attention) {
   const int world = nodes * cl.devices_per_node;
   const int64_t B = base.train.batch_size, T = base.model.block_size;
   const int64_t blocks = base.model.n_layer + 2;
@@ -118,7 +118,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                   PlannedLayout l{c, {}, {}};
                   try {
                     if (pp * sc.v > blocks) continue;
-                    l.prediction = predict_step(cl, c, /*time_only_if_fits=*/true);
+                    l.prediction = predict_step(cl, c, /*time_only_if_fits=*/true, attention);
                   } catch (const Error&) {
                     continue;  // a shape Relay refuses (the interleaved schedule's micro-batch rule, the partition)
                   }

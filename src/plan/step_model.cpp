@@ -40,7 +40,7 @@ struct Groups {
   GroupPath edp_path;  // under ep, an expert's copies: the dp x cp / ep ranks holding the same experts
 };
 
-Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T) {
+Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T, PlannedAttention attention) {
   const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), ep = int(cfg.parallel.ep);
   Groups g;
   BlockContext& ctx = g.ctx;
@@ -50,6 +50,7 @@ Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T) {
   ctx.sequence_parallel = cfg.parallel.sequence_parallel;
   ctx.recompute = cfg.train.recompute == "blocks";
   ctx.precision = cfg.train.precision;
+  ctx.attention = attention;
   ctx.tp_path = group_path(cl, tp, 1);
   ctx.cp_path = group_path(cl, cp, tp);
   ctx.ep = ep;
@@ -84,6 +85,12 @@ struct ChunkCosts {
   // (chunks) the chunk's dense parameters on a tp rank (every parameter at ep 1); under ep > 1, the rank's experts'
   // (1 / ep of them), summed over edp_path instead of dp_path.
   std::vector<double> params, experts;
+  // (chunks) each chunk's blocks in block order: what parallel.overlap's per-bucket moves need.
+  struct Block {
+    double forward, backward;  // seconds per micro-batch (the backward: input and weight gradients)
+    double params, experts;    // as above, this block's
+  };
+  std::vector<std::vector<Block>> blocks;
 };
 
 ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, const Groups& g, const Sharding& sharding,
@@ -95,6 +102,7 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
   costs.chunk_backward_input = costs.chunk_backward_weight = costs.chunk_forward;
   cc.comm.assign(chunks, 0);
   cc.ep_comm = cc.params = cc.experts = cc.comm;
+  cc.blocks.resize(chunks);
   for (size_t c = 0; c < chunks; ++c) {
     const ChunkRange& cr = layout.chunks[c];
     double prev_compute = 0;
@@ -110,6 +118,7 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
       }
       cc.params[c] += params;
       cc.experts[c] += experts;
+      cc.blocks[c].push_back({t.forward, t.backward_input + t.backward_weight, params, experts});
       double f = t.forward, bi = t.backward_input, bw = t.backward_weight;
       // ZeRO-2/3: each micro-batch's gradient buckets are reduce-scattered as the backward finishes their blocks
       // (hidden behind the backward unless the collective is the longer); ZeRO-3 on one stage also gathers each
@@ -136,24 +145,68 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
   return cc;
 }
 
-// After the simulated compute: each rank's data-parallel reductions, started as each chunk's last weight gradient is
-// done (allreduce_grads) and run one after another; then the optimizer and (ZeRO-1/2) the parameter all-gather. The
-// slowest rank sets the step and the breakdown in r.
+// The reductions a step issues once (allreduce_grads), as Relay issues them: with parallel.overlap each block's buckets
+// start as the last micro-batch's backward finishes the block (DDP's rule; `last` is that backward, the chunk's blocks
+// taking their share of it in reverse block order), otherwise the whole chunk's at the end of `last`. They run one
+// after another from comm_free; returns when the last is done.
+double reduce_chunk(const Groups& g, const Sharding& sharding, const ChunkCosts& cc, int c, const TimedAction& last,
+                    bool overlap, double comm_free) {
+  const auto& blocks = cc.blocks[size_t(c)];
+  if (!overlap) {
+    const double reduce = dp_comm_s(sharding, g, cc.params[size_t(c)], cc.experts[size_t(c)], {Issued::allreduce_grads});
+    return reduce > 0 ? std::max(comm_free, last.end) + reduce : comm_free;
+  }
+  double total = 0;
+  for (const auto& b : blocks) total += b.backward;
+  double done = 0;
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    done += it->backward;
+    const double ready = last.start + (total > 0 ? done / total : 1.0) * (last.end - last.start);
+    const double reduce = dp_comm_s(sharding, g, it->params, it->experts, {Issued::allreduce_grads});
+    if (reduce > 0) comm_free = std::max(comm_free, ready) + reduce;
+  }
+  return comm_free;
+}
+
+// ZeRO-1/2's parameter all-gather after the optimizer: without parallel.overlap all of it before the next step; with
+// it, issued block after block in the order the next forward reads them (parallel/data_parallel.cpp gather_params) and
+// waited for where the forward first reads a block. `first_forward` (chunks): when the rank's first forward of each
+// chunk starts in the step. Returns the seconds the step waits.
+double param_gather_exposed(const Groups& g, const Sharding& sharding, const ChunkCosts& cc,
+                            const std::map<int, double>& first_forward, bool overlap, double params, double experts) {
+  if (!overlap) return dp_comm_s(sharding, g, params, experts, {Issued::after_optimizer});
+  double arrived = 0, exposed = 0;
+  for (const auto& [c, start] : first_forward) {
+    double need = start;
+    for (const auto& b : cc.blocks[size_t(c)]) {
+      arrived += dp_comm_s(sharding, g, b.params, b.experts, {Issued::after_optimizer});
+      exposed = std::max(exposed, arrived - need);
+      need += b.forward;
+    }
+  }
+  return exposed;
+}
+
+// After the simulated compute: each rank's data-parallel reductions (reduce_chunk), then the optimizer and (ZeRO-1/2)
+// the parameter all-gather. The slowest rank sets the step and the breakdown in r.
 void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sharding, const ChunkCosts& cc,
-                const ScheduleShape& shape, const SimResult& sim, bool mixed, StepPrediction& r) {
+                const ScheduleShape& shape, const SimResult& sim, bool mixed, bool overlap, StepPrediction& r) {
   const int pp = shape.pp;
   double step = 0;
   for (int rank = 0; rank < pp; ++rank) {
-    std::map<int, double> last_w;  // chunk -> end of its last backward
+    std::map<int, TimedAction> last_w;  // chunk -> its last backward (the one writing its weight gradients)
+    std::map<int, double> first_f;      // chunk -> the start of its first forward
     double end = 0, comm_free = 0, busy = 0, params = 0, experts = 0, comm = 0, ep_comm = 0;
     for (const TimedAction& a : sim.timeline[size_t(rank)]) {
       end = std::max(end, a.end);
       busy += a.end - a.start;
+      const int c = a.action.chunk;
       if (a.action.op == Op::backward || a.action.op == Op::backward_weight)
-        last_w[a.action.chunk] = std::max(last_w[a.action.chunk], a.end);
+        if (!last_w.count(c) || a.end > last_w.at(c).end) last_w.insert_or_assign(c, a);
+      if (a.action.op == Op::forward && (!first_f.count(c) || a.start < first_f.at(c))) first_f[c] = a.start;
     }
     std::vector<std::pair<double, int>> order;
-    for (auto& [c, t] : last_w) order.push_back({t, c});
+    for (auto& [c, a] : last_w) order.push_back({a.end, c});
     std::sort(order.begin(), order.end());
     for (auto& [t, c] : order) {
       params += cc.params[size_t(c)];
@@ -161,16 +214,16 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
       comm += cc.comm[size_t(c)] * shape.m;
       ep_comm += cc.ep_comm[size_t(c)] * shape.m;
       // Dense buckets over every replica, then (ep > 1) the experts' over their copies.
-      const double reduce = dp_comm_s(sharding, g, cc.params[size_t(c)], cc.experts[size_t(c)], {Issued::allreduce_grads});
-      if (reduce > 0) comm_free = std::max(comm_free, t) + reduce;
+      comm_free = reduce_chunk(g, sharding, cc, c, last_w.at(c), overlap, comm_free);
     }
     const double shard = params / sharding.group(GradGroup::dense).shards() +
                          experts / sharding.group(GradGroup::expert).shards();
     const double opt = optimizer_s(dev, shard, mixed);
-    // ZeRO-1/2 all-gather the updated parameters after the optimizer; ZeRO-3 under pp > 1 gathers the stage's
-    // parameters at the start of the next step before its first forward (its first block's at least).
-    const double gather = pp > 1 ? dp_comm_s(sharding, g, params, experts, {Issued::after_optimizer, Issued::block_first_run})
-                                 : dp_comm_s(sharding, g, params, experts, {Issued::after_optimizer});
+    // ZeRO-1/2 all-gather the updated parameters after the optimizer (param_gather_exposed); ZeRO-3 under pp > 1
+    // gathers the stage's parameters at the start of the next step before its first forward (its first block's at
+    // least).
+    const double gather = param_gather_exposed(g, sharding, cc, first_f, overlap, params, experts) +
+                          (pp > 1 ? dp_comm_s(sharding, g, params, experts, {Issued::block_first_run}) : 0);
     const double rank_step = std::max(end, comm_free) + opt + gather;
     if (rank_step > step) {
       step = rank_step;
@@ -186,7 +239,7 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
 
 }  // namespace
 
-StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only_if_fits) {
+StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only_if_fits, PlannedAttention attention) {
   const Cluster::Device& dev = cl.device;
   const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), pp = int(cfg.parallel.pp);
   ModelLayout layout = make_layout(cfg, 0);
@@ -209,7 +262,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
   r.checkpoint_bytes = double(checkpoint_bytes(layout, cfg.optimizer));
   if (time_only_if_fits && !r.fits) return r;
 
-  const Groups g = step_groups(cl, cfg, T);
+  const Groups g = step_groups(cl, cfg, T, attention);
   const Sharding sharding = describe_sharding(sharding_input(cfg));
   ChunkCosts cc = chunk_costs(dev, layout, g, sharding, tp, int(cfg.parallel.ep), pp);
   // A pipeline send: one (rows, C) activation (rows / tp of it under sequence parallelism), to the rank tp x cp x dp
@@ -219,7 +272,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
   r.pipeline_comm_s = cc.costs.comm;
   const SimResult sim = simulate(shape, generate_all(shape), cc.costs);
   r.bubble_fraction = sim.bubble_fraction;
-  rank_steps(dev, g, sharding, cc, shape, sim, e != 4, r);
+  rank_steps(dev, g, sharding, cc, shape, sim, e != 4, cfg.parallel.overlap, r);
 
   const double step = r.step_time_s;
   r.exposed_comm_s = r.tp_cp_comm_s + r.dp_comm_exposed_s + (pp > 1 ? 2.0 * (shape.m + pp - 1) * cc.costs.comm / pp : 0);

@@ -1,13 +1,15 @@
 // One layout's predicted training step on a cluster: per-chunk forward / backward-input / backward-weight
 // costs (plan/cost_model.hpp) fed to the schedule simulator (parallel/simulator.hpp) with the pipeline
 // sends as its comm cost, then the data-parallel collectives as Relay overlaps them (parallel/
-// data_parallel.hpp), the optimizer, and the memory of the largest rank from the memory plan
+// data_parallel.hpp; parallel.overlap's per-bucket reductions and deferred ZeRO-1/2 gathers, or without it each
+// chunk's reductions after its backward and the gathers after the optimizer), the optimizer, and the memory of the largest rank from the memory plan
 // (train/memory_plan.hpp). Nothing is allocated: a 405B model is planned as a 1M one.
 #pragma once
 #include <string>
 
 #include "core/config.hpp"
 #include "plan/cluster.hpp"
+#include "plan/cost_model.hpp"
 
 namespace relay {
 
@@ -29,8 +31,10 @@ struct StepPrediction {
 
 // The prediction for cfg's layout (parallel.*, train.*, optimizer.zero, model.*) on `cluster`. Throws Error
 // (naming the key) for a layout Relay cannot run. With time_only_if_fits, a layout whose memory does not fit
-// gets its memory only (the search's shortcut).
-StepPrediction predict_step(const Cluster& cluster, const Config& cfg, bool time_only_if_fits = false);
+// gets its memory only (the search's shortcut). attention: the kernels priced (plan/cost_model.hpp; Relay's own by
+// default, another only to compare with published runs that used them).
+StepPrediction predict_step(const Cluster& cluster, const Config& cfg, bool time_only_if_fits = false,
+                            PlannedAttention attention = PlannedAttention::flash);
 
 // "dp 24, tp 8, pp 8 (1f1b), mbs 1 x 96, ZeRO-1, recompute": the layout's keys in one line (", ep 8" after tp / cp
 // under expert parallelism).
