@@ -21,39 +21,11 @@ skip() { echo "SKIPPED: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 [ "$(id -u)" -eq 0 ] || skip "needs root to make network namespaces"
 command -v ip >/dev/null && command -v unshare >/dev/null || skip "needs ip (iproute2) and unshare"
-id=$$
-NS0=relay-br-$id NS1=relay-n1-$id NS2=relay-n2-$id
-SUB=10.77.$((id % 250)).
 WORK=$(mktemp -d /tmp/relay-2node-XXXXXX)
-cleanup() { ip netns del "$NS1" 2>/dev/null; ip netns del "$NS2" 2>/dev/null; ip netns del "$NS0" 2>/dev/null; rm -rf "$WORK"; }
+source "$(dirname "$0")/namespaces.sh"
+cleanup() { remove_two_nodes; rm -rf "$WORK"; }
 trap cleanup EXIT
-ip netns add "$NS0" 2>/dev/null || skip "cannot create a network namespace (ip netns add failed)"
-ip netns add "$NS1" && ip netns add "$NS2" || skip "cannot create network namespaces"
-ip -n "$NS0" link add br0 type bridge || skip "cannot create a bridge"
-for n in 1 2; do
-  ns=relay-n$n-$id
-  ip link add "v$n-$id" netns "$ns" type veth peer name "p$n" netns "$NS0" || skip "cannot create veth pairs"
-  ip -n "$ns" link set "v$n-$id" name eth0
-  ip -n "$ns" addr add "${SUB}$n/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-  ip -n "$NS0" link set "p$n" master br0
-  ip -n "$NS0" link set "p$n" up
-done
-ip -n "$NS0" link set br0 up
-
-# ssh stand-in: "agent HOST COMMAND..." runs COMMAND on that "node" (its namespaces), as ssh would.
-cat > "$WORK/agent.sh" <<AGENT
-#!/usr/bin/env bash
-host=\$1; shift
-case \$host in
-  ${SUB}1|node1) ns=$NS1; name=node1 ;;
-  ${SUB}2|node2) ns=$NS2; name=node2 ;;
-  *) echo "agent: unknown host \$host" >&2; exit 1 ;;
-esac
-exec ip netns exec \$ns unshare --uts bash -c "hostname \$name; \$*"
-AGENT
-chmod +x "$WORK/agent.sh"
+make_two_nodes "$WORK" 2>"$WORK/namespaces.err" || skip "$(cat "$WORK/namespaces.err")"
 
 "$RELAY" data synth --out "$WORK/train.h5" --samples 512 --features 16 --classes 5 --seed 11 >/dev/null || fail "data synth"
 cat > "$WORK/config.toml" <<TOML
@@ -75,14 +47,11 @@ timeout = "30s"
 [checkpoint]
 every = 20
 TOML
-MCA=(--mca plm_rsh_agent "$WORK/agent.sh" --mca btl tcp,self --mca btl_tcp_if_include "${SUB}0/24"
-     --mca oob_tcp_if_include "${SUB}0/24" --mca plm_rsh_no_tree_spawn 1)
 # mpirun runs on node1; ranks go to node1 and node2 by the host list and mapping given.
 on_two_nodes() {  # mapping args... -- relay args...
   local map=()
   while [ "$1" != "--" ]; do map+=("$1"); shift; done; shift
-  timeout 300 ip netns exec "$NS1" unshare --uts bash -c 'hostname node1; exec "$@"' _ \
-    mpirun --host "${SUB}1:2,${SUB}2:2" "${MCA[@]}" "${map[@]}" -np 4 -x OMP_NUM_THREADS \
+  on_node1 timeout 300 mpirun --host "${SUB}1:2,${SUB}2:2" "${MCA[@]}" "${map[@]}" -np 4 -x OMP_NUM_THREADS \
     "$RELAY" train --config "$WORK/config.toml" "$@"
 }
 losses() { python3 -c "
@@ -148,8 +117,7 @@ echo "run.dir held by node1's job: node2's job refused naming node1; the holder 
 
 # 4. The planner's calibration across the nodes: every rank times the collectives within its node, the nodes' first
 #    ranks between them; rank 0 writes both links.
-timeout 300 ip netns exec "$NS1" unshare --uts bash -c 'hostname node1; exec "$@"' _ \
-  mpirun --host "${SUB}1:2,${SUB}2:2" "${MCA[@]}" --map-by slot -np 4 -x OMP_NUM_THREADS \
+on_node1 timeout 300 mpirun --host "${SUB}1:2,${SUB}2:2" "${MCA[@]}" --map-by slot -np 4 -x OMP_NUM_THREADS \
   "$RELAY" plan --config "$(dirname "$0")/../../configs/gpt-small-bytes.toml" --measure --calibrate "$WORK/cal.toml" \
   > "$WORK/cal.log" 2>&1 || { tail -30 "$WORK/cal.log"; fail "the calibration across two nodes failed"; }
 grep -q "^# Measured through the communicator: 2 ranks on one host (mpi, 4 ranks on 2 host(s))" "$WORK/cal.toml" ||
