@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/bf16.hpp"
 #include "core/rng.hpp"
 #include "model/moe.hpp"
 
@@ -200,6 +201,35 @@ TEST(MoeGroupRouter, BackwardMatchesFiniteDifferences) {
       }
     }
   }
+}
+
+// Under bf16 the router reads bf16 logits into f32: on bf16 values it is the f32 router exactly (probabilities,
+// choices, weights); its logits' gradient is the f32 one rounded once to bf16.
+TEST(MoeGroupRouter, Bf16LogitsMatchF32) {
+  auto be = cpu();
+  const int64_t n = 12, E = 8, k = 3, T = 4;
+  auto z = randn(size_t(n * E), 15, 1.5f);
+  for (float& v : z) v = round_bf16(v);
+  const Backend::GroupRouting r{k, 4, 2, true, 2.5f};
+  std::vector<std::vector<float>> probs, weights, dz;
+  std::vector<std::vector<int32_t>> experts;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor logits(*be, {n, E}, dt), p(*be, {n, E}), ex(*be, {n, k}, DType::i32), w(*be, {n, k}), d(*be, {n, E}, dt);
+    be->upload_f32(logits, z.data());
+    be->moe_group_router_forward(logits, r, p, ex, w);
+    Tensor dw = make(*be, {n, k}, randn(size_t(n * k), 16)), sg = make(*be, {n / T, E}, randn(size_t(n / T * E), 17));
+    be->moe_group_router_backward(p, ex, dw, r, sg, T, d);
+    Tensor d32(*be, {n, E});
+    be->convert(d, d32);
+    probs.push_back(get<float>(*be, p));
+    weights.push_back(get<float>(*be, w));
+    experts.push_back(get<int32_t>(*be, ex));
+    dz.push_back(get<float>(*be, d32));
+  }
+  EXPECT_EQ(probs[0], probs[1]);
+  EXPECT_EQ(weights[0], weights[1]);
+  EXPECT_EQ(experts[0], experts[1]);
+  for (size_t i = 0; i < dz[0].size(); ++i) EXPECT_EQ(dz[1][i], round_bf16(dz[0][i])) << i;
 }
 
 TEST(MoeCombine, ForwardAndBackwardMatchNaive) {

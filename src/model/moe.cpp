@@ -388,7 +388,8 @@ double MoeMlp::choice_margin(int64_t t) const {
     }
     std::vector<int64_t> order(static_cast<size_t>(moe_.n_group));
     for (int64_t g = 0; g < moe_.n_group; ++g) order[size_t(g)] = g;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return gscore[size_t(a)] > gscore[size_t(b)]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return gscore[size_t(a)] > gscore[size_t(b)]; });
     for (int64_t j = 0; j < moe_.n_group; ++j) kept[size_t(order[size_t(j)])] = j < moe_.topk_group;
     margin = gscore[size_t(order[size_t(moe_.topk_group - 1)])] - gscore[size_t(order[size_t(moe_.topk_group)])];
   }
