@@ -2,10 +2,12 @@
 // from a file, for tests/torch/test_deepseek_moe_reference.py, which compares it with transformers' DeepseekV3MoE, and
 // for tests/test_deepseek_moe_mpi.cpp, which compares its layouts with the serial run.
 //   moe_layer <in.bin> <out.bin>                          serially
-//   mpirun -np P moe_layer <in.bin> <out.bin> ep|tp       over P real ranks: ep, each rank the next n / P tokens (whole
+//   mpirun -np P moe_layer <in.bin> <out.bin> ep|tp|cp    over P real ranks: ep, each rank the next n / P tokens (whole
 //     sequences) and E / P experts, the shared experts replicated; tp, every rank all tokens, each expert's and the
-//     shared experts' SwiGLU units split (gate, up by rows, down by columns), the router whole. Rank 0 writes the
-//     serial run's file: the ranks' parts of every tensor put in place, partial sums summed.
+//     shared experts' SwiGLU units split (gate, up by rows, down by columns), the router whole; cp, each rank T / P
+//     rows of every sequence (context parallelism's load-balanced chunks), every weight whole, a sequence's
+//     load-balancing statistics summed over the ranks. Rank 0 writes the serial run's file: the ranks' parts of every
+//     tensor put in place, partial sums summed.
 // in.bin, little-endian: 12 int64 (n, T, C, E, k, F, n_group, topk_group, renormalize, n_shared, sigmoid, has_bias),
 // 2 float64 (routed_scaling, aux_weight), then float32 arrays: x (n, C), dy (n, C), the router (E, C), the bias (E)
 // when has_bias, the shared experts' gate (Fs, C), up (Fs, C), down (C, Fs) when n_shared (Fs = n_shared F), every
@@ -15,6 +17,7 @@
 // choice's smallest margin (RouterStats::min_margin; rank 0's tokens under ep).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -24,6 +27,7 @@
 
 #include "backend/backend.hpp"
 #include "comm/mpi_communicator.hpp"
+#include "model/context_parallel.hpp"
 #include "model/moe.hpp"
 
 using namespace relay;
@@ -63,6 +67,19 @@ std::vector<T> assemble(const std::vector<T>& here, const Part& p, MPI_Datatype 
   return out;
 }
 
+// A rank's rows (here (rows.size(), w), row i the serial row rows[i]) -> the serial (n, w) on rank 0, summed over
+// the ranks (none: this rank adds nothing).
+template <typename T>
+std::vector<T> assemble_rows(const std::vector<T>& here, const std::vector<int64_t>& rows, int64_t n, int64_t w,
+                             bool none, MPI_Datatype type) {
+  std::vector<T> full(size_t(n * w), T(0)), out(full.size());  // (n, w)
+  if (!none)
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy(here.begin() + int64_t(i) * w, here.begin() + int64_t(i + 1) * w, full.begin() + rows[i] * w);
+  MPI_Reduce(full.data(), out.data(), int(full.size()), type, MPI_SUM, 0, MPI_COMM_WORLD);
+  return out;
+}
+
 int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) {
     std::fprintf(stderr, "usage: moe_layer <in.bin> <out.bin> [ep|tp]\n");
@@ -75,10 +92,11 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &P);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   }
-  const bool ep_on = layout == "ep", tp_on = layout == "tp";
+  const bool ep_on = layout == "ep", tp_on = layout == "tp", cp_on = layout == "cp";
   int rc = 0;
   try {
-    if (!layout.empty() && !ep_on && !tp_on) throw Error(cat("moe_layer: layout ", layout, ", expected ep or tp"));
+    if (!layout.empty() && !ep_on && !tp_on && !cp_on)
+      throw Error(cat("moe_layer: layout ", layout, ", expected ep, tp or cp"));
     std::FILE* in = std::fopen(argv[1], "rb");
     if (!in) throw Error(cat("moe_layer: cannot open ", argv[1]));
     const auto h = take<int64_t>(in, 12, "the header");
@@ -101,9 +119,14 @@ int main(int argc, char** argv) {
     spec.moe.layer = 0;
     spec.moe.expert_bias = h[11] != 0;
     if (ep_on) spec.moe.ep = P;
-    const int64_t nl = ep_on ? n / P : n;  // this rank's tokens: [rank nl, (rank + 1) nl)
+    if (cp_on) spec.moe.cp = P;
+    const int64_t nl = ep_on || cp_on ? n / P : n;  // this rank's tokens
     if (ep_on && (n % P || nl % T || E % P)) throw Error("moe_layer: ep must divide the sequences and the experts");
     if (tp_on && (F % P || (spec.moe.n_shared * F) % P)) throw Error("moe_layer: tp must divide the SwiGLU units");
+    if (cp_on && T % (2 * P)) throw Error("moe_layer: 2 cp must divide the sequence length");
+    std::vector<int64_t> mine(static_cast<size_t>(nl));  // (nl) the serial row of each of this rank's rows
+    for (int64_t i = 0; i < nl; ++i)
+      mine[size_t(i)] = ep_on ? rank * nl + i : cp_on ? i / (T / P) * T + cp_position(T, P, rank, i % (T / P)) : i;
 
     auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
     auto upload = [&](Shape s, const std::vector<float>& v) {
@@ -168,13 +191,17 @@ int main(int argc, char** argv) {
     if (!layout.empty()) comm = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, *be);
     if (ep_on) ep = ExpertParallel{comm.get(), P, rank, std::make_shared<ExpertExchangeStats>()};
     if (tp_on) tp = TensorParallel{comm.get(), P, rank};
-    MoeMlp moe(spec, ptrs, ep, tp);
+    ContextParallel cp;
+    if (cp_on) cp = ContextParallel{comm.get(), P, rank, nullptr};
+    MoeMlp moe(spec, ptrs, ep, tp, cp);
     if (!bias.empty()) moe.set_bias(*be, bias.data());
     std::vector<Tensor> saved;
     allocate_buffers(*be, MoeMlp::saved_shapes(spec, nl, tp.size), saved);
-    const int64_t first = ep_on ? rank * nl : 0;  // this rank's first token
-    const std::vector<float> xl(x.begin() + first * C, x.begin() + (first + nl) * C),
-        dyl(dy.begin() + first * C, dy.begin() + (first + nl) * C);
+    std::vector<float> xl, dyl;  // (nl, C) this rank's rows
+    for (int64_t r : mine) {
+      xl.insert(xl.end(), x.begin() + r * C, x.begin() + (r + 1) * C);
+      dyl.insert(dyl.end(), dy.begin() + r * C, dy.begin() + (r + 1) * C);
+    }
     Tensor tx = upload({nl, C}, xl), tdy = upload({nl, C}, dyl), y(*be, {nl, C}), dx(*be, {nl, C});
     moe.forward(*be, tx, y, saved.data());
     moe.backward_input(*be, tdy, dx, saved.data());
@@ -193,16 +220,14 @@ int main(int argc, char** argv) {
     for (Param& p : params) outs.push_back(get(p.grad));
     double aux = stats.at(0).aux_sum;
     if (!layout.empty()) {  // the serial tensors on rank 0
-      // y and dx: ep, this rank's rows; tp, partial sums (MoeMlp leaves their all-reduce to the caller).
-      const Part rows{n, C, first, nl};
-      Part routing{n, k, first, nl};
-      routing.none = tp_on && rank != 0;
-      std::vector<std::vector<float>> whole{assemble(outs[0], rows, MPI_FLOAT), assemble(outs[1], rows, MPI_FLOAT)};
+      // y and dx: ep and cp, this rank's rows; tp, partial sums (MoeMlp leaves their all-reduce to the caller).
+      std::vector<std::vector<float>> whole{assemble_rows(outs[0], mine, n, C, false, MPI_FLOAT),
+                                            assemble_rows(outs[1], mine, n, C, false, MPI_FLOAT)};
       size_t at = 2;
       for (const Part& part : parts)
         whole.push_back(assemble(part.held ? outs[at++] : std::vector<float>(), part, MPI_FLOAT));
       outs = std::move(whole);
-      experts = assemble(experts, routing, MPI_INT);
+      experts = assemble_rows(experts, mine, n, k, tp_on && rank != 0, MPI_INT);
       double sum = 0;
       if (tp_on && rank != 0) aux = 0;  // every tp rank counts the same sequences
       MPI_Reduce(&aux, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
