@@ -300,16 +300,21 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
     double* c = cp_stats.data() + 2 * b * E;
     double* psum = c + E;
     for (int64_t t = b * Tl; t < (b + 1) * Tl; ++t) {
-      for (int64_t j = 0; j < k; ++j) c[experts_[size_t(t * k + j)]] += 1;
       const float* p = probs_.data() + t * E;
-      float D = 1;  // sigmoid: the token's scores normalised to sum 1 (as moe_group_router_backward differentiates)
-      if (sigmoid()) {
-        D = 1e-20f;
-        for (int64_t e = 0; e < E; ++e) D += p[e];
+      for (int64_t j = 0; j < k; ++j) stats_.tokens[size_t(experts_[size_t(t * k + j)])] += 1;  // this rank's tokens
+      if (!sigmoid()) {
+        for (int64_t j = 0; j < k; ++j) c[experts_[size_t(t * k + j)]] += 1;
+        for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
+        continue;
       }
-      for (int64_t e = 0; e < E; ++e) psum[e] += sigmoid() ? p[e] / D : p[e];
+      // DeepSeek-V3's complementary loss (report eq. 17-20, Megatron-core's sigmoid seq_aux_loss): its counts are of
+      // the token's k best unbiased scores over all experts (no bias, no groups; the lower expert first on a tie),
+      // its probabilities the scores normalised to sum 1 (as moe_group_router_backward differentiates them).
+      for (int64_t e : plain_top_k(p)) c[e] += 1;
+      float D = 1e-20f;
+      for (int64_t e = 0; e < E; ++e) D += p[e];
+      for (int64_t e = 0; e < E; ++e) psum[e] += p[e] / D;
     }
-    for (int64_t e = 0; e < E; ++e) stats_.tokens[size_t(e)] += c[e];  // this rank's tokens
   }
   if (cp_.on())
     cp_.comm->allreduce_host(cp_stats.data(), int(cp_stats.size()), ReduceOp::sum,
@@ -366,6 +371,17 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
   be.grouped_matmul_weight(s[gyl].rows(0, Rl), rows(kH, Rl), local_, grads_of(down_), 1.f);  // dW_down (C, F) each
   be.grouped_matmul_weight(rows(kGGate, Rl), xe, local_, grads_of(gate_), 1.f);              // dW_gate (F, C) each
   be.grouped_matmul_weight(rows(kGUp, Rl), xe, local_, grads_of(up_), 1.f);                  // dW_up (F, C) each
+}
+
+std::vector<int64_t> MoeMlp::plain_top_k(const float* p) const {
+  std::vector<int64_t> top;  // (k)
+  for (int64_t j = 0; j < moe_.k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < moe_.n_experts; ++e)
+      if (std::find(top.begin(), top.end(), e) == top.end() && (best < 0 || p[e] > p[best])) best = e;
+    top.push_back(best);
+  }
+  return top;
 }
 
 double MoeMlp::choice_margin(int64_t t) const {

@@ -17,9 +17,11 @@
 // Load balancing, per sequence (DeepSeek-V3's sequence-wise loss, Megatron-core's seq_aux_loss): for a sequence of T
 // tokens, c_e the number of its tokens whose top-k holds e, aux = E / (k T^2) sum_e c_e sum_t p[t, e] (1 when
 // perfectly balanced); the loss adds aux_weight x aux per sequence (the counts are constants: no gradient through
-// the top-k choice) and z_weight x lse^2 per token (the router z-loss, ST-MoE arXiv:2202.08906). With sigmoid scores
-// p[t, e] is the report's normalised s'[t, e] = p[t, e] / (sum_i p[t, i] + 1e-20) (its equations 17-20, Megatron-core's
-// sigmoid seq_aux_loss), and there is no z-loss (no softmax: refused). Under context
+// the top-k choice) and z_weight x lse^2 per token (the router z-loss, ST-MoE arXiv:2202.08906). With sigmoid scores,
+// DeepSeek-V3's complementary sequence-wise loss (its report's equations 17-20, Megatron-core's sigmoid
+// seq_aux_loss): p[t, e] is the normalised s'[t, e] = p[t, e] / (sum_i p[t, i] + 1e-20) and c_e counts the tokens
+// whose k best unbiased scores, over all experts, hold e (not the biased, group-limited choice); no z-loss (refused).
+// Under context
 // parallelism a rank holds T / cp rows of each sequence: c_e and sum_t p[t, e] are summed over the cp group first.
 #pragma once
 #include <span>
@@ -76,6 +78,8 @@ class MoeMlp {
   int64_t local_rows() const { return local_.back(); }
   // The top-k's margin of token t (RouterStats::min_margin) from the host's probs_, experts_ and host_bias_.
   double choice_margin(int64_t t) const;
+  // The k experts of the largest p (E) (the lower expert first on a tie): DeepSeek-V3's aux loss counts these.
+  std::vector<int64_t> plain_top_k(const float* p) const;
   Backend::GroupRouting group_routing() const {
     return {moe_.k, moe_.n_group, moe_.topk_group, moe_.renormalize, float(moe_.routed_scaling)};
   }

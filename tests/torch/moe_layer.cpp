@@ -14,7 +14,7 @@
 // expert's gate (F, C), up (F, C), down (C, F).
 // out.bin: float32 y (n, C), dx (n, C), every parameter's gradient in the order above (the bias has none), then
 // int32 experts (n, k), then float64 aux (the sum over sequences of each one's load-balancing aux) and the top-k
-// choice's smallest margin (RouterStats::min_margin; rank 0's tokens under ep).
+// choice's smallest margin (RouterStats::min_margin; rank 0's tokens under ep and cp).
 #include <mpi.h>
 
 #include <algorithm>

@@ -13,8 +13,8 @@ tensor's largest magnitude (fp32 against fp32, sums in different orders).
 Cases: n_group 4 / topk_group 2 (groups of two) with norm_topk_prob, n_group 2 / topk_group 1 without it, both with
 routed_scaling_factor 2.5 and one or two shared experts; then the first with Relay's per-sequence load-balancing
 loss, written here from the DeepSeek-V3 report's equations 17-20 (the complementary sequence-wise loss: each token's
-sigmoid scores normalised to sum 1, averaged over the sequence, times E / (k T) times the count of its tokens that
-chose each expert), whose value and gradients must agree too.
+sigmoid scores normalised to sum 1, averaged over the sequence, times E / (k T) times the count of its tokens whose k
+best unbiased scores hold each expert), whose value and gradients must agree too.
 
 Top-k routing is discontinuous: the inputs are drawn again (a new seed) until every token's group choice and expert
 choice clear a margin of 1e-3, so two correct float32 computations cannot route a token differently.
@@ -66,7 +66,8 @@ def margins(x, router, bias, case):
     k = case["k"]
     if k < top.shape[1] and torch.isfinite(top[:, k]).all():
         smallest = min(smallest, (top[:, k - 1] - top[:, k]).min().item())
-    return smallest
+    plain = torch.sigmoid(x.double() @ router.double().T).sort(dim=-1, descending=True)[0]  # the aux loss's top-k
+    return min(smallest, (plain[:, k - 1] - plain[:, k]).min().item())
 
 
 def draw(case):
@@ -142,9 +143,16 @@ def run_transformers(case, w):
     if case["aux"] > 0:
         # DeepSeek-V3's complementary sequence-wise loss (report eq. 17-20), per sequence s of T tokens:
         # q = p / sum_e p (the token's sigmoid scores normalised), P_e = mean_t q[t, e], f_e = E / (k T) c_e (c_e its
-        # tokens whose top-k holds e, a constant), aux_s = sum_e f_e P_e; loss += coef x mean over sequences.
-        logits, _, idx = moe.gate(x.view(-1, C))
+        # tokens whose k best sigmoid scores, over all experts and without the bias, hold e: a constant),
+        # aux_s = sum_e f_e P_e; loss += coef x mean over sequences.
+        logits = moe.gate(x.view(-1, C))[0]
         p = logits.sigmoid()
+        idx = p.detach().topk(case["k"], dim=-1)[1]
+        chosen = moe.gate(x.view(-1, C))[2]
+        differ = sum(set(a.tolist()) != set(b.tolist()) for a, b in zip(idx, chosen))
+        if differ == 0:
+            sys.exit(f"FAILED: {case['name']}: the aux loss's top-k is the routing's for every token: not a test of it")
+        print(f"{case['name']}: {differ} of {B * T} tokens' aux-loss top-k differ from their biased, grouped choice")
         q = (p / (p.sum(-1, keepdim=True) + 1e-20)).view(B, T, E)
         counts = torch.zeros(B * T, E).scatter_(1, idx, 1.0).view(B, T, E).sum(1)  # (B, E)
         aux = (E / (case["k"] * T) * counts * q.mean(1)).sum()  # sum over sequences
