@@ -414,7 +414,16 @@ double MoeMlp::choice_margin(int64_t t) const {
   for (int64_t j = 0; j < k; ++j) kth = std::min(kth, score(first[j]));
   for (int64_t e = 0; e < E; ++e)
     if (kept[size_t(e / G)] && !chosen(e)) next = std::max(next, score(e));
-  return std::min(margin, double(kth) - double(next));
+  margin = std::min(margin, double(kth) - double(next));
+  if (sigmoid() && moe_.aux_weight > 0) {  // the aux loss's own top-k of the unbiased scores, over all experts
+    const std::vector<int64_t> top = plain_top_k(p);
+    float last = INFINITY, rest = -INFINITY;
+    for (int64_t e = 0; e < E; ++e)
+      if (std::find(top.begin(), top.end(), e) != top.end()) last = std::min(last, p[e]);
+      else rest = std::max(rest, p[e]);
+    margin = std::min(margin, double(last) - double(rest));
+  }
+  return margin;
 }
 
 void MoeMlp::set_bias(Backend& be, const float* bias) {

@@ -76,7 +76,8 @@ class MoeMlp {
   void dispatch(Backend& be, const Tensor& sorted, Tensor& local, Tensor* s, const char* what);
   void undispatch(Backend& be, const Tensor& local, Tensor& sorted, Tensor* s, const char* what);
   int64_t local_rows() const { return local_.back(); }
-  // The top-k's margin of token t (RouterStats::min_margin) from the host's probs_, experts_ and host_bias_.
+  // The top-k's margin of token t (RouterStats::min_margin) from the host's probs_, experts_ and host_bias_: with
+  // sigmoid scores also the groups' and, under the aux loss, its own top-k's.
   double choice_margin(int64_t t) const;
   // The k experts of the largest p (E) (the lower expert first on a tie): DeepSeek-V3's aux loss counts these.
   std::vector<int64_t> plain_top_k(const float* p) const;
