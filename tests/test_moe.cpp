@@ -1,6 +1,7 @@
-// Mixture-of-experts routing (Backend::moe_router_forward / backward, moe_combine / backward) against naive
-// double-precision references and finite differences, and the sparse MLP (model/moe.hpp) on routings the issue
-// names: experts that receive no token, and a layer where every token picks one expert.
+// Mixture-of-experts routing (Backend::moe_router_forward / backward, DeepSeek-V3's moe_group_router_forward /
+// backward, moe_combine / backward) against naive double-precision references and finite differences, and the sparse
+// MLP (model/moe.hpp) on routings the issue names: experts that receive no token, and a layer where every token picks
+// one expert.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/bf16.hpp"
 #include "core/rng.hpp"
 #include "model/moe.hpp"
 
@@ -135,6 +137,99 @@ TEST(MoeRouter, BackwardMatchesFiniteDifferences) {
       }
     }
   }
+}
+
+// DeepSeek-V3's router (moe_group_router_forward): 8 experts in 4 groups of 2, the best 2 groups kept by the sum of
+// their two best scores. Expert 0 has the best score of all but its group (0.953 + 0.047) loses to groups 1 and 2;
+// then a bias on expert 4 moves it to the front of the choice while the weights stay the unbiased scores.
+TEST(MoeGroupRouter, GroupsLimitTheChoiceAndTheBiasChoosesOnly) {
+  auto be = cpu();
+  const int64_t E = 8, k = 2;
+  const std::vector<float> z = {3.f, -3.f, 0.9f, 0.8f, 0.5f, 0.4f, -2.f, -2.5f};
+  auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
+  for (bool biased : {false, true}) {
+    std::vector<float> b(size_t(E), 0.f);
+    if (biased) b[4] = 0.2f;
+    Tensor logits = make(*be, {1, E}, z), probs(*be, {1, E}), experts(*be, {1, k}, DType::i32), weights(*be, {1, k});
+    Tensor bias = make(*be, {E}, b);
+    be->moe_group_router_forward(logits, {k, 4, 2, true, 2.5f}, probs, experts, weights, bias);
+    const auto ex = get<int32_t>(*be, experts);
+    const auto w = get<float>(*be, weights), p = get<float>(*be, probs);
+    const std::vector<int32_t> want = biased ? std::vector<int32_t>{4, 2} : std::vector<int32_t>{2, 3};
+    EXPECT_EQ(ex, want);
+    const double s = sig(z[size_t(want[0])]) + sig(z[size_t(want[1])]);
+    for (int64_t j = 0; j < k; ++j) EXPECT_NEAR(w[size_t(j)], 2.5 * sig(z[size_t(want[size_t(j)])]) / s, 1e-6);
+    for (int64_t e = 0; e < E; ++e) EXPECT_NEAR(p[size_t(e)], sig(z[size_t(e)]), 1e-7);
+  }
+}
+
+// d/dz of L = sum a[t,j] w[t,j] + sum g[s,e] q[t,e] (w the scaled, maybe renormalised sigmoid weights; q the token's
+// sigmoid scores normalised to sum 1; the routing held fixed) by central differences in double, against
+// moe_group_router_backward.
+TEST(MoeGroupRouter, BackwardMatchesFiniteDifferences) {
+  auto be = cpu();
+  const int64_t n = 6, E = 8, k = 3, T = 3;
+  const float scale = 2.5f;
+  const auto z = randn(size_t(n * E), 12, 1.5f), a = randn(size_t(n * k), 13), g = randn(size_t(n / T * E), 14);
+  for (bool renorm : {true, false}) {
+    const Backend::GroupRouting r{k, 4, 2, renorm, scale};
+    Tensor logits = make(*be, {n, E}, z), probs(*be, {n, E}), experts(*be, {n, k}, DType::i32), weights(*be, {n, k});
+    be->moe_group_router_forward(logits, r, probs, experts, weights);
+    Tensor dw = make(*be, {n, k}, a), sg = make(*be, {n / T, E}, g), dz(*be, {n, E});
+    be->moe_group_router_backward(probs, experts, dw, r, sg, T, dz);
+    const auto got = get<float>(*be, dz);
+    const auto ex = get<int32_t>(*be, experts);
+    for (int64_t t = 0; t < n; ++t) {
+      auto loss = [&](const std::vector<double>& zt) {
+        std::vector<double> p;
+        double sum = 0, top = 0;
+        for (double v : zt) p.push_back(1 / (1 + std::exp(-v))), sum += p.back();
+        for (int64_t j = 0; j < k; ++j) top += p[size_t(ex[size_t(t * k + j)])];
+        double L = 0;
+        for (int64_t j = 0; j < k; ++j)
+          L += a[size_t(t * k + j)] * scale * p[size_t(ex[size_t(t * k + j)])] / (renorm ? top : 1.0);
+        for (int64_t e = 0; e < E; ++e) L += g[size_t(t / T * E + e)] * p[size_t(e)] / sum;
+        return L;
+      };
+      for (int64_t e = 0; e < E; ++e) {
+        std::vector<double> hi(z.begin() + t * E, z.begin() + (t + 1) * E), lo = hi;
+        hi[size_t(e)] += 1e-5;
+        lo[size_t(e)] -= 1e-5;
+        const double want = (loss(hi) - loss(lo)) / 2e-5;
+        EXPECT_NEAR(got[size_t(t * E + e)], want, 1e-5 + 1e-4 * std::abs(want))
+            << "token " << t << " expert " << e << (renorm ? " (renormalised)" : "");
+      }
+    }
+  }
+}
+
+// Under bf16 the router reads bf16 logits into f32: on bf16 values it is the f32 router exactly (probabilities,
+// choices, weights); its logits' gradient is the f32 one rounded once to bf16.
+TEST(MoeGroupRouter, Bf16LogitsMatchF32) {
+  auto be = cpu();
+  const int64_t n = 12, E = 8, k = 3, T = 4;
+  auto z = randn(size_t(n * E), 15, 1.5f);
+  for (float& v : z) v = round_bf16(v);
+  const Backend::GroupRouting r{k, 4, 2, true, 2.5f};
+  std::vector<std::vector<float>> probs, weights, dz;
+  std::vector<std::vector<int32_t>> experts;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor logits(*be, {n, E}, dt), p(*be, {n, E}), ex(*be, {n, k}, DType::i32), w(*be, {n, k}), d(*be, {n, E}, dt);
+    be->upload_f32(logits, z.data());
+    be->moe_group_router_forward(logits, r, p, ex, w);
+    Tensor dw = make(*be, {n, k}, randn(size_t(n * k), 16)), sg = make(*be, {n / T, E}, randn(size_t(n / T * E), 17));
+    be->moe_group_router_backward(p, ex, dw, r, sg, T, d);
+    Tensor d32(*be, {n, E});
+    be->convert(d, d32);
+    probs.push_back(get<float>(*be, p));
+    weights.push_back(get<float>(*be, w));
+    experts.push_back(get<int32_t>(*be, ex));
+    dz.push_back(get<float>(*be, d32));
+  }
+  EXPECT_EQ(probs[0], probs[1]);
+  EXPECT_EQ(weights[0], weights[1]);
+  EXPECT_EQ(experts[0], experts[1]);
+  for (size_t i = 0; i < dz[0].size(); ++i) EXPECT_EQ(dz[1][i], round_bf16(dz[0][i])) << i;
 }
 
 TEST(MoeCombine, ForwardAndBackwardMatchNaive) {

@@ -81,6 +81,15 @@ template <typename X>
 void moe_router_backward(const float* probs, const float* lse, const int32_t* experts, const float* dweights,
                          bool renormalize, const float* seq_grad, int64_t T, float z_scale, X* dlogits, int64_t n,
                          int64_t E, int64_t k);
+// DeepSeek-V3's sigmoid, group-limited router (kernels/cpu/moe_group_router.cpp; Backend::moe_group_router_forward).
+template <typename X>
+void moe_group_router_forward(const X* logits, float* probs, int32_t* experts, float* weights, int64_t n, int64_t E,
+                              int64_t k, int64_t n_group, int64_t topk_group, bool renormalize, float scale,
+                              const float* bias);
+template <typename X>
+void moe_group_router_backward(const float* probs, const int32_t* experts, const float* dweights, bool renormalize,
+                               float scale, const float* seq_grad, int64_t T, X* dlogits, int64_t n, int64_t E,
+                               int64_t k);
 template <typename X>
 void moe_combine(const X* rows, const int32_t* pos, const float* weights, X* y, int64_t n, int64_t k, int64_t C);
 template <typename X>

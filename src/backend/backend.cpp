@@ -408,6 +408,45 @@ void Backend::moe_router_backward(const Tensor& probs, const Tensor& lse, const 
   }
   moe_router_backward_impl(probs, lse, experts, dweights, renormalize, seq_grad, T, z_scale, dlogits);
 }
+void Backend::moe_group_router_forward(const Tensor& logits, const GroupRouting& r, Tensor& probs, Tensor& experts,
+                                       Tensor& weights, const Tensor& bias) {
+  const int64_t n = rows_of(logits), E = cols_of(logits);
+  Check c(*this, "moe_group_router_forward");
+  c.tensor(logits, "logits", kFloat).that(r.n_group >= 1 && E % r.n_group == 0,
+                                          cat("n_group = ", r.n_group, " must divide E = ", E));
+  c.that(r.topk_group >= 1 && r.topk_group <= r.n_group,
+         cat("topk_group = ", r.topk_group, " must be in [1, n_group = ", r.n_group, "]"));
+  c.that(r.k >= 1 && r.k <= r.topk_group * (E / r.n_group),
+         cat("k = ", r.k, " must be in [1, topk_group x E / n_group = ", r.topk_group * (E / r.n_group), "]"));
+  c.tensor(probs, "probs", kF32).numel(probs, "probs", n * E);
+  c.tensor(experts, "experts", kI32).numel(experts, "experts", n * r.k);
+  c.tensor(weights, "weights", kF32).numel(weights, "weights", n * r.k);
+  if (bias.defined()) c.tensor(bias, "bias", kF32).numel(bias, "bias", E);
+  moe_group_router_forward_impl(logits, r, probs, experts, weights, bias);
+}
+void Backend::moe_group_router_backward(const Tensor& probs, const Tensor& experts, const Tensor& dweights,
+                                        const GroupRouting& r, const Tensor& seq_grad, int64_t T, Tensor& dlogits) {
+  const int64_t n = rows_of(probs), E = cols_of(probs);
+  Check c(*this, "moe_group_router_backward");
+  c.tensor(probs, "probs", kF32).tensor(experts, "experts", kI32).numel(experts, "experts", n * r.k);
+  c.tensor(dweights, "dweights", kF32).numel(dweights, "dweights", n * r.k);
+  c.tensor(dlogits, "dlogits", kFloat).numel(dlogits, "dlogits", n * E);
+  if (seq_grad.defined()) {
+    c.that(T >= 1 && n % T == 0, cat("T = ", T, " must divide the ", n, " rows"));
+    c.tensor(seq_grad, "seq_grad", kF32).numel(seq_grad, "seq_grad", n / T * E);
+  }
+  moe_group_router_backward_impl(probs, experts, dweights, r, seq_grad, T, dlogits);
+}
+void Backend::moe_group_router_forward_impl(const Tensor&, const GroupRouting&, Tensor&, Tensor&, Tensor&,
+                                            const Tensor&) {
+  fatal(cat("moe_group_router_forward: the ", describe(), " backend has no sigmoid (DeepSeek-V3) router kernel"),
+        __FILE__, __LINE__, "run MoE layers with sigmoid scores on the CPU backend (train.device = \"cpu\")");
+}
+void Backend::moe_group_router_backward_impl(const Tensor&, const Tensor&, const Tensor&, const GroupRouting&,
+                                             const Tensor&, int64_t, Tensor&) {
+  fatal(cat("moe_group_router_backward: the ", describe(), " backend has no sigmoid (DeepSeek-V3) router kernel"),
+        __FILE__, __LINE__, "run MoE layers with sigmoid scores on the CPU backend (train.device = \"cpu\")");
+}
 void Backend::moe_combine(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) {
   const int64_t n = rows_of(y), k = cols_of(pos);
   Check c(*this, "moe_combine");

@@ -185,6 +185,27 @@ class Backend : public Allocator {
   // probs, lse, experts as moe_router_forward wrote them. Overwrites dlogits.
   void moe_router_backward(const Tensor& probs, const Tensor& lse, const Tensor& experts, const Tensor& dweights,
                            bool renormalize, const Tensor& seq_grad, int64_t T, float z_scale, Tensor& dlogits);
+  // DeepSeek-V3's router (transformers' DeepseekV3TopkRouter; arXiv:2412.19437 section 2.1.2), the MoE layers with
+  // MoeSpec::score = sigmoid: probs (n, E) f32 = sigmoid of logits (n, E) in f32; the choice scores probs + bias
+  // (bias (E) f32, optional: e_score_correction_bias, the choice only); the E experts in n_group groups of E / n_group,
+  // each group ranked by the sum of its two best choice scores (its one score when a group holds one expert), the
+  // topk_group best kept (the lower group first on a tie); experts i32 (n, k) the k best choice scores of the kept
+  // groups' experts, descending (the lower expert first on a tie); weights (n, k) f32 = their probs, divided by their
+  // sum + 1e-20 when renormalize, times scale (routed_scaling_factor). logits: float.
+  struct GroupRouting {
+    int64_t k = 1, n_group = 1, topk_group = 1;
+    bool renormalize = true;
+    float scale = 1.f;
+  };
+  void moe_group_router_forward(const Tensor& logits, const GroupRouting& r, Tensor& probs, Tensor& experts,
+                                Tensor& weights, const Tensor& bias = Tensor());
+  // dlogits (n, E) (float, probs' shape, logits' dtype) = the gradient through the sigmoid of
+  //   the weights' gradient dweights (n, k) f32 (through the scale and the renormalisation; none through the choice),
+  //   + seq_grad[s, e] (f32 (n / T, E), may be undefined) on every normalised score q[t, e] = p[t, e] / (sum_i p[t, i]
+  //     + 1e-20) of sequence s = t / T (DeepSeek-V3's complementary sequence-wise loss averages q, not p).
+  // probs, experts as moe_group_router_forward wrote them. Overwrites dlogits.
+  void moe_group_router_backward(const Tensor& probs, const Tensor& experts, const Tensor& dweights,
+                                 const GroupRouting& r, const Tensor& seq_grad, int64_t T, Tensor& dlogits);
   // y (n, C) = sum over j < k of weights[t, j] * rows[pos[t, j]] (rows (R, C), pos i32 (n, k) in [0, R)), summed in
   // j order; weights undefined: 1 (an expert input's gradient back to its token). rows, y: float, one dtype;
   // weights f32. y must not alias rows.
@@ -363,6 +384,12 @@ class Backend : public Allocator {
   virtual void moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts,
                                        const Tensor& dweights, bool renormalize, const Tensor& seq_grad, int64_t T,
                                        float z_scale, Tensor& dlogits) = 0;
+  // The CPU backend's only: others refuse with a message naming the op (the CUDA router knows softmax alone).
+  virtual void moe_group_router_forward_impl(const Tensor& logits, const GroupRouting& r, Tensor& probs,
+                                             Tensor& experts, Tensor& weights, const Tensor& bias);
+  virtual void moe_group_router_backward_impl(const Tensor& probs, const Tensor& experts, const Tensor& dweights,
+                                              const GroupRouting& r, const Tensor& seq_grad, int64_t T,
+                                              Tensor& dlogits);
   virtual void moe_combine_impl(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) = 0;
   virtual void moe_combine_backward_impl(const Tensor& dy, const Tensor& rows, const Tensor& pos,
                                         const Tensor& weights, Tensor& drows, Tensor& dweights) = 0;

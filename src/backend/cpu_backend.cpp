@@ -404,6 +404,23 @@ void CpuBackend::moe_router_backward_impl(const Tensor& probs, const Tensor& lse
                              rows_of(probs), cols_of(probs), cols_of(experts));
   });
 }
+void CpuBackend::moe_group_router_forward_impl(const Tensor& logits, const GroupRouting& r, Tensor& probs,
+                                               Tensor& experts, Tensor& weights, const Tensor& bias) {
+  by_dtype(logits, [&](auto* t) {
+    cpu::moe_group_router_forward(ptr<X_OF(t)>(logits), probs.f32(), experts.i32(), weights.f32(), rows_of(logits),
+                                  cols_of(logits), r.k, r.n_group, r.topk_group, r.renormalize, r.scale,
+                                  bias.defined() ? bias.f32() : nullptr);
+  });
+}
+void CpuBackend::moe_group_router_backward_impl(const Tensor& probs, const Tensor& experts, const Tensor& dweights,
+                                                const GroupRouting& r, const Tensor& seq_grad, int64_t T,
+                                                Tensor& dlogits) {
+  by_dtype(dlogits, [&](auto* t) {
+    cpu::moe_group_router_backward(probs.f32(), experts.i32(), dweights.f32(), r.renormalize, r.scale,
+                                   seq_grad.defined() ? seq_grad.f32() : nullptr, T, ptr<X_OF(t)>(dlogits),
+                                   rows_of(probs), cols_of(probs), r.k);
+  });
+}
 void CpuBackend::moe_combine_impl(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) {
   by_dtype(y, [&](auto* t) {
     cpu::moe_combine(ptr<X_OF(t)>(rows), pos.i32(), weights.defined() ? weights.f32() : nullptr, ptr<X_OF(t)>(y),

@@ -91,6 +91,11 @@ class CpuBackend final : public Backend {
   void moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts, const Tensor& dweights,
                                 bool renormalize, const Tensor& seq_grad, int64_t T, float z_scale,
                                 Tensor& dlogits) override;
+  void moe_group_router_forward_impl(const Tensor& logits, const GroupRouting& r, Tensor& probs, Tensor& experts,
+                                     Tensor& weights, const Tensor& bias) override;
+  void moe_group_router_backward_impl(const Tensor& probs, const Tensor& experts, const Tensor& dweights,
+                                      const GroupRouting& r, const Tensor& seq_grad, int64_t T,
+                                      Tensor& dlogits) override;
   void moe_combine_impl(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) override;
   void moe_combine_backward_impl(const Tensor& dy, const Tensor& rows, const Tensor& pos, const Tensor& weights,
                                  Tensor& drows, Tensor& dweights) override;

@@ -36,7 +36,18 @@ struct MoeSpec {
   int cp = 1;                // parallel.cp: a rank holds T / cp rows of each sequence (its statistics summed over cp)
   // router_aux_loss_coef and router_z_loss_coef themselves: the trainer's router terms of the logged loss.
   double aux_coef = 0, z_coef = 0;
+  // DeepSeek-V3 (arXiv:2412.19437 section 2.1.2; transformers' DeepseekV3MoE): sigmoid scores with a group-limited
+  // top-k (n_group groups, the topk_group best kept; 1 / 1: no grouping), the chosen weights times routed_scaling
+  // (routed_scaling_factor), and with either score n_shared always-on shared experts: one SwiGLU of n_shared x
+  // ffn_hidden units on every token, added to the routed experts' sum. expert_bias above is its
+  // e_score_correction_bias. The defaults are Mixtral's and Qwen3-MoE's (softmax, no groups, no scale, none shared).
+  enum class Score { softmax, sigmoid };
+  Score score = Score::softmax;
+  int64_t n_group = 1, topk_group = 1;  // sigmoid only
+  double routed_scaling = 1.0;          // sigmoid only
+  int64_t n_shared = 0;
   bool on() const { return n_experts > 0; }
+  int64_t shared_hidden() const { return n_shared * ffn_hidden; }
 };
 
 // Everything known about a block before anything is allocated: what the partitioner, `relay plan`,

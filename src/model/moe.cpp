@@ -1,8 +1,9 @@
-// The sparse MLP of Mixtral and Qwen3-MoE decoder layers (model/moe.hpp).
+// The sparse MLP of Mixtral's, Qwen3-MoE's and DeepSeek-V3's decoder layers (model/moe.hpp).
 #include "model/moe.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "comm/trace.hpp"
 
@@ -13,7 +14,7 @@ namespace {
 // experts may receive (R without expert parallelism).
 enum : size_t { kLogits, kProbs, kLse, kExperts, kWeights, kPos, kSrc, kOffsets, kXs, kGate, kUp, kH, kYs,
                 kGYs, kGGate, kGUp, kGXs, kGWeights, kGLogits, kSeqGrad, kRecvCounts, kToLocal, kToRanks, kXl, kYl,
-                kGYl, kGXl, kStage, kCount };
+                kGYl, kGXl, kStage, kSGate, kSUp, kSH, kSGY, kSGGate, kSGUp, kCount };
 
 // The local experts' weights for the GEMMs (their working copies under bf16), and their gradients.
 std::vector<Tensor> weights_of(const std::vector<Param*>& ps) {
@@ -41,13 +42,22 @@ MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const Expe
   RELAY_ASSERT(ep_.size == moe_.ep, "MoeMlp: an ep group of " << ep_.size << " for a layer planned at ep " << moe_.ep);
   E_local_ = ep_.local_experts(moe_.n_experts);
   first_ = ep_.first_expert(moe_.n_experts);
-  RELAY_ASSERT(int64_t(params.size()) == 1 + 3 * E_local_,
-               "MoeMlp: " << params.size() << " params, expected " << 1 + 3 * E_local_);
+  RELAY_ASSERT(params.size() == param_count(moe_, ep_),
+               "MoeMlp: " << params.size() << " params, expected " << param_count(moe_, ep_));
+  RELAY_ASSERT(sigmoid() || (moe_.n_group == 1 && moe_.topk_group == 1 && moe_.routed_scaling == 1.0),
+               "MoeMlp: group-limited routing and routed_scaling_factor need sigmoid scores");
+  RELAY_ASSERT(!sigmoid() || moe_.z_weight == 0, "MoeMlp: the router z-loss needs softmax scores");
   router_ = params[0];
+  size_t i = 1;
+  if (moe_.n_shared > 0) {
+    shared_gate_ = params[i++];
+    shared_up_ = params[i++];
+    shared_down_ = params[i++];
+  }
   for (int64_t e = 0; e < E_local_; ++e) {
-    gate_.push_back(params[size_t(1 + 3 * e)]);
-    up_.push_back(params[size_t(2 + 3 * e)]);
-    down_.push_back(params[size_t(3 + 3 * e)]);
+    gate_.push_back(params[i++]);
+    up_.push_back(params[i++]);
+    down_.push_back(params[i++]);
   }
   stats_.layer = moe_.layer;
   stats_.tokens.assign(size_t(moe_.n_experts), 0.0);
@@ -91,13 +101,22 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, i
   s[kGYl] = {{Rx, C}, a, true};
   s[kGXl] = {{Rx, C}, a, true};
   s[kStage] = {{Rx, C}, a, true};  // rows in arrival order, on their way in or out
+  // The shared experts (size 0 without them): their SwiGLU's gate, up (n, Fs) and output (scratch: the forward's, and
+  // recomputed for down's weight gradient), the output gradient dy (n, C) backward_weight reads, d gate, d up.
+  const int64_t ns = spec.moe.n_shared > 0 ? n : 0, Fs = spec.moe.shared_hidden() / tp;
+  s[kSGate] = {{ns, Fs}, a};
+  s[kSUp] = {{ns, Fs}, a};
+  s[kSH] = {{ns, Fs}, a, true};
+  s[kSGY] = {{ns, C}, a, true};
+  s[kSGGate] = {{ns, Fs}, a, true};
+  s[kSGUp] = {{ns, Fs}, a, true};
   return s;
 }
 
 int64_t MoeMlp::exchange_bytes(const BlockSpec& spec, int64_t n, int tp) {
   const std::vector<BufferSpec> s = saved_shapes(spec, n, tp);
   int64_t bytes = 0;
-  for (size_t i = kRecvCounts; i < kCount; ++i) bytes += s[i].bytes();
+  for (size_t i = kRecvCounts; i <= kStage; ++i) bytes += s[i].bytes();
   return bytes;
 }
 
@@ -163,7 +182,12 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   Tensor weights = rows(kWeights, n), pos = rows(kPos, n), src = s[kSrc].rows(0, R), xs = rows(kXs, R);
   be.linear(x, router_->compute(), Tensor(), logits);                                   // (n, E)
   // moe.expert_bias: the bias the trainer (or relay generate) set; undefined, the router is unbiased.
-  be.moe_router_forward(logits, k, moe_.renormalize, probs, lse, experts, weights, bias_);  // (n, E), (n), (n, k) x 2
+  if (sigmoid()) {
+    be.moe_group_router_forward(logits, group_routing(), probs, experts, weights, bias_);  // (n, E), (n, k) x 2
+    be.fill(lse, 0.f);  // (n) no softmax: no z-loss
+  } else {
+    be.moe_router_forward(logits, k, moe_.renormalize, probs, lse, experts, weights, bias_);  // (n, E), (n), (n, k) x 2
+  }
   // The routing plan on the host: a counting sort of the (token, j) pairs by expert.
   experts_.resize(size_t(R));
   be.download(experts_.data(), experts);
@@ -226,6 +250,13 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   Tensor ys = rows(kYs, R);
   if (ep_.on()) undispatch(be, yl, ys, s, "the expert-parallel return of the experts' outputs");  // (R, C)
   be.moe_combine(ys, pos, weights, y);                                                  // (n, C)
+  if (moe_.n_shared > 0) {  // y += shared(x): every token, this tp rank's Fs / tp units
+    Tensor sgate = rows(kSGate, n), sup = rows(kSUp, n), sh = rows(kSH, n);
+    be.linear(x, shared_gate_->compute(), Tensor(), sgate);                             // (n, Fs)
+    be.linear(x, shared_up_->compute(), Tensor(), sup);                                 // (n, Fs)
+    be.swiglu_forward(sgate, sup, sh);                                                  // (n, Fs)
+    be.matmul(sh, false, shared_down_->compute(), true, y, 1.f, 1.f);                   // (n, C)
+  }
 }
 
 void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s) {
@@ -269,10 +300,21 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
     double* c = cp_stats.data() + 2 * b * E;
     double* psum = c + E;
     for (int64_t t = b * Tl; t < (b + 1) * Tl; ++t) {
-      for (int64_t j = 0; j < k; ++j) c[experts_[size_t(t * k + j)]] += 1;
-      for (int64_t e = 0; e < E; ++e) psum[e] += probs_[size_t(t * E + e)];
+      const float* p = probs_.data() + t * E;
+      for (int64_t j = 0; j < k; ++j) stats_.tokens[size_t(experts_[size_t(t * k + j)])] += 1;  // this rank's tokens
+      if (!sigmoid()) {
+        for (int64_t j = 0; j < k; ++j) c[experts_[size_t(t * k + j)]] += 1;
+        for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
+        continue;
+      }
+      // DeepSeek-V3's complementary loss (report eq. 17-20, Megatron-core's sigmoid seq_aux_loss): its counts are of
+      // the token's k best unbiased scores over all experts (no bias, no groups; the lower expert first on a tie),
+      // its probabilities the scores normalised to sum 1 (as moe_group_router_backward differentiates them).
+      for (int64_t e : plain_top_k(p)) c[e] += 1;
+      float D = 1e-20f;
+      for (int64_t e = 0; e < E; ++e) D += p[e];
+      for (int64_t e = 0; e < E; ++e) psum[e] += p[e] / D;
     }
-    for (int64_t e = 0; e < E; ++e) stats_.tokens[size_t(e)] += c[e];  // this rank's tokens
   }
   if (cp_.on())
     cp_.comm->allreduce_host(cp_stats.data(), int(cp_stats.size()), ReduceOp::sum,
@@ -288,24 +330,27 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
     if (cp_.rank == 0) stats_.aux_sum += norm * aux;  // each sequence once
   }
   for (float l : lse_) stats_.z_sum += double(l) * double(l);
-  if (k < E)  // the k-th largest probability is the smallest chosen one; the (k+1)-th the largest of the rest
-    for (int64_t t = 0; t < n; ++t) {
-      const float* p = probs_.data() + t * E;
-      auto score = [&](int64_t e) { return host_bias_.empty() ? p[e] : p[e] + host_bias_[size_t(e)]; };
-      float kth = INFINITY, next = -INFINITY;
-      for (int64_t j = 0; j < k; ++j) kth = std::min(kth, score(experts_[size_t(t * k + j)]));
-      for (int64_t e = 0; e < E; ++e)
-        if (std::find(experts_.begin() + t * k, experts_.begin() + (t + 1) * k, int32_t(e)) == experts_.begin() + (t + 1) * k)
-          next = std::max(next, score(e));
-      stats_.min_margin = std::min(stats_.min_margin, double(kth) - double(next));
-    }
+  if (k < E)
+    for (int64_t t = 0; t < n; ++t) stats_.min_margin = std::min(stats_.min_margin, choice_margin(t));
   Tensor seq_grad = s[kSeqGrad].rows(0, B);
   be.upload(seq_grad, seq_grad_.data());
-  be.moe_router_backward(rows(kProbs, n), rows(kLse, n), rows(kExperts, n), gweights, moe_.renormalize,
-                         moe_.aux_weight > 0 ? seq_grad : Tensor(), Tl, float(moe_.z_weight), glogits);  // (n, E)
+  if (sigmoid())
+    be.moe_group_router_backward(rows(kProbs, n), rows(kExperts, n), gweights, group_routing(),
+                                 moe_.aux_weight > 0 ? seq_grad : Tensor(), Tl, glogits);  // (n, E)
+  else
+    be.moe_router_backward(rows(kProbs, n), rows(kLse, n), rows(kExperts, n), gweights, moe_.renormalize,
+                           moe_.aux_weight > 0 ? seq_grad : Tensor(), Tl, float(moe_.z_weight), glogits);  // (n, E)
   be.moe_combine(gxs, rows(kPos, n), Tensor(), dx);                                    // (n, C) through the experts
   if (tp_.rank == 0)  // + through the router (whole on every tp rank: counted once in the group's sum)
     be.matmul(glogits, false, router_->compute(), false, dx, 1.f, 1.f);
+  if (moe_.n_shared > 0) {  // + through the shared experts (this tp rank's units: a partial sum like the experts')
+    Tensor sgy = rows(kSGY, n), sgg = rows(kSGGate, n), sgu = rows(kSGUp, n);
+    be.copy(sgy, dy);                                                                   // (n, C) for backward_weight
+    be.matmul(dy, false, shared_down_->compute(), false, sgg, 1.f, 0.f);                // (n, Fs) d h
+    be.swiglu_backward(sgg, rows(kSGate, n), rows(kSUp, n), sgg, sgu);                  // (n, Fs) d gate, d up
+    be.matmul(sgg, false, shared_gate_->compute(), false, dx, 1.f, 1.f);                // (n, C)
+    be.matmul(sgu, false, shared_up_->compute(), false, dx, 1.f, 1.f);
+  }
 }
 
 void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
@@ -313,12 +358,72 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
   auto rows = [&](size_t b, int64_t r) { return s[b].rows(0, r); };
   download_plan(be, s);
   be.matmul(rows(kGLogits, n), true, x, false, router_->grad, 1.f, 1.f);               // dW_gate (E, C)
+  if (moe_.n_shared > 0) {
+    Tensor sh = rows(kSH, n);  // (n, Fs) recomputed from the kept gate and up, bitwise the forward's
+    be.swiglu_forward(rows(kSGate, n), rows(kSUp, n), sh);
+    be.matmul(rows(kSGY, n), true, sh, false, shared_down_->grad, 1.f, 1.f);           // dW_down (C, Fs)
+    be.matmul(rows(kSGGate, n), true, x, false, shared_gate_->grad, 1.f, 1.f);         // dW_gate (Fs, C)
+    be.matmul(rows(kSGUp, n), true, x, false, shared_up_->grad, 1.f, 1.f);             // dW_up (Fs, C)
+  }
   const size_t xl = ep_.on() ? kXl : kXs, gyl = ep_.on() ? kGYl : kGYs;  // this rank's experts' rows
   const int64_t Rl = local_rows();
   const Tensor xe = s[xl].rows(0, Rl);                                                  // (Rl, C)
   be.grouped_matmul_weight(s[gyl].rows(0, Rl), rows(kH, Rl), local_, grads_of(down_), 1.f);  // dW_down (C, F) each
   be.grouped_matmul_weight(rows(kGGate, Rl), xe, local_, grads_of(gate_), 1.f);              // dW_gate (F, C) each
   be.grouped_matmul_weight(rows(kGUp, Rl), xe, local_, grads_of(up_), 1.f);                  // dW_up (F, C) each
+}
+
+std::vector<int64_t> MoeMlp::plain_top_k(const float* p) const {
+  std::vector<int64_t> top;  // (k)
+  for (int64_t j = 0; j < moe_.k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < moe_.n_experts; ++e)
+      if (std::find(top.begin(), top.end(), e) == top.end() && (best < 0 || p[e] > p[best])) best = e;
+    top.push_back(best);
+  }
+  return top;
+}
+
+double MoeMlp::choice_margin(int64_t t) const {
+  const int64_t E = moe_.n_experts, k = moe_.k, G = E / moe_.n_group;
+  const float* p = probs_.data() + t * E;
+  auto score = [&](int64_t e) { return host_bias_.empty() ? p[e] : p[e] + host_bias_[size_t(e)]; };
+  const auto first = experts_.begin() + t * k, last = first + k;
+  auto chosen = [&](int64_t e) { return std::find(first, last, int32_t(e)) != last; };
+  // Group-limited routing: the groups ranked again by the sum of their two best choice scores; the margin is also
+  // the one between the worst kept group and the best dropped one.
+  std::vector<char> kept(static_cast<size_t>(moe_.n_group), 1);
+  double margin = INFINITY;
+  if (moe_.n_group != moe_.topk_group) {
+    std::vector<double> gscore(static_cast<size_t>(moe_.n_group));
+    for (int64_t g = 0; g < moe_.n_group; ++g) {
+      std::vector<float> v;
+      for (int64_t e = g * G; e < (g + 1) * G; ++e) v.push_back(score(e));
+      std::sort(v.begin(), v.end(), std::greater<float>());
+      gscore[size_t(g)] = G > 1 ? double(v[0] + v[1]) : double(v[0]);
+    }
+    std::vector<int64_t> order(static_cast<size_t>(moe_.n_group));
+    for (int64_t g = 0; g < moe_.n_group; ++g) order[size_t(g)] = g;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return gscore[size_t(a)] > gscore[size_t(b)]; });
+    for (int64_t j = 0; j < moe_.n_group; ++j) kept[size_t(order[size_t(j)])] = j < moe_.topk_group;
+    margin = gscore[size_t(order[size_t(moe_.topk_group - 1)])] - gscore[size_t(order[size_t(moe_.topk_group)])];
+  }
+  // The k-th largest choice score is the smallest chosen one; the (k+1)-th the largest of the kept rest.
+  float kth = INFINITY, next = -INFINITY;
+  for (int64_t j = 0; j < k; ++j) kth = std::min(kth, score(first[j]));
+  for (int64_t e = 0; e < E; ++e)
+    if (kept[size_t(e / G)] && !chosen(e)) next = std::max(next, score(e));
+  margin = std::min(margin, double(kth) - double(next));
+  if (sigmoid() && moe_.aux_weight > 0) {  // the aux loss's own top-k of the unbiased scores, over all experts
+    const std::vector<int64_t> top = plain_top_k(p);
+    float last = INFINITY, rest = -INFINITY;
+    for (int64_t e = 0; e < E; ++e)
+      if (std::find(top.begin(), top.end(), e) != top.end()) last = std::min(last, p[e]);
+      else rest = std::max(rest, p[e]);
+    margin = std::min(margin, double(last) - double(rest));
+  }
+  return margin;
 }
 
 void MoeMlp::set_bias(Backend& be, const float* bias) {

@@ -3,6 +3,10 @@
 //   logits = x W_gate^T (n, E);  p = softmax(logits) in f32;  the token's k most probable experts, their weights
 //   p (divided by their sum when renormalising);  y[t] = sum over its k experts e of w_e SwiGLU_e(x[t]),
 //   SwiGLU_e(x) = down_e(silu(gate_e(x)) * up_e(x)).
+// DeepSeek-V3 (arXiv:2412.19437; transformers' DeepseekV3MoE, MoeSpec::score = sigmoid): p = sigmoid(logits) in f32,
+// the k experts by the group-limited top-k of p + e_score_correction_bias (moe.expert_bias: the choice only), their
+// weights p / (their sum + 1e-20) when renormalising, times routed_scaling_factor; and (either score) y[t] +=
+// shared(x[t]), one SwiGLU of n_shared x ffn_hidden units on every token (mlp.shared_experts).
 // Dropless: every token reaches all of its k experts. Tokens are sorted by expert (stable: by token, then by rank in
 // its top-k) so that each expert runs its GEMMs on one contiguous block of rows.
 //
@@ -13,7 +17,11 @@
 // Load balancing, per sequence (DeepSeek-V3's sequence-wise loss, Megatron-core's seq_aux_loss): for a sequence of T
 // tokens, c_e the number of its tokens whose top-k holds e, aux = E / (k T^2) sum_e c_e sum_t p[t, e] (1 when
 // perfectly balanced); the loss adds aux_weight x aux per sequence (the counts are constants: no gradient through
-// the top-k choice) and z_weight x lse^2 per token (the router z-loss, ST-MoE arXiv:2202.08906). Under context
+// the top-k choice) and z_weight x lse^2 per token (the router z-loss, ST-MoE arXiv:2202.08906). With sigmoid scores,
+// DeepSeek-V3's complementary sequence-wise loss (its report's equations 17-20, Megatron-core's sigmoid
+// seq_aux_loss): p[t, e] is the normalised s'[t, e] = p[t, e] / (sum_i p[t, i] + 1e-20) and c_e counts the tokens
+// whose k best unbiased scores, over all experts, hold e (not the biased, group-limited choice); no z-loss (refused).
+// Under context
 // parallelism a rank holds T / cp rows of each sequence: c_e and sum_t p[t, e] are summed over the cp group first.
 #pragma once
 #include <span>
@@ -27,14 +35,20 @@ namespace relay {
 
 class MoeMlp {
  public:
-  // params: the router (E, C), then each of this rank's experts' gate (F, C), up (F, C) and down (C, F) (every
-  // expert's without expert parallelism).
+  // params: the router (E, C), the shared experts' gate (Fs, C), up (Fs, C) and down (C, Fs) when spec.moe.n_shared
+  // (Fs = n_shared x F; on every ep rank, like the layer's other non-expert parameters), then each of this rank's
+  // experts' gate (F, C), up (F, C) and down (C, F) (every expert's without expert parallelism).
   // tp: each expert's SwiGLU split over the tensor-parallel group like the dense one (gate and up by rows, down by
   // columns: moe_ffn_hidden / tp units here); the outputs (and input gradients) are then this rank's partial sums,
-  // which the caller reduces over the group; the router is whole on every tp rank.
+  // which the caller reduces over the group; the router is whole on every tp rank; the shared experts' SwiGLU is
+  // split the same way (Fs / tp units here).
   // cp: the rank's context-parallel group; a sequence's load-balancing statistics are summed over it first.
   MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep = {},
          const TensorParallel& tp = {}, const ContextParallel& cp = {});
+  // The number of params above for a rank of the ep group.
+  static size_t param_count(const MoeSpec& moe, const ExpertParallel& ep = {}) {
+    return size_t(1 + (moe.n_shared > 0 ? 3 : 0) + 3 * ep.local_experts(moe.n_experts));
+  }
   // The buffers a micro-batch of n rows keeps (saved[first, first + count)): routing, gathered rows, gradients; under
   // expert parallelism (spec.moe.ep) the rows this rank's experts may receive (dropless: at most ep n min(k, E/ep)).
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp = 1);
@@ -45,10 +59,11 @@ class MoeMlp {
   // dy (n, C) -> dx (n, C), the input's gradient through the experts and the router (under tp this rank's partial
   // sum: the router's term on tp rank 0 only); adds the step's router statistics.
   void backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s);
-  // Accumulates the router's and the experts' weight gradients.
+  // Accumulates the router's, the shared experts' and the routed experts' weight gradients.
   void backward_weight(Backend& be, const Tensor& x, Tensor* s);
   void take_stats(std::vector<RouterStats>& out);
   // moe.expert_bias: this layer's bias (E floats), added to the probabilities for the top-k choice only.
+  // DeepSeek-V3's e_score_correction_bias is this bias (checkpointed as row `layer` of router/expert_bias).
   void set_bias(Backend& be, const float* bias);
 
  private:
@@ -61,6 +76,15 @@ class MoeMlp {
   void dispatch(Backend& be, const Tensor& sorted, Tensor& local, Tensor* s, const char* what);
   void undispatch(Backend& be, const Tensor& local, Tensor& sorted, Tensor* s, const char* what);
   int64_t local_rows() const { return local_.back(); }
+  // The top-k's margin of token t (RouterStats::min_margin) from the host's probs_, experts_ and host_bias_: with
+  // sigmoid scores also the groups' and, under the aux loss, its own top-k's.
+  double choice_margin(int64_t t) const;
+  // The k experts of the largest p (E) (the lower expert first on a tie): DeepSeek-V3's aux loss counts these.
+  std::vector<int64_t> plain_top_k(const float* p) const;
+  Backend::GroupRouting group_routing() const {
+    return {moe_.k, moe_.n_group, moe_.topk_group, moe_.renormalize, float(moe_.routed_scaling)};
+  }
+  bool sigmoid() const { return moe_.score == MoeSpec::Score::sigmoid; }
 
   ExpertParallel ep_;
   TensorParallel tp_;
@@ -70,6 +94,7 @@ class MoeMlp {
   MoeSpec moe_;
   int64_t C_, T_;
   Param* router_;
+  Param *shared_gate_ = nullptr, *shared_up_ = nullptr, *shared_down_ = nullptr;  // n_shared > 0
   std::vector<Param*> gate_, up_, down_;  // by local expert
   // Host scratch: the routing plan of the micro-batch at hand.
   std::vector<int32_t> experts_, pos_, src_, offsets_;
