@@ -22,6 +22,7 @@
 #include "model/block.hpp"
 #include "model/context_parallel.hpp"
 #include "model/expert_parallel.hpp"
+#include "model/fp8_linear.hpp"
 
 namespace relay {
 
@@ -69,6 +70,7 @@ class MoeMlp {
 
   MoeSpec moe_;
   int64_t C_, T_;
+  Fp8Linear fp8_;  // the experts' grouped GEMMs: FP8 under train.precision = "fp8" (the router's stay in bf16)
   Param* router_;
   std::vector<Param*> gate_, up_, down_;  // by local expert
   // Host scratch: the routing plan of the micro-batch at hand.
