@@ -9,7 +9,6 @@
 
 #include "model/blocks.hpp"
 #include "model/family.hpp"
-#include "model/fp8_linear.hpp"
 
 namespace relay {
 
@@ -84,7 +83,6 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
     for (BlockSpec& b : m.blocks)
       if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer || b.kind == BlockKind::linear)
         b.fp8 = cfg.train.fp8_recipe;
-    check_fp8_widths(m.blocks);
   }
   if (cfg.parallel.sequence_parallel && m.language_model && cfg.parallel.tp > 1)
     for (BlockSpec& b : m.blocks) b.sp = static_cast<int>(cfg.parallel.tp);
