@@ -115,6 +115,24 @@ TEST(Config, Durations) {
   EXPECT_THROW(parse_duration("soon", "k"), Error);
 }
 
+// train.precision = "fp8" and its recipe: the default, both spellings, the saved config, and the errors.
+TEST(Config, Fp8PrecisionAndRecipe) {
+  Config c = parse_config_text(kBase, "cfg.toml", {"train.precision=\"fp8\""});
+  EXPECT_EQ(c.train.precision, Precision::fp8);
+  EXPECT_EQ(c.train.fp8_recipe, Fp8Recipe::tensorwise);
+  EXPECT_EQ(compute_dtype(c.train.precision), DType::bf16);  // activations and working weights as in bf16
+  Config b = parse_config_text(kBase, "cfg.toml", {"train.precision=\"fp8\"", "train.fp8_recipe=\"blockwise\""});
+  EXPECT_EQ(b.train.fp8_recipe, Fp8Recipe::blockwise);
+  Config back = parse_config_text(to_toml(b), "saved.toml");
+  EXPECT_EQ(back.train.precision, Precision::fp8);
+  EXPECT_EQ(back.train.fp8_recipe, Fp8Recipe::blockwise);
+  EXPECT_NE(error_of(kBase, {"train.precision=\"fp8\"", "train.fp8_recipe=\"delayed\""}).find("train.fp8_recipe"),
+            std::string::npos);
+  const std::string e = error_of(kBase, {"train.precision=\"bf16\"", "train.fp8_recipe=\"tensorwise\""});
+  EXPECT_NE(e.find("train.fp8_recipe: = \"tensorwise\" scales FP8 GEMMs and needs train.precision = \"fp8\", got "
+                   "train.precision = \"bf16\""), std::string::npos) << e;
+}
+
 TEST(Config, SkipNonfiniteAndLogSection) {
   Config c = parse_config_text(kBase, "cfg.toml");
   EXPECT_EQ(c.train.skip_nonfinite, 0);  // stop at the first non-finite step, as before the key existed

@@ -69,8 +69,8 @@ std::string CpuBackend::describe() const {
 void CpuBackend::set_precision(Precision p) {
   if (p == Precision::tf32)
     throw Error("train.precision = \"tf32\" is a CUDA mode (TF32 tensor-core GEMMs); the CPU backend has no TF32. "
-                "Use train.precision = \"fp32\" or \"bf16\"");
-  if (p != Precision::bf16) return;
+                "Use train.precision = \"fp32\", \"bf16\" or \"fp8\"");
+  if (p != Precision::bf16 && p != Precision::fp8) return;  // fp8's working copies and activations are bf16
   // How bf16 GEMMs run (kernels/cpu/matmul.hpp), decided once: train.cpu_bf16_gemm, or for "auto" widened to f32
   // where oneDNN has no bf16 matmul, or where its primitive takes 1.15x the widened GEMM's time or more on a 1024^3
   // test GEMM (best of 3 each, interleaved, ~0.1 s). The widened one took 0.56-0.76 of the primitive's time on an

@@ -364,6 +364,9 @@ class CudaBackend final : public Backend {
   // NVIDIA_TF32_OVERRIDE=1); bf16 GEMMs take their dtype from their tensors. tf32: float32 GEMMs on TF32
   // tensor cores. bf16 and tf32 tensor cores need Ampere (sm_80) or newer.
   void set_precision(Precision p) override {
+    if (p == Precision::fp8)  // the CPU's emulation is the reference; the cuBLASLt FP8 GEMMs are issue 43's CUDA part
+      throw Error("train.precision = \"fp8\" has no CUDA kernels yet (its FP8 GEMMs run on the CPU backend only); "
+                  "use train.device = \"cpu\", or train.precision = \"bf16\" on the GPU");
     if ((p == Precision::bf16 || p == Precision::tf32) && prop_.major < 8)
       throw Error(cat("train.precision = \"", precision_name(p),
                       "\" needs a GPU with compute capability 8.0 or newer; cuda:", device_, " (", prop_.name,

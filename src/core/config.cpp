@@ -21,7 +21,8 @@ namespace relay {
 
 namespace {
 // Spellings of the enums, in enum order (Section::enum_choice, to_toml).
-constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "tf32"};
+constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "tf32", "fp8"};
+constexpr const char* kFp8RecipeNames[] = {"tensorwise", "blockwise"};
 constexpr const char* kGradReduceNames[] = {"fp32", "bf16"};
 
 // Every section and its keys ([model]'s: these and each family's own, ModelKeys::keys()). The parser reads these and
@@ -32,7 +33,8 @@ const std::map<std::string, std::set<std::string>>& section_keys() {
       {"model", {"type", "seed", "init_from", "loss"}},
       {"data", {"train", "eval", "shuffle", "seed", "document_mask", "reset_positions", "preload"}},
       {"train", {"steps", "batch_size", "micro_batches", "log_every", "eval_every", "clip_grad_norm", "device",
-                 "precision", "threads", "time_limit", "recompute", "skip_nonfinite", "cpu_bf16_gemm"}},
+                 "precision", "threads", "time_limit", "recompute", "skip_nonfinite", "cpu_bf16_gemm",
+                 "fp8_recipe"}},
       {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "momentum", "zero"}},
       {"lr_schedule", {"name", "warmup_steps", "min_lr"}},
       {"parallel", {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "comm",
@@ -56,6 +58,7 @@ std::vector<std::string> config_keys(const std::vector<const ModelKeys*>& famili
 }
 
 const char* precision_name(Precision p) { return kPrecisionNames[static_cast<size_t>(p)]; }
+const char* fp8_recipe_name(Fp8Recipe r) { return kFp8RecipeNames[static_cast<size_t>(r)]; }
 const char* grad_reduce_name(GradReduce g) { return kGradReduceNames[static_cast<size_t>(g)]; }
 
 const char* toml_type_name(const toml::node& n) {
@@ -335,6 +338,11 @@ void read_train(const Reading& r, Config& c) {
   train.real("clip_grad_norm", c.train.clip_grad_norm, 0, 1e30);
   train.choice("device", c.train.device, {"cpu", "cuda", "auto"});
   train.enum_choice("precision", c.train.precision, kPrecisionNames);
+  train.enum_choice("fp8_recipe", c.train.fp8_recipe, kFp8RecipeNames);
+  if (train.get("fp8_recipe") && c.train.precision != Precision::fp8)
+    train.fail("fp8_recipe", cat("= \"", fp8_recipe_name(c.train.fp8_recipe), "\" scales FP8 GEMMs and needs "
+                                 "train.precision = \"fp8\", got train.precision = \"", precision_name(c.train.precision),
+                                 "\" (remove train.fp8_recipe, or set train.precision = \"fp8\")"));
   train.integer("threads", c.train.threads, 0, 4096);
   train.choice("cpu_bf16_gemm", c.train.cpu_bf16_gemm, {"auto", "native", "widened"});
   train.str("time_limit", c.train.time_limit);
@@ -576,6 +584,7 @@ std::string Config::to_toml(const ModelKeys& family) const {
     << "\nrecompute = " << q(train.recompute) << "\nskip_nonfinite = " << train.skip_nonfinite << "\n";
   if (!train.time_limit.empty()) o << "time_limit = " << q(train.time_limit) << "\n";
   if (train.cpu_bf16_gemm != "auto") o << "cpu_bf16_gemm = " << q(train.cpu_bf16_gemm) << "\n";
+  if (train.precision == Precision::fp8) o << "fp8_recipe = " << q(fp8_recipe_name(train.fp8_recipe)) << "\n";
   o << "\n[optimizer]\nname = " << q(optimizer.name) << "\nlr = " << num(optimizer.lr) << "\nbetas = ["
     << num(optimizer.beta1) << ", " << num(optimizer.beta2) << "]\neps = " << num(optimizer.eps)
     << "\nweight_decay = " << num(optimizer.weight_decay) << "\nmomentum = " << num(optimizer.momentum)

@@ -90,7 +90,8 @@ struct Config {
     int64_t eval_every = 0;     // 0 = only at the end
     double clip_grad_norm = 0;  // 0 = off
     std::string device = "cpu";     // cpu | cuda | auto
-    Precision precision = Precision::fp32;  // fp32 | bf16 | tf32 (cuda)
+    Precision precision = Precision::fp32;  // fp32 | bf16 | tf32 (cuda) | fp8
+    Fp8Recipe fp8_recipe = Fp8Recipe::tensorwise;  // precision fp8: tensorwise | blockwise
     int64_t threads = 0;            // CPU threads per rank; 0 = the cores given to this rank
     // How the CPU multiplies bf16 inputs: "native" (oneDNN's bf16 matmul), "widened" (to f32, then dnnl_sgemm:
     // the same math on any x86-64), or "auto" (widened where oneDNN has no bf16 matmul or it runs clearly slower

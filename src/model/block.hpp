@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -75,6 +76,9 @@ struct BlockSpec {
   bool bias = true;         // transformer, head: Linear and LayerNorm biases
   bool starts_unit = true;  // a stage may begin here (false for an MLP's parameter-free layer)
   DType dtype = DType::f32; // activations, their gradients and working weights (train.precision)
+  // train.precision = "fp8": this block's linear layers run their GEMMs in FP8 with this recipe (model/fp8_linear.hpp;
+  // set for the transformer, Llama and MLP linear blocks, not for the embedding, the head or the experts).
+  std::optional<Fp8Recipe> fp8;
   // Sequence parallelism (parallel.sequence_parallel, model/tensor_parallel.hpp): the activations between blocks are
   // split by rows over sp = tp ranks; 1 without it.
   int sp = 1;

@@ -5,7 +5,8 @@
 //
 // Attention is FlashAttention-2's (arXiv:2307.08691): the T x T probabilities are never stored, only each
 // query row's log-sum-exp (B, H, T). Under train.precision = "bf16" activations and the working weights
-// are bf16; LayerNorm statistics and the log-sum-exp stay f32, weight gradients accumulate in f32.
+// are bf16; LayerNorm statistics and the log-sum-exp stay f32, weight gradients accumulate in f32. Under "fp8" the
+// four linear layers' GEMMs take FP8 operands (model/fp8_linear.hpp); the rest is as in bf16.
 //
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) with tp ranks: each rank holds H/tp heads of the
 // attention (QKV column-parallel, the output projection row-parallel) and 4C/tp of the MLP's hidden
@@ -23,6 +24,7 @@
 #include <cmath>
 
 #include "model/blocks.hpp"
+#include "model/fp8_linear.hpp"
 
 namespace relay {
 
@@ -103,7 +105,7 @@ class Transformer final : public Block {
   Transformer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
       : Block(spec, std::move(params)), p_(transformer_params(params_, spec.bias)), tp_(tp),
         H_(spec.n_head / tp.size), Cl_(spec.in / tp.size),
-        cp_attn_(cp.on() ? cp.attention : nullptr) {
+        cp_attn_(cp.on() ? cp.attention : nullptr), fp8_(fp8_linear(spec)) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "transformer block: sequence parallelism disagrees");
   }
 
@@ -180,7 +182,7 @@ class Transformer final : public Block {
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
     const Tensor ln1_all = tp_.all_rows(be, ln1, "the sequence-parallel all-gather of ln_1");  // (n, C)
-    linear(be, ln1_all, *p_.attn_w, p_.attn_b, qkv);                      // (n, 3Cl) column-parallel
+    fp8_.linear(be, ln1_all, p_.attn_w->compute(), bias_of(p_.attn_b), qkv);  // (n, 3Cl) column-parallel
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys
       cp_attn_->forward_packed(be, qkv, T, H_, q_pos_, doc_start_, atty, lse);  // (n, Cl)
     else
@@ -189,7 +191,7 @@ class Transformer final : public Block {
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
     const Tensor ln2_all = tp_.all_rows(be, ln2, "the sequence-parallel all-gather of ln_2");  // (n, C)
-    be.linear(ln2_all, p_.fc_w->compute(), bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl) col-par.
+    fp8_.linear(be, ln2_all, p_.fc_w->compute(), bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl)
     row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (m, C)
     be.add(y, res1, y);                                                   // residual 2
   }
@@ -199,20 +201,21 @@ class Transformer final : public Block {
     auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
     const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
-    be.linear_backward_input(dy_all, p_.mproj_w->compute(), g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
-    tp_.row_parallel_matmul(be, g_fch, p_.fc_w->compute(), false, g_ln2, "the MLP input-gradient all-reduce");  // (m, C)
+    fp8_.linear_backward_input(be, dy_all, p_.mproj_w->compute(), g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
+    tp_.row_parallel_matmul(be, g_fch, p_.fc_w->compute(), false, g_ln2, "the MLP input-gradient all-reduce",
+                            fp8_);  // (m, C)
     Tensor tmp = g_ln1;                                                               // (m, C) scratch
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
     const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
     Tensor g_atty = g_ln1.view({m * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
-    be.matmul(g_res1_all, false, p_.proj_w->compute(), false, g_atty, 1.f, 0.f);     // (n, Cl) d atty
+    fp8_.matmul(be, g_res1_all, p_.proj_w->compute(), false, g_atty);               // (n, Cl) d atty
     if (cp_attn_)
       cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv);
     else
       be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
-    tp_.row_parallel_matmul(be, g_qkv, p_.attn_w->compute(), false, g_ln1,
-                            "the attention input-gradient all-reduce");                // (m, C) d ln_1 out
+    tp_.row_parallel_matmul(be, g_qkv, p_.attn_w->compute(), false, g_ln1, "the attention input-gradient all-reduce",
+                            fp8_);                                                    // (m, C) d ln_1 out
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                           // residual 1
   }
@@ -256,12 +259,12 @@ class Transformer final : public Block {
   // Row-parallel: y (n, out) = sum over tp of x_r (n, in/tp) @ W_r^T (y: this rank's rows of it under sequence
   // parallelism), then the replicated bias.
   void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* what) {
-    tp_.row_parallel_matmul(be, x, w.compute(), true, y, what);
+    tp_.row_parallel_matmul(be, x, w.compute(), true, y, what, fp8_);
     if (b) be.add_bias(y, b->compute());
   }
   // dW (out, in) += dy^T @ x; db (out) += colsum(dy)
-  static void linear_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w, Param* b) {
-    be.matmul(dy, true, x, false, w.grad, 1.f, 1.f);
+  void linear_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w, Param* b) const {
+    fp8_.weight_grad(be, dy, x, w.grad);
     if (b) be.bias_grad(dy, b->grad, 1.f);
   }
   // The LayerNorm's weight (and bias) gradients; under sequence parallelism into norm_grads_'s parts first, first and
@@ -285,6 +288,7 @@ class Transformer final : public Block {
   Tensor zero_, dbeta_scratch_;  // (C), only when model.bias = false
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   SpNormGrads norm_grads_;  // sequence parallelism: ln_1's and ln_2's weight and bias gradients
+  Fp8Linear fp8_;           // qkv, proj, fc and mproj's GEMMs: FP8 under train.precision = "fp8", else the backend's
 };
 
 // x (n, C) -> logits (n, V) = norm(x) @ W^T, W the token embedding (tied) or lm_head.weight; norm is

@@ -23,6 +23,7 @@
 // per head (q_norm, k_norm over head_dim) before the rotation; spec.head_dim may differ from C / n_head. Neither runs
 // under tensor or context parallelism yet (refused by the config).
 #include "model/blocks.hpp"
+#include "model/fp8_linear.hpp"
 #include "model/moe.hpp"
 
 namespace relay {
@@ -42,7 +43,7 @@ class LlamaLayer final : public Block {
              const ExpertParallel& ep)
       : Block(spec, std::move(params)), tp_(tp), hd_(head_dim(spec)), H_(spec.n_head / tp.size),
         KV_(spec.n_kv_head / tp.size), F_(spec.moe.on() ? 0 : spec.ffn_hidden / tp.size),
-        cp_attn_(cp.on() ? cp.attention : nullptr), ep_on_(ep.on()) {
+        cp_attn_(cp.on() ? cp.attention : nullptr), ep_on_(ep.on()), fp8_(fp8_linear(spec)) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "llama layer: sequence parallelism disagrees");
     const size_t attn = spec.qk_norm ? 8 : 6;  // norm1, q, k, v, o, [q_norm, k_norm], norm2
     const size_t want = attn + (spec.moe.on() ? size_t(1 + 3 * ep.local_experts(spec.moe.n_experts)) : 3);
@@ -126,12 +127,12 @@ class LlamaLayer final : public Block {
     QkNorm qkn;
     if (spec_.qk_norm) qkn = {v(kQraw), v(kKraw), v(kRstdQ), v(kRstdK)};
     attention_inputs(be, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"), q, k, val, T,
-                     0, qkn);                                                 // (n, Hq), (n, Hkv) x 2, rotated
+                     0, qkn, fp8_);                                                 // (n, Hq), (n, Hkv) x 2, rotated
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys and values
       cp_attn_->forward(be, q, k, val, T, H_, KV_, q_pos_, doc_start_, atty, lse);  // (n, Hq)
     else
       be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, KV_, atty, lse, doc_start_);  // (n, Hq) this rank's heads
-    tp_.row_parallel_matmul(be, atty, p_.o->compute(), true, res1, "the attention output all-reduce");  // (m, C)
+    tp_.row_parallel_matmul(be, atty, p_.o->compute(), true, res1, "the attention output all-reduce", fp8_);  // (m, C)
     be.add(res1, x, res1);                                                    // residual 1
     be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
     if (moe_) {  // the experts: under tp every rank routes the group's rows and runs its share of each expert
@@ -144,10 +145,10 @@ class LlamaLayer final : public Block {
       return;
     }
     const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
-    be.linear(n2_all, p_.gate->compute(), Tensor(), gate);                    // (n, F) column-parallel
-    be.linear(n2_all, p_.up->compute(), Tensor(), up);                        // (n, F) column-parallel
+    fp8_.linear(be, n2_all, p_.gate->compute(), Tensor(), gate);              // (n, F) column-parallel
+    fp8_.linear(be, n2_all, p_.up->compute(), Tensor(), up);                  // (n, F) column-parallel
     be.swiglu_forward(gate, up, h);                                           // (n, F)
-    tp_.row_parallel_matmul(be, h, p_.down->compute(), true, y, "the MLP output all-reduce");  // (m, C)
+    tp_.row_parallel_matmul(be, h, p_.down->compute(), true, y, "the MLP output all-reduce", fp8_);  // (m, C)
     be.add(y, res1, y);                                                       // residual 2
   }
 
@@ -164,7 +165,7 @@ class LlamaLayer final : public Block {
       else if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
     } else {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
-      be.matmul(dy_all, false, p_.down->compute(), false, g_gate, 1.f, 0.f);  // (n, F) d h, into d gate's buffer
+      fp8_.matmul(be, dy_all, p_.down->compute(), false, g_gate);             // (n, F) d h, into d gate's buffer
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
       sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce");  // (m, C) d n2
     }
@@ -175,7 +176,7 @@ class LlamaLayer final : public Block {
     const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
     Tensor g_atty = s.t[kGAtty].size(0) > 0 ? v(kGAtty)                        // (n, Hq) scratch
                                              : g_n1.view({m * spec_.in}).rows(0, n * Hq).view({n, Hq});
-    be.matmul(g_res1_all, false, p_.o->compute(), false, g_atty, 1.f, 0.f);   // (n, Hq) d atty
+    fp8_.matmul(be, g_res1_all, p_.o->compute(), false, g_atty);              // (n, Hq) d atty
     // With q_norm / k_norm the attention's q and k gradients are the normalised ones' (kept for the norms' weights).
     Tensor g_qa = spec_.qk_norm ? v(kGQn) : g_q, g_ka = spec_.qk_norm ? v(kGKn) : g_k;
     if (cp_attn_)
@@ -262,7 +263,7 @@ class LlamaLayer final : public Block {
     be.rmsnorm_forward(x, p_.norm1->compute(), eps, nrm, rstd);
     QkNorm qkn;
     if (spec_.qk_norm) qkn = {c.t[dQraw], c.t[dKraw], c.t[dRstdQ], c.t[dRstdK]};
-    attention_inputs(be, nrm, q, k, val, 1, t, qkn);                    // one position per sequence: t
+    attention_inputs(be, nrm, q, k, val, 1, t, qkn, Fp8Linear());     // one position per sequence: t
     be.attention_decode_gqa(q, k, val, c.t[dK], c.t[dV], t, H_, KV_, atty);
     be.linear(atty, p_.o->compute(), Tensor(), res);
     be.add(res, x, res);                                                // residual 1
@@ -289,7 +290,7 @@ class LlamaLayer final : public Block {
     Tensor sums = tp_.sequence_parallel() ? tp_.full_rows(be, n, out.size(1), out.dtype()) : out;  // (n, C)
     float beta = 0.f;
     for (const auto& [g, w] : terms) {
-      be.matmul(g, false, w->compute(), false, sums, 1.f, beta);
+      fp8_.matmul(be, g, w->compute(), false, sums, beta);
       beta = 1.f;
     }
     if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(sums, out, what);
@@ -306,25 +307,25 @@ class LlamaLayer final : public Block {
   // holds the norms' inputs and rstds); q and k rotated for rows at positions pos0 + r % T, or at positions_
   // (restarting with each document) when set.
   void attention_inputs(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, int64_t T, int64_t pos0,
-                        QkNorm& qk) {
+                        QkNorm& qk, const Fp8Linear& gemm) {
     if (spec_.qk_norm) {
       const float eps = float(spec_.eps);
-      be.linear(n1, p_.q->compute(), Tensor(), qk.qraw);
-      be.linear(n1, p_.k->compute(), Tensor(), qk.kraw);
+      gemm.linear(be, n1, p_.q->compute(), Tensor(), qk.qraw);
+      gemm.linear(be, n1, p_.k->compute(), Tensor(), qk.kraw);
       Tensor qh = heads(q, H_), kh = heads(k, KV_), rq = flat(qk.rstd_q), rk = flat(qk.rstd_k);
       be.rmsnorm_forward(heads(qk.qraw, H_), p_.q_norm->compute(), eps, qh, rq);
       be.rmsnorm_forward(heads(qk.kraw, KV_), p_.k_norm->compute(), eps, kh, rk);
     } else {
-      be.linear(n1, p_.q->compute(), Tensor(), q);
-      be.linear(n1, p_.k->compute(), Tensor(), k);
+      gemm.linear(be, n1, p_.q->compute(), Tensor(), q);
+      gemm.linear(be, n1, p_.k->compute(), Tensor(), k);
     }
-    be.linear(n1, p_.v->compute(), Tensor(), v);
+    gemm.linear(be, n1, p_.v->compute(), Tensor(), v);
     be.rope(q, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, q, positions_);
     be.rope(k, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, k, positions_);
   }
   // dW (out, in) += dy^T @ x
-  static void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w) {
-    be.matmul(dy, true, x, false, w.grad, 1.f, 1.f);
+  void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w) const {
+    fp8_.weight_grad(be, dy, x, w.grad);
   }
 
   LlamaParams p_{};
@@ -335,6 +336,7 @@ class LlamaLayer final : public Block {
   SpNormGrads qk_grads_;    // tensor parallelism with q_norm / k_norm: their gradients from this rank's heads
   bool ep_on_ = false;           // its experts split over ranks (generation runs them all on one)
   std::unique_ptr<MoeMlp> moe_;  // spec.moe on: the experts instead of gate, up and down
+  Fp8Linear fp8_;  // q, k, v, o, gate, up and down's GEMMs: FP8 under train.precision = "fp8" (not the experts')
 };
 
 }  // namespace

@@ -1,25 +1,29 @@
 // The MLP's blocks, one per config layer: linear (torch.nn.Linear), relu/gelu/tanh and layernorm
 // (torch.nn.LayerNorm), on top of the Backend operations.
 #include "model/blocks.hpp"
+#include "model/fp8_linear.hpp"
 
 namespace relay {
 
 namespace {
 
-// y = x W^T + b, as torch.nn.Linear. W (out, in), b (out).
+// y = x W^T + b, as torch.nn.Linear. W (out, in), b (out). Its GEMMs in FP8 under train.precision = "fp8".
 class Linear final : public Block {
  public:
-  using Block::Block;
+  Linear(const BlockSpec& spec, std::vector<Param*> params) : Block(spec, std::move(params)), fp8_(fp8_linear(spec)) {}
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
-    be.linear(x, param(0).compute(), param(1).compute(), y);  // (rows, in) @ (in, out) + bias (out)
+    fp8_.linear(be, x, param(0).compute(), param(1).compute(), y);  // (rows, in) @ (in, out) + bias (out)
   }
   void backward_input(Backend& be, const Tensor&, const Tensor& dy, Tensor& dx, BlockSaved&) override {
-    be.matmul(dy, false, param(0).compute(), false, dx, 1.f, 0.f);  // (rows, out) @ (out, in)
+    fp8_.matmul(be, dy, param(0).compute(), false, dx);  // (rows, out) @ (out, in)
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved&) override {
-    be.matmul(dy, true, x, false, param(0).grad, 1.f, 1.f);  // (out, rows) @ (rows, in), accumulated
+    fp8_.weight_grad(be, dy, x, param(0).grad);  // (out, rows) @ (rows, in), accumulated
     be.bias_grad(dy, param(1).grad, 1.f);
   }
+
+ private:
+  Fp8Linear fp8_;
 };
 
 class ActivationBlock final : public Block {

@@ -79,6 +79,11 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
   ModelSpec m = model_family(cfg).blocks(cfg, input_dim);
   for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
   for (BlockSpec& b : m.blocks) b.dtype = compute_dtype(cfg.train.precision);
+  if (cfg.train.precision == Precision::fp8) {
+    for (BlockSpec& b : m.blocks)
+      if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer || b.kind == BlockKind::linear)
+        b.fp8 = cfg.train.fp8_recipe;
+  }
   if (cfg.parallel.sequence_parallel && m.language_model && cfg.parallel.tp > 1)
     for (BlockSpec& b : m.blocks) b.sp = static_cast<int>(cfg.parallel.tp);
   return m;

@@ -36,7 +36,7 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep,
                const TensorParallel& tp, const ContextParallel& cp)
-    : ep_(ep), tp_(tp), cp_(cp), moe_(spec.moe), C_(spec.in), T_(spec.seq_len) {
+    : ep_(ep), tp_(tp), cp_(cp), moe_(spec.moe), C_(spec.in), T_(spec.seq_len), fp8_(fp8_linear(spec)) {
   RELAY_ASSERT(cp_.size == moe_.cp, "MoeMlp: a cp group of " << cp_.size << " for a layer planned at cp " << moe_.cp);
   RELAY_ASSERT(moe_.on(), "MoeMlp: the block has no experts");
   RELAY_ASSERT(ep_.size == moe_.ep, "MoeMlp: an ep group of " << ep_.size << " for a layer planned at ep " << moe_.ep);
@@ -240,13 +240,13 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   // Every local expert in one pass (a grouped GEMM): expert j's rows are [local_[j], local_[j + 1]) of xl; an expert no
   // token chose this micro-batch has none.
   const int64_t used = local_.back();
-  be.grouped_matmul(xl, weights_of(gate_), true, gate, local_, 0.f);                     // (Rl, F)
-  be.grouped_matmul(xl, weights_of(up_), true, up, local_, 0.f);                         // (Rl, F)
+  fp8_.grouped_matmul(be, xl, weights_of(gate_), true, gate, local_, 0.f);                     // (Rl, F)
+  fp8_.grouped_matmul(be, xl, weights_of(up_), true, up, local_, 0.f);                         // (Rl, F)
   if (used) {
     Tensor hu = h.rows(0, used);
     be.swiglu_forward(gate.rows(0, used), up.rows(0, used), hu);                         // (used, F)
   }
-  be.grouped_matmul(h, weights_of(down_), true, yl, local_, 0.f);                        // (Rl, C)
+  fp8_.grouped_matmul(be, h, weights_of(down_), true, yl, local_, 0.f);                        // (Rl, C)
   Tensor ys = rows(kYs, R);
   if (ep_.on()) undispatch(be, yl, ys, s, "the expert-parallel return of the experts' outputs");  // (R, C)
   be.moe_combine(ys, pos, weights, y);                                                  // (n, C)
@@ -276,13 +276,13 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
     dispatch(be, gys, gyl, s, "the expert-parallel dispatch of the outputs' gradients");    // (Rl, C)
   }
   const int64_t used = local_.back();
-  be.grouped_matmul(gyl, weights_of(down_), false, ggate, local_, 0.f);                   // (Rl, F) d h
+  fp8_.grouped_matmul(be, gyl, weights_of(down_), false, ggate, local_, 0.f);                   // (Rl, F) d h
   if (used) {
     Tensor gg = ggate.rows(0, used), gu = gup.rows(0, used);
     be.swiglu_backward(gg, s[kGate].rows(0, used), s[kUp].rows(0, used), gg, gu);       // (used, F) each
   }
-  be.grouped_matmul(ggate, weights_of(gate_), false, gxl, local_, 0.f);                  // (Rl, C)
-  be.grouped_matmul(gup, weights_of(up_), false, gxl, local_, 1.f);
+  fp8_.grouped_matmul(be, ggate, weights_of(gate_), false, gxl, local_, 0.f);                  // (Rl, C)
+  fp8_.grouped_matmul(be, gup, weights_of(up_), false, gxl, local_, 1.f);
   if (ep_.on()) undispatch(be, gxl, gxs, s, "the expert-parallel return of the inputs' gradients");  // (R, C)
   // The load-balancing and z losses of this micro-batch's sequences (host statistics of the saved routing): Tl of a
   // sequence's T rows here (T / cp under context parallelism, whose group sums c and sum_t p first).
@@ -368,9 +368,9 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
   const size_t xl = ep_.on() ? kXl : kXs, gyl = ep_.on() ? kGYl : kGYs;  // this rank's experts' rows
   const int64_t Rl = local_rows();
   const Tensor xe = s[xl].rows(0, Rl);                                                  // (Rl, C)
-  be.grouped_matmul_weight(s[gyl].rows(0, Rl), rows(kH, Rl), local_, grads_of(down_), 1.f);  // dW_down (C, F) each
-  be.grouped_matmul_weight(rows(kGGate, Rl), xe, local_, grads_of(gate_), 1.f);              // dW_gate (F, C) each
-  be.grouped_matmul_weight(rows(kGUp, Rl), xe, local_, grads_of(up_), 1.f);                  // dW_up (F, C) each
+  fp8_.grouped_weight_grad(be, s[gyl].rows(0, Rl), rows(kH, Rl), local_, grads_of(down_));  // dW_down (C, F) each
+  fp8_.grouped_weight_grad(be, rows(kGGate, Rl), xe, local_, grads_of(gate_));              // dW_gate (F, C) each
+  fp8_.grouped_weight_grad(be, rows(kGUp, Rl), xe, local_, grads_of(up_));                  // dW_up (F, C) each
 }
 
 std::vector<int64_t> MoeMlp::plain_top_k(const float* p) const {

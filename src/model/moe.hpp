@@ -30,6 +30,7 @@
 #include "model/block.hpp"
 #include "model/context_parallel.hpp"
 #include "model/expert_parallel.hpp"
+#include "model/fp8_linear.hpp"
 
 namespace relay {
 
@@ -93,6 +94,7 @@ class MoeMlp {
 
   MoeSpec moe_;
   int64_t C_, T_;
+  Fp8Linear fp8_;  // the experts' grouped GEMMs: FP8 under train.precision = "fp8" (the router's stay in bf16)
   Param* router_;
   Param *shared_gate_ = nullptr, *shared_up_ = nullptr, *shared_down_ = nullptr;  // n_shared > 0
   std::vector<Param*> gate_, up_, down_;  // by local expert

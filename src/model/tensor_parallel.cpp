@@ -101,14 +101,14 @@ void TensorParallel::reduce_scatter_rows(const Tensor& full, Tensor& local, cons
 }
 
 void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y,
-                                         const char* what) const {
+                                         const char* what, const Fp8Linear& gemm) const {
   if (!sequence_parallel()) {
-    be.matmul(x, false, w, trans_w, y, 1.f, 0.f);
+    gemm.matmul(be, x, w, trans_w, y);
     allreduce_sum(y, what);
     return;
   }
   Tensor full = full_rows(be, x.size(0), y.size(1), y.dtype());  // (n, out) partial sums
-  be.matmul(x, false, w, trans_w, full, 1.f, 0.f);
+  gemm.matmul(be, x, w, trans_w, full);
   reduce_scatter_rows(full, y, what);
 }
 

@@ -21,6 +21,7 @@
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
 #include "core/tensor.hpp"
+#include "model/fp8_linear.hpp"
 
 namespace relay {
 
@@ -68,8 +69,9 @@ struct TensorParallel {
   }
   // A row-parallel projection's partial sums, x (n, in / tp) @ W^T -> y: all-reduced into y (n, out), or under
   // sequence parallelism computed into the shared buffer (n, out) and reduce-scattered into y (n / tp, out).
+  // gemm: the block's linear GEMMs (FP8 under train.precision = "fp8"; trans_w: a forward, else an input gradient).
   void row_parallel_matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y,
-                           const char* what) const;
+                           const char* what, const Fp8Linear& gemm = Fp8Linear()) const;
 };
 
 // Sequence parallelism: a block's norm-weight gradients of one micro-batch, each from this rank's rows only, summed

@@ -33,7 +33,7 @@ struct Cluster {
     double attention_forward_efficiency = 1, attention_backward_efficiency = 1;
     double memory_efficiency = 1;                        // streaming kernels' bandwidth / data sheet
     double kernel_launch_s = 0;
-    double peak(Precision p) const { return p == Precision::bf16 ? peak_bf16 : p == Precision::tf32 ? peak_tf32 : peak_fp32; }
+    double peak(Precision p) const { return p == Precision::bf16 || p == Precision::fp8 ? peak_bf16 : p == Precision::tf32 ? peak_tf32 : peak_fp32; }
   } device;
   Link intra_node, inter_node;
   double storage_write_bandwidth = 0;  // bytes/s one node writes to the shared file system

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "model/expert_parallel.hpp"
+#include "model/fp8_linear.hpp"
 
 namespace relay {
 
@@ -89,6 +90,7 @@ int64_t ModelLayout::param_count() const {
 ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<double>& measured_costs) {
   ModelLayout l;
   l.model = make_model_spec(cfg, input_dim);
+  check_fp8_widths(l.model.blocks);  // with the data's real input width (make_model_spec's callers may pass 1)
   for (BlockSpec& b : l.model.blocks)
     if (b.moe.on()) b.moe.ep = static_cast<int>(cfg.parallel.ep), b.moe.cp = static_cast<int>(cfg.parallel.cp);
   l.pp = static_cast<int>(cfg.parallel.pp);

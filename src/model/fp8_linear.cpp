@@ -1,0 +1,134 @@
+// A linear layer's GEMMs in FP8 (model/fp8_linear.hpp): quantise each operand for its GEMM, then Backend::fp8_matmul.
+// Recipes after torchao's Float8 (tensorwise, dynamic scaling) and DeepSeek-V3 (arXiv:2412.19437, 1 x 128 / 128 x 128).
+#include "model/fp8_linear.hpp"
+
+#include "core/error.hpp"
+#include "model/block.hpp"
+
+namespace relay {
+
+namespace {
+
+// An operand's role in its GEMM: it decides the format (tensorwise) and, with the GEMM, the tiling (blockwise).
+enum class Role { activation, weight, output_grad };
+
+// One quantised operand: codes (rows, cols) and its tiles' scales (fp8_grid's shape), f32.
+struct Quantised {
+  Tensor q, scales;
+  Fp8Tiling tiling;
+};
+
+Quantised quantise(Backend& be, const Tensor& x, Fp8Recipe recipe, Role role, bool k_along_rows) {
+  Fp8Tiling tiling = Fp8Tiling::tensor;
+  DType dt = DType::fp8_e4m3;
+  if (recipe == Fp8Recipe::tensorwise) {
+    if (role == Role::output_grad) dt = DType::fp8_e5m2;  // gradients need e5m2's range more than e4m3's precision
+  } else {
+    tiling = role == Role::weight ? Fp8Tiling::block_128x128 : k_along_rows ? Fp8Tiling::col_128x1 : Fp8Tiling::row_1x128;
+  }
+  const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
+  Quantised out{Tensor(be, {x.size(0), x.size(1)}, dt), Tensor(be, {g.rows, g.cols}), tiling};  // (rows, cols), grid
+  be.fp8_quantize(x, tiling, out.q, out.scales);
+  return out;
+}
+
+Activation activation_of(LinearAct act) {
+  RELAY_ASSERT(act == LinearAct::gelu_tanh, "Fp8Linear: no activation for LinearAct " << int(act));
+  return Activation::gelu_tanh;
+}
+
+}  // namespace
+
+void Fp8Linear::linear(Backend& be, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
+                       Tensor* pre_act) const {
+  if (!on()) return be.linear(x, w, bias, y, act, pre_act);
+  if (act == LinearAct::none) {
+    matmul(be, x, w, true, y);  // (n, out)
+    if (bias.defined()) be.add_bias(y, bias);
+    return;
+  }
+  Tensor scratch;
+  if (!pre_act) scratch = Tensor(be, {y.size(0), y.size(1)}, y.dtype());  // (n, out): inference keeps no pre_act
+  Tensor& pre = pre_act ? *pre_act : scratch;
+  matmul(be, x, w, true, pre);  // (n, out)
+  if (bias.defined()) be.add_bias(pre, bias);
+  be.activation_forward(activation_of(act), pre, y);
+}
+
+void Fp8Linear::linear_backward_input(Backend& be, const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                                      const Tensor& act_in) const {
+  if (!on()) return be.linear_backward_input(dy, w, dx, act, act_in);
+  matmul(be, dy, w, false, dx);  // (n, in)
+  if (act != LinearAct::none) be.activation_backward(activation_of(act), act_in, dx, dx);
+}
+
+void Fp8Linear::matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y, float beta) const {
+  if (!on()) return be.matmul(x, false, w, trans_w, y, 1.f, beta);
+  // x's K runs along its columns in both uses; W's along its columns in the forward (W^T), its rows otherwise.
+  const Quantised a = quantise(be, x, *recipe_, trans_w ? Role::activation : Role::output_grad, false);
+  const Quantised b = quantise(be, w, *recipe_, Role::weight, !trans_w);
+  be.fp8_matmul(a.q, a.scales, a.tiling, false, b.q, b.scales, b.tiling, trans_w, y, beta);
+}
+
+void Fp8Linear::weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const {
+  if (!on()) return be.matmul(dy, true, x, false, dw, 1.f, 1.f);
+  // K is the rows (tokens) of both: 128 x 1 tiles blockwise.
+  const Quantised a = quantise(be, dy, *recipe_, Role::output_grad, true);
+  const Quantised b = quantise(be, x, *recipe_, Role::activation, true);
+  be.fp8_matmul(a.q, a.scales, a.tiling, true, b.q, b.scales, b.tiling, false, dw, 1.f);
+}
+
+void Fp8Linear::grouped_matmul(Backend& be, const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
+                               const std::vector<int64_t>& offsets, float beta) const {
+  if (!on()) return be.grouped_matmul(a, b, trans_b, y, offsets, beta);
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    const int64_t m = offsets[g + 1] - offsets[g];
+    if (m == 0) continue;
+    Tensor yg = y.rows(offsets[g], m);
+    matmul(be, a.rows(offsets[g], m), b[g], trans_b, yg, beta);  // (m_g, n)
+  }
+}
+
+void Fp8Linear::grouped_weight_grad(Backend& be, const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
+                                    const std::vector<Tensor>& dw) const {
+  if (!on()) return be.grouped_matmul_weight(dy, x, offsets, dw, 1.f);
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    const int64_t m = offsets[g + 1] - offsets[g];
+    if (m == 0) continue;  // beta 1: an expert without rows keeps its gradient
+    Tensor dwg = dw[g];
+    weight_grad(be, dy.rows(offsets[g], m), x.rows(offsets[g], m), dwg);  // (n, k) += (m_g, n)^T (m_g, k)
+  }
+}
+
+Fp8Linear fp8_linear(const BlockSpec& spec) { return Fp8Linear(spec.fp8); }
+
+void check_fp8_widths(const std::vector<BlockSpec>& blocks) {
+  for (const BlockSpec& b : blocks) {
+    if (!b.fp8) continue;
+    auto check = [&](int64_t w, const std::string& what) {
+      if (w % 16 == 0) return;
+      throw Error(cat("train.precision = \"fp8\": the ", what, " of block ", b.index, " (", block_kind_name(b.kind),
+                      ") is ", w, ", not a multiple of 16 (FP8 GEMMs need every linear layer's widths to be multiples "
+                      "of 16; hint: choose such widths, or train this model in \"bf16\")"));
+    };
+    switch (b.kind) {
+      case BlockKind::transformer:
+        check(b.in, "model width (model.n_embd)");  // qkv 3C and the MLP's 4C follow
+        break;
+      case BlockKind::llama_layer:
+        check(b.in, "model width (model.n_embd)");
+        check(b.n_head * head_dim(b), "query width (n_head x head size)");
+        check(b.n_kv_head * head_dim(b), "key/value width (n_kv_head x head size)");
+        if (!b.moe.on()) check(b.ffn_hidden, "SwiGLU width (model.ffn_hidden)");
+        else check(b.moe.ffn_hidden, "expert SwiGLU width (model.moe_ffn_hidden)");
+        break;
+      default:  // the MLP's linear blocks, one per config layer
+        check(b.in, b.index == 0 ? "input width (the data's features)"
+                                 : cat("input width (model.layers[", b.index - 1, "]'s output)"));
+        check(b.out, cat("output width (model.layers[", b.index, "].out)"));
+        break;
+    }
+  }
+}
+
+}  // namespace relay

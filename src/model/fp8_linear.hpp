@@ -1,0 +1,65 @@
+// A linear layer's three GEMMs (forward y = x W^T, input gradient dx = dy W, weight gradient dW += dy^T x) in the
+// working precision, or, under train.precision = "fp8", on FP8 operands: each operand quantised for its use as
+// train.fp8_recipe says (core/fp8_scaling.hpp: torchao's / Megatron's tensorwise recipe, or DeepSeek-V3's blockwise
+// one, arXiv:2412.19437 section 3.3.2) and multiplied by Backend::fp8_matmul, f32 accumulation, the result written
+// in the working dtype where the bf16 path writes it.
+#pragma once
+#include <optional>
+
+#include "backend/backend.hpp"
+#include "core/precision.hpp"
+
+namespace relay {
+
+struct BlockSpec;
+
+// Operands, formats and tilings per GEMM (K: the GEMM's reduction dimension; each operand is quantised for the GEMM
+// that reads it, so a blockwise operand's tiles run along that GEMM's own K):
+//   GEMM              a (K along)         b (K along)          tensorwise       blockwise
+//   forward           x (n, in): cols     W (out, in): cols    x, W e4m3        x 1 x 128, W 128 x 128, e4m3
+//   input gradient    dy (n, out): cols   W (out, in): rows    dy e5m2, W e4m3  dy 1 x 128, W 128 x 128, e4m3
+//   weight gradient   dy^T: dy's rows     x (n, in): rows      dy e5m2, x e4m3  dy, x 128 x 1, e4m3
+// A 128 x 128 block serves W along either dimension; x and dy are quantised again for the weight gradient (1 x 128
+// tiles along columns do not share scales along rows). Tensorwise scales are each tensor's own amax on this rank:
+// under tensor parallelism a sharded operand (a column-parallel W, a row-parallel input, a sharded output gradient)
+// has its shard's amax, not the whole tensor's (docs/precision-and-performance.md#fp8-training).
+class Fp8Linear {
+ public:
+  Fp8Linear() = default;  // off: every GEMM is the backend's own, in the working dtype
+  explicit Fp8Linear(std::optional<Fp8Recipe> recipe) : recipe_(recipe) {}
+  bool on() const { return recipe_.has_value(); }
+
+  // y (n, out) = act(x (n, in) @ W (out, in)^T + bias (out)), bias possibly undefined; pre_act (n, out): the
+  // activation's input when act is not none (Backend::linear). In FP8 the GEMM's output is rounded to y's dtype
+  // before the bias is added.
+  void linear(Backend& be, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
+              LinearAct act = LinearAct::none, Tensor* pre_act = nullptr) const;
+  // dx (n, in) = act'(act_in) * (dy (n, out) @ W (out, in)) (Backend::linear_backward_input).
+  void linear_backward_input(Backend& be, const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+                             const Tensor& act_in) const;
+  // y (n, m) = x (n, k) @ op(W) + beta * y: trans_w, W (m, k), op(W) = W^T: a forward (x an activation); otherwise
+  // W (k, m): an input gradient (x an output gradient).
+  void matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y, float beta = 0.f) const;
+  // dW (out, in) += dy (n, out)^T @ x (n, in); dW f32.
+  void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const;
+  // A mixture of experts' grouped GEMMs (Backend::grouped_matmul, grouped_matmul_weight with beta 1), group g being
+  // rows [offsets[g], offsets[g + 1]): in FP8 one group at a time, each group's operands quantised on their own
+  // (a tensorwise scale per expert's rows and weight).
+  void grouped_matmul(Backend& be, const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
+                      const std::vector<int64_t>& offsets, float beta) const;
+  void grouped_weight_grad(Backend& be, const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
+                           const std::vector<Tensor>& dw) const;
+
+ private:
+  std::optional<Fp8Recipe> recipe_;
+};
+
+// The recipe of a block's linear layers: train.precision = "fp8"'s, for the blocks whose linears run in FP8 (block.hpp's
+// BlockSpec::fp8), else none.
+Fp8Linear fp8_linear(const BlockSpec& spec);
+
+// train.precision = "fp8": throws a user error naming the block and the width when a linear layer's width is not a
+// multiple of 16 (cuBLASLt's FP8 GEMMs need every dimension but the rows so).
+void check_fp8_widths(const std::vector<BlockSpec>& blocks);
+
+}  // namespace relay

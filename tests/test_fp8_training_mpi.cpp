@@ -1,0 +1,261 @@
+// FP8 training (train.precision = "fp8", train.fp8_recipe = "tensorwise" | "blockwise"): bf16 training whose linear
+// layers' three GEMMs take FP8 operands (model/fp8_linear.hpp). What issue 43 asks a run to guarantee, on real
+// processes and files:
+// - the small GPT and the small Llama track their bf16 runs (tensorwise within 1%, blockwise 0.5%; 60 steps, not the
+//   issue's 300: a step of these models costs 0.04-0.07 s on 2 shared cores, and 300 steps x 3 runs x 2 models took
+//   over four minutes of the suite; at 300 steps the GPT measured 3.1e-4 tensorwise and 3.4e-4 blockwise, at 100
+//   steps (lr 2e-3) 8.9e-5 and 8.1e-5, the Llama 2.8e-4 and 2.2e-4);
+// - dp 2, tp 2, pp 2 and ZeRO-1 / ZeRO-3 track the serial fp8 run within an fp8 tolerance; one layout twice is bitwise;
+// - checkpoints cross precisions: fp8 -> bf16 -> fp8;
+// - an inf in the weights stays visible: train.skip_nonfinite skips the steps;
+// - bad input (an unknown recipe, a GPT or an MLP width not a multiple of 16) ends every rank with one line naming
+//   the key or the width.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "support/test_support.hpp"
+
+using namespace relay::test;
+
+namespace {
+
+std::vector<std::string> precision_overrides(const std::string& run, const std::string& precision,
+                                             const std::string& recipe = "") {
+  std::vector<std::string> ov = {"run.dir=" + quoted(run), "train.precision=" + quoted(precision)};
+  if (!recipe.empty()) ov.push_back("train.fp8_recipe=" + quoted(recipe));
+  return ov;
+}
+
+// The Llama of test_llama_equivalence_mpi.cpp: 8 heads of 4 channels, 4 key/value heads, SwiGLU 48 wide.
+const std::vector<std::string> kLlama = {"model.type=\"llama\"", "model.n_embd=32",  "model.n_head=8",
+                                         "model.n_kv_head=4",    "model.ffn_hidden=48", "model.rope_theta=500.0",
+                                         "model.norm_eps=1e-6"};
+
+// kSteps steps of a model in bf16 and in fp8 under both recipes; the mean relative difference of the fp8 losses from
+// the bf16 ones over the last kLast steps (the "final loss", averaged so that one step's batch noise does not decide).
+// learned: the last loss must be below this fraction of the first.
+void tracks_bf16(const std::string& model, const std::vector<std::string>& model_ov, size_t kSteps = 60,
+                 size_t kLast = 30, double learned = 0.8) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path(), 40001, 61, 32);
+  std::map<std::string, std::vector<double>> losses;
+  for (const auto& [name, prec, recipe] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"bf16", "bf16", ""}, {"tensorwise", "fp8", "tensorwise"}, {"blockwise", "fp8", "blockwise"}}) {
+    auto ov = precision_overrides(dir.file(name), prec, recipe);
+    ov.insert(ov.end(), model_ov.begin(), model_ov.end());
+    ov.insert(ov.end(), {"train.steps=" + std::to_string(kSteps), "train.log_every=1", "optimizer.lr=3e-3",
+                         "lr_schedule.warmup_steps=10"});
+    RunResult r = train(1, p.config, ov);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    losses[name] = read_losses(dir.file(name));
+    ASSERT_EQ(losses[name].size(), kSteps) << name;
+  }
+  const auto& ref = losses["bf16"];
+  for (const auto& [recipe, bound] : std::vector<std::pair<std::string, double>>{{"tensorwise", 1e-2}, {"blockwise", 5e-3}}) {
+    const auto& a = losses[recipe];
+    const double mean = mean_relative_difference(a, ref, kSteps - kLast, kSteps);
+    EXPECT_LT(mean, bound) << model << " " << recipe;
+    EXPECT_LT(a.back(), learned * a.front()) << model << " " << recipe << ": the fp8 run did not learn";
+    std::printf("%s fp8 %s vs bf16 over the last %zu of %zu steps: mean relative loss difference %.2e (last "
+                "step: %.2e); loss %.4f -> %.4f (bf16 %.4f)\n", model.c_str(), recipe.c_str(), kLast, kSteps, mean,
+                std::abs(a.back() - ref.back()) / ref.back(), a.front(), a.back(), ref.back());
+  }
+}
+
+TEST(Fp8Training, GptTracksBf16) { tracks_bf16("gpt", {}); }
+TEST(Fp8Training, LlamaTracksBf16) { tracks_bf16("llama", kLlama); }
+// Mixtral's experts: the grouped GEMMs in FP8 one expert at a time (the router in bf16); 12 steps (a step costs
+// ~0.3 s here).
+TEST(Fp8Training, MixtralTracksBf16) {
+  tracks_bf16("mixtral", {"model.type=\"mixtral\"", "model.seed=2", "model.n_embd=32", "model.n_head=4",
+                          "model.n_kv_head=2", "model.n_experts=4", "model.experts_per_token=2",
+                          "model.moe_ffn_hidden=32"}, 12, 6, 0.97);
+}
+
+// A layout of the GPT problem (batch 8 sequences of 16 tokens) in fp8 with a recipe.
+struct Layout {
+  std::string recipe = "tensorwise";
+  int dp = 1, tp = 1, pp = 1, m = 2, zero = 0;
+  std::string precision = "fp8";  // another precision drops the recipe
+  bool sp = false;                 // sequence parallelism (tp > 1)
+  int ranks() const { return dp * tp * pp; }
+  std::string name() const {
+    return recipe + "_dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_m" +
+           std::to_string(m) + (zero ? "_zero" + std::to_string(zero) : "") + (sp ? "_sp" : "");
+  }
+  std::vector<std::string> overrides(const std::string& run) const {
+    auto ov = precision_overrides(run, precision, precision == "fp8" ? recipe : "");
+    ov.insert(ov.end(), {"parallel.dp=" + std::to_string(dp), "parallel.tp=" + std::to_string(tp),
+                         "parallel.pp=" + std::to_string(pp), "train.micro_batches=" + std::to_string(m),
+                         "optimizer.zero=" + std::to_string(zero), "model.n_head=4",
+                         std::string("parallel.sequence_parallel=") + (sp ? "true" : "false")});
+    return ov;
+  }
+};
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
+
+// The serial reference runs 2 micro-batches of 4 sequences: every dp and pp layout below multiplies the same rows
+// in each GEMM, so its FP8 scales and codes are the serial run's and only the order of f32 sums differs (gradients
+// summed over ranks instead of accumulated over micro-batches), as in bf16. Tensor parallelism changes the operands
+// themselves: a tensorwise scale comes from the amax of this rank's shard of a sharded operand (the row-parallel
+// inputs, the column-parallel weights and output gradients), and blockwise 1 x 128 tiles of a row-parallel input
+// are cut at the shard's edge (K = 8 < 128 here); such a scale differs from the serial run's and moves some codes by
+// an fp8 rounding step (2^-4 relative for e4m3), noise that averages out over a GEMM's sums. Tolerances: bf16's
+// layout ones (test_bf16_mpi.cpp: losses 1%, tensors 2e-3 + 2%) for dp, pp and ZeRO; under tp the losses too, but
+// not every parameter: AdamW moves an element whose gradient is only rounding noise by up to lr a step either way,
+// and fp8's noise differs between tp and serial, so such an element may end 2 x lr x 6 steps = 0.024 apart (lr
+// 0.002; measured up to ~0.007). Measured (6 steps): dp 2, pp 2 and ZeRO-3 losses equal to the serial run's to
+// the digit; tp 2 (with or without sequence parallelism) within 3.9e-5 (tensorwise) and 4.5e-5 (blockwise).
+constexpr double kLossRel = 1e-2, kTensorRel = 2e-2, kTensorAbs = 2e-3, kTpTensorAbs = 0.024;
+
+std::vector<Layout> layouts() {
+  std::vector<Layout> out;
+  for (const std::string recipe : {"tensorwise", "blockwise"}) {
+    auto add = [&](int dp, int tp, int pp, int m, int zero = 0) { out.push_back({recipe, dp, tp, pp, m, zero, "fp8"}); };
+    add(2, 1, 1, 1);
+    add(1, 2, 1, 2);
+    if (recipe == "tensorwise") add(1, 1, 2, 2);
+    if (recipe == "tensorwise") {
+      add(2, 1, 1, 1, 3);  // ZeRO-3: the gathered working weights quantised as serial
+      add(1, 2, 1, 2);     // tp 2 with sequence parallelism: the row-parallel GEMMs into the shared buffer
+      out.back().sp = true;
+    }
+  }
+  return out;
+}
+
+class Fp8Layouts : public ::testing::TestWithParam<Layout> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir;
+    problem_ = new Problem(make_gpt_problem(dir_->path(), 4097, 61));
+    for (const std::string recipe : {"tensorwise", "blockwise"}) {
+      Layout l;
+      l.recipe = recipe;
+      RunResult r = train(1, problem_->config, l.overrides(dir_->file("serial_" + recipe)));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+  }
+  static void TearDownTestSuite() {
+    delete problem_;
+    delete dir_;
+  }
+  static TempDir* dir_;
+  static Problem* problem_;
+};
+TempDir* Fp8Layouts::dir_ = nullptr;
+Problem* Fp8Layouts::problem_ = nullptr;
+
+double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return worst;
+}
+
+TEST_P(Fp8Layouts, TracksTheFp8SerialRun) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
+  const Layout& l = GetParam();
+  const std::string run = dir_->file(l.name()), serial = dir_->file("serial_" + l.recipe);
+  RunResult r = train(l.ranks(), problem_->config, l.overrides(run));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto got = read_losses(run), ref = read_losses(serial);
+  ASSERT_EQ(got.size(), ref.size());
+  const double loss_diff = max_rel_diff(got, ref);
+  EXPECT_LT(loss_diff, kLossRel) << l.name();
+  const std::string ckpt = "/checkpoints/step_00000006.h5";
+  std::map<std::string, std::vector<float>> got_t, ref_t;  // the parameters
+  for (auto& [k, v] : read_checkpoint(run + ckpt))
+    if (k.rfind("model/", 0) == 0) got_t[k] = v;
+  for (auto& [k, v] : read_checkpoint(serial + ckpt))
+    if (k.rfind("model/", 0) == 0) ref_t[k] = v;
+  expect_tensors_within(got_t, ref_t, kTensorRel, l.tp > 1 ? kTpTensorAbs : kTensorAbs, l.name() + " parameters");
+  std::printf("%-36s max relative loss difference %.2e\n", l.name().c_str(), loss_diff);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllLayouts, Fp8Layouts, ::testing::ValuesIn(layouts()),
+                         [](const auto& info) { return info.param.name(); });
+
+// One layout twice gives the same bits; checkpoints cross precisions both ways: a's step 4 resumes in bf16 for steps
+// 5-8, whose step 8 resumes in fp8 for steps 9-12, each within the fp8 layout tolerance of a's own steps.
+TEST(Fp8Training, DeterministicAndResumesAcrossPrecisions) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path(), 4097, 61);
+  Layout l;
+  l.recipe = "blockwise", l.dp = 2, l.m = 1, l.zero = 1;
+  auto run_of = [&](const std::string& name, const std::string& prec, int steps, std::vector<std::string> extra) {
+    const std::string run = dir.file(name);
+    Layout x = l;
+    x.precision = prec;
+    auto ov = x.overrides(run);
+    ov.insert(ov.end(), {"train.steps=" + std::to_string(steps), "checkpoint.every=4"});
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    RunResult r = train(l.ranks(), p.config, ov);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return run;
+  };
+  const std::string a = run_of("a", "fp8", 12, {}), b = run_of("b", "fp8", 12, {});
+  EXPECT_EQ(read_losses(a), read_losses(b));
+  expect_same_tensors(read_checkpoint(a + "/checkpoints/step_00000012.h5"),
+                      read_checkpoint(b + "/checkpoints/step_00000012.h5"), 0.0, "two fp8 runs");
+  const std::string fb = run_of("fb", "bf16", 8, {"checkpoint.resume=" + quoted(a + "/checkpoints/step_00000004.h5")});
+  const std::string fbf = run_of("fbf", "fp8", 12, {"checkpoint.resume=" + quoted(fb + "/checkpoints/step_00000008.h5")});
+  const auto la = read_losses(a), lfb = read_losses(fb), lfbf = read_losses(fbf);
+  ASSERT_EQ(la.size(), 12u);
+  ASSERT_EQ(lfb.size(), 4u);   // steps 5-8
+  ASSERT_EQ(lfbf.size(), 4u);  // steps 9-12
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(lfb[i], la[4 + i], kLossRel * la[4 + i]) << "fp8 -> bf16, step " << 5 + i;
+    EXPECT_NEAR(lfbf[i], la[8 + i], kLossRel * la[8 + i]) << "fp8 -> bf16 -> fp8, step " << 9 + i;
+  }
+}
+
+// SGD at lr 1e5 blows the model up: gradients overflow first (measured: step 3's loss finite, its gradient norm NaN),
+// then the weights. The quantiser keeps inf / NaN non-finite (scale 1; NaN codes in e4m3, inf in e5m2), so every
+// such step's loss or gradient norm is non-finite: train.skip_nonfinite = 2 skips them and stops after two in a row.
+TEST(Fp8Training, NonFiniteStepsAreSkipped) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path(), 4097, 61);
+  for (const std::string recipe : {"tensorwise", "blockwise"}) {
+    auto ov = precision_overrides(dir.file(recipe), "fp8", recipe);
+    ov.insert(ov.end(), {"optimizer.name=\"sgd\"", "optimizer.lr=1e5", "train.clip_grad_norm=0.0",
+                         "lr_schedule.name=\"constant\"", "lr_schedule.warmup_steps=0", "train.steps=40",
+                         "train.skip_nonfinite=2"});
+    RunResult r = train(1, p.config, ov, 120);
+    EXPECT_NE(r.exit_code, 0) << recipe << "\n" << r.output;
+    EXPECT_GE(count_of(r.output, "skipped: the loss is"), 2u) << recipe << "\n" << r.output;
+    EXPECT_EQ(count_of(r.output, "error:"), 1u) << recipe << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "after 2 consecutive skipped steps (train.skip_nonfinite = 2)")) << recipe << "\n"
+                                                                                                  << r.output;
+  }
+}
+
+// Bad input: one line naming the key or the width, exit 1, on every rank (2 ranks: none hangs). train.fp8_recipe
+// without fp8 is the same path as an unknown recipe (a config error), checked in test_config.cpp.
+TEST(Fp8Training, BadInputIsNamed) {
+  TempDir dir;
+  Problem g = make_gpt_problem(dir.file("gpt"), 4097, 61);
+  Problem m = make_problem(dir.file("mlp"));  // linear widths 24 and 5
+  struct Case {
+    const Problem* p;
+    std::vector<std::string> set;
+    std::string expect;
+  } cases[] = {
+      {&g, {"train.precision=\"fp8\"", "train.fp8_recipe=\"delayed\""}, "train.fp8_recipe"},
+      {&g, {"train.precision=\"fp8\"", "model.n_embd=24", "model.n_head=2"}, "model width (model.n_embd) of block 1 (transformer) is 24, not a multiple of 16"},
+      {&m, {"train.precision=\"fp8\""}, "output width (model.layers[0].out) of block 0 (linear) is 24, not a multiple of 16"},
+  };
+  for (const Case& c : cases) {
+    auto ov = c.set;
+    ov.insert(ov.end(), {"run.dir=" + quoted(dir.file("bad")), "parallel.dp=2"});
+    RunResult r = train(2, c.p->config, ov, 120);
+    EXPECT_EQ(r.exit_code, 1) << c.set.back() << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, c.expect)) << c.set.back() << "\n" << r.output;
+    EXPECT_EQ(count_of(r.output, "error:"), 1u) << c.set.back() << "\n" << r.output;
+  }
+}
+
+}  // namespace
