@@ -2,8 +2,10 @@
 // layout gives the serial run's result up to floating-point reordering, and a layout run twice gives the same bits.
 // The real binary trains a 4-layer DeepSeek-V3 (4 heads of 8 + 4 query/key columns and 6 value columns, q_lora_rank
 // 24, kv_lora_rank 16; tp 2 holds 2 heads a rank, the a-projections and norms replicated) on the GPT equivalence
-// test's token file for 6 steps under mpirun: dp, tp, every pipeline schedule, ZeRO-1 and recomputation. Every step's
-// loss and every final tensor (parameters and AdamW state) is compared with the serial run of the same model.
+// test's token file for 6 steps under mpirun: dp, tp, pipeline schedules, ZeRO-1, recomputation and context
+// parallelism (cp 2 and tp 2 x cp 2, with and without data.document_mask on a file of documents ending at token 0).
+// Every step's loss and every final tensor (parameters and AdamW state) is compared with the serial run of the same
+// model and data.
 //
 // Tolerance: |a - b| <= 1e-6 + 1e-5 |b|, as for Llama.
 #include <gtest/gtest.h>
@@ -25,10 +27,13 @@ struct Case {
   std::string schedule = "1f1b";
   int m = 1;
   bool zero = false, recompute = false;
-  int ranks() const { return dp * tp * pp; }
+  int cp = 1;
+  bool docs = false;  // data.document_mask
+  int ranks() const { return dp * tp * pp * cp; }
   std::string name() const {
     std::string s = "dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_" +
-                    schedule + "_m" + std::to_string(m) + (zero ? "_zero" : "") + (recompute ? "_recompute" : "");
+                    schedule + "_m" + std::to_string(m) + (zero ? "_zero" : "") + (recompute ? "_recompute" : "") +
+                    (cp > 1 ? "_cp" + std::to_string(cp) : "") + (docs ? "_docs" : "");
     for (auto& c : s) if (c == '-') c = '_';
     return s;
   }
@@ -45,6 +50,7 @@ std::vector<std::string> model_overrides() {
 
 std::vector<std::string> layout_overrides(const Case& c, const std::string& run) {
   return {"run.dir=\"" + run + "\"", "parallel.dp=" + std::to_string(c.dp), "parallel.tp=" + std::to_string(c.tp),
+          "parallel.cp=" + std::to_string(c.cp),
           "parallel.pp=" + std::to_string(c.pp), "parallel.schedule=\"" + c.schedule + "\"",
           "train.micro_batches=" + std::to_string(c.m),
           "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
@@ -58,49 +64,66 @@ const Case kCases[] = {
     {1, 1, 2, "zb-h1", 4},
     {2, 2, 1, "1f1b", 2, /*zero=*/true},
     {1, 2, 2, "interleaved", 4, false, /*recompute=*/true},
+    {1, 1, 1, "1f1b", 2, false, false, /*cp=*/2},
+    {1, 1, 1, "1f1b", 1, false, false, /*cp=*/2, /*docs=*/true},
+    {1, 2, 1, "1f1b", 1, false, /*recompute=*/true, /*cp=*/2, /*docs=*/true},
 };
+
+// The document file (data.document_mask) instead of the GPT problem's tokens.
+std::vector<std::string> data_overrides(bool docs, const std::string& dir) {
+  if (!docs) return {};
+  return {"data.train=\"" + dir + "/docs.h5\"", "data.eval=\"" + dir + "/docs_eval.h5\"", "data.document_mask=true"};
+}
 
 class DeepseekV3Equivalence : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() {
     dir_ = std::make_unique<TempDir>();
     problem_ = make_gpt_problem(dir_->path());
-    std::string run = dir_->file("serial");
-    auto ov = model_overrides();
-    ov.push_back("run.dir=\"" + run + "\"");
-    RunResult r = train(1, problem_.config, ov);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    serial_losses_ = read_losses(run);
-    serial_tensors_ = read_checkpoint(run + "/checkpoints/step_00000006.h5");
+    write_documents(dir_->file("docs.h5"));
+    write_documents(dir_->file("docs_eval.h5"), 8, 1025);
+    for (bool docs : {false, true}) {
+      std::string run = dir_->file(docs ? "serial_docs" : "serial");
+      auto ov = model_overrides();
+      for (const std::string& s : data_overrides(docs, dir_->path())) ov.push_back(s);
+      ov.push_back("run.dir=\"" + run + "\"");
+      RunResult r = train(1, problem_.config, ov);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      serial_losses_[docs] = read_losses(run);
+      serial_tensors_[docs] = read_checkpoint(run + "/checkpoints/step_00000006.h5");
+    }
   }
   static void TearDownTestSuite() { dir_.reset(); }
 
   static std::unique_ptr<TempDir> dir_;
   static Problem problem_;
-  static std::vector<double> serial_losses_;
-  static std::map<std::string, std::vector<float>> serial_tensors_;
+  static std::map<bool, std::vector<double>> serial_losses_;  // by data.document_mask
+  static std::map<bool, std::map<std::string, std::vector<float>>> serial_tensors_;
 };
 std::unique_ptr<TempDir> DeepseekV3Equivalence::dir_;
 Problem DeepseekV3Equivalence::problem_;
-std::vector<double> DeepseekV3Equivalence::serial_losses_;
-std::map<std::string, std::vector<float>> DeepseekV3Equivalence::serial_tensors_;
+std::map<bool, std::vector<double>> DeepseekV3Equivalence::serial_losses_;
+std::map<bool, std::map<std::string, std::vector<float>>> DeepseekV3Equivalence::serial_tensors_;
 
 TEST_P(DeepseekV3Equivalence, MatchesSerialRun) {
   const Case& c = GetParam();
-  ASSERT_EQ(serial_losses_.size(), 6u);
+  const auto& serial_losses = serial_losses_[c.docs];
+  const auto& serial_tensors = serial_tensors_[c.docs];
+  ASSERT_EQ(serial_losses.size(), 6u);
   std::string run = dir_->file(c.name());
   auto ov = model_overrides();
+  for (const std::string& s : data_overrides(c.docs, dir_->path())) ov.push_back(s);
   for (const std::string& s : layout_overrides(c, run)) ov.push_back(s);
   RunResult r = train(c.ranks(), problem_.config, ov);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto losses = read_losses(run);
-  ASSERT_EQ(losses.size(), serial_losses_.size());
+  ASSERT_EQ(losses.size(), serial_losses.size());
   for (size_t i = 0; i < losses.size(); ++i)
-    EXPECT_NEAR(losses[i], serial_losses_[i], kAbs + kRel * std::abs(serial_losses_[i])) << "loss at step " << i + 1;
+    EXPECT_NEAR(losses[i], serial_losses[i], kAbs + kRel * std::abs(serial_losses[i])) << "loss at step " << i + 1;
   auto tensors = read_checkpoint(run + "/checkpoints/step_00000006.h5");
-  ASSERT_EQ(tensors.size(), serial_tensors_.size());
-  expect_tensors_within(tensors, serial_tensors_, kRel, kAbs, "against the serial run");
-  if (c.tp > 1 && c.pp == 1 && !c.zero) {  // the same layout again: the same bits
+  ASSERT_EQ(tensors.size(), serial_tensors.size());
+  expect_tensors_within(tensors, serial_tensors, kRel, kAbs, "against the serial run");
+  if (c.tp > 1 && c.pp == 1 && !c.zero && c.cp == 1) {  // the same layout again: the same bits
     std::string again = dir_->file(c.name() + "_again");
     auto ov2 = model_overrides();
     for (const std::string& s : layout_overrides(c, again)) ov2.push_back(s);

@@ -15,7 +15,8 @@
 // output rows; o_proj row-parallel), and F / tp SwiGLU units; q_a_proj, kv_a_proj_with_mqa and the three norms are
 // replicated. The backward all-reduces the heads' partial gradients of the small tensors the replicated part produced
 // (q_a_layernorm's output, the latent, k_pe), after which every rank computes the replicated weights' gradients whole
-// and alike. Sequence and context parallelism are refused by the family for now.
+// and alike. Context parallelism (model/context_parallel.hpp) gathers the heads' keys and values as Llama's layer does
+// (the rotary parts at each row's position in its sequence). Sequence parallelism is refused by the family for now.
 #include "model/blocks.hpp"
 
 namespace relay {
@@ -24,8 +25,9 @@ namespace {
 
 class MlaLayer final : public Block {
  public:
-  MlaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
-      : Block(spec, std::move(params)), tp_(tp), m_(spec.mla), H_(spec.n_head / tp.size), F_(spec.ffn_hidden / tp.size) {
+  MlaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
+      : Block(spec, std::move(params)), tp_(tp), m_(spec.mla), H_(spec.n_head / tp.size), F_(spec.ffn_hidden / tp.size),
+        cp_attn_(cp.on() ? cp.attention : nullptr) {
     RELAY_ASSERT(!tp.sequence_parallel() && spec.sp == 1, "mla layer: sequence parallelism is not supported yet");
     const bool ql = m_.q_lora_rank > 0;
     const size_t want = ql ? 12 : 10;  // norm1, [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o, norm2, gate, up, down
@@ -123,7 +125,10 @@ class MlaLayer final : public Block {
       be.copy_columns(kpe, 0, k, h * dqk + dn, dr);                                // the shared rotary key
       be.copy_columns(kv, h * w_kv + dn, val, h * dv, dv);                         // v
     }
-    be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, H_, atty, lse, doc_start_);  // (n, H dv)
+    if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys and values
+      cp_attn_->forward(be, q, k, val, T, H_, H_, q_pos_, doc_start_, atty, lse);  // (n, H dv)
+    else
+      be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, H_, atty, lse, doc_start_);  // (n, H dv)
     Tensor res1 = v(kRes1), n2 = v(kN2), rstd2 = v(kRstd2), gate = v(kGate), up = v(kUp), hid = v(kH);
     tp_.row_parallel_matmul(be, atty, o_->compute(), true, res1, "the attention output all-reduce");  // (n, C)
     be.add(res1, x, res1);                                                         // residual 1
@@ -151,8 +156,12 @@ class MlaLayer final : public Block {
     // Attention.
     Tensor g_atty = v(kGAtty), g_q = v(kGQ), g_k = v(kGK), g_v = v(kGV), g_kv = v(kGKv), pe = v(kPe);
     be.matmul(g_res1, false, o_->compute(), false, g_atty, 1.f, 0.f);              // (n, H dv)
-    be.flash_attention_gqa_backward(g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), n / T, T, H_, H_,
-                                    g_q, g_k, g_v, doc_start_);
+    if (cp_attn_)
+      cp_attn_->backward(be, g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), T, H_, H_, q_pos_,
+                         doc_start_, g_q, g_k, g_v);
+    else
+      be.flash_attention_gqa_backward(g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), n / T, T, H_,
+                                      H_, g_q, g_k, g_v, doc_start_);
     rope_part(be, g_q, H_, dqk, dn, pe, T, /*backward=*/true);                     // d q before the rotation
     // d k_pe: the heads' rotary-key gradients summed (this rank's heads; all-reduced below), then un-rotated.
     Tensor g_pe = v(kGPe), term = v(kKpe);
@@ -256,6 +265,7 @@ class MlaLayer final : public Block {
   TensorParallel tp_;
   MlaSpec m_;
   int64_t H_, F_;  // this rank's heads and SwiGLU units
+  std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   Param *norm1_ = nullptr, *q_ = nullptr, *q_a_ = nullptr, *q_a_norm_ = nullptr, *q_b_ = nullptr, *kv_a_ = nullptr,
         *kv_a_norm_ = nullptr, *kv_b_ = nullptr, *o_ = nullptr, *norm2_ = nullptr, *gate_ = nullptr, *up_ = nullptr,
         *down_ = nullptr;
@@ -267,9 +277,10 @@ std::vector<BufferSpec> mla_saved_shapes(const BlockSpec& spec, int64_t rows, in
   return spec.kind == BlockKind::mla_layer ? MlaLayer::saved_shapes(spec, rows, tp) : std::vector<BufferSpec>{};
 }
 
-std::unique_ptr<Block> make_mla_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp) {
+std::unique_ptr<Block> make_mla_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
+                                      const ContextParallel& cp) {
   RELAY_ASSERT(spec.kind == BlockKind::mla_layer, "make_mla_block: not an MLA layer: " << block_kind_name(spec.kind));
-  return std::make_unique<MlaLayer>(spec, std::move(params), tp);
+  return std::make_unique<MlaLayer>(spec, std::move(params), tp, cp);
 }
 
 }  // namespace relay

@@ -8,10 +8,10 @@ exactly the HF weights, and Relay's eval loss with lr = 0 equals transformers' o
 Export: Relay trains 10 steps (q_lora_rank unset: one q_proj), `relay ckpt export --format hf` writes a directory
 that from_pretrained loads as DeepseekV3ForCausalLM with no missing or unexpected keys, and its eval loss equals
 Relay's logged one.
-Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank, first_k_dense_replace, cp and the
+Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank, first_k_dense_replace, sequence parallelism and the
 Llama directory): kv_lora_rank missing, n_routed_experts not divisible
 by n_group, topk_group > n_group, num_experts_per_tok > n_routed_experts, first_k_dense_replace < n_layer (routed
-layers not wired in yet), rope_scaling = "yarn" (not in Relay yet), cp 2 (not wired in yet), and a Llama directory
+layers not wired in yet), rope_scaling = "yarn" (not in Relay yet), sequence parallelism (not wired in yet), and a Llama directory
 for a deepseek_v3 run.
 
 The packages live in the cached venv relay-torch2 (tests/torch/pypi_venv.py). Usage:
@@ -165,7 +165,8 @@ with tempfile.TemporaryDirectory() as tmp:
              ["model.first_k_dense_replace = 1 < n_layer = 2: routed-expert layers are not wired into deepseek_v3 yet"],
              "first_k_dense_replace < n_layer", ranks=2)
     bad_case(['model.rope_scaling="yarn"'], ["model.rope_scaling", "YaRN"], "rope_scaling")
-    bad_case(["parallel.dp=1", "parallel.cp=2"], ["parallel.cp", "deepseek_v3"], "context parallelism", ranks=2)
+    bad_case(["parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true"],
+             ["parallel.sequence_parallel", "deepseek_v3"], "sequence parallelism", ranks=2)
     torch.manual_seed(6)
     LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                  num_attention_heads=4, max_position_embeddings=T)).save_pretrained(f"{tmp}/hf_llama")

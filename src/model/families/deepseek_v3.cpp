@@ -86,11 +86,10 @@ class DeepseekV3Family final : public ModelFamily {
     const DeepseekV3Args& a = c.model.args<DeepseekV3Args>();
     if (c.parallel.tp > 1 && a.ffn_hidden % c.parallel.tp != 0)
       parallel.fail("tp", cat("= ", c.parallel.tp, " must divide model.ffn_hidden = ", a.ffn_hidden));
-    if (c.parallel.cp > 1)
-      parallel.fail("cp", cat("= ", c.parallel.cp, ": context parallelism is not wired into deepseek_v3's latent "
-                                                   "attention yet (1)"));
-    if (c.parallel.sequence_parallel)
-      parallel.fail("sequence_parallel", "is not wired into deepseek_v3's latent attention yet (false)");
+    // Read here: [parallel] parses sequence_parallel after the family's checks.
+    const toml::node* sp = parallel.get("sequence_parallel");
+    if (sp && sp->value<bool>().value_or(false))
+      parallel.fail("sequence_parallel", "= true is not wired into deepseek_v3's latent attention yet (false)");
   }
 
   void write_keys(std::ostream& o, const Config::Model& m) const override {
