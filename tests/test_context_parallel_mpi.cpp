@@ -191,7 +191,7 @@ TEST(ContextParallelRuns, BadSettingsAreNamed) {
   EXPECT_TRUE(contains(m.output, relay::cat("parallel.cp: = 2 needs model.type = ",
                                             relay::family_names(&relay::ModelKeys::language_model),
                                             " (context parallelism"))) << m.output;
-  EXPECT_TRUE(contains(m.output, "\"qwen3_moe\" (context parallelism")) << m.output;
+  EXPECT_TRUE(contains(m.output, "\"deepseek_v3\" (context parallelism")) << m.output;
   RunResult w = train(2, p.config, {"run.dir=" + quoted(dir.file("c")), "parallel.cp=2", "parallel.dp=2"}, 60);
   EXPECT_EQ(w.exit_code, 1) << w.output;
   EXPECT_TRUE(contains(w.output, "the job has 2 ranks but parallel.dp x parallel.cp x parallel.pp = 2 x 2 x 1 = 4"))

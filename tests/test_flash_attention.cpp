@@ -422,3 +422,133 @@ TEST_F(FlashAttention, PositionedBfloat16IsTheFloat32ArithmeticRounded) {
   EXPECT_EQ(rounded_to_bf16(dk), to_f32(dk16));
   EXPECT_EQ(rounded_to_bf16(dv), to_f32(dv16));
 }
+
+namespace {
+// Columns [0, w) of each of the heads of x (rows, ld), heads hd apart from column c0: (rows, heads * w).
+std::vector<float> head_columns(const std::vector<float>& x, int64_t ld, int64_t c0, int64_t heads, int64_t hd,
+                                int64_t w) {
+  std::vector<float> r;
+  for (size_t row = 0; row < x.size() / size_t(ld); ++row)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t c = 0; c < w; ++c) r.push_back(x[row * size_t(ld) + size_t(c0 + h * hd + c)]);
+  return r;
+}
+// x (rows, heads * w) with each head widened to hd columns by zeros: (rows, heads * hd).
+std::vector<float> zero_padded_heads(const std::vector<float>& x, int64_t heads, int64_t w, int64_t hd) {
+  const size_t rows = x.size() / size_t(heads * w);
+  std::vector<float> r(rows * size_t(heads * hd), 0.0f);
+  for (size_t row = 0; row < rows; ++row)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t c = 0; c < w; ++c) r[row * size_t(heads * hd) + size_t(h * hd + c)] = x[row * size_t(heads * w) + size_t(h * w + c)];
+  return r;
+}
+}  // namespace
+
+// Value heads narrower than query/key heads (DeepSeek-V3's MLA: 192 and 128; here 24 and 16): attention with
+// v's heads of hd_v columns is the reference's attention with v zero-padded to hd columns, restricted to the
+// first hd_v columns of each head of out and dv (the padded columns of dout are 0, so dq and dk are unchanged).
+// The reference keeps the probabilities (attention_forward/backward); float32, 1e-5 as above; lse as above.
+TEST_F(FlashAttention, NarrowerValueHeadsMatchTheReference) {
+  const Shape s{2, 150, 72, 3};  // hd = 24 (T past one tile)
+  const int64_t hd = s.C / s.H, hd_v = 16, Cv = s.H * hd_v;
+  const auto q = randn(size_t(s.B * s.T * s.C), 51, 1.5f), k = randn(size_t(s.B * s.T * s.C), 52, 1.5f);
+  const auto v = randn(size_t(s.B * s.T * Cv), 53, 1.0f), dout = randn(size_t(s.B * s.T * Cv), 54, 1.0f);
+  // The reference's packed (B*T, 3C) rows: [q | k | v padded].
+  const auto vp = zero_padded_heads(v, s.H, hd_v, hd), doutp = zero_padded_heads(dout, s.H, hd_v, hd);
+  std::vector<float> qkv;
+  for (int64_t r = 0; r < s.B * s.T; ++r) {
+    qkv.insert(qkv.end(), q.begin() + r * s.C, q.begin() + (r + 1) * s.C);
+    qkv.insert(qkv.end(), k.begin() + r * s.C, k.begin() + (r + 1) * s.C);
+    qkv.insert(qkv.end(), vp.begin() + r * s.C, vp.begin() + (r + 1) * s.C);
+  }
+  const Reference ref = reference(s, qkv, doutp);
+  std::vector<float> out(dout.size()), lse(size_t(s.B * s.H * s.T));
+  std::vector<float> dq(q.size(), NAN), dk(k.size(), NAN), dv(v.size(), NAN);  // overwritten, not accumulated
+  cpu::flash_attention_gqa_forward(q.data(), k.data(), v.data(), s.C, s.C, out.data(), lse.data(), s.B, s.T, s.H, s.H,
+                                   hd, nullptr, hd_v, Cv);
+  cpu::flash_attention_gqa_backward(dout.data(), q.data(), k.data(), v.data(), s.C, s.C, out.data(), lse.data(),
+                                    dq.data(), dk.data(), dv.data(), s.B, s.T, s.H, s.H, hd, nullptr, hd_v, Cv);
+  EXPECT_LE(relative_error(out, head_columns(ref.out, s.C, 0, s.H, hd, hd_v)), 1e-5) << "out";
+  EXPECT_LE(relative_error(dq, columns(ref.dqkv, 3 * s.C, 0, s.C)), 1e-5) << "dq";
+  EXPECT_LE(relative_error(dk, columns(ref.dqkv, 3 * s.C, s.C, s.C)), 1e-5) << "dk";
+  EXPECT_LE(relative_error(dv, head_columns(ref.dqkv, 3 * s.C, 2 * s.C, s.H, hd, hd_v)), 1e-5) << "dv";
+  for (size_t i = 0; i < ref.lse.size(); ++i)
+    ASSERT_NEAR(lse[i], ref.lse[i], 2e-6 * std::max(1.0, std::fabs(ref.lse[i]))) << "row " << i;
+}
+
+// The same identity for grouped-query heads, document masks and context parallelism's positioned kernels (rank 0
+// and 1 of cp 2, dk and dv summed over them), against the kernels' own equal-width path on the zero-padded values
+// (itself checked against the reference above and against each document alone): 4e-6 of each output's magnitude.
+// And the narrow path's thread-count independence, bit for bit.
+TEST_F(FlashAttention, NarrowerValueHeadsEqualZeroPaddedValuesWithDocumentsAndChunks) {
+  const int64_t B = 2, T = 160, H = 4, KV = 2, hd = 24, hd_v = 16, C = H * hd, Ckv = KV * hd;
+  const int64_t Cv = H * hd_v, Ckv_v = KV * hd_v;
+  const auto q = randn(size_t(B * T * C), 61, 1.5f), k = randn(size_t(B * T * Ckv), 62, 1.5f);
+  const auto v = randn(size_t(B * T * Ckv_v), 63, 1.0f), dout = randn(size_t(B * T * Cv), 64, 1.0f);
+  const auto vp = zero_padded_heads(v, KV, hd_v, hd), doutp = zero_padded_heads(dout, H, hd_v, hd);
+  std::vector<int32_t> doc_start(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0, start = 0; t < T; ++t) {
+      if (t > 0 && t % (41 + 30 * b) == 0) start = t;  // documents of 41 (71) rows
+      doc_start[size_t(b * T + t)] = int32_t(start);
+    }
+  for (bool docs : {false, true}) {
+    SCOPED_TRACE(docs ? "documents" : "causal");
+    const int32_t* ds = docs ? doc_start.data() : nullptr;
+    // The padded run: (B*T, C) out and dq, (B*T, Ckv) dk and dv.
+    std::vector<float> po(size_t(B * T * C)), pl(size_t(B * H * T)), pdq(q.size()), pdk(k.size()), pdv(k.size());
+    cpu::flash_attention_gqa_forward(q.data(), k.data(), vp.data(), C, Ckv, po.data(), pl.data(), B, T, H, KV, hd, ds);
+    cpu::flash_attention_gqa_backward(doutp.data(), q.data(), k.data(), vp.data(), C, Ckv, po.data(), pl.data(),
+                                      pdq.data(), pdk.data(), pdv.data(), B, T, H, KV, hd, ds);
+    // The narrow run, whole sequences, at 1 and 3 threads.
+    auto narrow = [&] {
+      std::vector<float> o(dout.size()), l(pl.size()), dq(q.size()), dk(k.size()), dv(v.size());
+      cpu::flash_attention_gqa_forward(q.data(), k.data(), v.data(), C, Ckv, o.data(), l.data(), B, T, H, KV, hd, ds,
+                                       hd_v, Ckv_v);
+      cpu::flash_attention_gqa_backward(dout.data(), q.data(), k.data(), v.data(), C, Ckv, o.data(), l.data(),
+                                        dq.data(), dk.data(), dv.data(), B, T, H, KV, hd, ds, hd_v, Ckv_v);
+      return std::vector<std::vector<float>>{o, l, dq, dk, dv};
+    };
+    cpu::set_threads(1);
+    const auto n1 = narrow();
+    cpu::set_threads(3);
+    const auto n3 = narrow();
+    cpu::set_threads(2);
+    for (size_t i = 0; i < n1.size(); ++i) EXPECT_EQ(n1[i], n3[i]) << "output " << i << " differs with 3 threads";
+    EXPECT_LE(relative_error(n1[0], head_columns(po, C, 0, H, hd, hd_v)), 4e-6) << "out";
+    EXPECT_LE(relative_error(n1[1], pl), 4e-6) << "lse";
+    EXPECT_LE(relative_error(n1[2], pdq), 4e-6) << "dq";
+    EXPECT_LE(relative_error(n1[3], pdk), 4e-6) << "dk";
+    EXPECT_LE(relative_error(n1[4], head_columns(pdv, Ckv, 0, KV, hd, hd_v)), 4e-6) << "dv";
+    // cp 2: rank i holds chunks i and 3 - i of each sequence (4 chunks of 40 rows).
+    const int64_t cp = 2, c = T / (2 * cp), Tq = 2 * c;
+    std::vector<float> dk_sum(k.size(), 0.f), dv_sum(v.size(), 0.f);
+    for (int64_t i = 0; i < cp; ++i) {
+      std::vector<int32_t> pos, lo;
+      std::vector<float> ql, dl, want_o, want_dq;  // (B*Tq, C) queries, (B*Tq, Cv) output gradients
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t chunk : {i, 2 * cp - 1 - i})
+          for (int64_t t = chunk * c; t < (chunk + 1) * c; ++t) {
+            const size_t row = size_t(b * T + t);
+            pos.push_back(int32_t(t));
+            lo.push_back(doc_start[row]);
+            ql.insert(ql.end(), q.begin() + row * C, q.begin() + (row + 1) * C);
+            dl.insert(dl.end(), dout.begin() + row * Cv, dout.begin() + (row + 1) * Cv);
+            want_o.insert(want_o.end(), n1[0].begin() + row * Cv, n1[0].begin() + (row + 1) * Cv);
+            want_dq.insert(want_dq.end(), n1[2].begin() + row * C, n1[2].begin() + (row + 1) * C);
+          }
+      std::vector<float> o(size_t(B * Tq * Cv)), l(size_t(B * H * Tq)), g(ql.size()), gk(k.size()), gv(v.size());
+      cpu::flash_attention_gqa_forward_at(ql.data(), k.data(), v.data(), C, Ckv, o.data(), l.data(), B, Tq, T,
+                                          pos.data(), H, KV, hd, docs ? lo.data() : nullptr, hd_v, Ckv_v);
+      cpu::flash_attention_gqa_backward_at(dl.data(), ql.data(), k.data(), v.data(), C, Ckv, o.data(), l.data(),
+                                           g.data(), gk.data(), gv.data(), B, Tq, T, pos.data(), H, KV, hd,
+                                           docs ? lo.data() : nullptr, hd_v, Ckv_v);
+      EXPECT_LE(relative_error(o, want_o), 4e-6) << "out of rank " << i;
+      EXPECT_LE(relative_error(g, want_dq), 4e-6) << "dq of rank " << i;
+      for (size_t e = 0; e < gk.size(); ++e) dk_sum[e] += gk[e];
+      for (size_t e = 0; e < gv.size(); ++e) dv_sum[e] += gv[e];
+    }
+    EXPECT_LE(relative_error(dk_sum, n1[3]), 4e-6) << "dk summed over the ranks";
+    EXPECT_LE(relative_error(dv_sum, n1[4]), 4e-6) << "dv summed over the ranks";
+  }
+}

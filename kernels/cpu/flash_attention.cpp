@@ -268,8 +268,11 @@ void single_threaded_gemm() { omp_set_num_threads(1); }
 template <typename Elem>
 void flash_attention_gqa_forward_at(const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq, int64_t ldkv,
                                     Elem* out, float* lse, int64_t B, int64_t Tq, int64_t Tk, const int32_t* q_pos,
-                                    int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start) {
-  const int64_t C = H * hd, group = H / KV;
+                                    int64_t H, int64_t KV, int64_t hd, const int32_t* doc_start, int64_t hd_v,
+                                    int64_t ldv) {
+  if (hd_v <= 0) hd_v = hd;
+  if (ldv <= 0) ldv = ldkv;
+  const int64_t C = H * hd_v, group = H / KV;  // C: out's row width
   const int64_t blocks = (Tq + kFwdQueries - 1) / kFwdQueries, heads = B * H;
   // Scores in log2 units (scale * log2 e folded into the GEMM) so that the softmax needs only 2^x.
   const float alpha = kLog2e / std::sqrt(float(hd));
@@ -280,11 +283,12 @@ void flash_attention_gqa_forward_at(const Elem* q_in, const Elem* k_in, const El
     // a thread usually takes several query blocks of one head (or of the heads sharing its key/value head)
     // in a row, and reads those keys once, not once per block (they fit in L2: 2 x T x hd floats, 512 KiB
     // at T = 1024, hd = 64).
-    std::vector<float> k(static_cast<size_t>(Tk * hd)), v(k.size());  // (Tk, hd)
+    std::vector<float> k(static_cast<size_t>(Tk * hd));                 // (Tk, hd)
+    std::vector<float> v(static_cast<size_t>(Tk * hd_v));               // (Tk, hd_v)
     int64_t cached_kv = -1, cached = 0;
     std::vector<float> q(static_cast<size_t>(kFwdQueries * hd));        // (Br, hd)
     std::vector<float> s(static_cast<size_t>(kFwdQueries * kFwdKeys));  // (Br, Bc) scores, then probabilities
-    std::vector<float> acc(q.size());                                    // (Br, hd) unnormalised output
+    std::vector<float> acc(static_cast<size_t>(kFwdQueries * hd_v));    // (Br, hd_v) unnormalised output
     std::vector<float> m(static_cast<size_t>(kFwdQueries)), l(m.size()), inv_l(m.size());  // (Br)
     // Tasks are (b, h, query block), head after head and within a head the last query blocks (the most key
     // tiles) first, so that the dynamic schedule ends on small tasks. Tasks write disjoint outputs: the
@@ -297,11 +301,11 @@ void flash_attention_gqa_forward_at(const Elem* q_in, const Elem* k_in, const El
       const Rows qr{q_pos ? q_pos + b * Tq + q0 : nullptr, q0};  // the block's queries' key positions
       const int64_t p_end = qr.at(rows - 1) + 1;                   // keys at or after it are never seen
       const Elem* kbase = k_in + b * Tk * ldkv + (h / group) * hd;  // (Tk, ldkv) this sequence's key head
-      const Elem* vbase = v_in + b * Tk * ldkv + (h / group) * hd;
+      const Elem* vbase = v_in + b * Tk * ldv + (h / group) * hd_v;  // (Tk, ldv)
       if (kvh != cached_kv) cached_kv = kvh, cached = 0;
       if (cached < p_end) {
         load_rows(kbase + cached * ldkv, ldkv, p_end - cached, hd, k.data() + cached * hd);
-        load_rows(vbase + cached * ldkv, ldkv, p_end - cached, hd, v.data() + cached * hd);
+        load_rows(vbase + cached * ldv, ldv, p_end - cached, hd_v, v.data() + cached * hd_v);
         cached = p_end;
       }
       load_rows(q_in + (b * Tq + q0) * ldq + h * hd, ldq, rows, hd, q.data());
@@ -323,9 +327,9 @@ void flash_attention_gqa_forward_at(const Elem* q_in, const Elem* k_in, const El
           gemm(false, true, r1 - r0, cols, hd, alpha, q.data() + r0 * hd, hd, k.data() + k0 * hd, hd, 0.0f,
                s.data(), kFwdKeys);
           online_softmax_tile(s.data(), kFwdKeys, r1 - r0, cols, qr.from(r0), k0, m.data() + r0, l.data() + r0,
-                              acc.data() + r0 * hd, hd, lo ? lo + r0 : nullptr);
-          gemm(false, false, r1 - r0, hd, cols, 1.0f, s.data(), kFwdKeys, v.data() + k0 * hd, hd, 1.0f,
-               acc.data() + r0 * hd, hd);
+                              acc.data() + r0 * hd_v, hd_v, lo ? lo + r0 : nullptr);
+          gemm(false, false, r1 - r0, hd_v, cols, 1.0f, s.data(), kFwdKeys, v.data() + k0 * hd_v, hd_v, 1.0f,
+               acc.data() + r0 * hd_v, hd_v);
         }
       }
       float* lse_bh = lse + bh * Tq;  // (Tq)
@@ -333,7 +337,7 @@ void flash_attention_gqa_forward_at(const Elem* q_in, const Elem* k_in, const El
         inv_l[size_t(r)] = 1.0f / l[size_t(r)];
         lse_bh[q0 + r] = (m[size_t(r)] + std::log2(l[size_t(r)])) * kLn2;
       }
-      store_rows(acc.data(), inv_l.data(), rows, hd, out + (b * Tq + q0) * C + h * hd, C);
+      store_rows(acc.data(), inv_l.data(), rows, hd_v, out + (b * Tq + q0) * C + h * hd_v, C);
     }
   }
 }
@@ -341,8 +345,9 @@ void flash_attention_gqa_forward_at(const Elem* q_in, const Elem* k_in, const El
 template <typename Elem>
 void flash_attention_gqa_forward(const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq, int64_t ldkv,
                                  Elem* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
-                                 const int32_t* doc_start) {
-  flash_attention_gqa_forward_at(q_in, k_in, v_in, ldq, ldkv, out, lse, B, T, T, nullptr, H, KV, hd, doc_start);
+                                 const int32_t* doc_start, int64_t hd_v, int64_t ldv) {
+  flash_attention_gqa_forward_at(q_in, k_in, v_in, ldq, ldkv, out, lse, B, T, T, nullptr, H, KV, hd, doc_start, hd_v,
+                                 ldv);
 }
 
 template <typename Elem>
@@ -350,17 +355,20 @@ void flash_attention_gqa_backward_at(const Elem* dout, const Elem* q_in, const E
                                      int64_t ldq, int64_t ldkv, const Elem* out, const float* lse, Elem* dq_out,
                                      Elem* dk_out, Elem* dv_out, int64_t B, int64_t Tq, int64_t Tk,
                                      const int32_t* q_pos, int64_t H, int64_t KV, int64_t hd,
-                                     const int32_t* doc_start) {
-  const int64_t C = H * hd, group = H / KV;
+                                     const int32_t* doc_start, int64_t hd_v, int64_t ldv) {
+  if (hd_v <= 0) hd_v = hd;
+  if (ldv <= 0) ldv = ldkv;
+  const int64_t C = H * hd_v, group = H / KV;  // C: out's and dout's row width
   const float scale = 1.0f / std::sqrt(float(hd)), alpha = kLog2e * scale;
 #pragma omp parallel
   {
     single_threaded_gemm();
     // Per-thread float32 copies of one head, converted once per head rather than once per tile.
-    std::vector<float> q(static_cast<size_t>(Tq * hd)), dO(q.size());     // (Tq, hd)
-    std::vector<float> dq(q.size());                                     // (Tq, hd) dQ, first O for D
-    std::vector<float> k(static_cast<size_t>(Tk * hd)), v(k.size());     // (Tk, hd)
-    std::vector<float> dk(k.size()), dv(k.size());                       // (Tk, hd) dK, dV of the key/value head
+    std::vector<float> q(static_cast<size_t>(Tq * hd));                   // (Tq, hd)
+    std::vector<float> dO(static_cast<size_t>(Tq * hd_v));                // (Tq, hd_v)
+    std::vector<float> dq(static_cast<size_t>(Tq * std::max(hd, hd_v)));  // (Tq, hd) dQ, first O (Tq, hd_v) for D
+    std::vector<float> k(static_cast<size_t>(Tk * hd)), dk(k.size());     // (Tk, hd) K, dK of the key/value head
+    std::vector<float> v(static_cast<size_t>(Tk * hd_v)), dv(v.size());   // (Tk, hd_v) V, dV
     std::vector<float> lse2(static_cast<size_t>(Tq)), D(lse2.size());   // (Tq)
     std::vector<float> p(static_cast<size_t>(kBwdQueries * kBwdKeys)), ds(p.size());  // (Br, Bc)
     // One task per (b, key/value head), done in a fixed order by one thread: its query heads in order, and
@@ -370,7 +378,7 @@ void flash_attention_gqa_backward_at(const Elem* dout, const Elem* q_in, const E
     for (int64_t bkv = 0; bkv < B * KV; ++bkv) {
       const int64_t b = bkv / KV, kvh = bkv % KV;
       load_rows(k_in + b * Tk * ldkv + kvh * hd, ldkv, Tk, hd, k.data());
-      load_rows(v_in + b * Tk * ldkv + kvh * hd, ldkv, Tk, hd, v.data());
+      load_rows(v_in + b * Tk * ldv + kvh * hd_v, ldv, Tk, hd_v, v.data());
       std::fill(dk.begin(), dk.end(), 0.0f);
       std::fill(dv.begin(), dv.end(), 0.0f);
       const int32_t* qp = q_pos ? q_pos + b * Tq : nullptr;            // (Tq) key positions of the queries
@@ -379,15 +387,15 @@ void flash_attention_gqa_backward_at(const Elem* dout, const Elem* q_in, const E
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         const int64_t bh = b * H + h;
         load_rows(q_in + b * Tq * ldq + h * hd, ldq, Tq, hd, q.data());
-        load_rows(dout + b * Tq * C + h * hd, C, Tq, hd, dO.data());
-        load_rows(out + b * Tq * C + h * hd, C, Tq, hd, dq.data());
-        row_dots(dO.data(), dq.data(), D.data(), Tq, hd);  // D = rowsum(dO * O)
+        load_rows(dout + b * Tq * C + h * hd_v, C, Tq, hd_v, dO.data());
+        load_rows(out + b * Tq * C + h * hd_v, C, Tq, hd_v, dq.data());
+        row_dots(dO.data(), dq.data(), D.data(), Tq, hd_v);  // D = rowsum(dO * O)
         std::fill(dq.begin(), dq.end(), 0.0f);
         for (int64_t t = 0; t < Tq; ++t) lse2[size_t(t)] = lse[bh * Tq + t] * kLog2e;
         for (int64_t k0 = 0; k0 < Tk; k0 += kBwdKeys) {
           const int64_t k1 = std::min(Tk, k0 + kBwdKeys);
           float* dkt = dk.data() + k0 * hd;  // (k1 - k0, hd)
-          float* dvt = dv.data() + k0 * hd;
+          float* dvt = dv.data() + k0 * hd_v;
           // Queries at positions before k0 see none of these keys; those at or after k1 see them all (unless their
           // document starts later). Query positions and first visible keys are non-decreasing.
           const int64_t qa = qp ? std::lower_bound(qp, qp + Tq, int32_t(k0)) - qp : std::min(k0, Tq);
@@ -401,12 +409,13 @@ void flash_attention_gqa_backward_at(const Elem* dout, const Elem* q_in, const E
             q1 = q0 < qb ? std::min({qb, q0 + kDiagRows, q_end}) : std::min(q_end, q0 + kBwdQueries);
             const int64_t rows = q1 - q0, cols = std::min(k1, all.at(q1 - 1) + 1) - k0;
             const float* qt = q.data() + q0 * hd;
-            const float* dOt = dO.data() + q0 * hd;
+            const float* dOt = dO.data() + q0 * hd_v;
             gemm(false, true, rows, cols, hd, alpha, qt, hd, k.data() + k0 * hd, hd, 0.0f, p.data(), kBwdKeys);
             const int32_t* lo = ds0 ? ds0 + q0 : nullptr;
             recompute_probs_tile(p.data(), kBwdKeys, rows, cols, all.from(q0), k0, lse2.data() + q0, lo);
-            gemm(true, false, cols, hd, rows, 1.0f, p.data(), kBwdKeys, dOt, hd, 1.0f, dvt, hd);  // dV += P^T dO
-            gemm(false, true, rows, cols, hd, 1.0f, dOt, hd, v.data() + k0 * hd, hd, 0.0f, ds.data(), kBwdKeys);  // dP
+            gemm(true, false, cols, hd_v, rows, 1.0f, p.data(), kBwdKeys, dOt, hd_v, 1.0f, dvt, hd_v);  // dV += P^T dO
+            gemm(false, true, rows, cols, hd_v, 1.0f, dOt, hd_v, v.data() + k0 * hd_v, hd_v, 0.0f, ds.data(),
+                 kBwdKeys);  // dP
             softmax_grad_tile(ds.data(), p.data(), kBwdKeys, rows, cols, all.from(q0), k0, D.data() + q0, lo);
             gemm(false, false, rows, hd, cols, scale, ds.data(), kBwdKeys, k.data() + k0 * hd, hd, 1.0f,
                  dq.data() + q0 * hd, hd);  // dQ += scale dS K
@@ -416,7 +425,7 @@ void flash_attention_gqa_backward_at(const Elem* dout, const Elem* q_in, const E
         store_rows(dq.data(), nullptr, Tq, hd, dq_out + b * Tq * ldq + h * hd, ldq);
       }
       store_rows(dk.data(), nullptr, Tk, hd, dk_out + b * Tk * ldkv + kvh * hd, ldkv);
-      store_rows(dv.data(), nullptr, Tk, hd, dv_out + b * Tk * ldkv + kvh * hd, ldkv);
+      store_rows(dv.data(), nullptr, Tk, hd_v, dv_out + b * Tk * ldv + kvh * hd_v, ldv);
     }
   }
 }
@@ -425,9 +434,9 @@ template <typename Elem>
 void flash_attention_gqa_backward(const Elem* dout, const Elem* q_in, const Elem* k_in, const Elem* v_in, int64_t ldq,
                                   int64_t ldkv, const Elem* out, const float* lse, Elem* dq_out, Elem* dk_out,
                                   Elem* dv_out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
-                                  const int32_t* doc_start) {
+                                  const int32_t* doc_start, int64_t hd_v, int64_t ldv) {
   flash_attention_gqa_backward_at(dout, q_in, k_in, v_in, ldq, ldkv, out, lse, dq_out, dk_out, dv_out, B, T, T,
-                                  nullptr, H, KV, hd, doc_start);
+                                  nullptr, H, KV, hd, doc_start, hd_v, ldv);
 }
 
 // GPT's packed qkv (B*T, 3C): q at column 0, k at C, v at 2C, every row 3C apart; KV == H.
@@ -448,16 +457,17 @@ void flash_attention_backward(const Elem* dout, const Elem* qkv, const Elem* out
   template void flash_attention_backward<E>(const E*, const E*, const E*, const float*, E*, int64_t, int64_t,       \
                                             int64_t, int64_t, const int32_t*);                                     \
   template void flash_attention_gqa_forward<E>(const E*, const E*, const E*, int64_t, int64_t, E*, float*, int64_t, \
-                                               int64_t, int64_t, int64_t, int64_t, const int32_t*);                 \
+                                               int64_t, int64_t, int64_t, int64_t, const int32_t*, int64_t, int64_t); \
   template void flash_attention_gqa_backward<E>(const E*, const E*, const E*, const E*, int64_t, int64_t, const E*, \
                                                 const float*, E*, E*, E*, int64_t, int64_t, int64_t, int64_t, int64_t, \
-                                                const int32_t*);                                                    \
+                                                const int32_t*, int64_t, int64_t);                                  \
   template void flash_attention_gqa_forward_at<E>(const E*, const E*, const E*, int64_t, int64_t, E*, float*,       \
                                                   int64_t, int64_t, int64_t, const int32_t*, int64_t, int64_t,      \
-                                                  int64_t, const int32_t*);                                         \
+                                                  int64_t, const int32_t*, int64_t, int64_t);                       \
   template void flash_attention_gqa_backward_at<E>(const E*, const E*, const E*, const E*, int64_t, int64_t,        \
                                                    const E*, const float*, E*, E*, E*, int64_t, int64_t, int64_t,   \
-                                                   const int32_t*, int64_t, int64_t, int64_t, const int32_t*);
+                                                   const int32_t*, int64_t, int64_t, int64_t, const int32_t*,       \
+                                                   int64_t, int64_t);
 INST(float)
 INST(bf16)
 #undef INST

@@ -627,10 +627,17 @@ void Backend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache
 }
 
 namespace {
-// q (B*T, H*hd), k and v (B*T, KV*hd) of one dtype, KV dividing H; returns hd.
+// q (B*T, H*hd), k (B*T, KV*hd) and v (B*T, KV*hd_v) of one dtype, KV dividing H; returns hd. hd_v == hd unless
+// value_dim_free (the flash kernels, whose value heads may be wider or narrower: DeepSeek-V3's MLA).
 int64_t gqa_head_dim(const Check& c, const Tensor& q, const Tensor& k, const Tensor& v, int64_t rows, int64_t H,
-                     int64_t KV) {
-  c.tensor(q, "q", kFloat).tensor(k, "k", kFloat).same_dtype(k, "k", q, "q").like(v, "v", k, "k");
+                     int64_t KV, bool value_dim_free = false) {
+  c.tensor(q, "q", kFloat).tensor(k, "k", kFloat).same_dtype(k, "k", q, "q");
+  if (value_dim_free)
+    c.tensor(v, "v", kFloat).same_dtype(v, "v", q, "q").that(
+        rows_of(v) == rows && KV > 0 && cols_of(v) % KV == 0 && cols_of(v) > 0,
+        cat("v ", shape_str(v.shape()), " must be (", rows, ", ", KV, "*hd_v)"));
+  else
+    c.like(v, "v", k, "k");
   c.that(H > 0 && KV > 0 && H % KV == 0 && cols_of(q) % H == 0 && cols_of(q) > 0,
          cat("q ", shape_str(q.shape()), " must be (rows, H*hd) with H = ", H, " a multiple of KV = ", KV));
   const int64_t hd = cols_of(q) / H;
@@ -645,8 +652,9 @@ void Backend::flash_attention_gqa_forward(const Tensor& q, const Tensor& k, cons
                                           int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) {
   Check c(*this, "flash_attention_gqa_forward");
   c.that(B > 0 && T > 0, cat("B ", B, " and T ", T, " must be positive"));
-  gqa_head_dim(c, q, k, v, B * T, H, KV);
-  c.like(out, "out", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
+  gqa_head_dim(c, q, k, v, B * T, H, KV, true);
+  c.tensor(out, "out", kFloat).same_dtype(out, "out", q, "q").numel(out, "out", B * T * H * (cols_of(v) / KV));
+  c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
   if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * T);
   flash_attention_gqa_forward_impl(q, k, v, B, T, H, KV, out, lse, doc_start);
 }
@@ -655,20 +663,25 @@ void Backend::flash_attention_gqa_backward(const Tensor& dout, const Tensor& q, 
                                            int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) {
   Check c(*this, "flash_attention_gqa_backward");
   c.that(B > 0 && T > 0, cat("B ", B, " and T ", T, " must be positive"));
-  gqa_head_dim(c, q, k, v, B * T, H, KV);
-  c.like(out, "out", q, "q").like(dout, "dout", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
-  c.like(dq, "dq", q, "q").like(dk, "dk", k, "k").like(dv, "dv", k, "k");
+  gqa_head_dim(c, q, k, v, B * T, H, KV, true);
+  c.tensor(out, "out", kFloat).same_dtype(out, "out", q, "q").numel(out, "out", B * T * H * (cols_of(v) / KV));
+  c.like(dout, "dout", out, "out");
+  c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
+  c.like(dq, "dq", q, "q").like(dk, "dk", k, "k").like(dv, "dv", v, "v");
   if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * T);
   flash_attention_gqa_backward_impl(dout, q, k, v, out, lse, B, T, H, KV, dq, dk, dv, doc_start);
 }
 namespace {
-// The positioned attention's shapes: q (B*Tq, H*hd), k, v (B*Tk, KV*hd), q_pos (B*Tq) i32; returns hd.
+// The positioned attention's shapes: q (B*Tq, H*hd), k (B*Tk, KV*hd), v (B*Tk, KV*hd_v), q_pos (B*Tq) i32; returns
+// hd.
 int64_t attention_at_head_dim(const Check& c, const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,
                               int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV) {
   c.that(B > 0 && Tq > 0 && Tk >= Tq && H > 0 && KV > 0 && H % KV == 0,
          cat("B ", B, ", Tq ", Tq, ", Tk ", Tk, ", H ", H, ", KV ", KV, ": need Tk >= Tq and KV dividing H"));
   c.tensor(q, "q", kFloat).numel(q, "q", B * Tq * cols_of(q)).tensor(k, "k", kFloat).same_dtype(k, "k", q, "q");
-  c.like(v, "v", k, "k").numel(k, "k", B * Tk * cols_of(k));
+  c.tensor(v, "v", kFloat).same_dtype(v, "v", q, "q").numel(k, "k", B * Tk * cols_of(k));
+  c.that(cols_of(v) % KV == 0 && cols_of(v) > 0, cat("v ", shape_str(v.shape()), " must be (rows, KV*hd_v)"));
+  c.numel(v, "v", B * Tk * cols_of(v));
   c.that(cols_of(q) % H == 0 && cols_of(k) == cols_of(q) / H * KV,
          cat("q ", shape_str(q.shape()), " and k ", shape_str(k.shape()), " for H ", H, ", KV ", KV));
   c.tensor(q_pos, "q_pos", kI32).numel(q_pos, "q_pos", B * Tq);
@@ -681,7 +694,8 @@ void Backend::flash_attention_gqa_forward_at(const Tensor& q, const Tensor& k, c
                                              Tensor& lse, const Tensor& doc_start) {
   Check c(*this, "flash_attention_gqa_forward_at");
   attention_at_head_dim(c, q, k, v, B, Tq, Tk, q_pos, H, KV);
-  c.like(out, "out", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * Tq);
+  c.tensor(out, "out", kFloat).same_dtype(out, "out", q, "q").numel(out, "out", B * Tq * H * (cols_of(v) / KV));
+  c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * Tq);
   if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * Tq);
   flash_attention_gqa_forward_at_impl(q, k, v, B, Tq, Tk, q_pos, H, KV, out, lse, doc_start);
 }
@@ -691,8 +705,10 @@ void Backend::flash_attention_gqa_backward_at(const Tensor& dout, const Tensor& 
                                               Tensor& dv, const Tensor& doc_start) {
   Check c(*this, "flash_attention_gqa_backward_at");
   attention_at_head_dim(c, q, k, v, B, Tq, Tk, q_pos, H, KV);
-  c.like(out, "out", q, "q").like(dout, "dout", q, "q").tensor(lse, "lse", kF32).numel(lse, "lse", B * H * Tq);
-  c.like(dq, "dq", q, "q").like(dk, "dk", k, "k").like(dv, "dv", k, "k");
+  c.tensor(out, "out", kFloat).same_dtype(out, "out", q, "q").numel(out, "out", B * Tq * H * (cols_of(v) / KV));
+  c.like(dout, "dout", out, "out");
+  c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * Tq);
+  c.like(dq, "dq", q, "q").like(dk, "dk", k, "k").like(dv, "dv", v, "v");
   if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * Tq);
   flash_attention_gqa_backward_at_impl(dout, q, k, v, out, lse, B, Tq, Tk, q_pos, H, KV, dq, dk, dv, doc_start);
 }

@@ -304,7 +304,9 @@ class Backend : public Allocator {
   // --- Grouped-query flash attention (Llama: KV key/value heads, each shared by H / KV query heads;
   // KV == H is multi-head, KV == 1 multi-query). Causal, scale 1/sqrt(hd), hd = q.cols / H.
   // q (B*T, H*hd), k, v (B*T, KV*hd), out (B*T, H*hd) float, one dtype; lse (B, H, T) f32.
-  // Query head h reads KV head h / (H / KV).
+  // Query head h reads KV head h / (H / KV). Value heads may differ in width (DeepSeek-V3's MLA, hd 192 and hd_v
+  // 128): v (B*T, KV*hd_v), out and dout (B*T, H*hd_v), dv like v; the scale stays 1/sqrt(hd). The _at pair
+  // below takes the same. CPU only for now: the CUDA backend refuses hd_v != hd.
   void flash_attention_gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T, int64_t H,
                                    int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start = Tensor());
   // dq (B*T, H*hd), dk, dv (B*T, KV*hd): overwritten; a KV head's gradient sums its query heads' in a fixed

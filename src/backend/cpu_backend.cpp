@@ -542,7 +542,7 @@ void CpuBackend::flash_attention_gqa_forward_impl(const Tensor& q, const Tensor&
   by_dtype(q, [&](auto* t) {
     using X = X_OF(t);
     cpu::flash_attention_gqa_forward(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out), lse.f32(),
-                                     B, T, H, KV, cols_of(q) / H, i32_or_null(doc_start));
+                                     B, T, H, KV, cols_of(q) / H, i32_or_null(doc_start), cols_of(v) / KV, cols_of(v));
   });
 }
 void CpuBackend::flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -553,7 +553,7 @@ void CpuBackend::flash_attention_gqa_backward_impl(const Tensor& dout, const Ten
     using X = X_OF(t);
     cpu::flash_attention_gqa_backward(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
                                       ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv), B, T, H, KV,
-                                      cols_of(q) / H, i32_or_null(doc_start));
+                                      cols_of(q) / H, i32_or_null(doc_start), cols_of(v) / KV, cols_of(v));
   });
 }
 void CpuBackend::gather_rows_impl(const Tensor& src, const Tensor& index, Tensor& dst) {
@@ -579,7 +579,7 @@ void CpuBackend::flash_attention_gqa_forward_at_impl(const Tensor& q, const Tens
     using X = X_OF(t);
     cpu::flash_attention_gqa_forward_at(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out),
                                         lse.f32(), B, Tq, Tk, q_pos.i32(), H, KV, cols_of(q) / H,
-                                        i32_or_null(doc_start));
+                                        i32_or_null(doc_start), cols_of(v) / KV, cols_of(v));
   });
 }
 void CpuBackend::flash_attention_gqa_backward_at_impl(const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -591,7 +591,8 @@ void CpuBackend::flash_attention_gqa_backward_at_impl(const Tensor& dout, const 
     using X = X_OF(t);
     cpu::flash_attention_gqa_backward_at(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
                                          ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv), B, Tq, Tk,
-                                         q_pos.i32(), H, KV, cols_of(q) / H, i32_or_null(doc_start));
+                                         q_pos.i32(), H, KV, cols_of(q) / H, i32_or_null(doc_start), cols_of(v) / KV,
+                                         cols_of(v));
   });
 }
 void CpuBackend::attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache,

@@ -177,7 +177,13 @@ void check_flash_head_dim(const char* op, int64_t C, int64_t H) {
 }
 
 // The same limit for grouped-query attention, whose head dimension is q's columns / H.
-void check_gqa_head_dim(const char* op, int64_t hd, int64_t H) {
+// v's heads must be as wide as q's and k's: the CUDA FlashAttention kernels take one head dimension (the CPU
+// kernels take a value head dimension of its own, DeepSeek-V3's MLA; its CUDA form is still to come).
+void check_gqa_head_dim(const char* op, int64_t hd, int64_t H, const Tensor& v, int64_t KV) {
+  if (cols_of(v) != KV * hd)
+    throw Error(cat(op, ": value head dimension ", cols_of(v) / KV, " (v columns / KV = ", KV, ") differs from the ",
+                    "query/key head dimension ", hd, ", which the CUDA FlashAttention kernels do not support yet ",
+                    "(the CPU backend does)"));
   if (hd > cuda::kFlashMaxHeadDim)
     throw Error(cat(op, ": head dimension ", hd, " (q columns / H = ", H, ") is above the CUDA FlashAttention ",
                     "kernels' limit of ", cuda::kFlashMaxHeadDim));
@@ -1075,7 +1081,7 @@ class CudaBackend final : public Backend {
                                         int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) override {
     bind();
     const int64_t hd = cols_of(q) / H;
-    check_gqa_head_dim("flash_attention_gqa_forward", hd, H);
+    check_gqa_head_dim("flash_attention_gqa_forward", hd, H, v, KV);
     by_dtype(q, [&](auto* t) {
       using X = X_OF(t);
       cuda::flash_attention_gqa_forward(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out),
@@ -1088,7 +1094,7 @@ class CudaBackend final : public Backend {
                                          int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) override {
     bind();
     const int64_t hd = cols_of(q) / H;
-    check_gqa_head_dim("flash_attention_gqa_backward", hd, H);
+    check_gqa_head_dim("flash_attention_gqa_backward", hd, H, v, KV);
     // (B, H, T) row dots D = rowsum(dout * out); the pool hands it to later work on this stream only.
     Tensor scratch(*this, {B, H, T});
     by_dtype(q, [&](auto* t) {
@@ -1106,7 +1112,7 @@ class CudaBackend final : public Backend {
                                            Tensor& lse, const Tensor& doc_start) override {
     bind();
     const int64_t hd = cols_of(q) / H;
-    check_gqa_head_dim("flash_attention_gqa_forward_at", hd, H);
+    check_gqa_head_dim("flash_attention_gqa_forward_at", hd, H, v, KV);
     by_dtype(q, [&](auto* t) {
       using X = X_OF(t);
       cuda::flash_attention_gqa_forward_at(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out),
@@ -1121,7 +1127,7 @@ class CudaBackend final : public Backend {
                                             Tensor& dv, const Tensor& doc_start) override {
     bind();
     const int64_t hd = cols_of(q) / H;
-    check_gqa_head_dim("flash_attention_gqa_backward_at", hd, H);
+    check_gqa_head_dim("flash_attention_gqa_backward_at", hd, H, v, KV);
     // (B, H, Tq) row dots D = rowsum(dout * out); the pool hands it to later work on this stream only.
     Tensor scratch(*this, {B, H, Tq});
     by_dtype(q, [&](auto* t) {

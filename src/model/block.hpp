@@ -17,7 +17,7 @@
 
 namespace relay {
 
-enum class BlockKind { linear, relu, gelu, tanh, layernorm, embedding, transformer, llama_layer, head };
+enum class BlockKind { linear, relu, gelu, tanh, layernorm, embedding, transformer, llama_layer, mla_layer, head };
 // The normalisation a language model's blocks use: GPT-2's LayerNorm or Llama's RMSNorm (weight only).
 enum class NormKind { layernorm, rmsnorm };
 const char* block_kind_name(BlockKind k);
@@ -51,6 +51,15 @@ struct MoeSpec {
   int64_t shared_hidden() const { return n_shared * ffn_hidden; }
 };
 
+// DeepSeek-V2/V3's multi-head latent attention (model/mla_blocks.cpp): queries through a low-rank q_lora_rank (0: one
+// q_proj), keys and values through a kv_lora_rank latent, heads of qk_nope + qk_rope query/key columns (rotary on the
+// last qk_rope only, one rotary key per token shared by every head) and v_head value columns.
+struct MlaSpec {
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
+  bool rope_interleave = true;  // transformers' rope_interleave: rotary pairs (2i, 2i + 1) instead of (i, i + d/2)
+  int64_t qk_head() const { return qk_nope + qk_rope; }
+};
+
 // Everything known about a block before anything is allocated: what the partitioner, `relay plan`,
 // the checkpoint manifest and the factory need. Made by model_spec.cpp, the one place that knows
 // every kind.
@@ -72,6 +81,7 @@ struct BlockSpec {
   int64_t head_dim = 0;     // llama_layer: each head's width; 0: in / n_head
   bool qk_norm = false;     // llama_layer: RMSNorm over each query and key head (Qwen3's q_norm, k_norm)
   MoeSpec moe;              // llama_layer: its MLP's experts (off: the dense SwiGLU of ffn_hidden units)
+  MlaSpec mla;              // mla_layer: its latent attention's widths (n_head heads, ffn_hidden SwiGLU units)
   int64_t seq_len = 1;      // T: rows per sequence (language models), 1 for the MLP
   bool bias = true;         // transformer, head: Linear and LayerNorm biases
   bool starts_unit = true;  // a stage may begin here (false for an MLP's parameter-free layer)

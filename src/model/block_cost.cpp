@@ -88,12 +88,32 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
   }
 }
 
+// DeepSeek-V3's dense layer with latent attention (model/mla_blocks.cpp): q_a and q_b (or q), kv_a (replicated, whole
+// on every tp rank), kv_b, o, then the SwiGLU. Streaming: three RMSNorms over C and the two latents, two residual adds,
+// RoPE on the rotary parts, the heads' keys and values assembled from kv_b's output (read, write), SwiGLU.
+void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) {
+  const MlaSpec& m = b.mla;
+  const double C = double(b.in), t = double(s.tp), H = double(b.n_head) / t, F = double(b.ffn_hidden) / t;
+  const double dqk = double(m.qk_head()), dv = double(m.v_head), r = double(m.kv_lora_rank), ql = double(m.q_lora_rank);
+  c.gemms = {{n, r + double(m.qk_rope), C}, {n, H * (double(m.qk_nope) + dv), r}, {n, C, H * dv}};
+  if (m.q_lora_rank > 0) c.gemms.insert(c.gemms.end(), {{n, ql, C}, {n, H * dqk, ql}});
+  else c.gemms.push_back({n, H * dqk, C});
+  c.gemms.insert(c.gemms.end(), {{n, F, C}, {n, F, C}, {n, C, F}});
+  c.forward_streaming = {2 * (2 * C + r + ql) + 2 * 3 * C + 2 * 2 * H * double(m.qk_rope) +
+                             2 * H * (double(m.qk_nope) + dv) + 3 * F,
+                         12};
+  c.weight_streaming = {3.0 * F, 1};
+  c.mlp_hidden = b.ffn_hidden;
+  decoder_collectives(b, s, n, c);
+}
+
 }  // namespace
 
 AttentionShape attention_shape(const BlockSpec& b) {
   switch (b.kind) {
     case BlockKind::transformer: return {b.n_head, b.n_head, head_dim(b), true};
     case BlockKind::llama_layer: return {b.n_head, b.n_kv_head, head_dim(b), false};
+    case BlockKind::mla_layer: return {b.n_head, b.n_head, head_dim(b), false};
     default: return {};
   }
 }
@@ -107,6 +127,7 @@ BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
   switch (b.kind) {
     case BlockKind::transformer: transformer(b, s, n, c); break;
     case BlockKind::llama_layer: llama_layer(b, s, n, c); break;
+    case BlockKind::mla_layer: mla_layer(b, s, n, c); break;
     case BlockKind::head:
       // The vocabulary-parallel head: the final norm, the logits' GEMM on the rank's vocabulary shard, the loss over
       // it (logits read, softmax and gradient written, f32); under tp the loss's row maxima and sums summed over the

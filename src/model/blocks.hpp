@@ -22,5 +22,9 @@ std::unique_ptr<Block> make_llama_block(const BlockSpec& spec, std::vector<Param
                                         const ExpertParallel& ep = {});
 std::vector<BufferSpec> llama_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 std::vector<BufferSpec> mlp_saved_shapes(const BlockSpec& spec, int64_t rows);
+// DeepSeek-V3's decoder layer with multi-head latent attention and a dense SwiGLU (mla_blocks.cpp).
+std::unique_ptr<Block> make_mla_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
+                                      const ContextParallel& cp = {});
+std::vector<BufferSpec> mla_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 
 }  // namespace relay

@@ -6,21 +6,23 @@
 
 namespace relay {
 
-void CpAttention::prepare(Backend& be, int64_t n, int64_t T, int64_t w, DType dt) {
+void CpAttention::prepare(Backend& be, int64_t n, int64_t T, int64_t w, int64_t wv, DType dt) {
   const int64_t cp = size_, rows = cp * n;
-  const bool fits = rank_order_.defined() && rows <= rank_order_.size(0) && w == w_ && dt == dt_;
+  const bool same = w == w_ && wv == wv_ && dt == dt_;
+  const bool fits = rank_order_.defined() && rows <= rank_order_.size(0) && same;
   if (!fits) {  // first use, a larger batch, other widths: allocate
     MemoryScope scope(MemKind::activations);
-    const int64_t cap = std::max<int64_t>(rows, rank_order_.defined() && w == w_ ? rank_order_.size(0) : 0);
-    rank_order_ = Tensor(be, {cap, w}, dt);
+    const int64_t cap = std::max<int64_t>(rows, rank_order_.defined() && same ? rank_order_.size(0) : 0);
+    rank_order_ = Tensor(be, {cap, std::max(w, wv)}, dt);
     k_ = Tensor(be, {cap, w}, dt);
-    v_ = Tensor(be, {cap, w}, dt);
+    v_ = Tensor(be, {cap, wv}, dt);
     dk_ = Tensor(be, {cap, w}, dt);
-    dv_ = Tensor(be, {cap, w}, dt);
+    dv_ = Tensor(be, {cap, wv}, dt);
     to_sequence_ = Tensor(be, {cap}, DType::i32);
     to_rank_ = Tensor(be, {cap}, DType::i32);
     n_ = 0;  // the permutations are made below
     w_ = w;
+    wv_ = wv;
     dt_ = dt;
   }
   if (n == n_ && T == T_) return;
@@ -50,7 +52,7 @@ void CpAttention::trace(const char* name, const char* op, int64_t begin) {
 void CpAttention::gather(Backend& be, const Tensor& local, Tensor& full, const char* what, const char* name) {
   const int64_t m0 = tracer_ ? tracer_->mark() : 0;
   const int64_t n = local.size(0), rows = size_ * n;
-  Tensor buf = rank_order_.rows(0, rows);  // (cp n, w) every rank's rows, rank after rank
+  Tensor buf = rank_order(rows, local.size(1));  // (cp n, w) every rank's rows, rank after rank
   Tensor mine = buf.rows(rank_ * n, n);
   be.copy(mine, local);
   RequestPtr r = comm_->iallgather(buf);
@@ -64,7 +66,7 @@ void CpAttention::reduce_scatter(Backend& be, const Tensor& full, Tensor& local,
                                  const char* name) {
   const int64_t m0 = tracer_ ? tracer_->mark() : 0;
   const int64_t n = local.size(0), rows = size_ * n;
-  Tensor buf = rank_order_.rows(0, rows);
+  Tensor buf = rank_order(rows, local.size(1));
   be.gather_rows(full, to_rank_.rows(0, rows), buf);
   RequestPtr r = comm_->ireduce_scatter_sum(buf, local);
   r->what = what;
@@ -75,8 +77,8 @@ void CpAttention::reduce_scatter(Backend& be, const Tensor& full, Tensor& local,
 void CpAttention::forward(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int64_t T, int64_t H,
                           int64_t KV, const Tensor& q_pos, const Tensor& doc_start, Tensor& out, Tensor& lse) {
   const int64_t n = q.size(0), rows = size_ * n, Tl = T / size_;
-  prepare(be, n, T, k.size(1), k.dtype());
-  Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows);  // (B*T, KV*hd) sequence order
+  prepare(be, n, T, k.size(1), v.size(1), k.dtype());
+  Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows);  // (B*T, KV*hd), (B*T, KV*hd_v) sequence order
   gather(be, k, kf, "the context-parallel key all-gather", "cp all-gather k");
   gather(be, v, vf, "the context-parallel value all-gather", "cp all-gather v");
   be.flash_attention_gqa_forward_at(q, kf, vf, n / Tl, Tl, T, q_pos, H, KV, out, lse, doc_start);
@@ -86,7 +88,7 @@ void CpAttention::backward(Backend& be, const Tensor& dout, const Tensor& q, con
                            const Tensor& out, const Tensor& lse, int64_t T, int64_t H, int64_t KV, const Tensor& q_pos,
                            const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv) {
   const int64_t n = q.size(0), rows = size_ * n, Tl = T / size_;
-  prepare(be, n, T, k.size(1), k.dtype());
+  prepare(be, n, T, k.size(1), v.size(1), k.dtype());
   Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows), dkf = dk_.rows(0, rows), dvf = dv_.rows(0, rows);
   gather(be, k, kf, "the context-parallel key all-gather (backward)", "cp all-gather k (backward)");
   gather(be, v, vf, "the context-parallel value all-gather (backward)", "cp all-gather v (backward)");

@@ -46,7 +46,8 @@ class CpAttention {
     tracer_ = tracer;
     trace_step_ = step;
   }
-  // q (n, H*hd), k, v (n, KV*hd): this rank's rows (n = B x T / cp) -> out (n, H*hd), lse (B, H, T / cp).
+  // q (n, H*hd), k, v (n, KV*hd): this rank's rows (n = B x T / cp) -> out (n, H*hd), lse (B, H, T / cp). v's heads
+  // may be of another width hd_v (DeepSeek-V3's MLA): v (n, KV*hd_v), out (n, H*hd_v).
   // q_pos (n) i32: each row's position in its sequence; doc_start (n) i32 or undefined: the document mask.
   void forward(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int64_t T, int64_t H, int64_t KV,
                const Tensor& q_pos, const Tensor& doc_start, Tensor& out, Tensor& lse);
@@ -65,7 +66,12 @@ class CpAttention {
  private:
   // The packed scratch for n rows of width w: q, k, v and their gradients (n, w) each.
   void prepare_packed(Backend& be, int64_t n, int64_t w, DType dt);
-  void prepare(Backend& be, int64_t n, int64_t T, int64_t w, DType dt);
+  // Keys (and their gradients) of width w, values of width wv.
+  void prepare(Backend& be, int64_t n, int64_t T, int64_t w, int64_t wv, DType dt);
+  // The rank-order buffer as (rows, w), w <= its width (keys' and values' widths may differ).
+  Tensor rank_order(int64_t rows, int64_t w) const {
+    return rank_order_.view({rank_order_.numel()}).rows(0, rows * w).view({rows, w});
+  }
   // local (n, w) -> full (B*T, w) in sequence order: every rank's rows.
   void gather(Backend& be, const Tensor& local, Tensor& full, const char* what, const char* name);
   // full (B*T, w): this rank's contribution to every row -> local (n, w): its own rows summed over the group.
@@ -76,11 +82,11 @@ class CpAttention {
   int size_, rank_;
   Tracer* tracer_ = nullptr;
   int64_t trace_step_ = 0;
-  int64_t n_ = 0, T_ = 0, w_ = 0;
+  int64_t n_ = 0, T_ = 0, w_ = 0, wv_ = 0;
   DType dt_ = DType::f32;
   Tensor to_sequence_, to_rank_;      // i32 (cp n): row permutations, rank order <-> sequence order
-  Tensor rank_order_;                 // (cp n, w): the all-gather's and reduce-scatter's rank-order buffer
-  Tensor k_, v_, dk_, dv_;            // (cp n, w) each, sequence order
+  Tensor rank_order_;                 // (cp n, max(w, wv)): the all-gather's and reduce-scatter's rank-order buffer
+  Tensor k_, v_, dk_, dv_;            // (cp n, w), (cp n, wv), (cp n, w), (cp n, wv): sequence order
   Tensor pq_, pk_, pv_, pdq_, pdk_, pdv_;  // forward_packed / backward_packed: (n, Cl) each
 };
 

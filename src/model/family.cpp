@@ -12,10 +12,11 @@ const ModelFamily& gpt2_family();
 const ModelFamily& llama_family();
 const ModelFamily& mixtral_family();
 const ModelFamily& qwen3_moe_family();
+const ModelFamily& deepseek_v3_family();
 
 const std::vector<const ModelFamily*>& model_families() {
   static const std::vector<const ModelFamily*> all = {&mlp_family(), &gpt2_family(), &llama_family(),
-                                                      &mixtral_family(), &qwen3_moe_family()};
+                                                      &mixtral_family(), &qwen3_moe_family(), &deepseek_v3_family()};
   return all;
 }
 

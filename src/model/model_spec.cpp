@@ -22,6 +22,7 @@ const char* block_kind_name(BlockKind k) {
     case BlockKind::embedding: return "embedding";
     case BlockKind::transformer: return "transformer";
     case BlockKind::llama_layer: return "llama_layer";
+    case BlockKind::mla_layer: return "mla_layer";
     case BlockKind::head: return "head";
   }
   return "?";
@@ -68,6 +69,8 @@ std::string ModelSpec::tp_shard(int tp, int r) const {
   for (const BlockSpec& b : blocks) {
     if (b.kind == BlockKind::transformer)
       return cat(range("heads", b.n_head), ", ", range("MLP units", 4 * b.in), ", ", range("vocabulary", output_dim));
+    if (b.kind == BlockKind::mla_layer)
+      return cat(range("heads", b.n_head), ", ", range("SwiGLU units", b.ffn_hidden), ", ", range("vocabulary", output_dim));
     if (b.kind == BlockKind::llama_layer)
       return cat(range("query heads", b.n_head), ", ", range("key/value heads", b.n_kv_head), ", ",
                  range("SwiGLU units", b.ffn_hidden), ", ", range("vocabulary", output_dim));
@@ -123,6 +126,7 @@ std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t rows, int tp
     case BlockKind::transformer:
     case BlockKind::head: return gpt_saved_shapes(spec, rows, tp);
     case BlockKind::llama_layer: return llama_saved_shapes(spec, rows, tp);
+    case BlockKind::mla_layer: return mla_saved_shapes(spec, rows, tp);
     default: return mlp_saved_shapes(spec, rows);
   }
 }
@@ -148,6 +152,7 @@ std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, cons
     case BlockKind::transformer:
     case BlockKind::head: return make_gpt_block(spec, std::move(params), tp, cp);
     case BlockKind::llama_layer: return make_llama_block(spec, std::move(params), tp, cp, ep);
+    case BlockKind::mla_layer: return make_mla_block(spec, std::move(params), tp, cp);
     default: return make_mlp_block(spec, std::move(params));
   }
 }

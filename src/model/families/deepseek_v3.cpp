@@ -1,0 +1,271 @@
+// DeepSeek-V3 (model.type = "deepseek_v3"): transformers' DeepseekV3ForCausalLM (DeepSeek-AI, arXiv:2412.19437):
+// multi-head latent attention (model/mla_blocks.cpp) in every layer, Llama's RMSNorms and SwiGLU in the dense layers.
+// Keys as config.json names them, Relay's spelling where Relay has one (hidden_size = n_embd, ...). The routed-expert
+// layers (layers first_k_dense_replace and later) are not wired in yet: their keys are read and checked so that configs
+// and config.json round-trip, and a model with such a layer is refused.
+#include "model/families/llama.hpp"
+
+namespace relay {
+
+namespace {
+
+// Llama's keys (n_kv_head unused: MLA's keys and values are per head) and DeepSeek-V3's own.
+struct DeepseekV3Args : LlamaArgs {
+  // MLA. q_lora_rank 0: config.json's null, one q_proj.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128;
+  bool rope_interleave = true;
+  std::string rope_scaling = "none";
+  // The mixture of experts (transformers' defaults), and multi-token prediction.
+  int64_t n_routed_experts = 256, num_experts_per_tok = 8, moe_intermediate_size = 2048, n_shared_experts = 1;
+  int64_t n_group = 8, topk_group = 4, first_k_dense_replace = 3, num_mtp_layers = 0;
+  bool norm_topk_prob = true;
+  double routed_scaling_factor = 2.5, mtp_loss_weight = 0.3;
+  std::unique_ptr<FamilyArgs> clone() const override { return std::make_unique<DeepseekV3Args>(*this); }
+};
+
+class DeepseekV3Family final : public ModelFamily {
+ public:
+  const char* name() const override { return "deepseek_v3"; }
+  bool language_model() const override { return true; }
+  std::set<std::string> keys() const override {
+    std::set<std::string> k = kLanguageModelKeys;
+    k.insert({"ffn_hidden", "rope_theta", "norm_eps", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+              "qk_rope_head_dim", "v_head_dim", "rope_interleave", "rope_scaling", "n_routed_experts",
+              "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "n_group", "topk_group",
+              "norm_topk_prob", "routed_scaling_factor", "first_k_dense_replace", "num_mtp_layers",
+              "mtp_loss_weight"});
+    return k;
+  }
+
+  void parse_keys(const ConfigSection& model, Config::Model& m) const override {
+    DeepseekV3Args& a = m.edit_args<DeepseekV3Args>();
+    parse_language_model_keys(model, m, /*tie_default=*/false);
+    model.integer("ffn_hidden", a.ffn_hidden, 1, int64_t(1) << 24, true);
+    model.real("rope_theta", a.rope_theta, 0, 1e12, true);
+    model.real("norm_eps", a.norm_eps, 0, 1, true);
+    model.integer("q_lora_rank", a.q_lora_rank, 0, int64_t(1) << 20);
+    model.integer("kv_lora_rank", a.kv_lora_rank, 1, int64_t(1) << 20, true);
+    model.integer("qk_nope_head_dim", a.qk_nope_head_dim, 1, 1 << 16);
+    model.integer("qk_rope_head_dim", a.qk_rope_head_dim, 2, 1 << 16);
+    model.integer("v_head_dim", a.v_head_dim, 1, 1 << 16);
+    model.boolean("rope_interleave", a.rope_interleave);
+    model.str("rope_scaling", a.rope_scaling);
+    if (a.qk_rope_head_dim % 2 != 0)
+      model.fail("qk_rope_head_dim", cat("= ", a.qk_rope_head_dim, ": rotary embeddings need an even width"));
+    if (a.rope_scaling != "none")
+      model.fail("rope_scaling", cat("= \"", a.rope_scaling, "\": Relay applies plain rotary embeddings only (\"none\"); ",
+                                     "YaRN's frequencies and its softmax mscale are not in Relay yet"));
+    model.integer("n_routed_experts", a.n_routed_experts, 1, 1 << 16);
+    model.integer("num_experts_per_tok", a.num_experts_per_tok, 1, 1 << 16);
+    model.integer("moe_intermediate_size", a.moe_intermediate_size, 1, int64_t(1) << 24);
+    model.integer("n_shared_experts", a.n_shared_experts, 0, 1 << 16);
+    model.integer("n_group", a.n_group, 1, 1 << 16);
+    model.integer("topk_group", a.topk_group, 1, 1 << 16);
+    model.boolean("norm_topk_prob", a.norm_topk_prob);
+    model.real("routed_scaling_factor", a.routed_scaling_factor, 0, 1e6, true);
+    model.integer("first_k_dense_replace", a.first_k_dense_replace, 0, 1 << 16);
+    model.integer("num_mtp_layers", a.num_mtp_layers, 0, 1 << 16);
+    model.real("mtp_loss_weight", a.mtp_loss_weight, 0, 1e6);
+    if (a.n_routed_experts % a.n_group != 0)
+      model.fail("n_routed_experts", cat("= ", a.n_routed_experts, " must be divisible by model.n_group = ", a.n_group,
+                                         " (the experts are routed in n_group equal groups)"));
+    if (a.topk_group > a.n_group)
+      model.fail("topk_group", cat("= ", a.topk_group, " is more than model.n_group = ", a.n_group,
+                                   " (each token's experts come from topk_group of the n_group groups)"));
+    if (a.num_experts_per_tok > a.n_routed_experts)
+      model.fail("num_experts_per_tok", cat("= ", a.num_experts_per_tok, " is more than model.n_routed_experts = ",
+                                            a.n_routed_experts, " (each token picks distinct experts)"));
+    if (a.first_k_dense_replace < m.n_layer)
+      throw Error(cat(model.source(), ": model.first_k_dense_replace = ", a.first_k_dense_replace, " < n_layer = ",
+                      m.n_layer, ": routed-expert layers are not wired into deepseek_v3 yet"));
+    if (a.num_mtp_layers > 0)
+      model.fail("num_mtp_layers", cat("= ", a.num_mtp_layers, ": multi-token prediction is not in Relay yet (0)"));
+  }
+
+  void check_layout(const ConfigSection& parallel, const Config& c) const override {
+    const DeepseekV3Args& a = c.model.args<DeepseekV3Args>();
+    if (c.parallel.tp > 1 && a.ffn_hidden % c.parallel.tp != 0)
+      parallel.fail("tp", cat("= ", c.parallel.tp, " must divide model.ffn_hidden = ", a.ffn_hidden));
+    // Read here: [parallel] parses sequence_parallel after the family's checks.
+    const toml::node* sp = parallel.get("sequence_parallel");
+    if (sp && sp->value<bool>().value_or(false))
+      parallel.fail("sequence_parallel", "= true is not wired into deepseek_v3's latent attention yet (false)");
+  }
+
+  void write_keys(std::ostream& o, const Config::Model& m) const override {
+    const DeepseekV3Args& a = m.args<DeepseekV3Args>();
+    write_language_model_shape(o, m);
+    write_language_model_init(o, m);
+    o << "ffn_hidden = " << a.ffn_hidden << "\nrope_theta = " << toml_number(a.rope_theta)
+      << "\nnorm_eps = " << toml_number(a.norm_eps) << "\n";
+    if (a.q_lora_rank > 0) o << "q_lora_rank = " << a.q_lora_rank << "\n";
+    o << "kv_lora_rank = " << a.kv_lora_rank << "\nqk_nope_head_dim = " << a.qk_nope_head_dim
+      << "\nqk_rope_head_dim = " << a.qk_rope_head_dim << "\nv_head_dim = " << a.v_head_dim
+      << "\nrope_interleave = " << (a.rope_interleave ? "true" : "false") << "\nrope_scaling = "
+      << toml_quote(a.rope_scaling) << "\nn_routed_experts = " << a.n_routed_experts
+      << "\nnum_experts_per_tok = " << a.num_experts_per_tok << "\nmoe_intermediate_size = " << a.moe_intermediate_size
+      << "\nn_shared_experts = " << a.n_shared_experts << "\nn_group = " << a.n_group << "\ntopk_group = "
+      << a.topk_group << "\nnorm_topk_prob = " << (a.norm_topk_prob ? "true" : "false")
+      << "\nrouted_scaling_factor = " << toml_number(a.routed_scaling_factor)
+      << "\nfirst_k_dense_replace = " << a.first_k_dense_replace << "\nnum_mtp_layers = " << a.num_mtp_layers
+      << "\nmtp_loss_weight = " << toml_number(a.mtp_loss_weight) << "\n";
+  }
+
+  ModelSpec blocks(const Config& cfg, int64_t) const override {
+    const auto& c = cfg.model;
+    const DeepseekV3Args& a = c.args<DeepseekV3Args>();
+    const int64_t V = c.vocab_size, T = c.block_size, C = c.n_embd, H = c.n_head, F = a.ffn_hidden;
+    const int64_t dqk = a.qk_nope_head_dim + a.qk_rope_head_dim, dv = a.v_head_dim, r = a.kv_lora_rank;
+    const int64_t ql = a.q_lora_rank, dr = a.qk_rope_head_dim;
+    auto w = [&](const std::string& name, Shape shape, TpSplit split = {}) {
+      return ParamSpec{name, std::move(shape), ParamInit{ParamInit::normal, c.init_std, name_stream(name), 0}, split};
+    };
+    auto constant = param_constant;
+    // q_b_proj (q_proj), kv_b_proj, gate and up column-parallel (whole heads, whole units), o and down row-parallel,
+    // the a-projections and norms replicated, the embedding and lm_head vocabulary-parallel.
+    const TpSplit col{0, 1}, row{1, 1}, vocab{0, 1};
+    ModelSpec m;
+    m.language_model = true;
+    m.seq_len = T;
+    m.output_dim = V;
+    const ParamSpec embed = w("model.embed_tokens.weight", {V, C}, vocab);
+    m.blocks.push_back(lm_embedding({embed}, C, T));
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".", at = p + "self_attn.";
+      BlockSpec b;
+      b.kind = BlockKind::mla_layer;
+      b.in = b.out = C;
+      b.seq_len = T;
+      b.n_head = H;
+      b.n_kv_head = H;
+      b.ffn_hidden = F;
+      b.rope_theta = a.rope_theta;
+      b.eps = a.norm_eps;
+      b.bias = false;
+      b.head_dim = dqk;
+      b.mla = {ql, r, a.qk_nope_head_dim, dr, dv, a.rope_interleave};
+      b.params = {{p + "input_layernorm.weight", {C}, constant(1)}};
+      if (ql > 0) {
+        b.params.push_back(w(at + "q_a_proj.weight", {ql, C}));
+        b.params.push_back({at + "q_a_layernorm.weight", {ql}, constant(1)});
+        b.params.push_back(w(at + "q_b_proj.weight", {H * dqk, ql}, col));
+      } else {
+        b.params.push_back(w(at + "q_proj.weight", {H * dqk, C}, col));
+      }
+      b.params.push_back(w(at + "kv_a_proj_with_mqa.weight", {r + dr, C}));
+      b.params.push_back({at + "kv_a_layernorm.weight", {r}, constant(1)});
+      b.params.push_back(w(at + "kv_b_proj.weight", {H * (a.qk_nope_head_dim + dv), r}, col));
+      b.params.push_back(w(at + "o_proj.weight", {C, H * dv}, row));
+      b.params.push_back({p + "post_attention_layernorm.weight", {C}, constant(1)});
+      b.params.push_back(w(p + "mlp.gate_proj.weight", {F, C}, col));
+      b.params.push_back(w(p + "mlp.up_proj.weight", {F, C}, col));
+      b.params.push_back(w(p + "mlp.down_proj.weight", {C, F}, row));
+      // Per token: 2 x the projections' multiply-adds, 2 x 2 x T x H (dqk + dv) / 2 in QK^T and att @ V (causal
+      // halves are the planner's business, as Llama's), 2 x 3 C F in the SwiGLU.
+      const double proj = (ql > 0 ? double(C * ql + ql * H * dqk) : double(C * H * dqk)) + double(C * (r + dr)) +
+                          double(r * H * (a.qk_nope_head_dim + dv)) + double(H * dv * C);
+      b.attn_flops = 2.0 * double(T) * double(H) * double(dqk + dv);
+      b.flops = 2.0 * proj + 6.0 * double(C) * double(F) + b.attn_flops;
+      b.recomputable = true;
+      m.blocks.push_back(std::move(b));
+    }
+    m.blocks.push_back(lm_head({{"model.norm.weight", {C}, constant(1)},
+                                c.tie_embeddings ? embed : w("lm_head.weight", {V, C}, vocab)},
+                               C, V, T, /*bias=*/false, NormKind::rmsnorm, a.norm_eps));
+    return m;
+  }
+
+  bool tp_splits(const Config::Model& m, int tp) const override {
+    return m.n_head % tp == 0 && m.vocab_size >= tp && m.args<DeepseekV3Args>().ffn_hidden % tp == 0;
+  }
+
+  const char* hf_model_type() const override { return "deepseek_v3"; }
+  const char* hf_architecture() const override { return "DeepseekV3ForCausalLM"; }
+
+  void hf_config(nlohmann::ordered_json& c, const Config::Model& m, const std::string&) const override {
+    const DeepseekV3Args& a = m.args<DeepseekV3Args>();
+    c["vocab_size"] = m.vocab_size;
+    c["hidden_size"] = m.n_embd;
+    c["intermediate_size"] = a.ffn_hidden;
+    c["moe_intermediate_size"] = a.moe_intermediate_size;
+    c["num_hidden_layers"] = m.n_layer;
+    c["num_attention_heads"] = m.n_head;
+    c["num_key_value_heads"] = m.n_head;
+    c["n_shared_experts"] = a.n_shared_experts;
+    c["n_routed_experts"] = a.n_routed_experts;
+    c["routed_scaling_factor"] = a.routed_scaling_factor;
+    c["kv_lora_rank"] = a.kv_lora_rank;
+    c["q_lora_rank"] = a.q_lora_rank > 0 ? nlohmann::json(a.q_lora_rank) : nlohmann::json(nullptr);
+    c["qk_rope_head_dim"] = a.qk_rope_head_dim;
+    c["v_head_dim"] = a.v_head_dim;
+    c["qk_nope_head_dim"] = a.qk_nope_head_dim;
+    c["n_group"] = a.n_group;
+    c["topk_group"] = a.topk_group;
+    c["num_experts_per_tok"] = a.num_experts_per_tok;
+    c["first_k_dense_replace"] = a.first_k_dense_replace;
+    c["norm_topk_prob"] = a.norm_topk_prob;
+    c["num_mtp_layers"] = a.num_mtp_layers;
+    c["hidden_act"] = "silu";
+    c["max_position_embeddings"] = m.block_size;
+    c["rms_norm_eps"] = a.norm_eps;
+    c["rope_theta"] = a.rope_theta;  // transformers 4.x
+    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", a.rope_theta}};  // transformers 5
+    c["rope_interleave"] = a.rope_interleave;
+    c["attention_bias"] = false;
+    c["attention_dropout"] = 0.0;
+  }
+
+  void hf_check(const nlohmann::json& config, const Config::Model& m, const std::string& where) const override {
+    using json = nlohmann::json;
+    const DeepseekV3Args& a = m.args<DeepseekV3Args>();
+    const json rope = hf_value_or(config, "rope_parameters", json::object());
+    const json q_lora = hf_value_or(config, "q_lora_rank", 1536);
+    hf_check_pairs(config,
+                   {{"vocab_size", 129280, "vocab_size", m.vocab_size}, {"hidden_size", 7168, "n_embd", m.n_embd},
+                    {"intermediate_size", 18432, "ffn_hidden", a.ffn_hidden},
+                    {"num_hidden_layers", 61, "n_layer", m.n_layer}, {"num_attention_heads", 128, "n_head", m.n_head},
+                    {"rms_norm_eps", 1e-6, "norm_eps", a.norm_eps},
+                    {"rope_theta", rope.value("rope_theta", 10000.0), "rope_theta", a.rope_theta},
+                    {"tie_word_embeddings", false, "tie_embeddings", m.tie_embeddings},
+                    {"kv_lora_rank", 512, "kv_lora_rank", a.kv_lora_rank},
+                    {"qk_nope_head_dim", 128, "qk_nope_head_dim", a.qk_nope_head_dim},
+                    {"qk_rope_head_dim", 64, "qk_rope_head_dim", a.qk_rope_head_dim},
+                    {"v_head_dim", 128, "v_head_dim", a.v_head_dim},
+                    {"rope_interleave", true, "rope_interleave", a.rope_interleave},
+                    {"n_routed_experts", 256, "n_routed_experts", a.n_routed_experts},
+                    {"num_experts_per_tok", 8, "num_experts_per_tok", a.num_experts_per_tok},
+                    {"moe_intermediate_size", 2048, "moe_intermediate_size", a.moe_intermediate_size},
+                    {"n_shared_experts", 1, "n_shared_experts", a.n_shared_experts},
+                    {"n_group", 8, "n_group", a.n_group}, {"topk_group", 4, "topk_group", a.topk_group},
+                    {"norm_topk_prob", true, "norm_topk_prob", a.norm_topk_prob},
+                    {"routed_scaling_factor", 2.5, "routed_scaling_factor", a.routed_scaling_factor},
+                    {"first_k_dense_replace", 3, "first_k_dense_replace", a.first_k_dense_replace}},
+                   where);
+    // config.json's null q_lora_rank is Relay's 0 (one q_proj).
+    const json ours_q = a.q_lora_rank > 0 ? json(a.q_lora_rank) : json(nullptr);
+    if (config.contains("q_lora_rank") ? config["q_lora_rank"] != ours_q : a.q_lora_rank != 1536)
+      throw Error(cat(where, ": config.json q_lora_rank = ", config.contains("q_lora_rank") ? config["q_lora_rank"].dump()
+                                                                                         : q_lora.dump(),
+                      " but model.q_lora_rank = ", ours_q.dump()));
+    if (rope.value("rope_type", "default") != "default")
+      throw Error(cat(where, ": config.json rope_parameters.rope_type = \"", rope.value("rope_type", ""),
+                      "\" but Relay applies plain rotary embeddings (model.rope_scaling = \"none\")"));
+    const json max_pos = hf_value_or(config, "max_position_embeddings", 4096);
+    if (!max_pos.is_number() || max_pos.get<double>() < double(m.block_size))
+      throw Error(cat(where, ": config.json max_position_embeddings = ", max_pos.dump(), " but model.block_size = ",
+                      m.block_size, " is longer"));
+    hf_check_fixed(config, {{"hidden_act", "silu", "silu", "Relay's DeepSeek-V3 MLP is SwiGLU"},
+                            {"attention_bias", false, false, "Relay's DeepSeek-V3 has no biases"},
+                            {"rope_scaling", nullptr, nullptr, "Relay applies plain rotary embeddings"}},
+                   where);
+  }
+};
+
+}  // namespace
+
+const ModelFamily& deepseek_v3_family() {
+  static const DeepseekV3Family f;
+  return f;
+}
+
+}  // namespace relay

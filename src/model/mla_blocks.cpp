@@ -1,0 +1,286 @@
+// DeepSeek-V3's dense decoder layer with multi-head latent attention (MLA: DeepSeek-V2, arXiv:2405.04434 sec. 2.1;
+// DeepSeek-V3, arXiv:2412.19437 sec. 2.1.1; transformers' DeepseekV3Attention and DeepseekV3DecoderLayer are the
+// reference modules):
+//   q       = q_b_proj(q_a_layernorm(q_a_proj(n1)))  or q_proj(n1)       (n, H (dn + dr)), n1 = input_layernorm(x)
+//   latent  = kv_a_layernorm(kv_a_proj_with_mqa(n1)[:, :r]),  k_pe = kv_a_proj_with_mqa(n1)[:, r:]   (n, r), (n, dr)
+//   [k_nope_h | v_h] = kv_b_proj(latent) per head                           (n, H (dn + dv))
+//   q_h = [q_nope_h | rope(q_pe_h)],  k_h = [k_nope_h | rope(k_pe)]        one rotary key per token, every head's
+//   h = x + o_proj(attention(q, k, v)),  y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),  n2 = post_attention_layernorm(h)
+// Attention is FlashAttention-2 with value heads narrower than query/key heads (dv against dn + dr), scale
+// 1 / sqrt(dn + dr). rope_interleave (transformers' default): the rotary pairs are columns (2i, 2i + 1) of the rope
+// part, and the rotated part is laid out [evens | odds] as transformers' apply_rotary_pos_emb_interleave writes it;
+// only q . k enters attention, so the layouts need only agree between q and k.
+//
+// Tensor parallelism (Megatron-LM): each tp rank holds H / tp heads (q_b_proj or q_proj, and kv_b_proj, split by
+// output rows; o_proj row-parallel), and F / tp SwiGLU units; q_a_proj, kv_a_proj_with_mqa and the three norms are
+// replicated. The backward all-reduces the heads' partial gradients of the small tensors the replicated part produced
+// (q_a_layernorm's output, the latent, k_pe), after which every rank computes the replicated weights' gradients whole
+// and alike. Context parallelism (model/context_parallel.hpp) gathers the heads' keys and values as Llama's layer does
+// (the rotary parts at each row's position in its sequence). Sequence parallelism is refused by the family for now.
+#include "model/blocks.hpp"
+
+namespace relay {
+
+namespace {
+
+class MlaLayer final : public Block {
+ public:
+  MlaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
+      : Block(spec, std::move(params)), tp_(tp), m_(spec.mla), H_(spec.n_head / tp.size), F_(spec.ffn_hidden / tp.size),
+        cp_attn_(cp.on() ? cp.attention : nullptr) {
+    RELAY_ASSERT(!tp.sequence_parallel() && spec.sp == 1, "mla layer: sequence parallelism is not supported yet");
+    const bool ql = m_.q_lora_rank > 0;
+    const size_t want = ql ? 12 : 10;  // norm1, [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o, norm2, gate, up, down
+    RELAY_ASSERT(params_.size() == want, "mla layer: " << params_.size() << " params, expected " << want);
+    size_t i = 0;
+    norm1_ = params_[i++];
+    if (ql) q_a_ = params_[i++], q_a_norm_ = params_[i++], q_b_ = params_[i++];
+    else q_ = params_[i++];
+    kv_a_ = params_[i++], kv_a_norm_ = params_[i++], kv_b_ = params_[i++], o_ = params_[i++];
+    norm2_ = params_[i++], gate_ = params_[i++], up_ = params_[i++], down_ = params_[i++];
+  }
+
+  // saved.t: the forward's intermediates, then (backward) the gradients backward_input leaves for backward_weight, then
+  // scratch. Widths are this tp rank's: H heads, F SwiGLU units. With q_lora_rank 0 the q_a buffers have 0 rows.
+  enum : size_t { kN1, kRstd1, kQa, kRstdQa, kQaN, kLat, kRstdLat, kLatN, kQ, kK, kV, kLse, kAtty, kRes1, kN2,
+                  kRstd2, kGate, kUp, kH, kGRes1, kGGate, kGUp, kGN2, kGQ, kGK, kGV, kGKv, kGQaN, kGQa, kGLatN, kGLat,
+                  kGPe, kGN1, kGAtty, kKv, kPe, kKpe, kCount };
+  static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
+    const MlaSpec& m = spec.mla;
+    const int64_t C = spec.in, H = spec.n_head / tp, F = spec.ffn_hidden / tp, dqk = m.qk_head(), dr = m.qk_rope;
+    const int64_t r = m.kv_lora_rank, ql = m.q_lora_rank, nq = ql > 0 ? n : 0;
+    const DType a = spec.dtype, f32 = DType::f32;
+    std::vector<BufferSpec> s(kCount);
+    s[kN1] = {{n, C}, a};
+    s[kRstd1] = {{n}, f32};
+    s[kQa] = {{nq, ql}, a};            // q_a_proj's output
+    s[kRstdQa] = {{nq}, f32};
+    s[kQaN] = {{nq, ql}, a};           // q_a_layernorm's output
+    s[kLat] = {{n, r}, a};             // kv_a_proj_with_mqa's latent columns
+    s[kRstdLat] = {{n}, f32};
+    s[kLatN] = {{n, r}, a};            // kv_a_layernorm's output
+    s[kQ] = {{n, H * dqk}, a};         // [q_nope | rotated q_pe] per head
+    s[kK] = {{n, H * dqk}, a};         // [k_nope | rotated k_pe] per head
+    s[kV] = {{n, H * m.v_head}, a};
+    s[kLse] = {{n, H}, f32};           // (B, H, T) for n = B x T rows
+    s[kAtty] = {{n, H * m.v_head}, a};
+    s[kRes1] = {{n, C}, a};
+    s[kN2] = {{n, C}, a};
+    s[kRstd2] = {{n}, f32};
+    s[kGate] = {{n, F}, a};
+    s[kUp] = {{n, F}, a};
+    s[kH] = {{n, F}, a, true};         // scratch: the SwiGLU output, recomputed for down's weight gradient
+    s[kGRes1] = {{n, C}, a, true};
+    s[kGGate] = {{n, F}, a, true};
+    s[kGUp] = {{n, F}, a, true};
+    s[kGN2] = {{n, C}, a, true};
+    s[kGQ] = {{n, H * dqk}, a, true};  // d q_b_proj's (q_proj's) output
+    s[kGK] = {{n, H * dqk}, a, true};
+    s[kGV] = {{n, H * m.v_head}, a, true};
+    s[kGKv] = {{n, H * (m.qk_nope + m.v_head)}, a, true};  // d kv_b_proj's output
+    s[kGQaN] = {{nq, ql}, a, true};
+    s[kGQa] = {{nq, ql}, a, true};
+    s[kGLatN] = {{n, r}, a, true};
+    s[kGLat] = {{n, r}, a, true};
+    s[kGPe] = {{n, dr}, a, true};      // d k_pe before the rotation
+    s[kGN1] = {{n, C}, a, true};
+    s[kGAtty] = {{n, H * m.v_head}, a, true};
+    s[kKv] = {{n, H * (m.qk_nope + m.v_head)}, a, true};  // scratch: kv_b_proj's output
+    s[kPe] = {{n, H * dr}, a, true};   // scratch: the heads' rotary parts, contiguous
+    s[kKpe] = {{n, dr}, a, true};      // scratch: k_pe, then its gradient's terms
+    return s;
+  }
+  void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
+    allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s);
+  }
+
+  // x, y (n, C).
+  void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
+    const int64_t n = x.size(0), T = spec_.seq_len, dqk = m_.qk_head(), dn = m_.qk_nope, dr = m_.qk_rope;
+    const int64_t dv = m_.v_head, r = m_.kv_lora_rank, w_kv = dn + dv;
+    auto v = [&](size_t k) { return view(s, k, n); };
+    Tensor n1 = v(kN1), q = v(kQ), k = v(kK), val = v(kV), kv = v(kKv), pe = v(kPe), kpe = v(kKpe), atty = v(kAtty);
+    Tensor rstd1 = v(kRstd1), lat = v(kLat), latn = v(kLatN), rstd_lat = v(kRstdLat), lse = s.t[kLse].rows(0, n);
+    const float eps = float(spec_.eps);
+    be.rmsnorm_forward(x, norm1_->compute(), eps, n1, rstd1);                      // (n, C)
+    // Queries: (n, H dqk), [q_nope | q_pe] per head.
+    if (q_a_) {
+      Tensor qa = v(kQa), qan = v(kQaN), rstd_qa = v(kRstdQa);
+      be.linear(n1, q_a_->compute(), Tensor(), qa);                                // (n, ql)
+      be.rmsnorm_forward(qa, q_a_norm_->compute(), eps, qan, rstd_qa);             // (n, ql)
+      be.linear(qan, q_b_->compute(), Tensor(), q);                                // (n, H dqk) this rank's heads
+    } else {
+      be.linear(n1, q_->compute(), Tensor(), q);                                   // (n, H dqk)
+    }
+    rope_part(be, q, H_, dqk, dn, pe, T, /*backward=*/false);                      // q_pe rotated in place
+    // Keys and values from the latent and the one shared rotary key.
+    const Tensor w_kva = kv_a_->compute();                                          // (r + dr, C)
+    be.linear(n1, w_kva.rows(0, r), Tensor(), lat);                                // (n, r)
+    be.rmsnorm_forward(lat, kv_a_norm_->compute(), eps, latn, rstd_lat);
+    be.linear(n1, w_kva.rows(r, dr), Tensor(), kpe);                               // (n, dr) k_pe
+    rope_part(be, kpe, 1, dr, 0, pe.view({n * H_ * dr}).rows(0, n * dr).view({n, dr}), T, false);  // rotated
+    be.linear(latn, kv_b_->compute(), Tensor(), kv);                           // (n, H (dn + dv))
+    for (int64_t h = 0; h < H_; ++h) {
+      be.copy_columns(kv, h * w_kv, k, h * dqk, dn);                               // k_nope
+      be.copy_columns(kpe, 0, k, h * dqk + dn, dr);                                // the shared rotary key
+      be.copy_columns(kv, h * w_kv + dn, val, h * dv, dv);                         // v
+    }
+    if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys and values
+      cp_attn_->forward(be, q, k, val, T, H_, H_, q_pos_, doc_start_, atty, lse);  // (n, H dv)
+    else
+      be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, H_, atty, lse, doc_start_);  // (n, H dv)
+    Tensor res1 = v(kRes1), n2 = v(kN2), rstd2 = v(kRstd2), gate = v(kGate), up = v(kUp), hid = v(kH);
+    tp_.row_parallel_matmul(be, atty, o_->compute(), true, res1, "the attention output all-reduce");  // (n, C)
+    be.add(res1, x, res1);                                                         // residual 1
+    be.rmsnorm_forward(res1, norm2_->compute(), eps, n2, rstd2);
+    be.linear(n2, gate_->compute(), Tensor(), gate);                               // (n, F) column-parallel
+    be.linear(n2, up_->compute(), Tensor(), up);
+    be.swiglu_forward(gate, up, hid);                                              // (n, F)
+    tp_.row_parallel_matmul(be, hid, down_->compute(), true, y, "the MLP output all-reduce");  // (n, C)
+    be.add(y, res1, y);                                                            // residual 2
+  }
+
+  void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
+    const int64_t n = x.size(0), T = spec_.seq_len, dqk = m_.qk_head(), dn = m_.qk_nope, dr = m_.qk_rope;
+    const int64_t dv = m_.v_head, r = m_.kv_lora_rank, w_kv = dn + dv;
+    auto v = [&](size_t k) { return view(s, k, n); };
+    Tensor g_res1 = v(kGRes1), g_gate = v(kGGate), g_up = v(kGUp), g_n2 = v(kGN2), g_n1 = v(kGN1);
+    // The MLP.
+    be.matmul(dy, false, down_->compute(), false, g_gate, 1.f, 0.f);               // (n, F) d h
+    be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);                    // (n, F) d gate, d up
+    be.matmul(g_gate, false, gate_->compute(), false, g_n2, 1.f, 0.f);             // (n, C) d n2, partial over tp
+    be.matmul(g_up, false, up_->compute(), false, g_n2, 1.f, 1.f);
+    tp_.allreduce_sum(g_n2, "the MLP input-gradient all-reduce");
+    be.rmsnorm_backward_input(g_n2, v(kRes1), norm2_->compute(), v(kRstd2), g_n1);  // g_n1: scratch here
+    be.add(dy, g_n1, g_res1);                                                      // (n, C) d res1
+    // Attention.
+    Tensor g_atty = v(kGAtty), g_q = v(kGQ), g_k = v(kGK), g_v = v(kGV), g_kv = v(kGKv), pe = v(kPe);
+    be.matmul(g_res1, false, o_->compute(), false, g_atty, 1.f, 0.f);              // (n, H dv)
+    if (cp_attn_)
+      cp_attn_->backward(be, g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), T, H_, H_, q_pos_,
+                         doc_start_, g_q, g_k, g_v);
+    else
+      be.flash_attention_gqa_backward(g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), n / T, T, H_,
+                                      H_, g_q, g_k, g_v, doc_start_);
+    rope_part(be, g_q, H_, dqk, dn, pe, T, /*backward=*/true);                     // d q before the rotation
+    // d k_pe: the heads' rotary-key gradients summed (this rank's heads; all-reduced below), then un-rotated.
+    Tensor g_pe = v(kGPe), term = v(kKpe);
+    be.copy_columns(g_k, dn, g_pe, 0, dr);
+    for (int64_t h = 0; h < H_; ++h) {
+      if (h > 0) {
+        be.copy_columns(g_k, h * dqk + dn, term, 0, dr);
+        be.add(g_pe, term, g_pe);
+      }
+      be.copy_columns(g_k, h * dqk, g_kv, h * w_kv, dn);                           // d k_nope
+      be.copy_columns(g_v, h * dv, g_kv, h * w_kv + dn, dv);                       // d v
+    }
+    tp_.allreduce_sum(g_pe, "the rotary key's gradient all-reduce");
+    rope_part(be, g_pe, 1, dr, 0, pe.view({n * H_ * dr}).rows(0, n * dr).view({n, dr}), T, true);
+    // The latent: d kv_a_layernorm's output (partial over the heads), then its input.
+    Tensor g_latn = v(kGLatN), g_lat = v(kGLat);
+    be.matmul(g_kv, false, kv_b_->compute(), false, g_latn, 1.f, 0.f);             // (n, r)
+    tp_.allreduce_sum(g_latn, "the latent's gradient all-reduce");
+    be.rmsnorm_backward_input(g_latn, v(kLat), kv_a_norm_->compute(), v(kRstdLat), g_lat);
+    // d n1: the query path's term (partial over tp without q_lora_rank), then the replicated kv_a terms.
+    if (q_a_) {
+      Tensor g_qan = v(kGQaN), g_qa = v(kGQa);
+      be.matmul(g_q, false, q_b_->compute(), false, g_qan, 1.f, 0.f);              // (n, ql) partial over the heads
+      tp_.allreduce_sum(g_qan, "the query latent's gradient all-reduce");
+      be.rmsnorm_backward_input(g_qan, v(kQa), q_a_norm_->compute(), v(kRstdQa), g_qa);
+      be.matmul(g_qa, false, q_a_->compute(), false, g_n1, 1.f, 0.f);              // (n, C)
+    } else {
+      be.matmul(g_q, false, q_->compute(), false, g_n1, 1.f, 0.f);                 // (n, C) partial over tp
+      tp_.allreduce_sum(g_n1, "the attention input-gradient all-reduce");
+    }
+    const Tensor w_kva = kv_a_->compute();
+    be.matmul(g_lat, false, w_kva.rows(0, r), false, g_n1, 1.f, 1.f);
+    be.matmul(g_pe, false, w_kva.rows(r, dr), false, g_n1, 1.f, 1.f);
+    be.rmsnorm_backward_input(g_n1, x, norm1_->compute(), v(kRstd1), dx);
+    be.add(dx, g_res1, dx);                                                        // residual 1
+  }
+
+  void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
+    const int64_t n = x.size(0), r = m_.kv_lora_rank, dr = m_.qk_rope;
+    auto v = [&](size_t k) { return view(s, k, n); };
+    Tensor hid = v(kH);  // (n, F) recomputed from the kept gate and up
+    be.swiglu_forward(v(kGate), v(kUp), hid);
+    weight_grad(be, dy, hid, down_->grad);
+    weight_grad(be, v(kGGate), v(kN2), gate_->grad);
+    weight_grad(be, v(kGUp), v(kN2), up_->grad);
+    be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), norm2_->grad);
+    weight_grad(be, v(kGRes1), v(kAtty), o_->grad);
+    weight_grad(be, v(kGKv), v(kLatN), kv_b_->grad);
+    be.rmsnorm_backward_weight(v(kGLatN), v(kLat), v(kRstdLat), kv_a_norm_->grad);
+    Tensor g_kva = kv_a_->grad.rows(0, r + dr);
+    Tensor g_lat_w = g_kva.rows(0, r), g_pe_w = g_kva.rows(r, dr);
+    weight_grad(be, v(kGLat), v(kN1), g_lat_w);
+    weight_grad(be, v(kGPe), v(kN1), g_pe_w);
+    if (q_a_) {
+      weight_grad(be, v(kGQ), v(kQaN), q_b_->grad);
+      be.rmsnorm_backward_weight(v(kGQaN), v(kQa), v(kRstdQa), q_a_norm_->grad);
+      weight_grad(be, v(kGQa), v(kN1), q_a_->grad);
+    } else {
+      weight_grad(be, v(kGQ), v(kN1), q_->grad);
+    }
+    be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), norm1_->grad);
+  }
+
+ private:
+  static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, std::min(n, s.t[k].size(0))); }
+  // dW (out, in) += dy^T @ x
+  static void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) {
+    be.matmul(dy, true, x, false, dw, 1.f, 1.f);
+  }
+  // The rotary part of each of `heads` heads of x (n, heads w): columns [off, off + dr) of each, rotated in place
+  // through pe (n, heads dr) scratch. Forward: read in transformers' pairing (interleaved: evens then odds), rotate,
+  // write back contiguous halves. Backward (x a gradient of the rotated layout): read the halves, rotate back, write
+  // in the input's pairing.
+  void rope_part(Backend& be, Tensor& x, int64_t heads, int64_t w, int64_t off, Tensor pe, int64_t T,
+                 bool backward) const {
+    const int64_t dr = m_.qk_rope, half = dr / 2;
+    // Forward reads the input layout; backward reads the rotated (contiguous) layout.
+    auto move = [&](bool to_pe, bool input_layout) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t xc = h * w + off, pc = h * dr;
+        if (!input_layout || !m_.rope_interleave) {
+          to_pe ? be.copy_columns(x, xc, pe, pc, dr) : be.copy_columns(pe, pc, x, xc, dr);
+          continue;
+        }
+        for (int64_t i = 0; i < half; ++i) {  // pair i: input columns 2i, 2i + 1 <-> pe columns i, half + i
+          if (to_pe) {
+            be.copy_columns(x, xc + 2 * i, pe, pc + i, 1);
+            be.copy_columns(x, xc + 2 * i + 1, pe, pc + half + i, 1);
+          } else {
+            be.copy_columns(pe, pc + i, x, xc + 2 * i, 1);
+            be.copy_columns(pe, pc + half + i, x, xc + 2 * i + 1, 1);
+          }
+        }
+      }
+    };
+    move(/*to_pe=*/true, /*input_layout=*/!backward);
+    be.rope(pe, T, dr, spec_.rope_theta, 0, /*inverse=*/backward, pe, positions_);
+    move(/*to_pe=*/false, /*input_layout=*/backward);
+  }
+
+  TensorParallel tp_;
+  MlaSpec m_;
+  int64_t H_, F_;  // this rank's heads and SwiGLU units
+  std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
+  Param *norm1_ = nullptr, *q_ = nullptr, *q_a_ = nullptr, *q_a_norm_ = nullptr, *q_b_ = nullptr, *kv_a_ = nullptr,
+        *kv_a_norm_ = nullptr, *kv_b_ = nullptr, *o_ = nullptr, *norm2_ = nullptr, *gate_ = nullptr, *up_ = nullptr,
+        *down_ = nullptr;
+};
+
+}  // namespace
+
+std::vector<BufferSpec> mla_saved_shapes(const BlockSpec& spec, int64_t rows, int tp) {
+  return spec.kind == BlockKind::mla_layer ? MlaLayer::saved_shapes(spec, rows, tp) : std::vector<BufferSpec>{};
+}
+
+std::unique_ptr<Block> make_mla_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
+                                      const ContextParallel& cp) {
+  RELAY_ASSERT(spec.kind == BlockKind::mla_layer, "make_mla_block: not an MLA layer: " << block_kind_name(spec.kind));
+  return std::make_unique<MlaLayer>(spec, std::move(params), tp, cp);
+}
+
+}  // namespace relay
