@@ -252,10 +252,10 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   be.moe_combine(ys, pos, weights, y);                                                  // (n, C)
   if (moe_.n_shared > 0) {  // y += shared(x): every token, this tp rank's Fs / tp units
     Tensor sgate = rows(kSGate, n), sup = rows(kSUp, n), sh = rows(kSH, n);
-    be.linear(x, shared_gate_->compute(), Tensor(), sgate);                             // (n, Fs)
-    be.linear(x, shared_up_->compute(), Tensor(), sup);                                 // (n, Fs)
+    fp8_.linear(be, x, shared_gate_->compute(), Tensor(), sgate);                       // (n, Fs)
+    fp8_.linear(be, x, shared_up_->compute(), Tensor(), sup);                           // (n, Fs)
     be.swiglu_forward(sgate, sup, sh);                                                  // (n, Fs)
-    be.matmul(sh, false, shared_down_->compute(), true, y, 1.f, 1.f);                   // (n, C)
+    fp8_.matmul(be, sh, shared_down_->compute(), true, y, 1.f);                         // (n, C)
   }
 }
 
@@ -346,10 +346,10 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
   if (moe_.n_shared > 0) {  // + through the shared experts (this tp rank's units: a partial sum like the experts')
     Tensor sgy = rows(kSGY, n), sgg = rows(kSGGate, n), sgu = rows(kSGUp, n);
     be.copy(sgy, dy);                                                                   // (n, C) for backward_weight
-    be.matmul(dy, false, shared_down_->compute(), false, sgg, 1.f, 0.f);                // (n, Fs) d h
+    fp8_.matmul(be, dy, shared_down_->compute(), false, sgg);                           // (n, Fs) d h
     be.swiglu_backward(sgg, rows(kSGate, n), rows(kSUp, n), sgg, sgu);                  // (n, Fs) d gate, d up
-    be.matmul(sgg, false, shared_gate_->compute(), false, dx, 1.f, 1.f);                // (n, C)
-    be.matmul(sgu, false, shared_up_->compute(), false, dx, 1.f, 1.f);
+    fp8_.matmul(be, sgg, shared_gate_->compute(), false, dx, 1.f);                      // (n, C)
+    fp8_.matmul(be, sgu, shared_up_->compute(), false, dx, 1.f);
   }
 }
 
@@ -361,9 +361,9 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
   if (moe_.n_shared > 0) {
     Tensor sh = rows(kSH, n);  // (n, Fs) recomputed from the kept gate and up, bitwise the forward's
     be.swiglu_forward(rows(kSGate, n), rows(kSUp, n), sh);
-    be.matmul(rows(kSGY, n), true, sh, false, shared_down_->grad, 1.f, 1.f);           // dW_down (C, Fs)
-    be.matmul(rows(kSGGate, n), true, x, false, shared_gate_->grad, 1.f, 1.f);         // dW_gate (Fs, C)
-    be.matmul(rows(kSGUp, n), true, x, false, shared_up_->grad, 1.f, 1.f);             // dW_up (Fs, C)
+    fp8_.weight_grad(be, rows(kSGY, n), sh, shared_down_->grad);                        // dW_down (C, Fs)
+    fp8_.weight_grad(be, rows(kSGGate, n), x, shared_gate_->grad);                      // dW_gate (Fs, C)
+    fp8_.weight_grad(be, rows(kSGUp, n), x, shared_up_->grad);                          // dW_up (Fs, C)
   }
   const size_t xl = ep_.on() ? kXl : kXs, gyl = ep_.on() ? kGYl : kGYs;  // this rank's experts' rows
   const int64_t Rl = local_rows();

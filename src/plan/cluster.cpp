@@ -70,6 +70,7 @@ Cluster parse_cluster_text(const std::string& text, const std::string& source) {
   d.peak_bf16 = r.number("device", "peak_bf16_flops", 1, 1e18);
   d.peak_tf32 = r.number("device", "peak_tf32_flops", 1, 1e18);
   d.peak_fp32 = r.number("device", "peak_fp32_flops", 1, 1e18);
+  if (r.has("device", "peak_fp8_flops")) d.peak_fp8 = r.number("device", "peak_fp8_flops", 1, 1e18);
   d.memory_bytes = r.number("device", "memory_bytes", 1, 1e15);
   d.reserved_bytes = r.number("device", "reserved_bytes", 0, d.memory_bytes);
   d.memory_bandwidth = r.number("device", "memory_bandwidth", 1, 1e15);

@@ -1,6 +1,6 @@
 // A cluster description for the planner (configs/clusters/*.toml): devices per node, one device's peaks
 // (FLOP/s by precision, memory, bandwidth) and achieved-efficiency defaults, and the two links a
-// collective can cross (within a node, between nodes). Every key is required but a link's reduce_bandwidth: a missing
+// collective can cross (within a node, between nodes). Every key is required but a link's reduce_bandwidth and device.peak_fp8_flops: a missing
 // one is an Error naming the file and the key.
 #pragma once
 #include <string>
@@ -26,6 +26,7 @@ struct Cluster {
   struct Device {
     std::string name;
     double peak_bf16 = 0, peak_tf32 = 0, peak_fp32 = 0;  // dense FLOP/s
+    double peak_fp8 = 0;  // dense FP8 (e4m3 / e5m2) tensor-core FLOP/s; 0: the device has none (optional key)
     double memory_bytes = 0, reserved_bytes = 0;         // capacity; what the runtime takes before Relay
     double memory_bandwidth = 0;                         // bytes/s
     int sms = 0;                                         // streaming multiprocessors (GEMM wave quantisation)
@@ -33,7 +34,10 @@ struct Cluster {
     double attention_forward_efficiency = 1, attention_backward_efficiency = 1;
     double memory_efficiency = 1;                        // streaming kernels' bandwidth / data sheet
     double kernel_launch_s = 0;
+    // The peak MFU is quoted against: under fp8 the bf16 one (attention, norms and the head run in bf16; the FP8
+    // GEMMs' own rate is gemm_peak's).
     double peak(Precision p) const { return p == Precision::bf16 || p == Precision::fp8 ? peak_bf16 : p == Precision::tf32 ? peak_tf32 : peak_fp32; }
+    double gemm_peak(Precision p) const { return p == Precision::fp8 ? peak_fp8 : peak(p); }
   } device;
   Link intra_node, inter_node;
   double storage_write_bandwidth = 0;  // bytes/s one node writes to the shared file system

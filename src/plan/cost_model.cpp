@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/error.hpp"
+
 namespace relay {
 
 double stream_s(const Cluster::Device& d, double bytes) {
@@ -12,12 +14,15 @@ double stream_s(const Cluster::Device& d, double bytes) {
 
 double gemm_s(const Cluster::Device& d, Precision p, double M, double N, double K) {
   if (M <= 0 || N <= 0 || K <= 0) return 0;
-  const double e = double(dtype_size(compute_dtype(p)));
+  // Operands in the working dtype, or (fp8) one byte, the output in the working dtype.
+  const double e = double(dtype_size(compute_dtype(p))), in = p == Precision::fp8 ? 1.0 : e;
+  if (p == Precision::fp8 && d.gemm_peak(p) <= 0)
+    throw Error("train.precision = \"fp8\": the cluster's device has no FP8 peak (device.peak_fp8_flops)");
   // cuBLAS's large-GEMM tiles are 128 x 256 (or 256 x 128) outputs per thread block, one block per SM at a time.
   const double tiles = std::ceil(M / 128.0) * std::ceil(N / 256.0);
   const double waves = std::ceil(tiles / d.sms), quantisation = tiles / (waves * d.sms);
-  const double compute = 2.0 * M * N * K / (d.peak(p) * d.gemm_efficiency * quantisation);
-  const double memory = stream_s(d, e * (M * K + K * N + M * N));
+  const double compute = 2.0 * M * N * K / (d.gemm_peak(p) * d.gemm_efficiency * quantisation);
+  const double memory = stream_s(d, in * (M * K + K * N) + e * M * N);
   return std::max(compute, memory) + d.kernel_launch_s;
 }
 
@@ -44,12 +49,17 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   const Precision p = ctx.precision;
   const int sp = ctx.sequence_parallel ? ctx.tp : 1;
   const BlockCost cost = block_cost(b, {ctx.tp, sp, ctx.cp, ctx.ep}, n);
-  for (const Gemm& g : cost.gemms) {
-    t.forward += g.count * gemm_s(d, p, g.M, g.N, g.K);
-    t.backward_input += g.count * gemm_s(d, p, g.M, g.K, g.N);
-    t.backward_weight += g.count * gemm_s(d, p, g.K, g.N, g.M);
-  }
   const double e = double(dtype_size(compute_dtype(p)));
+  // train.precision = "fp8": a block whose linear layers run in FP8 (BlockSpec::fp8) runs its GEMMs at the FP8 rate,
+  // each operand first quantised for that GEMM (model/fp8_linear.hpp): read in bf16 and written in FP8, tensorwise
+  // after a pass of its own for the amax (5 bytes an element), blockwise in one (3). Other blocks' GEMMs in bf16.
+  const Precision gp = p == Precision::fp8 && !b.fp8 ? Precision::bf16 : p;
+  const double quantise = gp != Precision::fp8 ? 0 : *b.fp8 == Fp8Recipe::tensorwise ? 5.0 : 3.0;
+  for (const Gemm& g : cost.gemms) {
+    t.forward += g.count * (gemm_s(d, gp, g.M, g.N, g.K) + stream_s(d, quantise * (g.M * g.K + g.K * g.N)));
+    t.backward_input += g.count * (gemm_s(d, gp, g.M, g.K, g.N) + stream_s(d, quantise * (g.M * g.N + g.N * g.K)));
+    t.backward_weight += g.count * (gemm_s(d, gp, g.K, g.N, g.M) + stream_s(d, quantise * (g.M * g.N + g.M * g.K)));
+  }
   if (cost.attention.on() && ctx.attention == PlannedAttention::flash) {
     // attention_flops_per_row is over the whole sequence (QK^T and att @ V, 4 T Hq); causal attention computes half,
     // and a cp rank's rows see on average half the sequence too (its chunks i and 2cp - 1 - i balance).
