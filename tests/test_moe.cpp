@@ -103,6 +103,19 @@ TEST(MoeRouter, BiasChoosesButDoesNotWeigh) {
   EXPECT_NEAR(w[1], r.w[1], 1e-6);
 }
 
+// Token t's logits' gradient got[t E, (t + 1) E) against central differences (step 1e-5) of loss(token t's logits).
+template <class Loss>
+void expect_central_differences(const std::vector<float>& got, const std::vector<float>& z, int64_t t, int64_t E,
+                                Loss&& loss, const char* what) {
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<double> hi(z.begin() + t * E, z.begin() + (t + 1) * E), lo = hi;
+    hi[size_t(e)] += 1e-5;
+    lo[size_t(e)] -= 1e-5;
+    const double want = (loss(hi) - loss(lo)) / 2e-5;
+    EXPECT_NEAR(got[size_t(t * E + e)], want, 1e-5 + 1e-4 * std::abs(want)) << "token " << t << " expert " << e << what;
+  }
+}
+
 // d/dz of L = sum a[t,j] w[t,j] + sum g[s,e] p[t,e] + zs sum lse[t]^2 (the routing held fixed) by central
 // differences in double, against moe_router_backward with dweights = a, seq_grad = g, z_scale = zs.
 TEST(MoeRouter, BackwardMatchesFiniteDifferences) {
@@ -127,14 +140,7 @@ TEST(MoeRouter, BackwardMatchesFiniteDifferences) {
         for (int64_t e = 0; e < E; ++e) L += g[size_t(t / T * E + e)] * r.p[size_t(e)];
         return L;
       };
-      for (int64_t e = 0; e < E; ++e) {
-        std::vector<double> hi(z.begin() + t * E, z.begin() + (t + 1) * E), lo = hi;
-        hi[size_t(e)] += 1e-5;
-        lo[size_t(e)] -= 1e-5;
-        const double want = (loss(hi) - loss(lo)) / 2e-5;
-        EXPECT_NEAR(got[size_t(t * E + e)], want, 1e-5 + 1e-4 * std::abs(want))
-            << "token " << t << " expert " << e << (renorm ? " (renormalised)" : "");
-      }
+      expect_central_differences(got, z, t, E, loss, renorm ? " (renormalised)" : "");
     }
   }
 }
@@ -191,14 +197,7 @@ TEST(MoeGroupRouter, BackwardMatchesFiniteDifferences) {
         for (int64_t e = 0; e < E; ++e) L += g[size_t(t / T * E + e)] * p[size_t(e)] / sum;
         return L;
       };
-      for (int64_t e = 0; e < E; ++e) {
-        std::vector<double> hi(z.begin() + t * E, z.begin() + (t + 1) * E), lo = hi;
-        hi[size_t(e)] += 1e-5;
-        lo[size_t(e)] -= 1e-5;
-        const double want = (loss(hi) - loss(lo)) / 2e-5;
-        EXPECT_NEAR(got[size_t(t * E + e)], want, 1e-5 + 1e-4 * std::abs(want))
-            << "token " << t << " expert " << e << (renorm ? " (renormalised)" : "");
-      }
+      expect_central_differences(got, z, t, E, loss, renorm ? " (renormalised)" : "");
     }
   }
 }
