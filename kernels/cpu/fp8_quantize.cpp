@@ -32,15 +32,22 @@ void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8F
     }
   }
   for (size_t i = 0; i < amax.size(); ++i) scales[i] = fp8_scale(amax[i], fmt);
-  // Pass 2: the codes.
+  fp8_quantize_with(x, rows, cols, tiling, fmt, scales, q);  // pass 2: the codes
+}
+
+template <typename X>
+void fp8_quantize_with(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt, const float* scales,
+                       uint8_t* q) {
+  const Fp8Grid g = fp8_grid(tiling, rows, cols);
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
   for (int64_t r = 0; r < rows; ++r) {
     const float* srow = scales + (r / g.tile_rows) * g.cols;  // (g.cols) the scales of this row's tiles
     for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = fp8_quantize_value(load(x[r * cols + c]), srow[c / g.tile_cols], fmt);
   }
 }
-#define INST_FP8_QUANTIZE(X) \
-  template void fp8_quantize<X>(const X*, int64_t, int64_t, Fp8Tiling, Fp8Format, uint8_t*, float*);
+#define INST_FP8_QUANTIZE(X)                                                                          \
+  template void fp8_quantize<X>(const X*, int64_t, int64_t, Fp8Tiling, Fp8Format, uint8_t*, float*); \
+  template void fp8_quantize_with<X>(const X*, int64_t, int64_t, Fp8Tiling, Fp8Format, const float*, uint8_t*);
 RELAY_FOR_FLOAT_TYPES(INST_FP8_QUANTIZE)
 
 void fp8_widen(const uint8_t* in, int64_t n, Fp8Format fmt, float* out) {

@@ -12,6 +12,10 @@ namespace relay::cpu {
 // fp8_grid(tiling, rows, cols) lays them out, each fp8_scale(tile's amax). X: float or bf16.
 template <typename X>
 void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt, uint8_t* q, float* scales);
+// The codes alone, with given scales (fp8_grid's layout): q = fp8(x / scale of its tile), as fp8_quantize's second pass.
+template <typename X>
+void fp8_quantize_with(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt, const float* scales,
+                       uint8_t* q);
 
 // out (n) = the value of each code in (n), unscaled (exact).
 void fp8_widen(const uint8_t* in, int64_t n, Fp8Format fmt, float* out);

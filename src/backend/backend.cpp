@@ -188,6 +188,17 @@ void Backend::fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor&
              ", expected ", shape_str({g.rows, g.cols})));
   fp8_quantize_impl(x, tiling, q, scales);
 }
+void Backend::fp8_quantize_with(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q) {
+  Check c(*this, "fp8_quantize_with");
+  c.tensor(x, "x", kFloat).tensor(q, "q", kFp8).tensor(scales, "scales", kF32);
+  c.that(x.ndim() == 2 && q.shape() == x.shape(), cat("x ", shape_str(x.shape()), " must be a matrix and q ",
+                                                      shape_str(q.shape()), " its shape"));
+  const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
+  c.that(scales.shape() == Shape{g.rows, g.cols},
+         cat("scales ", shape_str(scales.shape()), " for ", fp8_tiling_name(tiling), " of x ", shape_str(x.shape()),
+             ", expected ", shape_str({g.rows, g.cols})));
+  fp8_quantize_with_impl(x, tiling, scales, q);
+}
 void Backend::fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
                          const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta) {
   Check c(*this, "fp8_matmul");
@@ -210,6 +221,9 @@ void Backend::fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_ti
 }
 void Backend::fp8_quantize_impl(const Tensor&, Fp8Tiling, Tensor&, Tensor&) {
   fatal(cat("fp8_quantize: the ", describe(), " backend has no FP8 kernels"), __FILE__, __LINE__);
+}
+void Backend::fp8_quantize_with_impl(const Tensor&, Fp8Tiling, const Tensor&, Tensor&) {
+  fatal(cat("fp8_quantize_with: the ", describe(), " backend has no FP8 kernels"), __FILE__, __LINE__);
 }
 void Backend::fp8_matmul_impl(const Tensor&, const Tensor&, Fp8Tiling, bool, const Tensor&, const Tensor&, Fp8Tiling,
                               bool, Tensor&, float) {

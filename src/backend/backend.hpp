@@ -130,6 +130,8 @@ class Backend : public Allocator {
   // and saturated; scales (grid rows, grid cols) f32, fp8_grid(tiling, rows, cols)'s layout, = each tile's amax / max
   // finite (1 for an all-zero tile, and for one holding an inf or NaN, which stays non-finite in q). x: float.
   void fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales);
+  // The codes alone, with given scales (fp8_quantize's layout): a scale shared by the ranks holding a sharded tensor.
+  void fp8_quantize_with(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q);
   // y (m, n) = op(a) @ op(b) + beta * y from quantised operands, op(a) (m, k), op(b) (k, n): a, b fp8 (either format),
   // a_scales, b_scales f32 as fp8_quantize made them with a_tiling, b_tiling. Products exact, sums in f32; the scales
   // multiply each k block's partial sum (fp8_k_block: the whole k tensorwise, 128 blockwise; the two operands' tilings
@@ -359,6 +361,7 @@ class Backend : public Allocator {
                                           const std::vector<Tensor>& dw, float beta) = 0;
   // FP8: only a backend whose supports() takes the fp8 dtypes reaches these (the front door refuses the others).
   virtual void fp8_quantize_impl(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales);
+  virtual void fp8_quantize_with_impl(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q);
   virtual void fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a,
                                const Tensor& b, const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y,
                                float beta);

@@ -164,6 +164,14 @@ void CpuBackend::fp8_quantize_impl(const Tensor& x, Fp8Tiling tiling, Tensor& q,
     cpu::fp8_quantize(x.b16(), x.size(0), x.size(1), tiling, fmt, q.fp8(), scales.f32());
 }
 
+void CpuBackend::fp8_quantize_with_impl(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q) {
+  const Fp8Format fmt = fp8_format(q.dtype());
+  if (x.dtype() == DType::f32)
+    cpu::fp8_quantize_with(x.f32(), x.size(0), x.size(1), tiling, fmt, scales.f32(), q.fp8());
+  else
+    cpu::fp8_quantize_with(x.b16(), x.size(0), x.size(1), tiling, fmt, scales.f32(), q.fp8());
+}
+
 void CpuBackend::fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a,
                                  const Tensor& b, const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y,
                                  float beta) {

@@ -18,7 +18,9 @@ struct Quantised {
   Fp8Tiling tiling;
 };
 
-Quantised quantise(Backend& be, const Tensor& x, Fp8Recipe recipe, Role role, bool k_along_rows) {
+// tp: the ranks holding shards of x (null: none); a tensorwise scale becomes the largest of theirs, and x is
+// quantised with it.
+Quantised quantise(Backend& be, const Tensor& x, Fp8Recipe recipe, Role role, bool k_along_rows, Communicator* tp) {
   Fp8Tiling tiling = Fp8Tiling::tensor;
   DType dt = DType::fp8_e4m3;
   if (recipe == Fp8Recipe::tensorwise) {
@@ -29,6 +31,12 @@ Quantised quantise(Backend& be, const Tensor& x, Fp8Recipe recipe, Role role, bo
   const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
   Quantised out{Tensor(be, {x.size(0), x.size(1)}, dt), Tensor(be, {g.rows, g.cols}), tiling};  // (rows, cols), grid
   be.fp8_quantize(x, tiling, out.q, out.scales);
+  if (tp && tiling == Fp8Tiling::tensor) {
+    RequestPtr req = tp->iallreduce(out.scales, ReduceOp::max);
+    req->what = "the FP8 tensorwise scale all-reduce (max over the tensor-parallel group)";
+    req->wait();
+    be.fp8_quantize_with(x, tiling, out.scales, out.q);
+  }
   return out;
 }
 
@@ -65,16 +73,16 @@ void Fp8Linear::linear_backward_input(Backend& be, const Tensor& dy, const Tenso
 void Fp8Linear::matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y, float beta) const {
   if (!on()) return be.matmul(x, false, w, trans_w, y, 1.f, beta);
   // x's K runs along its columns in both uses; W's along its columns in the forward (W^T), its rows otherwise.
-  const Quantised a = quantise(be, x, *recipe_, trans_w ? Role::activation : Role::output_grad, false);
-  const Quantised b = quantise(be, w, *recipe_, Role::weight, !trans_w);
+  const Quantised a = quantise(be, x, *recipe_, trans_w ? Role::activation : Role::output_grad, false, tp_);
+  const Quantised b = quantise(be, w, *recipe_, Role::weight, !trans_w, tp_);
   be.fp8_matmul(a.q, a.scales, a.tiling, false, b.q, b.scales, b.tiling, trans_w, y, beta);
 }
 
 void Fp8Linear::weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const {
   if (!on()) return be.matmul(dy, true, x, false, dw, 1.f, 1.f);
   // K is the rows (tokens) of both: 128 x 1 tiles blockwise.
-  const Quantised a = quantise(be, dy, *recipe_, Role::output_grad, true);
-  const Quantised b = quantise(be, x, *recipe_, Role::activation, true);
+  const Quantised a = quantise(be, dy, *recipe_, Role::output_grad, true, tp_);
+  const Quantised b = quantise(be, x, *recipe_, Role::activation, true, tp_);
   be.fp8_matmul(a.q, a.scales, a.tiling, true, b.q, b.scales, b.tiling, false, dw, 1.f);
 }
 
@@ -100,7 +108,7 @@ void Fp8Linear::grouped_weight_grad(Backend& be, const Tensor& dy, const Tensor&
   }
 }
 
-Fp8Linear fp8_linear(const BlockSpec& spec) { return Fp8Linear(spec.fp8); }
+Fp8Linear fp8_linear(const BlockSpec& spec, Communicator* tp) { return Fp8Linear(spec.fp8, tp); }
 
 void check_fp8_widths(const std::vector<BlockSpec>& blocks) {
   for (const BlockSpec& b : blocks) {

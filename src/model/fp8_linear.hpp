@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "backend/backend.hpp"
+#include "comm/communicator.hpp"
 #include "core/precision.hpp"
 
 namespace relay {
@@ -20,13 +21,16 @@ struct BlockSpec;
 //   input gradient    dy (n, out): cols   W (out, in): rows    dy e5m2, W e4m3  dy 1 x 128, W 128 x 128, e4m3
 //   weight gradient   dy^T: dy's rows     x (n, in): rows      dy e5m2, x e4m3  dy, x 128 x 1, e4m3
 // A 128 x 128 block serves W along either dimension; x and dy are quantised again for the weight gradient (1 x 128
-// tiles along columns do not share scales along rows). Tensorwise scales are each tensor's own amax on this rank:
-// under tensor parallelism a sharded operand (a column-parallel W, a row-parallel input, a sharded output gradient)
-// has its shard's amax, not the whole tensor's (docs/precision-and-performance.md#fp8-training).
+// tiles along columns do not share scales along rows). Tensorwise scales are the whole tensor's amax: under tensor
+// parallelism (tp, the block's group) each operand's scale is the maximum over the group of its shards' (one f32
+// all-reduce), so that a sharded operand (a column-parallel W, a row-parallel input, a sharded output gradient) is
+// quantised with the serial run's scale for the whole tensor (torchao's rule for sharded tensors); a replicated
+// operand's scale is the same on every rank anyway. Blockwise tiles end at a shard's edge (128-wide shards match the
+// serial tiles exactly).
 class Fp8Linear {
  public:
   Fp8Linear() = default;  // off: every GEMM is the backend's own, in the working dtype
-  explicit Fp8Linear(std::optional<Fp8Recipe> recipe) : recipe_(recipe) {}
+  explicit Fp8Linear(std::optional<Fp8Recipe> recipe, Communicator* tp = nullptr) : recipe_(recipe), tp_(tp) {}
   bool on() const { return recipe_.has_value(); }
 
   // y (n, out) = act(x (n, in) @ W (out, in)^T + bias (out)), bias possibly undefined; pre_act (n, out): the
@@ -52,11 +56,12 @@ class Fp8Linear {
 
  private:
   std::optional<Fp8Recipe> recipe_;
+  Communicator* tp_ = nullptr;  // the block's tensor-parallel group (null: none), over which tensorwise scales agree
 };
 
 // The recipe of a block's linear layers: train.precision = "fp8"'s, for the blocks whose linears run in FP8 (block.hpp's
 // BlockSpec::fp8), else none.
-Fp8Linear fp8_linear(const BlockSpec& spec);
+Fp8Linear fp8_linear(const BlockSpec& spec, Communicator* tp = nullptr);
 
 // train.precision = "fp8": throws a user error naming the block and the width when a linear layer's width is not a
 // multiple of 16 (cuBLASLt's FP8 GEMMs need every dimension but the rows so).

@@ -105,7 +105,7 @@ class Transformer final : public Block {
   Transformer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
       : Block(spec, std::move(params)), p_(transformer_params(params_, spec.bias)), tp_(tp),
         H_(spec.n_head / tp.size), Cl_(spec.in / tp.size),
-        cp_attn_(cp.on() ? cp.attention : nullptr), fp8_(fp8_linear(spec)) {
+        cp_attn_(cp.on() ? cp.attention : nullptr), fp8_(fp8_linear(spec, tp.comm)) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "transformer block: sequence parallelism disagrees");
   }
 

@@ -43,7 +43,7 @@ class LlamaLayer final : public Block {
              const ExpertParallel& ep)
       : Block(spec, std::move(params)), tp_(tp), hd_(head_dim(spec)), H_(spec.n_head / tp.size),
         KV_(spec.n_kv_head / tp.size), F_(spec.moe.on() ? 0 : spec.ffn_hidden / tp.size),
-        cp_attn_(cp.on() ? cp.attention : nullptr), ep_on_(ep.on()), fp8_(fp8_linear(spec)) {
+        cp_attn_(cp.on() ? cp.attention : nullptr), ep_on_(ep.on()), fp8_(fp8_linear(spec, tp.comm)) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "llama layer: sequence parallelism disagrees");
     const size_t attn = spec.qk_norm ? 8 : 6;  // norm1, q, k, v, o, [q_norm, k_norm], norm2
     const size_t want = attn + (spec.moe.on() ? size_t(1 + 3 * ep.local_experts(spec.moe.n_experts)) : 3);

@@ -36,7 +36,7 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep,
                const TensorParallel& tp, const ContextParallel& cp)
-    : ep_(ep), tp_(tp), cp_(cp), moe_(spec.moe), C_(spec.in), T_(spec.seq_len), fp8_(fp8_linear(spec)) {
+    : ep_(ep), tp_(tp), cp_(cp), moe_(spec.moe), C_(spec.in), T_(spec.seq_len), fp8_(fp8_linear(spec, tp.comm)) {
   RELAY_ASSERT(cp_.size == moe_.cp, "MoeMlp: a cp group of " << cp_.size << " for a layer planned at cp " << moe_.cp);
   RELAY_ASSERT(moe_.on(), "MoeMlp: the block has no experts");
   RELAY_ASSERT(ep_.size == moe_.ep, "MoeMlp: an ep group of " << ep_.size << " for a layer planned at ep " << moe_.ep);
