@@ -42,6 +42,14 @@ class DeepseekV3Family final : public ModelFamily {
     return k;
   }
 
+  // Mixtral's and Qwen3-MoE's z-loss key: sigmoid scores have none (moe.hpp).
+  std::string foreign_key(const std::string& key, const std::vector<const ModelKeys*>& owners) const override {
+    if (key == "router_z_loss_coef")
+      return "is not a deepseek_v3 key: DeepSeek-V3's sigmoid router has no z-loss (router_aux_loss_coef sets its "
+             "per-sequence load-balancing loss)";
+    return ModelFamily::foreign_key(key, owners);
+  }
+
   void parse_keys(const ConfigSection& model, Config::Model& m) const override {
     DeepseekV3Args& a = m.edit_args<DeepseekV3Args>();
     parse_language_model_keys(model, m, /*tie_default=*/false);
@@ -72,9 +80,6 @@ class DeepseekV3Family final : public ModelFamily {
     model.integer("num_mtp_layers", a.num_mtp_layers, 0, 1 << 16);
     model.real("mtp_loss_weight", a.mtp_loss_weight, 0, 1e6);
     model.real("router_aux_loss_coef", a.router_aux_loss_coef, 0, 1e6);
-    // Sigmoid scores have no router z-loss (moe.hpp): the Mixtral key is answered here rather than as unknown.
-    if (model.get("router_z_loss_coef"))
-      model.fail("router_z_loss_coef", "is not a deepseek_v3 key: DeepSeek-V3's sigmoid router has no z-loss");
     if (a.n_routed_experts % a.n_group != 0)
       model.fail("n_routed_experts", cat("= ", a.n_routed_experts, " must be divisible by model.n_group = ", a.n_group,
                                          " (the experts are routed in n_group equal groups)"));
