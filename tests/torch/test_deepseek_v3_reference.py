@@ -16,7 +16,7 @@ Relay cannot generate with MLA yet (no compressed cache): generation is not chec
 
 MoE cases: layer 0 dense, layer 1 DeepSeek-V3's mixture of experts (8 experts in 4 groups, the 2 best groups kept,
 top 2, one shared expert, routed_scaling_factor 2.5, norm_topk_prob), serially and on dp 2 x ep 2 (each rank holds 4
-experts) and dp 2 x ep 2 x pp 2. Both sides start from one file of weights written here (Relay reads it through
+experts), dp 2 x ep 2 x pp 2 and tp 2 x dp 2 x ep 2 (each expert's units split over tp). Both sides start from one file of weights written here (Relay reads it through
 model.init_from) holding a non-zero e_score_correction_bias, which Relay reads into moe.expert_bias (bias_update_rate
 0: the bias stays what transformers holds). transformers 5 holds the experts fused (experts.gate_up_proj,
 experts.down_proj): test_moe_reference.py's MoeModule trains them as Relay's per-expert tensors. Top-k routing is
@@ -183,6 +183,7 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("deepseek_v3_moe_serial", 1, MOE_CASE, np.uint16, dict(dp=1, pp=1, m=1)),
     ("deepseek_v3_moe_dp2_ep2", 2, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
     ("deepseek_v3_moe_dp2_ep2_pp2", 4, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=2, m=2)),
+    ("deepseek_v3_moe_tp2_dp2_ep2", 4, MOE_CASE, np.uint16, dict(dp=2, tp=2, ep=2, pp=1, m=1)),
 ]
 
 
