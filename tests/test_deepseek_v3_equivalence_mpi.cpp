@@ -234,16 +234,21 @@ TEST(DeepseekV3Model, Bf16TracksFp32AndLayoutsTrackBf16Serial) {
 }
 
 // relay plan's prediction (the MLA block's saved buffers, model/block_cost.cpp) equals the measured bytes per rank
-// (memory.json) on tp 2 x pp 2, fp32 and bf16.
+// (memory.json) on tp 2 x pp 2, fp32 and bf16, and for the MoE model (the experts' buffers) on dp 2 x ep 2 x pp 2.
 TEST(DeepseekV3Model, MemoryMatchesThePlan) {
   RELAY_SKIP_WITHOUT_CPU_BF16();
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
-  for (const char* prec : {"fp32", "bf16"}) {
+  for (const char* prec : {"fp32", "bf16", "moe"}) {
     const std::string run = dir.file(prec);
+    const bool moe = std::string(prec) == "moe";
     auto ov = model_overrides();
-    ov.insert(ov.end(), {"run.dir=\"" + run + "\"", std::string("train.precision=\"") + prec + "\"",
-                         "parallel.tp=2", "parallel.pp=2", "train.micro_batches=2", "train.steps=2"});
+    if (moe)
+      for (const std::string& s : moe_overrides()) ov.push_back(s);
+    ov.insert(ov.end(), {"run.dir=\"" + run + "\"", std::string("train.precision=\"") + (moe ? "fp32" : prec) + "\"",
+                         "parallel.pp=2", "train.micro_batches=2", "train.steps=2"});
+    if (moe) ov.insert(ov.end(), {"parallel.dp=2", "parallel.ep=2"});
+    else ov.push_back("parallel.tp=2");
     RunResult r = train(4, p.config, ov);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto ranks = nlohmann::json::parse(read_file(run + "/memory.json")).at("bytes_per_rank");

@@ -106,7 +106,7 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
     c.gemms.insert(c.gemms.end(), {{n, E, C}, {rows, Fe, C, 2 * E / ep}, {rows, C, Fe, E / ep}});
     if (Fs > 0) c.gemms.insert(c.gemms.end(), {{n, Fs, C}, {n, Fs, C}, {n, C, Fs}});
     c.forward_streaming = {attn + 2 * E + 2 * k * C + 3 * k * Fe + (k + 1) * C + 3 * Fs + (s.ep > 1 ? 4 * k * C : 0),
-                           s.ep > 1 ? 16 : 14};
+                           s.ep > 1 ? 18 : 16};
     c.mlp_hidden = b.moe.ffn_hidden;
   } else {
     c.gemms.insert(c.gemms.end(), {{n, F, C}, {n, F, C}, {n, C, F}});
