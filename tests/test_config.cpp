@@ -211,10 +211,10 @@ TEST(Config, MixtureOfExperts) {
   EXPECT_EQ(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=2"}).parallel.ep, 2);
   EXPECT_EQ(parse_config_text(to_toml(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=4"})),
                               "effective.toml").parallel.ep, 4);
-  // Another family's keys, the first in key order named, with the families that have it (from the registry).
+  // Another family's keys, the first in key order named, with the families that have it (from the registry: Mixtral's
+  // and Qwen3-MoE's experts_per_token; deepseek_v3 names it num_experts_per_tok).
   expect_error({"model.type=\"llama\"", "model.ffn_hidden=16"}, "model.experts_per_token",
-               cat("mixture-of-experts key; model.type = \"llama\" has no experts (use ",
-                   family_names(&ModelKeys::has_experts), ")"), moe);
+               "mixture-of-experts key; model.type = \"llama\" has no experts (use \"mixtral\" or \"qwen3_moe\")", moe);
   // Qwen3-MoE: dense layers need ffn_hidden; explicit head_dim; mlp_only_layers within the model.
   Config q = parse_config_text(moe, "cfg.toml", {"model.type=\"qwen3_moe\"", "model.head_dim=6",
                                                  "model.decoder_sparse_step=2", "model.ffn_hidden=16"});
@@ -261,7 +261,7 @@ TEST(Config, FamilyKeysAndListsOfFamilies) {
   const std::string language_models = family_names(&ModelKeys::language_model);
   for (const ModelFamily* f : model_families())
     EXPECT_EQ(language_models.find(cat("\"", f->name(), "\"")) != std::string::npos, f->language_model()) << f->name();
-  EXPECT_EQ(family_names(&ModelKeys::has_experts), "\"mixtral\" or \"qwen3_moe\"");
+  EXPECT_EQ(family_names(&ModelKeys::has_experts), "\"mixtral\", \"qwen3_moe\" or \"deepseek_v3\"");
   EXPECT_EQ(family_names({&model_family("llama")}), "\"llama\"");
 
   expect_error(gpt, {"model.n_kv_head=1"}, cat("model.n_kv_head: is a key of model.type = ", having("n_kv_head"),
