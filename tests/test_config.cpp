@@ -243,6 +243,30 @@ TEST(Config, MixtureOfExperts) {
   expect_error({"moe.bias_update_rate=-1.0"}, "moe.bias_update_rate", "must be in", moe);
 }
 
+// deepseek_v3's routed-expert layers are layers [first_k_dense_replace, n_layer): with none, [moe] expert_bias and
+// parallel.ep are refused naming the key that made every layer dense; with some, ep must divide n_routed_experts.
+TEST(Config, DeepseekV3ExpertLayers) {
+  const std::string ds = "[model]\ntype = \"deepseek_v3\"\nvocab_size = 64\nblock_size = 16\nn_layer = 2\nn_head = 2\n"
+                         "n_embd = 8\nffn_hidden = 8\nkv_lora_rank = 4\nqk_nope_head_dim = 2\nqk_rope_head_dim = 2\n"
+                         "v_head_dim = 2\nn_routed_experts = 4\nnum_experts_per_tok = 2\nn_group = 2\ntopk_group = 1\n"
+                         "moe_intermediate_size = 4\n[data]\ntrain = \"t.h5\"\n[train]\nsteps = 1\nbatch_size = 2\n";
+  const std::string dense = "model.first_k_dense_replace=2";
+  auto has = [](const std::string& e, const std::string& want) {
+    EXPECT_NE(e.find(want), std::string::npos) << e << "\nwanted: " << want;
+  };
+  has(error_of(ds, {dense, "moe.expert_bias=true"}),
+      "moe.expert_bias: = true needs MoE layers: model.first_k_dense_replace = 2 >= n_layer = 2 makes every layer dense");
+  has(error_of(ds, {dense, "parallel.dp=2", "parallel.ep=2"}), "parallel.ep: = 2 splits experts over ranks and needs "
+                                                              "MoE layers: model.first_k_dense_replace = 2");
+  has(error_of(ds, {"model.first_k_dense_replace=1", "parallel.dp=8", "parallel.ep=8"}),
+      "parallel.ep: = 8 must divide model.n_routed_experts = 4");
+  const Config c = parse_config_text(ds, "cfg.toml", {"model.first_k_dense_replace=1", "parallel.dp=2", "parallel.ep=2",
+                                                      "moe.expert_bias=true", "model.router_aux_loss_coef=0.01"});
+  EXPECT_EQ(c.parallel.ep, 2);
+  EXPECT_TRUE(parse_config_text(to_toml(c), "effective.toml").moe.expert_bias);
+  EXPECT_NE(to_toml(c).find("router_aux_loss_coef = 0.01"), std::string::npos) << to_toml(c);
+}
+
 // A family owns its [model] keys (src/model/families): another family's key is refused naming the families that have
 // it, lists of families in messages are the registry's, and a copied Config holds its own copy of the family's keys.
 TEST(Config, FamilyKeysAndListsOfFamilies) {

@@ -32,6 +32,11 @@ class DeepseekV3Family final : public ModelFamily {
   const char* name() const override { return "deepseek_v3"; }
   bool language_model() const override { return true; }
   bool has_experts() const override { return true; }
+  std::string without_expert_layers(const Config::Model& m) const override {
+    if (moe_layers(m) > 0) return "";
+    return cat("model.first_k_dense_replace = ", m.args<DeepseekV3Args>().first_k_dense_replace, " >= n_layer = ",
+               m.n_layer, " makes every layer dense");
+  }
   std::set<std::string> keys() const override {
     std::set<std::string> k = kLanguageModelKeys;
     k.insert({"ffn_hidden", "rope_theta", "norm_eps", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
