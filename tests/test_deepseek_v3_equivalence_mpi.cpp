@@ -7,7 +7,8 @@
 // Every step's loss and every final tensor (parameters and AdamW state) is compared with the serial run of the same
 // model and data. With routed-expert layers (layers 1-3 of 4: 8 experts in 4 groups, the best 2 groups kept, top 2, one
 // shared expert, routed_scaling_factor 2.5, the per-sequence aux loss and moe.expert_bias updated every step): ep 2,
-// dp 2 x ep 2 x pp 2 and tp 2 x dp 2 x ep 2 against the serial run, the bias (router/expert_bias) included.
+// dp 2 x ep 2 x pp 2 with ZeRO-1 and recomputation, tp 2 x dp 2 x ep 2 and cp 2 against the serial run, the bias
+// (router/expert_bias) included.
 //
 // Tolerance: |a - b| <= 1e-6 + 1e-5 |b|, as for Llama.
 #include <gtest/gtest.h>
@@ -175,10 +176,12 @@ TEST(DeepseekV3Moe, ExpertParallelLayoutsMatchSerialRun) {
   EXPECT_TRUE(moved) << "bias_update_rate left every expert bias at 0";
   const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
       {"dp2_ep2", {"parallel.dp=2", "parallel.ep=2", "train.micro_batches=2"}},
-      {"dp2_ep2_pp2", {"parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "train.micro_batches=2"}},
-      {"tp2_dp2_ep2", {"parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "train.micro_batches=2"}}};
+      {"dp2_ep2_pp2_zero_recompute", {"parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "train.micro_batches=2",
+                                      "optimizer.zero=true", "train.recompute=\"blocks\""}},
+      {"tp2_dp2_ep2", {"parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "train.micro_batches=2"}},
+      {"cp2", {"parallel.cp=2", "train.micro_batches=2"}}};
   for (const auto& [name, extra] : layouts) {
-    const int ranks = name == "dp2_ep2" ? 2 : 4;
+    const int ranks = name == "dp2_ep2" || name == "cp2" ? 2 : 4;
     const std::string d = run(name, ranks, extra);
     const auto losses = read_losses(d);
     ASSERT_EQ(losses.size(), serial_losses.size()) << name;
