@@ -22,7 +22,9 @@ model.init_from) holding a non-zero e_score_correction_bias, which Relay reads i
 experts.down_proj): test_moe_reference.py's MoeModule trains them as Relay's per-expert tensors. Top-k routing is
 discontinuous: the smallest margin of the torch fp32 run's group choice and expert choice (the topk_group-th minus the
 next group score, the k-th minus the next choice score) is printed and must exceed 1e-5, so that two correct float32
-runs cannot route a token differently (the data and seeds were picked so; never a looser tolerance).
+runs cannot route a token differently (the data and seeds were picked so; never a looser tolerance). One case adds
+Relay's per-sequence aux loss (router_aux_loss_coef 0.05), written here from the DeepSeek-V3 report's equations 17-20
+on transformers' router logits (its top-k of the unbiased scores is in the margin too).
 
 transformers and PyTorch 2.x come from PyPI into the cached venv of pypi_venv.py (torch2); exit 77 = skipped.
 Usage: test_deepseek_v3_reference.py <relay binary>
@@ -95,13 +97,34 @@ class DeepseekV3(MoeModule):
         def experts(mod_name, e):  # model.layers.N.mlp.experts -> the per-expert names save_pretrained writes
             return [f"{mod_name}.{e}.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")]
         super().__init__(DeepseekV3ForCausalLM(cfg), lambda n: n, experts, (0.0, 0.0))
-        self._extra = 0.0  # no router loss (router_aux_loss_coef 0, as transformers trains)
+        self.aux_coef = getattr(cfg, "relay_aux", 0.0)
+        self._aux = []  # (B) per MoE layer of the last forward
         for name, bias in getattr(cfg, "relay_bias", {}).items():
             layer = self.hf.model.layers[int(name.split(".")[2])]
             layer.mlp.gate.e_score_correction_bias.copy_(torch.from_numpy(bias))
             layer.mlp.gate.register_forward_hook(routing_margin)
+            if self.aux_coef > 0:
+                layer.mlp.gate.register_forward_hook(self.sequence_aux)
+
+    def sequence_aux(self, router, inputs, output):
+        """Relay's per-sequence aux loss with sigmoid scores, from the DeepSeek-V3 report's equations 17-20: per
+        sequence of T tokens, E / (k T) sum_e c_e mean_t s'[t, e], s' each token's sigmoid scores normalised to sum 1,
+        c_e (a constant) its tokens whose k best unbiased scores over all experts hold e."""
+        B, T = inputs[0].shape[:2]
+        E, k = router.num_experts, router.top_k
+        p = output[0].sigmoid()                                                   # (B T, E)
+        top = p.detach().topk(k + 1, -1)
+        SMALLEST_MARGIN[0] = min(SMALLEST_MARGIN[0], float((top.values[:, k - 1] - top.values[:, k]).min()))
+        q = (p / (p.sum(-1, keepdim=True) + 1e-20)).view(B, T, E)
+        counts = torch.zeros_like(p).scatter_(1, top.indices[:, :k], 1.0).view(B, T, E).sum(1)  # (B, E)
+        self._aux.append(E / (k * T) * (counts * q.mean(1)).sum(-1))            # (B)
+
+    def extra_loss(self):  # noqa: D102
+        """router_aux_loss_coef x the mean over MoE layers and sequences (Relay's weighting), or nothing."""
+        return self.aux_coef * torch.stack(self._aux).mean() if self._aux else 0.0
 
     def forward(self, idx, mask=None, positions=None):  # noqa: D102
+        self._aux = []
         self.stack_experts()
         if mask is None:
             return self.hf(input_ids=idx).logits
@@ -145,7 +168,8 @@ class DeepseekV3Family:
     @staticmethod
     def relay_model(opts):
         q = dict(q_lora_rank=opts["q_lora_rank"]) if opts["q_lora_rank"] else {}
-        return dict(type="deepseek_v3", **MODEL, **moe_keys(opts), **q, rope_interleave=opts["interleave"],
+        aux = dict(router_aux_loss_coef=opts["aux"]) if opts.get("aux") else {}
+        return dict(type="deepseek_v3", **MODEL, **moe_keys(opts), **q, **aux, rope_interleave=opts["interleave"],
                     tie_embeddings=False, init_std=0.02, seed=9)
 
     @staticmethod
@@ -163,6 +187,7 @@ class DeepseekV3Family:
         c.block_size = MODEL["block_size"]
         if opts.get("moe"):
             c.relay_bias = initial_bias(moe_keys(opts))
+            c.relay_aux = opts.get("aux", 0.0)
         return c
 
     @staticmethod
@@ -184,6 +209,7 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("deepseek_v3_moe_dp2_ep2", 2, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
     ("deepseek_v3_moe_dp2_ep2_pp2", 4, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=2, m=2)),
     ("deepseek_v3_moe_tp2_dp2_ep2", 4, MOE_CASE, np.uint16, dict(dp=2, tp=2, ep=2, pp=1, m=1)),
+    ("deepseek_v3_moe_aux_dp2_ep2", 2, dict(MOE_CASE, aux=0.05), np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
 ]
 
 
