@@ -27,9 +27,9 @@ fi
 $RELAY data inspect data/fortunes_train.h5
 MPIRUN="mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1"
 CFG=${RELAY_DEMO_CONFIG:-configs/gpt-small-bytes.toml}
-P=$(sed -n 's/^type = "\(.*\)"/\1/p' "$CFG" | head -1)  # run directories runs/$P-*: gpt, llama, mixtral, qwen3_moe
+P=$(sed -n 's/^type = "\(.*\)"/\1/p' "$CFG" | head -1)  # run directories runs/$P-*: gpt, llama, mixtral, qwen3_moe, deepseek_v3
 EP=()  # mixtures of experts: the experts split over the 2 dp ranks
-case $P in mixtral|qwen3_moe) EP=(--set parallel.ep=2) ;; esac
+case $P in mixtral|qwen3_moe|deepseek_v3) EP=(--set parallel.ep=2) ;; esac
 
 echo; echo "=== 1. 4 ranks: dp = 2 x pp = 2${EP:+ with ep = 2}, 1F1B (runs/$P-4ranks)"
 start=$(date +%s)

@@ -211,10 +211,10 @@ TEST(Config, MixtureOfExperts) {
   EXPECT_EQ(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=2"}).parallel.ep, 2);
   EXPECT_EQ(parse_config_text(to_toml(parse_config_text(moe, "cfg.toml", {"parallel.dp=4", "parallel.ep=4"})),
                               "effective.toml").parallel.ep, 4);
-  // Another family's keys, the first in key order named, with the families that have it (from the registry).
+  // Another family's keys, the first in key order named, with the families that have it (from the registry: Mixtral's
+  // and Qwen3-MoE's experts_per_token; deepseek_v3 names it num_experts_per_tok).
   expect_error({"model.type=\"llama\"", "model.ffn_hidden=16"}, "model.experts_per_token",
-               cat("mixture-of-experts key; model.type = \"llama\" has no experts (use ",
-                   family_names(&ModelKeys::has_experts), ")"), moe);
+               "mixture-of-experts key; model.type = \"llama\" has no experts (use \"mixtral\" or \"qwen3_moe\")", moe);
   // Qwen3-MoE: dense layers need ffn_hidden; explicit head_dim; mlp_only_layers within the model.
   Config q = parse_config_text(moe, "cfg.toml", {"model.type=\"qwen3_moe\"", "model.head_dim=6",
                                                  "model.decoder_sparse_step=2", "model.ffn_hidden=16"});
@@ -243,6 +243,30 @@ TEST(Config, MixtureOfExperts) {
   expect_error({"moe.bias_update_rate=-1.0"}, "moe.bias_update_rate", "must be in", moe);
 }
 
+// deepseek_v3's routed-expert layers are layers [first_k_dense_replace, n_layer): with none, [moe] expert_bias and
+// parallel.ep are refused naming the key that made every layer dense; with some, ep must divide n_routed_experts.
+TEST(Config, DeepseekV3ExpertLayers) {
+  const std::string ds = "[model]\ntype = \"deepseek_v3\"\nvocab_size = 64\nblock_size = 16\nn_layer = 2\nn_head = 2\n"
+                         "n_embd = 8\nffn_hidden = 8\nkv_lora_rank = 4\nqk_nope_head_dim = 2\nqk_rope_head_dim = 2\n"
+                         "v_head_dim = 2\nn_routed_experts = 4\nnum_experts_per_tok = 2\nn_group = 2\ntopk_group = 1\n"
+                         "moe_intermediate_size = 4\n[data]\ntrain = \"t.h5\"\n[train]\nsteps = 1\nbatch_size = 2\n";
+  const std::string dense = "model.first_k_dense_replace=2";
+  auto has = [](const std::string& e, const std::string& want) {
+    EXPECT_NE(e.find(want), std::string::npos) << e << "\nwanted: " << want;
+  };
+  has(error_of(ds, {dense, "moe.expert_bias=true"}),
+      "moe.expert_bias: = true needs MoE layers: model.first_k_dense_replace = 2 >= n_layer = 2 makes every layer dense");
+  has(error_of(ds, {dense, "parallel.dp=2", "parallel.ep=2"}), "parallel.ep: = 2 splits experts over ranks and needs "
+                                                              "MoE layers: model.first_k_dense_replace = 2");
+  has(error_of(ds, {"model.first_k_dense_replace=1", "parallel.dp=8", "parallel.ep=8"}),
+      "parallel.ep: = 8 must divide model.n_routed_experts = 4");
+  const Config c = parse_config_text(ds, "cfg.toml", {"model.first_k_dense_replace=1", "parallel.dp=2", "parallel.ep=2",
+                                                      "moe.expert_bias=true", "model.router_aux_loss_coef=0.01"});
+  EXPECT_EQ(c.parallel.ep, 2);
+  EXPECT_TRUE(parse_config_text(to_toml(c), "effective.toml").moe.expert_bias);
+  EXPECT_NE(to_toml(c).find("router_aux_loss_coef = 0.01"), std::string::npos) << to_toml(c);
+}
+
 // A family owns its [model] keys (src/model/families): another family's key is refused naming the families that have
 // it, lists of families in messages are the registry's, and a copied Config holds its own copy of the family's keys.
 TEST(Config, FamilyKeysAndListsOfFamilies) {
@@ -261,7 +285,7 @@ TEST(Config, FamilyKeysAndListsOfFamilies) {
   const std::string language_models = family_names(&ModelKeys::language_model);
   for (const ModelFamily* f : model_families())
     EXPECT_EQ(language_models.find(cat("\"", f->name(), "\"")) != std::string::npos, f->language_model()) << f->name();
-  EXPECT_EQ(family_names(&ModelKeys::has_experts), "\"mixtral\" or \"qwen3_moe\"");
+  EXPECT_EQ(family_names(&ModelKeys::has_experts), "\"mixtral\", \"qwen3_moe\" or \"deepseek_v3\"");
   EXPECT_EQ(family_names({&model_family("llama")}), "\"llama\"");
 
   expect_error(gpt, {"model.n_kv_head=1"}, cat("model.n_kv_head: is a key of model.type = ", having("n_kv_head"),

@@ -5,7 +5,10 @@
 // test's token file for 6 steps under mpirun: dp, tp, pipeline schedules, ZeRO-1, recomputation and context
 // parallelism (cp 2 and tp 2 x cp 2, with and without data.document_mask on a file of documents ending at token 0).
 // Every step's loss and every final tensor (parameters and AdamW state) is compared with the serial run of the same
-// model and data.
+// model and data. With routed-expert layers (layers 1-3 of 4: 8 experts in 4 groups, the best 2 groups kept, top 2, one
+// shared expert, routed_scaling_factor 2.5, the per-sequence aux loss and moe.expert_bias updated every step): ep 2,
+// dp 2 x ep 2 x pp 2 with ZeRO-1 and recomputation, tp 2 x dp 2 x ep 2 and cp 2 against the serial run, the bias
+// (router/expert_bias) included.
 //
 // Tolerance: |a - b| <= 1e-6 + 1e-5 |b|, as for Llama.
 #include <gtest/gtest.h>
@@ -59,6 +62,14 @@ std::vector<std::string> layout_overrides(const Case& c, const std::string& run)
           "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
           std::string("optimizer.zero=") + (c.zero ? "true" : "false"),
           std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\"")};
+}
+
+// The MoE layers' keys (model/moe.hpp's DeepSeek-V3 routing) and its training terms.
+std::vector<std::string> moe_overrides() {
+  return {"model.first_k_dense_replace=1", "model.n_routed_experts=8", "model.num_experts_per_tok=2",
+          "model.n_group=4", "model.topk_group=2", "model.moe_intermediate_size=16", "model.n_shared_experts=1",
+          "model.routed_scaling_factor=2.5", "model.router_aux_loss_coef=0.01", "moe.expert_bias=true",
+          "moe.bias_update_rate=0.001"};
 }
 
 const Case kCases[] = {
@@ -141,6 +152,76 @@ TEST_P(DeepseekV3Equivalence, MatchesSerialRun) {
 INSTANTIATE_TEST_SUITE_P(Layouts, DeepseekV3Equivalence, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return info.param.name(); });
 
+// The MoE model on expert-parallel layouts equals its serial run within 1e-5 (losses, parameters, AdamW state and
+// the expert bias the bias update moved).
+TEST(DeepseekV3Moe, ExpertParallelLayoutsMatchSerialRun) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  auto run = [&](const std::string& name, int ranks, std::vector<std::string> extra) {
+    auto ov = model_overrides();
+    for (const std::string& s : moe_overrides()) ov.push_back(s);
+    ov.push_back("run.dir=\"" + dir.file(name) + "\"");
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    RunResult r = train(ranks, p.config, ov);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return dir.file(name);
+  };
+  const std::string serial = run("serial", 1, {"train.micro_batches=2"});
+  const auto serial_losses = read_losses(serial);
+  const auto serial_tensors = read_checkpoint(serial + "/checkpoints/step_00000006.h5");
+  ASSERT_EQ(serial_losses.size(), 6u);
+  ASSERT_TRUE(serial_tensors.count("router/expert_bias")) << "the checkpoint holds no expert bias";
+  bool moved = false;
+  for (float b : serial_tensors.at("router/expert_bias")) moved = moved || b != 0.f;
+  EXPECT_TRUE(moved) << "bias_update_rate left every expert bias at 0";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
+      {"dp2_ep2", {"parallel.dp=2", "parallel.ep=2", "train.micro_batches=2"}},
+      {"dp2_ep2_pp2_zero_recompute", {"parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "train.micro_batches=2",
+                                      "optimizer.zero=true", "train.recompute=\"blocks\""}},
+      {"tp2_dp2_ep2", {"parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "train.micro_batches=2"}},
+      {"cp2", {"parallel.cp=2", "train.micro_batches=2"}}};
+  for (const auto& [name, extra] : layouts) {
+    const int ranks = name == "dp2_ep2" || name == "cp2" ? 2 : 4;
+    const std::string d = run(name, ranks, extra);
+    const auto losses = read_losses(d);
+    ASSERT_EQ(losses.size(), serial_losses.size()) << name;
+    for (size_t i = 0; i < losses.size(); ++i)
+      EXPECT_NEAR(losses[i], serial_losses[i], kAbs + kRel * std::abs(serial_losses[i])) << name << " step " << i + 1;
+    expect_tensors_within(read_checkpoint(d + "/checkpoints/step_00000006.h5"), serial_tensors, kRel, kAbs,
+                          name + " against the serial run");
+  }
+}
+
+// A checkpoint of the MoE model written on dp 4 x ep 4 (two experts a rank) resumes serially and on tp 2 x pp 2: steps
+// 4-6 and the final tensors (the expert bias included) equal the run that never stopped, within 1e-5.
+TEST(DeepseekV3Moe, ResumesFromEp4OnAnotherLayout) {
+  TempDir dir;
+  Problem p = make_gpt_problem(dir.path());
+  auto run = [&](const std::string& name, int ranks, std::vector<std::string> extra) {
+    auto ov = model_overrides();
+    for (const std::string& s : moe_overrides()) ov.push_back(s);
+    ov.insert(ov.end(), {"run.dir=\"" + dir.file(name) + "\"", "checkpoint.every=3"});
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    RunResult r = train(ranks, p.config, ov);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return dir.file(name);
+  };
+  const std::string a = run("ep4", 4, {"parallel.dp=4", "parallel.ep=4"});
+  const std::string at3 = "checkpoint.resume=\"" + a + "/checkpoints/step_00000003.h5\"";
+  const std::string serial = run("serial", 1, {at3});
+  const std::string tp_pp = run("tp2_pp2", 4, {at3, "parallel.tp=2", "parallel.pp=2", "train.micro_batches=2"});
+  const auto la = read_losses(a);
+  ASSERT_EQ(la.size(), 6u);
+  for (const std::string& resumed : {serial, tp_pp}) {
+    const auto lb = read_losses(resumed);  // steps 4-6
+    ASSERT_EQ(lb.size(), 3u) << resumed;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(lb[i], la[i + 3], kAbs + kRel * std::abs(la[i + 3])) << resumed << ": step " << i + 4;
+    expect_tensors_within(read_checkpoint(resumed + "/checkpoints/step_00000006.h5"),
+                          read_checkpoint(a + "/checkpoints/step_00000006.h5"), kRel, kAbs, "resumed from ep 4");
+  }
+}
+
 // train.precision = "bf16" (bf16 activations, working weights and gradients, f32 masters): the serial run tracks the
 // fp32 one over 60 steps (mean relative loss difference over steps 41-60 below 1e-2, the criterion of
 // test_bf16_mpi.cpp over fewer steps), and dp 2 x tp 2 x pp 2 with ZeRO-1 and recomputation tracks the bf16 serial run
@@ -186,16 +267,21 @@ TEST(DeepseekV3Model, Bf16TracksFp32AndLayoutsTrackBf16Serial) {
 }
 
 // relay plan's prediction (the MLA block's saved buffers, model/block_cost.cpp) equals the measured bytes per rank
-// (memory.json) on tp 2 x pp 2, fp32 and bf16.
+// (memory.json) on tp 2 x pp 2, fp32 and bf16, and for the MoE model (the experts' buffers) on dp 2 x ep 2 x pp 2.
 TEST(DeepseekV3Model, MemoryMatchesThePlan) {
   RELAY_SKIP_WITHOUT_CPU_BF16();
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
-  for (const char* prec : {"fp32", "bf16"}) {
+  for (const char* prec : {"fp32", "bf16", "moe"}) {
     const std::string run = dir.file(prec);
+    const bool moe = std::string(prec) == "moe";
     auto ov = model_overrides();
-    ov.insert(ov.end(), {"run.dir=\"" + run + "\"", std::string("train.precision=\"") + prec + "\"",
-                         "parallel.tp=2", "parallel.pp=2", "train.micro_batches=2", "train.steps=2"});
+    if (moe)
+      for (const std::string& s : moe_overrides()) ov.push_back(s);
+    ov.insert(ov.end(), {"run.dir=\"" + run + "\"", std::string("train.precision=\"") + (moe ? "fp32" : prec) + "\"",
+                         "parallel.pp=2", "train.micro_batches=2", "train.steps=2"});
+    if (moe) ov.insert(ov.end(), {"parallel.dp=2", "parallel.ep=2"});
+    else ov.push_back("parallel.tp=2");
     RunResult r = train(4, p.config, ov);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto ranks = nlohmann::json::parse(read_file(run + "/memory.json")).at("bytes_per_rank");

@@ -94,6 +94,23 @@ int run_ckpt_export(const CkptOptions& o) {
       {"format", "pt"}, {"relay_checkpoint", o.file}, {"relay_step", std::to_string(r.meta().step)}};
   if (o.format == "hf") {
     const Config cfg = parse_config_text(r.meta().config_toml, o.file + " (its config)", {});
+    // Per-MoE-layer tensors from moe.expert_bias's rows (DeepSeek-V3's e_score_correction_bias), zeros without it.
+    const ModelFamily& family = model_family(cfg);
+    const std::vector<std::string> bias_names = family.hf_expert_bias_names(cfg.model);
+    if (!bias_names.empty()) {
+      const int64_t L = int64_t(bias_names.size()), E = family.experts(cfg.model);
+      std::vector<float> bias(size_t(L * E), 0.f);  // (MoE layers, E)
+      for (auto& [name, shape] : r.tensors()) {
+        if (name != "router/expert_bias") continue;
+        if (shape != Shape{L, E})
+          throw Error(cat(o.file, ": tensor router/expert_bias has shape ", shape_str(shape), " but the model has ", L,
+                          " MoE layers of ", E, " experts"));
+        r.read(name, shape, bias.data());
+      }
+      for (int64_t l = 0; l < L; ++l)
+        tensors.push_back({bias_names[size_t(l)], {E}, std::vector<float>(bias.begin() + l * E, bias.begin() + (l + 1) * E),
+                           nullptr, {}});
+    }
     write_hf_dir(o.out, cfg.model, r.meta().tokenizer, std::move(tensors), o.dtype == "bf16", metadata);
     std::printf("wrote %s: config.json, generation_config.json, model.safetensors (%s, %lld values, step %lld of %s) "
                 "for transformers' from_pretrained\n",

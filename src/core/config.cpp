@@ -415,6 +415,9 @@ void read_parallel(const Reading& r, Config& c) {
     if (!r.family.has_experts())
       par.fail("ep", cat("= ", c.parallel.ep, " splits experts over ranks and needs a mixture of experts "
                          "(model.type = ", r.with_experts, "), got model.type = \"", c.model.type, "\""));
+    if (!r.family.without_expert_layers(c.model).empty())
+      par.fail("ep", cat("= ", c.parallel.ep, " splits experts over ranks and needs MoE layers: ",
+                         r.family.without_expert_layers(c.model)));
     if (c.parallel.dp % c.parallel.ep != 0)
       par.fail("ep", cat("= ", c.parallel.ep, " must divide parallel.dp = ", c.parallel.dp,
                          " (the expert-parallel ranks are taken from the data-parallel ranks)"));
@@ -489,6 +492,8 @@ void read_moe(const Reading& r, Config& c) {
   if (c.moe.expert_bias && !r.family.has_experts())
     moe.fail("expert_bias", cat("= true needs a mixture of experts (model.type = ", r.with_experts,
                                 "), got model.type = \"", c.model.type, "\""));
+  if (c.moe.expert_bias && !r.family.without_expert_layers(c.model).empty())
+    moe.fail("expert_bias", cat("= true needs MoE layers: ", r.family.without_expert_layers(c.model)));
 }
 
 // [checkpoint]: where, how often, what to resume.

@@ -63,6 +63,9 @@ class ModelKeys {
   virtual bool language_model() const = 0;
   // A mixture of experts: the [moe] section and parallel.ep apply to it.
   virtual bool has_experts() const { return false; }
+  // Why this model (its parsed keys) has no MoE layer though the family has experts (deepseek_v3 with every layer
+  // dense): the text after "needs MoE layers: ", read by [moe] and parallel.ep; empty when it has some.
+  virtual std::string without_expert_layers(const Config::Model&) const { return ""; }
   // Its [model] keys besides type, seed, init_from and loss.
   virtual std::set<std::string> keys() const = 0;
   // Reads its keys from [model] into m (the language models' into m's shared fields, the rest into its own struct,

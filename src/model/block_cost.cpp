@@ -88,8 +88,9 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
   }
 }
 
-// DeepSeek-V3's dense layer with latent attention (model/mla_blocks.cpp): q_a and q_b (or q), kv_a (replicated, whole
-// on every tp rank), kv_b, o, then the SwiGLU. Streaming: three RMSNorms over C and the two latents, two residual adds,
+// DeepSeek-V3's layer with latent attention (model/mla_blocks.cpp): q_a and q_b (or q), kv_a (replicated, whole
+// on every tp rank), kv_b, o, then the SwiGLU, or the mixture of experts (Llama's MoE layer's, plus the shared
+// experts' SwiGLU of n_shared x moe_intermediate_size units on every row). Streaming: three RMSNorms over C and the two latents, two residual adds,
 // RoPE on the rotary parts, the heads' keys and values assembled from kv_b's output (read, write), SwiGLU.
 void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) {
   const MlaSpec& m = b.mla;
@@ -98,13 +99,28 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
   c.gemms = {{n, r + double(m.qk_rope), C}, {n, H * (double(m.qk_nope) + dv), r}, {n, C, H * dv}};
   if (m.q_lora_rank > 0) c.gemms.insert(c.gemms.end(), {{n, ql, C}, {n, H * dqk, ql}});
   else c.gemms.push_back({n, H * dqk, C});
-  c.gemms.insert(c.gemms.end(), {{n, F, C}, {n, F, C}, {n, C, F}});
-  c.forward_streaming = {2 * (2 * C + r + ql) + 2 * 3 * C + 2 * 2 * H * double(m.qk_rope) +
-                             2 * H * (double(m.qk_nope) + dv) + 3 * F,
-                         12};
-  c.weight_streaming = {3.0 * F, 1};
-  c.mlp_hidden = b.ffn_hidden;
+  const double attn = 2 * (2 * C + r + ql) + 2 * 3 * C + 2 * 2 * H * double(m.qk_rope) + 2 * H * (double(m.qk_nope) + dv);
+  if (b.moe.on()) {  // the router, the shared experts' SwiGLU on every row, the routed experts as Llama's MoE layer's
+    const double E = double(b.moe.n_experts), k = double(b.moe.k), Fe = double(b.moe.ffn_hidden) / t;
+    const double Fs = double(b.moe.shared_hidden()) / t, ep = double(s.ep), rows = n * k * ep / E;
+    c.gemms.insert(c.gemms.end(), {{n, E, C}, {rows, Fe, C, 2 * E / ep}, {rows, C, Fe, E / ep}});
+    if (Fs > 0) c.gemms.insert(c.gemms.end(), {{n, Fs, C}, {n, Fs, C}, {n, C, Fs}});
+    c.forward_streaming = {attn + 2 * E + 2 * k * C + 3 * k * Fe + (k + 1) * C + 3 * Fs + (s.ep > 1 ? 4 * k * C : 0),
+                           s.ep > 1 ? 18 : 16};
+    c.mlp_hidden = b.moe.ffn_hidden;
+  } else {
+    c.gemms.insert(c.gemms.end(), {{n, F, C}, {n, F, C}, {n, C, F}});
+    c.forward_streaming = {attn + 3 * F, 12};
+    c.weight_streaming = {3.0 * F, 1};
+    c.mlp_hidden = b.ffn_hidden;
+  }
   decoder_collectives(b, s, n, c);
+  if (b.moe.on() && s.ep > 1) {
+    const double routed = n * double(b.moe.k) * C;
+    c.collectives.push_back(collective(ParallelDim::ep, CollectiveOp::all_to_all, false, 1, 0, 8.0 * double(b.moe.n_experts)));
+    c.collectives.push_back(collective(ParallelDim::ep, CollectiveOp::all_to_all, false, 2, routed));
+    c.collectives.push_back(collective(ParallelDim::ep, CollectiveOp::all_to_all, true, 2, routed));
+  }
 }
 
 }  // namespace

@@ -22,9 +22,10 @@ std::unique_ptr<Block> make_llama_block(const BlockSpec& spec, std::vector<Param
                                         const ExpertParallel& ep = {});
 std::vector<BufferSpec> llama_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 std::vector<BufferSpec> mlp_saved_shapes(const BlockSpec& spec, int64_t rows);
-// DeepSeek-V3's decoder layer with multi-head latent attention and a dense SwiGLU (mla_blocks.cpp).
+// DeepSeek-V3's decoder layer with multi-head latent attention and a dense SwiGLU or (spec.moe on) DeepSeek-V3's
+// mixture of experts (mla_blocks.cpp); ep as make_llama_block's.
 std::unique_ptr<Block> make_mla_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
-                                      const ContextParallel& cp = {});
+                                      const ContextParallel& cp = {}, const ExpertParallel& ep = {});
 std::vector<BufferSpec> mla_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 
 }  // namespace relay

@@ -113,4 +113,31 @@ void hf_check_fixed(const nlohmann::json& config, const std::vector<HfFixedKey>&
   }
 }
 
+void hf_split_fused_experts(std::map<std::string, Shape>& shapes,
+                            std::map<std::string, std::pair<std::string, int64_t>>& slices,
+                            const std::array<const char*, 3>& names,
+                            const std::function<std::string(const std::string&)>& block) {
+  std::map<std::string, Shape> out;
+  auto ends = [](const std::string& n, const std::string& tail) {
+    return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  for (auto& [name, shape] : shapes) {
+    const bool gate_up = ends(name, ".experts.gate_up_proj"), down = ends(name, ".experts.down_proj");
+    if (!(gate_up || down) || shape.size() != 3) {
+      out[name] = shape;
+      continue;
+    }
+    const std::string mlp = name.substr(0, name.size() - (gate_up ? 21 : 18));
+    const std::string prefix = (block ? block(mlp) : mlp) + ".experts.";
+    const int64_t E = shape[0], rows = gate_up ? shape[1] / 2 : shape[1], cols = shape[2];
+    for (int64_t e = 0; e < E; ++e)
+      for (int part = 0; part < (gate_up ? 2 : 1); ++part) {
+        const std::string relay = cat(prefix, e, ".", names[gate_up ? part : 2], ".weight");
+        slices[relay] = {name, (e * (gate_up ? 2 : 1) + part) * rows * cols};
+        out[relay] = {rows, cols};
+      }
+  }
+  shapes = std::move(out);
+}
+
 }  // namespace relay

@@ -5,7 +5,9 @@
 // (language_model(), has_experts(), experts(), tp_splits(), hf_architecture()), never its name or its keys; a
 // message that lists families asks the registry (family_names).
 #pragma once
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -48,6 +50,10 @@ class ModelFamily : public ModelKeys {
   // whole tensor under a new name. The default keeps every name.
   virtual void hf_import_names(std::map<std::string, Shape>& shapes,
                                std::map<std::string, std::pair<std::string, int64_t>>& slices) const {}
+  // transformers' names of a tensor per MoE layer that Relay holds as row l of moe.expert_bias (router/expert_bias;
+  // DeepSeek-V3's e_score_correction_bias), MoE layer after MoE layer: exported from that row (zeros without
+  // moe.expert_bias) and read back into it by model.init_from. Empty: the family has none.
+  virtual std::vector<std::string> hf_expert_bias_names(const Config::Model& m) const { return {}; }
 };
 
 // Every family, in the registry's order (family.cpp).
@@ -88,5 +94,12 @@ struct HfFixedKey { const char* hf; nlohmann::json dflt; nlohmann::json ours; co
 // The first pair or fixed key whose config.json value differs: an Error naming both.
 void hf_check_pairs(const nlohmann::json& config, const std::vector<HfKeyPair>& pairs, const std::string& where);
 void hf_check_fixed(const nlohmann::json& config, const std::vector<HfFixedKey>& fixed, const std::string& where);
+// transformers 5's fused expert tensors of a layer, <mlp>.experts.gate_up_proj (E, 2F, C) ([gate; up] per expert) and
+// <mlp>.experts.down_proj (E, C, F), renamed in shapes to the per-expert tensors save_pretrained writes,
+// block(<mlp>).experts.E.<names[0 | 1 | 2]>.weight, each a slice of the fused one (ModelFamily::hf_import_names).
+void hf_split_fused_experts(std::map<std::string, Shape>& shapes,
+                            std::map<std::string, std::pair<std::string, int64_t>>& slices,
+                            const std::array<const char*, 3>& names,
+                            const std::function<std::string(const std::string&)>& block = {});
 
 }  // namespace relay

@@ -6,6 +6,8 @@
 //   [k_nope_h | v_h] = kv_b_proj(latent) per head                           (n, H (dn + dv))
 //   q_h = [q_nope_h | rope(q_pe_h)],  k_h = [k_nope_h | rope(k_pe)]        one rotary key per token, every head's
 //   h = x + o_proj(attention(q, k, v)),  y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),  n2 = post_attention_layernorm(h)
+// or, in the routed-expert layers (spec.moe on: transformers' DeepseekV3MoE), y = h + MoeMlp(n2) (model/moe.hpp:
+// sigmoid scores, group-limited top-k, shared experts; expert parallelism there).
 // Attention is FlashAttention-2 with value heads narrower than query/key heads (dv against dn + dr), scale
 // 1 / sqrt(dn + dr). rope_interleave (transformers' default): the rotary pairs are columns (2i, 2i + 1) of the rope
 // part, and the rotated part is laid out [evens | odds] as transformers' apply_rotary_pos_emb_interleave writes it;
@@ -18,6 +20,7 @@
 // and alike. Context parallelism (model/context_parallel.hpp) gathers the heads' keys and values as Llama's layer does
 // (the rotary parts at each row's position in its sequence). Sequence parallelism is refused by the family for now.
 #include "model/blocks.hpp"
+#include "model/moe.hpp"
 
 namespace relay {
 
@@ -25,29 +28,36 @@ namespace {
 
 class MlaLayer final : public Block {
  public:
-  MlaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp)
-      : Block(spec, std::move(params)), tp_(tp), m_(spec.mla), H_(spec.n_head / tp.size), F_(spec.ffn_hidden / tp.size),
-        cp_attn_(cp.on() ? cp.attention : nullptr) {
+  MlaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp,
+           const ExpertParallel& ep)
+      : Block(spec, std::move(params)), tp_(tp), m_(spec.mla), H_(spec.n_head / tp.size),
+        F_(spec.moe.on() ? 0 : spec.ffn_hidden / tp.size), cp_attn_(cp.on() ? cp.attention : nullptr) {
     RELAY_ASSERT(!tp.sequence_parallel() && spec.sp == 1, "mla layer: sequence parallelism is not supported yet");
     const bool ql = m_.q_lora_rank > 0;
-    const size_t want = ql ? 12 : 10;  // norm1, [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o, norm2, gate, up, down
+    // norm1, [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o, norm2, then gate, up, down or the MoE's (moe.hpp)
+    const size_t attn = ql ? 9 : 7;
+    const size_t want = attn + (spec.moe.on() ? MoeMlp::param_count(spec.moe, ep) : 3);
     RELAY_ASSERT(params_.size() == want, "mla layer: " << params_.size() << " params, expected " << want);
     size_t i = 0;
     norm1_ = params_[i++];
     if (ql) q_a_ = params_[i++], q_a_norm_ = params_[i++], q_b_ = params_[i++];
     else q_ = params_[i++];
     kv_a_ = params_[i++], kv_a_norm_ = params_[i++], kv_b_ = params_[i++], o_ = params_[i++];
-    norm2_ = params_[i++], gate_ = params_[i++], up_ = params_[i++], down_ = params_[i++];
+    norm2_ = params_[i++];
+    if (spec.moe.on()) moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn), ep, tp, cp);
+    else gate_ = params_[i++], up_ = params_[i++], down_ = params_[i++];
   }
 
   // saved.t: the forward's intermediates, then (backward) the gradients backward_input leaves for backward_weight, then
-  // scratch. Widths are this tp rank's: H heads, F SwiGLU units. With q_lora_rank 0 the q_a buffers have 0 rows.
+  // scratch. Widths are this tp rank's: H heads, F SwiGLU units (0 in a MoE layer, whose buffers follow from kCount,
+  // MoeMlp::saved_shapes'). With q_lora_rank 0 the q_a buffers have 0 rows.
   enum : size_t { kN1, kRstd1, kQa, kRstdQa, kQaN, kLat, kRstdLat, kLatN, kQ, kK, kV, kLse, kAtty, kRes1, kN2,
                   kRstd2, kGate, kUp, kH, kGRes1, kGGate, kGUp, kGN2, kGQ, kGK, kGV, kGKv, kGQaN, kGQa, kGLatN, kGLat,
                   kGPe, kGN1, kGAtty, kKv, kPe, kKpe, kCount };
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
     const MlaSpec& m = spec.mla;
-    const int64_t C = spec.in, H = spec.n_head / tp, F = spec.ffn_hidden / tp, dqk = m.qk_head(), dr = m.qk_rope;
+    const int64_t C = spec.in, H = spec.n_head / tp, F = spec.moe.on() ? 0 : spec.ffn_hidden / tp;
+    const int64_t dqk = m.qk_head(), dr = m.qk_rope;
     const int64_t r = m.kv_lora_rank, ql = m.q_lora_rank, nq = ql > 0 ? n : 0;
     const DType a = spec.dtype, f32 = DType::f32;
     std::vector<BufferSpec> s(kCount);
@@ -88,6 +98,8 @@ class MlaLayer final : public Block {
     s[kKv] = {{n, H * (m.qk_nope + m.v_head)}, a, true};  // scratch: kv_b_proj's output
     s[kPe] = {{n, H * dr}, a, true};   // scratch: the heads' rotary parts, contiguous
     s[kKpe] = {{n, dr}, a, true};      // scratch: k_pe, then its gradient's terms
+    if (spec.moe.on())
+      for (const BufferSpec& b : MoeMlp::saved_shapes(spec, n, tp)) s.push_back(b);
     return s;
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
@@ -133,6 +145,12 @@ class MlaLayer final : public Block {
     tp_.row_parallel_matmul(be, atty, o_->compute(), true, res1, "the attention output all-reduce");  // (n, C)
     be.add(res1, x, res1);                                                         // residual 1
     be.rmsnorm_forward(res1, norm2_->compute(), eps, n2, rstd2);
+    if (moe_) {  // under tp every rank routes all rows and runs its share of each expert's units
+      moe_->forward(be, n2, y, &s.t[kCount]);                                      // (n, C) partial over tp
+      if (tp_.on()) tp_.allreduce_sum(y, "the experts' output all-reduce");
+      be.add(y, res1, y);                                                          // residual 2
+      return;
+    }
     be.linear(n2, gate_->compute(), Tensor(), gate);                               // (n, F) column-parallel
     be.linear(n2, up_->compute(), Tensor(), up);
     be.swiglu_forward(gate, up, hid);                                              // (n, F)
@@ -146,11 +164,16 @@ class MlaLayer final : public Block {
     auto v = [&](size_t k) { return view(s, k, n); };
     Tensor g_res1 = v(kGRes1), g_gate = v(kGGate), g_up = v(kGUp), g_n2 = v(kGN2), g_n1 = v(kGN1);
     // The MLP.
-    be.matmul(dy, false, down_->compute(), false, g_gate, 1.f, 0.f);               // (n, F) d h
-    be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);                    // (n, F) d gate, d up
-    be.matmul(g_gate, false, gate_->compute(), false, g_n2, 1.f, 0.f);             // (n, C) d n2, partial over tp
-    be.matmul(g_up, false, up_->compute(), false, g_n2, 1.f, 1.f);
-    tp_.allreduce_sum(g_n2, "the MLP input-gradient all-reduce");
+    if (moe_) {
+      moe_->backward_input(be, dy, g_n2, &s.t[kCount]);                            // (n, C) d n2, partial over tp
+      if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
+    } else {
+      be.matmul(dy, false, down_->compute(), false, g_gate, 1.f, 0.f);             // (n, F) d h
+      be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);                  // (n, F) d gate, d up
+      be.matmul(g_gate, false, gate_->compute(), false, g_n2, 1.f, 0.f);           // (n, C) d n2, partial over tp
+      be.matmul(g_up, false, up_->compute(), false, g_n2, 1.f, 1.f);
+      tp_.allreduce_sum(g_n2, "the MLP input-gradient all-reduce");
+    }
     be.rmsnorm_backward_input(g_n2, v(kRes1), norm2_->compute(), v(kRstd2), g_n1);  // g_n1: scratch here
     be.add(dy, g_n1, g_res1);                                                      // (n, C) d res1
     // Attention.
@@ -202,11 +225,15 @@ class MlaLayer final : public Block {
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t n = x.size(0), r = m_.kv_lora_rank, dr = m_.qk_rope;
     auto v = [&](size_t k) { return view(s, k, n); };
-    Tensor hid = v(kH);  // (n, F) recomputed from the kept gate and up
-    be.swiglu_forward(v(kGate), v(kUp), hid);
-    weight_grad(be, dy, hid, down_->grad);
-    weight_grad(be, v(kGGate), v(kN2), gate_->grad);
-    weight_grad(be, v(kGUp), v(kN2), up_->grad);
+    if (moe_) {
+      moe_->backward_weight(be, v(kN2), &s.t[kCount]);
+    } else {
+      Tensor hid = v(kH);  // (n, F) recomputed from the kept gate and up
+      be.swiglu_forward(v(kGate), v(kUp), hid);
+      weight_grad(be, dy, hid, down_->grad);
+      weight_grad(be, v(kGGate), v(kN2), gate_->grad);
+      weight_grad(be, v(kGUp), v(kN2), up_->grad);
+    }
     be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), norm2_->grad);
     weight_grad(be, v(kGRes1), v(kAtty), o_->grad);
     weight_grad(be, v(kGKv), v(kLatN), kv_b_->grad);
@@ -223,6 +250,13 @@ class MlaLayer final : public Block {
       weight_grad(be, v(kGQ), v(kN1), q_->grad);
     }
     be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), norm1_->grad);
+  }
+
+  void take_router_stats(std::vector<RouterStats>& out) override {
+    if (moe_) moe_->take_stats(out);
+  }
+  void set_expert_bias(Backend& be, const std::vector<float>& bias) override {
+    if (moe_) moe_->set_bias(be, bias.data() + spec_.moe.layer * spec_.moe.n_experts);
   }
 
  private:
@@ -269,6 +303,7 @@ class MlaLayer final : public Block {
   Param *norm1_ = nullptr, *q_ = nullptr, *q_a_ = nullptr, *q_a_norm_ = nullptr, *q_b_ = nullptr, *kv_a_ = nullptr,
         *kv_a_norm_ = nullptr, *kv_b_ = nullptr, *o_ = nullptr, *norm2_ = nullptr, *gate_ = nullptr, *up_ = nullptr,
         *down_ = nullptr;
+  std::unique_ptr<MoeMlp> moe_;  // spec.moe on: DeepSeek-V3's experts instead of gate, up and down
 };
 
 }  // namespace
@@ -278,9 +313,9 @@ std::vector<BufferSpec> mla_saved_shapes(const BlockSpec& spec, int64_t rows, in
 }
 
 std::unique_ptr<Block> make_mla_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
-                                      const ContextParallel& cp) {
+                                      const ContextParallel& cp, const ExpertParallel& ep) {
   RELAY_ASSERT(spec.kind == BlockKind::mla_layer, "make_mla_block: not an MLA layer: " << block_kind_name(spec.kind));
-  return std::make_unique<MlaLayer>(spec, std::move(params), tp, cp);
+  return std::make_unique<MlaLayer>(spec, std::move(params), tp, cp, ep);
 }
 
 }  // namespace relay

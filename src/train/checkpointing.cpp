@@ -312,6 +312,29 @@ void load_init_from(CheckpointContext& ctx, const std::string& path) {
     src.read = [&](const std::string& n, const Shape& s, float* out) { file->read(n, s, out); };
   }
   const std::string from = dir ? " from the directory" : "";
+  // Per-MoE-layer rows of moe.expert_bias held as tensors (DeepSeek-V3's e_score_correction_bias): read into the
+  // run's bias; without moe.expert_bias only zeros are accepted (transformers would route by them).
+  const ModelFamily& family = model_family(ctx.cfg);
+  const std::vector<std::string> bias_names = family.hf_expert_bias_names(ctx.cfg.model);
+  std::set<std::string> bias_set(bias_names.begin(), bias_names.end());
+  if (!bias_names.empty()) {
+    const int64_t E = family.experts(ctx.cfg.model);
+    std::vector<float> row(static_cast<size_t>(E));  // (E)
+    for (size_t l = 0; l < bias_names.size(); ++l) {
+      auto it = src.tensors.find(bias_names[l]);
+      if (it == src.tensors.end()) continue;  // zero, as transformers initialises it
+      if (it->second != Shape{E})
+        throw Error(cat(where, ": tensor ", bias_names[l], " has shape ", shape_str(it->second), " but the model expects ",
+                        shape_str(Shape{E})));
+      src.read(bias_names[l], it->second, row.data());
+      if (ctx.expert_bias) {
+        std::copy(row.begin(), row.end(), ctx.expert_bias->begin() + int64_t(l) * E);
+      } else if (std::any_of(row.begin(), row.end(), [](float b) { return b != 0.f; })) {
+        throw Error(cat(where, ": tensor ", bias_names[l], " is non-zero but moe.expert_bias = false (the experts would "
+                                "be chosen without it; hint: moe.expert_bias = true)"));
+      }
+    }
+  }
   std::set<std::string> known;
   for (auto& p : ctx.layout.params()) {
     known.insert(p.name);
@@ -329,7 +352,7 @@ void load_init_from(CheckpointContext& ctx, const std::string& path) {
     };
     const bool tied_alias = name == "lm_head.weight" && !known.count("lm_head.weight");
     const bool buffer = ends(".attn.bias") || ends(".attn.masked_bias") || ends(".rotary_emb.inv_freq");
-    if (!known.count(name) && !tied_alias && !buffer)
+    if (!known.count(name) && !tied_alias && !buffer && !bias_set.count(name))
       throw Error(cat(where, ": tensor ", name, " ", shape_str(shape),
                       " is not a parameter of this model (check the [model] section)"));
   }

@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
-"""Hugging Face round trips of Relay's DeepSeek-V3 (dense layers, multi-head latent attention) with the real
-transformers 5 and PyTorch 2.x from PyPI.
+"""Hugging Face round trips of Relay's DeepSeek-V3 (multi-head latent attention; layer 0 dense, layer 1 DeepSeek-V3's
+mixture of experts: 4 experts in 2 groups, one group kept, top 2, one shared expert) with the real transformers 5 and
+PyTorch 2.x from PyPI.
 
 Import: a random DeepseekV3ForCausalLM (q_lora_rank 24, built from a config, nothing downloaded; norm weights moved
-away from 1) saved with save_pretrained -> a Relay run with model.init_from = DIR: Relay's step-0 checkpoint holds
-exactly the HF weights, and Relay's eval loss with lr = 0 equals transformers' on the same tokens within 1e-5 relative.
-Export: Relay trains 10 steps (q_lora_rank unset: one q_proj), `relay ckpt export --format hf` writes a directory
-that from_pretrained loads as DeepseekV3ForCausalLM with no missing or unexpected keys, and its eval loss equals
-Relay's logged one.
-Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank, first_k_dense_replace, sequence parallelism and the
-Llama directory): kv_lora_rank missing, n_routed_experts not divisible
-by n_group, topk_group > n_group, num_experts_per_tok > n_routed_experts, first_k_dense_replace < n_layer (routed
-layers not wired in yet), rope_scaling = "yarn" (not in Relay yet), sequence parallelism (not wired in yet), and a Llama directory
-for a deepseek_v3 run.
+away from 1, e_score_correction_bias non-zero) saved with save_pretrained (per-expert tensors) -> a Relay run with
+model.init_from = DIR and moe.expert_bias: Relay's step-0 checkpoint holds exactly the HF weights (the fused experts
+split per expert, the bias as router/expert_bias), and Relay's eval loss with lr = 0 equals transformers' on the same
+tokens within 1e-5 relative; the same directory rewritten with the experts fused as transformers 5 holds them
+(mlp.experts.gate_up_proj, mlp.experts.down_proj) gives the same step-0 tensors.
+Export: Relay trains 10 steps (q_lora_rank unset: one q_proj; the expert bias updated every step), `relay ckpt export
+--format hf` writes a directory that from_pretrained loads as DeepseekV3ForCausalLM with no missing or unexpected keys,
+its e_score_correction_bias the checkpoint's router/expert_bias, and its eval loss equals Relay's logged one.
+Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank, moe_intermediate_size under tp,
+sequence parallelism and the Llama directory): kv_lora_rank missing, n_routed_experts not divisible by n_group,
+topk_group > n_group, num_experts_per_tok > n_routed_experts, tp not dividing moe_intermediate_size, a non-zero
+e_score_correction_bias without moe.expert_bias, router_z_loss_coef (no z-loss with sigmoid scores), rope_scaling =
+"yarn" (not in Relay yet), sequence parallelism (not wired in yet), and a Llama directory for a deepseek_v3 run.
 
 The packages live in the cached venv relay-torch2 (tests/torch/pypi_venv.py). Usage:
 test_deepseek_v3_hf_interop.py <relay binary>; exit 77 = skipped (the venv cannot be made).
@@ -36,7 +40,10 @@ if "--inside" not in sys.argv:  # re-run this file with the venv's python
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from hf_harness import Harness  # noqa: E402
+import h5py  # noqa: E402
+import shutil  # noqa: E402
 from safetensors.numpy import load_file as load_numpy  # noqa: E402
+from safetensors.numpy import save_file as save_numpy  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
@@ -46,14 +53,14 @@ TOL = 1e-5
 T = 32
 STILL = ["--set", "train.steps=1", "--set", "optimizer.lr=0.0", "--set", "optimizer.weight_decay=0.0",
          "--set", "train.eval_every=1", "--set", "checkpoint.save_initial=true"]
-# The model on both sides: every layer dense (first_k_dense_replace = num_hidden_layers), 4 heads of 8 + 4 query/key
+# The model on both sides: layer 0 dense, layer 1 routed (first_k_dense_replace = 1), 4 heads of 8 + 4 query/key
 # columns and 6 value columns.
 HF = dict(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
           num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
           max_position_embeddings=T, rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=10000.0),
           rope_interleave=True, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
           n_shared_experts=1, n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
-          first_k_dense_replace=2, num_mtp_layers=0, tie_word_embeddings=False, bos_token_id=None,
+          first_k_dense_replace=1, num_mtp_layers=0, tie_word_embeddings=False, bos_token_id=None,
           eos_token_id=None, pad_token_id=None)
 RELAY_MODEL = """type = "deepseek_v3"
 vocab_size = 256
@@ -72,7 +79,7 @@ num_experts_per_tok = 2
 moe_intermediate_size = 16
 n_group = 2
 topk_group = 1
-first_k_dense_replace = 2"""
+first_k_dense_replace = 1"""
 
 H = Harness(RELAY, ENV, TOL, T)
 run, ok, eval_losses, close = H.run, H.ok, H.eval_losses, H.close
@@ -83,6 +90,8 @@ def write_toml(path, tmp, extra=""):
     open(path, "w").write(f"""[model]
 {RELAY_MODEL}
 {extra}
+[moe]
+expert_bias = true
 [data]
 train = "{tmp}/train.h5"
 eval = "{tmp}/eval.h5"
@@ -108,24 +117,59 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # Import: save_pretrained -> model.init_from.
     torch.manual_seed(5)
-    hf = DeepseekV3ForCausalLM(DeepseekV3Config(**HF, q_lora_rank=24, attn_implementation="eager"))
+    hf = DeepseekV3ForCausalLM(DeepseekV3Config(**HF, q_lora_rank=24, attn_implementation="eager",
+                                                experts_implementation="eager"))
+    bias_name = "model.layers.1.mlp.gate.e_score_correction_bias"
     with torch.no_grad():
         for p in hf.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)  # norm weights away from 1, so every tensor counts
+        hf.get_buffer(bias_name).copy_(torch.tensor([0.03, -0.02, 0.01, -0.04]))
     hf.eval()
     hf.save_pretrained(f"{tmp}/hf_dsv3")
-    want = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    fused = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    want = {}  # Relay's names: the experts per expert (save_pretrained's form), the bias apart
+    for k, v in fused.items():
+        if k.endswith(".experts.gate_up_proj"):
+            for e in range(v.shape[0]):
+                half = v.shape[1] // 2
+                want[k.replace("gate_up_proj", f"{e}.gate_proj.weight")] = v[e, :half]
+                want[k.replace("gate_up_proj", f"{e}.up_proj.weight")] = v[e, half:]
+        elif k.endswith(".experts.down_proj"):
+            for e in range(v.shape[0]):
+                want[k.replace("down_proj", f"{e}.down_proj.weight")] = v[e]
+        elif k != bias_name:
+            want[k] = v
+
+    def check_import(rd, form):
+        step0 = relay_tensors(rd, 0, tmp)
+        if set(step0) != set(want):
+            sys.exit(f"FAILED import ({form}): tensors {sorted(set(step0) ^ set(want))} differ in name")
+        for k, v in want.items():
+            if not np.array_equal(step0[k], v):
+                sys.exit(f"FAILED import ({form}): tensor {k} differs from HF's")
+        with h5py.File(f"{rd}/checkpoints/step_00000000.h5") as f:
+            bias = np.asarray(f["router/expert_bias"])
+        if not np.array_equal(bias, fused[bias_name][None, :]):
+            sys.exit(f"FAILED import ({form}): router/expert_bias {bias} is not e_score_correction_bias")
+
+    still = STILL + ["--set", "moe.bias_update_rate=0.0"]
     rd = f"{tmp}/import"
-    run(["train", "--config", lora, "--set", f'run.dir="{rd}"', "--set", f'model.init_from="{tmp}/hf_dsv3"'] + STILL)
-    step0 = relay_tensors(rd, 0, tmp)
-    if set(step0) != set(want):
-        sys.exit(f"FAILED import: tensors {sorted(set(step0) ^ set(want))} differ in name")
-    for k, v in want.items():
-        if not np.array_equal(step0[k], v):
-            sys.exit(f"FAILED import: tensor {k} differs from HF's")
+    run(["train", "--config", lora, "--set", f'run.dir="{rd}"', "--set", f'model.init_from="{tmp}/hf_dsv3"'] + still)
+    check_import(rd, "per-expert")
     rel = close(eval_losses(rd)[1], hf_eval_loss(hf, eval_tokens), "import: eval loss")
-    ok(f"import: step-0 tensors = HF's {len(want)} bitwise; eval loss = transformers' (relative {rel:.1e})")
+    ok(f"import: step-0 tensors = HF's {len(want)} bitwise, e_score_correction_bias = router/expert_bias; eval loss "
+       f"= transformers' (relative {rel:.1e})")
+    os.makedirs(f"{tmp}/hf_fused")
+    for name in ("config.json", "generation_config.json"):
+        if os.path.exists(f"{tmp}/hf_dsv3/{name}"):
+            shutil.copy(f"{tmp}/hf_dsv3/{name}", f"{tmp}/hf_fused/{name}")
+    save_numpy({k: np.ascontiguousarray(v) for k, v in fused.items()}, f"{tmp}/hf_fused/model.safetensors",
+               metadata={"format": "pt"})
+    rd = f"{tmp}/import_fused"
+    run(["train", "--config", lora, "--set", f'run.dir="{rd}"', "--set", f'model.init_from="{tmp}/hf_fused"'] + still)
+    check_import(rd, "fused")
+    ok("import: a directory with the experts fused (gate_up_proj, down_proj) gives the same step-0 tensors")
 
     # Export: 10 steps -> relay ckpt export --format hf -> from_pretrained.
     rd = f"{tmp}/export"
@@ -137,12 +181,18 @@ with tempfile.TemporaryDirectory() as tmp:
     bad = {k: v for k, v in info.items() if v}
     if type(model).__name__ != "DeepseekV3ForCausalLM" or bad:
         sys.exit(f"FAILED export: from_pretrained gave {type(model).__name__}, loading info {bad}")
-    if model.config.q_lora_rank is not None or model.config.first_k_dense_replace != 2:
+    exported = load_numpy(f"{out}/model.safetensors")[bias_name]
+    with h5py.File(f"{rd}/checkpoints/step_00000010.h5") as f:
+        trained_bias = np.asarray(f["router/expert_bias"])[0]
+    if not np.array_equal(exported, trained_bias) or not np.any(trained_bias != 0):
+        sys.exit(f"FAILED export: e_score_correction_bias {exported} is not router/expert_bias {trained_bias} "
+                 "(or the bias never moved)")
+    if model.config.q_lora_rank is not None or model.config.first_k_dense_replace != 1:
         sys.exit(f"FAILED export: config.json q_lora_rank {model.config.q_lora_rank}, first_k_dense_replace "
                  f"{model.config.first_k_dense_replace}")
     rel = close(hf_eval_loss(model, eval_tokens), eval_losses(rd)[10], "export: eval loss")
-    ok(f"export: from_pretrained -> DeepseekV3ForCausalLM, no missing/unexpected keys; transformers' eval loss = "
-       f"Relay's at step 10 (relative {rel:.1e})")
+    ok(f"export: from_pretrained -> DeepseekV3ForCausalLM, no missing/unexpected keys, e_score_correction_bias = "
+       f"router/expert_bias; transformers' eval loss = Relay's at step 10 (relative {rel:.1e})")
 
     # Bad input: one line naming the key, exit 1 on both ranks.
     def bad_case(sets, needles, what, init_from=None, ranks=1):
@@ -161,9 +211,11 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_case(["model.topk_group=3"], ["model.topk_group", "= 3", "model.n_group = 2"], "topk_group > n_group")
     bad_case(["model.num_experts_per_tok=5"], ["model.num_experts_per_tok", "model.n_routed_experts = 4"],
              "num_experts_per_tok > n_routed_experts")
-    bad_case(["model.first_k_dense_replace=1"],
-             ["model.first_k_dense_replace = 1 < n_layer = 2: routed-expert layers are not wired into deepseek_v3 yet"],
-             "first_k_dense_replace < n_layer", ranks=2)
+    bad_case(["parallel.dp=1", "parallel.tp=2", "model.moe_intermediate_size=15"],
+             ["parallel.tp", "model.moe_intermediate_size = 15"], "tp not dividing moe_intermediate_size", ranks=2)
+    bad_case(["moe.expert_bias=false", "model.q_lora_rank=24"], [bias_name, "moe.expert_bias = false"],
+             "a non-zero e_score_correction_bias without moe.expert_bias", init_from=f"{tmp}/hf_dsv3")
+    bad_case(["model.router_z_loss_coef=0.001"], ["model.router_z_loss_coef", "z-loss"], "router_z_loss_coef")
     bad_case(['model.rope_scaling="yarn"'], ["model.rope_scaling", "YaRN"], "rope_scaling")
     bad_case(["parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true"],
              ["parallel.sequence_parallel", "deepseek_v3"], "sequence parallelism", ranks=2)

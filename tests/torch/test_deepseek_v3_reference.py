@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Golden reference: Relay's DeepSeek-V3 (dense layers, multi-head latent attention) against transformers'
-DeepseekV3ForCausalLM (PyTorch 2.x from PyPI).
+"""Golden reference: Relay's DeepSeek-V3 (multi-head latent attention, dense and routed-expert layers) against
+transformers' DeepseekV3ForCausalLM (PyTorch 2.x from PyPI).
 
 The GPT reference's harness (test_gpt_reference.py) with another family, as test_llama_reference.py: Relay trains a
 small byte-level DeepSeek-V3 whose every layer is dense (first_k_dense_replace = n_layer) from its own initialisation;
@@ -13,6 +13,18 @@ parameter, exp_avg and exp_avg_sq must agree within the harness's tolerance: MAR
 kind (torch fp32 against fp64). Cases: q_lora set and unset serially, on tp 2 (heads split through q_b_proj and
 kv_b_proj, the a-projections replicated), dp 2, and a document mask (block-diagonal 4-D mask, restarting positions).
 Relay cannot generate with MLA yet (no compressed cache): generation is not checked.
+
+MoE cases: layer 0 dense, layer 1 DeepSeek-V3's mixture of experts (8 experts in 4 groups, the 2 best groups kept,
+top 2, one shared expert, routed_scaling_factor 2.5, norm_topk_prob), serially and on dp 2 x ep 2 (each rank holds 4
+experts), dp 2 x ep 2 x pp 2 and tp 2 x dp 2 x ep 2 (each expert's units split over tp). Both sides start from one file of weights written here (Relay reads it through
+model.init_from) holding a non-zero e_score_correction_bias, which Relay reads into moe.expert_bias (bias_update_rate
+0: the bias stays what transformers holds). transformers 5 holds the experts fused (experts.gate_up_proj,
+experts.down_proj): test_moe_reference.py's MoeModule trains them as Relay's per-expert tensors. Top-k routing is
+discontinuous: the smallest margin of the torch fp32 run's group choice and expert choice (the topk_group-th minus the
+next group score, the k-th minus the next choice score) is printed and must exceed 1e-5, so that two correct float32
+runs cannot route a token differently (the data and seeds were picked so; never a looser tolerance). One case adds
+Relay's per-sequence aux loss (router_aux_loss_coef 0.05), written here from the DeepSeek-V3 report's equations 17-20
+on transformers' router logits (its top-k of the unbiased scores is in the margin too).
 
 transformers and PyTorch 2.x come from PyPI into the cached venv of pypi_venv.py (torch2); exit 77 = skipped.
 Usage: test_deepseek_v3_reference.py <relay binary>
@@ -34,23 +46,119 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
 
 sys.path.insert(0, HERE)
 import test_gpt_reference as harness  # noqa: E402
+from test_moe_reference import MoeModule  # noqa: E402
 
 MODEL = dict(vocab_size=256, block_size=16, n_layer=2, n_head=4, n_embd=32, ffn_hidden=48, kv_lora_rank=16,
              qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, rope_theta=10000.0, norm_eps=1e-6)
-# The MoE keys Relay reads and checks (no layer routes yet: first_k_dense_replace = n_layer).
-MOE = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1, n_group=2,
-           topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=MODEL["n_layer"])
+# The dense cases' MoE keys (read and checked; no layer routes: first_k_dense_replace = n_layer), and the MoE cases'.
+DENSE_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1, n_group=2,
+                 topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=MODEL["n_layer"])
+ROUTED = dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1, n_group=4,
+              topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=1)
+SMALLEST_MARGIN = [float("inf")]  # of the current torch run's routing
 
 
-class DeepseekV3(DeepseekV3ForCausalLM):
-    """transformers' module as the harness calls a model: idx (B, T) -> logits (B, T, V); with a document mask as a
-    custom 4-D additive attention mask and position_ids (test_llama_reference.py's Llama)."""
+def moe_keys(opts):
+    return ROUTED if opts.get("moe") else DENSE_MOE
+
+
+def bias_names(moe):
+    return [f"model.layers.{i}.mlp.gate.e_score_correction_bias"
+            for i in range(moe["first_k_dense_replace"], MODEL["n_layer"])]
+
+
+def initial_bias(moe):
+    """Each MoE layer's e_score_correction_bias (E): non-zero, fixed, so that it changes choices."""
+    rng = np.random.default_rng(5)
+    return {n: rng.uniform(-0.02, 0.02, moe["n_routed_experts"]).astype(np.float32) for n in bias_names(moe)}
+
+
+def routing_margin(router, inputs, _):
+    """Forward hook on a DeepseekV3TopkRouter: the smallest margin of its group and expert choices."""
+    with torch.no_grad():
+        x = inputs[0].reshape(-1, router.hidden_dim)
+        choice = torch.sigmoid(x @ router.weight.t().to(x.dtype)) + router.e_score_correction_bias.to(x.dtype)
+        G, E, k, kg = router.num_group, router.num_experts, router.top_k, router.topk_group
+        groups = choice.view(-1, G, E // G).topk(2, -1).values.sum(-1).sort(-1, descending=True).values  # (n, G)
+        if kg < G:
+            SMALLEST_MARGIN[0] = min(SMALLEST_MARGIN[0], float((groups[:, kg - 1] - groups[:, kg]).min()))
+        kept = choice.view(-1, G, E // G).topk(2, -1).values.sum(-1) >= groups[:, kg - 1:kg]  # (n, G)
+        masked = choice.masked_fill(~kept.repeat_interleave(E // G, -1), float("-inf"))
+        best = masked.topk(k + 1, -1).values
+        SMALLEST_MARGIN[0] = min(SMALLEST_MARGIN[0], float((best[:, k - 1] - best[:, k]).min()))
+
+
+class DeepseekV3(MoeModule):
+    """transformers' module as the harness calls a model: idx (B, T) -> logits (B, T, V), the routed experts as
+    Relay's per-expert parameters; with a document mask as a custom 4-D additive attention mask and position_ids
+    (test_llama_reference.py's Llama)."""
+
+    def __init__(self, cfg):
+        def experts(mod_name, e):  # model.layers.N.mlp.experts -> the per-expert names save_pretrained writes
+            return [f"{mod_name}.{e}.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")]
+        super().__init__(DeepseekV3ForCausalLM(cfg), lambda n: n, experts, (0.0, 0.0))
+        self.aux_coef = getattr(cfg, "relay_aux", 0.0)
+        self._aux = []  # (B) per MoE layer of the last forward
+        for name, bias in getattr(cfg, "relay_bias", {}).items():
+            layer = self.hf.model.layers[int(name.split(".")[2])]
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.from_numpy(bias))
+            layer.mlp.gate.register_forward_hook(routing_margin)
+            if self.aux_coef > 0:
+                layer.mlp.gate.register_forward_hook(self.sequence_aux)
+
+    def sequence_aux(self, router, inputs, output):
+        """Relay's per-sequence aux loss with sigmoid scores, from the DeepSeek-V3 report's equations 17-20: per
+        sequence of T tokens, E / (k T) sum_e c_e mean_t s'[t, e], s' each token's sigmoid scores normalised to sum 1,
+        c_e (a constant) its tokens whose k best unbiased scores over all experts hold e."""
+        B, T = inputs[0].shape[:2]
+        E, k = router.num_experts, router.top_k
+        p = output[0].sigmoid()                                                   # (B T, E)
+        top = p.detach().topk(k + 1, -1)
+        SMALLEST_MARGIN[0] = min(SMALLEST_MARGIN[0], float((top.values[:, k - 1] - top.values[:, k]).min()))
+        q = (p / (p.sum(-1, keepdim=True) + 1e-20)).view(B, T, E)
+        counts = torch.zeros_like(p).scatter_(1, top.indices[:, :k], 1.0).view(B, T, E).sum(1)  # (B, E)
+        self._aux.append(E / (k * T) * (counts * q.mean(1)).sum(-1))            # (B)
+
+    def extra_loss(self):  # noqa: D102
+        """router_aux_loss_coef x the mean over MoE layers and sequences (Relay's weighting), or nothing."""
+        return self.aux_coef * torch.stack(self._aux).mean() if self._aux else 0.0
 
     def forward(self, idx, mask=None, positions=None):  # noqa: D102
+        self._aux = []
+        self.stack_experts()
         if mask is None:
-            return super().forward(input_ids=idx).logits
-        additive = torch.zeros(mask.shape, dtype=self.dtype).masked_fill(~mask, torch.finfo(self.dtype).min)
-        return super().forward(input_ids=idx, attention_mask=additive, position_ids=positions).logits
+            return self.hf(input_ids=idx).logits
+        dtype = self.hf.dtype
+        additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+        return self.hf(input_ids=idx, attention_mask=additive, position_ids=positions).logits
+
+
+def write_initial_weights(d, opts):
+    """The MoE cases' step-0 weights in Relay's names, e_score_correction_bias included (model.init_from)."""
+    from safetensors.numpy import save_file
+    cfg = DeepseekV3Family.config(opts)
+    rng = np.random.default_rng(11)
+    tensors = {}
+    for name, p in DeepseekV3(cfg).named_parameters():
+        norm = name.endswith("norm.weight")
+        tensors[name] = np.ones(p.shape, np.float32) if norm else rng.normal(0, 0.02, p.shape).astype(np.float32)
+    tensors.update(initial_bias(moe_keys(opts)))
+    path = os.path.join(d, "init.safetensors")
+    save_file(tensors, path)
+    return path
+
+
+BASE_RELAY_CONFIG, BASE_COMPARE_CASE = harness.relay_config, harness.compare_case
+
+
+def relay_config(d, data, opts, layout):
+    """The harness's config; the MoE cases start from write_initial_weights' file with the bias held fixed."""
+    text = BASE_RELAY_CONFIG(d, data, opts, layout)
+    if not opts.get("moe"):
+        return text
+    path = write_initial_weights(d, opts)
+    return (text.replace("[model]\n", f"[model]\ninit_from = \"{path}\"\n", 1)
+            + "[moe]\nexpert_bias = true\nbias_update_rate = 0.0\n")
 
 
 class DeepseekV3Family:
@@ -60,7 +168,8 @@ class DeepseekV3Family:
     @staticmethod
     def relay_model(opts):
         q = dict(q_lora_rank=opts["q_lora_rank"]) if opts["q_lora_rank"] else {}
-        return dict(type="deepseek_v3", **MODEL, **MOE, **q, rope_interleave=opts["interleave"],
+        aux = dict(router_aux_loss_coef=opts["aux"]) if opts.get("aux") else {}
+        return dict(type="deepseek_v3", **MODEL, **moe_keys(opts), **q, **aux, rope_interleave=opts["interleave"],
                     tie_embeddings=False, init_std=0.02, seed=9)
 
     @staticmethod
@@ -74,8 +183,11 @@ class DeepseekV3Family:
             rope_interleave=opts["interleave"], max_position_embeddings=MODEL["block_size"],
             rms_norm_eps=MODEL["norm_eps"], rope_parameters=dict(rope_type="default", rope_theta=MODEL["rope_theta"]),
             tie_word_embeddings=False, attention_bias=False, hidden_act="silu", num_mtp_layers=0,
-            attn_implementation="eager", **MOE)
+            attn_implementation="eager", experts_implementation="eager", **moe_keys(opts))
         c.block_size = MODEL["block_size"]
+        if opts.get("moe"):
+            c.relay_bias = initial_bias(moe_keys(opts))
+            c.relay_aux = opts.get("aux", 0.0)
         return c
 
     @staticmethod
@@ -85,6 +197,7 @@ class DeepseekV3Family:
 
 LORA = dict(q_lora_rank=24, interleave=True)
 NO_LORA = dict(q_lora_rank=0, interleave=False)
+MOE_CASE = dict(LORA, moe=True)
 CASES = [  # name, ranks, model options, token dtype, layout
     ("deepseek_v3_q_lora_serial", 1, LORA, np.uint16, dict(dp=1, pp=1, m=1)),
     ("deepseek_v3_q_proj_serial_m2", 1, NO_LORA, np.uint16, dict(dp=1, pp=1, m=2)),
@@ -92,9 +205,27 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("deepseek_v3_q_proj_tp2", 2, dict(NO_LORA, interleave=True), np.uint16, dict(dp=1, tp=2, pp=1, m=1)),
     ("deepseek_v3_q_lora_dp2", 2, LORA, np.int32, dict(dp=2, pp=1, m=1)),
     ("deepseek_v3_docmask_serial", 1, LORA, np.uint16, dict(dp=1, pp=1, m=1, docs=True)),
+    ("deepseek_v3_moe_serial", 1, MOE_CASE, np.uint16, dict(dp=1, pp=1, m=1)),
+    ("deepseek_v3_moe_dp2_ep2", 2, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
+    ("deepseek_v3_moe_dp2_ep2_pp2", 4, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=2, m=2)),
+    ("deepseek_v3_moe_tp2_dp2_ep2", 4, MOE_CASE, np.uint16, dict(dp=2, tp=2, ep=2, pp=1, m=1)),
+    ("deepseek_v3_moe_aux_dp2_ep2", 2, dict(MOE_CASE, aux=0.05), np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
 ]
+
+
+def run_case(relay, tmp, name, ranks, opts, dtype, layout):
+    """The harness's comparison; a MoE case also needs its torch run's routing clear of near-ties."""
+    SMALLEST_MARGIN[0] = float("inf")
+    BASE_COMPARE_CASE(relay, tmp, name, ranks, opts, dtype, layout)
+    if opts.get("moe"):
+        print(f"{name}: smallest routing margin in the torch runs: {SMALLEST_MARGIN[0]:.2e}")
+        if not SMALLEST_MARGIN[0] > 1e-5:
+            raise AssertionError(f"routing margin {SMALLEST_MARGIN[0]:.2e} <= 1e-5: pick other seeds, not a tolerance")
 
 if __name__ == "__main__":
     torch.manual_seed(0)
     harness.FAMILY = DeepseekV3Family
-    sys.exit(1 if harness.run_cases(sys.argv[1], CASES) else 0)
+    harness.relay_config = relay_config
+    selected = [c for c in CASES if not os.environ.get("RELAY_CASES") or c[0] in os.environ["RELAY_CASES"].split(",")]
+    harness.compare_case = run_case
+    sys.exit(1 if harness.run_cases(sys.argv[1], selected) else 0)

@@ -83,10 +83,14 @@ class MoeModule(torch.nn.Module):
     def named_parameters(self, *args, **kwargs):  # noqa: D102
         return iter(self.by_name.items())
 
-    def forward(self, idx):  # noqa: D102
+    def stack_experts(self):
+        """The per-expert parameters stacked into the fused tensors transformers' experts module reads."""
         for mod, triples in self.fused:
             mod.gate_up_proj = torch.stack([torch.cat([g, u], 0) for g, u, _ in triples])
             mod.down_proj = torch.stack([d for _, _, d in triples])
+
+    def forward(self, idx):  # noqa: D102
+        self.stack_experts()
         out = self.hf(input_ids=idx, output_router_logits=True)
         B, T = idx.shape
         aux, z = [], []

@@ -1,9 +1,10 @@
 // DeepSeek-V3 (model.type = "deepseek_v3"): transformers' DeepseekV3ForCausalLM (DeepSeek-AI, arXiv:2412.19437):
-// multi-head latent attention (model/mla_blocks.cpp) in every layer, Llama's RMSNorms and SwiGLU in the dense layers.
-// Keys as config.json names them, Relay's spelling where Relay has one (hidden_size = n_embd, ...). The routed-expert
-// layers (layers first_k_dense_replace and later) are not wired in yet: their keys are read and checked so that configs
-// and config.json round-trip, and a model with such a layer is refused.
+// multi-head latent attention (model/mla_blocks.cpp) in every layer, Llama's RMSNorms and SwiGLU in the first
+// first_k_dense_replace layers, DeepSeek-V3's mixture of experts (model/moe.hpp: sigmoid scores, group-limited top-k,
+// shared experts, e_score_correction_bias = moe.expert_bias) in the others. Keys as config.json names them, Relay's
+// spelling where Relay has one (hidden_size = n_embd, ...; Relay's per-sequence aux loss as router_aux_loss_coef).
 #include "model/families/llama.hpp"
+#include "model/moe.hpp"
 
 namespace relay {
 
@@ -20,6 +21,9 @@ struct DeepseekV3Args : LlamaArgs {
   int64_t n_group = 8, topk_group = 4, first_k_dense_replace = 3, num_mtp_layers = 0;
   bool norm_topk_prob = true;
   double routed_scaling_factor = 2.5, mtp_loss_weight = 0.3;
+  // Relay's per-sequence aux loss (model/moe.hpp; not in transformers' config: 0, as transformers trains).
+  double router_aux_loss_coef = 0.0;
+  bool moe_layer(int64_t i) const { return i >= first_k_dense_replace; }
   std::unique_ptr<FamilyArgs> clone() const override { return std::make_unique<DeepseekV3Args>(*this); }
 };
 
@@ -27,14 +31,28 @@ class DeepseekV3Family final : public ModelFamily {
  public:
   const char* name() const override { return "deepseek_v3"; }
   bool language_model() const override { return true; }
+  bool has_experts() const override { return true; }
+  std::string without_expert_layers(const Config::Model& m) const override {
+    if (moe_layers(m) > 0) return "";
+    return cat("model.first_k_dense_replace = ", m.args<DeepseekV3Args>().first_k_dense_replace, " >= n_layer = ",
+               m.n_layer, " makes every layer dense");
+  }
   std::set<std::string> keys() const override {
     std::set<std::string> k = kLanguageModelKeys;
     k.insert({"ffn_hidden", "rope_theta", "norm_eps", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
               "qk_rope_head_dim", "v_head_dim", "rope_interleave", "rope_scaling", "n_routed_experts",
               "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "n_group", "topk_group",
               "norm_topk_prob", "routed_scaling_factor", "first_k_dense_replace", "num_mtp_layers",
-              "mtp_loss_weight"});
+              "mtp_loss_weight", "router_aux_loss_coef"});
     return k;
+  }
+
+  // Mixtral's and Qwen3-MoE's z-loss key: sigmoid scores have none (moe.hpp).
+  std::string foreign_key(const std::string& key, const std::vector<const ModelKeys*>& owners) const override {
+    if (key == "router_z_loss_coef")
+      return "is not a deepseek_v3 key: DeepSeek-V3's sigmoid router has no z-loss (router_aux_loss_coef sets its "
+             "per-sequence load-balancing loss)";
+    return ModelFamily::foreign_key(key, owners);
   }
 
   void parse_keys(const ConfigSection& model, Config::Model& m) const override {
@@ -66,6 +84,7 @@ class DeepseekV3Family final : public ModelFamily {
     model.integer("first_k_dense_replace", a.first_k_dense_replace, 0, 1 << 16);
     model.integer("num_mtp_layers", a.num_mtp_layers, 0, 1 << 16);
     model.real("mtp_loss_weight", a.mtp_loss_weight, 0, 1e6);
+    model.real("router_aux_loss_coef", a.router_aux_loss_coef, 0, 1e6);
     if (a.n_routed_experts % a.n_group != 0)
       model.fail("n_routed_experts", cat("= ", a.n_routed_experts, " must be divisible by model.n_group = ", a.n_group,
                                          " (the experts are routed in n_group equal groups)"));
@@ -75,9 +94,6 @@ class DeepseekV3Family final : public ModelFamily {
     if (a.num_experts_per_tok > a.n_routed_experts)
       model.fail("num_experts_per_tok", cat("= ", a.num_experts_per_tok, " is more than model.n_routed_experts = ",
                                             a.n_routed_experts, " (each token picks distinct experts)"));
-    if (a.first_k_dense_replace < m.n_layer)
-      throw Error(cat(model.source(), ": model.first_k_dense_replace = ", a.first_k_dense_replace, " < n_layer = ",
-                      m.n_layer, ": routed-expert layers are not wired into deepseek_v3 yet"));
     if (a.num_mtp_layers > 0)
       model.fail("num_mtp_layers", cat("= ", a.num_mtp_layers, ": multi-token prediction is not in Relay yet (0)"));
   }
@@ -86,6 +102,14 @@ class DeepseekV3Family final : public ModelFamily {
     const DeepseekV3Args& a = c.model.args<DeepseekV3Args>();
     if (c.parallel.tp > 1 && a.ffn_hidden % c.parallel.tp != 0)
       parallel.fail("tp", cat("= ", c.parallel.tp, " must divide model.ffn_hidden = ", a.ffn_hidden));
+    if (moe_layers(c.model) > 0) {
+      if (c.parallel.tp > 1 && a.moe_intermediate_size % c.parallel.tp != 0)
+        parallel.fail("tp", cat("= ", c.parallel.tp, " must divide model.moe_intermediate_size = ",
+                                a.moe_intermediate_size, " (each expert's SwiGLU units are split over the tp ranks)"));
+      if (a.n_routed_experts % c.parallel.ep != 0)
+        parallel.fail("ep", cat("= ", c.parallel.ep, " must divide model.n_routed_experts = ", a.n_routed_experts,
+                                " (each rank holds n_routed_experts / ep whole experts)"));
+    }
     // Read here: [parallel] parses sequence_parallel after the family's checks.
     const toml::node* sp = parallel.get("sequence_parallel");
     if (sp && sp->value<bool>().value_or(false))
@@ -108,7 +132,8 @@ class DeepseekV3Family final : public ModelFamily {
       << a.topk_group << "\nnorm_topk_prob = " << (a.norm_topk_prob ? "true" : "false")
       << "\nrouted_scaling_factor = " << toml_number(a.routed_scaling_factor)
       << "\nfirst_k_dense_replace = " << a.first_k_dense_replace << "\nnum_mtp_layers = " << a.num_mtp_layers
-      << "\nmtp_loss_weight = " << toml_number(a.mtp_loss_weight) << "\n";
+      << "\nmtp_loss_weight = " << toml_number(a.mtp_loss_weight)
+      << "\nrouter_aux_loss_coef = " << toml_number(a.router_aux_loss_coef) << "\n";
   }
 
   ModelSpec blocks(const Config& cfg, int64_t) const override {
@@ -117,6 +142,8 @@ class DeepseekV3Family final : public ModelFamily {
     const int64_t V = c.vocab_size, T = c.block_size, C = c.n_embd, H = c.n_head, F = a.ffn_hidden;
     const int64_t dqk = a.qk_nope_head_dim + a.qk_rope_head_dim, dv = a.v_head_dim, r = a.kv_lora_rank;
     const int64_t ql = a.q_lora_rank, dr = a.qk_rope_head_dim;
+    const int64_t L_moe = moe_layers(c), E = a.n_routed_experts, Fe = a.moe_intermediate_size;
+    const double sequences = double(std::max<int64_t>(cfg.train.batch_size, 1));  // of the global batch
     auto w = [&](const std::string& name, Shape shape, TpSplit split = {}) {
       return ParamSpec{name, std::move(shape), ParamInit{ParamInit::normal, c.init_std, name_stream(name), 0}, split};
     };
@@ -157,15 +184,47 @@ class DeepseekV3Family final : public ModelFamily {
       b.params.push_back(w(at + "kv_b_proj.weight", {H * (a.qk_nope_head_dim + dv), r}, col));
       b.params.push_back(w(at + "o_proj.weight", {C, H * dv}, row));
       b.params.push_back({p + "post_attention_layernorm.weight", {C}, constant(1)});
-      b.params.push_back(w(p + "mlp.gate_proj.weight", {F, C}, col));
-      b.params.push_back(w(p + "mlp.up_proj.weight", {F, C}, col));
-      b.params.push_back(w(p + "mlp.down_proj.weight", {C, F}, row));
+      double mlp_flops = 6.0 * double(C) * double(F);
+      if (a.moe_layer(i)) {
+        // moe.hpp's order: the router, the shared experts (gate, up by rows over tp, down by columns), the experts.
+        b.moe = {E, a.num_experts_per_tok, Fe, a.norm_topk_prob, a.router_aux_loss_coef / (double(L_moe) * sequences),
+                 0, 0, cfg.moe.expert_bias};
+        b.moe.aux_coef = a.router_aux_loss_coef;
+        b.moe.score = MoeSpec::Score::sigmoid;
+        b.moe.n_group = a.n_group;
+        b.moe.topk_group = a.topk_group;
+        b.moe.routed_scaling = a.routed_scaling_factor;
+        b.moe.n_shared = a.n_shared_experts;
+        b.moe.layer = int(i - a.first_k_dense_replace);
+        const int64_t Fs = b.moe.shared_hidden();
+        b.params.push_back(w(p + "mlp.gate.weight", {E, C}));
+        if (Fs > 0) {
+          b.params.push_back(w(p + "mlp.shared_experts.gate_proj.weight", {Fs, C}, col));
+          b.params.push_back(w(p + "mlp.shared_experts.up_proj.weight", {Fs, C}, col));
+          b.params.push_back(w(p + "mlp.shared_experts.down_proj.weight", {C, Fs}, row));
+        }
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+          b.params.push_back(w(x + "gate_proj.weight", {Fe, C}, col));
+          b.params.push_back(w(x + "up_proj.weight", {Fe, C}, col));
+          b.params.push_back(w(x + "down_proj.weight", {C, Fe}, row));
+        }
+        RELAY_ASSERT(b.params.size() == (ql > 0 ? 9 : 7) + MoeMlp::param_count(b.moe),
+                     "deepseek_v3: layer " << i << " lists " << b.params.size() << " params");
+        mlp_flops = 2.0 * double(C) * double(E) + double(a.num_experts_per_tok + a.n_shared_experts) * 6.0 *
+                                                      double(C) * double(Fe);
+      } else {
+        b.params.push_back(w(p + "mlp.gate_proj.weight", {F, C}, col));
+        b.params.push_back(w(p + "mlp.up_proj.weight", {F, C}, col));
+        b.params.push_back(w(p + "mlp.down_proj.weight", {C, F}, row));
+      }
       // Per token: 2 x the projections' multiply-adds, 2 x 2 x T x H (dqk + dv) / 2 in QK^T and att @ V (causal
-      // halves are the planner's business, as Llama's), 2 x 3 C F in the SwiGLU.
+      // halves are the planner's business, as Llama's), 2 x 3 C F in the SwiGLU (the MoE's: the router's 2 C E and
+      // 2 x 3 C moe_intermediate_size for each of the k routed and n_shared shared experts).
       const double proj = (ql > 0 ? double(C * ql + ql * H * dqk) : double(C * H * dqk)) + double(C * (r + dr)) +
                           double(r * H * (a.qk_nope_head_dim + dv)) + double(H * dv * C);
       b.attn_flops = 2.0 * double(T) * double(H) * double(dqk + dv);
-      b.flops = 2.0 * proj + 6.0 * double(C) * double(F) + b.attn_flops;
+      b.flops = 2.0 * proj + mlp_flops + b.attn_flops;
       b.recomputable = true;
       m.blocks.push_back(std::move(b));
     }
@@ -176,7 +235,13 @@ class DeepseekV3Family final : public ModelFamily {
   }
 
   bool tp_splits(const Config::Model& m, int tp) const override {
-    return m.n_head % tp == 0 && m.vocab_size >= tp && m.args<DeepseekV3Args>().ffn_hidden % tp == 0;
+    const DeepseekV3Args& a = m.args<DeepseekV3Args>();
+    return m.n_head % tp == 0 && m.vocab_size >= tp && a.ffn_hidden % tp == 0 &&
+           (moe_layers(m) == 0 || a.moe_intermediate_size % tp == 0);
+  }
+  // Every layer's router sees all n_routed_experts (ep splits them); a model without MoE layers has none to split.
+  int64_t experts(const Config::Model& m) const override {
+    return moe_layers(m) > 0 ? m.args<DeepseekV3Args>().n_routed_experts : 0;
   }
 
   const char* hf_model_type() const override { return "deepseek_v3"; }
@@ -255,9 +320,33 @@ class DeepseekV3Family final : public ModelFamily {
       throw Error(cat(where, ": config.json max_position_embeddings = ", max_pos.dump(), " but model.block_size = ",
                       m.block_size, " is longer"));
     hf_check_fixed(config, {{"hidden_act", "silu", "silu", "Relay's DeepSeek-V3 MLP is SwiGLU"},
+                            {"scoring_func", "sigmoid", "sigmoid", "DeepSeek-V3's router scores are sigmoids"},
+                            {"topk_method", "noaux_tc", "noaux_tc", "Relay routes as transformers' noaux_tc"},
                             {"attention_bias", false, false, "Relay's DeepSeek-V3 has no biases"},
                             {"rope_scaling", nullptr, nullptr, "Relay applies plain rotary embeddings"}},
                    where);
+  }
+
+  // MoE layer l's e_score_correction_bias is row l of moe.expert_bias (router/expert_bias).
+  std::vector<std::string> hf_expert_bias_names(const Config::Model& m) const override {
+    std::vector<std::string> names;
+    for (int64_t i = 0; i < m.n_layer; ++i)
+      if (m.args<DeepseekV3Args>().moe_layer(i))
+        names.push_back(cat("model.layers.", i, ".mlp.gate.e_score_correction_bias"));
+    return names;
+  }
+
+  // transformers 5 holds a layer's routed experts fused, mlp.experts.gate_up_proj (E, 2F, C) ([gate; up] per expert)
+  // and mlp.experts.down_proj (E, C, F); save_pretrained writes the per-expert names Relay uses. A directory in the
+  // fused form is read as if it held the per-expert tensors.
+  void hf_import_names(std::map<std::string, Shape>& shapes,
+                       std::map<std::string, std::pair<std::string, int64_t>>& slices) const override {
+    hf_split_fused_experts(shapes, slices, {"gate_proj", "up_proj", "down_proj"});
+  }
+
+ private:
+  static int64_t moe_layers(const Config::Model& m) {
+    return std::max<int64_t>(0, m.n_layer - m.args<DeepseekV3Args>().first_k_dense_replace);
   }
 };
 

@@ -152,7 +152,6 @@ class MoeFamily final : public ModelFamily {
   void hf_import_names(std::map<std::string, Shape>& shapes,
                        std::map<std::string, std::pair<std::string, int64_t>>& slices) const override {
     const bool mixtral = !qwen_;
-    std::map<std::string, Shape> out;
     auto ends = [](const std::string& n, const std::string& tail) {
       return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
     };
@@ -160,19 +159,12 @@ class MoeFamily final : public ModelFamily {
     auto block = [&](const std::string& mlp) {
       return mixtral && ends(mlp, ".mlp") ? mlp.substr(0, mlp.size() - 4) + ".block_sparse_moe" : mlp;
     };
-    const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj", mixtral ? "w2" : "down_proj"};
+    if (mixtral) hf_split_fused_experts(shapes, slices, {"w1", "w3", "w2"}, block);
+    else hf_split_fused_experts(shapes, slices, {"gate_proj", "up_proj", "down_proj"});
+    if (!mixtral) return;
+    std::map<std::string, Shape> out;
     for (auto& [name, shape] : shapes) {
-      const bool gate_up = ends(name, ".experts.gate_up_proj"), down = ends(name, ".experts.down_proj");
-      if ((gate_up || down) && shape.size() == 3) {
-        const std::string prefix = block(name.substr(0, name.size() - (gate_up ? 21 : 18))) + ".experts.";
-        const int64_t E = shape[0], rows = gate_up ? shape[1] / 2 : shape[1], cols = shape[2];
-        for (int64_t e = 0; e < E; ++e)
-          for (int part = 0; part < (gate_up ? 2 : 1); ++part) {
-            const std::string relay = cat(prefix, e, ".", names[gate_up ? part : 2], ".weight");
-            slices[relay] = {name, (e * (gate_up ? 2 : 1) + part) * rows * cols};
-            out[relay] = {rows, cols};
-          }
-      } else if (mixtral && ends(name, ".mlp.gate.weight")) {
+      if (ends(name, ".mlp.gate.weight")) {
         const std::string relay = block(name.substr(0, name.size() - 12)) + ".gate.weight";
         slices[relay] = {name, -1};
         out[relay] = shape;
