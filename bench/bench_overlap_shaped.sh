@@ -7,7 +7,7 @@
 # exposed_comm_s (the time it waited on its data-parallel collectives). "compute alone" is the same rank's step at
 # dp 1 on node1 (no link); "comm alone" is the overlap-off run's exposed communication (its collectives start after
 # the backward and nothing runs beside them). The issue's target: overlapped step <= 1.15 x max(compute, comm).
-# Root only. Usage: bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [LAYERS (4)] [SEQS (4)] [steps (6)]
+# Root only. Usage: [ZEROS="0 1 3"] bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [LAYERS (4)] [SEQS (4)] [steps (6)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
@@ -44,7 +44,7 @@ on_node1 env OMP_NUM_THREADS=1 "$RELAY" train $(args "$work/alone" 1 0 false) >"
 read -r compute _ _ <<<"$(means "$work/alone")"
 printf "compute alone (dp 1, one rank on node1): %.3f s a step\n\n" "$compute"
 printf "%-6s %-8s %9s %16s %14s %12s %10s\n" "zero" "overlap" "step s" "exposed comm s" "comm alone s" "step/max" "loss"
-for zero in 0 1 3; do
+for zero in ${ZEROS:-0 1 3}; do
   comm=0
   for overlap in false true; do
     dir="$work/z${zero}_$overlap"
