@@ -63,6 +63,8 @@ std::vector<double> dequantised(const Quantised& x) {
   return out;
 }
 
+void expect_codes(const Tensor& x, const Quantised& qx);
+
 // Every tile's scale is its amax / max finite (computed here by brute force over the tile), and every code is
 // f32_to_fp8(x / scale).
 void expect_scales_and_codes(const Tensor& x, const Quantised& qx) {
@@ -79,6 +81,14 @@ void expect_scales_and_codes(const Tensor& x, const Quantised& qx) {
       const float want = amax == 0 ? 1.f : amax / fp8_spec(fmt).max_finite;
       ASSERT_EQ(qx.scales.f32()[gi * g.cols + gj], want) << fp8_tiling_name(qx.tiling) << " tile (" << gi << ", " << gj << ")";
     }
+  expect_codes(x, qx);
+}
+
+// Every code is f32_to_fp8(x / its tile's scale).
+void expect_codes(const Tensor& x, const Quantised& qx) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const Fp8Format fmt = fp8_format(qx.q.dtype());
+  const Fp8Grid g = fp8_grid(qx.tiling, rows, cols);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const float s = qx.scales.f32()[(r / g.tile_rows) * g.cols + c / g.tile_cols];
@@ -110,6 +120,25 @@ TEST(Fp8Quantize, TilesWithPartialEdgeTiles) {
       const Quantised qx = quantise(*be, x, tiling, fmt);
       ASSERT_EQ(qx.scales.shape(), grid) << fp8_tiling_name(tiling);
       expect_scales_and_codes(x, qx);
+    }
+}
+
+// fp8_quantize_with (the tensor-parallel path: a scale agreed over the group): with fp8_quantize's own scales it gives
+// its codes; with other given scales, each code is x / that tile's given scale.
+TEST(Fp8Quantize, GivenScalesGiveTheCodesOfThoseScales) {
+  auto be = make_backend(BackendOptions{Device::cpu, 2});
+  for (Fp8Tiling tiling : {Fp8Tiling::tensor, Fp8Tiling::row_1x128, Fp8Tiling::block_128x128})
+    for (Fp8Format fmt : {kE4m3, kE5m2}) {
+      Tensor x = random_matrix(*be, 130, 257, 5);
+      const Quantised qx = quantise(*be, x, tiling, fmt);
+      Tensor q(*be, {130, 257}, qx.q.dtype());  // (rows, cols)
+      be->fp8_quantize_with(x, tiling, qx.scales, q);
+      for (int64_t i = 0; i < q.numel(); ++i) ASSERT_EQ(q.fp8()[i], qx.q.fp8()[i]) << fp8_tiling_name(tiling) << " " << i;
+      Tensor wider(*be, qx.scales.shape());  // (grid) twice every scale: a larger amax elsewhere in the group
+      for (int64_t i = 0; i < wider.numel(); ++i) wider.f32()[i] = 2 * qx.scales.f32()[i];
+      be->fp8_quantize_with(x, tiling, wider, q);
+      Quantised given{q, wider, tiling};
+      expect_codes(x, given);
     }
 }
 

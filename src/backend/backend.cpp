@@ -177,8 +177,10 @@ void Backend::matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_
   c.that(y.raw() != a.raw() && y.raw() != b.raw(), "y must not alias a or b");
   matmul_impl(a, trans_a, b, trans_b, y, alpha, beta);
 }
-void Backend::fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales) {
-  Check c(*this, "fp8_quantize");
+namespace {
+// fp8_quantize's and fp8_quantize_with's operands: x (rows, cols) float, q its shape in an fp8 dtype, scales f32 in
+// fp8_grid(tiling)'s shape.
+void check_fp8_quantize(Check& c, const Tensor& x, Fp8Tiling tiling, const Tensor& q, const Tensor& scales) {
   c.tensor(x, "x", kFloat).tensor(q, "q", kFp8).tensor(scales, "scales", kF32);
   c.that(x.ndim() == 2 && q.shape() == x.shape(), cat("x ", shape_str(x.shape()), " must be a matrix and q ",
                                                       shape_str(q.shape()), " its shape"));
@@ -186,17 +188,17 @@ void Backend::fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor&
   c.that(scales.shape() == Shape{g.rows, g.cols},
          cat("scales ", shape_str(scales.shape()), " for ", fp8_tiling_name(tiling), " of x ", shape_str(x.shape()),
              ", expected ", shape_str({g.rows, g.cols})));
+}
+}  // namespace
+
+void Backend::fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales) {
+  Check c(*this, "fp8_quantize");
+  check_fp8_quantize(c, x, tiling, q, scales);
   fp8_quantize_impl(x, tiling, q, scales);
 }
 void Backend::fp8_quantize_with(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q) {
   Check c(*this, "fp8_quantize_with");
-  c.tensor(x, "x", kFloat).tensor(q, "q", kFp8).tensor(scales, "scales", kF32);
-  c.that(x.ndim() == 2 && q.shape() == x.shape(), cat("x ", shape_str(x.shape()), " must be a matrix and q ",
-                                                      shape_str(q.shape()), " its shape"));
-  const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
-  c.that(scales.shape() == Shape{g.rows, g.cols},
-         cat("scales ", shape_str(scales.shape()), " for ", fp8_tiling_name(tiling), " of x ", shape_str(x.shape()),
-             ", expected ", shape_str({g.rows, g.cols})));
+  check_fp8_quantize(c, x, tiling, q, scales);
   fp8_quantize_with_impl(x, tiling, scales, q);
 }
 void Backend::fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
