@@ -19,7 +19,9 @@ cd build
 mkdir -p Testing
 rc=0
 start=$(date +%s)
-ctest --output-on-failure --timeout 1200 "$@" 2>&1 | tee Testing/ctest_output.txt || rc=$?
+# -j2: unit tests (one process each) two at a time; a test that starts ranks, Slurm or PyTorch declares 2 processors
+# (or runs alone) in tests/CMakeLists.txt, so it still has both cores of a 2-core machine to itself.
+ctest -j2 --output-on-failure --timeout 1200 "$@" 2>&1 | tee Testing/ctest_output.txt || rc=$?
 echo "test.sh: ctest took $(( $(date +%s) - start )) s"
 python3 ../scripts/show_failed_tests.py . --slowest 10 || true
 # A failing test's output again at the very end, where a truncated CI log still shows it.

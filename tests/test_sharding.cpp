@@ -2,12 +2,14 @@
 // what each gradient group shards and every move it makes (collective, group, when issued, what waits for it, how
 // often), the bytes against the elements and dtypes, the ZeRO paper's communication volumes (Rajbhandari et al.,
 // arXiv:1910.02054, section 7: stages 1 and 2 move what plain data parallelism does, stage 3 1.5x), and relay plan's
-// lines.
+// lines. And the gradient bucket layout (parallel/data_parallel.hpp layout_buckets): reverse block order, a block
+// never split, a small first bucket per run (parallel.first_bucket_mb).
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "core/error.hpp"
+#include "parallel/data_parallel.hpp"
 #include "parallel/sharding.hpp"
 
 namespace relay {
@@ -268,6 +270,32 @@ TEST(Sharding, RenderedAsThePlansLines) {
   const std::string z3 = render_sharding(describe_sharding(input(3, 1, 1, 2)));
   EXPECT_NE(z3.find("(8 a step)"), std::string::npos) << z3;  // 2 x 4 micro-batches of gathers
   EXPECT_NE(z3.find("needed by the block's run"), std::string::npos) << z3;
+}
+
+// The buckets as lists of block indices (each key here is one block's parameters).
+std::vector<std::vector<int>> bucket_blocks(const std::vector<BucketKey>& keys, BucketCaps caps) {
+  std::vector<std::vector<int>> out;
+  for (const auto& g : layout_buckets(keys, caps, 2).groups) {
+    out.emplace_back();
+    for (size_t i : g) out.back().push_back(keys[i].block);
+  }
+  return out;
+}
+
+TEST(BucketLayout, FirstBucketIsSmallThenBucketMb) {
+  std::vector<BucketKey> keys;
+  for (int b = 0; b < 6; ++b) keys.push_back({100000, 0, b});  // 6 blocks of 400 KB, chunk 0
+  using B = std::vector<std::vector<int>>;
+  // 1 MiB buckets (262144 f32), reverse block order, a bucket closed once it holds 1 MiB or more.
+  EXPECT_EQ(bucket_blocks(keys, {1.0}), (B{{5, 4, 3}, {2, 1, 0}}));
+  // A 0.2 MiB first bucket: the last block alone (a block is never split), then 1 MiB ones.
+  EXPECT_EQ(bucket_blocks(keys, {1.0, 0.2}), (B{{5}, {4, 3, 2}, {1, 0}}));
+  // A first bucket larger than the others is capped at bucket_mb; 0 (ZeRO-3): a bucket per block.
+  EXPECT_EQ(bucket_blocks(keys, {1.0, 8.0}), (B{{5, 4, 3}, {2, 1, 0}}));
+  EXPECT_EQ(bucket_blocks(keys, {0.0, 1.0}), (B{{5}, {4}, {3}, {2}, {1}, {0}}));
+  // Each chunk's run starts with its own small bucket.
+  for (int b = 0; b < 3; ++b) keys.push_back({100000, 1, 6 + b});
+  EXPECT_EQ(bucket_blocks(keys, {1.0, 0.2}), (B{{5}, {4, 3, 2}, {1, 0}, {8}, {7, 6}}));
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ const std::map<std::string, std::set<std::string>>& section_keys() {
                  "fp8_recipe"}},
       {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "momentum", "zero"}},
       {"lr_schedule", {"name", "warmup_steps", "min_lr"}},
-      {"parallel", {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "comm",
+      {"parallel", {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "first_bucket_mb", "comm",
                     "grad_reduce", "timeout", "sequence_parallel", "reshard_after_forward", "overlap"}},
       {"checkpoint", {"dir", "every", "keep", "save_initial", "resume", "async"}},
       {"trace", {"steps"}},
@@ -425,6 +425,7 @@ void read_parallel(const Reading& r, Config& c) {
   par.choice("schedule", c.parallel.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
   par.integer("virtual_stages", c.parallel.virtual_stages, 1, 1024);
   par.real("bucket_mb", c.parallel.bucket_mb, 0, 1e6, true);
+  par.real("first_bucket_mb", c.parallel.first_bucket_mb, 0, 1e6, true);
   par.choice("comm", c.parallel.comm, {"auto", "nccl", "mpi"});
   par.enum_choice("grad_reduce", c.parallel.grad_reduce, kGradReduceNames);
   par.boolean("reshard_after_forward", c.parallel.reshard_after_forward);
@@ -607,7 +608,8 @@ std::string Config::to_toml(const ModelKeys& family) const {
     for (size_t i = 0; i < parallel.balance.size(); ++i) o << (i ? ", " : "") << parallel.balance[i];
     o << "]\n";
   }
-  o << "bucket_mb = " << num(parallel.bucket_mb) << "\ncomm = " << q(parallel.comm)
+  o << "bucket_mb = " << num(parallel.bucket_mb) << "\nfirst_bucket_mb = " << num(parallel.first_bucket_mb)
+    << "\ncomm = " << q(parallel.comm)
     << "\ngrad_reduce = " << q(grad_reduce_name(parallel.grad_reduce))
     << "\nreshard_after_forward = " << (parallel.reshard_after_forward ? "true" : "false")
     << "\noverlap = " << (parallel.overlap ? "true" : "false") << "\ntimeout = "

@@ -128,6 +128,7 @@ struct Config {
     int64_t virtual_stages = 1;
     std::vector<int64_t> balance;   // layers per chunk; empty = balanced by FLOPs
     double bucket_mb = 25.0;
+    double first_bucket_mb = 1.0;   // the first bucket the backward fills (PyTorch DDP's 1 MiB): communication starts early
     std::string comm = "auto";      // auto | nccl | mpi
     GradReduce grad_reduce = GradReduce::fp32;  // the gradient all-reduce / reduce-scatter wire type
     // ZeRO-3 on one pipeline stage: free a block's gathered parameters after its forward (and gather them again

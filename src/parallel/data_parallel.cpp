@@ -11,7 +11,7 @@
 
 namespace relay {
 
-BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb, int dp, int expert_dp) {
+BucketLayout layout_buckets(const std::vector<BucketKey>& keys, BucketCaps caps, int dp, int expert_dp) {
   if (expert_dp <= 0) expert_dp = dp;
   // Per (chunk, counts_in_norm), reverse block order; a block's parameters never straddle two buckets.
   std::vector<size_t> order(keys.size());
@@ -21,17 +21,19 @@ BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb
                            -keys[i].block);
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
-  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4));
+  auto elems = [](double mb) { return std::max<int64_t>(1, static_cast<int64_t>(mb * 1024 * 1024 / 4)); };
+  const int64_t cap = elems(caps.mb), first_cap = caps.first_mb < 0 ? cap : std::min(cap, elems(caps.first_mb));
   BucketLayout out;
-  int64_t fill = 0;
+  int64_t fill = 0, limit = cap;
   for (size_t k = 0; k < order.size(); ++k) {
     const BucketKey &a = keys[order[k]], *prev = k ? &keys[order[k - 1]] : nullptr;
     const bool new_group = !prev || a.chunk != prev->chunk || a.counts_in_norm != prev->counts_in_norm ||
                            a.tp_replicated != prev->tp_replicated || a.expert != prev->expert || a.tied || prev->tied;
     const bool new_block = !prev || a.block != prev->block;
-    if (new_group || (new_block && fill >= cap)) {
+    if (new_group || (new_block && fill >= limit)) {
       out.groups.emplace_back();
       fill = 0;
+      limit = new_group ? first_cap : cap;  // a run's first bucket is the small one
     }
     out.groups.back().push_back(order[k]);
     fill += a.numel;
@@ -123,7 +125,7 @@ Sharding bucket_sharding(int zero, int pp, bool reshard, Communicator* comm, Com
 }
 }  // namespace
 
-GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
+GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, BucketCaps caps,
                          int zero, GradReduce wire, bool reshard, int pp, Communicator* expert_comm)
     : be_(be), comm_(comm), sharding_(bucket_sharding(zero, pp, reshard, comm, expert_comm, params)),
       zero_(sharding_.group(GradGroup::dense).optimizer_state),
@@ -136,7 +138,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
   std::vector<BucketKey> keys;
   for (const BucketParam& p : params)
     keys.push_back({shape_numel(p.param->shape), p.chunk, p.block, p.counts_in_norm, p.tied, p.tp_replicated, p.expert});
-  const BucketLayout layout = layout_buckets(keys, bucket_mb, sharding_.group(GradGroup::dense).shards(),
+  const BucketLayout layout = layout_buckets(keys, caps, sharding_.group(GradGroup::dense).shards(),
                                              sharding_.group(GradGroup::expert).shards());
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
     const auto& g = layout.groups[gi];

@@ -67,6 +67,15 @@ struct BucketParam {
   bool expert = false;  // an expert's weight under parallel.ep: summed over the ranks holding the same experts only
 };
 
+// Bucket size limits (MiB of f32): `mb` (parallel.bucket_mb; 0: a bucket per block), and `first_mb` for the first
+// bucket of each run of buckets the backward fills in turn (parallel.first_bucket_mb; negative: as mb). PyTorch DDP's
+// rule: a small first bucket starts the communication early, while the rest of the backward runs. A block's
+// parameters never straddle two buckets, so a bucket is at least one block.
+struct BucketCaps {
+  BucketCaps(double mb_ = 25.0, double first_mb_ = -1.0) : mb(mb_), first_mb(first_mb_) {}
+  double mb, first_mb;
+};
+
 // The bucket layout, a pure function of the parameters (relay plan computes it before anything exists).
 struct BucketKey {
   int64_t numel = 0;
@@ -79,7 +88,7 @@ struct BucketLayout {
   std::vector<int> shards;                  // each bucket's ranks that shard it: `dp`, or expert_dp for an expert's
 };
 // Expert weights (parallel.ep) get buckets of their own, padded to a multiple of expert_dp (0: dp).
-BucketLayout layout_buckets(const std::vector<BucketKey>& keys, double bucket_mb, int dp, int expert_dp = 0);
+BucketLayout layout_buckets(const std::vector<BucketKey>& keys, BucketCaps caps, int dp, int expert_dp = 0);
 // ZeRO-2: what each parameter block (BlockSpec::index) does to the buckets it writes, from the chunks' parameter
 // blocks (each chunk's in block order) and the buckets each block writes. A bucket is open over a run of writers that
 // follow each other in the backward and is launched after the run's last (lowest) block; a bucket written by blocks
@@ -129,7 +138,7 @@ class GradBuckets : public BlockHooks {
   // allreduce_grads as under ZeRO-1 and freed after (torchtitan's choice: no per-micro-batch collectives).
   // expert_comm (parallel.ep): the ranks holding this rank's experts, over which the expert weights' buckets are
   // summed and (ZeRO) sharded; null when this rank's experts have no other copy (their buckets are kept whole).
-  GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, double bucket_mb,
+  GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, BucketCaps caps,
               int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, int pp = 1,
               Communicator* expert_comm = nullptr);
   bool params_sharded() const { return zero3_; }

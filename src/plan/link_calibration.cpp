@@ -24,12 +24,23 @@ namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// The slowest member's mean seconds of `run` over `reps` repeats, after a warm-up and a barrier: the best of three
-// such trials (a rank descheduled by another process's burst would otherwise stretch one trial by milliseconds).
+// The slowest member's mean seconds of `run` over repeats lasting about `budget` seconds, after a warm-up (connections,
+// buffers) and one timed call that sets the repeat count (2 to 100, the members' slowest call: every member repeats
+// alike): the best of three such trials (a rank descheduled by another process's burst would otherwise stretch one
+// trial by milliseconds). A fixed byte count per trial made a slow link (TCP between two namespaces of a 2-core
+// machine) take minutes; a time budget keeps a fast link's 100 repeats and gives a slow one its 2.
 // On a GPU a collective's wait() only orders the compute stream after it: the device is synchronised at both ends.
 template <class F>
-double slowest_mean(Communicator& g, Backend& be, int reps, F run) {
+double slowest_mean(Communicator& g, Backend& be, double budget, F run) {
   run();
+  be.synchronize();
+  g.barrier();
+  double once = now();
+  run();
+  be.synchronize();
+  once = now() - once;
+  g.allreduce_host(&once, 1, ReduceOp::max, "a calibration timing");
+  const int reps = int(std::clamp(budget / std::max(once, 1e-9), 2.0, 100.0));
   double best = 0;
   for (int trial = 0; trial < 3; ++trial) {
     be.synchronize();
@@ -58,27 +69,26 @@ std::vector<CollectiveSample> time_collectives(Communicator& g, Backend& be) {
   constexpr int64_t kWidth = 256;  // all-to-all row: 1 KiB of f32
   std::vector<CollectiveSample> out;
   for (int64_t bytes = int64_t(4) << 10; bytes <= int64_t(16) << 20; bytes *= 4) {
-    // ~64 MiB moved per size, operation and trial, 2 to 100 repeats.
-    const int reps = int(std::clamp<int64_t>((int64_t(64) << 20) / bytes, 2, 100));
+    constexpr double budget = 0.05;  // seconds of repeats per size, operation and trial
     const int64_t m = std::max<int64_t>(1, bytes / 4 / n);  // f32 elements per member
     {
       Tensor t = zeros(be, {n * m});  // (n m) each member's whole buffer
-      out.push_back({"all_reduce", n, 4.0 * double(n * m), slowest_mean(g, be, reps, [&] { g.iallreduce_sum(t)->wait(); })});
+      out.push_back({"all_reduce", n, 4.0 * double(n * m), slowest_mean(g, be, budget, [&] { g.iallreduce_sum(t)->wait(); })});
     }
     {
       Tensor buf = zeros(be, {n * m});  // (n m) member r's part [r m, (r + 1) m)
-      out.push_back({"all_gather", n, 4.0 * double(n * m), slowest_mean(g, be, reps, [&] { g.iallgather(buf)->wait(); })});
+      out.push_back({"all_gather", n, 4.0 * double(n * m), slowest_mean(g, be, budget, [&] { g.iallgather(buf)->wait(); })});
     }
     {
       Tensor in = zeros(be, {n * m}), piece = zeros(be, {m});  // (n m) -> (m)
       out.push_back({"reduce_scatter", n, 4.0 * double(n * m),
-                     slowest_mean(g, be, reps, [&] { g.ireduce_scatter_sum(in, piece)->wait(); })});
+                     slowest_mean(g, be, budget, [&] { g.ireduce_scatter_sum(in, piece)->wait(); })});
     }
     {
       const int64_t rows = std::max<int64_t>(1, bytes / (4 * kWidth) / n);  // rows to each member
       Tensor send = zeros(be, {n * rows, kWidth}), recv = zeros(be, {n * rows, kWidth});  // (n rows, 256)
       const std::vector<int64_t> counts(size_t(n), rows);
-      out.push_back({"all_to_all", n, 4.0 * double(n * rows * kWidth), slowest_mean(g, be, reps, [&] {
+      out.push_back({"all_to_all", n, 4.0 * double(n * rows * kWidth), slowest_mean(g, be, budget, [&] {
                        g.alltoall_rows(send, counts, recv, counts, "a calibration all-to-all");
                      })});
     }

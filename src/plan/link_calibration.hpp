@@ -1,6 +1,6 @@
 // `relay plan --measure --calibrate OUT` under mpirun: the links of this machine (and, when the ranks span several
 // hosts, between them) measured through Relay's own communicator, as nccl-tests measures NCCL: all-reduce,
-// all-gather, reduce-scatter and all-to-all of 4 KiB to 16 MiB, each size timed over enough repeats, the slowest
+// all-gather, reduce-scatter and all-to-all of 4 KiB to 16 MiB, each size timed over ~50 ms of repeats, the slowest
 // rank's mean kept (the best of three trials). Each time is turned into nccl-tests' bus bandwidth (algbw x 2(n-1)/n for all-reduce, x (n-1)/n
 // for the others) and fitted to the planner's alpha-beta forms (plan/collectives.hpp):
 //   t = steps x alpha + bus bytes / busbw [+ reduced bytes / reduce_bw],

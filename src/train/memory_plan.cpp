@@ -50,7 +50,7 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
     }
     writers[it->second].push_back(i);
   });
-  const BucketLayout bl = layout_buckets(keys, zero_bucket_mb(cfg), dp, edp);
+  const BucketLayout bl = layout_buckets(keys, zero_bucket_caps(cfg), dp, edp);
   ShardingInput in = sharding_input(cfg);
   in.replicas = dp;
   const GroupSharding dense = describe_sharding(in).group(GradGroup::dense);

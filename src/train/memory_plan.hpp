@@ -13,6 +13,7 @@
 
 #include "core/config.hpp"
 #include "core/memory.hpp"  // mib()
+#include "parallel/data_parallel.hpp"  // BucketCaps
 #include "train/model_layout.hpp"
 
 namespace relay {
@@ -26,7 +27,11 @@ struct MemoryBytes {
 };
 
 // The gradient buckets' size limit: parallel.bucket_mb, or under ZeRO-3 0 (a bucket per block: the gather unit).
-inline double zero_bucket_mb(const Config& cfg) { return cfg.optimizer.zero >= 3 ? 0.0 : cfg.parallel.bucket_mb; }
+// The first bucket of each run: parallel.first_bucket_mb (ZeRO-3: a block too).
+inline BucketCaps zero_bucket_caps(const Config& cfg) {
+  if (cfg.optimizer.zero >= 3) return {0.0};
+  return {cfg.parallel.bucket_mb, cfg.parallel.first_bucket_mb};
+}
 
 // ZeRO-2's gradient buckets on the rank at (pp_rank, tp_rank) with dp replicas: their padded sizes and the pool. Under
 // parallel.ep an expert's buckets are sharded over its dp / ep copies, or kept whole where it has none.

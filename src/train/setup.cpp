@@ -248,7 +248,7 @@ void setup_data_and_model(Run& r) {
                                     compute_dtype(cfg.train.precision));
   }
   r.buckets = std::make_unique<GradBuckets>(*r.be, g.replicas() > 1 ? r.dp_comm.get() : nullptr, bucket_params,
-                                            zero_bucket_mb(cfg), cfg.optimizer.zero, cfg.parallel.grad_reduce,
+                                            zero_bucket_caps(cfg), cfg.optimizer.zero, cfg.parallel.grad_reduce,
                                             cfg.parallel.reshard_after_forward, g.pp,
                                             r.expert_dp_comm.get());
   if (cfg.parallel.overlap) {
