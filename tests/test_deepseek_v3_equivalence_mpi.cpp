@@ -54,8 +54,8 @@ std::vector<std::string> model_overrides() {
           "model.num_experts_per_tok=2", "model.n_group=2", "model.topk_group=1", "model.first_k_dense_replace=4"};
 }
 
-std::vector<std::string> layout_overrides(const Case& c, const std::string& run) {
-  return {"run.dir=\"" + run + "\"", "parallel.dp=" + std::to_string(c.dp), "parallel.tp=" + std::to_string(c.tp),
+std::vector<std::string> layout_overrides(const Case& c) {
+  return {"parallel.dp=" + std::to_string(c.dp), "parallel.tp=" + std::to_string(c.tp),
           "parallel.cp=" + std::to_string(c.cp),
           "parallel.pp=" + std::to_string(c.pp), "parallel.schedule=\"" + c.schedule + "\"",
           "train.micro_batches=" + std::to_string(c.m),
@@ -96,56 +96,38 @@ class DeepseekV3Equivalence : public ::testing::TestWithParam<Case> {
     problem_ = make_gpt_problem(dir_->path());
     write_documents(dir_->file("docs.h5"));
     write_documents(dir_->file("docs_eval.h5"), 8, 1025);
-    for (bool docs : {false, true}) {
-      std::string run = dir_->file(docs ? "serial_docs" : "serial");
-      auto ov = model_overrides();
-      for (const std::string& s : data_overrides(docs, dir_->path())) ov.push_back(s);
-      ov.push_back("run.dir=\"" + run + "\"");
-      RunResult r = train(1, problem_.config, ov);
-      ASSERT_EQ(r.exit_code, 0) << r.output;
-      serial_losses_[docs] = read_losses(run);
-      serial_tensors_[docs] = read_checkpoint(run + "/checkpoints/step_00000006.h5");
-    }
+    for (bool docs : {false, true})
+      serial_[docs] =
+          train_and_record(1, problem_.config, overrides(docs, {}), dir_->file(docs ? "serial_docs" : "serial"));
   }
   static void TearDownTestSuite() { dir_.reset(); }
 
   static std::unique_ptr<TempDir> dir_;
   static Problem problem_;
-  static std::map<bool, std::vector<double>> serial_losses_;  // by data.document_mask
-  static std::map<bool, std::map<std::string, std::vector<float>>> serial_tensors_;
+  static std::map<bool, RunRecord> serial_;  // by data.document_mask
+  // The model's, the data's (with or without documents) and `extra` overrides.
+  static std::vector<std::string> overrides(bool docs, const std::vector<std::string>& extra) {
+    auto ov = model_overrides();
+    for (const std::string& s : data_overrides(docs, dir_->path())) ov.push_back(s);
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    return ov;
+  }
 };
 std::unique_ptr<TempDir> DeepseekV3Equivalence::dir_;
 Problem DeepseekV3Equivalence::problem_;
-std::map<bool, std::vector<double>> DeepseekV3Equivalence::serial_losses_;
-std::map<bool, std::map<std::string, std::vector<float>>> DeepseekV3Equivalence::serial_tensors_;
+std::map<bool, RunRecord> DeepseekV3Equivalence::serial_;
 
 TEST_P(DeepseekV3Equivalence, MatchesSerialRun) {
   const Case& c = GetParam();
-  const auto& serial_losses = serial_losses_[c.docs];
-  const auto& serial_tensors = serial_tensors_[c.docs];
-  ASSERT_EQ(serial_losses.size(), 6u);
-  std::string run = dir_->file(c.name());
-  auto ov = model_overrides();
-  for (const std::string& s : data_overrides(c.docs, dir_->path())) ov.push_back(s);
-  for (const std::string& s : layout_overrides(c, run)) ov.push_back(s);
-  RunResult r = train(c.ranks(), problem_.config, ov);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto losses = read_losses(run);
-  ASSERT_EQ(losses.size(), serial_losses.size());
-  for (size_t i = 0; i < losses.size(); ++i)
-    EXPECT_NEAR(losses[i], serial_losses[i], kAbs + kRel * std::abs(serial_losses[i])) << "loss at step " << i + 1;
-  auto tensors = read_checkpoint(run + "/checkpoints/step_00000006.h5");
-  ASSERT_EQ(tensors.size(), serial_tensors.size());
-  expect_tensors_within(tensors, serial_tensors, kRel, kAbs, "against the serial run");
+  ASSERT_EQ(serial_[c.docs].losses.size(), 6u);
+  const auto ov = overrides(c.docs, layout_overrides(c));
+  const RunRecord got = train_and_record(c.ranks(), problem_.config, ov, dir_->file(c.name()));
+  expect_run_matches(got, serial_[c.docs], kRel, kAbs, "against the serial run");
   if (c.tp > 1 && c.pp == 1 && !c.zero && c.cp == 1) {  // the same layout again: the same bits
-    std::string again = dir_->file(c.name() + "_again");
-    auto ov2 = model_overrides();
-    for (const std::string& s : layout_overrides(c, again)) ov2.push_back(s);
-    RunResult r2 = train(c.ranks(), problem_.config, ov2);
-    ASSERT_EQ(r2.exit_code, 0) << r2.output;
-    EXPECT_EQ(read_losses(again), losses);
-    auto t2 = read_checkpoint(again + "/checkpoints/step_00000006.h5");
-    for (const auto& [name, v] : tensors) EXPECT_EQ(t2[name], v) << name << " differs between two runs";
+    const RunRecord again = train_and_record(c.ranks(), problem_.config, ov, dir_->file(c.name() + "_again"));
+    EXPECT_EQ(again.losses, got.losses);
+    for (const auto& [name, v] : got.tensors)
+      EXPECT_EQ(again.tensors.at(name), v) << name << " differs between two runs";
   }
 }
 

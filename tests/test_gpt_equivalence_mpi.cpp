@@ -66,54 +66,38 @@ class GptEquivalence : public ::testing::TestWithParam<Case> {
     setenv("RELAY_VERIFY_TIED", "1", 1);  // every run checks its tied copies bitwise after each step
     dir_ = std::make_unique<TempDir>();
     problem_ = make_gpt_problem(dir_->path());
-    for (std::string model : {"tied", "untied", "nobias"}) {
-      std::string run = dir_->file("serial_" + model);
-      auto ov = model_overrides(model);
-      ov.push_back("run.dir=\"" + run + "\"");
-      RunResult r = train(1, problem_.config, ov);
-      ASSERT_EQ(r.exit_code, 0) << r.output;
-      serial_losses_[model] = read_losses(run);
-      serial_tensors_[model] = read_checkpoint(run + "/checkpoints/step_00000006.h5");
-    }
+    for (std::string model : {"tied", "untied", "nobias"})
+      serial_[model] = train_and_record(1, problem_.config, model_overrides(model), dir_->file("serial_" + model));
   }
   static void TearDownTestSuite() { dir_.reset(); }
 
   static std::unique_ptr<TempDir> dir_;
   static Problem problem_;
-  static std::map<std::string, std::vector<double>> serial_losses_;
-  static std::map<std::string, std::map<std::string, std::vector<float>>> serial_tensors_;
+  static std::map<std::string, RunRecord> serial_;  // by model variant
 };
 std::unique_ptr<TempDir> GptEquivalence::dir_;
 Problem GptEquivalence::problem_;
-std::map<std::string, std::vector<double>> GptEquivalence::serial_losses_;
-std::map<std::string, std::map<std::string, std::vector<float>>> GptEquivalence::serial_tensors_;
+std::map<std::string, RunRecord> GptEquivalence::serial_;
 
 TEST_P(GptEquivalence, MatchesSerialRun) {
   const Case& c = GetParam();
-  ASSERT_EQ(serial_losses_[c.model].size(), 6u);
-  std::string run = dir_->file(c.name());
+  ASSERT_EQ(serial_[c.model].losses.size(), 6u);
   auto ov = model_overrides(c.model);
-  ov.insert(ov.end(), {"run.dir=\"" + run + "\"", "parallel.dp=" + std::to_string(c.dp),
+  ov.insert(ov.end(), {"parallel.dp=" + std::to_string(c.dp),
                        "parallel.pp=" + std::to_string(c.pp), "parallel.schedule=\"" + c.schedule + "\"",
                        "train.micro_batches=" + std::to_string(c.m),
                        "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1)});
   if (!c.balance.empty()) ov.push_back("parallel.balance=" + c.balance);
-  RunResult r = train(c.dp * c.pp, problem_.config, ov);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  RunResult r;
+  const RunRecord got =
+      train_and_record(c.dp * c.pp, problem_.config, ov, dir_->file(c.name()), "step_00000006.h5", &r);
+  ASSERT_EQ(r.exit_code, 0);
   if (c.model != "untied" && c.pp > 1) {
     EXPECT_TRUE(contains(r.output, "transformer.wte.weight is tied across pipeline ranks 0 and " +
                                        std::to_string(c.pp - 1)))
         << r.output;
   }
-  auto losses = read_losses(run);
-  const auto& ref = serial_losses_[c.model];
-  ASSERT_EQ(losses.size(), ref.size());
-  for (size_t i = 0; i < ref.size(); ++i)
-    EXPECT_NEAR(losses[i], ref[i], kAbs + kRel * std::abs(ref[i])) << "loss at step " << i + 1;
-  auto tensors = read_checkpoint(run + "/checkpoints/step_00000006.h5");
-  const auto& rt = serial_tensors_[c.model];
-  ASSERT_EQ(tensors.size(), rt.size());
-  expect_tensors_within(tensors, rt, kRel, kAbs, "against the serial run");
+  expect_run_matches(got, serial_[c.model], kRel, kAbs, "against the serial run");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GptEquivalence, ::testing::ValuesIn(all_cases()),

@@ -268,6 +268,31 @@ void expect_tensors_within(const std::map<std::string, std::vector<float>>& got,
   EXPECT_LE(worst, 0.0) << what << ": tensor " << worst_at << " differs beyond tolerance";
 }
 
+RunRecord train_and_record(int ranks, const std::string& config, std::vector<std::string> overrides,
+                           const std::string& run_dir, const std::string& checkpoint, RunResult* result) {
+  overrides.push_back("run.dir=" + quoted(run_dir));
+  RunResult r = train(ranks, config, overrides);
+  if (result) *result = r;
+  RunRecord out;
+  if (r.exit_code != 0) {
+    ADD_FAILURE() << run_dir << ": exit " << r.exit_code << "\n" << r.output;
+    return out;
+  }
+  out.losses = read_losses(run_dir);
+  out.tensors = read_checkpoint(run_dir + "/checkpoints/" + checkpoint);
+  return out;
+}
+
+void expect_run_matches(const RunRecord& got, const RunRecord& ref, double rel_tol, double abs_tol,
+                        const std::string& what) {
+  ASSERT_FALSE(ref.losses.empty()) << what << ": the reference run has no losses";
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], ref.losses[i], abs_tol + rel_tol * std::abs(ref.losses[i]))
+        << what << ": loss at step " << i + 1;
+  expect_tensors_within(got.tensors, ref.tensors, rel_tol, abs_tol, what);
+}
+
 RunResult signal_rank_midrun(int ranks, const std::string& config, const std::vector<std::string>& overrides,
                              const std::string& run_dir, int after_lines, int rank, const std::string& signal) {
   std::string cmd = mpirun_relay(ranks) + " train --config " + config;

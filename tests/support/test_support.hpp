@@ -76,6 +76,21 @@ std::map<std::string, std::vector<float>> read_checkpoint(const std::string& pat
 void expect_tensors_within(const std::map<std::string, std::vector<float>>& got,
                            const std::map<std::string, std::vector<float>>& ref, double rel_tol, double abs_tol,
                            const std::string& what);
+// A run as a layout suite compares it: its per-step losses and every tensor of one of its checkpoints.
+struct RunRecord {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> tensors;
+};
+// Trains on `ranks` ranks with run.dir = run_dir added to the overrides, then reads its losses and
+// <run_dir>/checkpoints/<checkpoint>. A failed run is a gtest failure showing its output (the record is then empty);
+// result, when given, receives the run's exit code and output.
+RunRecord train_and_record(int ranks, const std::string& config, std::vector<std::string> overrides,
+                           const std::string& run_dir, const std::string& checkpoint = "step_00000006.h5",
+                           RunResult* result = nullptr);
+// gtest assertions that `got` tracks the reference `ref`: as many losses, each within abs_tol + rel_tol |ref|, and
+// every tensor within expect_tensors_within's bound. `what` labels failures.
+void expect_run_matches(const RunRecord& got, const RunRecord& ref, double rel_tol, double abs_tol,
+                        const std::string& what);
 // Runs `relay train` (mpirun_relay(ranks) with these --set overrides) in the background, waits until
 // run_dir/metrics.jsonl holds `after_lines` lines, sends `signal` to world rank `rank` only, waits for
 // the job; the output ends with "exit=<code>" and holds "signalled <pid>".
