@@ -200,24 +200,7 @@ TEST(LlamaModel, Bf16TracksFp32AndLayoutsTrackBf16Serial) {
   std::printf("llama bf16 vs fp32 over steps 251-300: mean relative loss difference %.2e; loss %.4f -> %.4f\n", mean,
               a.front(), a.back());
 
-  auto bf16_run = [&](const std::string& name, int ranks, std::vector<std::string> extra) {
-    auto ov = model_overrides("gqa");
-    ov.insert(ov.end(), {"run.dir=\"" + dir.file(name) + "\"", "train.precision=\"bf16\""});
-    ov.insert(ov.end(), extra.begin(), extra.end());
-    RunResult r = train(ranks, p.config, ov);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return dir.file(name);
-  };
-  const std::string serial = bf16_run("serial", 1, {}),
-                    layout = bf16_run("dp2_tp2_pp2", 8, {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
-                                                         "train.micro_batches=2", "optimizer.zero=true",
-                                                         "train.recompute=\"blocks\""});
-  const auto ls = read_losses(serial), ll = read_losses(layout);
-  ASSERT_EQ(ls.size(), ll.size());
-  for (size_t i = 0; i < ls.size(); ++i) EXPECT_NEAR(ll[i], ls[i], 1e-2 * ls[i]) << "bf16 loss at step " << i + 1;
-  expect_tensors_within(read_checkpoint(layout + "/checkpoints/step_00000006.h5"),
-                        read_checkpoint(serial + "/checkpoints/step_00000006.h5"), 2e-2, 2e-3,
-                        "bf16 dp2 x tp2 x pp2 against the bf16 serial run");
+  expect_bf16_layout_tracks_serial(p.config, model_overrides("gqa"), dir);
 }
 
 // relay plan's prediction equals the measured bytes per rank (memory.json), fp32 and bf16, with tp, pp

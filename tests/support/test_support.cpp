@@ -293,6 +293,24 @@ void expect_run_matches(const RunRecord& got, const RunRecord& ref, double rel_t
   expect_tensors_within(got.tensors, ref.tensors, rel_tol, abs_tol, what);
 }
 
+void expect_bf16_layout_tracks_serial(const std::string& config, const std::vector<std::string>& model,
+                                      const TempDir& dir) {
+  auto run = [&](const std::string& name, int ranks, const std::vector<std::string>& layout) {
+    std::vector<std::string> ov = model;
+    ov.push_back("train.precision=\"bf16\"");
+    ov.insert(ov.end(), layout.begin(), layout.end());
+    return train_and_record(ranks, config, ov, dir.file(name));
+  };
+  const RunRecord serial = run("bf16_serial", 1, {});
+  const RunRecord layout = run("bf16_dp2_tp2_pp2", 8, {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
+                                                       "train.micro_batches=2", "optimizer.zero=true",
+                                                       "train.recompute=\"blocks\""});
+  ASSERT_EQ(layout.losses.size(), serial.losses.size());
+  for (size_t i = 0; i < serial.losses.size(); ++i)
+    EXPECT_NEAR(layout.losses[i], serial.losses[i], 1e-2 * serial.losses[i]) << "bf16 loss at step " << i + 1;
+  expect_tensors_within(layout.tensors, serial.tensors, 2e-2, 2e-3, "bf16 dp2 x tp2 x pp2 against the bf16 serial run");
+}
+
 RunResult signal_rank_midrun(int ranks, const std::string& config, const std::vector<std::string>& overrides,
                              const std::string& run_dir, int after_lines, int rank, const std::string& signal) {
   std::string cmd = mpirun_relay(ranks) + " train --config " + config;

@@ -91,6 +91,11 @@ RunRecord train_and_record(int ranks, const std::string& config, std::vector<std
 // every tensor within expect_tensors_within's bound. `what` labels failures.
 void expect_run_matches(const RunRecord& got, const RunRecord& ref, double rel_tol, double abs_tol,
                         const std::string& what);
+// bf16 (train.precision = "bf16") on dp 2 x tp 2 x pp 2 (8 ranks, 2 micro-batches) with ZeRO-1 and recomputation
+// against the bf16 serial run of the same model (`model`: its overrides), runs in dir: every loss within 1e-2
+// relative, every tensor of the step-6 checkpoint within 2e-2 relative + 2e-3.
+void expect_bf16_layout_tracks_serial(const std::string& config, const std::vector<std::string>& model,
+                                      const TempDir& dir);
 // Runs `relay train` (mpirun_relay(ranks) with these --set overrides) in the background, waits until
 // run_dir/metrics.jsonl holds `after_lines` lines, sends `signal` to world rank `rank` only, waits for
 // the job; the output ends with "exit=<code>" and holds "signalled <pid>".
