@@ -7,7 +7,10 @@
 # exposed_comm_s (the time it waited on its data-parallel collectives). "compute alone" is the same rank's step at
 # dp 1 on node1 (no link); "comm alone" is the overlap-off run's exposed communication (its collectives start after
 # the backward and nothing runs beside them). The issue's target: overlapped step <= 1.15 x max(compute, comm).
-# Root only. Usage: [ZEROS="0 1 3"] bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [LAYERS (4)] [SEQS (4)] [steps (6)]
+# VOCAB (default 50257, GPT-2's): a smaller vocabulary puts more of the gradient in the blocks, whose buckets the
+# backward fills as it goes (the tied embedding's gradient is complete only when the backward ends, so with GPT-2's
+# 38.6 M-parameter embedding most of a 2-layer model's gradient cannot overlap anything).
+# Root only. Usage: [ZEROS="0 1 3"] [VOCAB=N] bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [LAYERS (4)] [SEQS (4)] [steps (6)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
@@ -20,12 +23,13 @@ trap 'remove_two_nodes; rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_two_nodes "$work"
 shape_link "$RATE"
-random_gpt2_tokens "$work/tokens.h5" $((2 * SEQS * 128 * (STEPS + 1) + 1))
-printf "# shaped-link overlap: GPT %d x 768, vocabulary 50257, %d x 128 tokens per rank; dp 2 over two namespace nodes, link %s (tc tbf) both ways, 1 rank x 1 thread per node\n" "$LAYERS" "$SEQS" "$RATE"
+VOCAB=${VOCAB:-50257}
+random_gpt2_tokens "$work/tokens.h5" $((2 * SEQS * 128 * (STEPS + 1) + 1)) "$VOCAB"
+printf "# shaped-link overlap: GPT %d x 768, vocabulary %d, %d x 128 tokens per rank; dp 2 over two namespace nodes, link %s (tc tbf) both ways, 1 rank x 1 thread per node\n" "$LAYERS" "$VOCAB" "$SEQS" "$RATE"
 cpu_info
 args() {  # run dir, dp, zero, overlap
   echo --config configs/gpt2-124m.toml --set "run.dir=\"$1\"" --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' \
-    --set train.steps=$STEPS --set model.n_layer=$LAYERS --set model.block_size=128 --set train.log_every=1 \
+    --set train.steps=$STEPS --set model.n_layer=$LAYERS --set model.vocab_size=$VOCAB --set model.block_size=128 --set train.log_every=1 \
     --set lr_schedule.warmup_steps=0 --set train.batch_size=$(($2 * SEQS)) --set train.micro_batches=$SEQS \
     --set parallel.dp=$2 --set optimizer.zero=$3 --set parallel.overlap=$4 --set checkpoint.every=0 \
     --set "checkpoint.dir=\"$1/ckpt\"" --set 'parallel.timeout="300s"'
