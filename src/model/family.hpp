@@ -54,6 +54,10 @@ class ModelFamily : public ModelKeys {
   // DeepSeek-V3's e_score_correction_bias), MoE layer after MoE layer: exported from that row (zeros without
   // moe.expert_bias) and read back into it by model.init_from. Empty: the family has none.
   virtual std::vector<std::string> hf_expert_bias_names(const Config::Model& m) const { return {}; }
+  // Tensors a directory holds twice under a second name (DeepSeek-V3's MTP modules' copies of the embedding and the
+  // output head): (that name, Relay's parameter) pairs, written as copies on export; reading drops them
+  // (hf_import_names). Empty: none.
+  virtual std::vector<std::pair<std::string, std::string>> hf_copies(const Config::Model&) const { return {}; }
 };
 
 // Every family, in the registry's order (family.cpp).

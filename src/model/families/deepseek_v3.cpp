@@ -292,7 +292,7 @@ class DeepseekV3Family final : public ModelFamily {
     c["num_experts_per_tok"] = a.num_experts_per_tok;
     c["first_k_dense_replace"] = a.first_k_dense_replace;
     c["norm_topk_prob"] = a.norm_topk_prob;
-    c["num_mtp_layers"] = a.num_mtp_layers;
+    c["num_nextn_predict_layers"] = a.num_mtp_layers;  // transformers' num_mtp_layers (its attribute_map)
     c["hidden_act"] = "silu";
     c["max_position_embeddings"] = m.block_size;
     c["rms_norm_eps"] = a.norm_eps;
@@ -329,6 +329,13 @@ class DeepseekV3Family final : public ModelFamily {
                     {"routed_scaling_factor", 2.5, "routed_scaling_factor", a.routed_scaling_factor},
                     {"first_k_dense_replace", 3, "first_k_dense_replace", a.first_k_dense_replace}},
                    where);
+    // The MTP modules (model.layers.{num_hidden_layers + k - 1}.*): config.json's count, transformers' default 1, must
+    // be Relay's when Relay trains some; with none, a directory's MTP tensors are refused by name as not the model's.
+    const json nextn = config.contains("num_nextn_predict_layers") ? config["num_nextn_predict_layers"]
+                                                                   : hf_value_or(config, "num_mtp_layers", 1);
+    if (a.num_mtp_layers > 0 && (!nextn.is_number_integer() || nextn.get<int64_t>() != a.num_mtp_layers))
+      throw Error(cat(where, ": config.json num_nextn_predict_layers = ", nextn.dump(), " but model.num_mtp_layers = ",
+                      a.num_mtp_layers));
     // config.json's null q_lora_rank is Relay's 0 (one q_proj).
     const json ours_q = a.q_lora_rank > 0 ? json(a.q_lora_rank) : json(nullptr);
     if (config.contains("q_lora_rank") ? config["q_lora_rank"] != ours_q : a.q_lora_rank != 1536)
@@ -365,6 +372,28 @@ class DeepseekV3Family final : public ModelFamily {
   void hf_import_names(std::map<std::string, Shape>& shapes,
                        std::map<std::string, std::pair<std::string, int64_t>>& slices) const override {
     hf_split_fused_experts(shapes, slices, {"gate_proj", "up_proj", "down_proj"});
+    // The MTP modules' copies of the embedding and the head (hf_copies): the model's own are read.
+    auto ends = [](const std::string& n, const std::string& tail) {
+      return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    for (auto it = shapes.begin(); it != shapes.end();)
+      if (it->first.rfind("model.layers.", 0) == 0 &&
+          (ends(it->first, ".embed_tokens.weight") || ends(it->first, ".shared_head.head.weight")))
+        it = shapes.erase(it);
+      else
+        ++it;
+  }
+
+  // The official checkpoints hold each MTP module's embedding and output head as its own tensors.
+  std::vector<std::pair<std::string, std::string>> hf_copies(const Config::Model& m) const override {
+    std::vector<std::pair<std::string, std::string>> out;
+    const int64_t D = m.args<DeepseekV3Args>().num_mtp_layers;
+    for (int64_t k = 1; k <= D; ++k) {
+      const std::string p = cat("model.layers.", m.n_layer + k - 1, ".");
+      out.push_back({p + "embed_tokens.weight", "model.embed_tokens.weight"});
+      out.push_back({p + "shared_head.head.weight", m.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"});
+    }
+    return out;
   }
 
  private:
