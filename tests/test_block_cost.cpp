@@ -76,6 +76,11 @@ TEST(BlockCost, MtpBlockIsItsModulesParts) {
   const double embeddings = 2 * C;  // the inner lm_embeddings' stated C each, counted by their parts
   EXPECT_DOUBLE_EQ(b.flops + embeddings, flops + 2 * 4 * C * C);
   EXPECT_DOUBLE_EQ(model_flops_per_row(m) - model_flops_per_row(plain), 3 * b.flops);
+  // Its active parameters: its routed experts k of E, like a main MoE layer's.
+  double added = 0;
+  for (size_t j = 2; j < b.params.size(); ++j) added += double(shape_numel(b.params[j].shape));
+  EXPECT_GT(active_parameters(m) - active_parameters(plain), 0.0);
+  EXPECT_LT(active_parameters(m) - active_parameters(plain), added);
   // The official checkpoints' names for module 1 (model.layers.{n_layer}.*).
   std::set<std::string> names;
   for (const ParamSpec& p : b.params) names.insert(p.name);

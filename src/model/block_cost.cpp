@@ -205,12 +205,16 @@ double recomputed_flops_per_row(const ModelSpec& m) {
 double active_parameters(const ModelSpec& m) {
   std::set<std::string> seen;
   double n = 0;
-  for (const BlockSpec& b : m.blocks)
+  // An MTP block's decoder layers first (their experts k of E), then its own norms and eh_proj.
+  const auto count = [&](const BlockSpec& b, const auto& self) -> void {
+    for (const BlockSpec& in : b.inner) self(in, self);
     for (size_t j = 0; j < b.params.size(); ++j) {
       if (!seen.insert(b.params[j].name).second) continue;
       const double numel = double(shape_numel(b.params[j].shape));
       n += expert_of_param(b, j) >= 0 ? numel * double(b.moe.k) / double(b.moe.n_experts) : numel;
     }
+  };
+  for (const BlockSpec& b : m.blocks) count(b, count);
   return n;
 }
 

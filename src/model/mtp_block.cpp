@@ -170,10 +170,18 @@ class MtpBlock final : public Block {
     std::unique_ptr<Block> layer, head, embed;
     std::unique_ptr<Loss> loss;
   };
-  // Module k's views for a micro-batch of n rows.
+  // Module k's views for a micro-batch of n rows (Vl: this tp rank's vocabulary columns).
   struct Parts {
-    Tensor ids, e, cat, rstd_e, rstd_h, hp, hk, logits, g_hk, g_hp, g_cat, g_e, g_prev, tmp;
-    BlockSaved layer, head;
+    Tensor ids;              // i32 (n) t_{i+k}, 0 past the sequence
+    Tensor e, hp, hk;        // (n, C) Emb(t_{i+k}), h'_k = eh_proj(cat), h^k
+    Tensor cat;              // (n, 2C) [enorm(e); hnorm(h^{k-1})]
+    Tensor rstd_e, rstd_h;   // f32 (n) the two norms' 1 / rms
+    Tensor logits;           // (n, Vl) shared_head(h^k), then (the loss writes over them) d logits
+    Tensor g_hk, g_hp, g_e;  // (n, C) d h^k (its CE's and module k + 1's), d h'_k, d e
+    Tensor g_cat;            // (n, 2C) d cat
+    Tensor g_prev;           // (n, C) d h^{k-1} through hnorm
+    Tensor tmp;              // (n, C) scratch: a norm's output, a half of d cat
+    BlockSaved layer, head;  // the decoder layer's and the shared head's own buffers
   };
   // Module buffers on tp rank r (its vocabulary shard's logits).
   static std::vector<BufferSpec> own_shapes(const BlockSpec& spec, int64_t n, int tp, int r) {
