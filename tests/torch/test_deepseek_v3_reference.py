@@ -34,8 +34,8 @@ hnorm(h^{k-1})]) and shared_head.norm, the model's embedding and lm_head shared;
 is the mean over the T - k positions of each sequence that have a target t_{i+k+1}; the loss adds mtp_loss_weight /
 D x sum_k CE_k. Relay logs the main loss as `loss` and the mean CE_k as `mtp_loss`: the test compares loss +
 mtp_loss_weight x mtp_loss with torch's total (the harness's figures), and mtp_loss on its own (calibrated the same
-way). Cases: D = 2 on dense layers serially and on pp 2 with zb-h1 (the modules on stage 1, their backward's input and
-weight halves apart, the embedding's gradient summed with stage 0's as a tied weight's); D = 1 after a routed layer
+way). Cases: D = 2 on dense layers serially and on dp 2 x pp 2 with zb-h1 and ZeRO-3 (the modules on stage 1, their
+backward's input and weight halves apart, the embedding's gradient summed with stage 0's as a tied weight's); D = 1 after a routed layer
 (its own routed layer) on tp 2 with recomputation (initial weights drawn with seed 12, whose routing margins clear
 1e-5).
 
@@ -244,6 +244,8 @@ def relay_config(d, data, opts, layout):
         text = text.replace('schedule = "1f1b"', f'schedule = "{layout["schedule"]}"')
     if layout.get("recompute"):
         text = text.replace("[train]\n", '[train]\nrecompute = "blocks"\n', 1)
+    if layout.get("zero"):
+        text = text.replace("[optimizer]\n", f'[optimizer]\nzero = {layout["zero"]}\n', 1)
     assert f'schedule = "{layout.get("schedule", "1f1b")}"' in text and ("recompute" in text) == bool(layout.get("recompute"))
     if not opts.get("moe"):
         return text
@@ -304,7 +306,8 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("deepseek_v3_moe_tp2_dp2_ep2", 4, MOE_CASE, np.uint16, dict(dp=2, tp=2, ep=2, pp=1, m=1)),
     ("deepseek_v3_moe_aux_dp2_ep2", 2, dict(MOE_CASE, aux=0.05), np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
     ("deepseek_v3_mtp2_serial", 1, dict(LORA, mtp=2), np.uint16, dict(dp=1, pp=1, m=1)),
-    ("deepseek_v3_mtp2_pp2_zb", 2, dict(LORA, mtp=2), np.uint16, dict(dp=1, pp=2, m=2, schedule="zb-h1")),
+    ("deepseek_v3_mtp2_dp2_pp2_zb_zero3", 4, dict(LORA, mtp=2), np.uint16,
+     dict(dp=2, pp=2, m=2, schedule="zb-h1", zero=3)),
     ("deepseek_v3_mtp1_moe_tp2_recompute", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16,
      dict(dp=1, tp=2, pp=1, m=1, recompute=True)),
 ]
