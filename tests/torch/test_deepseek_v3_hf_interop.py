@@ -16,7 +16,7 @@ Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank,
 sequence parallelism and the Llama directory): kv_lora_rank missing, n_routed_experts not divisible by n_group,
 topk_group > n_group, num_experts_per_tok > n_routed_experts, tp not dividing moe_intermediate_size, a non-zero
 e_score_correction_bias without moe.expert_bias, router_z_loss_coef (no z-loss with sigmoid scores), rope_scaling =
-"yarn" (not in Relay yet), sequence parallelism (not wired in yet), num_mtp_layers with cp 2 (on 2 ranks), and a Llama directory for a
+"yarn" (not in Relay yet), sequence parallelism (not wired in yet), num_mtp_layers with cp 2 (on 2 ranks) and with data.document_mask, and a Llama directory for a
 deepseek_v3 run.
 MTP: num_mtp_layers = 1 trained 2 steps and exported: config.json num_nextn_predict_layers = 1, the module under the
 official names model.layers.2.* (enorm, hnorm, eh_proj, its decoder layer, shared_head.norm, and copies of the
@@ -262,6 +262,8 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_case(['model.rope_scaling="yarn"'], ["model.rope_scaling", "YaRN"], "rope_scaling")
     bad_case(["parallel.dp=1", "parallel.cp=2", "model.num_mtp_layers=1"], ["parallel.cp", "model.num_mtp_layers"],
              "num_mtp_layers under context parallelism", ranks=2)
+    bad_case(["data.document_mask=true", "model.num_mtp_layers=1"], ["data.document_mask", "model.num_mtp_layers"],
+             "num_mtp_layers with a document mask")
     bad_case(["parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true"],
              ["parallel.sequence_parallel", "deepseek_v3"], "sequence parallelism", ranks=2)
     torch.manual_seed(6)
