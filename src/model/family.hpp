@@ -31,7 +31,9 @@ class ModelFamily : public ModelKeys {
   // The experts of each MoE layer, which parallel.ep splits (check_layout requires ep to divide them); 0 without.
   virtual int64_t experts(const Config::Model& m) const { return 0; }
   // Whether expert parallelism of degree ep gives every rank whole experts (the planner's search).
-  bool ep_splits(const Config::Model& m, int ep) const { return experts(m) > 0 && experts(m) % ep == 0; }
+  virtual bool ep_splits(const Config::Model& m, int ep) const { return experts(m) > 0 && experts(m) % ep == 0; }
+  // Whether the model trains under context parallelism of degree cp (the planner's search; check_layout refuses it).
+  virtual bool cp_splits(const Config::Model&, int) const { return true; }
 
   // --- Hugging Face (transformers) form; model/hf_model.hpp reads and writes it with these ---
   // config.json's model_type and its architectures entry; null: the family has no Hugging Face form.

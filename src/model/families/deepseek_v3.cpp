@@ -262,6 +262,11 @@ class DeepseekV3Family final : public ModelFamily {
     return m.n_head % tp == 0 && m.vocab_size >= tp && a.ffn_hidden % tp == 0 &&
            (moe_layers(m) == 0 || a.moe_intermediate_size % tp == 0);
   }
+  // The MTP modules hold their experts whole and need whole sequences (check_layout refuses ep and cp with them).
+  bool ep_splits(const Config::Model& m, int ep) const override {
+    return m.args<DeepseekV3Args>().num_mtp_layers == 0 && ModelFamily::ep_splits(m, ep);
+  }
+  bool cp_splits(const Config::Model& m, int) const override { return m.args<DeepseekV3Args>().num_mtp_layers == 0; }
   // Every layer's router sees all n_routed_experts (ep splits them); a model without MoE layers has none to split.
   int64_t experts(const Config::Model& m) const override {
     return moe_layers(m) > 0 ? m.args<DeepseekV3Args>().n_routed_experts : 0;
