@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,6 +43,51 @@ TEST(BlockCost, GemmsAndAttentionAreTheStatedForwardFlops) {
     }
     EXPECT_GT(checked, 1) << config;
   }
+}
+
+// DeepSeek-V3's multi-token prediction block (model.num_mtp_layers = 2) costs its modules' parts: each decoder layer,
+// shared head and embedding as its own block, plus eh_proj (n, C, 2C); its stated FLOPs are theirs plus 2 x C x 2C per
+// module, and the plan's model FLOPs grow by exactly that.
+TEST(BlockCost, MtpBlockIsItsModulesParts) {
+  const std::string dir = ::testing::TempDir() + "block_cost_mtp";
+  std::string text = read_file(src("configs/deepseek-v3-small-bytes.toml"));
+  const size_t at = text.find("num_mtp_layers = 0");
+  ASSERT_NE(at, std::string::npos);
+  const ModelSpec plain = make_model_spec(load_config(src("configs/deepseek-v3-small-bytes.toml")), 16);
+  text.replace(at, 18, "num_mtp_layers = 2");
+  write_file(dir + ".toml", text);
+  const ModelSpec m = make_model_spec(load_config(dir + ".toml"), 16);
+  ASSERT_EQ(m.blocks.size(), plain.blocks.size() + 1);
+  const BlockSpec& b = m.blocks[m.blocks.size() - 2];
+  ASSERT_EQ(b.kind, BlockKind::mtp);
+  ASSERT_EQ(b.inner.size(), 6u);
+  EXPECT_FALSE(m.blocks.back().starts_unit);  // the head stays on the MTP modules' stage
+  const double n = 32, C = double(b.in);
+  const BlockCost c = block_cost(b, {}, n);
+  size_t gemms = 0;
+  double flops = 0;
+  for (const BlockSpec& in : b.inner) {
+    gemms += block_cost(in, {}, n).gemms.size();
+    flops += in.flops;
+  }
+  EXPECT_EQ(c.gemms.size(), gemms + 2);  // + eh_proj per module
+  EXPECT_DOUBLE_EQ(c.gemms.back().N, C);
+  EXPECT_DOUBLE_EQ(c.gemms.back().K, 2 * C);
+  const double embeddings = 2 * C;  // the inner lm_embeddings' stated C each, counted by their parts
+  EXPECT_DOUBLE_EQ(b.flops + embeddings, flops + 2 * 4 * C * C);
+  EXPECT_DOUBLE_EQ(model_flops_per_row(m) - model_flops_per_row(plain), 3 * b.flops);
+  // Its active parameters: its routed experts k of E, like a main MoE layer's.
+  double added = 0;
+  for (size_t j = 2; j < b.params.size(); ++j) added += double(shape_numel(b.params[j].shape));
+  EXPECT_GT(active_parameters(m) - active_parameters(plain), 0.0);
+  EXPECT_LT(active_parameters(m) - active_parameters(plain), added);
+  // The official checkpoints' names for module 1 (model.layers.{n_layer}.*).
+  std::set<std::string> names;
+  for (const ParamSpec& p : b.params) names.insert(p.name);
+  for (const char* want : {"model.embed_tokens.weight", "lm_head.weight", "model.layers.2.enorm.weight",
+                           "model.layers.2.hnorm.weight", "model.layers.2.eh_proj.weight",
+                           "model.layers.2.shared_head.norm.weight", "model.layers.3.mlp.gate.weight"})
+    EXPECT_TRUE(names.count(want)) << want;
 }
 
 // Rank 0's metrics.jsonl records: flops_per_s / tokens_per_s of each.

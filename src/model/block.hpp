@@ -17,7 +17,7 @@
 
 namespace relay {
 
-enum class BlockKind { linear, relu, gelu, tanh, layernorm, embedding, transformer, llama_layer, mla_layer, head };
+enum class BlockKind { linear, relu, gelu, tanh, layernorm, embedding, transformer, llama_layer, mla_layer, mtp, head };
 // The normalisation a language model's blocks use: GPT-2's LayerNorm or Llama's RMSNorm (weight only).
 enum class NormKind { layernorm, rmsnorm };
 const char* block_kind_name(BlockKind k);
@@ -60,6 +60,15 @@ struct MlaSpec {
   int64_t qk_head() const { return qk_nope + qk_rope; }
 };
 
+// DeepSeek-V3's multi-token prediction (arXiv:2412.19437 section 2.2; model/mtp_block.cpp): `depth` sequential modules
+// on the final hidden states before the final norm, module k predicting the token k + 1 positions ahead; the loss adds
+// weight / depth x sum_k CE_k, CE_k the mean over the global batch's sequences x (T - k) positions.
+struct MtpSpec {
+  int64_t depth = 0;       // D = model.num_mtp_layers
+  double weight = 0;       // model.mtp_loss_weight
+  int64_t sequences = 1;   // of the global batch (train.batch_size)
+};
+
 // Everything known about a block before anything is allocated: what the partitioner, `relay plan`,
 // the checkpoint manifest and the factory need. Made by model_spec.cpp, the one place that knows
 // every kind.
@@ -92,6 +101,11 @@ struct BlockSpec {
   // Sequence parallelism (parallel.sequence_parallel, model/tensor_parallel.hpp): the activations between blocks are
   // split by rows over sp = tp ranks; 1 without it.
   int sp = 1;
+  // mtp: its modules' parts, module k's at [3 (k - 1), 3 k): its transformer block (an mla_layer), the shared head
+  // (an lm_head of shared_head.norm and the output weight) and the shared embedding (an lm_embedding); params holds
+  // the embedding, the output weight, then per module enorm, hnorm, eh_proj and its block's and head's own.
+  MtpSpec mtp;
+  std::vector<BlockSpec> inner;
 };
 
 // An attention block's head width: Qwen3's explicit head_dim, else in / n_head.
@@ -177,6 +191,13 @@ class Block {
     positions_ = positions;
     q_pos_ = q_pos;
   }
+
+  // Multi-token prediction (BlockKind::mtp): the micro-batch's next-token targets, host i32 (rows), set before a
+  // training forward on the last stage (null: evaluation, the block passes its input through and predicts nothing).
+  virtual void set_targets(const int32_t*) {}
+  // Adds this block's per-module sums of CE_k over the training micro-batches since the last call into sums (depth
+  // of them), and resets them.
+  virtual void take_mtp_stats(std::vector<double>&) {}
 
   // Appends this block's router statistics of the training micro-batches since the last call, and resets them
   // (MoE layers; other blocks have none).

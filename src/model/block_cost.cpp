@@ -155,6 +155,22 @@ BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
         c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * C));
       }
       break;
+    case BlockKind::mtp:
+      // DeepSeek-V3's multi-token prediction (model/mtp_block.cpp): per module its embedding lookup, eh_proj (n, C,
+      // 2C) and the two norms before it, its decoder layer and the shared head with its loss, each as its own block.
+      for (const BlockSpec& in : b.inner) {
+        const BlockCost ic = block_cost(in, s, n);
+        c.gemms.insert(c.gemms.end(), ic.gemms.begin(), ic.gemms.end());
+        c.forward_streaming.elements_per_row += ic.forward_streaming.elements_per_row;
+        c.forward_streaming.kernels += ic.forward_streaming.kernels;
+        c.weight_streaming.elements_per_row += ic.weight_streaming.elements_per_row;
+        c.weight_streaming.kernels += ic.weight_streaming.kernels;
+        c.collectives.insert(c.collectives.end(), ic.collectives.begin(), ic.collectives.end());
+      }
+      for (int64_t k = 0; k < b.mtp.depth; ++k) c.gemms.push_back({n, C, 2 * C});
+      c.forward_streaming.elements_per_row += double(b.mtp.depth) * 8 * C;  // the norms and the concatenation
+      c.forward_streaming.kernels += int(b.mtp.depth) * 4;
+      break;
     case BlockKind::embedding:
       // The vocabulary-parallel embedding sums its output over the group. Its width `in` is 0 (token ids): the planner
       // has always counted its streaming and its sum at 0 elements, their launches and latency only.
@@ -189,12 +205,16 @@ double recomputed_flops_per_row(const ModelSpec& m) {
 double active_parameters(const ModelSpec& m) {
   std::set<std::string> seen;
   double n = 0;
-  for (const BlockSpec& b : m.blocks)
+  // An MTP block's decoder layers first (their experts k of E), then its own norms and eh_proj.
+  const auto count = [&](const BlockSpec& b, const auto& self) -> void {
+    for (const BlockSpec& in : b.inner) self(in, self);
     for (size_t j = 0; j < b.params.size(); ++j) {
       if (!seen.insert(b.params[j].name).second) continue;
       const double numel = double(shape_numel(b.params[j].shape));
       n += expert_of_param(b, j) >= 0 ? numel * double(b.moe.k) / double(b.moe.n_experts) : numel;
     }
+  };
+  for (const BlockSpec& b : m.blocks) count(b, count);
   return n;
 }
 

@@ -31,7 +31,9 @@ class ModelFamily : public ModelKeys {
   // The experts of each MoE layer, which parallel.ep splits (check_layout requires ep to divide them); 0 without.
   virtual int64_t experts(const Config::Model& m) const { return 0; }
   // Whether expert parallelism of degree ep gives every rank whole experts (the planner's search).
-  bool ep_splits(const Config::Model& m, int ep) const { return experts(m) > 0 && experts(m) % ep == 0; }
+  virtual bool ep_splits(const Config::Model& m, int ep) const { return experts(m) > 0 && experts(m) % ep == 0; }
+  // Whether the model trains under context parallelism of degree cp (the planner's search; check_layout refuses it).
+  virtual bool cp_splits(const Config::Model&, int) const { return true; }
 
   // --- Hugging Face (transformers) form; model/hf_model.hpp reads and writes it with these ---
   // config.json's model_type and its architectures entry; null: the family has no Hugging Face form.
@@ -54,6 +56,10 @@ class ModelFamily : public ModelKeys {
   // DeepSeek-V3's e_score_correction_bias), MoE layer after MoE layer: exported from that row (zeros without
   // moe.expert_bias) and read back into it by model.init_from. Empty: the family has none.
   virtual std::vector<std::string> hf_expert_bias_names(const Config::Model& m) const { return {}; }
+  // Tensors a directory holds twice under a second name (DeepSeek-V3's MTP modules' copies of the embedding and the
+  // output head): (that name, Relay's parameter) pairs, written as copies on export; reading drops them
+  // (hf_import_names). Empty: none.
+  virtual std::vector<std::pair<std::string, std::string>> hf_copies(const Config::Model&) const { return {}; }
 };
 
 // Every family, in the registry's order (family.cpp).

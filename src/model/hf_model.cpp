@@ -63,6 +63,12 @@ void write_hf_dir(const std::string& dir, const Config::Model& m, const std::str
   const std::string where = cat("--out ", dir);
   const auto config = hf_config_json(m, bf16 ? "bfloat16" : "float32", tokenizer, where);
   const ModelFamily& f = model_family(m.type);
+  for (const auto& [name, source] : f.hf_copies(m)) {
+    auto it = std::find_if(tensors.begin(), tensors.end(), [&](const CheckpointTensor& t) { return t.name == source; });
+    if (it == tensors.end()) throw Error(cat(where, ": no tensor ", source, " to write as ", name));
+    CheckpointTensor copy{name, it->shape, std::vector<float>(it->values(), it->values() + shape_numel(it->shape))};
+    tensors.push_back(std::move(copy));
+  }
   for (auto& t : tensors)
     if (f.hf_transposed(t.name)) {  // Relay's (out, in) -> Conv1D's (in, out)
       t.data = transposed(t.values(), t.shape[0], t.shape[1]);

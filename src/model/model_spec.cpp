@@ -23,6 +23,7 @@ const char* block_kind_name(BlockKind k) {
     case BlockKind::transformer: return "transformer";
     case BlockKind::llama_layer: return "llama_layer";
     case BlockKind::mla_layer: return "mla_layer";
+    case BlockKind::mtp: return "mtp";
     case BlockKind::head: return "head";
   }
   return "?";
@@ -81,7 +82,10 @@ std::string ModelSpec::tp_shard(int tp, int r) const {
 ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
   ModelSpec m = model_family(cfg).blocks(cfg, input_dim);
   for (size_t i = 0; i < m.blocks.size(); ++i) m.blocks[i].index = static_cast<int>(i);
-  for (BlockSpec& b : m.blocks) b.dtype = compute_dtype(cfg.train.precision);
+  for (BlockSpec& b : m.blocks) {
+    b.dtype = compute_dtype(cfg.train.precision);
+    for (BlockSpec& inner : b.inner) inner.dtype = b.dtype, inner.index = b.index;
+  }
   if (cfg.train.precision == Precision::fp8) {
     for (BlockSpec& b : m.blocks)
       if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer || b.kind == BlockKind::linear)
@@ -127,6 +131,7 @@ std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t rows, int tp
     case BlockKind::head: return gpt_saved_shapes(spec, rows, tp);
     case BlockKind::llama_layer: return llama_saved_shapes(spec, rows, tp);
     case BlockKind::mla_layer: return mla_saved_shapes(spec, rows, tp);
+    case BlockKind::mtp: return mtp_saved_shapes(spec, rows, tp);
     default: return mlp_saved_shapes(spec, rows);
   }
 }
@@ -153,6 +158,7 @@ std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, cons
     case BlockKind::head: return make_gpt_block(spec, std::move(params), tp, cp);
     case BlockKind::llama_layer: return make_llama_block(spec, std::move(params), tp, cp, ep);
     case BlockKind::mla_layer: return make_mla_block(spec, std::move(params), tp, cp, ep);
+    case BlockKind::mtp: return make_mtp_block(spec, std::move(params), tp);
     default: return make_mlp_block(spec, std::move(params));
   }
 }

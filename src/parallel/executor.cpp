@@ -15,6 +15,8 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 enum MsgKind { kActivation = 0, kGrad = 1 };
+// Next-token targets of a language model on the host (multi-token prediction reads them; cp and documents are off).
+bool d_has_targets(const StepData& d) { return d.class_targets != nullptr && d.dense_targets == nullptr; }
 
 // Test only: RELAY_TEST_SLOW_RANK=R RELAY_TEST_SLOW_MS=M make world rank R sleep M ms in every
 // forward, a straggler on purpose (tests/faults/test_straggler.sh); 0 elsewhere.
@@ -159,6 +161,8 @@ StepStats Executor::run_step(const StepData& data) {
           Tensor in = ch.input(mb, rows_);
           be_.copy(in, chunk(c - 1).forward_output(mb, rows_));
         }
+        if (c == last_chunk_ && d_has_targets(data))  // the multi-token prediction block reads them in its forward
+          for (const auto& b : ch.blocks()) b->set_targets(data.class_targets + mb * mb_rows_ * seq_len_);
         Tensor out = ch.forward(mb, rows_);
         if (slow_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s_));
         if (c == last_chunk_) {
@@ -235,7 +239,7 @@ StepStats Executor::run_step(const StepData& data) {
     watchdog_progress();  // an action done: answer the watchdog's questions
   }
   for (auto& [c, ch] : chunks_)
-    for (const auto& b : ch->blocks()) b->take_router_stats(st.routers);
+    for (const auto& b : ch->blocks()) b->take_router_stats(st.routers), b->take_mtp_stats(st.mtp);
   st.step_s = now_s() - t_step;
   return st;
 }
@@ -292,6 +296,7 @@ void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum,
         r->wait();
       }
     }
+    for (const auto& b : ch->blocks()) b->set_targets(nullptr);  // evaluation: the main model's loss alone
     Tensor out = ch->forward(slot, rows);
     watchdog_progress();
     if (c == last_chunk_) {

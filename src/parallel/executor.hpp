@@ -47,6 +47,7 @@ struct StepStats {
   double exposed_comm_s = 0;
   double step_s = 0;
   std::vector<RouterStats> routers;  // this rank's MoE layers' router statistics of the step
+  std::vector<double> mtp;  // multi-token prediction: per module, the sum of its CE over this rank's rows (last stage)
 };
 
 class Executor {

@@ -76,6 +76,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
     for (int cp = 1; cp <= world / tp; cp *= 2) {
       if (cp > 1 && (T % (2 * cp) || T / cp < 4096)) break;  // cp is for long sequences: >= 4096 tokens a rank
       if ((world / tp) % cp) break;
+      if (cp > 1 && !family.cp_splits(base.model, cp)) break;
       for (int pp : divisors(world / (tp * cp))) {
         if (pp > blocks) break;
         const int dp = world / (tp * cp * pp);

@@ -86,6 +86,14 @@ void MetricsLog::append(const std::string& json) {
   out_.flush();
 }
 
+namespace {
+std::string fixed6(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.6f", v);
+  return b;
+}
+}  // namespace
+
 void MetricsLog::train(const StepRecord& r) {
   const double tokens_per_s = r.samples_per_s * double(tokens_per_sample_);
   const std::string rate = tokens_per_sample_ > 0 ? cat(static_cast<long long>(tokens_per_s), " tokens/s")
@@ -94,8 +102,9 @@ void MetricsLog::train(const StepRecord& r) {
                                                  : cat(" | slowest rank ", r.slowest_rank, " ", fixed2(1e3 * r.slowest_compute_s),
                                                        " ms (median ", fixed2(1e3 * r.median_compute_s), ")");
   const std::string skipped = r.skipped_steps > 0 ? cat(" | skipped ", r.skipped_steps) : std::string();
-  std::printf("step %6lld | loss %.6f | lr %.3e | grad norm %.4f | %s%s | elapsed %s | ETA %s%s\n",
-              static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, rate.c_str(), slowest.c_str(),
+  const std::string mtp = r.mtp_losses.empty() ? std::string() : cat(" | mtp loss ", fixed6(r.mtp_loss));
+  std::printf("step %6lld | loss %.6f%s | lr %.3e | grad norm %.4f | %s%s | elapsed %s | ETA %s%s\n",
+              static_cast<long long>(r.step), r.loss, mtp.c_str(), r.lr, r.grad_norm, rate.c_str(), slowest.c_str(),
               format_duration(r.elapsed_s).c_str(), format_duration(r.eta_s).c_str(), skipped.c_str());
   std::fflush(stdout);
   nlohmann::ordered_json j;
@@ -126,6 +135,10 @@ void MetricsLog::train(const StepRecord& r) {
     j["expert_load_mean"] = r.expert_load_mean;
     if (std::isfinite(r.router_margin)) j["router_margin_min"] = number(r.router_margin);
   }
+  if (!r.mtp_losses.empty()) {
+    j["mtp_loss"] = number(r.mtp_loss);
+    j["mtp_losses"] = r.mtp_losses;
+  }
   if (r.ep_alltoall_s >= 0) {
     j["ep_alltoall_s"] = number(r.ep_alltoall_s);
     j["ep_rows_sent"] = number(r.ep_rows_sent);
@@ -143,6 +156,7 @@ void MetricsLog::train(const StepRecord& r) {
         {"train/skipped_steps", double(r.skipped_steps)}};
     if (tokens_per_sample_ > 0) v.emplace_back("train/tokens_per_s", tokens_per_s);
     if (r.mfu >= 0) v.emplace_back("train/mfu", r.mfu);
+    if (!r.mtp_losses.empty()) v.emplace_back("train/mtp_loss", r.mtp_loss);
     if (r.moe) {
       v.emplace_back("train/aux_loss", r.aux_loss);
       v.emplace_back("train/z_loss", r.z_loss);

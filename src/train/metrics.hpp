@@ -36,6 +36,11 @@ struct StepRecord {
   bool moe = false;
   double aux_loss = 0, z_loss = 0;
   std::vector<double> expert_load_max, expert_load_mean;
+  // Multi-token prediction (model.num_mtp_layers = D > 0): each module's CE_k (the mean over the global batch's
+  // sequences x (T - k) positions) and their mean, mtp_loss; the optimised objective is loss + mtp_loss_weight x
+  // mtp_loss. Empty without MTP.
+  std::vector<double> mtp_losses;
+  double mtp_loss = 0;
   double router_margin = 0;  // the smallest k-th minus (k+1)-th router probability of any token (model/block.hpp)
   // parallel.ep > 1 (this step's): the most time a rank spent in its MoE all-to-alls (counts and rows, waits for its
   // peers included) and the rows all ranks' dispatches sent to other ranks (ExpertExchangeStats); -1 without ep.

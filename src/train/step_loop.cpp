@@ -65,7 +65,28 @@ struct StepResult {
   std::vector<double> load_max, load_mean;
   std::vector<double> tokens;  // (MoE layers, n_experts) tokens routed to each expert over the global batch
   double ep_alltoall_s = -1, ep_rows_sent = 0;  // parallel.ep: the slowest rank's all-to-all time; rows sent away
+  std::vector<double> mtp_losses;  // multi-token prediction: each module's CE_k over the global batch
+  double mtp_loss = 0;             // their mean
 };
+
+// Multi-token prediction (model/mtp_block.cpp): each module's CE sums over every rank (the tp ranks of the last stage
+// computed the same: tp rank 0's), as the means over the global batch's sequences x (T - k) positions, into res.
+void mtp_terms(Run& r, StepResult& res) {
+  int64_t D = 0;
+  for (const BlockSpec& b : r.layout.model.blocks)
+    if (b.kind == BlockKind::mtp) D = b.mtp.depth;
+  if (D == 0) return;
+  std::vector<double> sums(size_t(D), 0.0);
+  if (r.grid.tp_rank == 0)
+    for (size_t k = 0; k < res.stats.mtp.size(); ++k) sums[k] += res.stats.mtp[k];
+  r.world->allreduce_host(sums.data(), int(D), ReduceOp::sum, "the multi-token prediction loss reduction");
+  res.mtp_loss = 0;
+  for (int64_t k = 1; k <= D; ++k) {
+    const double rows = double(r.cfg.train.batch_size) * double(r.layout.model.seq_len - k);
+    res.mtp_losses.push_back(sums[size_t(k - 1)] / rows);
+    res.mtp_loss += res.mtp_losses.back() / double(D);
+  }
+}
 
 // moe.expert_bias after an optimizer step (DeepSeek-V3, arXiv:2412.19437): b_e += rate x sign(mean(c) - c_e), c the
 // global batch's token counts of the layer; the same on every rank (the counts are the world's).
@@ -184,6 +205,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   res.loss = loss_sum / (data.counted_targets > 0 ? double(data.counted_targets)
                                                  : double(cfg.train.batch_size) * double(r.layout.model.seq_len));
   res.loss += router_terms(r, res);
+  mtp_terms(r, res);
   if (r.ep.stats) {  // every rank has an ep group when parallel.ep > 1
     double t = r.ep.stats->seconds, rows = double(r.ep.stats->rows_sent);
     r.world->allreduce_host(&t, 1, ReduceOp::max, "the all-to-all time reduction");
@@ -317,6 +339,8 @@ void log_window(Run& r, LoopSetup& s, int64_t step, const StepResult& res, Windo
     rec.expert_load_max = res.load_max;
     rec.expert_load_mean = res.load_mean;
     rec.router_margin = res.margin;
+    rec.mtp_losses = res.mtp_losses;
+    rec.mtp_loss = res.mtp_loss;
     rec.ep_alltoall_s = res.ep_alltoall_s;
     rec.ep_rows_sent = res.ep_rows_sent;
     s.log->train(rec);

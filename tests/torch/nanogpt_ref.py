@@ -241,6 +241,8 @@ def train(cfg, weights, tokens, run, dtype, autocast=False, make_model=None):
         if run.get("eot") is not None:
             kw["mask"], kw["positions"] = document_layout(x, run["eot"], run.get("reset_positions", True))
             y = torch.where(x == run["eot"], torch.full_like(y, -100), y)
+        if hasattr(model, "set_targets"):  # a model predicting further ahead (test_deepseek_v3_reference.py's MTP)
+            model.set_targets(y)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = model(x, **kw)  # (B, T, V)
         # The mean over the counted targets: all B*T, or all but a document mask's ignored ones.

@@ -16,7 +16,13 @@ Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank,
 sequence parallelism and the Llama directory): kv_lora_rank missing, n_routed_experts not divisible by n_group,
 topk_group > n_group, num_experts_per_tok > n_routed_experts, tp not dividing moe_intermediate_size, a non-zero
 e_score_correction_bias without moe.expert_bias, router_z_loss_coef (no z-loss with sigmoid scores), rope_scaling =
-"yarn" (not in Relay yet), sequence parallelism (not wired in yet), and a Llama directory for a deepseek_v3 run.
+"yarn" (not in Relay yet), sequence parallelism (not wired in yet), num_mtp_layers with cp 2 (on 2 ranks) and with data.document_mask, and a Llama directory for a
+deepseek_v3 run.
+MTP: num_mtp_layers = 1 trained 2 steps and exported: config.json num_nextn_predict_layers = 1, the module under the
+official names model.layers.2.* (enorm, hnorm, eh_proj, its decoder layer, shared_head.norm, and copies of the
+embedding and head as embed_tokens and shared_head.head); from_pretrained reports no missing keys and exactly those as
+unexpected (transformers builds no MTP module; it names the experts fused), its eval loss equals Relay's; init_from of that directory with
+num_mtp_layers = 1 gives the exported checkpoint's tensors bitwise.
 
 The packages live in the cached venv relay-torch2 (tests/torch/pypi_venv.py). Usage:
 test_deepseek_v3_hf_interop.py <relay binary>; exit 77 = skipped (the venv cannot be made).
@@ -194,6 +200,43 @@ with tempfile.TemporaryDirectory() as tmp:
     ok(f"export: from_pretrained -> DeepseekV3ForCausalLM, no missing/unexpected keys, e_score_correction_bias = "
        f"router/expert_bias; transformers' eval loss = Relay's at step 10 (relative {rel:.1e})")
 
+    # Multi-token prediction: D = 1 (a routed layer, as the last main layer) exported under the official names
+    # (model.layers.2.*, num_nextn_predict_layers = 1), loaded by from_pretrained with no missing keys (transformers
+    # has no MTP modules: exactly those keys unexpected), read back by model.init_from bitwise.
+    rd = f"{tmp}/mtp"
+    mtp = ["--set", "model.num_mtp_layers=1", "--set", "train.steps=2", "--set", "train.eval_every=2"]
+    run(["train", "--config", plain, "--set", f'run.dir="{rd}"'] + mtp)
+    out = f"{tmp}/mtp_hf"
+    run(["ckpt", "export", f"{rd}/checkpoints/step_00000002.h5", "--format", "hf", "--out", out])
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True, attn_implementation="eager")
+    model.eval()
+    names = set(load_numpy(f"{out}/model.safetensors"))
+    mtp_names = {n for n in names if n.startswith("model.layers.2.")}
+    official = {"model.layers.2." + n for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "embed_tokens.weight",
+                                                "shared_head.norm.weight", "shared_head.head.weight",
+                                                "self_attn.q_proj.weight", "mlp.gate.weight",
+                                                "mlp.experts.3.down_proj.weight", "mlp.shared_experts.up_proj.weight")}
+    # (transformers reports the module's experts under its fused names, mlp.experts.gate_up_proj and down_proj)
+    unexpected = set(info["unexpected_keys"])
+    if (info["missing_keys"] or not unexpected or any(not n.startswith("model.layers.2.") for n in unexpected)
+            or not official <= mtp_names):
+        sys.exit(f"FAILED mtp export: missing {info['missing_keys']}, unexpected {sorted(info['unexpected_keys'])}, "
+                 f"official names absent {sorted(official - mtp_names)}")
+    if model.config.num_mtp_layers != 1:
+        sys.exit(f"FAILED mtp export: config.json says {model.config.num_mtp_layers} MTP layers, not 1")
+    rel = close(hf_eval_loss(model, eval_tokens), eval_losses(rd)[2], "mtp export: eval loss")
+    rd2 = f"{tmp}/mtp_import"
+    run(["train", "--config", plain, "--set", f'run.dir="{rd2}"', "--set", f'model.init_from="{out}"',
+         "--set", "moe.bias_update_rate=0.0"] + mtp + STILL)
+    back, trained = relay_tensors(rd2, 0, tmp), relay_tensors(rd, 2, tmp)
+    diff = sorted(k for k in set(back) | set(trained) if k not in back or k not in trained
+                  or not np.array_equal(back[k], trained[k]))
+    if diff:
+        sys.exit(f"FAILED mtp import: tensors {diff[:5]} differ from the exported checkpoint's")
+    ok(f"mtp: export with num_nextn_predict_layers = 1 and {len(mtp_names)} model.layers.2.* tensors (from_pretrained: "
+       f"{len(unexpected)} unexpected keys, all model.layers.2.*, none missing; eval loss = Relay's, relative {rel:.1e}); init_from reads "
+       f"all {len(back)} tensors back bitwise")
+
     # Bad input: one line naming the key, exit 1 on both ranks.
     def bad_case(sets, needles, what, init_from=None, ranks=1):
         cmd = ["train", "--config", plain, "--set", "train.steps=1", "--set", f"parallel.dp={ranks}",
@@ -217,6 +260,10 @@ with tempfile.TemporaryDirectory() as tmp:
              "a non-zero e_score_correction_bias without moe.expert_bias", init_from=f"{tmp}/hf_dsv3")
     bad_case(["model.router_z_loss_coef=0.001"], ["model.router_z_loss_coef", "z-loss"], "router_z_loss_coef")
     bad_case(['model.rope_scaling="yarn"'], ["model.rope_scaling", "YaRN"], "rope_scaling")
+    bad_case(["parallel.dp=1", "parallel.cp=2", "model.num_mtp_layers=1"], ["parallel.cp", "model.num_mtp_layers"],
+             "num_mtp_layers under context parallelism", ranks=2)
+    bad_case(["data.document_mask=true", "model.num_mtp_layers=1"], ["data.document_mask", "model.num_mtp_layers"],
+             "num_mtp_layers with a document mask")
     bad_case(["parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true"],
              ["parallel.sequence_parallel", "deepseek_v3"], "sequence parallelism", ranks=2)
     torch.manual_seed(6)

@@ -26,6 +26,19 @@ runs cannot route a token differently (the data and seeds were picked so; never 
 Relay's per-sequence aux loss (router_aux_loss_coef 0.05), written here from the DeepSeek-V3 report's equations 17-20
 on transformers' router logits (its top-k of the unbiased scores is in the margin too).
 
+Multi-token prediction (model.num_mtp_layers = D; DeepSeek-V3 report section 2.2): transformers has no MTP forward, so
+the reference is written here from the report's equations on transformers' own modules: module k is a
+DeepseekV3DecoderLayer appended to model.layers at index n_layer + k - 1 (so its parameters carry the official
+checkpoints' names) with enorm, hnorm (DeepseekV3RMSNorm), eh_proj (Linear 2C -> C on [enorm(Emb(t_{i+k}));
+hnorm(h^{k-1})]) and shared_head.norm, the model's embedding and lm_head shared; h^0 is the input of model.norm; CE_k
+is the mean over the T - k positions of each sequence that have a target t_{i+k+1}; the loss adds mtp_loss_weight /
+D x sum_k CE_k. Relay logs the main loss as `loss` and the mean CE_k as `mtp_loss`: the test compares loss +
+mtp_loss_weight x mtp_loss with torch's total (the harness's figures), and mtp_loss on its own (calibrated the same
+way). Cases: D = 2 on dense layers serially and on dp 2 x pp 2 with zb-h1 and ZeRO-3 (the modules on stage 1, their
+backward's input and weight halves apart, the embedding's gradient summed with stage 0's as a tied weight's); D = 1 after a routed layer
+(its own routed layer) on tp 2 with recomputation (initial weights drawn with seed 12, whose routing margins clear
+1e-5).
+
 transformers and PyTorch 2.x come from PyPI into the cached venv of pypi_venv.py (torch2); exit 77 = skipped.
 Usage: test_deepseek_v3_reference.py <relay binary>
 """
@@ -42,6 +55,7 @@ if "--inside" not in sys.argv:  # re-run this file with the venv's python
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
 
 sys.path.insert(0, HERE)
@@ -56,6 +70,7 @@ DENSE_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_siz
 ROUTED = dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1, n_group=4,
               topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=1)
 SMALLEST_MARGIN = [float("inf")]  # of the current torch run's routing
+MTP_WEIGHT = 0.3  # mtp_loss_weight of the MTP cases (DeepSeek-V3's first 10T tokens)
 
 
 def moe_keys(opts):
@@ -96,7 +111,15 @@ class DeepseekV3(MoeModule):
     def __init__(self, cfg):
         def experts(mod_name, e):  # model.layers.N.mlp.experts -> the per-expert names save_pretrained writes
             return [f"{mod_name}.{e}.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")]
-        super().__init__(DeepseekV3ForCausalLM(cfg), lambda n: n, experts, (0.0, 0.0))
+        hf = DeepseekV3ForCausalLM(cfg)
+        self_mtp = add_mtp_modules(hf, cfg)
+        super().__init__(hf, lambda n: n, experts, (0.0, 0.0))
+        self.mtp = self_mtp
+        self.mtp_weight = getattr(cfg, "relay_mtp_weight", 0.0)
+        self._mtp_extra, self._targets = 0.0, None
+        for layer in self.mtp:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.register_forward_hook(routing_margin)
         self.aux_coef = getattr(cfg, "relay_aux", 0.0)
         self._aux = []  # (B) per MoE layer of the last forward
         for name, bias in getattr(cfg, "relay_bias", {}).items():
@@ -120,12 +143,19 @@ class DeepseekV3(MoeModule):
         self._aux.append(E / (k * T) * (counts * q.mean(1)).sum(-1))            # (B)
 
     def extra_loss(self):  # noqa: D102
-        """router_aux_loss_coef x the mean over MoE layers and sequences (Relay's weighting), or nothing."""
-        return self.aux_coef * torch.stack(self._aux).mean() if self._aux else 0.0
+        """router_aux_loss_coef x the mean over the main MoE layers and sequences (Relay's weighting), plus the MTP
+        modules' mtp_loss_weight / D x sum_k CE_k."""
+        aux = self.aux_coef * torch.stack(self._aux).mean() if self._aux else 0.0
+        return aux + self._mtp_extra
+
+    def set_targets(self, y):  # noqa: D102
+        self._targets = y
 
     def forward(self, idx, mask=None, positions=None):  # noqa: D102
         self._aux = []
         self.stack_experts()
+        if self.mtp and mask is None:
+            return self.forward_mtp(idx)
         if mask is None:
             return self.hf(input_ids=idx).logits
         dtype = self.hf.dtype
@@ -133,11 +163,67 @@ class DeepseekV3(MoeModule):
         return self.hf(input_ids=idx, attention_mask=additive, position_ids=positions).logits
 
 
+def add_mtp_modules(hf, cfg):
+    """cfg.relay_mtp modules appended to hf.model.layers (past num_hidden_layers, so the model's own forward never
+    runs them) under the official names: each a DeepseekV3DecoderLayer of the last layer's kind with enorm, hnorm,
+    eh_proj and shared_head.norm."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+    D, L, C = getattr(cfg, "relay_mtp", 0), cfg.num_hidden_layers, cfg.hidden_size
+    layers = []
+    first_dense = cfg.first_k_dense_replace
+    cfg.first_k_dense_replace = L + D if L <= first_dense else 0  # the last layer's kind, whatever the index
+    for k in range(1, D + 1):
+        layer = DeepseekV3DecoderLayer(cfg, L + k - 1)
+        layer.enorm = DeepseekV3RMSNorm(C, eps=cfg.rms_norm_eps)
+        layer.hnorm = DeepseekV3RMSNorm(C, eps=cfg.rms_norm_eps)
+        layer.eh_proj = torch.nn.Linear(2 * C, C, bias=False)
+        layer.shared_head = torch.nn.Module()
+        layer.shared_head.norm = DeepseekV3RMSNorm(C, eps=cfg.rms_norm_eps)
+        hf.model.layers.append(layer)
+        layers.append(layer)
+    cfg.first_k_dense_replace = first_dense
+    return layers
+
+
+MTP_LOG = {}  # dtype -> [each step's mean CE_k] of the case's torch runs
+
+
+def forward_mtp(self, idx):
+    """The main model's logits, and the MTP modules' mtp_loss_weight / D x sum_k CE_k into _mtp_extra (report section
+    2.2): module k on positions i < T - k, input token t_{i+k}, target t_{i+k+1}."""
+    captured = []
+    hook = self.hf.model.norm.register_forward_hook(lambda m, inputs, out: captured.append(inputs[0]))
+    logits = self.hf(input_ids=idx).logits
+    hook.remove()
+    B, T = idx.shape
+    full = torch.cat([idx, self._targets[:, -1:]], 1)  # (B, T + 1) every token t_0 .. t_T
+    h, ces = captured[0], []                            # h^0 (B, T, C) before the final norm
+    embed, head = self.hf.model.embed_tokens, self.hf.lm_head
+    for k, layer in enumerate(self.mtp, start=1):
+        n = T - k
+        e = embed(full[:, k:k + n])                                                       # (B, n, C) t_{i+k}
+        x = layer.eh_proj(torch.cat([layer.enorm(e), layer.hnorm(h[:, :n])], -1))        # (B, n, C)
+        pos = torch.arange(n).unsqueeze(0)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None].expand(B, 1, n, n)
+        additive = torch.zeros(causal.shape, dtype=x.dtype).masked_fill(~causal, torch.finfo(x.dtype).min)
+        x = layer(x, attention_mask=additive, position_ids=pos,
+                  position_embeddings=self.hf.model.rotary_emb(x, pos))
+        out = head(layer.shared_head.norm(x))                                             # (B, n, V)
+        ces.append(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), full[:, k + 1:k + 1 + n].reshape(-1)))
+        h = x
+    self._mtp_extra = self.mtp_weight / len(self.mtp) * torch.stack(ces).sum()
+    MTP_LOG.setdefault(self.hf.dtype, []).append(float(torch.stack(ces).detach().mean()))
+    return logits
+
+
+DeepseekV3.forward_mtp = forward_mtp
+
+
 def write_initial_weights(d, opts):
     """The MoE cases' step-0 weights in Relay's names, e_score_correction_bias included (model.init_from)."""
     from safetensors.numpy import save_file
     cfg = DeepseekV3Family.config(opts)
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(opts.get("init_seed", 11))
     tensors = {}
     for name, p in DeepseekV3(cfg).named_parameters():
         norm = name.endswith("norm.weight")
@@ -154,6 +240,13 @@ BASE_RELAY_CONFIG, BASE_COMPARE_CASE = harness.relay_config, harness.compare_cas
 def relay_config(d, data, opts, layout):
     """The harness's config; the MoE cases start from write_initial_weights' file with the bias held fixed."""
     text = BASE_RELAY_CONFIG(d, data, opts, layout)
+    if layout.get("schedule"):  # the MTP cases' other schedule and recomputation
+        text = text.replace('schedule = "1f1b"', f'schedule = "{layout["schedule"]}"')
+    if layout.get("recompute"):
+        text = text.replace("[train]\n", '[train]\nrecompute = "blocks"\n', 1)
+    if layout.get("zero"):
+        text = text.replace("[optimizer]\n", f'[optimizer]\nzero = {layout["zero"]}\n', 1)
+    assert f'schedule = "{layout.get("schedule", "1f1b")}"' in text and ("recompute" in text) == bool(layout.get("recompute"))
     if not opts.get("moe"):
         return text
     path = write_initial_weights(d, opts)
@@ -169,7 +262,8 @@ class DeepseekV3Family:
     def relay_model(opts):
         q = dict(q_lora_rank=opts["q_lora_rank"]) if opts["q_lora_rank"] else {}
         aux = dict(router_aux_loss_coef=opts["aux"]) if opts.get("aux") else {}
-        return dict(type="deepseek_v3", **MODEL, **moe_keys(opts), **q, **aux, rope_interleave=opts["interleave"],
+        mtp = dict(num_mtp_layers=opts["mtp"], mtp_loss_weight=MTP_WEIGHT) if opts.get("mtp") else {}
+        return dict(type="deepseek_v3", **MODEL, **moe_keys(opts), **q, **aux, **mtp, rope_interleave=opts["interleave"],
                     tie_embeddings=False, init_std=0.02, seed=9)
 
     @staticmethod
@@ -185,6 +279,7 @@ class DeepseekV3Family:
             tie_word_embeddings=False, attention_bias=False, hidden_act="silu", num_mtp_layers=0,
             attn_implementation="eager", experts_implementation="eager", **moe_keys(opts))
         c.block_size = MODEL["block_size"]
+        c.relay_mtp, c.relay_mtp_weight = opts.get("mtp", 0), MTP_WEIGHT
         if opts.get("moe"):
             c.relay_bias = initial_bias(moe_keys(opts))
             c.relay_aux = opts.get("aux", 0.0)
@@ -210,13 +305,47 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("deepseek_v3_moe_dp2_ep2_pp2", 4, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=2, m=2)),
     ("deepseek_v3_moe_tp2_dp2_ep2", 4, MOE_CASE, np.uint16, dict(dp=2, tp=2, ep=2, pp=1, m=1)),
     ("deepseek_v3_moe_aux_dp2_ep2", 2, dict(MOE_CASE, aux=0.05), np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
+    ("deepseek_v3_mtp2_serial", 1, dict(LORA, mtp=2), np.uint16, dict(dp=1, pp=1, m=1)),
+    ("deepseek_v3_mtp2_dp2_pp2_zb_zero3", 4, dict(LORA, mtp=2), np.uint16,
+     dict(dp=2, pp=2, m=2, schedule="zb-h1", zero=3)),
+    ("deepseek_v3_mtp1_moe_tp2_recompute", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16,
+     dict(dp=1, tp=2, pp=1, m=1, recompute=True)),
 ]
+RELAY_MTP = []  # the case's Relay run: each step's mtp_loss
+
+
+def read_metrics_mtp(path):
+    """The harness's figures with the MTP term added to each loss (Relay logs it apart as mtp_loss); the mtp_loss
+    figures into RELAY_MTP."""
+    import json
+    got = BASE_READ_METRICS(path)
+    recs = {r["step"]: r for r in map(json.loads, open(path)) if "loss" in r}
+    RELAY_MTP[:] = [recs[s]["mtp_loss"] for s in range(1, len(got["losses"]) + 1) if "mtp_loss" in recs[s]]
+    if RELAY_MTP:
+        got["losses"] = [l + MTP_WEIGHT * m for l, m in zip(got["losses"], RELAY_MTP)]
+    return got
+
+
+BASE_READ_METRICS = harness.read_metrics
 
 
 def run_case(relay, tmp, name, ranks, opts, dtype, layout):
     """The harness's comparison; a MoE case also needs its torch run's routing clear of near-ties."""
     SMALLEST_MARGIN[0] = float("inf")
+    MTP_LOG.clear()
+    RELAY_MTP.clear()
     BASE_COMPARE_CASE(relay, tmp, name, ranks, opts, dtype, layout)
+    if opts.get("mtp"):  # mtp_loss on its own, within the harness's rule: MARGIN x torch fp32 vs fp64, at least FLOOR
+        want, f64 = MTP_LOG[torch.float32], MTP_LOG[torch.float64]
+        if len(RELAY_MTP) != len(want):
+            raise AssertionError(f"{name}: relay logged {len(RELAY_MTP)} mtp_loss figures, torch ran {len(want)} steps")
+        rel = lambda a, b: abs(a - b) / max(abs(b), 1e-30)  # noqa: E731
+        tol = max(harness.MARGIN * max(map(rel, want, f64)), harness.FLOOR)
+        err = max(map(rel, RELAY_MTP, want))
+        print(f"{name}: mtp_loss relay {' '.join(f'{x:.6f}' for x in RELAY_MTP)}")
+        print(f"{name}: mtp_loss torch {' '.join(f'{x:.6f}' for x in want)} (relay vs fp32 {err:.2e}, tolerance {tol:.2e})")
+        if not err <= tol:
+            raise AssertionError(f"{name}: mtp_loss differs from torch float32 by {err:.2e} > {tol:.2e}")
     if opts.get("moe"):
         print(f"{name}: smallest routing margin in the torch runs: {SMALLEST_MARGIN[0]:.2e}")
         if not SMALLEST_MARGIN[0] > 1e-5:
@@ -228,4 +357,5 @@ if __name__ == "__main__":
     harness.relay_config = relay_config
     selected = [c for c in CASES if not os.environ.get("RELAY_CASES") or c[0] in os.environ["RELAY_CASES"].split(",")]
     harness.compare_case = run_case
+    harness.read_metrics = read_metrics_mtp
     sys.exit(1 if harness.run_cases(sys.argv[1], selected) else 0)

@@ -94,8 +94,9 @@ class DeepseekV3Family final : public ModelFamily {
     if (a.num_experts_per_tok > a.n_routed_experts)
       model.fail("num_experts_per_tok", cat("= ", a.num_experts_per_tok, " is more than model.n_routed_experts = ",
                                             a.n_routed_experts, " (each token picks distinct experts)"));
-    if (a.num_mtp_layers > 0)
-      model.fail("num_mtp_layers", cat("= ", a.num_mtp_layers, ": multi-token prediction is not in Relay yet (0)"));
+    if (a.num_mtp_layers >= m.block_size)
+      model.fail("num_mtp_layers", cat("= ", a.num_mtp_layers, " must be less than model.block_size = ", m.block_size,
+                                       " (module k predicts the tokens k + 1 ahead of each of T - k positions)"));
   }
 
   void check_layout(const ConfigSection& parallel, const Config& c) const override {
@@ -109,6 +110,18 @@ class DeepseekV3Family final : public ModelFamily {
       if (a.n_routed_experts % c.parallel.ep != 0)
         parallel.fail("ep", cat("= ", c.parallel.ep, " must divide model.n_routed_experts = ", a.n_routed_experts,
                                 " (each rank holds n_routed_experts / ep whole experts)"));
+    }
+    // Multi-token prediction (model/mtp_block.cpp) runs whole sequences on one rank, without document boundaries, and
+    // its decoder layers' experts are not split.
+    if (a.num_mtp_layers > 0) {
+      const char* why = " is not supported with model.num_mtp_layers > 0 (the multi-token prediction modules ";
+      if (c.parallel.cp > 1)
+        parallel.fail("cp", cat("= ", c.parallel.cp, why, "shift whole sequences on one rank; cp = 1)"));
+      if (c.parallel.ep > 1)
+        parallel.fail("ep", cat("= ", c.parallel.ep, why, "hold their experts whole; ep = 1)"));
+      if (c.data.document_mask)
+        throw Error(cat(parallel.source(), ": data.document_mask = true", why,
+                        "predict across document boundaries; document_mask = false)"));
     }
     // Read here: [parallel] parses sequence_parallel after the family's checks.
     const toml::node* sp = parallel.get("sequence_parallel");
@@ -157,7 +170,8 @@ class DeepseekV3Family final : public ModelFamily {
     m.output_dim = V;
     const ParamSpec embed = w("model.embed_tokens.weight", {V, C}, vocab);
     m.blocks.push_back(lm_embedding({embed}, C, T));
-    for (int64_t i = 0; i < c.n_layer; ++i) {
+    // Decoder layer i (MLA, then a dense SwiGLU or with moe DeepSeek-V3's experts); the MTP modules' are i >= n_layer.
+    auto decoder_layer = [&](int64_t i, bool moe) {
       const std::string p = "model.layers." + std::to_string(i) + ".", at = p + "self_attn.";
       BlockSpec b;
       b.kind = BlockKind::mla_layer;
@@ -185,7 +199,7 @@ class DeepseekV3Family final : public ModelFamily {
       b.params.push_back(w(at + "o_proj.weight", {C, H * dv}, row));
       b.params.push_back({p + "post_attention_layernorm.weight", {C}, constant(1)});
       double mlp_flops = 6.0 * double(C) * double(F);
-      if (a.moe_layer(i)) {
+      if (moe) {
         // moe.hpp's order: the router, the shared experts (gate, up by rows over tp, down by columns), the experts.
         b.moe = {E, a.num_experts_per_tok, Fe, a.norm_topk_prob, a.router_aux_loss_coef / (double(L_moe) * sequences),
                  0, 0, cfg.moe.expert_bias};
@@ -196,6 +210,11 @@ class DeepseekV3Family final : public ModelFamily {
         b.moe.routed_scaling = a.routed_scaling_factor;
         b.moe.n_shared = a.n_shared_experts;
         b.moe.layer = int(i - a.first_k_dense_replace);
+        if (i >= c.n_layer) {  // an MTP module's: outside the run's router statistics and expert bias (mtp_block.cpp)
+          b.moe.layer = 0;
+          b.moe.expert_bias = false;
+          b.moe.aux_weight = b.moe.aux_coef = 0;
+        }
         const int64_t Fs = b.moe.shared_hidden();
         b.params.push_back(w(p + "mlp.gate.weight", {E, C}));
         if (Fs > 0) {
@@ -226,11 +245,15 @@ class DeepseekV3Family final : public ModelFamily {
       b.attn_flops = 2.0 * double(T) * double(H) * double(dqk + dv);
       b.flops = 2.0 * proj + mlp_flops + b.attn_flops;
       b.recomputable = true;
-      m.blocks.push_back(std::move(b));
-    }
-    m.blocks.push_back(lm_head({{"model.norm.weight", {C}, constant(1)},
-                                c.tie_embeddings ? embed : w("lm_head.weight", {V, C}, vocab)},
-                               C, V, T, /*bias=*/false, NormKind::rmsnorm, a.norm_eps));
+      return b;
+    };
+    for (int64_t i = 0; i < c.n_layer; ++i) m.blocks.push_back(decoder_layer(i, a.moe_layer(i)));
+    const ParamSpec out = c.tie_embeddings ? embed : w("lm_head.weight", {V, C}, vocab);
+    if (a.num_mtp_layers > 0) m.blocks.push_back(mtp_block(cfg, decoder_layer, embed, out));
+    m.blocks.push_back(lm_head({{"model.norm.weight", {C}, constant(1)}, out}, C, V, T, /*bias=*/false,
+                               NormKind::rmsnorm, a.norm_eps));
+    // The MTP modules read the main model's hidden states before its final norm: the head stays on their stage.
+    if (a.num_mtp_layers > 0) m.blocks.back().starts_unit = false;
     return m;
   }
 
@@ -239,6 +262,11 @@ class DeepseekV3Family final : public ModelFamily {
     return m.n_head % tp == 0 && m.vocab_size >= tp && a.ffn_hidden % tp == 0 &&
            (moe_layers(m) == 0 || a.moe_intermediate_size % tp == 0);
   }
+  // The MTP modules hold their experts whole and need whole sequences (check_layout refuses ep and cp with them).
+  bool ep_splits(const Config::Model& m, int ep) const override {
+    return m.args<DeepseekV3Args>().num_mtp_layers == 0 && ModelFamily::ep_splits(m, ep);
+  }
+  bool cp_splits(const Config::Model& m, int) const override { return m.args<DeepseekV3Args>().num_mtp_layers == 0; }
   // Every layer's router sees all n_routed_experts (ep splits them); a model without MoE layers has none to split.
   int64_t experts(const Config::Model& m) const override {
     return moe_layers(m) > 0 ? m.args<DeepseekV3Args>().n_routed_experts : 0;
@@ -269,7 +297,7 @@ class DeepseekV3Family final : public ModelFamily {
     c["num_experts_per_tok"] = a.num_experts_per_tok;
     c["first_k_dense_replace"] = a.first_k_dense_replace;
     c["norm_topk_prob"] = a.norm_topk_prob;
-    c["num_mtp_layers"] = a.num_mtp_layers;
+    c["num_nextn_predict_layers"] = a.num_mtp_layers;  // transformers' num_mtp_layers (its attribute_map)
     c["hidden_act"] = "silu";
     c["max_position_embeddings"] = m.block_size;
     c["rms_norm_eps"] = a.norm_eps;
@@ -306,6 +334,13 @@ class DeepseekV3Family final : public ModelFamily {
                     {"routed_scaling_factor", 2.5, "routed_scaling_factor", a.routed_scaling_factor},
                     {"first_k_dense_replace", 3, "first_k_dense_replace", a.first_k_dense_replace}},
                    where);
+    // The MTP modules (model.layers.{num_hidden_layers + k - 1}.*): config.json's count, transformers' default 1, must
+    // be Relay's when Relay trains some; with none, a directory's MTP tensors are refused by name as not the model's.
+    const json nextn = config.contains("num_nextn_predict_layers") ? config["num_nextn_predict_layers"]
+                                                                   : hf_value_or(config, "num_mtp_layers", 1);
+    if (a.num_mtp_layers > 0 && (!nextn.is_number_integer() || nextn.get<int64_t>() != a.num_mtp_layers))
+      throw Error(cat(where, ": config.json num_nextn_predict_layers = ", nextn.dump(), " but model.num_mtp_layers = ",
+                      a.num_mtp_layers));
     // config.json's null q_lora_rank is Relay's 0 (one q_proj).
     const json ours_q = a.q_lora_rank > 0 ? json(a.q_lora_rank) : json(nullptr);
     if (config.contains("q_lora_rank") ? config["q_lora_rank"] != ours_q : a.q_lora_rank != 1536)
@@ -342,9 +377,70 @@ class DeepseekV3Family final : public ModelFamily {
   void hf_import_names(std::map<std::string, Shape>& shapes,
                        std::map<std::string, std::pair<std::string, int64_t>>& slices) const override {
     hf_split_fused_experts(shapes, slices, {"gate_proj", "up_proj", "down_proj"});
+    // The MTP modules' copies of the embedding and the head (hf_copies): the model's own are read.
+    auto ends = [](const std::string& n, const std::string& tail) {
+      return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    for (auto it = shapes.begin(); it != shapes.end();)
+      if (it->first.rfind("model.layers.", 0) == 0 &&
+          (ends(it->first, ".embed_tokens.weight") || ends(it->first, ".shared_head.head.weight")))
+        it = shapes.erase(it);
+      else
+        ++it;
+  }
+
+  // The official checkpoints hold each MTP module's embedding and output head as its own tensors.
+  std::vector<std::pair<std::string, std::string>> hf_copies(const Config::Model& m) const override {
+    std::vector<std::pair<std::string, std::string>> out;
+    const int64_t D = m.args<DeepseekV3Args>().num_mtp_layers;
+    for (int64_t k = 1; k <= D; ++k) {
+      const std::string p = cat("model.layers.", m.n_layer + k - 1, ".");
+      out.push_back({p + "embed_tokens.weight", "model.embed_tokens.weight"});
+      out.push_back({p + "shared_head.head.weight", m.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"});
+    }
+    return out;
   }
 
  private:
+  // The multi-token prediction modules (model/mtp_block.cpp) under the official checkpoints' names: module k is
+  // model.layers.{n_layer + k - 1}: enorm, hnorm, eh_proj (C, 2C), a decoder layer of the last layer's kind and
+  // shared_head.norm; its embedding and output head are the model's (one parameter each).
+  template <class Layer>
+  static BlockSpec mtp_block(const Config& cfg, const Layer& decoder_layer, const ParamSpec& embed,
+                             const ParamSpec& out) {
+    const auto& c = cfg.model;
+    const DeepseekV3Args& a = c.args<DeepseekV3Args>();
+    const int64_t C = c.n_embd, V = c.vocab_size, T = c.block_size;
+    BlockSpec b;
+    b.kind = BlockKind::mtp;
+    b.in = b.out = C;
+    b.seq_len = T;
+    b.eps = a.norm_eps;
+    b.bias = false;
+    b.mtp = {a.num_mtp_layers, a.mtp_loss_weight, std::max<int64_t>(cfg.train.batch_size, 1)};
+    b.params = {embed, out};
+    for (int64_t k = 1; k <= a.num_mtp_layers; ++k) {
+      const int64_t i = c.n_layer + k - 1;
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      BlockSpec layer = decoder_layer(i, c.n_layer > a.first_k_dense_replace);
+      const ParamSpec head_norm{p + "shared_head.norm.weight", {C}, param_constant(1)};
+      b.params.push_back({p + "enorm.weight", {C}, param_constant(1)});
+      b.params.push_back({p + "hnorm.weight", {C}, param_constant(1)});
+      b.params.push_back({p + "eh_proj.weight", {C, 2 * C},
+                          ParamInit{ParamInit::normal, c.init_std, name_stream(p + "eh_proj.weight"), 0}});
+      b.params.push_back(head_norm);
+      b.params.insert(b.params.end(), layer.params.begin(), layer.params.end());
+      BlockSpec head = lm_head({head_norm, out}, C, V, T, /*bias=*/false, NormKind::rmsnorm, a.norm_eps);
+      // Per row: eh_proj's 2 x C x 2C, the decoder layer's, the shared head's 2 C V.
+      b.flops += 4.0 * double(C) * double(C) + layer.flops + head.flops;
+      b.attn_flops += layer.attn_flops;
+      b.inner.push_back(std::move(layer));
+      b.inner.push_back(std::move(head));
+      b.inner.push_back(lm_embedding({embed}, C, T));
+    }
+    return b;
+  }
+
   static int64_t moe_layers(const Config::Model& m) {
     return std::max<int64_t>(0, m.n_layer - m.args<DeepseekV3Args>().first_k_dense_replace);
   }
