@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "support/test_support.hpp"
@@ -75,16 +76,25 @@ TEST(Fp8Training, MixtralTracksBf16) {
                           "model.moe_ffn_hidden=32"}, 12, 6, 0.97);
 }
 
-// A layout of the GPT problem (batch 8 sequences of 16 tokens) in fp8 with a recipe.
+// A layout of the GPT problem (batch 8 sequences of 16 tokens) in fp8 with a recipe: the GPT, or a small Mixtral.
+const std::vector<std::string> kMixtral = {"model.type=\"mixtral\"", "model.seed=2", "model.n_embd=32",
+                                           "model.n_kv_head=2", "model.n_experts=4", "model.experts_per_token=2",
+                                           "model.moe_ffn_hidden=32"};
 struct Layout {
   std::string recipe = "tensorwise";
   int dp = 1, tp = 1, pp = 1, m = 2, zero = 0;
   std::string precision = "fp8";  // another precision drops the recipe
   bool sp = false;                 // sequence parallelism (tp > 1)
-  int ranks() const { return dp * tp * pp; }
+  bool fp8_gather = false;         // parallel.fp8_param_gather (ZeRO-3)
+  int cp = 1, ep = 1;
+  bool mixtral = false;            // the small Mixtral of kMixtral instead of the GPT
+  int ranks() const { return dp * tp * pp * cp; }
+  std::string model() const { return mixtral ? "_mixtral" : ""; }
   std::string name() const {
-    return recipe + "_dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_m" +
-           std::to_string(m) + (zero ? "_zero" + std::to_string(zero) : "") + (sp ? "_sp" : "");
+    return recipe + model() + "_dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) +
+           "_m" + std::to_string(m) + (zero ? "_zero" + std::to_string(zero) : "") + (sp ? "_sp" : "") +
+           (cp > 1 ? "_cp" + std::to_string(cp) : "") + (ep > 1 ? "_ep" + std::to_string(ep) : "") +
+           (fp8_gather ? "_fp8gather" : "");
   }
   std::vector<std::string> overrides(const std::string& run) const {
     auto ov = precision_overrides(run, precision, precision == "fp8" ? recipe : "");
@@ -92,6 +102,10 @@ struct Layout {
                          "parallel.pp=" + std::to_string(pp), "train.micro_batches=" + std::to_string(m),
                          "optimizer.zero=" + std::to_string(zero), "model.n_head=4",
                          std::string("parallel.sequence_parallel=") + (sp ? "true" : "false")});
+    if (fp8_gather) ov.push_back("parallel.fp8_param_gather=true");
+    if (cp > 1) ov.push_back("parallel.cp=" + std::to_string(cp));
+    if (ep > 1) ov.push_back("parallel.ep=" + std::to_string(ep));
+    if (mixtral) ov.insert(ov.end(), kMixtral.begin(), kMixtral.end());
     return ov;
   }
 };
@@ -122,8 +136,14 @@ std::vector<Layout> layouts() {
     if (recipe == "tensorwise") add(1, 1, 2, 2);
     if (recipe == "tensorwise") {
       add(2, 1, 1, 1, 3);  // ZeRO-3: the gathered working weights quantised as serial
+      add(2, 1, 1, 1, 3);  // ZeRO-3 gathering the weights as FP8 codes: bitwise the case above (TracksTheFp8SerialRun)
+      out.back().fp8_gather = true;
       add(1, 2, 1, 2);     // tp 2 with sequence parallelism: the row-parallel GEMMs into the shared buffer
       out.back().sp = true;
+      add(1, 1, 1, 2);     // cp 2: each rank's GEMMs take half of every sequence's rows (scales of those rows)
+      out.back().cp = 2;
+      add(2, 1, 1, 1);     // the Mixtral at dp 2 x ep 2: an expert's grouped GEMM takes both ranks' tokens
+      out.back().ep = 2, out.back().mixtral = true;
     }
   }
   return out;
@@ -134,9 +154,10 @@ class Fp8Layouts : public ::testing::TestWithParam<Layout> {
   static void SetUpTestSuite() {
     dir_ = new TempDir;
     problem_ = new Problem(make_gpt_problem(dir_->path(), 4097, 61));
-    for (const std::string recipe : {"tensorwise", "blockwise"}) {
+    for (const std::string recipe : {"tensorwise", "blockwise", "tensorwise_mixtral"}) {
       Layout l;
-      l.recipe = recipe;
+      l.recipe = recipe.substr(0, recipe.find('_'));
+      l.mixtral = recipe != l.recipe;
       RunResult r = train(1, problem_->config, l.overrides(dir_->file("serial_" + recipe)));
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
@@ -160,7 +181,7 @@ double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) 
 TEST_P(Fp8Layouts, TracksTheFp8SerialRun) {
   RELAY_SKIP_WITHOUT_CPU_BF16();
   const Layout& l = GetParam();
-  const std::string run = dir_->file(l.name()), serial = dir_->file("serial_" + l.recipe);
+  const std::string run = dir_->file(l.name()), serial = dir_->file("serial_" + l.recipe + l.model());
   RunResult r = train(l.ranks(), problem_->config, l.overrides(run));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto got = read_losses(run), ref = read_losses(serial);
@@ -173,8 +194,23 @@ TEST_P(Fp8Layouts, TracksTheFp8SerialRun) {
     if (k.rfind("model/", 0) == 0) got_t[k] = v;
   for (auto& [k, v] : read_checkpoint(serial + ckpt))
     if (k.rfind("model/", 0) == 0) ref_t[k] = v;
-  expect_tensors_within(got_t, ref_t, kTensorRel, l.tp > 1 ? kTpTensorAbs : kTensorAbs, l.name() + " parameters");
+  const bool other_rows = l.tp > 1 || l.cp > 1 || l.ep > 1;  // GEMMs over other rows than the serial run's
+  expect_tensors_within(got_t, ref_t, kTensorRel, other_rows ? kTpTensorAbs : kTensorAbs, l.name() + " parameters");
   std::printf("%-36s max relative loss difference %.2e\n", l.name().c_str(), loss_diff);
+  if (!l.fp8_gather) return;
+  // parallel.fp8_param_gather sends the codes and scales that the bf16 gather's receivers would make (each weight's
+  // scale from the max over the ranks of their pieces' amax), so the run is the bf16 gather's, bit for bit: losses,
+  // parameters and optimizer state.
+  Layout bf16_gather = l;
+  bf16_gather.fp8_gather = false;
+  const std::string same = dir_->file(bf16_gather.name());  // made by the case before this one, else here
+  if (!std::filesystem::exists(same + ckpt)) {
+    RunResult b = train(l.ranks(), problem_->config, bf16_gather.overrides(same));
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+  }
+  EXPECT_EQ(got, read_losses(same)) << l.name();
+  expect_same_tensors(read_checkpoint(run + ckpt), read_checkpoint(same + ckpt), 0.0,
+                      l.name() + " against the bf16 gather");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLayouts, Fp8Layouts, ::testing::ValuesIn(layouts()),

@@ -84,7 +84,8 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
   for (BlockSpec& b : m.blocks) b.dtype = compute_dtype(cfg.train.precision);
   if (cfg.train.precision == Precision::fp8) {
     for (BlockSpec& b : m.blocks)
-      if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer || b.kind == BlockKind::linear)
+      if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer || b.kind == BlockKind::mla_layer ||
+          b.kind == BlockKind::linear)
         b.fp8 = cfg.train.fp8_recipe;
   }
   if (cfg.parallel.sequence_parallel && m.language_model && cfg.parallel.tp > 1)
