@@ -5,9 +5,9 @@
 //   issue's 300: a step of these models costs 0.04-0.07 s on 2 shared cores, and 300 steps x 3 runs x 2 models took
 //   over four minutes of the suite; at 300 steps the GPT measured 3.1e-4 tensorwise and 3.4e-4 blockwise, at 100
 //   steps (lr 2e-3) 8.9e-5 and 8.1e-5, the Llama 2.8e-4 and 2.2e-4);
-// - dp 2, tp 2, pp 2, cp 2, a Mixtral's dp 2 x ep 2 and ZeRO-1 / ZeRO-3 track the serial fp8 run within an fp8
-//   tolerance; ZeRO-3 gathering its weights as FP8 codes (parallel.fp8_param_gather) is plain ZeRO-3's run bit for
-//   bit; one layout twice is bitwise;
+// - dp 2, tp 2, pp 2, cp 2, a Mixtral's dp 2 x ep 2, a DeepSeek-V3's tp 2 and ZeRO-1 / ZeRO-3 track the serial fp8
+//   run within an fp8 tolerance; ZeRO-3 gathering its weights as FP8 codes (parallel.fp8_param_gather) is plain
+//   ZeRO-3's run bit for bit; one layout twice is bitwise;
 // - checkpoints cross precisions: fp8 -> bf16 -> fp8;
 // - an inf in the weights stays visible: train.skip_nonfinite skips the steps;
 // - bad input (an unknown recipe, a GPT or an MLP width not a multiple of 16) ends every rank with one line naming
@@ -82,6 +82,11 @@ TEST(Fp8Training, MixtralTracksBf16) {
 const std::vector<std::string> kMixtral = {"model.type=\"mixtral\"", "model.seed=2", "model.n_embd=32",
                                            "model.n_kv_head=2", "model.n_experts=4", "model.experts_per_token=2",
                                            "model.moe_ffn_hidden=32"};
+// A small DeepSeek-V3: 2 dense MLA layers (the first routed-expert layer would be the fourth), every width a multiple
+// of 16 (4 heads: queries 4 x (8 + 16), kv_b 4 x (8 + 8), values 4 x 8).
+const std::vector<std::string> kDeepseek = {"model.type=\"deepseek_v3\"", "model.n_layer=2", "model.n_embd=32",
+                                            "model.ffn_hidden=32", "model.kv_lora_rank=16", "model.qk_nope_head_dim=8",
+                                            "model.qk_rope_head_dim=16", "model.v_head_dim=8"};
 struct Layout {
   std::string recipe = "tensorwise";
   int dp = 1, tp = 1, pp = 1, m = 2, zero = 0;
@@ -89,9 +94,9 @@ struct Layout {
   bool sp = false;                 // sequence parallelism (tp > 1)
   bool fp8_gather = false;         // parallel.fp8_param_gather (ZeRO-3)
   int cp = 1, ep = 1;
-  bool mixtral = false;            // the small Mixtral of kMixtral instead of the GPT
+  std::string family;              // "mixtral" (kMixtral) or "deepseek" (kDeepseek) instead of the GPT
   int ranks() const { return dp * tp * pp * cp; }
-  std::string model() const { return mixtral ? "_mixtral" : ""; }
+  std::string model() const { return family.empty() ? "" : "_" + family; }
   std::string name() const {
     return recipe + model() + "_dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) +
            "_m" + std::to_string(m) + (zero ? "_zero" + std::to_string(zero) : "") + (sp ? "_sp" : "") +
@@ -107,7 +112,8 @@ struct Layout {
     if (fp8_gather) ov.push_back("parallel.fp8_param_gather=true");
     if (cp > 1) ov.push_back("parallel.cp=" + std::to_string(cp));
     if (ep > 1) ov.push_back("parallel.ep=" + std::to_string(ep));
-    if (mixtral) ov.insert(ov.end(), kMixtral.begin(), kMixtral.end());
+    const auto& fam = family == "mixtral" ? kMixtral : family == "deepseek" ? kDeepseek : std::vector<std::string>{};
+    ov.insert(ov.end(), fam.begin(), fam.end());
     return ov;
   }
 };
@@ -128,9 +134,9 @@ void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
 // the serial run's (half of each sequence; an expert's rows from both ranks at once), so other tensorwise scales.
 // Measured (6 steps): dp 2, pp 2 and ZeRO-3 losses equal to the serial run's to the digit; tp 2 (with or without
 // sequence parallelism) within 3.6e-5 (tensorwise; 3.9e-5 before the scales agreed over the group) and 4.5e-5
-// (blockwise); cp 2 3.6e-5; the Mixtral at dp 2 x ep 2 2.0e-4. Each case is one 2-rank relay run: on the shared 2
-// cores at load ~4.5, ZeRO-3 with the fp8 gather 1.6 s, cp 2 1.5 s, the Mixtral's ep 2 1.6 s, and the suite 20 s with
-// its three serial runs (the Mixtral's ~2 s of them).
+// (blockwise); cp 2 3.6e-5; the Mixtral at dp 2 x ep 2 2.0e-4; the DeepSeek-V3 (MLA) at tp 2 2.9e-4. Each case is one
+// 2-rank relay run: on the shared 2 cores at load ~4.5, ZeRO-3 with the fp8 gather 1.6 s, cp 2 1.5 s, the Mixtral's
+// ep 2 1.6 s, the DeepSeek-V3's tp 2 1.9 s; the Mixtral's and the DeepSeek-V3's serial runs ~2 s and ~1 s.
 constexpr double kLossRel = 1e-2, kTensorRel = 2e-2, kTensorAbs = 2e-3, kTpTensorAbs = 0.024;
 
 std::vector<Layout> layouts() {
@@ -149,7 +155,9 @@ std::vector<Layout> layouts() {
       add(1, 1, 1, 2);     // cp 2: each rank's GEMMs take half of every sequence's rows (scales of those rows)
       out.back().cp = 2;
       add(2, 1, 1, 1);     // the Mixtral at dp 2 x ep 2: an expert's grouped GEMM takes both ranks' tokens
-      out.back().ep = 2, out.back().mixtral = true;
+      out.back().ep = 2, out.back().family = "mixtral";
+      add(1, 2, 1, 2);     // DeepSeek-V3's MLA at tp 2: its heads' projections column-parallel, o_proj row-parallel
+      out.back().family = "deepseek";
     }
   }
   return out;
@@ -160,10 +168,10 @@ class Fp8Layouts : public ::testing::TestWithParam<Layout> {
   static void SetUpTestSuite() {
     dir_ = new TempDir;
     problem_ = new Problem(make_gpt_problem(dir_->path(), 4097, 61));
-    for (const std::string recipe : {"tensorwise", "blockwise", "tensorwise_mixtral"}) {
+    for (const std::string recipe : {"tensorwise", "blockwise", "tensorwise_mixtral", "tensorwise_deepseek"}) {
       Layout l;
       l.recipe = recipe.substr(0, recipe.find('_'));
-      l.mixtral = recipe != l.recipe;
+      if (recipe != l.recipe) l.family = recipe.substr(recipe.find('_') + 1);
       RunResult r = train(1, problem_->config, l.overrides(dir_->file("serial_" + recipe)));
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
