@@ -666,6 +666,33 @@ std::vector<OpCase> all_cases() {
     }
   }
 
+  // FP8's amax pass (the tensor-parallel and ZeRO-3 FP8 gather's first pass): each tile's max |x| as float bits, an
+  // exact max on both backends; shapes off every 128 edge, a NaN and an inf in rows that the tiles keep apart.
+  for (DType x : float_types)
+    for (Fp8Tiling tiling : {Fp8Tiling::tensor, Fp8Tiling::row_1x128, Fp8Tiling::col_128x1, Fp8Tiling::block_128x128})
+      for (bool special : {false, true})
+        add(std::string("fp8_amax_") +
+                (tiling == Fp8Tiling::tensor ? "tensor" : tiling == Fp8Tiling::row_1x128 ? "1x128"
+                 : tiling == Fp8Tiling::col_128x1 ? "128x1" : "128x128") +
+                (special ? "_nan_inf" : "") + "_130x257" + suffix(x),
+            kTolExact,
+            [=](Backend& be) {
+              Tensor t = input(be, {130, 257}, 44, x, -3, 3);
+              if (special) {
+                Tensor host = input(cpu_backend(), {130, 257}, 44, x, -3, 3);
+                const float nan = std::nanf(""), inf = INFINITY;
+                if (x == DType::f32) host.f32()[5] = nan, host.f32()[129 * 257 + 256] = -inf;
+                else host.b16()[5] = f32_to_bf16(nan), host.b16()[129 * 257 + 256] = f32_to_bf16(-inf);
+                be.upload(t, host.raw());
+              }
+              const Fp8Grid g = fp8_grid(tiling, 130, 257);
+              Tensor amax(be, {g.rows, g.cols}, DType::i32);  // (grid) |x|'s max as float bits
+              be.fp8_amax(t, tiling, amax);
+              Output o = out(be, "amax", amax);
+              o.exact = true;
+              return std::vector{o};
+            });
+
   // sum of squares (gradient norms: float32 only)
   for (const Shape& s : shapes)
     add("sum_squares_" + dims(s), kTolSumSq, [s](Backend& be) {

@@ -131,6 +131,27 @@ TEST(Config, Fp8PrecisionAndRecipe) {
   const std::string e = error_of(kBase, {"train.precision=\"bf16\"", "train.fp8_recipe=\"tensorwise\""});
   EXPECT_NE(e.find("train.fp8_recipe: = \"tensorwise\" scales FP8 GEMMs and needs train.precision = \"fp8\", got "
                    "train.precision = \"bf16\""), std::string::npos) << e;
+  // parallel.fp8_param_gather: ZeRO-3 with tensorwise fp8 only, each refusal naming the key and the one at fault.
+  const std::vector<std::string> gather = {"train.precision=\"fp8\"", "optimizer.zero=3", "parallel.dp=2",
+                                           "parallel.fp8_param_gather=true"};
+  Config g = parse_config_text(kBase, "cfg.toml", gather);
+  EXPECT_TRUE(g.parallel.fp8_param_gather);
+  EXPECT_TRUE(parse_config_text(to_toml(g), "saved.toml").parallel.fp8_param_gather);
+  EXPECT_FALSE(c.parallel.fp8_param_gather);  // the default
+  for (const auto& [set, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"optimizer.zero=1", "parallel.fp8_param_gather: = true gathers ZeRO-3's sharded parameters as FP8 codes and "
+                                "needs optimizer.zero = 3, got optimizer.zero = 1"},
+           {"train.fp8_recipe=\"blockwise\"", "parallel.fp8_param_gather: = true gathers weights as the tensorwise FP8 "
+                                               "GEMMs read them and needs train.precision = \"fp8\" with "
+                                               "train.fp8_recipe = \"tensorwise\", got train.precision = \"fp8\", "
+                                               "train.fp8_recipe = \"blockwise\""},
+           {"train.precision=\"bf16\"", "needs train.precision = \"fp8\" with train.fp8_recipe = \"tensorwise\", got "
+                                         "train.precision = \"bf16\""}}) {
+    auto ov = gather;
+    ov.push_back(set);
+    const std::string err = error_of(kBase, ov);
+    EXPECT_NE(err.find(expect), std::string::npos) << set << ": " << err;
+  }
 }
 
 TEST(Config, SkipNonfiniteAndLogSection) {

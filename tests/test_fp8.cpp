@@ -8,6 +8,7 @@
 // the dequantised operands' exact product, computed without knowing the k blocks. The emulation sums each block in
 // f32 and scales it, so |y - ref| <= (k block + number of blocks + 3) * 2^-24 * sum over k of |a * b| (the f32
 // rounding bound of those sums and the scale products); a scale applied to the wrong block misses by far more.
+#include <cstring>
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -123,21 +124,32 @@ TEST(Fp8Quantize, TilesWithPartialEdgeTiles) {
     }
 }
 
-// fp8_quantize_with (the tensor-parallel path: a scale agreed over the group): with fp8_quantize's own scales it gives
-// its codes; with other given scales, each code is x / that tile's given scale.
-TEST(Fp8Quantize, GivenScalesGiveTheCodesOfThoseScales) {
+// fp8_amax then fp8_quantize_amax (the tensor-parallel path: an amax agreed over the group between the two passes):
+// with the tiles' own amaxes it is fp8_quantize, codes and scales; with larger given amaxes (twice each: a larger
+// amax elsewhere in the group), the scales are those amaxes' and each code is x / that tile's given scale.
+TEST(Fp8Quantize, AmaxThenCodesIsQuantise) {
   auto be = make_backend(BackendOptions{Device::cpu, 2});
   for (Fp8Tiling tiling : {Fp8Tiling::tensor, Fp8Tiling::row_1x128, Fp8Tiling::block_128x128})
     for (Fp8Format fmt : {kE4m3, kE5m2}) {
       Tensor x = random_matrix(*be, 130, 257, 5);
       const Quantised qx = quantise(*be, x, tiling, fmt);
-      Tensor q(*be, {130, 257}, qx.q.dtype());  // (rows, cols)
-      be->fp8_quantize_with(x, tiling, qx.scales, q);
+      Tensor amax(*be, qx.scales.shape(), DType::i32);  // (grid) |x|'s max as float bits
+      be->fp8_amax(x, tiling, amax);
+      for (int64_t i = 0; i < amax.numel(); ++i)
+        ASSERT_EQ(fp8_scale(uint32_t(amax.i32()[i]), fmt), qx.scales.f32()[i]) << fp8_tiling_name(tiling) << " " << i;
+      Tensor q(*be, {130, 257}, qx.q.dtype()), scales(*be, qx.scales.shape());  // (rows, cols), (grid)
+      be->fp8_quantize_amax(x, tiling, amax, q, scales);
       for (int64_t i = 0; i < q.numel(); ++i) ASSERT_EQ(q.fp8()[i], qx.q.fp8()[i]) << fp8_tiling_name(tiling) << " " << i;
-      Tensor wider(*be, qx.scales.shape());  // (grid) twice every scale: a larger amax elsewhere in the group
-      for (int64_t i = 0; i < wider.numel(); ++i) wider.f32()[i] = 2 * qx.scales.f32()[i];
-      be->fp8_quantize_with(x, tiling, wider, q);
-      Quantised given{q, wider, tiling};
+      for (int64_t i = 0; i < scales.numel(); ++i) ASSERT_EQ(scales.f32()[i], qx.scales.f32()[i]);
+      for (int64_t i = 0; i < amax.numel(); ++i) {  // twice each amax (exact in f32)
+        float a;
+        std::memcpy(&a, &amax.i32()[i], 4);
+        a *= 2;
+        std::memcpy(&amax.i32()[i], &a, 4);
+      }
+      be->fp8_quantize_amax(x, tiling, amax, q, scales);
+      for (int64_t i = 0; i < scales.numel(); ++i) ASSERT_EQ(scales.f32()[i], 2 * qx.scales.f32()[i]);
+      Quantised given{q, scales, tiling};
       expect_codes(x, given);
     }
 }

@@ -10,7 +10,10 @@
 
 #include "backend/backend.hpp"
 #include "core/rng.hpp"
+#include "core/error.hpp"
+#include "model/family.hpp"
 #include "model/fp8_linear.hpp"
+#include "model/model_spec.hpp"
 
 namespace relay {
 namespace {
@@ -131,6 +134,42 @@ TEST(Fp8Linear, OffIsTheBackendsGemm) {
   Fp8Linear().linear(*be, x, w, Tensor(), a);
   be->matmul(x, false, w, true, b, 1.f, 0.f);
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << i;
+}
+
+// A weight handed over as e4m3 codes with its tensorwise scale (parallel.fp8_param_gather's gathered weight) gives the
+// forward and the input gradient of the weight it was quantised from, bit for bit: Fp8Linear multiplies the codes as
+// they are instead of quantising the weight.
+TEST(Fp8Linear, GatheredCodesAreTheWeightsOwn) {
+  auto be = make_backend(BackendOptions{Device::cpu, 2});
+  const Tensor x = matrix(*be, 20, kIn, 11, kOne, kOne), w = matrix(*be, kOut, kIn, 12, kOne, kOne);
+  const Tensor dy = matrix(*be, 20, kOut, 13, kOne, kOne);
+  Tensor codes(*be, {kOut, kIn}, DType::fp8_e4m3), scale(*be, {1, 1});  // (out, in), (1, 1)
+  be->fp8_quantize(w, Fp8Tiling::tensor, codes, scale);
+  const Fp8Linear fp8(Fp8Recipe::tensorwise);
+  Fp8Weight gathered(codes);
+  gathered.scale = &scale;
+  Tensor y(*be, {20, kOut}), y_codes(*be, {20, kOut}), dx(*be, {20, kIn}), dx_codes(*be, {20, kIn});
+  fp8.matmul(*be, x, w, true, y);
+  fp8.matmul(*be, x, gathered, true, y_codes);
+  fp8.matmul(*be, dy, w, false, dx);
+  fp8.matmul(*be, dy, gathered, false, dx_codes);
+  for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.f32()[i], y_codes.f32()[i]) << "forward " << i;
+  for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(dx.f32()[i], dx_codes.f32()[i]) << "input gradient " << i;
+}
+
+// An MLA layer's widths (DeepSeek-V3's linears) must be multiples of 16 too, each named by its key.
+TEST(Fp8Linear, MlaWidthsAreChecked) {
+  const std::string ds = "[model]\ntype = \"deepseek_v3\"\nvocab_size = 64\nblock_size = 16\nn_layer = 1\nn_head = 2\n"
+                         "n_embd = 32\nffn_hidden = 32\nkv_lora_rank = 16\nqk_nope_head_dim = 8\nv_head_dim = 8\n"
+                         "[data]\ntrain = \"t.h5\"\n[train]\nsteps = 1\nbatch_size = 2\nprecision = \"fp8\"\n";
+  EXPECT_NO_THROW(check_fp8_widths(make_model_spec(parse_config_text(ds, "ds.toml", {"model.qk_rope_head_dim=16"}), 1).blocks));
+  try {
+    check_fp8_widths(make_model_spec(parse_config_text(ds, "ds.toml", {"model.qk_rope_head_dim=8"}), 1).blocks);
+    ADD_FAILURE() << "qk_rope_head_dim 8 passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the rotary key width (model.qk_rope_head_dim) of block 1 (mla_layer) is 8, "
+                                         "not a multiple of 16"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 //   issue's 300: a step of these models costs 0.04-0.07 s on 2 shared cores, and 300 steps x 3 runs x 2 models took
 //   over four minutes of the suite; at 300 steps the GPT measured 3.1e-4 tensorwise and 3.4e-4 blockwise, at 100
 //   steps (lr 2e-3) 8.9e-5 and 8.1e-5, the Llama 2.8e-4 and 2.2e-4);
-// - dp 2, tp 2, pp 2 and ZeRO-1 / ZeRO-3 track the serial fp8 run within an fp8 tolerance; one layout twice is bitwise;
+// - dp 2, tp 2, pp 2, cp 2, a Mixtral's dp 2 x ep 2, a DeepSeek-V3's tp 2 and ZeRO-1 / ZeRO-3 track the serial fp8
+//   run within an fp8 tolerance; ZeRO-3 gathering its weights as FP8 codes (parallel.fp8_param_gather) is plain
+//   ZeRO-3's run bit for bit; one layout twice is bitwise;
 // - checkpoints cross precisions: fp8 -> bf16 -> fp8;
 // - an inf in the weights stays visible: train.skip_nonfinite skips the steps;
 // - bad input (an unknown recipe, a GPT or an MLP width not a multiple of 16) ends every rank with one line naming
@@ -13,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "support/test_support.hpp"
@@ -75,16 +78,30 @@ TEST(Fp8Training, MixtralTracksBf16) {
                           "model.moe_ffn_hidden=32"}, 12, 6, 0.97);
 }
 
-// A layout of the GPT problem (batch 8 sequences of 16 tokens) in fp8 with a recipe.
+// A layout of the GPT problem (batch 8 sequences of 16 tokens) in fp8 with a recipe: the GPT, or a small Mixtral.
+const std::vector<std::string> kMixtral = {"model.type=\"mixtral\"", "model.seed=2", "model.n_embd=32",
+                                           "model.n_kv_head=2", "model.n_experts=4", "model.experts_per_token=2",
+                                           "model.moe_ffn_hidden=32"};
+// A small DeepSeek-V3: 2 dense MLA layers (the first routed-expert layer would be the fourth), every width a multiple
+// of 16 (4 heads: queries 4 x (8 + 16), kv_b 4 x (8 + 8), values 4 x 8).
+const std::vector<std::string> kDeepseek = {"model.type=\"deepseek_v3\"", "model.n_layer=2", "model.n_embd=32",
+                                            "model.ffn_hidden=32", "model.kv_lora_rank=16", "model.qk_nope_head_dim=8",
+                                            "model.qk_rope_head_dim=16", "model.v_head_dim=8"};
 struct Layout {
   std::string recipe = "tensorwise";
   int dp = 1, tp = 1, pp = 1, m = 2, zero = 0;
   std::string precision = "fp8";  // another precision drops the recipe
   bool sp = false;                 // sequence parallelism (tp > 1)
-  int ranks() const { return dp * tp * pp; }
+  bool fp8_gather = false;         // parallel.fp8_param_gather (ZeRO-3)
+  int cp = 1, ep = 1;
+  std::string family;              // "mixtral" (kMixtral) or "deepseek" (kDeepseek) instead of the GPT
+  int ranks() const { return dp * tp * pp * cp; }
+  std::string model() const { return family.empty() ? "" : "_" + family; }
   std::string name() const {
-    return recipe + "_dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_m" +
-           std::to_string(m) + (zero ? "_zero" + std::to_string(zero) : "") + (sp ? "_sp" : "");
+    return recipe + model() + "_dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) +
+           "_m" + std::to_string(m) + (zero ? "_zero" + std::to_string(zero) : "") + (sp ? "_sp" : "") +
+           (cp > 1 ? "_cp" + std::to_string(cp) : "") + (ep > 1 ? "_ep" + std::to_string(ep) : "") +
+           (fp8_gather ? "_fp8gather" : "");
   }
   std::vector<std::string> overrides(const std::string& run) const {
     auto ov = precision_overrides(run, precision, precision == "fp8" ? recipe : "");
@@ -92,6 +109,11 @@ struct Layout {
                          "parallel.pp=" + std::to_string(pp), "train.micro_batches=" + std::to_string(m),
                          "optimizer.zero=" + std::to_string(zero), "model.n_head=4",
                          std::string("parallel.sequence_parallel=") + (sp ? "true" : "false")});
+    if (fp8_gather) ov.push_back("parallel.fp8_param_gather=true");
+    if (cp > 1) ov.push_back("parallel.cp=" + std::to_string(cp));
+    if (ep > 1) ov.push_back("parallel.ep=" + std::to_string(ep));
+    const auto& fam = family == "mixtral" ? kMixtral : family == "deepseek" ? kDeepseek : std::vector<std::string>{};
+    ov.insert(ov.end(), fam.begin(), fam.end());
     return ov;
   }
 };
@@ -108,9 +130,13 @@ void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
 // layout ones (test_bf16_mpi.cpp: losses 1%, tensors 2e-3 + 2%) for dp, pp and ZeRO; under tp the losses too, but not
 // every parameter: AdamW moves an element whose gradient is only rounding noise by up to lr a step either way, and
 // fp8's noise differs between tp and serial, so such an element may end 2 x lr x 6 steps = 0.024 apart (lr 0.002;
-// measured up to ~0.007). Measured (6 steps): dp 2, pp 2 and ZeRO-3 losses equal to the serial run's to the digit;
-// tp 2 (with or without sequence parallelism) within 3.6e-5 (tensorwise; 3.9e-5 before the scales agreed over the
-// group) and 4.5e-5 (blockwise).
+// measured up to ~0.007). cp 2 and the Mixtral's ep 2 get the tp tolerance too: their GEMMs take other rows than
+// the serial run's (half of each sequence; an expert's rows from both ranks at once), so other tensorwise scales.
+// Measured (6 steps): dp 2, pp 2 and ZeRO-3 losses equal to the serial run's to the digit; tp 2 (with or without
+// sequence parallelism) within 3.6e-5 (tensorwise; 3.9e-5 before the scales agreed over the group) and 4.5e-5
+// (blockwise); cp 2 3.6e-5; the Mixtral at dp 2 x ep 2 2.0e-4; the DeepSeek-V3 (MLA) at tp 2 2.9e-4. Each case is one
+// 2-rank relay run: on the shared 2 cores at load ~4.5, ZeRO-3 with the fp8 gather 1.6 s, cp 2 1.5 s, the Mixtral's
+// ep 2 1.6 s, the DeepSeek-V3's tp 2 1.9 s; the Mixtral's and the DeepSeek-V3's serial runs ~2 s and ~1 s.
 constexpr double kLossRel = 1e-2, kTensorRel = 2e-2, kTensorAbs = 2e-3, kTpTensorAbs = 0.024;
 
 std::vector<Layout> layouts() {
@@ -122,8 +148,16 @@ std::vector<Layout> layouts() {
     if (recipe == "tensorwise") add(1, 1, 2, 2);
     if (recipe == "tensorwise") {
       add(2, 1, 1, 1, 3);  // ZeRO-3: the gathered working weights quantised as serial
+      add(2, 1, 1, 1, 3);  // ZeRO-3 gathering the weights as FP8 codes: bitwise the case above (TracksTheFp8SerialRun)
+      out.back().fp8_gather = true;
       add(1, 2, 1, 2);     // tp 2 with sequence parallelism: the row-parallel GEMMs into the shared buffer
       out.back().sp = true;
+      add(1, 1, 1, 2);     // cp 2: each rank's GEMMs take half of every sequence's rows (scales of those rows)
+      out.back().cp = 2;
+      add(2, 1, 1, 1);     // the Mixtral at dp 2 x ep 2: an expert's grouped GEMM takes both ranks' tokens
+      out.back().ep = 2, out.back().family = "mixtral";
+      add(1, 2, 1, 2);     // DeepSeek-V3's MLA at tp 2: its heads' projections column-parallel, o_proj row-parallel
+      out.back().family = "deepseek";
     }
   }
   return out;
@@ -134,9 +168,10 @@ class Fp8Layouts : public ::testing::TestWithParam<Layout> {
   static void SetUpTestSuite() {
     dir_ = new TempDir;
     problem_ = new Problem(make_gpt_problem(dir_->path(), 4097, 61));
-    for (const std::string recipe : {"tensorwise", "blockwise"}) {
+    for (const std::string recipe : {"tensorwise", "blockwise", "tensorwise_mixtral", "tensorwise_deepseek"}) {
       Layout l;
-      l.recipe = recipe;
+      l.recipe = recipe.substr(0, recipe.find('_'));
+      if (recipe != l.recipe) l.family = recipe.substr(recipe.find('_') + 1);
       RunResult r = train(1, problem_->config, l.overrides(dir_->file("serial_" + recipe)));
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
@@ -160,7 +195,7 @@ double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) 
 TEST_P(Fp8Layouts, TracksTheFp8SerialRun) {
   RELAY_SKIP_WITHOUT_CPU_BF16();
   const Layout& l = GetParam();
-  const std::string run = dir_->file(l.name()), serial = dir_->file("serial_" + l.recipe);
+  const std::string run = dir_->file(l.name()), serial = dir_->file("serial_" + l.recipe + l.model());
   RunResult r = train(l.ranks(), problem_->config, l.overrides(run));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto got = read_losses(run), ref = read_losses(serial);
@@ -173,8 +208,23 @@ TEST_P(Fp8Layouts, TracksTheFp8SerialRun) {
     if (k.rfind("model/", 0) == 0) got_t[k] = v;
   for (auto& [k, v] : read_checkpoint(serial + ckpt))
     if (k.rfind("model/", 0) == 0) ref_t[k] = v;
-  expect_tensors_within(got_t, ref_t, kTensorRel, l.tp > 1 ? kTpTensorAbs : kTensorAbs, l.name() + " parameters");
+  const bool other_rows = l.tp > 1 || l.cp > 1 || l.ep > 1;  // GEMMs over other rows than the serial run's
+  expect_tensors_within(got_t, ref_t, kTensorRel, other_rows ? kTpTensorAbs : kTensorAbs, l.name() + " parameters");
   std::printf("%-36s max relative loss difference %.2e\n", l.name().c_str(), loss_diff);
+  if (!l.fp8_gather) return;
+  // parallel.fp8_param_gather sends the codes and scales that the bf16 gather's receivers would make (each weight's
+  // scale from the max over the ranks of their pieces' amax), so the run is the bf16 gather's, bit for bit: losses,
+  // parameters and optimizer state.
+  Layout bf16_gather = l;
+  bf16_gather.fp8_gather = false;
+  const std::string same = dir_->file(bf16_gather.name());  // made by the case before this one, else here
+  if (!std::filesystem::exists(same + ckpt)) {
+    RunResult b = train(l.ranks(), problem_->config, bf16_gather.overrides(same));
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+  }
+  EXPECT_EQ(got, read_losses(same)) << l.name();
+  expect_same_tensors(read_checkpoint(run + ckpt), read_checkpoint(same + ckpt), 0.0,
+                      l.name() + " against the bf16 gather");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLayouts, Fp8Layouts, ::testing::ValuesIn(layouts()),

@@ -204,6 +204,19 @@ TEST(Sharding, BytesFollowTheElementsAndDtypes) {
     EXPECT_DOUBLE_EQ(s.find(D, G)->bytes, 4 * kDense);
     EXPECT_EQ(s.find(E, G), nullptr);  // ep 1: no expert group moves
   }
+  {  // parallel.fp8_param_gather: the dense weights' gathers as e4m3 codes, half the bf16 bytes; experts' still bf16
+    ShardingInput in = input(3, 1, 2, 4, true, DType::f32, DType::bf16);
+    const Sharding bf16 = describe_sharding(in);
+    in.fp8_param_gather = true;
+    const Sharding s = describe_sharding(in);
+    EXPECT_DOUBLE_EQ(s.find(D, P)->bytes, 1 * kDense);
+    EXPECT_DOUBLE_EQ(s.find(D, P)->bytes, bf16.find(D, P)->bytes / 2);
+    EXPECT_DOUBLE_EQ(s.find(D, P)->sent(), bf16.find(D, P)->sent() / 2);
+    EXPECT_EQ(s.find(D, P)->dtype, DType::fp8_e4m3);
+    EXPECT_DOUBLE_EQ(s.find(E, P)->bytes, 2 * kExpert);
+    EXPECT_DOUBLE_EQ(s.find(D, G)->bytes, bf16.find(D, G)->bytes);  // gradients unchanged
+    EXPECT_NE(render_sharding(s).find("(fp8 e4m3 codes, a scale per weight)"), std::string::npos) << render_sharding(s);
+  }
 }
 
 // Ring volumes: an all-reduce sends 2 (r - 1) / r of its buffer, reduce-scatter and all-gather (r - 1) / r. ZeRO-1 and 2

@@ -1,4 +1,5 @@
-// FP8 quantisation: two passes over the matrix, tile amaxes (as |x|'s bits, an exact and order-free max) then codes.
+// FP8 quantisation: two passes over the matrix, tile amaxes (as |x|'s bits, an exact and order-free max) then codes;
+// each pass is also an op of its own, so that ranks holding shards can agree on an amax between them.
 #include "kernels/cpu/fp8_quantize.hpp"
 
 #include <algorithm>
@@ -9,11 +10,11 @@
 namespace relay::cpu {
 
 template <typename X>
-void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt, uint8_t* q, float* scales) {
+void fp8_amax(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, uint32_t* amax) {
   const Fp8Grid g = fp8_grid(tiling, rows, cols);
-  // Pass 1: amax bits per tile, (g.rows, g.cols). Each grid row belongs to one thread; tensorwise (one grid row)
-  // splits the rows across threads and takes the max of their maxima.
-  std::vector<uint32_t> amax(size_t(g.rows * g.cols), 0u);
+  std::fill(amax, amax + g.rows * g.cols, 0u);
+  // Each grid row belongs to one thread; tensorwise (one grid row) splits the rows across threads and takes the max
+  // of their maxima.
   if (g.rows == 1 && g.cols == 1) {
     uint32_t m = 0;
 #pragma omp parallel for schedule(static) reduction(max : m) if (rows * cols > 65536)
@@ -23,7 +24,7 @@ void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8F
   } else {
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
     for (int64_t gi = 0; gi < g.rows; ++gi) {
-      uint32_t* grow = amax.data() + gi * g.cols;  // (g.cols) this tile row's amaxes
+      uint32_t* grow = amax + gi * g.cols;  // (g.cols) this tile row's amaxes
       for (int64_t r = gi * g.tile_rows; r < std::min(rows, (gi + 1) * g.tile_rows); ++r)
         for (int64_t c = 0; c < cols; ++c) {
           uint32_t& m = grow[c / g.tile_cols];
@@ -31,8 +32,22 @@ void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8F
         }
     }
   }
-  for (size_t i = 0; i < amax.size(); ++i) scales[i] = fp8_scale(amax[i], fmt);
-  fp8_quantize_with(x, rows, cols, tiling, fmt, scales, q);  // pass 2: the codes
+}
+
+template <typename X>
+void fp8_quantize_amax(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt,
+                       const uint32_t* amax, uint8_t* q, float* scales) {
+  const Fp8Grid g = fp8_grid(tiling, rows, cols);
+  for (int64_t i = 0; i < g.rows * g.cols; ++i) scales[i] = fp8_scale(amax[i], fmt);
+  fp8_quantize_with(x, rows, cols, tiling, fmt, scales, q);
+}
+
+template <typename X>
+void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt, uint8_t* q, float* scales) {
+  const Fp8Grid g = fp8_grid(tiling, rows, cols);
+  std::vector<uint32_t> amax(size_t(g.rows * g.cols));  // (g.rows, g.cols) as |x|'s bits
+  fp8_amax(x, rows, cols, tiling, amax.data());                     // pass 1: the tiles' amaxes
+  fp8_quantize_amax(x, rows, cols, tiling, fmt, amax.data(), q, scales);  // pass 2: scales and codes
 }
 
 template <typename X>
@@ -47,7 +62,9 @@ void fp8_quantize_with(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling,
 }
 #define INST_FP8_QUANTIZE(X)                                                                          \
   template void fp8_quantize<X>(const X*, int64_t, int64_t, Fp8Tiling, Fp8Format, uint8_t*, float*); \
-  template void fp8_quantize_with<X>(const X*, int64_t, int64_t, Fp8Tiling, Fp8Format, const float*, uint8_t*);
+  template void fp8_quantize_with<X>(const X*, int64_t, int64_t, Fp8Tiling, Fp8Format, const float*, uint8_t*); \
+  template void fp8_amax<X>(const X*, int64_t, int64_t, Fp8Tiling, uint32_t*);                                 \
+  template void fp8_quantize_amax<X>(const X*, int64_t, int64_t, Fp8Tiling, Fp8Format, const uint32_t*, uint8_t*, float*);
 RELAY_FOR_FLOAT_TYPES(INST_FP8_QUANTIZE)
 
 void fp8_widen(const uint8_t* in, int64_t n, Fp8Format fmt, float* out) {

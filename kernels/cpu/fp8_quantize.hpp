@@ -17,6 +17,16 @@ template <typename X>
 void fp8_quantize_with(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt, const float* scales,
                        uint8_t* q);
 
+// Pass 1 alone: amax (grid.rows, grid.cols) = each tile's max |x| as the bits of the float (fp8_abs_bits: ordered as
+// the values, NaN above inf), 0 for an empty matrix.
+template <typename X>
+void fp8_amax(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, uint32_t* amax);
+// Pass 2 from given amaxes (fp8_amax's layout, e.g. the max over the ranks holding shards of one tensor): scales =
+// fp8_scale(amax), q = fp8(x / scale of its tile). fp8_amax then this is fp8_quantize, bit for bit.
+template <typename X>
+void fp8_quantize_amax(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt,
+                       const uint32_t* amax, uint8_t* q, float* scales);
+
 // out (n) = the value of each code in (n), unscaled (exact).
 void fp8_widen(const uint8_t* in, int64_t n, Fp8Format fmt, float* out);
 

@@ -178,7 +178,7 @@ void Backend::matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_
   matmul_impl(a, trans_a, b, trans_b, y, alpha, beta);
 }
 namespace {
-// fp8_quantize's and fp8_quantize_with's operands: x (rows, cols) float, q its shape in an fp8 dtype, scales f32 in
+// fp8_quantize's and fp8_quantize_amax's operands: x (rows, cols) float, q its shape in an fp8 dtype, scales f32 in
 // fp8_grid(tiling)'s shape.
 void check_fp8_quantize(Check& c, const Tensor& x, Fp8Tiling tiling, const Tensor& q, const Tensor& scales) {
   c.tensor(x, "x", kFloat).tensor(q, "q", kFp8).tensor(scales, "scales", kF32);
@@ -196,10 +196,23 @@ void Backend::fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor&
   check_fp8_quantize(c, x, tiling, q, scales);
   fp8_quantize_impl(x, tiling, q, scales);
 }
-void Backend::fp8_quantize_with(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q) {
-  Check c(*this, "fp8_quantize_with");
+void Backend::fp8_amax(const Tensor& x, Fp8Tiling tiling, Tensor& amax) {
+  Check c(*this, "fp8_amax");
+  c.tensor(x, "x", kFloat).tensor(amax, "amax", kI32);
+  c.that(x.ndim() == 2, cat("x ", shape_str(x.shape()), " must be a matrix"));
+  const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
+  c.that(amax.shape() == Shape{g.rows, g.cols},
+         cat("amax ", shape_str(amax.shape()), " for ", fp8_tiling_name(tiling), " of x ", shape_str(x.shape()),
+             ", expected ", shape_str({g.rows, g.cols})));
+  fp8_amax_impl(x, tiling, amax);
+}
+void Backend::fp8_quantize_amax(const Tensor& x, Fp8Tiling tiling, const Tensor& amax, Tensor& q, Tensor& scales) {
+  Check c(*this, "fp8_quantize_amax");
   check_fp8_quantize(c, x, tiling, q, scales);
-  fp8_quantize_with_impl(x, tiling, scales, q);
+  c.tensor(amax, "amax", kI32);
+  c.that(amax.shape() == scales.shape(),
+         cat("amax ", shape_str(amax.shape()), " must have the scales' shape ", shape_str(scales.shape())));
+  fp8_quantize_amax_impl(x, tiling, amax, q, scales);
 }
 void Backend::fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
                          const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta) {
@@ -224,8 +237,11 @@ void Backend::fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_ti
 void Backend::fp8_quantize_impl(const Tensor&, Fp8Tiling, Tensor&, Tensor&) {
   fatal(cat("fp8_quantize: the ", describe(), " backend has no FP8 kernels"), __FILE__, __LINE__);
 }
-void Backend::fp8_quantize_with_impl(const Tensor&, Fp8Tiling, const Tensor&, Tensor&) {
-  fatal(cat("fp8_quantize_with: the ", describe(), " backend has no FP8 kernels"), __FILE__, __LINE__);
+void Backend::fp8_amax_impl(const Tensor&, Fp8Tiling, Tensor&) {
+  fatal(cat("fp8_amax: the ", describe(), " backend has no FP8 kernels"), __FILE__, __LINE__);
+}
+void Backend::fp8_quantize_amax_impl(const Tensor&, Fp8Tiling, const Tensor&, Tensor&, Tensor&) {
+  fatal(cat("fp8_quantize_amax: the ", describe(), " backend has no FP8 kernels"), __FILE__, __LINE__);
 }
 void Backend::fp8_matmul_impl(const Tensor&, const Tensor&, Fp8Tiling, bool, const Tensor&, const Tensor&, Fp8Tiling,
                               bool, Tensor&, float) {

@@ -130,8 +130,14 @@ class Backend : public Allocator {
   // and saturated; scales (grid rows, grid cols) f32, fp8_grid(tiling, rows, cols)'s layout, = each tile's amax / max
   // finite (1 for an all-zero tile, and for one holding an inf or NaN, which stays non-finite in q). x: float.
   void fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales);
-  // The codes alone, with given scales (fp8_quantize's layout): a scale shared by the ranks holding a sharded tensor.
-  void fp8_quantize_with(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q);
+  // fp8_quantize's two passes one at a time, so that the ranks holding shards of one tensor can agree on its amax in
+  // between (a max all-reduce: exact on integers) and still read their shard only once for each pass:
+  // amax (grid rows, grid cols) i32 = each tile's max |x| as the bits of the float (core/fp8_scaling.hpp's
+  // fp8_abs_bits: non-negative, ordered as the values, NaN above inf); x: float.
+  void fp8_amax(const Tensor& x, Fp8Tiling tiling, Tensor& amax);
+  // scales = fp8_scale(amax) for q's format and q = x / its tile's scale, from given amax (fp8_amax's layout, e.g.
+  // the max over the group of the shards'). fp8_amax then fp8_quantize_amax is fp8_quantize, bit for bit.
+  void fp8_quantize_amax(const Tensor& x, Fp8Tiling tiling, const Tensor& amax, Tensor& q, Tensor& scales);
   // y (m, n) = op(a) @ op(b) + beta * y from quantised operands, op(a) (m, k), op(b) (k, n): a, b fp8 (either format),
   // a_scales, b_scales f32 as fp8_quantize made them with a_tiling, b_tiling. Products exact, sums in f32; the scales
   // multiply each k block's partial sum (fp8_k_block: the whole k tensorwise, 128 blockwise; the two operands' tilings
@@ -361,7 +367,8 @@ class Backend : public Allocator {
                                           const std::vector<Tensor>& dw, float beta) = 0;
   // FP8: only a backend whose supports() takes the fp8 dtypes reaches these (the front door refuses the others).
   virtual void fp8_quantize_impl(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales);
-  virtual void fp8_quantize_with_impl(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q);
+  virtual void fp8_amax_impl(const Tensor& x, Fp8Tiling tiling, Tensor& amax);
+  virtual void fp8_quantize_amax_impl(const Tensor& x, Fp8Tiling tiling, const Tensor& amax, Tensor& q, Tensor& scales);
   virtual void fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a,
                                const Tensor& b, const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y,
                                float beta);

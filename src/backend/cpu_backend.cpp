@@ -164,12 +164,22 @@ void CpuBackend::fp8_quantize_impl(const Tensor& x, Fp8Tiling tiling, Tensor& q,
     cpu::fp8_quantize(x.b16(), x.size(0), x.size(1), tiling, fmt, q.fp8(), scales.f32());
 }
 
-void CpuBackend::fp8_quantize_with_impl(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q) {
-  const Fp8Format fmt = fp8_format(q.dtype());
+void CpuBackend::fp8_amax_impl(const Tensor& x, Fp8Tiling tiling, Tensor& amax) {
+  auto* bits = reinterpret_cast<uint32_t*>(amax.i32());  // non-negative: the same values as int32 and uint32
   if (x.dtype() == DType::f32)
-    cpu::fp8_quantize_with(x.f32(), x.size(0), x.size(1), tiling, fmt, scales.f32(), q.fp8());
+    cpu::fp8_amax(x.f32(), x.size(0), x.size(1), tiling, bits);
   else
-    cpu::fp8_quantize_with(x.b16(), x.size(0), x.size(1), tiling, fmt, scales.f32(), q.fp8());
+    cpu::fp8_amax(x.b16(), x.size(0), x.size(1), tiling, bits);
+}
+
+void CpuBackend::fp8_quantize_amax_impl(const Tensor& x, Fp8Tiling tiling, const Tensor& amax, Tensor& q,
+                                        Tensor& scales) {
+  const Fp8Format fmt = fp8_format(q.dtype());
+  const auto* bits = reinterpret_cast<const uint32_t*>(amax.i32());
+  if (x.dtype() == DType::f32)
+    cpu::fp8_quantize_amax(x.f32(), x.size(0), x.size(1), tiling, fmt, bits, q.fp8(), scales.f32());
+  else
+    cpu::fp8_quantize_amax(x.b16(), x.size(0), x.size(1), tiling, fmt, bits, q.fp8(), scales.f32());
 }
 
 void CpuBackend::fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a,

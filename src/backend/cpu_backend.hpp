@@ -42,7 +42,9 @@ class CpuBackend final : public Backend {
   void linear_backward_input_impl(const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
                                   const Tensor& act_in) override;
   void fp8_quantize_impl(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor& scales) override;
-  void fp8_quantize_with_impl(const Tensor& x, Fp8Tiling tiling, const Tensor& scales, Tensor& q) override;
+  void fp8_amax_impl(const Tensor& x, Fp8Tiling tiling, Tensor& amax) override;
+  void fp8_quantize_amax_impl(const Tensor& x, Fp8Tiling tiling, const Tensor& amax, Tensor& q,
+                              Tensor& scales) override;
   void fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
                        const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta) override;
   void grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,

@@ -26,6 +26,7 @@
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/bias.cuh"
 #include "kernels/cuda/column_sum.cuh"
+#include "kernels/cuda/fp8_amax.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/flash_attention.cuh"
@@ -891,6 +892,15 @@ class CudaBackend final : public Backend {
       using X = X_OF(t);
       cuda::layernorm_backward_weight(ptr<X>(dy), ptr<X>(x), mean.f32(), rstd.f32(), dgamma.f32(), dbeta.f32(),
                                       rows_of(x), cols_of(x), as_f32(scratch), stream_);
+    });
+  }
+
+  // --- FP8: the amax pass alone (no fp8 dtype involved; the codes and FP8 GEMMs are issue 43's CUDA part) ---------
+  void fp8_amax_impl(const Tensor& x, Fp8Tiling tiling, Tensor& amax) override {
+    bind();
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::fp8_amax(ptr<X>(x), rows_of(x), cols_of(x), tiling, reinterpret_cast<uint32_t*>(amax.i32()), stream_);
     });
   }
 

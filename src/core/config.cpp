@@ -37,8 +37,9 @@ const std::map<std::string, std::set<std::string>>& section_keys() {
                  "fp8_recipe"}},
       {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "momentum", "zero"}},
       {"lr_schedule", {"name", "warmup_steps", "min_lr"}},
-      {"parallel", {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "first_bucket_mb", "comm",
-                    "grad_reduce", "timeout", "sequence_parallel", "reshard_after_forward", "overlap"}},
+      {"parallel", {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "first_bucket_mb",
+                    "comm", "grad_reduce", "timeout", "sequence_parallel", "reshard_after_forward", "overlap",
+                    "fp8_param_gather"}},
       {"checkpoint", {"dir", "every", "keep", "save_initial", "resume", "async"}},
       {"trace", {"steps"}},
       {"log", {"tensorboard"}},
@@ -430,6 +431,21 @@ void read_parallel(const Reading& r, Config& c) {
   par.enum_choice("grad_reduce", c.parallel.grad_reduce, kGradReduceNames);
   par.boolean("reshard_after_forward", c.parallel.reshard_after_forward);
   par.boolean("overlap", c.parallel.overlap);
+  par.boolean("fp8_param_gather", c.parallel.fp8_param_gather);
+  if (c.parallel.fp8_param_gather) {
+    auto refuse = [&](const std::string& why) { par.fail("fp8_param_gather", cat("= true ", why)); };
+    if (c.optimizer.zero != 3)
+      refuse(cat("gathers ZeRO-3's sharded parameters as FP8 codes and needs optimizer.zero = 3, got optimizer.zero = ",
+                 c.optimizer.zero));
+    if (c.train.precision != Precision::fp8 || c.train.fp8_recipe != Fp8Recipe::tensorwise)
+      refuse(cat("gathers weights as the tensorwise FP8 GEMMs read them and needs train.precision = \"fp8\" with "
+                 "train.fp8_recipe = \"tensorwise\", got train.precision = \"", precision_name(c.train.precision), "\"",
+                 c.train.precision == Precision::fp8 ? cat(", train.fp8_recipe = \"", fp8_recipe_name(c.train.fp8_recipe), "\"")
+                                                     : std::string()));
+    if (c.parallel.tp > 1)
+      refuse(cat("is not done under tensor parallelism (a weight's scale would also need the tp group's amax), got "
+                 "parallel.tp = ", c.parallel.tp));
+  }
   par.str("timeout", c.parallel.timeout);
   if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, r.source + ": parallel.timeout");
   if (c.parallel.tp > 1) {
@@ -612,7 +628,8 @@ std::string Config::to_toml(const ModelKeys& family) const {
     << "\ncomm = " << q(parallel.comm)
     << "\ngrad_reduce = " << q(grad_reduce_name(parallel.grad_reduce))
     << "\nreshard_after_forward = " << (parallel.reshard_after_forward ? "true" : "false")
-    << "\noverlap = " << (parallel.overlap ? "true" : "false") << "\ntimeout = "
+    << "\noverlap = " << (parallel.overlap ? "true" : "false")
+    << "\nfp8_param_gather = " << (parallel.fp8_param_gather ? "true" : "false") << "\ntimeout = "
     << q(parallel.timeout) << "\n\n";
   o << "[log]\ntensorboard = " << (log.tensorboard ? "true" : "false") << "\n\n";
   if (family.has_experts())

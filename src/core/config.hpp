@@ -138,6 +138,9 @@ struct Config {
     // and each gradient bucket is reduced as soon as the last micro-batch's backward has filled it (DDP's rule).
     // false: today's order (a chunk's buckets at its allreduce_grads action, advanced only between actions).
     bool overlap = true;
+    // ZeRO-3 with train.precision = "fp8" (tensorwise): gather the linear layers' weights as e4m3 codes and one
+    // scale per tensor (half of bf16's bytes) and feed the codes to the FP8 GEMMs (torchtitan's Float8 all-gather).
+    bool fp8_param_gather = false;
     std::string timeout = "10m";    // progress watchdog; "0" = off
   } parallel;
   struct Log {

@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "model/block.hpp"
+#include "model/param.hpp"
 
 namespace relay {
 
@@ -18,8 +19,8 @@ struct Quantised {
   Fp8Tiling tiling;
 };
 
-// tp: the ranks holding shards of x (null: none); a tensorwise scale becomes the largest of theirs, and x is
-// quantised with it.
+// tp: the ranks holding shards of x (null: none); a tensorwise scale comes from the largest of their amaxes, so it is
+// the whole tensor's (an all-zero or non-finite shard included), and x is quantised with it.
 Quantised quantise(Backend& be, const Tensor& x, Fp8Recipe recipe, Role role, bool k_along_rows, Communicator* tp) {
   Fp8Tiling tiling = Fp8Tiling::tensor;
   DType dt = DType::fp8_e4m3;
@@ -30,13 +31,17 @@ Quantised quantise(Backend& be, const Tensor& x, Fp8Recipe recipe, Role role, bo
   }
   const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
   Quantised out{Tensor(be, {x.size(0), x.size(1)}, dt), Tensor(be, {g.rows, g.cols}), tiling};  // (rows, cols), grid
-  be.fp8_quantize(x, tiling, out.q, out.scales);
-  if (tp && tiling == Fp8Tiling::tensor) {
-    RequestPtr req = tp->iallreduce(out.scales, ReduceOp::max);
-    req->what = "the FP8 tensorwise scale all-reduce (max over the tensor-parallel group)";
-    req->wait();
-    be.fp8_quantize_with(x, tiling, out.scales, out.q);
+  if (!tp || tiling != Fp8Tiling::tensor) {
+    be.fp8_quantize(x, tiling, out.q, out.scales);
+    return out;
   }
+  // A shard: its amax (one read of x), the max over the group (exact: integer bits), then the codes (a second read).
+  Tensor amax(be, {1, 1}, DType::i32);  // (1, 1) |x|'s max as float bits
+  be.fp8_amax(x, tiling, amax);
+  RequestPtr req = tp->iallreduce(amax, ReduceOp::max);
+  req->what = "the FP8 tensorwise amax all-reduce (max over the tensor-parallel group)";
+  req->wait();
+  be.fp8_quantize_amax(x, tiling, amax, out.q, out.scales);
   return out;
 }
 
@@ -47,9 +52,11 @@ Activation activation_of(LinearAct act) {
 
 }  // namespace
 
-void Fp8Linear::linear(Backend& be, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, LinearAct act,
+Fp8Weight::Fp8Weight(const Param& p) : w(p.compute()), scale(p.fp8_scale.defined() ? &p.fp8_scale : nullptr) {}
+
+void Fp8Linear::linear(Backend& be, const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& y, LinearAct act,
                        Tensor* pre_act) const {
-  if (!on()) return be.linear(x, w, bias, y, act, pre_act);
+  if (!on()) return be.linear(x, w.w, bias, y, act, pre_act);
   if (act == LinearAct::none) {
     matmul(be, x, w, true, y);  // (n, out)
     if (bias.defined()) be.add_bias(y, bias);
@@ -63,18 +70,22 @@ void Fp8Linear::linear(Backend& be, const Tensor& x, const Tensor& w, const Tens
   be.activation_forward(activation_of(act), pre, y);
 }
 
-void Fp8Linear::linear_backward_input(Backend& be, const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+void Fp8Linear::linear_backward_input(Backend& be, const Tensor& dy, const Fp8Weight& w, Tensor& dx, LinearAct act,
                                       const Tensor& act_in) const {
-  if (!on()) return be.linear_backward_input(dy, w, dx, act, act_in);
+  if (!on()) return be.linear_backward_input(dy, w.w, dx, act, act_in);
   matmul(be, dy, w, false, dx);  // (n, in)
   if (act != LinearAct::none) be.activation_backward(activation_of(act), act_in, dx, dx);
 }
 
-void Fp8Linear::matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y, float beta) const {
-  if (!on()) return be.matmul(x, false, w, trans_w, y, 1.f, beta);
+void Fp8Linear::matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y, float beta) const {
+  RELAY_ASSERT(!w.scale || (on() && *recipe_ == Fp8Recipe::tensorwise),
+               "Fp8Linear: a weight gathered as FP8 codes needs the tensorwise FP8 recipe");
+  if (!on()) return be.matmul(x, false, w.w, trans_w, y, 1.f, beta);
   // x's K runs along its columns in both uses; W's along its columns in the forward (W^T), its rows otherwise.
   const Quantised a = quantise(be, x, *recipe_, trans_w ? Role::activation : Role::output_grad, false, tp_);
-  const Quantised b = quantise(be, w, *recipe_, Role::weight, !trans_w, tp_);
+  if (w.scale)  // gathered as codes (parallel.fp8_param_gather): what quantise would make of the working copy
+    return be.fp8_matmul(a.q, a.scales, a.tiling, false, w.w, *w.scale, Fp8Tiling::tensor, trans_w, y, beta);
+  const Quantised b = quantise(be, w.w, *recipe_, Role::weight, !trans_w, tp_);
   be.fp8_matmul(a.q, a.scales, a.tiling, false, b.q, b.scales, b.tiling, trans_w, y, beta);
 }
 
@@ -130,6 +141,19 @@ void check_fp8_widths(const std::vector<BlockSpec>& blocks) {
         if (!b.moe.on()) check(b.ffn_hidden, "SwiGLU width (model.ffn_hidden)");
         else check(b.moe.ffn_hidden, "expert SwiGLU width (model.moe_ffn_hidden)");
         break;
+      case BlockKind::mla_layer: {
+        const MlaSpec& m = b.mla;
+        check(b.in, "model width (model.n_embd)");
+        if (m.q_lora_rank > 0) check(m.q_lora_rank, "query latent width (model.q_lora_rank)");
+        check(b.n_head * m.qk_head(), "query width (n_head x (qk_nope_head_dim + qk_rope_head_dim))");
+        check(m.kv_lora_rank, "key/value latent width (model.kv_lora_rank)");
+        check(m.qk_rope, "rotary key width (model.qk_rope_head_dim)");
+        check(b.n_head * (m.qk_nope + m.v_head), "kv_b_proj's width (n_head x (qk_nope_head_dim + v_head_dim))");
+        check(b.n_head * m.v_head, "value width (n_head x v_head_dim)");
+        if (!b.moe.on()) check(b.ffn_hidden, "SwiGLU width (model.ffn_hidden)");
+        else check(b.moe.ffn_hidden, "expert SwiGLU width (model.moe_ffn_hidden)");
+        break;
+      }
       default:  // the MLP's linear blocks, one per config layer
         check(b.in, b.index == 0 ? "input width (the data's features)"
                                  : cat("input width (model.layers[", b.index - 1, "]'s output)"));

@@ -13,6 +13,17 @@
 namespace relay {
 
 struct BlockSpec;
+struct Param;
+
+// A GEMM's weight as Fp8Linear takes it: the working copy, or, under parallel.fp8_param_gather, the e4m3 codes that
+// ZeRO-3 gathered with their tensorwise scale (the codes and scale Fp8Linear would make from the working copy), which
+// the forward and the input gradient multiply as they are.
+struct Fp8Weight {
+  const Tensor& w;                // (out, in): bf16 / f32, or e4m3 codes
+  const Tensor* scale = nullptr;  // (1, 1) f32: w's tensorwise scale when w holds codes
+  Fp8Weight(const Tensor& t) : w(t) {}  // NOLINT(google-explicit-constructor): a working copy passes as it is
+  Fp8Weight(const Param& p);            // NOLINT(google-explicit-constructor): its compute copy, codes or not
+};
 
 // Operands, formats and tilings per GEMM (K: the GEMM's reduction dimension; each operand is quantised for the GEMM
 // that reads it, so a blockwise operand's tiles run along that GEMM's own K):
@@ -22,8 +33,8 @@ struct BlockSpec;
 //   weight gradient   dy^T: dy's rows     x (n, in): rows      dy e5m2, x e4m3  dy, x 128 x 1, e4m3
 // A 128 x 128 block serves W along either dimension; x and dy are quantised again for the weight gradient (1 x 128
 // tiles along columns do not share scales along rows). Tensorwise scales are the whole tensor's amax: under tensor
-// parallelism (tp, the block's group) each operand's scale is the maximum over the group of its shards' (one f32
-// all-reduce), so that a sharded operand (a column-parallel W, a row-parallel input, a sharded output gradient) is
+// parallelism (tp, the block's group) each operand's scale is that of the maximum over the group of its shards' amax
+// (Backend::fp8_amax, one i32 all-reduce, then Backend::fp8_quantize_amax: the shard read once for each), so that a sharded operand (a column-parallel W, a row-parallel input, a sharded output gradient) is
 // quantised with the serial run's scale for the whole tensor (torchao's rule for sharded tensors); a replicated
 // operand's scale is the same on every rank anyway. Blockwise tiles end at a shard's edge (128-wide shards match the
 // serial tiles exactly).
@@ -36,14 +47,14 @@ class Fp8Linear {
   // y (n, out) = act(x (n, in) @ W (out, in)^T + bias (out)), bias possibly undefined; pre_act (n, out): the
   // activation's input when act is not none (Backend::linear). In FP8 the GEMM's output is rounded to y's dtype
   // before the bias is added.
-  void linear(Backend& be, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
+  void linear(Backend& be, const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& y,
               LinearAct act = LinearAct::none, Tensor* pre_act = nullptr) const;
   // dx (n, in) = act'(act_in) * (dy (n, out) @ W (out, in)) (Backend::linear_backward_input).
-  void linear_backward_input(Backend& be, const Tensor& dy, const Tensor& w, Tensor& dx, LinearAct act,
+  void linear_backward_input(Backend& be, const Tensor& dy, const Fp8Weight& w, Tensor& dx, LinearAct act,
                              const Tensor& act_in) const;
   // y (n, m) = x (n, k) @ op(W) + beta * y: trans_w, W (m, k), op(W) = W^T: a forward (x an activation); otherwise
   // W (k, m): an input gradient (x an output gradient).
-  void matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y, float beta = 0.f) const;
+  void matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y, float beta = 0.f) const;
   // dW (out, in) += dy (n, out)^T @ x (n, in); dW f32.
   void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const;
   // A mixture of experts' grouped GEMMs (Backend::grouped_matmul, grouped_matmul_weight with beta 1), group g being

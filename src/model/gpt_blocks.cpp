@@ -107,6 +107,8 @@ class Transformer final : public Block {
         H_(spec.n_head / tp.size), Cl_(spec.in / tp.size),
         cp_attn_(cp.on() ? cp.attention : nullptr), fp8_(fp8_linear(spec, tp.comm)) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "transformer block: sequence parallelism disagrees");
+    if (fp8_.on())  // every GEMM of these takes the Param (Fp8Weight): ZeRO-3 may gather them as FP8 codes
+      for (Param* w : {p_.attn_w, p_.proj_w, p_.fc_w, p_.mproj_w}) w->fp8_weight = true;
   }
 
   // saved.t: the forward's intermediates, then the backward-input's gradients that backward-weight reads.
@@ -182,7 +184,7 @@ class Transformer final : public Block {
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
     const Tensor ln1_all = tp_.all_rows(be, ln1, "the sequence-parallel all-gather of ln_1");  // (n, C)
-    fp8_.linear(be, ln1_all, p_.attn_w->compute(), bias_of(p_.attn_b), qkv);  // (n, 3Cl) column-parallel
+    fp8_.linear(be, ln1_all, *p_.attn_w, bias_of(p_.attn_b), qkv);  // (n, 3Cl) column-parallel
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys
       cp_attn_->forward_packed(be, qkv, T, H_, q_pos_, doc_start_, atty, lse);  // (n, Cl)
     else
@@ -191,7 +193,7 @@ class Transformer final : public Block {
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
     const Tensor ln2_all = tp_.all_rows(be, ln2, "the sequence-parallel all-gather of ln_2");  // (n, C)
-    fp8_.linear(be, ln2_all, p_.fc_w->compute(), bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl)
+    fp8_.linear(be, ln2_all, *p_.fc_w, bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl)
     row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (m, C)
     be.add(y, res1, y);                                                   // residual 2
   }
@@ -201,20 +203,20 @@ class Transformer final : public Block {
     auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
     const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
-    fp8_.linear_backward_input(be, dy_all, p_.mproj_w->compute(), g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
-    tp_.row_parallel_matmul(be, g_fch, p_.fc_w->compute(), false, g_ln2, "the MLP input-gradient all-reduce",
+    fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
+    tp_.row_parallel_matmul(be, g_fch, *p_.fc_w, false, g_ln2, "the MLP input-gradient all-reduce",
                             fp8_);  // (m, C)
     Tensor tmp = g_ln1;                                                               // (m, C) scratch
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
     const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
     Tensor g_atty = g_ln1.view({m * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
-    fp8_.matmul(be, g_res1_all, p_.proj_w->compute(), false, g_atty);               // (n, Cl) d atty
+    fp8_.matmul(be, g_res1_all, *p_.proj_w, false, g_atty);                          // (n, Cl) d atty
     if (cp_attn_)
       cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv);
     else
       be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
-    tp_.row_parallel_matmul(be, g_qkv, p_.attn_w->compute(), false, g_ln1, "the attention input-gradient all-reduce",
+    tp_.row_parallel_matmul(be, g_qkv, *p_.attn_w, false, g_ln1, "the attention input-gradient all-reduce",
                             fp8_);                                                    // (m, C) d ln_1 out
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                           // residual 1
@@ -259,7 +261,7 @@ class Transformer final : public Block {
   // Row-parallel: y (n, out) = sum over tp of x_r (n, in/tp) @ W_r^T (y: this rank's rows of it under sequence
   // parallelism), then the replicated bias.
   void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* what) {
-    tp_.row_parallel_matmul(be, x, w.compute(), true, y, what, fp8_);
+    tp_.row_parallel_matmul(be, x, w, true, y, what, fp8_);
     if (b) be.add_bias(y, b->compute());
   }
   // dW (out, in) += dy^T @ x; db (out) += colsum(dy)

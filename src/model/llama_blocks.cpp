@@ -56,6 +56,9 @@ class LlamaLayer final : public Block {
     } else {
       p_.gate = params_[attn], p_.up = params_[attn + 1], p_.down = params_[attn + 2];
     }
+    if (fp8_.on())  // every GEMM of these takes the Param (Fp8Weight): ZeRO-3 may gather them as FP8 codes
+      for (Param* w : {p_.q, p_.k, p_.v, p_.o, p_.gate, p_.up, p_.down})
+        if (w) w->fp8_weight = true;
   }
 
   // saved.t: the forward's intermediates, then the gradients backward_input leaves for backward_weight (and kH, the
@@ -132,7 +135,7 @@ class LlamaLayer final : public Block {
       cp_attn_->forward(be, q, k, val, T, H_, KV_, q_pos_, doc_start_, atty, lse);  // (n, Hq)
     else
       be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, KV_, atty, lse, doc_start_);  // (n, Hq) this rank's heads
-    tp_.row_parallel_matmul(be, atty, p_.o->compute(), true, res1, "the attention output all-reduce", fp8_);  // (m, C)
+    tp_.row_parallel_matmul(be, atty, *p_.o, true, res1, "the attention output all-reduce", fp8_);  // (m, C)
     be.add(res1, x, res1);                                                    // residual 1
     be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
     if (moe_) {  // the experts: under tp every rank routes the group's rows and runs its share of each expert
@@ -145,10 +148,10 @@ class LlamaLayer final : public Block {
       return;
     }
     const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
-    fp8_.linear(be, n2_all, p_.gate->compute(), Tensor(), gate);              // (n, F) column-parallel
-    fp8_.linear(be, n2_all, p_.up->compute(), Tensor(), up);                  // (n, F) column-parallel
+    fp8_.linear(be, n2_all, *p_.gate, Tensor(), gate);              // (n, F) column-parallel
+    fp8_.linear(be, n2_all, *p_.up, Tensor(), up);                  // (n, F) column-parallel
     be.swiglu_forward(gate, up, h);                                           // (n, F)
-    tp_.row_parallel_matmul(be, h, p_.down->compute(), true, y, "the MLP output all-reduce", fp8_);  // (m, C)
+    tp_.row_parallel_matmul(be, h, *p_.down, true, y, "the MLP output all-reduce", fp8_);  // (m, C)
     be.add(y, res1, y);                                                       // residual 2
   }
 
@@ -165,7 +168,7 @@ class LlamaLayer final : public Block {
       else if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
     } else {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
-      fp8_.matmul(be, dy_all, p_.down->compute(), false, g_gate);             // (n, F) d h, into d gate's buffer
+      fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
       sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce");  // (m, C) d n2
     }
@@ -176,7 +179,7 @@ class LlamaLayer final : public Block {
     const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
     Tensor g_atty = s.t[kGAtty].size(0) > 0 ? v(kGAtty)                        // (n, Hq) scratch
                                              : g_n1.view({m * spec_.in}).rows(0, n * Hq).view({n, Hq});
-    fp8_.matmul(be, g_res1_all, p_.o->compute(), false, g_atty);              // (n, Hq) d atty
+    fp8_.matmul(be, g_res1_all, *p_.o, false, g_atty);              // (n, Hq) d atty
     // With q_norm / k_norm the attention's q and k gradients are the normalised ones' (kept for the norms' weights).
     Tensor g_qa = spec_.qk_norm ? v(kGQn) : g_q, g_ka = spec_.qk_norm ? v(kGKn) : g_k;
     if (cp_attn_)
@@ -290,7 +293,7 @@ class LlamaLayer final : public Block {
     Tensor sums = tp_.sequence_parallel() ? tp_.full_rows(be, n, out.size(1), out.dtype()) : out;  // (n, C)
     float beta = 0.f;
     for (const auto& [g, w] : terms) {
-      fp8_.matmul(be, g, w->compute(), false, sums, beta);
+      fp8_.matmul(be, g, *w, false, sums, beta);
       beta = 1.f;
     }
     if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(sums, out, what);
@@ -310,16 +313,16 @@ class LlamaLayer final : public Block {
                         QkNorm& qk, const Fp8Linear& gemm) {
     if (spec_.qk_norm) {
       const float eps = float(spec_.eps);
-      gemm.linear(be, n1, p_.q->compute(), Tensor(), qk.qraw);
-      gemm.linear(be, n1, p_.k->compute(), Tensor(), qk.kraw);
+      gemm.linear(be, n1, *p_.q, Tensor(), qk.qraw);
+      gemm.linear(be, n1, *p_.k, Tensor(), qk.kraw);
       Tensor qh = heads(q, H_), kh = heads(k, KV_), rq = flat(qk.rstd_q), rk = flat(qk.rstd_k);
       be.rmsnorm_forward(heads(qk.qraw, H_), p_.q_norm->compute(), eps, qh, rq);
       be.rmsnorm_forward(heads(qk.kraw, KV_), p_.k_norm->compute(), eps, kh, rk);
     } else {
-      gemm.linear(be, n1, p_.q->compute(), Tensor(), q);
-      gemm.linear(be, n1, p_.k->compute(), Tensor(), k);
+      gemm.linear(be, n1, *p_.q, Tensor(), q);
+      gemm.linear(be, n1, *p_.k, Tensor(), k);
     }
-    gemm.linear(be, n1, p_.v->compute(), Tensor(), v);
+    gemm.linear(be, n1, *p_.v, Tensor(), v);
     be.rope(q, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, q, positions_);
     be.rope(k, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, k, positions_);
   }

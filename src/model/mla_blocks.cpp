@@ -19,7 +19,10 @@
 // (q_a_layernorm's output, the latent, k_pe), after which every rank computes the replicated weights' gradients whole
 // and alike. Context parallelism (model/context_parallel.hpp) gathers the heads' keys and values as Llama's layer does
 // (the rotary parts at each row's position in its sequence). Sequence parallelism is refused by the family for now.
+// Under train.precision = "fp8" every linear GEMM goes through Fp8Linear (kv_a_proj_with_mqa as two GEMMs, its latent
+// rows and its rotary-key rows, each quantised on its own).
 #include "model/blocks.hpp"
+#include "model/fp8_linear.hpp"
 #include "model/moe.hpp"
 
 namespace relay {
@@ -31,7 +34,8 @@ class MlaLayer final : public Block {
   MlaLayer(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp,
            const ExpertParallel& ep)
       : Block(spec, std::move(params)), tp_(tp), m_(spec.mla), H_(spec.n_head / tp.size),
-        F_(spec.moe.on() ? 0 : spec.ffn_hidden / tp.size), cp_attn_(cp.on() ? cp.attention : nullptr) {
+        F_(spec.moe.on() ? 0 : spec.ffn_hidden / tp.size), cp_attn_(cp.on() ? cp.attention : nullptr),
+        fp8_(fp8_linear(spec, tp.comm)) {
     RELAY_ASSERT(!tp.sequence_parallel() && spec.sp == 1, "mla layer: sequence parallelism is not supported yet");
     const bool ql = m_.q_lora_rank > 0;
     // norm1, [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o, norm2, then gate, up, down or the MoE's (moe.hpp)
@@ -46,6 +50,10 @@ class MlaLayer final : public Block {
     norm2_ = params_[i++];
     if (spec.moe.on()) moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn), ep, tp, cp);
     else gate_ = params_[i++], up_ = params_[i++], down_ = params_[i++];
+    if (fp8_.on())  // every GEMM of these takes the Param (Fp8Weight): ZeRO-3 may gather them as FP8 codes. kv_a's
+                    // two row blocks are two GEMMs (a scale each), so it stays a working copy.
+      for (Param* w : {q_a_, q_b_, q_, kv_b_, o_, gate_, up_, down_})
+        if (w) w->fp8_weight = true;
   }
 
   // saved.t: the forward's intermediates, then (backward) the gradients backward_input leaves for backward_weight, then
@@ -118,20 +126,20 @@ class MlaLayer final : public Block {
     // Queries: (n, H dqk), [q_nope | q_pe] per head.
     if (q_a_) {
       Tensor qa = v(kQa), qan = v(kQaN), rstd_qa = v(kRstdQa);
-      be.linear(n1, q_a_->compute(), Tensor(), qa);                                // (n, ql)
+      fp8_.linear(be, n1, *q_a_, Tensor(), qa);                                // (n, ql)
       be.rmsnorm_forward(qa, q_a_norm_->compute(), eps, qan, rstd_qa);             // (n, ql)
-      be.linear(qan, q_b_->compute(), Tensor(), q);                                // (n, H dqk) this rank's heads
+      fp8_.linear(be, qan, *q_b_, Tensor(), q);                                // (n, H dqk) this rank's heads
     } else {
-      be.linear(n1, q_->compute(), Tensor(), q);                                   // (n, H dqk)
+      fp8_.linear(be, n1, *q_, Tensor(), q);                                   // (n, H dqk)
     }
     rope_part(be, q, H_, dqk, dn, pe, T, /*backward=*/false);                      // q_pe rotated in place
     // Keys and values from the latent and the one shared rotary key.
     const Tensor w_kva = kv_a_->compute();                                          // (r + dr, C)
-    be.linear(n1, w_kva.rows(0, r), Tensor(), lat);                                // (n, r)
+    fp8_.linear(be, n1, w_kva.rows(0, r), Tensor(), lat);                                // (n, r)
     be.rmsnorm_forward(lat, kv_a_norm_->compute(), eps, latn, rstd_lat);
-    be.linear(n1, w_kva.rows(r, dr), Tensor(), kpe);                               // (n, dr) k_pe
+    fp8_.linear(be, n1, w_kva.rows(r, dr), Tensor(), kpe);                               // (n, dr) k_pe
     rope_part(be, kpe, 1, dr, 0, pe.view({n * H_ * dr}).rows(0, n * dr).view({n, dr}), T, false);  // rotated
-    be.linear(latn, kv_b_->compute(), Tensor(), kv);                           // (n, H (dn + dv))
+    fp8_.linear(be, latn, *kv_b_, Tensor(), kv);                           // (n, H (dn + dv))
     for (int64_t h = 0; h < H_; ++h) {
       be.copy_columns(kv, h * w_kv, k, h * dqk, dn);                               // k_nope
       be.copy_columns(kpe, 0, k, h * dqk + dn, dr);                                // the shared rotary key
@@ -142,7 +150,7 @@ class MlaLayer final : public Block {
     else
       be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, H_, atty, lse, doc_start_);  // (n, H dv)
     Tensor res1 = v(kRes1), n2 = v(kN2), rstd2 = v(kRstd2), gate = v(kGate), up = v(kUp), hid = v(kH);
-    tp_.row_parallel_matmul(be, atty, o_->compute(), true, res1, "the attention output all-reduce");  // (n, C)
+    tp_.row_parallel_matmul(be, atty, *o_, true, res1, "the attention output all-reduce", fp8_);  // (n, C)
     be.add(res1, x, res1);                                                         // residual 1
     be.rmsnorm_forward(res1, norm2_->compute(), eps, n2, rstd2);
     if (moe_) {  // under tp every rank routes all rows and runs its share of each expert's units
@@ -151,10 +159,10 @@ class MlaLayer final : public Block {
       be.add(y, res1, y);                                                          // residual 2
       return;
     }
-    be.linear(n2, gate_->compute(), Tensor(), gate);                               // (n, F) column-parallel
-    be.linear(n2, up_->compute(), Tensor(), up);
+    fp8_.linear(be, n2, *gate_, Tensor(), gate);                               // (n, F) column-parallel
+    fp8_.linear(be, n2, *up_, Tensor(), up);
     be.swiglu_forward(gate, up, hid);                                              // (n, F)
-    tp_.row_parallel_matmul(be, hid, down_->compute(), true, y, "the MLP output all-reduce");  // (n, C)
+    tp_.row_parallel_matmul(be, hid, *down_, true, y, "the MLP output all-reduce", fp8_);  // (n, C)
     be.add(y, res1, y);                                                            // residual 2
   }
 
@@ -168,17 +176,17 @@ class MlaLayer final : public Block {
       moe_->backward_input(be, dy, g_n2, &s.t[kCount]);                            // (n, C) d n2, partial over tp
       if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
     } else {
-      be.matmul(dy, false, down_->compute(), false, g_gate, 1.f, 0.f);             // (n, F) d h
+      fp8_.matmul(be, dy, *down_, false, g_gate, 0.f);             // (n, F) d h
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);                  // (n, F) d gate, d up
-      be.matmul(g_gate, false, gate_->compute(), false, g_n2, 1.f, 0.f);           // (n, C) d n2, partial over tp
-      be.matmul(g_up, false, up_->compute(), false, g_n2, 1.f, 1.f);
+      fp8_.matmul(be, g_gate, *gate_, false, g_n2, 0.f);           // (n, C) d n2, partial over tp
+      fp8_.matmul(be, g_up, *up_, false, g_n2, 1.f);
       tp_.allreduce_sum(g_n2, "the MLP input-gradient all-reduce");
     }
     be.rmsnorm_backward_input(g_n2, v(kRes1), norm2_->compute(), v(kRstd2), g_n1);  // g_n1: scratch here
     be.add(dy, g_n1, g_res1);                                                      // (n, C) d res1
     // Attention.
     Tensor g_atty = v(kGAtty), g_q = v(kGQ), g_k = v(kGK), g_v = v(kGV), g_kv = v(kGKv), pe = v(kPe);
-    be.matmul(g_res1, false, o_->compute(), false, g_atty, 1.f, 0.f);              // (n, H dv)
+    fp8_.matmul(be, g_res1, *o_, false, g_atty, 0.f);              // (n, H dv)
     if (cp_attn_)
       cp_attn_->backward(be, g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), T, H_, H_, q_pos_,
                          doc_start_, g_q, g_k, g_v);
@@ -201,23 +209,23 @@ class MlaLayer final : public Block {
     rope_part(be, g_pe, 1, dr, 0, pe.view({n * H_ * dr}).rows(0, n * dr).view({n, dr}), T, true);
     // The latent: d kv_a_layernorm's output (partial over the heads), then its input.
     Tensor g_latn = v(kGLatN), g_lat = v(kGLat);
-    be.matmul(g_kv, false, kv_b_->compute(), false, g_latn, 1.f, 0.f);             // (n, r)
+    fp8_.matmul(be, g_kv, *kv_b_, false, g_latn, 0.f);             // (n, r)
     tp_.allreduce_sum(g_latn, "the latent's gradient all-reduce");
     be.rmsnorm_backward_input(g_latn, v(kLat), kv_a_norm_->compute(), v(kRstdLat), g_lat);
     // d n1: the query path's term (partial over tp without q_lora_rank), then the replicated kv_a terms.
     if (q_a_) {
       Tensor g_qan = v(kGQaN), g_qa = v(kGQa);
-      be.matmul(g_q, false, q_b_->compute(), false, g_qan, 1.f, 0.f);              // (n, ql) partial over the heads
+      fp8_.matmul(be, g_q, *q_b_, false, g_qan, 0.f);              // (n, ql) partial over the heads
       tp_.allreduce_sum(g_qan, "the query latent's gradient all-reduce");
       be.rmsnorm_backward_input(g_qan, v(kQa), q_a_norm_->compute(), v(kRstdQa), g_qa);
-      be.matmul(g_qa, false, q_a_->compute(), false, g_n1, 1.f, 0.f);              // (n, C)
+      fp8_.matmul(be, g_qa, *q_a_, false, g_n1, 0.f);              // (n, C)
     } else {
-      be.matmul(g_q, false, q_->compute(), false, g_n1, 1.f, 0.f);                 // (n, C) partial over tp
+      fp8_.matmul(be, g_q, *q_, false, g_n1, 0.f);                 // (n, C) partial over tp
       tp_.allreduce_sum(g_n1, "the attention input-gradient all-reduce");
     }
     const Tensor w_kva = kv_a_->compute();
-    be.matmul(g_lat, false, w_kva.rows(0, r), false, g_n1, 1.f, 1.f);
-    be.matmul(g_pe, false, w_kva.rows(r, dr), false, g_n1, 1.f, 1.f);
+    fp8_.matmul(be, g_lat, w_kva.rows(0, r), false, g_n1, 1.f);
+    fp8_.matmul(be, g_pe, w_kva.rows(r, dr), false, g_n1, 1.f);
     be.rmsnorm_backward_input(g_n1, x, norm1_->compute(), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                        // residual 1
   }
@@ -262,9 +270,7 @@ class MlaLayer final : public Block {
  private:
   static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, std::min(n, s.t[k].size(0))); }
   // dW (out, in) += dy^T @ x
-  static void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) {
-    be.matmul(dy, true, x, false, dw, 1.f, 1.f);
-  }
+  void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const { fp8_.weight_grad(be, dy, x, dw); }
   // The rotary part of each of `heads` heads of x (n, heads w): columns [off, off + dr) of each, rotated in place
   // through pe (n, heads dr) scratch. Forward: read in transformers' pairing (interleaved: evens then odds), rotate,
   // write back contiguous halves. Backward (x a gradient of the rotated layout): read the halves, rotate back, write
@@ -300,6 +306,7 @@ class MlaLayer final : public Block {
   MlaSpec m_;
   int64_t H_, F_;  // this rank's heads and SwiGLU units
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
+  Fp8Linear fp8_;  // q_a, q_b (or q), kv_a, kv_b, o, gate, up and down's GEMMs: FP8 under train.precision = "fp8"
   Param *norm1_ = nullptr, *q_ = nullptr, *q_a_ = nullptr, *q_a_norm_ = nullptr, *q_b_ = nullptr, *kv_a_ = nullptr,
         *kv_a_norm_ = nullptr, *kv_b_ = nullptr, *o_ = nullptr, *norm2_ = nullptr, *gate_ = nullptr, *up_ = nullptr,
         *down_ = nullptr;

@@ -10,12 +10,14 @@ namespace {
 // y = x W^T + b, as torch.nn.Linear. W (out, in), b (out). Its GEMMs in FP8 under train.precision = "fp8".
 class Linear final : public Block {
  public:
-  Linear(const BlockSpec& spec, std::vector<Param*> params) : Block(spec, std::move(params)), fp8_(fp8_linear(spec)) {}
+  Linear(const BlockSpec& spec, std::vector<Param*> params) : Block(spec, std::move(params)), fp8_(fp8_linear(spec)) {
+    if (fp8_.on()) param(0).fp8_weight = true;  // its GEMMs take the Param: ZeRO-3 may gather it as FP8 codes
+  }
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
-    fp8_.linear(be, x, param(0).compute(), param(1).compute(), y);  // (rows, in) @ (in, out) + bias (out)
+    fp8_.linear(be, x, param(0), param(1).compute(), y);  // (rows, in) @ (in, out) + bias (out)
   }
   void backward_input(Backend& be, const Tensor&, const Tensor& dy, Tensor& dx, BlockSaved&) override {
-    fp8_.matmul(be, dy, param(0).compute(), false, dx);  // (rows, out) @ (out, in)
+    fp8_.matmul(be, dy, param(0), false, dx);  // (rows, out) @ (out, in)
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved&) override {
     fp8_.weight_grad(be, dy, x, param(0).grad);  // (out, rows) @ (rows, in), accumulated

@@ -88,7 +88,8 @@ ModelSpec make_model_spec(const Config& cfg, int64_t input_dim) {
   }
   if (cfg.train.precision == Precision::fp8) {
     for (BlockSpec& b : m.blocks)
-      if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer || b.kind == BlockKind::linear)
+      if (b.kind == BlockKind::transformer || b.kind == BlockKind::llama_layer || b.kind == BlockKind::mla_layer ||
+          b.kind == BlockKind::linear)
         b.fp8 = cfg.train.fp8_recipe;
   }
   if (cfg.parallel.sequence_parallel && m.language_model && cfg.parallel.tp > 1)

@@ -43,6 +43,11 @@ struct Param {
   // rank's piece of them; value and work are never allocated whole at setup. Empty otherwise.
   std::function<std::vector<float>()> initial;
   DType work_dtype = DType::f32;  // the working copy's dtype (bf16 under mixed precision), allocated or not
+  // A linear layer's weight that its block hands to Fp8Linear whole (as a Param) in every GEMM, under
+  // train.precision = "fp8": ZeRO-3 gives these units of their own, which parallel.fp8_param_gather gathers as e4m3
+  // codes. While gathered so, work holds the codes (out, in) and fp8_scale (1, 1) f32 their tensorwise scale.
+  bool fp8_weight = false;
+  Tensor fp8_scale = Tensor();
   bool sharded() const { return shape_numel(shape) != shape_numel(full_shape); }
   // What the model computes with: the bf16 working copy, or the fp32 value itself.
   const Tensor& compute() const { return work.defined() ? work : value; }

@@ -100,7 +100,7 @@ void TensorParallel::reduce_scatter_rows(const Tensor& full, Tensor& local, cons
   req->wait();
 }
 
-void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y,
+void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y,
                                          const char* what, const Fp8Linear& gemm) const {
   if (!sequence_parallel()) {
     gemm.matmul(be, x, w, trans_w, y);

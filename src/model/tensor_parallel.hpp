@@ -70,7 +70,7 @@ struct TensorParallel {
   // A row-parallel projection's partial sums, x (n, in / tp) @ W^T -> y: all-reduced into y (n, out), or under
   // sequence parallelism computed into the shared buffer (n, out) and reduce-scattered into y (n / tp, out).
   // gemm: the block's linear GEMMs (FP8 under train.precision = "fp8"; trans_w: a forward, else an input gradient).
-  void row_parallel_matmul(Backend& be, const Tensor& x, const Tensor& w, bool trans_w, Tensor& y,
+  void row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y,
                            const char* what, const Fp8Linear& gemm = Fp8Linear()) const;
 };
 

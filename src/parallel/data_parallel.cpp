@@ -18,7 +18,7 @@ BucketLayout layout_buckets(const std::vector<BucketKey>& keys, BucketCaps caps,
   std::iota(order.begin(), order.end(), size_t{0});
   auto key = [&](size_t i) {
     return std::make_tuple(keys[i].chunk, keys[i].tied, keys[i].tp_replicated, !keys[i].counts_in_norm, keys[i].expert,
-                           -keys[i].block);
+                           -keys[i].block, keys[i].fp8);
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
   auto elems = [](double mb) { return std::max<int64_t>(1, static_cast<int64_t>(mb * 1024 * 1024 / 4)); };
@@ -28,7 +28,8 @@ BucketLayout layout_buckets(const std::vector<BucketKey>& keys, BucketCaps caps,
   for (size_t k = 0; k < order.size(); ++k) {
     const BucketKey &a = keys[order[k]], *prev = k ? &keys[order[k - 1]] : nullptr;
     const bool new_group = !prev || a.chunk != prev->chunk || a.counts_in_norm != prev->counts_in_norm ||
-                           a.tp_replicated != prev->tp_replicated || a.expert != prev->expert || a.tied || prev->tied;
+                           a.tp_replicated != prev->tp_replicated || a.expert != prev->expert || a.tied || prev->tied ||
+                           a.fp8 != prev->fp8;
     const bool new_block = !prev || a.block != prev->block;
     if (new_group || (new_block && fill >= limit)) {
       out.groups.emplace_back();
@@ -126,7 +127,8 @@ Sharding bucket_sharding(int zero, int pp, bool reshard, Communicator* comm, Com
 }  // namespace
 
 GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, BucketCaps caps,
-                         int zero, GradReduce wire, bool reshard, int pp, Communicator* expert_comm)
+                         int zero, GradReduce wire, bool reshard, int pp, Communicator* expert_comm,
+                         bool fp8_param_gather)
     : be_(be), comm_(comm), sharding_(bucket_sharding(zero, pp, reshard, comm, expert_comm, params)),
       zero_(sharding_.group(GradGroup::dense).optimizer_state),
       per_micro_batch_(sharding_.group(GradGroup::dense).grads == GradHold::pooled),
@@ -137,7 +139,8 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
   MemoryScope scope(MemKind::grads);
   std::vector<BucketKey> keys;
   for (const BucketParam& p : params)
-    keys.push_back({shape_numel(p.param->shape), p.chunk, p.block, p.counts_in_norm, p.tied, p.tp_replicated, p.expert});
+    keys.push_back({shape_numel(p.param->shape), p.chunk, p.block, p.counts_in_norm, p.tied, p.tp_replicated, p.expert,
+                    zero3_ && p.param->fp8_weight});
   const BucketLayout layout = layout_buckets(keys, caps, sharding_.group(GradGroup::dense).shards(),
                                              sharding_.group(GradGroup::expert).shards());
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
@@ -161,6 +164,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     }
     const bool has_work = params[g.front()].param->work_dtype != DType::f32;
     b.work_dtype = params[g.front()].param->work_dtype;
+    b.fp8 = fp8_param_gather && zero3_ && b.zero && params[g.front()].param->fp8_weight;
     if (zero3_ && b.zero) {  // this rank's piece of the masters; nothing whole
       MemoryScope as_params(MemKind::params);
       b.master = Tensor(be, {padded / shards});
@@ -270,13 +274,46 @@ void GradBuckets::start_gather(Bucket& b) {
   if (b.full.defined()) return;  // gathered, or on its way
   MemoryScope scope(MemKind::params);
   const int64_t piece = b.master.numel();
-  b.full = Tensor(be_, {b.padded}, b.work_dtype);
+  b.full = Tensor(be_, {b.padded}, b.fp8 ? DType::fp8_e4m3 : b.work_dtype);
   Tensor mine = b.full.rows(piece * b.comm->rank(), piece);
-  if (b.work_dtype == DType::f32) be_.copy(mine, b.master);
+  if (b.fp8) quantise_piece(b);
+  else if (b.work_dtype == DType::f32) be_.copy(mine, b.master);
   else be_.convert(b.master, mine);
   b.gather = b.comm->iallgather(b.full);
-  b.gather->what = "the ZeRO-3 parameter all-gather";
+  b.gather->what = b.fp8 ? "the ZeRO-3 parameter all-gather (FP8 codes)" : "the ZeRO-3 parameter all-gather";
   if (kill_in_gather_) std::raise(SIGKILL);  // test only: a rank lost mid-collective
+}
+
+// torchtitan's Float8 all-gather: each weight's tensorwise scale from the max over the ranks of the amax of their
+// pieces of it (the whole weight's amax), then this rank's piece quantised with it. The codes and scales are those
+// Fp8Linear makes from the gathered bf16 weight, bit for bit: the piece is the same bf16 values, and both take the
+// amax as float bits (an exact max) and quantise each element on its own.
+void GradBuckets::quantise_piece(Bucket& b) {
+  const int64_t piece = b.master.numel(), lo = piece * b.comm->rank();
+  const auto k = static_cast<int64_t>(b.members.size());
+  Tensor work(be_, {piece}, b.work_dtype);  // (piece) the working values the bf16 gather would send
+  be_.convert(b.master, work);
+  Tensor amax(be_, {k, 1}, DType::i32);  // (members, 1) |w|'s max as float bits; 0 where the piece holds none of w
+  b.fp8_scales = Tensor(be_, {k, 1});    // (members, 1)
+  auto slice = [&](int64_t i, auto&& fn) {  // member i's elements in this piece as (1, count), count possibly 0
+    const int64_t at = b.members[size_t(i)].second, n = shape_numel(b.shapes[size_t(i)]);
+    const int64_t a = std::clamp(at, lo, lo + piece), e = std::clamp(at + n, lo, lo + piece);
+    fn(a - lo, e - a);
+  };
+  for (int64_t i = 0; i < k; ++i)
+    slice(i, [&](int64_t off, int64_t count) {
+      Tensor m = amax.rows(i, 1);  // (1, 1)
+      be_.fp8_amax(work.rows(off, count).view({1, count}), Fp8Tiling::tensor, m);
+    });
+  RequestPtr req = b.comm->iallreduce(amax, ReduceOp::max);
+  req->what = "the ZeRO-3 FP8 parameter amax all-reduce";
+  wait_for(*req);
+  Tensor mine = b.full.rows(lo, piece);  // (piece) e4m3
+  for (int64_t i = 0; i < k; ++i)
+    slice(i, [&](int64_t off, int64_t count) {
+      Tensor q = mine.rows(off, count).view({1, count}), s = b.fp8_scales.rows(i, 1);  // (1, count), (1, 1)
+      be_.fp8_quantize_amax(work.rows(off, count).view({1, count}), Fp8Tiling::tensor, amax.rows(i, 1), q, s);
+    });
 }
 
 void GradBuckets::finish_gather(Bucket& b) {
@@ -284,14 +321,17 @@ void GradBuckets::finish_gather(Bucket& b) {
   if (!b.gather) return;  // ready
   wait_for(*b.gather);
   b.gather.reset();
-  point(b, b.full, b.work_dtype == DType::f32 ? &Param::value : &Param::work);
+  point(b, b.full, b.work_dtype == DType::f32 && !b.fp8 ? &Param::value : &Param::work);
+  if (b.fp8)
+    for (size_t i = 0; i < b.members.size(); ++i) b.members[i].first->fp8_scale = b.fp8_scales.rows(int64_t(i), 1);
 }
 
 void GradBuckets::release(Bucket& b) {
   if (b.gather) wait_for(*b.gather);  // a prefetch nobody used
   b.gather.reset();
   b.full = Tensor();
-  for (auto& [p, at] : b.members) p->value = p->work = Tensor();
+  b.fp8_scales = Tensor();
+  for (auto& [p, at] : b.members) p->value = p->work = p->fp8_scale = Tensor();
 }
 
 const std::vector<int>& GradBuckets::units_of(int block) const {

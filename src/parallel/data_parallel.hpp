@@ -81,6 +81,7 @@ struct BucketKey {
   int64_t numel = 0;
   int chunk = 0, block = 0;  // as BucketParam
   bool counts_in_norm = true, tied = false, tp_replicated = false, expert = false;
+  bool fp8 = false;  // ZeRO-3 under train.precision = "fp8": an FP8 linear weight (Param::fp8_weight), in units apart
 };
 struct BucketLayout {
   std::vector<std::vector<size_t>> groups;  // each bucket's parameters (indices into the keys), in bucket order
@@ -138,9 +139,11 @@ class GradBuckets : public BlockHooks {
   // allreduce_grads as under ZeRO-1 and freed after (torchtitan's choice: no per-micro-batch collectives).
   // expert_comm (parallel.ep): the ranks holding this rank's experts, over which the expert weights' buckets are
   // summed and (ZeRO) sharded; null when this rank's experts have no other copy (their buckets are kept whole).
+  // ZeRO-3 keeps the FP8 linear weights (Param::fp8_weight) in units of their own; fp8_param_gather
+  // (parallel.fp8_param_gather) gathers those as e4m3 codes with one tensorwise scale per weight.
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, BucketCaps caps,
               int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, int pp = 1,
-              Communicator* expert_comm = nullptr);
+              Communicator* expert_comm = nullptr, bool fp8_param_gather = false);
   bool params_sharded() const { return zero3_; }
   // Test only (RELAY_TEST_KILL_WHERE): SIGKILL this process right after it issues its next parameter all-gather.
   void test_kill_in_next_gather() { kill_in_gather_ = true; }
@@ -207,7 +210,9 @@ class GradBuckets : public BlockHooks {
     std::vector<std::pair<Param*, int64_t>> members;  // each parameter with its offset in flat
     std::vector<Shape> shapes;                         // each member's (tp shard's) shape
     Tensor master;       // ZeRO-3: (padded / shards) f32 this rank's piece of the parameters
-    Tensor full;         // ZeRO-3: (padded) working dtype, the gathered parameters while in use
+    Tensor full;         // ZeRO-3: (padded) working dtype, the gathered parameters while in use (fp8: e4m3 codes)
+    bool fp8 = false;    // ZeRO-3, parallel.fp8_param_gather: FP8 linear weights, gathered as e4m3 codes
+    Tensor fp8_scales;   // fp8: (members, 1) f32 each member's tensorwise scale while gathered
     RequestPtr gather;   // ZeRO-3 (and ZeRO-1, 2 with launch_when_filled): the parameter all-gather in flight
     int users = 0;       // ZeRO-3: blocks running on the gathered parameters
     DType work_dtype = DType::f32;
@@ -231,6 +236,7 @@ class GradBuckets : public BlockHooks {
   void launch(Bucket& b);
   const std::vector<int>& units_of(int block) const;  // ZeRO-3: the buckets block reads (none otherwise)
   void start_gather(Bucket& b);   // ZeRO-3: issue the unit's all-gather (if not gathered or in flight)
+  void quantise_piece(Bucket& b);  // ZeRO-3, fp8: this rank's piece as e4m3 codes into full, each member's scale
   void finish_gather(Bucket& b);  // ZeRO-3: wait for it and point the parameters into it
   void release(Bucket& b);        // ZeRO-3: free the gathered parameters
   void reclaim(int buffer);       // ZeRO-2: wait for its reduce-scatter and add the piece into the shard

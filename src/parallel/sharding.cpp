@@ -9,7 +9,9 @@ namespace relay {
 
 namespace {
 
-const char* wire_name(DType d) { return d == DType::bf16 ? "bf16" : "fp32"; }
+const char* wire_name(DType d) {
+  return d == DType::bf16 ? "bf16" : d == DType::fp8_e4m3 ? "fp8 e4m3 codes, a scale per weight" : "fp32";
+}
 const char* what_name(Moved m) { return m == Moved::gradients ? "gradients" : "parameters"; }
 
 }  // namespace
@@ -24,6 +26,7 @@ ShardingInput sharding_input(const Config& cfg) {
   in.wire = cfg.parallel.grad_reduce == GradReduce::bf16 ? DType::bf16 : DType::f32;
   in.work = compute_dtype(cfg.train.precision);
   in.reshard_after_forward = cfg.parallel.reshard_after_forward;
+  in.fp8_param_gather = cfg.parallel.fp8_param_gather;
   return in;
 }
 
@@ -72,7 +75,9 @@ Sharding describe_sharding(const ShardingInput& in) {
     // Issued first in a step: ZeRO-3 gathers a block's parameters before it runs.
     if (g.parameters) {
       const Issued when = g.gathered_kept ? Issued::block_first_run : Issued::block_run;
-      move(Moved::parameters, Collective::all_gather, in.work, when, Needed::block_run, g.gathered_kept ? 1 : 2 * m);
+      // parallel.fp8_param_gather: the dense weights as e4m3 codes, half of bf16's bytes (the experts' stay bf16).
+      const DType gathered = in.fp8_param_gather && gg == GradGroup::dense ? DType::fp8_e4m3 : in.work;
+      move(Moved::parameters, Collective::all_gather, gathered, when, Needed::block_run, g.gathered_kept ? 1 : 2 * m);
     }
     // The gradients' sum: whole (ZeRO-0), or each rank's shard of it.
     if (g.grads == GradHold::pooled)

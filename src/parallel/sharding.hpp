@@ -55,6 +55,10 @@ struct ShardingInput {
   DType wire = DType::f32;  // parallel.grad_reduce: what gradients travel in (summed into f32 either way)
   DType work = DType::f32;  // the working dtype (train.precision): what ZeRO-3 gathers parameters in
   bool reshard_after_forward = true;  // parallel.reshard_after_forward: ZeRO-3 frees a block's gathered parameters
+  // parallel.fp8_param_gather: ZeRO-3 gathers the dense weights as e4m3 codes (1 byte an element). Counted for every
+  // dense element: the norms' and biases' few still travel in the working dtype (a block's norm weights are 2 C of
+  // its ~12 C^2 elements).
+  bool fp8_param_gather = false;
 };
 // cfg's stage and layout (elements 0: the caller counts them).
 ShardingInput sharding_input(const Config& cfg);
