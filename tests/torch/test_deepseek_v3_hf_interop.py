@@ -12,15 +12,21 @@ tokens within 1e-5 relative; the same directory rewritten with the experts fused
 Export: Relay trains 10 steps (q_lora_rank unset: one q_proj; the expert bias updated every step), `relay ckpt export
 --format hf` writes a directory that from_pretrained loads as DeepseekV3ForCausalLM with no missing or unexpected keys,
 its e_score_correction_bias the checkpoint's router/expert_bias, and its eval loss equals Relay's logged one.
+YaRN: a DeepseekV3ForCausalLM whose rope_parameters are YaRN's (rope_type "yarn", factor 4 over 8 original positions
+of the 32, mscale 1, mscale_all_dim 0.8) -> model.init_from with rope_scaling = "yarn" and the rope_ keys: eval loss =
+transformers'; its checkpoint exported: config.json's rope_parameters the same YaRN dict, eval loss = Relay's.
 Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank, moe_intermediate_size under tp,
 sequence parallelism and the Llama directory): kv_lora_rank missing, n_routed_experts not divisible by n_group,
 topk_group > n_group, num_experts_per_tok > n_routed_experts, tp not dividing moe_intermediate_size, a non-zero
-e_score_correction_bias without moe.expert_bias, router_z_loss_coef (no z-loss with sigmoid scores), rope_scaling =
-"yarn" (not in Relay yet), sequence parallelism (not wired in yet), and a Llama directory for a deepseek_v3 run.
+e_score_correction_bias without moe.expert_bias, router_z_loss_coef (no z-loss with sigmoid scores), an unknown
+rope_scaling ("linear"), a YaRN key without rope_scaling = "yarn", a directory whose rope_parameters.rope_type is
+"linear", YaRN's factor differing from the directory's, sequence parallelism (not wired in yet), and a Llama
+directory for a deepseek_v3 run.
 
 The packages live in the cached venv relay-torch2 (tests/torch/pypi_venv.py). Usage:
 test_deepseek_v3_hf_interop.py <relay binary>; exit 77 = skipped (the venv cannot be made).
 """
+import json
 import os
 import sys
 import tempfile
@@ -171,6 +177,31 @@ with tempfile.TemporaryDirectory() as tmp:
     check_import(rd, "fused")
     ok("import: a directory with the experts fused (gate_up_proj, down_proj) gives the same step-0 tensors")
 
+    # YaRN in: rope_parameters -> rope_scaling = "yarn" and its keys; out: the same rope_parameters.
+    yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8, beta_fast=32.0,
+                beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8)
+    yarn_sets = ['model.rope_scaling="yarn"'] + [f"model.rope_{k}={v}" for k, v in yarn.items()
+                                                 if k not in ("rope_type", "rope_theta")]
+    torch.manual_seed(7)
+    hf_yarn = DeepseekV3ForCausalLM(DeepseekV3Config(**dict(HF, rope_parameters=yarn), q_lora_rank=24,
+                                                     attn_implementation="eager", experts_implementation="eager"))
+    hf_yarn.eval()
+    hf_yarn.save_pretrained(f"{tmp}/hf_yarn")
+    rd = f"{tmp}/import_yarn"
+    run(["train", "--config", lora, "--set", f'run.dir="{rd}"', "--set", f'model.init_from="{tmp}/hf_yarn"'] + still
+        + [a for s in yarn_sets for a in ("--set", s)])
+    rel_in = close(eval_losses(rd)[1], hf_eval_loss(hf_yarn, eval_tokens), "YaRN import: eval loss")
+    last = sorted(os.listdir(f"{rd}/checkpoints"))[-1]
+    run(["ckpt", "export", f"{rd}/checkpoints/{last}", "--format", "hf", "--out", f"{tmp}/export_yarn"])
+    model = AutoModelForCausalLM.from_pretrained(f"{tmp}/export_yarn", attn_implementation="eager")
+    model.eval()
+    got = {k: model.config.rope_parameters.get(k) for k in yarn}
+    if got != yarn:
+        sys.exit(f"FAILED YaRN export: config.json rope_parameters {got}, expected {yarn}")
+    rel_out = close(hf_eval_loss(model, eval_tokens), eval_losses(rd)[1], "YaRN export: eval loss")
+    ok(f"YaRN: import eval loss = transformers' (relative {rel_in:.1e}); exported rope_parameters = {yarn['rope_type']} "
+       f"x{yarn['factor']:g}, eval loss = Relay's (relative {rel_out:.1e})")
+
     # Export: 10 steps -> relay ckpt export --format hf -> from_pretrained.
     rd = f"{tmp}/export"
     run(["train", "--config", plain, "--set", f'run.dir="{rd}"'])
@@ -216,7 +247,20 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_case(["moe.expert_bias=false", "model.q_lora_rank=24"], [bias_name, "moe.expert_bias = false"],
              "a non-zero e_score_correction_bias without moe.expert_bias", init_from=f"{tmp}/hf_dsv3")
     bad_case(["model.router_z_loss_coef=0.001"], ["model.router_z_loss_coef", "z-loss"], "router_z_loss_coef")
-    bad_case(['model.rope_scaling="yarn"'], ["model.rope_scaling", "YaRN"], "rope_scaling")
+    bad_case(['model.rope_scaling="linear"'], ["model.rope_scaling", "linear"], "an unknown rope_scaling")
+    bad_case(["model.rope_factor=4.0"], ["model.rope_factor", 'rope_scaling = \"yarn\"'],
+             "a YaRN key without rope_scaling = yarn")
+    os.makedirs(f"{tmp}/hf_linear")
+    for name in os.listdir(f"{tmp}/hf_yarn"):
+        shutil.copy(f"{tmp}/hf_yarn/{name}", f"{tmp}/hf_linear/{name}")
+    cfg = json.load(open(f"{tmp}/hf_yarn/config.json"))
+    cfg["rope_parameters"] = dict(rope_type="linear", rope_theta=10000.0, factor=4.0)
+    json.dump(cfg, open(f"{tmp}/hf_linear/config.json", "w"))
+    bad_case(["model.q_lora_rank=24"], ["rope_parameters.rope_type", "linear", "yarn"],
+             "an HF directory with rope_type linear", init_from=f"{tmp}/hf_linear")
+    bad_case(["model.q_lora_rank=24"] + [s.replace("rope_factor=4.0", "rope_factor=8.0") for s in yarn_sets],
+             ["rope_parameters.factor = 4", "model.rope_factor = 8"], "YaRN's factor differing from the directory's",
+             init_from=f"{tmp}/hf_yarn")
     bad_case(["parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true"],
              ["parallel.sequence_parallel", "deepseek_v3"], "sequence parallelism", ranks=2)
     torch.manual_seed(6)
