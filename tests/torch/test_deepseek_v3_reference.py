@@ -15,7 +15,11 @@ kv_b_proj, the a-projections replicated), dp 2, and a document mask (block-diago
 YaRN (rope_scaling = "yarn", transformers' rope_parameters rope_type "yarn"): 16 positions over an
 original_max_position_embeddings of 8, factor 4, rope_theta 100 and beta_fast 1, beta_slow 0.01 so that the 2 rotary
 frequencies sit at both ends of YaRN's ramp (0 and 1/3 of it: one plain, one blended), mscale 1 and mscale_all_dim 0.8
-(cos and sin x 1.025, the softmax scale x 1.234 = yarn_get_mscale(4, 0.8)^2), serially.
+(cos and sin x 1.025, the softmax scale x 1.234 = yarn_get_mscale(4, 0.8)^2), serially with one q_proj and
+rotate-half pairs (the model with q_lora_rank 24 and interleaved pairs matched every loss and grad norm too, but its
+embedding moved 2.1e-4 from torch's against a calibration that came out at 1.7e-5 that time: Adam's amplified rounding
+in rarely seen rows; a YaRN parameter off in Relay alone, beta_slow 0.02 or mscale_all_dim 0.7, moves every tensor by
+1e-3 to 1e-1).
 Relay cannot generate with MLA yet (no compressed cache): generation is not checked.
 
 MoE cases: layer 0 dense, layer 1 DeepSeek-V3's mixture of experts (8 experts in 4 groups, the 2 best groups kept,
@@ -221,7 +225,7 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("deepseek_v3_q_proj_tp2", 2, dict(NO_LORA, interleave=True), np.uint16, dict(dp=1, tp=2, pp=1, m=1)),
     ("deepseek_v3_q_lora_dp2", 2, LORA, np.int32, dict(dp=2, pp=1, m=1)),
     ("deepseek_v3_docmask_serial", 1, LORA, np.uint16, dict(dp=1, pp=1, m=1, docs=True)),
-    ("deepseek_v3_yarn_serial", 1, dict(LORA, yarn=True), np.uint16, dict(dp=1, pp=1, m=1)),
+    ("deepseek_v3_yarn_serial", 1, dict(NO_LORA, yarn=True), np.uint16, dict(dp=1, pp=1, m=1)),
     ("deepseek_v3_moe_serial", 1, MOE_CASE, np.uint16, dict(dp=1, pp=1, m=1)),
     ("deepseek_v3_moe_dp2_ep2", 2, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
     ("deepseek_v3_moe_dp2_ep2_pp2", 4, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=2, m=2)),

@@ -20,14 +20,15 @@ struct DeepseekV3Args : LlamaArgs {
   std::string rope_scaling = "none";
   // YaRN (rope_scaling = "yarn"): config.json's rope_scaling dict's keys with a rope_ prefix; 0 for mscale and
   // mscale_all_dim is config.json's absent (transformers tests them for truth).
-  double rope_factor = 1, rope_original_max_position_embeddings = 0, rope_beta_fast = 32, rope_beta_slow = 1;
+  double rope_factor = 1, rope_beta_fast = 32, rope_beta_slow = 1;
+  int64_t rope_original_max_position_embeddings = 0;
   double rope_mscale = 0, rope_mscale_all_dim = 0;
   bool yarn() const { return rope_scaling == "yarn"; }
   // The rotary tables' frequencies and cos/sin factor (kernels/rope_angles.hpp), and DeepSeek-V3's softmax scale
   // factor: transformers' yarn_apply_mscale multiplies qk_head_dim^-1/2 by yarn_get_mscale(factor, mscale_all_dim)^2.
   RopeScaling rope_tables() const {
     if (!yarn()) return {};
-    return yarn_scaling(rope_factor, rope_original_max_position_embeddings, rope_beta_fast, rope_beta_slow,
+    return yarn_scaling(rope_factor, double(rope_original_max_position_embeddings), rope_beta_fast, rope_beta_slow,
                         rope_mscale, rope_mscale_all_dim, qk_rope_head_dim, rope_theta);
   }
   double softmax_mscale2() const {
@@ -149,7 +150,7 @@ class DeepseekV3Family final : public ModelFamily {
       << toml_quote(a.rope_scaling) << "\n";
     if (a.yarn()) {
       o << "rope_factor = " << toml_number(a.rope_factor) << "\nrope_original_max_position_embeddings = "
-        << toml_number(a.rope_original_max_position_embeddings) << "\nrope_beta_fast = " << toml_number(a.rope_beta_fast)
+        << a.rope_original_max_position_embeddings << "\nrope_beta_fast = " << toml_number(a.rope_beta_fast)
         << "\nrope_beta_slow = " << toml_number(a.rope_beta_slow) << "\n";
       if (a.rope_mscale != 0) o << "rope_mscale = " << toml_number(a.rope_mscale) << "\n";
       if (a.rope_mscale_all_dim != 0) o << "rope_mscale_all_dim = " << toml_number(a.rope_mscale_all_dim) << "\n";
@@ -393,7 +394,8 @@ class DeepseekV3Family final : public ModelFamily {
     for (const char* k : {"rope_factor", "rope_original_max_position_embeddings"})
       if (!model.get(k)) model.fail(k, "missing: YaRN (model.rope_scaling = \"yarn\") needs it, as config.json's rope_scaling");
     model.real("rope_factor", a.rope_factor, 0, 1e6, true);
-    model.real("rope_original_max_position_embeddings", a.rope_original_max_position_embeddings, 0, 1e12, true);
+    model.integer("rope_original_max_position_embeddings", a.rope_original_max_position_embeddings, 1,
+                  int64_t(1) << 40, true);
     model.real("rope_beta_fast", a.rope_beta_fast, 0, 1e6, true);
     model.real("rope_beta_slow", a.rope_beta_slow, 0, 1e6, true);
     model.real("rope_mscale", a.rope_mscale, 0, 1e6);
@@ -449,7 +451,7 @@ class DeepseekV3Family final : public ModelFamily {
       const char* hf;
       double theirs, ours;
     } pairs[] = {{"factor", number("factor", 1), a.rope_factor},
-                 {"original_max_position_embeddings", max_pos, a.rope_original_max_position_embeddings},
+                 {"original_max_position_embeddings", max_pos, double(a.rope_original_max_position_embeddings)},
                  {"beta_fast", number("beta_fast", 32), a.rope_beta_fast},
                  {"beta_slow", number("beta_slow", 1), a.rope_beta_slow},
                  {"mscale", number("mscale", 0), a.rope_mscale},
