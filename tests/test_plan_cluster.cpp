@@ -412,7 +412,9 @@ TEST(PlanCluster, DeepseekV3ParametersAndMlaFlops) {
       if (seen.insert(p.name).second) total += double(shape_numel(p.shape));
   const double V = 129280, C = 7168, L = 61, H = 128, ql = 1536, r = 512, dn = 128, dr = 64, dv = 128, T = 4096;
   const double F = 18432, Fe = 2048, E = 256, k = 8, dense = 3;
-  const double attn_params = C + C * ql + ql + ql * H * (dn + dr) + C * (r + dr) + r + r * H * (dn + dv) + H * dv * C + C;
+  // Per layer: two norms over C, q_a and its norm, q_b, kv_a and its norm, kv_b, o.
+  const double attn_params =
+      2 * C + C * ql + ql + ql * H * (dn + dr) + C * (r + dr) + r + r * H * (dn + dv) + H * dv * C;
   const double expert = 3 * C * Fe, head = 2 * V * C + C;  // embedding, output head, final norm
   const double want_total = head + L * attn_params + dense * 3 * C * F + (L - dense) * (E * C + (1 + E) * expert);
   const double want_active = head + L * attn_params + dense * 3 * C * F + (L - dense) * (E * C + (1 + k) * expert);

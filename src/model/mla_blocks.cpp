@@ -9,7 +9,8 @@
 // or, in the routed-expert layers (spec.moe on: transformers' DeepseekV3MoE), y = h + MoeMlp(n2) (model/moe.hpp:
 // sigmoid scores, group-limited top-k, shared experts; expert parallelism there).
 // Attention is FlashAttention-2 with value heads narrower than query/key heads (dv against dn + dr), scale
-// qk_scale / sqrt(dn + dr) (qk_scale: YaRN's mscale^2, folded into the queries; the rotary tables YaRN's then too). rope_interleave (transformers' default): the rotary pairs are columns (2i, 2i + 1) of the rope
+// qk_scale / sqrt(dn + dr) (qk_scale: YaRN's mscale^2, folded into the queries; the rotary tables YaRN's then too).
+// rope_interleave (transformers' default): the rotary pairs are columns (2i, 2i + 1) of the rope
 // part, and the rotated part is laid out [evens | odds] as transformers' apply_rotary_pos_emb_interleave writes it;
 // only q . k enters attention, so the layouts need only agree between q and k.
 //

@@ -303,7 +303,8 @@ class DeepseekV3Family final : public ModelFamily {
     c["max_position_embeddings"] = m.block_size;
     c["rms_norm_eps"] = a.norm_eps;
     c["rope_theta"] = a.rope_theta;  // transformers 4.x
-    c["rope_parameters"] = {{"rope_type", a.yarn() ? "yarn" : "default"}, {"rope_theta", a.rope_theta}};  // transformers 5
+    // transformers 5
+    c["rope_parameters"] = {{"rope_type", a.yarn() ? "yarn" : "default"}, {"rope_theta", a.rope_theta}};
     if (a.yarn()) {
       nlohmann::ordered_json& y = c["rope_parameters"];
       y["factor"] = a.rope_factor;
@@ -387,12 +388,14 @@ class DeepseekV3Family final : public ModelFamily {
                           "rope_mscale", "rope_mscale_all_dim"};
     if (!a.yarn()) {
       for (const char* k : keys)
-        if (model.get(k)) model.fail(k, cat("YaRN's key, read only with model.rope_scaling = \"yarn\" (it is \"", a.rope_scaling,
-                                   "\")"));
+        if (model.get(k))
+          model.fail(k, cat("YaRN's key, read only with model.rope_scaling = \"yarn\" (it is \"", a.rope_scaling,
+                            "\")"));
       return;
     }
     for (const char* k : {"rope_factor", "rope_original_max_position_embeddings"})
-      if (!model.get(k)) model.fail(k, "missing: YaRN (model.rope_scaling = \"yarn\") needs it, as config.json's rope_scaling");
+      if (!model.get(k))
+        model.fail(k, "missing: YaRN (model.rope_scaling = \"yarn\") needs it, as config.json's rope_scaling");
     model.real("rope_factor", a.rope_factor, 0, 1e6, true);
     model.integer("rope_original_max_position_embeddings", a.rope_original_max_position_embeddings, 1,
                   int64_t(1) << 40, true);
@@ -410,7 +413,8 @@ class DeepseekV3Family final : public ModelFamily {
     if (!rope.is_object()) rope = json::object();
     const json old = hf_value_or(config, "rope_scaling", json(nullptr));
     if (old.is_object() && rope.value("rope_type", "default") == "default") {
-      const json theta = rope.contains("rope_theta") ? rope["rope_theta"] : hf_value_or(config, "rope_theta", json(nullptr));
+      const json theta =
+          rope.contains("rope_theta") ? rope["rope_theta"] : hf_value_or(config, "rope_theta", json(nullptr));
       rope = old;
       if (!rope.contains("rope_type") && rope.contains("type")) rope["rope_type"] = rope["type"];
       if (!theta.is_null()) rope["rope_theta"] = theta;
@@ -444,7 +448,7 @@ class DeepseekV3Family final : public ModelFamily {
       return v.get<double>();
     };
     if (!rope.contains("factor") || !rope["factor"].is_number())
-      throw Error(cat(where, ": config.json rope_parameters.factor is missing: Relay's YaRN needs it (model.rope_factor)"));
+      throw Error(cat(where, ": config.json rope_parameters.factor is missing: YaRN needs it (model.rope_factor)"));
     const double max_pos = number("original_max_position_embeddings",
                                   hf_value_or(config, "max_position_embeddings", json(4096)).get<double>());
     const struct {
