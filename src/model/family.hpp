@@ -32,6 +32,9 @@ class ModelFamily : public ModelKeys {
   virtual int64_t experts(const Config::Model& m) const { return 0; }
   // Whether expert parallelism of degree ep gives every rank whole experts (the planner's search).
   bool ep_splits(const Config::Model& m, int ep) const { return experts(m) > 0 && experts(m) % ep == 0; }
+  // Whether the family's blocks run sequence parallelism (the planner's search turns it on with tp where they do;
+  // check_layout refuses it where they do not).
+  virtual bool sequence_parallel() const { return true; }
 
   // --- Hugging Face (transformers) form; model/hf_model.hpp reads and writes it with these ---
   // config.json's model_type and its architectures entry; null: the family has no Hugging Face form.

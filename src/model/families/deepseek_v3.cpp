@@ -263,6 +263,7 @@ class DeepseekV3Family final : public ModelFamily {
     return m;
   }
 
+  bool sequence_parallel() const override { return false; }  // check_layout's refusal: not wired into MLA yet
   bool tp_splits(const Config::Model& m, int tp) const override {
     const DeepseekV3Args& a = m.args<DeepseekV3Args>();
     return m.n_head % tp == 0 && m.vocab_size >= tp && a.ffn_hidden % tp == 0 &&
