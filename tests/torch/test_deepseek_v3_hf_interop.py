@@ -14,7 +14,8 @@ Export: Relay trains 10 steps (q_lora_rank unset: one q_proj; the expert bias up
 its e_score_correction_bias the checkpoint's router/expert_bias, and its eval loss equals Relay's logged one.
 YaRN: a DeepseekV3ForCausalLM whose rope_parameters are YaRN's (rope_type "yarn", factor 4 over 8 original positions
 of the 32, mscale 1, mscale_all_dim 0.8) -> model.init_from with rope_scaling = "yarn" and the rope_ keys: eval loss =
-transformers'; its checkpoint exported: config.json's rope_parameters the same YaRN dict, eval loss = Relay's.
+transformers', also with config.json rewritten in transformers 4's form (rope_scaling {"type": "yarn", ...}); its
+checkpoint exported: config.json's rope_parameters the same YaRN dict, eval loss = Relay's.
 Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank, moe_intermediate_size under tp,
 sequence parallelism and the Llama directory): kv_lora_rank missing, n_routed_experts not divisible by n_group,
 topk_group > n_group, num_experts_per_tok > n_routed_experts, tp not dividing moe_intermediate_size, a non-zero
@@ -190,7 +191,20 @@ with tempfile.TemporaryDirectory() as tmp:
     rd = f"{tmp}/import_yarn"
     run(["train", "--config", lora, "--set", f'run.dir="{rd}"', "--set", f'model.init_from="{tmp}/hf_yarn"'] + still
         + [a for s in yarn_sets for a in ("--set", s)])
-    rel_in = close(eval_losses(rd)[1], hf_eval_loss(hf_yarn, eval_tokens), "YaRN import: eval loss")
+    hf_yarn_loss = hf_eval_loss(hf_yarn, eval_tokens)
+    rel_in = close(eval_losses(rd)[1], hf_yarn_loss, "YaRN import: eval loss")
+    # transformers 4's form of the same directory: rope_scaling {"type": "yarn", ...} and a top-level rope_theta.
+    os.makedirs(f"{tmp}/hf_yarn4")
+    for name in os.listdir(f"{tmp}/hf_yarn"):
+        shutil.copy(f"{tmp}/hf_yarn/{name}", f"{tmp}/hf_yarn4/{name}")
+    cfg4 = json.load(open(f"{tmp}/hf_yarn/config.json"))
+    cfg4.pop("rope_parameters")
+    cfg4["rope_theta"] = yarn["rope_theta"]
+    cfg4["rope_scaling"] = dict({k: v for k, v in yarn.items() if k not in ("rope_type", "rope_theta")}, type="yarn")
+    json.dump(cfg4, open(f"{tmp}/hf_yarn4/config.json", "w"))
+    run(["train", "--config", lora, "--set", f'run.dir="{tmp}/import_yarn4"', "--set",
+         f'model.init_from="{tmp}/hf_yarn4"'] + still + [a for s in yarn_sets for a in ("--set", s)])
+    rel_in4 = close(eval_losses(f"{tmp}/import_yarn4")[1], hf_yarn_loss, "YaRN import (rope_scaling): eval loss")
     last = sorted(os.listdir(f"{rd}/checkpoints"))[-1]
     run(["ckpt", "export", f"{rd}/checkpoints/{last}", "--format", "hf", "--out", f"{tmp}/export_yarn"])
     model = AutoModelForCausalLM.from_pretrained(f"{tmp}/export_yarn", attn_implementation="eager")
@@ -199,8 +213,9 @@ with tempfile.TemporaryDirectory() as tmp:
     if got != yarn:
         sys.exit(f"FAILED YaRN export: config.json rope_parameters {got}, expected {yarn}")
     rel_out = close(hf_eval_loss(model, eval_tokens), eval_losses(rd)[1], "YaRN export: eval loss")
-    ok(f"YaRN: import eval loss = transformers' (relative {rel_in:.1e}); exported rope_parameters = {yarn['rope_type']} "
-       f"x{yarn['factor']:g}, eval loss = Relay's (relative {rel_out:.1e})")
+    ok(f"YaRN: import eval loss = transformers' (relative {rel_in:.1e}; from transformers 4's rope_scaling form "
+       f"{rel_in4:.1e}); exported rope_parameters = {yarn['rope_type']} x{yarn['factor']:g}, eval loss = Relay's "
+       f"(relative {rel_out:.1e})")
 
     # Export: 10 steps -> relay ckpt export --format hf -> from_pretrained.
     rd = f"{tmp}/export"
