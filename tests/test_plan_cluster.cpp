@@ -279,44 +279,55 @@ TEST(PlanCluster, LayoutWithExpertParallelism) {
 }
 
 // The planner's memory for a Mixtral on dp 2 x ep 2 is the memory plan's (train/memory_plan.hpp) at ep 2, which a
-// training run measures: the largest rank's measured bytes (memory.json) equal relay plan --cluster --layout's.
+// training run measures: the largest rank's measured bytes (memory.json) equal relay plan --cluster --layout's. The
+// same for a DeepSeek-V3 (MLA's queries, keys and narrower values, both latents; a dense layer 0, then group-routed
+// experts with a shared one).
 TEST(PlanCluster, ExpertParallelMemoryEqualsTheRunsMeasurement) {
-  TempDir dir;
-  const Problem p = make_gpt_problem(dir.path());
-  const std::vector<std::string> moe = {"model.type=\"mixtral\"", "model.n_embd=32", "model.n_head=4",
-                                        "model.n_kv_head=2", "model.n_experts=8", "model.experts_per_token=2",
-                                        "model.moe_ffn_hidden=24", "parallel.dp=2", "train.micro_batches=2",
-                                        "optimizer.zero=true"};
-  auto sets = [&](int ep) {
-    std::string s;
-    for (const std::string& o : moe) s += " --set '" + o + "'";
-    return s + " --set parallel.ep=" + std::to_string(ep);
-  };
-  auto planned = [&](int ep) {
-    const RunResult r = run_command(relay_binary() + " plan --cluster " +
-                                    src("configs/clusters/h100-80gb-sxm-ndr.toml") + " --config " + p.config +
-                                    " --layout --json" + sets(ep));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return nlohmann::json::parse(r.output)["memory_bytes_per_device"].get<double>();
-  };
-  std::vector<std::string> ov = moe;
-  ov.insert(ov.end(), {"parallel.ep=2", "run.dir=\"" + dir.file("run") + "\"", "train.steps=1",
-                       "lr_schedule.warmup_steps=0"});
-  const RunResult r = train(2, p.config, ov);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto mem = nlohmann::json::parse(read(dir.file("run") + "/memory.json"));
-  ASSERT_EQ(mem["bytes_per_rank"].size(), 2u);
-  double measured = 0;
-  for (const auto& rank : mem["bytes_per_rank"]) {
-    double total = 0;
-    for (const char* kind : {"params", "grads", "optimizer", "activations"})
-      total += rank["measured"][kind].get<double>();
-    measured = std::max(measured, total);
+  const std::vector<std::string> mixtral = {"model.type=\"mixtral\"", "model.n_embd=32", "model.n_head=4",
+                                            "model.n_kv_head=2", "model.n_experts=8", "model.experts_per_token=2",
+                                            "model.moe_ffn_hidden=24"};
+  const std::vector<std::string> deepseek = {
+      "model.type=\"deepseek_v3\"", "model.n_embd=32", "model.n_head=4", "model.ffn_hidden=48",
+      "model.q_lora_rank=24", "model.kv_lora_rank=16", "model.qk_nope_head_dim=8", "model.qk_rope_head_dim=4",
+      "model.v_head_dim=6", "model.n_routed_experts=8", "model.num_experts_per_tok=2",
+      "model.moe_intermediate_size=16", "model.n_group=2", "model.topk_group=1", "model.first_k_dense_replace=1"};
+  for (const auto* model : {&mixtral, &deepseek}) {
+    TempDir dir;
+    const Problem p = make_gpt_problem(dir.path());
+    std::vector<std::string> moe = *model;
+    moe.insert(moe.end(), {"parallel.dp=2", "train.micro_batches=2", "optimizer.zero=true"});
+    auto sets = [&](int ep) {
+      std::string s;
+      for (const std::string& o : moe) s += " --set '" + o + "'";
+      return s + " --set parallel.ep=" + std::to_string(ep);
+    };
+    auto planned = [&](int ep) {
+      const RunResult r = run_command(relay_binary() + " plan --cluster " +
+                                      src("configs/clusters/h100-80gb-sxm-ndr.toml") + " --config " + p.config +
+                                      " --layout --json" + sets(ep));
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      return nlohmann::json::parse(r.output)["memory_bytes_per_device"].get<double>();
+    };
+    std::vector<std::string> ov = moe;
+    ov.insert(ov.end(), {"parallel.ep=2", "run.dir=\"" + dir.file("run") + "\"", "train.steps=1",
+                         "lr_schedule.warmup_steps=0"});
+    const RunResult r = train(2, p.config, ov);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto mem = nlohmann::json::parse(read(dir.file("run") + "/memory.json"));
+    ASSERT_EQ(mem["bytes_per_rank"].size(), 2u);
+    double measured = 0;
+    for (const auto& rank : mem["bytes_per_rank"]) {
+      double total = 0;
+      for (const char* kind : {"params", "grads", "optimizer", "activations"})
+        total += rank["measured"][kind].get<double>();
+      measured = std::max(measured, total);
+    }
+    const double at_ep2 = planned(2), at_ep1 = planned(1);
+    std::printf("%s dp 2 x ep 2: measured %.0f bytes, planned %.0f (ep 1: %.0f)\n", moe[0].c_str(), measured, at_ep2,
+                at_ep1);
+    EXPECT_EQ(at_ep2, measured) << moe[0];
+    EXPECT_NE(at_ep1, at_ep2) << moe[0];  // the planner reads parallel.ep
   }
-  const double at_ep2 = planned(2), at_ep1 = planned(1);
-  std::printf("dp 2 x ep 2: measured %.0f bytes, planned %.0f (ep 1: %.0f)\n", measured, at_ep2, at_ep1);
-  EXPECT_EQ(at_ep2, measured);
-  EXPECT_NE(at_ep1, at_ep2);  // the planner reads parallel.ep
 }
 
 // Issue 40's configuration: a 32B GPT on 48 H100 nodes at tp 8 (sp) x dp 48, ZeRO-1, 4 micro-batches of one sequence.
