@@ -3,8 +3,9 @@
 // binary); and the recommendations: for GPT-3 175B on 1024 A100s and Llama 3 70B on 64 H100 nodes the top layout's
 // predicted MFU is at least that of the layout published for that model (docs/planning.md "Recommendations"); and
 // expert parallelism: the search over ep for Mixtral 8x7B, ep 8 against ep 1 under --layout, and the planned memory
-// of a dp 2 x ep 2 Mixtral against what its training run measures. DeepSeek-V3 671B (configs/models/deepseek-v3.toml):
-// its parameters and active parameters, and an MLA layer's FLOPs against a hand count.
+// of a dp 2 x ep 2 Mixtral and DeepSeek-V3 against what their runs measure. DeepSeek-V3 671B
+// (configs/models/deepseek-v3.toml): its parameters and active parameters, and an MLA layer's FLOPs against a hand
+// count.
 #include <gtest/gtest.h>
 
 #include <fstream>
