@@ -3,17 +3,22 @@
 // binary); and the recommendations: for GPT-3 175B on 1024 A100s and Llama 3 70B on 64 H100 nodes the top layout's
 // predicted MFU is at least that of the layout published for that model (docs/planning.md "Recommendations"); and
 // expert parallelism: the search over ep for Mixtral 8x7B, ep 8 against ep 1 under --layout, and the planned memory
-// of a dp 2 x ep 2 Mixtral against what its training run measures.
+// of a dp 2 x ep 2 Mixtral and DeepSeek-V3 against what their runs measure. DeepSeek-V3 671B
+// (configs/models/deepseek-v3.toml): its parameters and active parameters, and an MLA layer's FLOPs against a hand
+// count.
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "model/block_cost.hpp"
 #include "model/family.hpp"
+#include "model/model_spec.hpp"
 #include "plan/cluster.hpp"
 #include "plan/collectives.hpp"
 #include "plan/link_calibration.hpp"
@@ -275,44 +280,55 @@ TEST(PlanCluster, LayoutWithExpertParallelism) {
 }
 
 // The planner's memory for a Mixtral on dp 2 x ep 2 is the memory plan's (train/memory_plan.hpp) at ep 2, which a
-// training run measures: the largest rank's measured bytes (memory.json) equal relay plan --cluster --layout's.
+// training run measures: the largest rank's measured bytes (memory.json) equal relay plan --cluster --layout's. The
+// same for a DeepSeek-V3 (MLA's queries, keys and narrower values, both latents; a dense layer 0, then group-routed
+// experts with a shared one).
 TEST(PlanCluster, ExpertParallelMemoryEqualsTheRunsMeasurement) {
-  TempDir dir;
-  const Problem p = make_gpt_problem(dir.path());
-  const std::vector<std::string> moe = {"model.type=\"mixtral\"", "model.n_embd=32", "model.n_head=4",
-                                        "model.n_kv_head=2", "model.n_experts=8", "model.experts_per_token=2",
-                                        "model.moe_ffn_hidden=24", "parallel.dp=2", "train.micro_batches=2",
-                                        "optimizer.zero=true"};
-  auto sets = [&](int ep) {
-    std::string s;
-    for (const std::string& o : moe) s += " --set '" + o + "'";
-    return s + " --set parallel.ep=" + std::to_string(ep);
-  };
-  auto planned = [&](int ep) {
-    const RunResult r = run_command(relay_binary() + " plan --cluster " +
-                                    src("configs/clusters/h100-80gb-sxm-ndr.toml") + " --config " + p.config +
-                                    " --layout --json" + sets(ep));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return nlohmann::json::parse(r.output)["memory_bytes_per_device"].get<double>();
-  };
-  std::vector<std::string> ov = moe;
-  ov.insert(ov.end(), {"parallel.ep=2", "run.dir=\"" + dir.file("run") + "\"", "train.steps=1",
-                       "lr_schedule.warmup_steps=0"});
-  const RunResult r = train(2, p.config, ov);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto mem = nlohmann::json::parse(read(dir.file("run") + "/memory.json"));
-  ASSERT_EQ(mem["bytes_per_rank"].size(), 2u);
-  double measured = 0;
-  for (const auto& rank : mem["bytes_per_rank"]) {
-    double total = 0;
-    for (const char* kind : {"params", "grads", "optimizer", "activations"})
-      total += rank["measured"][kind].get<double>();
-    measured = std::max(measured, total);
+  const std::vector<std::string> mixtral = {"model.type=\"mixtral\"", "model.n_embd=32", "model.n_head=4",
+                                            "model.n_kv_head=2", "model.n_experts=8", "model.experts_per_token=2",
+                                            "model.moe_ffn_hidden=24"};
+  const std::vector<std::string> deepseek = {
+      "model.type=\"deepseek_v3\"", "model.n_embd=32", "model.n_head=4", "model.ffn_hidden=48",
+      "model.q_lora_rank=24", "model.kv_lora_rank=16", "model.qk_nope_head_dim=8", "model.qk_rope_head_dim=4",
+      "model.v_head_dim=6", "model.n_routed_experts=8", "model.num_experts_per_tok=2",
+      "model.moe_intermediate_size=16", "model.n_group=2", "model.topk_group=1", "model.first_k_dense_replace=1"};
+  for (const auto* model : {&mixtral, &deepseek}) {
+    TempDir dir;
+    const Problem p = make_gpt_problem(dir.path());
+    std::vector<std::string> moe = *model;
+    moe.insert(moe.end(), {"parallel.dp=2", "train.micro_batches=2", "optimizer.zero=true"});
+    auto sets = [&](int ep) {
+      std::string s;
+      for (const std::string& o : moe) s += " --set '" + o + "'";
+      return s + " --set parallel.ep=" + std::to_string(ep);
+    };
+    auto planned = [&](int ep) {
+      const RunResult r = run_command(relay_binary() + " plan --cluster " +
+                                      src("configs/clusters/h100-80gb-sxm-ndr.toml") + " --config " + p.config +
+                                      " --layout --json" + sets(ep));
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      return nlohmann::json::parse(r.output)["memory_bytes_per_device"].get<double>();
+    };
+    std::vector<std::string> ov = moe;
+    ov.insert(ov.end(), {"parallel.ep=2", "run.dir=\"" + dir.file("run") + "\"", "train.steps=1",
+                         "lr_schedule.warmup_steps=0"});
+    const RunResult r = train(2, p.config, ov);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto mem = nlohmann::json::parse(read(dir.file("run") + "/memory.json"));
+    ASSERT_EQ(mem["bytes_per_rank"].size(), 2u);
+    double measured = 0;
+    for (const auto& rank : mem["bytes_per_rank"]) {
+      double total = 0;
+      for (const char* kind : {"params", "grads", "optimizer", "activations"})
+        total += rank["measured"][kind].get<double>();
+      measured = std::max(measured, total);
+    }
+    const double at_ep2 = planned(2), at_ep1 = planned(1);
+    std::printf("%s dp 2 x ep 2: measured %.0f bytes, planned %.0f (ep 1: %.0f)\n", moe[0].c_str(), measured, at_ep2,
+                at_ep1);
+    EXPECT_EQ(at_ep2, measured) << moe[0];
+    EXPECT_NE(at_ep1, at_ep2) << moe[0];  // the planner reads parallel.ep
   }
-  const double at_ep2 = planned(2), at_ep1 = planned(1);
-  std::printf("dp 2 x ep 2: measured %.0f bytes, planned %.0f (ep 1: %.0f)\n", measured, at_ep2, at_ep1);
-  EXPECT_EQ(at_ep2, measured);
-  EXPECT_NE(at_ep1, at_ep2);  // the planner reads parallel.ep
 }
 
 // Issue 40's configuration: a 32B GPT on 48 H100 nodes at tp 8 (sp) x dp 48, ZeRO-1, 4 micro-batches of one sequence.
@@ -387,6 +403,65 @@ TEST(PlanCluster, Fp8PlansAtTheFp8Peak) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("device.peak_fp8_flops"), std::string::npos) << e.what();
   }
+}
+
+// configs/models/deepseek-v3.toml as the planner sees it (no device, no search): every parameter counted once (the
+// embedding and the untied output head both, no MTP module) against DeepSeek-V3's 671B, and the active ones (the
+// routed experts' 8 of 256) against a count written out here from config.json (the report's "37B" is that figure
+// rounded: 37.55B, 1.5% above it; without the embedding, which a token only reads, 36.63B). An MLA layer's forward
+// FLOPs a token, dense (layer 0) and routed (layer 3), against a hand count: 2 x each projection's multiply-adds (q_a
+// 7168 -> 1536, q_b 1536 -> 128 x 192, kv_a 7168 -> 576, kv_b 512 -> 128 x 256, o 128 x 128 -> 7168), QK^T over 192
+// columns and att @ V over the narrower 128 (2 T H each, the whole sequence; the cost model halves it for causality),
+// and the SwiGLU's 6 C F, or the router's 2 C E plus 6 C Fe for each of the 8 routed and the 1 shared expert; the
+// layer's GEMMs (block_cost) add up to the same FLOPs. And the search never plans sequence parallelism for it.
+TEST(PlanCluster, DeepseekV3ParametersAndMlaFlops) {
+  const Config c = load_config(src("configs/models/deepseek-v3.toml"));
+  const ModelSpec m = make_model_spec(c, 0);
+  std::set<std::string> seen;
+  double total = 0;
+  for (const BlockSpec& b : m.blocks)
+    for (const ParamSpec& p : b.params)
+      if (seen.insert(p.name).second) total += double(shape_numel(p.shape));
+  const double V = 129280, C = 7168, L = 61, H = 128, ql = 1536, r = 512, dn = 128, dr = 64, dv = 128, T = 4096;
+  const double F = 18432, Fe = 2048, E = 256, k = 8, dense = 3;
+  // Per layer: two norms over C, q_a and its norm, q_b, kv_a and its norm, kv_b, o.
+  const double attn_params =
+      2 * C + C * ql + ql + ql * H * (dn + dr) + C * (r + dr) + r + r * H * (dn + dv) + H * dv * C;
+  const double expert = 3 * C * Fe, head = 2 * V * C + C;  // embedding, output head, final norm
+  const double want_total = head + L * attn_params + dense * 3 * C * F + (L - dense) * (E * C + (1 + E) * expert);
+  const double want_active = head + L * attn_params + dense * 3 * C * F + (L - dense) * (E * C + (1 + k) * expert);
+  EXPECT_EQ(total, want_total);
+  EXPECT_EQ(active_parameters(m), want_active);
+  EXPECT_NEAR(total / 671e9, 1.0, 0.005);
+  EXPECT_NEAR(active_parameters(m) / 37e9, 1.0, 0.016);
+  std::printf("DeepSeek-V3: %.0f parameters (%.2fB), %.0f active (%.2fB)\n", total, total / 1e9,
+              active_parameters(m), active_parameters(m) / 1e9);
+
+  const double proj = 2 * (C * ql + ql * H * (dn + dr) + C * (r + dr) + r * H * (dn + dv) + H * dv * C);
+  const double attention = 2 * T * H * (dn + dr) + 2 * T * H * dv;
+  const double layer_flops[2] = {proj + attention + 6 * C * F, proj + attention + 2 * C * E + (k + 1) * 6 * C * Fe};
+  for (int j = 0; j < 2; ++j) {
+    const BlockSpec& b = m.blocks[size_t(j == 0 ? 1 : 4)];  // blocks[0] is the embedding: layers 0 and 3
+    ASSERT_EQ(b.kind, BlockKind::mla_layer);
+    ASSERT_EQ(b.moe.on(), j == 1);
+    const BlockCost cost = block_cost(b, {}, 1);
+    EXPECT_EQ(cost.forward_flops_per_row, layer_flops[j]) << "layer " << (j == 0 ? 0 : 3);
+    EXPECT_EQ(cost.attention_flops_per_row, attention);
+    EXPECT_EQ(cost.attention.value_dim(), 128);
+    double gemm_flops = 0;
+    for (const Gemm& g : cost.gemms) gemm_flops += 2 * g.M * g.N * g.K * g.count;
+    EXPECT_NEAR(gemm_flops + attention, layer_flops[j], 1e-9 * layer_flops[j]) << "layer " << (j == 0 ? 0 : 3);
+  }
+  // The search on one node with the small DeepSeek-V3 (configs/deepseek-v3-small-bytes.toml): tp layouts among the
+  // best, none with sequence parallelism, which deepseek_v3 refuses (ModelFamily::sequence_parallel).
+  const SearchResult s = search_layouts(load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml")),
+                                        load_config(src("configs/deepseek-v3-small-bytes.toml")), 1, 1000);
+  int with_tp = 0;
+  for (const PlannedLayout& l : s.best) {
+    EXPECT_FALSE(l.cfg.parallel.sequence_parallel) << describe_layout(l.cfg);
+    with_tp += l.cfg.parallel.tp > 1;
+  }
+  EXPECT_GT(with_tp, 0) << "no tp layout fits: the check above checks nothing";
 }
 
 }  // namespace

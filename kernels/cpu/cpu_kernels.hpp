@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/bf16.hpp"
+#include "kernels/rope_angles.hpp"
 
 namespace relay::cpu {
 
@@ -97,10 +98,10 @@ void moe_combine_backward(const X* dy, const X* rows, const int32_t* pos, const 
                           float* dweights, int64_t n, int64_t k, int64_t C);
 // Rotate-half rotary embedding of x (rows, heads * hd) into y (may alias x); row r at position pos0 + r % T, or
 // pos0 + positions[r] (each < T: positions restarting with each document); inverse rotates by minus the angle
-// (kernels/rope_angles.hpp has the angles).
+// (kernels/rope_angles.hpp has the angles; scaling: YaRN's frequencies and cos/sin factor, off by default).
 template <typename X>
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
-          bool inverse, const int32_t* positions = nullptr);
+          bool inverse, const int32_t* positions = nullptr, const RopeScaling& scaling = RopeScaling());
 
 // Softmax cross-entropy; dlogits may be null (and may alias logits). Targets must be in [0, classes).
 template <typename X>

@@ -1,6 +1,7 @@
 // Rotary position embedding (Su et al., arXiv:2104.09864) as transformers applies it to Llama's queries
 // and keys: the rotate-half pairing (i, i + hd/2) within each head. float or bf16 storage, float math,
-// one rounding per output. The cos/sin table is built once per call for the distinct positions.
+// one rounding per output. The cos/sin table is built once per call for the distinct positions, with YaRN's
+// frequencies and factor when scaling is on (kernels/rope_angles.hpp).
 #include <algorithm>
 #include <vector>
 
@@ -14,7 +15,7 @@ namespace relay::cpu {
 template <typename X>
 RELAY_CPU_CLONES
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
-          bool inverse, const int32_t* row_pos) {
+          bool inverse, const int32_t* row_pos, const RopeScaling& scaling) {
   // The angles of positions pos0 .. pos0 + positions - 1, rows reading theirs: row r % T, or row_pos[r] < T.
   const int64_t half = hd / 2, positions = row_pos ? T : std::min(rows, T);
   std::vector<float> cs(static_cast<size_t>(positions * half)), sn(cs.size());  // (positions, hd/2)
@@ -22,7 +23,7 @@ void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, 
   for (int64_t p = 0; p < positions; ++p)
     for (int64_t i = 0; i < half; ++i) {
       float c, s;
-      rope_cos_sin(pos0 + p, i, hd, theta, c, s);
+      rope_cos_sin(pos0 + p, i, hd, theta, scaling, c, s);
       cs[size_t(p * half + i)] = c;
       sn[size_t(p * half + i)] = inverse ? -s : s;
     }
@@ -46,7 +47,8 @@ void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, 
 }
 
 #define INST(X) \
-  template void rope<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool, const int32_t*);
+  template void rope<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool, const int32_t*, \
+                        const RopeScaling&);
 RELAY_FOR_FLOAT_TYPES(INST)
 #undef INST
 

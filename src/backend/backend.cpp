@@ -516,7 +516,7 @@ void Backend::swiglu_backward(const Tensor& dh, const Tensor& gate, const Tensor
 }
 
 void Backend::rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y,
-                   const Tensor& positions) {
+                   const Tensor& positions, const RopeScaling& scaling) {
   Check c(*this, "rope");
   c.tensor(x, "x", kFloat).like(y, "y", x, "x");
   c.that(head_dim > 0 && head_dim % 2 == 0 && cols_of(x) % head_dim == 0,
@@ -524,7 +524,7 @@ void Backend::rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, i
              head_dim));
   c.that(T > 0 && pos0 >= 0 && theta > 0, cat("T ", T, ", pos0 ", pos0, " and theta ", theta, " must be positive"));
   if (positions.defined()) c.tensor(positions, "positions", kI32).numel(positions, "positions", rows_of(x));
-  rope_impl(x, T, head_dim, theta, pos0, inverse, y, positions);
+  rope_impl(x, T, head_dim, theta, pos0, inverse, y, positions, scaling);
 }
 
 void Backend::cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,

@@ -15,6 +15,7 @@
 #include "core/fp8_scaling.hpp"
 #include "core/precision.hpp"
 #include "core/tensor.hpp"
+#include "kernels/rope_angles.hpp"
 
 namespace relay {
 
@@ -230,8 +231,10 @@ class Backend : public Allocator {
   // Angles as transformers computes them (kernels/rope_angles.hpp): inv_freq in f32, a = float(pos) * inv_freq
   // in f32, cos and sin of that f32 angle in double, rounded once.
   // positions (optional, data.document_mask): i32 (n), row r at position pos0 + positions[r] (< T) instead.
+  // scaling (optional, DeepSeek-V3's rope_scaling = "yarn"): YaRN's inv_freq, and cos and sin times its attention
+  // factor (so inverse = true is the transpose, the backward, still). CPU only: the CUDA backend refuses it.
   void rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y,
-            const Tensor& positions = Tensor());
+            const Tensor& positions = Tensor(), const RopeScaling& scaling = RopeScaling());
 
   // --- losses (logits, pred, target and their gradients: float, one dtype; losses, row_max,
   //     partial, total: f32; targets, argmax out: i32) ----------------------------------------
@@ -406,7 +409,7 @@ class Backend : public Allocator {
   virtual void moe_combine_backward_impl(const Tensor& dy, const Tensor& rows, const Tensor& pos,
                                         const Tensor& weights, Tensor& drows, Tensor& dweights) = 0;
   virtual void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
-                         Tensor& y, const Tensor& positions) = 0;
+                         Tensor& y, const Tensor& positions, const RopeScaling& scaling) = 0;
   virtual void cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
                                   Tensor* dlogits) = 0;
   virtual void mse_impl(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& losses,

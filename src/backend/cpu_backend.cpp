@@ -463,11 +463,11 @@ void CpuBackend::swiglu_backward_impl(const Tensor& dh, const Tensor& gate, cons
   });
 }
 void CpuBackend::rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
-                           Tensor& y, const Tensor& positions) {
+                           Tensor& y, const Tensor& positions, const RopeScaling& scaling) {
   by_dtype(x, [&](auto* t) {
     using X = X_OF(t);
     cpu::rope(ptr<X>(x), ptr<X>(y), rows_of(x), T, cols_of(x) / head_dim, head_dim, theta, pos0, inverse,
-              i32_or_null(positions));
+              i32_or_null(positions), scaling);
   });
 }
 

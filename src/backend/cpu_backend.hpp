@@ -106,7 +106,7 @@ class CpuBackend final : public Backend {
   void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
                             Tensor& dup) override;
   void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
-                 Tensor& y, const Tensor& positions) override;
+                 Tensor& y, const Tensor& positions, const RopeScaling& scaling) override;
   void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
                                         int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) override;
   void flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,

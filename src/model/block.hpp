@@ -57,6 +57,8 @@ struct MoeSpec {
 struct MlaSpec {
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
   bool rope_interleave = true;  // transformers' rope_interleave: rotary pairs (2i, 2i + 1) instead of (i, i + d/2)
+  RopeScaling rope_scaling;     // YaRN's rotary tables (model.rope_scaling = "yarn"), else plain
+  double qk_scale = 1.0;        // the softmax scale's factor over 1 / sqrt(qk_head()): YaRN's mscale^2
   int64_t qk_head() const { return qk_nope + qk_rope; }
 };
 

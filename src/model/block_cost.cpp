@@ -90,8 +90,14 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
 
 // DeepSeek-V3's layer with latent attention (model/mla_blocks.cpp): q_a and q_b (or q), kv_a (replicated, whole
 // on every tp rank), kv_b, o, then the SwiGLU, or the mixture of experts (Llama's MoE layer's, plus the shared
-// experts' SwiGLU of n_shared x moe_intermediate_size units on every row). Streaming: three RMSNorms over C and the two latents, two residual adds,
-// RoPE on the rotary parts, the heads' keys and values assembled from kv_b's output (read, write), SwiGLU.
+// experts' SwiGLU of n_shared x moe_intermediate_size units on every row). Streaming: three RMSNorms over C and the
+// two latents, two residual adds, RoPE on the rotary parts, the heads' keys and values assembled from kv_b's output
+// (read, write), SwiGLU; the group-limited sigmoid router besides Llama's softmax and top-k: the choice scores with
+// the correction bias (read E, write E), each group's two best summed and the kept groups' mask (read E, write E).
+// Collectives: tp all-reduces the attention and MLP outputs in the forward; the backward all-reduces the MLP's input
+// gradient (n, C) and, as mla_blocks.cpp's backward does, the replicated part's inputs' gradients: the rotary key's
+// (n, qk_rope), the latent's (n, kv_lora_rank) and the query latent's (n, q_lora_rank), or without q_lora_rank the
+// attention input's (n, C). cp gathers the heads' keys (qk_nope + qk_rope wide) and values (v_head_dim wide).
 void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) {
   const MlaSpec& m = b.mla;
   const double C = double(b.in), t = double(s.tp), H = double(b.n_head) / t, F = double(b.ffn_hidden) / t;
@@ -105,8 +111,8 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
     const double Fs = double(b.moe.shared_hidden()) / t, ep = double(s.ep), rows = n * k * ep / E;
     c.gemms.insert(c.gemms.end(), {{n, E, C}, {rows, Fe, C, 2 * E / ep}, {rows, C, Fe, E / ep}});
     if (Fs > 0) c.gemms.insert(c.gemms.end(), {{n, Fs, C}, {n, Fs, C}, {n, C, Fs}});
-    c.forward_streaming = {attn + 2 * E + 2 * k * C + 3 * k * Fe + (k + 1) * C + 3 * Fs + (s.ep > 1 ? 4 * k * C : 0),
-                           s.ep > 1 ? 18 : 16};
+    c.forward_streaming = {attn + 4 * E + 2 * k * C + 3 * k * Fe + (k + 1) * C + 3 * Fs + (s.ep > 1 ? 4 * k * C : 0),
+                           s.ep > 1 ? 20 : 18};
     c.mlp_hidden = b.moe.ffn_hidden;
   } else {
     c.gemms.insert(c.gemms.end(), {{n, F, C}, {n, F, C}, {n, C, F}});
@@ -114,7 +120,18 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
     c.weight_streaming = {3.0 * F, 1};
     c.mlp_hidden = b.ffn_hidden;
   }
-  decoder_collectives(b, s, n, c);
+  if (s.tp > 1) {
+    const double replicated = m.q_lora_rank > 0 ? double(m.qk_rope) + r + ql : double(m.qk_rope) + r + C;
+    c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 2, n * C));
+    c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * C));
+    c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * replicated));
+  }
+  if (s.cp > 1) {
+    const double kv = n * s.cp * H * (dqk + dv);  // this tp rank's heads' keys and values of the whole sequence
+    c.collectives.push_back(collective(ParallelDim::cp, CollectiveOp::all_gather, false, 1, kv));
+    c.collectives.push_back(collective(ParallelDim::cp, CollectiveOp::all_gather, true, 1, kv));
+    c.collectives.push_back(collective(ParallelDim::cp, CollectiveOp::reduce_scatter, true, 1, kv));
+  }
   if (b.moe.on() && s.ep > 1) {
     const double routed = n * double(b.moe.k) * C;
     c.collectives.push_back(collective(ParallelDim::ep, CollectiveOp::all_to_all, false, 1, 0, 8.0 * double(b.moe.n_experts)));
@@ -129,7 +146,7 @@ AttentionShape attention_shape(const BlockSpec& b) {
   switch (b.kind) {
     case BlockKind::transformer: return {b.n_head, b.n_head, head_dim(b), true};
     case BlockKind::llama_layer: return {b.n_head, b.n_kv_head, head_dim(b), false};
-    case BlockKind::mla_layer: return {b.n_head, b.n_head, head_dim(b), false};
+    case BlockKind::mla_layer: return {b.n_head, b.n_head, head_dim(b), false, b.mla.v_head};
     default: return {};
   }
 }

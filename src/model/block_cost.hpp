@@ -43,11 +43,14 @@ struct BlockCollective {
 };
 
 // An attention block's heads: query heads, the key/value heads they share, each head's width; packed_qkv: the block
-// projects q, k and v into one (rows, 3 C) tensor (GPT-2's c_attn) and runs the packed flash attention.
+// projects q, k and v into one (rows, 3 C) tensor (GPT-2's c_attn) and runs the packed flash attention. v_head_dim:
+// the value heads' width where it differs (MLA's v_head_dim against qk_nope + qk_rope), else 0.
 struct AttentionShape {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   bool packed_qkv = false;
+  int64_t v_head_dim = 0;
   bool on() const { return heads > 0; }
+  int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 AttentionShape attention_shape(const BlockSpec& spec);
 

@@ -34,6 +34,9 @@ class ModelFamily : public ModelKeys {
   virtual bool ep_splits(const Config::Model& m, int ep) const { return experts(m) > 0 && experts(m) % ep == 0; }
   // Whether the model trains under context parallelism of degree cp (the planner's search; check_layout refuses it).
   virtual bool cp_splits(const Config::Model&, int) const { return true; }
+  // Whether the family's blocks run sequence parallelism (the planner's search turns it on with tp where they do;
+  // check_layout refuses it where they do not).
+  virtual bool sequence_parallel() const { return true; }
 
   // --- Hugging Face (transformers) form; model/hf_model.hpp reads and writes it with these ---
   // config.json's model_type and its architectures entry; null: the family has no Hugging Face form.

@@ -9,7 +9,8 @@
 // or, in the routed-expert layers (spec.moe on: transformers' DeepseekV3MoE), y = h + MoeMlp(n2) (model/moe.hpp:
 // sigmoid scores, group-limited top-k, shared experts; expert parallelism there).
 // Attention is FlashAttention-2 with value heads narrower than query/key heads (dv against dn + dr), scale
-// 1 / sqrt(dn + dr). rope_interleave (transformers' default): the rotary pairs are columns (2i, 2i + 1) of the rope
+// qk_scale / sqrt(dn + dr) (qk_scale: YaRN's mscale^2, folded into the queries; the rotary tables YaRN's then too).
+// rope_interleave (transformers' default): the rotary pairs are columns (2i, 2i + 1) of the rope
 // part, and the rotated part is laid out [evens | odds] as transformers' apply_rotary_pos_emb_interleave writes it;
 // only q . k enters attention, so the layouts need only agree between q and k.
 //
@@ -133,6 +134,7 @@ class MlaLayer final : public Block {
       fp8_.linear(be, n1, *q_, Tensor(), q);                                   // (n, H dqk)
     }
     rope_part(be, q, H_, dqk, dn, pe, T, /*backward=*/false);                      // q_pe rotated in place
+    if (m_.qk_scale != 1.0) be.scale(q, float(m_.qk_scale));                       // the softmax's mscale^2
     // Keys and values from the latent and the one shared rotary key.
     const Tensor w_kva = kv_a_->compute();                                          // (r + dr, C)
     fp8_.linear(be, n1, w_kva.rows(0, r), Tensor(), lat);                                // (n, r)
@@ -193,6 +195,7 @@ class MlaLayer final : public Block {
     else
       be.flash_attention_gqa_backward(g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), n / T, T, H_,
                                       H_, g_q, g_k, g_v, doc_start_);
+    if (m_.qk_scale != 1.0) be.scale(g_q, float(m_.qk_scale));                     // d q before the mscale^2
     rope_part(be, g_q, H_, dqk, dn, pe, T, /*backward=*/true);                     // d q before the rotation
     // d k_pe: the heads' rotary-key gradients summed (this rank's heads; all-reduced below), then un-rotated.
     Tensor g_pe = v(kGPe), term = v(kKpe);
@@ -298,7 +301,7 @@ class MlaLayer final : public Block {
       }
     };
     move(/*to_pe=*/true, /*input_layout=*/!backward);
-    be.rope(pe, T, dr, spec_.rope_theta, 0, /*inverse=*/backward, pe, positions_);
+    be.rope(pe, T, dr, spec_.rope_theta, 0, /*inverse=*/backward, pe, positions_, m_.rope_scaling);
     move(/*to_pe=*/false, /*input_layout=*/backward);
   }
 

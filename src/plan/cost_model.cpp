@@ -67,16 +67,18 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     t.forward += flops / (d.peak(p) * d.attention_forward_efficiency) + d.kernel_launch_s;
     t.backward_input += 2.5 * flops / (d.peak(p) * d.attention_backward_efficiency) + d.kernel_launch_s;
   } else if (cost.attention.on()) {
-    // PlannedAttention::materialised. attention_flops_per_row = 4 T Hq hd: a row's query meets T keys in each of the
-    // Hq heads. The rank's (T, T) score matrices (one per sequence and local head) priced as one GEMM of all their
-    // rows: M = their rows, so the scores' bytes are the GEMM's output (QK^T) or input (att @ V).
-    const double hd = double(cost.attention.head_dim);
-    const double T = cost.attention_flops_per_row / (4 * hd * double(cost.attention.heads));
+    // PlannedAttention::materialised. attention_flops_per_row = 2 T Hq (hd + hd_v): a row's query meets T keys in each
+    // of the Hq heads (hd_v: the value heads' width, hd but for MLA). The rank's (T, T) score matrices (one per
+    // sequence and local head) priced as one GEMM of all their rows: M = their rows, so the scores' bytes are the
+    // GEMM's output (QK^T) or input (att @ V).
+    const double hd = double(cost.attention.head_dim), hdv = double(cost.attention.value_dim());
+    const double T = cost.attention_flops_per_row / (2 * (hd + hdv) * double(cost.attention.heads));
     const double M = n * double(cost.attention.heads) / ctx.tp;  // score rows on the rank: (sequences x heads) x T
     const double scores = M * T;
-    t.forward += gemm_s(d, p, M, T, hd) + gemm_s(d, p, M, hd, T) +  // QK^T, att @ V
+    t.forward += gemm_s(d, p, M, T, hd) + gemm_s(d, p, M, hdv, T) +  // QK^T, att @ V
                  stream_s(d, scores * (4 * e + 1)) + 2 * d.kernel_launch_s;  // softmax (r, w), dropout (r, w, mask)
-    t.backward_input += 3 * gemm_s(d, p, M, hd, T) + gemm_s(d, p, M, T, hd) +  // dV, dQ, dK; d(scores)
+    // dV, dQ and dK; d(scores)
+    t.backward_input += gemm_s(d, p, M, hdv, T) + 2 * gemm_s(d, p, M, hd, T) + gemm_s(d, p, M, T, hdv) +
                         stream_s(d, scores * (5 * e + 1)) + 2 * d.kernel_launch_s;  // dropout (r, mask, w), softmax (r r w)
   }
   const Streaming& s = cost.forward_streaming;

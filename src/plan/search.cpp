@@ -111,7 +111,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                   c.parallel.pp = pp;
                   c.parallel.schedule = sc.name;
                   c.parallel.virtual_stages = sc.v;
-                  c.parallel.sequence_parallel = tp > 1 && (T / cp) % tp == 0;
+                  c.parallel.sequence_parallel = tp > 1 && (T / cp) % tp == 0 && family.sequence_parallel();
                   c.parallel.balance.clear();
                   c.train.micro_batches = m;
                   c.train.recompute = rc;

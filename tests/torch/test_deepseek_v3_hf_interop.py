@@ -12,12 +12,17 @@ tokens within 1e-5 relative; the same directory rewritten with the experts fused
 Export: Relay trains 10 steps (q_lora_rank unset: one q_proj; the expert bias updated every step), `relay ckpt export
 --format hf` writes a directory that from_pretrained loads as DeepseekV3ForCausalLM with no missing or unexpected keys,
 its e_score_correction_bias the checkpoint's router/expert_bias, and its eval loss equals Relay's logged one.
+YaRN: a DeepseekV3ForCausalLM whose rope_parameters are YaRN's (rope_type "yarn", factor 4 over 8 original positions
+of the 32, mscale 1, mscale_all_dim 0.8) -> model.init_from with rope_scaling = "yarn" and the rope_ keys: eval loss =
+transformers', also with config.json rewritten in transformers 4's form (rope_scaling {"type": "yarn", ...}); its
+checkpoint exported: config.json's rope_parameters the same YaRN dict, eval loss = Relay's.
 Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank, moe_intermediate_size under tp,
 sequence parallelism and the Llama directory): kv_lora_rank missing, n_routed_experts not divisible by n_group,
 topk_group > n_group, num_experts_per_tok > n_routed_experts, tp not dividing moe_intermediate_size, a non-zero
-e_score_correction_bias without moe.expert_bias, router_z_loss_coef (no z-loss with sigmoid scores), rope_scaling =
-"yarn" (not in Relay yet), sequence parallelism (not wired in yet), num_mtp_layers with cp 2 (on 2 ranks) and with data.document_mask, and a Llama directory for a
-deepseek_v3 run.
+e_score_correction_bias without moe.expert_bias, router_z_loss_coef (no z-loss with sigmoid scores), an unknown
+rope_scaling ("linear"), a YaRN key without rope_scaling = "yarn", a directory whose rope_parameters.rope_type is
+"linear", YaRN's factor differing from the directory's, sequence parallelism (not wired in yet), num_mtp_layers with
+cp 2 (on 2 ranks) and with data.document_mask, and a Llama directory for a deepseek_v3 run.
 MTP: num_mtp_layers = 1 trained 2 steps and exported: config.json num_nextn_predict_layers = 1, the module under the
 official names model.layers.2.* (enorm, hnorm, eh_proj, its decoder layer, shared_head.norm, and copies of the
 embedding and head as embed_tokens and shared_head.head); from_pretrained reports no missing keys and exactly those as
@@ -27,6 +32,7 @@ num_mtp_layers = 1 gives the exported checkpoint's tensors bitwise.
 The packages live in the cached venv relay-torch2 (tests/torch/pypi_venv.py). Usage:
 test_deepseek_v3_hf_interop.py <relay binary>; exit 77 = skipped (the venv cannot be made).
 """
+import json
 import os
 import sys
 import tempfile
@@ -177,6 +183,45 @@ with tempfile.TemporaryDirectory() as tmp:
     check_import(rd, "fused")
     ok("import: a directory with the experts fused (gate_up_proj, down_proj) gives the same step-0 tensors")
 
+    # YaRN in: rope_parameters -> rope_scaling = "yarn" and its keys; out: the same rope_parameters.
+    yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8, beta_fast=32.0,
+                beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8)
+    yarn_sets = ['model.rope_scaling="yarn"'] + [f"model.rope_{k}={v}" for k, v in yarn.items()
+                                                 if k not in ("rope_type", "rope_theta")]
+    torch.manual_seed(7)
+    hf_yarn = DeepseekV3ForCausalLM(DeepseekV3Config(**dict(HF, rope_parameters=yarn), q_lora_rank=24,
+                                                     attn_implementation="eager", experts_implementation="eager"))
+    hf_yarn.eval()
+    hf_yarn.save_pretrained(f"{tmp}/hf_yarn")
+    rd = f"{tmp}/import_yarn"
+    run(["train", "--config", lora, "--set", f'run.dir="{rd}"', "--set", f'model.init_from="{tmp}/hf_yarn"'] + still
+        + [a for s in yarn_sets for a in ("--set", s)])
+    hf_yarn_loss = hf_eval_loss(hf_yarn, eval_tokens)
+    rel_in = close(eval_losses(rd)[1], hf_yarn_loss, "YaRN import: eval loss")
+    # transformers 4's form of the same directory: rope_scaling {"type": "yarn", ...} and a top-level rope_theta.
+    os.makedirs(f"{tmp}/hf_yarn4")
+    for name in os.listdir(f"{tmp}/hf_yarn"):
+        shutil.copy(f"{tmp}/hf_yarn/{name}", f"{tmp}/hf_yarn4/{name}")
+    cfg4 = json.load(open(f"{tmp}/hf_yarn/config.json"))
+    cfg4.pop("rope_parameters")
+    cfg4["rope_theta"] = yarn["rope_theta"]
+    cfg4["rope_scaling"] = dict({k: v for k, v in yarn.items() if k not in ("rope_type", "rope_theta")}, type="yarn")
+    json.dump(cfg4, open(f"{tmp}/hf_yarn4/config.json", "w"))
+    run(["train", "--config", lora, "--set", f'run.dir="{tmp}/import_yarn4"', "--set",
+         f'model.init_from="{tmp}/hf_yarn4"'] + still + [a for s in yarn_sets for a in ("--set", s)])
+    rel_in4 = close(eval_losses(f"{tmp}/import_yarn4")[1], hf_yarn_loss, "YaRN import (rope_scaling): eval loss")
+    last = sorted(os.listdir(f"{rd}/checkpoints"))[-1]
+    run(["ckpt", "export", f"{rd}/checkpoints/{last}", "--format", "hf", "--out", f"{tmp}/export_yarn"])
+    model = AutoModelForCausalLM.from_pretrained(f"{tmp}/export_yarn", attn_implementation="eager")
+    model.eval()
+    got = {k: model.config.rope_parameters.get(k) for k in yarn}
+    if got != yarn:
+        sys.exit(f"FAILED YaRN export: config.json rope_parameters {got}, expected {yarn}")
+    rel_out = close(hf_eval_loss(model, eval_tokens), eval_losses(rd)[1], "YaRN export: eval loss")
+    ok(f"YaRN: import eval loss = transformers' (relative {rel_in:.1e}; from transformers 4's rope_scaling form "
+       f"{rel_in4:.1e}); exported rope_parameters = {yarn['rope_type']} x{yarn['factor']:g}, eval loss = Relay's "
+       f"(relative {rel_out:.1e})")
+
     # Export: 10 steps -> relay ckpt export --format hf -> from_pretrained.
     rd = f"{tmp}/export"
     run(["train", "--config", plain, "--set", f'run.dir="{rd}"'])
@@ -259,11 +304,24 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_case(["moe.expert_bias=false", "model.q_lora_rank=24"], [bias_name, "moe.expert_bias = false"],
              "a non-zero e_score_correction_bias without moe.expert_bias", init_from=f"{tmp}/hf_dsv3")
     bad_case(["model.router_z_loss_coef=0.001"], ["model.router_z_loss_coef", "z-loss"], "router_z_loss_coef")
-    bad_case(['model.rope_scaling="yarn"'], ["model.rope_scaling", "YaRN"], "rope_scaling")
     bad_case(["parallel.dp=1", "parallel.cp=2", "model.num_mtp_layers=1"], ["parallel.cp", "model.num_mtp_layers"],
              "num_mtp_layers under context parallelism", ranks=2)
     bad_case(["data.document_mask=true", "model.num_mtp_layers=1"], ["data.document_mask", "model.num_mtp_layers"],
              "num_mtp_layers with a document mask")
+    bad_case(['model.rope_scaling="linear"'], ["model.rope_scaling", "linear"], "an unknown rope_scaling")
+    bad_case(["model.rope_factor=4.0"], ["model.rope_factor", 'rope_scaling = \"yarn\"'],
+             "a YaRN key without rope_scaling = yarn")
+    os.makedirs(f"{tmp}/hf_linear")
+    for name in os.listdir(f"{tmp}/hf_yarn"):
+        shutil.copy(f"{tmp}/hf_yarn/{name}", f"{tmp}/hf_linear/{name}")
+    cfg = json.load(open(f"{tmp}/hf_yarn/config.json"))
+    cfg["rope_parameters"] = dict(rope_type="linear", rope_theta=10000.0, factor=4.0)
+    json.dump(cfg, open(f"{tmp}/hf_linear/config.json", "w"))
+    bad_case(["model.q_lora_rank=24"], ["rope_parameters.rope_type", "linear", "yarn"],
+             "an HF directory with rope_type linear", init_from=f"{tmp}/hf_linear")
+    bad_case(["model.q_lora_rank=24"] + [s.replace("rope_factor=4.0", "rope_factor=8.0") for s in yarn_sets],
+             ["rope_parameters.factor = 4", "model.rope_factor = 8"], "YaRN's factor differing from the directory's",
+             init_from=f"{tmp}/hf_yarn")
     bad_case(["parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true"],
              ["parallel.sequence_parallel", "deepseek_v3"], "sequence parallelism", ranks=2)
     torch.manual_seed(6)

@@ -12,6 +12,14 @@ interleaved (transformers' default rope_interleave) or rotate-half. Every step's
 parameter, exp_avg and exp_avg_sq must agree within the harness's tolerance: MARGIN x what float32 alone moves each
 kind (torch fp32 against fp64). Cases: q_lora set and unset serially, on tp 2 (heads split through q_b_proj and
 kv_b_proj, the a-projections replicated), dp 2, and a document mask (block-diagonal 4-D mask, restarting positions).
+YaRN (rope_scaling = "yarn", transformers' rope_parameters rope_type "yarn"): 16 positions over an
+original_max_position_embeddings of 8, factor 4, rope_theta 100 and beta_fast 1, beta_slow 0.01 so that the 2 rotary
+frequencies sit at both ends of YaRN's ramp (0 and 1/3 of it: one plain, one blended), mscale 1 and mscale_all_dim 0.8
+(cos and sin x 1.025, the softmax scale x 1.234 = yarn_get_mscale(4, 0.8)^2), serially with one q_proj and
+rotate-half pairs (the model with q_lora_rank 24 and interleaved pairs matched every loss and grad norm too, but its
+embedding moved 2.1e-4 from torch's against a calibration that came out at 1.7e-5 that time: Adam's amplified rounding
+in rarely seen rows; a YaRN parameter off in Relay alone, beta_slow 0.02 or mscale_all_dim 0.7, moves every tensor by
+1e-3 to 1e-1).
 Relay cannot generate with MLA yet (no compressed cache): generation is not checked.
 
 MoE cases: layer 0 dense, layer 1 DeepSeek-V3's mixture of experts (8 experts in 4 groups, the 2 best groups kept,
@@ -71,6 +79,12 @@ ROUTED = dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=1
               topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=1)
 SMALLEST_MARGIN = [float("inf")]  # of the current torch run's routing
 MTP_WEIGHT = 0.3  # mtp_loss_weight of the MTP cases (DeepSeek-V3's first 10T tokens)
+
+
+# YaRN's case: config.json's rope_parameters (transformers 5), Relay's rope_-prefixed keys.
+YARN = dict(factor=4.0, original_max_position_embeddings=8, beta_fast=1.0, beta_slow=0.01, mscale=1.0,
+            mscale_all_dim=0.8)
+YARN_THETA = 100.0
 
 
 def moe_keys(opts):
@@ -263,11 +277,17 @@ class DeepseekV3Family:
         q = dict(q_lora_rank=opts["q_lora_rank"]) if opts["q_lora_rank"] else {}
         aux = dict(router_aux_loss_coef=opts["aux"]) if opts.get("aux") else {}
         mtp = dict(num_mtp_layers=opts["mtp"], mtp_loss_weight=MTP_WEIGHT) if opts.get("mtp") else {}
-        return dict(type="deepseek_v3", **MODEL, **moe_keys(opts), **q, **aux, **mtp, rope_interleave=opts["interleave"],
-                    tie_embeddings=False, init_std=0.02, seed=9)
+        model = dict(type="deepseek_v3", **MODEL, **moe_keys(opts), **q, **aux, **mtp, rope_interleave=opts["interleave"],
+                     tie_embeddings=False, init_std=0.02, seed=9)
+        if opts.get("yarn"):
+            model.update(rope_theta=YARN_THETA, rope_scaling="yarn", **{f"rope_{k}": v for k, v in YARN.items()})
+        return model
 
     @staticmethod
     def config(opts):
+        rope = dict(rope_type="default", rope_theta=MODEL["rope_theta"])
+        if opts.get("yarn"):
+            rope = dict(rope_type="yarn", rope_theta=YARN_THETA, **YARN)
         c = DeepseekV3Config(
             vocab_size=MODEL["vocab_size"], hidden_size=MODEL["n_embd"], intermediate_size=MODEL["ffn_hidden"],
             num_hidden_layers=MODEL["n_layer"], num_attention_heads=MODEL["n_head"],
@@ -275,7 +295,7 @@ class DeepseekV3Family:
             kv_lora_rank=MODEL["kv_lora_rank"], qk_nope_head_dim=MODEL["qk_nope_head_dim"],
             qk_rope_head_dim=MODEL["qk_rope_head_dim"], v_head_dim=MODEL["v_head_dim"],
             rope_interleave=opts["interleave"], max_position_embeddings=MODEL["block_size"],
-            rms_norm_eps=MODEL["norm_eps"], rope_parameters=dict(rope_type="default", rope_theta=MODEL["rope_theta"]),
+            rms_norm_eps=MODEL["norm_eps"], rope_parameters=rope,
             tie_word_embeddings=False, attention_bias=False, hidden_act="silu", num_mtp_layers=0,
             attn_implementation="eager", experts_implementation="eager", **moe_keys(opts))
         c.block_size = MODEL["block_size"]
@@ -300,6 +320,7 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("deepseek_v3_q_proj_tp2", 2, dict(NO_LORA, interleave=True), np.uint16, dict(dp=1, tp=2, pp=1, m=1)),
     ("deepseek_v3_q_lora_dp2", 2, LORA, np.int32, dict(dp=2, pp=1, m=1)),
     ("deepseek_v3_docmask_serial", 1, LORA, np.uint16, dict(dp=1, pp=1, m=1, docs=True)),
+    ("deepseek_v3_yarn_serial", 1, dict(NO_LORA, yarn=True), np.uint16, dict(dp=1, pp=1, m=1)),
     ("deepseek_v3_moe_serial", 1, MOE_CASE, np.uint16, dict(dp=1, pp=1, m=1)),
     ("deepseek_v3_moe_dp2_ep2", 2, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
     ("deepseek_v3_moe_dp2_ep2_pp2", 4, MOE_CASE, np.uint16, dict(dp=2, ep=2, pp=2, m=2)),

@@ -3,6 +3,8 @@
 // first_k_dense_replace layers, DeepSeek-V3's mixture of experts (model/moe.hpp: sigmoid scores, group-limited top-k,
 // shared experts, e_score_correction_bias = moe.expert_bias) in the others. Keys as config.json names them, Relay's
 // spelling where Relay has one (hidden_size = n_embd, ...; Relay's per-sequence aux loss as router_aux_loss_coef).
+// rope_scaling = "yarn": YaRN (arXiv:2309.00071) as transformers' _compute_yarn_parameters and DeepseekV3Attention
+// apply it, config.json's rope_scaling (rope_parameters) dict flattened into rope_-prefixed keys.
 #include "model/families/llama.hpp"
 #include "model/moe.hpp"
 
@@ -16,6 +18,24 @@ struct DeepseekV3Args : LlamaArgs {
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128;
   bool rope_interleave = true;
   std::string rope_scaling = "none";
+  // YaRN (rope_scaling = "yarn"): config.json's rope_scaling dict's keys with a rope_ prefix; 0 for mscale and
+  // mscale_all_dim is config.json's absent (transformers tests them for truth).
+  double rope_factor = 1, rope_beta_fast = 32, rope_beta_slow = 1;
+  int64_t rope_original_max_position_embeddings = 0;
+  double rope_mscale = 0, rope_mscale_all_dim = 0;
+  bool yarn() const { return rope_scaling == "yarn"; }
+  // The rotary tables' frequencies and cos/sin factor (kernels/rope_angles.hpp), and DeepSeek-V3's softmax scale
+  // factor: transformers' yarn_apply_mscale multiplies qk_head_dim^-1/2 by yarn_get_mscale(factor, mscale_all_dim)^2.
+  RopeScaling rope_tables() const {
+    if (!yarn()) return {};
+    return yarn_scaling(rope_factor, double(rope_original_max_position_embeddings), rope_beta_fast, rope_beta_slow,
+                        rope_mscale, rope_mscale_all_dim, qk_rope_head_dim, rope_theta);
+  }
+  double softmax_mscale2() const {
+    if (!yarn() || rope_mscale_all_dim == 0) return 1.0;
+    const double m = yarn_mscale(rope_factor, rope_mscale_all_dim);
+    return m * m;
+  }
   // The mixture of experts (transformers' defaults), and multi-token prediction.
   int64_t n_routed_experts = 256, num_experts_per_tok = 8, moe_intermediate_size = 2048, n_shared_experts = 1;
   int64_t n_group = 8, topk_group = 4, first_k_dense_replace = 3, num_mtp_layers = 0;
@@ -40,7 +60,9 @@ class DeepseekV3Family final : public ModelFamily {
   std::set<std::string> keys() const override {
     std::set<std::string> k = kLanguageModelKeys;
     k.insert({"ffn_hidden", "rope_theta", "norm_eps", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-              "qk_rope_head_dim", "v_head_dim", "rope_interleave", "rope_scaling", "n_routed_experts",
+              "qk_rope_head_dim", "v_head_dim", "rope_interleave", "rope_scaling", "rope_factor",
+              "rope_original_max_position_embeddings", "rope_beta_fast", "rope_beta_slow", "rope_mscale",
+              "rope_mscale_all_dim", "n_routed_experts",
               "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "n_group", "topk_group",
               "norm_topk_prob", "routed_scaling_factor", "first_k_dense_replace", "num_mtp_layers",
               "mtp_loss_weight", "router_aux_loss_coef"});
@@ -70,9 +92,8 @@ class DeepseekV3Family final : public ModelFamily {
     model.str("rope_scaling", a.rope_scaling);
     if (a.qk_rope_head_dim % 2 != 0)
       model.fail("qk_rope_head_dim", cat("= ", a.qk_rope_head_dim, ": rotary embeddings need an even width"));
-    if (a.rope_scaling != "none")
-      model.fail("rope_scaling", cat("= \"", a.rope_scaling, "\": Relay applies plain rotary embeddings only (\"none\"); ",
-                                     "YaRN's frequencies and its softmax mscale are not in Relay yet"));
+    model.choice("rope_scaling", a.rope_scaling, {"none", "yarn"});
+    parse_yarn(model, a);
     model.integer("n_routed_experts", a.n_routed_experts, 1, 1 << 16);
     model.integer("num_experts_per_tok", a.num_experts_per_tok, 1, 1 << 16);
     model.integer("moe_intermediate_size", a.moe_intermediate_size, 1, int64_t(1) << 24);
@@ -139,7 +160,15 @@ class DeepseekV3Family final : public ModelFamily {
     o << "kv_lora_rank = " << a.kv_lora_rank << "\nqk_nope_head_dim = " << a.qk_nope_head_dim
       << "\nqk_rope_head_dim = " << a.qk_rope_head_dim << "\nv_head_dim = " << a.v_head_dim
       << "\nrope_interleave = " << (a.rope_interleave ? "true" : "false") << "\nrope_scaling = "
-      << toml_quote(a.rope_scaling) << "\nn_routed_experts = " << a.n_routed_experts
+      << toml_quote(a.rope_scaling) << "\n";
+    if (a.yarn()) {
+      o << "rope_factor = " << toml_number(a.rope_factor) << "\nrope_original_max_position_embeddings = "
+        << a.rope_original_max_position_embeddings << "\nrope_beta_fast = " << toml_number(a.rope_beta_fast)
+        << "\nrope_beta_slow = " << toml_number(a.rope_beta_slow) << "\n";
+      if (a.rope_mscale != 0) o << "rope_mscale = " << toml_number(a.rope_mscale) << "\n";
+      if (a.rope_mscale_all_dim != 0) o << "rope_mscale_all_dim = " << toml_number(a.rope_mscale_all_dim) << "\n";
+    }
+    o << "n_routed_experts = " << a.n_routed_experts
       << "\nnum_experts_per_tok = " << a.num_experts_per_tok << "\nmoe_intermediate_size = " << a.moe_intermediate_size
       << "\nn_shared_experts = " << a.n_shared_experts << "\nn_group = " << a.n_group << "\ntopk_group = "
       << a.topk_group << "\nnorm_topk_prob = " << (a.norm_topk_prob ? "true" : "false")
@@ -184,7 +213,7 @@ class DeepseekV3Family final : public ModelFamily {
       b.eps = a.norm_eps;
       b.bias = false;
       b.head_dim = dqk;
-      b.mla = {ql, r, a.qk_nope_head_dim, dr, dv, a.rope_interleave};
+      b.mla = {ql, r, a.qk_nope_head_dim, dr, dv, a.rope_interleave, a.rope_tables(), a.softmax_mscale2()};
       b.params = {{p + "input_layernorm.weight", {C}, constant(1)}};
       if (ql > 0) {
         b.params.push_back(w(at + "q_a_proj.weight", {ql, C}));
@@ -257,6 +286,7 @@ class DeepseekV3Family final : public ModelFamily {
     return m;
   }
 
+  bool sequence_parallel() const override { return false; }  // check_layout's refusal: not wired into MLA yet
   bool tp_splits(const Config::Model& m, int tp) const override {
     const DeepseekV3Args& a = m.args<DeepseekV3Args>();
     return m.n_head % tp == 0 && m.vocab_size >= tp && a.ffn_hidden % tp == 0 &&
@@ -302,7 +332,17 @@ class DeepseekV3Family final : public ModelFamily {
     c["max_position_embeddings"] = m.block_size;
     c["rms_norm_eps"] = a.norm_eps;
     c["rope_theta"] = a.rope_theta;  // transformers 4.x
-    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", a.rope_theta}};  // transformers 5
+    // transformers 5
+    c["rope_parameters"] = {{"rope_type", a.yarn() ? "yarn" : "default"}, {"rope_theta", a.rope_theta}};
+    if (a.yarn()) {
+      nlohmann::ordered_json& y = c["rope_parameters"];
+      y["factor"] = a.rope_factor;
+      y["original_max_position_embeddings"] = a.rope_original_max_position_embeddings;
+      y["beta_fast"] = a.rope_beta_fast;
+      y["beta_slow"] = a.rope_beta_slow;
+      if (a.rope_mscale != 0) y["mscale"] = a.rope_mscale;
+      if (a.rope_mscale_all_dim != 0) y["mscale_all_dim"] = a.rope_mscale_all_dim;
+    }
     c["rope_interleave"] = a.rope_interleave;
     c["attention_bias"] = false;
     c["attention_dropout"] = 0.0;
@@ -311,7 +351,7 @@ class DeepseekV3Family final : public ModelFamily {
   void hf_check(const nlohmann::json& config, const Config::Model& m, const std::string& where) const override {
     using json = nlohmann::json;
     const DeepseekV3Args& a = m.args<DeepseekV3Args>();
-    const json rope = hf_value_or(config, "rope_parameters", json::object());
+    const json rope = hf_rope(config);
     const json q_lora = hf_value_or(config, "q_lora_rank", 1536);
     hf_check_pairs(config,
                    {{"vocab_size", 129280, "vocab_size", m.vocab_size}, {"hidden_size", 7168, "n_embd", m.n_embd},
@@ -347,9 +387,7 @@ class DeepseekV3Family final : public ModelFamily {
       throw Error(cat(where, ": config.json q_lora_rank = ", config.contains("q_lora_rank") ? config["q_lora_rank"].dump()
                                                                                          : q_lora.dump(),
                       " but model.q_lora_rank = ", ours_q.dump()));
-    if (rope.value("rope_type", "default") != "default")
-      throw Error(cat(where, ": config.json rope_parameters.rope_type = \"", rope.value("rope_type", ""),
-                      "\" but Relay applies plain rotary embeddings (model.rope_scaling = \"none\")"));
+    hf_check_yarn(config, rope, m, where);
     const json max_pos = hf_value_or(config, "max_position_embeddings", 4096);
     if (!max_pos.is_number() || max_pos.get<double>() < double(m.block_size))
       throw Error(cat(where, ": config.json max_position_embeddings = ", max_pos.dump(), " but model.block_size = ",
@@ -357,8 +395,7 @@ class DeepseekV3Family final : public ModelFamily {
     hf_check_fixed(config, {{"hidden_act", "silu", "silu", "Relay's DeepSeek-V3 MLP is SwiGLU"},
                             {"scoring_func", "sigmoid", "sigmoid", "DeepSeek-V3's router scores are sigmoids"},
                             {"topk_method", "noaux_tc", "noaux_tc", "Relay routes as transformers' noaux_tc"},
-                            {"attention_bias", false, false, "Relay's DeepSeek-V3 has no biases"},
-                            {"rope_scaling", nullptr, nullptr, "Relay applies plain rotary embeddings"}},
+                            {"attention_bias", false, false, "Relay's DeepSeek-V3 has no biases"}},
                    where);
   }
 
@@ -439,6 +476,91 @@ class DeepseekV3Family final : public ModelFamily {
       b.inner.push_back(lm_embedding({embed}, C, T));
     }
     return b;
+  }
+
+  // YaRN's keys: read with rope_scaling = "yarn" only (factor and original_max_position_embeddings required), and
+  // named when given without it.
+  static void parse_yarn(const ConfigSection& model, DeepseekV3Args& a) {
+    const char* keys[] = {"rope_factor", "rope_original_max_position_embeddings", "rope_beta_fast", "rope_beta_slow",
+                          "rope_mscale", "rope_mscale_all_dim"};
+    if (!a.yarn()) {
+      for (const char* k : keys)
+        if (model.get(k))
+          model.fail(k, cat("YaRN's key, read only with model.rope_scaling = \"yarn\" (it is \"", a.rope_scaling,
+                            "\")"));
+      return;
+    }
+    for (const char* k : {"rope_factor", "rope_original_max_position_embeddings"})
+      if (!model.get(k))
+        model.fail(k, "missing: YaRN (model.rope_scaling = \"yarn\") needs it, as config.json's rope_scaling");
+    model.real("rope_factor", a.rope_factor, 0, 1e6, true);
+    model.integer("rope_original_max_position_embeddings", a.rope_original_max_position_embeddings, 1,
+                  int64_t(1) << 40, true);
+    model.real("rope_beta_fast", a.rope_beta_fast, 0, 1e6, true);
+    model.real("rope_beta_slow", a.rope_beta_slow, 0, 1e6, true);
+    model.real("rope_mscale", a.rope_mscale, 0, 1e6);
+    model.real("rope_mscale_all_dim", a.rope_mscale_all_dim, 0, 1e6);
+  }
+
+  // config.json's rotary parameters: transformers 5's rope_parameters, or transformers 4's rope_scaling dict (its
+  // "type" or "rope_type") with the top-level rope_theta; {} for plain rotary embeddings.
+  static nlohmann::json hf_rope(const nlohmann::json& config) {
+    using json = nlohmann::json;
+    json rope = hf_value_or(config, "rope_parameters", json::object());
+    if (!rope.is_object()) rope = json::object();
+    const json old = hf_value_or(config, "rope_scaling", json(nullptr));
+    if (old.is_object() && rope.value("rope_type", "default") == "default") {
+      const json theta =
+          rope.contains("rope_theta") ? rope["rope_theta"] : hf_value_or(config, "rope_theta", json(nullptr));
+      rope = old;
+      if (!rope.contains("rope_type") && rope.contains("type")) rope["rope_type"] = rope["type"];
+      if (!theta.is_null()) rope["rope_theta"] = theta;
+    }
+    return rope;
+  }
+
+  // config.json's rope type and YaRN parameters against model.rope_scaling and its rope_ keys.
+  static void hf_check_yarn(const nlohmann::json& config, const nlohmann::json& rope, const Config::Model& m,
+                            const std::string& where) {
+    using json = nlohmann::json;
+    const DeepseekV3Args& a = m.args<DeepseekV3Args>();
+    const std::string type = rope.value("rope_type", std::string("default"));
+    if (type != "default" && type != "yarn")
+      throw Error(cat(where, ": config.json rope_parameters.rope_type = \"", type, "\": Relay's deepseek_v3 applies ",
+                      "\"default\" (model.rope_scaling = \"none\") or \"yarn\" (model.rope_scaling = \"yarn\")"));
+    const std::string ours = a.yarn() ? "yarn" : "default";
+    if (type != ours)
+      throw Error(cat(where, ": config.json rope_parameters.rope_type = \"", type, "\" but model.rope_scaling = \"",
+                      a.rope_scaling, "\""));
+    if (type != "yarn") return;
+    for (const char* k : {"attention_factor", "truncate"})
+      if (rope.contains(k) && !(std::string(k) == "truncate" && rope[k] == json(true)))
+        throw Error(cat(where, ": config.json rope_parameters.", k, " = ", rope[k].dump(),
+                        ": Relay's YaRN derives the attention factor from mscale and mscale_all_dim and truncates the "
+                        "correction range (transformers' defaults)"));
+    auto number = [&](const char* k, double fallback) {
+      const json v = rope.contains(k) && !rope[k].is_null() ? rope[k] : json(fallback);
+      if (!v.is_number())
+        throw Error(cat(where, ": config.json rope_parameters.", k, " = ", v.dump(), " is not a number"));
+      return v.get<double>();
+    };
+    if (!rope.contains("factor") || !rope["factor"].is_number())
+      throw Error(cat(where, ": config.json rope_parameters.factor is missing: YaRN needs it (model.rope_factor)"));
+    const double max_pos = number("original_max_position_embeddings",
+                                  hf_value_or(config, "max_position_embeddings", json(4096)).get<double>());
+    const struct {
+      const char* hf;
+      double theirs, ours;
+    } pairs[] = {{"factor", number("factor", 1), a.rope_factor},
+                 {"original_max_position_embeddings", max_pos, double(a.rope_original_max_position_embeddings)},
+                 {"beta_fast", number("beta_fast", 32), a.rope_beta_fast},
+                 {"beta_slow", number("beta_slow", 1), a.rope_beta_slow},
+                 {"mscale", number("mscale", 0), a.rope_mscale},
+                 {"mscale_all_dim", number("mscale_all_dim", 0), a.rope_mscale_all_dim}};
+    for (const auto& p : pairs)
+      if (p.theirs != p.ours)
+        throw Error(cat(where, ": config.json rope_parameters.", p.hf, " = ", toml_number(p.theirs), " but model.rope_",
+                        p.hf, " = ", toml_number(p.ours)));
   }
 
   static int64_t moe_layers(const Config::Model& m) {
