@@ -152,8 +152,11 @@ void setup_communicators(Run& r) {
   }
   if (r.grid.cp > 1) {
     r.cp_comm = make_group_comm(r, r.grid.cp_comm, /*point_to_point=*/false);
+    // parallel.overlap: the key/value all-gathers progress on the progress thread while the own rows' attention runs.
+    if (r.cfg.parallel.overlap) r.cp_comm->set_background_progress(true);
     r.cp = ContextParallel{r.cp_comm.get(), r.grid.cp, r.grid.cp_rank,
-                           std::make_shared<CpAttention>(r.cp_comm.get(), r.grid.cp, r.grid.cp_rank)};
+                           std::make_shared<CpAttention>(r.cp_comm.get(), r.grid.cp, r.grid.cp_rank,
+                                                         r.cfg.parallel.overlap)};
   }
   if (r.grid.ep > 1) {
     r.ep_comm = make_group_comm(r, r.grid.ep_comm, /*point_to_point=*/false);
