@@ -721,7 +721,7 @@ void Backend::attention_merge(Tensor& out, Tensor& lse, const Tensor& out2, cons
   c.tensor(out, "out", kFloat).like(out2, "out2", out, "out");
   c.that(rows_of(out) == B * T && cols_of(out) % H == 0,
          cat("out ", shape_str(out.shape()), " for B ", B, ", T ", T, ", H ", H));
-  c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T).like(lse2, "lse2", lse, "lse");
+  c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T).tensor(lse2, "lse2", kF32).numel(lse2, "lse2", B * H * T);
   attention_merge_impl(out, lse, out2, lse2, B, T, H);
 }
 void Backend::flash_attention_gqa_backward_at(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -23,13 +23,14 @@ void CpAttention::prepare(Backend& be, int64_t n, int64_t T, int64_t w, int64_t 
     dv_ = Tensor(be, {cap, wv}, dt);
     to_sequence_ = Tensor(be, {cap}, DType::i32);
     to_rank_ = Tensor(be, {cap}, DType::i32);
-    if (overlap_) {
+    if (overlap_) {  // cap = cp x the local rows
+      const int64_t local = cap / cp;
       rank_order_v_ = Tensor(be, {cap, wv}, dt);
-      rank_of_remote_ = Tensor(be, {cap}, DType::i32);
-      remote_of_rank_ = Tensor(be, {cap}, DType::i32);
-      dkl_ = Tensor(be, {cap, w}, dt);
-      dvl_ = Tensor(be, {cap, wv}, dt);
-      for (Tensor* t : {&remote_pos_, &local_doc_, &remote_doc_}) *t = Tensor(be, {cap}, DType::i32);
+      rank_of_remote_ = Tensor(be, {cap - local}, DType::i32);
+      remote_of_rank_ = Tensor(be, {cap - local}, DType::i32);
+      dkl_ = Tensor(be, {local, w}, dt);
+      dvl_ = Tensor(be, {local, wv}, dt);
+      for (Tensor* t : {&remote_pos_, &local_doc_, &remote_doc_}) *t = Tensor(be, {local}, DType::i32);
     }
     n_ = 0;  // the permutations are made below
     w_ = w;
