@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
 
@@ -34,12 +35,13 @@ struct Case {
   std::string schedule = "1f1b";
   int m = 1;
   bool zero = false, recompute = false;
+  bool overlap = true;  // parallel.overlap: the key/value gathers travel while the own rows' attention runs
   int ranks() const { return dp * cp * tp * pp; }
   std::string key() const { return model + (docs ? "_docs" : ""); }
   std::string name() const {
     std::string s = key() + "_dp" + std::to_string(dp) + "_cp" + std::to_string(cp) + "_tp" + std::to_string(tp) +
                     "_pp" + std::to_string(pp) + "_" + schedule + "_m" + std::to_string(m) + (zero ? "_zero" : "") +
-                    (recompute ? "_recompute" : "");
+                    (recompute ? "_recompute" : "") + (overlap ? "" : "_no_overlap");
     for (auto& c : s) if (c == '-') c = '_';
     return s;
   }
@@ -67,6 +69,8 @@ std::vector<Case> all_cases() {
   add("gpt", true, 2, 2, 1, 2, "1f1b", 2);  // dp x cp x pp
   add("llama", false, 1, 2, 1, 2, "zb-h1", 4);
   add("llama", true, 1, 2, 1, 1, "1f1b", 2);
+  out.push_back(out.back());  // the same with parallel.overlap = false: gather first, then all keys at once
+  out.back().overlap = false;
   add("llama", true, 1, 2, 2, 1, "1f1b", 1, true, true);  // tp x cp, ZeRO-1 over the dp x cp replicas, recompute
   return out;
 }
@@ -117,7 +121,8 @@ TEST_P(ContextParallel, MatchesSerialRun) {
                        "parallel.schedule=" + quoted(c.schedule), "train.micro_batches=" + std::to_string(c.m),
                        "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
                        std::string("optimizer.zero=") + (c.zero ? "true" : "false"),
-                       std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\"")});
+                       std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\""),
+                       std::string("parallel.overlap=") + (c.overlap ? "true" : "false")});
   RunResult r = train(c.ranks(), problem_.config, ov);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "context parallelism: each sequence of 16 tokens is cut into " +
@@ -130,6 +135,14 @@ TEST_P(ContextParallel, MatchesSerialRun) {
     EXPECT_NEAR(losses[i], ref[i], kAbs + kRel * std::abs(ref[i])) << "loss at step " << i + 1;
   expect_tensors_within(read_checkpoint(run + "/checkpoints/step_00000006.h5"), serial_tensors_[c.key()], kRel, kAbs,
                         "against the serial run");
+  if (!c.overlap) {  // and against the same layout with overlap (the case before it): not bitwise, the softmax merge
+    Case on = c;     // sums the own and the other ranks' keys in another order
+    on.overlap = true;
+    const std::string twin = dir_->file(on.name()) + "/checkpoints/step_00000006.h5";
+    ASSERT_TRUE(std::filesystem::exists(twin)) << twin;
+    expect_tensors_within(read_checkpoint(run + "/checkpoints/step_00000006.h5"), read_checkpoint(twin), kRel, kAbs,
+                          "overlap off against on");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ContextParallel, ::testing::ValuesIn(all_cases()),

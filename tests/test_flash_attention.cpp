@@ -14,6 +14,7 @@
 
 #include "core/bf16.hpp"
 #include "core/rng.hpp"
+#include "kernels/cpu/attention_merge.hpp"
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/flash_attention.hpp"
 
@@ -385,6 +386,101 @@ TEST_F(FlashAttention, ChunksAtPositionsEqualTheWholeSequence) {
       }
       EXPECT_LE(relative_error(dk_sum, dk), 4e-6) << "dk summed over the ranks";
       EXPECT_LE(relative_error(dv_sum, dv), 4e-6) << "dv summed over the ranks";
+    }
+  }
+}
+
+// Context parallelism with parallel.overlap (model/context_parallel.cpp): a rank's queries against its own rows (a
+// causal sequence of their own) and against the other ranks' rows (in sequence order, at the positions the rank's
+// queries reach there), merged by attention_merge, give the attention over all keys at once; the backward's two
+// parts with the merged out and lse sum to the whole one's dq, and its key gradients summed over the ranks to dk, dv.
+// With documents, rows whose document starts inside their own chunk see no remote key (and rank 0's first chunk
+// never does): their lse there is -inf and the merge must keep them finite.
+TEST_F(FlashAttention, OwnAndRemoteKeysMergedEqualAllKeysAtOnce) {
+  const int64_t B = 2, T = 64, H = 4, KV = 2, hd = 16, C = H * hd, Ckv = KV * hd;
+  const auto q = randn(size_t(B * T * C), 41, 1.5f), k = randn(size_t(B * T * Ckv), 42, 1.5f);
+  const auto v = randn(size_t(B * T * Ckv), 43, 1.0f), dout = randn(size_t(B * T * C), 44, 1.0f);
+  for (bool docs : {false, true}) {
+    std::vector<int32_t> doc_start(size_t(B * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0, start = 0; t < T; ++t) {
+        if (docs && t > 0 && t % (11 + 6 * b) == 0) start = t;  // documents of 11 (17) rows
+        doc_start[size_t(b * T + t)] = int32_t(start);
+      }
+    const int32_t* ds = docs ? doc_start.data() : nullptr;
+    std::vector<float> out(q.size()), lse(size_t(B * H * T)), dq(q.size()), dk(k.size()), dv(v.size());
+    cpu::flash_attention_gqa_forward(q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(), B, T, H, KV, hd, ds);
+    cpu::flash_attention_gqa_backward(dout.data(), q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(),
+                                      dq.data(), dk.data(), dv.data(), B, T, H, KV, hd, ds);
+    for (int64_t cp : {int64_t(2), int64_t(4)}) {
+      const int64_t c = T / (2 * cp), Tl = 2 * c, Tr = T - Tl;
+      std::vector<float> dk_sum(k.size(), 0.f), dv_sum(v.size(), 0.f);
+      int64_t rows_without_remote = 0;
+      for (int64_t i = 0; i < cp; ++i) {
+        SCOPED_TRACE("cp " + std::to_string(cp) + ", rank " + std::to_string(i) + (docs ? ", documents" : ""));
+        auto own = [&](int64_t t) { return (t / c == i || t / c == 2 * cp - 1 - i); };
+        auto own_before = [&](int64_t x) {
+          return std::clamp<int64_t>(x - i * c, 0, c) + std::clamp<int64_t>(x - (2 * cp - 1 - i) * c, 0, c);
+        };
+        std::vector<int64_t> lpos, rpos_of;  // (B*Tl), (B*Tr): the sequence rows of the own and the remote rows
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t chunk : {i, 2 * cp - 1 - i})
+            for (int64_t t = chunk * c; t < (chunk + 1) * c; ++t) lpos.push_back(b * T + t);
+          for (int64_t t = 0; t < T; ++t)
+            if (!own(t)) rpos_of.push_back(b * T + t);
+        }
+        auto rows_of = [](const std::vector<float>& x, int64_t w, const std::vector<int64_t>& rows) {
+          std::vector<float> y;
+          for (int64_t r : rows) y.insert(y.end(), x.begin() + r * w, x.begin() + (r + 1) * w);
+          return y;
+        };
+        const auto ql = rows_of(q, C, lpos), dl = rows_of(dout, C, lpos);
+        const auto kl = rows_of(k, Ckv, lpos), vl = rows_of(v, Ckv, lpos);
+        const auto kr = rows_of(k, Ckv, rpos_of), vr = rows_of(v, Ckv, rpos_of);
+        std::vector<int32_t> local_doc, remote_doc, remote_pos;  // (B*Tl) each
+        for (int64_t r : lpos) {
+          const int64_t t = r % T, d = doc_start[size_t(r)];
+          local_doc.push_back(int32_t(own_before(d)));
+          remote_doc.push_back(int32_t(d - own_before(d)));
+          remote_pos.push_back(int32_t(t - own_before(t + 1)));
+          if (remote_doc.back() > remote_pos.back()) ++rows_without_remote;
+        }
+        std::vector<float> o(ql.size()), l(size_t(B * H * Tl)), o2(ql.size()), l2(l.size());
+        cpu::flash_attention_gqa_forward(ql.data(), kl.data(), vl.data(), C, Ckv, o.data(), l.data(), B, Tl, H, KV,
+                                         hd, docs ? local_doc.data() : nullptr);
+        cpu::flash_attention_gqa_forward_at(ql.data(), kr.data(), vr.data(), C, Ckv, o2.data(), l2.data(), B, Tl, Tr,
+                                            remote_pos.data(), H, KV, hd, docs ? remote_doc.data() : nullptr);
+        cpu::attention_merge(o.data(), l.data(), o2.data(), l2.data(), B, Tl, H, hd);
+        std::vector<float> want_l;
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t r = 0; r < Tl; ++r) want_l.push_back(lse[size_t((b * H + h) * T + lpos[size_t(b * Tl + r)] % T)]);
+        EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return std::isfinite(x); }));
+        EXPECT_LE(relative_error(o, rows_of(out, C, lpos)), 4e-6) << "merged out";
+        EXPECT_LE(relative_error(l, want_l), 4e-6) << "merged lse";
+        std::vector<float> g(ql.size()), g2(ql.size()), gkl(kl.size()), gvl(vl.size()), gkr(kr.size()), gvr(vr.size());
+        cpu::flash_attention_gqa_backward(dl.data(), ql.data(), kl.data(), vl.data(), C, Ckv, o.data(), l.data(),
+                                          g.data(), gkl.data(), gvl.data(), B, Tl, H, KV, hd,
+                                          docs ? local_doc.data() : nullptr);
+        cpu::flash_attention_gqa_backward_at(dl.data(), ql.data(), kr.data(), vr.data(), C, Ckv, o.data(), l.data(),
+                                             g2.data(), gkr.data(), gvr.data(), B, Tl, Tr, remote_pos.data(), H, KV,
+                                             hd, docs ? remote_doc.data() : nullptr);
+        for (size_t e = 0; e < g.size(); ++e) g[e] += g2[e];
+        EXPECT_LE(relative_error(g, rows_of(dq, C, lpos)), 4e-6) << "dq, own plus remote part";
+        for (size_t r = 0; r < lpos.size(); ++r)
+          for (int64_t e = 0; e < Ckv; ++e) {
+            dk_sum[size_t(lpos[r] * Ckv + e)] += gkl[r * size_t(Ckv) + size_t(e)];
+            dv_sum[size_t(lpos[r] * Ckv + e)] += gvl[r * size_t(Ckv) + size_t(e)];
+          }
+        for (size_t r = 0; r < rpos_of.size(); ++r)
+          for (int64_t e = 0; e < Ckv; ++e) {
+            dk_sum[size_t(rpos_of[r] * Ckv + e)] += gkr[r * size_t(Ckv) + size_t(e)];
+            dv_sum[size_t(rpos_of[r] * Ckv + e)] += gvr[r * size_t(Ckv) + size_t(e)];
+          }
+      }
+      EXPECT_GT(rows_without_remote, 0) << "cp " << cp << ": some query sees no remote key";
+      EXPECT_LE(relative_error(dk_sum, dk), 4e-6) << "cp " << cp << ": dk summed over the ranks and parts";
+      EXPECT_LE(relative_error(dv_sum, dv), 4e-6) << "cp " << cp << ": dv summed over the ranks and parts";
     }
   }
 }

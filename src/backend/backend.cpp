@@ -731,6 +731,15 @@ void Backend::flash_attention_gqa_forward_at(const Tensor& q, const Tensor& k, c
   if (doc_start.defined()) c.tensor(doc_start, "doc_start", kI32).numel(doc_start, "doc_start", B * Tq);
   flash_attention_gqa_forward_at_impl(q, k, v, B, Tq, Tk, q_pos, H, KV, out, lse, doc_start);
 }
+void Backend::attention_merge(Tensor& out, Tensor& lse, const Tensor& out2, const Tensor& lse2, int64_t B, int64_t T,
+                              int64_t H) {
+  Check c(*this, "attention_merge");
+  c.tensor(out, "out", kFloat).like(out2, "out2", out, "out");
+  c.that(rows_of(out) == B * T && cols_of(out) % H == 0,
+         cat("out ", shape_str(out.shape()), " for B ", B, ", T ", T, ", H ", H));
+  c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T).tensor(lse2, "lse2", kF32).numel(lse2, "lse2", B * H * T);
+  attention_merge_impl(out, lse, out2, lse2, B, T, H);
+}
 void Backend::flash_attention_gqa_backward_at(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                               const Tensor& out, const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk,
                                               const Tensor& q_pos, int64_t H, int64_t KV, Tensor& dq, Tensor& dk,

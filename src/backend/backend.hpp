@@ -308,6 +308,13 @@ class Backend : public Allocator {
                                        const Tensor& out, const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk,
                                        const Tensor& q_pos, int64_t H, int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv,
                                        const Tensor& doc_start = Tensor());
+  // Two partial attentions of the same queries over disjoint key sets merged as the online softmax does (context
+  // parallelism with parallel.overlap: the rank's own keys, then the others' once gathered): out (B*T, H*hd) float,
+  // lse (B, H, T) f32 over set 1 are overwritten with the result over both; out2, lse2 (same shapes) over set 2.
+  // lse = logaddexp(lse, lse2); out = e^(lse1 - lse) out + e^(lse2 - lse) out2. A row that sees no key of a set has
+  // lse -inf there (its out row there is ignored, NaN included). CPU only: the CUDA backend refuses it.
+  void attention_merge(Tensor& out, Tensor& lse, const Tensor& out2, const Tensor& lse2, int64_t B, int64_t T,
+                       int64_t H);
   // Generation with a key-value cache, one new position t for each of n sequences:
   // qkv (n, 3C) of position t; kcache, vcache (n, Tmax, C): row t of each is overwritten with this k, v,
   // then out (n, C) = causal attention of q over cached positions [0, t]. Float, one dtype.
@@ -354,6 +361,8 @@ class Backend : public Allocator {
                                                     int64_t Tq, int64_t Tk, const Tensor& q_pos, int64_t H,
                                                     int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv,
                                                     const Tensor& doc_start) = 0;
+  virtual void attention_merge_impl(Tensor& out, Tensor& lse, const Tensor& out2, const Tensor& lse2, int64_t B,
+                                    int64_t T, int64_t H) = 0;
   virtual void fill_impl(Tensor& x, float value) = 0;
   virtual void convert_impl(const Tensor& src, Tensor& dst) = 0;
   virtual void matmul_impl(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& y, float alpha,

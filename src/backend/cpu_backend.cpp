@@ -12,6 +12,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "kernels/cpu/attention_merge.hpp"
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/flash_attention.hpp"
 #include "kernels/cpu/fp8_gemm.hpp"
@@ -589,6 +590,13 @@ void CpuBackend::copy_columns_impl(const Tensor& src, int64_t src_col, Tensor& d
 #pragma omp parallel for schedule(static) if (n * width > 65536)
   for (int64_t r = 0; r < n; ++r)
     std::memcpy(d + (r * dw + dst_col) * elem, s + (r * sw + src_col) * elem, size_t(width * elem));
+}
+void CpuBackend::attention_merge_impl(Tensor& out, Tensor& lse, const Tensor& out2, const Tensor& lse2, int64_t B,
+                                      int64_t T, int64_t H) {
+  by_dtype(out, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::attention_merge(ptr<X>(out), lse.f32(), ptr<X>(out2), lse2.f32(), B, T, H, cols_of(out) / H);
+  });
 }
 void CpuBackend::flash_attention_gqa_forward_at_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
                                                      int64_t Tq, int64_t Tk, const Tensor& q_pos, int64_t H,

@@ -24,6 +24,8 @@ class CpuBackend final : public Backend {
   void copy_impl(Tensor& dst, const Tensor& src) override;
   void gather_rows_impl(const Tensor& src, const Tensor& index, Tensor& dst) override;
   void copy_columns_impl(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
+  void attention_merge_impl(Tensor& out, Tensor& lse, const Tensor& out2, const Tensor& lse2, int64_t B, int64_t T,
+                            int64_t H) override;
   void flash_attention_gqa_forward_at_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,
                                            int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV, Tensor& out,
                                            Tensor& lse, const Tensor& doc_start) override;

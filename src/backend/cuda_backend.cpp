@@ -1119,6 +1119,12 @@ class CudaBackend final : public Backend {
     });
   }
 
+  // Context parallelism's overlapped attention (parallel.overlap) merges two partial attentions; no CUDA kernel yet.
+  void attention_merge_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, int64_t) override {
+    throw Error("attention_merge: context parallelism with parallel.overlap = true has no CUDA kernel yet; "
+                "hint: set parallel.overlap = false with parallel.cp > 1 on train.device = \"cuda\"");
+  }
+
   // Context parallelism: a rank's query rows (B*Tq, H*hd) at positions q_pos (B*Tq) against the sequences' gathered
   // keys and values (B*Tk, KV*hd).
   void flash_attention_gqa_forward_at_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,

@@ -82,13 +82,20 @@ ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, 
   return b;
 }
 
-int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows) {
+int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows, bool overlap) {
   if (cp <= 1) return 0;
   for (const BlockSpec& s : blocks) {  // every attention block of a model has the same widths
     const AttentionShape a = attention_shape(s);
     if (!a.on()) continue;
     const int64_t w = a.kv_heads / tp * a.head_dim, act = int64_t(dtype_size(s.dtype)), gathered = cp * rows;
-    return 5 * gathered * w * act + 2 * gathered * 4 + (a.packed_qkv ? 6 * rows * w * act : 0);
+    // parallel.overlap: the value gather's own buffer (cp x rows), the own keys' and values' gradients (rows), the
+    // remote part's out, dq and lse (rows x the rank's query heads), two remote-order permutations and three i32
+    // per local row (positions, the two parts' document starts).
+    const int64_t hq = a.heads / tp;
+    const int64_t overlapped = overlap ? gathered * w * act + 2 * rows * w * act + 2 * rows * hq * a.head_dim * act +
+                                             rows * hq * 4 + 2 * (gathered - rows) * 4 + 3 * rows * 4
+                                       : 0;
+    return 5 * gathered * w * act + 2 * gathered * 4 + (a.packed_qkv ? 6 * rows * w * act : 0) + overlapped;
   }
   return 0;
 }

@@ -34,7 +34,8 @@ struct ChunkBytes {
 // Bytes of a rank's CpAttention (model/context_parallel.hpp) for micro-batches of `rows` of its rows: the gathered
 // keys, values, their gradients and the rank-order buffer (cp x rows each), two permutations, and for GPT's packed
 // attention its q, k, v and gradients (rows each). 0 without context parallelism or attention blocks.
-int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows);
+// overlap (parallel.overlap): besides, the buffers of the two-part attention (model/context_parallel.cpp).
+int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows, bool overlap = false);
 
 // What runs around a block's work (ZeRO-2 and 3, parallel/data_parallel.hpp); `block` is BlockSpec::index.
 // before/after_weight_grads: the block is about to accumulate its parameter gradients of a micro-batch, and has.

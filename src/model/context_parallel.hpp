@@ -5,10 +5,13 @@
 // rows alone. Attention all-gathers the group's keys and values into sequence order, runs this rank's queries at
 // their positions against all of them (Backend::flash_attention_gqa_forward_at; the document mask too), and in the
 // backward gathers them again (nothing of size T is kept between the passes), computes every key's gradient from
-// this rank's queries, and reduce-scatters those back to the ranks that own the keys.
+// this rank's queries, and reduce-scatters those back to the ranks that own the keys. With parallel.overlap the
+// gathers travel (on the progress thread) while the queries attend to this rank's own rows; the rest follows once
+// they arrive, and the two partials are merged as the online softmax does (FlashAttention arXiv:2205.14135).
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -39,13 +42,19 @@ inline int64_t cp_position(int64_t T, int cp, int rank, int64_t j) {
 // allocated for the largest batch seen; one per rank, shared by its attention blocks and micro-batches.
 class CpAttention {
  public:
-  CpAttention(Communicator* comm, int size, int rank) : comm_(comm), size_(size), rank_(rank) {}
+  // overlap (parallel.overlap): the key/value all-gathers run non-blocking while the queries attend to this rank's
+  // own rows (the causal diagonal work); false: gather first, then attend to all keys at once (the order before).
+  CpAttention(Communicator* comm, int size, int rank, bool overlap = false)
+      : comm_(comm), size_(size), rank_(rank), overlap_(overlap) {}
   // Record every exchange of this step into the trace (null: none), as spans on the communication track named
   // "cp all-gather k" / "cp reduce-scatter dv" (op cp_allgather / cp_reduce_scatter).
   void set_trace(Tracer* tracer, int64_t step) {
     tracer_ = tracer;
     trace_step_ = step;
   }
+  // Seconds this rank's thread waited on the cp exchanges since the last call (exposed communication: with overlap
+  // what the own rows' attention did not cover; without it every gather and reduce-scatter whole).
+  double take_waited_s() { return std::exchange(waited_s_, 0.0); }
   // q (n, H*hd), k, v (n, KV*hd): this rank's rows (n = B x T / cp) -> out (n, H*hd), lse (B, H, T / cp). v's heads
   // may be of another width hd_v (DeepSeek-V3's MLA): v (n, KV*hd_v), out (n, H*hd_v).
   // q_pos (n) i32: each row's position in its sequence; doc_start (n) i32 or undefined: the document mask.
@@ -77,6 +86,19 @@ class CpAttention {
   // full (B*T, w): this rank's contribution to every row -> local (n, w): its own rows summed over the group.
   void reduce_scatter(Backend& be, const Tensor& full, Tensor& local, const char* what, const char* name);
   void trace(const char* name, const char* op, int64_t begin);
+  // parallel.overlap: forward / backward in two parts, own keys while the gathers travel, then the other ranks'.
+  void forward_overlapped(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int64_t T, int64_t H,
+                          int64_t KV, const Tensor& doc_start, Tensor& out, Tensor& lse);
+  void backward_overlapped(Backend& be, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& out, const Tensor& lse, int64_t T, int64_t H, int64_t KV,
+                           const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv);
+  // Starts the all-gather of local (n, w) into buf (cp n, w), rank order.
+  RequestPtr start_gather(Backend& be, const Tensor& local, Tensor& buf, const char* what);
+  // The document mask of the two parts from doc_start (n) (sequence positions): local_doc_ in the own rows'
+  // order, remote_doc_ in the other ranks' rows' sequence order. Undefined tensors without a mask.
+  void part_masks(Backend& be, const Tensor& doc_start, Tensor& local_doc, Tensor& remote_doc);
+  // The number of this rank's rows of a sequence at positions before x.
+  int64_t own_before(int64_t x) const;
 
   Communicator* comm_;
   int size_, rank_;
@@ -88,6 +110,19 @@ class CpAttention {
   Tensor rank_order_;                 // (cp n, max(w, wv)): the all-gather's and reduce-scatter's rank-order buffer
   Tensor k_, v_, dk_, dv_;            // (cp n, w), (cp n, wv), (cp n, w), (cp n, wv): sequence order
   Tensor pq_, pk_, pv_, pdq_, pdk_, pdv_;  // forward_packed / backward_packed: (n, Cl) each
+  // parallel.overlap. The other ranks' rows of each sequence in sequence order ("remote order", T - T / cp a
+  // sequence) are what the second part attends to.
+  bool overlap_ = false;
+  double waited_s_ = 0;  // take_waited_s
+  // Waits for r, counting the time into waited_s_.
+  void wait(const RequestPtr& r);
+  Tensor rank_order_v_;                // (cp n, wv): the value all-gather's buffer (both gathers travel at once)
+  Tensor rank_of_remote_;              // i32 ((cp-1) n): remote-order row -> rank-order row
+  Tensor remote_of_rank_;              // i32 ((cp-1) n): rank-order rows but this rank's, in order -> remote row
+  Tensor remote_pos_;                  // i32 (n): each local query's last visible position in remote order (-1: none)
+  Tensor local_doc_, remote_doc_;      // i32 (n), i32 (n): the document masks of the two parts
+  Tensor out2_, lse2_, dq2_;           // (n, H*hd_v), f32 (B, H, T / cp), (n, H*hd): the second part's
+  Tensor dkl_, dvl_;                   // (n, w), (n, wv): the own keys' gradients from this rank's queries
 };
 
 }  // namespace relay

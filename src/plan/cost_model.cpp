@@ -60,12 +60,15 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     t.backward_input += g.count * (gemm_s(d, gp, g.M, g.K, g.N) + stream_s(d, quantise * (g.M * g.N + g.N * g.K)));
     t.backward_weight += g.count * (gemm_s(d, gp, g.K, g.N, g.M) + stream_s(d, quantise * (g.M * g.N + g.M * g.K)));
   }
+  double attention_forward = 0, attention_backward = 0;  // seconds, for cp's overlap below
   if (cost.attention.on() && ctx.attention == PlannedAttention::flash) {
     // attention_flops_per_row is over the whole sequence (QK^T and att @ V, 4 T Hq); causal attention computes half,
     // and a cp rank's rows see on average half the sequence too (its chunks i and 2cp - 1 - i balance).
     const double flops = 0.5 * cost.attention_flops_per_row * n / ctx.tp;
-    t.forward += flops / (d.peak(p) * d.attention_forward_efficiency) + d.kernel_launch_s;
-    t.backward_input += 2.5 * flops / (d.peak(p) * d.attention_backward_efficiency) + d.kernel_launch_s;
+    attention_forward = flops / (d.peak(p) * d.attention_forward_efficiency) + d.kernel_launch_s;
+    attention_backward = 2.5 * flops / (d.peak(p) * d.attention_backward_efficiency) + d.kernel_launch_s;
+    t.forward += attention_forward;
+    t.backward_input += attention_backward;
   } else if (cost.attention.on()) {
     // PlannedAttention::materialised. attention_flops_per_row = 2 T Hq (hd + hd_v): a row's query meets T keys in each
     // of the Hq heads (hd_v: the value heads' width, hd but for MLA). The rank's (T, T) score matrices (one per
@@ -89,8 +92,24 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   if (w.kernels > 0) t.backward_weight += stream_s(d, e * w.elements_per_row * n) + w.kernels * d.kernel_launch_s;
   // The block's tp, cp and ep collectives, each dimension's summed on its own; ep's are also reported apart.
   double forward[3] = {0, 0, 0}, backward[3] = {0, 0, 0};  // by ParallelDim
-  for (const BlockCollective& c : cost.collectives)
-    (c.backward ? backward : forward)[int(c.dim)] += c.count * collective_s(c, ctx, e);
+  double cp_gather_forward = 0, cp_gather_backward = 0;       // of cp's: the key/value all-gathers
+  for (const BlockCollective& c : cost.collectives) {
+    const double s = c.count * collective_s(c, ctx, e);
+    (c.backward ? backward : forward)[int(c.dim)] += s;
+    if (c.dim == ParallelDim::cp && c.op == CollectiveOp::all_gather) (c.backward ? cp_gather_backward : cp_gather_forward) += s;
+  }
+  double hf = 0, hb = 0;  // seconds of the forward's and the backward's cp gathers hidden
+  if (ctx.overlap && ctx.cp > 1) {
+    // With parallel.overlap each gather travels while the queries attend to the rank's own rows: of a rank's causal
+    // attention work (chunks i and 2cp - 1 - i, 2cp c^2 score entries of c-row chunks) its own keys hold 2 c^2, 1/cp
+    // of it on every rank. What of a gather that part does not cover stays exposed; the gradients' reduce-scatter
+    // too (Relay waits for it before the block's backward returns).
+    hf = std::min(cp_gather_forward, attention_forward / ctx.cp);
+    hb = std::min(cp_gather_backward, attention_backward / ctx.cp);
+    forward[int(ParallelDim::cp)] -= hf;
+    backward[int(ParallelDim::cp)] -= hb;
+    t.cp_hidden = hf + hb;
+  }
   const int tp = int(ParallelDim::tp), cp = int(ParallelDim::cp), ep = int(ParallelDim::ep);
   t.comm_forward = forward[tp] + forward[cp] + forward[ep];
   t.comm_backward = backward[tp] + backward[cp] + backward[ep];
@@ -102,6 +121,7 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     t.backward_input += t.forward;
     t.comm_backward += t.comm_forward;
     t.ep_backward += t.ep_forward;
+    t.cp_hidden += hf;
   }
   return t;
 }

@@ -41,12 +41,16 @@ struct BlockContext {
   Precision precision = Precision::bf16;
   PlannedAttention attention = PlannedAttention::flash;
   GroupPath tp_path, cp_path, ep_path;
+  // parallel.overlap: context parallelism's key/value all-gathers travel while the rank's queries attend to its own
+  // rows (model/context_parallel.cpp), 1/cp of the attention work: min(gather, that part) of each gather is hidden.
+  bool overlap = false;
 };
 
 struct BlockTime {
   double forward = 0, backward_input = 0, backward_weight = 0;  // seconds, collectives included
   double comm_forward = 0, comm_backward = 0;                   // of which tp / cp / ep collectives (critical path)
   double ep_forward = 0, ep_backward = 0;                       // of which the ep all-to-alls
+  double cp_hidden = 0;  // seconds of the cp key/value all-gathers hidden behind the own rows' attention (overlap)
 };
 BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockContext& ctx);
 

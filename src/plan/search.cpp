@@ -38,7 +38,11 @@ std::string why_line(const Cluster& cl, const PlannedLayout& l, const std::map<s
     parts.push_back(cat(std::round(s.bubble_fraction * 100), "% bubble with ", p.schedule,
                         p.virtual_stages > 1 ? cat(" v", p.virtual_stages) : ""));
   }
-  if (p.cp > 1) parts.push_back(cat("cp ", p.cp, " for ", l.cfg.model.block_size, "-token sequences"));
+  if (p.cp > 1)
+    parts.push_back(cat("cp ", p.cp, " for ", l.cfg.model.block_size, "-token sequences",
+                        s.cp_hidden_s > 0 ? cat(" (its key/value gathers ", std::round(100 * s.cp_hidden_s / s.step_time_s),
+                                                "% of the step, hidden behind the own rows' attention)")
+                                          : std::string()));
   if (p.ep > 1) {
     const int64_t E = model_family(l.cfg).experts(l.cfg.model);
     const bool inside = int64_t(p.ep) * p.tp * p.cp <= cl.devices_per_node;

@@ -2,6 +2,7 @@
 // chunks with their parameter store, the gradient buckets, the optimizer and the executor.
 #include <sched.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <thread>
@@ -152,8 +153,15 @@ void setup_communicators(Run& r) {
   }
   if (r.grid.cp > 1) {
     r.cp_comm = make_group_comm(r, r.grid.cp_comm, /*point_to_point=*/false);
+    // parallel.overlap: the key/value all-gathers progress on the progress thread while the own rows' attention runs.
+    // CPU only for now: the CUDA backend has no attention_merge kernel, and runs cp in today's order (said once).
+    const bool cp_overlap = r.cfg.parallel.overlap && r.be->device() != Device::cuda;
+    if (r.cfg.parallel.overlap && !cp_overlap && r.grid.world_rank == 0)
+      std::printf("relay: context parallelism on CUDA: the key/value all-gathers are not overlapped yet (no "
+                  "attention_merge kernel); parallel.overlap applies to the data-parallel moves only\n");
+    if (cp_overlap) r.cp_comm->set_background_progress(true);
     r.cp = ContextParallel{r.cp_comm.get(), r.grid.cp, r.grid.cp_rank,
-                           std::make_shared<CpAttention>(r.cp_comm.get(), r.grid.cp, r.grid.cp_rank)};
+                           std::make_shared<CpAttention>(r.cp_comm.get(), r.grid.cp, r.grid.cp_rank, cp_overlap)};
   }
   if (r.grid.ep > 1) {
     r.ep_comm = make_group_comm(r, r.grid.ep_comm, /*point_to_point=*/false);
