@@ -2,7 +2,8 @@
 # DeepSeek-V3 671B (configs/models/deepseek-v3.toml) on NODES H100 nodes: `relay plan --cluster --layout` over a grid
 # of layouts (tp 1/2/4/8 x pp 4/8/16/32 x ep 8/16/32/64 dividing dp x 1 or 2 sequences a micro-batch x ZeRO-1/3,
 # recomputation, 1F1B), one line each, the fitting ones sorted by tokens/s per device at the end. The full search
-# (`relay plan --cluster ... --nodes NODES` without --layout) covers more but takes hours of CPU for this model.
+# (`relay plan --cluster ... --nodes NODES` without --layout) covers more: about a minute of CPU at 256 nodes since
+# it builds each layout shape once (src/plan/layout_cache.hpp); this grid stays to evaluate layouts the search skips.
 # Usage: bench/bench_plan_deepseek_v3.sh NODES [RELAY]   (docs/planning.md "DeepSeek-V3 671B")
 set -euo pipefail
 N=${1:?usage: $0 NODES [RELAY]}

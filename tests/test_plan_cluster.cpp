@@ -5,7 +5,7 @@
 // expert parallelism: the search over ep for Mixtral 8x7B, ep 8 against ep 1 under --layout, and the planned memory
 // of a dp 2 x ep 2 Mixtral and DeepSeek-V3 against what their runs measure. DeepSeek-V3 671B
 // (configs/models/deepseek-v3.toml): its parameters and active parameters, and an MLA layer's FLOPs against a hand
-// count.
+// count. The search's per-shape cache (plan/layout_cache.hpp) predicts every figure as a fresh prediction does.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -20,6 +20,7 @@
 #include "model/family.hpp"
 #include "model/model_spec.hpp"
 #include "plan/cluster.hpp"
+#include "plan/layout_cache.hpp"
 #include "plan/collectives.hpp"
 #include "plan/link_calibration.hpp"
 #include "plan/search.hpp"
@@ -440,6 +441,43 @@ TEST(PlanCluster, Fp8PlansAtTheFp8Peak) {
 // columns and att @ V over the narrower 128 (2 T H each, the whole sequence; the cost model halves it for causality),
 // and the SwiGLU's 6 C F, or the router's 2 C E plus 6 C Fe for each of the 8 routed and the 1 shared expert; the
 // layer's GEMMs (block_cost) add up to the same FLOPs. And the search never plans sequence parallelism for it.
+// The search reuses what a layout's shape (tp, cp, ep, pp, v) fixes, its model layout, stage parameters, bucket keys
+// and checkpoint bytes (plan/layout_cache.hpp), across the layouts of that shape: every figure it predicts through the
+// cache equals, bit for bit, a fresh prediction, for Mixtral 8x7B layouts that share shapes and differ in ZeRO stage
+// (the bucket keys of ZeRO-2/3), recomputation, micro-batching and schedule, on the first and the last stage.
+TEST(PlanCluster, SearchShapeCachePredictsAsFresh) {
+  const Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
+  const Config base = load_config(src("configs/models/mixtral-8x7b.toml"));
+  struct Row { int dp, tp, ep, pp; const char* schedule; int v, zero; const char* recompute; int64_t m; };
+  const Row rows[] = {
+      {4, 1, 2, 4, "1f1b", 1, 1, "blocks", 256},  {4, 1, 2, 4, "zb-h1", 1, 0, "none", 128},
+      {4, 1, 2, 4, "1f1b", 1, 3, "none", 128},    {4, 1, 2, 4, "interleaved", 2, 1, "none", 256},
+      {4, 1, 2, 4, "interleaved", 2, 3, "blocks", 128}, {8, 2, 4, 1, "1f1b", 1, 2, "blocks", 32},
+      {8, 2, 4, 1, "1f1b", 1, 3, "none", 64},     {8, 2, 4, 1, "1f1b", 1, 0, "blocks", 64},
+  };
+  LayoutCache cache;
+  for (const Row& r : rows) {
+    Config c = base;
+    c.parallel.dp = r.dp, c.parallel.tp = r.tp, c.parallel.ep = r.ep, c.parallel.pp = r.pp;
+    c.parallel.schedule = r.schedule, c.parallel.virtual_stages = r.v, c.parallel.sequence_parallel = r.tp > 1;
+    c.optimizer.zero = r.zero, c.train.recompute = r.recompute, c.train.micro_batches = r.m;
+    const StepPrediction a = predict_step(cl, c, cache.get(c)), b = predict_step(cl, c);
+    SCOPED_TRACE(describe_layout(c));
+    EXPECT_GT(a.step_time_s, 0);
+    EXPECT_EQ(a.step_time_s, b.step_time_s);
+    EXPECT_EQ(a.tokens_per_s_per_device, b.tokens_per_s_per_device);
+    EXPECT_EQ(a.mfu, b.mfu);
+    EXPECT_EQ(a.hardware_flops_per_s_per_device, b.hardware_flops_per_s_per_device);
+    EXPECT_EQ(a.memory_bytes_per_device, b.memory_bytes_per_device);
+    EXPECT_EQ(a.fits, b.fits);
+    EXPECT_EQ(a.bubble_fraction, b.bubble_fraction);
+    EXPECT_EQ(a.exposed_comm_s, b.exposed_comm_s);
+    EXPECT_EQ(a.ep_comm_s, b.ep_comm_s);
+    EXPECT_EQ(a.checkpoint_bytes, b.checkpoint_bytes);
+  }
+  EXPECT_EQ(cache.size(), 3u);  // (pp 4, v 1), (pp 4, v 2) and (tp 2, ep 4, pp 1): built once each
+}
+
 TEST(PlanCluster, DeepseekV3ParametersAndMlaFlops) {
   const Config c = load_config(src("configs/models/deepseek-v3.toml"));
   const ModelSpec m = make_model_spec(c, 0);

@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "model/family.hpp"
+#include "plan/layout_cache.hpp"
 #include "train/model_layout.hpp"
 
 namespace relay {
@@ -85,6 +86,9 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
         if (pp > blocks) break;
         const int dp = world / (tp * cp * pp);
         if (B % dp) continue;
+        // The layouts of this (tp, cp, pp) share their model layouts, stage parameters and bucket keys by (ep, v):
+        // built once each here, then dropped (DeepSeek-V3's hold 45,000 named parameters each).
+        LayoutCache shapes;
         for (int64_t mbs : {1, 2, 4}) {
           if ((B / dp) % mbs) continue;
           const int64_t m = B / dp / mbs;
@@ -123,7 +127,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                   PlannedLayout l{c, {}, {}};
                   try {
                     if (pp * sc.v > blocks) continue;
-                    l.prediction = predict_step(cl, c, /*time_only_if_fits=*/true, attention);
+                    l.prediction = predict_step(cl, c, shapes.get(c), /*time_only_if_fits=*/true, attention);
                   } catch (const Error&) {
                     continue;  // a shape Relay refuses (the interleaved schedule's micro-batch rule, the partition)
                   }

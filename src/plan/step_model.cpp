@@ -10,7 +10,6 @@
 #include "parallel/simulator.hpp"
 #include "plan/collectives.hpp"
 #include "plan/cost_model.hpp"
-#include "train/checkpointing.hpp"
 #include "train/memory_plan.hpp"
 #include "train/model_layout.hpp"
 
@@ -245,11 +244,16 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
 }  // namespace
 
 StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only_if_fits, PlannedAttention attention) {
+  return predict_step(cl, cfg, layout_facts(cfg), time_only_if_fits, attention);
+}
+
+StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFacts& facts, bool time_only_if_fits,
+                            PlannedAttention attention) {
   const Cluster::Device& dev = cl.device;
   const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), pp = int(cfg.parallel.pp);
-  ModelLayout layout = make_layout(cfg, 0);
+  const ModelLayout& layout = facts.layout;
   ScheduleShape shape = schedule_shape(cfg);
-  shape.tied = !layout.shared_params().empty();
+  shape.tied = facts.tied;
   const int64_t T = layout.model.seq_len;
   const Precision prec = cfg.train.precision;
   const double e = double(dtype_size(compute_dtype(prec)));
@@ -259,12 +263,12 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
   // Memory: the memory plan of the first and last pipeline ranks (the first holds the most micro-batches in flight,
   // the last the head), tp rank 0; ZeRO-3 adds what is gathered at once and, under pp > 1, the whole gradients.
   for (int p : {0, pp - 1}) {
-    const MemoryBytes b = predict_memory(cfg, layout, p, 0);
+    const MemoryBytes b = predict_memory(cfg, layout, p == 0 ? facts.first : facts.last, p, 0);
     r.memory_bytes_per_device =
         std::max(r.memory_bytes_per_device, double(b.total() + b.gathered) + double(b.step_grads));
   }
   r.fits = r.memory_bytes_per_device + dev.reserved_bytes <= dev.memory_bytes;
-  r.checkpoint_bytes = double(checkpoint_bytes(layout, cfg.optimizer));
+  r.checkpoint_bytes = facts.checkpoint_bytes;
   if (time_only_if_fits && !r.fits) return r;
 
   const Groups g = step_groups(cl, cfg, T, attention);

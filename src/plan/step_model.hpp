@@ -10,6 +10,7 @@
 #include "core/config.hpp"
 #include "plan/cluster.hpp"
 #include "plan/cost_model.hpp"
+#include "plan/layout_cache.hpp"
 
 namespace relay {
 
@@ -38,6 +39,10 @@ struct StepPrediction {
 // default, another only to compare with published runs that used them).
 StepPrediction predict_step(const Cluster& cluster, const Config& cfg, bool time_only_if_fits = false,
                             PlannedAttention attention = PlannedAttention::flash);
+// The same from facts already built for cfg's layout shape (plan/layout_cache.hpp: the search's, shared by the layouts
+// of one shape): the same prediction, bit for bit, as building them here.
+StepPrediction predict_step(const Cluster& cluster, const Config& cfg, const LayoutFacts& facts,
+                            bool time_only_if_fits = false, PlannedAttention attention = PlannedAttention::flash);
 
 // "dp 24, tp 8, pp 8 (1f1b), mbs 1 x 96, ZeRO-1, recompute": the layout's keys in one line (", ep 8" after tp / cp
 // under expert parallelism).

@@ -23,14 +23,20 @@ namespace fs = std::filesystem;
 
 namespace relay {
 
+namespace {
+// The optimizer state a checkpoint holds of every parameter.
+std::vector<std::string> state_kinds(const Config::Optimizer& opt) {
+  if (opt.name == "adamw") return {"exp_avg", "exp_avg_sq"};
+  if (opt.momentum != 0) return {"momentum_buffer"};
+  return {};
+}
+}  // namespace
+
 std::vector<ManifestEntry> checkpoint_manifest(const ModelLayout& layout, const Config::Optimizer& opt) {
   std::vector<ManifestEntry> m;
   auto params = layout.params();
   for (auto& p : params) m.push_back({"model/" + p.name, p.shape, p.split, p.pp_ranks, p.ep_owner});
-  std::vector<std::string> kinds;
-  if (opt.name == "adamw") kinds = {"exp_avg", "exp_avg_sq"};
-  else if (opt.momentum != 0) kinds = {"momentum_buffer"};
-  for (auto& k : kinds)
+  for (auto& k : state_kinds(opt))
     for (auto& p : params) m.push_back({"optimizer/" + k + "/" + p.name, p.shape, p.split, p.pp_ranks, p.ep_owner});
   return m;
 }
@@ -106,9 +112,11 @@ constexpr int kCheckpointTag = 7;  // world point-to-point: a shard on its way t
 }  // namespace
 
 int64_t checkpoint_bytes(const ModelLayout& layout, const Config::Optimizer& opt) {
+  // checkpoint_manifest's tensors without their names (the planner's search asks once per layout shape): every
+  // parameter, then as many optimizer tensors of each.
   int64_t n = 0;
-  for (auto& e : checkpoint_manifest(layout, opt)) n += shape_numel(e.shape);
-  return n * int64_t(sizeof(float));
+  for (auto& e : layout.params()) n += shape_numel(e.shape);
+  return n * int64_t(1 + state_kinds(opt).size()) * int64_t(sizeof(float));
 }
 
 namespace {

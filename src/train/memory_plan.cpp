@@ -32,25 +32,38 @@ void for_each_stage_param(const ModelLayout& layout, int pp_rank, F&& f) {
 }
 }  // namespace
 
-ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp) {
+StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank, bool with_bucket_keys) {
+  StageKeys s;
+  s.params = stage_params(layout, pp_rank, tp, tp_rank);
+  if (!with_bucket_keys) return s;
+  s.has_bucket_keys = true;
   // The rank's parameters as the trainer hands them to GradBuckets (train/setup.cpp): first use in chunk and block
   // order, with their placement (of a MoE layer's experts under ep, ep rank 0's: every ep rank holds as many); and
   // every block that writes each.
-  const int tp = static_cast<int>(cfg.parallel.tp), edp = dp / layout.ep;
-  std::vector<BucketKey> keys;
   std::map<std::string, size_t> key_of;
-  std::vector<std::vector<int>> writers;
   const auto placement = layout.placements(pp_rank, tp, tp_rank);
   for_each_stage_param(layout, pp_rank, [&](int c, int i, const ParamSpec& p, int64_t) {
-    auto [it, fresh] = key_of.insert({p.name, keys.size()});
+    auto [it, fresh] = key_of.insert({p.name, s.keys.size()});
     if (fresh) {
       const ParamPlacement& pl = placement.at(p.name);
-      keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
-                      pl.tp_replicated, pl.expert});
-      writers.emplace_back();
+      s.keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
+                        pl.tp_replicated, pl.expert});
+      s.writers.emplace_back();
     }
-    writers[it->second].push_back(i);
+    s.writers[it->second].push_back(i);
   });
+  return s;
+}
+
+ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp) {
+  return zero2_buckets(cfg, layout, stage_keys(layout, pp_rank, int(cfg.parallel.tp), tp_rank, true), pp_rank, dp);
+}
+
+ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank, int dp) {
+  RELAY_ASSERT(stage.has_bucket_keys, "zero2_buckets: stage_keys built without bucket keys");
+  const int edp = dp / layout.ep;
+  const std::vector<BucketKey>& keys = stage.keys;
+  const std::vector<std::vector<int>>& writers = stage.writers;
   const BucketLayout bl = layout_buckets(keys, zero_bucket_caps(cfg), dp, edp);
   ShardingInput in = sharding_input(cfg);
   in.replicas = dp;
@@ -160,6 +173,13 @@ StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_
 }
 
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank) {
+  const bool buckets = describe_sharding(sharding_input(cfg)).group(GradGroup::dense).gradients;
+  return predict_memory(cfg, layout, stage_keys(layout, pp_rank, int(cfg.parallel.tp), tp_rank, buckets), pp_rank,
+                        tp_rank);
+}
+
+MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank,
+                           int tp_rank) {
   // Replicas: the dp x cp ranks holding the same parameters (ZeRO shards over them); a rank's rows: its T / cp of
   // every sequence of a micro-batch.
   const int tp = static_cast<int>(cfg.parallel.tp), cp = static_cast<int>(cfg.parallel.cp);
@@ -168,7 +188,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * layout.model.seq_len / cp;
   MemoryBytes b;
   // Parameters, gradients and optimizer state: every parameter of this rank's chunks once (stage_params).
-  const StageParams sp = stage_params(layout, pp_rank, tp, tp_rank);
+  const StageParams& sp = stage.params;
   const int64_t numel = sp.numel, expert_numel = sp.expert;
   // What ZeRO shards (parallel/sharding.hpp): the dense parameters' over the dp x cp replicas, the experts' over the
   // replicas of the experts (none where they have no other copy); the gradients' bf16 wire copies where they move.
@@ -186,7 +206,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
   const bool mixed = act != f32;
   b.params = f32 * numel + (mixed ? act * numel : 0);
   ZeroTwoBuckets z;
-  if (ds.gradients) z = zero2_buckets(cfg, layout, pp_rank, tp_rank, dp);
+  if (ds.gradients) z = zero2_buckets(cfg, layout, stage, pp_rank, dp);
   // ZeRO-2, 3: the buckets with no other copy (experts when ep = dp x cp) are whole, parameters and gradients.
   if (ds.parameters) {
     b.params = f32 * z.shards + (f32 + (mixed ? act : 0)) * z.whole;  // the masters' pieces, the whole buckets
@@ -230,13 +250,15 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
     b.activations += plan.slots.at(c) * cb.slot + m * (cb.boundary + per_mb) + cb.scratch;
   }
   // Context parallelism: the rank's one CpAttention, shared by its attention blocks.
-  std::vector<BlockSpec> mine;
-  for (int c = pp_rank; c <= last; c += layout.pp)
-    for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
-      mine.push_back(layout.blocks()[static_cast<size_t>(i)]);
-  // parallel.overlap's two-part attention runs on the CPU backend only (train/setup.cpp).
-  const bool cp_overlap = cfg.parallel.overlap && resolve_device(cfg.train.device) != Device::cuda;
-  b.activations += cp_attention_bytes(mine, tp, cp, rows, cp_overlap);
+  if (cp > 1) {  // (the blocks copied only where there is something to find: each holds its parameters' names)
+    std::vector<BlockSpec> mine;
+    for (int c = pp_rank; c <= last; c += layout.pp)
+      for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
+        mine.push_back(layout.blocks()[static_cast<size_t>(i)]);
+    // parallel.overlap's two-part attention runs on the CPU backend only (train/setup.cpp).
+    const bool cp_overlap = cfg.parallel.overlap && resolve_device(cfg.train.device) != Device::cuda;
+    b.activations += cp_attention_bytes(mine, tp, cp, rows, cp_overlap);
+  }
   // Sequence parallelism: the rank's one buffer of a micro-batch's every row (n, C), shared by its blocks.
   if (cfg.parallel.sequence_parallel && tp > 1) b.activations += sp_rows_bytes(rows, cfg.model.n_embd, compute_dtype(cfg.train.precision));
   return b;

@@ -55,8 +55,24 @@ struct StageParams {
 };
 StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_rank);
 
-// The rank at (pp_rank, tp_rank) of the config's layout (every replica holds the same).
+// What the memory plan of the rank at (pp_rank, tp_rank) reads from the layout alone (tp, cp, ep, pp and v): its
+// parameters and, for ZeRO-2/3, its gradient bucket keys in first-use order with the blocks that write each. Built by
+// walking thousands of named parameters (45,000 for DeepSeek-V3), so `relay plan --cluster`'s search builds it once per
+// layout shape (plan/layout_cache.hpp) and reuses it across ZeRO stages, micro-batchings and schedules.
+struct StageKeys {
+  StageParams params;
+  bool has_bucket_keys = false;       // keys and writers filled (with_bucket_keys)
+  std::vector<BucketKey> keys;        // (stage parameters) as the trainer hands them to GradBuckets
+  std::vector<std::vector<int>> writers;  // (stage parameters) the blocks that write each key's gradient
+};
+StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank, bool with_bucket_keys);
+ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank, int dp);
+
+// The rank at (pp_rank, tp_rank) of the config's layout (every replica holds the same); with `stage` (stage_keys of
+// the same layout, rank and tp, bucket keys included) instead of walking the parameters again: the same bytes.
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank);
+MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank,
+                           int tp_rank);
 // What this process's tensors hold now.
 MemoryBytes measured_memory();
 

@@ -1,0 +1,45 @@
+// What the step model (plan/step_model.hpp) reads from a layout's shape alone, (tp, cp, ep, pp, v) and sequence
+// parallelism: the ModelLayout, the memory plan's stage keys of the first and last pipeline ranks, whether a weight is
+// tied across stages and the checkpoint's bytes. Each walks every named parameter (DeepSeek-V3: 45,000), so the search
+// builds them once per shape and reuses them across the micro-batchings, schedules, ZeRO stages and recomputation.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "core/config.hpp"
+#include "train/memory_plan.hpp"
+#include "train/model_layout.hpp"
+
+namespace relay {
+
+struct LayoutFacts {
+  ModelLayout layout;
+  StageKeys first, last;  // stage_keys of pipeline ranks 0 and pp - 1 (tp rank 0), bucket keys included
+  bool tied = false;      // a parameter held by two pipeline ranks (layout.shared_params())
+  double checkpoint_bytes = 0;
+};
+
+// One search's facts, by shape. Every config asked for must share the base's model, optimizer and precision keys (the
+// search varies only parallel.*, train.micro_batches and train.recompute, none of which the facts read besides the
+// shape in the key).
+class LayoutCache {
+ public:
+  // The facts of cfg's shape, built on first use; throws the Error make_layout threw for this shape, every time.
+  const LayoutFacts& get(const Config& cfg);
+  size_t size() const { return facts_.size(); }
+
+ private:
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;  // tp, cp, ep, pp, v, sp
+  struct Entry {
+    std::unique_ptr<LayoutFacts> facts;
+    std::string error;  // make_layout's refusal (the partition) for this shape
+  };
+  std::map<Key, Entry> facts_;
+};
+
+// The facts of cfg's layout, built fresh (what LayoutCache::get stores).
+LayoutFacts layout_facts(const Config& cfg);
+
+}  // namespace relay
