@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
+source bench/random_tokens.sh
 RELAY=$(realpath "${1:-build/relay}")
 STEPS=${2:-5}
 T=${3:-16384}
@@ -15,12 +16,7 @@ THREADS=$(nproc)
 work=$(mktemp -d /tmp/relay-bench-cp-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-/usr/bin/python3 - "$work/tokens.h5" $((T * (STEPS + 1) + 1)) <<'PY'
-import sys, h5py, numpy as np
-with h5py.File(sys.argv[1], "w") as f:
-    f["tokens"] = np.random.default_rng(1).integers(0, 256, int(sys.argv[2])).astype(np.uint16)
-    f.attrs["vocab_size"], f.attrs["tokenizer"] = 256, "bytes"
-PY
+random_byte_tokens "$work/tokens.h5" $((T * (STEPS + 1) + 1))
 printf "# Context-parallel benchmark: llama-small-bytes at T %d, batch 1, %d steps\n" "$T" "$STEPS"
 cpu_info
 printf "%-34s %12s %16s %16s\n" "run" "tokens/s" "activations MiB" "(predicted)"

@@ -9,18 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
+source bench/random_tokens.sh
 RELAY=$(realpath "${1:-build/relay}")
 STEPS=${2:-6}
 T=${3:-4096}
 work=$(mktemp -d /tmp/relay-bench-overlap-cp-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-/usr/bin/python3 - "$work/tokens.h5" $((T * (STEPS + 1) + 1)) <<'PY'
-import sys, h5py, numpy as np
-with h5py.File(sys.argv[1], "w") as f:
-    f["tokens"] = np.random.default_rng(1).integers(0, 256, int(sys.argv[2])).astype(np.uint16)
-    f.attrs["vocab_size"], f.attrs["tokenizer"] = 256, "bytes"
-PY
+random_byte_tokens "$work/tokens.h5" $((T * (STEPS + 1) + 1))
 printf "# cp overlap benchmark: llama-small-bytes at T %d, batch 1, cp 2 (2 ranks x 1 thread), %d steps\n" "$T" "$STEPS"
 cpu_info
 printf "%-8s %10s %16s %10s\n" "overlap" "step s" "exposed comm s" "loss"
