@@ -325,6 +325,31 @@ TEST_F(FlashAttention, DocumentMaskEqualsEachDocumentAlone) {
   }
 }
 
+// Grouped-query attention over whole sequences, the reference the context-parallel tests cut up: random q, k, v and
+// output gradient (streams seed to seed + 3) of B sequences of T rows, with documents of `period + step * b` rows in
+// sequence b (period 0: none; doc_start is then all 0 and the kernels get no mask), and the kernels' out, lse, dq, dk,
+// dv.
+struct WholeSequences {
+  WholeSequences(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, uint64_t seed, int64_t period, int64_t step)
+      : q(randn(size_t(B * T * H * hd), seed, 1.5f)), k(randn(size_t(B * T * KV * hd), seed + 1, 1.5f)),
+        v(randn(size_t(B * T * KV * hd), seed + 2, 1.0f)), dout(randn(size_t(B * T * H * hd), seed + 3, 1.0f)),
+        out(q.size()), lse(size_t(B * H * T)), dq(q.size()), dk(k.size()), dv(v.size()), doc_start(size_t(B * T)) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0, start = 0; t < T; ++t) {
+        if (period > 0 && t > 0 && t % (period + step * b) == 0) start = t;
+        doc_start[size_t(b * T + t)] = int32_t(start);
+      }
+    const int32_t* ds = period > 0 ? doc_start.data() : nullptr;
+    const int64_t C = H * hd, Ckv = KV * hd;
+    cpu::flash_attention_gqa_forward(q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(), B, T, H, KV, hd, ds);
+    cpu::flash_attention_gqa_backward(dout.data(), q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(),
+                                      dq.data(), dk.data(), dv.data(), B, T, H, KV, hd, ds);
+  }
+  std::vector<float> q, k, v, dout;   // (B T, H hd), (B T, KV hd) twice, (B T, H hd)
+  std::vector<float> out, lse, dq, dk, dv;  // (B T, H hd), (B, H, T), then as q, k, v
+  std::vector<int32_t> doc_start;     // (B T) each row's document start in its sequence
+};
+
 // Context parallelism's attention (flash_attention_gqa_*_at): each of cp ranks holds chunks i and 2cp-1-i of every
 // sequence (2cp chunks of T / 2cp rows: the load-balanced causal layout) and attends to the whole sequence's keys.
 // Each rank's out and lse equal the full run's rows at its positions, its dq equal theirs, and the dk, dv of all
@@ -332,20 +357,11 @@ TEST_F(FlashAttention, DocumentMaskEqualsEachDocumentAlone) {
 // alignments: 4e-6 of each output's magnitude as above).
 TEST_F(FlashAttention, ChunksAtPositionsEqualTheWholeSequence) {
   const int64_t B = 2, T = 256, H = 4, KV = 2, hd = 16, C = H * hd, Ckv = KV * hd;
-  const auto q = randn(size_t(B * T * C), 31, 1.5f), k = randn(size_t(B * T * Ckv), 32, 1.5f);
-  const auto v = randn(size_t(B * T * Ckv), 33, 1.0f), dout = randn(size_t(B * T * C), 34, 1.0f);
   for (bool docs : {false, true}) {
-    std::vector<int32_t> doc_start(size_t(B * T));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0, start = 0; t < T; ++t) {
-        if (docs && t > 0 && t % (37 + 20 * b) == 0) start = t;  // documents of 37 (57) rows
-        doc_start[size_t(b * T + t)] = int32_t(start);
-      }
-    const int32_t* ds = docs ? doc_start.data() : nullptr;
-    std::vector<float> out(q.size()), lse(size_t(B * H * T)), dq(q.size()), dk(k.size()), dv(v.size());
-    cpu::flash_attention_gqa_forward(q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(), B, T, H, KV, hd, ds);
-    cpu::flash_attention_gqa_backward(dout.data(), q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(),
-                                      dq.data(), dk.data(), dv.data(), B, T, H, KV, hd, ds);
+    const WholeSequences w(B, T, H, KV, hd, 31, docs ? 37 : 0, 20);  // documents of 37 (57) rows
+    const auto &q = w.q, &k = w.k, &v = w.v, &dout = w.dout, &out = w.out, &lse = w.lse, &dq = w.dq;
+    const auto &dk = w.dk, &dv = w.dv;
+    const auto& doc_start = w.doc_start;
     for (int64_t cp : {int64_t(2), int64_t(4)}) {
       SCOPED_TRACE("cp " + std::to_string(cp) + (docs ? ", documents" : ""));
       const int64_t c = T / (2 * cp), Tq = 2 * c;
@@ -398,20 +414,11 @@ TEST_F(FlashAttention, ChunksAtPositionsEqualTheWholeSequence) {
 // never does): their lse there is -inf and the merge must keep them finite.
 TEST_F(FlashAttention, OwnAndRemoteKeysMergedEqualAllKeysAtOnce) {
   const int64_t B = 2, T = 64, H = 4, KV = 2, hd = 16, C = H * hd, Ckv = KV * hd;
-  const auto q = randn(size_t(B * T * C), 41, 1.5f), k = randn(size_t(B * T * Ckv), 42, 1.5f);
-  const auto v = randn(size_t(B * T * Ckv), 43, 1.0f), dout = randn(size_t(B * T * C), 44, 1.0f);
   for (bool docs : {false, true}) {
-    std::vector<int32_t> doc_start(size_t(B * T));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0, start = 0; t < T; ++t) {
-        if (docs && t > 0 && t % (11 + 6 * b) == 0) start = t;  // documents of 11 (17) rows
-        doc_start[size_t(b * T + t)] = int32_t(start);
-      }
-    const int32_t* ds = docs ? doc_start.data() : nullptr;
-    std::vector<float> out(q.size()), lse(size_t(B * H * T)), dq(q.size()), dk(k.size()), dv(v.size());
-    cpu::flash_attention_gqa_forward(q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(), B, T, H, KV, hd, ds);
-    cpu::flash_attention_gqa_backward(dout.data(), q.data(), k.data(), v.data(), C, Ckv, out.data(), lse.data(),
-                                      dq.data(), dk.data(), dv.data(), B, T, H, KV, hd, ds);
+    const WholeSequences w(B, T, H, KV, hd, 41, docs ? 11 : 0, 6);  // documents of 11 (17) rows
+    const auto &q = w.q, &k = w.k, &v = w.v, &dout = w.dout, &out = w.out, &lse = w.lse, &dq = w.dq;
+    const auto &dk = w.dk, &dv = w.dv;
+    const auto& doc_start = w.doc_start;
     for (int64_t cp : {int64_t(2), int64_t(4)}) {
       const int64_t c = T / (2 * cp), Tl = 2 * c, Tr = T - Tl;
       std::vector<float> dk_sum(k.size(), 0.f), dv_sum(v.size(), 0.f);
