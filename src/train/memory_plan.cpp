@@ -8,6 +8,7 @@
 #include "backend/backend.hpp"
 #include "core/memory.hpp"
 #include "model/chunk.hpp"
+#include "model/context_parallel.hpp"
 #include "model/expert_parallel.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/sharding.hpp"
@@ -255,9 +256,8 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
     for (int c = pp_rank; c <= last; c += layout.pp)
       for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
         mine.push_back(layout.blocks()[static_cast<size_t>(i)]);
-    // parallel.overlap's two-part attention runs on the CPU backend only (train/setup.cpp).
-    const bool cp_overlap = cfg.parallel.overlap && resolve_device(cfg.train.device) != Device::cuda;
-    b.activations += cp_attention_bytes(mine, tp, cp, rows, cp_overlap);
+    b.activations += cp_attention_bytes(mine, tp, cp, rows,
+                                        cp_overlaps(cfg.parallel.overlap, resolve_device(cfg.train.device)));
   }
   // Sequence parallelism: the rank's one buffer of a micro-batch's every row (n, C), shared by its blocks.
   if (cfg.parallel.sequence_parallel && tp > 1) b.activations += sp_rows_bytes(rows, cfg.model.n_embd, compute_dtype(cfg.train.precision));
