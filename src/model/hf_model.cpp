@@ -66,7 +66,10 @@ void write_hf_dir(const std::string& dir, const Config::Model& m, const std::str
   for (const auto& [name, source] : f.hf_copies(m)) {
     auto it = std::find_if(tensors.begin(), tensors.end(), [&](const CheckpointTensor& t) { return t.name == source; });
     if (it == tensors.end()) throw Error(cat(where, ": no tensor ", source, " to write as ", name));
-    CheckpointTensor copy{name, it->shape, std::vector<float>(it->values(), it->values() + shape_numel(it->shape))};
+    CheckpointTensor copy;
+    copy.name = name;
+    copy.shape = it->shape;
+    copy.data.assign(it->values(), it->values() + shape_numel(it->shape));
     tensors.push_back(std::move(copy));
   }
   for (auto& t : tensors)
