@@ -141,7 +141,7 @@ void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
   if (!dense.gradients) return;
   const ZeroTwoBuckets z = zero2_buckets(cfg, layout, 0, 0, in.replicas);
   auto mb = [](double bytes) { return mib(static_cast<int64_t>(bytes)); };
-  const double wire = double(dtype_size(in.wire)), act = double(dtype_size(in.work));
+  const double wire = double(dtype_size(in.wire));
   if (dense.grads == GradHold::pooled)
     std::printf("  bucket by bucket (the schedule replayed): %lld gradient reduce-scatters a step, %s MiB (a bucket "
                 "that blocks far apart write, the tied embedding's, once per run of its writers); the gradients held "
@@ -151,7 +151,7 @@ void print_data_parallel(const Config& cfg, const ModelLayout& layout) {
   if (dense.parameters)
     std::printf("  bucket by bucket: %s MiB of parameters all-gathered a step (a unit that two blocks use, the "
                 "tied embedding, for each); gathered at once: at most %s MiB (%s)\n",
-                mb(act * double(z.gathered_elements)).c_str(), mb(act * double(z.gathered_peak)).c_str(),
+                mb(double(z.gathered_bytes)).c_str(), mb(double(z.gathered_peak_bytes)).c_str(),
                 dense.gathered_kept ? "every unit of the rank, kept for the step"
                                     : "two blocks: the running one and the next, prefetched");
 }

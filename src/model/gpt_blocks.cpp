@@ -107,8 +107,6 @@ class Transformer final : public Block {
         H_(spec.n_head / tp.size), Cl_(spec.in / tp.size),
         cp_attn_(cp.on() ? cp.attention : nullptr), fp8_(fp8_linear(spec, tp.comm)) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "transformer block: sequence parallelism disagrees");
-    if (fp8_.on())  // every GEMM of these takes the Param (Fp8Weight): ZeRO-3 may gather them as FP8 codes
-      for (Param* w : {p_.attn_w, p_.proj_w, p_.fc_w, p_.mproj_w}) w->fp8_weight = true;
   }
 
   // saved.t: the forward's intermediates, then the backward-input's gradients that backward-weight reads.

@@ -56,9 +56,6 @@ class LlamaLayer final : public Block {
     } else {
       p_.gate = params_[attn], p_.up = params_[attn + 1], p_.down = params_[attn + 2];
     }
-    if (fp8_.on())  // every GEMM of these takes the Param (Fp8Weight): ZeRO-3 may gather them as FP8 codes
-      for (Param* w : {p_.q, p_.k, p_.v, p_.o, p_.gate, p_.up, p_.down})
-        if (w) w->fp8_weight = true;
   }
 
   // saved.t: the forward's intermediates, then the gradients backward_input leaves for backward_weight (and kH, the

@@ -51,10 +51,6 @@ class MlaLayer final : public Block {
     norm2_ = params_[i++];
     if (spec.moe.on()) moe_ = std::make_unique<MoeMlp>(spec, std::span<Param* const>(params_).subspan(attn), ep, tp, cp);
     else gate_ = params_[i++], up_ = params_[i++], down_ = params_[i++];
-    if (fp8_.on())  // every GEMM of these takes the Param (Fp8Weight): ZeRO-3 may gather them as FP8 codes. kv_a's
-                    // two row blocks are two GEMMs (a scale each), so it stays a working copy.
-      for (Param* w : {q_a_, q_b_, q_, kv_b_, o_, gate_, up_, down_})
-        if (w) w->fp8_weight = true;
   }
 
   // saved.t: the forward's intermediates, then (backward) the gradients backward_input leaves for backward_weight, then

@@ -10,9 +10,7 @@ namespace {
 // y = x W^T + b, as torch.nn.Linear. W (out, in), b (out). Its GEMMs in FP8 under train.precision = "fp8".
 class Linear final : public Block {
  public:
-  Linear(const BlockSpec& spec, std::vector<Param*> params) : Block(spec, std::move(params)), fp8_(fp8_linear(spec)) {
-    if (fp8_.on()) param(0).fp8_weight = true;  // its GEMMs take the Param: ZeRO-3 may gather it as FP8 codes
-  }
+  Linear(const BlockSpec& spec, std::vector<Param*> params) : Block(spec, std::move(params)), fp8_(fp8_linear(spec)) {}
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved&) override {
     fp8_.linear(be, x, param(0), param(1).compute(), y);  // (rows, in) @ (in, out) + bias (out)
   }

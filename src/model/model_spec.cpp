@@ -152,7 +152,11 @@ std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, cons
                                   const ContextParallel& cp, const ExpertParallel& ep) {
   std::vector<Param*> params;
   for (size_t i = 0; i < spec.params.size(); ++i)
-    if (ep.holds(spec, i)) params.push_back(store.get(spec.params[i]));
+    if (ep.holds(spec, i)) {
+      params.push_back(store.get(spec.params[i]));
+      // Its GEMMs take the Param (Fp8Weight): ZeRO-3 keeps it apart and may gather it as FP8 codes.
+      if (spec.fp8 && spec.params[i].fp8_gemm) params.back()->fp8_weight = true;
+    }
   switch (spec.kind) {
     case BlockKind::embedding:
     case BlockKind::transformer:

@@ -29,7 +29,16 @@ struct ParamSpec {
   Shape shape;       // torch shape (the whole tensor)
   ParamInit init;
   TpSplit split{};   // how tensor parallelism splits it (inert when parallel.tp = 1)
+  // A linear weight its block's GEMMs take whole (model/fp8_linear.hpp's Fp8Weight): under train.precision = "fp8"
+  // ZeRO-3 keeps it in buckets of its own, which parallel.fp8_param_gather gathers as e4m3 codes (make_block sets
+  // Param::fp8_weight from it; the memory plan counts those buckets from it).
+  bool fp8_gemm = false;
 };
+// s marked as a linear weight of FP8 GEMMs (ParamSpec::fp8_gemm).
+inline ParamSpec fp8_gemm(ParamSpec s) {
+  s.fp8_gemm = true;
+  return s;
+}
 
 struct Param {
   std::string name;

@@ -47,8 +47,9 @@ StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank
     auto [it, fresh] = key_of.insert({p.name, s.keys.size()});
     if (fresh) {
       const ParamPlacement& pl = placement.at(p.name);
+      // fp8: an FP8 GEMM's weight, in buckets apart under ZeRO-3 (zero2_buckets drops it for the other stages).
       s.keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
-                        pl.tp_replicated, pl.expert});
+                        pl.tp_replicated, pl.expert, layout.blocks()[size_t(i)].fp8.has_value() && p.fp8_gemm});
       s.writers.emplace_back();
     }
     s.writers[it->second].push_back(i);
@@ -63,12 +64,34 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank, int dp) {
   RELAY_ASSERT(stage.has_bucket_keys, "zero2_buckets: stage_keys built without bucket keys");
   const int edp = dp / layout.ep;
-  const std::vector<BucketKey>& keys = stage.keys;
-  const std::vector<std::vector<int>>& writers = stage.writers;
-  const BucketLayout bl = layout_buckets(keys, zero_bucket_caps(cfg), dp, edp);
   ShardingInput in = sharding_input(cfg);
   in.replicas = dp;
   const GroupSharding dense = describe_sharding(in).group(GradGroup::dense);
+  // GradBuckets keeps the FP8 GEMMs' weights apart under ZeRO-3 only.
+  std::vector<BucketKey> unmarked;
+  const bool any_fp8 = std::any_of(stage.keys.begin(), stage.keys.end(), [](const BucketKey& k) { return k.fp8; });
+  if (any_fp8 && !dense.parameters) {
+    unmarked = stage.keys;
+    for (BucketKey& k : unmarked) k.fp8 = false;
+  }
+  const std::vector<BucketKey>& keys = unmarked.empty() ? stage.keys : unmarked;
+  const std::vector<std::vector<int>>& writers = stage.writers;
+  const BucketLayout bl = layout_buckets(keys, zero_bucket_caps(cfg), dp, edp);
+  // A gathered bucket's bytes on the wire: its working dtype's, or its e4m3 codes' (parallel.fp8_param_gather;
+  // GradBuckets' Bucket::fp8: the bucket's parameters are FP8 GEMMs' weights). Held: the codes and one f32 scale a
+  // member; while its piece is quantised (GradBuckets::quantise_piece) also the piece in the working dtype and each
+  // member's amax.
+  const int64_t act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
+  auto codes = [&](size_t g) { return cfg.parallel.fp8_param_gather && keys[bl.groups[g].front()].fp8; };
+  auto gathered_bytes = [&](size_t g) {
+    return (codes(g) ? int64_t(dtype_size(DType::fp8_e4m3)) : act) * bl.padded[g];
+  };
+  auto held_bytes = [&](size_t g) {
+    return gathered_bytes(g) + (codes(g) ? 4 * int64_t(bl.groups[g].size()) : 0);
+  };
+  auto quantise_scratch = [&](size_t g) {
+    return codes(g) ? act * bl.padded[g] / bl.shards[g] + 4 * int64_t(bl.groups[g].size()) : 0;
+  };
   ZeroTwoBuckets z;
   std::map<int, std::vector<int>> buckets_of_block;  // as GradBuckets::watch: the sharded buckets only
   for (size_t g = 0; g < bl.groups.size(); ++g) {
@@ -100,7 +123,20 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
       if (it != buckets_of_block.end()) into.insert(it->second.begin(), it->second.end());
     };
     if (z.kept) {
-      z.gathered_peak = z.total_padded - z.whole;
+      // Gathered in the order the step's first forward reaches them (chunk after chunk, block after block), each
+      // piece quantised while the units before it are held.
+      std::set<int> seen;
+      int64_t held = 0;
+      for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
+        for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i) {
+          std::set<int> mine;
+          units(i, mine);
+          for (int g : mine)
+            if (seen.insert(g).second) {
+              held += held_bytes(size_t(g));
+              z.gathered_peak_bytes = std::max(z.gathered_peak_bytes, held + quantise_scratch(size_t(g)));
+            }
+        }
     } else {
       for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp) {
         const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
@@ -109,19 +145,20 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
             std::set<int> held;
             units(i, held);
             if (next >= cr.begin && next < cr.end) units(next, held);
-            int64_t n = 0;
-            for (int g : held) n += bl.padded[size_t(g)];
-            z.gathered_peak = std::max(z.gathered_peak, n);
+            int64_t n = 0, scratch = 0;  // the held units, and the prefetched one's piece being quantised
+            for (int g : held) n += held_bytes(size_t(g)), scratch = std::max(scratch, quantise_scratch(size_t(g)));
+            z.gathered_peak_bytes = std::max(z.gathered_peak_bytes, n + scratch);
           }
       }
     }
     // Gathers a step: every unit once when kept; else every block's units for its forward and its backward, per
     // micro-batch (a unit two blocks use, the tied embedding, twice each way).
     if (z.kept) {
-      z.gathered_elements = z.total_padded - z.whole;
+      for (size_t g = 0; g < bl.groups.size(); ++g)
+        if (bl.shards[g] != 1) z.gathered_bytes += gathered_bytes(g);
     } else {
       for (auto& [block, gs] : buckets_of_block)
-        for (int g : gs) z.gathered_elements += 2 * cfg.train.micro_batches * bl.padded[size_t(g)];
+        for (int g : gs) z.gathered_bytes += 2 * cfg.train.micro_batches * gathered_bytes(size_t(g));
     }
   }
   const auto writes = zero2_writes(chunk_param_blocks, buckets_of_block);
@@ -211,7 +248,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
   // ZeRO-2, 3: the buckets with no other copy (experts when ep = dp x cp) are whole, parameters and gradients.
   if (ds.parameters) {
     b.params = f32 * z.shards + (f32 + (mixed ? act : 0)) * z.whole;  // the masters' pieces, the whole buckets
-    b.gathered = act * z.gathered_peak;  // blocks gathered while they run (all freed after the step)
+    b.gathered = z.gathered_peak_bytes;  // blocks gathered while they run (all freed after the step)
   }
   if (ds.grads == GradHold::step_buckets) {
     // ZeRO-3 under pp > 1: after the step only the shards; during it every sharded bucket whole, and its wire copy.

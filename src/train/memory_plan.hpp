@@ -42,8 +42,10 @@ struct ZeroTwoBuckets {
   int64_t pool_buffers = 0, pool_elements = 0;  // the in-flight buffers a step allocates (Zero2Pool)
   int64_t pool_piece_elements = 0;              // their pieces of the sums
   int64_t launches = 0, launched_elements = 0;  // a step's reduce-scatters and their summed sizes
-  int64_t gathered_peak = 0;      // ZeRO-3: the most parameter elements gathered at once (working dtype)
-  int64_t gathered_elements = 0;  // ZeRO-3: parameter elements all-gathered a step
+  // ZeRO-3: the most parameter bytes gathered at once, and the bytes all-gathered a step: the working dtype's, and
+  // under parallel.fp8_param_gather the FP8 linear weights' buckets at one byte an element (their e4m3 codes).
+  int64_t gathered_peak_bytes = 0;
+  int64_t gathered_bytes = 0;
   bool kept = false;              // ZeRO-3: gathered parameters kept to the end of the step (pp > 1, or no reshard)
 };
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp);

@@ -216,16 +216,17 @@ class DeepseekV3Family final : public ModelFamily {
       b.mla = {ql, r, a.qk_nope_head_dim, dr, dv, a.rope_interleave, a.rope_tables(), a.softmax_mscale2()};
       b.params = {{p + "input_layernorm.weight", {C}, constant(1)}};
       if (ql > 0) {
-        b.params.push_back(w(at + "q_a_proj.weight", {ql, C}));
+        b.params.push_back(fp8_gemm(w(at + "q_a_proj.weight", {ql, C})));
         b.params.push_back({at + "q_a_layernorm.weight", {ql}, constant(1)});
-        b.params.push_back(w(at + "q_b_proj.weight", {H * dqk, ql}, col));
+        b.params.push_back(fp8_gemm(w(at + "q_b_proj.weight", {H * dqk, ql}, col)));
       } else {
-        b.params.push_back(w(at + "q_proj.weight", {H * dqk, C}, col));
+        b.params.push_back(fp8_gemm(w(at + "q_proj.weight", {H * dqk, C}, col)));
       }
+      // Not fp8_gemm: its two row blocks (latent, rotary key) are two GEMMs with a scale each (a working copy).
       b.params.push_back(w(at + "kv_a_proj_with_mqa.weight", {r + dr, C}));
       b.params.push_back({at + "kv_a_layernorm.weight", {r}, constant(1)});
-      b.params.push_back(w(at + "kv_b_proj.weight", {H * (a.qk_nope_head_dim + dv), r}, col));
-      b.params.push_back(w(at + "o_proj.weight", {C, H * dv}, row));
+      b.params.push_back(fp8_gemm(w(at + "kv_b_proj.weight", {H * (a.qk_nope_head_dim + dv), r}, col)));
+      b.params.push_back(fp8_gemm(w(at + "o_proj.weight", {C, H * dv}, row)));
       b.params.push_back({p + "post_attention_layernorm.weight", {C}, constant(1)});
       double mlp_flops = 6.0 * double(C) * double(F);
       if (moe) {
@@ -262,9 +263,9 @@ class DeepseekV3Family final : public ModelFamily {
         mlp_flops = 2.0 * double(C) * double(E) + double(a.num_experts_per_tok + a.n_shared_experts) * 6.0 *
                                                       double(C) * double(Fe);
       } else {
-        b.params.push_back(w(p + "mlp.gate_proj.weight", {F, C}, col));
-        b.params.push_back(w(p + "mlp.up_proj.weight", {F, C}, col));
-        b.params.push_back(w(p + "mlp.down_proj.weight", {C, F}, row));
+        b.params.push_back(fp8_gemm(w(p + "mlp.gate_proj.weight", {F, C}, col)));
+        b.params.push_back(fp8_gemm(w(p + "mlp.up_proj.weight", {F, C}, col)));
+        b.params.push_back(fp8_gemm(w(p + "mlp.down_proj.weight", {C, F}, row)));
       }
       // Per token: 2 x the projections' multiply-adds, 2 x 2 x T x H (dqk + dv) / 2 in QK^T and att @ V (causal
       // halves are the planner's business, as Llama's), 2 x 3 C F in the SwiGLU (the MoE's: the router's 2 C E and

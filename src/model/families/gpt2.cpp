@@ -68,15 +68,15 @@ class Gpt2Family final : public ModelFamily {
       auto add = [&](ParamSpec s, bool present = true) { if (present) b.params.push_back(std::move(s)); };
       add({p + "ln_1.weight", {C}, constant(1)});
       add({p + "ln_1.bias", {C}, constant(0)}, bias);
-      add(w(p + "attn.c_attn.weight", {3 * C, C}, std_w, qkv));
+      add(fp8_gemm(w(p + "attn.c_attn.weight", {3 * C, C}, std_w, qkv)));
       add({p + "attn.c_attn.bias", {3 * C}, constant(0), qkv}, bias);
-      add(w(p + "attn.c_proj.weight", {C, C}, std_proj, row));
+      add(fp8_gemm(w(p + "attn.c_proj.weight", {C, C}, std_proj, row)));
       add({p + "attn.c_proj.bias", {C}, constant(0)}, bias);
       add({p + "ln_2.weight", {C}, constant(1)});
       add({p + "ln_2.bias", {C}, constant(0)}, bias);
-      add(w(p + "mlp.c_fc.weight", {4 * C, C}, std_w, col));
+      add(fp8_gemm(w(p + "mlp.c_fc.weight", {4 * C, C}, std_w, col)));
       add({p + "mlp.c_fc.bias", {4 * C}, constant(0), col}, bias);
-      add(w(p + "mlp.c_proj.weight", {C, 4 * C}, std_proj, row));
+      add(fp8_gemm(w(p + "mlp.c_proj.weight", {C, 4 * C}, std_proj, row)));
       add({p + "mlp.c_proj.bias", {C}, constant(0)}, bias);
       // Per token: 2 x (3C^2 + C^2 + 4C^2 + 4C^2) in the projections, 2 x 2 x T x C in QK^T and att @ V.
       b.attn_flops = 4.0 * double(T) * double(C);

@@ -112,10 +112,10 @@ ModelSpec llama_blocks(const Config& cfg, const ExpertNames* experts, bool qk_no
     b.head_dim = hd;
     b.qk_norm = qk_norm;
     b.params = {{p + "input_layernorm.weight", {C}, constant(1)},
-                w(p + "self_attn.q_proj.weight", {Hq, C}, col),
-                w(p + "self_attn.k_proj.weight", {Hkv, C}, col),
-                w(p + "self_attn.v_proj.weight", {Hkv, C}, col),
-                w(p + "self_attn.o_proj.weight", {C, Hq}, row)};
+                fp8_gemm(w(p + "self_attn.q_proj.weight", {Hq, C}, col)),
+                fp8_gemm(w(p + "self_attn.k_proj.weight", {Hkv, C}, col)),
+                fp8_gemm(w(p + "self_attn.v_proj.weight", {Hkv, C}, col)),
+                fp8_gemm(w(p + "self_attn.o_proj.weight", {C, Hq}, row))};
     if (b.qk_norm) {
       b.params.push_back({p + "self_attn.q_norm.weight", {hd}, constant(1)});
       b.params.push_back({p + "self_attn.k_norm.weight", {hd}, constant(1)});
@@ -144,9 +144,9 @@ ModelSpec llama_blocks(const Config& cfg, const ExpertNames* experts, bool qk_no
       }
       mlp_flops = 2.0 * double(C) * double(E) + double(e.experts_per_token) * 6.0 * double(C) * double(Fe);
     } else {
-      b.params.push_back(w(p + "mlp.gate_proj.weight", {F, C}, col));
-      b.params.push_back(w(p + "mlp.up_proj.weight", {F, C}, col));
-      b.params.push_back(w(p + "mlp.down_proj.weight", {C, F}, row));
+      b.params.push_back(fp8_gemm(w(p + "mlp.gate_proj.weight", {F, C}, col)));
+      b.params.push_back(fp8_gemm(w(p + "mlp.up_proj.weight", {F, C}, col)));
+      b.params.push_back(fp8_gemm(w(p + "mlp.down_proj.weight", {C, F}, row)));
     }
     b.attn_flops = 4.0 * double(T) * double(Hq);
     b.flops = 2.0 * double(C) * double(2 * Hq + 2 * Hkv) + mlp_flops + b.attn_flops;

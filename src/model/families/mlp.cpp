@@ -68,7 +68,7 @@ class MlpFamily final : public ModelFamily {
         // torch: kaiming_uniform_(a=sqrt(5)) gives U(-1/sqrt(in), 1/sqrt(in)); the bias uses the same bound
         // and continues the weight's random stream.
         const double bound = 1.0 / std::sqrt(double(w));
-        b.params = {{n + ".weight", {l.out, w}, {ParamInit::uniform, bound, i, 0}},
+        b.params = {fp8_gemm({n + ".weight", {l.out, w}, {ParamInit::uniform, bound, i, 0}}),
                     {n + ".bias", {l.out}, {ParamInit::uniform, bound, i, static_cast<uint64_t>(l.out * w)}}};
         b.flops = 2.0 * double(w) * double(l.out);
       } else if (l.type == "layernorm") {
