@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Mixture-of-experts CPU benchmark (measures, never fails): tokens/s of Relay's model.type = "mixtral" and
-# "qwen3_moe" against the dense Llama with the same active parameters per token, and against transformers'
-# MixtralForCausalLM / Qwen3MoeForCausalLM (bench/torch_moe.py, PyTorch 2.x from PyPI; fp32 and bf16 autocast),
-# back to back per model, on the small byte-level configs:
+# Mixture-of-experts CPU benchmark (measures, never fails): tokens/s of Relay's model.type = "mixtral",
+# "qwen3_moe" and "deepseek_v3" against a dense Llama with the same active parameters per token, and against
+# transformers' MixtralForCausalLM / Qwen3MoeForCausalLM / DeepseekV3ForCausalLM (bench/torch_moe.py, PyTorch 2.x
+# from PyPI; fp32 and bf16 autocast), back to back per model, on the small byte-level configs:
 #   llama-small   configs/llama-small-bytes.toml    (dense: SwiGLU 352)
 #   mixtral-small configs/mixtral-small-bytes.toml  (8 experts of 176, top 2: 352 active SwiGLU units)
 #   qwen3-small   configs/qwen3-moe-small-bytes.toml (layer 0 dense 352, then 8 experts of 176, top 2)
-# every one V 256, T 64, 4 layers, 4 heads sharing 2 kv heads, 128 wide, batch 16, 1 micro-batch.
+# every one V 256, T 64, 4 layers, 4 heads sharing 2 kv heads, 128 wide, batch 16, 1 micro-batch; and
+#   deepseek-small configs/deepseek-v3-small-bytes.toml (2 MLA layers 64 wide, 4 heads; layer 0 dense SwiGLU 176,
+#                  layer 1 8 routed experts of 48 in 2 groups, top 2 of 1 group, 1 shared expert of 48)
+#   llama-ds       llama-small-bytes.toml cut to deepseek-small's active parameters (2 layers 64 wide, 4 heads
+#                  sharing 2, SwiGLU 208: 104,448 matmul weights a token uses against deepseek-small's 103,936)
+# "vs dense" of deepseek-small is against llama-ds, of the others against llama-small.
 # tokens/s: mean of the per-step tokens/s after the first max(2, steps / 4) steps.
-# "vs dense": relay tokens/s / relay llama-small's at the same precision (the issue's target: >= 0.75 in bf16);
-# "vs torch": relay / torch2 at the same precision (target: >= 2 in bf16 for qwen3_moe).
+# "vs dense": relay tokens/s / relay's dense Llama's (llama-small or llama-ds) at the same precision (the issues' target: >= 0.75 in bf16);
+# "vs torch": relay / torch2 at the same precision (target: >= 2 in bf16 for qwen3_moe and deepseek_v3).
 # check: ok when every run's first loss is within 5% of ln(V) (a small-init model starts near uniform).
 # Rounds: every run that many times, rounds in turn; cells are medians over the rounds (their values are printed).
 # Usage: [TORCH2_PYTHON=python3] bench/bench_moe_cpu.sh [relay binary (build/relay)] [steps (20)] [threads (all cores)]
@@ -51,9 +56,12 @@ with h5py.File(sys.argv[1], "w") as f:
     f.attrs["vocab_size"], f.attrs["tokenizer"] = 256, "bytes"
 PY
 
-relay_run() {  # config precision -> "tokens/s loss1" or "n/a"
-  local dir="$work/run-$(basename "$1" .toml)-$2-$round"
-  if ! OMP_NUM_THREADS=$THREADS "$RELAY" train --config "$1" --set "run.dir=\"$dir\"" \
+relay_run() {  # config precision [--set overrides...] -> "tokens/s loss1" or "n/a"
+  local config=$1 precision=$2
+  shift 2
+  local dir="$work/run-$(basename "$config" .toml)-$precision-$round-$#"
+  set -- "$config" "$precision" "$@"
+  if ! OMP_NUM_THREADS=$THREADS "$RELAY" train --config "$1" "${@:3}" --set "run.dir=\"$dir\"" \
       --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' --set "train.precision=\"$2\"" \
       --set train.steps="$STEPS" --set train.log_every=1 --set train.batch_size=$B --set train.micro_batches=1 \
       --set lr_schedule.warmup_steps=0 --set train.threads="$THREADS" --set model.block_size=$T >"$dir.out" 2>&1; then
@@ -90,29 +98,33 @@ printf "#%-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s\n" "" "(tok/s)" "(tok/s)"
 # that a slow spell on a shared machine hits one round of every column; each cell is the median over the rounds,
 # and the ratios are of medians.
 for ((round = 1; round <= ROUNDS; ++round)); do
-  for row in "llama-small configs/llama-small-bytes.toml" "mixtral-small configs/mixtral-small-bytes.toml" \
-             "qwen3-small configs/qwen3-moe-small-bytes.toml"; do
-    read -r name config <<<"$row"
-    r32=$(relay_run "$config" fp32); r16=$(relay_run "$config" bf16)
-    if [[ $name == llama-small ]]; then t32=n/a t16=n/a
+  for row in "llama-small llama-small configs/llama-small-bytes.toml" \
+             "mixtral-small llama-small configs/mixtral-small-bytes.toml" \
+             "qwen3-small llama-small configs/qwen3-moe-small-bytes.toml" \
+             "llama-ds llama-ds configs/llama-small-bytes.toml --set model.n_layer=2 --set model.n_embd=64 --set model.ffn_hidden=208" \
+             "deepseek-small llama-ds configs/deepseek-v3-small-bytes.toml"; do
+    read -r name dense config overrides <<<"$row"
+    read -ra sets <<<"${overrides:-}"
+    r32=$(relay_run "$config" fp32 "${sets[@]}"); r16=$(relay_run "$config" bf16 "${sets[@]}")
+    if [[ $name == "$dense" ]]; then t32=n/a t16=n/a
     else t32=$(torch_run "$config" fp32); t16=$(torch_run "$config" bf16); fi
-    printf "%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$name" "$r32" "$r16" "$t32" "$t16" >>"$work/rounds"
+    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$round" "$name" "$dense" "$r32" "$r16" "$t32" "$t16" >>"$work/rounds"
   done
 done
 python3 - "$work/rounds" "$ROUNDS" <<'PY'
 import math, statistics, sys
-rows, rounds = {}, int(sys.argv[2])
+rows, dense_of, rounds = {}, {}, int(sys.argv[2])
 for line in open(sys.argv[1]):
-    rnd, name, *cells = line.rstrip("\n").split("\t")
+    rnd, name, dense_of[name], *cells = line.rstrip("\n").split("\t")
     rows.setdefault(name, []).append([None if c in ("n/a", "") else [float(v) for v in c.split()] for c in cells])
 def median(runs, i):
     got = [r[i] for r in runs if r[i] is not None]
     return None if not got else [statistics.median(g[0] for g in got), got[0][1]]
 tps = lambda x: "n/a" if x is None else "%.1f" % x[0]
 ratio = lambda a, b: "n/a" if a is None or b is None else "%.2fx" % (a[0] / b[0])
-dense = [median(rows["llama-small"], i) for i in range(4)]
 for name, runs in rows.items():
     r = [median(runs, i) for i in range(4)]
+    dense = [median(rows[dense_of[name]], i) for i in range(4)]
     ok = all(abs(x[1] - math.log(256)) <= 0.05 * math.log(256) for run in runs for x in run if x is not None)
     print(" %-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s" % (name, tps(r[0]), tps(r[1]), tps(r[2]), tps(r[3]),
           ratio(r[0], dense[0]), ratio(r[1], dense[1]), ratio(r[0], r[2]), ratio(r[1], r[3]), "ok" if ok else "BAD"))

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""PyTorch twin of Relay's MoE CPU benchmark: transformers' MixtralForCausalLM or Qwen3MoeForCausalLM (the
-architectures of Relay's model.type = "mixtral" / "qwen3_moe") built from the Relay config's shape with random
+"""PyTorch twin of Relay's MoE CPU benchmark: transformers' MixtralForCausalLM, Qwen3MoeForCausalLM or
+DeepseekV3ForCausalLM (the architectures of Relay's model.type = "mixtral" / "qwen3_moe" / "deepseek_v3") built from
+the Relay config's shape with random
 weights (nothing is downloaded), SDPA attention, the experts as transformers runs them by default
 (experts_implementation None: its grouped-GEMM path where the CPU has one), Relay's batch, AdamW, clipping and
 threads; the loss is the cross-entropy plus router_aux_loss_coef x transformers' own load-balancing loss
-(output_router_logits), so the router's statistics are computed as in training.
+(output_router_logits), so the router's statistics are computed as in training. DeepSeek-V3's model has no
+auxiliary loss in transformers (its routing is balanced by the correction bias, outside the backward): the
+cross-entropy alone.
 
 Modes: fp32, or bf16 = torch.autocast("cpu", dtype=torch.bfloat16).
 Prints one line (torch_twin.report): tokens/s over the steps after the first SKIP, parameters, GFLOP/s with
@@ -20,7 +23,8 @@ except ImportError:  # an older python (a GPU machine's own): pip's copy of the 
 import torch
 import torch.nn.functional as F
 from torch_twin import autocast, default_adamw, report, time_steps
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 if len(sys.argv) < 6:
     sys.exit(__doc__)
@@ -32,7 +36,11 @@ with open(config_path, "rb") as f:
     cfg = tomllib.load(f)
 m, o = cfg["model"], cfg["optimizer"]
 V, L, H, C = m["vocab_size"], m["n_layer"], m["n_head"], m["n_embd"]
-E, k, Fe = m["n_experts"], m["experts_per_token"], m["moe_ffn_hidden"]
+deepseek = m["type"] == "deepseek_v3"
+if deepseek:  # transformers' key names are Relay's for this family
+    E, k, Fe = m["n_routed_experts"], m["num_experts_per_tok"], m["moe_intermediate_size"]
+else:
+    E, k, Fe = m["n_experts"], m["experts_per_token"], m["moe_ffn_hidden"]
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 common = dict(vocab_size=V, hidden_size=C, num_hidden_layers=L, num_attention_heads=H,
@@ -40,7 +48,18 @@ common = dict(vocab_size=V, hidden_size=C, num_hidden_layers=L, num_attention_he
               rope_parameters=dict(rope_type="default", rope_theta=m.get("rope_theta", 10000.0)),
               initializer_range=m.get("init_std", 0.02), tie_word_embeddings=False, num_experts_per_tok=k,
               router_aux_loss_coef=m.get("router_aux_loss_coef", 0.001), use_cache=False, attn_implementation="sdpa")
-if m["type"] == "mixtral":
+if deepseek:
+    common.pop("router_aux_loss_coef")
+    common["num_key_value_heads"] = H
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(
+        **common, intermediate_size=m["ffn_hidden"], moe_intermediate_size=Fe, n_routed_experts=E,
+        n_shared_experts=m["n_shared_experts"], n_group=m["n_group"], topk_group=m["topk_group"],
+        norm_topk_prob=m["norm_topk_prob"], routed_scaling_factor=m["routed_scaling_factor"],
+        first_k_dense_replace=m["first_k_dense_replace"], q_lora_rank=m.get("q_lora_rank") or None,
+        kv_lora_rank=m["kv_lora_rank"], qk_nope_head_dim=m["qk_nope_head_dim"], qk_rope_head_dim=m["qk_rope_head_dim"],
+        v_head_dim=m["v_head_dim"], rope_interleave=m.get("rope_interleave", True), attention_bias=False))
+    dense = []
+elif m["type"] == "mixtral":
     model = MixtralForCausalLM(MixtralConfig(**common, intermediate_size=Fe, num_local_experts=E))
     dense = []
 else:
@@ -66,8 +85,10 @@ coef = m.get("router_aux_loss_coef", 0.001)
 def step():
     opt.zero_grad(set_to_none=True)
     with autocast(mode):
-        out = model(input_ids=x, output_router_logits=True)
-        loss = F.cross_entropy(out.logits.view(-1, V).float(), y.view(-1)) + coef * out.aux_loss
+        out = model(input_ids=x) if deepseek else model(input_ids=x, output_router_logits=True)
+        loss = F.cross_entropy(out.logits.view(-1, V).float(), y.view(-1))
+        if not deepseek:
+            loss = loss + coef * out.aux_loss
     loss.backward()
     if clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -75,7 +96,8 @@ def step():
     return loss.item()
 
 
-hd = m.get("head_dim", C // H)
+# attention's QK^T and att @ V per token (forward and backward, causal or not as the other rows count them)
+attn = 6 * L * H * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"] + m["v_head_dim"]) * T if deepseek else \
+    12 * L * H * m.get("head_dim", C // H) * T
 tps, losses = time_steps(step, steps, skip, B * T)
-report(mode, model.config._attn_implementation, adamw, threads, params, steps, skip, tps,
-       6 * active + 12 * L * H * hd * T, losses)
+report(mode, model.config._attn_implementation, adamw, threads, params, steps, skip, tps, 6 * active + attn, losses)
