@@ -153,6 +153,20 @@ int run_generate_command(const GenerateOptions& o) {
     for (size_t i = 0; i < out.size(); ++i) f << (i ? " " : "") << out[i];
     f << "\n";
   }
+  // The caches' size: bytes per token over the layers, and for the tokens this run held; beside it what a standard
+  // key-value cache of the same heads would take (the same figure for GPT and Llama; MLA keeps a latent instead).
+  const Generator::CacheSize cs = gen.cache_size();
+  const int64_t held = gen.cached_positions(), per_value = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
+  const std::string formula = cs.values.empty() ? std::string("")
+      : cat(" = ", cs.layers, " layers x ", cs.values, " values x ", per_value, " bytes");
+  std::string line = cat("cache: ", cs.bytes, " bytes per token", formula, "; ", cs.bytes * held, " bytes for the ", held,
+                         " tokens of this run");
+  if (cs.standard_bytes != cs.bytes) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.1f", double(cs.standard_bytes) / double(cs.bytes));
+    line += cat("; a standard key-value cache of the same heads: ", cs.standard_bytes, " bytes per token, ",
+                cs.standard_bytes * held, " bytes (", ratio, "x)");
+  }
   if (tok) {
     const std::string text = tok->decode(out);
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -161,6 +175,7 @@ int run_generate_command(const GenerateOptions& o) {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
     std::printf("\n(token ids: pass %s to print text)\n", files.c_str());
   }
+  std::printf("%s\n", line.c_str());
   return 0;
 }
 
