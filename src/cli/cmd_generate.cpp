@@ -6,6 +6,7 @@
 // tokenizer.json the data was made with, to encode a text prompt and to print text.
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 
@@ -157,16 +158,14 @@ int run_generate_command(const GenerateOptions& o) {
   // key-value cache of the same heads would take (the same figure for GPT and Llama; MLA keeps a latent instead).
   const Generator::CacheSize cs = gen.cache_size();
   const int64_t held = gen.cached_positions(), per_value = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
-  const std::string formula = cs.values.empty() ? std::string("")
-      : cat(" = ", cs.layers, " layers x ", cs.values, " values x ", per_value, " bytes");
-  std::string line = cat("cache: ", cs.bytes, " bytes per token", formula, "; ", cs.bytes * held, " bytes for the ", held,
-                         " tokens of this run");
-  if (cs.standard_bytes != cs.bytes) {
-    char ratio[32];
-    std::snprintf(ratio, sizeof ratio, "%.1f", double(cs.standard_bytes) / double(cs.bytes));
-    line += cat("; a standard key-value cache of the same heads: ", cs.standard_bytes, " bytes per token, ",
-                cs.standard_bytes * held, " bytes (", ratio, "x)");
-  }
+  std::ostringstream line;
+  line << "cache: " << cs.bytes << " bytes per token";
+  if (!cs.values.empty()) line << " = " << cs.layers << " layers x " << cs.values << " values x " << per_value << " bytes";
+  line << "; " << cs.bytes * held << " bytes for the " << held << " tokens of this run";
+  if (cs.standard_bytes != cs.bytes)
+    line << "; a standard key-value cache of the same heads: " << cs.standard_bytes << " bytes per token, "
+         << cs.standard_bytes * held << " bytes (" << std::fixed << std::setprecision(1)
+         << double(cs.standard_bytes) / double(cs.bytes) << "x)";
   if (tok) {
     const std::string text = tok->decode(out);
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -175,7 +174,7 @@ int run_generate_command(const GenerateOptions& o) {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
     std::printf("\n(token ids: pass %s to print text)\n", files.c_str());
   }
-  std::printf("%s\n", line.c_str());
+  std::printf("%s\n", line.str().c_str());
   return 0;
 }
 

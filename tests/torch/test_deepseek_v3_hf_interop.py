@@ -12,6 +12,12 @@ tokens within 1e-5 relative; the same directory rewritten with the experts fused
 Export: Relay trains 10 steps (q_lora_rank unset: one q_proj; the expert bias updated every step), `relay ckpt export
 --format hf` writes a directory that from_pretrained loads as DeepseekV3ForCausalLM with no missing or unexpected keys,
 its e_score_correction_bias the checkpoint's router/expert_bias, and its eval loss equals Relay's logged one.
+Generation (MLA's compressed cache, decoded in the absorbed form): `relay generate --temperature 0` continues an
+8-token prompt by 16 tokens exactly as transformers' generate (do_sample=False, DynamicCache) does, from the import's
+step-0 checkpoint against the HF model itself (q_lora_rank 24, the non-zero bias), from the YaRN import's (24 positions
+over 8 original ones) and from the export's (q_proj, trained); each prints the cache's bytes, checked against
+layers x (kv_lora_rank + qk_rope_head_dim) x 4 bytes per token and x the 23 tokens the run held, beside a standard
+cache's layers x heads x (qk_nope + qk_rope + v_head_dim) x 4 bytes.
 YaRN: a DeepseekV3ForCausalLM whose rope_parameters are YaRN's (rope_type "yarn", factor 4 over 8 original positions
 of the 32, mscale 1, mscale_all_dim 0.8) -> model.init_from with rope_scaling = "yarn" and the rope_ keys: eval loss =
 transformers', also with config.json rewritten in transformers 4's form (rope_scaling {"type": "yarn", ...}); its
