@@ -3,7 +3,8 @@
 //   [--device cpu|cuda] [--tokens-out FILE] [--logits-out FILE]
 // Text from a language model's checkpoint on one rank with a key-value cache (model/generate.hpp). The
 // checkpoint names its tokenizer; "gpt2" needs GPT-2's vocab.json and merges.txt, "hf" the
-// tokenizer.json the data was made with, to encode a text prompt and to print text.
+// tokenizer.json the data was made with, to encode a text prompt and to print text. After the text, one line: the
+// caches' bytes per token and for the run (DeepSeek-V3: MLA's compressed cache, beside a standard cache of its heads).
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
