@@ -280,7 +280,7 @@ class MlaLayer final : public Block {
   // W_UK_h and W_UV_h are kv_b_proj's rows [h (dn + dv), + dn) and [h (dn + dv) + dn, + dv).
   // Buffers (n sequences, one position each), then from dCount the experts' (MoeMlp::saved_shapes):
   enum : size_t { dCache, dN1, dRstd1, dQa, dRstdQa, dQaN, dQ, dPe, dLat, dRstdLat, dLatN, dKpe, dKv, dQn, dQl, dQabs,
-                  dOlat, dOh, dAtty, dRes, dN2, dRstd2, dGate, dUp, dH, dCount };
+                  dOlat, dAtty, dRes, dN2, dRstd2, dGate, dUp, dH, dCount };
 
  public:
   bool can_decode() const override { return !tp_.on() && !ep_on_; }
@@ -292,15 +292,15 @@ class MlaLayer final : public Block {
                           {{n, C}, a}, {{n}, f32},    // input_layernorm
                           {{nq, ql}, a}, {{nq}, f32}, {{nq, ql}, a},  // q_a_proj, q_a_layernorm
                           {{n, H_ * dqk}, a},         // q: [q_nope | rotated q_pe] per head
-                          {{n, H_ * dr}, a},          // rope scratch
+                          {{n * H_, dr}, a},          // rope scratch: a rotary part per (sequence, head)
                           {{n, r}, a}, {{n}, f32}, {{n, r}, a},  // the latent, kv_a_layernorm's rstd and output
                           {{n, dr}, a},               // k_pe
                           {{n, r + dr}, a},           // this position's cache row
-                          {{n, dn}, a}, {{n, r}, a},  // one head's q_nope; its q_latent, later its latent output
+                          {{n * H_, dn}, a},          // q_nope per (sequence, head)
+                          {{n * H_, r}, a},           // q_latent per (sequence, head)
                           {{n, H_ * (r + dr)}, a},    // the absorbed queries [q_latent | q_pe] per head
                           {{n, H_ * r}, a},           // the attention-weighted latents per head
-                          {{n, dv}, a},               // one head's output through W_UV
-                          {{n, H_ * dv}, a},          // the heads' outputs, o_proj's input
+                          {{n, H_ * dv}, a},          // the heads' outputs through W_UV, o_proj's input
                           {{n, C}, a}, {{n, C}, a}, {{n}, f32},  // residual 1, post_attention_layernorm
                           {{n, F_}, a}, {{n, F_}, a}, {{n, F_}, a}}, c.t);  // the dense SwiGLU
     if (moe_) {
@@ -320,7 +320,7 @@ class MlaLayer final : public Block {
     const int64_t w_kv = dn + dv;
     const float eps = float(spec_.eps);
     Tensor &n1 = c.t[dN1], &q = c.t[dQ], &pe = c.t[dPe], &kpe = c.t[dKpe], &kv = c.t[dKv], &qn = c.t[dQn];
-    Tensor &ql = c.t[dQl], &qabs = c.t[dQabs], &olat = c.t[dOlat], &oh = c.t[dOh], &atty = c.t[dAtty];
+    Tensor &ql = c.t[dQl], &qabs = c.t[dQabs], &olat = c.t[dOlat], &atty = c.t[dAtty];
     Tensor &res = c.t[dRes], &n2 = c.t[dN2];
     const int64_t n = x.size(0);
     be.rmsnorm_forward(x, norm1_->compute(), eps, n1, c.t[dRstd1]);                 // (n, C)
@@ -331,30 +331,41 @@ class MlaLayer final : public Block {
     } else {
       be.linear(n1, q_->compute(), Tensor(), q);                                     // (n, H dqk)
     }
-    rope_part(be, q, H_, dqk, dn, pe, 1, /*backward=*/false, t);                      // q_pe rotated at t
+    rope_at(be, q.view({n * H_, dqk}), dn, pe, t);                                  // q_pe rotated at t
     // This position's cache row: the normalised latent and the rotated shared rotary key.
     const Tensor w_kva = kv_a_->compute();                                            // (r + dr, C)
     be.linear(n1, w_kva.rows(0, r), Tensor(), c.t[dLat]);                             // (n, r)
     be.rmsnorm_forward(c.t[dLat], kv_a_norm_->compute(), eps, c.t[dLatN], c.t[dRstdLat]);
     be.linear(n1, w_kva.rows(r, dr), Tensor(), kpe);                                  // (n, dr)
-    rope_part(be, kpe, 1, dr, 0, pe.view({n * H_ * dr}).rows(0, n * dr).view({n, dr}), 1, false, t);
+    rope_at(be, kpe, 0, pe.rows(0, n), t);
     be.copy_columns(c.t[dLatN], 0, kv, 0, r);
     be.copy_columns(kpe, 0, kv, r, dr);                                               // (n, r + dr)
-    // The absorbed queries: q_latent_h = q_nope_h @ W_UK_h, next to the head's rotated q_pe.
+    // The absorbed queries: q_latent_h = q_nope_h @ W_UK_h (one grouped GEMM per sequence, a head a group), next to
+    // the head's rotated q_pe. Rows (sequence, head) of q, qabs and the outputs are views (n H, width).
     const Tensor w_kvb = kv_b_->compute();                                            // (H (dn + dv), r)
+    std::vector<Tensor> w_uk, w_uv;
+    std::vector<int64_t> heads;
     for (int64_t h = 0; h < H_; ++h) {
-      be.copy_columns(q, h * dqk, qn, 0, dn);                                         // (n, dn)
-      be.matmul(qn, false, w_kvb.rows(h * w_kv, dn), false, ql, 1.f, 0.f);            // (n, r)
-      be.copy_columns(ql, 0, qabs, h * (r + dr), r);
-      be.copy_columns(q, h * dqk + dn, qabs, h * (r + dr) + r, dr);
+      w_uk.push_back(w_kvb.rows(h * w_kv, dn));                                       // (dn, r)
+      w_uv.push_back(w_kvb.rows(h * w_kv + dn, dv));                                  // (dv, r)
+      heads.push_back(h);
     }
+    heads.push_back(H_);                                                              // group h: row h
+    const Tensor qh = q.view({n * H_, dqk});
+    Tensor qabs_h = qabs.view({n * H_, r + dr}), olat_h = olat.view({n * H_, r}), atty_h = atty.view({n * H_, dv});
+    be.copy_columns(qh, 0, qn, 0, dn);                                                // (n H, dn)
+    for (int64_t b = 0; b < n; ++b) {
+      Tensor ql_b = ql.rows(b * H_, H_);
+      be.grouped_matmul(qn.rows(b * H_, H_), w_uk, false, ql_b, heads, 0.f);          // (H, r)
+    }
+    be.copy_columns(ql, 0, qabs_h, 0, r);
+    be.copy_columns(qh, dn, qabs_h, r, dr);                                           // (n H, r + dr)
     // The softmax scale of the materialised form: 1 / sqrt(dn + dr), times YaRN's mscale^2.
     const float scale = float(m_.qk_scale / std::sqrt(double(dqk)));
     be.attention_decode_latent(qabs, kv, c.t[dCache], t, H_, scale, olat);           // (n, H r)
-    for (int64_t h = 0; h < H_; ++h) {  // each head's value: its weighted latent through W_UV_h
-      be.copy_columns(olat, h * r, ql, 0, r);                                         // (n, r)
-      be.matmul(ql, false, w_kvb.rows(h * w_kv + dn, dv), true, oh, 1.f, 0.f);        // (n, dv)
-      be.copy_columns(oh, 0, atty, h * dv, dv);
+    for (int64_t b = 0; b < n; ++b) {  // each head's value: its weighted latent through W_UV_h
+      Tensor atty_b = atty_h.rows(b * H_, H_);
+      be.grouped_matmul(olat_h.rows(b * H_, H_), w_uv, true, atty_b, heads, 0.f);     // (H, dv)
     }
     be.linear(atty, o_->compute(), Tensor(), res);                                    // (n, C)
     be.add(res, x, res);                                                              // residual 1
@@ -379,9 +390,8 @@ class MlaLayer final : public Block {
   // through pe (n, heads dr) scratch. Forward: read in transformers' pairing (interleaved: evens then odds), rotate,
   // write back contiguous halves. Backward (x a gradient of the rotated layout): read the halves, rotate back, write
   // in the input's pairing.
-  // pos0: the decode's position (T = 1); training's rows sit at r % T or at positions_.
   void rope_part(Backend& be, Tensor& x, int64_t heads, int64_t w, int64_t off, Tensor pe, int64_t T,
-                 bool backward, int64_t pos0 = 0) const {
+                 bool backward) const {
     const int64_t dr = m_.qk_rope, half = dr / 2;
     // Forward reads the input layout; backward reads the rotated (contiguous) layout.
     auto move = [&](bool to_pe, bool input_layout) {
@@ -403,8 +413,25 @@ class MlaLayer final : public Block {
       }
     };
     move(/*to_pe=*/true, /*input_layout=*/!backward);
-    be.rope(pe, T, dr, spec_.rope_theta, pos0, /*inverse=*/backward, pe, positions_, m_.rope_scaling);
+    be.rope(pe, T, dr, spec_.rope_theta, 0, /*inverse=*/backward, pe, positions_, m_.rope_scaling);
     move(/*to_pe=*/false, /*input_layout=*/backward);
+  }
+
+  // Decode's rotation: the rotary part, columns [off, off + dr), of every row of x (rows, w) at position pos, through
+  // pe (rows, dr) scratch; read in transformers' pairing, written back as contiguous halves, as rope_part's forward.
+  // Rows may be (sequence, head) pairs: one position for all of them.
+  void rope_at(Backend& be, Tensor x, int64_t off, Tensor pe, int64_t pos) const {
+    const int64_t dr = m_.qk_rope, half = dr / 2;
+    if (m_.rope_interleave) {
+      for (int64_t i = 0; i < half; ++i) {  // pair i: columns 2i, 2i + 1 -> pe columns i, half + i
+        be.copy_columns(x, off + 2 * i, pe, i, 1);
+        be.copy_columns(x, off + 2 * i + 1, pe, half + i, 1);
+      }
+    } else {
+      be.copy_columns(x, off, pe, 0, dr);
+    }
+    be.rope(pe, 1, dr, spec_.rope_theta, pos, /*inverse=*/false, pe, Tensor(), m_.rope_scaling);
+    be.copy_columns(pe, 0, x, off, dr);
   }
 
   TensorParallel tp_;
