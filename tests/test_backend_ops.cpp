@@ -1566,6 +1566,35 @@ TEST(MlaOpsCpu, LatentDecodeMatchesTheFormula) {
   expect_within("latent decode cache", named("cache", kv_all), out(be, "cache", cache), kTolExact, "kv", "cache");
 }
 
+// The same decode in bf16 (the cache, queries and output stored in bf16; math in float) against fp32 on the same
+// bf16-representable inputs: within kBf16TwoStages of the output's scale (the output rounded once, the latents re-read
+// from a bf16 cache). Skipped where oneDNN's bf16 is unavailable, as Bf16Ops.
+TEST(MlaOpsCpu, LatentDecodeBf16MatchesFp32) {
+  Backend& be = cpu_backend();
+  try {
+    be.set_precision(Precision::bf16);
+  } catch (const relay::Error& e) {
+    be.set_precision(Precision::fp32);
+    GTEST_SKIP() << e.what();
+  }
+  const int64_t B = 2, T = 9, H = 3, r = 12, dr = 4, dk = r + dr;
+  auto run = [&](DType dt) {
+    Tensor cache(be, {B, T, dk}, dt), o(be, {T, B * H * r}, dt);
+    for (int64_t t = 0; t < T; ++t) {
+      Tensor q = input(be, {B, H * dk}, 500 + uint64_t(t), dt, -2, 2), kv = input(be, {B, dk}, 600 + uint64_t(t), dt, -2, 2);
+      Tensor ot = o.rows(t, 1).view({B, H * r});
+      be.attention_decode_latent(q, kv, cache, t, H, 0.37f, ot);
+    }
+    return out(be, "out", o);
+  };
+  g_bf16_representable_inputs = true;
+  const Output want = run(DType::f32);
+  g_bf16_representable_inputs = false;
+  const Output got = run(DType::bf16);
+  be.set_precision(Precision::fp32);
+  expect_within("latent decode bf16", want, got, kBf16TwoStages, "fp32", "bf16");
+}
+
 // --- a small MLP: forward, backward and one SGD step, at the backend-op level -----------------
 // x (n, in) -> linear1 -> gelu -> layernorm -> linear2 -> cross-entropy, weights (out, in) as torch.
 // dt is the activations' and working weights' dtype: with bf16, the float32 masters are converted to
