@@ -1525,6 +1525,76 @@ TEST(LlamaOpsCpu, GqaDecodeMatchesFullAttention) {
   }
 }
 
+// Multi-head latent attention's absorbed decode (attention_decode_latent): position after position, each head's
+// softmax over the cached [latent | rotary key] rows times the cached latents, against the formula in double; the
+// cache holds the rows it was given, sequence-major. CPU only (the CUDA backend refuses the op).
+TEST(MlaOpsCpu, LatentDecodeMatchesTheFormula) {
+  Backend& be = cpu_backend();
+  const int64_t B = 2, T = 9, H = 3, r = 12, dr = 4, dk = r + dr;
+  const float scale = 0.37f;
+  Tensor cache(be, {B, T, dk}), qt(be, {B, H * dk}), kvt(be, {B, dk}), ot(be, {B, H * r});
+  std::vector<double> kv_all(size_t(B * T * dk)), got(size_t(B * T * H * r)), want(got.size());
+  for (int64_t t = 0; t < T; ++t) {
+    Tensor q = input(be, {B, H * dk}, 300 + uint64_t(t), -2, 2), kv = input(be, {B, dk}, 400 + uint64_t(t), -2, 2);
+    be.copy(qt, q);
+    be.copy(kvt, kv);
+    const std::vector<double> Q = values(q), KV = values(kv);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c = 0; c < dk; ++c) kv_all[size_t((b * T + t) * dk + c)] = KV[size_t(b * dk + c)];
+    be.attention_decode_latent(qt, kvt, cache, t, H, scale, ot);
+    const std::vector<double> O = values(ot);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<double> p(size_t(t + 1));
+        double mx = -INFINITY, sum = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          double dot = 0;
+          for (int64_t c = 0; c < dk; ++c) dot += Q[size_t(b * H * dk + h * dk + c)] * kv_all[size_t((b * T + s) * dk + c)];
+          mx = std::max(mx, p[size_t(s)] = scale * dot);
+        }
+        for (auto& v : p) sum += (v = std::exp(v - mx));
+        for (int64_t c = 0; c < r; ++c) {
+          double o = 0;
+          for (int64_t s = 0; s <= t; ++s) o += p[size_t(s)] / sum * kv_all[size_t((b * T + s) * dk + c)];
+          const size_t at = size_t(((b * T + t) * H + h) * r + c);
+          want[at] = o;
+          got[at] = O[size_t(b * H * r + h * r + c)];
+        }
+      }
+  }
+  expect_within("latent decode", named("out", want), named("out", got), kTolAttention, "formula", "decode");
+  expect_within("latent decode cache", named("cache", kv_all), out(be, "cache", cache), kTolExact, "kv", "cache");
+}
+
+// The same decode in bf16 (the cache, queries and output stored in bf16; math in float) against fp32 on the same
+// bf16-representable inputs: within kBf16TwoStages of the output's scale (the output rounded once, the latents re-read
+// from a bf16 cache). Skipped where oneDNN's bf16 is unavailable, as Bf16Ops.
+TEST(MlaOpsCpu, LatentDecodeBf16MatchesFp32) {
+  Backend& be = cpu_backend();
+  try {
+    be.set_precision(Precision::bf16);
+  } catch (const relay::Error& e) {
+    be.set_precision(Precision::fp32);
+    GTEST_SKIP() << e.what();
+  }
+  const int64_t B = 2, T = 9, H = 3, r = 12, dr = 4, dk = r + dr;
+  auto run = [&](DType dt) {
+    Tensor cache(be, {B, T, dk}, dt), o(be, {T, B * H * r}, dt);
+    for (int64_t t = 0; t < T; ++t) {
+      Tensor q = input(be, {B, H * dk}, 500 + uint64_t(t), dt, -2, 2), kv = input(be, {B, dk}, 600 + uint64_t(t), dt, -2, 2);
+      Tensor ot = o.rows(t, 1).view({B, H * r});
+      be.attention_decode_latent(q, kv, cache, t, H, 0.37f, ot);
+    }
+    return out(be, "out", o);
+  };
+  g_bf16_representable_inputs = true;
+  const Output want = run(DType::f32);
+  g_bf16_representable_inputs = false;
+  const Output got = run(DType::bf16);
+  be.set_precision(Precision::fp32);
+  expect_within("latent decode bf16", want, got, kBf16TwoStages, "fp32", "bf16");
+}
+
 // --- a small MLP: forward, backward and one SGD step, at the backend-op level -----------------
 // x (n, in) -> linear1 -> gelu -> layernorm -> linear2 -> cross-entropy, weights (out, in) as torch.
 // dt is the activations' and working weights' dtype: with bf16, the float32 masters are converted to

@@ -10,7 +10,10 @@
 #include "core/rng.hpp"
 #include "model/families/llama.hpp"
 #include "model/families/mlp.hpp"
+#include "model/family.hpp"
+#include "model/generate.hpp"
 #include "model/model_spec.hpp"
+#include "support/test_support.hpp"
 
 using namespace relay;
 
@@ -236,4 +239,69 @@ TEST(LlamaSpec, SwigluOutputIsBackwardScratch) {
     if (b.shape == Shape{32, 24}) (b.backward ? scratch : kept) += 1;
   EXPECT_EQ(kept, 2);     // gate, up
   EXPECT_EQ(scratch, 3);  // h, d gate, d up
+}
+
+namespace {
+
+// DeepSeek-V3's generation (model/mla_blocks.cpp's decode: the compressed cache of latents and rotary keys, queries
+// absorbed through W_UK, outputs through W_UV) against its training forward (keys and values materialised per head):
+// the logits of every position of a greedy continuation equal the forward's over the same tokens (fp32). The small
+// config (layer 0 dense, layer 1 routed: sigmoid router, group-limited top-k, a shared expert, routed scaling) with
+// weights 10x the config's init_std so that attention is far from uniform, and a non-zero expert bias.
+void expect_decode_matches_forward(const std::vector<std::string>& overrides, const char* what) {
+  std::vector<std::string> o = {"model.block_size=12", "model.init_std=0.2", "train.precision=\"fp32\""};
+  o.insert(o.end(), overrides.begin(), overrides.end());
+  const Config cfg = load_config(test::source_dir() + "/configs/deepseek-v3-small-bytes.toml", o);
+  const int64_t T = cfg.model.block_size, V = cfg.model.vocab_size;
+  auto be = make_backend(BackendOptions{Device::cpu, 1, 0, Precision::fp32});
+  ParamStore store(*be, cfg.model.seed);
+  const ModelSpec spec = make_model_spec(cfg, 0);
+  std::vector<float> bias;
+  for (int64_t e = 0; e < 8; ++e) bias.push_back(0.05f * float(e % 3) - 0.04f);  // (MoE layers = 1, 8 experts)
+  Generator gen(*be, cfg, store);
+  gen.set_expert_bias(bias);
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = T - 1;
+  std::vector<std::vector<float>> decoded;                       // (T - 1, V): position i's logits
+  const std::vector<int32_t> seq = gen.generate({17}, greedy, &decoded);  // T tokens
+  ASSERT_EQ(seq.size(), size_t(T));
+  ASSERT_EQ(gen.cached_positions(), T - 1);
+  // The training forward over the same T tokens, one sequence, the same parameters.
+  Tensor x(*be, {T}, DType::i32);
+  be->upload(x, seq.data());
+  std::vector<BlockSaved> saved(spec.blocks.size());
+  Tensor in = x;
+  for (size_t k = 0; k < spec.blocks.size(); ++k) {
+    auto block = make_block(spec.blocks[k], store);
+    block->set_expert_bias(*be, bias);
+    block->allocate_saved(*be, T, saved[k]);
+    Tensor out(*be, {T, block->out_width()});
+    block->forward(*be, in, out, saved[k]);
+    in = out;
+  }
+  std::vector<float> full(size_t(T * V));
+  be->download(full.data(), in);                                // (T, V)
+  double worst = 0, scale = 0;
+  for (int64_t t = 0; t + 1 < T; ++t)
+    for (int64_t v = 0; v < V; ++v) {
+      const double want = full[size_t(t * V + v)];
+      worst = std::max(worst, std::abs(double(decoded[size_t(t)][size_t(v)]) - want));
+      scale = std::max(scale, std::abs(want));
+    }
+  EXPECT_GT(scale, 0.5) << what << ": logits too small to tell the forms apart";
+  EXPECT_LE(worst, 1e-5 * scale) << what << ": decode's logits differ from the forward's by " << worst << " (scale "
+                                 << scale << ")";
+}
+
+}  // namespace
+
+TEST(MlaDecode, LogitsEqualTheForwardsQLoraInterleaved) {
+  expect_decode_matches_forward({}, "q_lora_rank 48, interleaved rotary pairs");
+}
+TEST(MlaDecode, LogitsEqualTheForwardsQProjYarnRotateHalf) {
+  expect_decode_matches_forward({"model.q_lora_rank=0", "model.rope_interleave=false", "model.rope_scaling=\"yarn\"",
+                                 "model.rope_factor=4.0", "model.rope_original_max_position_embeddings=4",
+                                 "model.rope_mscale=1.0", "model.rope_mscale_all_dim=0.8"},
+                                "q_proj, rotate-half pairs, YaRN x4 over 4 original positions");
 }

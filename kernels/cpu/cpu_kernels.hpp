@@ -146,6 +146,12 @@ void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int
 template <typename X>
 void attention_decode_gqa(const X* q, int64_t ldq, const X* k, const X* v, int64_t ldkv, X* kcache, X* vcache,
                           X* out, int64_t n, int64_t t, int64_t Tmax, int64_t H, int64_t KV, int64_t hd);
+// Multi-head latent attention's absorbed decode (Backend::attention_decode_latent): q (n, H*dk) absorbed queries,
+// kv (n, dk) position t's [latent (r) | rotary key]; cache (n, Tmax, dk), row t written; out (n, H*r), the
+// attention-weighted sum of the cached latents (a position's first r values), scores times scale.
+template <typename X>
+void attention_decode_latent(const X* q, const X* kv, X* cache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t H,
+                             int64_t dk, int64_t r, float scale);
 
 // f32 masters and state; work (n) bf16 or null: the updated parameter rounded, in the same pass.
 void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, double lr, double beta1,

@@ -174,6 +174,37 @@ void attention_decode_gqa(const X* q_in, int64_t ldq, const X* k_in, const X* v_
   }
 }
 
+template <typename X>
+void attention_decode_latent(const X* q_in, const X* kv, X* cache, X* out, int64_t n, int64_t t, int64_t Tmax,
+                             int64_t H, int64_t dk, int64_t r, float scale) {
+  for (int64_t b = 0; b < n; ++b) {
+    X* cb = cache + b * Tmax * dk;  // (Tmax, dk) this sequence's [latent | rotary key] per position
+    for (int64_t c = 0; c < dk; ++c) cb[t * dk + c] = kv[b * dk + c];
+    std::vector<float> a(static_cast<size_t>(t + 1)), o(static_cast<size_t>(r));
+    for (int64_t h = 0; h < H; ++h) {
+      const X* q = q_in + b * H * dk + h * dk;  // (dk) [q_latent | q_pe]
+      float mx = -INFINITY;
+      for (int64_t s = 0; s <= t; ++s) {
+        const X* k = cb + s * dk;
+        float dot = 0;
+        for (int64_t i = 0; i < dk; ++i) dot += load(q[i]) * load(k[i]);
+        a[static_cast<size_t>(s)] = dot * scale;
+        mx = std::max(mx, a[static_cast<size_t>(s)]);
+      }
+      float sum = 0;
+      for (int64_t s = 0; s <= t; ++s) sum += (a[static_cast<size_t>(s)] = std::exp(a[static_cast<size_t>(s)] - mx));
+      const float inv = 1.0f / sum;
+      for (int64_t i = 0; i < r; ++i) o[static_cast<size_t>(i)] = 0;
+      for (int64_t s = 0; s <= t; ++s) {  // the values are the cached latents themselves
+        const X* v = cb + s * dk;
+        const float p = a[static_cast<size_t>(s)] * inv;
+        for (int64_t i = 0; i < r; ++i) o[static_cast<size_t>(i)] += p * load(v[i]);
+      }
+      for (int64_t i = 0; i < r; ++i) store(out[b * H * r + h * r + i], o[static_cast<size_t>(i)]);
+    }
+  }
+}
+
 // GPT's packed qkv (n, 3C): q, k, v at columns 0, C, 2C of rows 3C apart; KV == H.
 template <typename X>
 void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int64_t t, int64_t Tmax, int64_t C,
@@ -188,7 +219,9 @@ void attention_decode(const X* qkv, X* kcache, X* vcache, X* out, int64_t n, int
                                       int64_t, const int32_t*);                                                   \
   template void attention_decode<X>(const X*, X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t);       \
   template void attention_decode_gqa<X>(const X*, int64_t, const X*, const X*, int64_t, X*, X*, X*, int64_t,   \
-                                        int64_t, int64_t, int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, int64_t, int64_t);                  \
+  template void attention_decode_latent<X>(const X*, const X*, X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t, \
+                                           int64_t, float);
 RELAY_FOR_FLOAT_TYPES(INST)
 #undef INST
 

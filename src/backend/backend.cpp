@@ -766,6 +766,26 @@ void Backend::attention_decode_gqa(const Tensor& q, const Tensor& k, const Tenso
   c.like(out, "out", q, "q");
   attention_decode_gqa_impl(q, k, v, kcache, vcache, t, H, KV, out);
 }
+void Backend::attention_decode_latent(const Tensor& q, const Tensor& kv, Tensor& cache, int64_t t, int64_t H,
+                                      float scale, Tensor& out) {
+  Check c(*this, "attention_decode_latent");
+  const int64_t n = rows_of(q);
+  c.tensor(q, "q", kFloat).tensor(kv, "kv", kFloat).tensor(cache, "cache", kFloat).tensor(out, "out", kFloat);
+  c.same_dtype(kv, "kv", q, "q").same_dtype(cache, "cache", q, "q").same_dtype(out, "out", q, "q");
+  c.that(cache.ndim() == 3 && cache.size(0) == n && t >= 0 && t < cache.size(1),
+         cat("cache ", shape_str(cache.shape()), " must be (", n, ", Tmax > t = ", t, ", r + dr)"));
+  const int64_t dk = cache.ndim() == 3 ? cache.size(2) : 0;
+  c.that(rows_of(kv) == n && cols_of(kv) == dk, cat("kv ", shape_str(kv.shape()), " must be (", n, ", ", dk, ")"));
+  c.that(H > 0 && cols_of(q) == H * dk, cat("q ", shape_str(q.shape()), " must be (", n, ", H*(r + dr)) with H = ", H,
+                                             " and r + dr = ", dk));
+  c.that(rows_of(out) == n && cols_of(out) % H == 0 && cols_of(out) / H > 0 && cols_of(out) / H < dk,
+         cat("out ", shape_str(out.shape()), " must be (", n, ", H*r) with H = ", H, " and 0 < r < ", dk));
+  attention_decode_latent_impl(q, kv, cache, t, H, scale, out);
+}
+void Backend::attention_decode_latent_impl(const Tensor&, const Tensor&, Tensor&, int64_t, int64_t, float, Tensor&) {
+  fatal(cat("attention_decode_latent: the ", describe(), " backend has no latent-attention decode kernel"), __FILE__,
+        __LINE__, "generate from a deepseek_v3 checkpoint on the CPU (relay generate --device cpu)");
+}
 
 namespace {
 void check_work(const Check& c, const Tensor& work, const Tensor& param) {

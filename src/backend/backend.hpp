@@ -337,6 +337,15 @@ class Backend : public Allocator {
   // causal attention of q over cached positions [0, t]. Float, one dtype.
   void attention_decode_gqa(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
                             int64_t t, int64_t H, int64_t KV, Tensor& out);
+  // Multi-head latent attention's absorbed decode (DeepSeek-V2, arXiv:2405.04434 sec. 2.1.2; model/mla_blocks.cpp),
+  // one new position t for each of n sequences: multi-query attention over the compressed cache, whose key at a
+  // position is its [latent | rotary key] (r + dr values) and whose value is the latent alone (its first r).
+  // q (n, H*(r + dr)): each head's [q_nope @ W_UK (r) | rotated q_pe (dr)]; kv (n, r + dr): position t's
+  // [c_kv | k_pe]; cache (n, Tmax, r + dr): row t overwritten with kv; then out (n, H*r) = per head h
+  // sum_{s<=t} softmax_s(scale * q_h . cache[s]) cache[s][:r]. Float, one dtype.
+  // CPU only for now: the CUDA backend refuses it (as it refuses MLA's training attention, hd_v != hd).
+  void attention_decode_latent(const Tensor& q, const Tensor& kv, Tensor& cache, int64_t t, int64_t H, float scale,
+                               Tensor& out);
 
   // --- optimizers (exact torch.optim update rules) --------------------------------------------
   // param (the f32 master), grad and the state: f32, one shape. work: undefined, or the bf16 working
@@ -451,6 +460,9 @@ class Backend : public Allocator {
                                                  int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) = 0;
   virtual void attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache,
                                          Tensor& vcache, int64_t t, int64_t H, int64_t KV, Tensor& out) = 0;
+  // The CPU backend's only: others refuse with a message naming the op.
+  virtual void attention_decode_latent_impl(const Tensor& q, const Tensor& kv, Tensor& cache, int64_t t, int64_t H,
+                                            float scale, Tensor& out);
   virtual void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                                const AdamWArgs& args, Tensor& work) = 0;
   virtual void sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args,

@@ -629,6 +629,14 @@ void CpuBackend::attention_decode_gqa_impl(const Tensor& q, const Tensor& k, con
                               ptr<X>(vcache), ptr<X>(out), rows_of(q), t, kcache.size(1), H, KV, cols_of(q) / H);
   });
 }
+void CpuBackend::attention_decode_latent_impl(const Tensor& q, const Tensor& kv, Tensor& cache, int64_t t, int64_t H,
+                                              float scale, Tensor& out) {
+  by_dtype(q, [&](auto* p) {
+    using X = X_OF(p);
+    cpu::attention_decode_latent(ptr<X>(q), ptr<X>(kv), ptr<X>(cache), ptr<X>(out), rows_of(q), t, cache.size(1), H,
+                                 cache.size(2), cols_of(out) / H, scale);
+  });
+}
 #undef X_OF
 
 void CpuBackend::adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,

@@ -114,6 +114,8 @@ class CpuBackend final : public Backend {
   void flash_attention_gqa_backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
                                          int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) override;
+  void attention_decode_latent_impl(const Tensor& q, const Tensor& kv, Tensor& cache, int64_t t, int64_t H,
+                                    float scale, Tensor& out) override;
   void attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
                                  int64_t t, int64_t H, int64_t KV, Tensor& out) override;
   void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& args,

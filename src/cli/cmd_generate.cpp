@@ -3,9 +3,11 @@
 //   [--device cpu|cuda] [--tokens-out FILE] [--logits-out FILE]
 // Text from a language model's checkpoint on one rank with a key-value cache (model/generate.hpp). The
 // checkpoint names its tokenizer; "gpt2" needs GPT-2's vocab.json and merges.txt, "hf" the
-// tokenizer.json the data was made with, to encode a text prompt and to print text.
+// tokenizer.json the data was made with, to encode a text prompt and to print text. After the text, one line: the
+// caches' bytes per token and for the run (DeepSeek-V3: MLA's compressed cache, beside a standard cache of its heads).
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 
@@ -153,6 +155,18 @@ int run_generate_command(const GenerateOptions& o) {
     for (size_t i = 0; i < out.size(); ++i) f << (i ? " " : "") << out[i];
     f << "\n";
   }
+  // The caches' size: bytes per token over the layers, and for the tokens this run held; beside it what a standard
+  // key-value cache of the same heads would take (the same figure for GPT and Llama; MLA keeps a latent instead).
+  const Generator::CacheSize cs = gen.cache_size();
+  const int64_t held = gen.cached_positions(), per_value = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
+  std::ostringstream line;
+  line << "cache: " << cs.bytes << " bytes per token";
+  if (!cs.values.empty()) line << " = " << cs.layers << " layers x " << cs.values << " values x " << per_value << " bytes";
+  line << "; " << cs.bytes * held << " bytes for the " << held << " tokens of this run";
+  if (cs.standard_bytes != cs.bytes)
+    line << "; a standard key-value cache of the same heads: " << cs.standard_bytes << " bytes per token, "
+         << cs.standard_bytes * held << " bytes (" << std::fixed << std::setprecision(1)
+         << double(cs.standard_bytes) / double(cs.bytes) << "x)";
   if (tok) {
     const std::string text = tok->decode(out);
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -161,6 +175,7 @@ int run_generate_command(const GenerateOptions& o) {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
     std::printf("\n(token ids: pass %s to print text)\n", files.c_str());
   }
+  std::printf("%s\n", line.str().c_str());
   return 0;
 }
 

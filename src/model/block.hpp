@@ -217,6 +217,14 @@ class Block {
   virtual void decode(Backend&, const Tensor&, Tensor&, int64_t /*t*/, BlockSaved&) {
     RELAY_ASSERT(false, block_kind_name(spec_.kind) << " blocks cannot generate");
   }
+  // What one position of one sequence adds to this block's decode cache (bytes 0: it keeps none), what a standard
+  // key-value cache of the same heads would hold (every head's key and value at full width: the same as bytes for
+  // the blocks that keep one), and the values per position, for a reader ("2 x 2 key/value heads x 16").
+  struct DecodeCache {
+    int64_t bytes = 0, standard_bytes = 0;
+    std::string values;
+  };
+  virtual DecodeCache decode_cache() const { return {}; }
 
  protected:
   Tensor doc_start_, positions_, q_pos_;  // set_documents: (rows) i32, or undefined

@@ -27,7 +27,23 @@ Generator::Generator(Backend& be, const Config& cfg, ParamStore& store)
   logits_f32_ = Tensor(be, {1, vocab_size_});
 }
 
+Generator::CacheSize Generator::cache_size() const {
+  CacheSize c;
+  bool same = true;
+  for (const auto& b : blocks_) {
+    const Block::DecodeCache d = b->decode_cache();
+    if (d.bytes == 0) continue;
+    same = same && (c.layers == 0 || d.values == c.values);
+    if (c.layers++ == 0) c.values = d.values;
+    c.bytes += d.bytes;
+    c.standard_bytes += d.standard_bytes;
+  }
+  if (!same) c.values.clear();
+  return c;
+}
+
 const std::vector<float>& Generator::step(int32_t tok, int64_t t) {
+  cached_positions_ = std::max(cached_positions_, t + 1);
   be_.upload(tok_, &tok);
   for (size_t k = 0; k < blocks_.size(); ++k) blocks_[k]->decode(be_, k ? acts_[k - 1] : tok_, acts_[k], t, caches_[k]);
   be_.convert(acts_.back(), logits_f32_);  // (1, V)

@@ -4,6 +4,7 @@
 // logits / temperature, optional top-k, then a draw; greedy (first maximum) when temperature = 0.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/config.hpp"
@@ -33,6 +34,15 @@ class Generator {
   void set_expert_bias(const std::vector<float>& bias) {
     for (auto& b : blocks_) b->set_expert_bias(be_, bias);
   }
+  // The decode caches: bytes one position adds over every block (and a standard key-value cache of the same heads),
+  // the blocks that keep one, their values per position when all agree ("" otherwise), and the most positions the
+  // caches have held so far (a run's total is bytes x that).
+  struct CacheSize {
+    int64_t bytes = 0, standard_bytes = 0, layers = 0;
+    std::string values;
+  };
+  CacheSize cache_size() const;
+  int64_t cached_positions() const { return cached_positions_; }
 
  private:
   // Runs position t (< block_size) of token `tok` through the model, filling the caches' row t;
@@ -48,6 +58,7 @@ class Generator {
   std::vector<Tensor> acts_;        // acts_[k] (1, out of block k), run dtype; the last holds the logits
   Tensor logits_f32_;               // (1, V) the logits widened for the host
   std::vector<float> host_logits_;
+  int64_t cached_positions_ = 0;
 };
 
 }  // namespace relay

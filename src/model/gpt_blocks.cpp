@@ -159,6 +159,10 @@ class Transformer final : public Block {
                           {{n, 3 * C}, a}, {{n, C}, a}, {{n, C}, a}, {{n, 4 * C}, a}}, c.t);
     make_zero(be);
   }
+  DecodeCache decode_cache() const override {
+    const int64_t b = 2 * spec_.in * int64_t(dtype_size(spec_.dtype));
+    return {b, b, cat("2 x ", spec_.n_head, " heads x ", spec_.in / spec_.n_head)};
+  }
   // x, y (n, C) at position t: the forward of one position, attending over the cached ones.
   void decode(Backend& be, const Tensor& x, Tensor& y, int64_t t, BlockSaved& c) override {
     Tensor &ln = c.t[dLn], &mean = c.t[dMean], &rstd = c.t[dRstd], &qkv = c.t[dQkv], &atty = c.t[dAtty];

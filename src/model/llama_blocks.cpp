@@ -255,6 +255,10 @@ class LlamaLayer final : public Block {
       for (Tensor& t : m) c.t.push_back(t);
     }
   }
+  DecodeCache decode_cache() const override {
+    const int64_t b = 2 * KV_ * hd_ * int64_t(dtype_size(spec_.dtype));
+    return {b, b, cat("2 x ", KV_, " key/value heads x ", hd_)};
+  }
   // x, y (n, C) at position t, attending over the cached positions.
   void decode(Backend& be, const Tensor& x, Tensor& y, int64_t t, BlockSaved& c) override {
     Tensor &nrm = c.t[dN], &rstd = c.t[dRstd], &q = c.t[dQ], &k = c.t[dKn], &val = c.t[dVn], &atty = c.t[dAtty];

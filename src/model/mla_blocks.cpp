@@ -20,6 +20,8 @@
 // (q_a_layernorm's output, the latent, k_pe), after which every rank computes the replicated weights' gradients whole
 // and alike. Context parallelism (model/context_parallel.hpp) gathers the heads' keys and values as Llama's layer does
 // (the rotary parts at each row's position in its sequence). Sequence parallelism is refused by the family for now.
+// Generation (decode) keeps MLA's compressed cache, the normalised latent and the rotated rotary key per position, and
+// attends in the absorbed form (DeepSeek-V2 sec. 2.1.2): see decode() below.
 // Under train.precision = "fp8" every linear GEMM goes through Fp8Linear (kv_a_proj_with_mqa as two GEMMs, its latent
 // rows and its rotary-key rows, each quantised on its own).
 #include "model/blocks.hpp"
@@ -36,7 +38,7 @@ class MlaLayer final : public Block {
            const ExpertParallel& ep)
       : Block(spec, std::move(params)), tp_(tp), m_(spec.mla), H_(spec.n_head / tp.size),
         F_(spec.moe.on() ? 0 : spec.ffn_hidden / tp.size), cp_attn_(cp.on() ? cp.attention : nullptr),
-        fp8_(fp8_linear(spec, tp.comm)) {
+        ep_on_(ep.on()), fp8_(fp8_linear(spec, tp.comm)) {
     RELAY_ASSERT(!tp.sequence_parallel() && spec.sp == 1, "mla layer: sequence parallelism is not supported yet");
     const bool ql = m_.q_lora_rank > 0;
     // norm1, [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o, norm2, then gate, up, down or the MoE's (moe.hpp)
@@ -266,6 +268,116 @@ class MlaLayer final : public Block {
     if (moe_) moe_->set_bias(be, bias.data() + spec_.moe.layer * spec_.moe.n_experts);
   }
 
+  // Generation with the compressed cache (DeepSeek-V2 sec. 2.1.2; vLLM's MLA decode): per position only the
+  // normalised latent c_kv (r) and the rotated shared rotary key k_pe (dr), never the heads' keys and values. The
+  // absorbed form: q_nope_h . k_nope_h = q_nope_h . (W_UK_h c) = (q_nope_h W_UK_h) . c, so each head's query is taken
+  // into the latent space (q_latent_h (r) = q_nope_h (dn) @ W_UK_h (dn, r)) and scored against the cached latents
+  // directly; the attention-weighted latent (r) goes back out through W_UV_h (dv, r) to the head's value width.
+  // W_UK_h and W_UV_h are kv_b_proj's rows [h (dn + dv), + dn) and [h (dn + dv) + dn, + dv).
+  // Buffers (n sequences, one position each), then from dCount the experts' (MoeMlp::saved_shapes):
+  enum : size_t { dCache, dN1, dRstd1, dQa, dRstdQa, dQaN, dQ, dPe, dLat, dRstdLat, dLatN, dKpe, dKv, dQn, dQl, dQabs,
+                  dOlat, dAtty, dRes, dN2, dRstd2, dGate, dUp, dH, dCount };
+
+ public:
+  bool can_decode() const override { return !tp_.on() && !ep_on_; }
+  void allocate_decode(Backend& be, int64_t n, int64_t max_len, BlockSaved& c) override {
+    const int64_t C = spec_.in, dqk = m_.qk_head(), dn = m_.qk_nope, dr = m_.qk_rope, dv = m_.v_head;
+    const int64_t r = m_.kv_lora_rank, ql = m_.q_lora_rank, nq = ql > 0 ? n : 0;
+    const DType a = spec_.dtype, f32 = DType::f32;
+    allocate_buffers(be, {{{n, max_len, r + dr}, a},  // the compressed cache: [c_kv | rotated k_pe] per position
+                          {{n, C}, a}, {{n}, f32},    // input_layernorm
+                          {{nq, ql}, a}, {{nq}, f32}, {{nq, ql}, a},  // q_a_proj, q_a_layernorm
+                          {{n, H_ * dqk}, a},         // q: [q_nope | rotated q_pe] per head
+                          {{n * H_, dr}, a},          // rope scratch: a rotary part per (sequence, head)
+                          {{n, r}, a}, {{n}, f32}, {{n, r}, a},  // the latent, kv_a_layernorm's rstd and output
+                          {{n, dr}, a},               // k_pe
+                          {{n, r + dr}, a},           // this position's cache row
+                          {{n * H_, dn}, a},          // q_nope per (sequence, head)
+                          {{n * H_, r}, a},           // q_latent per (sequence, head)
+                          {{n, H_ * (r + dr)}, a},    // the absorbed queries [q_latent | q_pe] per head
+                          {{n, H_ * r}, a},           // the attention-weighted latents per head
+                          {{n, H_ * dv}, a},          // the heads' outputs through W_UV, o_proj's input
+                          {{n, C}, a}, {{n, C}, a}, {{n}, f32},  // residual 1, post_attention_layernorm
+                          {{n, F_}, a}, {{n, F_}, a}, {{n, F_}, a}}, c.t);  // the dense SwiGLU
+    if (moe_) {
+      std::vector<Tensor> m;
+      allocate_buffers(be, MoeMlp::saved_shapes(spec_, n), m);
+      for (Tensor& t : m) c.t.push_back(t);
+    }
+  }
+  DecodeCache decode_cache() const override {
+    const int64_t b = int64_t(dtype_size(spec_.dtype));
+    return {(m_.kv_lora_rank + m_.qk_rope) * b, H_ * (m_.qk_head() + m_.v_head) * b,
+            cat("(", m_.kv_lora_rank, " latent + ", m_.qk_rope, " rotary key)")};
+  }
+  // x, y (n, C) at position t, attending over the cached positions [0, t].
+  void decode(Backend& be, const Tensor& x, Tensor& y, int64_t t, BlockSaved& c) override {
+    const int64_t dqk = m_.qk_head(), dn = m_.qk_nope, dr = m_.qk_rope, dv = m_.v_head, r = m_.kv_lora_rank;
+    const int64_t w_kv = dn + dv;
+    const float eps = float(spec_.eps);
+    Tensor &n1 = c.t[dN1], &q = c.t[dQ], &pe = c.t[dPe], &kpe = c.t[dKpe], &kv = c.t[dKv], &qn = c.t[dQn];
+    Tensor &ql = c.t[dQl], &qabs = c.t[dQabs], &olat = c.t[dOlat], &atty = c.t[dAtty];
+    Tensor &res = c.t[dRes], &n2 = c.t[dN2];
+    const int64_t n = x.size(0);
+    be.rmsnorm_forward(x, norm1_->compute(), eps, n1, c.t[dRstd1]);                 // (n, C)
+    if (q_a_) {
+      be.linear(n1, q_a_->compute(), Tensor(), c.t[dQa]);                            // (n, ql)
+      be.rmsnorm_forward(c.t[dQa], q_a_norm_->compute(), eps, c.t[dQaN], c.t[dRstdQa]);
+      be.linear(c.t[dQaN], q_b_->compute(), Tensor(), q);                            // (n, H dqk)
+    } else {
+      be.linear(n1, q_->compute(), Tensor(), q);                                     // (n, H dqk)
+    }
+    rope_at(be, q.view({n * H_, dqk}), dn, pe, t);                                  // q_pe rotated at t
+    // This position's cache row: the normalised latent and the rotated shared rotary key.
+    const Tensor w_kva = kv_a_->compute();                                            // (r + dr, C)
+    be.linear(n1, w_kva.rows(0, r), Tensor(), c.t[dLat]);                             // (n, r)
+    be.rmsnorm_forward(c.t[dLat], kv_a_norm_->compute(), eps, c.t[dLatN], c.t[dRstdLat]);
+    be.linear(n1, w_kva.rows(r, dr), Tensor(), kpe);                                  // (n, dr)
+    rope_at(be, kpe, 0, pe.rows(0, n), t);
+    be.copy_columns(c.t[dLatN], 0, kv, 0, r);
+    be.copy_columns(kpe, 0, kv, r, dr);                                               // (n, r + dr)
+    // The absorbed queries: q_latent_h = q_nope_h @ W_UK_h (one grouped GEMM per sequence, a head a group), next to
+    // the head's rotated q_pe. Rows (sequence, head) of q, qabs and the outputs are views (n H, width).
+    const Tensor w_kvb = kv_b_->compute();                                            // (H (dn + dv), r)
+    std::vector<Tensor> w_uk, w_uv;
+    std::vector<int64_t> heads;
+    for (int64_t h = 0; h < H_; ++h) {
+      w_uk.push_back(w_kvb.rows(h * w_kv, dn));                                       // (dn, r)
+      w_uv.push_back(w_kvb.rows(h * w_kv + dn, dv));                                  // (dv, r)
+      heads.push_back(h);
+    }
+    heads.push_back(H_);                                                              // group h: row h
+    const Tensor qh = q.view({n * H_, dqk});
+    Tensor qabs_h = qabs.view({n * H_, r + dr}), olat_h = olat.view({n * H_, r}), atty_h = atty.view({n * H_, dv});
+    be.copy_columns(qh, 0, qn, 0, dn);                                                // (n H, dn)
+    for (int64_t b = 0; b < n; ++b) {
+      Tensor ql_b = ql.rows(b * H_, H_);
+      be.grouped_matmul(qn.rows(b * H_, H_), w_uk, false, ql_b, heads, 0.f);          // (H, r)
+    }
+    be.copy_columns(ql, 0, qabs_h, 0, r);
+    be.copy_columns(qh, dn, qabs_h, r, dr);                                           // (n H, r + dr)
+    // The softmax scale of the materialised form: 1 / sqrt(dn + dr), times YaRN's mscale^2.
+    const float scale = float(m_.qk_scale / std::sqrt(double(dqk)));
+    be.attention_decode_latent(qabs, kv, c.t[dCache], t, H_, scale, olat);           // (n, H r)
+    for (int64_t b = 0; b < n; ++b) {  // each head's value: its weighted latent through W_UV_h
+      Tensor atty_b = atty_h.rows(b * H_, H_);
+      be.grouped_matmul(olat_h.rows(b * H_, H_), w_uv, true, atty_b, heads, 0.f);     // (H, dv)
+    }
+    be.linear(atty, o_->compute(), Tensor(), res);                                    // (n, C)
+    be.add(res, x, res);                                                              // residual 1
+    be.rmsnorm_forward(res, norm2_->compute(), eps, n2, c.t[dRstd2]);
+    if (moe_) {  // the training forward on the rows: sigmoid router, group-limited top-k, shared experts
+      moe_->forward(be, n2, y, &c.t[dCount]);                                         // (n, C)
+      be.add(y, res, y);
+      return;
+    }
+    be.linear(n2, gate_->compute(), Tensor(), c.t[dGate]);
+    be.linear(n2, up_->compute(), Tensor(), c.t[dUp]);
+    be.swiglu_forward(c.t[dGate], c.t[dUp], c.t[dH]);                                 // (n, F)
+    be.linear(c.t[dH], down_->compute(), Tensor(), y);
+    be.add(y, res, y);                                                                // residual 2
+  }
+
  private:
   static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, std::min(n, s.t[k].size(0))); }
   // dW (out, in) += dy^T @ x
@@ -301,10 +413,28 @@ class MlaLayer final : public Block {
     move(/*to_pe=*/false, /*input_layout=*/backward);
   }
 
+  // Decode's rotation: the rotary part, columns [off, off + dr), of every row of x (rows, w) at position pos, through
+  // pe (rows, dr) scratch; read in transformers' pairing, written back as contiguous halves, as rope_part's forward.
+  // Rows may be (sequence, head) pairs: one position for all of them.
+  void rope_at(Backend& be, Tensor x, int64_t off, Tensor pe, int64_t pos) const {
+    const int64_t dr = m_.qk_rope, half = dr / 2;
+    if (m_.rope_interleave) {
+      for (int64_t i = 0; i < half; ++i) {  // pair i: columns 2i, 2i + 1 -> pe columns i, half + i
+        be.copy_columns(x, off + 2 * i, pe, i, 1);
+        be.copy_columns(x, off + 2 * i + 1, pe, half + i, 1);
+      }
+    } else {
+      be.copy_columns(x, off, pe, 0, dr);
+    }
+    be.rope(pe, 1, dr, spec_.rope_theta, pos, /*inverse=*/false, pe, Tensor(), m_.rope_scaling);
+    be.copy_columns(pe, 0, x, off, dr);
+  }
+
   TensorParallel tp_;
   MlaSpec m_;
   int64_t H_, F_;  // this rank's heads and SwiGLU units
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
+  bool ep_on_ = false;  // its experts split over ranks (generation runs them all on one)
   Fp8Linear fp8_;  // q_a, q_b (or q), kv_a, kv_b, o, gate, up and down's GEMMs: FP8 under train.precision = "fp8"
   Param *norm1_ = nullptr, *q_ = nullptr, *q_a_ = nullptr, *q_a_norm_ = nullptr, *q_b_ = nullptr, *kv_a_ = nullptr,
         *kv_a_norm_ = nullptr, *kv_b_ = nullptr, *o_ = nullptr, *norm2_ = nullptr, *gate_ = nullptr, *up_ = nullptr,

@@ -12,6 +12,12 @@ tokens within 1e-5 relative; the same directory rewritten with the experts fused
 Export: Relay trains 10 steps (q_lora_rank unset: one q_proj; the expert bias updated every step), `relay ckpt export
 --format hf` writes a directory that from_pretrained loads as DeepseekV3ForCausalLM with no missing or unexpected keys,
 its e_score_correction_bias the checkpoint's router/expert_bias, and its eval loss equals Relay's logged one.
+Generation (MLA's compressed cache, decoded in the absorbed form): `relay generate --temperature 0` continues an
+8-token prompt by 16 tokens exactly as transformers' generate (do_sample=False, DynamicCache) does, from the import's
+step-0 checkpoint against the HF model itself (q_lora_rank 24, the non-zero bias), from the YaRN import's (24 positions
+over 8 original ones) and from the export's (q_proj, trained); each prints the cache's bytes, checked against
+layers x (kv_lora_rank + qk_rope_head_dim) x 4 bytes per token and x the 23 tokens the run held, beside a standard
+cache's layers x heads x (qk_nope + qk_rope + v_head_dim) x 4 bytes.
 YaRN: a DeepseekV3ForCausalLM whose rope_parameters are YaRN's (rope_type "yarn", factor 4 over 8 original positions
 of the 32, mscale 1, mscale_all_dim 0.8) -> model.init_from with rope_scaling = "yarn" and the rope_ keys: eval loss =
 transformers', also with config.json rewritten in transformers 4's form (rope_scaling {"type": "yarn", ...}); its
@@ -54,6 +60,7 @@ import torch  # noqa: E402
 from hf_harness import Harness  # noqa: E402
 import h5py  # noqa: E402
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
 from safetensors.numpy import load_file as load_numpy  # noqa: E402
 from safetensors.numpy import save_file as save_numpy  # noqa: E402
 import transformers  # noqa: E402
@@ -96,6 +103,37 @@ first_k_dense_replace = 1"""
 H = Harness(RELAY, ENV, TOL, T)
 run, ok, eval_losses, close = H.run, H.ok, H.eval_losses, H.close
 hf_eval_loss, relay_tensors, expect_error = H.hf_eval_loss, H.relay_tensors, H.expect_error
+
+
+def check_generate(ck, model, what, tmp, eval_tokens, new=16):
+    """relay generate's greedy tokens from checkpoint ck = transformers' generate (do_sample=False: its DynamicCache)
+    from `model` holding the same weights, and the line it prints: the compressed cache's bytes per token and for the
+    run's tokens = the formula, beside a standard cache of the same heads."""
+    prompt = [int(t) for t in eval_tokens[:8]]
+    open(f"{tmp}/prompt.txt", "w").write(" ".join(map(str, prompt)))
+    cmd = [RELAY, "generate", "--checkpoint", ck, "--prompt-tokens", f"{tmp}/prompt.txt", "--max-new-tokens", str(new),
+           "--temperature", "0", "--tokens-out", f"{tmp}/generated.txt"]
+    r = subprocess.run(cmd, capture_output=True, env=ENV, timeout=600)  # bytes: it prints the byte-level text
+    stdout = r.stdout.decode("latin-1")
+    if r.returncode != 0:
+        sys.exit(f"FAILED {what}: {' '.join(cmd)} exited {r.returncode}: {stdout[-2000:]}{r.stderr.decode('latin-1')}")
+    got = [int(t) for t in open(f"{tmp}/generated.txt").read().split()]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0,
+                              eos_token_id=None)[0].tolist()
+    if got != want:
+        sys.exit(f"FAILED {what}: relay generate {got}\n  transformers' generate {want}")
+    cfg = model.config
+    L, held = cfg.num_hidden_layers, len(prompt) + new - 1  # the last token is never run through the model
+    per = L * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4
+    std = L * cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * 4
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("cache: ")), "")
+    expect = (f"cache: {per} bytes per token = {L} layers x ({cfg.kv_lora_rank} latent + {cfg.qk_rope_head_dim} rotary "
+              f"key) values x 4 bytes; {per * held} bytes for the {held} tokens of this run; a standard key-value cache "
+              f"of the same heads: {std} bytes per token, {std * held} bytes")
+    if not line.startswith(expect):
+        sys.exit(f"FAILED {what}: relay generate printed {line!r}, expected it to begin {expect!r}")
+    return f"{new} greedy tokens = transformers' generate; {line}"
 
 
 def write_toml(path, tmp, extra=""):
@@ -172,6 +210,7 @@ with tempfile.TemporaryDirectory() as tmp:
     rel = close(eval_losses(rd)[1], hf_eval_loss(hf, eval_tokens), "import: eval loss")
     ok(f"import: step-0 tensors = HF's {len(want)} bitwise, e_score_correction_bias = router/expert_bias; eval loss "
        f"= transformers' (relative {rel:.1e})")
+    ok(f"generate, q_lora_rank 24: {check_generate(f'{rd}/checkpoints/step_00000000.h5', hf, 'generate (q_lora)', tmp, eval_tokens)}")
     os.makedirs(f"{tmp}/hf_fused")
     for name in ("config.json", "generation_config.json"):
         if os.path.exists(f"{tmp}/hf_dsv3/{name}"):
@@ -210,6 +249,7 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["train", "--config", lora, "--set", f'run.dir="{tmp}/import_yarn4"', "--set",
          f'model.init_from="{tmp}/hf_yarn4"'] + still + [a for s in yarn_sets for a in ("--set", s)])
     rel_in4 = close(eval_losses(f"{tmp}/import_yarn4")[1], hf_yarn_loss, "YaRN import (rope_scaling): eval loss")
+    gen_yarn = check_generate(f"{rd}/checkpoints/step_00000000.h5", hf_yarn, "generate (YaRN)", tmp, eval_tokens)
     last = sorted(os.listdir(f"{rd}/checkpoints"))[-1]
     run(["ckpt", "export", f"{rd}/checkpoints/{last}", "--format", "hf", "--out", f"{tmp}/export_yarn"])
     model = AutoModelForCausalLM.from_pretrained(f"{tmp}/export_yarn", attn_implementation="eager")
@@ -221,6 +261,7 @@ with tempfile.TemporaryDirectory() as tmp:
     ok(f"YaRN: import eval loss = transformers' (relative {rel_in:.1e}; from transformers 4's rope_scaling form "
        f"{rel_in4:.1e}); exported rope_parameters = {yarn['rope_type']} x{yarn['factor']:g}, eval loss = Relay's "
        f"(relative {rel_out:.1e})")
+    ok(f"generate, YaRN (24 positions over 8 original ones): {gen_yarn}")
 
     # Export: 10 steps -> relay ckpt export --format hf -> from_pretrained.
     rd = f"{tmp}/export"
@@ -244,6 +285,8 @@ with tempfile.TemporaryDirectory() as tmp:
     rel = close(hf_eval_loss(model, eval_tokens), eval_losses(rd)[10], "export: eval loss")
     ok(f"export: from_pretrained -> DeepseekV3ForCausalLM, no missing/unexpected keys, e_score_correction_bias = "
        f"router/expert_bias; transformers' eval loss = Relay's at step 10 (relative {rel:.1e})")
+    ok(f"generate from the export, q_proj: "
+       f"{check_generate(f'{rd}/checkpoints/step_00000010.h5', model, 'generate (export)', tmp, eval_tokens)}")
 
     # Multi-token prediction: D = 1 (a routed layer, as the last main layer) exported under the official names
     # (model.layers.2.*, num_nextn_predict_layers = 1), loaded by from_pretrained with no missing keys (transformers
