@@ -35,11 +35,12 @@ struct Case {
   bool zero = false, recompute = false;
   int cp = 1;
   bool docs = false;  // data.document_mask
+  bool sp = false;    // parallel.sequence_parallel
   int ranks() const { return dp * tp * pp * cp; }
   std::string name() const {
     std::string s = "dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_" +
                     schedule + "_m" + std::to_string(m) + (zero ? "_zero" : "") + (recompute ? "_recompute" : "") +
-                    (cp > 1 ? "_cp" + std::to_string(cp) : "") + (docs ? "_docs" : "");
+                    (cp > 1 ? "_cp" + std::to_string(cp) : "") + (docs ? "_docs" : "") + (sp ? "_sp" : "");
     for (auto& c : s) if (c == '-') c = '_';
     return s;
   }
@@ -61,7 +62,8 @@ std::vector<std::string> layout_overrides(const Case& c) {
           "train.micro_batches=" + std::to_string(c.m),
           "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
           std::string("optimizer.zero=") + (c.zero ? "true" : "false"),
-          std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\"")};
+          std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\""),
+          std::string("parallel.sequence_parallel=") + (c.sp ? "true" : "false")};
 }
 
 // The MoE layers' keys (model/moe.hpp's DeepSeek-V3 routing) and its training terms.
@@ -81,6 +83,7 @@ const Case kCases[] = {
     {1, 1, 1, "1f1b", 2, false, false, /*cp=*/2},
     {1, 1, 1, "1f1b", 1, false, false, /*cp=*/2, /*docs=*/true},
     {1, 2, 1, "1f1b", 1, false, /*recompute=*/true, /*cp=*/2, /*docs=*/true},
+    {1, 2, 1, "1f1b", 2, false, false, 1, false, /*sp=*/true},
 };
 
 // The document file (data.document_mask) instead of the GPT problem's tokens.

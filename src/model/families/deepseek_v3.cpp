@@ -144,10 +144,6 @@ class DeepseekV3Family final : public ModelFamily {
         throw Error(cat(parallel.source(), ": data.document_mask = true", why,
                         "predict across document boundaries; document_mask = false)"));
     }
-    // Read here: [parallel] parses sequence_parallel after the family's checks.
-    const toml::node* sp = parallel.get("sequence_parallel");
-    if (sp && sp->value<bool>().value_or(false))
-      parallel.fail("sequence_parallel", "= true is not wired into deepseek_v3's latent attention yet (false)");
   }
 
   void write_keys(std::ostream& o, const Config::Model& m) const override {
@@ -286,7 +282,6 @@ class DeepseekV3Family final : public ModelFamily {
     return m;
   }
 
-  bool sequence_parallel() const override { return false; }  // check_layout's refusal: not wired into MLA yet
   bool tp_splits(const Config::Model& m, int tp) const override {
     const DeepseekV3Args& a = m.args<DeepseekV3Args>();
     return m.n_head % tp == 0 && m.vocab_size >= tp && a.ffn_hidden % tp == 0 &&
