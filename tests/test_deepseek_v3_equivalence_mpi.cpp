@@ -164,6 +164,8 @@ TEST(DeepseekV3Moe, ExpertParallelLayoutsMatchSerialRun) {
       {"dp2_ep2_pp2_zero_recompute", {"parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "train.micro_batches=2",
                                       "optimizer.zero=true", "train.recompute=\"blocks\""}},
       {"tp2_dp2_ep2", {"parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "train.micro_batches=2"}},
+      {"tp2_dp2_ep2_sp", {"parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "train.micro_batches=2",
+                          "parallel.sequence_parallel=true"}},
       {"cp2", {"parallel.cp=2", "train.micro_batches=2"}}};
   for (const auto& [name, extra] : layouts) {
     const int ranks = name == "dp2_ep2" || name == "cp2" ? 2 : 4;
