@@ -14,7 +14,8 @@
 // head are vocabulary-parallel with a vocabulary-parallel cross-entropy. Under sequence parallelism the block's input
 // and output are this rank's n / tp rows: it gathers h^0 once and runs its modules on every row as under plain tp (their
 // inner blocks without sequence parallelism), so its weights' gradients come out whole on every rank; d h^0 (whole on
-// every rank) gives this rank's rows of dx.
+// every rank) gives this rank's rows of dx. Under expert parallelism a routed-expert decoder layer's experts are split
+// over the ep group as the main layers' are (every ep rank of the last stage runs the block; its dispatches pair up).
 #include <algorithm>
 
 #include "model/blocks.hpp"
@@ -30,7 +31,8 @@ class MtpBlock final : public Block {
   enum : size_t { kIds, kE, kCat, kRstdE, kRstdH, kHp, kHk, kLogits, kGHk, kGHp, kGCat, kGE, kGPrev, kTmp, kH0,
                   kOwn };
 
-  MtpBlock(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
+  // params: the spec's, of a routed-expert decoder layer this ep rank's experts only (model_spec.cpp's make_block).
+  MtpBlock(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ExpertParallel& ep)
       : Block(spec, std::move(params)), tp_(tp), inner_tp_(tp) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "mtp block: sequence parallelism disagrees");
     inner_tp_.sp_rows = nullptr;  // the modules run on every row
@@ -42,9 +44,11 @@ class MtpBlock final : public Block {
       m.enorm = params_[i++], m.hnorm = params_[i++], m.eh_proj = params_[i++];
       Param* head_norm = params_[i++];
       const BlockSpec& ls = spec.inner[size_t(3 * k)];
-      std::vector<Param*> lp(params_.begin() + std::ptrdiff_t(i), params_.begin() + std::ptrdiff_t(i + ls.params.size()));
-      i += ls.params.size();
-      m.layer = make_mla_block(ls, std::move(lp), inner_tp_);
+      size_t held = 0;  // the layer's parameters this rank holds
+      for (size_t j = 0; j < ls.params.size(); ++j) held += ep.holds(ls, j) ? 1 : 0;
+      std::vector<Param*> lp(params_.begin() + std::ptrdiff_t(i), params_.begin() + std::ptrdiff_t(i + held));
+      i += held;
+      m.layer = make_mla_block(ls, std::move(lp), inner_tp_, ContextParallel(), ep);
       m.head = make_gpt_block(spec.inner[size_t(3 * k + 1)], {head_norm, params_[1]}, inner_tp_);
       m.embed = make_gpt_block(spec.inner[size_t(3 * k + 2)], {params_[0]}, inner_tp_);
       offsets_.push_back(offset_);
@@ -256,9 +260,10 @@ std::vector<BufferSpec> mtp_saved_shapes(const BlockSpec& spec, int64_t rows, in
   return spec.kind == BlockKind::mtp ? MtpBlock::saved_shapes(spec, rows, tp) : std::vector<BufferSpec>{};
 }
 
-std::unique_ptr<Block> make_mtp_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp) {
+std::unique_ptr<Block> make_mtp_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
+                                      const ExpertParallel& ep) {
   RELAY_ASSERT(spec.kind == BlockKind::mtp, "make_mtp_block: not an MTP block: " << block_kind_name(spec.kind));
-  return std::make_unique<MtpBlock>(spec, std::move(params), tp);
+  return std::make_unique<MtpBlock>(spec, std::move(params), tp, ep);
 }
 
 }  // namespace relay

@@ -260,6 +260,8 @@ def relay_config(d, data, opts, layout):
         text = text.replace("[train]\n", '[train]\nrecompute = "blocks"\n', 1)
     if layout.get("zero"):
         text = text.replace("[optimizer]\n", f'[optimizer]\nzero = {layout["zero"]}\n', 1)
+    if layout.get("sp"):
+        text = text.replace("[parallel]\n", "[parallel]\nsequence_parallel = true\n", 1)
     assert f'schedule = "{layout.get("schedule", "1f1b")}"' in text and ("recompute" in text) == bool(layout.get("recompute"))
     if not opts.get("moe"):
         return text
@@ -331,6 +333,8 @@ CASES = [  # name, ranks, model options, token dtype, layout
      dict(dp=2, pp=2, m=2, schedule="zb-h1", zero=3)),
     ("deepseek_v3_mtp1_moe_tp2_recompute", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16,
      dict(dp=1, tp=2, pp=1, m=1, recompute=True)),
+    ("deepseek_v3_mtp1_moe_dp2_ep2", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
+    ("deepseek_v3_mtp1_moe_tp2_sp", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16, dict(dp=1, tp=2, pp=1, m=1, sp=True)),
 ]
 RELAY_MTP = []  # the case's Relay run: each step's mtp_loss
 
