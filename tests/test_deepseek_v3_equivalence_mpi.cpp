@@ -2,12 +2,14 @@
 // layout gives the serial run's result up to floating-point reordering, and a layout run twice gives the same bits.
 // The real binary trains a 4-layer DeepSeek-V3 (4 heads of 8 + 4 query/key columns and 6 value columns, q_lora_rank
 // 24, kv_lora_rank 16; tp 2 holds 2 heads a rank, the a-projections and norms replicated) on the GPT equivalence
-// test's token file for 6 steps under mpirun: dp, tp, pipeline schedules, ZeRO-1, recomputation and context
-// parallelism (cp 2 and tp 2 x cp 2, with and without data.document_mask on a file of documents ending at token 0).
+// test's token file for 6 steps under mpirun: dp, tp, pipeline schedules, ZeRO-1, recomputation, context
+// parallelism (cp 2 and tp 2 x cp 2, with and without data.document_mask on a file of documents ending at token 0) and
+// sequence parallelism (tp 2: MLA's input norm gathered before the a-projections, its outputs reduce-scattered).
 // Every step's loss and every final tensor (parameters and AdamW state) is compared with the serial run of the same
 // model and data. With routed-expert layers (layers 1-3 of 4: 8 experts in 4 groups, the best 2 groups kept, top 2, one
 // shared expert, routed_scaling_factor 2.5, the per-sequence aux loss and moe.expert_bias updated every step): ep 2,
-// dp 2 x ep 2 x pp 2 with ZeRO-1 and recomputation, tp 2 x dp 2 x ep 2 and cp 2 against the serial run, the bias
+// dp 2 x ep 2 x pp 2 with ZeRO-1 and recomputation, tp 2 x dp 2 x ep 2 (also with sequence parallelism: the experts'
+// and shared experts' output reduce-scattered) and cp 2 against the serial run, the bias
 // (router/expert_bias) included.
 //
 // Tolerance: |a - b| <= 1e-6 + 1e-5 |b|, as for Llama.
