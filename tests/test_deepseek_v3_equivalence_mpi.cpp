@@ -2,12 +2,14 @@
 // layout gives the serial run's result up to floating-point reordering, and a layout run twice gives the same bits.
 // The real binary trains a 4-layer DeepSeek-V3 (4 heads of 8 + 4 query/key columns and 6 value columns, q_lora_rank
 // 24, kv_lora_rank 16; tp 2 holds 2 heads a rank, the a-projections and norms replicated) on the GPT equivalence
-// test's token file for 6 steps under mpirun: dp, tp, pipeline schedules, ZeRO-1, recomputation and context
-// parallelism (cp 2 and tp 2 x cp 2, with and without data.document_mask on a file of documents ending at token 0).
+// test's token file for 6 steps under mpirun: dp, tp, pipeline schedules, ZeRO-1, recomputation, context
+// parallelism (cp 2 and tp 2 x cp 2, with and without data.document_mask on a file of documents ending at token 0) and
+// sequence parallelism (tp 2: MLA's input norm gathered before the a-projections, its outputs reduce-scattered).
 // Every step's loss and every final tensor (parameters and AdamW state) is compared with the serial run of the same
 // model and data. With routed-expert layers (layers 1-3 of 4: 8 experts in 4 groups, the best 2 groups kept, top 2, one
 // shared expert, routed_scaling_factor 2.5, the per-sequence aux loss and moe.expert_bias updated every step): ep 2,
-// dp 2 x ep 2 x pp 2 with ZeRO-1 and recomputation, tp 2 x dp 2 x ep 2 and cp 2 against the serial run, the bias
+// dp 2 x ep 2 x pp 2 with ZeRO-1 and recomputation, tp 2 x dp 2 x ep 2 (also with sequence parallelism: the experts'
+// and shared experts' output reduce-scattered) and cp 2 against the serial run, the bias
 // (router/expert_bias) included.
 //
 // Tolerance: |a - b| <= 1e-6 + 1e-5 |b|, as for Llama.
@@ -35,11 +37,12 @@ struct Case {
   bool zero = false, recompute = false;
   int cp = 1;
   bool docs = false;  // data.document_mask
+  bool sp = false;    // parallel.sequence_parallel
   int ranks() const { return dp * tp * pp * cp; }
   std::string name() const {
     std::string s = "dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_" +
                     schedule + "_m" + std::to_string(m) + (zero ? "_zero" : "") + (recompute ? "_recompute" : "") +
-                    (cp > 1 ? "_cp" + std::to_string(cp) : "") + (docs ? "_docs" : "");
+                    (cp > 1 ? "_cp" + std::to_string(cp) : "") + (docs ? "_docs" : "") + (sp ? "_sp" : "");
     for (auto& c : s) if (c == '-') c = '_';
     return s;
   }
@@ -61,7 +64,8 @@ std::vector<std::string> layout_overrides(const Case& c) {
           "train.micro_batches=" + std::to_string(c.m),
           "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
           std::string("optimizer.zero=") + (c.zero ? "true" : "false"),
-          std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\"")};
+          std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\""),
+          std::string("parallel.sequence_parallel=") + (c.sp ? "true" : "false")};
 }
 
 // The MoE layers' keys (model/moe.hpp's DeepSeek-V3 routing) and its training terms.
@@ -81,6 +85,7 @@ const Case kCases[] = {
     {1, 1, 1, "1f1b", 2, false, false, /*cp=*/2},
     {1, 1, 1, "1f1b", 1, false, false, /*cp=*/2, /*docs=*/true},
     {1, 2, 1, "1f1b", 1, false, /*recompute=*/true, /*cp=*/2, /*docs=*/true},
+    {1, 2, 1, "1f1b", 2, false, false, 1, false, /*sp=*/true},
 };
 
 // The document file (data.document_mask) instead of the GPT problem's tokens.
@@ -161,6 +166,8 @@ TEST(DeepseekV3Moe, ExpertParallelLayoutsMatchSerialRun) {
       {"dp2_ep2_pp2_zero_recompute", {"parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "train.micro_batches=2",
                                       "optimizer.zero=true", "train.recompute=\"blocks\""}},
       {"tp2_dp2_ep2", {"parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "train.micro_batches=2"}},
+      {"tp2_dp2_ep2_sp", {"parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "train.micro_batches=2",
+                          "parallel.sequence_parallel=true"}},
       {"cp2", {"parallel.cp=2", "train.micro_batches=2"}}};
   for (const auto& [name, extra] : layouts) {
     const int ranks = name == "dp2_ep2" || name == "cp2" ? 2 : 4;

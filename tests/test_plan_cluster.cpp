@@ -440,7 +440,8 @@ TEST(PlanCluster, Fp8PlansAtTheFp8Peak) {
 // 7168 -> 1536, q_b 1536 -> 128 x 192, kv_a 7168 -> 576, kv_b 512 -> 128 x 256, o 128 x 128 -> 7168), QK^T over 192
 // columns and att @ V over the narrower 128 (2 T H each, the whole sequence; the cost model halves it for causality),
 // and the SwiGLU's 6 C F, or the router's 2 C E plus 6 C Fe for each of the 8 routed and the 1 shared expert; the
-// layer's GEMMs (block_cost) add up to the same FLOPs. And the search never plans sequence parallelism for it.
+// layer's GEMMs (block_cost) add up to the same FLOPs. And the search plans sequence parallelism for its tp layouts
+// as for every family's (mla_blocks.cpp runs it).
 // The search reuses what a layout's shape (tp, cp, ep, pp, v) fixes, its model layout, stage parameters, bucket keys
 // and checkpoint bytes (plan/layout_cache.hpp), across the layouts of that shape: every figure it predicts through the
 // cache equals, bit for bit, a fresh prediction, for Mixtral 8x7B layouts that share shapes and differ in ZeRO stage
@@ -517,12 +518,13 @@ TEST(PlanCluster, DeepseekV3ParametersAndMlaFlops) {
     EXPECT_NEAR(gemm_flops + attention, layer_flops[j], 1e-9 * layer_flops[j]) << "layer " << (j == 0 ? 0 : 3);
   }
   // The search on one node with the small DeepSeek-V3 (configs/deepseek-v3-small-bytes.toml): tp layouts among the
-  // best, none with sequence parallelism, which deepseek_v3 refuses (ModelFamily::sequence_parallel).
+  // best, with sequence parallelism wherever tp divides the rows (search.cpp's rule: ModelFamily::sequence_parallel).
   const SearchResult s = search_layouts(load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml")),
                                         load_config(src("configs/deepseek-v3-small-bytes.toml")), 1, 1000);
   int with_tp = 0;
   for (const PlannedLayout& l : s.best) {
-    EXPECT_FALSE(l.cfg.parallel.sequence_parallel) << describe_layout(l.cfg);
+    const int64_t tp = l.cfg.parallel.tp, rows = l.cfg.model.block_size / l.cfg.parallel.cp;
+    EXPECT_EQ(l.cfg.parallel.sequence_parallel, tp > 1 && rows % tp == 0) << describe_layout(l.cfg);
     with_tp += l.cfg.parallel.tp > 1;
   }
   EXPECT_GT(with_tp, 0) << "no tp layout fits: the check above checks nothing";

@@ -97,7 +97,9 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
 // Collectives: tp all-reduces the attention and MLP outputs in the forward; the backward all-reduces the MLP's input
 // gradient (n, C) and, as mla_blocks.cpp's backward does, the replicated part's inputs' gradients: the rotary key's
 // (n, qk_rope), the latent's (n, kv_lora_rank) and the query latent's (n, q_lora_rank), or without q_lora_rank the
-// attention input's (n, C). cp gathers the heads' keys (qk_nope + qk_rope wide) and values (v_head_dim wide).
+// attention input's (n, C). Under sequence parallelism the two input norms and residual adds run on rows / sp, and
+// the all-reduces of (n, C) become all-gathers and reduce-scatters of the same bytes (mla_blocks.cpp). cp gathers the
+// heads' keys (qk_nope + qk_rope wide) and values (v_head_dim wide).
 void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) {
   const MlaSpec& m = b.mla;
   const double C = double(b.in), t = double(s.tp), H = double(b.n_head) / t, F = double(b.ffn_hidden) / t;
@@ -105,7 +107,9 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
   c.gemms = {{n, r + double(m.qk_rope), C}, {n, H * (double(m.qk_nope) + dv), r}, {n, C, H * dv}};
   if (m.q_lora_rank > 0) c.gemms.insert(c.gemms.end(), {{n, ql, C}, {n, H * dqk, ql}});
   else c.gemms.push_back({n, H * dqk, C});
-  const double attn = 2 * (2 * C + r + ql) + 2 * 3 * C + 2 * 2 * H * double(m.qk_rope) + 2 * H * (double(m.qk_nope) + dv);
+  const double sp = double(s.sp);
+  const double attn =
+      2 * (2 * C / sp + r + ql) + 2 * 3 * C / sp + 2 * 2 * H * double(m.qk_rope) + 2 * H * (double(m.qk_nope) + dv);
   if (b.moe.on()) {  // the router, the shared experts' SwiGLU on every row, the routed experts as Llama's MoE layer's
     const double E = double(b.moe.n_experts), k = double(b.moe.k), Fe = double(b.moe.ffn_hidden) / t;
     const double Fs = double(b.moe.shared_hidden()) / t, ep = double(s.ep), rows = n * k * ep / E;

@@ -39,9 +39,18 @@ struct ExpertParallel {
 };
 
 // The expert spec.params[i] belongs to (a MoE layer lists its router, then gate, up, down per expert): -1 for a
-// block's other parameters.
+// block's other parameters. A block with inner blocks (DeepSeek-V3's MTP block: model/mtp_block.cpp) lists its inner
+// MoE layers' parameters among its own, and their experts are split as the main layers' are.
 int64_t expert_of_param(const BlockSpec& spec, size_t i);
+// The routed experts of the layer spec.params[i] belongs to (spec.moe.n_experts, or its inner MoE layer's); 0 for a
+// parameter of no MoE layer.
+int64_t experts_of_param(const BlockSpec& spec, size_t i);
 // The ep rank holding expert e of E.
 inline int expert_owner(int64_t e, int64_t E, int ep) { return int(e / (E / ep)); }
+// The ep rank holding spec.params[i]: -1 for a parameter of no expert (every ep rank holds it).
+inline int expert_owner_of_param(const BlockSpec& spec, size_t i, int ep) {
+  const int64_t e = expert_of_param(spec, i);
+  return e < 0 ? -1 : expert_owner(e, experts_of_param(spec, i), ep);
+}
 
 }  // namespace relay

@@ -19,7 +19,14 @@
 // replicated. The backward all-reduces the heads' partial gradients of the small tensors the replicated part produced
 // (q_a_layernorm's output, the latent, k_pe), after which every rank computes the replicated weights' gradients whole
 // and alike. Context parallelism (model/context_parallel.hpp) gathers the heads' keys and values as Llama's layer does
-// (the rotary parts at each row's position in its sequence). Sequence parallelism is refused by the family for now.
+// (the rotary parts at each row's position in its sequence).
+// Sequence parallelism (Korthikanti et al., arXiv:2205.05198; as Llama's layer): the layer's input and output are this
+// rank's n / tp rows; input_layernorm's output is all-gathered once, before the replicated a-projections and the
+// column-parallel q_proj, so everything from the a-projections on sees all n rows, and the a-projections' and their
+// norms' weight gradients come out whole on every rank (no group sum), as under plain tp. d input_layernorm: the
+// replicated terms are whole on every rank (this rank's rows taken), q_proj's partial term is reduce-scattered. o_proj
+// and the MLP's down projection (the experts' output) reduce-scatter; input_layernorm's and post_attention_layernorm's
+// weights see this rank's rows only, their gradients summed over the group (SpNormGrads).
 // Generation (decode) keeps MLA's compressed cache, the normalised latent and the rotated rotary key per position, and
 // attends in the absorbed form (DeepSeek-V2 sec. 2.1.2): see decode() below.
 // Under train.precision = "fp8" every linear GEMM goes through Fp8Linear (kv_a_proj_with_mqa as two GEMMs, its latent
@@ -39,7 +46,7 @@ class MlaLayer final : public Block {
       : Block(spec, std::move(params)), tp_(tp), m_(spec.mla), H_(spec.n_head / tp.size),
         F_(spec.moe.on() ? 0 : spec.ffn_hidden / tp.size), cp_attn_(cp.on() ? cp.attention : nullptr),
         ep_on_(ep.on()), fp8_(fp8_linear(spec, tp.comm)) {
-    RELAY_ASSERT(!tp.sequence_parallel() && spec.sp == 1, "mla layer: sequence parallelism is not supported yet");
+    RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "mla layer: sequence parallelism disagrees");
     const bool ql = m_.q_lora_rank > 0;
     // norm1, [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o, norm2, then gate, up, down or the MoE's (moe.hpp)
     const size_t attn = ql ? 9 : 7;
@@ -60,16 +67,20 @@ class MlaLayer final : public Block {
   // MoeMlp::saved_shapes'). With q_lora_rank 0 the q_a buffers have 0 rows.
   enum : size_t { kN1, kRstd1, kQa, kRstdQa, kQaN, kLat, kRstdLat, kLatN, kQ, kK, kV, kLse, kAtty, kRes1, kN2,
                   kRstd2, kGate, kUp, kH, kGRes1, kGGate, kGUp, kGN2, kGQ, kGK, kGV, kGKv, kGQaN, kGQa, kGLatN, kGLat,
-                  kGPe, kGN1, kGAtty, kKv, kPe, kKpe, kCount };
+                  kGPe, kGN1, kGAtty, kKv, kPe, kKpe, kAll, kCount };
+  // Under sequence parallelism the row-wise buffers (local()) hold this rank's m = n / tp rows.
+  static bool local(size_t k) {
+    return k == kN1 || k == kRstd1 || k == kRes1 || k == kN2 || k == kRstd2 || k == kGRes1 || k == kGN2 || k == kGN1;
+  }
   static std::vector<BufferSpec> saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
     const MlaSpec& m = spec.mla;
     const int64_t C = spec.in, H = spec.n_head / tp, F = spec.moe.on() ? 0 : spec.ffn_hidden / tp;
-    const int64_t dqk = m.qk_head(), dr = m.qk_rope;
+    const int64_t dqk = m.qk_head(), dr = m.qk_rope, rows = n / spec.sp;
     const int64_t r = m.kv_lora_rank, ql = m.q_lora_rank, nq = ql > 0 ? n : 0;
     const DType a = spec.dtype, f32 = DType::f32;
     std::vector<BufferSpec> s(kCount);
-    s[kN1] = {{n, C}, a};
-    s[kRstd1] = {{n}, f32};
+    s[kN1] = {{rows, C}, a};
+    s[kRstd1] = {{rows}, f32};
     s[kQa] = {{nq, ql}, a};            // q_a_proj's output
     s[kRstdQa] = {{nq}, f32};
     s[kQaN] = {{nq, ql}, a};           // q_a_layernorm's output
@@ -81,16 +92,16 @@ class MlaLayer final : public Block {
     s[kV] = {{n, H * m.v_head}, a};
     s[kLse] = {{n, H}, f32};           // (B, H, T) for n = B x T rows
     s[kAtty] = {{n, H * m.v_head}, a};
-    s[kRes1] = {{n, C}, a};
-    s[kN2] = {{n, C}, a};
-    s[kRstd2] = {{n}, f32};
+    s[kRes1] = {{rows, C}, a};
+    s[kN2] = {{rows, C}, a};
+    s[kRstd2] = {{rows}, f32};
     s[kGate] = {{n, F}, a};
     s[kUp] = {{n, F}, a};
     s[kH] = {{n, F}, a, true};         // scratch: the SwiGLU output, recomputed for down's weight gradient
-    s[kGRes1] = {{n, C}, a, true};
+    s[kGRes1] = {{rows, C}, a, true};
     s[kGGate] = {{n, F}, a, true};
     s[kGUp] = {{n, F}, a, true};
-    s[kGN2] = {{n, C}, a, true};
+    s[kGN2] = {{rows, C}, a, true};
     s[kGQ] = {{n, H * dqk}, a, true};  // d q_b_proj's (q_proj's) output
     s[kGK] = {{n, H * dqk}, a, true};
     s[kGV] = {{n, H * m.v_head}, a, true};
@@ -100,44 +111,50 @@ class MlaLayer final : public Block {
     s[kGLatN] = {{n, r}, a, true};
     s[kGLat] = {{n, r}, a, true};
     s[kGPe] = {{n, dr}, a, true};      // d k_pe before the rotation
-    s[kGN1] = {{n, C}, a, true};
+    s[kGN1] = {{rows, C}, a, true};
     s[kGAtty] = {{n, H * m.v_head}, a, true};
     s[kKv] = {{n, H * (m.qk_nope + m.v_head)}, a, true};  // scratch: kv_b_proj's output
     s[kPe] = {{n, H * dr}, a, true};   // scratch: the heads' rotary parts, contiguous
     s[kKpe] = {{n, dr}, a, true};      // scratch: k_pe, then its gradient's terms
+    // scratch (sequence parallelism with experts): the gathered post_attention_layernorm output, then output gradient,
+    // apart from the shared buffer the experts' partial sums go to (MoeMlp reads its input after writing its output)
+    s[kAll] = {{spec.moe.on() && spec.sp > 1 ? n : 0, C}, a, true};
     if (spec.moe.on())
       for (const BufferSpec& b : MoeMlp::saved_shapes(spec, n, tp)) s.push_back(b);
     return s;
   }
   void allocate_saved(Backend& be, int64_t n, BlockSaved& s) override {
     allocate_buffers(be, saved_shapes(spec_, n, tp_.size), s);
+    if (tp_.sequence_parallel()) norm_grads_.allocate(be, spec_.in);
   }
 
-  // x, y (n, C).
+  // x, y (m, C): m = n rows, or this rank's n / tp under sequence parallelism.
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
-    const int64_t n = x.size(0), T = spec_.seq_len, dqk = m_.qk_head(), dn = m_.qk_nope, dr = m_.qk_rope;
-    const int64_t dv = m_.v_head, r = m_.kv_lora_rank, w_kv = dn + dv;
-    auto v = [&](size_t k) { return view(s, k, n); };
+    const int64_t m = x.size(0), n = m * spec_.sp, T = spec_.seq_len, dqk = m_.qk_head(), dn = m_.qk_nope;
+    const int64_t dr = m_.qk_rope, dv = m_.v_head, r = m_.kv_lora_rank, w_kv = dn + dv;
+    auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor n1 = v(kN1), q = v(kQ), k = v(kK), val = v(kV), kv = v(kKv), pe = v(kPe), kpe = v(kKpe), atty = v(kAtty);
     Tensor rstd1 = v(kRstd1), lat = v(kLat), latn = v(kLatN), rstd_lat = v(kRstdLat), lse = s.t[kLse].rows(0, n);
     const float eps = float(spec_.eps);
-    be.rmsnorm_forward(x, norm1_->compute(), eps, n1, rstd1);                      // (n, C)
+    be.rmsnorm_forward(x, norm1_->compute(), eps, n1, rstd1);                      // (m, C)
+    // (n, C) every row: in the shared buffer under sequence parallelism, read by every projection below before o_proj.
+    const Tensor n1_all = tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm");
     // Queries: (n, H dqk), [q_nope | q_pe] per head.
     if (q_a_) {
       Tensor qa = v(kQa), qan = v(kQaN), rstd_qa = v(kRstdQa);
-      fp8_.linear(be, n1, *q_a_, Tensor(), qa);                                // (n, ql)
+      fp8_.linear(be, n1_all, *q_a_, Tensor(), qa);                            // (n, ql)
       be.rmsnorm_forward(qa, q_a_norm_->compute(), eps, qan, rstd_qa);             // (n, ql)
       fp8_.linear(be, qan, *q_b_, Tensor(), q);                                // (n, H dqk) this rank's heads
     } else {
-      fp8_.linear(be, n1, *q_, Tensor(), q);                                   // (n, H dqk)
+      fp8_.linear(be, n1_all, *q_, Tensor(), q);                               // (n, H dqk)
     }
     rope_part(be, q, H_, dqk, dn, pe, T, /*backward=*/false);                      // q_pe rotated in place
     if (m_.qk_scale != 1.0) be.scale(q, float(m_.qk_scale));                       // the softmax's mscale^2
     // Keys and values from the latent and the one shared rotary key.
     const Tensor w_kva = kv_a_->compute();                                          // (r + dr, C)
-    fp8_.linear(be, n1, w_kva.rows(0, r), Tensor(), lat);                                // (n, r)
+    fp8_.linear(be, n1_all, w_kva.rows(0, r), Tensor(), lat);                            // (n, r)
     be.rmsnorm_forward(lat, kv_a_norm_->compute(), eps, latn, rstd_lat);
-    fp8_.linear(be, n1, w_kva.rows(r, dr), Tensor(), kpe);                               // (n, dr) k_pe
+    fp8_.linear(be, n1_all, w_kva.rows(r, dr), Tensor(), kpe);                           // (n, dr) k_pe
     rope_part(be, kpe, 1, dr, 0, pe.view({n * H_ * dr}).rows(0, n * dr).view({n, dr}), T, false);  // rotated
     fp8_.linear(be, latn, *kv_b_, Tensor(), kv);                           // (n, H (dn + dv))
     for (int64_t h = 0; h < H_; ++h) {
@@ -150,43 +167,55 @@ class MlaLayer final : public Block {
     else
       be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, H_, atty, lse, doc_start_);  // (n, H dv)
     Tensor res1 = v(kRes1), n2 = v(kN2), rstd2 = v(kRstd2), gate = v(kGate), up = v(kUp), hid = v(kH);
-    tp_.row_parallel_matmul(be, atty, *o_, true, res1, "the attention output all-reduce", fp8_);  // (n, C)
+    tp_.row_parallel_matmul(be, atty, *o_, true, res1, "the attention output all-reduce", fp8_);  // (m, C)
     be.add(res1, x, res1);                                                         // residual 1
-    be.rmsnorm_forward(res1, norm2_->compute(), eps, n2, rstd2);
+    be.rmsnorm_forward(res1, norm2_->compute(), eps, n2, rstd2);                   // (m, C)
     if (moe_) {  // under tp every rank routes all rows and runs its share of each expert's units
-      moe_->forward(be, n2, y, &s.t[kCount]);                                      // (n, C) partial over tp
-      if (tp_.on()) tp_.allreduce_sum(y, "the experts' output all-reduce");
+      const Tensor n2_all = gathered(be, s, n2, n, "the sequence-parallel all-gather of post_attention_layernorm");
+      Tensor part = tp_.sequence_parallel() ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : y;  // (n, C) partial
+      moe_->forward(be, n2_all, part, &s.t[kCount]);                               // (n, C) partial over tp
+      if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(part, y, "the experts' output reduce-scatter");  // (m, C)
+      else if (tp_.on()) tp_.allreduce_sum(y, "the experts' output all-reduce");
       be.add(y, res1, y);                                                          // residual 2
       return;
     }
-    fp8_.linear(be, n2, *gate_, Tensor(), gate);                               // (n, F) column-parallel
-    fp8_.linear(be, n2, *up_, Tensor(), up);
+    const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
+    fp8_.linear(be, n2_all, *gate_, Tensor(), gate);                           // (n, F) column-parallel
+    fp8_.linear(be, n2_all, *up_, Tensor(), up);
     be.swiglu_forward(gate, up, hid);                                              // (n, F)
-    tp_.row_parallel_matmul(be, hid, *down_, true, y, "the MLP output all-reduce", fp8_);  // (n, C)
+    tp_.row_parallel_matmul(be, hid, *down_, true, y, "the MLP output all-reduce", fp8_);  // (m, C)
     be.add(y, res1, y);                                                            // residual 2
   }
 
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
-    const int64_t n = x.size(0), T = spec_.seq_len, dqk = m_.qk_head(), dn = m_.qk_nope, dr = m_.qk_rope;
-    const int64_t dv = m_.v_head, r = m_.kv_lora_rank, w_kv = dn + dv;
-    auto v = [&](size_t k) { return view(s, k, n); };
+    const int64_t m = x.size(0), n = m * spec_.sp, T = spec_.seq_len, dqk = m_.qk_head(), dn = m_.qk_nope;
+    const int64_t dr = m_.qk_rope, dv = m_.v_head, r = m_.kv_lora_rank, w_kv = dn + dv;
+    const bool sp = tp_.sequence_parallel();
+    auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor g_res1 = v(kGRes1), g_gate = v(kGGate), g_up = v(kGUp), g_n2 = v(kGN2), g_n1 = v(kGN1);
-    // The MLP.
+    // The MLP: d n2 (m, C), summed over tp (reduce-scattered under sequence parallelism).
     if (moe_) {
-      moe_->backward_input(be, dy, g_n2, &s.t[kCount]);                            // (n, C) d n2, partial over tp
-      if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
+      const Tensor dy_all = gathered(be, s, dy, n, "the sequence-parallel all-gather of the output gradient");
+      Tensor part = sp ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : g_n2;       // (n, C) partial over tp
+      moe_->backward_input(be, dy_all, part, &s.t[kCount]);
+      if (sp) tp_.reduce_scatter_rows(part, g_n2, "the experts' input-gradient reduce-scatter");
+      else if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
     } else {
-      fp8_.matmul(be, dy, *down_, false, g_gate, 0.f);             // (n, F) d h
+      const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
+      fp8_.matmul(be, dy_all, *down_, false, g_gate, 0.f);         // (n, F) d h
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);                  // (n, F) d gate, d up
-      fp8_.matmul(be, g_gate, *gate_, false, g_n2, 0.f);           // (n, C) d n2, partial over tp
-      fp8_.matmul(be, g_up, *up_, false, g_n2, 1.f);
-      tp_.allreduce_sum(g_n2, "the MLP input-gradient all-reduce");
+      Tensor sums = sp ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : g_n2;       // (n, C) partial over tp
+      fp8_.matmul(be, g_gate, *gate_, false, sums, 0.f);
+      fp8_.matmul(be, g_up, *up_, false, sums, 1.f);
+      if (sp) tp_.reduce_scatter_rows(sums, g_n2, "the MLP input-gradient reduce-scatter");
+      else tp_.allreduce_sum(g_n2, "the MLP input-gradient all-reduce");
     }
     be.rmsnorm_backward_input(g_n2, v(kRes1), norm2_->compute(), v(kRstd2), g_n1);  // g_n1: scratch here
-    be.add(dy, g_n1, g_res1);                                                      // (n, C) d res1
+    be.add(dy, g_n1, g_res1);                                                      // (m, C) d res1
     // Attention.
     Tensor g_atty = v(kGAtty), g_q = v(kGQ), g_k = v(kGK), g_v = v(kGV), g_kv = v(kGKv), pe = v(kPe);
-    fp8_.matmul(be, g_res1, *o_, false, g_atty, 0.f);              // (n, H dv)
+    const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
+    fp8_.matmul(be, g_res1_all, *o_, false, g_atty, 0.f);          // (n, H dv)
     if (cp_attn_)
       cp_attn_->backward(be, g_atty, v(kQ), v(kK), v(kV), v(kAtty), s.t[kLse].rows(0, n), T, H_, H_, q_pos_,
                          doc_start_, g_q, g_k, g_v);
@@ -213,54 +242,70 @@ class MlaLayer final : public Block {
     fp8_.matmul(be, g_kv, *kv_b_, false, g_latn, 0.f);             // (n, r)
     tp_.allreduce_sum(g_latn, "the latent's gradient all-reduce");
     be.rmsnorm_backward_input(g_latn, v(kLat), kv_a_norm_->compute(), v(kRstdLat), g_lat);
-    // d n1: the query path's term (partial over tp without q_lora_rank), then the replicated kv_a terms.
+    // d n1 (m, C): the query path's term (partial over tp without q_lora_rank), then the replicated kv_a terms. Those
+    // are whole on every rank (d q_a, d latent and d k_pe were all-reduced), so under sequence parallelism each rank
+    // takes its own rows of them.
+    const int64_t r0 = sp ? tp_.rank * m : 0;
+    auto mine = [&](const Tensor& t) { return t.rows(r0, m); };  // (n, w) -> this rank's (m, w)
     if (q_a_) {
       Tensor g_qan = v(kGQaN), g_qa = v(kGQa);
       fp8_.matmul(be, g_q, *q_b_, false, g_qan, 0.f);              // (n, ql) partial over the heads
       tp_.allreduce_sum(g_qan, "the query latent's gradient all-reduce");
       be.rmsnorm_backward_input(g_qan, v(kQa), q_a_norm_->compute(), v(kRstdQa), g_qa);
-      fp8_.matmul(be, g_qa, *q_a_, false, g_n1, 0.f);              // (n, C)
+      fp8_.matmul(be, mine(g_qa), *q_a_, false, g_n1, 0.f);        // (m, C)
+    } else if (sp) {
+      Tensor sums = tp_.full_rows(be, n, spec_.in, spec_.dtype);                   // (n, C) partial over tp
+      fp8_.matmul(be, g_q, *q_, false, sums, 0.f);
+      tp_.reduce_scatter_rows(sums, g_n1, "the attention input-gradient reduce-scatter");  // (m, C)
     } else {
       fp8_.matmul(be, g_q, *q_, false, g_n1, 0.f);                 // (n, C) partial over tp
       tp_.allreduce_sum(g_n1, "the attention input-gradient all-reduce");
     }
     const Tensor w_kva = kv_a_->compute();
-    fp8_.matmul(be, g_lat, w_kva.rows(0, r), false, g_n1, 1.f);
-    fp8_.matmul(be, g_pe, w_kva.rows(r, dr), false, g_n1, 1.f);
+    fp8_.matmul(be, mine(g_lat), w_kva.rows(0, r), false, g_n1, 1.f);
+    fp8_.matmul(be, mine(g_pe), w_kva.rows(r, dr), false, g_n1, 1.f);
     be.rmsnorm_backward_input(g_n1, x, norm1_->compute(), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                        // residual 1
   }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
-    const int64_t n = x.size(0), r = m_.kv_lora_rank, dr = m_.qk_rope;
-    auto v = [&](size_t k) { return view(s, k, n); };
+    const int64_t m = x.size(0), n = m * spec_.sp, r = m_.kv_lora_rank, dr = m_.qk_rope;
+    auto v = [&](size_t k) { return view(s, k, m, n); };
+    const bool sp = tp_.sequence_parallel();
+    if (sp) norm_grads_.begin(be);
+    Tensor dnorm1 = sp ? norm_grads_.part(0) : norm1_->grad, dnorm2 = sp ? norm_grads_.part(1) : norm2_->grad;
+    // Under sequence parallelism each operand of (n) rows is gathered when it is needed (one buffer at a time).
     if (moe_) {
-      moe_->backward_weight(be, v(kN2), &s.t[kCount]);
+      moe_->backward_weight(be, tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm"),
+                            &s.t[kCount]);
     } else {
       Tensor hid = v(kH);  // (n, F) recomputed from the kept gate and up
       be.swiglu_forward(v(kGate), v(kUp), hid);
-      weight_grad(be, dy, hid, down_->grad);
-      weight_grad(be, v(kGGate), v(kN2), gate_->grad);
-      weight_grad(be, v(kGUp), v(kN2), up_->grad);
+      weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), hid, down_->grad);
+      const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
+      weight_grad(be, v(kGGate), n2_all, gate_->grad);
+      weight_grad(be, v(kGUp), n2_all, up_->grad);
     }
-    be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), norm2_->grad);
-    weight_grad(be, v(kGRes1), v(kAtty), o_->grad);
+    be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), dnorm2);
+    weight_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), o_->grad);
     weight_grad(be, v(kGKv), v(kLatN), kv_b_->grad);
     be.rmsnorm_backward_weight(v(kGLatN), v(kLat), v(kRstdLat), kv_a_norm_->grad);
+    // The replicated a-projections from every row (whole d latent, d k_pe, d q_a on every rank): whole and alike.
+    const Tensor n1_all = tp_.all_rows(be, v(kN1), "the sequence-parallel all-gather of input_layernorm");  // (n, C)
     Tensor g_kva = kv_a_->grad.rows(0, r + dr);
     Tensor g_lat_w = g_kva.rows(0, r), g_pe_w = g_kva.rows(r, dr);
-    weight_grad(be, v(kGLat), v(kN1), g_lat_w);
-    weight_grad(be, v(kGPe), v(kN1), g_pe_w);
+    weight_grad(be, v(kGLat), n1_all, g_lat_w);
+    weight_grad(be, v(kGPe), n1_all, g_pe_w);
     if (q_a_) {
       weight_grad(be, v(kGQ), v(kQaN), q_b_->grad);
       be.rmsnorm_backward_weight(v(kGQaN), v(kQa), v(kRstdQa), q_a_norm_->grad);
-      weight_grad(be, v(kGQa), v(kN1), q_a_->grad);
+      weight_grad(be, v(kGQa), n1_all, q_a_->grad);
     } else {
-      weight_grad(be, v(kGQ), v(kN1), q_->grad);
+      weight_grad(be, v(kGQ), n1_all, q_->grad);
     }
-    be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), norm1_->grad);
+    be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), dnorm1);
+    if (sp) norm_grads_.finish(be, tp_, {&norm1_->grad, &norm2_->grad});
   }
-
   void take_router_stats(std::vector<RouterStats>& out) override {
     if (moe_) moe_->take_stats(out);
   }
@@ -379,7 +424,18 @@ class MlaLayer final : public Block {
   }
 
  private:
-  static Tensor view(BlockSaved& s, size_t k, int64_t n) { return s.t[k].rows(0, std::min(n, s.t[k].size(0))); }
+  // Saved buffer k for a micro-batch of n rows of which this rank holds m (row-wise buffers: local()).
+  static Tensor view(BlockSaved& s, size_t k, int64_t m, int64_t n) {
+    return s.t[k].rows(0, std::min(local(k) ? m : n, s.t[k].size(0)));
+  }
+  // local (m, C) -> every row (n, C): under sequence parallelism gathered, then copied out of the shared buffer into
+  // kAll (the experts write their partial sums to the shared buffer while still reading their input); else local.
+  Tensor gathered(Backend& be, BlockSaved& s, const Tensor& local, int64_t n, const char* what) const {
+    if (!tp_.sequence_parallel()) return local;
+    Tensor all = s.t[kAll].rows(0, n);
+    be.copy(all, tp_.gather_rows(be, local, what));
+    return all;
+  }
   // dW (out, in) += dy^T @ x
   void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const { fp8_.weight_grad(be, dy, x, dw); }
   // The rotary part of each of `heads` heads of x (n, heads w): columns [off, off + dr) of each, rotated in place
@@ -436,6 +492,7 @@ class MlaLayer final : public Block {
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   bool ep_on_ = false;  // its experts split over ranks (generation runs them all on one)
   Fp8Linear fp8_;  // q_a, q_b (or q), kv_a, kv_b, o, gate, up and down's GEMMs: FP8 under train.precision = "fp8"
+  SpNormGrads norm_grads_;  // sequence parallelism: input_layernorm's and post_attention_layernorm's gradients
   Param *norm1_ = nullptr, *q_ = nullptr, *q_a_ = nullptr, *q_a_norm_ = nullptr, *q_b_ = nullptr, *kv_a_ = nullptr,
         *kv_a_norm_ = nullptr, *kv_b_ = nullptr, *o_ = nullptr, *norm2_ = nullptr, *gate_ = nullptr, *up_ = nullptr,
         *down_ = nullptr;

@@ -11,7 +11,11 @@
 // main loss's is after the head (model/loss.hpp). Positions i >= T - k + 1 read no token (id 0) and i >= T - k predict
 // nothing (target -1): causal attention keeps them out of every counted position. Under tensor parallelism the
 // block's transformer splits as a decoder layer does, eh_proj and the norms are replicated, the shared embedding and
-// head are vocabulary-parallel with a vocabulary-parallel cross-entropy.
+// head are vocabulary-parallel with a vocabulary-parallel cross-entropy. Under sequence parallelism the block's input
+// and output are this rank's n / tp rows: it gathers h^0 once and runs its modules on every row as under plain tp (their
+// inner blocks without sequence parallelism), so its weights' gradients come out whole on every rank; d h^0 (whole on
+// every rank) gives this rank's rows of dx. Under expert parallelism a routed-expert decoder layer's experts are split
+// over the ep group as the main layers' are (every ep rank of the last stage runs the block; its dispatches pair up).
 #include <algorithm>
 
 #include "model/blocks.hpp"
@@ -24,11 +28,14 @@ namespace {
 class MtpBlock final : public Block {
  public:
   // Own buffers of module k, then its transformer block's and its head's (their allocate_saved lists), module by module.
-  enum : size_t { kIds, kE, kCat, kRstdE, kRstdH, kHp, kHk, kLogits, kGHk, kGHp, kGCat, kGE, kGPrev, kTmp,
+  enum : size_t { kIds, kE, kCat, kRstdE, kRstdH, kHp, kHk, kLogits, kGHk, kGHp, kGCat, kGE, kGPrev, kTmp, kH0,
                   kOwn };
 
-  MtpBlock(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp)
-      : Block(spec, std::move(params)), tp_(tp) {
+  // params: the spec's, of a routed-expert decoder layer this ep rank's experts only (model_spec.cpp's make_block).
+  MtpBlock(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ExpertParallel& ep)
+      : Block(spec, std::move(params)), tp_(tp), inner_tp_(tp) {
+    RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "mtp block: sequence parallelism disagrees");
+    inner_tp_.sp_rows = nullptr;  // the modules run on every row
     const int64_t D = spec.mtp.depth;
     RELAY_ASSERT(int64_t(spec.inner.size()) == 3 * D, "mtp block: " << spec.inner.size() << " inner blocks for " << D);
     size_t i = 2;  // params: embedding, output weight, then per module enorm, hnorm, eh_proj, shared_head.norm, layer
@@ -37,11 +44,13 @@ class MtpBlock final : public Block {
       m.enorm = params_[i++], m.hnorm = params_[i++], m.eh_proj = params_[i++];
       Param* head_norm = params_[i++];
       const BlockSpec& ls = spec.inner[size_t(3 * k)];
-      std::vector<Param*> lp(params_.begin() + std::ptrdiff_t(i), params_.begin() + std::ptrdiff_t(i + ls.params.size()));
-      i += ls.params.size();
-      m.layer = make_mla_block(ls, std::move(lp), tp);
-      m.head = make_gpt_block(spec.inner[size_t(3 * k + 1)], {head_norm, params_[1]}, tp);
-      m.embed = make_gpt_block(spec.inner[size_t(3 * k + 2)], {params_[0]}, tp);
+      size_t held = 0;  // the layer's parameters this rank holds
+      for (size_t j = 0; j < ls.params.size(); ++j) held += ep.holds(ls, j) ? 1 : 0;
+      std::vector<Param*> lp(params_.begin() + std::ptrdiff_t(i), params_.begin() + std::ptrdiff_t(i + held));
+      i += held;
+      m.layer = make_mla_block(ls, std::move(lp), inner_tp_, ContextParallel(), ep);
+      m.head = make_gpt_block(spec.inner[size_t(3 * k + 1)], {head_norm, params_[1]}, inner_tp_);
+      m.embed = make_gpt_block(spec.inner[size_t(3 * k + 2)], {params_[0]}, inner_tp_);
       offsets_.push_back(offset_);
       offset_ += kOwn + mla_saved_shapes(ls, 1, tp.size).size() + gpt_saved_shapes(spec.inner[size_t(3 * k + 1)], 1, tp.size).size();
       modules_.push_back(std::move(m));
@@ -81,12 +90,17 @@ class MtpBlock final : public Block {
 
   void set_targets(const int32_t* targets) override { targets_ = targets; }
 
-  // x (n, C) = h^0 -> y (n, C) = h^0; the modules' losses and their logits' gradients beside it.
+  // x (m, C) = h^0 -> y (m, C) = h^0 (m = n rows, or this rank's n / tp under sequence parallelism); the modules'
+  // losses and their logits' gradients beside it.
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
     be.copy(y, x);
     if (!targets_) return;  // evaluation (or generation): the main model's prediction alone
-    const int64_t n = x.size(0), T = spec_.seq_len, C = spec_.in;
-    Tensor prev = x;  // h^{k-1} (n, C)
+    const int64_t n = x.size(0) * spec_.sp, T = spec_.seq_len, C = spec_.in;
+    if (tp_.sequence_parallel()) {
+      Tensor all = parts(s, 1, n).h0;  // (n, C)
+      be.copy(all, tp_.gather_rows(be, x, "the sequence-parallel all-gather of the MTP input"));
+    }
+    Tensor prev = h0(x, s);  // h^{k-1} (n, C)
     for (int64_t k = 1; k <= spec_.mtp.depth; ++k) {
       Module& m = modules_[size_t(k - 1)];
       Parts p = parts(s, k, n);
@@ -112,9 +126,10 @@ class MtpBlock final : public Block {
     targets_ = nullptr;
   }
 
-  // dx (n, C) = dy + d h^0 through module 1's hnorm (each module's d h^k: its own CE's, plus module k + 1's).
+  // dx (m, C) = dy + d h^0 through module 1's hnorm (each module's d h^k: its own CE's, plus module k + 1's; whole on
+  // every rank, of which this rank's rows under sequence parallelism).
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
-    const int64_t n = x.size(0), C = spec_.in;
+    const int64_t m = x.size(0), n = m * spec_.sp, C = spec_.in;
     for (int64_t k = spec_.mtp.depth; k >= 1; --k) {
       Module& m = modules_[size_t(k - 1)];
       Parts p = parts(s, k, n);
@@ -128,13 +143,14 @@ class MtpBlock final : public Block {
       be.copy_columns(p.g_cat, 0, p.tmp, 0, C);                              // d enorm(e)
       be.rmsnorm_backward_input(p.tmp, p.e, m.enorm->compute(), p.rstd_e, p.g_e);
       be.copy_columns(p.g_cat, C, p.tmp, 0, C);                              // d hnorm(h^{k-1})
-      be.rmsnorm_backward_input(p.tmp, k == 1 ? x : parts(s, k - 1, n).hk, m.hnorm->compute(), p.rstd_h, p.g_prev);
+      be.rmsnorm_backward_input(p.tmp, k == 1 ? h0(x, s) : parts(s, k - 1, n).hk, m.hnorm->compute(), p.rstd_h,
+                                p.g_prev);
     }
-    be.add(dy, parts(s, 1, n).g_prev, dx);
+    be.add(dy, parts(s, 1, n).g_prev.rows(tp_.sequence_parallel() ? tp_.rank * m : 0, m), dx);
   }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor&, BlockSaved& s) override {
-    const int64_t n = x.size(0), C = spec_.in;
+    const int64_t n = x.size(0) * spec_.sp, C = spec_.in;
     for (int64_t k = 1; k <= spec_.mtp.depth; ++k) {
       Module& m = modules_[size_t(k - 1)];
       Parts p = parts(s, k, n);
@@ -144,7 +160,7 @@ class MtpBlock final : public Block {
       be.copy_columns(p.g_cat, 0, p.tmp, 0, C);
       be.rmsnorm_backward_weight(p.tmp, p.e, p.rstd_e, m.enorm->grad);
       be.copy_columns(p.g_cat, C, p.tmp, 0, C);
-      be.rmsnorm_backward_weight(p.tmp, k == 1 ? x : parts(s, k - 1, n).hk, p.rstd_h, m.hnorm->grad);
+      be.rmsnorm_backward_weight(p.tmp, k == 1 ? h0(x, s) : parts(s, k - 1, n).hk, p.rstd_h, m.hnorm->grad);
       BlockSaved nothing;
       m.embed->backward_weight(be, p.ids, p.g_e, nothing);
     }
@@ -181,6 +197,7 @@ class MtpBlock final : public Block {
     Tensor g_cat;            // (n, 2C) d cat
     Tensor g_prev;           // (n, C) d h^{k-1} through hnorm
     Tensor tmp;              // (n, C) scratch: a norm's output, a half of d cat
+    Tensor h0;               // (n, C) module 1's: h^0 gathered under sequence parallelism (0 rows without)
     BlockSaved layer, head;  // the decoder layer's and the shared head's own buffers
   };
   // Module buffers on tp rank r (its vocabulary shard's logits).
@@ -193,6 +210,7 @@ class MtpBlock final : public Block {
     b[kCat] = b[kGCat] = {{n, 2 * C}, a};
     b[kRstdE] = b[kRstdH] = {{n}, f32};
     b[kLogits] = {{n, Vl}, a};  // the logits, then (the loss writes over them) their gradient
+    b[kH0] = {{spec.sp > 1 ? n : 0, C}, a};
     return b;
   }
   Parts parts(BlockSaved& s, int64_t k, int64_t n) const {
@@ -204,6 +222,7 @@ class MtpBlock final : public Block {
     p.ids = v(kIds), p.e = v(kE), p.cat = v(kCat), p.rstd_e = v(kRstdE), p.rstd_h = v(kRstdH), p.hp = v(kHp);
     p.hk = v(kHk), p.logits = v(kLogits), p.g_hk = v(kGHk);
     p.g_hp = v(kGHp), p.g_cat = v(kGCat), p.g_e = v(kGE), p.g_prev = v(kGPrev), p.tmp = v(kTmp);
+    p.h0 = s.t[at + kH0].rows(0, std::min(n, s.t[at + kH0].size(0)));
     p.layer.t.assign(s.t.begin() + std::ptrdiff_t(at + kOwn), s.t.begin() + std::ptrdiff_t(at + kOwn + l));
     p.head.t.assign(s.t.begin() + std::ptrdiff_t(at + kOwn + l), s.t.begin() + std::ptrdiff_t(at + kOwn + l + h));
     return p;
@@ -220,7 +239,13 @@ class MtpBlock final : public Block {
     }
   }
 
+  // h^0 (n, C): the block's input x, or under sequence parallelism its gathered copy.
+  Tensor h0(const Tensor& x, BlockSaved& s) const {
+    return tp_.sequence_parallel() ? parts(s, 1, x.size(0) * spec_.sp).h0 : x;
+  }
+
   TensorParallel tp_;
+  TensorParallel inner_tp_;  // tp_ without sequence parallelism: the modules' blocks'
   std::vector<Module> modules_;
   const int32_t* targets_ = nullptr;  // set_targets: this micro-batch's next-token targets (n), until its forward
   std::vector<int32_t> ids_, targets_k_;
@@ -235,9 +260,10 @@ std::vector<BufferSpec> mtp_saved_shapes(const BlockSpec& spec, int64_t rows, in
   return spec.kind == BlockKind::mtp ? MtpBlock::saved_shapes(spec, rows, tp) : std::vector<BufferSpec>{};
 }
 
-std::unique_ptr<Block> make_mtp_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp) {
+std::unique_ptr<Block> make_mtp_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
+                                      const ExpertParallel& ep) {
   RELAY_ASSERT(spec.kind == BlockKind::mtp, "make_mtp_block: not an MTP block: " << block_kind_name(spec.kind));
-  return std::make_unique<MtpBlock>(spec, std::move(params), tp);
+  return std::make_unique<MtpBlock>(spec, std::move(params), tp, ep);
 }
 
 }  // namespace relay

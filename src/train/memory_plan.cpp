@@ -27,7 +27,7 @@ void for_each_stage_param(const ModelLayout& layout, int pp_rank, F&& f) {
       const BlockSpec& blk = layout.blocks()[static_cast<size_t>(i)];
       for (size_t j = 0; j < blk.params.size(); ++j) {
         const int64_t e = layout.ep > 1 ? expert_of_param(blk, j) : -1;
-        if (e < 0 || expert_owner(e, blk.moe.n_experts, layout.ep) == 0) f(c, i, blk.params[j], e);
+        if (e < 0 || expert_owner_of_param(blk, j, layout.ep) == 0) f(c, i, blk.params[j], e);
       }
     }
 }

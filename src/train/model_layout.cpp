@@ -24,8 +24,7 @@ std::vector<ParamEntry> ModelLayout::params() const {
       auto it = at.find(p.name);
       if (it == at.end()) {
         at[p.name] = out.size();
-        const int64_t e = ep > 1 ? expert_of_param(b, i) : -1;
-        out.push_back({p.name, p.shape, p.split, {rank}, e < 0 ? -1 : expert_owner(e, b.moe.n_experts, ep)});
+        out.push_back({p.name, p.shape, p.split, {rank}, ep > 1 ? expert_owner_of_param(b, i, ep) : -1});
       } else {
         auto& ranks = out[it->second].pp_ranks;
         if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
@@ -91,8 +90,13 @@ ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<
   ModelLayout l;
   l.model = make_model_spec(cfg, input_dim);
   check_fp8_widths(l.model.blocks);  // with the data's real input width (make_model_spec's callers may pass 1)
-  for (BlockSpec& b : l.model.blocks)
+  const auto set_moe = [&](BlockSpec& b) {
     if (b.moe.on()) b.moe.ep = static_cast<int>(cfg.parallel.ep), b.moe.cp = static_cast<int>(cfg.parallel.cp);
+  };
+  for (BlockSpec& b : l.model.blocks) {
+    set_moe(b);
+    for (BlockSpec& in : b.inner) set_moe(in);  // an MTP block's decoder layers: their experts split as the main ones'
+  }
   l.pp = static_cast<int>(cfg.parallel.pp);
   l.ep = static_cast<int>(cfg.parallel.ep);
   l.v = static_cast<int>(cfg.parallel.virtual_stages);

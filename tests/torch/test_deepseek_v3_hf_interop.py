@@ -22,12 +22,12 @@ YaRN: a DeepseekV3ForCausalLM whose rope_parameters are YaRN's (rope_type "yarn"
 of the 32, mscale 1, mscale_all_dim 0.8) -> model.init_from with rope_scaling = "yarn" and the rope_ keys: eval loss =
 transformers', also with config.json rewritten in transformers 4's form (rope_scaling {"type": "yarn", ...}); its
 checkpoint exported: config.json's rope_parameters the same YaRN dict, eval loss = Relay's.
-Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank, moe_intermediate_size under tp,
-sequence parallelism and the Llama directory): kv_lora_rank missing, n_routed_experts not divisible by n_group,
+Bad input (exit 1, one line naming the key; on both of 2 ranks for kv_lora_rank, moe_intermediate_size under tp
+and the Llama directory): kv_lora_rank missing, n_routed_experts not divisible by n_group,
 topk_group > n_group, num_experts_per_tok > n_routed_experts, tp not dividing moe_intermediate_size, a non-zero
 e_score_correction_bias without moe.expert_bias, router_z_loss_coef (no z-loss with sigmoid scores), an unknown
 rope_scaling ("linear"), a YaRN key without rope_scaling = "yarn", a directory whose rope_parameters.rope_type is
-"linear", YaRN's factor differing from the directory's, sequence parallelism (not wired in yet), num_mtp_layers with
+"linear", YaRN's factor differing from the directory's, num_mtp_layers with
 cp 2 (on 2 ranks) and with data.document_mask, and a Llama directory for a deepseek_v3 run.
 MTP: num_mtp_layers = 1 trained 2 steps and exported: config.json num_nextn_predict_layers = 1, the module under the
 official names model.layers.2.* (enorm, hnorm, eh_proj, its decoder layer, shared_head.norm, and copies of the
@@ -365,8 +365,6 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_case(["model.q_lora_rank=24"] + [s.replace("rope_factor=4.0", "rope_factor=8.0") for s in yarn_sets],
              ["rope_parameters.factor = 4", "model.rope_factor = 8"], "YaRN's factor differing from the directory's",
              init_from=f"{tmp}/hf_yarn")
-    bad_case(["parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true"],
-             ["parallel.sequence_parallel", "deepseek_v3"], "sequence parallelism", ranks=2)
     torch.manual_seed(6)
     LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                  num_attention_heads=4, max_position_embeddings=T)).save_pretrained(f"{tmp}/hf_llama")

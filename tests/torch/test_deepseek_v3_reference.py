@@ -11,7 +11,8 @@ kv_lora_rank of 16, and q_lora_rank 24 (q_a_proj -> q_a_layernorm -> q_b_proj) o
 interleaved (transformers' default rope_interleave) or rotate-half. Every step's loss and grad norm and every final
 parameter, exp_avg and exp_avg_sq must agree within the harness's tolerance: MARGIN x what float32 alone moves each
 kind (torch fp32 against fp64). Cases: q_lora set and unset serially, on tp 2 (heads split through q_b_proj and
-kv_b_proj, the a-projections replicated), dp 2, and a document mask (block-diagonal 4-D mask, restarting positions).
+kv_b_proj, the a-projections replicated), dp 2, and a document mask (block-diagonal 4-D mask, restarting positions);
+q_proj on tp 2 with sequence parallelism (the input norm gathered, o_proj and down_proj reduce-scattered).
 YaRN (rope_scaling = "yarn", transformers' rope_parameters rope_type "yarn"): 16 positions over an
 original_max_position_embeddings of 8, factor 4, rope_theta 100 and beta_fast 1, beta_slow 0.01 so that the 2 rotary
 frequencies sit at both ends of YaRN's ramp (0 and 1/3 of it: one plain, one blended), mscale 1 and mscale_all_dim 0.8
@@ -46,8 +47,9 @@ D x sum_k CE_k. Relay logs the main loss as `loss` and the mean CE_k as `mtp_los
 mtp_loss_weight x mtp_loss with torch's total (the harness's figures), and mtp_loss on its own (calibrated the same
 way). Cases: D = 2 on dense layers serially and on dp 2 x pp 2 with zb-h1 and ZeRO-3 (the modules on stage 1, their
 backward's input and weight halves apart, the embedding's gradient summed with stage 0's as a tied weight's); D = 1 after a routed layer
-(its own routed layer) on tp 2 with recomputation (initial weights drawn with seed 12, whose routing margins clear
-1e-5).
+(its own routed layer) on tp 2 with recomputation, on dp 2 x ep 2 (the module's routed experts split over ep as the
+main layer's) and on tp 2 with sequence parallelism (the block gathers h^0) (initial weights drawn with seed 12, whose
+routing margins clear 1e-5).
 
 transformers and PyTorch 2.x come from PyPI into the cached venv of pypi_venv.py (torch2); exit 77 = skipped.
 Usage: test_deepseek_v3_reference.py <relay binary>
@@ -262,6 +264,8 @@ def relay_config(d, data, opts, layout):
         text = text.replace("[train]\n", '[train]\nrecompute = "blocks"\n', 1)
     if layout.get("zero"):
         text = text.replace("[optimizer]\n", f'[optimizer]\nzero = {layout["zero"]}\n', 1)
+    if layout.get("sp"):
+        text = text.replace("[parallel]\n", "[parallel]\nsequence_parallel = true\n", 1)
     assert f'schedule = "{layout.get("schedule", "1f1b")}"' in text and ("recompute" in text) == bool(layout.get("recompute"))
     if not opts.get("moe"):
         return text
@@ -320,6 +324,7 @@ CASES = [  # name, ranks, model options, token dtype, layout
     ("deepseek_v3_q_proj_serial_m2", 1, NO_LORA, np.uint16, dict(dp=1, pp=1, m=2)),
     ("deepseek_v3_q_lora_tp2", 2, LORA, np.uint16, dict(dp=1, tp=2, pp=1, m=1)),
     ("deepseek_v3_q_proj_tp2", 2, dict(NO_LORA, interleave=True), np.uint16, dict(dp=1, tp=2, pp=1, m=1)),
+    ("deepseek_v3_q_proj_tp2_sp", 2, NO_LORA, np.uint16, dict(dp=1, tp=2, pp=1, m=2, sp=True)),
     ("deepseek_v3_q_lora_dp2", 2, LORA, np.int32, dict(dp=2, pp=1, m=1)),
     ("deepseek_v3_docmask_serial", 1, LORA, np.uint16, dict(dp=1, pp=1, m=1, docs=True)),
     ("deepseek_v3_yarn_serial", 1, dict(NO_LORA, yarn=True), np.uint16, dict(dp=1, pp=1, m=1)),
@@ -333,6 +338,8 @@ CASES = [  # name, ranks, model options, token dtype, layout
      dict(dp=2, pp=2, m=2, schedule="zb-h1", zero=3)),
     ("deepseek_v3_mtp1_moe_tp2_recompute", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16,
      dict(dp=1, tp=2, pp=1, m=1, recompute=True)),
+    ("deepseek_v3_mtp1_moe_dp2_ep2", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
+    ("deepseek_v3_mtp1_moe_tp2_sp", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16, dict(dp=1, tp=2, pp=1, m=1, sp=True)),
 ]
 RELAY_MTP = []  # the case's Relay run: each step's mtp_loss
 

@@ -132,22 +132,16 @@ class DeepseekV3Family final : public ModelFamily {
         parallel.fail("ep", cat("= ", c.parallel.ep, " must divide model.n_routed_experts = ", a.n_routed_experts,
                                 " (each rank holds n_routed_experts / ep whole experts)"));
     }
-    // Multi-token prediction (model/mtp_block.cpp) runs whole sequences on one rank, without document boundaries, and
-    // its decoder layers' experts are not split.
+    // Multi-token prediction (model/mtp_block.cpp) runs whole sequences on one rank, without document boundaries (its
+    // decoder layers' experts are split over ep as the main layers' are).
     if (a.num_mtp_layers > 0) {
       const char* why = " is not supported with model.num_mtp_layers > 0 (the multi-token prediction modules ";
       if (c.parallel.cp > 1)
         parallel.fail("cp", cat("= ", c.parallel.cp, why, "shift whole sequences on one rank; cp = 1)"));
-      if (c.parallel.ep > 1)
-        parallel.fail("ep", cat("= ", c.parallel.ep, why, "hold their experts whole; ep = 1)"));
       if (c.data.document_mask)
         throw Error(cat(parallel.source(), ": data.document_mask = true", why,
                         "predict across document boundaries; document_mask = false)"));
     }
-    // Read here: [parallel] parses sequence_parallel after the family's checks.
-    const toml::node* sp = parallel.get("sequence_parallel");
-    if (sp && sp->value<bool>().value_or(false))
-      parallel.fail("sequence_parallel", "= true is not wired into deepseek_v3's latent attention yet (false)");
   }
 
   void write_keys(std::ostream& o, const Config::Model& m) const override {
@@ -287,16 +281,12 @@ class DeepseekV3Family final : public ModelFamily {
     return m;
   }
 
-  bool sequence_parallel() const override { return false; }  // check_layout's refusal: not wired into MLA yet
   bool tp_splits(const Config::Model& m, int tp) const override {
     const DeepseekV3Args& a = m.args<DeepseekV3Args>();
     return m.n_head % tp == 0 && m.vocab_size >= tp && a.ffn_hidden % tp == 0 &&
            (moe_layers(m) == 0 || a.moe_intermediate_size % tp == 0);
   }
-  // The MTP modules hold their experts whole and need whole sequences (check_layout refuses ep and cp with them).
-  bool ep_splits(const Config::Model& m, int ep) const override {
-    return m.args<DeepseekV3Args>().num_mtp_layers == 0 && ModelFamily::ep_splits(m, ep);
-  }
+  // The MTP modules need whole sequences (check_layout refuses cp with them).
   bool cp_splits(const Config::Model& m, int) const override { return m.args<DeepseekV3Args>().num_mtp_layers == 0; }
   // Every layer's router sees all n_routed_experts (ep splits them); a model without MoE layers has none to split.
   int64_t experts(const Config::Model& m) const override {
