@@ -385,11 +385,11 @@ TEST(PlanCluster, OverlapHidesContextParallelGathersBehindOwnRowsAttention) {
               on.cp_hidden_s, off.tp_cp_comm_s, on8.cp_hidden_s, off8.tp_cp_comm_s);
 }
 
-// Expert parallelism with parallel.overlap: a micro-batch's tokens in two halves, half B's all-to-all travelling while
-// half A's experts run (model/moe.cpp), so of the forward's pair (and the backward's) min(one all-to-all, the routed
+// Expert parallelism with parallel.overlap: a micro-batch's rows in two parts (each rank's first half of its experts,
+// then the rest), part B's all-to-all travelling while part A's experts run (model/moe.cpp), so of the forward's pair (and the backward's) min(one all-to-all, the routed
 // experts' GEMMs) hides; the row counts' exchange and the rest stay exposed. Mixtral 8x7B at ep 8, one node, dp 8
 // (recompute: the forward's pair again in the backward, hidden again); overlap off keeps today's order.
-TEST(PlanCluster, OverlapHidesExpertAllToAllsBehindTheOtherHalfsExperts) {
+TEST(PlanCluster, OverlapHidesExpertAllToAllsBehindTheOtherPartsExperts) {
   const Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
   auto with = [&](const char* overlap, const char* recompute) {
     return predict_step(cl, load_config(src("configs/models/mixtral-8x7b.toml"),

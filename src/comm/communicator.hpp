@@ -61,7 +61,7 @@ class Communicator {
   // tensors have the same dtype and row width; the counts agree pairwise (exchange them with alltoall_host first).
   virtual void alltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
                              const std::vector<int64_t>& recv_rows, const std::string& what) = 0;
-  // The same, non-blocking (parallel.overlap: expert parallelism's two halves, model/moe.cpp): send and recv must stay
+  // The same, non-blocking (parallel.overlap: expert parallelism's two parts, model/moe.cpp): send and recv must stay
   // alive and untouched until the request's wait returns; the counts are copied. This default runs alltoall_rows at
   // once and returns a finished request (NCCL keeps today's blocking order; MPI overrides it with MPI_Ialltoallv).
   virtual RequestPtr ialltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,

@@ -38,10 +38,10 @@ struct ExpertParallel {
   bool holds(const BlockSpec& spec, size_t i) const;
 };
 
-// Whether expert parallelism pipelines two halves of each micro-batch (parallel.overlap; MoeSpec::parts): with ep > 1
-// on the CPU backend, whose MPI all-to-alls progress on the progress thread; NCCL's run in today's blocking order (the
-// CUDA backend's grouped GEMMs would wait on them on one stream anyway), said once at start. Run setup, the layout
-// (and so the memory plan) and the planner ask.
+// Whether expert parallelism pipelines each micro-batch's exchange in two parts (parallel.overlap; MoeSpec::parts, by
+// the layout for MoE layers of two or more experts a rank): with ep > 1 on the CPU backend, whose MPI all-to-alls
+// progress on the progress thread; NCCL's run in today's blocking order, said once at start. Run setup and the layout
+// (and so the memory plan) ask.
 inline bool ep_overlaps(bool overlap, int64_t ep, Device device) { return overlap && ep > 1 && device != Device::cuda; }
 
 // The expert spec.params[i] belongs to (a MoE layer lists its router, then gate, up, down per expert): -1 for a

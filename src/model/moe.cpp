@@ -40,9 +40,10 @@ MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const Expe
   RELAY_ASSERT(cp_.size == moe_.cp, "MoeMlp: a cp group of " << cp_.size << " for a layer planned at cp " << moe_.cp);
   RELAY_ASSERT(moe_.on(), "MoeMlp: the block has no experts");
   RELAY_ASSERT(ep_.size == moe_.ep, "MoeMlp: an ep group of " << ep_.size << " for a layer planned at ep " << moe_.ep);
-  RELAY_ASSERT(parts_ == 1 || (parts_ == 2 && ep_.on()), "MoeMlp: " << parts_ << " parts (1, or 2 under ep)");
   E_local_ = ep_.local_experts(moe_.n_experts);
   first_ = ep_.first_expert(moe_.n_experts);
+  RELAY_ASSERT(parts_ == 1 || (parts_ == 2 && ep_.on() && E_local_ >= 2),
+               "MoeMlp: " << parts_ << " parts (1, or 2 under ep with two or more experts a rank)");
   RELAY_ASSERT(params.size() == param_count(moe_, ep_),
                "MoeMlp: " << params.size() << " params, expected " << param_count(moe_, ep_));
   RELAY_ASSERT(sigmoid() || (moe_.n_group == 1 && moe_.topk_group == 1 && moe_.routed_scaling == 1.0),
@@ -78,7 +79,7 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, i
   s[kWeights] = {{n, k}, f32};
   s[kPos] = {{n, k}, i32};      // row of (token t, its j-th expert) among the sorted rows
   s[kSrc] = {{R}, i32};         // token of each sorted row
-  // Part h's expert e's rows: [offsets[h E + e], offsets[h E + e + 1]) (parts: MoeSpec::parts, 1 or 2 halves)
+  // Part h's expert e's rows: [offsets[h E + e], offsets[h E + e + 1]) (parts: MoeSpec::parts, 1 or 2)
   s[kOffsets] = {{P * E + 1}, i32};
   s[kXs] = {{R, C}, a};         // the tokens' rows, sorted by part, then expert
   s[kGate] = {{Rl, F}, a};      // this rank's experts' rows from here on
@@ -252,9 +253,13 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
     be.moe_router_forward(logits, k, moe_.renormalize, probs, lse, experts, weights, bias_);  // (n, E), (n), (n, k) x 2
   }
   // The routing plan on the host: a counting sort of the (token, j) pairs by part, then expert (stable: by token, then
-  // by j). Part 0 is the first n - n / 2 tokens, part 1 the rest (with parts_ = 2: MoeSpec::parts).
-  const int64_t H = parts_, first_half = n - n / 2;
-  auto key = [&](int64_t i) { return (H > 1 && i / k >= first_half ? E : 0) + experts_[size_t(i)]; };
+  // by j). With parts_ = 2 (MoeSpec::parts) part 0 is the rows of each rank's first half of its experts, part 1 the
+  // rest's: an expert's rows are all in one part, so the local rows come out as with one part (the same GEMMs).
+  const int64_t H = parts_;
+  auto key = [&](int64_t i) {
+    const int32_t e = experts_[size_t(i)];
+    return (H > 1 && e % E_local_ >= E_local_ / 2 ? E : 0) + e;
+  };
   experts_.resize(size_t(R));
   be.download(experts_.data(), experts);
   offsets_.assign(size_t(H * E + 1), 0);
@@ -320,7 +325,8 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
     xl = rows(kXl, Rl);
     Tensor yl = rows(kYl, Rl);
     // Two parts: part 1's rows travel while part 0's experts run, part 0's outputs travel back while part 1's run
-    // (DeepSeek-V3's two-micro-batch overlap, within the layer). One part: today's order.
+    // (the experts' work chunked in two: Relay's form of DeepSeek-V3's computation-communication overlap). One part:
+    // today's order.
     std::vector<Exchange> in, out;
     for (int64_t h = 0; h < H; ++h)
       in.push_back(start_dispatch(h, xs, s, "the expert-parallel dispatch of the tokens' rows"));
@@ -452,7 +458,8 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
   const size_t xl = ep_.on() ? kXl : kXs, gyl = ep_.on() ? kGYl : kGYs;  // this rank's experts' rows
   const int64_t Rl = local_rows();
   const Tensor xe = s[xl].rows(0, Rl);                                                  // (Rl, C)
-  // Each part's rows summed into the experts' gradients in turn (two parts: another order of sums than one pass).
+  // Two parts: each expert's rows are in one of them, in the one-part order (the local rows are laid out as with one
+  // part): every expert's weight gradient is one GEMM over the same rows, as with parallel.overlap = false.
   for (int64_t h = 0; h < parts_; ++h) {
     const std::vector<int64_t> lo = local_of(h);
     fp8_.grouped_weight_grad(be, s[gyl].rows(0, Rl), rows(kH, Rl), lo, grads_of(down_));  // dW_down (C, F) each

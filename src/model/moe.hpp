@@ -12,7 +12,10 @@
 //
 // Expert parallelism (model/expert_parallel.hpp): the sorted rows of experts held elsewhere go to their ranks in one
 // all-to-all (after one of the counts), arrive rank after rank, are regrouped expert after expert for the GEMMs, and
-// their outputs travel back the same way; the backward sends the outputs' gradients and returns the inputs'.
+// their outputs travel back the same way; the backward sends the outputs' gradients and returns the inputs'. With
+// parallel.overlap (MoeSpec::parts = 2) in two parts, the rows of each rank's first half of its experts and the rest's:
+// one part's all-to-all travels (non-blocking, on the progress thread) while the other part's experts run, and every
+// expert's GEMMs see the same rows in the same order as with one part, so the results are the same bits.
 //
 // Load balancing, per sequence (DeepSeek-V3's sequence-wise loss, Megatron-core's seq_aux_loss): for a sequence of T
 // tokens, c_e the number of its tokens whose top-k holds e, aux = E / (k T^2) sum_e c_e sum_t p[t, e] (1 when
@@ -109,7 +112,7 @@ class MoeMlp {
   ExpertParallel ep_;
   TensorParallel tp_;
   ContextParallel cp_;
-  int64_t parts_ = 1;  // MoeSpec::parts: 2 under ep with parallel.overlap (the halves pipelined), else 1
+  int64_t parts_ = 1;  // MoeSpec::parts: 2 under ep with parallel.overlap (each rank's experts in two halves), else 1
   int64_t E_local_ = 0, first_ = 0;
 
   MoeSpec moe_;

@@ -107,10 +107,11 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     if (c.dim == ParallelDim::ep && c.elements > 0) (c.backward ? ep_rows_backward : ep_rows_forward) += s;
   }
   double ef = 0, eb = 0;  // seconds of the forward's and the backward's ep all-to-alls hidden
-  if (ctx.overlap && ctx.ep > 1) {
-    // With parallel.overlap a micro-batch's tokens go in two halves: half B's dispatch travels while half A's experts
-    // run, A's return while B's run; A's dispatch and B's return stay exposed. With a = one all-to-all of the whole
-    // micro-batch and X the routed experts' GEMMs, the pair costs max(2a, a + X) instead of 2a + X: min(a, X) hidden.
+  if (ctx.overlap && ctx.ep > 1 && b.moe.n_experts / ctx.ep >= 2) {
+    // With parallel.overlap a micro-batch's rows go in two parts, those of each rank's first half of its experts and
+    // the rest's (balanced routing: half the rows each): part B's dispatch travels while part A's experts run, A's
+    // return while B's run; A's dispatch and B's return stay exposed. With a = one all-to-all of the whole micro-batch
+    // and X the routed experts' GEMMs, the pair costs max(2a, a + X) instead of 2a + X: min(a, X) hidden.
     ef = std::min(ep_rows_forward / 2, experts_forward);
     eb = std::min(ep_rows_backward / 2, experts_backward);
     forward[int(ParallelDim::ep)] -= ef;

@@ -27,7 +27,7 @@ struct StepPrediction {
   double tp_cp_comm_s = 0, dp_comm_exposed_s = 0, pipeline_comm_s = 0, optimizer_s = 0;
   double ep_comm_s = 0;                   // of tp_cp_comm_s: the expert-parallel all-to-alls (what stays exposed)
   // parallel.overlap: seconds of cp's key/value all-gathers hidden behind the own rows' attention, and of ep's
-  // all-to-alls hidden behind the other half's experts (not in tp_cp_comm_s, which holds what stays exposed of them)
+  // all-to-alls hidden behind the other part's experts (not in tp_cp_comm_s, which holds what stays exposed of them)
   double cp_hidden_s = 0, ep_hidden_s = 0;
   double checkpoint_bytes = 0;            // rank 0's whole checkpoint image
   int devices = 0;

@@ -98,7 +98,7 @@ ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<
   for (BlockSpec& b : l.model.blocks)
     if (b.moe.on()) {
       b.moe.ep = static_cast<int>(cfg.parallel.ep), b.moe.cp = static_cast<int>(cfg.parallel.cp);
-      b.moe.parts = parts;
+      b.moe.parts = b.moe.n_experts / b.moe.ep >= 2 ? parts : 1;  // two parts: half of a rank's experts each
     }
   l.pp = static_cast<int>(cfg.parallel.pp);
   l.ep = static_cast<int>(cfg.parallel.ep);

@@ -166,8 +166,8 @@ void setup_communicators(Run& r) {
   if (r.grid.ep > 1) {
     r.ep_comm = make_group_comm(r, r.grid.ep_comm, /*point_to_point=*/false);
     r.ep = ExpertParallel{r.ep_comm.get(), r.grid.ep, r.grid.ep_rank, std::make_shared<ExpertExchangeStats>()};
-    // parallel.overlap: each MoE layer's two halves' all-to-alls progress on the progress thread while the other
-    // half's experts run (ep_overlaps: CPU only; NCCL's in today's blocking order, said once).
+    // parallel.overlap: each MoE layer's two parts' all-to-alls progress on the progress thread while the other
+    // part's experts run (ep_overlaps: CPU only; NCCL's in today's blocking order, said once).
     const bool ep_overlap = ep_overlaps(r.cfg.parallel.overlap, r.grid.ep, r.be->device());
     if (r.cfg.parallel.overlap && !ep_overlap && r.grid.world_rank == 0)
       std::printf("relay: expert parallelism on CUDA: the all-to-alls are not overlapped yet (NCCL's run in "
