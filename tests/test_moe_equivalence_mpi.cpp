@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -42,6 +43,9 @@ struct Case {
   int ep = 1, tp = 1;
   bool sp = false;
   int cp = 1;
+  // parallel.overlap: under ep each MoE layer's exchange in two parts (each rank's experts halved) pipelined with the
+  // experts (model/moe.cpp); false: one part, today's order
+  bool overlap = true;
   int ranks() const { return dp * pp * tp * cp; }
   std::string name() const {
     std::string s = model + "_dp" + std::to_string(dp) + (ep > 1 ? "_ep" + std::to_string(ep) : "") +
@@ -50,7 +54,7 @@ struct Case {
                     std::to_string(pp) + "_" + schedule + "_m" +
                     std::to_string(m) + (balance.empty() ? "" : "_uneven") +
                     (zero == 1 ? "_zero" : zero ? "_zero" + std::to_string(zero) : "") +
-                    (recompute ? "_recompute" : "");
+                    (recompute ? "_recompute" : "") + (overlap ? "" : "_no_overlap");
     for (auto& c : s) if (c == '-') c = '_';
     return s;
   }
@@ -141,7 +145,8 @@ TEST_P(MoeEquivalence, MatchesSerialRun) {
                        "train.micro_batches=" + std::to_string(c.m),
                        "parallel.virtual_stages=" + std::to_string(c.schedule == "interleaved" ? 2 : 1),
                        "optimizer.zero=" + std::to_string(c.zero),
-                       std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\"")});
+                       std::string("train.recompute=") + (c.recompute ? "\"blocks\"" : "\"none\""),
+                       std::string("parallel.overlap=") + (c.overlap ? "true" : "false")});
   if (!c.balance.empty()) ov.push_back("parallel.balance=" + c.balance);
   RunResult r = train(c.ranks(), problem_.config, ov);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -153,8 +158,16 @@ TEST_P(MoeEquivalence, MatchesSerialRun) {
     EXPECT_EQ(got.load_max[i], ref.load_max[i]) << "tokens per expert (max per layer) at step " << i + 1;
     EXPECT_EQ(got.load_mean[i], ref.load_mean[i]) << "tokens per expert (mean per layer) at step " << i + 1;
   }
-  expect_tensors_within(read_checkpoint(run + "/checkpoints/step_00000006.h5"), serial_tensors_[c.model], kRel, kAbs,
-                        "against the serial run");
+  const auto tensors = read_checkpoint(run + "/checkpoints/step_00000006.h5");
+  expect_tensors_within(tensors, serial_tensors_[c.model], kRel, kAbs, "against the serial run");
+  if (!c.overlap) {  // and against its overlapped twin (the case before it): the same bits, losses and parameters
+    Case on = c;
+    on.overlap = true;
+    const std::string twin = dir_->file(on.name());
+    ASSERT_TRUE(std::filesystem::exists(twin + "/checkpoints/step_00000006.h5")) << twin;
+    EXPECT_TRUE(read_steps(twin).losses == got.losses) << "the losses of overlap on and off differ";
+    EXPECT_TRUE(read_checkpoint(twin + "/checkpoints/step_00000006.h5") == tensors) << "overlap on and off differ";
+  }
   // The memory plan (relay plan) predicts every rank's bytes of each kind, the experts' buffers included.
   auto mem = nlohmann::json::parse(read_file(run + "/memory.json"));
   ASSERT_EQ(mem["bytes_per_rank"].size(), size_t(c.ranks()));
@@ -173,6 +186,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivalence,
                                            // Expert parallelism: the experts split over 2 or 4 of the dp ranks; with
                                            // dp 4 x ep 2 each expert has two copies (summed, ZeRO-1 sharded).
                                            Case{"mixtral", 2, 1, "1f1b", 2, "", 0, false, 2},
+                                           // parallel.overlap = false: one part, today's order; every expert's
+                                           // GEMMs see the same rows either way, so bitwise its twin's.
+                                           Case{"mixtral", 2, 1, "1f1b", 2, "", 0, false, 2, 1, false, 1, false},
                                            Case{"mixtral", 4, 1, "1f1b", 1, "", 1, false, 2},
                                            Case{"qwen3_moe", 4, 1, "gpipe", 2, "", 0, true, 4},
                                            Case{"mixtral", 2, 2, "zb-h1", 2, "", 0, false, 2},

@@ -25,6 +25,13 @@ class Request {
 };
 using RequestPtr = std::unique_ptr<Request>;
 
+// A request that was done when it was made (an operation a communicator ran at once).
+class DoneRequest final : public Request {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -54,6 +61,11 @@ class Communicator {
   // tensors have the same dtype and row width; the counts agree pairwise (exchange them with alltoall_host first).
   virtual void alltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
                              const std::vector<int64_t>& recv_rows, const std::string& what) = 0;
+  // The same, non-blocking (parallel.overlap: expert parallelism's two parts, model/moe.cpp): send and recv must stay
+  // alive and untouched until the request's wait returns; the counts are copied. This default runs alltoall_rows at
+  // once and returns a finished request (NCCL keeps today's blocking order; MPI overrides it with MPI_Ialltoallv).
+  virtual RequestPtr ialltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                                    const std::vector<int64_t>& recv_rows, const std::string& what);
 
   // Blocking reductions of a few host doubles (losses, norms, flags); always exact and ordered.
   // `what` names the reduction in the progress watchdog's message.
@@ -75,5 +87,11 @@ class Communicator {
   virtual void send_host(const void* data, size_t bytes, int peer, int tag, const std::string& what) = 0;
   virtual void recv_host(void* data, size_t bytes, int peer, int tag, const std::string& what) = 0;
 };
+
+inline RequestPtr Communicator::ialltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                                               const std::vector<int64_t>& recv_rows, const std::string& what) {
+  alltoall_rows(send, send_rows, recv, recv_rows, what);
+  return std::make_unique<DoneRequest>();
+}
 
 }  // namespace relay

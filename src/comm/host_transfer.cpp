@@ -65,11 +65,14 @@ void host_alltoall(MPI_Comm comm, const int64_t* send, int64_t* recv, int count,
   watchdog_wait(&req, what);
 }
 
-void host_alltoall_rows(MPI_Comm comm, const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                        const std::vector<int64_t>& recv_rows, size_t row_bytes, const std::string& what) {
+void host_ialltoall_rows(MPI_Comm comm, const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                         const std::vector<int64_t>& recv_rows, size_t row_bytes, std::vector<int>& counts,
+                         MPI_Request* req) {
   // Counts in rows of one contiguous type (row_bytes bytes), so a peer's share may exceed 2 GiB.
   const size_t n = send_rows.size();
-  std::vector<int> sc(n), sd(n), rc(n), rd(n);  // (size) counts and displacements, in rows
+  counts.assign(4 * n, 0);
+  int* sc = counts.data();  // (4, size) send counts, send displacements, receive counts, receive displacements
+  int *sd = sc + n, *rc = sd + n, *rd = rc + n;
   int64_t s_at = 0, r_at = 0;
   for (size_t p = 0; p < n; ++p) {
     RELAY_ASSERT(s_at <= std::numeric_limits<int>::max() && r_at <= std::numeric_limits<int>::max(),
@@ -82,10 +85,16 @@ void host_alltoall_rows(MPI_Comm comm, const void* send, const std::vector<int64
   MPI_Datatype row;
   MPI_CHECK(MPI_Type_contiguous(int(row_bytes), MPI_BYTE, &row));
   MPI_CHECK(MPI_Type_commit(&row));
+  MPI_CHECK(MPI_Ialltoallv(send, sc, sd, row, recv, rc, rd, row, comm, req));
+  MPI_Type_free(&row);  // a pending operation keeps using it (MPI 4.0, 5.1.9)
+}
+
+void host_alltoall_rows(MPI_Comm comm, const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, size_t row_bytes, const std::string& what) {
+  std::vector<int> counts;
   MPI_Request req;
-  MPI_CHECK(MPI_Ialltoallv(send, sc.data(), sd.data(), row, recv, rc.data(), rd.data(), row, comm, &req));
+  host_ialltoall_rows(comm, send, send_rows, recv, recv_rows, row_bytes, counts, &req);
   watchdog_wait(&req, what);
-  MPI_Type_free(&row);
 }
 
 int world_rank_in(MPI_Comm comm, int rank) {

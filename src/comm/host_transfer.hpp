@@ -25,6 +25,11 @@ void host_alltoall(MPI_Comm comm, const int64_t* send, int64_t* recv, int count,
 // from member p into recv (in member order).
 void host_alltoall_rows(MPI_Comm comm, const void* send, const std::vector<int64_t>& send_rows, void* recv,
                         const std::vector<int64_t>& recv_rows, size_t row_bytes, const std::string& what);
+// The same, started into req and not waited for: counts (4 x size ints: send counts and displacements, receive counts
+// and displacements, in rows) must stay alive until req completes.
+void host_ialltoall_rows(MPI_Comm comm, const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                         const std::vector<int64_t>& recv_rows, size_t row_bytes, std::vector<int>& counts,
+                         MPI_Request* req);
 
 // The world rank of member `rank` of comm.
 int world_rank_in(MPI_Comm comm, int rank);

@@ -52,6 +52,7 @@ class MpiRequest final : public Request {
       : be_(be), dst_(std::move(device_dst)), staging_(std::move(staging)), peer_(peer), offset_(result_offset) {}
   MPI_Request* handle() { return &req_; }
   void* staging() { return staging_.data() + offset_; }
+  std::vector<int>& counts() { return counts_; }  // an all-to-all's counts and displacements, alive until done
   // Hands the started request to the job's progress thread, if there is one (parallel.overlap): from here on that
   // thread tests it, and this one only reads its completion flag.
   void hand_over() {
@@ -97,6 +98,7 @@ class MpiRequest final : public Request {
   size_t offset_ = 0;
   MPI_Request req_ = MPI_REQUEST_NULL;
   ProgressThread::Done flag_;  // set when the progress thread owns the request
+  std::vector<int> counts_;
   bool done_ = false;
 };
 
@@ -236,6 +238,33 @@ void MpiCommunicator::alltoall_rows(const Tensor& send, const std::vector<int64_
     Tensor dst = recv.rows(0, r_total);
     be_.upload(dst, in.data());
   }
+}
+
+RequestPtr MpiCommunicator::ialltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                                           const std::vector<int64_t>& recv_rows, const std::string& what) {
+  RELAY_ASSERT(int(send_rows.size()) == size_ && int(recv_rows.size()) == size_, "all-to-all counts of another group");
+  RELAY_ASSERT(send.dtype() == recv.dtype(), "all-to-all between dtypes");
+  const size_t row_bytes = send.size(0) > 0 ? send.bytes() / size_t(send.size(0)) : recv.bytes() / size_t(std::max<int64_t>(recv.size(0), 1));
+  int64_t s_total = 0, r_total = 0;
+  for (int p = 0; p < size_; ++p) s_total += send_rows[size_t(p)], r_total += recv_rows[size_t(p)];
+  RELAY_ASSERT(s_total <= send.size(0) && r_total <= recv.size(0), "all-to-all rows beyond the tensors");
+  if (send.device() == Device::cpu) {
+    auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
+    r->what = what;
+    host_ialltoall_rows(comm_, send.raw(), send_rows, recv.raw(), recv_rows, row_bytes, r->counts(), r->handle());
+    if (background_) r->hand_over();
+    return r;
+  }
+  // Staged through host memory (the rows that travel: out, then in), uploaded into recv when done.
+  const size_t out_bytes = size_t(s_total) * row_bytes;
+  auto r = std::make_unique<MpiRequest>(be_, r_total ? recv.rows(0, r_total) : Tensor(),
+                                        std::vector<std::byte>(out_bytes + size_t(r_total) * row_bytes), -1, out_bytes);
+  r->what = what;
+  std::byte* out = static_cast<std::byte*>(r->staging()) - out_bytes;
+  if (s_total) be_.download(out, send.rows(0, s_total));
+  host_ialltoall_rows(comm_, out, send_rows, r->staging(), recv_rows, row_bytes, r->counts(), r->handle());
+  if (background_) r->hand_over();
+  return r;
 }
 
 void MpiCommunicator::alltoall_host(const int64_t* send, int64_t* recv, int count, const std::string& what) {

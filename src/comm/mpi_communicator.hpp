@@ -28,6 +28,8 @@ class MpiCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override;
   void alltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
                      const std::vector<int64_t>& recv_rows, const std::string& what) override;
+  RequestPtr ialltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                            const std::vector<int64_t>& recv_rows, const std::string& what) override;
   void alltoall_host(const int64_t* send, int64_t* recv, int count, const std::string& what) override;
   void allreduce_host(double* values, int count, ReduceOp op, const std::string& what = "a host reduction") override;
   void gather_f64(const double* mine, int count, double* all, int root, const std::string& what) override;

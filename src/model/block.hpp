@@ -35,6 +35,10 @@ struct MoeSpec {
   bool expert_bias = false;  // moe.expert_bias: a per-expert bias on the top-k choice (model/moe.hpp)
   int ep = 1;                // parallel.ep: the experts are split over ep ranks (model/expert_parallel.hpp)
   int cp = 1;                // parallel.cp: a rank holds T / cp rows of each sequence (its statistics summed over cp)
+  // parallel.overlap under ep (ep_overlaps): 2, a micro-batch's rows exchanged in two parts (those of each rank's first
+  // half of its experts, then the rest's) whose all-to-alls travel while the other part's experts compute
+  // (model/moe.cpp); 1, all at once.
+  int parts = 1;
   // router_aux_loss_coef and router_z_loss_coef themselves: the trainer's router terms of the logged loss.
   double aux_coef = 0, z_coef = 0;
   // DeepSeek-V3 (arXiv:2412.19437 section 2.1.2; transformers' DeepseekV3MoE): sigmoid scores with a group-limited

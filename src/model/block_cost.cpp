@@ -66,6 +66,7 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
   if (b.moe.on()) {
     const double E = double(b.moe.n_experts), k = double(b.moe.k), F = double(b.moe.ffn_hidden) / t, local = E / ep;
     const double rows = n * k * ep / E;  // (rows, C) per local expert
+    c.routed_gemm = c.gemms.size() + 1;
     c.gemms.insert(c.gemms.end(), {{n, E, C}, {rows, F, C, 2 * local}, {rows, C, F, local}});
     c.forward_streaming = {attn + 2 * E + 2 * k * C + 3 * k * F + (k + 1) * C + (s.ep > 1 ? 4 * k * C : 0),
                            s.ep > 1 ? 14 : 12};
@@ -113,6 +114,7 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
   if (b.moe.on()) {  // the router, the shared experts' SwiGLU on every row, the routed experts as Llama's MoE layer's
     const double E = double(b.moe.n_experts), k = double(b.moe.k), Fe = double(b.moe.ffn_hidden) / t;
     const double Fs = double(b.moe.shared_hidden()) / t, ep = double(s.ep), rows = n * k * ep / E;
+    c.routed_gemm = c.gemms.size() + 1;
     c.gemms.insert(c.gemms.end(), {{n, E, C}, {rows, Fe, C, 2 * E / ep}, {rows, C, Fe, E / ep}});
     if (Fs > 0) c.gemms.insert(c.gemms.end(), {{n, Fs, C}, {n, Fs, C}, {n, C, Fs}});
     c.forward_streaming = {attn + 4 * E + 2 * k * C + 3 * k * Fe + (k + 1) * C + 3 * Fs + (s.ep > 1 ? 4 * k * C : 0),

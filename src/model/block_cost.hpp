@@ -73,6 +73,9 @@ struct BlockCost {
   double forward_flops_per_row = 0, attention_flops_per_row = 0;
   AttentionShape attention;  // heads 0: no attention
   int64_t mlp_hidden = 0;    // the MLP's hidden width (one expert's under MoE); 0: no MLP
+  // A MoE layer's: gemms[routed_gemm] (gate and up) and gemms[routed_gemm + 1] (down) are the routed experts' (what
+  // expert parallelism's all-to-alls overlap, plan/cost_model.cpp); 0 without experts.
+  size_t routed_gemm = 0;
   // The ones this shard runs (a dimension of one runs none), on the same rows.
   std::vector<BlockCollective> collectives;
 };

@@ -38,6 +38,12 @@ struct ExpertParallel {
   bool holds(const BlockSpec& spec, size_t i) const;
 };
 
+// Whether expert parallelism pipelines each micro-batch's exchange in two parts (parallel.overlap; MoeSpec::parts, by
+// the layout for MoE layers of two or more experts a rank): with ep > 1 on the CPU backend, whose MPI all-to-alls
+// progress on the progress thread; NCCL's run in today's blocking order, said once at start. Run setup and the layout
+// (and so the memory plan) ask.
+inline bool ep_overlaps(bool overlap, int64_t ep, Device device) { return overlap && ep > 1 && device != Device::cuda; }
+
 // The expert spec.params[i] belongs to (a MoE layer lists its router, then gate, up, down per expert): -1 for a
 // block's other parameters. A block with inner blocks (DeepSeek-V3's MTP block: model/mtp_block.cpp) lists its inner
 // MoE layers' parameters among its own, and their experts are split as the main layers' are.

@@ -36,12 +36,14 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const ExpertParallel& ep,
                const TensorParallel& tp, const ContextParallel& cp)
-    : ep_(ep), tp_(tp), cp_(cp), moe_(spec.moe), C_(spec.in), T_(spec.seq_len), fp8_(fp8_linear(spec, tp.comm)) {
+    : ep_(ep), tp_(tp), cp_(cp), parts_(spec.moe.parts), moe_(spec.moe), C_(spec.in), T_(spec.seq_len), fp8_(fp8_linear(spec, tp.comm)) {
   RELAY_ASSERT(cp_.size == moe_.cp, "MoeMlp: a cp group of " << cp_.size << " for a layer planned at cp " << moe_.cp);
   RELAY_ASSERT(moe_.on(), "MoeMlp: the block has no experts");
   RELAY_ASSERT(ep_.size == moe_.ep, "MoeMlp: an ep group of " << ep_.size << " for a layer planned at ep " << moe_.ep);
   E_local_ = ep_.local_experts(moe_.n_experts);
   first_ = ep_.first_expert(moe_.n_experts);
+  RELAY_ASSERT(parts_ == 1 || (parts_ == 2 && ep_.on() && E_local_ >= 2),
+               "MoeMlp: " << parts_ << " parts (1, or 2 under ep with two or more experts a rank)");
   RELAY_ASSERT(params.size() == param_count(moe_, ep_),
                "MoeMlp: " << params.size() << " params, expected " << param_count(moe_, ep_));
   RELAY_ASSERT(sigmoid() || (moe_.n_group == 1 && moe_.topk_group == 1 && moe_.routed_scaling == 1.0),
@@ -65,7 +67,7 @@ MoeMlp::MoeMlp(const BlockSpec& spec, std::span<Param* const> params, const Expe
 
 std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, int tp) {
   const int ep = spec.moe.ep;
-  const int64_t E = spec.moe.n_experts, k = spec.moe.k, F = spec.moe.ffn_hidden / tp, C = spec.in, R = n * k;
+  const int64_t P = spec.moe.parts, E = spec.moe.n_experts, k = spec.moe.k, F = spec.moe.ffn_hidden / tp, C = spec.in, R = n * k;
   // Rows this rank's experts may receive: each of the ep ranks' n tokens sends at most min(k, E / ep) of its rows here.
   const int64_t Rl = ep > 1 ? int64_t(ep) * n * std::min(k, E / ep) : R, Rx = ep > 1 ? Rl : 0;
   const DType a = spec.dtype, f32 = DType::f32, i32 = DType::i32;
@@ -77,8 +79,9 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, i
   s[kWeights] = {{n, k}, f32};
   s[kPos] = {{n, k}, i32};      // row of (token t, its j-th expert) among the sorted rows
   s[kSrc] = {{R}, i32};         // token of each sorted row
-  s[kOffsets] = {{E + 1}, i32}; // expert e's rows: [offsets[e], offsets[e + 1])
-  s[kXs] = {{R, C}, a};         // the tokens' rows, sorted by expert
+  // Part h's expert e's rows: [offsets[h E + e], offsets[h E + e + 1]) (parts: MoeSpec::parts, 1 or 2)
+  s[kOffsets] = {{P * E + 1}, i32};
+  s[kXs] = {{R, C}, a};         // the tokens' rows, sorted by part, then expert
   s[kGate] = {{Rl, F}, a};      // this rank's experts' rows from here on
   s[kUp] = {{Rl, F}, a};
   s[kH] = {{Rl, F}, a};
@@ -93,7 +96,7 @@ std::vector<BufferSpec> MoeMlp::saved_shapes(const BlockSpec& spec, int64_t n, i
   s[kSeqGrad] = {{std::max<int64_t>(n * spec.moe.cp / spec.seq_len, 1), E}, f32, true};
   // Expert parallelism only (size 0 otherwise): what each rank sent this rank's experts, the maps between the rows'
   // arrival order (rank after rank) and the experts' (expert after expert), the local rows and one staging buffer.
-  s[kRecvCounts] = {{ep > 1 ? E : 0}, i32};  // (ep, E / ep)
+  s[kRecvCounts] = {{ep > 1 ? P * E : 0}, i32};  // (ep, parts, E / ep)
   s[kToLocal] = {{Rx}, i32};    // local row r is arrival row to_local[r]
   s[kToRanks] = {{Rx}, i32};    // arrival row i is local row to_ranks[i]
   s[kXl] = {{Rx, C}, a};
@@ -122,57 +125,118 @@ int64_t MoeMlp::exchange_bytes(const BlockSpec& spec, int64_t n, int tp) {
 
 void MoeMlp::make_exchange_plan() {
   const int P = ep_.size;
-  local_.assign(size_t(E_local_ + 1), 0);
+  const int64_t H = parts_, E = moe_.n_experts;
+  local_.assign(size_t(H * E_local_ + 1), 0);
   if (!ep_.on()) {
-    for (int64_t e = 0; e <= E_local_; ++e) local_[size_t(e)] = offsets_[size_t(e)];
+    for (int64_t e = 0; e <= H * E_local_; ++e) local_[size_t(e)] = offsets_[size_t(e)];
     return;
   }
-  send_rows_.assign(size_t(P), 0);
-  recv_rows_.assign(size_t(P), 0);
-  for (int q = 0; q < P; ++q) send_rows_[size_t(q)] = offsets_[size_t((q + 1) * E_local_)] - offsets_[size_t(q * E_local_)];
+  send_rows_.assign(size_t(H * P), 0);
+  recv_rows_.assign(size_t(H * P), 0);
+  for (int64_t h = 0; h < H; ++h)
+    for (int q = 0; q < P; ++q)
+      send_rows_[size_t(h * P + q)] =
+          offsets_[size_t(h * E + (q + 1) * E_local_)] - offsets_[size_t(h * E + q * E_local_)];
   for (int p = 0; p < P; ++p)
-    for (int64_t j = 0; j < E_local_; ++j) {
-      recv_rows_[size_t(p)] += recv_counts_[size_t(p * E_local_ + j)];
-      local_[size_t(j + 1)] += recv_counts_[size_t(p * E_local_ + j)];
-    }
-  for (int64_t j = 0; j < E_local_; ++j) local_[size_t(j + 1)] += local_[size_t(j)];
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < E_local_; ++j) {
+        const int32_t c = recv_counts_[size_t((p * H + h) * E_local_ + j)];
+        recv_rows_[size_t(h * P + p)] += c;
+        local_[size_t(h * E_local_ + j + 1)] += c;
+      }
+  for (int64_t j = 0; j < H * E_local_; ++j) local_[size_t(j + 1)] += local_[size_t(j)];
 }
 
 void MoeMlp::download_plan(Backend& be, Tensor* s) {
-  offsets_.resize(size_t(moe_.n_experts + 1));
+  offsets_.resize(size_t(parts_ * moe_.n_experts + 1));
   be.download(offsets_.data(), s[kOffsets]);
   if (ep_.on()) {
-    recv_counts_.resize(size_t(moe_.n_experts));
+    recv_counts_.resize(size_t(parts_ * moe_.n_experts));
     be.download(recv_counts_.data(), s[kRecvCounts]);
   }
   make_exchange_plan();
 }
 
-void MoeMlp::dispatch(Backend& be, const Tensor& sorted, Tensor& local, Tensor* s, const char* what) {
+std::vector<int64_t> MoeMlp::local_of(int64_t h) const {
+  return {local_.begin() + h * E_local_, local_.begin() + (h + 1) * E_local_ + 1};
+}
+
+MoeMlp::Exchange MoeMlp::start_dispatch(int64_t h, const Tensor& sorted, Tensor* s, const char* what) {
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t m0 = ep_.stats->tracer ? ep_.stats->tracer->mark() : 0;
-  const int64_t Rl = local_rows();
-  Tensor stage = s[kStage].rows(0, Rl);  // (Rl, C) rank after rank
-  ep_.comm->alltoall_rows(sorted, send_rows_, stage, recv_rows_, what);
-  be.gather_rows(stage, s[kToLocal].rows(0, Rl), local);  // (Rl, C) expert after expert
+  const int P = ep_.size;
+  const int64_t E = moe_.n_experts, at = offsets_[size_t(h * E)], rows = offsets_[size_t((h + 1) * E)] - at;
+  const int64_t base = local_[size_t(h * E_local_)], Rh = local_[size_t((h + 1) * E_local_)] - base;
+  Exchange x{h, ep_.stats->tracer ? ep_.stats->tracer->mark() : 0, nullptr};
+  Tensor stage = s[kStage].rows(base, Rh);  // (Rh, C) rank after rank
+  x.req = ep_.comm->ialltoall_rows(sorted.rows(at, rows), part_of(send_rows_, h, P), stage, part_of(recv_rows_, h, P),
+                                   what);
+  x.req->what = what;
   ep_.stats->seconds += since(t0);
-  ep_.stats->rows_sent += offsets_.back() - send_rows_[size_t(ep_.rank)];
+  ep_.stats->rows_sent += rows - send_rows_[size_t(h * P + ep_.rank)];
+  return x;
+}
+
+void MoeMlp::finish_dispatch(Backend& be, Exchange& x, Tensor& local, Tensor* s) {
+  wait_exchange(x, "ep all-to-all");
+  const int64_t base = local_[size_t(x.part * E_local_)], Rh = local_[size_t((x.part + 1) * E_local_)] - base;
+  Tensor dst = local.rows(base, Rh);
+  be.gather_rows(s[kStage], s[kToLocal].rows(base, Rh), dst);  // (Rh, C) expert after expert
+}
+
+MoeMlp::Exchange MoeMlp::start_undispatch(Backend& be, int64_t h, const Tensor& local, Tensor& sorted, Tensor* s,
+                                          const char* what) {
+  const int P = ep_.size;
+  const int64_t E = moe_.n_experts, at = offsets_[size_t(h * E)], rows = offsets_[size_t((h + 1) * E)] - at;
+  const int64_t base = local_[size_t(h * E_local_)], Rh = local_[size_t((h + 1) * E_local_)] - base;
+  Tensor stage = s[kStage].rows(base, Rh);
+  be.gather_rows(local, s[kToRanks].rows(base, Rh), stage);  // (Rh, C) rank after rank
+  const auto t0 = std::chrono::steady_clock::now();
+  Exchange x{h, ep_.stats->tracer ? ep_.stats->tracer->mark() : 0, nullptr};
+  Tensor dst = sorted.rows(at, rows);
+  x.req = ep_.comm->ialltoall_rows(stage, part_of(recv_rows_, h, P), dst, part_of(send_rows_, h, P), what);
+  x.req->what = what;
+  ep_.stats->seconds += since(t0);
+  return x;
+}
+
+void MoeMlp::wait_exchange(Exchange& x, const char* name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  x.req->wait();
+  ep_.stats->seconds += since(t0);  // the time the rank's thread waited: all of it without overlap
   if (ep_.stats->tracer)
-    ep_.stats->tracer->add({"ep all-to-all", "ep_alltoall", kTrackComm, ep_.stats->trace_step, -1, -1, m0,
+    ep_.stats->tracer->add({name, "ep_alltoall", kTrackComm, ep_.stats->trace_step, -1, -1, x.mark,
                             ep_.stats->tracer->mark()});
 }
 
-void MoeMlp::undispatch(Backend& be, const Tensor& local, Tensor& sorted, Tensor* s, const char* what) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t m0 = ep_.stats->tracer ? ep_.stats->tracer->mark() : 0;
-  const int64_t Rl = local_rows();
-  Tensor stage = s[kStage].rows(0, Rl);
-  be.gather_rows(local, s[kToRanks].rows(0, Rl), stage);  // (Rl, C) rank after rank
-  ep_.comm->alltoall_rows(stage, recv_rows_, sorted, send_rows_, what);
-  ep_.stats->seconds += since(t0);
-  if (ep_.stats->tracer)
-    ep_.stats->tracer->add({"ep all-to-all back", "ep_alltoall", kTrackComm, ep_.stats->trace_step, -1, -1, m0,
-                            ep_.stats->tracer->mark()});
+void MoeMlp::experts_forward(Backend& be, const Tensor& xl, int64_t h, Tensor* s) {
+  // Every local expert of part h in one pass (a grouped GEMM): expert j's rows are [lo[j], lo[j + 1]) of xl; an expert
+  // no token of the part chose has none.
+  const std::vector<int64_t> lo = local_of(h);
+  const int64_t R = local_rows();
+  Tensor gate = s[kGate].rows(0, R), up = s[kUp].rows(0, R), hh = s[kH].rows(0, R);
+  Tensor yl = ep_.on() ? s[kYl].rows(0, R) : s[kYs].rows(0, R);
+  fp8_.grouped_matmul(be, xl, weights_of(gate_), true, gate, lo, 0.f);                      // (Rl, F)
+  fp8_.grouped_matmul(be, xl, weights_of(up_), true, up, lo, 0.f);                          // (Rl, F)
+  if (lo.back() > lo.front()) {
+    Tensor hu = hh.rows(lo.front(), lo.back() - lo.front());
+    be.swiglu_forward(gate.rows(lo.front(), lo.back() - lo.front()), up.rows(lo.front(), lo.back() - lo.front()),
+                      hu);                                                                  // (rows, F)
+  }
+  fp8_.grouped_matmul(be, hh, weights_of(down_), true, yl, lo, 0.f);                         // (Rl, C)
+}
+
+void MoeMlp::experts_backward(Backend& be, const Tensor& gyl, Tensor& gxl, int64_t h, Tensor* s) {
+  const std::vector<int64_t> lo = local_of(h);
+  const int64_t R = local_rows();
+  Tensor ggate = s[kGGate].rows(0, R), gup = s[kGUp].rows(0, R);
+  fp8_.grouped_matmul(be, gyl, weights_of(down_), false, ggate, lo, 0.f);                    // (Rl, F) d h
+  if (lo.back() > lo.front()) {
+    const int64_t a = lo.front(), m = lo.back() - lo.front();
+    Tensor gg = ggate.rows(a, m), gu = gup.rows(a, m);
+    be.swiglu_backward(gg, s[kGate].rows(a, m), s[kUp].rows(a, m), gg, gu);                  // (rows, F) each
+  }
+  fp8_.grouped_matmul(be, ggate, weights_of(gate_), false, gxl, lo, 0.f);                    // (Rl, C)
+  fp8_.grouped_matmul(be, gup, weights_of(up_), false, gxl, lo, 1.f);
 }
 
 void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
@@ -188,17 +252,24 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   } else {
     be.moe_router_forward(logits, k, moe_.renormalize, probs, lse, experts, weights, bias_);  // (n, E), (n), (n, k) x 2
   }
-  // The routing plan on the host: a counting sort of the (token, j) pairs by expert.
+  // The routing plan on the host: a counting sort of the (token, j) pairs by part, then expert (stable: by token, then
+  // by j). With parts_ = 2 (MoeSpec::parts) part 0 is the rows of each rank's first half of its experts, part 1 the
+  // rest's: an expert's rows are all in one part, so the local rows come out as with one part (the same GEMMs).
+  const int64_t H = parts_;
+  auto key = [&](int64_t i) {
+    const int32_t e = experts_[size_t(i)];
+    return (H > 1 && e % E_local_ >= E_local_ / 2 ? E : 0) + e;
+  };
   experts_.resize(size_t(R));
   be.download(experts_.data(), experts);
-  offsets_.assign(size_t(E + 1), 0);
-  for (int32_t e : experts_) ++offsets_[size_t(e) + 1];
-  for (int64_t e = 0; e < E; ++e) offsets_[size_t(e + 1)] += offsets_[size_t(e)];
+  offsets_.assign(size_t(H * E + 1), 0);
+  for (int64_t i = 0; i < R; ++i) ++offsets_[size_t(key(i)) + 1];
+  for (int64_t e = 0; e < H * E; ++e) offsets_[size_t(e + 1)] += offsets_[size_t(e)];
   pos_.resize(size_t(R));
   src_.resize(size_t(R));
   std::vector<int32_t> next(offsets_.begin(), offsets_.end() - 1);
   for (int64_t i = 0; i < R; ++i) {
-    const int32_t r = next[size_t(experts_[size_t(i)])]++;
+    const int32_t r = next[size_t(key(i))]++;
     pos_[size_t(i)] = r;
     src_[size_t(r)] = int32_t(i / k);
   }
@@ -207,54 +278,70 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   be.upload(s[kOffsets], offsets_.data());
   be.gather_rows(x, src, xs);                                                           // (R, C)
   if (ep_.on()) {
-    // Counts first: every rank learns how many rows each rank sends each of its experts.
+    // Counts first: every rank learns how many rows of each part each rank sends each of its experts.
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<int64_t> mine(static_cast<size_t>(E)), theirs(static_cast<size_t>(E));  // (ep, E / ep): to each rank's experts; from each rank
-    for (int64_t e = 0; e < E; ++e) mine[size_t(e)] = offsets_[size_t(e + 1)] - offsets_[size_t(e)];
-    ep_.comm->alltoall_host(mine.data(), theirs.data(), int(E_local_), "the expert-parallel row counts");
+    // (ep, parts, E / ep): to each rank's experts, by part; from each rank, by part
+    std::vector<int64_t> mine(static_cast<size_t>(H * E)), theirs(static_cast<size_t>(H * E));
+    for (int q = 0; q < ep_.size; ++q)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t j = 0; j < E_local_; ++j) {
+          const int64_t e = h * E + q * E_local_ + j;
+          mine[size_t((q * H + h) * E_local_ + j)] = offsets_[size_t(e + 1)] - offsets_[size_t(e)];
+        }
+    ep_.comm->alltoall_host(mine.data(), theirs.data(), int(H * E_local_), "the expert-parallel row counts");
     ep_.stats->seconds += since(t0);
     recv_counts_.assign(theirs.begin(), theirs.end());
     be.upload(s[kRecvCounts], recv_counts_.data());
   }
   make_exchange_plan();
   const int64_t Rl = local_rows();
-  Tensor xl = xs, gate = rows(kGate, Rl), up = rows(kUp, Rl), h = rows(kH, Rl), yl = rows(kYs, R);
-  if (ep_.on()) {
-    // Arrival order (rank p's rows of local expert j at arrival[p] + its earlier experts) <-> expert order.
+  Tensor xl = xs, ys = rows(kYs, R);
+  const int64_t ns = moe_.n_shared > 0 ? n : 0;
+  Tensor sgate = rows(kSGate, ns), sup = rows(kSUp, ns), sh = rows(kSH, ns);  // (n, Fs) each with shared experts
+  auto shared_swiglu = [&] {
+    if (moe_.n_shared == 0) return;
+    fp8_.linear(be, x, shared_gate_->compute(), Tensor(), sgate);                       // (n, Fs)
+    fp8_.linear(be, x, shared_up_->compute(), Tensor(), sup);                           // (n, Fs)
+    be.swiglu_forward(sgate, sup, sh);                                                  // (n, Fs)
+  };
+  if (!ep_.on()) {
+    experts_forward(be, xl, 0, s);  // (R, C) into ys
+  } else {
+    // Arrival order (part h's rows from rank p of local expert j at its arrival + p's earlier experts) <-> expert order.
     std::vector<int32_t> to_local(static_cast<size_t>(Rl)), to_ranks(static_cast<size_t>(Rl));
-    std::vector<int64_t> at(local_.begin(), local_.end() - 1);  // next local row of each expert
+    std::vector<int64_t> at(local_.begin(), local_.end() - 1);  // next local row of each (part, expert)
     int64_t arrival = 0;
-    for (int p = 0; p < ep_.size; ++p)
-      for (int64_t j = 0; j < E_local_; ++j)
-        for (int32_t i = 0; i < recv_counts_[size_t(p * E_local_ + j)]; ++i, ++arrival) {
-          to_local[size_t(at[size_t(j)])] = int32_t(arrival);
-          to_ranks[size_t(arrival)] = int32_t(at[size_t(j)]++);
-        }
+    for (int64_t h = 0; h < H; ++h)
+      for (int p = 0; p < ep_.size; ++p)
+        for (int64_t j = 0; j < E_local_; ++j)
+          for (int32_t i = 0; i < recv_counts_[size_t((p * H + h) * E_local_ + j)]; ++i, ++arrival) {
+            int64_t& row = at[size_t(h * E_local_ + j)];
+            to_local[size_t(row)] = int32_t(arrival);
+            to_ranks[size_t(arrival)] = int32_t(row++);
+          }
     Tensor tl = s[kToLocal].rows(0, Rl), tr = s[kToRanks].rows(0, Rl);
     be.upload(tl, to_local.data());
     be.upload(tr, to_ranks.data());
     xl = rows(kXl, Rl);
-    yl = rows(kYl, Rl);
-    dispatch(be, xs, xl, s, "the expert-parallel dispatch of the tokens' rows");            // (Rl, C)
+    Tensor yl = rows(kYl, Rl);
+    // Two parts: part 1's rows travel while part 0's experts run, part 0's outputs travel back while part 1's run
+    // (the experts' work chunked in two: Relay's form of DeepSeek-V3's computation-communication overlap). One part:
+    // today's order.
+    std::vector<Exchange> in, out;
+    for (int64_t h = 0; h < H; ++h)
+      in.push_back(start_dispatch(h, xs, s, "the expert-parallel dispatch of the tokens' rows"));
+    for (int64_t h = 0; h < H; ++h) {
+      finish_dispatch(be, in[size_t(h)], xl, s);                                          // part h's (rows, C)
+      experts_forward(be, xl, h, s);                                                       // into yl
+      out.push_back(start_undispatch(be, h, yl, ys, s, "the expert-parallel return of the experts' outputs"));
+    }
+    // Two parts: the shared experts' SwiGLU (of x alone) while the last outputs travel back, as DeepSeek-V3 does.
+    if (parts_ > 1) shared_swiglu();
+    for (Exchange& x : out) wait_exchange(x, "ep all-to-all back");                       // (R, C)
   }
-  // Every local expert in one pass (a grouped GEMM): expert j's rows are [local_[j], local_[j + 1]) of xl; an expert no
-  // token chose this micro-batch has none.
-  const int64_t used = local_.back();
-  fp8_.grouped_matmul(be, xl, weights_of(gate_), true, gate, local_, 0.f);                     // (Rl, F)
-  fp8_.grouped_matmul(be, xl, weights_of(up_), true, up, local_, 0.f);                         // (Rl, F)
-  if (used) {
-    Tensor hu = h.rows(0, used);
-    be.swiglu_forward(gate.rows(0, used), up.rows(0, used), hu);                         // (used, F)
-  }
-  fp8_.grouped_matmul(be, h, weights_of(down_), true, yl, local_, 0.f);                        // (Rl, C)
-  Tensor ys = rows(kYs, R);
-  if (ep_.on()) undispatch(be, yl, ys, s, "the expert-parallel return of the experts' outputs");  // (R, C)
   be.moe_combine(ys, pos, weights, y);                                                  // (n, C)
   if (moe_.n_shared > 0) {  // y += shared(x): every token, this tp rank's Fs / tp units
-    Tensor sgate = rows(kSGate, n), sup = rows(kSUp, n), sh = rows(kSH, n);
-    fp8_.linear(be, x, shared_gate_->compute(), Tensor(), sgate);                       // (n, Fs)
-    fp8_.linear(be, x, shared_up_->compute(), Tensor(), sup);                           // (n, Fs)
-    be.swiglu_forward(sgate, sup, sh);                                                  // (n, Fs)
+    if (!(ep_.on() && parts_ > 1)) shared_swiglu();
     fp8_.matmul(be, sh, shared_down_->compute(), true, y, 1.f);                         // (n, C)
   }
 }
@@ -264,26 +351,28 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
   auto rows = [&](size_t b, int64_t r) { return s[b].rows(0, r); };
   download_plan(be, s);
   const int64_t Rl = local_rows();
-  Tensor gys = rows(kGYs, R), gweights = rows(kGWeights, n), ggate = rows(kGGate, Rl), gup = rows(kGUp, Rl);
+  Tensor gys = rows(kGYs, R), gweights = rows(kGWeights, n);
   Tensor gxs = rows(kGXs, R), glogits = rows(kGLogits, n);
   be.moe_combine_backward(dy, rows(kYs, R), rows(kPos, n), rows(kWeights, n), gys, gweights);  // (R, C), (n, k)
   // Under tp the outputs ys were this rank's partial sums, so the weights' gradients dy . ys are too.
   if (tp_.on()) tp_.allreduce_sum(gweights, "the expert weights' gradient all-reduce");
-  Tensor gyl = gys, gxl = gxs;
-  if (ep_.on()) {
-    gyl = rows(kGYl, Rl);
-    gxl = rows(kGXl, Rl);
-    dispatch(be, gys, gyl, s, "the expert-parallel dispatch of the outputs' gradients");    // (Rl, C)
+  std::vector<Exchange> returning;  // two parts: the inputs' gradients on their way back while the router's run
+  if (!ep_.on()) {
+    experts_backward(be, gys, gxs, 0, s);                                                 // (R, C)
+  } else {
+    // As the forward: part 1's outputs' gradients travel while part 0's experts run backward, and so on.
+    Tensor gyl = rows(kGYl, Rl), gxl = rows(kGXl, Rl);
+    std::vector<Exchange> in, out;
+    for (int64_t h = 0; h < parts_; ++h)
+      in.push_back(start_dispatch(h, gys, s, "the expert-parallel dispatch of the outputs' gradients"));
+    for (int64_t h = 0; h < parts_; ++h) {
+      finish_dispatch(be, in[size_t(h)], gyl, s);                                         // part h's (rows, C)
+      experts_backward(be, gyl, gxl, h, s);
+      out.push_back(start_undispatch(be, h, gxl, gxs, s, "the expert-parallel return of the inputs' gradients"));
+    }
+    if (parts_ > 1) returning = std::move(out);
+    for (Exchange& x : out) wait_exchange(x, "ep all-to-all back");                       // (R, C)
   }
-  const int64_t used = local_.back();
-  fp8_.grouped_matmul(be, gyl, weights_of(down_), false, ggate, local_, 0.f);                   // (Rl, F) d h
-  if (used) {
-    Tensor gg = ggate.rows(0, used), gu = gup.rows(0, used);
-    be.swiglu_backward(gg, s[kGate].rows(0, used), s[kUp].rows(0, used), gg, gu);       // (used, F) each
-  }
-  fp8_.grouped_matmul(be, ggate, weights_of(gate_), false, gxl, local_, 0.f);                  // (Rl, C)
-  fp8_.grouped_matmul(be, gup, weights_of(up_), false, gxl, local_, 1.f);
-  if (ep_.on()) undispatch(be, gxl, gxs, s, "the expert-parallel return of the inputs' gradients");  // (R, C)
   // The load-balancing and z losses of this micro-batch's sequences (host statistics of the saved routing): Tl of a
   // sequence's T rows here (T / cp under context parallelism, whose group sums c and sum_t p first).
   const int64_t Tl = T_ / cp_.size, B = n / Tl;
@@ -340,6 +429,7 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
   else
     be.moe_router_backward(rows(kProbs, n), rows(kLse, n), rows(kExperts, n), gweights, moe_.renormalize,
                            moe_.aux_weight > 0 ? seq_grad : Tensor(), Tl, float(moe_.z_weight), glogits);  // (n, E)
+  for (Exchange& x : returning) wait_exchange(x, "ep all-to-all back");                 // gxs (R, C)
   be.moe_combine(gxs, rows(kPos, n), Tensor(), dx);                                    // (n, C) through the experts
   if (tp_.rank == 0)  // + through the router (whole on every tp rank: counted once in the group's sum)
     be.matmul(glogits, false, router_->compute(), false, dx, 1.f, 1.f);
@@ -368,9 +458,14 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
   const size_t xl = ep_.on() ? kXl : kXs, gyl = ep_.on() ? kGYl : kGYs;  // this rank's experts' rows
   const int64_t Rl = local_rows();
   const Tensor xe = s[xl].rows(0, Rl);                                                  // (Rl, C)
-  fp8_.grouped_weight_grad(be, s[gyl].rows(0, Rl), rows(kH, Rl), local_, grads_of(down_));  // dW_down (C, F) each
-  fp8_.grouped_weight_grad(be, rows(kGGate, Rl), xe, local_, grads_of(gate_));              // dW_gate (F, C) each
-  fp8_.grouped_weight_grad(be, rows(kGUp, Rl), xe, local_, grads_of(up_));                  // dW_up (F, C) each
+  // Two parts: each expert's rows are in one of them, in the one-part order (the local rows are laid out as with one
+  // part): every expert's weight gradient is one GEMM over the same rows, as with parallel.overlap = false.
+  for (int64_t h = 0; h < parts_; ++h) {
+    const std::vector<int64_t> lo = local_of(h);
+    fp8_.grouped_weight_grad(be, s[gyl].rows(0, Rl), rows(kH, Rl), lo, grads_of(down_));  // dW_down (C, F) each
+    fp8_.grouped_weight_grad(be, rows(kGGate, Rl), xe, lo, grads_of(gate_));              // dW_gate (F, C) each
+    fp8_.grouped_weight_grad(be, rows(kGUp, Rl), xe, lo, grads_of(up_));                  // dW_up (F, C) each
+  }
 }
 
 std::vector<int64_t> MoeMlp::plain_top_k(const float* p) const {

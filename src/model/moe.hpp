@@ -12,7 +12,10 @@
 //
 // Expert parallelism (model/expert_parallel.hpp): the sorted rows of experts held elsewhere go to their ranks in one
 // all-to-all (after one of the counts), arrive rank after rank, are regrouped expert after expert for the GEMMs, and
-// their outputs travel back the same way; the backward sends the outputs' gradients and returns the inputs'.
+// their outputs travel back the same way; the backward sends the outputs' gradients and returns the inputs'. With
+// parallel.overlap (MoeSpec::parts = 2) in two parts, the rows of each rank's first half of its experts and the rest's:
+// one part's all-to-all travels (non-blocking, on the progress thread) while the other part's experts run, and every
+// expert's GEMMs see the same rows in the same order as with one part, so the results are the same bits.
 //
 // Load balancing, per sequence (DeepSeek-V3's sequence-wise loss, Megatron-core's seq_aux_loss): for a sequence of T
 // tokens, c_e the number of its tokens whose top-k holds e, aux = E / (k T^2) sum_e c_e sum_t p[t, e] (1 when
@@ -72,10 +75,29 @@ class MoeMlp {
   // rows [local_[j], local_[j + 1]) of the rows here; under ep the rows sent to and received from each rank.
   void download_plan(Backend& be, Tensor* s);
   void make_exchange_plan();  // from offsets_ and recv_counts_
-  // Under ep: rows (R, C) sorted by expert -> the rows of this rank's experts (Rl, C), expert after expert
-  // (dispatch); and back (combine). Without ep, copies of nothing: the callers use the sorted rows directly.
-  void dispatch(Backend& be, const Tensor& sorted, Tensor& local, Tensor* s, const char* what);
-  void undispatch(Backend& be, const Tensor& local, Tensor& sorted, Tensor* s, const char* what);
+  // Local expert j of part h: rows [local_of(h)[j], local_of(h)[j + 1]) (E / ep + 1 entries).
+  std::vector<int64_t> local_of(int64_t h) const;
+  // One part's all-to-all in flight (parallel.overlap: part 1's travels while part 0's experts run).
+  struct Exchange {
+    int64_t part = 0;
+    int64_t mark = 0;  // the trace's clock at its start
+    RequestPtr req;
+  };
+  // Under ep: part h's rows of `sorted` (R, C; by part, then expert) started to the ranks holding their experts, into
+  // the staging rows of its arrivals (dispatch); after the wait, regrouped expert after expert into local (Rl, C).
+  Exchange start_dispatch(int64_t h, const Tensor& sorted, Tensor* s, const char* what);
+  void finish_dispatch(Backend& be, Exchange& x, Tensor& local, Tensor* s);
+  // And back (combine): part h's rows of local (Rl, C) to the ranks they came from, into their rows of sorted.
+  Exchange start_undispatch(Backend& be, int64_t h, const Tensor& local, Tensor& sorted, Tensor* s, const char* what);
+  void wait_exchange(Exchange& x, const char* name);  // name: its span on the trace's communication track
+  // Part h's rows through the local experts: xl (Rl, C) -> the saved gate, up, h (Rl, F) and the outputs (Rl, C);
+  // backward: gyl (Rl, C) -> d gate, d up (Rl, F) and gxl (Rl, C).
+  void experts_forward(Backend& be, const Tensor& xl, int64_t h, Tensor* s);
+  void experts_backward(Backend& be, const Tensor& gyl, Tensor& gxl, int64_t h, Tensor* s);
+  // Part h's ep entries of counts (parts, ep).
+  static std::vector<int64_t> part_of(const std::vector<int64_t>& counts, int64_t h, int ep) {
+    return {counts.begin() + h * ep, counts.begin() + (h + 1) * ep};
+  }
   int64_t local_rows() const { return local_.back(); }
   // The top-k's margin of token t (RouterStats::min_margin) from the host's probs_, experts_ and host_bias_: with
   // sigmoid scores also the groups' and, under the aux loss, its own top-k's.
@@ -90,6 +112,7 @@ class MoeMlp {
   ExpertParallel ep_;
   TensorParallel tp_;
   ContextParallel cp_;
+  int64_t parts_ = 1;  // MoeSpec::parts: 2 under ep with parallel.overlap (each rank's experts in two halves), else 1
   int64_t E_local_ = 0, first_ = 0;
 
   MoeSpec moe_;
@@ -100,9 +123,9 @@ class MoeMlp {
   std::vector<Param*> gate_, up_, down_;  // by local expert
   // Host scratch: the routing plan of the micro-batch at hand.
   std::vector<int32_t> experts_, pos_, src_, offsets_;
-  std::vector<int32_t> recv_counts_;               // (ep, E / ep) rows each rank sends this rank's experts
-  std::vector<int64_t> send_rows_, recv_rows_;     // (ep) rows to and from each rank
-  std::vector<int64_t> local_;                     // (E / ep + 1) local expert j's rows here, expert after expert
+  std::vector<int32_t> recv_counts_;               // (ep, parts, E / ep) rows each rank sends this rank's experts
+  std::vector<int64_t> send_rows_, recv_rows_;     // (parts, ep) rows to and from each rank
+  std::vector<int64_t> local_;                     // (parts x E / ep + 1) part h's local expert j's rows here
   std::vector<float> probs_, lse_, seq_grad_;
   Tensor bias_;                   // (E) f32 on the device: moe.expert_bias's, undefined until set_bias
   std::vector<float> host_bias_;  // (E) the same values (the top-k margin is over the biased scores)

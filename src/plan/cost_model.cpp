@@ -55,9 +55,15 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // after a pass of its own for the amax (5 bytes an element), blockwise in one (3). Other blocks' GEMMs in bf16.
   const Precision gp = p == Precision::fp8 && !b.fp8 ? Precision::bf16 : p;
   const double quantise = gp != Precision::fp8 ? 0 : *b.fp8 == Fp8Recipe::tensorwise ? 5.0 : 3.0;
-  for (const Gemm& g : cost.gemms) {
-    t.forward += g.count * (gemm_s(d, gp, g.M, g.N, g.K) + stream_s(d, quantise * (g.M * g.K + g.K * g.N)));
-    t.backward_input += g.count * (gemm_s(d, gp, g.M, g.K, g.N) + stream_s(d, quantise * (g.M * g.N + g.N * g.K)));
+  double experts_forward = 0, experts_backward = 0;  // seconds of the routed experts' GEMMs, for ep's overlap below
+  for (size_t i = 0; i < cost.gemms.size(); ++i) {
+    const Gemm& g = cost.gemms[i];
+    const double f = g.count * (gemm_s(d, gp, g.M, g.N, g.K) + stream_s(d, quantise * (g.M * g.K + g.K * g.N)));
+    const double bi = g.count * (gemm_s(d, gp, g.M, g.K, g.N) + stream_s(d, quantise * (g.M * g.N + g.N * g.K)));
+    t.forward += f;
+    t.backward_input += bi;
+    if (cost.routed_gemm > 0 && (i == cost.routed_gemm || i == cost.routed_gemm + 1))
+      experts_forward += f, experts_backward += bi;
     t.backward_weight += g.count * (gemm_s(d, gp, g.K, g.N, g.M) + stream_s(d, quantise * (g.M * g.N + g.M * g.K)));
   }
   double attention_forward = 0, attention_backward = 0;  // seconds, for cp's overlap below
@@ -93,10 +99,24 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // The block's tp, cp and ep collectives, each dimension's summed on its own; ep's are also reported apart.
   double forward[3] = {0, 0, 0}, backward[3] = {0, 0, 0};  // by ParallelDim
   double cp_gather_forward = 0, cp_gather_backward = 0;       // of cp's: the key/value all-gathers
+  double ep_rows_forward = 0, ep_rows_backward = 0;           // of ep's: the routed rows' all-to-alls (not the counts)
   for (const BlockCollective& c : cost.collectives) {
     const double s = c.count * collective_s(c, ctx, e);
     (c.backward ? backward : forward)[int(c.dim)] += s;
     if (c.dim == ParallelDim::cp && c.op == CollectiveOp::all_gather) (c.backward ? cp_gather_backward : cp_gather_forward) += s;
+    if (c.dim == ParallelDim::ep && c.elements > 0) (c.backward ? ep_rows_backward : ep_rows_forward) += s;
+  }
+  double ef = 0, eb = 0;  // seconds of the forward's and the backward's ep all-to-alls hidden
+  if (ctx.overlap && ctx.ep > 1 && b.moe.n_experts / ctx.ep >= 2) {
+    // With parallel.overlap a micro-batch's rows go in two parts, those of each rank's first half of its experts and
+    // the rest's (balanced routing: half the rows each): part B's dispatch travels while part A's experts run, A's
+    // return while B's run; A's dispatch and B's return stay exposed. With a = one all-to-all of the whole micro-batch
+    // and X the routed experts' GEMMs, the pair costs max(2a, a + X) instead of 2a + X: min(a, X) hidden.
+    ef = std::min(ep_rows_forward / 2, experts_forward);
+    eb = std::min(ep_rows_backward / 2, experts_backward);
+    forward[int(ParallelDim::ep)] -= ef;
+    backward[int(ParallelDim::ep)] -= eb;
+    t.ep_hidden = ef + eb;
   }
   double hf = 0, hb = 0;  // seconds of the forward's and the backward's cp gathers hidden
   if (ctx.overlap && ctx.cp > 1) {
@@ -122,6 +142,7 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     t.comm_backward += t.comm_forward;
     t.ep_backward += t.ep_forward;
     t.cp_hidden += hf;
+    t.ep_hidden += ef;
   }
   return t;
 }

@@ -43,6 +43,8 @@ struct BlockContext {
   GroupPath tp_path, cp_path, ep_path;
   // parallel.overlap: context parallelism's key/value all-gathers travel while the rank's queries attend to its own
   // rows (model/context_parallel.cpp), 1/cp of the attention work: min(gather, that part) of each gather is hidden.
+  // Expert parallelism's all-to-alls (model/moe.cpp's two parts, each rank's experts halved): min(one all-to-all,
+  // the routed experts' GEMMs) of the forward's and of the backward's pair.
   bool overlap = false;
 };
 
@@ -51,6 +53,7 @@ struct BlockTime {
   double comm_forward = 0, comm_backward = 0;                   // of which tp / cp / ep collectives (critical path)
   double ep_forward = 0, ep_backward = 0;                       // of which the ep all-to-alls
   double cp_hidden = 0;  // seconds of the cp key/value all-gathers hidden behind the own rows' attention (overlap)
+  double ep_hidden = 0;  // seconds of the ep all-to-alls hidden behind the other part's experts (overlap)
 };
 BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockContext& ctx);
 

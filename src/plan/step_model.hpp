@@ -25,10 +25,10 @@ struct StepPrediction {
   double exposed_comm_s = 0;              // communication the step waits for (see step_model.cpp)
   double compute_s = 0;                   // the busiest rank's compute, collectives inside blocks excluded
   double tp_cp_comm_s = 0, dp_comm_exposed_s = 0, pipeline_comm_s = 0, optimizer_s = 0;
-  double ep_comm_s = 0;                   // of tp_cp_comm_s: the expert-parallel all-to-alls (never overlapped)
-  // parallel.overlap: seconds of cp's key/value all-gathers hidden behind the own rows' attention (not in
-  // tp_cp_comm_s, which holds what stays exposed of them)
-  double cp_hidden_s = 0;
+  double ep_comm_s = 0;                   // of tp_cp_comm_s: the expert-parallel all-to-alls (what stays exposed)
+  // parallel.overlap: seconds of cp's key/value all-gathers hidden behind the own rows' attention, and of ep's
+  // all-to-alls hidden behind the other part's experts (not in tp_cp_comm_s, which holds what stays exposed of them)
+  double cp_hidden_s = 0, ep_hidden_s = 0;
   double checkpoint_bytes = 0;            // rank 0's whole checkpoint image
   int devices = 0;
 };

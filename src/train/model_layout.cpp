@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "backend/backend.hpp"
 #include "model/expert_parallel.hpp"
 #include "model/fp8_linear.hpp"
 
@@ -90,8 +91,13 @@ ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<
   ModelLayout l;
   l.model = make_model_spec(cfg, input_dim);
   check_fp8_widths(l.model.blocks);  // with the data's real input width (make_model_spec's callers may pass 1)
+  // (the device asked only under ep: with "auto" it counts the GPUs)
+  const int parts = cfg.parallel.ep > 1 && ep_overlaps(cfg.parallel.overlap, cfg.parallel.ep,
+                                                       resolve_device(cfg.train.device)) ? 2 : 1;
   const auto set_moe = [&](BlockSpec& b) {
-    if (b.moe.on()) b.moe.ep = static_cast<int>(cfg.parallel.ep), b.moe.cp = static_cast<int>(cfg.parallel.cp);
+    if (!b.moe.on()) return;
+    b.moe.ep = static_cast<int>(cfg.parallel.ep), b.moe.cp = static_cast<int>(cfg.parallel.cp);
+    b.moe.parts = b.moe.n_experts / b.moe.ep >= 2 ? parts : 1;  // two parts: half of a rank's experts each
   };
   for (BlockSpec& b : l.model.blocks) {
     set_moe(b);

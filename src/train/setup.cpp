@@ -166,6 +166,13 @@ void setup_communicators(Run& r) {
   if (r.grid.ep > 1) {
     r.ep_comm = make_group_comm(r, r.grid.ep_comm, /*point_to_point=*/false);
     r.ep = ExpertParallel{r.ep_comm.get(), r.grid.ep, r.grid.ep_rank, std::make_shared<ExpertExchangeStats>()};
+    // parallel.overlap: each MoE layer's two parts' all-to-alls progress on the progress thread while the other
+    // part's experts run (ep_overlaps: CPU only; NCCL's in today's blocking order, said once).
+    const bool ep_overlap = ep_overlaps(r.cfg.parallel.overlap, r.grid.ep, r.be->device());
+    if (r.cfg.parallel.overlap && !ep_overlap && r.grid.world_rank == 0)
+      std::printf("relay: expert parallelism on CUDA: the all-to-alls are not overlapped yet (NCCL's run in "
+                  "today's order); parallel.overlap applies to the data-parallel moves only\n");
+    if (ep_overlap) r.ep_comm->set_background_progress(true);
     if (r.grid.expert_replicas() > 1) r.expert_dp_comm = make_group_comm(r, r.grid.expert_dp_comm, /*point_to_point=*/false);
   }
   // The embedding group (Megatron-LM): the first and last pipeline rank of each (replica, tp rank),
