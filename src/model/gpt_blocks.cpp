@@ -204,8 +204,8 @@ class Transformer final : public Block {
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
     const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
     fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
-    tp_.row_parallel_matmul(be, g_fch, *p_.fc_w, false, g_ln2, "the MLP input-gradient all-reduce",
-                            fp8_);  // (m, C)
+    column_input_grad(be, g_fch, *p_.fc_w, g_ln2, "the MLP input-gradient all-reduce",
+                      [&] { linear_grad(be, g_fch, v(kLn2), *p_.fc_w, p_.fc_b); });  // (m, C)
     Tensor tmp = g_ln1;                                                               // (m, C) scratch
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
@@ -216,10 +216,20 @@ class Transformer final : public Block {
       cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv);
     else
       be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
-    tp_.row_parallel_matmul(be, g_qkv, *p_.attn_w, false, g_ln1, "the attention input-gradient all-reduce",
-                            fp8_);                                                    // (m, C) d ln_1 out
+    column_input_grad(be, g_qkv, *p_.attn_w, g_ln1, "the attention input-gradient all-reduce",
+                      [&] { linear_grad(be, g_qkv, v(kLn1), *p_.attn_w, p_.attn_b); });  // (m, C) d ln_1 out
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                           // residual 1
+  }
+
+  // B and W together with the asynchronous input-gradient all-reduce (tp_.async_input_grads()): c_fc's and c_attn's
+  // weight gradients are computed inside backward_input, while their input gradients' all-reduces travel.
+  bool weights_in_backward() const override { return tp_.async_input_grads(); }
+  void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
+    early_weights_ = true;
+    backward_input(be, x, dy, dx, s);
+    backward_weight(be, x, dy, s);
+    early_weights_ = false;
   }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
@@ -230,13 +240,15 @@ class Transformer final : public Block {
     // Under sequence parallelism each operand of (n) rows is gathered when it is needed (one buffer at a time).
     linear_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kFcg),
                 *p_.mproj_w, p_.mproj_b);
-    linear_grad(be, v(kGFch), tp_.all_rows(be, v(kLn2), "the sequence-parallel all-gather of ln_2"), *p_.fc_w,
-                p_.fc_b);
+    if (!early_weights_)
+      linear_grad(be, v(kGFch), tp_.all_rows(be, v(kLn2), "the sequence-parallel all-gather of ln_2"), *p_.fc_w,
+                  p_.fc_b);
     ln_grad(be, v(kGLn2), v(kRes1), v(kMean2), v(kRstd2), *p_.ln2_w, p_.ln2_b, 2);
     linear_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.proj_w,
                 p_.proj_b);
-    linear_grad(be, v(kGQkv), tp_.all_rows(be, v(kLn1), "the sequence-parallel all-gather of ln_1"), *p_.attn_w,
-                p_.attn_b);
+    if (!early_weights_)
+      linear_grad(be, v(kGQkv), tp_.all_rows(be, v(kLn1), "the sequence-parallel all-gather of ln_1"), *p_.attn_w,
+                  p_.attn_b);
     ln_grad(be, v(kGLn1), x, v(kMean1), v(kRstd1), *p_.ln1_w, p_.ln1_b, 0);
     if (sp)
       norm_grads_.finish(be, tp_, {&p_.ln1_w->grad, p_.ln1_b ? &p_.ln1_b->grad : nullptr, &p_.ln2_w->grad,
@@ -263,6 +275,15 @@ class Transformer final : public Block {
   void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* what) {
     tp_.row_parallel_matmul(be, x, w, true, y, what, fp8_);
     if (b) be.add_bias(y, b->compute());
+  }
+  // A column-parallel layer's input gradient dx (m, C) = dy (n, out / tp) @ W (out / tp, C), summed over tp
+  // (row_parallel_matmul). In backward() without sequence parallelism the sum travels while weights() computes the
+  // layer's weight gradients (which backward_weight then skips): the same sums, started earlier.
+  void column_input_grad(Backend& be, const Tensor& dy, const Fp8Weight& w, Tensor& dx, const char* what,
+                         const std::function<void()>& weights) const {
+    if (!early_weights_) return tp_.row_parallel_matmul(be, dy, w, false, dx, what, fp8_);
+    fp8_.matmul(be, dy, w, false, dx);  // (m, C) partial over tp
+    tp_.allreduce_sum_during(dx, what, weights);
   }
   // dW (out, in) += dy^T @ x; db (out) += colsum(dy)
   void linear_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w, Param* b) const {
@@ -291,6 +312,7 @@ class Transformer final : public Block {
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   SpNormGrads norm_grads_;  // sequence parallelism: ln_1's and ln_2's weight and bias gradients
   Fp8Linear fp8_;           // qkv, proj, fc and mproj's GEMMs: FP8 under train.precision = "fp8", else the backend's
+  bool early_weights_ = false;  // inside backward(): c_fc's and c_attn's weight gradients come with their input's
 };
 
 // x (n, C) -> logits (n, V) = norm(x) @ W^T, W the token embedding (tied) or lm_head.weight; norm is

@@ -170,7 +170,8 @@ class LlamaLayer final : public Block {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
-      sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce");  // (m, C) d n2
+      sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce",  // (m, C) d n2
+                  [&] { gate_up_weight_grads(be, v(kN2), v(kGGate), v(kGUp)); });
     }
     Tensor tmp = g_n1;                                                        // (m, C) scratch
     be.rmsnorm_backward_input(g_n2, v(kRes1), p_.norm2->compute(), v(kRstd2), tmp);
@@ -195,9 +196,21 @@ class LlamaLayer final : public Block {
       be.rmsnorm_backward_input(heads(g_qa, H_), heads(v(kQraw), H_), p_.q_norm->compute(), flat(v(kRstdQ)), gq);
       be.rmsnorm_backward_input(heads(g_ka, KV_), heads(v(kKraw), KV_), p_.k_norm->compute(), flat(v(kRstdK)), gk);
     }
-    sum_over_tp(be, {{g_q, p_.q}, {g_k, p_.k}, {g_v, p_.v}}, g_n1, "the attention input-gradient all-reduce");  // (m, C)
+    sum_over_tp(be, {{g_q, p_.q}, {g_k, p_.k}, {g_v, p_.v}}, g_n1, "the attention input-gradient all-reduce",  // (m, C)
+                [&] { qkv_weight_grads(be, v(kN1), v(kGQ), v(kGK), v(kGV)); });
     be.rmsnorm_backward_input(g_n1, x, p_.norm1->compute(), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                   // residual 1
+  }
+
+  // B and W together with the asynchronous input-gradient all-reduce (tp_.async_input_grads()): gate and up's, and
+  // q, k and v's weight gradients are computed inside backward_input, while their input gradients' all-reduces travel
+  // (not the experts': their input gradient is all-reduced in today's order).
+  bool weights_in_backward() const override { return tp_.async_input_grads(); }
+  void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
+    early_weights_ = true;
+    backward_input(be, x, dy, dx, s);
+    backward_weight(be, x, dy, s);
+    early_weights_ = false;
   }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
@@ -214,16 +227,16 @@ class LlamaLayer final : public Block {
       Tensor h = v(kH);  // (n, F) recomputed from the kept gate and up: a micro-batch does not keep it from its forward
       be.swiglu_forward(v(kGate), v(kUp), h);
       weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), h, *p_.down);
-      const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
-      weight_grad(be, v(kGGate), n2_all, *p_.gate);
-      weight_grad(be, v(kGUp), n2_all, *p_.up);
+      if (!early_weights_)
+        gate_up_weight_grads(
+            be, tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm"), v(kGGate),
+            v(kGUp));
     }
     be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), dnorm2);
     weight_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.o);
-    const Tensor n1_all = tp_.all_rows(be, v(kN1), "the sequence-parallel all-gather of input_layernorm");
-    weight_grad(be, v(kGQ), n1_all, *p_.q);
-    weight_grad(be, v(kGK), n1_all, *p_.k);
-    weight_grad(be, v(kGV), n1_all, *p_.v);
+    if (!early_weights_)
+      qkv_weight_grads(be, tp_.all_rows(be, v(kN1), "the sequence-parallel all-gather of input_layernorm"), v(kGQ),
+                       v(kGK), v(kGV));
     if (spec_.qk_norm) {  // under tp each rank's heads give part of q_norm's and k_norm's gradients: summed over tp
       if (tp_.on()) qk_grads_.begin(be);
       Tensor dq = tp_.on() ? qk_grads_.part(0) : p_.q_norm->grad, dk = tp_.on() ? qk_grads_.part(1) : p_.k_norm->grad;
@@ -288,7 +301,10 @@ class LlamaLayer final : public Block {
   static Tensor view(BlockSaved& s, size_t k, int64_t m, int64_t n) { return s.t[k].rows(0, local(k) ? m : n); }
   // out (m, C) = sum over the projections (g_i (n, w_i), W_i (w_i, C)) of g_i @ W_i, and over the tp group (all-reduced,
   // or into the shared buffer and reduce-scattered under sequence parallelism): a column-parallel input's gradient.
-  void sum_over_tp(Backend& be, std::initializer_list<std::pair<Tensor, Param*>> terms, Tensor& out, const char* what) {
+  // In backward() (early_weights_, never under sequence parallelism) the all-reduce travels while `weights` computes
+  // the projections' weight gradients, which backward_weight then skips: the same sums, started earlier.
+  void sum_over_tp(Backend& be, std::initializer_list<std::pair<Tensor, Param*>> terms, Tensor& out, const char* what,
+                   const std::function<void()>& weights) {
     const int64_t n = terms.begin()->first.size(0);
     Tensor sums = tp_.sequence_parallel() ? tp_.full_rows(be, n, out.size(1), out.dtype()) : out;  // (n, C)
     float beta = 0.f;
@@ -297,7 +313,20 @@ class LlamaLayer final : public Block {
       beta = 1.f;
     }
     if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(sums, out, what);
+    else if (early_weights_) tp_.allreduce_sum_during(out, what, weights);
     else tp_.allreduce_sum(out, what);
+  }
+  // The column-parallel projections' weight gradients from their input (n, C) (gathered under sequence parallelism):
+  // gate's and up's from d gate, d up (n, F); q's, k's and v's from d q (n, Hq), d k, d v (n, Hkv).
+  void gate_up_weight_grads(Backend& be, const Tensor& n2_all, const Tensor& g_gate, const Tensor& g_up) const {
+    weight_grad(be, g_gate, n2_all, *p_.gate);
+    weight_grad(be, g_up, n2_all, *p_.up);
+  }
+  void qkv_weight_grads(Backend& be, const Tensor& n1_all, const Tensor& g_q, const Tensor& g_k,
+                        const Tensor& g_v) const {
+    weight_grad(be, g_q, n1_all, *p_.q);
+    weight_grad(be, g_k, n1_all, *p_.k);
+    weight_grad(be, g_v, n1_all, *p_.v);
   }
   // Qwen3's per-head norms' buffers: q_proj's and k_proj's outputs (n, Hq), (n, Hkv) and their rstds (n, H), (n, KV).
   struct QkNorm {
@@ -340,6 +369,7 @@ class LlamaLayer final : public Block {
   bool ep_on_ = false;           // its experts split over ranks (generation runs them all on one)
   std::unique_ptr<MoeMlp> moe_;  // spec.moe on: the experts instead of gate, up and down
   Fp8Linear fp8_;  // q, k, v, o, gate, up and down's GEMMs: FP8 under train.precision = "fp8" (not the experts')
+  bool early_weights_ = false;  // inside backward(): the column-parallel weight gradients come with their input's
 };
 
 }  // namespace
