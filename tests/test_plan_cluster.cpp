@@ -22,6 +22,7 @@
 #include "plan/cluster.hpp"
 #include "plan/layout_cache.hpp"
 #include "plan/collectives.hpp"
+#include "plan/cost_model.hpp"
 #include "plan/link_calibration.hpp"
 #include "plan/search.hpp"
 #include "plan/step_model.hpp"
@@ -383,6 +384,43 @@ TEST(PlanCluster, OverlapHidesContextParallelGathersBehindOwnRowsAttention) {
   EXPECT_NEAR(on8.tp_cp_comm_s, off8.tp_cp_comm_s - on8.cp_hidden_s, 1e-9 * off8.tp_cp_comm_s);
   std::printf("Llama 3 8B T 8192 cp 2: hidden %.4f of %.4f s cp comm; tp 8 x cp 2: hidden %.4f of %.4f s tp+cp comm\n",
               on.cp_hidden_s, off.tp_cp_comm_s, on8.cp_hidden_s, off8.tp_cp_comm_s);
+}
+
+// Tensor parallelism with parallel.overlap and no sequence parallelism (Megatron's asynchronous input-gradient
+// all-reduce): each backward all-reduce of a column-parallel input gradient travels while that layer's weight gradient
+// is computed. One 32B-wide GPT block (C 7168) at tp 2 across two nodes, whose all-reduces outlast the GEMMs: what
+// hides is exactly c_attn's and c_fc's weight-gradient GEMMs, and the backward is that much shorter; with overlap off,
+// under sequence parallelism or with B and W apart (zb-h1) nothing hides.
+TEST(PlanCluster, OverlapHidesTensorParallelInputGradientAllReduces) {
+  const Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
+  const Config cfg = load_config(src("configs/models/gpt3-175b.toml"),
+                                 {"model.n_layer=2", "model.n_embd=7168", "model.n_head=56", "parallel.tp=2"});
+  const ModelLayout layout = make_layout(cfg, 0);
+  const BlockSpec& b = layout.blocks()[1];
+  ASSERT_EQ(b.kind, BlockKind::transformer);
+  const double n = 4096, C = 7168;
+  BlockContext ctx;
+  ctx.rows = 4096;
+  ctx.tp = 2;
+  ctx.tp_path = group_path(cl, 2, cl.devices_per_node);  // one rank on each of two nodes
+  const BlockTime off = block_time(cl.device, b, ctx);
+  ctx.overlap = true;
+  const BlockTime on = block_time(cl.device, b, ctx);
+  const double weight_grads = gemm_s(cl.device, Precision::bf16, C, 3 * C / 2, n) +  // c_attn's dW (3C/2, C) over n
+                              gemm_s(cl.device, Precision::bf16, C, 4 * C / 2, n);   // c_fc's (4C/2, C)
+  const double all_reduce = all_reduce_s(ctx.tp_path, 2.0 * n * C);  // one (n, C) bf16 input gradient
+  ASSERT_GT(all_reduce, gemm_s(cl.device, Precision::bf16, C, 4 * C / 2, n));  // the case: the GEMMs hide under it
+  EXPECT_EQ(off.tp_hidden, 0.0);
+  EXPECT_NEAR(on.tp_hidden, weight_grads, 1e-12);
+  EXPECT_NEAR(off.backward_input - on.backward_input, weight_grads, 1e-12);
+  EXPECT_NEAR(off.comm_backward - on.comm_backward, weight_grads, 1e-12);
+  ctx.split_backward = true;
+  EXPECT_EQ(block_time(cl.device, b, ctx).tp_hidden, 0.0);
+  ctx.split_backward = false;
+  ctx.sequence_parallel = true;
+  EXPECT_EQ(block_time(cl.device, b, ctx).tp_hidden, 0.0);
+  std::printf("GPT block C 7168, 4096 rows, tp 2 across nodes: %.3f ms of %.3f ms backward all-reduces hidden\n",
+              1e3 * on.tp_hidden, 1e3 * 2 * all_reduce);
 }
 
 // The named attention option: the (T, T) scores written to memory cost more than FlashAttention on the same layout,

@@ -98,6 +98,21 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     (c.backward ? backward : forward)[int(c.dim)] += s;
     if (c.dim == ParallelDim::cp && c.op == CollectiveOp::all_gather) (c.backward ? cp_gather_backward : cp_gather_forward) += s;
   }
+  // Tensor parallelism's asynchronous input-gradient all-reduce (parallel.overlap, no sequence parallelism;
+  // model/tensor_parallel.hpp): each travels while the weight gradients of the projections whose input gradient it
+  // sums are computed, so min(all-reduce, those GEMMs) of it is hidden.
+  if (ctx.overlap && ctx.tp > 1 && !ctx.split_backward)
+    for (const BlockCollective& c : cost.collectives) {
+      if (c.behind_weight_grads.empty()) continue;
+      double weight_grads = 0;
+      for (int i : c.behind_weight_grads) {
+        const Gemm& g = cost.gemms[size_t(i)];
+        weight_grads += g.count * gemm_s(d, gp, g.K, g.N, g.M);
+      }
+      const double hidden = c.count * std::min(collective_s(c, ctx, e), weight_grads);
+      backward[int(ParallelDim::tp)] -= hidden;
+      t.tp_hidden += hidden;
+    }
   double hf = 0, hb = 0;  // seconds of the forward's and the backward's cp gathers hidden
   if (ctx.overlap && ctx.cp > 1) {
     // With parallel.overlap each gather travels while the queries attend to the rank's own rows: of a rank's causal

@@ -42,8 +42,11 @@ struct BlockContext {
   PlannedAttention attention = PlannedAttention::flash;
   GroupPath tp_path, cp_path, ep_path;
   // parallel.overlap: context parallelism's key/value all-gathers travel while the rank's queries attend to its own
-  // rows (model/context_parallel.cpp), 1/cp of the attention work: min(gather, that part) of each gather is hidden.
-  bool overlap = false;
+  // rows (model/context_parallel.cpp), 1/cp of the attention work: min(gather, that part) of each gather is hidden;
+  // without sequence parallelism tensor parallelism's backward all-reduces travel behind the column-parallel weight
+  // gradients (BlockCollective::behind_weight_grads): min(all-reduce, those GEMMs) of each is hidden, unless B and W
+  // run apart (split_backward: zero-bubble schedules).
+  bool overlap = false, split_backward = false;
 };
 
 struct BlockTime {
@@ -51,6 +54,7 @@ struct BlockTime {
   double comm_forward = 0, comm_backward = 0;                   // of which tp / cp / ep collectives (critical path)
   double ep_forward = 0, ep_backward = 0;                       // of which the ep all-to-alls
   double cp_hidden = 0;  // seconds of the cp key/value all-gathers hidden behind the own rows' attention (overlap)
+  double tp_hidden = 0;  // seconds of the tp input-gradient all-reduces hidden behind weight gradients (overlap)
 };
 BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockContext& ctx);
 
