@@ -13,8 +13,9 @@
 # TP=2: tensor parallelism across the two nodes instead (dp 1, no sequence parallelism, ZeRO 0): with overlap each
 # column-parallel input gradient's all-reduce travels behind that layer's weight-gradient GEMM (the forward's two
 # all-reduces per block stay exposed); exposed comm is rank 0's wait on the tp collectives, "compute alone" the same
-# tp 2 run with both ranks on node1 (shared memory, no shaped link).
-# Root only. Usage: [TP=2] [ZEROS="0 1 3"] [VOCAB=N] bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [LAYERS (4)] [SEQS (4)] [steps (6)]
+# tp 2 run with both ranks on node1 (shared memory, no shaped link). SP=true with TP=2: sequence parallelism, whose
+# forward all-gathers before c_attn and c_fc run as collective matmuls with overlap (model/collective_matmul.hpp).
+# Root only. Usage: [TP=2 [SP=true]] [ZEROS="0 1 3"] [VOCAB=N] bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [LAYERS (4)] [SEQS (4)] [steps (6)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
@@ -33,13 +34,15 @@ VOCAB=${VOCAB:-50257}
 random_gpt2_tokens "$work/tokens.h5" $((2 * SEQS * 128 * (STEPS + 1) + 1)) "$VOCAB"
 layout="dp 2"
 [ "$TP" -gt 1 ] && layout="tp $TP"
+SP=${SP:-false}
+[ "$SP" = true ] && layout="$layout (sequence parallel)"
 printf "# shaped-link overlap: GPT %d x 768, vocabulary %d, %d x 128 tokens per replica; %s over two namespace nodes, link %s (tc tbf) both ways, 1 rank x 1 thread per node\n" "$LAYERS" "$VOCAB" "$SEQS" "$layout" "$RATE"
 cpu_info
 args() {  # run dir, dp, zero, overlap[, tp]
   echo --config configs/gpt2-124m.toml --set "run.dir=\"$1\"" --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' \
     --set train.steps=$STEPS --set model.n_layer=$LAYERS --set model.vocab_size=$VOCAB --set model.block_size=128 --set train.log_every=1 \
     --set lr_schedule.warmup_steps=0 --set train.batch_size=$(($2 * SEQS)) --set train.micro_batches=$SEQS \
-    --set parallel.dp=$2 --set parallel.tp=${5:-1} --set optimizer.zero=$3 --set parallel.overlap=$4 --set checkpoint.every=0 \
+    --set parallel.dp=$2 --set parallel.tp=${5:-1} --set parallel.sequence_parallel=$([ "${5:-1}" -gt 1 ] && echo "$SP" || echo false) --set optimizer.zero=$3 --set parallel.overlap=$4 --set checkpoint.every=0 \
     --set "checkpoint.dir=\"$1/ckpt\"" --set 'parallel.timeout="300s"'
 }
 means() {  # run dir -> "step_s exposed_s loss"

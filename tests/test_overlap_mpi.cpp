@@ -28,10 +28,11 @@ namespace {
 
 struct Case {
   int zero = 0, dp = 2, pp = 1, m = 2, tp = 1;
+  bool sp = false;  // parallel.sequence_parallel
   int ranks() const { return dp * pp * tp; }
   std::string name() const {
     return "zero" + std::to_string(zero) + "_dp" + std::to_string(dp) + "_pp" + std::to_string(pp) + "_m" +
-           std::to_string(m) + (tp > 1 ? "_tp" + std::to_string(tp) : "");
+           std::to_string(m) + (tp > 1 ? "_tp" + std::to_string(tp) : "") + (sp ? "_sp" : "");
   }
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
@@ -49,6 +50,7 @@ Outcome train_run(const Problem& p, const std::string& run, const Case& c, bool 
                       {"run.dir=" + quoted(run), "model.n_head=4", "train.log_every=1", "parallel.bucket_mb=0.004",
                        "parallel.dp=" + std::to_string(c.dp), "parallel.pp=" + std::to_string(c.pp),
                        "parallel.tp=" + std::to_string(c.tp),
+                       std::string("parallel.sequence_parallel=") + (c.sp ? "true" : "false"),
                        "train.micro_batches=" + std::to_string(c.m), "optimizer.zero=" + std::to_string(c.zero),
                        std::string("parallel.overlap=") + (overlap ? "true" : "false"), "trace.steps=[2, 2]",
                        "checkpoint.every=2", "train.eval_every=3"});
@@ -100,7 +102,7 @@ TEST_P(Overlap, OnAndOffBitwiseEqual) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Overlap,
                          ::testing::Values(Case{0, 2, 1, 2}, Case{1, 2, 1, 2}, Case{2, 2, 1, 2}, Case{1, 2, 2, 4},
-                                           Case{0, 1, 1, 2, 2}),
+                                           Case{0, 1, 1, 2, 2}, Case{0, 1, 1, 2, 2, true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 
 TEST(OverlapRuns, TwoRunsBitwise) {

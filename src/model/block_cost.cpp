@@ -25,11 +25,15 @@ BlockCollective collective(ParallelDim dim, CollectiveOp op, bool backward, doub
 // micro-batch's keys and values over the group, the backward gathers them again and reduce-scatters their gradients.
 // Without sequence parallelism the backward's two all-reduces travel behind the weight gradients of the column-parallel
 // projections whose input gradient they sum (attention's: gemms attn_w, the MLP's: mlp_w; none for the experts).
+// Under sequence parallelism GPT's forward all-gathers feed c_attn and c_fc chunk by chunk (collective_gemms: true).
 void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c, std::vector<int> attn_w,
-                         std::vector<int> mlp_w) {
+                         std::vector<int> mlp_w, bool collective_gemms = false) {
   const double act = n * double(b.in);  // one (rows, C) activation
   if (s.tp > 1) {
-    c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 2, act));
+    for (const std::vector<int>* w : {&attn_w, &mlp_w}) {
+      c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 1, act));
+      if (s.sp > 1 && collective_gemms) c.collectives.back().gather_feeds = {w->front()};
+    }
     for (std::vector<int>* w : {&attn_w, &mlp_w}) {
       c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, act));
       if (s.sp == 1) c.collectives.back().behind_weight_grads = *w;
@@ -51,7 +55,7 @@ void transformer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
   c.gemms = {{n, 3 * C / t, C}, {n, C, C / t}, {n, 4 * C / t, C}, {n, C, 4 * C / t}};
   c.forward_streaming = {(2 * 2 + 2 * 3 + 2 * 2) * C / sp + (2 * 3 + 4 * 4) * C / t, 12};
   c.mlp_hidden = 4 * b.in;
-  decoder_collectives(b, s, n, c, {0}, {2});
+  decoder_collectives(b, s, n, c, {0}, {2}, /*collective_gemms=*/true);
 }
 
 // Llama's decoder layer: q, k, v, o, then the dense SwiGLU (gate, up, down) or the mixture of experts (the router,
@@ -196,6 +200,7 @@ BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
         c.weight_streaming.kernels += ic.weight_streaming.kernels;
         for (BlockCollective col : ic.collectives) {  // the inner layer runs B and W apart here: nothing hidden
           col.behind_weight_grads.clear();
+          col.gather_feeds.clear();
           c.collectives.push_back(col);
         }
       }

@@ -43,6 +43,9 @@ struct BlockCollective {
   // parallel.overlap: tensor parallelism's asynchronous input-gradient all-reduce (model/tensor_parallel.hpp), the
   // column-parallel projections whose input gradient it sums. Empty: on the critical path.
   std::vector<int> behind_weight_grads;
+  // Under sequence parallelism, a forward all-gather run as a collective matmul with parallel.overlap
+  // (model/collective_matmul.hpp): the column-parallel GEMMs (indices into gemms) its chunks feed.
+  std::vector<int> gather_feeds;
   double buffer_bytes(double dtype_bytes) const { return dtype_bytes * elements + bytes; }
 };
 

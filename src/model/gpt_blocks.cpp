@@ -24,6 +24,7 @@
 #include <cmath>
 
 #include "model/blocks.hpp"
+#include "model/collective_matmul.hpp"
 #include "model/fp8_linear.hpp"
 
 namespace relay {
@@ -183,8 +184,15 @@ class Transformer final : public Block {
     Tensor ln1 = v(kLn1), mean1 = v(kMean1), rstd1 = v(kRstd1), qkv = v(kQkv), lse = lse_view(s, n), atty = v(kAtty);
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
-    const Tensor ln1_all = tp_.all_rows(be, ln1, "the sequence-parallel all-gather of ln_1");  // (n, C)
-    fp8_.linear(be, ln1_all, *p_.attn_w, bias_of(p_.attn_b), qkv);  // (n, 3Cl) column-parallel
+    if (collective_matmul()) {  // (n, 3Cl) column-parallel, chunk by chunk as ln_1's rows arrive
+      gather_rows_matmul(be, tp_, ln1, "the sequence-parallel all-gather of ln_1", [&](int64_t r0, const Tensor& x) {
+        Tensor out = qkv.rows(r0, m);  // (m, 3Cl)
+        fp8_.linear(be, x, *p_.attn_w, bias_of(p_.attn_b), out);
+      });
+    } else {
+      const Tensor ln1_all = tp_.all_rows(be, ln1, "the sequence-parallel all-gather of ln_1");  // (n, C)
+      fp8_.linear(be, ln1_all, *p_.attn_w, bias_of(p_.attn_b), qkv);  // (n, 3Cl) column-parallel
+    }
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys
       cp_attn_->forward_packed(be, qkv, T, H_, q_pos_, doc_start_, atty, lse);  // (n, Cl)
     else
@@ -192,8 +200,15 @@ class Transformer final : public Block {
     row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (m, C)
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
-    const Tensor ln2_all = tp_.all_rows(be, ln2, "the sequence-parallel all-gather of ln_2");  // (n, C)
-    fp8_.linear(be, ln2_all, *p_.fc_w, bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl)
+    if (collective_matmul()) {  // (n, 4Cl), chunk by chunk as ln_2's rows arrive
+      gather_rows_matmul(be, tp_, ln2, "the sequence-parallel all-gather of ln_2", [&](int64_t r0, const Tensor& x) {
+        Tensor out = fcg.rows(r0, m), pre = fch.rows(r0, m);  // (m, 4Cl) each
+        fp8_.linear(be, x, *p_.fc_w, bias_of(p_.fc_b), out, LinearAct::gelu_tanh, &pre);
+      });
+    } else {
+      const Tensor ln2_all = tp_.all_rows(be, ln2, "the sequence-parallel all-gather of ln_2");  // (n, C)
+      fp8_.linear(be, ln2_all, *p_.fc_w, bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl)
+    }
     row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (m, C)
     be.add(y, res1, y);                                                   // residual 2
   }
@@ -276,6 +291,9 @@ class Transformer final : public Block {
     tp_.row_parallel_matmul(be, x, w, true, y, what, fp8_);
     if (b) be.add_bias(y, b->compute());
   }
+  // Sequence parallelism with parallel.overlap: the forward's all-gathers before c_attn and c_fc run as collective
+  // matmuls (model/collective_matmul.hpp). Not in FP8, whose tensorwise scale is the whole gathered operand's.
+  bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
   // A column-parallel layer's input gradient dx (m, C) = dy (n, out / tp) @ W (out / tp, C), summed over tp
   // (row_parallel_matmul). In backward() without sequence parallelism the sum travels while weights() computes the
   // layer's weight gradients (which backward_weight then skips): the same sums, started earlier.
