@@ -25,14 +25,15 @@ BlockCollective collective(ParallelDim dim, CollectiveOp op, bool backward, doub
 // micro-batch's keys and values over the group, the backward gathers them again and reduce-scatters their gradients.
 // Without sequence parallelism the backward's two all-reduces travel behind the weight gradients of the column-parallel
 // projections whose input gradient they sum (attention's: gemms attn_w, the MLP's: mlp_w; none for the experts).
-// Under sequence parallelism GPT's forward all-gathers feed c_attn and c_fc chunk by chunk (collective_gemms: true).
+// Under sequence parallelism the forward's all-gathers feed the same column-parallel GEMMs chunk by chunk (the
+// collective matmul; collective_gemms: the block runs one).
 void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c, std::vector<int> attn_w,
                          std::vector<int> mlp_w, bool collective_gemms = false) {
   const double act = n * double(b.in);  // one (rows, C) activation
   if (s.tp > 1) {
     for (const std::vector<int>* w : {&attn_w, &mlp_w}) {
       c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 1, act));
-      if (s.sp > 1 && collective_gemms) c.collectives.back().gather_feeds = {w->front()};
+      if (s.sp > 1 && collective_gemms) c.collectives.back().gather_feeds = *w;
     }
     for (std::vector<int>* w : {&attn_w, &mlp_w}) {
       c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, act));
@@ -88,8 +89,8 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
     c.weight_streaming = {3.0 * F / t, 1};
     c.mlp_hidden = b.ffn_hidden;
   }
-  if (b.moe.on()) decoder_collectives(b, s, n, c, {0, 1, 2}, {});
-  else decoder_collectives(b, s, n, c, {0, 1, 2}, {4, 5});
+  if (b.moe.on()) decoder_collectives(b, s, n, c, {0, 1, 2}, {}, /*collective_gemms=*/true);
+  else decoder_collectives(b, s, n, c, {0, 1, 2}, {4, 5}, /*collective_gemms=*/true);
   if (b.moe.on() && s.ep > 1) {
     const double routed = n * double(b.moe.k) * C;
     const double counts = 8.0 * double(b.moe.n_experts);

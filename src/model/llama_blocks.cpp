@@ -23,6 +23,7 @@
 // per head (q_norm, k_norm over head_dim) before the rotation; spec.head_dim may differ from C / n_head. Neither runs
 // under tensor or context parallelism yet (refused by the config).
 #include "model/blocks.hpp"
+#include "model/collective_matmul.hpp"
 #include "model/fp8_linear.hpp"
 #include "model/moe.hpp"
 
@@ -129,8 +130,19 @@ class LlamaLayer final : public Block {
     be.rmsnorm_forward(x, p_.norm1->compute(), eps, n1, rstd1);               // (m, C)
     QkNorm qkn;
     if (spec_.qk_norm) qkn = {v(kQraw), v(kKraw), v(kRstdQ), v(kRstdK)};
-    attention_inputs(be, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"), q, k, val, T,
-                     0, qkn, fp8_);                                                 // (n, Hq), (n, Hkv) x 2, rotated
+    if (collective_matmul()) {  // q, k, v's projections chunk by chunk as input_layernorm's rows arrive
+      gather_rows_matmul(be, tp_, n1, "the sequence-parallel all-gather of input_layernorm",
+                         [&](int64_t r0, const Tensor& rows) {
+                           Tensor qr = q.rows(r0, m), kr = k.rows(r0, m), vr = val.rows(r0, m);  // (m, Hq), (m, Hkv)
+                           QkNorm part = qkn;
+                           if (spec_.qk_norm) part.qraw = qkn.qraw.rows(r0, m), part.kraw = qkn.kraw.rows(r0, m);
+                           qkv_projections(be, rows, qr, kr, vr, part, fp8_);
+                         });
+      qkv_finish(be, q, k, T, 0, qkn);  // (n, Hq), (n, Hkv): normalised, rotated
+    } else {
+      attention_inputs(be, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"), q, k, val, T,
+                       0, qkn, fp8_);                                               // (n, Hq), (n, Hkv) x 2, rotated
+    }
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys and values
       cp_attn_->forward(be, q, k, val, T, H_, KV_, q_pos_, doc_start_, atty, lse);  // (n, Hq)
     else
@@ -147,9 +159,18 @@ class LlamaLayer final : public Block {
       be.add(y, res1, y);                                                     // residual 2
       return;
     }
-    const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
-    fp8_.linear(be, n2_all, *p_.gate, Tensor(), gate);              // (n, F) column-parallel
-    fp8_.linear(be, n2_all, *p_.up, Tensor(), up);                  // (n, F) column-parallel
+    if (collective_matmul()) {  // gate and up chunk by chunk as post_attention_layernorm's rows arrive
+      gather_rows_matmul(be, tp_, n2, "the sequence-parallel all-gather of post_attention_layernorm",
+                         [&](int64_t r0, const Tensor& rows) {
+                           Tensor g = gate.rows(r0, m), u = up.rows(r0, m);  // (m, F) each
+                           fp8_.linear(be, rows, *p_.gate, Tensor(), g);
+                           fp8_.linear(be, rows, *p_.up, Tensor(), u);
+                         });
+    } else {
+      const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
+      fp8_.linear(be, n2_all, *p_.gate, Tensor(), gate);              // (n, F) column-parallel
+      fp8_.linear(be, n2_all, *p_.up, Tensor(), up);                  // (n, F) column-parallel
+    }
     be.swiglu_forward(gate, up, h);                                           // (n, F)
     tp_.row_parallel_matmul(be, h, *p_.down, true, y, "the MLP output all-reduce", fp8_);  // (m, C)
     be.add(y, res1, y);                                                       // residual 2
@@ -301,6 +322,10 @@ class LlamaLayer final : public Block {
   static Tensor view(BlockSaved& s, size_t k, int64_t m, int64_t n) { return s.t[k].rows(0, local(k) ? m : n); }
   // out (m, C) = sum over the projections (g_i (n, w_i), W_i (w_i, C)) of g_i @ W_i, and over the tp group (all-reduced,
   // or into the shared buffer and reduce-scattered under sequence parallelism): a column-parallel input's gradient.
+  // Sequence parallelism with parallel.overlap: the forward's all-gathers before q, k, v and gate, up run as
+  // collective matmuls (model/collective_matmul.hpp). Not in FP8, whose tensorwise scale is the whole gathered
+  // operand's.
+  bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
   // In backward() (early_weights_, never under sequence parallelism) the all-reduce travels while `weights` computes
   // the projections' weight gradients, which backward_weight then skips: the same sums, started earlier.
   void sum_over_tp(Backend& be, std::initializer_list<std::pair<Tensor, Param*>> terms, Tensor& out, const char* what,
@@ -340,21 +365,29 @@ class LlamaLayer final : public Block {
   // (restarting with each document) when set.
   void attention_inputs(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, int64_t T, int64_t pos0,
                         QkNorm& qk, const Fp8Linear& gemm) {
+    qkv_projections(be, n1, q, k, v, qk, gemm);
+    qkv_finish(be, q, k, T, pos0, qk);
+  }
+  // The projections of rows of n1 into the same rows of q (or qk.qraw under qk_norm), k (or qk.kraw) and v: row by
+  // row, so the collective matmul runs them a chunk at a time.
+  void qkv_projections(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, QkNorm& qk,
+                       const Fp8Linear& gemm) {
+    gemm.linear(be, n1, *p_.q, Tensor(), spec_.qk_norm ? qk.qraw : q);
+    gemm.linear(be, n1, *p_.k, Tensor(), spec_.qk_norm ? qk.kraw : k);
+    gemm.linear(be, n1, *p_.v, Tensor(), v);
+  }
+  // q and k from the projections: per-head RMS-normalised under qk_norm, then rotated.
+  void qkv_finish(Backend& be, Tensor& q, Tensor& k, int64_t T, int64_t pos0, QkNorm& qk) {
     if (spec_.qk_norm) {
       const float eps = float(spec_.eps);
-      gemm.linear(be, n1, *p_.q, Tensor(), qk.qraw);
-      gemm.linear(be, n1, *p_.k, Tensor(), qk.kraw);
       Tensor qh = heads(q, H_), kh = heads(k, KV_), rq = flat(qk.rstd_q), rk = flat(qk.rstd_k);
       be.rmsnorm_forward(heads(qk.qraw, H_), p_.q_norm->compute(), eps, qh, rq);
       be.rmsnorm_forward(heads(qk.kraw, KV_), p_.k_norm->compute(), eps, kh, rk);
-    } else {
-      gemm.linear(be, n1, *p_.q, Tensor(), q);
-      gemm.linear(be, n1, *p_.k, Tensor(), k);
     }
-    gemm.linear(be, n1, *p_.v, Tensor(), v);
     be.rope(q, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, q, positions_);
     be.rope(k, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, k, positions_);
   }
+
   // dW (out, in) += dy^T @ x
   void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w) const {
     fp8_.weight_grad(be, dy, x, w.grad);

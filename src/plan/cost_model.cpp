@@ -114,7 +114,8 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
       t.tp_hidden += hidden;
     }
   double tp_hidden_forward = 0;  // of t.tp_hidden, the forward's (again in a recomputed forward)
-  // Sequence parallelism's collective matmul (parallel.overlap; GPT's c_attn and c_fc, not in FP8): each forward
+  // Sequence parallelism's collective matmul (parallel.overlap; GPT's c_attn and c_fc, Llama's q, k, v and gate, up,
+  // not the experts', not in FP8): each forward
   // all-gather (priced as half its all-reduce entry: the other half is the reduce-scatter) travels in tp - 1 steps
   // behind the GEMM of the chunk in hand, so up to (tp - 1) / tp of the GEMM hides it.
   if (ctx.overlap && ctx.sequence_parallel && ctx.tp > 1 && gp != Precision::fp8)
