@@ -154,11 +154,13 @@ void setup_communicators(Run& r) {
     if (r.cfg.parallel.sequence_parallel) r.tp.sp_rows = std::make_shared<Tensor>();  // one buffer for the rank
     r.tp.waited_s = std::make_shared<double>(0.0);  // exposed communication: the step loop takes it
     // parallel.overlap: a column-parallel layer's input-gradient all-reduce progresses on the progress thread while
-    // its weight gradients are computed (tp_overlaps: CPU only for now; on CUDA today's order, said once).
+    // its weight gradients are computed, and so do the collective matmul's ring messages (tp_overlaps: CPU only for
+    // now; on CUDA today's order, said once).
     r.tp.overlap = tp_overlaps(r.cfg.parallel.overlap, r.be->device());
     if (r.cfg.parallel.overlap && !r.tp.overlap && r.grid.world_rank == 0)
-      std::printf("relay: tensor parallelism on CUDA: the input-gradient all-reduces are not overlapped yet; "
-                  "parallel.overlap applies to the data- and context-parallel moves only\n");
+      std::printf("relay: tensor parallelism on CUDA: its collectives are not overlapped yet (input-gradient "
+                  "all-reduces, sequence-parallel collective matmuls); parallel.overlap applies to the data-parallel "
+                  "moves only\n");
     if (r.tp.overlap) r.tp_comm->set_background_progress(true);
   }
   if (r.grid.cp > 1) {
