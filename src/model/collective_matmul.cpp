@@ -32,8 +32,8 @@ Tensor gather_rows_matmul(Backend& be, const TensorParallel& tp, const Tensor& l
     RequestPtr recv, send;
     if (s + 1 < P) {
       Tensor in = full.rows(coming * m, m);  // (m, w)
-      recv = tp.comm->irecv(in, prev, kTagRing);
-      send = tp.comm->isend(full.rows(have * m, m), next, kTagRing);
+      recv = tp.overlap_comm()->irecv(in, prev, kTagRing);
+      send = tp.overlap_comm()->isend(full.rows(have * m, m), next, kTagRing);
     }
     each(have * m, full.rows(have * m, m));
     if (recv) {

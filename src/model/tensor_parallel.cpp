@@ -87,7 +87,7 @@ void TensorParallel::allreduce_max(Tensor& t, const char* what) const {
 
 void TensorParallel::allreduce_sum_during(Tensor& t, const char* what, const std::function<void()>& meanwhile) const {
   if (!on()) return meanwhile();
-  RequestPtr req = comm->iallreduce(t, ReduceOp::sum);  // the same call as allreduce_sum's: the same sums
+  RequestPtr req = overlap_comm()->iallreduce(t, ReduceOp::sum);  // the same call as allreduce_sum's: the same sums
   req->what = what;
   meanwhile();
   wait_counted(*this, *req, what);

@@ -57,6 +57,12 @@ struct TensorParallel {
   // parallel.overlap on the CPU backend (the communicator then progresses on the progress thread): the blocks' fused
   // backward hides an input gradient's all-reduce behind the layer's weight gradients (async_input_grads).
   bool overlap = false;
+  // parallel.overlap: the same group duplicated (its own MPI communicator), whose requests progress on the progress
+  // thread: the collectives that travel while the rank computes (allreduce_sum_during, the collective matmul's ring)
+  // go there; those waited for at once stay on comm, where MPI's own blocking wait drives them at full speed (a
+  // progress thread that polls would slow a large transfer over TCP). Null: comm for everything.
+  Communicator* async_comm = nullptr;
+  Communicator* overlap_comm() const { return async_comm ? async_comm : comm; }
   // Seconds this rank's thread waited on the group's collectives (exposed communication), shared by the blocks; null:
   // not counted.
   std::shared_ptr<double> waited_s;

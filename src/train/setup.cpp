@@ -161,7 +161,12 @@ void setup_communicators(Run& r) {
       std::printf("relay: tensor parallelism on CUDA: its collectives are not overlapped yet (input-gradient "
                   "all-reduces, sequence-parallel collective matmuls); parallel.overlap applies to the data-parallel "
                   "moves only\n");
-    if (r.tp.overlap) r.tp_comm->set_background_progress(true);
+    if (r.tp.overlap) {
+      MPI_CHECK(MPI_Comm_dup(r.grid.tp_comm, &r.tp_async_mpi));
+      r.tp_async_comm = make_group_comm(r, r.tp_async_mpi, /*point_to_point=*/false);
+      r.tp_async_comm->set_background_progress(true);
+      r.tp.async_comm = r.tp_async_comm.get();
+    }
   }
   if (r.grid.cp > 1) {
     r.cp_comm = make_group_comm(r, r.grid.cp_comm, /*point_to_point=*/false);
@@ -288,6 +293,8 @@ void teardown(Run& r) {
   r.prefetcher.reset();
   r.tied_comm.reset();
   if (r.tied_mpi != MPI_COMM_NULL) MPI_Comm_free(&r.tied_mpi);
+  r.tp_async_comm.reset();
+  if (r.tp_async_mpi != MPI_COMM_NULL) MPI_Comm_free(&r.tp_async_mpi);
   free_process_grid(r.grid);
 }
 
