@@ -123,11 +123,13 @@ RequestPtr MpiCommunicator::isend(const Tensor& t, int peer, int tag) {
   if (t.device() == Device::cpu) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>(), world_rank_.at(static_cast<size_t>(peer)));
     MPI_CHECK(MPI_Isend(t.raw(), count, mpi_type(t.dtype()), peer, tag, comm_, r->handle()));
+    if (background_) r->hand_over();  // the tp ring of the collective matmul (model/collective_matmul.hpp)
     return r;
   }
   auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>(t.bytes()), world_rank_.at(static_cast<size_t>(peer)));
   be_.download(r->staging(), t);
   MPI_CHECK(MPI_Isend(r->staging(), count, mpi_type(t.dtype()), peer, tag, comm_, r->handle()));
+  if (background_) r->hand_over();
   return r;
 }
 
@@ -136,10 +138,12 @@ RequestPtr MpiCommunicator::irecv(Tensor& t, int peer, int tag) {
   if (t.device() == Device::cpu) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>(), world_rank_.at(static_cast<size_t>(peer)));
     MPI_CHECK(MPI_Irecv(t.raw(), count, mpi_type(t.dtype()), peer, tag, comm_, r->handle()));
+    if (background_) r->hand_over();
     return r;
   }
   auto r = std::make_unique<MpiRequest>(be_, t, std::vector<std::byte>(t.bytes()), world_rank_.at(static_cast<size_t>(peer)));
   MPI_CHECK(MPI_Irecv(r->staging(), count, mpi_type(t.dtype()), peer, tag, comm_, r->handle()));
+  if (background_) r->hand_over();
   return r;
 }
 

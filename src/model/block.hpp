@@ -186,6 +186,15 @@ class Block {
   virtual void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& saved) = 0;
   // Accumulates the parameter gradients (Param::grad) from dy and the saved input x.
   virtual void backward_weight(Backend&, const Tensor&, const Tensor&, BlockSaved&) {}
+  // B and W back to back (every schedule but zero-bubble ones), for a block whose weights_in_backward(): it may
+  // compute some weight gradients inside the input-gradient pass, while a collective travels (tensor parallelism's
+  // asynchronous input-gradient all-reduce, model/tensor_parallel.hpp). The chunk runs it between the weight-gradient
+  // hooks.
+  virtual void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& saved) {
+    backward_input(be, x, dy, dx, saved);
+    backward_weight(be, x, dy, saved);
+  }
+  virtual bool weights_in_backward() const { return false; }
 
   // The micro-batch's sequence layout, i32 (rows) each on the block's backend, set by the chunk before it runs the
   // block on that micro-batch: data.document_mask's document starts (attention keeps within documents;

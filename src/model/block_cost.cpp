@@ -23,11 +23,22 @@ BlockCollective collective(ParallelDim dim, CollectiveOp op, bool backward, doub
 // column-parallel input gradients in the backward (under sequence parallelism an all-gather and a reduce-scatter in
 // their place: the same bytes). Context parallelism (model/context_parallel.hpp): the forward all-gathers the
 // micro-batch's keys and values over the group, the backward gathers them again and reduce-scatters their gradients.
-void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) {
+// Without sequence parallelism the backward's two all-reduces travel behind the weight gradients of the column-parallel
+// projections whose input gradient they sum (attention's: gemms attn_w, the MLP's: mlp_w; none for the experts).
+// Under sequence parallelism the forward's all-gathers feed the same column-parallel GEMMs chunk by chunk (the
+// collective matmul; collective_gemms: the block runs one).
+void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c, std::vector<int> attn_w,
+                         std::vector<int> mlp_w, bool collective_gemms = false) {
   const double act = n * double(b.in);  // one (rows, C) activation
   if (s.tp > 1) {
-    c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 2, act));
-    c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 2, act));
+    for (const std::vector<int>* w : {&attn_w, &mlp_w}) {
+      c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 1, act));
+      if (s.sp > 1 && collective_gemms) c.collectives.back().gather_feeds = *w;
+    }
+    for (std::vector<int>* w : {&attn_w, &mlp_w}) {
+      c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, act));
+      if (s.sp == 1) c.collectives.back().behind_weight_grads = *w;
+    }
   }
   if (s.cp > 1) {
     const double kv = 2 * n * s.cp * double(c.attention.kv_heads) * double(c.attention.head_dim) / s.tp;
@@ -45,7 +56,7 @@ void transformer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
   c.gemms = {{n, 3 * C / t, C}, {n, C, C / t}, {n, 4 * C / t, C}, {n, C, 4 * C / t}};
   c.forward_streaming = {(2 * 2 + 2 * 3 + 2 * 2) * C / sp + (2 * 3 + 4 * 4) * C / t, 12};
   c.mlp_hidden = 4 * b.in;
-  decoder_collectives(b, s, n, c);
+  decoder_collectives(b, s, n, c, {0}, {2}, /*collective_gemms=*/true);
 }
 
 // Llama's decoder layer: q, k, v, o, then the dense SwiGLU (gate, up, down) or the mixture of experts (the router,
@@ -79,7 +90,8 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
     c.weight_streaming = {3.0 * F / t, 1};
     c.mlp_hidden = b.ffn_hidden;
   }
-  decoder_collectives(b, s, n, c);
+  if (b.moe.on()) decoder_collectives(b, s, n, c, {0, 1, 2}, {}, /*collective_gemms=*/true);
+  else decoder_collectives(b, s, n, c, {0, 1, 2}, {4, 5}, /*collective_gemms=*/true);
   if (b.moe.on() && s.ep > 1) {
     const double routed = n * double(b.moe.k) * C;
     const double counts = 8.0 * double(b.moe.n_experts);
@@ -111,6 +123,7 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
   const double sp = double(s.sp);
   const double attn =
       2 * (2 * C / sp + r + ql) + 2 * 3 * C / sp + 2 * 2 * H * double(m.qk_rope) + 2 * H * (double(m.qk_nope) + dv);
+  const int q_w = m.q_lora_rank > 0 ? 4 : 3, mlp_w = int(c.gemms.size());  // q_b's (or q's) and gate's indices
   if (b.moe.on()) {  // the router, the shared experts' SwiGLU on every row, the routed experts as Llama's MoE layer's
     const double E = double(b.moe.n_experts), k = double(b.moe.k), Fe = double(b.moe.ffn_hidden) / t;
     const double Fs = double(b.moe.shared_hidden()) / t, ep = double(s.ep), rows = n * k * ep / E;
@@ -130,7 +143,11 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
     const double replicated = m.q_lora_rank > 0 ? double(m.qk_rope) + r + ql : double(m.qk_rope) + r + C;
     c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 2, n * C));
     c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * C));
+    if (!b.moe.on()) c.collectives.back().behind_weight_grads = {mlp_w, mlp_w + 1};  // gate's and up's
+    // The latent's and the query latent's (or attention input's) behind kv_b's and q_b's (or q's); k_pe's small part
+    // (qk_rope of the columns) priced with them.
     c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * replicated));
+    c.collectives.back().behind_weight_grads = {1, q_w};
   }
   if (s.cp > 1) {
     const double kv = n * s.cp * H * (dqk + dv);  // this tp rank's heads' keys and values of the whole sequence
@@ -188,7 +205,11 @@ BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
         c.forward_streaming.kernels += ic.forward_streaming.kernels;
         c.weight_streaming.elements_per_row += ic.weight_streaming.elements_per_row;
         c.weight_streaming.kernels += ic.weight_streaming.kernels;
-        c.collectives.insert(c.collectives.end(), ic.collectives.begin(), ic.collectives.end());
+        for (BlockCollective col : ic.collectives) {  // the inner layer runs B and W apart here: nothing hidden
+          col.behind_weight_grads.clear();
+          col.gather_feeds.clear();
+          c.collectives.push_back(col);
+        }
       }
       for (int64_t k = 0; k < b.mtp.depth; ++k) c.gemms.push_back({n, C, 2 * C});
       c.forward_streaming.elements_per_row += double(b.mtp.depth) * 8 * C;  // the norms and the concatenation

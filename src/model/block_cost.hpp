@@ -39,6 +39,13 @@ struct BlockCollective {
   bool backward = false;
   double count = 1;
   double elements = 0, bytes = 0;
+  // Indices into BlockCost::gemms whose weight-gradient GEMMs this backward collective travels behind under
+  // parallel.overlap: tensor parallelism's asynchronous input-gradient all-reduce (model/tensor_parallel.hpp), the
+  // column-parallel projections whose input gradient it sums. Empty: on the critical path.
+  std::vector<int> behind_weight_grads;
+  // Under sequence parallelism, a forward all-gather run as a collective matmul with parallel.overlap
+  // (model/collective_matmul.hpp): the column-parallel GEMMs (indices into gemms) its chunks feed.
+  std::vector<int> gather_feeds;
   double buffer_bytes(double dtype_bytes) const { return dtype_bytes * elements + bytes; }
 };
 

@@ -256,6 +256,15 @@ Tensor ModelChunk::backward(int mb, int64_t rows) {
       blocks_[k]->forward(be_, x, y, sv);
     }
     // Input gradient first: a block's backward_input may leave intermediates its backward_weight reads.
+    if (needs_input_grad(k) && blocks_[k]->weights_in_backward()) {  // W's GEMMs hide B's collectives
+      const int index = blocks_[k]->spec().index;
+      if (hooks_) hooks_->before_weight_grads(index);
+      Tensor dx = grad(sl, k, rows);
+      blocks_[k]->backward(be_, x, dy, dx, sv);
+      if (hooks_) hooks_->after_weight_grads(index);
+      params_out(k);
+      continue;
+    }
     if (needs_input_grad(k)) {
       Tensor dx = grad(sl, k, rows);
       blocks_[k]->backward_input(be_, x, dy, dx, sv);

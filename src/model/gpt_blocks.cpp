@@ -21,9 +21,13 @@
 // c_fc and reduce-scatters the c_proj sums (the backward the reverse, and backward-weight gathers again what the
 // weight gradients need: the output gradients and the norms' outputs, so the row-parallel biases' gradients come
 // from every row), the head gathers ln_f's output. The LayerNorm weight gradients are summed over the group.
+// With parallel.overlap (issue 40) the gathers before QKV and c_fc run as collective matmuls
+// (model/collective_matmul.hpp), and without sequence parallelism B and W together all-reduce QKV's and c_fc's input
+// gradients while their weight gradients are computed (model/tensor_parallel.hpp).
 #include <cmath>
 
 #include "model/blocks.hpp"
+#include "model/collective_matmul.hpp"
 #include "model/fp8_linear.hpp"
 
 namespace relay {
@@ -185,8 +189,15 @@ class Transformer final : public Block {
     Tensor ln1 = v(kLn1), mean1 = v(kMean1), rstd1 = v(kRstd1), qkv = v(kQkv), lse = lse_view(s, n), atty = v(kAtty);
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
-    const Tensor ln1_all = tp_.all_rows(be, ln1, "the sequence-parallel all-gather of ln_1");  // (n, C)
-    fp8_.linear(be, ln1_all, *p_.attn_w, bias_of(p_.attn_b), qkv);  // (n, 3Cl) column-parallel
+    if (collective_matmul()) {  // (n, 3Cl) column-parallel, chunk by chunk as ln_1's rows arrive
+      gather_rows_matmul(be, tp_, ln1, "the sequence-parallel all-gather of ln_1", [&](int64_t r0, const Tensor& x) {
+        Tensor out = qkv.rows(r0, m);  // (m, 3Cl)
+        fp8_.linear(be, x, *p_.attn_w, bias_of(p_.attn_b), out);
+      });
+    } else {
+      const Tensor ln1_all = tp_.all_rows(be, ln1, "the sequence-parallel all-gather of ln_1");  // (n, C)
+      fp8_.linear(be, ln1_all, *p_.attn_w, bias_of(p_.attn_b), qkv);  // (n, 3Cl) column-parallel
+    }
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys
       cp_attn_->forward_packed(be, qkv, T, H_, q_pos_, doc_start_, atty, lse);  // (n, Cl)
     else
@@ -194,8 +205,15 @@ class Transformer final : public Block {
     row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (m, C)
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
-    const Tensor ln2_all = tp_.all_rows(be, ln2, "the sequence-parallel all-gather of ln_2");  // (n, C)
-    fp8_.linear(be, ln2_all, *p_.fc_w, bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl)
+    if (collective_matmul()) {  // (n, 4Cl), chunk by chunk as ln_2's rows arrive
+      gather_rows_matmul(be, tp_, ln2, "the sequence-parallel all-gather of ln_2", [&](int64_t r0, const Tensor& x) {
+        Tensor out = fcg.rows(r0, m), pre = fch.rows(r0, m);  // (m, 4Cl) each
+        fp8_.linear(be, x, *p_.fc_w, bias_of(p_.fc_b), out, LinearAct::gelu_tanh, &pre);
+      });
+    } else {
+      const Tensor ln2_all = tp_.all_rows(be, ln2, "the sequence-parallel all-gather of ln_2");  // (n, C)
+      fp8_.linear(be, ln2_all, *p_.fc_w, bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl)
+    }
     row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (m, C)
     be.add(y, res1, y);                                                   // residual 2
   }
@@ -206,8 +224,8 @@ class Transformer final : public Block {
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
     const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
     fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
-    tp_.row_parallel_matmul(be, g_fch, *p_.fc_w, false, g_ln2, "the MLP input-gradient all-reduce",
-                            fp8_);  // (m, C)
+    column_input_grad(be, g_fch, *p_.fc_w, g_ln2, "the MLP input-gradient all-reduce",
+                      [&] { linear_grad(be, g_fch, v(kLn2), *p_.fc_w, p_.fc_b); });  // (m, C)
     Tensor tmp = g_ln1;                                                               // (m, C) scratch
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
@@ -218,10 +236,20 @@ class Transformer final : public Block {
       cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv);
     else
       be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
-    tp_.row_parallel_matmul(be, g_qkv, *p_.attn_w, false, g_ln1, "the attention input-gradient all-reduce",
-                            fp8_);                                                    // (m, C) d ln_1 out
+    column_input_grad(be, g_qkv, *p_.attn_w, g_ln1, "the attention input-gradient all-reduce",
+                      [&] { linear_grad(be, g_qkv, v(kLn1), *p_.attn_w, p_.attn_b); });  // (m, C) d ln_1 out
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                           // residual 1
+  }
+
+  // B and W together with the asynchronous input-gradient all-reduce (tp_.async_input_grads()): c_fc's and c_attn's
+  // weight gradients are computed inside backward_input, while their input gradients' all-reduces travel.
+  bool weights_in_backward() const override { return tp_.async_input_grads(); }
+  void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
+    early_weights_ = true;
+    backward_input(be, x, dy, dx, s);
+    backward_weight(be, x, dy, s);
+    early_weights_ = false;
   }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
@@ -232,13 +260,15 @@ class Transformer final : public Block {
     // Under sequence parallelism each operand of (n) rows is gathered when it is needed (one buffer at a time).
     linear_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kFcg),
                 *p_.mproj_w, p_.mproj_b);
-    linear_grad(be, v(kGFch), tp_.all_rows(be, v(kLn2), "the sequence-parallel all-gather of ln_2"), *p_.fc_w,
-                p_.fc_b);
+    if (!early_weights_)
+      linear_grad(be, v(kGFch), tp_.all_rows(be, v(kLn2), "the sequence-parallel all-gather of ln_2"), *p_.fc_w,
+                  p_.fc_b);
     ln_grad(be, v(kGLn2), v(kRes1), v(kMean2), v(kRstd2), *p_.ln2_w, p_.ln2_b, 2);
     linear_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.proj_w,
                 p_.proj_b);
-    linear_grad(be, v(kGQkv), tp_.all_rows(be, v(kLn1), "the sequence-parallel all-gather of ln_1"), *p_.attn_w,
-                p_.attn_b);
+    if (!early_weights_)
+      linear_grad(be, v(kGQkv), tp_.all_rows(be, v(kLn1), "the sequence-parallel all-gather of ln_1"), *p_.attn_w,
+                  p_.attn_b);
     ln_grad(be, v(kGLn1), x, v(kMean1), v(kRstd1), *p_.ln1_w, p_.ln1_b, 0);
     if (sp)
       norm_grads_.finish(be, tp_, {&p_.ln1_w->grad, p_.ln1_b ? &p_.ln1_b->grad : nullptr, &p_.ln2_w->grad,
@@ -265,6 +295,18 @@ class Transformer final : public Block {
   void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* what) {
     tp_.row_parallel_matmul(be, x, w, true, y, what, fp8_);
     if (b) be.add_bias(y, b->compute());
+  }
+  // Sequence parallelism with parallel.overlap: the forward's all-gathers before c_attn and c_fc run as collective
+  // matmuls (model/collective_matmul.hpp). Not in FP8, whose tensorwise scale is the whole gathered operand's.
+  bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
+  // A column-parallel layer's input gradient dx (m, C) = dy (n, out / tp) @ W (out / tp, C), summed over tp
+  // (row_parallel_matmul). In backward() without sequence parallelism the sum travels while weights() computes the
+  // layer's weight gradients (which backward_weight then skips): the same sums, started earlier.
+  void column_input_grad(Backend& be, const Tensor& dy, const Fp8Weight& w, Tensor& dx, const char* what,
+                         const std::function<void()>& weights) const {
+    if (!early_weights_) return tp_.row_parallel_matmul(be, dy, w, false, dx, what, fp8_);
+    fp8_.matmul(be, dy, w, false, dx);  // (m, C) partial over tp
+    tp_.allreduce_sum_during(dx, what, weights);
   }
   // dW (out, in) += dy^T @ x; db (out) += colsum(dy)
   void linear_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w, Param* b) const {
@@ -293,6 +335,7 @@ class Transformer final : public Block {
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   SpNormGrads norm_grads_;  // sequence parallelism: ln_1's and ln_2's weight and bias gradients
   Fp8Linear fp8_;           // qkv, proj, fc and mproj's GEMMs: FP8 under train.precision = "fp8", else the backend's
+  bool early_weights_ = false;  // inside backward(): c_fc's and c_attn's weight gradients come with their input's
 };
 
 // x (n, C) -> logits (n, V) = norm(x) @ W^T, W the token embedding (tied) or lm_head.weight; norm is

@@ -23,6 +23,7 @@
 // per head (q_norm, k_norm over head_dim) before the rotation; spec.head_dim may differ from C / n_head. Neither runs
 // under tensor or context parallelism yet (refused by the config).
 #include "model/blocks.hpp"
+#include "model/collective_matmul.hpp"
 #include "model/fp8_linear.hpp"
 #include "model/moe.hpp"
 
@@ -126,8 +127,19 @@ class LlamaLayer final : public Block {
     be.rmsnorm_forward(x, p_.norm1->compute(), eps, n1, rstd1);               // (m, C)
     QkNorm qkn;
     if (spec_.qk_norm) qkn = {v(kQraw), v(kKraw), v(kRstdQ), v(kRstdK)};
-    attention_inputs(be, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"), q, k, val, T,
-                     0, qkn, fp8_);                                                 // (n, Hq), (n, Hkv) x 2, rotated
+    if (collective_matmul()) {  // q, k, v's projections chunk by chunk as input_layernorm's rows arrive
+      gather_rows_matmul(be, tp_, n1, "the sequence-parallel all-gather of input_layernorm",
+                         [&](int64_t r0, const Tensor& rows) {
+                           Tensor qr = q.rows(r0, m), kr = k.rows(r0, m), vr = val.rows(r0, m);  // (m, Hq), (m, Hkv)
+                           QkNorm part = qkn;
+                           if (spec_.qk_norm) part.qraw = qkn.qraw.rows(r0, m), part.kraw = qkn.kraw.rows(r0, m);
+                           qkv_projections(be, rows, qr, kr, vr, part, fp8_);
+                         });
+      qkv_finish(be, q, k, T, 0, qkn);  // (n, Hq), (n, Hkv): normalised, rotated
+    } else {
+      attention_inputs(be, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"), q, k, val, T,
+                       0, qkn, fp8_);                                               // (n, Hq), (n, Hkv) x 2, rotated
+    }
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys and values
       cp_attn_->forward(be, q, k, val, T, H_, KV_, q_pos_, doc_start_, atty, lse);  // (n, Hq)
     else
@@ -144,9 +156,18 @@ class LlamaLayer final : public Block {
       be.add(y, res1, y);                                                     // residual 2
       return;
     }
-    const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
-    fp8_.linear(be, n2_all, *p_.gate, Tensor(), gate);              // (n, F) column-parallel
-    fp8_.linear(be, n2_all, *p_.up, Tensor(), up);                  // (n, F) column-parallel
+    if (collective_matmul()) {  // gate and up chunk by chunk as post_attention_layernorm's rows arrive
+      gather_rows_matmul(be, tp_, n2, "the sequence-parallel all-gather of post_attention_layernorm",
+                         [&](int64_t r0, const Tensor& rows) {
+                           Tensor g = gate.rows(r0, m), u = up.rows(r0, m);  // (m, F) each
+                           fp8_.linear(be, rows, *p_.gate, Tensor(), g);
+                           fp8_.linear(be, rows, *p_.up, Tensor(), u);
+                         });
+    } else {
+      const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
+      fp8_.linear(be, n2_all, *p_.gate, Tensor(), gate);              // (n, F) column-parallel
+      fp8_.linear(be, n2_all, *p_.up, Tensor(), up);                  // (n, F) column-parallel
+    }
     be.swiglu_forward(gate, up, h);                                           // (n, F)
     tp_.row_parallel_matmul(be, h, *p_.down, true, y, "the MLP output all-reduce", fp8_);  // (m, C)
     be.add(y, res1, y);                                                       // residual 2
@@ -167,7 +188,8 @@ class LlamaLayer final : public Block {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
-      sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce");  // (m, C) d n2
+      sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce",  // (m, C) d n2
+                  [&] { gate_up_weight_grads(be, v(kN2), v(kGGate), v(kGUp)); });
     }
     Tensor tmp = g_n1;                                                        // (m, C) scratch
     be.rmsnorm_backward_input(g_n2, v(kRes1), p_.norm2->compute(), v(kRstd2), tmp);
@@ -192,9 +214,21 @@ class LlamaLayer final : public Block {
       be.rmsnorm_backward_input(heads(g_qa, H_), heads(v(kQraw), H_), p_.q_norm->compute(), flat(v(kRstdQ)), gq);
       be.rmsnorm_backward_input(heads(g_ka, KV_), heads(v(kKraw), KV_), p_.k_norm->compute(), flat(v(kRstdK)), gk);
     }
-    sum_over_tp(be, {{g_q, p_.q}, {g_k, p_.k}, {g_v, p_.v}}, g_n1, "the attention input-gradient all-reduce");  // (m, C)
+    sum_over_tp(be, {{g_q, p_.q}, {g_k, p_.k}, {g_v, p_.v}}, g_n1, "the attention input-gradient all-reduce",  // (m, C)
+                [&] { qkv_weight_grads(be, v(kN1), v(kGQ), v(kGK), v(kGV)); });
     be.rmsnorm_backward_input(g_n1, x, p_.norm1->compute(), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                   // residual 1
+  }
+
+  // B and W together with the asynchronous input-gradient all-reduce (tp_.async_input_grads()): gate and up's, and
+  // q, k and v's weight gradients are computed inside backward_input, while their input gradients' all-reduces travel
+  // (not the experts': their input gradient is all-reduced in today's order).
+  bool weights_in_backward() const override { return tp_.async_input_grads(); }
+  void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
+    early_weights_ = true;
+    backward_input(be, x, dy, dx, s);
+    backward_weight(be, x, dy, s);
+    early_weights_ = false;
   }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
@@ -211,16 +245,16 @@ class LlamaLayer final : public Block {
       Tensor h = v(kH);  // (n, F) recomputed from the kept gate and up: a micro-batch does not keep it from its forward
       be.swiglu_forward(v(kGate), v(kUp), h);
       weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), h, *p_.down);
-      const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
-      weight_grad(be, v(kGGate), n2_all, *p_.gate);
-      weight_grad(be, v(kGUp), n2_all, *p_.up);
+      if (!early_weights_)
+        gate_up_weight_grads(
+            be, tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm"), v(kGGate),
+            v(kGUp));
     }
     be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), dnorm2);
     weight_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.o);
-    const Tensor n1_all = tp_.all_rows(be, v(kN1), "the sequence-parallel all-gather of input_layernorm");
-    weight_grad(be, v(kGQ), n1_all, *p_.q);
-    weight_grad(be, v(kGK), n1_all, *p_.k);
-    weight_grad(be, v(kGV), n1_all, *p_.v);
+    if (!early_weights_)
+      qkv_weight_grads(be, tp_.all_rows(be, v(kN1), "the sequence-parallel all-gather of input_layernorm"), v(kGQ),
+                       v(kGK), v(kGV));
     if (spec_.qk_norm) {  // under tp each rank's heads give part of q_norm's and k_norm's gradients: summed over tp
       if (tp_.on()) qk_grads_.begin(be);
       Tensor dq = tp_.on() ? qk_grads_.part(0) : p_.q_norm->grad, dk = tp_.on() ? qk_grads_.part(1) : p_.k_norm->grad;
@@ -289,7 +323,14 @@ class LlamaLayer final : public Block {
   static Tensor view(BlockSaved& s, size_t k, int64_t m, int64_t n) { return s.t[k].rows(0, local(k) ? m : n); }
   // out (m, C) = sum over the projections (g_i (n, w_i), W_i (w_i, C)) of g_i @ W_i, and over the tp group (all-reduced,
   // or into the shared buffer and reduce-scattered under sequence parallelism): a column-parallel input's gradient.
-  void sum_over_tp(Backend& be, std::initializer_list<std::pair<Tensor, Param*>> terms, Tensor& out, const char* what) {
+  // Sequence parallelism with parallel.overlap: the forward's all-gathers before q, k, v and gate, up run as
+  // collective matmuls (model/collective_matmul.hpp). Not in FP8, whose tensorwise scale is the whole gathered
+  // operand's.
+  bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
+  // In backward() (early_weights_, never under sequence parallelism) the all-reduce travels while `weights` computes
+  // the projections' weight gradients, which backward_weight then skips: the same sums, started earlier.
+  void sum_over_tp(Backend& be, std::initializer_list<std::pair<Tensor, Param*>> terms, Tensor& out, const char* what,
+                   const std::function<void()>& weights) {
     const int64_t n = terms.begin()->first.size(0);
     Tensor sums = tp_.sequence_parallel() ? tp_.full_rows(be, n, out.size(1), out.dtype()) : out;  // (n, C)
     float beta = 0.f;
@@ -298,7 +339,20 @@ class LlamaLayer final : public Block {
       beta = 1.f;
     }
     if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(sums, out, what);
+    else if (early_weights_) tp_.allreduce_sum_during(out, what, weights);
     else tp_.allreduce_sum(out, what);
+  }
+  // The column-parallel projections' weight gradients from their input (n, C) (gathered under sequence parallelism):
+  // gate's and up's from d gate, d up (n, F); q's, k's and v's from d q (n, Hq), d k, d v (n, Hkv).
+  void gate_up_weight_grads(Backend& be, const Tensor& n2_all, const Tensor& g_gate, const Tensor& g_up) const {
+    weight_grad(be, g_gate, n2_all, *p_.gate);
+    weight_grad(be, g_up, n2_all, *p_.up);
+  }
+  void qkv_weight_grads(Backend& be, const Tensor& n1_all, const Tensor& g_q, const Tensor& g_k,
+                        const Tensor& g_v) const {
+    weight_grad(be, g_q, n1_all, *p_.q);
+    weight_grad(be, g_k, n1_all, *p_.k);
+    weight_grad(be, g_v, n1_all, *p_.v);
   }
   // Qwen3's per-head norms' buffers: q_proj's and k_proj's outputs (n, Hq), (n, Hkv) and their rstds (n, H), (n, KV).
   struct QkNorm {
@@ -312,21 +366,29 @@ class LlamaLayer final : public Block {
   // (restarting with each document) when set.
   void attention_inputs(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, int64_t T, int64_t pos0,
                         QkNorm& qk, const Fp8Linear& gemm) {
+    qkv_projections(be, n1, q, k, v, qk, gemm);
+    qkv_finish(be, q, k, T, pos0, qk);
+  }
+  // The projections of rows of n1 into the same rows of q (or qk.qraw under qk_norm), k (or qk.kraw) and v: row by
+  // row, so the collective matmul runs them a chunk at a time.
+  void qkv_projections(Backend& be, const Tensor& n1, Tensor& q, Tensor& k, Tensor& v, QkNorm& qk,
+                       const Fp8Linear& gemm) {
+    gemm.linear(be, n1, *p_.q, Tensor(), spec_.qk_norm ? qk.qraw : q);
+    gemm.linear(be, n1, *p_.k, Tensor(), spec_.qk_norm ? qk.kraw : k);
+    gemm.linear(be, n1, *p_.v, Tensor(), v);
+  }
+  // q and k from the projections: per-head RMS-normalised under qk_norm, then rotated.
+  void qkv_finish(Backend& be, Tensor& q, Tensor& k, int64_t T, int64_t pos0, QkNorm& qk) {
     if (spec_.qk_norm) {
       const float eps = float(spec_.eps);
-      gemm.linear(be, n1, *p_.q, Tensor(), qk.qraw);
-      gemm.linear(be, n1, *p_.k, Tensor(), qk.kraw);
       Tensor qh = heads(q, H_), kh = heads(k, KV_), rq = flat(qk.rstd_q), rk = flat(qk.rstd_k);
       be.rmsnorm_forward(heads(qk.qraw, H_), p_.q_norm->compute(), eps, qh, rq);
       be.rmsnorm_forward(heads(qk.kraw, KV_), p_.k_norm->compute(), eps, kh, rk);
-    } else {
-      gemm.linear(be, n1, *p_.q, Tensor(), q);
-      gemm.linear(be, n1, *p_.k, Tensor(), k);
     }
-    gemm.linear(be, n1, *p_.v, Tensor(), v);
     be.rope(q, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, q, positions_);
     be.rope(k, T, hd_, spec_.rope_theta, pos0, /*inverse=*/false, k, positions_);
   }
+
   // dW (out, in) += dy^T @ x
   void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w) const {
     fp8_.weight_grad(be, dy, x, w.grad);
@@ -341,6 +403,7 @@ class LlamaLayer final : public Block {
   bool ep_on_ = false;           // its experts split over ranks (generation runs them all on one)
   std::unique_ptr<MoeMlp> moe_;  // spec.moe on: the experts instead of gate, up and down
   Fp8Linear fp8_;  // q, k, v, o, gate, up and down's GEMMs: FP8 under train.precision = "fp8" (not the experts')
+  bool early_weights_ = false;  // inside backward(): the column-parallel weight gradients come with their input's
 };
 
 }  // namespace

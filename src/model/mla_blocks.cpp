@@ -204,11 +204,19 @@ class MlaLayer final : public Block {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.matmul(be, dy_all, *down_, false, g_gate, 0.f);         // (n, F) d h
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);                  // (n, F) d gate, d up
-      Tensor sums = sp ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : g_n2;       // (n, C) partial over tp
-      fp8_.matmul(be, g_gate, *gate_, false, sums, 0.f);
-      fp8_.matmul(be, g_up, *up_, false, sums, 1.f);
-      if (sp) tp_.reduce_scatter_rows(sums, g_n2, "the MLP input-gradient reduce-scatter");
-      else tp_.allreduce_sum(g_n2, "the MLP input-gradient all-reduce");
+      if (sp) {  // (no early weights under sequence parallelism: tp_.async_input_grads())
+        Tensor sums = tp_.full_rows(be, n, spec_.in, spec_.dtype);                 // (n, C) partial over tp
+        fp8_.matmul(be, g_gate, *gate_, false, sums, 0.f);
+        fp8_.matmul(be, g_up, *up_, false, sums, 1.f);
+        tp_.reduce_scatter_rows(sums, g_n2, "the MLP input-gradient reduce-scatter");
+      } else {
+        fp8_.matmul(be, g_gate, *gate_, false, g_n2, 0.f);         // (n, C) d n2, partial over tp
+        fp8_.matmul(be, g_up, *up_, false, g_n2, 1.f);
+        input_grad_sum(g_n2, "the MLP input-gradient all-reduce", [&] {
+          weight_grad(be, v(kGGate), v(kN2), gate_->grad);
+          weight_grad(be, v(kGUp), v(kN2), up_->grad);
+        });
+      }
     }
     be.rmsnorm_backward_input(g_n2, v(kRes1), norm2_->compute(), v(kRstd2), g_n1);  // g_n1: scratch here
     be.add(dy, g_n1, g_res1);                                                      // (m, C) d res1
@@ -240,7 +248,7 @@ class MlaLayer final : public Block {
     // The latent: d kv_a_layernorm's output (partial over the heads), then its input.
     Tensor g_latn = v(kGLatN), g_lat = v(kGLat);
     fp8_.matmul(be, g_kv, *kv_b_, false, g_latn, 0.f);             // (n, r)
-    tp_.allreduce_sum(g_latn, "the latent's gradient all-reduce");
+    input_grad_sum(g_latn, "the latent's gradient all-reduce", [&] { weight_grad(be, g_kv, v(kLatN), kv_b_->grad); });
     be.rmsnorm_backward_input(g_latn, v(kLat), kv_a_norm_->compute(), v(kRstdLat), g_lat);
     // d n1 (m, C): the query path's term (partial over tp without q_lora_rank), then the replicated kv_a terms. Those
     // are whole on every rank (d q_a, d latent and d k_pe were all-reduced), so under sequence parallelism each rank
@@ -250,7 +258,8 @@ class MlaLayer final : public Block {
     if (q_a_) {
       Tensor g_qan = v(kGQaN), g_qa = v(kGQa);
       fp8_.matmul(be, g_q, *q_b_, false, g_qan, 0.f);              // (n, ql) partial over the heads
-      tp_.allreduce_sum(g_qan, "the query latent's gradient all-reduce");
+      input_grad_sum(g_qan, "the query latent's gradient all-reduce",
+                     [&] { weight_grad(be, g_q, v(kQaN), q_b_->grad); });
       be.rmsnorm_backward_input(g_qan, v(kQa), q_a_norm_->compute(), v(kRstdQa), g_qa);
       fp8_.matmul(be, mine(g_qa), *q_a_, false, g_n1, 0.f);        // (m, C)
     } else if (sp) {
@@ -259,13 +268,24 @@ class MlaLayer final : public Block {
       tp_.reduce_scatter_rows(sums, g_n1, "the attention input-gradient reduce-scatter");  // (m, C)
     } else {
       fp8_.matmul(be, g_q, *q_, false, g_n1, 0.f);                 // (n, C) partial over tp
-      tp_.allreduce_sum(g_n1, "the attention input-gradient all-reduce");
+      input_grad_sum(g_n1, "the attention input-gradient all-reduce", [&] { weight_grad(be, g_q, v(kN1), q_->grad); });
     }
     const Tensor w_kva = kv_a_->compute();
     fp8_.matmul(be, mine(g_lat), w_kva.rows(0, r), false, g_n1, 1.f);
     fp8_.matmul(be, mine(g_pe), w_kva.rows(r, dr), false, g_n1, 1.f);
     be.rmsnorm_backward_input(g_n1, x, norm1_->compute(), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                        // residual 1
+  }
+
+  // B and W together with the asynchronous input-gradient all-reduce (tp_.async_input_grads()): gate and up's, kv_b's
+  // and q_b's (or q's) weight gradients are computed inside backward_input while the all-reduces of their inputs'
+  // gradients travel (the experts' and k_pe's all-reduces stay in today's order).
+  bool weights_in_backward() const override { return tp_.async_input_grads(); }
+  void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
+    early_weights_ = true;
+    backward_input(be, x, dy, dx, s);
+    backward_weight(be, x, dy, s);
+    early_weights_ = false;
   }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
@@ -282,13 +302,15 @@ class MlaLayer final : public Block {
       Tensor hid = v(kH);  // (n, F) recomputed from the kept gate and up
       be.swiglu_forward(v(kGate), v(kUp), hid);
       weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), hid, down_->grad);
-      const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
-      weight_grad(be, v(kGGate), n2_all, gate_->grad);
-      weight_grad(be, v(kGUp), n2_all, up_->grad);
+      if (!early_weights_) {
+        const Tensor n2_all = tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm");
+        weight_grad(be, v(kGGate), n2_all, gate_->grad);
+        weight_grad(be, v(kGUp), n2_all, up_->grad);
+      }
     }
     be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), dnorm2);
     weight_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), o_->grad);
-    weight_grad(be, v(kGKv), v(kLatN), kv_b_->grad);
+    if (!early_weights_) weight_grad(be, v(kGKv), v(kLatN), kv_b_->grad);
     be.rmsnorm_backward_weight(v(kGLatN), v(kLat), v(kRstdLat), kv_a_norm_->grad);
     // The replicated a-projections from every row (whole d latent, d k_pe, d q_a on every rank): whole and alike.
     const Tensor n1_all = tp_.all_rows(be, v(kN1), "the sequence-parallel all-gather of input_layernorm");  // (n, C)
@@ -297,10 +319,10 @@ class MlaLayer final : public Block {
     weight_grad(be, v(kGLat), n1_all, g_lat_w);
     weight_grad(be, v(kGPe), n1_all, g_pe_w);
     if (q_a_) {
-      weight_grad(be, v(kGQ), v(kQaN), q_b_->grad);
+      if (!early_weights_) weight_grad(be, v(kGQ), v(kQaN), q_b_->grad);
       be.rmsnorm_backward_weight(v(kGQaN), v(kQa), v(kRstdQa), q_a_norm_->grad);
       weight_grad(be, v(kGQa), n1_all, q_a_->grad);
-    } else {
+    } else if (!early_weights_) {
       weight_grad(be, v(kGQ), n1_all, q_->grad);
     }
     be.rmsnorm_backward_weight(v(kGN1), x, v(kRstd1), dnorm1);
@@ -438,6 +460,12 @@ class MlaLayer final : public Block {
   }
   // dW (out, in) += dy^T @ x
   void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const { fp8_.weight_grad(be, dy, x, dw); }
+  // A column-parallel projection's input gradient t, partial over tp, summed in place; in backward() the sum travels
+  // while `weights` computes the projection's weight gradients (which backward_weight then skips).
+  void input_grad_sum(Tensor& t, const char* what, const std::function<void()>& weights) const {
+    if (early_weights_) tp_.allreduce_sum_during(t, what, weights);
+    else tp_.allreduce_sum(t, what);
+  }
   // The rotary part of each of `heads` heads of x (n, heads w): columns [off, off + dr) of each, rotated in place
   // through pe (n, heads dr) scratch. Forward: read in transformers' pairing (interleaved: evens then odds), rotate,
   // write back contiguous halves. Backward (x a gradient of the rotated layout): read the halves, rotate back, write
@@ -493,6 +521,7 @@ class MlaLayer final : public Block {
   bool ep_on_ = false;  // its experts split over ranks (generation runs them all on one)
   Fp8Linear fp8_;  // q_a, q_b (or q), kv_a, kv_b, o, gate, up and down's GEMMs: FP8 under train.precision = "fp8"
   SpNormGrads norm_grads_;  // sequence parallelism: input_layernorm's and post_attention_layernorm's gradients
+  bool early_weights_ = false;  // inside backward(): the column-parallel weight gradients come with their input's
   Param *norm1_ = nullptr, *q_ = nullptr, *q_a_ = nullptr, *q_a_norm_ = nullptr, *q_b_ = nullptr, *kv_a_ = nullptr,
         *kv_a_norm_ = nullptr, *kv_b_ = nullptr, *o_ = nullptr, *norm2_ = nullptr, *gate_ = nullptr, *up_ = nullptr,
         *down_ = nullptr;

@@ -1,5 +1,6 @@
 #include "model/tensor_parallel.hpp"
 
+#include <chrono>
 #include <cstring>
 
 #include "core/memory.hpp"
@@ -59,18 +60,44 @@ void insert_shard(const float* shard, const Shape& full_shape, TpSplit s, int tp
   });
 }
 
+namespace {
+
+// Waits on req (named `what` for the watchdog), the time added to the group's exposed communication.
+void wait_counted(const TensorParallel& tp, Request& req, const char* what) {
+  req.what = what;
+  if (!tp.waited_s) return req.wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  req.wait();
+  *tp.waited_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 void TensorParallel::allreduce_sum(Tensor& t, const char* what) const {
   if (!on()) return;
   RequestPtr req = comm->iallreduce(t, ReduceOp::sum);
-  req->what = what;
-  req->wait();
+  wait_counted(*this, *req, what);
 }
 
 void TensorParallel::allreduce_max(Tensor& t, const char* what) const {
   if (!on()) return;
   RequestPtr req = comm->iallreduce(t, ReduceOp::max);
+  wait_counted(*this, *req, what);
+}
+
+void TensorParallel::allreduce_sum_during(Tensor& t, const char* what, const std::function<void()>& meanwhile) const {
+  if (!on()) return meanwhile();
+  RequestPtr req = overlap_comm()->iallreduce(t, ReduceOp::sum);  // the same call as allreduce_sum's: the same sums
   req->what = what;
-  req->wait();
+  meanwhile();
+  wait_counted(*this, *req, what);
+}
+
+double TensorParallel::take_waited_s() const {
+  if (!waited_s) return 0.0;
+  const double s = *waited_s;
+  *waited_s = 0.0;
+  return s;
 }
 
 Tensor TensorParallel::full_rows(Backend& be, int64_t n, int64_t w, DType dt) const {
@@ -89,15 +116,13 @@ Tensor TensorParallel::gather_rows(Backend& be, const Tensor& local, const char*
   Tensor mine = full.rows(rank * m, m);
   be.copy(mine, local);
   RequestPtr req = comm->iallgather(full);
-  req->what = what;
-  req->wait();
+  wait_counted(*this, *req, what);
   return full;
 }
 
 void TensorParallel::reduce_scatter_rows(const Tensor& full, Tensor& local, const char* what) const {
   RequestPtr req = comm->ireduce_scatter_sum(full, local);
-  req->what = what;
-  req->wait();
+  wait_counted(*this, *req, what);
 }
 
 void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y,

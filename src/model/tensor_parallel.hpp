@@ -13,7 +13,13 @@
 // residual adds and row-parallel biases run on those rows alone. A block all-gathers its norm's output before a
 // column-parallel projection and reduce-scatters a row-parallel projection's partial sums (instead of all-reducing
 // them); the backward mirrors both. Norm weights see 1/tp of the rows, so their gradients are summed over the group.
+//
+// Asynchronous input-gradient all-reduce (parallel.overlap, issue 40; Megatron-LM's async_grad_allreduce, Narayanan et
+// al., arXiv:2104.04473): without sequence parallelism a column-parallel layer's input gradient is all-reduced
+// non-blocking while the layer's own weight gradient is computed (allreduce_sum_during), where the block's B and W run
+// back to back (Block::backward). The same sums reach the same buffers: bitwise equal to the order without overlap.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,12 +54,34 @@ struct TensorParallel {
   // Sequence parallelism: the rank's one buffer of a micro-batch's every row (n, C), shared by its blocks (they use it
   // one collective at a time); null without it.
   std::shared_ptr<Tensor> sp_rows;
+  // parallel.overlap on the CPU backend (the communicator then progresses on the progress thread): the blocks' fused
+  // backward hides an input gradient's all-reduce behind the layer's weight gradients (async_input_grads).
+  bool overlap = false;
+  // parallel.overlap: the same group duplicated (its own MPI communicator), whose requests progress on the progress
+  // thread: the collectives that travel while the rank computes (allreduce_sum_during, the collective matmul's ring)
+  // go there; those waited for at once stay on comm, where MPI's own blocking wait drives them at full speed (a
+  // progress thread that polls would slow a large transfer over TCP). Null: comm for everything.
+  Communicator* async_comm = nullptr;
+  Communicator* overlap_comm() const { return async_comm ? async_comm : comm; }
+  // Seconds this rank's thread waited on the group's collectives (exposed communication), shared by the blocks; null:
+  // not counted.
+  std::shared_ptr<double> waited_s;
   bool on() const { return size > 1; }
   bool sequence_parallel() const { return sp_rows != nullptr; }
+  // Whether a block running B and W together all-reduces a column-parallel input gradient while its weight gradients
+  // are computed. Not under sequence parallelism: there the weight gradients gather their operands into the shared
+  // buffer the reduce-scatter reads, and the reduce-scatter stays blocking.
+  bool async_input_grads() const { return overlap && on() && !sequence_parallel(); }
   // In-place sum over the group (blocking, watched); nothing when size == 1. `what` names it for the
   // watchdog ("the attention output all-reduce").
   void allreduce_sum(Tensor& t, const char* what) const;
   void allreduce_max(Tensor& t, const char* what) const;
+  // The same sum started non-blocking, `meanwhile` run on this thread while it travels (the layer's weight gradients,
+  // which must not touch t), then waited on (watched and named as allreduce_sum's). Nothing but meanwhile when
+  // size == 1.
+  void allreduce_sum_during(Tensor& t, const char* what, const std::function<void()>& meanwhile) const;
+  // The waited seconds since the last call (0 when not counted).
+  double take_waited_s() const;
 
   // Sequence parallelism. The shared buffer as (n, w), grown (counted as activations) when smaller: where a
   // row-parallel projection writes its partial sums for reduce_scatter_rows, or a gather lands.
@@ -90,6 +118,10 @@ class SpNormGrads {
  private:
   Tensor buf_;  // (4, C) f32
 };
+
+// Whether tensor parallelism overlaps its input-gradient all-reduces (parallel.overlap): on the CPU backend only for
+// now (on CUDA the collectives keep today's order; an NCCL-stream version would order them by events instead).
+inline bool tp_overlaps(bool overlap, Device device) { return overlap && device != Device::cuda; }
 
 // Bytes of a rank's sequence-parallel buffer (TensorParallel::full_rows) for micro-batches of n rows of width C.
 inline int64_t sp_rows_bytes(int64_t n, int64_t C, DType dt) { return n * C * int64_t(dtype_size(dt)); }

@@ -118,6 +118,40 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     backward[int(ParallelDim::ep)] -= eb;
     t.ep_hidden = ef + eb;
   }
+  // Tensor parallelism's asynchronous input-gradient all-reduce (parallel.overlap, no sequence parallelism;
+  // model/tensor_parallel.hpp): each travels while the weight gradients of the projections whose input gradient it
+  // sums are computed, so min(all-reduce, those GEMMs) of it is hidden.
+  if (ctx.overlap && ctx.tp > 1 && !ctx.split_backward)
+    for (const BlockCollective& c : cost.collectives) {
+      if (c.behind_weight_grads.empty()) continue;
+      double weight_grads = 0;
+      for (int i : c.behind_weight_grads) {
+        const Gemm& g = cost.gemms[size_t(i)];
+        weight_grads += g.count * gemm_s(d, gp, g.K, g.N, g.M);
+      }
+      const double hidden = c.count * std::min(collective_s(c, ctx, e), weight_grads);
+      backward[int(ParallelDim::tp)] -= hidden;
+      t.tp_hidden += hidden;
+    }
+  double tp_hidden_forward = 0;  // of t.tp_hidden, the forward's (again in a recomputed forward)
+  // Sequence parallelism's collective matmul (parallel.overlap; GPT's c_attn and c_fc, Llama's q, k, v and gate, up,
+  // not the experts', not in FP8): each forward
+  // all-gather (priced as half its all-reduce entry: the other half is the reduce-scatter) travels in tp - 1 steps
+  // behind the GEMM of the chunk in hand, so up to (tp - 1) / tp of the GEMM hides it.
+  if (ctx.overlap && ctx.sequence_parallel && ctx.tp > 1 && gp != Precision::fp8)
+    for (const BlockCollective& c : cost.collectives) {
+      if (c.gather_feeds.empty()) continue;
+      double gemms = 0;
+      for (int i : c.gather_feeds) {
+        const Gemm& g = cost.gemms[size_t(i)];
+        gemms += g.count * gemm_s(d, gp, g.M, g.N, g.K);
+      }
+      const double gather = all_gather_s(ctx.tp_path, c.buffer_bytes(e));
+      const double hidden = c.count * std::min(gather, gemms * (ctx.tp - 1) / ctx.tp);
+      forward[int(ParallelDim::tp)] -= hidden;
+      tp_hidden_forward += hidden;
+    }
+  t.tp_hidden += tp_hidden_forward;
   double hf = 0, hb = 0;  // seconds of the forward's and the backward's cp gathers hidden
   if (ctx.overlap && ctx.cp > 1) {
     // With parallel.overlap each gather travels while the queries attend to the rank's own rows: of a rank's causal
@@ -143,6 +177,7 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     t.ep_backward += t.ep_forward;
     t.cp_hidden += hf;
     t.ep_hidden += ef;
+    t.tp_hidden += tp_hidden_forward;
   }
   return t;
 }

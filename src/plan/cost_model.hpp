@@ -45,7 +45,10 @@ struct BlockContext {
   // rows (model/context_parallel.cpp), 1/cp of the attention work: min(gather, that part) of each gather is hidden.
   // Expert parallelism's all-to-alls (model/moe.cpp's two parts, each rank's experts halved): min(one all-to-all,
   // the routed experts' GEMMs) of the forward's and of the backward's pair.
-  bool overlap = false;
+  // Without sequence parallelism tensor parallelism's backward all-reduces travel behind the column-parallel weight
+  // gradients (BlockCollective::behind_weight_grads): min(all-reduce, those GEMMs) of each is hidden, unless B and W
+  // run apart (split_backward: zero-bubble schedules).
+  bool overlap = false, split_backward = false;
 };
 
 struct BlockTime {
@@ -54,6 +57,7 @@ struct BlockTime {
   double ep_forward = 0, ep_backward = 0;                       // of which the ep all-to-alls
   double cp_hidden = 0;  // seconds of the cp key/value all-gathers hidden behind the own rows' attention (overlap)
   double ep_hidden = 0;  // seconds of the ep all-to-alls hidden behind the other part's experts (overlap)
+  double tp_hidden = 0;  // seconds of the tp input-gradient all-reduces hidden behind weight gradients (overlap)
 };
 BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockContext& ctx);
 

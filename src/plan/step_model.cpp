@@ -51,6 +51,7 @@ Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T, PlannedAtten
   ctx.precision = cfg.train.precision;
   ctx.attention = attention;
   ctx.overlap = cfg.parallel.overlap;
+  ctx.split_backward = cfg.parallel.schedule == "zb-h1";
   ctx.tp_path = group_path(cl, tp, 1);
   ctx.cp_path = group_path(cl, cp, tp);
   ctx.ep = ep;
@@ -84,6 +85,7 @@ struct ChunkCosts {
   std::vector<double> comm, ep_comm;  // (chunks) tp / cp / ep collectives per micro-batch; of which ep's all-to-alls
   std::vector<double> cp_hidden;      // (chunks) per micro-batch: cp gathers hidden behind attention (parallel.overlap)
   std::vector<double> ep_hidden;      // (chunks) per micro-batch: ep all-to-alls hidden behind experts (parallel.overlap)
+  std::vector<double> tp_hidden;      // (chunks) per micro-batch: tp all-reduces hidden behind weight gradients
   // (chunks) the chunk's dense parameters on a tp rank (every parameter at ep 1); under ep > 1, the rank's experts'
   // (1 / ep of them), summed over edp_path instead of dp_path.
   std::vector<double> params, experts;
@@ -103,7 +105,7 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
   costs.chunk_forward.assign(chunks, 0);
   costs.chunk_backward_input = costs.chunk_backward_weight = costs.chunk_forward;
   cc.comm.assign(chunks, 0);
-  cc.ep_comm = cc.params = cc.experts = cc.cp_hidden = cc.ep_hidden = cc.comm;
+  cc.ep_comm = cc.params = cc.experts = cc.cp_hidden = cc.ep_hidden = cc.tp_hidden = cc.comm;
   cc.blocks.resize(chunks);
   for (size_t c = 0; c < chunks; ++c) {
     const ChunkRange& cr = layout.chunks[c];
@@ -144,6 +146,7 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
       cc.ep_comm[c] += t.ep_forward + t.ep_backward;
       cc.cp_hidden[c] += t.cp_hidden;
       cc.ep_hidden[c] += t.ep_hidden;
+      cc.tp_hidden[c] += t.tp_hidden;
     }
   }
   return cc;
@@ -200,7 +203,8 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
   for (int rank = 0; rank < pp; ++rank) {
     std::map<int, TimedAction> last_w;  // chunk -> its last backward (the one writing its weight gradients)
     std::map<int, double> first_f;      // chunk -> the start of its first forward
-    double end = 0, comm_free = 0, busy = 0, params = 0, experts = 0, comm = 0, ep_comm = 0, cp_hidden = 0, ep_hidden = 0;
+    double end = 0, comm_free = 0, busy = 0, params = 0, experts = 0, comm = 0, ep_comm = 0, cp_hidden = 0,
+           ep_hidden = 0, tp_hidden = 0;
     for (const TimedAction& a : sim.timeline[size_t(rank)]) {
       end = std::max(end, a.end);
       busy += a.end - a.start;
@@ -219,6 +223,7 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
       ep_comm += cc.ep_comm[size_t(c)] * shape.m;
       cp_hidden += cc.cp_hidden[size_t(c)] * shape.m;
       ep_hidden += cc.ep_hidden[size_t(c)] * shape.m;
+      tp_hidden += cc.tp_hidden[size_t(c)] * shape.m;
       // Dense buckets over every replica, then (ep > 1) the experts' over their copies.
       comm_free = reduce_chunk(g, sharding, cc, c, last_w.at(c), overlap, comm_free);
     }
@@ -239,6 +244,7 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
       r.ep_comm_s = ep_comm;
       r.cp_hidden_s = cp_hidden;
       r.ep_hidden_s = ep_hidden;
+      r.tp_hidden_s = tp_hidden;
       r.compute_s = busy - comm;
     }
   }

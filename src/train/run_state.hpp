@@ -39,6 +39,9 @@ struct Run {
   std::unique_ptr<MpiCommunicator> world;
   std::unique_ptr<Communicator> dp_comm, pp_comm, tp_comm, cp_comm;
   TensorParallel tp;  // this stage's tensor-parallel group (size 1: none)
+  // parallel.overlap: a duplicate of the tp group for the collectives that overlap compute (TensorParallel::async_comm)
+  std::unique_ptr<Communicator> tp_async_comm;
+  MPI_Comm tp_async_mpi = MPI_COMM_NULL;
   ContextParallel cp;  // this rank's context-parallel group (size 1: none)
   // parallel.ep: this rank's expert-parallel group and the ranks holding the same experts (null when alone)
   std::unique_ptr<Communicator> ep_comm, expert_dp_comm;

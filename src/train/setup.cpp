@@ -148,8 +148,25 @@ void setup_communicators(Run& r) {
   r.pp_comm = make_group_comm(r, r.grid.pp_comm, /*point_to_point=*/true);
   if (r.grid.tp > 1) {
     r.tp_comm = make_group_comm(r, r.grid.tp_comm, /*point_to_point=*/false);
-    r.tp = TensorParallel{r.tp_comm.get(), r.grid.tp, r.grid.tp_rank, {}};
+    r.tp.comm = r.tp_comm.get();
+    r.tp.size = r.grid.tp;
+    r.tp.rank = r.grid.tp_rank;
     if (r.cfg.parallel.sequence_parallel) r.tp.sp_rows = std::make_shared<Tensor>();  // one buffer for the rank
+    r.tp.waited_s = std::make_shared<double>(0.0);  // exposed communication: the step loop takes it
+    // parallel.overlap: a column-parallel layer's input-gradient all-reduce progresses on the progress thread while
+    // its weight gradients are computed, and so do the collective matmul's ring messages (tp_overlaps: CPU only for
+    // now; on CUDA today's order, said once).
+    r.tp.overlap = tp_overlaps(r.cfg.parallel.overlap, r.be->device());
+    if (r.cfg.parallel.overlap && !r.tp.overlap && r.grid.world_rank == 0)
+      std::printf("relay: tensor parallelism on CUDA: its collectives are not overlapped yet (input-gradient "
+                  "all-reduces, sequence-parallel collective matmuls); parallel.overlap applies to the data-parallel "
+                  "moves only\n");
+    if (r.tp.overlap) {
+      MPI_CHECK(MPI_Comm_dup(r.grid.tp_comm, &r.tp_async_mpi));
+      r.tp_async_comm = make_group_comm(r, r.tp_async_mpi, /*point_to_point=*/false);
+      r.tp_async_comm->set_background_progress(true);
+      r.tp.async_comm = r.tp_async_comm.get();
+    }
   }
   if (r.grid.cp > 1) {
     r.cp_comm = make_group_comm(r, r.grid.cp_comm, /*point_to_point=*/false);
@@ -283,6 +300,8 @@ void teardown(Run& r) {
   r.prefetcher.reset();
   r.tied_comm.reset();
   if (r.tied_mpi != MPI_COMM_NULL) MPI_Comm_free(&r.tied_mpi);
+  r.tp_async_comm.reset();
+  if (r.tp_async_mpi != MPI_COMM_NULL) MPI_Comm_free(&r.tp_async_mpi);
   free_process_grid(r.grid);
 }
 

@@ -384,6 +384,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     res.stats.exposed_comm_s = r.buckets->take_waited_s();  // the step's, the ZeRO all-gather after the update included
     if (r.cp.attention) res.stats.exposed_comm_s += r.cp.attention->take_waited_s();  // cp's key/value exchanges
     if (r.ep.stats) res.stats.exposed_comm_s += r.ep.stats->seconds;  // ep's all-to-alls (their waits, with overlap)
+    res.stats.exposed_comm_s += r.tp.take_waited_s();  // tp's (and sequence parallelism's) collectives
     if (step > r.start_step + 1) out.steps_after_first_s += now_s() - step_t0;
     s.writer.poll();  // checkpoint.async: a failed write ends every rank here
     out.last_step = step;

@@ -68,8 +68,8 @@ void StragglerMonitor::report(double compute_s, double wait_s, double exposed_co
   const std::vector<double> all = gather({compute_s, wait_s, exposed_comm_s}, steps, "the per-rank timings");
   if (grid_.world_rank != 0 || steps <= 0) return;
   std::printf("relay: time per step by rank over this run's %lld steps (compute: forward and backward; waiting: "
-              "pipeline receives and all-reduces; exposed comm: waits on data-parallel collectives anywhere in the "
-              "step)\n  %-34s %12s %12s %7s %16s\n",
+              "pipeline receives and all-reduces; exposed comm: waits on data-, context- and tensor-parallel "
+              "collectives anywhere in the step)\n  %-34s %12s %12s %7s %16s\n",
               static_cast<long long>(steps), "rank", "compute ms", "waiting ms", "idle %", "exposed comm ms");
   for (int w = 0; w < grid_.world_size; ++w) {
     const size_t i = 3 * static_cast<size_t>(w);
