@@ -16,7 +16,9 @@ namespace {
 
 BlockCollective collective(ParallelDim dim, CollectiveOp op, bool backward, double count, double elements,
                       double bytes = 0) {
-  return {dim, op, backward, count, elements, bytes};
+  BlockCollective c;
+  c.dim = dim, c.op = op, c.backward = backward, c.count = count, c.elements = elements, c.bytes = bytes;
+  return c;
 }
 
 // A decoder block's collectives. Tensor parallelism: the two row-parallel outputs all-reduced in the forward, the two
