@@ -186,13 +186,15 @@ class Block {
   virtual void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& saved) = 0;
   // Accumulates the parameter gradients (Param::grad) from dy and the saved input x.
   virtual void backward_weight(Backend&, const Tensor&, const Tensor&, BlockSaved&) {}
-  // B and W back to back (every schedule but zero-bubble ones), for a block whose weights_in_backward(): it may
-  // compute some weight gradients inside the input-gradient pass, while a collective travels (tensor parallelism's
-  // asynchronous input-gradient all-reduce, model/tensor_parallel.hpp). The chunk runs it between the weight-gradient
-  // hooks.
-  virtual void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& saved) {
+  // B and W back to back (every schedule but zero-bubble ones). A block whose weights_in_backward() then computes
+  // some weight gradients inside the input-gradient pass (early_weights_), while a collective travels (tensor
+  // parallelism's asynchronous input-gradient all-reduce, model/tensor_parallel.hpp), and skips them in
+  // backward_weight. The chunk runs it between the weight-gradient hooks.
+  void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& saved) {
+    early_weights_ = weights_in_backward();
     backward_input(be, x, dy, dx, saved);
     backward_weight(be, x, dy, saved);
+    early_weights_ = false;
   }
   virtual bool weights_in_backward() const { return false; }
 
@@ -240,6 +242,7 @@ class Block {
   virtual DecodeCache decode_cache() const { return {}; }
 
  protected:
+  bool early_weights_ = false;  // inside backward() of a block whose weights_in_backward(): see backward()
   Tensor doc_start_, positions_, q_pos_;  // set_documents: (rows) i32, or undefined
   Param& param(size_t i) { return *params_[i]; }
   BlockSpec spec_;

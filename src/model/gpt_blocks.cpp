@@ -245,12 +245,6 @@ class Transformer final : public Block {
   // B and W together with the asynchronous input-gradient all-reduce (tp_.async_input_grads()): c_fc's and c_attn's
   // weight gradients are computed inside backward_input, while their input gradients' all-reduces travel.
   bool weights_in_backward() const override { return tp_.async_input_grads(); }
-  void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
-    early_weights_ = true;
-    backward_input(be, x, dy, dx, s);
-    backward_weight(be, x, dy, s);
-    early_weights_ = false;
-  }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp;
@@ -335,7 +329,6 @@ class Transformer final : public Block {
   std::shared_ptr<CpAttention> cp_attn_;  // parallel.cp > 1: the rank's shared one
   SpNormGrads norm_grads_;  // sequence parallelism: ln_1's and ln_2's weight and bias gradients
   Fp8Linear fp8_;           // qkv, proj, fc and mproj's GEMMs: FP8 under train.precision = "fp8", else the backend's
-  bool early_weights_ = false;  // inside backward(): c_fc's and c_attn's weight gradients come with their input's
 };
 
 // x (n, C) -> logits (n, V) = norm(x) @ W^T, W the token embedding (tied) or lm_head.weight; norm is

@@ -224,12 +224,6 @@ class LlamaLayer final : public Block {
   // q, k and v's weight gradients are computed inside backward_input, while their input gradients' all-reduces travel
   // (not the experts': their input gradient is all-reduced in today's order).
   bool weights_in_backward() const override { return tp_.async_input_grads(); }
-  void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
-    early_weights_ = true;
-    backward_input(be, x, dy, dx, s);
-    backward_weight(be, x, dy, s);
-    early_weights_ = false;
-  }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp;
@@ -403,7 +397,6 @@ class LlamaLayer final : public Block {
   bool ep_on_ = false;           // its experts split over ranks (generation runs them all on one)
   std::unique_ptr<MoeMlp> moe_;  // spec.moe on: the experts instead of gate, up and down
   Fp8Linear fp8_;  // q, k, v, o, gate, up and down's GEMMs: FP8 under train.precision = "fp8" (not the experts')
-  bool early_weights_ = false;  // inside backward(): the column-parallel weight gradients come with their input's
 };
 
 }  // namespace

@@ -281,12 +281,6 @@ class MlaLayer final : public Block {
   // and q_b's (or q's) weight gradients are computed inside backward_input while the all-reduces of their inputs'
   // gradients travel (the experts' and k_pe's all-reduces stay in today's order).
   bool weights_in_backward() const override { return tp_.async_input_grads(); }
-  void backward(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
-    early_weights_ = true;
-    backward_input(be, x, dy, dx, s);
-    backward_weight(be, x, dy, s);
-    early_weights_ = false;
-  }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp, r = m_.kv_lora_rank, dr = m_.qk_rope;
@@ -521,7 +515,6 @@ class MlaLayer final : public Block {
   bool ep_on_ = false;  // its experts split over ranks (generation runs them all on one)
   Fp8Linear fp8_;  // q_a, q_b (or q), kv_a, kv_b, o, gate, up and down's GEMMs: FP8 under train.precision = "fp8"
   SpNormGrads norm_grads_;  // sequence parallelism: input_layernorm's and post_attention_layernorm's gradients
-  bool early_weights_ = false;  // inside backward(): the column-parallel weight gradients come with their input's
   Param *norm1_ = nullptr, *q_ = nullptr, *q_a_ = nullptr, *q_a_norm_ = nullptr, *q_b_ = nullptr, *kv_a_ = nullptr,
         *kv_a_norm_ = nullptr, *kv_b_ = nullptr, *o_ = nullptr, *norm2_ = nullptr, *gate_ = nullptr, *up_ = nullptr,
         *down_ = nullptr;
