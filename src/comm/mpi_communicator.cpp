@@ -222,14 +222,25 @@ void MpiCommunicator::broadcast(Tensor& t, int root) {
   if (rank_ != root) be_.upload(t, host.data());
 }
 
-void MpiCommunicator::alltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
-                                    const std::vector<int64_t>& recv_rows, const std::string& what) {
+// An all-to-all of rows: its counts checked against the group and the tensors; the bytes of a row and the rows sent
+// and received in all.
+MpiCommunicator::RowsExchange MpiCommunicator::check_rows_exchange(const Tensor& send, const std::vector<int64_t>& send_rows,
+                                                                   const Tensor& recv,
+                                                                   const std::vector<int64_t>& recv_rows) const {
   RELAY_ASSERT(int(send_rows.size()) == size_ && int(recv_rows.size()) == size_, "all-to-all counts of another group");
   RELAY_ASSERT(send.dtype() == recv.dtype(), "all-to-all between dtypes");
-  const size_t row_bytes = send.size(0) > 0 ? send.bytes() / size_t(send.size(0)) : recv.bytes() / size_t(std::max<int64_t>(recv.size(0), 1));
-  int64_t s_total = 0, r_total = 0;
-  for (int p = 0; p < size_; ++p) s_total += send_rows[size_t(p)], r_total += recv_rows[size_t(p)];
-  RELAY_ASSERT(s_total <= send.size(0) && r_total <= recv.size(0), "all-to-all rows beyond the tensors");
+  RowsExchange x;
+  x.row_bytes = send.size(0) > 0 ? send.bytes() / size_t(send.size(0)) : recv.bytes() / size_t(std::max<int64_t>(recv.size(0), 1));
+  for (int p = 0; p < size_; ++p) x.send_total += send_rows[size_t(p)], x.recv_total += recv_rows[size_t(p)];
+  RELAY_ASSERT(x.send_total <= send.size(0) && x.recv_total <= recv.size(0), "all-to-all rows beyond the tensors");
+  return x;
+}
+
+void MpiCommunicator::alltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
+                                    const std::vector<int64_t>& recv_rows, const std::string& what) {
+  const RowsExchange x = check_rows_exchange(send, send_rows, recv, recv_rows);
+  const size_t row_bytes = x.row_bytes;
+  const int64_t s_total = x.send_total, r_total = x.recv_total;
   if (send.device() == Device::cpu) {
     host_alltoall_rows(comm_, send.raw(), send_rows, recv.raw(), recv_rows, row_bytes, what);
     return;
@@ -246,12 +257,9 @@ void MpiCommunicator::alltoall_rows(const Tensor& send, const std::vector<int64_
 
 RequestPtr MpiCommunicator::ialltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
                                            const std::vector<int64_t>& recv_rows, const std::string& what) {
-  RELAY_ASSERT(int(send_rows.size()) == size_ && int(recv_rows.size()) == size_, "all-to-all counts of another group");
-  RELAY_ASSERT(send.dtype() == recv.dtype(), "all-to-all between dtypes");
-  const size_t row_bytes = send.size(0) > 0 ? send.bytes() / size_t(send.size(0)) : recv.bytes() / size_t(std::max<int64_t>(recv.size(0), 1));
-  int64_t s_total = 0, r_total = 0;
-  for (int p = 0; p < size_; ++p) s_total += send_rows[size_t(p)], r_total += recv_rows[size_t(p)];
-  RELAY_ASSERT(s_total <= send.size(0) && r_total <= recv.size(0), "all-to-all rows beyond the tensors");
+  const RowsExchange x = check_rows_exchange(send, send_rows, recv, recv_rows);
+  const size_t row_bytes = x.row_bytes;
+  const int64_t s_total = x.send_total, r_total = x.recv_total;
   if (send.device() == Device::cpu) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
     r->what = what;

@@ -40,6 +40,12 @@ class MpiCommunicator final : public Communicator {
   void recv_host(void* data, size_t bytes, int peer, int tag, const std::string& what) override;
 
  private:
+  struct RowsExchange {
+    size_t row_bytes = 0;
+    int64_t send_total = 0, recv_total = 0;
+  };
+  RowsExchange check_rows_exchange(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                                   const std::vector<int64_t>& recv_rows) const;
   MPI_Comm comm_;
   Backend& be_;
   int rank_ = 0, size_ = 1;
