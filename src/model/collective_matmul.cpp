@@ -2,21 +2,10 @@
 // r + 1 and receives chunk (r - s - 1) from r - 1, which held it one step earlier.
 #include "model/collective_matmul.hpp"
 
-#include <chrono>
-
 namespace relay {
 
 namespace {
-
 constexpr int kTagRing = 0x7c3;  // the tp group's only point-to-point messages
-
-void wait_counted(const TensorParallel& tp, Request& req, const char* what) {
-  req.what = what;
-  const auto t0 = std::chrono::steady_clock::now();
-  req.wait();
-  if (tp.waited_s) *tp.waited_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 Tensor gather_rows_matmul(Backend& be, const TensorParallel& tp, const Tensor& local, const char* what,
@@ -37,8 +26,8 @@ Tensor gather_rows_matmul(Backend& be, const TensorParallel& tp, const Tensor& l
     }
     each(have * m, full.rows(have * m, m));
     if (recv) {
-      wait_counted(tp, *recv, what);
-      wait_counted(tp, *send, what);
+      tp.wait(*recv, what);
+      tp.wait(*send, what);
     }
   }
   return full;

@@ -60,29 +60,24 @@ void insert_shard(const float* shard, const Shape& full_shape, TpSplit s, int tp
   });
 }
 
-namespace {
-
-// Waits on req (named `what` for the watchdog), the time added to the group's exposed communication.
-void wait_counted(const TensorParallel& tp, Request& req, const char* what) {
+void TensorParallel::wait(Request& req, const char* what) const {
   req.what = what;
-  if (!tp.waited_s) return req.wait();
+  if (!waited_s) return req.wait();
   const auto t0 = std::chrono::steady_clock::now();
   req.wait();
-  *tp.waited_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *waited_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-
-}  // namespace
 
 void TensorParallel::allreduce_sum(Tensor& t, const char* what) const {
   if (!on()) return;
   RequestPtr req = comm->iallreduce(t, ReduceOp::sum);
-  wait_counted(*this, *req, what);
+  wait(*req, what);
 }
 
 void TensorParallel::allreduce_max(Tensor& t, const char* what) const {
   if (!on()) return;
   RequestPtr req = comm->iallreduce(t, ReduceOp::max);
-  wait_counted(*this, *req, what);
+  wait(*req, what);
 }
 
 void TensorParallel::allreduce_sum_during(Tensor& t, const char* what, const std::function<void()>& meanwhile) const {
@@ -90,7 +85,7 @@ void TensorParallel::allreduce_sum_during(Tensor& t, const char* what, const std
   RequestPtr req = overlap_comm()->iallreduce(t, ReduceOp::sum);  // the same call as allreduce_sum's: the same sums
   req->what = what;
   meanwhile();
-  wait_counted(*this, *req, what);
+  wait(*req, what);
 }
 
 double TensorParallel::take_waited_s() const {
@@ -116,13 +111,13 @@ Tensor TensorParallel::gather_rows(Backend& be, const Tensor& local, const char*
   Tensor mine = full.rows(rank * m, m);
   be.copy(mine, local);
   RequestPtr req = comm->iallgather(full);
-  wait_counted(*this, *req, what);
+  wait(*req, what);
   return full;
 }
 
 void TensorParallel::reduce_scatter_rows(const Tensor& full, Tensor& local, const char* what) const {
   RequestPtr req = comm->ireduce_scatter_sum(full, local);
-  wait_counted(*this, *req, what);
+  wait(*req, what);
 }
 
 void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y,

@@ -80,6 +80,8 @@ struct TensorParallel {
   // which must not touch t), then waited on (watched and named as allreduce_sum's). Nothing but meanwhile when
   // size == 1.
   void allreduce_sum_during(Tensor& t, const char* what, const std::function<void()>& meanwhile) const;
+  // Waits on req (named `what` for the watchdog), the time added to waited_s: every wait on the group's collectives.
+  void wait(Request& req, const char* what) const;
   // The waited seconds since the last call (0 when not counted).
   double take_waited_s() const;
 
