@@ -8,7 +8,9 @@
 # so that one job's requeue (its credential's 5 s expiry, then scheduling) overlaps the others' steps.
 #   bash tests/slurm/test_preempt_requeue.sh [path/to/relay]     exit 0 pass, 1 fail, 77 skipped
 # RELAY_TEST_PREEMPT_STEPS (default 3000) and RELAY_TEST_PREEMPT_HIDDEN (4096) set the run's length:
-# each job's signal lands at step ~1000, with ~2000 steps (several seconds, more when busier) to go.
+# each job is signalled once it has logged steps/30 (100) steps, leaving ~2900 to go. (Signalled at a
+# third, the mpirun job of a CI run on 2 cores finished its 3000 steps first: with 12 busy ranks the
+# poll behind the signal lagged ~5 s, and the run had ~0.6 s left when USR1 reached it.)
 set -uo pipefail
 source "$(dirname "$0")/harness.sh"
 source "$(dirname "$0")/relay_fixture.sh"
@@ -20,7 +22,7 @@ steps=${RELAY_TEST_PREEMPT_STEPS:-3000}
 write_config "$WORK_DIR/test.toml" "$WORK_DIR/data" "${RELAY_TEST_PREEMPT_HIDDEN:-4096}"
 
 # submit LAUNCHER NAME: sbatch relay-cpu.sbatch; sets JOB[NAME], RUN_DIR[NAME] and OUT[NAME].
-declare -A JOB RUN_DIR OUT T_SIGNAL
+declare -A JOB RUN_DIR OUT T_SIGNAL SIG_AT
 submit() {
   RUN_DIR[$2]=$WORK_DIR/run-$2 OUT[$2]=$WORK_DIR/$2.out
   # RELAY_BIND=none: the node claims 12 CPUs on 2 cores, and Open MPI will not bind 4 ranks to 2 cores.
@@ -36,16 +38,18 @@ t=$(date +%s.%N)
 submit srun reference
 for launcher in srun mpirun; do submit "$launcher" "$launcher"; done
 
-# Signal each job once a third of its steps are logged: Relay is up, its handlers installed, far from done.
+# Signal each job once steps/30 of its steps are logged: Relay is up, its handlers installed, far from done.
+first=$(( steps / 30 > 1 ? steps / 30 : 1 ))
 _signal_at_third() {
   local l done=0
   for l in srun mpirun; do
     [[ -n ${T_SIGNAL[$l]:-} ]] && { done=$((done + 1)); continue; }
-    if (( $(metrics_steps "${RUN_DIR[$l]}") >= steps / 3 )); then
+    local n; n=$(metrics_steps "${RUN_DIR[$l]}")
+    if (( n >= first )); then
       [[ $(job_field "${JOB[$l]}" JobState) == RUNNING ]] || { show "${OUT[$l]}"; fail "$l: job ${JOB[$l]} ended before the signal"; }
       # --batch: only the batch shell, exactly what --signal=B:USR1@120 does.
       scancel --batch --signal=USR1 "${JOB[$l]}" || fail "scancel --batch --signal=USR1 ${JOB[$l]} failed"
-      T_SIGNAL[$l]=$(date +%s.%N) done=$((done + 1))
+      T_SIGNAL[$l]=$(date +%s.%N) SIG_AT[$l]=$n done=$((done + 1))
     elif ! [[ $(job_field "${JOB[$l]}" JobState) =~ ^(PENDING|RUNNING)$ ]]; then
       show "${OUT[$l]}"; fail "$l: job ${JOB[$l]} ended before the signal"
     fi
@@ -53,7 +57,7 @@ _signal_at_third() {
   (( done == 2 ))
 }
 wait_until 300 _signal_at_third \
-  || { for l in srun mpirun; do show "${OUT[$l]}"; done; fail "a job did not log $((steps / 3)) steps in 300 s"; }
+  || { for l in srun mpirun; do show "${OUT[$l]}"; done; fail "a job did not log $first steps in 300 s"; }
 
 for launcher in srun mpirun; do
   id=${JOB[$launcher]} out=${OUT[$launcher]}
@@ -83,10 +87,10 @@ for launcher in srun mpirun; do
   resumed=$(grep -Eo 'resumed from [^ ]*step_[0-9]+\.h5 at step [0-9]+' "$out" | head -n 1)
   [[ $resumed =~ step_0*([0-9]+)\.h5\ at\ step\ ([0-9]+)$ ]] || { show "$out"; fail "$launcher: the requeued run did not resume from a checkpoint"; }
   k=${BASH_REMATCH[2]}
-  (( BASH_REMATCH[1] == k && k >= steps / 3 && k < steps )) || { show "$out"; fail "$launcher: resumed at step $k, expected in [$((steps / 3)), $steps)"; }
+  (( BASH_REMATCH[1] == k && k >= first && k < steps )) || { show "$out"; fail "$launcher: resumed at step $k, expected in [$first, $steps)"; }
   grep -Eq "stopping at step $k on signal 10\b" "$out" || { show "$out"; fail "$launcher: Relay did not report stopping at step $k on SIGUSR1"; }
   [[ -s $run/checkpoints/$(printf 'step_%08d.h5' "$k") ]] || fail "$launcher: the stop checkpoint of step $k is missing"
-  log "$launcher: stopped at step $k of $steps, resumed there"
+  log "$launcher: signalled with $((SIG_AT[$launcher])) steps logged, stopped at step $k of $steps, resumed there"
   check_train_steps "$run" "$steps"
   check_final_checkpoint "$run" "$steps"
   same_losses "${RUN_DIR[reference]}" "$run"
