@@ -202,6 +202,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivalence,
                                            // Tensor parallelism: each expert split like the dense SwiGLU; with ep and
                                            // sequence parallelism too.
                                            Case{"qwen3_moe", 1, 2, "1f1b", 2, "", 0, false, 1, 2},
+                                           // (Qwen3's heads are wider than the embedding: d atty needs its own
+                                           // scratch when sequence parallelism halves d n1's rows.)
+                                           Case{"qwen3_moe", 1, 1, "1f1b", 2, "", 0, false, 1, 2, true},
                                            Case{"mixtral", 2, 1, "1f1b", 2, "", 1, false, 2, 2, true},
                                            // Context parallelism: each sequence over 2 ranks, its load-balancing
                                            // statistics summed over them; with ep and with pp.

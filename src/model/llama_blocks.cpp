@@ -105,7 +105,9 @@ class LlamaLayer final : public Block {
     s[kRstdK] = {{qk ? n : 0, spec.n_kv_head / tp}, f32};
     s[kGQn] = {{qk ? n : 0, Hq}, a, true};
     s[kGKn] = {{qk ? n : 0, Hkv}, a, true};
-    s[kGAtty] = {{Hq > C ? n : 0, Hq}, a, true};
+    // d atty borrows d n1's (m, C) scratch when it fits: under sequence parallelism m = n / tp, so a model whose
+    // heads are wider than the embedding per rank (Qwen3: H x head_dim > C) needs its own.
+    s[kGAtty] = {{n * Hq > m * C ? n : 0, Hq}, a, true};
     if (spec.moe.on())
       for (const BufferSpec& b : MoeMlp::saved_shapes(spec, n, tp)) s.push_back(b);
     return s;
