@@ -161,38 +161,46 @@ std::vector<int64_t> MoeMlp::local_of(int64_t h) const {
   return {local_.begin() + h * E_local_, local_.begin() + (h + 1) * E_local_ + 1};
 }
 
+MoeMlp::RowRange MoeMlp::sorted_part(int64_t h) const {
+  const int64_t E = moe_.n_experts, at = offsets_[size_t(h * E)];
+  return {at, offsets_[size_t((h + 1) * E)] - at};
+}
+
+MoeMlp::RowRange MoeMlp::local_part(int64_t h) const {
+  const int64_t base = local_[size_t(h * E_local_)];
+  return {base, local_[size_t((h + 1) * E_local_)] - base};
+}
+
 MoeMlp::Exchange MoeMlp::start_dispatch(int64_t h, const Tensor& sorted, Tensor* s, const char* what) {
   const auto t0 = std::chrono::steady_clock::now();
   const int P = ep_.size;
-  const int64_t E = moe_.n_experts, at = offsets_[size_t(h * E)], rows = offsets_[size_t((h + 1) * E)] - at;
-  const int64_t base = local_[size_t(h * E_local_)], Rh = local_[size_t((h + 1) * E_local_)] - base;
+  const RowRange mine = sorted_part(h), arrivals = local_part(h);
   Exchange x{h, ep_.stats->tracer ? ep_.stats->tracer->mark() : 0, nullptr};
-  Tensor stage = s[kStage].rows(base, Rh);  // (Rh, C) rank after rank
-  x.req = ep_.comm->ialltoall_rows(sorted.rows(at, rows), part_of(send_rows_, h, P), stage, part_of(recv_rows_, h, P),
+  Tensor stage = s[kStage].rows(arrivals.begin, arrivals.count);  // (Rh, C) rank after rank
+  x.req = ep_.comm->ialltoall_rows(sorted.rows(mine.begin, mine.count), part_of(send_rows_, h, P), stage, part_of(recv_rows_, h, P),
                                    what);
   x.req->what = what;
   ep_.stats->seconds += since(t0);
-  ep_.stats->rows_sent += rows - send_rows_[size_t(h * P + ep_.rank)];
+  ep_.stats->rows_sent += mine.count - send_rows_[size_t(h * P + ep_.rank)];
   return x;
 }
 
 void MoeMlp::finish_dispatch(Backend& be, Exchange& x, Tensor& local, Tensor* s) {
   wait_exchange(x, "ep all-to-all");
-  const int64_t base = local_[size_t(x.part * E_local_)], Rh = local_[size_t((x.part + 1) * E_local_)] - base;
-  Tensor dst = local.rows(base, Rh);
-  be.gather_rows(s[kStage], s[kToLocal].rows(base, Rh), dst);  // (Rh, C) expert after expert
+  const RowRange r = local_part(x.part);
+  Tensor dst = local.rows(r.begin, r.count);
+  be.gather_rows(s[kStage], s[kToLocal].rows(r.begin, r.count), dst);  // (Rh, C) expert after expert
 }
 
 MoeMlp::Exchange MoeMlp::start_undispatch(Backend& be, int64_t h, const Tensor& local, Tensor& sorted, Tensor* s,
                                           const char* what) {
   const int P = ep_.size;
-  const int64_t E = moe_.n_experts, at = offsets_[size_t(h * E)], rows = offsets_[size_t((h + 1) * E)] - at;
-  const int64_t base = local_[size_t(h * E_local_)], Rh = local_[size_t((h + 1) * E_local_)] - base;
-  Tensor stage = s[kStage].rows(base, Rh);
-  be.gather_rows(local, s[kToRanks].rows(base, Rh), stage);  // (Rh, C) rank after rank
+  const RowRange mine = sorted_part(h), arrivals = local_part(h);
+  Tensor stage = s[kStage].rows(arrivals.begin, arrivals.count);
+  be.gather_rows(local, s[kToRanks].rows(arrivals.begin, arrivals.count), stage);  // (Rh, C) rank after rank
   const auto t0 = std::chrono::steady_clock::now();
   Exchange x{h, ep_.stats->tracer ? ep_.stats->tracer->mark() : 0, nullptr};
-  Tensor dst = sorted.rows(at, rows);
+  Tensor dst = sorted.rows(mine.begin, mine.count);
   x.req = ep_.comm->ialltoall_rows(stage, part_of(recv_rows_, h, P), dst, part_of(send_rows_, h, P), what);
   x.req->what = what;
   ep_.stats->seconds += since(t0);

@@ -77,6 +77,13 @@ class MoeMlp {
   void make_exchange_plan();  // from offsets_ and recv_counts_
   // Local expert j of part h: rows [local_of(h)[j], local_of(h)[j + 1]) (E / ep + 1 entries).
   std::vector<int64_t> local_of(int64_t h) const;
+  // Part h's rows as a range {first row, count}: of the sorted (R, C) rows here (by part, then expert), and of the
+  // local (Rl, C) rows (and the staging rows of their arrivals).
+  struct RowRange {
+    int64_t begin, count;
+  };
+  RowRange sorted_part(int64_t h) const;
+  RowRange local_part(int64_t h) const;
   // One part's all-to-all in flight (parallel.overlap: part 1's travels while part 0's experts run).
   struct Exchange {
     int64_t part = 0;
