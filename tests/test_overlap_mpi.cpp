@@ -7,8 +7,8 @@
 // after the update in flight until the next forward reads the bucket, or an evaluation or checkpoint needs it: both
 // come every few steps here.) Its trace shows the difference: with overlap a bucket's
 // all-reduce begins before the step's last backward ends; without, every one begins after it. A rank stopped (SIGSTOP)
-// or killed (SIGKILL) right after it starts a bucket's all-reduce inside the backward still ends the job within
-// seconds, named: the progress thread neither hides the stall from the watchdog nor keeps the job alive. On tp 2
+// or killed (SIGKILL) right after it starts a bucket's all-reduce inside the backward, a tp input gradient's all-reduce
+// or an ep dispatch still ends the job within seconds, named: the progress thread neither hides the stall from the watchdog nor keeps the job alive. On tp 2
 // (zero0_dp1_pp1_m2_tp2) overlap hides each column-parallel input gradient's all-reduce behind the layer's weight
 // gradients (Megatron's asynchronous all-reduce): the same sums, so on and off are bitwise equal there too.
 #include <gtest/gtest.h>
@@ -115,35 +115,45 @@ TEST(OverlapRuns, TwoRunsBitwise) {
   expect_same_tensors(a.tensors, b.tensors, 0.0, "two runs with overlap");
 }
 
-// RELAY_TEST_KILL_WHERE=bucket-stop | bucket-kill: world rank 1 raises the signal right after starting step 3's first
-// bucket all-reduce (ZeRO-0, overlap on: inside the backward, rank 0's copy of it in flight on the progress thread).
+// RELAY_TEST_KILL_WHERE=<site>-stop | <site>-kill (core/test_faults.hpp): world rank 1 raises the signal right after
+// it starts a collective that travels on the progress thread while the ranks compute, in step 3: the first bucket
+// all-reduce (ZeRO-0 dp 2, inside the backward, rank 0's copy of it in flight), a column-parallel input gradient's
+// all-reduce during the weight gradients (tp 2), a MoE layer's dispatch all-to-all (Mixtral dp 2 x ep 2, in two parts).
 TEST(OverlapRuns, RankStoppedOrKilledInFlightEndsTheJob) {
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
-  for (std::string where : {"bucket-stop", "bucket-kill"}) {
+  const std::vector<std::string> ep = {"parallel.dp=2", "parallel.ep=2", "model.type=\"mixtral\"", "model.n_embd=32",
+                                       "model.n_kv_head=2", "model.n_experts=4", "model.experts_per_token=2",
+                                       "model.moe_ffn_hidden=24"};
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"bucket-stop", {"parallel.dp=2"}}, {"bucket-kill", {"parallel.dp=2"}}, {"tp-stop", {"parallel.tp=2"}},
+      {"ep-kill", ep}};
+  for (const auto& [where, layout] : cases) {
     setenv("RELAY_TEST_KILL_RANK", "1", 1);
     setenv("RELAY_TEST_KILL_STEP", "3", 1);
     setenv("RELAY_TEST_KILL_WHERE", where.c_str(), 1);
+    std::vector<std::string> ov = {"run.dir=" + quoted(dir.file(where)), "model.n_head=4", "parallel.bucket_mb=0.004",
+                                   "train.micro_batches=2", "parallel.timeout=\"2s\"", "parallel.overlap=true"};
+    ov.insert(ov.end(), layout.begin(), layout.end());
     const auto t0 = std::chrono::steady_clock::now();
-    RunResult r = train(2, p.config,
-                        {"run.dir=" + quoted(dir.file(where)), "model.n_head=4", "parallel.bucket_mb=0.004",
-                         "parallel.dp=2", "train.micro_batches=2", "parallel.timeout=\"2s\"", "parallel.overlap=true"},
-                        120);
+    RunResult r = train(2, p.config, ov, 120);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     unsetenv("RELAY_TEST_KILL_RANK");
     unsetenv("RELAY_TEST_KILL_STEP");
     unsetenv("RELAY_TEST_KILL_WHERE");
     EXPECT_LT(took, 30.0) << where << ": " << r.output;
-    if (where == "bucket-stop") {
-      EXPECT_EQ(r.exit_code, 74) << r.output;  // a stalled rank (kExitStalled)
+    if (where.ends_with("-stop")) {
+      EXPECT_EQ(r.exit_code, 74) << where << ": " << r.output;  // a stalled rank (kExitStalled)
       EXPECT_TRUE(contains(r.output, "rank 1") && contains(r.output, "made no progress for") &&
                   contains(r.output, "at step 3"))
-          << r.output;
+          << where << ": " << r.output;
+      if (where == "tp-stop")  // the wait is named ("... waited for the attention input-gradient all-reduce")
+        EXPECT_TRUE(contains(r.output, "input-gradient all-reduce at step 3")) << r.output;
     } else {
-      EXPECT_NE(r.exit_code, 0) << r.output;
-      EXPECT_TRUE(contains(r.output, "rank 1") && contains(r.output, "signal 9")) << r.output;
+      EXPECT_NE(r.exit_code, 0) << where << ": " << r.output;
+      EXPECT_TRUE(contains(r.output, "rank 1") && contains(r.output, "signal 9")) << where << ": " << r.output;
     }
-    std::printf("%s in an overlapped all-reduce: the job ended in %.1f s\n", where.c_str(), took);
+    std::printf("%s in an overlapped collective: the job ended in %.1f s\n", where.c_str(), took);
   }
 }
 

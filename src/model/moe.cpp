@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "comm/trace.hpp"
+#include "core/test_faults.hpp"
 
 namespace relay {
 
@@ -180,6 +181,7 @@ MoeMlp::Exchange MoeMlp::start_dispatch(int64_t h, const Tensor& sorted, Tensor*
   x.req = ep_.comm->ialltoall_rows(sorted.rows(mine.begin, mine.count), part_of(send_rows_, h, P), stage, part_of(recv_rows_, h, P),
                                    what);
   x.req->what = what;
+  test_fault_point("ep");  // test only: a rank stopped or lost while it travels
   ep_.stats->seconds += since(t0);
   ep_.stats->rows_sent += mine.count - send_rows_[size_t(h * P + ep_.rank)];
   return x;

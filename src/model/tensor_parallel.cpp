@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/memory.hpp"
+#include "core/test_faults.hpp"
 
 namespace relay {
 
@@ -84,6 +85,7 @@ void TensorParallel::allreduce_sum_during(Tensor& t, const char* what, const std
   if (!on()) return meanwhile();
   RequestPtr req = overlap_comm()->iallreduce(t, ReduceOp::sum);  // the same call as allreduce_sum's: the same sums
   req->what = what;
+  test_fault_point("tp");  // test only: a rank stopped or lost while it travels
   meanwhile();
   wait(*req, what);
 }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/memory.hpp"
+#include "core/test_faults.hpp"
 
 namespace relay {
 
@@ -450,7 +451,7 @@ void GradBuckets::launch(Bucket& b) {
     b.request = b.comm->ireduce_scatter_sum(send, b.wired ? b.wire_shard : b.shard);
   else
     b.request = b.comm->iallreduce_sum(send);
-  if (const int sig = std::exchange(signal_in_launch_, 0)) std::raise(sig);  // test only: a rank lost mid-collective
+  test_fault_point("bucket");  // test only: a rank stopped or lost mid-collective
 }
 
 std::vector<OptimSlice> GradBuckets::optimizer_slices() const {

@@ -149,7 +149,6 @@ class GradBuckets : public BlockHooks {
   void test_kill_in_next_gather() { kill_in_gather_ = true; }
   // Test only (RELAY_TEST_KILL_WHERE=bucket-stop | bucket-kill): raise `signal` (SIGSTOP, SIGKILL) in this process right
   // after it starts its next gradient bucket's all-reduce / reduce-scatter (with parallel.overlap: inside the backward).
-  void test_signal_in_next_launch(int signal) { signal_in_launch_ = signal; }
   bool sharded() const { return zero_; }
   // parallel.overlap, for the buckets reduced once a step (ZeRO 0, 1, and ZeRO-3 under pp > 1): launch each bucket
   // as soon as the last micro-batch's backward has written it (DDP's rule), in the order the backward fills them,
@@ -251,7 +250,6 @@ class GradBuckets : public BlockHooks {
   bool zero3_ = false, reshard_ = true;
   bool step_grads_ = false;  // ZeRO-3 under pp > 1: whole gradient buckets only during the step
   bool kill_in_gather_ = false;
-  int signal_in_launch_ = 0;
   bool params_in_flight_ = false;  // ZeRO-1, 2 with launch_when_filled: gather_params' all-gathers not yet settled
   void settle(Bucket& b);          // ZeRO-1, 2: wait for the bucket's parameter all-gather, refresh its working copies
   double waited_s_ = 0;  // take_waited_s

@@ -49,12 +49,6 @@ bool test_kill_in_gather() {
   return where && std::string(where) == "zero3-gather";
 }
 
-int test_signal_in_launch() {
-  const char* where = std::getenv("RELAY_TEST_KILL_WHERE");
-  const std::string w = where ? where : "";
-  return w == "bucket-stop" ? SIGSTOP : w == "bucket-kill" ? SIGKILL : 0;
-}
-
 int64_t test_kill_step(int world_rank) {
   const char* rank = std::getenv("RELAY_TEST_KILL_RANK");
   const char* step = std::getenv("RELAY_TEST_KILL_STEP");

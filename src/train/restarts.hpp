@@ -30,9 +30,7 @@ int64_t test_kill_step(int world_rank);
 // With RELAY_TEST_KILL_WHERE=zero3-gather the rank kills itself inside that step's first ZeRO-3 parameter
 // all-gather instead (its piece sent, the gather in flight), a rank lost mid-collective.
 bool test_kill_in_gather();
-// With RELAY_TEST_KILL_WHERE=bucket-stop (bucket-kill) the rank raises SIGSTOP (SIGKILL) right after it starts that
-// step's first gradient bucket all-reduce instead (with parallel.overlap, inside the backward): a rank stopped or lost
-// while an overlapped collective is in flight. Returns the signal, or 0.
-int test_signal_in_launch();
+// With RELAY_TEST_KILL_WHERE=<site>-stop | <site>-kill the rank raises SIGSTOP (SIGKILL) right after it next starts
+// the collective of that site instead (core/test_faults.hpp: bucket, tp, ep).
 
 }  // namespace relay

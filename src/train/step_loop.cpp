@@ -15,6 +15,7 @@
 #include "comm/agree.hpp"
 #include "comm/watchdog.hpp"
 #include "core/memory.hpp"
+#include "core/test_faults.hpp"
 #include "model/block_cost.hpp"
 #include "train/memory_plan.hpp"
 #include "train/restarts.hpp"
@@ -375,8 +376,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     if (Watchdog* wd = active_watchdog()) wd->set_context(cat("step ", step));
     if (step == kill_step) {  // test only: a rank lost at the same step every run (or inside its next all-gather)
       if (test_kill_in_gather()) r.buckets->test_kill_in_next_gather();
-      else if (const int sig = test_signal_in_launch()) r.buckets->test_signal_in_next_launch(sig);
-      else std::raise(SIGKILL);
+      else if (!arm_test_fault()) std::raise(SIGKILL);  // or a signal inside a named collective
     }
     if (step == r.start_step + 2) r.be->op_profile_restart();  // RELAY_OP_PROFILE: from the second step on
     const double step_t0 = now_s();
