@@ -118,7 +118,8 @@ TEST(OverlapRuns, TwoRunsBitwise) {
 // RELAY_TEST_KILL_WHERE=<site>-stop | <site>-kill (core/test_faults.hpp): world rank 1 raises the signal right after
 // it starts a collective that travels on the progress thread while the ranks compute, in step 3: the first bucket
 // all-reduce (ZeRO-0 dp 2, inside the backward, rank 0's copy of it in flight), a column-parallel input gradient's
-// all-reduce during the weight gradients (tp 2), a MoE layer's dispatch all-to-all (Mixtral dp 2 x ep 2, in two parts).
+// all-reduce during the weight gradients (tp 2), a MoE layer's dispatch all-to-all (Mixtral dp 2 x ep 2, in two parts),
+// a key/value all-gather started before the attention of the rank's own keys (cp 2).
 TEST(OverlapRuns, RankStoppedOrKilledInFlightEndsTheJob) {
   TempDir dir;
   Problem p = make_gpt_problem(dir.path());
@@ -127,7 +128,7 @@ TEST(OverlapRuns, RankStoppedOrKilledInFlightEndsTheJob) {
                                        "model.moe_ffn_hidden=24"};
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"bucket-stop", {"parallel.dp=2"}}, {"bucket-kill", {"parallel.dp=2"}}, {"tp-stop", {"parallel.tp=2"}},
-      {"ep-kill", ep}};
+      {"ep-kill", ep}, {"cp-kill", {"parallel.cp=2"}}};
   for (const auto& [where, layout] : cases) {
     setenv("RELAY_TEST_KILL_RANK", "1", 1);
     setenv("RELAY_TEST_KILL_STEP", "3", 1);

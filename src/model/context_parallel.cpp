@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/memory.hpp"
+#include "core/test_faults.hpp"
 #include "comm/trace.hpp"
 
 namespace relay {
@@ -167,6 +168,7 @@ RequestPtr CpAttention::start_gather(Backend& be, const Tensor& local, Tensor& b
   be.copy(mine, local);
   RequestPtr r = comm_->iallgather(buf);
   r->what = what;
+  test_fault_point("cp");  // test only: a rank stopped or lost while it travels
   return r;
 }
 
