@@ -152,6 +152,8 @@ std::vector<Layout> layouts() {
       add(2, 1, 1, 1, 3);  // ZeRO-3: the gathered working weights quantised as serial
       add(2, 1, 1, 1, 3);  // ZeRO-3 gathering the weights as FP8 codes: bitwise the case above (TracksTheFp8SerialRun)
       out.back().fp8_gather = true;
+      add(2, 2, 1, 1, 3);  // and under tp 2 (each scale's max over the tp group too): bitwise its bf16 gather, made here
+      out.back().fp8_gather = true;
       add(1, 2, 1, 2);     // tp 2 with sequence parallelism: the row-parallel GEMMs into the shared buffer
       out.back().sp = true;
       add(1, 1, 1, 2);     // cp 2: each rank's GEMMs take half of every sequence's rows (scales of those rows)

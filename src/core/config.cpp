@@ -442,9 +442,6 @@ void read_parallel(const Reading& r, Config& c) {
                  "train.fp8_recipe = \"tensorwise\", got train.precision = \"", precision_name(c.train.precision), "\"",
                  c.train.precision == Precision::fp8 ? cat(", train.fp8_recipe = \"", fp8_recipe_name(c.train.fp8_recipe), "\"")
                                                      : std::string()));
-    if (c.parallel.tp > 1)
-      refuse(cat("is not done under tensor parallelism (a weight's scale would also need the tp group's amax), got "
-                 "parallel.tp = ", c.parallel.tp));
   }
   par.str("timeout", c.parallel.timeout);
   if (c.parallel.timeout != "0") parse_duration(c.parallel.timeout, r.source + ": parallel.timeout");

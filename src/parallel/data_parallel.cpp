@@ -129,8 +129,8 @@ Sharding bucket_sharding(int zero, int pp, bool reshard, Communicator* comm, Com
 
 GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, BucketCaps caps,
                          int zero, GradReduce wire, bool reshard, int pp, Communicator* expert_comm,
-                         bool fp8_param_gather)
-    : be_(be), comm_(comm), sharding_(bucket_sharding(zero, pp, reshard, comm, expert_comm, params)),
+                         bool fp8_param_gather, Communicator* tp_comm)
+    : be_(be), comm_(comm), tp_comm_(tp_comm), sharding_(bucket_sharding(zero, pp, reshard, comm, expert_comm, params)),
       zero_(sharding_.group(GradGroup::dense).optimizer_state),
       per_micro_batch_(sharding_.group(GradGroup::dense).grads == GradHold::pooled),
       zero3_(sharding_.group(GradGroup::dense).parameters),
@@ -288,7 +288,10 @@ void GradBuckets::start_gather(Bucket& b) {
 // torchtitan's Float8 all-gather: each weight's tensorwise scale from the max over the ranks of the amax of their
 // pieces of it (the whole weight's amax), then this rank's piece quantised with it. The codes and scales are those
 // Fp8Linear makes from the gathered bf16 weight, bit for bit: the piece is the same bf16 values, and both take the
-// amax as float bits (an exact max) and quantise each element on its own.
+// amax as float bits (an exact max) and quantise each element on its own. Under tensor parallelism Fp8Linear takes a
+// weight's scale from the max over the tp group of its shards' amax (the whole tensor's): so does this, a second max
+// over the tp group (a replicated weight's amax is the same on every tp rank; the tp ranks' FP8 units hold the same
+// weights in the same order, shapes and all: the vocabulary-parallel embedding and head are never FP8).
 void GradBuckets::quantise_piece(Bucket& b) {
   const int64_t piece = b.master.numel(), lo = piece * b.comm->rank();
   const auto k = static_cast<int64_t>(b.members.size());
@@ -309,6 +312,11 @@ void GradBuckets::quantise_piece(Bucket& b) {
   RequestPtr req = b.comm->iallreduce(amax, ReduceOp::max);
   req->what = "the ZeRO-3 FP8 parameter amax all-reduce";
   wait_for(*req);
+  if (tp_comm_) {
+    RequestPtr tp = tp_comm_->iallreduce(amax, ReduceOp::max);
+    tp->what = "the ZeRO-3 FP8 parameter amax all-reduce (max over the tensor-parallel group)";
+    wait_for(*tp);
+  }
   Tensor mine = b.full.rows(lo, piece);  // (piece) e4m3
   for (int64_t i = 0; i < k; ++i)
     slice(i, [&](int64_t off, int64_t count) {

@@ -140,15 +140,14 @@ class GradBuckets : public BlockHooks {
   // expert_comm (parallel.ep): the ranks holding this rank's experts, over which the expert weights' buckets are
   // summed and (ZeRO) sharded; null when this rank's experts have no other copy (their buckets are kept whole).
   // ZeRO-3 keeps the FP8 linear weights (Param::fp8_weight) in units of their own; fp8_param_gather
-  // (parallel.fp8_param_gather) gathers those as e4m3 codes with one tensorwise scale per weight.
+  // (parallel.fp8_param_gather) gathers those as e4m3 codes with one tensorwise scale per weight. tp_comm: the
+  // tensor-parallel group (null without one), over which a split weight's scale is agreed as Fp8Linear agrees it.
   GradBuckets(Backend& be, Communicator* comm, const std::vector<BucketParam>& params, BucketCaps caps,
               int zero = 0, GradReduce wire = GradReduce::fp32, bool reshard = true, int pp = 1,
-              Communicator* expert_comm = nullptr, bool fp8_param_gather = false);
+              Communicator* expert_comm = nullptr, bool fp8_param_gather = false, Communicator* tp_comm = nullptr);
   bool params_sharded() const { return zero3_; }
   // Test only (RELAY_TEST_KILL_WHERE): SIGKILL this process right after it issues its next parameter all-gather.
   void test_kill_in_next_gather() { kill_in_gather_ = true; }
-  // Test only (RELAY_TEST_KILL_WHERE=bucket-stop | bucket-kill): raise `signal` (SIGSTOP, SIGKILL) in this process right
-  // after it starts its next gradient bucket's all-reduce / reduce-scatter (with parallel.overlap: inside the backward).
   bool sharded() const { return zero_; }
   // parallel.overlap, for the buckets reduced once a step (ZeRO 0, 1, and ZeRO-3 under pp > 1): launch each bucket
   // as soon as the last micro-batch's backward has written it (DDP's rule), in the order the backward fills them,
@@ -244,6 +243,7 @@ class GradBuckets : public BlockHooks {
   int64_t own_begin(const Bucket& b) const { return b.shard.numel() * b.comm->rank(); }
   Backend& be_;
   Communicator* comm_;
+  Communicator* tp_comm_;  // fp8_param_gather under tensor parallelism: the scales' second max
   Sharding sharding_;  // what each group shards and moves (comm's replicas, expert_comm's copies)
   bool zero_;
   bool per_micro_batch_;  // ZeRO-2 and 3

@@ -122,6 +122,20 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
       auto it = buckets_of_block.find(block);
       if (it != buckets_of_block.end()) into.insert(it->second.begin(), it->second.end());
     };
+    // GradBuckets::units_of(block): the block's sharded units in the order of its parameters' first use of them.
+    std::map<int, std::vector<int>> gather_order;
+    {
+      std::vector<int> group_of(keys.size(), -1);
+      for (size_t g = 0; g < bl.groups.size(); ++g)
+        for (size_t k : bl.groups[g]) group_of[k] = int(g);
+      for (size_t k = 0; k < keys.size(); ++k) {
+        if (group_of[k] < 0 || bl.shards[size_t(group_of[k])] == 1) continue;
+        for (int w : writers[k]) {
+          auto& mine = gather_order[w];
+          if (std::find(mine.begin(), mine.end(), group_of[k]) == mine.end()) mine.push_back(group_of[k]);
+        }
+      }
+    }
     if (z.kept) {
       // Gathered in the order the step's first forward reaches them (chunk after chunk, block after block), each
       // piece quantised while the units before it are held.
@@ -142,12 +156,21 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
         const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
         for (int i = cr.begin; i < cr.end; ++i)
           for (int next : {i + 1, i - 1}) {
+            // Block i's units, then the next block's (prefetched), each gathered in GradBuckets' order (units_of):
+            // a unit's piece is quantised right after its own buffer is allocated, beside the units held by then
+            // (not the ones gathered after it).
             std::set<int> held;
-            units(i, held);
-            if (next >= cr.begin && next < cr.end) units(next, held);
-            int64_t n = 0, scratch = 0;  // the held units, and the prefetched one's piece being quantised
-            for (int g : held) n += held_bytes(size_t(g)), scratch = std::max(scratch, quantise_scratch(size_t(g)));
-            z.gathered_peak_bytes = std::max(z.gathered_peak_bytes, n + scratch);
+            int64_t n = 0;
+            for (int b : {i, next}) {
+              if (b < cr.begin || b >= cr.end) continue;
+              auto it = gather_order.find(b);
+              if (it == gather_order.end()) continue;
+              for (int g : it->second)
+                if (held.insert(g).second) {
+                  n += held_bytes(size_t(g));
+                  z.gathered_peak_bytes = std::max(z.gathered_peak_bytes, n + quantise_scratch(size_t(g)));
+                }
+            }
           }
       }
     }

@@ -282,7 +282,7 @@ void setup_data_and_model(Run& r) {
   r.buckets = std::make_unique<GradBuckets>(*r.be, g.replicas() > 1 ? r.dp_comm.get() : nullptr, bucket_params,
                                             zero_bucket_caps(cfg), cfg.optimizer.zero, cfg.parallel.grad_reduce,
                                             cfg.parallel.reshard_after_forward, g.pp,
-                                            r.expert_dp_comm.get(), cfg.parallel.fp8_param_gather);
+                                            r.expert_dp_comm.get(), cfg.parallel.fp8_param_gather, r.tp.comm);
   if (cfg.parallel.overlap) {
     r.buckets->launch_when_filled(static_cast<int>(r.shape.m));
     for (Communicator* c : {r.dp_comm.get(), r.expert_dp_comm.get()})  // the gradient and ZeRO collectives
