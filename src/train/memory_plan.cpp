@@ -118,10 +118,6 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
   // every unit of the rank.
   if (dense.parameters) {
     z.kept = dense.gathered_kept;
-    auto units = [&](int block, std::set<int>& into) {
-      auto it = buckets_of_block.find(block);
-      if (it != buckets_of_block.end()) into.insert(it->second.begin(), it->second.end());
-    };
     // GradBuckets::units_of(block): the block's sharded units in the order of its parameters' first use of them.
     std::map<int, std::vector<int>> gather_order;
     {
@@ -143,9 +139,9 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
       int64_t held = 0;
       for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
         for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i) {
-          std::set<int> mine;
-          units(i, mine);
-          for (int g : mine)
+          auto it = gather_order.find(i);
+          if (it == gather_order.end()) continue;
+          for (int g : it->second)
             if (seen.insert(g).second) {
               held += held_bytes(size_t(g));
               z.gathered_peak_bytes = std::max(z.gathered_peak_bytes, held + quantise_scratch(size_t(g)));
