@@ -17,7 +17,7 @@ RELAY_CPU_CLONES void convert(const X* x, Y* y, int64_t n) {
   if constexpr (std::is_same_v<X, Y>) {
     if (static_cast<const void*>(x) != static_cast<const void*>(y)) std::memcpy(y, x, size_t(n) * sizeof(X));
   } else {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
     for (int64_t i = 0; i < n; ++i) store(y[i], load(x[i]));
   }
 }
@@ -55,12 +55,12 @@ RELAY_CPU_CLONES void bias_grad(const X* dy, float* db, int64_t rows, int64_t co
 
 template <typename X>
 RELAY_CPU_CLONES void relu_forward(const X* x, X* y, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) store(y[i], load(x[i]) > 0.f ? load(x[i]) : 0.f);
 }
 template <typename X>
 RELAY_CPU_CLONES void relu_backward(const X* x, const X* dy, X* dx, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) store(dx[i], load(x[i]) > 0.f ? load(dy[i]) : 0.f);
 }
 
@@ -108,7 +108,7 @@ RELAY_CPU_CLONES void gelu_tanh_backward(const X* x, const X* dy, X* dx, int64_t
 }
 template <typename X>
 RELAY_CPU_CLONES void add(const X* a, const X* b, X* y, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) store(y[i], load(a[i]) + load(b[i]));
 }
 template <typename X>
@@ -127,14 +127,14 @@ void tanh_backward(const X* x, const X* dy, X* dx, int64_t n) {
 
 template <typename X>
 RELAY_CPU_CLONES void scale(X* x, float s, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) store(x[i], load(x[i]) * s);
 }
 template <typename X>
 void fill(X* x, float v, int64_t n) {
   X value;
   store(value, v);
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) x[i] = value;
 }
 void fill_i32(int32_t* x, int32_t v, int64_t n) { std::fill(x, x + n, v); }
@@ -160,7 +160,7 @@ RELAY_CPU_CLONES double sum_squares(const float* x, int64_t n) {
   constexpr int64_t kBlock = 4096;
   int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> partial(static_cast<size_t>(blocks));
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > kParallelElems)
   for (int64_t b = 0; b < blocks; ++b) {
     double acc = 0;
     const int64_t e = std::min(n, (b + 1) * kBlock);

@@ -28,7 +28,7 @@ void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, 
       sn[size_t(p * half + i)] = inverse ? -s : s;
     }
   const int64_t cols = heads * hd;
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelElems)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t p = row_pos ? int64_t(row_pos[r]) : r % T;
     const float* c = cs.data() + p * half;

@@ -20,7 +20,7 @@ inline float sigmoid(float g) {
 
 template <typename X>
 RELAY_CPU_CLONES void swiglu_forward(const X* gate, const X* up, X* h, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) {
     const float g = load(gate[i]);
     store(h[i], g * sigmoid(g) * load(up[i]));
@@ -31,7 +31,7 @@ RELAY_CPU_CLONES void swiglu_forward(const X* gate, const X* up, X* h, int64_t n
 // written, so dgate and dup may alias dh, gate or up.
 template <typename X>
 RELAY_CPU_CLONES void swiglu_backward(const X* dh, const X* gate, const X* up, X* dgate, X* dup, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) {
     const float g = load(gate[i]), u = load(up[i]), d = load(dh[i]);
     const float s = sigmoid(g);

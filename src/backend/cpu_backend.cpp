@@ -18,6 +18,7 @@
 #include "kernels/cpu/fp8_gemm.hpp"
 #include "kernels/cpu/fp8_quantize.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/simd.hpp"
 
 namespace relay {
 
@@ -111,7 +112,16 @@ std::shared_ptr<std::byte> CpuBackend::allocate(size_t bytes) {
 void CpuBackend::upload(Tensor& dst, const void* host_src) { std::memcpy(dst.raw(), host_src, dst.bytes()); }
 void CpuBackend::download(void* host_dst, const Tensor& src) { std::memcpy(host_dst, src.raw(), src.bytes()); }
 void CpuBackend::copy_impl(Tensor& dst, const Tensor& src) {
-  if (dst.raw() != src.raw()) std::memcpy(dst.raw(), src.raw(), src.bytes());
+  if (dst.raw() == src.raw()) return;
+  // Large copies in one slice per thread (a bf16 add's parallel threshold in bytes: cpu::kParallelElems x 4).
+  const int64_t bytes = int64_t(src.bytes()), slices = bytes > 4 * cpu::kParallelElems ? omp_get_max_threads() : 1;
+  const auto* s = static_cast<const std::byte*>(src.raw());
+  auto* d = static_cast<std::byte*>(dst.raw());
+#pragma omp parallel for schedule(static) if (slices > 1)
+  for (int64_t i = 0; i < slices; ++i) {
+    const int64_t a = bytes * i / slices, e = bytes * (i + 1) / slices;
+    std::memcpy(d + a, s + a, size_t(e - a));
+  }
 }
 void CpuBackend::fill_impl(Tensor& x, float value) {
   if (x.dtype() == DType::i32) return cpu::fill_i32(x.i32(), static_cast<int32_t>(value), x.numel());
@@ -580,14 +590,14 @@ void CpuBackend::gather_rows_impl(const Tensor& src, const Tensor& index, Tensor
   const int32_t* idx = index.i32();
   const auto* s = static_cast<const std::byte*>(src.raw());
   auto* d = static_cast<std::byte*>(dst.raw());
-#pragma omp parallel for schedule(static) if (n * w > 65536)
+#pragma omp parallel for schedule(static) if (n * w > cpu::kParallelElems)
   for (int64_t r = 0; r < n; ++r) std::memcpy(d + r * w * elem, s + int64_t(idx[r]) * w * elem, size_t(w * elem));
 }
 void CpuBackend::copy_columns_impl(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
   const int64_t n = rows_of(dst), sw = cols_of(src), dw = cols_of(dst), elem = int64_t(dtype_size(dst.dtype()));
   const auto* s = static_cast<const std::byte*>(src.raw());
   auto* d = static_cast<std::byte*>(dst.raw());
-#pragma omp parallel for schedule(static) if (n * width > 65536)
+#pragma omp parallel for schedule(static) if (n * width > cpu::kParallelElems)
   for (int64_t r = 0; r < n; ++r)
     std::memcpy(d + (r * dw + dst_col) * elem, s + (r * sw + src_col) * elem, size_t(width * elem));
 }
