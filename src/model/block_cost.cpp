@@ -26,7 +26,8 @@ BlockCollective collective(ParallelDim dim, CollectiveOp op, bool backward, doub
 // their place: the same bytes). Context parallelism (model/context_parallel.hpp): the forward all-gathers the
 // micro-batch's keys and values over the group, the backward gathers them again and reduce-scatters their gradients.
 // Without sequence parallelism the backward's two all-reduces travel behind the weight gradients of the column-parallel
-// projections whose input gradient they sum (attention's: gemms attn_w, the MLP's: mlp_w; none for the experts).
+// projections whose input gradient they sum (attention's: gemms attn_w, the MLP's: mlp_w; none for the experts); under
+// it (GPT's and Llama's blocks: collective_gemms) the reduce-scatter half of each entry does.
 // Under sequence parallelism the forward's all-gathers feed the same column-parallel GEMMs chunk by chunk (the
 // collective matmul; collective_gemms: the block runs one).
 void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c, std::vector<int> attn_w,
@@ -39,7 +40,7 @@ void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, Bloc
     }
     for (std::vector<int>* w : {&attn_w, &mlp_w}) {
       c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, act));
-      if (s.sp == 1) c.collectives.back().behind_weight_grads = *w;
+      if (s.sp == 1 || collective_gemms) c.collectives.back().behind_weight_grads = *w;
     }
   }
   if (s.cp > 1) {
@@ -145,11 +146,12 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
     const double replicated = m.q_lora_rank > 0 ? double(m.qk_rope) + r + ql : double(m.qk_rope) + r + C;
     c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 2, n * C));
     c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * C));
-    if (!b.moe.on()) c.collectives.back().behind_weight_grads = {mlp_w, mlp_w + 1};  // gate's and up's
+    // (not under sequence parallelism: MLA's blocks keep the reduce-scatters blocking there)
+    if (!b.moe.on() && s.sp == 1) c.collectives.back().behind_weight_grads = {mlp_w, mlp_w + 1};  // gate's and up's
     // The latent's and the query latent's (or attention input's) behind kv_b's and q_b's (or q's); k_pe's small part
     // (qk_rope of the columns) priced with them.
     c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * replicated));
-    c.collectives.back().behind_weight_grads = {1, q_w};
+    if (s.sp == 1) c.collectives.back().behind_weight_grads = {1, q_w};
   }
   if (s.cp > 1) {
     const double kv = n * s.cp * H * (dqk + dv);  // this tp rank's heads' keys and values of the whole sequence

@@ -204,7 +204,7 @@ class MlaLayer final : public Block {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.matmul(be, dy_all, *down_, false, g_gate, 0.f);         // (n, F) d h
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);                  // (n, F) d gate, d up
-      if (sp) {  // (no early weights under sequence parallelism: tp_.async_input_grads())
+      if (sp) {  // (no early weights under sequence parallelism: weights_in_backward())
         Tensor sums = tp_.full_rows(be, n, spec_.in, spec_.dtype);                 // (n, C) partial over tp
         fp8_.matmul(be, g_gate, *gate_, false, sums, 0.f);
         fp8_.matmul(be, g_up, *up_, false, sums, 1.f);
@@ -280,7 +280,7 @@ class MlaLayer final : public Block {
   // B and W together with the asynchronous input-gradient all-reduce (tp_.async_input_grads()): gate and up's, kv_b's
   // and q_b's (or q's) weight gradients are computed inside backward_input while the all-reduces of their inputs'
   // gradients travel (the experts' and k_pe's all-reduces stay in today's order).
-  bool weights_in_backward() const override { return tp_.async_input_grads(); }
+  bool weights_in_backward() const override { return tp_.async_input_grads() && !tp_.sequence_parallel(); }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp, r = m_.kv_lora_rank, dr = m_.qk_rope;

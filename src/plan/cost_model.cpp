@@ -118,9 +118,10 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     backward[int(ParallelDim::ep)] -= eb;
     t.ep_hidden = ef + eb;
   }
-  // Tensor parallelism's asynchronous input-gradient all-reduce (parallel.overlap, no sequence parallelism;
-  // model/tensor_parallel.hpp): each travels while the weight gradients of the projections whose input gradient it
-  // sums are computed, so min(all-reduce, those GEMMs) of it is hidden.
+  // Tensor parallelism's asynchronous input-gradient all-reduce (parallel.overlap; model/tensor_parallel.hpp): each
+  // travels while the weight gradients of the projections whose input gradient it sums are computed, so
+  // min(all-reduce, those GEMMs) of it is hidden. Under sequence parallelism the entry is an all-gather and a
+  // reduce-scatter; the reduce-scatter travels behind those weight gradients: min(reduce-scatter, those GEMMs).
   if (ctx.overlap && ctx.tp > 1 && !ctx.split_backward)
     for (const BlockCollective& c : cost.collectives) {
       if (c.behind_weight_grads.empty()) continue;
@@ -129,7 +130,9 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
         const Gemm& g = cost.gemms[size_t(i)];
         weight_grads += g.count * gemm_s(d, gp, g.K, g.N, g.M);
       }
-      const double hidden = c.count * std::min(collective_s(c, ctx, e), weight_grads);
+      const double comm =
+          ctx.sequence_parallel ? reduce_scatter_s(ctx.tp_path, c.buffer_bytes(e)) : collective_s(c, ctx, e);
+      const double hidden = c.count * std::min(comm, weight_grads);
       backward[int(ParallelDim::tp)] -= hidden;
       t.tp_hidden += hidden;
     }

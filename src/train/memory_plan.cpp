@@ -297,7 +297,11 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
                                         cp_overlaps(cfg.parallel.overlap, resolve_device(cfg.train.device)));
   }
   // Sequence parallelism: the rank's one buffer of a micro-batch's every row (n, C), shared by its blocks.
-  if (cfg.parallel.sequence_parallel && tp > 1) b.activations += sp_rows_bytes(rows, cfg.model.n_embd, compute_dtype(cfg.train.precision));
+  // With overlap (CPU) a second one, where a weight gradient's operand is gathered while the first is reduce-scattered.
+  if (cfg.parallel.sequence_parallel && tp > 1) {
+    const int64_t one = sp_rows_bytes(rows, cfg.model.n_embd, compute_dtype(cfg.train.precision));
+    b.activations += tp_overlaps(cfg.parallel.overlap, resolve_device(cfg.train.device)) ? 2 * one : one;
+  }
   return b;
 }
 
