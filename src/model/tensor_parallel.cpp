@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/memory.hpp"
+#include "model/collective_matmul.hpp"
 
 namespace relay {
 
@@ -158,6 +159,13 @@ void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Fp8
   if (!sequence_parallel()) {
     gemm.matmul(be, x, w, trans_w, y);
     allreduce_sum(y, what);
+    return;
+  }
+  if (overlap && trans_w && !gemm.on()) {  // a forward's: the collective matmul's reduce-scatter ring
+    const int64_t m = y.size(0);
+    matmul_reduce_scatter(be, *this, y, what, [&](int64_t row0, Tensor& out) {
+      gemm.matmul(be, x.rows(row0, m), w, true, out);  // (m, out) of this rank's partial sums
+    });
     return;
   }
   Tensor full = full_rows(be, x.size(0), y.size(1), y.dtype());  // (n, out) partial sums

@@ -118,7 +118,8 @@ struct TensorParallel {
   void reduce_scatter_during(const Tensor& full, Tensor& local, const char* what,
                              const std::function<void()>& meanwhile) const;
   // A row-parallel projection's partial sums, x (n, in / tp) @ W^T -> y: all-reduced into y (n, out), or under
-  // sequence parallelism computed into the shared buffer (n, out) and reduce-scattered into y (n / tp, out).
+  // sequence parallelism computed into the shared buffer (n, out) and reduce-scattered into y (n / tp, out); with
+  // overlap, a forward's (trans_w, not FP8) chunk by chunk around the reduce-scatter ring (matmul_reduce_scatter).
   // gemm: the block's linear GEMMs (FP8 under train.precision = "fp8"; trans_w: a forward, else an input gradient).
   void row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y,
                            const char* what, const Fp8Linear& gemm = Fp8Linear()) const;
