@@ -29,14 +29,19 @@ BlockCollective collective(ParallelDim dim, CollectiveOp op, bool backward, doub
 // projections whose input gradient they sum (attention's: gemms attn_w, the MLP's: mlp_w; none for the experts); under
 // it (GPT's and Llama's blocks: collective_gemms) the reduce-scatter half of each entry does.
 // Under sequence parallelism the forward's all-gathers feed the same column-parallel GEMMs chunk by chunk (the
-// collective matmul; collective_gemms: the block runs one).
+// collective matmul; collective_gemms: the block runs one), and its reduce-scatters come from the row-parallel GEMMs
+// (attn_row: o_proj / c_proj, mlp_row: down / the MLP's c_proj; none for the experts) chunk by chunk.
 void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c, std::vector<int> attn_w,
-                         std::vector<int> mlp_w, bool collective_gemms = false) {
+                         std::vector<int> mlp_w, bool collective_gemms = false, std::vector<int> attn_row = {},
+                         std::vector<int> mlp_row = {}) {
   const double act = n * double(b.in);  // one (rows, C) activation
   if (s.tp > 1) {
-    for (const std::vector<int>* w : {&attn_w, &mlp_w}) {
+    for (int part = 0; part < 2; ++part) {
       c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 1, act));
-      if (s.sp > 1 && collective_gemms) c.collectives.back().gather_feeds = *w;
+      if (s.sp > 1 && collective_gemms) {
+        c.collectives.back().gather_feeds = part == 0 ? attn_w : mlp_w;
+        c.collectives.back().scatter_from = part == 0 ? attn_row : mlp_row;
+      }
     }
     for (std::vector<int>* w : {&attn_w, &mlp_w}) {
       c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, act));
@@ -59,7 +64,7 @@ void transformer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
   c.gemms = {{n, 3 * C / t, C}, {n, C, C / t}, {n, 4 * C / t, C}, {n, C, 4 * C / t}};
   c.forward_streaming = {(2 * 2 + 2 * 3 + 2 * 2) * C / sp + (2 * 3 + 4 * 4) * C / t, 12};
   c.mlp_hidden = 4 * b.in;
-  decoder_collectives(b, s, n, c, {0}, {2}, /*collective_gemms=*/true);
+  decoder_collectives(b, s, n, c, {0}, {2}, /*collective_gemms=*/true, {1}, {3});
 }
 
 // Llama's decoder layer: q, k, v, o, then the dense SwiGLU (gate, up, down) or the mixture of experts (the router,
@@ -93,8 +98,8 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
     c.weight_streaming = {3.0 * F / t, 1};
     c.mlp_hidden = b.ffn_hidden;
   }
-  if (b.moe.on()) decoder_collectives(b, s, n, c, {0, 1, 2}, {}, /*collective_gemms=*/true);
-  else decoder_collectives(b, s, n, c, {0, 1, 2}, {4, 5}, /*collective_gemms=*/true);
+  if (b.moe.on()) decoder_collectives(b, s, n, c, {0, 1, 2}, {}, /*collective_gemms=*/true, {3}, {});
+  else decoder_collectives(b, s, n, c, {0, 1, 2}, {4, 5}, /*collective_gemms=*/true, {3}, {6});
   if (b.moe.on() && s.ep > 1) {
     const double routed = n * double(b.moe.k) * C;
     const double counts = 8.0 * double(b.moe.n_experts);
@@ -212,6 +217,7 @@ BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
         for (BlockCollective col : ic.collectives) {  // the inner layer runs B and W apart here: nothing hidden
           col.behind_weight_grads.clear();
           col.gather_feeds.clear();
+          col.scatter_from.clear();
           c.collectives.push_back(col);
         }
       }
