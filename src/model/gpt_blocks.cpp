@@ -21,9 +21,9 @@
 // c_fc and reduce-scatters the c_proj sums (the backward the reverse, and backward-weight gathers again what the
 // weight gradients need: the output gradients and the norms' outputs, so the row-parallel biases' gradients come
 // from every row), the head gathers ln_f's output. The LayerNorm weight gradients are summed over the group.
-// With parallel.overlap (issue 40) the gathers before QKV and c_fc run as collective matmuls
-// (model/collective_matmul.hpp), and without sequence parallelism B and W together all-reduce QKV's and c_fc's input
-// gradients while their weight gradients are computed (model/tensor_parallel.hpp).
+// With parallel.overlap (issue 40) the gathers before QKV and c_fc and the reduce-scatters after the c_projs run as
+// collective matmuls (model/collective_matmul.hpp), and B and W together all-reduce (under sequence parallelism
+// reduce-scatter) QKV's and c_fc's input gradients while their weight gradients are computed (model/tensor_parallel.hpp).
 #include <cmath>
 
 #include "model/blocks.hpp"
