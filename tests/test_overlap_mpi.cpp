@@ -10,7 +10,10 @@
 // or killed (SIGKILL) right after it starts a bucket's all-reduce inside the backward, a tp input gradient's all-reduce
 // or an ep dispatch still ends the job within seconds, named: the progress thread neither hides the stall from the watchdog nor keeps the job alive. On tp 2
 // (zero0_dp1_pp1_m2_tp2) overlap hides each column-parallel input gradient's all-reduce behind the layer's weight
-// gradients (Megatron's asynchronous all-reduce): the same sums, so on and off are bitwise equal there too.
+// gradients (Megatron's asynchronous all-reduce): the same sums, so on and off are bitwise equal there too. With
+// sequence parallelism (..._tp2_sp) the forward's gathers run as collective matmuls and the backward's input-gradient
+// reduce-scatters travel while the weight gradients are computed, their operands re-gathered into a second buffer
+// meanwhile: bitwise as well.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -8,6 +8,7 @@
 // count. The search's per-shape cache (plan/layout_cache.hpp) predicts every figure as a fresh prediction does.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -427,7 +428,9 @@ TEST(PlanCluster, OverlapHidesExpertAllToAllsBehindTheOtherPartsExperts) {
 // is computed. One 32B-wide GPT block (C 7168) at tp 2 across two nodes, whose all-reduces outlast the GEMMs: what
 // hides is exactly c_attn's and c_fc's weight-gradient GEMMs, and the backward is that much shorter; with overlap off
 // or with B and W apart (zb-h1) nothing hides. Under sequence parallelism the collective matmul hides the forward's
-// all-gathers instead, up to (tp - 1) / tp of the GEMMs they feed.
+// all-gathers, up to (tp - 1) / tp of the GEMMs they feed, and the reduce-scatters after the row-parallel GEMMs, up
+// to (tp - 1) / tp of those; the backward's input-gradient reduce-scatters hide behind the same weight gradients as
+// without it (not with B and W apart).
 TEST(PlanCluster, OverlapHidesTensorParallelInputGradientAllReduces) {
   const Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
   const Config cfg = load_config(src("configs/models/gpt3-175b.toml"),
@@ -457,19 +460,42 @@ TEST(PlanCluster, OverlapHidesTensorParallelInputGradientAllReduces) {
   // Sequence parallelism: the forward's two all-gathers run as collective matmuls, each hidden up to (tp - 1) / tp
   // of the GEMM its chunks feed (c_attn's, c_fc's); here each gather outlasts that half.
   ctx.sequence_parallel = true;
-  const double feeds = gemm_s(cl.device, Precision::bf16, n, 3 * C / 2, C) +  // c_attn's forward GEMM
-                       gemm_s(cl.device, Precision::bf16, n, 4 * C / 2, C);   // c_fc's
-  ASSERT_GT(all_gather_s(ctx.tp_path, 2.0 * n * C), gemm_s(cl.device, Precision::bf16, n, 4 * C / 2, C) / 2);
+  // Each GEMM of the ring runs as tp GEMMs of n / tp rows, priced so; what that costs more than the one GEMM is
+  // added to the forward (chunking).
+  auto chunked = [&](double N, double K) { return 2 * gemm_s(cl.device, Precision::bf16, n / 2, N, K); };
+  auto chunking = [&](double N, double K) { return chunked(N, K) - gemm_s(cl.device, Precision::bf16, n, N, K); };
+  const double feeds = chunked(3 * C / 2, C) + chunked(4 * C / 2, C);  // c_attn's and c_fc's forward GEMMs
+  ASSERT_GT(all_gather_s(ctx.tp_path, 2.0 * n * C), chunked(4 * C / 2, C) / 2);
   const BlockTime sp_on = block_time(cl.device, b, ctx);
   ctx.overlap = false;
   const BlockTime sp_off = block_time(cl.device, b, ctx);
+  // And the backward's input-gradient reduce-scatters (the reduce-scatter half of each entry) travel behind c_attn's
+  // and c_fc's weight gradients: min(reduce-scatter, dW) of each hidden; the gathers stay exposed.
+  const double rs = reduce_scatter_s(ctx.tp_path, 2.0 * n * C);  // one (n, C) bf16 input gradient's
+  const double backward_hidden = std::min(rs, gemm_s(cl.device, Precision::bf16, C, 3 * C / 2, n)) +
+                                 std::min(rs, gemm_s(cl.device, Precision::bf16, C, 4 * C / 2, n));
+  ASSERT_GT(backward_hidden, 0.0);
+  ASSERT_LT(backward_hidden, 2 * rs + 1e-15);
   EXPECT_EQ(sp_off.tp_hidden, 0.0);
-  EXPECT_NEAR(sp_on.tp_hidden, feeds / 2, 1e-12);
-  EXPECT_NEAR(sp_off.forward - sp_on.forward, feeds / 2, 1e-12);
-  EXPECT_NEAR(sp_off.backward_input, sp_on.backward_input, 1e-15);  // its backward collectives stay exposed
+  // The forward's reduce-scatters run as collective matmuls too: each hidden up to (tp - 1) / tp of the row-parallel
+  // GEMM whose chunks produce it (c_proj's (n, C, C / 2), the MLP's c_proj (n, C, 4C / 2)).
+  const double rs_fwd = std::min(rs, chunked(C, C / 2) / 2) + std::min(rs, chunked(C, 4 * C / 2) / 2);
+  const double chunking_s =
+      chunking(3 * C / 2, C) + chunking(4 * C / 2, C) + chunking(C, C / 2) + chunking(C, 4 * C / 2);
+  ASSERT_GT(rs_fwd, 0.0);
+  ASSERT_GE(chunking_s, 0.0);
+  EXPECT_NEAR(sp_on.tp_hidden, feeds / 2 + rs_fwd + backward_hidden, 1e-12);
+  EXPECT_NEAR(sp_off.forward - sp_on.forward, feeds / 2 + rs_fwd - chunking_s, 1e-12);
+  EXPECT_NEAR(sp_off.backward_input - sp_on.backward_input, backward_hidden, 1e-12);
+  EXPECT_NEAR(sp_off.comm_backward - sp_on.comm_backward, backward_hidden, 1e-12);
+  ctx.overlap = true;
+  ctx.split_backward = true;  // zero-bubble: B and W apart, the reduce-scatters stay blocking
+  EXPECT_NEAR(block_time(cl.device, b, ctx).tp_hidden, feeds / 2 + rs_fwd, 1e-12);
   std::printf("GPT block C 7168, 4096 rows, tp 2 across nodes: %.3f ms of %.3f ms backward all-reduces hidden; "
-              "sequence parallel: %.3f ms of the all-gathers\n",
-              1e3 * on.tp_hidden, 1e3 * 2 * all_reduce, 1e3 * sp_on.tp_hidden);
+              "sequence parallel: %.3f ms of the all-gathers and reduce-scatters (forward reduce-scatters %.3f ms, "
+              "backward %.3f ms, of %.3f ms each way)\n",
+              1e3 * on.tp_hidden, 1e3 * 2 * all_reduce, 1e3 * sp_on.tp_hidden, 1e3 * rs_fwd, 1e3 * backward_hidden,
+              1e3 * 2 * rs);
 }
 
 // The named attention option: the (T, T) scores written to memory cost more than FlashAttention on the same layout,

@@ -26,20 +26,26 @@ BlockCollective collective(ParallelDim dim, CollectiveOp op, bool backward, doub
 // their place: the same bytes). Context parallelism (model/context_parallel.hpp): the forward all-gathers the
 // micro-batch's keys and values over the group, the backward gathers them again and reduce-scatters their gradients.
 // Without sequence parallelism the backward's two all-reduces travel behind the weight gradients of the column-parallel
-// projections whose input gradient they sum (attention's: gemms attn_w, the MLP's: mlp_w; none for the experts).
+// projections whose input gradient they sum (attention's: gemms attn_w, the MLP's: mlp_w; none for the experts); under
+// it (GPT's and Llama's blocks: collective_gemms) the reduce-scatter half of each entry does.
 // Under sequence parallelism the forward's all-gathers feed the same column-parallel GEMMs chunk by chunk (the
-// collective matmul; collective_gemms: the block runs one).
+// collective matmul; collective_gemms: the block runs one), and its reduce-scatters come from the row-parallel GEMMs
+// (attn_row: o_proj / c_proj, mlp_row: down / the MLP's c_proj; none for the experts) chunk by chunk.
 void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c, std::vector<int> attn_w,
-                         std::vector<int> mlp_w, bool collective_gemms = false) {
+                         std::vector<int> mlp_w, bool collective_gemms = false, std::vector<int> attn_row = {},
+                         std::vector<int> mlp_row = {}) {
   const double act = n * double(b.in);  // one (rows, C) activation
   if (s.tp > 1) {
-    for (const std::vector<int>* w : {&attn_w, &mlp_w}) {
+    for (int part = 0; part < 2; ++part) {
       c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 1, act));
-      if (s.sp > 1 && collective_gemms) c.collectives.back().gather_feeds = *w;
+      if (s.sp > 1 && collective_gemms) {
+        c.collectives.back().gather_feeds = part == 0 ? attn_w : mlp_w;
+        c.collectives.back().scatter_from = part == 0 ? attn_row : mlp_row;
+      }
     }
     for (std::vector<int>* w : {&attn_w, &mlp_w}) {
       c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, act));
-      if (s.sp == 1) c.collectives.back().behind_weight_grads = *w;
+      if (s.sp == 1 || collective_gemms) c.collectives.back().behind_weight_grads = *w;
     }
   }
   if (s.cp > 1) {
@@ -58,7 +64,7 @@ void transformer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
   c.gemms = {{n, 3 * C / t, C}, {n, C, C / t}, {n, 4 * C / t, C}, {n, C, 4 * C / t}};
   c.forward_streaming = {(2 * 2 + 2 * 3 + 2 * 2) * C / sp + (2 * 3 + 4 * 4) * C / t, 12};
   c.mlp_hidden = 4 * b.in;
-  decoder_collectives(b, s, n, c, {0}, {2}, /*collective_gemms=*/true);
+  decoder_collectives(b, s, n, c, {0}, {2}, /*collective_gemms=*/true, {1}, {3});
 }
 
 // Llama's decoder layer: q, k, v, o, then the dense SwiGLU (gate, up, down) or the mixture of experts (the router,
@@ -92,8 +98,8 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
     c.weight_streaming = {3.0 * F / t, 1};
     c.mlp_hidden = b.ffn_hidden;
   }
-  if (b.moe.on()) decoder_collectives(b, s, n, c, {0, 1, 2}, {}, /*collective_gemms=*/true);
-  else decoder_collectives(b, s, n, c, {0, 1, 2}, {4, 5}, /*collective_gemms=*/true);
+  if (b.moe.on()) decoder_collectives(b, s, n, c, {0, 1, 2}, {}, /*collective_gemms=*/true, {3}, {});
+  else decoder_collectives(b, s, n, c, {0, 1, 2}, {4, 5}, /*collective_gemms=*/true, {3}, {6});
   if (b.moe.on() && s.ep > 1) {
     const double routed = n * double(b.moe.k) * C;
     const double counts = 8.0 * double(b.moe.n_experts);
@@ -145,11 +151,12 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
     const double replicated = m.q_lora_rank > 0 ? double(m.qk_rope) + r + ql : double(m.qk_rope) + r + C;
     c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 2, n * C));
     c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * C));
-    if (!b.moe.on()) c.collectives.back().behind_weight_grads = {mlp_w, mlp_w + 1};  // gate's and up's
+    // (not under sequence parallelism: MLA's blocks keep the reduce-scatters blocking there)
+    if (!b.moe.on() && s.sp == 1) c.collectives.back().behind_weight_grads = {mlp_w, mlp_w + 1};  // gate's and up's
     // The latent's and the query latent's (or attention input's) behind kv_b's and q_b's (or q's); k_pe's small part
     // (qk_rope of the columns) priced with them.
     c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * replicated));
-    c.collectives.back().behind_weight_grads = {1, q_w};
+    if (s.sp == 1) c.collectives.back().behind_weight_grads = {1, q_w};
   }
   if (s.cp > 1) {
     const double kv = n * s.cp * H * (dqk + dv);  // this tp rank's heads' keys and values of the whole sequence
@@ -210,6 +217,7 @@ BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
         for (BlockCollective col : ic.collectives) {  // the inner layer runs B and W apart here: nothing hidden
           col.behind_weight_grads.clear();
           col.gather_feeds.clear();
+          col.scatter_from.clear();
           c.collectives.push_back(col);
         }
       }

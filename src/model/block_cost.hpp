@@ -46,6 +46,8 @@ struct BlockCollective {
   // Under sequence parallelism, a forward all-gather run as a collective matmul with parallel.overlap
   // (model/collective_matmul.hpp): the column-parallel GEMMs (indices into gemms) its chunks feed.
   std::vector<int> gather_feeds;
+  // And its reduce-scatter run the same way: the row-parallel GEMMs (indices into gemms) whose chunks produce it.
+  std::vector<int> scatter_from;
   double buffer_bytes(double dtype_bytes) const { return dtype_bytes * elements + bytes; }
 };
 

@@ -21,9 +21,9 @@
 // c_fc and reduce-scatters the c_proj sums (the backward the reverse, and backward-weight gathers again what the
 // weight gradients need: the output gradients and the norms' outputs, so the row-parallel biases' gradients come
 // from every row), the head gathers ln_f's output. The LayerNorm weight gradients are summed over the group.
-// With parallel.overlap (issue 40) the gathers before QKV and c_fc run as collective matmuls
-// (model/collective_matmul.hpp), and without sequence parallelism B and W together all-reduce QKV's and c_fc's input
-// gradients while their weight gradients are computed (model/tensor_parallel.hpp).
+// With parallel.overlap (issue 40) the gathers before QKV and c_fc and the reduce-scatters after the c_projs run as
+// collective matmuls (model/collective_matmul.hpp), and B and W together all-reduce (under sequence parallelism
+// reduce-scatter) QKV's and c_fc's input gradients while their weight gradients are computed (model/tensor_parallel.hpp).
 #include <cmath>
 
 #include "model/blocks.hpp"
@@ -224,8 +224,9 @@ class Transformer final : public Block {
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
     const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
     fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
-    column_input_grad(be, g_fch, *p_.fc_w, g_ln2, "the MLP input-gradient all-reduce",
-                      [&] { linear_grad(be, g_fch, v(kLn2), *p_.fc_w, p_.fc_b); });  // (m, C)
+    column_input_grad(be, g_fch, *p_.fc_w, g_ln2, "the MLP input-gradient all-reduce", v(kLn2),
+                      "the sequence-parallel all-gather of ln_2",
+                      [&](const Tensor& ln2_all) { linear_grad(be, g_fch, ln2_all, *p_.fc_w, p_.fc_b); });  // (m, C)
     Tensor tmp = g_ln1;                                                               // (m, C) scratch
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
@@ -236,8 +237,9 @@ class Transformer final : public Block {
       cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv);
     else
       be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
-    column_input_grad(be, g_qkv, *p_.attn_w, g_ln1, "the attention input-gradient all-reduce",
-                      [&] { linear_grad(be, g_qkv, v(kLn1), *p_.attn_w, p_.attn_b); });  // (m, C) d ln_1 out
+    column_input_grad(be, g_qkv, *p_.attn_w, g_ln1, "the attention input-gradient all-reduce", v(kLn1),
+                      "the sequence-parallel all-gather of ln_1",
+                      [&](const Tensor& ln1_all) { linear_grad(be, g_qkv, ln1_all, *p_.attn_w, p_.attn_b); });
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                           // residual 1
   }
@@ -294,13 +296,22 @@ class Transformer final : public Block {
   // matmuls (model/collective_matmul.hpp). Not in FP8, whose tensorwise scale is the whole gathered operand's.
   bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
   // A column-parallel layer's input gradient dx (m, C) = dy (n, out / tp) @ W (out / tp, C), summed over tp
-  // (row_parallel_matmul). In backward() without sequence parallelism the sum travels while weights() computes the
-  // layer's weight gradients (which backward_weight then skips): the same sums, started earlier.
+  // (row_parallel_matmul). In backward() the sum travels while weights(x_all) computes the layer's weight gradients
+  // (which backward_weight then skips): the same sums, started earlier. x (m, C) is the layer's saved input rows;
+  // x_all, the group's (n, C) under sequence parallelism, gathered (named gather_what) while dx's GEMM runs, into the
+  // second buffer (the reduce-scatter reads the first), else x itself.
   void column_input_grad(Backend& be, const Tensor& dy, const Fp8Weight& w, Tensor& dx, const char* what,
-                         const std::function<void()>& weights) const {
+                         const Tensor& x, const char* gather_what,
+                         const std::function<void(const Tensor& x_all)>& weights) const {
     if (!early_weights_) return tp_.row_parallel_matmul(be, dy, w, false, dx, what, fp8_);
-    fp8_.matmul(be, dy, w, false, dx);  // (m, C) partial over tp
-    tp_.allreduce_sum_during(dx, what, weights);
+    if (!tp_.sequence_parallel()) {
+      fp8_.matmul(be, dy, w, false, dx);  // (m, C) partial over tp
+      return tp_.allreduce_sum_during(dx, what, [&] { weights(x); });
+    }
+    TensorParallel::PendingGather g = tp_.start_gather_rows(be, x, gather_what);  // (n, C) travels during dx's GEMM
+    Tensor sums = tp_.full_rows(be, dy.size(0), dx.size(1), dx.dtype());         // (n, C) partial over tp
+    fp8_.matmul(be, dy, w, false, sums);
+    tp_.reduce_scatter_during(sums, dx, what, [&] { weights(tp_.finish_gather(g)); });
   }
   // dW (out, in) += dy^T @ x; db (out) += colsum(dy)
   void linear_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w, Param* b) const {

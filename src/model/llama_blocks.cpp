@@ -191,7 +191,8 @@ class LlamaLayer final : public Block {
       fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
       sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce",  // (m, C) d n2
-                  [&] { gate_up_weight_grads(be, v(kN2), v(kGGate), v(kGUp)); });
+                  v(kN2), "the sequence-parallel all-gather of post_attention_layernorm",
+                  [&](const Tensor& n2_all) { gate_up_weight_grads(be, n2_all, v(kGGate), v(kGUp)); });
     }
     Tensor tmp = g_n1;                                                        // (m, C) scratch
     be.rmsnorm_backward_input(g_n2, v(kRes1), p_.norm2->compute(), v(kRstd2), tmp);
@@ -217,7 +218,8 @@ class LlamaLayer final : public Block {
       be.rmsnorm_backward_input(heads(g_ka, KV_), heads(v(kKraw), KV_), p_.k_norm->compute(), flat(v(kRstdK)), gk);
     }
     sum_over_tp(be, {{g_q, p_.q}, {g_k, p_.k}, {g_v, p_.v}}, g_n1, "the attention input-gradient all-reduce",  // (m, C)
-                [&] { qkv_weight_grads(be, v(kN1), v(kGQ), v(kGK), v(kGV)); });
+                v(kN1), "the sequence-parallel all-gather of input_layernorm",
+                [&](const Tensor& n1_all) { qkv_weight_grads(be, n1_all, v(kGQ), v(kGK), v(kGV)); });
     be.rmsnorm_backward_input(g_n1, x, p_.norm1->compute(), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                   // residual 1
   }
@@ -323,19 +325,25 @@ class LlamaLayer final : public Block {
   // collective matmuls (model/collective_matmul.hpp). Not in FP8, whose tensorwise scale is the whole gathered
   // operand's.
   bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
-  // In backward() (early_weights_, never under sequence parallelism) the all-reduce travels while `weights` computes
-  // the projections' weight gradients, which backward_weight then skips: the same sums, started earlier.
+  // In backward() (early_weights_) the all-reduce or reduce-scatter travels while weights(x_all) computes the
+  // projections' weight gradients, which backward_weight then skips: the same sums, started earlier. x (m, C) is the
+  // projections' saved input rows; x_all, the group's (n, C) under sequence parallelism, gathered (named gather_what)
+  // while the GEMMs run, into the second buffer (the reduce-scatter reads the first), else x itself.
   void sum_over_tp(Backend& be, std::initializer_list<std::pair<Tensor, Param*>> terms, Tensor& out, const char* what,
-                   const std::function<void()>& weights) {
+                   const Tensor& x, const char* gather_what, const std::function<void(const Tensor& x_all)>& weights) {
     const int64_t n = terms.begin()->first.size(0);
-    Tensor sums = tp_.sequence_parallel() ? tp_.full_rows(be, n, out.size(1), out.dtype()) : out;  // (n, C)
+    const bool sp = tp_.sequence_parallel();
+    TensorParallel::PendingGather g;
+    if (sp && early_weights_) g = tp_.start_gather_rows(be, x, gather_what);  // (n, C) travels during the GEMMs
+    Tensor sums = sp ? tp_.full_rows(be, n, out.size(1), out.dtype()) : out;  // (n, C)
     float beta = 0.f;
-    for (const auto& [g, w] : terms) {
-      fp8_.matmul(be, g, *w, false, sums, beta);
+    for (const auto& [g_i, w] : terms) {
+      fp8_.matmul(be, g_i, *w, false, sums, beta);
       beta = 1.f;
     }
-    if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(sums, out, what);
-    else if (early_weights_) tp_.allreduce_sum_during(out, what, weights);
+    if (sp && early_weights_) tp_.reduce_scatter_during(sums, out, what, [&] { weights(tp_.finish_gather(g)); });
+    else if (sp) tp_.reduce_scatter_rows(sums, out, what);
+    else if (early_weights_) tp_.allreduce_sum_during(out, what, [&] { weights(x); });
     else tp_.allreduce_sum(out, what);
   }
   // The column-parallel projections' weight gradients from their input (n, C) (gathered under sequence parallelism):

@@ -32,6 +32,7 @@
 // Under train.precision = "fp8" every linear GEMM goes through Fp8Linear (kv_a_proj_with_mqa as two GEMMs, its latent
 // rows and its rotary-key rows, each quantised on its own).
 #include "model/blocks.hpp"
+#include "model/collective_matmul.hpp"
 #include "model/fp8_linear.hpp"
 #include "model/moe.hpp"
 
@@ -137,24 +138,33 @@ class MlaLayer final : public Block {
     Tensor rstd1 = v(kRstd1), lat = v(kLat), latn = v(kLatN), rstd_lat = v(kRstdLat), lse = s.t[kLse].rows(0, n);
     const float eps = float(spec_.eps);
     be.rmsnorm_forward(x, norm1_->compute(), eps, n1, rstd1);                      // (m, C)
-    // (n, C) every row: in the shared buffer under sequence parallelism, read by every projection below before o_proj.
-    const Tensor n1_all = tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm");
+    // The projections of n1's rows (rows, C), rows [r0, r0 + rows) of the micro-batch's: q_a's (or q's), the
+    // latent's and k_pe's. Under sequence parallelism n1's (n, C) rows are gathered into the shared buffer first, or
+    // with overlap chunk by chunk as they arrive (the collective matmul).
+    const Tensor w_kva = kv_a_->compute();                                          // (r + dr, C)
+    Tensor qa = q_a_ ? v(kQa) : Tensor();  // (n, ql) with a query latent
+    auto project = [&](int64_t r0, const Tensor& rows) {
+      const int64_t k_rows = rows.size(0);
+      Tensor out_q = q_a_ ? qa.rows(r0, k_rows) : q.rows(r0, k_rows), out_lat = lat.rows(r0, k_rows);
+      Tensor out_kpe = kpe.rows(r0, k_rows);
+      fp8_.linear(be, rows, q_a_ ? *q_a_ : *q_, Tensor(), out_q);                 // (rows, ql) or (rows, H dqk)
+      fp8_.linear(be, rows, w_kva.rows(0, r), Tensor(), out_lat);                 // (rows, r)
+      fp8_.linear(be, rows, w_kva.rows(r, dr), Tensor(), out_kpe);                // (rows, dr) k_pe
+    };
+    if (collective_matmul())
+      gather_rows_matmul(be, tp_, n1, "the sequence-parallel all-gather of input_layernorm", project);
+    else
+      project(0, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"));  // (n, C) every row
     // Queries: (n, H dqk), [q_nope | q_pe] per head.
     if (q_a_) {
-      Tensor qa = v(kQa), qan = v(kQaN), rstd_qa = v(kRstdQa);
-      fp8_.linear(be, n1_all, *q_a_, Tensor(), qa);                            // (n, ql)
+      Tensor qan = v(kQaN), rstd_qa = v(kRstdQa);
       be.rmsnorm_forward(qa, q_a_norm_->compute(), eps, qan, rstd_qa);             // (n, ql)
       fp8_.linear(be, qan, *q_b_, Tensor(), q);                                // (n, H dqk) this rank's heads
-    } else {
-      fp8_.linear(be, n1_all, *q_, Tensor(), q);                               // (n, H dqk)
     }
     rope_part(be, q, H_, dqk, dn, pe, T, /*backward=*/false);                      // q_pe rotated in place
     if (m_.qk_scale != 1.0) be.scale(q, float(m_.qk_scale));                       // the softmax's mscale^2
     // Keys and values from the latent and the one shared rotary key.
-    const Tensor w_kva = kv_a_->compute();                                          // (r + dr, C)
-    fp8_.linear(be, n1_all, w_kva.rows(0, r), Tensor(), lat);                            // (n, r)
     be.rmsnorm_forward(lat, kv_a_norm_->compute(), eps, latn, rstd_lat);
-    fp8_.linear(be, n1_all, w_kva.rows(r, dr), Tensor(), kpe);                           // (n, dr) k_pe
     rope_part(be, kpe, 1, dr, 0, pe.view({n * H_ * dr}).rows(0, n * dr).view({n, dr}), T, false);  // rotated
     fp8_.linear(be, latn, *kv_b_, Tensor(), kv);                           // (n, H (dn + dv))
     for (int64_t h = 0; h < H_; ++h) {
@@ -179,9 +189,15 @@ class MlaLayer final : public Block {
       be.add(y, res1, y);                                                          // residual 2
       return;
     }
-    const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
-    fp8_.linear(be, n2_all, *gate_, Tensor(), gate);                           // (n, F) column-parallel
-    fp8_.linear(be, n2_all, *up_, Tensor(), up);
+    auto gate_up = [&](int64_t r0, const Tensor& rows) {  // (rows, C) -> gate, up's same rows (rows, F), column-parallel
+      Tensor g = gate.rows(r0, rows.size(0)), u = up.rows(r0, rows.size(0));
+      fp8_.linear(be, rows, *gate_, Tensor(), g);
+      fp8_.linear(be, rows, *up_, Tensor(), u);
+    };
+    if (collective_matmul())
+      gather_rows_matmul(be, tp_, n2, "the sequence-parallel all-gather of post_attention_layernorm", gate_up);
+    else
+      gate_up(0, tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm"));  // (n, C)
     be.swiglu_forward(gate, up, hid);                                              // (n, F)
     tp_.row_parallel_matmul(be, hid, *down_, true, y, "the MLP output all-reduce", fp8_);  // (m, C)
     be.add(y, res1, y);                                                            // residual 2
@@ -204,7 +220,7 @@ class MlaLayer final : public Block {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.matmul(be, dy_all, *down_, false, g_gate, 0.f);         // (n, F) d h
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);                  // (n, F) d gate, d up
-      if (sp) {  // (no early weights under sequence parallelism: tp_.async_input_grads())
+      if (sp) {  // (no early weights under sequence parallelism: weights_in_backward())
         Tensor sums = tp_.full_rows(be, n, spec_.in, spec_.dtype);                 // (n, C) partial over tp
         fp8_.matmul(be, g_gate, *gate_, false, sums, 0.f);
         fp8_.matmul(be, g_up, *up_, false, sums, 1.f);
@@ -280,7 +296,11 @@ class MlaLayer final : public Block {
   // B and W together with the asynchronous input-gradient all-reduce (tp_.async_input_grads()): gate and up's, kv_b's
   // and q_b's (or q's) weight gradients are computed inside backward_input while the all-reduces of their inputs'
   // gradients travel (the experts' and k_pe's all-reduces stay in today's order).
-  bool weights_in_backward() const override { return tp_.async_input_grads(); }
+  bool weights_in_backward() const override { return tp_.async_input_grads() && !tp_.sequence_parallel(); }
+  // Sequence parallelism with parallel.overlap: the forward's all-gathers of the two norms' rows run as collective
+  // matmuls (model/collective_matmul.hpp) before q_a (or q), kv_a and gate, up. Not in FP8 (its tensorwise scale is the
+  // whole gathered operand's).
+  bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp, r = m_.kv_lora_rank, dr = m_.qk_rope;

@@ -5,6 +5,7 @@
 
 #include "core/memory.hpp"
 #include "core/test_faults.hpp"
+#include "model/collective_matmul.hpp"
 
 namespace relay {
 
@@ -122,11 +123,51 @@ void TensorParallel::reduce_scatter_rows(const Tensor& full, Tensor& local, cons
   wait(*req, what);
 }
 
+TensorParallel::PendingGather TensorParallel::start_gather_rows(Backend& be, const Tensor& local,
+                                                                const char* what) const {
+  RELAY_ASSERT(sp_async_rows, "start_gather_rows without the second sequence-parallel buffer");
+  const int64_t m = local.size(0), w = local.size(1);
+  Tensor& buf = *sp_async_rows;
+  if (!buf.defined() || buf.numel() < size * m * w || buf.dtype() != local.dtype()) {
+    MemoryScope scope(MemKind::activations);
+    buf = Tensor(be, {size * m * w}, local.dtype());
+  }
+  PendingGather g;
+  g.full = buf.rows(0, size * m * w).view({size * m, w});  // (tp m, w)
+  Tensor mine = g.full.rows(rank * m, m);
+  be.copy(mine, local);
+  g.req = overlap_comm()->iallgather(g.full);
+  g.req->what = what;
+  g.what = what;
+  return g;
+}
+
+Tensor TensorParallel::finish_gather(PendingGather& g) const {
+  if (g.req) wait(*g.req, g.what);
+  g.req = nullptr;
+  return g.full;
+}
+
+void TensorParallel::reduce_scatter_during(const Tensor& full, Tensor& local, const char* what,
+                                           const std::function<void()>& meanwhile) const {
+  RequestPtr req = overlap_comm()->ireduce_scatter_sum(full, local);  // the same call as reduce_scatter_rows's
+  req->what = what;
+  meanwhile();
+  wait(*req, what);
+}
+
 void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y,
                                          const char* what, const Fp8Linear& gemm) const {
   if (!sequence_parallel()) {
     gemm.matmul(be, x, w, trans_w, y);
     allreduce_sum(y, what);
+    return;
+  }
+  if (overlap && trans_w && !gemm.on()) {  // a forward's: the collective matmul's reduce-scatter ring
+    const int64_t m = y.size(0);
+    matmul_reduce_scatter(be, *this, y, what, [&](int64_t row0, Tensor& out) {
+      gemm.matmul(be, x.rows(row0, m), w, true, out);  // (m, out) of this rank's partial sums
+    });
     return;
   }
   Tensor full = full_rows(be, x.size(0), y.size(1), y.dtype());  // (n, out) partial sums

@@ -18,6 +18,9 @@
 // al., arXiv:2104.04473): without sequence parallelism a column-parallel layer's input gradient is all-reduced
 // non-blocking while the layer's own weight gradient is computed (allreduce_sum_during), where the block's B and W run
 // back to back (Block::backward). The same sums reach the same buffers: bitwise equal to the order without overlap.
+// Under sequence parallelism the same (Megatron-LM's sequence-parallel backward): the input gradient's reduce-scatter is
+// started non-blocking and the weight gradient computed while it travels (reduce_scatter_during), its operand's rows
+// gathered into a second buffer (sp_async_rows) by a gather started before the input-gradient GEMM (start_gather_rows).
 #pragma once
 #include <functional>
 #include <memory>
@@ -54,6 +57,9 @@ struct TensorParallel {
   // Sequence parallelism: the rank's one buffer of a micro-batch's every row (n, C), shared by its blocks (they use it
   // one collective at a time); null without it.
   std::shared_ptr<Tensor> sp_rows;
+  // Sequence parallelism with overlap: a second such buffer (n, C), where a weight gradient's operand is gathered while
+  // the input gradient's partial sums in sp_rows are reduce-scattered; null otherwise.
+  std::shared_ptr<Tensor> sp_async_rows;
   // parallel.overlap on the CPU backend (the communicator then progresses on the progress thread): the blocks' fused
   // backward hides an input gradient's all-reduce behind the layer's weight gradients (async_input_grads).
   bool overlap = false;
@@ -68,10 +74,10 @@ struct TensorParallel {
   std::shared_ptr<double> waited_s;
   bool on() const { return size > 1; }
   bool sequence_parallel() const { return sp_rows != nullptr; }
-  // Whether a block running B and W together all-reduces a column-parallel input gradient while its weight gradients
-  // are computed. Not under sequence parallelism: there the weight gradients gather their operands into the shared
-  // buffer the reduce-scatter reads, and the reduce-scatter stays blocking.
-  bool async_input_grads() const { return overlap && on() && !sequence_parallel(); }
+  // Whether a block running B and W together all-reduces (reduce-scatters, under sequence parallelism) a
+  // column-parallel input gradient while its weight gradients are computed. Under sequence parallelism only with the
+  // second buffer (the weight gradient's gathered operand must not sit in the buffer the reduce-scatter reads).
+  bool async_input_grads() const { return overlap && on() && (!sequence_parallel() || sp_async_rows != nullptr); }
   // In-place sum over the group (blocking, watched); nothing when size == 1. `what` names it for the
   // watchdog ("the attention output all-reduce").
   void allreduce_sum(Tensor& t, const char* what) const;
@@ -97,8 +103,23 @@ struct TensorParallel {
   Tensor all_rows(Backend& be, const Tensor& local, const char* what) const {
     return sequence_parallel() ? gather_rows(be, local, what) : local;
   }
+  // Sequence parallelism with overlap (sp_async_rows): local (m, w) this rank's rows -> the group's rows (tp m, w) in
+  // the second buffer, an all-gather started non-blocking on overlap_comm(); finish_gather waits for it (watched,
+  // named `what`) and returns the rows (valid until the next start_gather_rows).
+  struct PendingGather {
+    Tensor full;  // (tp m, w)
+    RequestPtr req;
+    const char* what = nullptr;
+  };
+  PendingGather start_gather_rows(Backend& be, const Tensor& local, const char* what) const;
+  Tensor finish_gather(PendingGather& g) const;
+  // reduce_scatter_rows started non-blocking on overlap_comm() (the same MPI call: the same sums), `meanwhile` run on
+  // this thread while it travels (it must not touch full or local), then waited on.
+  void reduce_scatter_during(const Tensor& full, Tensor& local, const char* what,
+                             const std::function<void()>& meanwhile) const;
   // A row-parallel projection's partial sums, x (n, in / tp) @ W^T -> y: all-reduced into y (n, out), or under
-  // sequence parallelism computed into the shared buffer (n, out) and reduce-scattered into y (n / tp, out).
+  // sequence parallelism computed into the shared buffer (n, out) and reduce-scattered into y (n / tp, out); with
+  // overlap, a forward's (trans_w, not FP8) chunk by chunk around the reduce-scatter ring (matmul_reduce_scatter).
   // gemm: the block's linear GEMMs (FP8 under train.precision = "fp8"; trans_w: a forward, else an input gradient).
   void row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y,
                            const char* what, const Fp8Linear& gemm = Fp8Linear()) const;

@@ -118,9 +118,10 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     backward[int(ParallelDim::ep)] -= eb;
     t.ep_hidden = ef + eb;
   }
-  // Tensor parallelism's asynchronous input-gradient all-reduce (parallel.overlap, no sequence parallelism;
-  // model/tensor_parallel.hpp): each travels while the weight gradients of the projections whose input gradient it
-  // sums are computed, so min(all-reduce, those GEMMs) of it is hidden.
+  // Tensor parallelism's asynchronous input-gradient all-reduce (parallel.overlap; model/tensor_parallel.hpp): each
+  // travels while the weight gradients of the projections whose input gradient it sums are computed, so
+  // min(all-reduce, those GEMMs) of it is hidden. Under sequence parallelism the entry is an all-gather and a
+  // reduce-scatter; the reduce-scatter travels behind those weight gradients: min(reduce-scatter, those GEMMs).
   if (ctx.overlap && ctx.tp > 1 && !ctx.split_backward)
     for (const BlockCollective& c : cost.collectives) {
       if (c.behind_weight_grads.empty()) continue;
@@ -129,7 +130,9 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
         const Gemm& g = cost.gemms[size_t(i)];
         weight_grads += g.count * gemm_s(d, gp, g.K, g.N, g.M);
       }
-      const double hidden = c.count * std::min(collective_s(c, ctx, e), weight_grads);
+      const double comm =
+          ctx.sequence_parallel ? reduce_scatter_s(ctx.tp_path, c.buffer_bytes(e)) : collective_s(c, ctx, e);
+      const double hidden = c.count * std::min(comm, weight_grads);
       backward[int(ParallelDim::tp)] -= hidden;
       t.tp_hidden += hidden;
     }
@@ -138,16 +141,28 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // not the experts', not in FP8): each forward
   // all-gather (priced as half its all-reduce entry: the other half is the reduce-scatter) travels in tp - 1 steps
   // behind the GEMM of the chunk in hand, so up to (tp - 1) / tp of the GEMM hides it.
+  // The reduce-scatters after the row-parallel GEMMs (o_proj / c_proj, down / the MLP's c_proj) likewise: each
+  // chunk's sum travels while the next chunk's partial is computed, up to (tp - 1) / tp of the GEMM.
+  // The ring runs each of those GEMMs as tp GEMMs of n / tp rows: priced so (their tiles' waves, the weight read tp
+  // times, tp launches), the difference from the one GEMM added to the forward.
   if (ctx.overlap && ctx.sequence_parallel && ctx.tp > 1 && gp != Precision::fp8)
     for (const BlockCollective& c : cost.collectives) {
-      if (c.gather_feeds.empty()) continue;
-      double gemms = 0;
-      for (int i : c.gather_feeds) {
-        const Gemm& g = cost.gemms[size_t(i)];
-        gemms += g.count * gemm_s(d, gp, g.M, g.N, g.K);
-      }
-      const double gather = all_gather_s(ctx.tp_path, c.buffer_bytes(e));
-      const double hidden = c.count * std::min(gather, gemms * (ctx.tp - 1) / ctx.tp);
+      auto forward_gemms = [&](const std::vector<int>& idx) {
+        double sum = 0;
+        for (int i : idx) {
+          const Gemm& g = cost.gemms[size_t(i)];
+          const double chunked = g.count * ctx.tp * gemm_s(d, gp, g.M / ctx.tp, g.N, g.K);
+          t.forward += chunked - g.count * gemm_s(d, gp, g.M, g.N, g.K);
+          sum += chunked;
+        }
+        return sum * (ctx.tp - 1) / ctx.tp;
+      };
+      double hidden = 0;
+      if (!c.gather_feeds.empty())
+        hidden += std::min(all_gather_s(ctx.tp_path, c.buffer_bytes(e)), forward_gemms(c.gather_feeds));
+      if (!c.scatter_from.empty())
+        hidden += std::min(reduce_scatter_s(ctx.tp_path, c.buffer_bytes(e)), forward_gemms(c.scatter_from));
+      hidden *= c.count;
       forward[int(ParallelDim::tp)] -= hidden;
       tp_hidden_forward += hidden;
     }

@@ -45,9 +45,10 @@ struct BlockContext {
   // rows (model/context_parallel.cpp), 1/cp of the attention work: min(gather, that part) of each gather is hidden.
   // Expert parallelism's all-to-alls (model/moe.cpp's two parts, each rank's experts halved): min(one all-to-all,
   // the routed experts' GEMMs) of the forward's and of the backward's pair.
-  // Without sequence parallelism tensor parallelism's backward all-reduces travel behind the column-parallel weight
-  // gradients (BlockCollective::behind_weight_grads): min(all-reduce, those GEMMs) of each is hidden, unless B and W
-  // run apart (split_backward: zero-bubble schedules).
+  // Tensor parallelism's backward all-reduces travel behind the column-parallel weight gradients
+  // (BlockCollective::behind_weight_grads): min(all-reduce, those GEMMs) of each is hidden (under sequence parallelism
+  // min(reduce-scatter, those GEMMs): the reduce-scatter half of the entry), unless B and W run apart (split_backward:
+  // zero-bubble schedules).
   bool overlap = false, split_backward = false;
 };
 

@@ -29,8 +29,9 @@ struct StepPrediction {
   // parallel.overlap: seconds of cp's key/value all-gathers hidden behind the own rows' attention, and of ep's
   // all-to-alls hidden behind the other part's experts (not in tp_cp_comm_s, which holds what stays exposed of them)
   double cp_hidden_s = 0, ep_hidden_s = 0;
-  // parallel.overlap without sequence parallelism: seconds of tp's input-gradient all-reduces hidden behind the
-  // column-parallel weight gradients (not in tp_cp_comm_s either)
+  // parallel.overlap: seconds of tp's input-gradient all-reduces (under sequence parallelism their reduce-scatters)
+  // hidden behind the column-parallel weight gradients, and of sp's forward all-gathers behind the collective
+  // matmul's GEMMs (not in tp_cp_comm_s either)
   double tp_hidden_s = 0;
   double checkpoint_bytes = 0;            // rank 0's whole checkpoint image
   int devices = 0;

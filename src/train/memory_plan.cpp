@@ -316,7 +316,19 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
                                         cp_overlaps(cfg.parallel.overlap, resolve_device(cfg.train.device)));
   }
   // Sequence parallelism: the rank's one buffer of a micro-batch's every row (n, C), shared by its blocks.
-  if (cfg.parallel.sequence_parallel && tp > 1) b.activations += sp_rows_bytes(rows, cfg.model.n_embd, compute_dtype(cfg.train.precision));
+  // With overlap (CPU) a second one, where a weight gradient's operand is gathered while the first is reduce-scattered:
+  // allocated by GPT's and Llama's blocks when they run B and W together (not MLA's; not under zero-bubble schedules).
+  if (cfg.parallel.sequence_parallel && tp > 1) {
+    const int64_t one = sp_rows_bytes(rows, cfg.model.n_embd, compute_dtype(cfg.train.precision));
+    bool second = false;
+    if (tp_overlaps(cfg.parallel.overlap, resolve_device(cfg.train.device)) && shape.kind != ScheduleKind::zb_h1)
+      for (int c = pp_rank; c <= last; c += layout.pp)
+        for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i) {
+          const BlockKind k = layout.blocks()[size_t(i)].kind;
+          second = second || k == BlockKind::transformer || k == BlockKind::llama_layer;
+        }
+    b.activations += second ? 2 * one : one;
+  }
   return b;
 }
 

@@ -166,6 +166,9 @@ void setup_communicators(Run& r) {
       r.tp_async_comm = make_group_comm(r, r.tp_async_mpi, /*point_to_point=*/false);
       r.tp_async_comm->set_background_progress(true);
       r.tp.async_comm = r.tp_async_comm.get();
+      // sequence parallelism: a weight gradient's operand is gathered into a second buffer while the input gradient's
+      // partial sums in the first are reduce-scattered
+      if (r.cfg.parallel.sequence_parallel) r.tp.sp_async_rows = std::make_shared<Tensor>();
     }
   }
   if (r.grid.cp > 1) {
