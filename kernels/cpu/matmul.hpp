@@ -40,8 +40,8 @@ void set_bf16_gemm(Bf16Gemm mode);
 Bf16Gemm bf16_gemm();
 // The empty string when oneDNN has a bf16 matmul for this CPU, else its error message.
 std::string native_bf16_missing();
-// The seconds of one (1024 x 1024 x 1024) GEMM with bf16 inputs by each path on the calling thread's OpenMP threads:
-// the best of `trials` runs, the two paths interleaved, so that load from other processes inflates both alike.
+// The CPU seconds of one (1024 x 1024 x 1024) GEMM with bf16 inputs by each path on the calling thread's OpenMP
+// threads (the process's CPU time: time descheduled does not count): the best of `trials` runs, interleaved.
 struct Bf16GemmTiming {
   double native_s = 0, widened_s = 0;
 };

@@ -75,9 +75,10 @@ void CpuBackend::set_precision(Precision p) {
   if (p != Precision::bf16 && p != Precision::fp8) return;  // fp8's working copies and activations are bf16
   // How bf16 GEMMs run (kernels/cpu/matmul.hpp), decided once: train.cpu_bf16_gemm, or for "auto" widened to f32
   // where oneDNN has no bf16 matmul, or where its primitive takes 1.15x the widened GEMM's time or more on a 1024^3
-  // test GEMM (best of 3 each, interleaved, ~0.1 s). The widened one took 0.56-0.76 of the primitive's time on an
-  // Intel Xeon with AVX512_BF16 and no AMX, where AMD Zen 4's primitive ran at 1.9x sgemm's rate: far from the line
-  // either way, so the choice does not flip with load. A clear error for "native" on a CPU without it.
+  // test GEMM (best of 3 each, interleaved, ~0.1 s of CPU time: kernels/cpu/matmul.hpp). The widened one took
+  // 0.56-0.76 of the primitive's time on an Intel Xeon with AVX512_BF16 and no AMX, where AMD Zen 4's primitive ran
+  // at 1.9x sgemm's rate: far from the line either way. Every rank of a job then takes world rank 0's choice
+  // (train/setup.cpp: adopt_bf16_gemm), so the ranks multiply alike. A clear error for "native" on a CPU without it.
   const std::string missing = cpu::native_bf16_missing();
   bool widen = bf16_gemm_ == "widened";
   if (bf16_gemm_ == "native" && !missing.empty()) throw Error(cat(missing, " (train.cpu_bf16_gemm = \"native\")"));
@@ -99,6 +100,13 @@ void CpuBackend::set_precision(Precision p) {
   } else {
     bf16_note_ = cat("bf16 GEMMs ", bf16_gemm_);
   }
+  cpu::set_bf16_gemm(widen ? cpu::Bf16Gemm::widened : cpu::Bf16Gemm::native);
+}
+
+void CpuBackend::adopt_bf16_gemm(int widen, const std::string& note) {
+  if (auto_widen_ < 0) return;  // not timed here: configured, or no choice to make
+  auto_widen_ = widen;
+  bf16_note_ = note;
   cpu::set_bf16_gemm(widen ? cpu::Bf16Gemm::widened : cpu::Bf16Gemm::native);
 }
 

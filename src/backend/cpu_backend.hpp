@@ -12,6 +12,12 @@ class CpuBackend final : public Backend {
   std::string describe() const override;
   int64_t available_bytes() const override;
   void set_precision(Precision p) override;
+  // train.cpu_bf16_gemm = "auto": the choice this backend timed (1 widened, 0 native; -1 not timed: not bf16, or
+  // configured, or no native path) and its note; adopt_bf16_gemm makes another rank's choice this one's, so that
+  // every rank of a job multiplies bf16 the same way (train/setup.cpp takes world rank 0's).
+  int bf16_auto_choice() const { return auto_widen_; }
+  const std::string& bf16_note() const { return bf16_note_; }
+  void adopt_bf16_gemm(int widen, const std::string& note);
   bool supports(DType) const override { return true; }
 
   std::shared_ptr<std::byte> allocate(size_t bytes) override;

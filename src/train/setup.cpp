@@ -7,6 +7,7 @@
 #include <numeric>
 #include <thread>
 
+#include "backend/cpu_backend.hpp"
 #include "comm/mpi_check.hpp"
 #include "core/error.hpp"
 #include "core/memory.hpp"
@@ -136,6 +137,18 @@ void setup_grid_and_backend(Run& r) {
     bo.gpu = r.grid.local_rank % n;
   }
   r.be = make_backend(bo);
+  // train.cpu_bf16_gemm = "auto": one choice for the job, world rank 0's (each rank timed its own; a rank that chose
+  // otherwise would round its GEMMs differently from the others and from the serial run).
+  if (auto* cpu = dynamic_cast<CpuBackend*>(r.be.get())) {
+    int widen = cpu->bf16_auto_choice();
+    MPI_Bcast(&widen, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    std::string note = cpu->bf16_note();
+    int len = int(note.size());
+    MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    note.resize(size_t(len));
+    MPI_Bcast(note.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (widen >= 0) cpu->adopt_bf16_gemm(widen, note);
+  }
   const char* verify = std::getenv("RELAY_VERIFY_TIED");
   r.verify_tied = verify && std::string(verify) == "1";
 }
