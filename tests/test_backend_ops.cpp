@@ -1016,6 +1016,41 @@ std::vector<OpCase> all_cases() {
     }
   }
 
+  // Context parallelism's merge of two partial attentions (attention_merge, parallel.overlap): out and lse of part 1
+  // overwritten with the merge with part 2. lse values in [-3, 3] with every 5th of part 1 and every 7th of part 2
+  // -inf (a query that sees no key of that part: its out there is garbage, here NaN, and must never be read), so some
+  // rows have both -inf (left as they were); hd 16, 40, 128 (DeepSeek-V3's value head), fp32 and bf16.
+  struct Merge { int64_t B, T, H, hd; };
+  for (DType x : float_types) {
+    const std::string sx = suffix(x);
+    for (Merge g : {Merge{1, 1, 1, 16}, Merge{2, 13, 3, 40}, Merge{2, 37, 4, 128}}) {
+      const std::string d = "B" + std::to_string(g.B) + "_T" + std::to_string(g.T) + "_H" + std::to_string(g.H) +
+                            "_hd" + std::to_string(g.hd);
+      add("attention_merge_" + d + sx, kTolFlash, [=](Backend& be) {
+        const int64_t n = g.B * g.T, C = g.H * g.hd, rows = g.B * g.H * g.T;
+        std::vector<float> l1 = random_values(rows, 171, -3, 3), l2 = random_values(rows, 172, -3, 3);  // (B, H, T)
+        std::vector<float> o1 = random_values(n * C, 174, -2, 2), o2 = random_values(n * C, 173, -2, 2);  // (n, C)
+        for (int64_t i = 0; i < rows; i += 5) l1[size_t(i)] = -INFINITY;
+        for (int64_t i = 0; i < rows; i += 7) l2[size_t(i)] = -INFINITY;
+        for (int64_t i = 0; i < rows; ++i) {  // i = (b H + h) T + t; a part's out where its lse is -inf: NaN garbage
+          const int64_t b = i / (g.H * g.T), h = i / g.T % g.H, t = i % g.T;
+          for (int64_t j = 0; j < g.hd; ++j) {
+            const size_t at = size_t((b * g.T + t) * C + h * g.hd + j);
+            if (l1[size_t(i)] == -INFINITY) o1[at] = NAN;
+            if (l2[size_t(i)] == -INFINITY) o2[at] = NAN;
+          }
+        }
+        Tensor o(be, {n, C}, x), o2t(be, {n, C}, x), lse(be, {g.B, g.H, g.T}), lse2(be, {g.B, g.H, g.T});
+        upload_values(be, o, o1);
+        upload_values(be, o2t, o2);
+        be.upload(lse, l1.data());
+        be.upload(lse2, l2.data());
+        be.attention_merge(o, lse, o2t, lse2, g.B, g.T, g.H);
+        return std::vector{out(be, "out", o), out(be, "lse", lse)};
+      });
+    }
+  }
+
   // Mixture of experts (model/moe.cpp): the router over (E, k) x renormalisation x expert bias, its backward with and
   // without the aux loss's per-sequence gradient (T rows per sequence) and the z-loss, the combine (weighted, and
   // unweighted as the backward uses it) and its backward over random row permutations. Each row runs n = 1, 7, 64,

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/attention_merge.cuh"
 #include "kernels/cuda/bias.cuh"
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/fp8_amax.cuh"
@@ -1119,10 +1120,15 @@ class CudaBackend final : public Backend {
     });
   }
 
-  // Context parallelism's overlapped attention (parallel.overlap) merges two partial attentions; no CUDA kernel yet.
-  void attention_merge_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, int64_t) override {
-    throw Error("attention_merge: context parallelism with parallel.overlap = true has no CUDA kernel yet; "
-                "hint: set parallel.overlap = false with parallel.cp > 1 on train.device = \"cuda\"");
+  // Context parallelism's overlapped attention (parallel.overlap): out (B*T, H*hd) and lse (B, H, T) become the
+  // merge of themselves and out2, lse2 (the same shapes), the CPU's rule.
+  void attention_merge_impl(Tensor& out, Tensor& lse, const Tensor& out2, const Tensor& lse2, int64_t B, int64_t T,
+                            int64_t H) override {
+    bind();
+    by_dtype(out, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::attention_merge(ptr<X>(out), lse.f32(), ptr<X>(out2), lse2.f32(), B, T, H, cols_of(out) / H, stream_);
+    });
   }
 
   // Context parallelism: a rank's query rows (B*Tq, H*hd) at positions q_pos (B*Tq) against the sequences' gathered

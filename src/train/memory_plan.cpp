@@ -294,7 +294,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
       for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
         mine.push_back(layout.blocks()[static_cast<size_t>(i)]);
     b.activations += cp_attention_bytes(mine, tp, cp, rows,
-                                        cp_overlaps(cfg.parallel.overlap, resolve_device(cfg.train.device)));
+                                        cp_overlaps(cfg.parallel.overlap));
   }
   // Sequence parallelism: the rank's one buffer of a micro-batch's every row (n, C), shared by its blocks.
   if (cfg.parallel.sequence_parallel && tp > 1) b.activations += sp_rows_bytes(rows, cfg.model.n_embd, compute_dtype(cfg.train.precision));
