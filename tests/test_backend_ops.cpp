@@ -894,6 +894,15 @@ std::vector<OpCase> all_cases() {
         be.rope(xin, g.T, g.hd, g.theta, g.pos0, true, xin);  // the backward, in place
         return std::vector{out(be, "y", y), out(be, "inverse_inplace", xin)};
       });
+      // YaRN (model.rope_scaling = "yarn", DeepSeek-V3's factor 40 over 4096 positions, beta 32 and 1; mscale 0: the
+      // cos/sin factor 0.1 ln 40 + 1): blended frequencies on the ramp between low and high, the factor on cos and sin.
+      const RopeScaling yarn = yarn_scaling(40.0, 4096.0, 32.0, 1.0, 0.0, 0.0, g.hd, g.theta);
+      add("rope_yarn_" + d + sx, kTolFp32, [=](Backend& be) {
+        Tensor xin = input(be, {g.n, g.heads * g.hd}, 133, x, -2, 2), y(be, {g.n, g.heads * g.hd}, x);
+        be.rope(xin, g.T, g.hd, g.theta, g.pos0, false, y, Tensor(), yarn);
+        be.rope(xin, g.T, g.hd, g.theta, g.pos0, true, xin, Tensor(), yarn);  // the backward, in place
+        return std::vector{out(be, "y", y), out(be, "backward_inplace", xin)};
+      });
       if (g.n % g.T == 0 && g.pos0 == 0)  // positions restarting with each document (data.document_mask)
         add("rope_document_positions_" + d + sx, kTolFp32, [=](Backend& be) {
           std::vector<int32_t> ds, pos;

@@ -954,15 +954,12 @@ class CudaBackend final : public Backend {
 
   void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
                  Tensor& y, const Tensor& positions, const RopeScaling& scaling) override {
-    // The CUDA kernel computes plain angles on the device (kernels/cuda/rope.cu); YaRN's are not there yet.
-    if (scaling.on())
-      throw Error("rope: YaRN rotary scaling (model.rope_scaling = \"yarn\") runs on the CPU backend only; the CUDA "
-                  "rope kernel has plain rotary angles (train.device = \"cpu\")");
+    // The angles, YaRN's included, are computed on the device from the host's formulas (kernels/rope_angles.hpp).
     bind();
     by_dtype(x, [&](auto* t) {
       using X = X_OF(t);
       cuda::rope(ptr<X>(x), ptr<X>(y), rows_of(x), T, cols_of(x) / head_dim, head_dim, theta, pos0, inverse,
-                 i32_or_null(positions), stream_);
+                 i32_or_null(positions), scaling, stream_);
     });
   }
 
