@@ -1,5 +1,6 @@
 // Rotary embedding kernel: one thread per (row, frequency i), which computes the angle's cos and sin once
-// (in double, as kernels/rope_angles.hpp does on the CPU; YaRN's frequencies and factor when scaling is on) and rotates the pair (i, i + hd/2) of every head.
+// (in double, as kernels/rope_angles.hpp does on the CPU; YaRN's frequencies and factor when scaling is on) and
+// rotates the pair (i, i + hd/2) of every head.
 // Each pair is read before it is written by the same thread, so y may alias x.
 #include "kernels/cuda/rope.cuh"
 

@@ -13,8 +13,8 @@
 namespace relay::cuda {
 
 // y (rows, heads * hd) = x rotated, row r at position pos0 + r % T, or pos0 + positions[r] (device, rows; null: the
-// former); inverse rotates by minus the angle. y may alias x. scaling: YaRN's frequencies and cos/sin factor (off by
-// default: plain angles).
+// former); inverse rotates by minus the angle. y may alias x. scaling: YaRN's frequencies and cos/sin factor (a default
+// RopeScaling: plain angles).
 template <typename X>
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
           bool inverse, const int32_t* positions, const RopeScaling& scaling, cudaStream_t stream);
