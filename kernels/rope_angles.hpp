@@ -23,7 +23,7 @@ struct RopeScaling {
   float factor = 1.f;
   double low = 0, high = 0;  // transformers' find_correction_range (truncated to integers, as its default truncate)
   float attention = 1.f;     // transformers' attention_factor (attention_scaling on cos and sin)
-  bool on() const { return factor != 1.f || attention != 1.f; }
+  RELAY_HOST_DEVICE bool on() const { return factor != 1.f || attention != 1.f; }
 };
 
 // float(theta) ** (float(2i) / hd) as torch's float32 pow, rounded from double (its error is below
@@ -41,19 +41,25 @@ RELAY_HOST_DEVICE inline void rope_cos_sin(int64_t pos, int64_t i, int64_t head_
 }
 
 // YaRN's frequency i, transformers' float32 steps: inv_freq_interpolation * (1 - e) + inv_freq_extrapolation * e
-// with e = 1 - clamp((i - low) / (high - low), 0, 1).
-inline float yarn_inv_freq(int64_t i, int64_t head_dim, double theta, const RopeScaling& y) {
+// with e = 1 - clamp((i - low) / (high - low), 0, 1). On the GPU the blend is rounded product by product, as the
+// host computes it (nvcc would fuse it into an FMA, another rounding: the angle at position p would move by p ulps).
+RELAY_HOST_DEVICE inline float yarn_inv_freq(int64_t i, int64_t head_dim, double theta, const RopeScaling& y) {
   const float pos_freq = float(pow(double(float(theta)), double(float(2 * i) / float(head_dim))));
   const float extrapolation = 1.0f / pos_freq, interpolation = 1.0f / (y.factor * pos_freq);
   const double high = y.high == y.low ? y.high + 0.001 : y.high;  // transformers' guard against a zero-width ramp
-  const float ramp = std::clamp((float(i) - float(y.low)) / float(high - y.low), 0.0f, 1.0f);
+  const float r = (float(i) - float(y.low)) / float(high - y.low);
+  const float ramp = r < 0.0f ? 0.0f : (1.0f < r ? 1.0f : r);  // std::clamp(r, 0, 1), also on the device
   const float e = 1.0f - ramp;
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(interpolation, 1.0f - e), __fmul_rn(extrapolation, e));
+#else
   return interpolation * (1.0f - e) + extrapolation * e;
+#endif
 }
 // cos and sin of position pos's angle for frequency i under YaRN, each times attention (transformers' cos() and sin()
 // in float32, then * attention_scaling).
-inline void rope_cos_sin(int64_t pos, int64_t i, int64_t head_dim, double theta, const RopeScaling& y, float& c,
-                         float& s) {
+RELAY_HOST_DEVICE inline void rope_cos_sin(int64_t pos, int64_t i, int64_t head_dim, double theta,
+                                           const RopeScaling& y, float& c, float& s) {
   if (!y.on()) return rope_cos_sin(pos, i, head_dim, theta, c, s);
   const float a = float(pos) * yarn_inv_freq(i, head_dim, theta, y);
   c = float(cos(double(a))) * y.attention;

@@ -894,6 +894,15 @@ std::vector<OpCase> all_cases() {
         be.rope(xin, g.T, g.hd, g.theta, g.pos0, true, xin);  // the backward, in place
         return std::vector{out(be, "y", y), out(be, "inverse_inplace", xin)};
       });
+      // YaRN (model.rope_scaling = "yarn", DeepSeek-V3's factor 40 over 4096 positions, beta 32 and 1; mscale 0: the
+      // cos/sin factor 0.1 ln 40 + 1): blended frequencies on the ramp between low and high, the factor on cos and sin.
+      const RopeScaling yarn = yarn_scaling(40.0, 4096.0, 32.0, 1.0, 0.0, 0.0, g.hd, g.theta);
+      add("rope_yarn_" + d + sx, kTolFp32, [=](Backend& be) {
+        Tensor xin = input(be, {g.n, g.heads * g.hd}, 133, x, -2, 2), y(be, {g.n, g.heads * g.hd}, x);
+        be.rope(xin, g.T, g.hd, g.theta, g.pos0, false, y, Tensor(), yarn);
+        be.rope(xin, g.T, g.hd, g.theta, g.pos0, true, xin, Tensor(), yarn);  // the backward, in place
+        return std::vector{out(be, "y", y), out(be, "backward_inplace", xin)};
+      });
       if (g.n % g.T == 0 && g.pos0 == 0)  // positions restarting with each document (data.document_mask)
         add("rope_document_positions_" + d + sx, kTolFp32, [=](Backend& be) {
           std::vector<int32_t> ds, pos;
@@ -1013,6 +1022,41 @@ std::vector<OpCase> all_cases() {
           return std::vector{out(be, "dq", dq), out(be, "dk", dk), out(be, "dv", dv)};
         });
       }
+    }
+  }
+
+  // Context parallelism's merge of two partial attentions (attention_merge, parallel.overlap): out and lse of part 1
+  // overwritten with the merge with part 2. lse values in [-3, 3] with every 5th of part 1 and every 7th of part 2
+  // -inf (a query that sees no key of that part: its out there is garbage, here NaN, and must never be read), so some
+  // rows have both -inf (left as they were); hd 16, 40, 128 (DeepSeek-V3's value head), fp32 and bf16.
+  struct Merge { int64_t B, T, H, hd; };
+  for (DType x : float_types) {
+    const std::string sx = suffix(x);
+    for (Merge g : {Merge{1, 1, 1, 16}, Merge{2, 13, 3, 40}, Merge{2, 37, 4, 128}}) {
+      const std::string d = "B" + std::to_string(g.B) + "_T" + std::to_string(g.T) + "_H" + std::to_string(g.H) +
+                            "_hd" + std::to_string(g.hd);
+      add("attention_merge_" + d + sx, kTolFlash, [=](Backend& be) {
+        const int64_t n = g.B * g.T, C = g.H * g.hd, rows = g.B * g.H * g.T;
+        std::vector<float> l1 = random_values(rows, 171, -3, 3), l2 = random_values(rows, 172, -3, 3);  // (B, H, T)
+        std::vector<float> o1 = random_values(n * C, 174, -2, 2), o2 = random_values(n * C, 173, -2, 2);  // (n, C)
+        for (int64_t i = 0; i < rows; i += 5) l1[size_t(i)] = -INFINITY;
+        for (int64_t i = 0; i < rows; i += 7) l2[size_t(i)] = -INFINITY;
+        for (int64_t i = 0; i < rows; ++i) {  // i = (b H + h) T + t; a part's out where its lse is -inf: NaN garbage
+          const int64_t b = i / (g.H * g.T), h = i / g.T % g.H, t = i % g.T;
+          for (int64_t j = 0; j < g.hd; ++j) {
+            const size_t at = size_t((b * g.T + t) * C + h * g.hd + j);
+            if (l1[size_t(i)] == -INFINITY) o1[at] = NAN;
+            if (l2[size_t(i)] == -INFINITY) o2[at] = NAN;
+          }
+        }
+        Tensor o(be, {n, C}, x), o2t(be, {n, C}, x), lse(be, {g.B, g.H, g.T}), lse2(be, {g.B, g.H, g.T});
+        upload_values(be, o, o1);
+        upload_values(be, o2t, o2);
+        be.upload(lse, l1.data());
+        be.upload(lse2, l2.data());
+        be.attention_merge(o, lse, o2t, lse2, g.B, g.T, g.H);
+        return std::vector{out(be, "out", o), out(be, "lse", lse)};
+      });
     }
   }
 

@@ -270,7 +270,8 @@ TEST_F(GpuTraining, Zero2And3MatchSerial) {
 // into 4 chunks, each rank attends with its two chunks' queries at their positions to the gathered keys (the CUDA
 // positioned attention, flash_attention_gqa_forward_at / _backward_at), and the key gradients are reduce-scattered.
 // GPT and its Llama twin (grouped-query attention), with and without data.document_mask, equal the GPU's serial run
-// in every loss and final tensor.
+// in every loss and final tensor, with parallel.overlap (the default: the own rows' attention while the gathers travel,
+// the two parts merged by kernels/cuda/attention_merge.cu) and without it (the gathers first).
 TEST_F(GpuTraining, ContextParallelMatchesSerial) {
   Problem g = make_gpt_problem(dir_.path() + "/cp");
   write_documents(dir_.file("cp_docs.h5"));
@@ -297,6 +298,11 @@ TEST_F(GpuTraining, ContextParallelMatchesSerial) {
       expect_close(read_losses(dir_.file(m + "_cp2")), read_losses(dir_.file(m + "_serial")), m + " cp2 on the GPU");
       expect_same_tensors(read_checkpoint(ckpt(m + "_cp2", 6)), read_checkpoint(ckpt(m + "_serial", 6)), 1e-5,
                           m + " cp2 tensors");
+      run(2, m + "_cp2_no_overlap", {"parallel.comm=\"mpi\"", "parallel.cp=2", "parallel.overlap=false"});
+      expect_close(read_losses(dir_.file(m + "_cp2_no_overlap")), read_losses(dir_.file(m + "_serial")),
+                   m + " cp2 without overlap on the GPU");
+      expect_same_tensors(read_checkpoint(ckpt(m + "_cp2_no_overlap", 6)), read_checkpoint(ckpt(m + "_serial", 6)),
+                          1e-5, m + " cp2 tensors without overlap");
       if (!masked) continue;
       // bf16 (the positioned kernels on bf16 tensors, the exchanges in bf16): cp 2 tracks the bf16 serial run and
       // both track fp32 within 1%, as bf16 does elsewhere.

@@ -1,5 +1,6 @@
 // Rotary embedding kernel: one thread per (row, frequency i), which computes the angle's cos and sin once
-// (in double, as kernels/rope_angles.hpp does on the CPU) and rotates the pair (i, i + hd/2) of every head.
+// (in double, as kernels/rope_angles.hpp does on the CPU; YaRN's frequencies and factor when scaling is on) and
+// rotates the pair (i, i + hd/2) of every head.
 // Each pair is read before it is written by the same thread, so y may alias x.
 #include "kernels/cuda/rope.cuh"
 
@@ -11,13 +12,13 @@ namespace relay::cuda {
 
 template <typename X>
 __global__ void rope_kernel(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta,
-                            int64_t pos0, bool inverse, const int32_t* positions) {
+                            int64_t pos0, bool inverse, const int32_t* positions, RopeScaling scaling) {
   const int64_t half = hd / 2, cols = heads * hd;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * half;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / half, f = i % half;
     float c, s;
-    rope_cos_sin(pos0 + (positions ? int64_t(positions[r]) : r % T), f, hd, theta, c, s);
+    rope_cos_sin(pos0 + (positions ? int64_t(positions[r]) : r % T), f, hd, theta, scaling, c, s);
     if (inverse) s = -s;
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t at = r * cols + h * hd + f;
@@ -30,18 +31,18 @@ __global__ void rope_kernel(const X* x, X* y, int64_t rows, int64_t T, int64_t h
 
 template <typename X>
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
-          bool inverse, const int32_t* positions, cudaStream_t stream) {
+          bool inverse, const int32_t* positions, const RopeScaling& scaling, cudaStream_t stream) {
   RELAY_ASSERT(rows >= 0 && T > 0 && heads > 0 && hd > 0 && hd % 2 == 0 && pos0 >= 0,
                "rope: rows " << rows << ", T " << T << ", heads " << heads << ", head dim " << hd << ", pos0 " << pos0);
   if (rows == 0) return;
   rope_kernel<X><<<grid_for(rows * (hd / 2)), kBlock, 0, stream>>>(x, y, rows, T, heads, hd, theta, pos0, inverse,
-                                                                    positions);
+                                                                    positions, scaling);
   CUDA_CHECK(cudaGetLastError());
 }
 
 #define INST(X) \
   template void rope<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool, const int32_t*, \
-                        cudaStream_t);
+                        const RopeScaling&, cudaStream_t);
 RELAY_CUDA_FOR_FLOAT_TYPES(INST)
 #undef INST
 

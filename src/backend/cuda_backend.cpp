@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/attention_merge.cuh"
 #include "kernels/cuda/bias.cuh"
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/fp8_amax.cuh"
@@ -953,15 +954,12 @@ class CudaBackend final : public Backend {
 
   void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
                  Tensor& y, const Tensor& positions, const RopeScaling& scaling) override {
-    // The CUDA kernel computes plain angles on the device (kernels/cuda/rope.cu); YaRN's are not there yet.
-    if (scaling.on())
-      throw Error("rope: YaRN rotary scaling (model.rope_scaling = \"yarn\") runs on the CPU backend only; the CUDA "
-                  "rope kernel has plain rotary angles (train.device = \"cpu\")");
+    // The angles, YaRN's included, are computed on the device from the host's formulas (kernels/rope_angles.hpp).
     bind();
     by_dtype(x, [&](auto* t) {
       using X = X_OF(t);
       cuda::rope(ptr<X>(x), ptr<X>(y), rows_of(x), T, cols_of(x) / head_dim, head_dim, theta, pos0, inverse,
-                 i32_or_null(positions), stream_);
+                 i32_or_null(positions), scaling, stream_);
     });
   }
 
@@ -1119,10 +1117,15 @@ class CudaBackend final : public Backend {
     });
   }
 
-  // Context parallelism's overlapped attention (parallel.overlap) merges two partial attentions; no CUDA kernel yet.
-  void attention_merge_impl(Tensor&, Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, int64_t) override {
-    throw Error("attention_merge: context parallelism with parallel.overlap = true has no CUDA kernel yet; "
-                "hint: set parallel.overlap = false with parallel.cp > 1 on train.device = \"cuda\"");
+  // Context parallelism's overlapped attention (parallel.overlap): out (B*T, H*hd) and lse (B, H, T) become the
+  // merge of themselves and out2, lse2 (the same shapes), the CPU's rule.
+  void attention_merge_impl(Tensor& out, Tensor& lse, const Tensor& out2, const Tensor& lse2, int64_t B, int64_t T,
+                            int64_t H) override {
+    bind();
+    by_dtype(out, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::attention_merge(ptr<X>(out), lse.f32(), ptr<X>(out2), lse2.f32(), B, T, H, cols_of(out) / H, stream_);
+    });
   }
 
   // Context parallelism: a rank's query rows (B*Tq, H*hd) at positions q_pos (B*Tq) against the sequences' gathered

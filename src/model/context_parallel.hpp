@@ -32,9 +32,9 @@ struct ContextParallel {
   bool on() const { return size > 1; }
 };
 
-// Whether context parallelism overlaps its key/value exchanges (parallel.overlap): on the CPU backend only for now,
-// the CUDA backend having no attention_merge kernel (it runs cp in today's order). Run setup and the memory plan ask.
-inline bool cp_overlaps(bool overlap, Device device) { return overlap && device != Device::cuda; }
+// Whether context parallelism overlaps its key/value exchanges (parallel.overlap): on both backends (the CUDA one
+// merges the two partial attentions with kernels/cuda/attention_merge.cu). Run setup and the memory plan ask.
+inline bool cp_overlaps(bool overlap) { return overlap; }
 
 // The position in its sequence (of T) of local row j (0 <= j < T / cp) of cp rank `rank`.
 inline int64_t cp_position(int64_t T, int cp, int rank, int64_t j) {

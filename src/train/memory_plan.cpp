@@ -313,7 +313,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
       for (int i = layout.chunks[static_cast<size_t>(c)].begin; i < layout.chunks[static_cast<size_t>(c)].end; ++i)
         mine.push_back(layout.blocks()[static_cast<size_t>(i)]);
     b.activations += cp_attention_bytes(mine, tp, cp, rows,
-                                        cp_overlaps(cfg.parallel.overlap, resolve_device(cfg.train.device)));
+                                        cp_overlaps(cfg.parallel.overlap));
   }
   // Sequence parallelism: the rank's one buffer of a micro-batch's every row (n, C), shared by its blocks.
   // With overlap (CPU) a second one, where a weight gradient's operand is gathered while the first is reduce-scattered:

@@ -186,12 +186,8 @@ void setup_communicators(Run& r) {
   }
   if (r.grid.cp > 1) {
     r.cp_comm = make_group_comm(r, r.grid.cp_comm, /*point_to_point=*/false);
-    // parallel.overlap: the key/value all-gathers progress on the progress thread while the own rows' attention runs
-    // (cp_overlaps: CPU only for now; on CUDA today's order, said once).
-    const bool cp_overlap = cp_overlaps(r.cfg.parallel.overlap, r.be->device());
-    if (r.cfg.parallel.overlap && !cp_overlap && r.grid.world_rank == 0)
-      std::printf("relay: context parallelism on CUDA: the key/value all-gathers are not overlapped yet (no "
-                  "attention_merge kernel); parallel.overlap applies to the data-parallel moves only\n");
+    // parallel.overlap: the key/value all-gathers progress on the progress thread while the own rows' attention runs.
+    const bool cp_overlap = cp_overlaps(r.cfg.parallel.overlap);
     if (cp_overlap) r.cp_comm->set_background_progress(true);
     r.cp = ContextParallel{r.cp_comm.get(), r.grid.cp, r.grid.cp_rank,
                            std::make_shared<CpAttention>(r.cp_comm.get(), r.grid.cp, r.grid.cp_rank, cp_overlap)};
