@@ -51,6 +51,8 @@ constexpr double kTolBf16Gemm = 2e-4;   // bf16 a, b: the products are exact in 
 constexpr double kBf16Ulp = 0x1p-7;     // added for a bf16 output: float results that differ in their last
                                         // bits can round to neighbouring bf16 values, one ulp apart, and
                                         // one bf16 ulp is at most 2^-7 of the value (8 significant bits)
+constexpr double kTolFp8Gemm = 5e-5;   // FP8 GEMMs: exact products, float sums of up to 260 terms in another
+                                        // order (the CPU's sgemm blocks, the GPU's one thread per output)
 constexpr double kTolSumSq = 1e-9;      // both backends square and sum in double
 constexpr double kTolMlp = 1e-4;        // a chain of ~15 fp32 ops
 constexpr double kTolMlpBf16 = 5e-2;    // the same chain on bf16 activations and working weights on both
@@ -189,6 +191,11 @@ Output out(Backend& be, const std::string& name, const Tensor& t) {
     std::vector<int32_t> v(static_cast<size_t>(t.numel()));
     be.download(v.data(), t);
     for (size_t i = 0; i < v.size(); ++i) o.values[i] = v[i];
+  } else if (t.dtype() == DType::fp8_e4m3 || t.dtype() == DType::fp8_e5m2) {
+    std::vector<uint8_t> v(static_cast<size_t>(t.numel()));  // the codes, compared as integers
+    be.download(v.data(), t);
+    for (size_t i = 0; i < v.size(); ++i) o.values[i] = v[i];
+    o.exact = true;
   } else if (t.dtype() == DType::bf16) {
     std::vector<bf16> v(static_cast<size_t>(t.numel()));
     be.download(v.data(), t);
@@ -692,6 +699,80 @@ std::vector<OpCase> all_cases() {
               o.exact = true;
               return std::vector{o};
             });
+
+  // FP8 codes and scales (kernels/cuda/fp8_quantize.cu against kernels/cpu/fp8_quantize.cpp): bit for bit, every
+  // tiling and format, 130 x 257 (off every 128 edge) holding zeros, values far below their tile's amax (the
+  // format's subnormals), the tile maxima themselves (the max finite code) and an all-zero 1 x 128 tile; "_allzero"
+  // an all-zero tensor (scale 1); "_given_amax" quantises with an amax a quarter of the true one, so that most codes
+  // saturate, as a shard's agreed amax never would but the kernel must still get right.
+  for (DType x : float_types)
+    for (DType qt : {DType::fp8_e4m3, DType::fp8_e5m2})
+      for (Fp8Tiling tiling : {Fp8Tiling::tensor, Fp8Tiling::row_1x128, Fp8Tiling::col_128x1, Fp8Tiling::block_128x128})
+        for (const char* variant : {"", "_allzero", "_given_amax"})
+          add(std::string("fp8_quantize_") +
+                  (tiling == Fp8Tiling::tensor ? "tensor" : tiling == Fp8Tiling::row_1x128 ? "1x128"
+                   : tiling == Fp8Tiling::col_128x1 ? "128x1" : "128x128") +
+                  (qt == DType::fp8_e4m3 ? "_e4m3" : "_e5m2") + variant + "_130x257" + suffix(x),
+              kTolExact, [=](Backend& be) {
+                const int64_t R = 130, C = 257;
+                Tensor host = input(cpu_backend(), {R, C}, 45, x, -3, 3);
+                for (int64_t i = 0; i < R * C; ++i) {
+                  float v = x == DType::f32 ? host.f32()[i] : bf16_to_f32(host.b16()[i]);
+                  if (std::string(variant) == "_allzero" || (i / C == 7 && i % C < 128)) v = 0.f;  // zero tile
+                  else if (i % 11 == 0) v = 0.f;
+                  else if (i % 13 == 0) v *= 1e-4f;  // subnormal codes at e4m3's scale, tiny normals in e5m2
+                  else if (i % 17 == 0) v *= 1e-7f;  // rounds to zero or the smallest subnormal
+                  v = bf16_to_f32(f32_to_bf16(v));  // bf16 values in both rows (Bf16Ops: bit for bit too)
+                  if (x == DType::f32) host.f32()[i] = v;
+                  else host.b16()[i] = f32_to_bf16(v);
+                }
+                Tensor t(be, {R, C}, x);
+                be.upload(t, host.raw());
+                const Fp8Grid g = fp8_grid(tiling, R, C);
+                Tensor q(be, {R, C}, qt), scales(be, {g.rows, g.cols});  // codes; (grid) f32 scales
+                if (std::string(variant) == "_given_amax") {
+                  Tensor amax(be, {g.rows, g.cols}, DType::i32);  // (grid) |x|'s max as float bits
+                  be.fp8_amax(t, tiling, amax);
+                  std::vector<int32_t> bits(static_cast<size_t>(g.rows * g.cols));
+                  be.download(bits.data(), amax);
+                  for (int32_t& b : bits)
+                    if (b > (2 << 23)) b -= 2 << 23;  // a quarter: two binades down
+                  be.upload(amax, bits.data());
+                  be.fp8_quantize_amax(t, tiling, amax, q, scales);
+                } else {
+                  be.fp8_quantize(t, tiling, q, scales);
+                }
+                Output s = out(be, "scales", scales);
+                s.exact = true;
+                return std::vector{out(be, "codes", q), s};
+              });
+
+  // FP8 GEMMs (the Relay CUDA kernel against kernels/cpu/fp8_gemm.cpp): every (trans_a, trans_b), tensorwise with an
+  // e4m3 a and an e5m2 b (the input-gradient GEMM's formats), blockwise all e4m3 (1 x 128 / 128 x 1 tiles along k
+  // for a, 128 x 128 blocks for b), op(a) 130 x 260, op(b) 260 x 67: off every 128 edge in m, n and k; beta 0 and 0.5.
+  // Each backend quantises its own operands (bit for bit, the rows above).
+  for (bool blockwise : {false, true})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (float beta : {0.f, 0.5f})
+          add(std::string("fp8_matmul_") + (blockwise ? "blockwise" : "tensor") + (ta ? "_ta" : "_na") +
+                  (tb ? "_tb" : "_nb") + (beta != 0.f ? "_beta" : "") + "_130x260x67",
+              kTolFp8Gemm, [=](Backend& be) {
+                const int64_t M = 130, K = 260, N = 67;
+                const Shape as = ta ? Shape{K, M} : Shape{M, K}, bs = tb ? Shape{N, K} : Shape{K, N};
+                const Fp8Tiling at = !blockwise ? Fp8Tiling::tensor : ta ? Fp8Tiling::col_128x1 : Fp8Tiling::row_1x128;
+                const Fp8Tiling bt = blockwise ? Fp8Tiling::block_128x128 : Fp8Tiling::tensor;
+                const DType bq = blockwise ? DType::fp8_e4m3 : DType::fp8_e5m2;
+                Tensor a = input(be, as, 46, -2, 2), b = input(be, bs, 47, -0.5, 0.5);
+                const Fp8Grid ga = fp8_grid(at, as[0], as[1]), gb = fp8_grid(bt, bs[0], bs[1]);
+                Tensor aq(be, as, DType::fp8_e4m3), bqt(be, bs, bq);
+                Tensor a_scales(be, {ga.rows, ga.cols}), b_scales(be, {gb.rows, gb.cols});
+                be.fp8_quantize(a, at, aq, a_scales);
+                be.fp8_quantize(b, bt, bqt, b_scales);
+                Tensor y = input(be, {M, N}, 48);
+                be.fp8_matmul(aq, a_scales, at, ta, bqt, b_scales, bt, tb, y, beta);
+                return std::vector{out(be, "y", y)};
+              });
 
   // sum of squares (gradient norms: float32 only)
   for (const Shape& s : shapes)
