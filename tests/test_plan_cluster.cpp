@@ -20,6 +20,7 @@
 #include "model/block_cost.hpp"
 #include "model/family.hpp"
 #include "model/model_spec.hpp"
+#include "parallel/partition.hpp"
 #include "plan/cluster.hpp"
 #include "plan/layout_cache.hpp"
 #include "plan/collectives.hpp"
@@ -590,6 +591,24 @@ TEST(PlanCluster, SearchShapeCachePredictsAsFresh) {
     EXPECT_EQ(a.checkpoint_bytes, b.checkpoint_bytes);
   }
   EXPECT_EQ(cache.size(), 3u);  // (pp 4, v 1), (pp 4, v 2) and (tp 2, ep 4, pp 1): built once each
+}
+
+// DeepSeek-V3 671B on pp 16: the pipeline partition weighs the MTP block (its decoder layer, eh_proj and the second
+// head pass, by FLOPs) like any block, so the last stage (MTP block + head) keeps fewer decoder layers with
+// num_mtp_layers = 1 than without (1 and 2).
+TEST(PlanCluster, DeepseekV3MtpMovesLayersOffTheLastStage) {
+  int last_layers[2] = {0, 0};
+  for (int mtp = 0; mtp < 2; ++mtp) {
+    const Config c = load_config(src("configs/models/deepseek-v3.toml"), {cat("model.num_mtp_layers=", mtp)});
+    const ModelSpec m = make_model_spec(c, 0);
+    const std::vector<ChunkRange> parts = partition_blocks(m.blocks, 16, {}, {});
+    ASSERT_EQ(parts.size(), 16u);
+    for (int i = parts.back().begin; i < parts.back().end; ++i)
+      last_layers[mtp] += m.blocks[size_t(i)].kind == BlockKind::mla_layer;
+    EXPECT_EQ(m.blocks[size_t(parts.back().end - 2)].kind, mtp ? BlockKind::mtp : BlockKind::mla_layer);
+  }
+  EXPECT_EQ(last_layers[0], 2);
+  EXPECT_EQ(last_layers[1], 1);
 }
 
 TEST(PlanCluster, DeepseekV3ParametersAndMlaFlops) {
