@@ -11,15 +11,6 @@
 
 namespace relay::cpu {
 
-// One quantised operand as stored (row-major), with its tile scales (fp8_quantize's output).
-struct Fp8Matrix {
-  const uint8_t* q = nullptr;     // (rows, cols) codes
-  const float* scales = nullptr;  // (grid.rows, grid.cols) of fp8_grid(tiling, rows, cols)
-  int64_t rows = 0, cols = 0;
-  Fp8Format format = Fp8Format::e4m3;
-  Fp8Tiling tiling = Fp8Tiling::tensor;
-};
-
 // y (m, n) = op(a) @ op(b) + beta * y, op(a) (m, k) = a or a^T, op(b) (k, n) = b or b^T, with the scales applied per
 // k block (core/fp8_scaling.hpp's fp8_k_block, which must not be 0): acc += (sum over the block of a * b in float) * (a_scale * b_scale).
 // beta 0 does not read y. Y: float or bf16 (rounded once, from float).

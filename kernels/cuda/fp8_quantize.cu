@@ -90,7 +90,7 @@ __device__ inline int64_t op_index(bool trans, int64_t row, int64_t col, int64_t
 }
 
 template <typename Y>
-__global__ void fp8_gemm_kernel(Fp8DeviceMatrix a, bool trans_a, Fp8DeviceMatrix b, bool trans_b, int64_t m, int64_t n,
+__global__ void fp8_gemm_kernel(Fp8Matrix a, bool trans_a, Fp8Matrix b, bool trans_b, int64_t m, int64_t n,
                                 int64_t k, int64_t kb, Y* y, float beta) {
   const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // column of y
   const int64_t i = blockIdx.y * int64_t(blockDim.y) + threadIdx.y;  // row of y
@@ -141,7 +141,7 @@ void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8F
 }
 
 template <typename Y>
-void fp8_gemm(const Fp8DeviceMatrix& a, bool trans_a, const Fp8DeviceMatrix& b, bool trans_b, Y* y, float beta,
+void fp8_gemm(const Fp8Matrix& a, bool trans_a, const Fp8Matrix& b, bool trans_b, Y* y, float beta,
               cudaStream_t stream) {
   const int64_t m = trans_a ? a.cols : a.rows, k = trans_a ? a.rows : a.cols;
   const int64_t n = trans_b ? b.rows : b.cols;
@@ -161,7 +161,7 @@ void fp8_gemm(const Fp8DeviceMatrix& a, bool trans_a, const Fp8DeviceMatrix& b, 
                                      float*, cudaStream_t);                                                       \
   template void fp8_quantize<X>(const X*, int64_t, int64_t, Fp8Tiling, Fp8Format, uint32_t*, uint8_t*, float*,    \
                                 cudaStream_t);                                                                    \
-  template void fp8_gemm<X>(const Fp8DeviceMatrix&, bool, const Fp8DeviceMatrix&, bool, X*, float, cudaStream_t);
+  template void fp8_gemm<X>(const Fp8Matrix&, bool, const Fp8Matrix&, bool, X*, float, cudaStream_t);
 RELAY_CUDA_FOR_FLOAT_TYPES(INST_FP8_QUANTIZE)
 
 }  // namespace relay::cuda

@@ -23,21 +23,12 @@ template <typename X>
 void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt, uint32_t* amax_scratch,
                   uint8_t* q, float* scales, cudaStream_t stream);
 
-// One quantised operand on the device as stored (row-major), with its tile scales (as the CPU's cpu::Fp8Matrix).
-struct Fp8DeviceMatrix {
-  const uint8_t* q = nullptr;     // (rows, cols) codes
-  const float* scales = nullptr;  // (grid.rows, grid.cols) of fp8_grid(tiling, rows, cols)
-  int64_t rows = 0, cols = 0;
-  Fp8Format format = Fp8Format::e4m3;
-  Fp8Tiling tiling = Fp8Tiling::tensor;
-};
-
 // y (m, n) = op(a) @ op(b) + beta * y, op(a) (m, k), op(b) (k, n), the scales applied per k block
 // (fp8_k_block, which must not be 0): acc += (sum over the block of a * b in float) * (a_scale * b_scale), the CPU's
 // order of scaling. Any shape and transpose; one thread per output, correct rather than fast (no tensor cores).
 // Y: float or __nv_bfloat16; beta 0 does not read y.
 template <typename Y>
-void fp8_gemm(const Fp8DeviceMatrix& a, bool trans_a, const Fp8DeviceMatrix& b, bool trans_b, Y* y, float beta,
+void fp8_gemm(const Fp8Matrix& a, bool trans_a, const Fp8Matrix& b, bool trans_b, Y* y, float beta,
               cudaStream_t stream);
 
 }  // namespace relay::cuda

@@ -204,8 +204,8 @@ void CpuBackend::fp8_quantize_amax_impl(const Tensor& x, Fp8Tiling tiling, const
 void CpuBackend::fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a,
                                  const Tensor& b, const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y,
                                  float beta) {
-  const cpu::Fp8Matrix am{a.fp8(), a_scales.f32(), a.size(0), a.size(1), fp8_format(a.dtype()), a_tiling};
-  const cpu::Fp8Matrix bm{b.fp8(), b_scales.f32(), b.size(0), b.size(1), fp8_format(b.dtype()), b_tiling};
+  const Fp8Matrix am{a.fp8(), a_scales.f32(), a.size(0), a.size(1), fp8_format(a.dtype()), a_tiling};
+  const Fp8Matrix bm{b.fp8(), b_scales.f32(), b.size(0), b.size(1), fp8_format(b.dtype()), b_tiling};
   if (y.dtype() == DType::f32)
     cpu::fp8_gemm(am, trans_a, bm, trans_b, y.f32(), beta);
   else

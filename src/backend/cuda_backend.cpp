@@ -940,8 +940,8 @@ class CudaBackend final : public Backend {
   void fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
                        const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta) override {
     bind();
-    const cuda::Fp8DeviceMatrix am{a.fp8(), a_scales.f32(), a.size(0), a.size(1), fp8_format(a.dtype()), a_tiling};
-    const cuda::Fp8DeviceMatrix bm{b.fp8(), b_scales.f32(), b.size(0), b.size(1), fp8_format(b.dtype()), b_tiling};
+    const Fp8Matrix am{a.fp8(), a_scales.f32(), a.size(0), a.size(1), fp8_format(a.dtype()), a_tiling};
+    const Fp8Matrix bm{b.fp8(), b_scales.f32(), b.size(0), b.size(1), fp8_format(b.dtype()), b_tiling};
     by_dtype(y, [&](auto* t) {
       using Y = X_OF(t);
       cuda::fp8_gemm(am, trans_a, bm, trans_b, ptr<Y>(y), beta, stream_);

@@ -82,4 +82,14 @@ inline uint8_t fp8_quantize_value(float x, float scale, Fp8Format fmt) {
   return uint8_t(sign | fp8_spec(fmt).nan_code);
 }
 
+// One quantised operand as stored (row-major), with its tile scales (fp8_quantize's output), on the host or the
+// device: what the FP8 GEMMs read (kernels/cpu/fp8_gemm.hpp, kernels/cuda/fp8_quantize.cuh).
+struct Fp8Matrix {
+  const uint8_t* q = nullptr;     // (rows, cols) codes
+  const float* scales = nullptr;  // (grid.rows, grid.cols) of fp8_grid(tiling, rows, cols)
+  int64_t rows = 0, cols = 0;
+  Fp8Format format = Fp8Format::e4m3;
+  Fp8Tiling tiling = Fp8Tiling::tensor;
+};
+
 }  // namespace relay

@@ -132,41 +132,32 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
         }
       }
     }
+    // Block b's units gathered, in order, beside `held` (n bytes): a unit's piece is quantised right after its own
+    // buffer is allocated, next to the units held by then (not the ones gathered after it).
+    auto gather_block = [&](int b, std::set<int>& held, int64_t& n) {
+      auto it = gather_order.find(b);
+      if (it == gather_order.end()) return;
+      for (int g : it->second)
+        if (held.insert(g).second) {
+          n += held_bytes(size_t(g));
+          z.gathered_peak_bytes = std::max(z.gathered_peak_bytes, n + quantise_scratch(size_t(g)));
+        }
+    };
     if (z.kept) {
-      // Gathered in the order the step's first forward reaches them (chunk after chunk, block after block), each
-      // piece quantised while the units before it are held.
+      // Gathered in the order the step's first forward reaches them (chunk after chunk, block after block), kept.
       std::set<int> seen;
       int64_t held = 0;
       for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp)
-        for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i) {
-          auto it = gather_order.find(i);
-          if (it == gather_order.end()) continue;
-          for (int g : it->second)
-            if (seen.insert(g).second) {
-              held += held_bytes(size_t(g));
-              z.gathered_peak_bytes = std::max(z.gathered_peak_bytes, held + quantise_scratch(size_t(g)));
-            }
-        }
+        for (int i = layout.chunks[size_t(c)].begin; i < layout.chunks[size_t(c)].end; ++i) gather_block(i, seen, held);
     } else {
       for (int c = pp_rank; c < layout.num_chunks(); c += layout.pp) {
         const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
         for (int i = cr.begin; i < cr.end; ++i)
-          for (int next : {i + 1, i - 1}) {
-            // Block i's units, then the next block's (prefetched), each gathered in GradBuckets' order (units_of):
-            // a unit's piece is quantised right after its own buffer is allocated, beside the units held by then
-            // (not the ones gathered after it).
+          for (int next : {i + 1, i - 1}) {  // block i's units, then the next block's (prefetched)
             std::set<int> held;
             int64_t n = 0;
-            for (int b : {i, next}) {
-              if (b < cr.begin || b >= cr.end) continue;
-              auto it = gather_order.find(b);
-              if (it == gather_order.end()) continue;
-              for (int g : it->second)
-                if (held.insert(g).second) {
-                  n += held_bytes(size_t(g));
-                  z.gathered_peak_bytes = std::max(z.gathered_peak_bytes, n + quantise_scratch(size_t(g)));
-                }
-            }
+            gather_block(i, held, n);
+            if (next >= cr.begin && next < cr.end) gather_block(next, held, n);
           }
       }
     }
