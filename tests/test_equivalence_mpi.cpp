@@ -1,7 +1,9 @@
 // The core test: for one config and seed, every parallel layout gives the serial run's result up to
 // floating-point reordering. The real binary runs under mpirun for (dp, pp) in (1,1), (2,1), (1,2),
-// (2,2), (1,4), (4,1), every schedule (interleaved with v = 2), SGD and AdamW, and micro_batches
-// 1, 4 and 8; every step's loss and every final tensor (parameters and optimizer state) is compared
+// (2,2), (1,4), (4,1), every schedule (interleaved with v = 2) and micro_batches 1, 4 and 8 with SGD
+// with momentum (no normalisation: a gradient scaled wrongly by a schedule or a layout shows in its update),
+// and with AdamW on 1F1B with 4 micro-batches and interleaved with 8 (its moments sharded and stepped on
+// every layout); every step's loss and every final tensor (parameters and optimizer state) is compared
 // with the serial run (dp = pp = 1, one micro-batch).
 //
 // Tolerance: |a - b| <= kAbs + kRel * |b|, kRel = 1e-5 and kAbs = 1e-6, for losses and tensors.
@@ -41,6 +43,9 @@ std::vector<Case> all_cases() {
           if (sched == "interleaved" && (pp < 2 || m % pp != 0)) continue;  // Megatron's rule
           if (sched == "zb-h1" && m < pp) continue;                        // ZB-H1 needs m >= pp
           if (pp == 1 && sched != "1f1b" && m != 4) continue;  // at pp = 1 every schedule is plain accumulation
+          // AdamW divides a gradient's scale away, so the schedules' sums are checked under SGD; AdamW's state on
+          // each layout needs one pipelined run per layout (two where interleaving applies).
+          if (opt == "adamw" && !(sched == "1f1b" && m == 4) && !(sched == "interleaved" && m == 8)) continue;
           out.push_back({dp, pp, sched, m, opt});
         }
   return out;
