@@ -117,7 +117,9 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
     fwd_s = time_of(be, [&] { be.flash_attention_gqa_forward(q, k, v, B, T, H, KV, out, lse); });
     bwd_s = time_of(be, [&] { be.flash_attention_gqa_backward(out, q, k, v, out, lse, B, T, H, KV, dq, dk, dv); });
   }
-  const double attn_fwd_eff = std::min(1.0, attn / fwd_s / peak), attn_bwd_eff = std::min(1.0, 2.5 * attn / bwd_s / peak);
+  // Within the range the cluster file's reader accepts ([1e-4, 1], plan/cluster.cpp), so the file always loads.
+  const double attn_fwd_eff = std::clamp(attn / fwd_s / peak, 1e-4, 1.0),
+               attn_bwd_eff = std::clamp(2.5 * attn / bwd_s / peak, 1e-4, 1.0);
 
   // Streaming: a 64 MiB copy (read and write); the launch term: one of 200 one-element copies queued back to back.
   const int64_t big = int64_t(16) << 20;
