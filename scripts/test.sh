@@ -20,6 +20,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # fail (bad input, faults, stops with a resumable exit code). Relay ends a run only after MPI_Finalize or through
 # MPI_Abort, so nothing is cut short; 8 bad-input tests took 37 s instead of 60.
 export OMPI_MCA_odls_base_sigkill_timeout=0
+# Ranks on one machine talk through ob1's shared-memory and TCP transports: UCX (Open MPI's default pml where it is
+# installed) spent ~0.2 s of each launch's start-up on transports a single host does not use (2-rank start 0.33 -> 0.13
+# s; 12 Layouts/Equivalence runs 9.3 -> 6.6 s). A test that needs a transport names it (tests/multinode: tcp).
+export OMPI_MCA_pml=ob1
 cd build
 mkdir -p Testing
 rc=0

@@ -156,6 +156,18 @@ void attention_decode_latent(const X* q, const X* kv, X* cache, X* out, int64_t 
 // f32 masters and state; work (n) bf16 or null: the updated parameter rounded, in the same pass.
 void adamw_step(float* p, const float* g, float* m, float* v, bf16* work, int64_t n, double lr, double beta1,
                 double beta2, double eps, double weight_decay, int64_t step);
+// One tensor of adamw_step_many: its n masters, gradient, state, and bf16 working copy (or null).
+struct AdamWTensor {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  bf16* work;
+  int64_t n;
+};
+// adamw_step on each of count tensors, as one parallel pass over all their elements: the same bits.
+void adamw_step_many(const AdamWTensor* ts, int64_t count, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, int64_t step);
 void sgd_step(float* p, const float* g, float* buf, bf16* work, int64_t n, double lr, double momentum,
               double weight_decay, bool first_step);
 

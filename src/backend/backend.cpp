@@ -802,6 +802,19 @@ void Backend::adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Ten
   check_work(c, work, param);
   adamw_step_impl(param, grad, exp_avg, exp_avg_sq, args, work);
 }
+void Backend::adamw_step_many(const std::vector<AdamWSlot>& slots, const AdamWArgs& args) {
+  Check c(*this, "adamw_step_many");
+  for (const AdamWSlot& t : slots) {
+    c.tensor(*t.param, "param", kF32).tensor(*t.grad, "grad", kF32).numel(*t.grad, "grad", t.param->numel());
+    c.tensor(*t.exp_avg, "exp_avg", kF32).numel(*t.exp_avg, "exp_avg", t.param->numel());
+    c.tensor(*t.exp_avg_sq, "exp_avg_sq", kF32).numel(*t.exp_avg_sq, "exp_avg_sq", t.param->numel());
+    check_work(c, *t.work, *t.param);
+  }
+  adamw_step_many_impl(slots, args);
+}
+void Backend::adamw_step_many_impl(const std::vector<AdamWSlot>& slots, const AdamWArgs& args) {
+  for (const AdamWSlot& t : slots) adamw_step_impl(*t.param, *t.grad, *t.exp_avg, *t.exp_avg_sq, args, *t.work);
+}
 void Backend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args, Tensor& work) {
   Check c(*this, "sgd_step");
   c.tensor(param, "param", kF32).tensor(grad, "grad", kF32).numel(grad, "grad", param.numel());

@@ -352,6 +352,16 @@ class Backend : public Allocator {
   // copy of param, written with the updated value in the same pass (mixed precision).
   void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& args,
                   Tensor& work);
+  // AdamW on many tensors with one step's arguments: adamw_step on each, bit for bit, which a backend may fuse (the
+  // CPU: one parallel pass over all their elements, so a mixture of experts' many small matrices use every thread).
+  struct AdamWSlot {
+    Tensor* param;
+    const Tensor* grad;
+    Tensor* exp_avg;
+    Tensor* exp_avg_sq;
+    Tensor* work;  // undefined tensor: no working copy
+  };
+  void adamw_step_many(const std::vector<AdamWSlot>& slots, const AdamWArgs& args);
   // momentum_buffer is undefined when momentum == 0.
   void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args, Tensor& work);
 
@@ -463,6 +473,8 @@ class Backend : public Allocator {
   // The CPU backend's only: others refuse with a message naming the op.
   virtual void attention_decode_latent_impl(const Tensor& q, const Tensor& kv, Tensor& cache, int64_t t, int64_t H,
                                             float scale, Tensor& out);
+  // Default: adamw_step_impl on each slot.
+  virtual void adamw_step_many_impl(const std::vector<AdamWSlot>& slots, const AdamWArgs& args);
   virtual void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                                const AdamWArgs& args, Tensor& work) = 0;
   virtual void sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args,

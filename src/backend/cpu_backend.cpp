@@ -662,6 +662,14 @@ void CpuBackend::adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_
   cpu::adamw_step(param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), work.defined() ? work.b16() : nullptr,
                   param.numel(), a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step);
 }
+void CpuBackend::adamw_step_many_impl(const std::vector<AdamWSlot>& slots, const AdamWArgs& a) {
+  std::vector<cpu::AdamWTensor> ts;
+  ts.reserve(slots.size());
+  for (const AdamWSlot& t : slots)
+    ts.push_back({t.param->f32(), t.grad->f32(), t.exp_avg->f32(), t.exp_avg_sq->f32(),
+                  t.work->defined() ? t.work->b16() : nullptr, t.param->numel()});
+  cpu::adamw_step_many(ts.data(), int64_t(ts.size()), a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step);
+}
 void CpuBackend::sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& buf, const SgdArgs& a, Tensor& work) {
   cpu::sgd_step(param.f32(), grad.f32(), a.momentum != 0.0 ? buf.f32() : nullptr,
                 work.defined() ? work.b16() : nullptr, param.numel(), a.lr, a.momentum, a.weight_decay, a.first_step);

@@ -124,6 +124,7 @@ class CpuBackend final : public Backend {
                                     float scale, Tensor& out) override;
   void attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache, Tensor& vcache,
                                  int64_t t, int64_t H, int64_t KV, Tensor& out) override;
+  void adamw_step_many_impl(const std::vector<AdamWSlot>& slots, const AdamWArgs& args) override;
   void adamw_step_impl(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& args,
                        Tensor& work) override;
   void sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& args,

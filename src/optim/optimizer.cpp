@@ -22,7 +22,10 @@ class AdamW final : public Optimizer {
   void step(double lr) override {
     ++step_;
     AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_};
-    for (size_t i = 0; i < params_.size(); ++i) be_.adamw_step(params_[i].value, params_[i].grad, m_[i], v_[i], a, params_[i].work);
+    if (slots_.empty())
+      for (size_t i = 0; i < params_.size(); ++i)
+        slots_.push_back({&params_[i].value, &params_[i].grad, &m_[i], &v_[i], &params_[i].work});
+    be_.adamw_step_many(slots_, a);
   }
   std::vector<OptimizerState> state() override {
     std::vector<OptimizerState> s;
@@ -38,6 +41,7 @@ class AdamW final : public Optimizer {
   Backend& be_;
   std::vector<OptimSlice> params_;
   std::vector<Tensor> m_, v_;  // same shapes as the parameters
+  std::vector<Backend::AdamWSlot> slots_;  // every parameter's tensors, for one adamw_step_many a step
 };
 
 class Sgd final : public Optimizer {
