@@ -467,8 +467,9 @@ class MlaLayer final : public Block {
   }
   // dW (out, in) += dy^T @ x
   void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const { fp8_.weight_grad(be, dy, x, dw); }
-  // A column-parallel projection's input gradient t, partial over tp, summed in place; in backward() the sum travels
-  // while `weights` computes the projection's weight gradients (which backward_weight then skips).
+  // The latents' gradients (kv_b's and q_b's input gradients, n rows on every rank, sequence parallelism or not),
+  // partial over the heads, all-reduced in place; in backward() the sum travels while `weights` computes the
+  // projection's weight gradients (which backward_weight then skips). (q's and gate, up's: column_input_grad.)
   void input_grad_sum(Tensor& t, const char* what, const std::function<void()>& weights) const {
     if (early_weights_) tp_.allreduce_sum_during(t, what, weights);
     else tp_.allreduce_sum(t, what);
