@@ -841,7 +841,7 @@ Device resolve_device(const std::string& setting) {
 std::unique_ptr<Backend> make_backend(const BackendOptions& opts) {
   std::unique_ptr<Backend> b;
   if (opts.device == Device::cpu) {
-    b = std::make_unique<CpuBackend>(opts.threads, opts.cpu_bf16_gemm);
+    b = std::make_unique<CpuBackend>(opts.threads, opts.cpu_bf16_gemm, opts.time_bf16_gemm);
   } else {
 #ifdef RELAY_HAVE_CUDA
     b = make_cuda_backend(opts);

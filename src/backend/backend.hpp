@@ -495,6 +495,8 @@ struct BackendOptions {
   int gpu = 0;            // CUDA device index (local rank mod visible GPUs)
   Precision precision = Precision::fp32;
   std::string cpu_bf16_gemm = "auto";  // train.cpu_bf16_gemm: auto | native | widened
+  // "auto": whether this process times the bf16 test GEMM (CpuBackend); false where another rank's choice is adopted
+  bool time_bf16_gemm = true;
 };
 
 // Makes the backend for the options; a clear relay::Error when the device is not available

@@ -48,8 +48,8 @@ template <typename X>
 const X* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<X>() : nullptr; }
 }  // namespace
 
-CpuBackend::CpuBackend(int threads, std::string bf16_gemm)
-    : threads_(threads < 1 ? 1 : threads), bf16_gemm_(std::move(bf16_gemm)) {
+CpuBackend::CpuBackend(int threads, std::string bf16_gemm, bool time_bf16_gemm)
+    : threads_(threads < 1 ? 1 : threads), bf16_gemm_(std::move(bf16_gemm)), time_bf16_gemm_(time_bf16_gemm) {
   cpu::set_threads(threads_);
 }
 
@@ -77,8 +77,9 @@ void CpuBackend::set_precision(Precision p) {
   // where oneDNN has no bf16 matmul, or where its primitive takes 1.15x the widened GEMM's time or more on a 1024^3
   // test GEMM (best of 3 each, interleaved, ~0.1 s of CPU time: kernels/cpu/matmul.hpp). The widened one took
   // 0.56-0.76 of the primitive's time on an Intel Xeon with AVX512_BF16 and no AMX, where AMD Zen 4's primitive ran
-  // at 1.9x sgemm's rate: far from the line either way. Every rank of a job then takes world rank 0's choice
-  // (train/setup.cpp: adopt_bf16_gemm), so the ranks multiply alike. A clear error for "native" on a CPU without it.
+  // at 1.9x sgemm's rate: far from the line either way. Only world rank 0 of a job times it; every other rank takes
+  // its choice (train/setup.cpp: adopt_bf16_gemm), so the ranks multiply alike and a start-up costs one timing, not
+  // one per rank. A clear error for "native" on a CPU without it.
   const std::string missing = cpu::native_bf16_missing();
   bool widen = bf16_gemm_ == "widened";
   if (bf16_gemm_ == "native" && !missing.empty()) throw Error(cat(missing, " (train.cpu_bf16_gemm = \"native\")"));
@@ -86,8 +87,12 @@ void CpuBackend::set_precision(Precision p) {
     if (!missing.empty()) {
       widen = true;
       bf16_note_ = "bf16 GEMMs widened to f32: no oneDNN bf16 matmul on this CPU";
-    } else if (auto_widen_ >= 0) {  // timed already: this backend's choice stands (and its note)
+    } else if (auto_widen_ >= 0) {  // timed (or adopted) already: this backend's choice stands (and its note)
       widen = auto_widen_ == 1;
+    } else if (!time_bf16_gemm_) {  // another rank times it: widened until its choice is adopted
+      widen = true;
+      auto_widen_ = 1;
+      bf16_note_ = "bf16 GEMMs widened to f32 until world rank 0's choice is adopted";
     } else {
       const cpu::Bf16GemmTiming t = cpu::time_bf16_gemm(3);
       widen = t.native_s >= 1.15 * t.widened_s;

@@ -6,15 +6,18 @@ namespace relay {
 
 class CpuBackend final : public Backend {
  public:
-  // bf16_gemm: train.cpu_bf16_gemm ("auto", "native" or "widened"), applied by set_precision(bf16).
-  explicit CpuBackend(int threads, std::string bf16_gemm = "auto");
+  // bf16_gemm: train.cpu_bf16_gemm ("auto", "native" or "widened"), applied by set_precision(bf16). time_bf16_gemm:
+  // whether "auto" times the test GEMM here; false: another rank times it (world rank 0 of a job, train/setup.cpp) and
+  // bf16 GEMMs run widened (correct on every CPU) until adopt_bf16_gemm gives this one its choice.
+  explicit CpuBackend(int threads, std::string bf16_gemm = "auto", bool time_bf16_gemm = true);
   Device device() const override { return Device::cpu; }
   std::string describe() const override;
   int64_t available_bytes() const override;
   void set_precision(Precision p) override;
   // train.cpu_bf16_gemm = "auto": the choice this backend timed (1 widened, 0 native; -1 not timed: not bf16, or
-  // configured, or no native path) and its note; adopt_bf16_gemm makes another rank's choice this one's, so that
-  // every rank of a job multiplies bf16 the same way (train/setup.cpp takes world rank 0's).
+  // configured, or no native path; 1 as well while it waits for another rank's) and its note; adopt_bf16_gemm makes
+  // another rank's choice this one's, so that every rank of a job multiplies bf16 the same way (train/setup.cpp
+  // takes world rank 0's, the only rank that times it).
   int bf16_auto_choice() const { return auto_widen_; }
   const std::string& bf16_note() const { return bf16_note_; }
   void adopt_bf16_gemm(int widen, const std::string& note);
@@ -135,6 +138,7 @@ class CpuBackend final : public Backend {
   std::string bf16_gemm_;  // as configured
   std::string bf16_note_;  // how bf16 GEMMs run, for describe(); empty until set_precision(bf16)
   int auto_widen_ = -1;    // "auto"'s timed choice (1 widened, 0 native), made by the first set_precision(bf16)
+  bool time_bf16_gemm_;    // whether "auto" times its test GEMM here (else widened until adopt_bf16_gemm)
 };
 
 }  // namespace relay

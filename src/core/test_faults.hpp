@@ -2,8 +2,9 @@
 // (SIGKILL), the rank that arms it (train/restarts.hpp: RELAY_TEST_KILL_RANK at RELAY_TEST_KILL_STEP) raises the
 // signal right after it next starts the collective of `site`: a rank stopped or lost while that collective is in
 // flight, overlapped with the other ranks' compute. Sites: "bucket" (a gradient bucket's all-reduce), "tp" (a
-// column-parallel input gradient's all-reduce during the weight gradients), "ep" (a MoE layer's dispatch all-to-all),
-// "cp" (a key/value all-gather started ahead of the attention it feeds).
+// column-parallel input gradient's all-reduce, or reduce-scatter under sequence parallelism, during the weight
+// gradients), "ep" (a MoE layer's dispatch all-to-all), "cp" (a key/value all-gather started ahead of the attention
+// it feeds).
 #pragma once
 
 namespace relay {

@@ -189,7 +189,7 @@ class Transformer final : public Block {
     Tensor ln1 = v(kLn1), mean1 = v(kMean1), rstd1 = v(kRstd1), qkv = v(kQkv), lse = lse_view(s, n), atty = v(kAtty);
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
-    if (collective_matmul()) {  // (n, 3Cl) column-parallel, chunk by chunk as ln_1's rows arrive
+    if (tp_.collective_matmul(fp8_)) {  // (n, 3Cl) column-parallel, chunk by chunk as ln_1's rows arrive
       gather_rows_matmul(be, tp_, ln1, "the sequence-parallel all-gather of ln_1", [&](int64_t r0, const Tensor& x) {
         Tensor out = qkv.rows(r0, m);  // (m, 3Cl)
         fp8_.linear(be, x, *p_.attn_w, bias_of(p_.attn_b), out);
@@ -202,10 +202,10 @@ class Transformer final : public Block {
       cp_attn_->forward_packed(be, qkv, T, H_, q_pos_, doc_start_, atty, lse);  // (n, Cl)
     else
       be.flash_attention_forward(qkv, n / T, T, H_, atty, lse, doc_start_);  // (n, Cl) this rank's heads
-    row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output all-reduce");  // (m, C)
+    row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output");  // (m, C)
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
-    if (collective_matmul()) {  // (n, 4Cl), chunk by chunk as ln_2's rows arrive
+    if (tp_.collective_matmul(fp8_)) {  // (n, 4Cl), chunk by chunk as ln_2's rows arrive
       gather_rows_matmul(be, tp_, ln2, "the sequence-parallel all-gather of ln_2", [&](int64_t r0, const Tensor& x) {
         Tensor out = fcg.rows(r0, m), pre = fch.rows(r0, m);  // (m, 4Cl) each
         fp8_.linear(be, x, *p_.fc_w, bias_of(p_.fc_b), out, LinearAct::gelu_tanh, &pre);
@@ -214,7 +214,7 @@ class Transformer final : public Block {
       const Tensor ln2_all = tp_.all_rows(be, ln2, "the sequence-parallel all-gather of ln_2");  // (n, C)
       fp8_.linear(be, ln2_all, *p_.fc_w, bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl)
     }
-    row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output all-reduce");  // (m, C)
+    row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output");  // (m, C)
     be.add(y, res1, y);                                                   // residual 2
   }
 
@@ -224,9 +224,10 @@ class Transformer final : public Block {
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
     const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
     fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
-    column_input_grad(be, g_fch, *p_.fc_w, g_ln2, "the MLP input-gradient all-reduce", v(kLn2),
-                      "the sequence-parallel all-gather of ln_2",
-                      [&](const Tensor& ln2_all) { linear_grad(be, g_fch, ln2_all, *p_.fc_w, p_.fc_b); });  // (m, C)
+    tp_.column_input_grad(  // (m, C) d ln2
+        be, g_ln2, n, "the MLP input-gradient", [&](Tensor& sums) { fp8_.matmul(be, g_fch, *p_.fc_w, false, sums); },
+        early_weights_, v(kLn2), "the sequence-parallel all-gather of ln_2",
+        [&](const Tensor& ln2_all) { linear_grad(be, g_fch, ln2_all, *p_.fc_w, p_.fc_b); });
     Tensor tmp = g_ln1;                                                               // (m, C) scratch
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
@@ -237,9 +238,11 @@ class Transformer final : public Block {
       cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv);
     else
       be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
-    column_input_grad(be, g_qkv, *p_.attn_w, g_ln1, "the attention input-gradient all-reduce", v(kLn1),
-                      "the sequence-parallel all-gather of ln_1",
-                      [&](const Tensor& ln1_all) { linear_grad(be, g_qkv, ln1_all, *p_.attn_w, p_.attn_b); });
+    tp_.column_input_grad(  // (m, C) d ln1
+        be, g_ln1, n, "the attention input-gradient",
+        [&](Tensor& sums) { fp8_.matmul(be, g_qkv, *p_.attn_w, false, sums); }, early_weights_, v(kLn1),
+        "the sequence-parallel all-gather of ln_1",
+        [&](const Tensor& ln1_all) { linear_grad(be, g_qkv, ln1_all, *p_.attn_w, p_.attn_b); });
     be.layernorm_backward_input(g_ln1, x, p_.ln1_w->compute(), v(kMean1), v(kRstd1), dx);
     be.add(dx, g_res1, dx);                                                           // residual 1
   }
@@ -288,30 +291,9 @@ class Transformer final : public Block {
   static Tensor bias_of(const Param* b) { return b ? b->compute() : Tensor(); }
   // Row-parallel: y (n, out) = sum over tp of x_r (n, in/tp) @ W_r^T (y: this rank's rows of it under sequence
   // parallelism), then the replicated bias.
-  void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* what) {
-    tp_.row_parallel_matmul(be, x, w, true, y, what, fp8_);
+  void row_linear(Backend& be, const Tensor& x, const Param& w, const Param* b, Tensor& y, const char* of) {
+    tp_.row_parallel_matmul(be, x, w, true, y, of, fp8_);
     if (b) be.add_bias(y, b->compute());
-  }
-  // Sequence parallelism with parallel.overlap: the forward's all-gathers before c_attn and c_fc run as collective
-  // matmuls (model/collective_matmul.hpp). Not in FP8, whose tensorwise scale is the whole gathered operand's.
-  bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
-  // A column-parallel layer's input gradient dx (m, C) = dy (n, out / tp) @ W (out / tp, C), summed over tp
-  // (row_parallel_matmul). In backward() the sum travels while weights(x_all) computes the layer's weight gradients
-  // (which backward_weight then skips): the same sums, started earlier. x (m, C) is the layer's saved input rows;
-  // x_all, the group's (n, C) under sequence parallelism, gathered (named gather_what) while dx's GEMM runs, into the
-  // second buffer (the reduce-scatter reads the first), else x itself.
-  void column_input_grad(Backend& be, const Tensor& dy, const Fp8Weight& w, Tensor& dx, const char* what,
-                         const Tensor& x, const char* gather_what,
-                         const std::function<void(const Tensor& x_all)>& weights) const {
-    if (!early_weights_) return tp_.row_parallel_matmul(be, dy, w, false, dx, what, fp8_);
-    if (!tp_.sequence_parallel()) {
-      fp8_.matmul(be, dy, w, false, dx);  // (m, C) partial over tp
-      return tp_.allreduce_sum_during(dx, what, [&] { weights(x); });
-    }
-    TensorParallel::PendingGather g = tp_.start_gather_rows(be, x, gather_what);  // (n, C) travels during dx's GEMM
-    Tensor sums = tp_.full_rows(be, dy.size(0), dx.size(1), dx.dtype());         // (n, C) partial over tp
-    fp8_.matmul(be, dy, w, false, sums);
-    tp_.reduce_scatter_during(sums, dx, what, [&] { weights(tp_.finish_gather(g)); });
   }
   // dW (out, in) += dy^T @ x; db (out) += colsum(dy)
   void linear_grad(Backend& be, const Tensor& dy, const Tensor& x, Param& w, Param* b) const {
@@ -386,7 +368,7 @@ class Head final : public Block {
     const int64_t m = x.size(0);
     Tensor g = s.t[3].rows(0, m);
     // (n, Vl) @ (Vl, C), partial over tp: summed into g (m, C)
-    tp_.row_parallel_matmul(be, dy, w_->compute(), false, g, "the head's input-gradient all-reduce");
+    tp_.row_parallel_matmul(be, dy, w_->compute(), false, g, "the head's input-gradient");
     if (spec_.norm == NormKind::rmsnorm) be.rmsnorm_backward_input(g, x, ln_w_->compute(), s.t[2].rows(0, m), dx);
     else be.layernorm_backward_input(g, x, ln_w_->compute(), s.t[1].rows(0, m), s.t[2].rows(0, m), dx);
   }

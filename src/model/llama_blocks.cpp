@@ -129,7 +129,7 @@ class LlamaLayer final : public Block {
     be.rmsnorm_forward(x, p_.norm1->compute(), eps, n1, rstd1);               // (m, C)
     QkNorm qkn;
     if (spec_.qk_norm) qkn = {v(kQraw), v(kKraw), v(kRstdQ), v(kRstdK)};
-    if (collective_matmul()) {  // q, k, v's projections chunk by chunk as input_layernorm's rows arrive
+    if (tp_.collective_matmul(fp8_)) {  // q, k, v's projections chunk by chunk as input_layernorm's rows arrive
       gather_rows_matmul(be, tp_, n1, "the sequence-parallel all-gather of input_layernorm",
                          [&](int64_t r0, const Tensor& rows) {
                            Tensor qr = q.rows(r0, m), kr = k.rows(r0, m), vr = val.rows(r0, m);  // (m, Hq), (m, Hkv)
@@ -146,7 +146,7 @@ class LlamaLayer final : public Block {
       cp_attn_->forward(be, q, k, val, T, H_, KV_, q_pos_, doc_start_, atty, lse);  // (n, Hq)
     else
       be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, KV_, atty, lse, doc_start_);  // (n, Hq) this rank's heads
-    tp_.row_parallel_matmul(be, atty, *p_.o, true, res1, "the attention output all-reduce", fp8_);  // (m, C)
+    tp_.row_parallel_matmul(be, atty, *p_.o, true, res1, "the attention output", fp8_);  // (m, C)
     be.add(res1, x, res1);                                                    // residual 1
     be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
     if (moe_) {  // the experts: under tp every rank routes the group's rows and runs its share of each expert
@@ -158,7 +158,7 @@ class LlamaLayer final : public Block {
       be.add(y, res1, y);                                                     // residual 2
       return;
     }
-    if (collective_matmul()) {  // gate and up chunk by chunk as post_attention_layernorm's rows arrive
+    if (tp_.collective_matmul(fp8_)) {  // gate and up chunk by chunk as post_attention_layernorm's rows arrive
       gather_rows_matmul(be, tp_, n2, "the sequence-parallel all-gather of post_attention_layernorm",
                          [&](int64_t r0, const Tensor& rows) {
                            Tensor g = gate.rows(r0, m), u = up.rows(r0, m);  // (m, F) each
@@ -171,7 +171,7 @@ class LlamaLayer final : public Block {
       fp8_.linear(be, n2_all, *p_.up, Tensor(), up);                  // (n, F) column-parallel
     }
     be.swiglu_forward(gate, up, h);                                           // (n, F)
-    tp_.row_parallel_matmul(be, h, *p_.down, true, y, "the MLP output all-reduce", fp8_);  // (m, C)
+    tp_.row_parallel_matmul(be, h, *p_.down, true, y, "the MLP output", fp8_);  // (m, C)
     be.add(y, res1, y);                                                       // residual 2
   }
 
@@ -190,7 +190,7 @@ class LlamaLayer final : public Block {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
-      sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient all-reduce",  // (m, C) d n2
+      sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient",  // (m, C) d n2
                   v(kN2), "the sequence-parallel all-gather of post_attention_layernorm",
                   [&](const Tensor& n2_all) { gate_up_weight_grads(be, n2_all, v(kGGate), v(kGUp)); });
     }
@@ -217,7 +217,7 @@ class LlamaLayer final : public Block {
       be.rmsnorm_backward_input(heads(g_qa, H_), heads(v(kQraw), H_), p_.q_norm->compute(), flat(v(kRstdQ)), gq);
       be.rmsnorm_backward_input(heads(g_ka, KV_), heads(v(kKraw), KV_), p_.k_norm->compute(), flat(v(kRstdK)), gk);
     }
-    sum_over_tp(be, {{g_q, p_.q}, {g_k, p_.k}, {g_v, p_.v}}, g_n1, "the attention input-gradient all-reduce",  // (m, C)
+    sum_over_tp(be, {{g_q, p_.q}, {g_k, p_.k}, {g_v, p_.v}}, g_n1, "the attention input-gradient",  // (m, C)
                 v(kN1), "the sequence-parallel all-gather of input_layernorm",
                 [&](const Tensor& n1_all) { qkv_weight_grads(be, n1_all, v(kGQ), v(kGK), v(kGV)); });
     be.rmsnorm_backward_input(g_n1, x, p_.norm1->compute(), v(kRstd1), dx);
@@ -319,32 +319,20 @@ class LlamaLayer final : public Block {
  private:
   // Saved buffer k for a micro-batch of n rows of which this rank holds m (row-wise buffers: local()).
   static Tensor view(BlockSaved& s, size_t k, int64_t m, int64_t n) { return s.t[k].rows(0, local(k) ? m : n); }
-  // out (m, C) = sum over the projections (g_i (n, w_i), W_i (w_i, C)) of g_i @ W_i, and over the tp group (all-reduced,
-  // or into the shared buffer and reduce-scattered under sequence parallelism): a column-parallel input's gradient.
-  // Sequence parallelism with parallel.overlap: the forward's all-gathers before q, k, v and gate, up run as
-  // collective matmuls (model/collective_matmul.hpp). Not in FP8, whose tensorwise scale is the whole gathered
-  // operand's.
-  bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
-  // In backward() (early_weights_) the all-reduce or reduce-scatter travels while weights(x_all) computes the
-  // projections' weight gradients, which backward_weight then skips: the same sums, started earlier. x (m, C) is the
-  // projections' saved input rows; x_all, the group's (n, C) under sequence parallelism, gathered (named gather_what)
-  // while the GEMMs run, into the second buffer (the reduce-scatter reads the first), else x itself.
-  void sum_over_tp(Backend& be, std::initializer_list<std::pair<Tensor, Param*>> terms, Tensor& out, const char* what,
+  // out (m, C) = sum over the projections (g_i (n, w_i), W_i (w_i, C)) of g_i @ W_i, and over the tp group: a
+  // column-parallel input's gradient (TensorParallel::column_input_grad; early_weights_: the sum travels while
+  // weights(x_all) computes the projections' weight gradients from their input rows x, gathered under sequence
+  // parallelism).
+  void sum_over_tp(Backend& be, std::initializer_list<std::pair<Tensor, Param*>> terms, Tensor& out, const char* of,
                    const Tensor& x, const char* gather_what, const std::function<void(const Tensor& x_all)>& weights) {
     const int64_t n = terms.begin()->first.size(0);
-    const bool sp = tp_.sequence_parallel();
-    TensorParallel::PendingGather g;
-    if (sp && early_weights_) g = tp_.start_gather_rows(be, x, gather_what);  // (n, C) travels during the GEMMs
-    Tensor sums = sp ? tp_.full_rows(be, n, out.size(1), out.dtype()) : out;  // (n, C)
-    float beta = 0.f;
-    for (const auto& [g_i, w] : terms) {
-      fp8_.matmul(be, g_i, *w, false, sums, beta);
-      beta = 1.f;
-    }
-    if (sp && early_weights_) tp_.reduce_scatter_during(sums, out, what, [&] { weights(tp_.finish_gather(g)); });
-    else if (sp) tp_.reduce_scatter_rows(sums, out, what);
-    else if (early_weights_) tp_.allreduce_sum_during(out, what, [&] { weights(x); });
-    else tp_.allreduce_sum(out, what);
+    tp_.column_input_grad(be, out, n, of, [&](Tensor& sums) {  // (n, C) partial over tp
+      float beta = 0.f;
+      for (const auto& [g_i, w] : terms) {
+        fp8_.matmul(be, g_i, *w, false, sums, beta);
+        beta = 1.f;
+      }
+    }, early_weights_, x, gather_what, weights);
   }
   // The column-parallel projections' weight gradients from their input (n, C) (gathered under sequence parallelism):
   // gate's and up's from d gate, d up (n, F); q's, k's and v's from d q (n, Hq), d k, d v (n, Hkv).

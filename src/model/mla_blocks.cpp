@@ -151,7 +151,7 @@ class MlaLayer final : public Block {
       fp8_.linear(be, rows, w_kva.rows(0, r), Tensor(), out_lat);                 // (rows, r)
       fp8_.linear(be, rows, w_kva.rows(r, dr), Tensor(), out_kpe);                // (rows, dr) k_pe
     };
-    if (collective_matmul())
+    if (tp_.collective_matmul(fp8_))
       gather_rows_matmul(be, tp_, n1, "the sequence-parallel all-gather of input_layernorm", project);
     else
       project(0, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"));  // (n, C) every row
@@ -177,7 +177,7 @@ class MlaLayer final : public Block {
     else
       be.flash_attention_gqa_forward(q, k, val, n / T, T, H_, H_, atty, lse, doc_start_);  // (n, H dv)
     Tensor res1 = v(kRes1), n2 = v(kN2), rstd2 = v(kRstd2), gate = v(kGate), up = v(kUp), hid = v(kH);
-    tp_.row_parallel_matmul(be, atty, *o_, true, res1, "the attention output all-reduce", fp8_);  // (m, C)
+    tp_.row_parallel_matmul(be, atty, *o_, true, res1, "the attention output", fp8_);  // (m, C)
     be.add(res1, x, res1);                                                         // residual 1
     be.rmsnorm_forward(res1, norm2_->compute(), eps, n2, rstd2);                   // (m, C)
     if (moe_) {  // under tp every rank routes all rows and runs its share of each expert's units
@@ -194,12 +194,12 @@ class MlaLayer final : public Block {
       fp8_.linear(be, rows, *gate_, Tensor(), g);
       fp8_.linear(be, rows, *up_, Tensor(), u);
     };
-    if (collective_matmul())
+    if (tp_.collective_matmul(fp8_))
       gather_rows_matmul(be, tp_, n2, "the sequence-parallel all-gather of post_attention_layernorm", gate_up);
     else
       gate_up(0, tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm"));  // (n, C)
     be.swiglu_forward(gate, up, hid);                                              // (n, F)
-    tp_.row_parallel_matmul(be, hid, *down_, true, y, "the MLP output all-reduce", fp8_);  // (m, C)
+    tp_.row_parallel_matmul(be, hid, *down_, true, y, "the MLP output", fp8_);  // (m, C)
     be.add(y, res1, y);                                                            // residual 2
   }
 
@@ -220,19 +220,17 @@ class MlaLayer final : public Block {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.matmul(be, dy_all, *down_, false, g_gate, 0.f);         // (n, F) d h
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);                  // (n, F) d gate, d up
-      if (sp) {  // (no early weights under sequence parallelism: weights_in_backward())
-        Tensor sums = tp_.full_rows(be, n, spec_.in, spec_.dtype);                 // (n, C) partial over tp
+      // (m, C) d n2 (no early weights under sequence parallelism: weights_in_backward())
+      auto partial = [&](Tensor& sums) {  // (n, C) partial over tp
         fp8_.matmul(be, g_gate, *gate_, false, sums, 0.f);
         fp8_.matmul(be, g_up, *up_, false, sums, 1.f);
-        tp_.reduce_scatter_rows(sums, g_n2, "the MLP input-gradient reduce-scatter");
-      } else {
-        fp8_.matmul(be, g_gate, *gate_, false, g_n2, 0.f);         // (n, C) d n2, partial over tp
-        fp8_.matmul(be, g_up, *up_, false, g_n2, 1.f);
-        input_grad_sum(g_n2, "the MLP input-gradient all-reduce", [&] {
-          weight_grad(be, v(kGGate), v(kN2), gate_->grad);
-          weight_grad(be, v(kGUp), v(kN2), up_->grad);
-        });
-      }
+      };
+      auto weights = [&](const Tensor& n2_all) {
+        weight_grad(be, v(kGGate), n2_all, gate_->grad);
+        weight_grad(be, v(kGUp), n2_all, up_->grad);
+      };
+      tp_.column_input_grad(be, g_n2, n, "the MLP input-gradient", partial, early_weights_, v(kN2),
+                            "the sequence-parallel all-gather of post_attention_layernorm", weights);
     }
     be.rmsnorm_backward_input(g_n2, v(kRes1), norm2_->compute(), v(kRstd2), g_n1);  // g_n1: scratch here
     be.add(dy, g_n1, g_res1);                                                      // (m, C) d res1
@@ -278,13 +276,12 @@ class MlaLayer final : public Block {
                      [&] { weight_grad(be, g_q, v(kQaN), q_b_->grad); });
       be.rmsnorm_backward_input(g_qan, v(kQa), q_a_norm_->compute(), v(kRstdQa), g_qa);
       fp8_.matmul(be, mine(g_qa), *q_a_, false, g_n1, 0.f);        // (m, C)
-    } else if (sp) {
-      Tensor sums = tp_.full_rows(be, n, spec_.in, spec_.dtype);                   // (n, C) partial over tp
-      fp8_.matmul(be, g_q, *q_, false, sums, 0.f);
-      tp_.reduce_scatter_rows(sums, g_n1, "the attention input-gradient reduce-scatter");  // (m, C)
     } else {
-      fp8_.matmul(be, g_q, *q_, false, g_n1, 0.f);                 // (n, C) partial over tp
-      input_grad_sum(g_n1, "the attention input-gradient all-reduce", [&] { weight_grad(be, g_q, v(kN1), q_->grad); });
+      tp_.column_input_grad(  // (m, C)
+          be, g_n1, n, "the attention input-gradient",
+          [&](Tensor& sums) { fp8_.matmul(be, g_q, *q_, false, sums, 0.f); },  // (n, C) partial over tp
+          early_weights_, v(kN1), "the sequence-parallel all-gather of input_layernorm",
+          [&](const Tensor& n1_all) { weight_grad(be, g_q, n1_all, q_->grad); });
     }
     const Tensor w_kva = kv_a_->compute();
     fp8_.matmul(be, mine(g_lat), w_kva.rows(0, r), false, g_n1, 1.f);
@@ -297,10 +294,6 @@ class MlaLayer final : public Block {
   // and q_b's (or q's) weight gradients are computed inside backward_input while the all-reduces of their inputs'
   // gradients travel (the experts' and k_pe's all-reduces stay in today's order).
   bool weights_in_backward() const override { return tp_.async_input_grads() && !tp_.sequence_parallel(); }
-  // Sequence parallelism with parallel.overlap: the forward's all-gathers of the two norms' rows run as collective
-  // matmuls (model/collective_matmul.hpp) before q_a (or q), kv_a and gate, up. Not in FP8 (its tensorwise scale is the
-  // whole gathered operand's).
-  bool collective_matmul() const { return tp_.overlap && tp_.sequence_parallel() && !fp8_.on(); }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp, r = m_.kv_lora_rank, dr = m_.qk_rope;
@@ -474,8 +467,9 @@ class MlaLayer final : public Block {
   }
   // dW (out, in) += dy^T @ x
   void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const { fp8_.weight_grad(be, dy, x, dw); }
-  // A column-parallel projection's input gradient t, partial over tp, summed in place; in backward() the sum travels
-  // while `weights` computes the projection's weight gradients (which backward_weight then skips).
+  // The latents' gradients (kv_b's and q_b's input gradients, n rows on every rank, sequence parallelism or not),
+  // partial over the heads, all-reduced in place; in backward() the sum travels while `weights` computes the
+  // projection's weight gradients (which backward_weight then skips). (q's and gate, up's: column_input_grad.)
   void input_grad_sum(Tensor& t, const char* what, const std::function<void()>& weights) const {
     if (early_weights_) tp_.allreduce_sum_during(t, what, weights);
     else tp_.allreduce_sum(t, what);

@@ -39,6 +39,22 @@ void for_each_run(const Shape& full, TpSplit s, int tp, int r, F f) {
       f((o * a.n + p * seg + b) * a.inner, (o * local_n + p * (e - b)) * a.inner, (e - b) * a.inner);
 }
 
+// One of the rank's sequence-parallel buffers (sp_rows, sp_async_rows) as (n, w), grown (counted as activations) when
+// smaller or of another dtype.
+Tensor shared_rows(Backend& be, Tensor& buf, int64_t n, int64_t w, DType dt) {
+  if (!buf.defined() || buf.numel() < n * w || buf.dtype() != dt) {
+    MemoryScope scope(MemKind::activations);
+    buf = Tensor(be, {n * w}, dt);
+  }
+  return buf.rows(0, n * w).view({n, w});
+}
+
+// The watchdog's name of a sum over the group of `of` ("the attention output"): an all-reduce, or under sequence
+// parallelism a reduce-scatter.
+std::string sum_name(const char* of, bool sequence_parallel) {
+  return cat(of, sequence_parallel ? " reduce-scatter" : " all-reduce");
+}
+
 }  // namespace
 
 Shape shard_shape(const Shape& full, TpSplit s, int tp, int r) {
@@ -100,12 +116,7 @@ double TensorParallel::take_waited_s() const {
 
 Tensor TensorParallel::full_rows(Backend& be, int64_t n, int64_t w, DType dt) const {
   RELAY_ASSERT(sp_rows, "full_rows without sequence parallelism");
-  Tensor& buf = *sp_rows;
-  if (!buf.defined() || buf.numel() < n * w || buf.dtype() != dt) {
-    MemoryScope scope(MemKind::activations);
-    buf = Tensor(be, {n * w}, dt);
-  }
-  return buf.rows(0, n * w).view({n, w});
+  return shared_rows(be, *sp_rows, n, w, dt);
 }
 
 Tensor TensorParallel::gather_rows(Backend& be, const Tensor& local, const char* what) const {
@@ -127,13 +138,8 @@ TensorParallel::PendingGather TensorParallel::start_gather_rows(Backend& be, con
                                                                 const char* what) const {
   RELAY_ASSERT(sp_async_rows, "start_gather_rows without the second sequence-parallel buffer");
   const int64_t m = local.size(0), w = local.size(1);
-  Tensor& buf = *sp_async_rows;
-  if (!buf.defined() || buf.numel() < size * m * w || buf.dtype() != local.dtype()) {
-    MemoryScope scope(MemKind::activations);
-    buf = Tensor(be, {size * m * w}, local.dtype());
-  }
   PendingGather g;
-  g.full = buf.rows(0, size * m * w).view({size * m, w});  // (tp m, w)
+  g.full = shared_rows(be, *sp_async_rows, size * m, w, local.dtype());  // (tp m, w)
   Tensor mine = g.full.rows(rank * m, m);
   be.copy(mine, local);
   g.req = overlap_comm()->iallgather(g.full);
@@ -152,27 +158,47 @@ void TensorParallel::reduce_scatter_during(const Tensor& full, Tensor& local, co
                                            const std::function<void()>& meanwhile) const {
   RequestPtr req = overlap_comm()->ireduce_scatter_sum(full, local);  // the same call as reduce_scatter_rows's
   req->what = what;
+  test_fault_point("tp");  // test only: a rank stopped or lost while it travels
   meanwhile();
   wait(*req, what);
 }
 
 void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y,
-                                         const char* what, const Fp8Linear& gemm) const {
+                                         const char* of, const Fp8Linear& gemm) const {
+  const std::string what = sum_name(of, sequence_parallel());
   if (!sequence_parallel()) {
     gemm.matmul(be, x, w, trans_w, y);
-    allreduce_sum(y, what);
+    allreduce_sum(y, what.c_str());
     return;
   }
-  if (overlap && trans_w && !gemm.on()) {  // a forward's: the collective matmul's reduce-scatter ring
+  if (trans_w && collective_matmul(gemm)) {  // a forward's: the collective matmul's reduce-scatter ring
     const int64_t m = y.size(0);
-    matmul_reduce_scatter(be, *this, y, what, [&](int64_t row0, Tensor& out) {
+    matmul_reduce_scatter(be, *this, y, what.c_str(), [&](int64_t row0, Tensor& out) {
       gemm.matmul(be, x.rows(row0, m), w, true, out);  // (m, out) of this rank's partial sums
     });
     return;
   }
   Tensor full = full_rows(be, x.size(0), y.size(1), y.dtype());  // (n, out) partial sums
   gemm.matmul(be, x, w, trans_w, full);
-  reduce_scatter_rows(full, y, what);
+  reduce_scatter_rows(full, y, what.c_str());
+}
+
+void TensorParallel::column_input_grad(Backend& be, Tensor& dx, int64_t n, const char* of,
+                                       const std::function<void(Tensor& sums)>& partial, bool early, const Tensor& x,
+                                       const char* gather_what,
+                                       const std::function<void(const Tensor& x_all)>& weights) const {
+  const std::string what = sum_name(of, sequence_parallel());
+  if (!sequence_parallel()) {
+    partial(dx);  // (n, C) partial over tp
+    if (early) return allreduce_sum_during(dx, what.c_str(), [&] { weights(x); });
+    return allreduce_sum(dx, what.c_str());
+  }
+  PendingGather g;
+  if (early) g = start_gather_rows(be, x, gather_what);  // (n, C) travels during partial's GEMMs
+  Tensor sums = full_rows(be, n, dx.size(1), dx.dtype());  // (n, C) partial over tp
+  partial(sums);
+  if (early) return reduce_scatter_during(sums, dx, what.c_str(), [&] { weights(finish_gather(g)); });
+  reduce_scatter_rows(sums, dx, what.c_str());
 }
 
 void SpNormGrads::allocate(Backend& be, int64_t C) {

@@ -21,6 +21,7 @@
 // Under sequence parallelism the same (Megatron-LM's sequence-parallel backward): the input gradient's reduce-scatter is
 // started non-blocking and the weight gradient computed while it travels (reduce_scatter_during), its operand's rows
 // gathered into a second buffer (sp_async_rows) by a gather started before the input-gradient GEMM (start_gather_rows).
+// column_input_grad makes that choice for every block (all-reduce or reduce-scatter, now or while dW is computed).
 #pragma once
 #include <functional>
 #include <memory>
@@ -78,6 +79,10 @@ struct TensorParallel {
   // column-parallel input gradient while its weight gradients are computed. Under sequence parallelism only with the
   // second buffer (the weight gradient's gathered operand must not sit in the buffer the reduce-scatter reads).
   bool async_input_grads() const { return overlap && on() && (!sequence_parallel() || sp_async_rows != nullptr); }
+  // Whether the forward's all-gathers before column-parallel GEMMs and reduce-scatters after row-parallel ones run as
+  // collective matmuls (model/collective_matmul.hpp): under sequence parallelism with overlap, and not for a block's
+  // FP8 GEMMs (gemm on), whose tensorwise scale is the whole gathered operand's.
+  bool collective_matmul(const Fp8Linear& gemm) const { return overlap && sequence_parallel() && !gemm.on(); }
   // In-place sum over the group (blocking, watched); nothing when size == 1. `what` names it for the
   // watchdog ("the attention output all-reduce").
   void allreduce_sum(Tensor& t, const char* what) const;
@@ -121,8 +126,21 @@ struct TensorParallel {
   // sequence parallelism computed into the shared buffer (n, out) and reduce-scattered into y (n / tp, out); with
   // overlap, a forward's (trans_w, not FP8) chunk by chunk around the reduce-scatter ring (matmul_reduce_scatter).
   // gemm: the block's linear GEMMs (FP8 under train.precision = "fp8"; trans_w: a forward, else an input gradient).
-  void row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y,
-                           const char* what, const Fp8Linear& gemm = Fp8Linear()) const;
+  // `of` names what is summed ("the attention output"); the watchdog's name adds " all-reduce" or " reduce-scatter".
+  void row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y, const char* of,
+                           const Fp8Linear& gemm = Fp8Linear()) const;
+  // A column-parallel layer's input gradient dx (m, C), summed over the group (GPT's c_attn and c_fc, Llama's q, k, v
+  // and gate, up, MLA's q and gate, up): partial(sums) writes this rank's partial sums of the n rows (n, C) (its
+  // share of the output features' terms, the GEMMs dy_i (n, out_i / tp) @ W_i) into sums, dx itself or under sequence
+  // parallelism the shared buffer, then all-reduced into dx (reduce-scattered into dx's m = n / tp rows; named `of`
+  // and the collective, as row_parallel_matmul's). early (a block running B and W together, async_input_grads()):
+  // the sum travels while weights(x_all) computes the layer's weight gradients (which backward_weight then skips):
+  // the same sums, started earlier. x (m, C) is the layer's saved input rows; x_all the group's (n, C) under sequence
+  // parallelism, gathered (named gather_what) into the second buffer while partial runs (the reduce-scatter reads the
+  // first), else x itself.
+  void column_input_grad(Backend& be, Tensor& dx, int64_t n, const char* of,
+                         const std::function<void(Tensor& sums)>& partial, bool early, const Tensor& x,
+                         const char* gather_what, const std::function<void(const Tensor& x_all)>& weights) const;
 };
 
 // Sequence parallelism: a block's norm-weight gradients of one micro-batch, each from this rank's rows only, summed

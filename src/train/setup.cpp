@@ -131,14 +131,15 @@ void setup_grid_and_backend(Run& r) {
   bo.threads = threads_for_rank(cfg, r.grid.local_size);
   bo.precision = cfg.train.precision;
   bo.cpu_bf16_gemm = cfg.train.cpu_bf16_gemm;
+  bo.time_bf16_gemm = r.grid.world_rank == 0;  // the others wait for its choice (below)
   if (bo.device == Device::cuda) {
     int n = cuda_device_count();
     if (n == 0) throw Error("train.device = \"cuda\" but no CUDA device is visible (hint: check CUDA_VISIBLE_DEVICES, or use train.device = \"cpu\")");
     bo.gpu = r.grid.local_rank % n;
   }
   r.be = make_backend(bo);
-  // train.cpu_bf16_gemm = "auto": one choice for the job, world rank 0's (each rank timed its own; a rank that chose
-  // otherwise would round its GEMMs differently from the others and from the serial run).
+  // train.cpu_bf16_gemm = "auto": one choice for the job, world rank 0's, the only rank that timed the test GEMM (a
+  // rank that chose otherwise would round its GEMMs differently from the others and from the serial run).
   if (auto* cpu = dynamic_cast<CpuBackend*>(r.be.get())) {
     int widen = cpu->bf16_auto_choice();
     MPI_Bcast(&widen, 1, MPI_INT, 0, MPI_COMM_WORLD);
