@@ -115,6 +115,22 @@ void Executor::lay_out_documents(int64_t samples, const StepData& d) {
   keep(ds, doc_start_);
   keep(pos, positions_);
   keep(place, q_pos_);
+  if (docs_.on()) all_doc_start_ = std::move(ds);
+}
+
+MtpBatch Executor::mtp_batch(int mb, const StepData& d) {
+  const int64_t n = mb_rows_ * seq_len_, first = mb * n;  // the micro-batch's whole sequences
+  MtpBatch b;
+  b.targets = d.class_targets + first;
+  b.counted = d.mtp_counted.empty() ? nullptr : d.mtp_counted.data();
+  if (docs_.on()) {  // the main loss's targets (-1 at the end-of-text inputs) and the document starts
+    mtp_targets_.assign(d.class_targets + first, d.class_targets + first + n);
+    mask_document_targets(docs_, d.tokens + first, n, mtp_targets_.data());
+    RELAY_ASSERT(int64_t(all_doc_start_.size()) >= first + n, "the multi-token prediction's document layout: none");
+    b.targets = mtp_targets_.data();
+    b.doc_start = all_doc_start_.data() + first;
+  }
+  return b;
 }
 
 void Executor::wait_all_sends() {
@@ -161,8 +177,10 @@ StepStats Executor::run_step(const StepData& data) {
           Tensor in = ch.input(mb, rows_);
           be_.copy(in, chunk(c - 1).forward_output(mb, rows_));
         }
-        if (c == last_chunk_ && d_has_targets(data))  // the multi-token prediction block reads them in its forward
-          for (const auto& b : ch.blocks()) b->set_targets(data.class_targets + mb * mb_rows_ * seq_len_);
+        if (c == last_chunk_ && d_has_targets(data)) {  // the multi-token prediction block reads them in its forward
+          const MtpBatch batch = mtp_batch(mb, data);
+          for (const auto& b : ch.blocks()) b->set_targets(batch);
+        }
         Tensor out = ch.forward(mb, rows_);
         if (slow_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s_));
         if (c == last_chunk_) {
@@ -296,7 +314,7 @@ void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum,
         r->wait();
       }
     }
-    for (const auto& b : ch->blocks()) b->set_targets(nullptr);  // evaluation: the main model's loss alone
+    for (const auto& b : ch->blocks()) b->set_targets(MtpBatch());  // evaluation: the main model's loss alone
     Tensor out = ch->forward(slot, rows);
     watchdog_progress();
     if (c == last_chunk_) {
