@@ -8,7 +8,8 @@
 // Every step's loss and every final tensor (parameters and AdamW state) is compared with the serial run of the same
 // model and data. Multi-token prediction (model.num_mtp_layers = 2, model/mtp_block.cpp) with documents on cp 2 against
 // the serial MTP run with documents: the main loss, every step's mtp_loss and every tensor (the modules' included),
-// and the same bits when run twice. With routed-expert layers (layers 1-3 of 4: 8 experts in 4 groups, the best 2 groups kept, top 2, one
+// and the same bits when run twice.
+// With routed-expert layers (layers 1-3 of 4: 8 experts in 4 groups, the best 2 groups kept, top 2, one
 // shared expert, routed_scaling_factor 2.5, the per-sequence aux loss and moe.expert_bias updated every step): ep 2,
 // dp 2 x ep 2 x pp 2 with ZeRO-1 and recomputation, tp 2 x dp 2 x ep 2 (also with sequence parallelism: the experts'
 // and shared experts' output reduce-scattered) and cp 2 against the serial run, the bias
@@ -127,8 +128,8 @@ class DeepseekV3Equivalence : public ::testing::TestWithParam<Case> {
     for (const Case& c : kCases) {  // one serial run per (documents, MTP depth) of the table
       const std::pair<bool, int> key{c.docs, c.mtp};
       if (serial_.count(key)) continue;
-      serial_[key] =
-          train_and_record(1, problem_.config, overrides(c.docs, mtp_overrides(c.mtp)), dir_->file(serial_name(c.docs, c.mtp)));
+      serial_[key] = train_and_record(1, problem_.config, overrides(c.docs, mtp_overrides(c.mtp)),
+                                      dir_->file(serial_name(c.docs, c.mtp)));
     }
   }
   static void TearDownTestSuite() { dir_.reset(); }

@@ -85,10 +85,12 @@ std::vector<int64_t> mtp_counted(Run& r, const StepData& data) {
   const int64_t D = mtp_depth(r), T = r.layout.model.seq_len;
   std::vector<double> n(size_t(D), 0.0);
   for (int64_t k = 1; k <= D; ++k)
-    if (!r.documents.on()) n[size_t(k - 1)] = double(r.cfg.train.batch_size * std::max<int64_t>(T - k, 0));
-    else if (r.grid.cp_rank == 0) n[size_t(k - 1)] = double(counted_mtp_targets(r.documents, data.tokens, r.replica_rows * T, T, k));
+    if (!r.documents.on())
+      n[size_t(k - 1)] = double(r.cfg.train.batch_size * std::max<int64_t>(T - k, 0));
+    else if (r.grid.cp_rank == 0)
+      n[size_t(k - 1)] = double(counted_mtp_targets(r.documents, data.tokens, r.replica_rows * T, T, k));
   if (D > 0 && r.documents.on())
-    r.dp_comm->allreduce_host(n.data(), int(D), ReduceOp::sum, "the multi-token prediction's counted-targets reduction");
+    r.dp_comm->allreduce_host(n.data(), int(D), ReduceOp::sum, "the MTP counted-targets reduction");
   return std::vector<int64_t>(n.begin(), n.end());
 }
 
