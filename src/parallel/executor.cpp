@@ -15,8 +15,14 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 enum MsgKind { kActivation = 0, kGrad = 1 };
-// Next-token targets of a language model on the host (multi-token prediction reads them; cp and documents are off).
+// Next-token targets of a language model on the host (multi-token prediction reads them whole, under cp too).
 bool d_has_targets(const StepData& d) { return d.class_targets != nullptr && d.dense_targets == nullptr; }
+// The chunk holds DeepSeek-V3's multi-token prediction block (model/mtp_block.cpp), which reads the targets.
+bool has_mtp(const ModelChunk& ch) {
+  for (const auto& b : ch.blocks())
+    if (b->spec().kind == BlockKind::mtp) return true;
+  return false;
+}
 
 // Test only: RELAY_TEST_SLOW_RANK=R RELAY_TEST_SLOW_MS=M make world rank R sleep M ms in every
 // forward, a straggler on purpose (tests/faults/test_straggler.sh); 0 elsewhere.
@@ -177,7 +183,7 @@ StepStats Executor::run_step(const StepData& data) {
           Tensor in = ch.input(mb, rows_);
           be_.copy(in, chunk(c - 1).forward_output(mb, rows_));
         }
-        if (c == last_chunk_ && d_has_targets(data)) {  // the multi-token prediction block reads them in its forward
+        if (c == last_chunk_ && d_has_targets(data) && has_mtp(ch)) {  // the MTP block reads them in its forward
           const MtpBatch batch = mtp_batch(mb, data);
           for (const auto& b : ch.blocks()) b->set_targets(batch);
         }
