@@ -6,7 +6,10 @@
 // parallelism (cp 2 and tp 2 x cp 2, with and without data.document_mask on a file of documents ending at token 0) and
 // sequence parallelism (tp 2: MLA's input norm gathered before the a-projections, its outputs reduce-scattered).
 // Every step's loss and every final tensor (parameters and AdamW state) is compared with the serial run of the same
-// model and data. With routed-expert layers (layers 1-3 of 4: 8 experts in 4 groups, the best 2 groups kept, top 2, one
+// model and data. Multi-token prediction (model.num_mtp_layers = 2, model/mtp_block.cpp) with documents on cp 2 against
+// the serial MTP run with documents: the main loss, every step's mtp_loss and every tensor (the modules' included),
+// and the same bits when run twice.
+// With routed-expert layers (layers 1-3 of 4: 8 experts in 4 groups, the best 2 groups kept, top 2, one
 // shared expert, routed_scaling_factor 2.5, the per-sequence aux loss and moe.expert_bias updated every step): ep 2,
 // dp 2 x ep 2 x pp 2 with ZeRO-1 and recomputation, tp 2 x dp 2 x ep 2 (also with sequence parallelism: the experts'
 // and shared experts' output reduce-scattered) and cp 2 against the serial run, the bias
@@ -19,6 +22,7 @@
 #include <map>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -38,11 +42,13 @@ struct Case {
   int cp = 1;
   bool docs = false;  // data.document_mask
   bool sp = false;    // parallel.sequence_parallel
+  int mtp = 0;        // model.num_mtp_layers (against the serial run with as many)
   int ranks() const { return dp * tp * pp * cp; }
   std::string name() const {
     std::string s = "dp" + std::to_string(dp) + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_" +
                     schedule + "_m" + std::to_string(m) + (zero ? "_zero" : "") + (recompute ? "_recompute" : "") +
-                    (cp > 1 ? "_cp" + std::to_string(cp) : "") + (docs ? "_docs" : "") + (sp ? "_sp" : "");
+                    (cp > 1 ? "_cp" + std::to_string(cp) : "") + (docs ? "_docs" : "") + (sp ? "_sp" : "") +
+                    (mtp > 0 ? "_mtp" + std::to_string(mtp) : "");
     for (auto& c : s) if (c == '-') c = '_';
     return s;
   }
@@ -83,10 +89,28 @@ const Case kCases[] = {
     {2, 2, 1, "1f1b", 2, /*zero=*/true},
     {1, 2, 2, "interleaved", 4, false, /*recompute=*/true},
     {1, 1, 1, "1f1b", 2, false, false, /*cp=*/2},
-    {1, 1, 1, "1f1b", 1, false, false, /*cp=*/2, /*docs=*/true},
     {1, 2, 1, "1f1b", 1, false, /*recompute=*/true, /*cp=*/2, /*docs=*/true},
     {1, 2, 1, "1f1b", 2, false, false, 1, false, /*sp=*/true},
+    // cp 2 with documents, with multi-token prediction (D = 2) on top: the main layers' cp 2 x documents row and the
+    // MTP modules' (their shift on whole sequences, their attention through cp), against the serial MTP run.
+    {1, 1, 1, "1f1b", 2, false, false, /*cp=*/2, /*docs=*/true, false, /*mtp=*/2},
 };
+
+// Every step's mtp_loss (the MTP modules' mean CE_k) from <run_dir>/metrics.jsonl.
+std::vector<double> read_mtp_losses(const std::string& run_dir) {
+  std::vector<double> out;
+  std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("mtp_loss")) out.push_back(j.at("mtp_loss").get<double>());
+  }
+  return out;
+}
+
+// The serial run's directory name for data.document_mask and model.num_mtp_layers.
+std::string serial_name(bool docs, int mtp) {
+  return std::string("serial") + (docs ? "_docs" : "") + (mtp > 0 ? "_mtp" + std::to_string(mtp) : "");
+}
 
 // The document file (data.document_mask) instead of the GPT problem's tokens.
 std::vector<std::string> data_overrides(bool docs, const std::string& dir) {
@@ -101,15 +125,22 @@ class DeepseekV3Equivalence : public ::testing::TestWithParam<Case> {
     problem_ = make_gpt_problem(dir_->path());
     write_documents(dir_->file("docs.h5"));
     write_documents(dir_->file("docs_eval.h5"), 8, 1025);
-    for (bool docs : {false, true})
-      serial_[docs] =
-          train_and_record(1, problem_.config, overrides(docs, {}), dir_->file(docs ? "serial_docs" : "serial"));
+    for (const Case& c : kCases) {  // one serial run per (documents, MTP depth) of the table
+      const std::pair<bool, int> key{c.docs, c.mtp};
+      if (serial_.count(key)) continue;
+      serial_[key] = train_and_record(1, problem_.config, overrides(c.docs, mtp_overrides(c.mtp)),
+                                      dir_->file(serial_name(c.docs, c.mtp)));
+    }
   }
   static void TearDownTestSuite() { dir_.reset(); }
 
   static std::unique_ptr<TempDir> dir_;
   static Problem problem_;
-  static std::map<bool, RunRecord> serial_;  // by data.document_mask
+  static std::map<std::pair<bool, int>, RunRecord> serial_;  // by (data.document_mask, model.num_mtp_layers)
+  static std::vector<std::string> mtp_overrides(int mtp) {
+    if (mtp == 0) return {};
+    return {"model.num_mtp_layers=" + std::to_string(mtp), "model.mtp_loss_weight=0.3"};
+  }
   // The model's, the data's (with or without documents) and `extra` overrides.
   static std::vector<std::string> overrides(bool docs, const std::vector<std::string>& extra) {
     auto ov = model_overrides();
@@ -120,15 +151,26 @@ class DeepseekV3Equivalence : public ::testing::TestWithParam<Case> {
 };
 std::unique_ptr<TempDir> DeepseekV3Equivalence::dir_;
 Problem DeepseekV3Equivalence::problem_;
-std::map<bool, RunRecord> DeepseekV3Equivalence::serial_;
+std::map<std::pair<bool, int>, RunRecord> DeepseekV3Equivalence::serial_;
 
 TEST_P(DeepseekV3Equivalence, MatchesSerialRun) {
   const Case& c = GetParam();
-  ASSERT_EQ(serial_[c.docs].losses.size(), 6u);
-  const auto ov = overrides(c.docs, layout_overrides(c));
+  const RunRecord& serial = serial_[{c.docs, c.mtp}];
+  ASSERT_EQ(serial.losses.size(), 6u);
+  auto extra = layout_overrides(c);
+  for (const std::string& s : mtp_overrides(c.mtp)) extra.push_back(s);
+  const auto ov = overrides(c.docs, extra);
   const RunRecord got = train_and_record(c.ranks(), problem_.config, ov, dir_->file(c.name()));
-  expect_run_matches(got, serial_[c.docs], kRel, kAbs, "against the serial run");
-  if (c.tp > 1 && c.pp == 1 && !c.zero && c.cp == 1) {  // the same layout again: the same bits
+  expect_run_matches(got, serial, kRel, kAbs, "against the serial run");
+  if (c.mtp > 0) {  // the loss run_matches compares is the main model's: the modules' mean CE_k too, every step
+    const auto want = read_mtp_losses(dir_->file(serial_name(c.docs, c.mtp)));
+    const auto have = read_mtp_losses(dir_->file(c.name()));
+    ASSERT_EQ(have.size(), 6u);
+    ASSERT_EQ(want.size(), 6u);
+    for (size_t i = 0; i < have.size(); ++i)
+      EXPECT_NEAR(have[i], want[i], kAbs + kRel * std::abs(want[i])) << "mtp_loss at step " << i + 1;
+  }
+  if ((c.tp > 1 && c.pp == 1 && !c.zero && c.cp == 1) || c.mtp > 0) {  // the same layout again: the same bits
     const RunRecord again = train_and_record(c.ranks(), problem_.config, ov, dir_->file(c.name() + "_again"));
     EXPECT_EQ(again.losses, got.losses);
     for (const auto& [name, v] : got.tensors)

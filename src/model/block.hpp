@@ -68,11 +68,20 @@ struct MlaSpec {
 
 // DeepSeek-V3's multi-token prediction (arXiv:2412.19437 section 2.2; model/mtp_block.cpp): `depth` sequential modules
 // on the final hidden states before the final norm, module k predicting the token k + 1 positions ahead; the loss adds
-// weight / depth x sum_k CE_k, CE_k the mean over the global batch's sequences x (T - k) positions.
+// weight / depth x sum_k CE_k, CE_k the mean over the global batch's counted positions of depth k (MtpBatch).
 struct MtpSpec {
   int64_t depth = 0;       // D = model.num_mtp_layers
   double weight = 0;       // model.mtp_loss_weight
-  int64_t sequences = 1;   // of the global batch (train.batch_size)
+};
+
+// A training micro-batch as the multi-token prediction block reads it: host arrays over the micro-batch's whole
+// sequences (every cp rank has them all; the block picks its own rows after shifting).
+struct MtpBatch {
+  const int32_t* targets = nullptr;    // (samples x T) next-token targets, -1 where the main loss counts none
+                                       // (data.document_mask: the end-of-text inputs); null: evaluation
+  const int32_t* doc_start = nullptr;  // (samples x T) each position's document start (model/documents.hpp), or null
+  const int64_t* counted = nullptr;    // (depth) per module k, the global batch's counted positions: CE_k's mean's
+                                       // denominator (model/documents.hpp, counted_mtp_targets)
 };
 
 // Everything known about a block before anything is allocated: what the partitioner, `relay plan`,
@@ -209,9 +218,9 @@ class Block {
     q_pos_ = q_pos;
   }
 
-  // Multi-token prediction (BlockKind::mtp): the micro-batch's next-token targets, host i32 (rows), set before a
-  // training forward on the last stage (null: evaluation, the block passes its input through and predicts nothing).
-  virtual void set_targets(const int32_t*) {}
+  // Multi-token prediction (BlockKind::mtp): the micro-batch's targets and document layout, set before a training
+  // forward on the last stage (targets null: evaluation, the block passes its input through and predicts nothing).
+  virtual void set_targets(const MtpBatch&) {}
   // Adds this block's per-module sums of CE_k over the training micro-batches since the last call into sums (depth
   // of them), and resets them.
   virtual void take_mtp_stats(std::vector<double>&) {}

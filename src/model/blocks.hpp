@@ -29,6 +29,7 @@ std::unique_ptr<Block> make_mla_block(const BlockSpec& spec, std::vector<Param*>
 std::vector<BufferSpec> mla_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 // DeepSeek-V3's multi-token prediction modules (mtp_block.cpp): spec.inner's blocks, params as BlockSpec::inner says.
 std::unique_ptr<Block> make_mtp_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
+                                      const ContextParallel& cp,
                                       const ExpertParallel& ep = {});
 std::vector<BufferSpec> mtp_saved_shapes(const BlockSpec& spec, int64_t rows, int tp);
 

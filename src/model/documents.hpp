@@ -30,4 +30,15 @@ void mask_document_targets(const DocumentLayout& d, const int32_t* tokens, int64
 // Targets the loss counts: rows minus the end-of-text inputs.
 int64_t counted_targets(const DocumentLayout& d, const int32_t* tokens, int64_t rows);
 
+// Multi-token prediction's depth k (model/mtp_block.cpp) on whole sequences of T, as Megatron-LM's roll_tensor rolls
+// the input ids and labels k times one position left within each packed document and fills the vacated slots: position
+// i reads t_{i+k} (ids) and predicts t_{i+k+1} (targets_k) when i + k lies in i's sequence and document, else id 0 and
+// target -1 (not counted). targets (rows): the main loss's (target i = t_{i+1}, -1 where it counts none: document
+// ends, mask_document_targets); doc_start (rows): document_layout's, or null (no document mask).
+void shift_targets(const int32_t* targets, const int32_t* doc_start, int64_t rows, int64_t T, int64_t k, int32_t* ids,
+                   int32_t* targets_k);
+// The positions depth k counts in tokens (rows) of sequences of T: the targets shift_targets leaves >= 0 (without a
+// document mask rows / T x (T - k); with one, those whose inputs i..i+k hold no end-of-text token).
+int64_t counted_mtp_targets(const DocumentLayout& d, const int32_t* tokens, int64_t rows, int64_t T, int64_t k);
+
 }  // namespace relay

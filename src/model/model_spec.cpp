@@ -163,7 +163,7 @@ std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, cons
     case BlockKind::head: return make_gpt_block(spec, std::move(params), tp, cp);
     case BlockKind::llama_layer: return make_llama_block(spec, std::move(params), tp, cp, ep);
     case BlockKind::mla_layer: return make_mla_block(spec, std::move(params), tp, cp, ep);
-    case BlockKind::mtp: return make_mtp_block(spec, std::move(params), tp, ep);
+    case BlockKind::mtp: return make_mtp_block(spec, std::move(params), tp, cp, ep);
     default: return make_mlp_block(spec, std::move(params));
   }
 }

@@ -4,12 +4,16 @@
 //   h^0 = the block's input (the final hidden states before model.norm)                          (n, C)
 //   module k = 1..D:  e_k = Emb(t_{i+k}),  h'_k = eh_proj([enorm(e_k); hnorm(h^{k-1})])          (n, C), (n, 2C) -> (n, C)
 //                     h^k = TransformerBlock_k(h'_k),  logits_k = shared_head(h^k)               (n, C), (n, V)
-//                     CE_k over the positions i < T - k of each sequence (target t_{i+k+1})
+//                     CE_k over the positions i whose i + k lies in i's sequence and document (target t_{i+k+1})
 // shared_head is shared_head.norm then the model's output weight, Emb the model's embedding (one parameter each with
 // the main model's: their gradients are the sums). The loss adds weight / D x sum_k CE_k, CE_k the mean over the
-// global batch's sequences x (T - k) positions, so each module's CE gradient is computed here, in the forward, as the
-// main loss's is after the head (model/loss.hpp). Positions i >= T - k + 1 read no token (id 0) and i >= T - k predict
-// nothing (target -1): causal attention keeps them out of every counted position. Under tensor parallelism the
+// global batch's counted positions of depth k (MtpBatch::counted), so each module's CE gradient is computed here, in
+// the forward, as the main loss's is after the head (model/loss.hpp). The shift is Megatron-LM's roll_tensor within
+// each sequence and document (model/documents.hpp, shift_targets): a position whose i + k crosses its sequence's or
+// document's end reads id 0 and predicts nothing (target -1); causal attention within the document (the main layers'
+// document mask) keeps it out of every counted position. Under context parallelism every rank holds the micro-batch's
+// whole sequences' targets: the block shifts them whole and keeps its own rows (cp_position), and its decoder layers'
+// attention runs through the cp group as the main layers' does. Under tensor parallelism the
 // block's transformer splits as a decoder layer does, eh_proj and the norms are replicated, the shared embedding and
 // head are vocabulary-parallel with a vocabulary-parallel cross-entropy. Under sequence parallelism the block's input
 // and output are this rank's n / tp rows: it gathers h^0 once and runs its modules on every row as under plain tp (their
@@ -19,6 +23,7 @@
 #include <algorithm>
 
 #include "model/blocks.hpp"
+#include "model/documents.hpp"
 #include "model/loss.hpp"
 
 namespace relay {
@@ -32,8 +37,9 @@ class MtpBlock final : public Block {
                   kOwn };
 
   // params: the spec's, of a routed-expert decoder layer this ep rank's experts only (model_spec.cpp's make_block).
-  MtpBlock(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ExpertParallel& ep)
-      : Block(spec, std::move(params)), tp_(tp), inner_tp_(tp) {
+  MtpBlock(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp, const ContextParallel& cp,
+           const ExpertParallel& ep)
+      : Block(spec, std::move(params)), tp_(tp), inner_tp_(tp), cp_(cp) {
     RELAY_ASSERT(tp.sequence_parallel() == (spec.sp > 1), "mtp block: sequence parallelism disagrees");
     inner_tp_.sp_rows = nullptr;  // the modules run on every row
     const int64_t D = spec.mtp.depth;
@@ -48,7 +54,7 @@ class MtpBlock final : public Block {
       for (size_t j = 0; j < ls.params.size(); ++j) held += ep.holds(ls, j) ? 1 : 0;
       std::vector<Param*> lp(params_.begin() + std::ptrdiff_t(i), params_.begin() + std::ptrdiff_t(i + held));
       i += held;
-      m.layer = make_mla_block(ls, std::move(lp), inner_tp_, ContextParallel(), ep);
+      m.layer = make_mla_block(ls, std::move(lp), inner_tp_, cp, ep);
       m.head = make_gpt_block(spec.inner[size_t(3 * k + 1)], {head_norm, params_[1]}, inner_tp_);
       m.embed = make_gpt_block(spec.inner[size_t(3 * k + 2)], {params_[0]}, inner_tp_);
       offsets_.push_back(offset_);
@@ -88,14 +94,15 @@ class MtpBlock final : public Block {
     RELAY_ASSERT(s.t.size() == offset_, "mtp block: " << s.t.size() << " buffers, expected " << offset_);
   }
 
-  void set_targets(const int32_t* targets) override { targets_ = targets; }
+  void set_targets(const MtpBatch& batch) override { batch_ = batch; }
 
   // x (m, C) = h^0 -> y (m, C) = h^0 (m = n rows, or this rank's n / tp under sequence parallelism); the modules'
   // losses and their logits' gradients beside it.
   void forward(Backend& be, const Tensor& x, Tensor& y, BlockSaved& s) override {
     be.copy(y, x);
-    if (!targets_) return;  // evaluation (or generation): the main model's prediction alone
+    if (!batch_.targets) return;  // evaluation (or generation): the main model's prediction alone
     const int64_t n = x.size(0) * spec_.sp, T = spec_.seq_len, C = spec_.in;
+    hand_documents();
     if (tp_.sequence_parallel()) {
       Tensor all = parts(s, 1, n).h0;  // (n, C)
       be.copy(all, tp_.gather_rows(be, x, "the sequence-parallel all-gather of the MTP input"));
@@ -116,20 +123,21 @@ class MtpBlock final : public Block {
       be.linear(p.cat, m.eh_proj->compute(), none, p.hp);             // (n, C)
       m.layer->forward(be, p.hp, p.hk, p.layer);                      // (n, C)
       m.head->forward(be, p.hk, p.logits, p.head);                    // (n, Vl)
-      Tensor tg = m.loss->targets(0, n);                              // (n) t_{i+k+1}, -1 past the sequence
+      Tensor tg = m.loss->targets(0, n);                              // (n) t_{i+k+1}, -1 past the document
       be.upload(tg, targets_k_.data());
-      const double rows = double(spec_.mtp.sequences) * double(T - k);
-      const float scale = float(spec_.mtp.weight / double(spec_.mtp.depth) / rows);
+      const double counted = double(batch_.counted[k - 1]);
+      const float scale = counted > 0 ? float(spec_.mtp.weight / double(spec_.mtp.depth) / counted) : 0.f;
       sums_[size_t(k - 1)] += m.loss->forward_backward(0, p.logits, p.logits, scale);  // d logits in place
       prev = p.hk;
     }
-    targets_ = nullptr;
+    batch_ = MtpBatch();
   }
 
   // dx (m, C) = dy + d h^0 through module 1's hnorm (each module's d h^k: its own CE's, plus module k + 1's; whole on
   // every rank, of which this rank's rows under sequence parallelism).
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp, C = spec_.in;
+    hand_documents();
     for (int64_t k = spec_.mtp.depth; k >= 1; --k) {
       Module& m = modules_[size_t(k - 1)];
       Parts p = parts(s, k, n);
@@ -151,6 +159,7 @@ class MtpBlock final : public Block {
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor&, BlockSaved& s) override {
     const int64_t n = x.size(0) * spec_.sp, C = spec_.in;
+    hand_documents();
     for (int64_t k = 1; k <= spec_.mtp.depth; ++k) {
       Module& m = modules_[size_t(k - 1)];
       Parts p = parts(s, k, n);
@@ -227,16 +236,28 @@ class MtpBlock final : public Block {
     p.head.t.assign(s.t.begin() + std::ptrdiff_t(at + kOwn + l), s.t.begin() + std::ptrdiff_t(at + kOwn + l + h));
     return p;
   }
-  // Module k's inputs t_{i+k} (0 past the sequence) and targets t_{i+k+1} (-1 past it) from the next-token targets
-  // (target i = t_{i+1}), sequence by sequence.
+  // Module k's inputs t_{i+k} and targets t_{i+k+1} of this rank's n rows (0 and -1 where i + k crosses the sequence
+  // or document), shifted on the micro-batch's whole sequences; under cp this rank's rows of each (cp_position).
   void shifted_tokens(int64_t n, int64_t T, int64_t k) {
-    ids_.assign(size_t(n), 0);
-    targets_k_.assign(size_t(n), -1);
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t pos = r % T;
-      if (pos + k - 1 < T) ids_[size_t(r)] = targets_[r + k - 1];
-      if (pos + k < T) targets_k_[size_t(r)] = targets_[r + k];
-    }
+    const int64_t local = T / cp_.size, samples = n / local;  // local: a sequence's rows on this rank
+    RELAY_ASSERT(samples * local == n, "mtp block: " << n << " rows are not whole sequences of " << local);
+    ids_.resize(size_t(samples * T));
+    targets_k_.resize(size_t(samples * T));
+    shift_targets(batch_.targets, batch_.doc_start, samples * T, T, k, ids_.data(), targets_k_.data());
+    if (!cp_.on()) return;
+    for (int64_t s = 0; s < samples; ++s)  // in place: row s x local + j <= its source s x T + position
+      for (int64_t j = 0; j < local; ++j) {
+        const size_t from = size_t(s * T + cp_position(T, cp_.size, cp_.rank, j)), to = size_t(s * local + j);
+        ids_[to] = ids_[from];
+        targets_k_[to] = targets_k_[from];
+      }
+  }
+
+  // The micro-batch's sequence layout (document mask, positions, places under cp: Block::set_documents) to the
+  // modules' decoder layers, whose attention and rotary read it as the main layers' do (on all n rows: under sequence
+  // parallelism the chunk hands every row's).
+  void hand_documents() {
+    for (Module& m : modules_) m.layer->set_documents(doc_start_, positions_, q_pos_);
   }
 
   // h^0 (n, C): the block's input x, or under sequence parallelism its gathered copy.
@@ -247,8 +268,9 @@ class MtpBlock final : public Block {
   TensorParallel tp_;
   TensorParallel inner_tp_;  // tp_ without sequence parallelism: the modules' blocks'
   std::vector<Module> modules_;
-  const int32_t* targets_ = nullptr;  // set_targets: this micro-batch's next-token targets (n), until its forward
-  std::vector<int32_t> ids_, targets_k_;
+  ContextParallel cp_;  // the decoder layers' (their attention through the cp group); the rest is row-wise
+  MtpBatch batch_;     // set_targets: this micro-batch's targets and layout, until its forward
+  std::vector<int32_t> ids_, targets_k_;  // (samples x T) shifted, then (n) this rank's rows first
   std::vector<size_t> offsets_;  // module k's first buffer in BlockSaved::t is offsets_[k - 1]
   size_t offset_ = 0;            // buffers in all
   std::vector<double> sums_;  // per module, the training micro-batches' sum of CE_k since take_mtp_stats
@@ -261,9 +283,9 @@ std::vector<BufferSpec> mtp_saved_shapes(const BlockSpec& spec, int64_t rows, in
 }
 
 std::unique_ptr<Block> make_mtp_block(const BlockSpec& spec, std::vector<Param*> params, const TensorParallel& tp,
-                                      const ExpertParallel& ep) {
+                                      const ContextParallel& cp, const ExpertParallel& ep) {
   RELAY_ASSERT(spec.kind == BlockKind::mtp, "make_mtp_block: not an MTP block: " << block_kind_name(spec.kind));
-  return std::make_unique<MtpBlock>(spec, std::move(params), tp, ep);
+  return std::make_unique<MtpBlock>(spec, std::move(params), tp, cp, ep);
 }
 
 }  // namespace relay

@@ -15,8 +15,14 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 enum MsgKind { kActivation = 0, kGrad = 1 };
-// Next-token targets of a language model on the host (multi-token prediction reads them; cp and documents are off).
+// Next-token targets of a language model on the host (multi-token prediction reads them whole, under cp too).
 bool d_has_targets(const StepData& d) { return d.class_targets != nullptr && d.dense_targets == nullptr; }
+// The chunk holds DeepSeek-V3's multi-token prediction block (model/mtp_block.cpp), which reads the targets.
+bool has_mtp(const ModelChunk& ch) {
+  for (const auto& b : ch.blocks())
+    if (b->spec().kind == BlockKind::mtp) return true;
+  return false;
+}
 
 // Test only: RELAY_TEST_SLOW_RANK=R RELAY_TEST_SLOW_MS=M make world rank R sleep M ms in every
 // forward, a straggler on purpose (tests/faults/test_straggler.sh); 0 elsewhere.
@@ -115,6 +121,22 @@ void Executor::lay_out_documents(int64_t samples, const StepData& d) {
   keep(ds, doc_start_);
   keep(pos, positions_);
   keep(place, q_pos_);
+  if (docs_.on()) all_doc_start_ = std::move(ds);
+}
+
+MtpBatch Executor::mtp_batch(int mb, const StepData& d) {
+  const int64_t n = mb_rows_ * seq_len_, first = mb * n;  // the micro-batch's whole sequences
+  MtpBatch b;
+  b.targets = d.class_targets + first;
+  b.counted = d.mtp_counted.empty() ? nullptr : d.mtp_counted.data();
+  if (docs_.on()) {  // the main loss's targets (-1 at the end-of-text inputs) and the document starts
+    mtp_targets_.assign(d.class_targets + first, d.class_targets + first + n);
+    mask_document_targets(docs_, d.tokens + first, n, mtp_targets_.data());
+    RELAY_ASSERT(int64_t(all_doc_start_.size()) >= first + n, "the multi-token prediction's document layout: none");
+    b.targets = mtp_targets_.data();
+    b.doc_start = all_doc_start_.data() + first;
+  }
+  return b;
 }
 
 void Executor::wait_all_sends() {
@@ -161,8 +183,10 @@ StepStats Executor::run_step(const StepData& data) {
           Tensor in = ch.input(mb, rows_);
           be_.copy(in, chunk(c - 1).forward_output(mb, rows_));
         }
-        if (c == last_chunk_ && d_has_targets(data))  // the multi-token prediction block reads them in its forward
-          for (const auto& b : ch.blocks()) b->set_targets(data.class_targets + mb * mb_rows_ * seq_len_);
+        if (c == last_chunk_ && d_has_targets(data) && has_mtp(ch)) {  // the MTP block reads them in its forward
+          const MtpBatch batch = mtp_batch(mb, data);
+          for (const auto& b : ch.blocks()) b->set_targets(batch);
+        }
         Tensor out = ch.forward(mb, rows_);
         if (slow_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s_));
         if (c == last_chunk_) {
@@ -296,7 +320,7 @@ void Executor::evaluate(int64_t samples, const StepData& data, double& loss_sum,
         r->wait();
       }
     }
-    for (const auto& b : ch->blocks()) b->set_targets(nullptr);  // evaluation: the main model's loss alone
+    for (const auto& b : ch->blocks()) b->set_targets(MtpBatch());  // evaluation: the main model's loss alone
     Tensor out = ch->forward(slot, rows);
     watchdog_progress();
     if (c == last_chunk_) {

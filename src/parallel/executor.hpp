@@ -32,6 +32,9 @@ struct StepData {
   // data.document_mask: the targets the loss counts over the whole global batch (every replica); the mean's
   // denominator, and 1 / it the gradients' scale. 0: every row counts (batch x T).
   int64_t counted_targets = 0;
+  // Multi-token prediction (model.num_mtp_layers = D > 0): per module k, the positions CE_k counts over the whole
+  // global batch (model/documents.hpp, counted_mtp_targets), its mean's denominator. Empty without MTP.
+  std::vector<int64_t> mtp_counted;
 };
 
 struct StepStats {
@@ -84,6 +87,8 @@ class Executor {
   // The sequence layout of `samples` samples of d's tokens (this rank's rows) into the host buffers below: the
   // document mask's starts and positions, and under context parallelism every row's place in its sequence.
   void lay_out_documents(int64_t samples, const StepData& d);
+  // Micro-batch mb's whole sequences as the multi-token prediction block reads them (after lay_out_documents).
+  MtpBatch mtp_batch(int mb, const StepData& d);
   bool has_layout() const { return docs_.on() || cp_.on(); }
   // This rank's rows of `samples` samples of a (samples, T) host array: all of them, or under context parallelism
   // each sequence's chunks rank and 2cp - 1 - rank (model/context_parallel.hpp), into local_.
@@ -116,6 +121,8 @@ class Executor {
   DocumentLayout docs_;                          // data.document_mask (off: eot < 0)
   std::vector<int32_t> doc_start_, positions_, q_pos_;  // (samples x T / cp) of the step or evaluation batch
   std::vector<int32_t> masked_targets_;          // (micro-batch rows) targets with the ignored ones -1
+  std::vector<int32_t> all_doc_start_;           // (samples x T) the step's document starts, every position
+  std::vector<int32_t> mtp_targets_;             // (micro-batch rows) the MTP block's targets (mtp_batch)
   std::vector<int32_t> local_, local2_;          // local_rows' results
   Tensor preloaded_;                             // (samples in the file, D) data.preload's inputs, or undefined
   Tensor preload_rows_;                          // (mb_rows) i32: a micro-batch's rows of preloaded_

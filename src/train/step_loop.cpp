@@ -70,12 +70,34 @@ struct StepResult {
   double mtp_loss = 0;             // their mean
 };
 
-// Multi-token prediction (model/mtp_block.cpp): each module's CE sums over every rank (the tp ranks of the last stage
-// computed the same: tp rank 0's), as the means over the global batch's sequences x (T - k) positions, into res.
-void mtp_terms(Run& r, StepResult& res) {
+// model.num_mtp_layers: the multi-token prediction block's depth D (0 without one).
+int64_t mtp_depth(const Run& r) {
   int64_t D = 0;
   for (const BlockSpec& b : r.layout.model.blocks)
     if (b.kind == BlockKind::mtp) D = b.mtp.depth;
+  return D;
+}
+
+// Multi-token prediction: the positions each module k counts over the global batch (model/documents.hpp), the same
+// on every rank: batch x (T - k), or with a document mask each replica's count once (its cp ranks read the same
+// sequences) summed over the dp x cp replicas, as the main loss's counted targets are.
+std::vector<int64_t> mtp_counted(Run& r, const StepData& data) {
+  const int64_t D = mtp_depth(r), T = r.layout.model.seq_len;
+  std::vector<double> n(size_t(D), 0.0);
+  for (int64_t k = 1; k <= D; ++k)
+    if (!r.documents.on())
+      n[size_t(k - 1)] = double(r.cfg.train.batch_size * std::max<int64_t>(T - k, 0));
+    else if (r.grid.cp_rank == 0)
+      n[size_t(k - 1)] = double(counted_mtp_targets(r.documents, data.tokens, r.replica_rows * T, T, k));
+  if (D > 0 && r.documents.on())
+    r.dp_comm->allreduce_host(n.data(), int(D), ReduceOp::sum, "the MTP counted-targets reduction");
+  return std::vector<int64_t>(n.begin(), n.end());
+}
+
+// Multi-token prediction (model/mtp_block.cpp): each module's CE sums over every rank (the tp ranks of the last stage
+// computed the same: tp rank 0's), as the means over the global batch's counted positions of each depth, into res.
+void mtp_terms(Run& r, const StepData& data, StepResult& res) {
+  const int64_t D = mtp_depth(r);
   if (D == 0) return;
   std::vector<double> sums(size_t(D), 0.0);
   if (r.grid.tp_rank == 0)
@@ -83,8 +105,8 @@ void mtp_terms(Run& r, StepResult& res) {
   r.world->allreduce_host(sums.data(), int(D), ReduceOp::sum, "the multi-token prediction loss reduction");
   res.mtp_loss = 0;
   for (int64_t k = 1; k <= D; ++k) {
-    const double rows = double(r.cfg.train.batch_size) * double(r.layout.model.seq_len - k);
-    res.mtp_losses.push_back(sums[size_t(k - 1)] / rows);
+    const double counted = double(data.mtp_counted[size_t(k - 1)]);
+    res.mtp_losses.push_back(counted > 0 ? sums[size_t(k - 1)] / counted : 0.0);
     res.mtp_loss += res.mtp_losses.back() / double(D);
   }
 }
@@ -186,6 +208,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
     r.dp_comm->allreduce_host(&counted, 1, ReduceOp::sum, "the counted-targets reduction");
     data.counted_targets = int64_t(counted);
   }
+  data.mtp_counted = mtp_counted(r, data);
   StepResult res;
   res.input_wait_s = now_s() - t_in;
   span("data", "data_wait", kTrackInput, m_in);
@@ -206,7 +229,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   res.loss = loss_sum / (data.counted_targets > 0 ? double(data.counted_targets)
                                                  : double(cfg.train.batch_size) * double(r.layout.model.seq_len));
   res.loss += router_terms(r, res);
-  mtp_terms(r, res);
+  mtp_terms(r, data, res);
   if (r.ep.stats) {  // every rank has an ep group when parallel.ep > 1
     double t = r.ep.stats->seconds, rows = double(r.ep.stats->rows_sent);
     r.world->allreduce_host(&t, 1, ReduceOp::max, "the all-to-all time reduction");

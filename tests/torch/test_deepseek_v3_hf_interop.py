@@ -27,8 +27,7 @@ and the Llama directory): kv_lora_rank missing, n_routed_experts not divisible b
 topk_group > n_group, num_experts_per_tok > n_routed_experts, tp not dividing moe_intermediate_size, a non-zero
 e_score_correction_bias without moe.expert_bias, router_z_loss_coef (no z-loss with sigmoid scores), an unknown
 rope_scaling ("linear"), a YaRN key without rope_scaling = "yarn", a directory whose rope_parameters.rope_type is
-"linear", YaRN's factor differing from the directory's, num_mtp_layers with
-cp 2 (on 2 ranks) and with data.document_mask, and a Llama directory for a deepseek_v3 run.
+"linear", YaRN's factor differing from the directory's, and a Llama directory for a deepseek_v3 run.
 MTP: num_mtp_layers = 1 trained 2 steps and exported: config.json num_nextn_predict_layers = 1, the module under the
 official names model.layers.2.* (enorm, hnorm, eh_proj, its decoder layer, shared_head.norm, and copies of the
 embedding and head as embed_tokens and shared_head.head); from_pretrained reports no missing keys and exactly those as
@@ -347,10 +346,6 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_case(["moe.expert_bias=false", "model.q_lora_rank=24"], [bias_name, "moe.expert_bias = false"],
              "a non-zero e_score_correction_bias without moe.expert_bias", init_from=f"{tmp}/hf_dsv3")
     bad_case(["model.router_z_loss_coef=0.001"], ["model.router_z_loss_coef", "z-loss"], "router_z_loss_coef")
-    bad_case(["parallel.dp=1", "parallel.cp=2", "model.num_mtp_layers=1"], ["parallel.cp", "model.num_mtp_layers"],
-             "num_mtp_layers under context parallelism", ranks=2)
-    bad_case(["data.document_mask=true", "model.num_mtp_layers=1"], ["data.document_mask", "model.num_mtp_layers"],
-             "num_mtp_layers with a document mask")
     bad_case(['model.rope_scaling="linear"'], ["model.rope_scaling", "linear"], "an unknown rope_scaling")
     bad_case(["model.rope_factor=4.0"], ["model.rope_factor", 'rope_scaling = \"yarn\"'],
              "a YaRN key without rope_scaling = yarn")

@@ -49,7 +49,10 @@ way). Cases: D = 2 on dense layers serially and on dp 2 x pp 2 with zb-h1 and Ze
 backward's input and weight halves apart, the embedding's gradient summed with stage 0's as a tied weight's); D = 1 after a routed layer
 (its own routed layer) on tp 2 with recomputation, on dp 2 x ep 2 (the module's routed experts split over ep as the
 main layer's) and on tp 2 with sequence parallelism (the block gathers h^0) (initial weights drawn with seed 12, whose
-routing margins clear 1e-5).
+routing margins clear 1e-5); D = 2 with a document mask serially, the reference written from Megatron-LM's
+multi_token_prediction.py on packed sequences (forward_mtp_documents: at each depth the ids and labels rolled one more
+position left within their document, vacated slots id 0 and ignored; the modules on all T positions under the main
+layers' block-diagonal mask and restarting positions; CE_k the mean over the labels left).
 
 transformers and PyTorch 2.x come from PyPI into the cached venv of pypi_venv.py (torch2); exit 77 = skipped.
 Usage: test_deepseek_v3_reference.py <relay binary>
@@ -172,8 +175,8 @@ class DeepseekV3(MoeModule):
     def forward(self, idx, mask=None, positions=None):  # noqa: D102
         self._aux = []
         self.stack_experts()
-        if self.mtp and mask is None:
-            return self.forward_mtp(idx)
+        if self.mtp:
+            return self.forward_mtp(idx, mask, positions)
         if mask is None:
             return self.hf(input_ids=idx).logits
         dtype = self.hf.dtype
@@ -206,13 +209,55 @@ def add_mtp_modules(hf, cfg):
 MTP_LOG = {}  # dtype -> [each step's mean CE_k] of the case's torch runs
 
 
-def forward_mtp(self, idx):
+def roll_in_documents(t, same, fill):
+    """Megatron-LM's roll_tensor on packed documents, written plainly: t (B, T) one position left within each
+    document, the vacated last slot of each document (and of the sequence) set to fill. same (B, T - 1) bool: position
+    i + 1 is in position i's document."""
+    out = torch.full_like(t, fill)
+    out[:, :-1] = torch.where(same, t[:, 1:], torch.full_like(t[:, 1:], fill))
+    return out
+
+
+def forward_mtp_documents(self, idx, mask, positions, h):
+    """The MTP modules under a document mask, as Megatron-LM's multi_token_prediction.py runs them on packed
+    sequences: at each depth the input ids and the labels (the main loss's, ignore_index at the end-of-text inputs)
+    are rolled one more position left within their document (vacated slots: id 0, label ignored); every module runs
+    on all T positions with the main layers' block-diagonal mask and restarting positions; CE_k is the mean over the
+    labels left."""
+    dtype = self.hf.dtype
+    additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+    same = torch.diagonal(mask[:, 0], offset=-1, dim1=1, dim2=2)  # (B, T - 1) mask[b, 0, i + 1, i]
+    ids, labels, ces = idx, self._targets, []
+    embed, head = self.hf.model.embed_tokens, self.hf.lm_head
+    for layer in self.mtp:
+        ids, labels = roll_in_documents(ids, same, 0), roll_in_documents(labels, same, -100)
+        x = layer.eh_proj(torch.cat([layer.enorm(embed(ids)), layer.hnorm(h)], -1))      # (B, T, C)
+        x = layer(x, attention_mask=additive, position_ids=positions,
+                  position_embeddings=self.hf.model.rotary_emb(x, positions))
+        out = head(layer.shared_head.norm(x))                                             # (B, T, V)
+        ces.append(F.cross_entropy(out.float().reshape(-1, out.shape[-1]), labels.reshape(-1), ignore_index=-100))
+        h = x
+    return ces
+
+
+def forward_mtp(self, idx, mask=None, positions=None):
     """The main model's logits, and the MTP modules' mtp_loss_weight / D x sum_k CE_k into _mtp_extra (report section
-    2.2): module k on positions i < T - k, input token t_{i+k}, target t_{i+k+1}."""
+    2.2): module k on positions i < T - k, input token t_{i+k}, target t_{i+k+1}; with a document mask
+    forward_mtp_documents' modules."""
     captured = []
     hook = self.hf.model.norm.register_forward_hook(lambda m, inputs, out: captured.append(inputs[0]))
-    logits = self.hf(input_ids=idx).logits
+    if mask is None:
+        logits = self.hf(input_ids=idx).logits
+    else:
+        dtype = self.hf.dtype
+        additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+        logits = self.hf(input_ids=idx, attention_mask=additive, position_ids=positions).logits
     hook.remove()
+    if mask is not None:
+        ces = forward_mtp_documents(self, idx, mask, positions, captured[0])
+        self._mtp_extra = self.mtp_weight / len(self.mtp) * torch.stack(ces).sum()
+        MTP_LOG.setdefault(self.hf.dtype, []).append(float(torch.stack(ces).detach().mean()))
+        return logits
     B, T = idx.shape
     full = torch.cat([idx, self._targets[:, -1:]], 1)  # (B, T + 1) every token t_0 .. t_T
     h, ces = captured[0], []                            # h^0 (B, T, C) before the final norm
@@ -340,6 +385,7 @@ CASES = [  # name, ranks, model options, token dtype, layout
      dict(dp=1, tp=2, pp=1, m=1, recompute=True)),
     ("deepseek_v3_mtp1_moe_dp2_ep2", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16, dict(dp=2, ep=2, pp=1, m=1)),
     ("deepseek_v3_mtp1_moe_tp2_sp", 2, dict(MOE_CASE, mtp=1, init_seed=12), np.uint16, dict(dp=1, tp=2, pp=1, m=1, sp=True)),
+    ("deepseek_v3_mtp2_docmask_serial", 1, dict(LORA, mtp=2), np.uint16, dict(dp=1, pp=1, m=1, docs=True)),
 ]
 RELAY_MTP = []  # the case's Relay run: each step's mtp_loss
 

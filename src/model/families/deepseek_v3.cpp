@@ -132,16 +132,6 @@ class DeepseekV3Family final : public ModelFamily {
         parallel.fail("ep", cat("= ", c.parallel.ep, " must divide model.n_routed_experts = ", a.n_routed_experts,
                                 " (each rank holds n_routed_experts / ep whole experts)"));
     }
-    // Multi-token prediction (model/mtp_block.cpp) runs whole sequences on one rank, without document boundaries (its
-    // decoder layers' experts are split over ep as the main layers' are).
-    if (a.num_mtp_layers > 0) {
-      const char* why = " is not supported with model.num_mtp_layers > 0 (the multi-token prediction modules ";
-      if (c.parallel.cp > 1)
-        parallel.fail("cp", cat("= ", c.parallel.cp, why, "shift whole sequences on one rank; cp = 1)"));
-      if (c.data.document_mask)
-        throw Error(cat(parallel.source(), ": data.document_mask = true", why,
-                        "predict across document boundaries; document_mask = false)"));
-    }
   }
 
   void write_keys(std::ostream& o, const Config::Model& m) const override {
@@ -286,8 +276,6 @@ class DeepseekV3Family final : public ModelFamily {
     return m.n_head % tp == 0 && m.vocab_size >= tp && a.ffn_hidden % tp == 0 &&
            (moe_layers(m) == 0 || a.moe_intermediate_size % tp == 0);
   }
-  // The MTP modules need whole sequences (check_layout refuses cp with them).
-  bool cp_splits(const Config::Model& m, int) const override { return m.args<DeepseekV3Args>().num_mtp_layers == 0; }
   // Every layer's router sees all n_routed_experts (ep splits them); a model without MoE layers has none to split.
   int64_t experts(const Config::Model& m) const override {
     return moe_layers(m) > 0 ? m.args<DeepseekV3Args>().n_routed_experts : 0;
@@ -445,7 +433,7 @@ class DeepseekV3Family final : public ModelFamily {
     b.seq_len = T;
     b.eps = a.norm_eps;
     b.bias = false;
-    b.mtp = {a.num_mtp_layers, a.mtp_loss_weight, std::max<int64_t>(cfg.train.batch_size, 1)};
+    b.mtp = {a.num_mtp_layers, a.mtp_loss_weight};
     b.params = {embed, out};
     for (int64_t k = 1; k <= a.num_mtp_layers; ++k) {
       const int64_t i = c.n_layer + k - 1;
