@@ -397,7 +397,8 @@ TEST_F(GpuTraining, MixtralMatchesCpuAndExpertParallelOnOneGpu) {
 // step, 8 experts in 4 groups with the best 2 kept, top 2, one shared expert, routed scaling 2.5: the CUDA group
 // router), and one multi-token prediction module, trained 6 steps on the GPU in fp32, equals the CPU's run as the
 // Mixtral case does (losses, tokens per expert, final tensors; the CPU run's smallest routing margin asserted above
-// 1e-6 first, so a failure is never a near-tie); greedy generation over MLA's latent cache (the CUDA absorbed decode)
+// 1e-6 first, so a failure is never a near-tie: model.seed 6 gives 3.9e-6 on the CPU, seeds 1, 3, 5, 7 less than
+// 1e-6, sigmoid scores near 0.5 being close together at initialisation); greedy generation over MLA's latent cache (the CUDA absorbed decode)
 // gives the CPU's tokens. With data.document_mask, the GPU's serial run equals the CPU's, and cp 2 on one GPU (the
 // positioned attention and the overlap's merge with value heads narrower than the keys) equals the GPU's serial run.
 TEST_F(GpuTraining, DeepseekV3MatchesCpuContextParallelAndGeneration) {
@@ -405,7 +406,7 @@ TEST_F(GpuTraining, DeepseekV3MatchesCpuContextParallelAndGeneration) {
   write_documents(dir_.file("ds_docs.h5"));
   write_documents(dir_.file("ds_docs_eval.h5"), 8, 1025);
   const std::vector<std::string> deepseek = {
-      "model.type=\"deepseek_v3\"",  "model.n_embd=32",           "model.n_head=4",
+      "model.type=\"deepseek_v3\"",  "model.seed=6",              "model.n_embd=32",           "model.n_head=4",
       "model.ffn_hidden=48",         "model.q_lora_rank=24",      "model.kv_lora_rank=16",
       "model.qk_nope_head_dim=8",    "model.qk_rope_head_dim=4",  "model.v_head_dim=6",
       "model.rope_theta=500.0",      "model.norm_eps=1e-6",       "model.first_k_dense_replace=1",
