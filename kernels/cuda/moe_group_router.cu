@@ -44,7 +44,7 @@ __global__ void moe_group_router_forward_kernel(const X* logits, float* probs, i
   const int64_t t = int64_t(blockIdx.x) * kRowsPerBlock + warp;
   if (t >= n) return;  // t is the same for the whole warp: no lane of a working warp leaves (no __syncthreads below)
   const X* z = logits + t * E;  // (E)
-  float* p = probs + t * E;     // (E); lane l writes and reads back experts l, l + 32, ... only
+  float* p = probs + t * E;     // (E); lane l writes experts l, l + 32, ...
   for (int64_t e = lane; e < E; e += kWarp) p[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-load(z[e]))));
   __syncwarp();  // the group scores below read other lanes' probabilities
   auto choice = [&](int64_t e) { return bias ? __fadd_rn(p[e], bias[e]) : p[e]; };  // the choice only
