@@ -4,7 +4,9 @@
 # The device tool copies the checkout to the same path as here (/work/main), so setup.sh leaves the bundled build
 # under /opt/relay-root: move it into place first, as every call of this session did:
 #   bench/gpu_bundle.sh here, then there: eval "$(bash .gpu-bundle/setup.sh)" && rm -rf build && mv /opt/relay-root/work/main/build-gpu build && bench/gpu_check.sh
-# Logs go to OUT (default /tmp/relay-gpu-check); a short summary is printed last.
+# Logs go to OUT (default /tmp/relay-gpu-check); a short summary is printed last. GoogleTest reads GTEST_FILTER from the
+# environment: e.g. GTEST_FILTER='*mla*:*group_router*:*Deepseek*' bench/gpu_check.sh tests runs only DeepSeek-V3's
+# CUDA rows (test_backend_ops) and its training case (test_gpu_training_mpi).
 # Usage: bench/gpu_check.sh [parts ("tests mlp lm profile"; also "plan": the planner calibrated on this GPU, and
 #   "moe-cpu": the MoE CPU benchmark on two of the host's cores, for its bf16)]
 set -uo pipefail
@@ -24,7 +26,7 @@ for part in $PARTS; do
       for t in ${TESTS:-test_gpu_peaks test_backend_ops test_gpu_training_mpi}; do
         [[ -x build/tests/$t ]] || { echo "$t: not built" | tee -a "$summary"; continue; }
         s=$SECONDS
-        timeout ${TEST_TIMEOUT:-180} build/tests/$t >"$OUT/logs/$t.log" 2>&1; rc=$?
+        timeout ${TEST_TIMEOUT:-240} build/tests/$t >"$OUT/logs/$t.log" 2>&1; rc=$?
         { echo "$t: exit $rc in $((SECONDS - s)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/logs/$t.log" | tr '\n' ' ')"
           grep -E '^\[  FAILED  \]' "$OUT/logs/$t.log" | sort -u | head -40; } | tee -a "$summary"
       done ;;

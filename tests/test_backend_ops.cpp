@@ -287,6 +287,33 @@ double router_margin(const std::vector<float>& logits, int64_t n, int64_t E, int
   }
   return margin;
 }
+// DeepSeek-V3's group-limited router (moe_group_router_*): (E, n_group, topk_group, k).
+struct GroupShape { int64_t E, n_group, topk_group, k; };
+std::vector<GroupShape> group_shapes() {
+  return {{8, 2, 1, 2}, {16, 4, 2, 3}, {12, 4, 4, 4}, {64, 1, 1, 6}, {256, 8, 4, 8}, {6, 6, 2, 2}};
+}
+// The router rows' values: expert e's correction bias is kGroupBias[e % 3], and its logits are drawn from that bias's
+// own few values (kGroupLogits[e % 3]), so that a row holds exact ties (equal logits of experts with equal biases:
+// the same scores on both backends) but no near ties: every two different choice scores p + bias, and every two
+// different sums of two of them (a group's score), differ by far more than float rounding
+// (BackendOpsMoe.GroupRouterInputsHaveNoNearTies checks it). Every value is exact in bf16.
+constexpr float kGroupBias[3] = {0.0f, 0.375f, -0.25f};
+const std::vector<float> kGroupLogits[3] = {{-2.0f, 0.5f, 2.5f}, {-1.0f, 1.25f}, {-1.5f, 1.75f}};
+std::vector<float> group_router_logits(int64_t n, int64_t E) {
+  Rng rng(kRouterSeed + 7 + static_cast<uint64_t>(n), 3);
+  std::vector<float> v(static_cast<size_t>(n * E));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<float>& values = kGroupLogits[e % 3];
+      v[size_t(t * E + e)] = values[rng.below(values.size())];
+    }
+  return v;
+}
+std::vector<float> group_router_bias(int64_t E) {
+  std::vector<float> v(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) v[size_t(e)] = kGroupBias[e % 3];
+  return v;
+}
 // pos (n, k): a random permutation of the n k expert rows, as the MoE layer's regrouping makes.
 Tensor row_permutation(Backend& be, int64_t n, int64_t k, uint64_t seed) {
   std::vector<int32_t> v;
@@ -1141,6 +1168,162 @@ std::vector<OpCase> all_cases() {
     }
   }
 
+  // DeepSeek-V3 (issue 42's CUDA part; not yet run on a GPU). Multi-head latent attention's training attention: value
+  // heads of another width than the query/key heads (hd_v != hd), causal, with and without the document mask, and
+  // context parallelism's positioned form; shapes of configs/deepseek-v3-small-bytes.toml (hd 32 = 24 + 8, hd_v 16),
+  // the full-size model's (hd 192 = 128 + 64, hd_v 128) and a grouped-query one whose value heads are the wider.
+  struct Mla { int64_t B, T, H, KV, hd, hd_v; };
+  for (DType x : float_types) {
+    const std::string sx = suffix(x);
+    for (Mla g : {Mla{2, 37, 4, 4, 32, 16}, Mla{1, 130, 2, 2, 192, 128}, Mla{2, 37, 4, 2, 24, 40}}) {
+      const std::string d = "B" + std::to_string(g.B) + "_T" + std::to_string(g.T) + "_H" + std::to_string(g.H) +
+                            "_KV" + std::to_string(g.KV) + "_hd" + std::to_string(g.hd) + "_hdv" +
+                            std::to_string(g.hd_v);
+      const int64_t n = g.B * g.T, C = g.H * g.hd, Ck = g.KV * g.hd, Co = g.H * g.hd_v, Cv = g.KV * g.hd_v;
+      add("mla_attention_forward_" + d + sx, kTolFlash, [=](Backend& be) {
+        Tensor q = input(be, {n, C}, 232, x, -2, 2), k = input(be, {n, Ck}, 233, x, -2, 2);
+        Tensor v = input(be, {n, Cv}, 234, x, -2, 2), y(be, {n, Co}, x), lse(be, {g.B, g.H, g.T});
+        be.flash_attention_gqa_forward(q, k, v, g.B, g.T, g.H, g.KV, y, lse);
+        return std::vector{out(be, "out", y), out(be, "lse", lse)};
+      });
+      for (bool docs : {false, true})  // the backward from the CPU's forward (the same out and lse on both backends)
+        add("mla_attention_backward_" + d + (docs ? "_documents" : "") + sx, kTolFlash, [=](Backend& be) {
+          std::vector<int32_t> ds, pos;
+          document_layout_rows(g.B, g.T, 242, ds, pos);
+          Backend& cpu = cpu_backend();
+          Tensor q_ref = input(cpu, {n, C}, 235, x, -2, 2), k_ref = input(cpu, {n, Ck}, 236, x, -2, 2);
+          Tensor v_ref = input(cpu, {n, Cv}, 237, x, -2, 2), y_ref(cpu, {n, Co}, x), lse_ref(cpu, {g.B, g.H, g.T});
+          cpu.flash_attention_gqa_forward(q_ref, k_ref, v_ref, g.B, g.T, g.H, g.KV, y_ref, lse_ref,
+                                          docs ? i32_tensor(cpu, ds) : Tensor());
+          Tensor q = copy_to(be, q_ref), k = copy_to(be, k_ref), v = copy_to(be, v_ref);
+          const Tensor doc = docs ? i32_tensor(be, ds) : Tensor();
+          std::vector<Output> outs;
+          if (docs) {  // the forward under the mask too
+            Tensor y(be, {n, Co}, x), lse(be, {g.B, g.H, g.T});
+            be.flash_attention_gqa_forward(q, k, v, g.B, g.T, g.H, g.KV, y, lse, doc);
+            outs = {out(be, "out", y), out(be, "lse", lse)};
+          }
+          Tensor y = copy_to(be, y_ref), lse = copy_to(be, lse_ref);
+          Tensor dy = input(be, {n, Co}, 238, x), dq = input(be, {n, C}, 239, x);  // overwritten
+          Tensor dk = input(be, {n, Ck}, 240, x), dv = input(be, {n, Cv}, 241, x);
+          be.flash_attention_gqa_backward(dy, q, k, v, y, lse, g.B, g.T, g.H, g.KV, dq, dk, dv, doc);
+          for (auto [name, t] : {std::pair{"dq", &dq}, {"dk", &dk}, {"dv", &dv}}) outs.push_back(out(be, name, *t));
+          return outs;
+        });
+    }
+    // Context parallelism: cp rank `rank`'s zigzag chunks of each sequence against all Tk keys, with and without
+    // documents (each query's document start its position's), as the Llama rows above.
+    struct MlaAt { int64_t B, Tk, cp, rank, H, KV, hd, hd_v; };
+    for (MlaAt g : {MlaAt{2, 76, 2, 1, 4, 4, 32, 16}, MlaAt{1, 264, 4, 2, 2, 2, 192, 128}}) {
+      const int64_t Tq = g.Tk / g.cp, nq = g.B * Tq, nk = g.B * g.Tk;
+      const int64_t C = g.H * g.hd, Ck = g.KV * g.hd, Co = g.H * g.hd_v, Cv = g.KV * g.hd_v;
+      const std::string d = "B" + std::to_string(g.B) + "_Tk" + std::to_string(g.Tk) + "_cp" + std::to_string(g.cp) +
+                            "rank" + std::to_string(g.rank) + "_H" + std::to_string(g.H) + "_hd" +
+                            std::to_string(g.hd) + "_hdv" + std::to_string(g.hd_v);
+      std::vector<int32_t> q_pos(static_cast<size_t>(nq)), key_start, unused, q_start(static_cast<size_t>(nq));
+      document_layout_rows(g.B, g.Tk, 250, key_start, unused);
+      for (int64_t b = 0; b < g.B; ++b)
+        for (int64_t t = 0; t < Tq; ++t) {
+          const size_t i = static_cast<size_t>(b * Tq + t);
+          q_pos[i] = static_cast<int32_t>(cp_position(g.Tk, int(g.cp), int(g.rank), t));
+          q_start[i] = key_start[static_cast<size_t>(b * g.Tk + q_pos[i])];
+        }
+      for (bool docs : {false, true})
+        add("mla_attention_at_" + d + (docs ? "_documents" : "") + sx, kTolFlash, [=](Backend& be) {
+          Backend& cpu = cpu_backend();
+          Tensor q_ref = input(cpu, {nq, C}, 251, x, -2, 2), k_ref = input(cpu, {nk, Ck}, 252, x, -2, 2);
+          Tensor v_ref = input(cpu, {nk, Cv}, 253, x, -2, 2), y_ref(cpu, {nq, Co}, x), lse_ref(cpu, {g.B, g.H, Tq});
+          cpu.flash_attention_gqa_forward_at(q_ref, k_ref, v_ref, g.B, Tq, g.Tk, i32_tensor(cpu, q_pos), g.H, g.KV,
+                                             y_ref, lse_ref, docs ? i32_tensor(cpu, q_start) : Tensor());
+          Tensor q = copy_to(be, q_ref), k = copy_to(be, k_ref), v = copy_to(be, v_ref);
+          const Tensor pos = i32_tensor(be, q_pos), doc = docs ? i32_tensor(be, q_start) : Tensor();
+          Tensor y(be, {nq, Co}, x), lse(be, {g.B, g.H, Tq});
+          be.flash_attention_gqa_forward_at(q, k, v, g.B, Tq, g.Tk, pos, g.H, g.KV, y, lse, doc);
+          Tensor y0 = copy_to(be, y_ref), lse0 = copy_to(be, lse_ref);  // the backward from the CPU's forward
+          Tensor dy = input(be, {nq, Co}, 254, x), dq = input(be, {nq, C}, 255, x);  // overwritten
+          Tensor dk = input(be, {nk, Ck}, 256, x), dv = input(be, {nk, Cv}, 257, x);
+          be.flash_attention_gqa_backward_at(dy, q, k, v, y0, lse0, g.B, Tq, g.Tk, pos, g.H, g.KV, dq, dk, dv, doc);
+          return std::vector{out(be, "out", y), out(be, "lse", lse), out(be, "dq", dq), out(be, "dk", dk),
+                             out(be, "dv", dv)};
+        });
+    }
+    // The absorbed decode over the compressed cache (attention_decode_latent): n sequences decoded together, position
+    // after position (rows t of (T, ...)); the small config's cache rows (r 32 + dr 8) and the full size's (512 + 64).
+    struct Latent { int64_t n, T, H, r, dr; };
+    for (Latent g : {Latent{2, 20, 4, 32, 8}, Latent{1, 40, 3, 512, 64}}) {
+      const int64_t dk = g.r + g.dr;
+      add("mla_decode_latent_n" + std::to_string(g.n) + "_T" + std::to_string(g.T) + "_H" + std::to_string(g.H) +
+              "_r" + std::to_string(g.r) + "_dr" + std::to_string(g.dr) + sx,
+          kTolAttention, [=](Backend& be) {
+            Tensor q = input(be, {g.T, g.n * g.H * dk}, 260, x, -1, 1), kv = input(be, {g.T, g.n * dk}, 261, x, -1, 1);
+            Tensor o(be, {g.T, g.n * g.H * g.r}, x), cache(be, {g.n, g.T, dk}, x);
+            const float scale = 0.37f;  // the model's 1/sqrt(dn + dr) times YaRN's mscale^2
+            for (int64_t t = 0; t < g.T; ++t) {
+              Tensor ot = o.rows(t, 1).view({g.n, g.H * g.r});
+              be.attention_decode_latent(q.rows(t, 1).view({g.n, g.H * dk}), kv.rows(t, 1).view({g.n, dk}), cache, t,
+                                         g.H, scale, ot);
+            }
+            return std::vector{out(be, "out", o), out(be, "cache", cache)};
+          });
+    }
+    // DeepSeek-V3's router (moe_group_router_forward / _backward): sigmoid scores, the correction bias on the choice
+    // only, group-limited top-k, renormalisation, routed scaling 2.5. Shapes (E, n_group, topk_group, k): the small
+    // config's, the full model's (256, 8, 4, 8), no group limit (topk_group = n_group, and n_group 1), groups of one
+    // expert. Logits from a few values, so that rows hold exact ties of experts and of groups (group_router_logits):
+    // the tie order must be the CPU's, bit for bit.
+    for (GroupShape m : group_shapes()) {
+      const std::string ek = "E" + std::to_string(m.E) + "_g" + std::to_string(m.n_group) + "_top" +
+                             std::to_string(m.topk_group) + "_k" + std::to_string(m.k);
+      for (bool renorm : {false, true}) {
+        const Backend::GroupRouting r{m.k, m.n_group, m.topk_group, renorm, 2.5f};
+        const std::string rn = renorm ? "_renorm" : "";
+        for (bool biased : {false, true})
+          add("moe_group_router_forward_" + ek + rn + (biased ? "_bias" : "") + sx, kTolFp32, [=](Backend& be) {
+            std::vector<Output> outs;
+            for (int64_t n : kMoeTokens) {
+              Tensor logits(be, {n, m.E}, x), bias;
+              upload_values(be, logits, group_router_logits(n, m.E));
+              if (biased) {
+                bias = Tensor(be, {m.E});
+                upload_values(be, bias, group_router_bias(m.E));
+              }
+              Tensor probs(be, {n, m.E}), experts(be, {n, m.k}, DType::i32), weights(be, {n, m.k});
+              be.moe_group_router_forward(logits, r, probs, experts, weights, bias);
+              const std::string sn = "_n" + std::to_string(n);
+              outs.push_back(out(be, "experts" + sn, experts));
+              outs.back().exact = true;
+              outs.push_back(out(be, "probs" + sn, probs));
+              outs.push_back(out(be, "weights" + sn, weights));
+            }
+            return outs;
+          });
+        // The backward from the CPU's forward (the same probabilities and choices on both backends), with and without
+        // the sequence-wise loss's gradient.
+        add("moe_group_router_backward_" + ek + rn + sx, kTolFp32, [=](Backend& be) {
+          Backend& cpu = cpu_backend();
+          std::vector<Output> outs;
+          for (int64_t n : kMoeTokens) {
+            Tensor logits(cpu, {n, m.E}, x), bias(cpu, {m.E}), probs_ref(cpu, {n, m.E});
+            Tensor experts_ref(cpu, {n, m.k}, DType::i32), weights_ref(cpu, {n, m.k});
+            upload_values(cpu, logits, group_router_logits(n, m.E));
+            upload_values(cpu, bias, group_router_bias(m.E));
+            cpu.moe_group_router_forward(logits, r, probs_ref, experts_ref, weights_ref, bias);
+            Tensor probs = copy_to(be, probs_ref), experts = copy_to(be, experts_ref);
+            Tensor dweights = input(be, {n, m.k}, 272);
+            const int64_t T = n == 64 ? 16 : n == 300 ? 100 : n;  // several sequences for the larger n
+            Tensor seq_grad = input(be, {n / T, m.E}, 273, -0.1, 0.1);
+            for (bool seq : {false, true}) {
+              Tensor dlogits = input(be, {n, m.E}, 274, x);  // overwritten
+              be.moe_group_router_backward(probs, experts, dweights, r, seq ? seq_grad : Tensor(), T, dlogits);
+              outs.push_back(out(be, "dlogits_n" + std::to_string(n) + (seq ? "_seq" : ""), dlogits));
+            }
+          }
+          return outs;
+        });
+      }
+    }
+  }
+
   // Mixture of experts (model/moe.cpp): the router over (E, k) x renormalisation x expert bias, its backward with and
   // without the aux loss's per-sequence gradient (T rows per sequence) and the z-loss, the combine (weighted, and
   // unweighted as the backward uses it) and its backward over random row permutations. Each row runs n = 1, 7, 64,
@@ -1342,7 +1525,8 @@ constexpr double kBf16TwoStages = 0x1p-6;    // ops whose float result passes th
 double bf16_tolerance(const std::string& name) {
   auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
   if (starts("copy") || starts("upload") || starts("argmax") || starts("convert")) return kTolExact;
-  if (starts("layernorm_backward") || starts("flash_attention") || starts("attention") || starts("adamw") ||
+  if (starts("layernorm_backward") || starts("flash_attention") || starts("attention") || starts("mla_") ||
+      starts("adamw") ||
       starts("sgd") || starts("embedding") || starts("vocab_parallel") || starts("cross_entropy") ||
       starts("linear_gelu") || starts("linear_backward_input_gelu"))
     return kBf16TwoStages;
@@ -1395,20 +1579,30 @@ TEST_P(Bf16Ops, MatchFp32OnCpu) {
 INSTANTIATE_TEST_SUITE_P(AllOps, Bf16Ops, ::testing::ValuesIn(bf16_pairs()),
                          [](const ::testing::TestParamInfo<Bf16Pair>& info) { return info.param.bf16.name; });
 
-// The CUDA FlashAttention kernels stop at head dimension 128 (a register tile per lane); a larger one is
-// the user's model choice, refused with an error that names the op, not a crash.
-TEST(BackendOpsFlash, CudaRefusesHeadDimAbove128) {
+// The CUDA FlashAttention kernels stop at head dimension 192 (a register tile per lane, DeepSeek-V3's query/key
+// heads); a larger one is the user's model choice, refused with an error that names the op, not a crash. The
+// grouped-query ops refuse a value head above it too.
+TEST(BackendOpsFlash, CudaRefusesHeadDimAbove192) {
   if (cuda_device_count() == 0) GTEST_SKIP() << kNoCuda;
   Backend& gpu = cuda_backend();
-  const int64_t B = 1, T = 4, H = 2, C = 320;  // hd = 160
+  const int64_t B = 1, T = 4, H = 2, C = 400;  // hd = 200
   Tensor qkv(gpu, {B * T, 3 * C}), y(gpu, {B * T, C}), lse(gpu, {B, H, T});
   try {
     gpu.flash_attention_forward(qkv, B, T, H, y, lse);
-    ADD_FAILURE() << "flash_attention_forward accepted head dimension 160";
+    ADD_FAILURE() << "flash_attention_forward accepted head dimension 200";
   } catch (const Error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("flash_attention_forward"), std::string::npos) << what;
-    EXPECT_NE(what.find("160"), std::string::npos) << what;
+    EXPECT_NE(what.find("200"), std::string::npos) << what;
+  }
+  Tensor q(gpu, {B * T, H * 64}), k(gpu, {B * T, H * 64}), v(gpu, {B * T, H * 200}), o(gpu, {B * T, H * 200});
+  try {
+    gpu.flash_attention_gqa_forward(q, k, v, B, T, H, H, o, lse);
+    ADD_FAILURE() << "flash_attention_gqa_forward accepted value head dimension 200";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("flash_attention_gqa_forward"), std::string::npos) << what;
+    EXPECT_NE(what.find("200"), std::string::npos) << what;
   }
 }
 
@@ -1423,6 +1617,25 @@ TEST(BackendOpsMoe, RouterInputsHaveNoNearTies) {
         // 1e-5: some 40 float ulps of a score below 2 (a probability plus a bias of 0 or 1)
         EXPECT_GT(margin, 1e-5) << "E " << m.E << ", k " << m.k << ", n " << n << (biased ? ", bias" : "");
       }
+}
+
+// The group router rows' choice scores (sigmoid(logit) + bias, each bias with its own logits) and their pairwise sums
+// (group scores): any two different ones are at least 1e-4 apart in double, far above float rounding (~1e-7), so the
+// experts and groups the GPU chooses can differ from the CPU's only by a kernel's mistake. With and without the bias.
+TEST(BackendOpsMoe, GroupRouterInputsHaveNoNearTies) {
+  for (bool biased : {false, true}) {
+    std::vector<double> c;  // the distinct choice scores
+    for (int i = 0; i < 3; ++i)
+      for (float z : kGroupLogits[i]) c.push_back(1.0 / (1.0 + std::exp(-double(z))) + (biased ? kGroupBias[i] : 0.0));
+    std::vector<double> sums;  // a group's score: the sum of two of them (the same one twice when tied)
+    for (size_t i = 0; i < c.size(); ++i)
+      for (size_t j = i; j < c.size(); ++j) sums.push_back(c[i] + c[j]);
+    for (std::vector<double>* v : {&c, &sums}) {
+      std::sort(v->begin(), v->end());
+      for (size_t i = 1; i < v->size(); ++i)
+        EXPECT_GT((*v)[i] - (*v)[i - 1], 1e-4) << (biased ? "biased " : "") << (v == &c ? "scores " : "sums ") << i;
+    }
+  }
 }
 
 // The router keeps each lane's chosen experts in a 64-bit mask: above 32 x 64 experts the CUDA backend refuses the

@@ -232,7 +232,7 @@ class Backend : public Allocator {
   // in f32, cos and sin of that f32 angle in double, rounded once.
   // positions (optional, data.document_mask): i32 (n), row r at position pos0 + positions[r] (< T) instead.
   // scaling (optional, DeepSeek-V3's rope_scaling = "yarn"): YaRN's inv_freq, and cos and sin times its attention
-  // factor (so inverse = true is the transpose, the backward, still). CPU only: the CUDA backend refuses it.
+  // factor (so inverse = true is the transpose, the backward, still). CUDA computes the same angles on the device.
   void rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y,
             const Tensor& positions = Tensor(), const RopeScaling& scaling = RopeScaling());
 
@@ -312,7 +312,7 @@ class Backend : public Allocator {
   // parallelism with parallel.overlap: the rank's own keys, then the others' once gathered): out (B*T, H*hd) float,
   // lse (B, H, T) f32 over set 1 are overwritten with the result over both; out2, lse2 (same shapes) over set 2.
   // lse = logaddexp(lse, lse2); out = e^(lse1 - lse) out + e^(lse2 - lse) out2. A row that sees no key of a set has
-  // lse -inf there (its out row there is ignored, NaN included). CPU only: the CUDA backend refuses it.
+  // lse -inf there (its out row there is ignored, NaN included). CUDA: kernels/cuda/attention_merge.cu.
   void attention_merge(Tensor& out, Tensor& lse, const Tensor& out2, const Tensor& lse2, int64_t B, int64_t T,
                        int64_t H);
   // Generation with a key-value cache, one new position t for each of n sequences:
@@ -324,7 +324,7 @@ class Backend : public Allocator {
   // q (B*T, H*hd), k, v (B*T, KV*hd), out (B*T, H*hd) float, one dtype; lse (B, H, T) f32.
   // Query head h reads KV head h / (H / KV). Value heads may differ in width (DeepSeek-V3's MLA, hd 192 and hd_v
   // 128): v (B*T, KV*hd_v), out and dout (B*T, H*hd_v), dv like v; the scale stays 1/sqrt(hd). The _at pair
-  // below takes the same. CPU only for now: the CUDA backend refuses hd_v != hd.
+  // below takes the same, on the CPU and on CUDA (hd, hd_v <= 192 there; not yet run on a GPU).
   void flash_attention_gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T, int64_t H,
                                    int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start = Tensor());
   // dq (B*T, H*hd), dk, dv (B*T, KV*hd): overwritten; a KV head's gradient sums its query heads' in a fixed
@@ -343,7 +343,7 @@ class Backend : public Allocator {
   // q (n, H*(r + dr)): each head's [q_nope @ W_UK (r) | rotated q_pe (dr)]; kv (n, r + dr): position t's
   // [c_kv | k_pe]; cache (n, Tmax, r + dr): row t overwritten with kv; then out (n, H*r) = per head h
   // sum_{s<=t} softmax_s(scale * q_h . cache[s]) cache[s][:r]. Float, one dtype.
-  // CPU only for now: the CUDA backend refuses it (as it refuses MLA's training attention, hd_v != hd).
+  // CUDA: kernels/cuda/attention_decode_latent.cu (r + dr <= 1024; not yet run on a GPU).
   void attention_decode_latent(const Tensor& q, const Tensor& kv, Tensor& cache, int64_t t, int64_t H, float scale,
                                Tensor& out);
 
@@ -427,7 +427,7 @@ class Backend : public Allocator {
   virtual void moe_router_backward_impl(const Tensor& probs, const Tensor& lse, const Tensor& experts,
                                        const Tensor& dweights, bool renormalize, const Tensor& seq_grad, int64_t T,
                                        float z_scale, Tensor& dlogits) = 0;
-  // The CPU backend's only: others refuse with a message naming the op (the CUDA router knows softmax alone).
+  // The CPU's and CUDA's (kernels/cuda/moe_group_router.cu); others refuse with a message naming the op.
   virtual void moe_group_router_forward_impl(const Tensor& logits, const GroupRouting& r, Tensor& probs,
                                              Tensor& experts, Tensor& weights, const Tensor& bias);
   virtual void moe_group_router_backward_impl(const Tensor& probs, const Tensor& experts, const Tensor& dweights,
@@ -470,7 +470,7 @@ class Backend : public Allocator {
                                                  int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) = 0;
   virtual void attention_decode_gqa_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& kcache,
                                          Tensor& vcache, int64_t t, int64_t H, int64_t KV, Tensor& out) = 0;
-  // The CPU backend's only: others refuse with a message naming the op.
+  // The CPU's and CUDA's; others refuse with a message naming the op.
   virtual void attention_decode_latent_impl(const Tensor& q, const Tensor& kv, Tensor& cache, int64_t t, int64_t H,
                                             float scale, Tensor& out);
   // Default: adamw_step_impl on each slot.

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/attention_decode_latent.cuh"
 #include "kernels/cuda/attention_merge.cuh"
 #include "kernels/cuda/bias.cuh"
 #include "kernels/cuda/column_sum.cuh"
@@ -39,6 +40,7 @@
 #include "kernels/cuda/loss.cuh"
 #include "kernels/cuda/lt_gemm.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_group_router.cuh"
 #include "kernels/cuda/optimizer.cuh"
 #include "kernels/cuda/sum_squares.cuh"
 #include "kernels/cuda/transformer.cuh"
@@ -179,17 +181,15 @@ void check_flash_head_dim(const char* op, int64_t C, int64_t H) {
                     "; choose model.n_embd / model.n_head <= ", cuda::kFlashMaxHeadDim));
 }
 
-// The same limit for grouped-query attention, whose head dimension is q's columns / H.
-// v's heads must be as wide as q's and k's: the CUDA FlashAttention kernels take one head dimension (the CPU
-// kernels take a value head dimension of its own, DeepSeek-V3's MLA; its CUDA form is still to come).
-void check_gqa_head_dim(const char* op, int64_t hd, int64_t H, const Tensor& v, int64_t KV) {
-  if (cols_of(v) != KV * hd)
-    throw Error(cat(op, ": value head dimension ", cols_of(v) / KV, " (v columns / KV = ", KV, ") differs from the ",
-                    "query/key head dimension ", hd, ", which the CUDA FlashAttention kernels do not support yet ",
-                    "(the CPU backend does)"));
-  if (hd > cuda::kFlashMaxHeadDim)
-    throw Error(cat(op, ": head dimension ", hd, " (q columns / H = ", H, ") is above the CUDA FlashAttention ",
-                    "kernels' limit of ", cuda::kFlashMaxHeadDim));
+// The same limit for grouped-query attention, whose head dimension is q's columns / H, and for its value heads
+// (v's columns / KV), which may be narrower or wider (DeepSeek-V3's MLA); returns the value head dimension.
+int64_t check_gqa_head_dim(const char* op, int64_t hd, int64_t H, const Tensor& v, int64_t KV) {
+  const int64_t hd_v = cols_of(v) / KV;
+  if (hd > cuda::kFlashMaxHeadDim || hd_v > cuda::kFlashMaxHeadDim)
+    throw Error(cat(op, ": head dimensions ", hd, " (query/key: q columns / H = ", H, ") and ", hd_v,
+                    " (value: v columns / KV = ", KV, "): the CUDA FlashAttention kernels' limit is ",
+                    cuda::kFlashMaxHeadDim, " for each"));
+  return hd_v;
 }
 
 // RELAY_OP_PROFILE=1: each outermost op's GPU time from a pair of CUDA events recorded around it on the
@@ -515,6 +515,34 @@ class CudaBackend final : public Backend {
       cuda::moe_router_backward(probs.f32(), lse.f32(), experts.i32(), dweights.f32(), renormalize,
                                 seq_grad.defined() ? seq_grad.f32() : nullptr, T, z_scale, ptr<X_OF(t)>(dlogits),
                                 rows_of(probs), cols_of(probs), cols_of(experts), stream_);
+    });
+  }
+  // DeepSeek-V3's sigmoid, group-limited router (kernels/cuda/moe_group_router.cu): the CPU's semantics, tie order
+  // included.
+  void moe_group_router_forward_impl(const Tensor& logits, const GroupRouting& r, Tensor& probs, Tensor& experts,
+                                     Tensor& weights, const Tensor& bias) override {
+    bind();
+    const int64_t E = cols_of(logits);
+    if (E > cuda::kGroupRouterMaxExperts || r.n_group > cuda::kGroupRouterMaxGroups)  // model choices: name the keys
+      throw Error(cat("moe_group_router_forward: ", E, " experts in ", r.n_group, " groups are above the CUDA ",
+                      "router's limits of ", cuda::kGroupRouterMaxExperts, " experts and ",
+                      cuda::kGroupRouterMaxGroups, " groups; choose model.n_routed_experts <= ",
+                      cuda::kGroupRouterMaxExperts, " and model.n_group <= ", cuda::kGroupRouterMaxGroups,
+                      " or train.device = \"cpu\""));
+    by_dtype(logits, [&](auto* t) {
+      cuda::moe_group_router_forward(ptr<X_OF(t)>(logits), probs.f32(), experts.i32(), weights.f32(), rows_of(logits),
+                                     E, r.k, r.n_group, r.topk_group, r.renormalize, r.scale,
+                                     bias.defined() ? bias.f32() : nullptr, stream_);
+    });
+  }
+  void moe_group_router_backward_impl(const Tensor& probs, const Tensor& experts, const Tensor& dweights,
+                                      const GroupRouting& r, const Tensor& seq_grad, int64_t T,
+                                      Tensor& dlogits) override {
+    bind();
+    by_dtype(dlogits, [&](auto* t) {
+      cuda::moe_group_router_backward(probs.f32(), experts.i32(), dweights.f32(), r.renormalize, r.scale,
+                                      seq_grad.defined() ? seq_grad.f32() : nullptr, T, ptr<X_OF(t)>(dlogits),
+                                      rows_of(probs), cols_of(probs), r.k, stream_);
     });
   }
   void moe_combine_impl(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) override {
@@ -1135,12 +1163,12 @@ class CudaBackend final : public Backend {
   void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
                                         int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) override {
     bind();
-    const int64_t hd = cols_of(q) / H;
-    check_gqa_head_dim("flash_attention_gqa_forward", hd, H, v, KV);
+    const int64_t hd = cols_of(q) / H, hd_v = check_gqa_head_dim("flash_attention_gqa_forward", hd, H, v, KV);
     by_dtype(q, [&](auto* t) {
       using X = X_OF(t);
-      cuda::flash_attention_gqa_forward(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out),
-                                        lse.f32(), B, T, H, KV, hd, i32_or_null(doc_start), stream_);
+      cuda::flash_attention_gqa_forward(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), cols_of(v),
+                                        ptr<X>(out), lse.f32(), B, T, H, KV, hd, hd_v, i32_or_null(doc_start),
+                                        stream_);
     });
   }
 
@@ -1148,15 +1176,14 @@ class CudaBackend final : public Backend {
                                          const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
                                          int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) override {
     bind();
-    const int64_t hd = cols_of(q) / H;
-    check_gqa_head_dim("flash_attention_gqa_backward", hd, H, v, KV);
+    const int64_t hd = cols_of(q) / H, hd_v = check_gqa_head_dim("flash_attention_gqa_backward", hd, H, v, KV);
     // (B, H, T) row dots D = rowsum(dout * out); the pool hands it to later work on this stream only.
     Tensor scratch(*this, {B, H, T});
     by_dtype(q, [&](auto* t) {
       using X = X_OF(t);
       cuda::flash_attention_gqa_backward(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
-                                         ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv), scratch.f32(), B,
-                                         T, H, KV, hd, i32_or_null(doc_start), stream_);
+                                         cols_of(v), ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv),
+                                         scratch.f32(), B, T, H, KV, hd, hd_v, i32_or_null(doc_start), stream_);
     });
   }
 
@@ -1177,13 +1204,12 @@ class CudaBackend final : public Backend {
                                            int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV, Tensor& out,
                                            Tensor& lse, const Tensor& doc_start) override {
     bind();
-    const int64_t hd = cols_of(q) / H;
-    check_gqa_head_dim("flash_attention_gqa_forward_at", hd, H, v, KV);
+    const int64_t hd = cols_of(q) / H, hd_v = check_gqa_head_dim("flash_attention_gqa_forward_at", hd, H, v, KV);
     by_dtype(q, [&](auto* t) {
       using X = X_OF(t);
-      cuda::flash_attention_gqa_forward_at(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), ptr<X>(out),
-                                           lse.f32(), B, Tq, Tk, q_pos.i32(), H, KV, hd, i32_or_null(doc_start),
-                                           stream_);
+      cuda::flash_attention_gqa_forward_at(ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k), cols_of(v),
+                                           ptr<X>(out), lse.f32(), B, Tq, Tk, q_pos.i32(), H, KV, hd, hd_v,
+                                           i32_or_null(doc_start), stream_);
     });
   }
 
@@ -1192,16 +1218,15 @@ class CudaBackend final : public Backend {
                                             const Tensor& q_pos, int64_t H, int64_t KV, Tensor& dq, Tensor& dk,
                                             Tensor& dv, const Tensor& doc_start) override {
     bind();
-    const int64_t hd = cols_of(q) / H;
-    check_gqa_head_dim("flash_attention_gqa_backward_at", hd, H, v, KV);
+    const int64_t hd = cols_of(q) / H, hd_v = check_gqa_head_dim("flash_attention_gqa_backward_at", hd, H, v, KV);
     // (B, H, Tq) row dots D = rowsum(dout * out); the pool hands it to later work on this stream only.
     Tensor scratch(*this, {B, H, Tq});
     by_dtype(q, [&](auto* t) {
       using X = X_OF(t);
       cuda::flash_attention_gqa_backward_at(ptr<X>(dout), ptr<X>(q), ptr<X>(k), ptr<X>(v), cols_of(q), cols_of(k),
-                                            ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv),
-                                            scratch.f32(), B, Tq, Tk, q_pos.i32(), H, KV, hd, i32_or_null(doc_start),
-                                            stream_);
+                                            cols_of(v), ptr<X>(out), lse.f32(), ptr<X>(dq), ptr<X>(dk), ptr<X>(dv),
+                                            scratch.f32(), B, Tq, Tk, q_pos.i32(), H, KV, hd, hd_v,
+                                            i32_or_null(doc_start), stream_);
     });
   }
 
@@ -1213,6 +1238,25 @@ class CudaBackend final : public Backend {
       cuda::attention_decode_gqa(ptr<X>(q), cols_of(q), ptr<X>(k), ptr<X>(v), cols_of(k), ptr<X>(kcache),
                                  ptr<X>(vcache), ptr<X>(out), rows_of(q), t, kcache.size(1), H, KV, cols_of(q) / H,
                                  stream_);
+    });
+  }
+
+  // Multi-head latent attention's absorbed decode (kernels/cuda/attention_decode_latent.cu): q (n, H*dk), kv (n, dk),
+  // cache (n, Tmax, dk), out (n, H*r).
+  void attention_decode_latent_impl(const Tensor& q, const Tensor& kv, Tensor& cache, int64_t t, int64_t H,
+                                    float scale, Tensor& out) override {
+    bind();
+    const int64_t n = rows_of(q), dk = cache.size(2);
+    if (dk > cuda::kLatentMaxDim)  // a model choice: an Error naming the keys
+      throw Error(cat("attention_decode_latent: a cache row of ", dk, " values (model.kv_lora_rank + ",
+                      "model.qk_rope_head_dim) is above the CUDA kernel's limit of ", cuda::kLatentMaxDim,
+                      "; generate on the CPU (relay generate --device cpu)"));
+    // (n, H, t + 1) the scores; the pool hands it to later work on this stream only.
+    Tensor scratch(*this, {n, H, t + 1});
+    by_dtype(q, [&](auto* p) {
+      using X = X_OF(p);
+      cuda::attention_decode_latent(ptr<X>(q), ptr<X>(kv), ptr<X>(cache), ptr<X>(out), scratch.f32(), n, t,
+                                    cache.size(1), H, dk, cols_of(out) / H, scale, stream_);
     });
   }
 
