@@ -954,11 +954,18 @@ class CudaBackend final : public Backend {
   // and the block scales are relaid into cuBLASLt's layouts (1 x 128 tiles of x, dy: transposed; 128 x 128 blocks of
   // W: k blocks padded to 4, transposed with W^T; the weight gradient's 128 x 1 tiles are already cuBLASLt's layout
   // for dy^T and x^T). Anything else, or a GEMM cuBLASLt refuses, runs on the plain Relay kernel
-  // (kernels/cuda/fp8_quantize.cu: any shape, the CPU's order of scaling, no tensor cores).
+  // (kernels/cuda/fp8_quantize.cu: any shape, the CPU's order of scaling, no tensor cores). RELAY_FP8_GEMM=plain
+  // runs every FP8 GEMM on the plain kernel (a comparison, a suspect cuBLASLt result); RELAY_FP8_GEMM=lt makes a GEMM
+  // that the plan gives to cuBLASLt and cuBLASLt refuses a fatal error instead of a fallback (test_backend_ops' rows:
+  // a row cannot pass on the plain kernel unnoticed).
   void fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
                        const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta) override {
     bind();
-    if (fp8_matmul_lt(a, a_scales, a_tiling, trans_a, b, b_scales, b_tiling, trans_b, y, beta)) return;
+    const char* env = std::getenv("RELAY_FP8_GEMM");
+    const std::string mode = env ? env : "";
+    if (mode != "plain" &&
+        fp8_matmul_lt(a, a_scales, a_tiling, trans_a, b, b_scales, b_tiling, trans_b, y, beta, mode == "lt"))
+      return;
     const Fp8Matrix am{a.fp8(), a_scales.f32(), a.size(0), a.size(1), fp8_format(a.dtype()), a_tiling};
     const Fp8Matrix bm{b.fp8(), b_scales.f32(), b.size(0), b.size(1), fp8_format(b.dtype()), b_tiling};
     by_dtype(y, [&](auto* t) {
@@ -968,8 +975,9 @@ class CudaBackend final : public Backend {
   }
 
   // The cuBLASLt path of fp8_matmul_impl; false, with nothing queued but possibly the copies, when it does not apply.
+  // required: a GEMM the plan gives to cuBLASLt that cuBLASLt then refuses is a fatal error.
   bool fp8_matmul_lt(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
-                     const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta) {
+                     const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta, bool required) {
     Fp8LtProblem prob;
     prob.m = trans_a ? a.size(1) : a.size(0);
     prob.k = trans_a ? a.size(0) : a.size(1);
@@ -1026,7 +1034,13 @@ class CudaBackend final : public Backend {
     lt.a_scale_mode = mode(plan.a.scale);
     lt.b_scale_mode = mode(plan.b.scale);
     label_gemm(lt);
-    return lt_->run(lt, stream_);
+    if (lt_->run(lt, stream_)) return true;
+    if (required)
+      fatal(cat("fp8_matmul: RELAY_FP8_GEMM=lt, but cuBLASLt has no algorithm for this FP8 GEMM (m ", prob.m, ", n ",
+                prob.n, ", k ", prob.k, ", ", fp8_tiling_name(a_tiling), " x ", fp8_tiling_name(b_tiling), ", y ",
+                dtype_name(y.dtype()), ") on ", prop_.name),
+            __FILE__, __LINE__);
+    return false;
   }
 
   // --- RMSNorm, SwiGLU, rotary embeddings (Llama) -------------------------------------------------
