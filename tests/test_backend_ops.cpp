@@ -800,7 +800,7 @@ std::vector<OpCase> all_cases() {
   // Bf16Ops pair). Tensorwise e4m3 x e4m3 (forward) and e5m2 x e4m3 (input gradient; e5m2 x e5m2 has no cuBLASLt
   // kernel); blockwise all e4m3, a in 1 x 128 tiles along k, b in 128 x 128 blocks (forward, input gradient) or in
   // 1 x 128 tiles along k (the weight gradient's dy^T @ x). The shapes off the rule are the fp8_matmul rows above
-  // (the plain kernel). RELAY_FP8_GEMM=lt: a GEMM the plan gives to cuBLASLt fails rather than falling back (sm_89+
+  // (the plain kernel). RELAY_FP8_GEMM=lt: a GEMM the plan gives to cuBLASLt throws rather than falling back (sm_89+
   // tensorwise, sm_90 blockwise; elsewhere the plan picks the plain kernel and the row checks that).
   {
     struct Fp8LtRow {
@@ -847,9 +847,14 @@ std::vector<OpCase> all_cases() {
         be.fp8_quantize(a, r.at, aq, a_scales);
         be.fp8_quantize(b, r.bt, bq, b_scales);
         Tensor y = input(be, {M, N}, 148, r.yt);
-        setenv("RELAY_FP8_GEMM", "lt", 1);
-        be.fp8_matmul(aq, a_scales, r.at, r.ta, bq, b_scales, r.bt, r.tb, y, r.beta);
-        unsetenv("RELAY_FP8_GEMM");
+        struct LtOnly {  // RELAY_FP8_GEMM=lt for this GEMM only, also when it throws
+          LtOnly() { setenv("RELAY_FP8_GEMM", "lt", 1); }
+          ~LtOnly() { unsetenv("RELAY_FP8_GEMM"); }
+        };
+        {
+          LtOnly lt_only;
+          be.fp8_matmul(aq, a_scales, r.at, r.ta, bq, b_scales, r.bt, r.tb, y, r.beta);
+        }
         return std::vector{out(be, "y", y)};
       });
   }
