@@ -7,12 +7,14 @@
 # Logs go to OUT (default /tmp/relay-gpu-check); a short summary is printed last. GoogleTest reads GTEST_FILTER from the
 # environment: e.g. GTEST_FILTER='*mla*:*group_router*:*Deepseek*' bench/gpu_check.sh tests runs only DeepSeek-V3's
 # CUDA rows (test_backend_ops) and its training case (test_gpu_training_mpi).
-# Usage: bench/gpu_check.sh [parts ("tests mlp lm profile"; also "plan": the planner calibrated on this GPU, and
+# Usage: bench/gpu_check.sh [parts ("tests fp8 mlp lm profile"; also "plan": the planner calibrated on this GPU, and
 #   "moe-cpu": the MoE CPU benchmark on two of the host's cores, for its bf16)]
+# "fp8" (issue 43's CUDA part): the FP8 rows of test_backend_ops and test_gpu_training_mpi's FP8 case alone (they also
+#   run inside "tests"), then bench/bench_gpu_fp8.sh (FP8 GEMM at 8192^3 and the Llama 3 8B-shaped 4 layers vs bf16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/relay-gpu-check}
-PARTS=${1:-tests mlp lm profile}
+PARTS=${1:-tests fp8 mlp lm profile}
 mkdir -p "$OUT/logs"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 summary=$OUT/summary.txt
@@ -30,6 +32,17 @@ for part in $PARTS; do
         { echo "$t: exit $rc in $((SECONDS - s)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/logs/$t.log" | tr '\n' ' ')"
           grep -E '^\[  FAILED  \]' "$OUT/logs/$t.log" | sort -u | head -40; } | tee -a "$summary"
       done ;;
+    fp8)
+      for t in "test_backend_ops --gtest_filter=*fp8*" "test_gpu_training_mpi --gtest_filter=*Fp8*"; do
+        log=$OUT/logs/fp8-${t%% *}.log
+        s=$SECONDS
+        set -f; timeout ${FP8_TEST_TIMEOUT:-240} build/tests/$t >"$log" 2>&1; rc=$?; set +f  # the filter's * unglobbed
+        { echo "fp8 $t: exit $rc in $((SECONDS - s)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr '\n' ' ')"
+          grep -E '^\[  FAILED  \]|cuBLASLt refused|RELAY_FP8_GEMM=lt|^GPT fp8' "$log" | sort -u | head -40; } | tee -a "$summary"
+      done
+      timeout ${FP8_BENCH_TIMEOUT:-300} bench/bench_gpu_fp8.sh build/relay ${FP8_STEPS:-8} >"$OUT/logs/bench_fp8.log" 2>&1
+      echo "bench_gpu_fp8 (exit $?):" | tee -a "$summary"
+      grep -v '^# lscpu\|^# load' "$OUT/logs/bench_fp8.log" | tee -a "$summary" ;;
     mlp)
       timeout 120 bench/bench_gpu.sh build/relay 30 >"$OUT/logs/bench_mlp.log" 2>&1
       tail -n 12 "$OUT/logs/bench_mlp.log" >>"$summary" ;;

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -53,6 +54,11 @@ constexpr double kBf16Ulp = 0x1p-7;     // added for a bf16 output: float result
                                         // one bf16 ulp is at most 2^-7 of the value (8 significant bits)
 constexpr double kTolFp8Gemm = 5e-5;   // FP8 GEMMs: exact products, float sums of up to 260 terms in another
                                         // order (the CPU's sgemm blocks, the GPU's one thread per output)
+constexpr double kTolFp8Lt = 5e-3;     // FP8 GEMMs on cuBLASLt's tensor cores: exact products, but Hopper's FP8 MMA
+                                        // accumulates a k interval keeping ~14 bits (DeepSeek-V3, arXiv:2412.19437
+                                        // section 3.3.2) before cuBLASLt promotes it to fp32: up to ~2^-14 per add
+                                        // of a running sum, ~128 adds per interval, truncation biased one way. A scale
+                                        // read from the wrong tile is off by a power of two (fp8_tiled_input): O(1)
 constexpr double kTolSumSq = 1e-9;      // both backends square and sum in double
 constexpr double kTolMlp = 1e-4;        // a chain of ~15 fp32 ops
 constexpr double kTolMlpBf16 = 5e-2;    // the same chain on bf16 activations and working weights on both
@@ -128,6 +134,19 @@ Tensor input(Backend& be, const Shape& shape, uint64_t seed, DType dt, double lo
 }
 Tensor input(Backend& be, const Shape& shape, uint64_t seed, double lo = -1.0, double hi = 1.0) {
   return input(be, shape, seed, DType::f32, lo, hi);
+}
+
+// An FP8 GEMM operand before quantisation, (rows, cols) f32: uniform in [-1, 1] times 2^e, e in [-3, 3] varying with
+// the row, the column and the 128-row and 128-column blocks, so that neighbouring 1 x 128, 128 x 1 and 128 x 128 tiles
+// have scales a power of two apart and a scale read from the wrong tile (a layout mistake) is an O(1) error.
+Tensor fp8_tiled_input(Backend& be, int64_t rows, int64_t cols, uint64_t seed) {
+  std::vector<float> v = random_values(rows * cols, seed, -1.0, 1.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      v[size_t(r * cols + c)] *= std::ldexp(1.f, int((r % 5 + c % 3 + 2 * (c / 128) + 3 * (r / 128)) % 7) - 3);
+  Tensor t(be, {rows, cols});
+  upload_values(be, t, v);
+  return t;
 }
 
 // Values from {0, 1, 2, 3}: many ties, to check that the first maximum wins.
@@ -800,6 +819,72 @@ std::vector<OpCase> all_cases() {
                 be.fp8_matmul(aq, a_scales, at, ta, bqt, b_scales, bt, tb, y, beta);
                 return std::vector{out(be, "y", y)};
               });
+
+  // FP8 GEMMs on cuBLASLt (src/backend/cuda_backend.cpp's fp8_matmul_lt, kernels/fp8_lt_layout.hpp's plan) against
+  // the CPU emulation: shapes on the alignment rule (m 144, n 160, k 272 or 256: multiples of 16, two 128-row blocks
+  // of op(b)^T, k blocks 2 (padded to 4 for BLK128x128) or 3 with a partial last one), every (trans_a, trans_b) so
+  // that every transposed copy and scale relayout runs, beta 0 and 1, y f32 and bf16 ("_ybf16", not "_bf16": no
+  // Bf16Ops pair). Tensorwise e4m3 x e4m3 (forward) and e5m2 x e4m3 (input gradient; e5m2 x e5m2 has no cuBLASLt
+  // kernel); blockwise all e4m3, a in 1 x 128 tiles along k, b in 128 x 128 blocks (forward, input gradient) or in
+  // 1 x 128 tiles along k (the weight gradient's dy^T @ x). The shapes off the rule are the fp8_matmul rows above
+  // (the plain kernel). RELAY_FP8_GEMM=lt: a GEMM the plan gives to cuBLASLt throws rather than falling back (sm_89+
+  // tensorwise, sm_90 blockwise; elsewhere the plan picks the plain kernel and the row checks that).
+  {
+    struct Fp8LtRow {
+      std::string name;
+      Fp8Tiling at, bt;
+      DType aq, bq, yt;
+      bool ta, tb;
+      float beta;
+      int64_t k;
+    };
+    std::vector<Fp8LtRow> rows;
+    const char* tr[2][2] = {{"_na_nb", "_na_tb"}, {"_ta_nb", "_ta_tb"}};
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        for (DType aq : {DType::fp8_e4m3, DType::fp8_e5m2})
+          for (float beta : {0.f, 1.f})
+            for (DType yt : {DType::f32, DType::bf16}) {
+              if (yt == DType::bf16 && aq == DType::fp8_e5m2) continue;
+              rows.push_back({std::string("fp8_lt_tensor_") + (aq == DType::fp8_e4m3 ? "e4m3" : "e5m2") + "xe4m3" +
+                                  tr[ta][tb] + (beta != 0.f ? "_beta" : "") + (yt == DType::bf16 ? "_ybf16" : ""),
+                              Fp8Tiling::tensor, Fp8Tiling::tensor, aq, DType::fp8_e4m3, yt, ta, tb, beta, 272});
+            }
+        const Fp8Tiling at = ta ? Fp8Tiling::col_128x1 : Fp8Tiling::row_1x128;
+        for (Fp8Tiling bt : {Fp8Tiling::block_128x128, tb ? Fp8Tiling::row_1x128 : Fp8Tiling::col_128x1})
+          for (int64_t k : {256, 272})
+            for (float beta : {0.f, 1.f})
+              for (DType yt : {DType::f32, DType::bf16}) {
+                if (yt == DType::bf16 && beta != 0.f) continue;
+                rows.push_back({std::string("fp8_lt_blockwise_") +
+                                    (bt == Fp8Tiling::block_128x128 ? "1x128x128x128" : "1x128x1x128") + tr[ta][tb] +
+                                    (beta != 0.f ? "_beta" : "") + (yt == DType::bf16 ? "_ybf16" : "") + "_144x" +
+                                    std::to_string(k) + "x160",
+                                at, bt, DType::fp8_e4m3, DType::fp8_e4m3, yt, ta, tb, beta, k});
+              }
+      }
+    for (const Fp8LtRow& r : rows)
+      add(r.name + (r.name.find("_144x") == std::string::npos ? "_144x272x160" : ""), kTolFp8Lt, [r](Backend& be) {
+        const int64_t M = 144, N = 160, K = r.k;
+        const int64_t ar = r.ta ? K : M, ac = r.ta ? M : K, br = r.tb ? N : K, bc = r.tb ? K : N;
+        Tensor a = fp8_tiled_input(be, ar, ac, 146), b = fp8_tiled_input(be, br, bc, 147);
+        const Fp8Grid ga = fp8_grid(r.at, ar, ac), gb = fp8_grid(r.bt, br, bc);
+        Tensor aq(be, {ar, ac}, r.aq), bq(be, {br, bc}, r.bq);                   // codes as stored
+        Tensor a_scales(be, {ga.rows, ga.cols}), b_scales(be, {gb.rows, gb.cols});  // (grid) f32
+        be.fp8_quantize(a, r.at, aq, a_scales);
+        be.fp8_quantize(b, r.bt, bq, b_scales);
+        Tensor y = input(be, {M, N}, 148, r.yt);
+        struct LtOnly {  // RELAY_FP8_GEMM=lt for this GEMM only, also when it throws
+          LtOnly() { setenv("RELAY_FP8_GEMM", "lt", 1); }
+          ~LtOnly() { unsetenv("RELAY_FP8_GEMM"); }
+        };
+        {
+          LtOnly lt_only;
+          be.fp8_matmul(aq, a_scales, r.at, r.ta, bq, b_scales, r.bt, r.tb, y, r.beta);
+        }
+        return std::vector{out(be, "y", y)};
+      });
+  }
 
   // sum of squares (gradient norms: float32 only)
   for (const Shape& s : shapes)

@@ -21,6 +21,7 @@
 #include "core/fp8.hpp"
 #include "core/fp8_scaling.hpp"
 #include "core/rng.hpp"
+#include "kernels/fp8_lt_layout.hpp"
 
 namespace relay {
 namespace {
@@ -337,6 +338,140 @@ TEST(Fp8Matmul, FrontDoorNamesTheMismatch) {
   Tensor q_wrong(*be, {4, 257}, DType::bf16), s(*be, {1, 1});
   EXPECT_EXIT(be->fp8_quantize(a, Fp8Tiling::tensor, q_wrong, s), ::testing::ExitedWithCode(1),
               "fp8_quantize: q \\[4, 257\\] is bfloat16, expected float8");
+}
+
+// --- the cuBLASLt FP8 GEMM's host-side plan (kernels/fp8_lt_layout.hpp) ----------------------------------------------
+// The CUDA backend asks fp8_lt_plan whether a GEMM runs on cuBLASLt and with which transposed copies and scale
+// layouts; these checks need no GPU. The layouts cuBLASLt itself reads are checked on a GPU (test_backend_ops'
+// fp8_lt rows).
+
+Fp8LtProblem lt_problem(int64_t m, int64_t n, int64_t k, Fp8Tiling at, Fp8Tiling bt, bool ta, bool tb, int sm = 90,
+                        Fp8Format af = kE4m3, Fp8Format bf = kE4m3) {
+  Fp8LtProblem p;
+  p.m = m, p.n = n, p.k = k, p.a_tiling = at, p.b_tiling = bt, p.trans_a = ta, p.trans_b = tb, p.sm = sm;
+  p.a_format = af, p.b_format = bf, p.alignment = 256;
+  return p;
+}
+
+// Which GEMMs go to cuBLASLt, and which copies they need: Fp8Linear's forward (x @ W^T) none, its input gradient
+// (dy @ W) W transposed, its weight gradient (dy^T @ x) both; anything cuBLASLt cannot take names its reason.
+TEST(Fp8LtPlan, ChoosesCuBlasLtOrThePlainKernel) {
+  const Fp8Tiling T = Fp8Tiling::tensor, R = Fp8Tiling::row_1x128, C = Fp8Tiling::col_128x1,
+                  B = Fp8Tiling::block_128x128;
+  struct Gemm { bool ta, tb; bool copy_a, copy_b; };
+  for (const Gemm g : {Gemm{false, true, false, false}, Gemm{false, false, false, true}, Gemm{true, false, true, true},
+                       Gemm{true, true, true, false}}) {
+    const Fp8LtPlan p = fp8_lt_plan(lt_problem(256, 512, 1024, T, T, g.ta, g.tb, 90, kE5m2, kE4m3));
+    EXPECT_TRUE(p.lt) << p.reason;
+    EXPECT_EQ(p.a.transpose, g.copy_a) << g.ta << g.tb;
+    EXPECT_EQ(p.b.transpose, g.copy_b) << g.ta << g.tb;
+    EXPECT_EQ(p.a.scale, Fp8LtScale::scalar);
+    EXPECT_FALSE(p.a.scales_copy || p.b.scales_copy);
+  }
+  // Blockwise: the forward's x (1 x 128) times W (128 x 128), the weight gradient's dy^T, x (128 x 1 along k).
+  Fp8LtPlan fwd = fp8_lt_plan(lt_problem(256, 512, 1024, R, B, false, true));
+  ASSERT_TRUE(fwd.lt) << fwd.reason;
+  EXPECT_EQ(fwd.a.scale, Fp8LtScale::vec128);
+  EXPECT_TRUE(fwd.a.scales_transpose);  // Relay's (tokens, k blocks) -> cuBLASLt's (k blocks, tokens)
+  EXPECT_EQ(fwd.b.scale, Fp8LtScale::blk128x128);
+  EXPECT_FALSE(fwd.b.scales_copy);  // 8 k blocks: already a multiple of 4
+  Fp8LtPlan wgrad = fp8_lt_plan(lt_problem(512, 256, 4096, C, C, true, false));
+  ASSERT_TRUE(wgrad.lt) << wgrad.reason;
+  EXPECT_TRUE(wgrad.a.transpose && wgrad.b.transpose);
+  EXPECT_FALSE(wgrad.a.scales_copy || wgrad.b.scales_copy);  // 128 x 1 tiles of dy are 1 x 128 tiles of dy^T
+  Fp8LtPlan padded = fp8_lt_plan(lt_problem(256, 512, 272, R, B, false, false));  // dy @ W, 3 k blocks
+  ASSERT_TRUE(padded.lt) << padded.reason;
+  EXPECT_TRUE(padded.b.transpose && padded.b.scales_transpose);
+  EXPECT_EQ(padded.b.scales_rows, 4);  // W^T (512, 272): 4 row blocks of 3 k blocks, padded to 4
+  EXPECT_EQ(padded.b.scales_cols, 3);
+  EXPECT_EQ(padded.b.scales_ld, 4);
+  // The plain kernel, and why.
+  auto reason = [](const Fp8LtProblem& p) { return std::string(fp8_lt_plan(p).reason); };
+  EXPECT_EQ(reason(lt_problem(256, 512, 1024, T, T, false, true, 80)), "cuBLASLt FP8 GEMMs need sm_89 or newer");
+  EXPECT_TRUE(fp8_lt_plan(lt_problem(256, 512, 1024, T, T, false, true, 89)).lt);  // Ada: tensorwise
+  EXPECT_EQ(reason(lt_problem(256, 512, 1024, R, B, false, true, 89)),
+            "cuBLASLt's 1 x 128 / 128 x 128 scale modes are Hopper's (sm_90)");
+  EXPECT_EQ(reason(lt_problem(256, 512, 1024, R, B, false, true, 100)),
+            "cuBLASLt's 1 x 128 / 128 x 128 scale modes are Hopper's (sm_90)");
+  EXPECT_EQ(reason(lt_problem(256, 512, 1024, T, T, false, true, 90, kE5m2, kE5m2)),
+            "cuBLASLt has no e5m2 x e5m2 FP8 GEMM");
+  EXPECT_EQ(reason(lt_problem(256, 512, 1024, R, B, false, true, 90, kE5m2, kE4m3)),
+            "cuBLASLt's block scale modes take e4m3 operands");
+  for (const Fp8LtProblem& p : {lt_problem(130, 512, 1024, T, T, false, true), lt_problem(256, 67, 1024, T, T, false, true),
+                                lt_problem(256, 512, 260, T, T, false, true), lt_problem(0, 512, 1024, T, T, false, true)})
+    EXPECT_EQ(reason(p), "m, n and k must be non-zero multiples of 16") << p.m << " " << p.n << " " << p.k;
+  Fp8LtProblem misaligned = lt_problem(256, 512, 1024, T, T, false, true);
+  misaligned.alignment = 8;  // a view at an odd row of a bf16 y, say
+  EXPECT_EQ(reason(misaligned), "an operand is not 16-byte aligned");
+  EXPECT_EQ(reason(lt_problem(256, 512, 64, T, B, false, true)), "a per-tensor scale with a block-scaled operand");
+  EXPECT_EQ(reason(lt_problem(256, 512, 1024, B, B, false, true)),
+            "cuBLASLt has no 128 x 128 x 128 x 128 block scale mode");
+}
+
+// The scale cuBLASLt reads for every element of op(a) and op(b), through the plan's relaid copy and cuBLASLt's
+// layouts (VEC128: (k blocks, outer) with the outer dimension contiguous; BLK128x128: (outer blocks, k blocks padded
+// to 4); the scalar), is the scale of Relay's tile holding that element: every tiling the blockwise recipe makes,
+// every transpose, k on and off the 128 edge, outer dimensions of one and several blocks.
+TEST(Fp8LtPlan, RelaidScalesAreEachElementsTileScale) {
+  const Fp8Tiling T = Fp8Tiling::tensor, R = Fp8Tiling::row_1x128, C = Fp8Tiling::col_128x1,
+                  B = Fp8Tiling::block_128x128;
+  // fp8_scales_relayout's rule (kernels/cuda/fp8_transpose.cuh), on the host.
+  auto relayout = [](const std::vector<float>& s, int64_t s_rows, int64_t s_cols, const Fp8LtOperand& op) {
+    if (!op.scales_copy) return s;
+    const int64_t rows = op.scales_transpose ? s_cols : s_rows, cols = op.scales_transpose ? s_rows : s_cols;
+    EXPECT_EQ(rows, op.scales_rows);
+    EXPECT_EQ(cols, op.scales_cols);
+    std::vector<float> out(size_t(rows * op.scales_ld));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < op.scales_ld; ++j)
+        out[size_t(i * op.scales_ld + j)] =
+            j >= cols ? 0.f : op.scales_transpose ? s[size_t(j * s_cols + i)] : s[size_t(i * s_cols + j)];
+    return out;
+  };
+  // The scale cuBLASLt applies to element (outer o, k kk) of an operand read as (outer, k): its layouts, written out
+  // from the operand's dimensions alone (not from the plan's).
+  auto lt_scale = [](const std::vector<float>& s, Fp8LtScale mode, int64_t outer, int64_t k, int64_t o, int64_t kk) {
+    switch (mode) {
+      case Fp8LtScale::scalar: return s[0];
+      case Fp8LtScale::vec128: return s[size_t((kk / 128) * outer + o)];
+      case Fp8LtScale::blk128x128: return s[size_t((o / 128) * fp8_round_up((k + 127) / 128, 4) + kk / 128)];
+    }
+    return -1.f;
+  };
+  struct Case { Fp8Tiling at, bt; };
+  int checked = 0;
+  for (const Case c : {Case{T, T}, Case{R, B}, Case{C, B}, Case{R, R}, Case{C, C}, Case{R, C}, Case{C, R}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (int64_t k : {256, 272, 64})
+          for (auto [m, n] : {std::pair<int64_t, int64_t>{48, 160}, {272, 32}}) {
+            const Fp8LtPlan plan = fp8_lt_plan(lt_problem(m, n, k, c.at, c.bt, ta, tb));
+            // A tiling along k only: 1 x 128 when k runs along the columns as stored, 128 x 1 along the rows.
+            const bool a_ok = c.at == T || c.at == (ta ? C : R);
+            const bool b_ok = c.bt == T || c.bt == B || c.bt == (tb ? R : C);
+            ASSERT_EQ(plan.lt, a_ok && b_ok) << plan.reason;
+            if (!plan.lt) continue;
+            const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+            const Fp8Grid ga = fp8_grid(c.at, ar, ac), gb = fp8_grid(c.bt, br, bc);
+            std::vector<float> sa(size_t(ga.rows * ga.cols)), sb(size_t(gb.rows * gb.cols));
+            for (size_t i = 0; i < sa.size(); ++i) sa[i] = float(i + 1);  // every tile's scale distinct
+            for (size_t i = 0; i < sb.size(); ++i) sb[i] = float(1000 + i);
+            const std::vector<float> la = relayout(sa, ga.rows, ga.cols, plan.a), lb = relayout(sb, gb.rows, gb.cols, plan.b);
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t kk = 0; kk < k; ++kk) {  // op(a) (i, kk): a stored (kk, i) when trans_a
+                const int64_t r = ta ? kk : i, col = ta ? i : kk;
+                ASSERT_EQ(lt_scale(la, plan.a.scale, m, k, i, kk), sa[size_t((r / ga.tile_rows) * ga.cols + col / ga.tile_cols)])
+                    << "a " << fp8_tiling_name(c.at) << " ta " << ta << " m " << m << " k " << k << " at (" << i << ", " << kk << ")";
+              }
+            for (int64_t j = 0; j < n; ++j)
+              for (int64_t kk = 0; kk < k; ++kk) {  // op(b) (kk, j): b stored (j, kk) when trans_b
+                const int64_t r = tb ? j : kk, col = tb ? kk : j;
+                ASSERT_EQ(lt_scale(lb, plan.b.scale, n, k, j, kk), sb[size_t((r / gb.tile_rows) * gb.cols + col / gb.tile_cols)])
+                    << "b " << fp8_tiling_name(c.bt) << " tb " << tb << " n " << n << " k " << k << " at (" << kk << ", " << j << ")";
+              }
+            ++checked;
+          }
+  EXPECT_GT(checked, 50);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // instead of separate passes over the output, with the GELU's input (the pre-activation) written
 // alongside for the backward. cuBLASLt's GELU is the tanh approximation, GPT-2's gelu_tanh (llm.c trains
 // GPT-2 with it; XLA fuses approximate GELU into it), which test_backend_ops's linear_gelu_tanh rows check
-// against the CPU's. Algorithms come from
+// against the CPU's. FP8 GEMMs (CUDA_R_8F_E4M3 / E5M2 operands with their dequantisation scales, per tensor or
+// in Hopper's 1 x 128 / 128 x 128 blocks) go through the same cache. Algorithms come from
 // cublasLtMatmulAlgoGetHeuristic once per call signature and are cached; one workspace serves all calls.
 #pragma once
 #include <cublasLt.h>
@@ -35,6 +36,14 @@ struct LtMatmul {
   // Backward instead (CUBLASLT_EPILOGUE_DGELU): c = gelu_tanh'(dgelu_in) * (alpha op(a) @ op(b)), with
   // dgelu_in (m, n) at row stride ldc the GELU's saved input; no bias, gelu false, aux null.
   const void* dgelu_in = nullptr;
+  // FP8 (ab_type CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2, compute CUBLAS_COMPUTE_32F; no epilogue): b_type, when not -1,
+  // b's own type (an e5m2 output gradient times e4m3 weights); a_scale and b_scale the device f32 dequantisation
+  // scales (x = code * scale: cuBLASLt's A/B scale pointers multiply as Relay's scales do), laid out as a_scale_mode
+  // and b_scale_mode (cublasLtMatmulMatrixScale_t: SCALAR_32F, or Hopper's VEC128_32F / BLK128x128_32F) say.
+  int b_type = -1;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  int a_scale_mode = 0, b_scale_mode = 0;
 };
 
 class LtGemm {
@@ -47,7 +56,9 @@ class LtGemm {
   LtGemm& operator=(const LtGemm&) = delete;
 
   // Queues the GEMM on stream. False, with nothing queued, when cuBLASLt has no algorithm for it (the
-  // heuristic found none, or aux's ldc is not a multiple of 8): the caller then runs its unfused form.
+  // heuristic found none, or aux's ldc is not a multiple of 8): the caller then runs its unfused form. An FP8
+  // GEMM that cublasLtMatmul itself refuses (NOT_SUPPORTED, INVALID_VALUE: a scale-mode combination the heuristic
+  // let through) is also false, said once on stderr, and its signature is not tried again.
   bool run(const LtMatmul& p, cudaStream_t stream);
   // Call signatures seen so far (each with its algorithm, or none).
   size_t cached() const;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <initializer_list>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,8 @@
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/fp8_amax.cuh"
 #include "kernels/cuda/fp8_quantize.cuh"
+#include "kernels/cuda/fp8_transpose.cuh"
+#include "kernels/fp8_lt_layout.hpp"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/flash_attention.cuh"
@@ -171,6 +174,15 @@ void by_dtype(const Tensor& t, F&& f) {
 __nv_bfloat16* bf16_work(Tensor& work) { return work.defined() ? ptr<__nv_bfloat16>(work) : nullptr; }
 
 cudaDataType_t cuda_type(DType dt) { return dt == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+cudaDataType_t fp8_cuda_type(DType dt) { return dt == DType::fp8_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
+
+// The largest power of two up to 256 that divides every address (cuBLASLt's FP8 kernels need 16).
+uint32_t alignment_of(std::initializer_list<const void*> ptrs) {
+  uint32_t a = 256;
+  for (const void* p : ptrs)
+    while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
 
 // The CUDA FlashAttention kernels take head dimensions up to cuda::kFlashMaxHeadDim (a register tile per
 // lane); the CPU takes any. A user's model choice, so an Error naming the config keys, not an assertion.
@@ -373,14 +385,11 @@ class CudaBackend final : public Backend {
   // NVIDIA_TF32_OVERRIDE=1); bf16 GEMMs take their dtype from their tensors. tf32: float32 GEMMs on TF32
   // tensor cores. bf16 and tf32 tensor cores need Ampere (sm_80) or newer.
   void set_precision(Precision p) override {
-    // The FP8 ops (fp8_amax, fp8_quantize, fp8_quantize_amax, fp8_matmul) have CUDA kernels, but they have not yet
-    // run on a GPU (test_backend_ops' fp8 rows) and fp8_matmul is a plain kernel without tensor cores (no cuBLASLt
-    // FP8 yet), so fp8 training on CUDA stays refused until a GPU session has checked them (issue 43's CUDA part).
-    if (p == Precision::fp8)
-      throw Error("train.precision = \"fp8\" is not enabled on CUDA yet (its FP8 kernels are untested on a GPU and "
-                  "its FP8 GEMM has no tensor-core path); use train.device = \"cpu\", or train.precision = \"bf16\" "
-                  "on the GPU");
-    if ((p == Precision::bf16 || p == Precision::tf32) && prop_.major < 8)
+    // fp8: every op an FP8 step calls has a CUDA kernel (fp8_amax, fp8_quantize, fp8_quantize_amax; fp8_matmul on
+    // cuBLASLt or the plain kernel, the experts' grouped GEMMs included, one group at a time); the working copies
+    // and activations are bf16, so it needs sm_80 as bf16 does. None of it has run on a GPU yet: the trainer says so
+    // at start-up (train/trainer.cpp) until a GPU session has run test_backend_ops' fp8 rows.
+    if ((p == Precision::bf16 || p == Precision::tf32 || p == Precision::fp8) && prop_.major < 8)
       throw Error(cat("train.precision = \"", precision_name(p),
                       "\" needs a GPU with compute capability 8.0 or newer; cuda:", device_, " (", prop_.name,
                       ") is sm_", prop_.major, prop_.minor, ". Use train.precision = \"fp32\""));
@@ -963,17 +972,103 @@ class CudaBackend final : public Backend {
     });
   }
 
-  // The plain Relay FP8 GEMM (kernels/cuda/fp8_quantize.cu) for every tiling, transpose and shape: the CPU's order of
-  // scaling, no tensor cores. cuBLASLt FP8 (tensorwise scale pointers, Hopper's block-scaling modes) is not wired yet.
+  // FP8 GEMMs on cuBLASLt's tensor cores where kernels/fp8_lt_layout.hpp's plan allows it: tensorwise scales on sm_89+
+  // (cuBLASLt's per-tensor scale pointers), DeepSeek-V3's 1 x 128 / 128 x 128 blocks on sm_90 (Hopper's VEC128 /
+  // BLK128x128 scale modes), m, n, k multiples of 16 and 16-byte aligned pointers. cuBLASLt reads both operands with
+  // k along their stored rows ("TN"), so the GEMMs of model/fp8_linear.cpp run as follows:
+  //   forward          x (n, in) @ W^T           no copy
+  //   input gradient   dy (n, out) @ W           W copied transposed (in, out) (fp8_transpose)
+  //   weight gradient  dy^T @ x, dy and x (n, .) both copied transposed (out, n), (in, n)
+  // and the block scales are relaid into cuBLASLt's layouts (1 x 128 tiles of x, dy: transposed; 128 x 128 blocks of
+  // W: k blocks padded to 4, transposed with W^T; the weight gradient's 128 x 1 tiles are already cuBLASLt's layout
+  // for dy^T and x^T). Anything else, or a GEMM cuBLASLt refuses, runs on the plain Relay kernel
+  // (kernels/cuda/fp8_quantize.cu: any shape, the CPU's order of scaling, no tensor cores). RELAY_FP8_GEMM=plain
+  // runs every FP8 GEMM on the plain kernel (a comparison, a suspect cuBLASLt result); RELAY_FP8_GEMM=lt makes a GEMM
+  // that the plan gives to cuBLASLt and cuBLASLt refuses an error (relay::Error) instead of a fallback
+  // (test_backend_ops' rows: a row cannot pass on the plain kernel unnoticed).
   void fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
                        const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta) override {
     bind();
+    const char* env = std::getenv("RELAY_FP8_GEMM");
+    const std::string mode = env ? env : "";
+    if (mode != "plain" &&
+        fp8_matmul_lt(a, a_scales, a_tiling, trans_a, b, b_scales, b_tiling, trans_b, y, beta, mode == "lt"))
+      return;
     const Fp8Matrix am{a.fp8(), a_scales.f32(), a.size(0), a.size(1), fp8_format(a.dtype()), a_tiling};
     const Fp8Matrix bm{b.fp8(), b_scales.f32(), b.size(0), b.size(1), fp8_format(b.dtype()), b_tiling};
     by_dtype(y, [&](auto* t) {
       using Y = X_OF(t);
       cuda::fp8_gemm(am, trans_a, bm, trans_b, ptr<Y>(y), beta, stream_);
     });
+  }
+
+  // The cuBLASLt path of fp8_matmul_impl; false, with nothing queued but possibly the copies, when it does not apply.
+  // required: a GEMM the plan gives to cuBLASLt that cuBLASLt then refuses is a fatal error.
+  bool fp8_matmul_lt(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
+                     const Tensor& b_scales, Fp8Tiling b_tiling, bool trans_b, Tensor& y, float beta, bool required) {
+    Fp8LtProblem prob;
+    prob.m = trans_a ? a.size(1) : a.size(0);
+    prob.k = trans_a ? a.size(0) : a.size(1);
+    prob.n = trans_b ? b.size(0) : b.size(1);
+    prob.a_format = fp8_format(a.dtype());
+    prob.b_format = fp8_format(b.dtype());
+    prob.a_tiling = a_tiling;
+    prob.b_tiling = b_tiling;
+    prob.trans_a = trans_a;
+    prob.trans_b = trans_b;
+    prob.sm = prop_.major * 10 + prop_.minor;
+    prob.alignment = alignment_of({a.raw(), b.raw(), a_scales.raw(), b_scales.raw(), y.raw()});
+    const Fp8LtPlan plan = fp8_lt_plan(prob);
+    if (!plan.lt || prob.m > INT_MAX || prob.n > INT_MAX || prob.k > INT_MAX) return false;
+    // Each operand as cuBLASLt reads it, k along its rows: a' (m, k) and b' (n, k) codes, and their scales.
+    Tensor a_copy, b_copy, a_scales_copy, b_scales_copy;
+    auto as_read = [&](const Tensor& q, const Tensor& s, const Fp8LtOperand& op, Tensor& q_copy, Tensor& s_copy,
+                       const void*& q_ptr, const float*& s_ptr) {
+      q_ptr = q.raw();
+      s_ptr = s.f32();
+      if (op.transpose) {
+        q_copy = Tensor(*this, {q.size(1), q.size(0)}, q.dtype());  // (cols, rows) codes
+        cuda::fp8_transpose(q.fp8(), q.size(0), q.size(1), q_copy.fp8(), stream_);
+        q_ptr = q_copy.raw();
+      }
+      if (op.scales_copy) {
+        s_copy = Tensor(*this, {op.scales_rows, op.scales_ld});  // (rows, ld) f32 in cuBLASLt's layout
+        cuda::fp8_scales_relayout(s.f32(), s.size(0), s.size(1), op.scales_transpose, op.scales_ld, s_copy.f32(),
+                                  stream_);
+        s_ptr = s_copy.f32();
+      }
+    };
+    auto mode = [](Fp8LtScale s) {
+      return int(s == Fp8LtScale::scalar   ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+                 : s == Fp8LtScale::vec128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                           : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
+    };
+    cuda::LtMatmul lt;
+    as_read(a, a_scales, plan.a, a_copy, a_scales_copy, lt.a, lt.a_scale);
+    as_read(b, b_scales, plan.b, b_copy, b_scales_copy, lt.b, lt.b_scale);
+    lt.trans_a = false;  // a' (m, k)
+    lt.trans_b = true;   // b' stored (n, k)
+    lt.m = prob.m;
+    lt.n = prob.n;
+    lt.k = prob.k;
+    lt.lda = lt.ldb = prob.k;
+    lt.ldc = prob.n;
+    lt.ab_type = fp8_cuda_type(a.dtype());
+    lt.b_type = int(fp8_cuda_type(b.dtype()));
+    lt.c_type = cuda_type(y.dtype());
+    lt.compute = CUBLAS_COMPUTE_32F;
+    lt.beta = beta;
+    lt.c = y.raw();
+    lt.a_scale_mode = mode(plan.a.scale);
+    lt.b_scale_mode = mode(plan.b.scale);
+    label_gemm(lt);
+    if (lt_->run(lt, stream_)) return true;
+    // An exception, not fatal(): test_backend_ops reports the row and goes on to the next (a GPU window is short).
+    if (required)
+      throw Error(cat("fp8_matmul: RELAY_FP8_GEMM=lt, but cuBLASLt has no algorithm for this FP8 GEMM (m ", prob.m,
+                      ", n ", prob.n, ", k ", prob.k, ", ", fp8_tiling_name(a_tiling), " x ", fp8_tiling_name(b_tiling),
+                      ", y ", dtype_name(y.dtype()), ") on ", prop_.name));
+    return false;
   }
 
   // --- RMSNorm, SwiGLU, rotary embeddings (Llama) -------------------------------------------------
@@ -1290,7 +1385,9 @@ class CudaBackend final : public Backend {
   // RELAY_OP_PROFILE=shapes: the open op's GEMM as " [m x n x k ab->c epilogue]", so the profile sums by shape.
   void label_gemm(const cuda::LtMatmul& p) const {
     if (!profile_shapes_ || op_depth_ != 1) return;
-    auto type = [](cudaDataType_t t) { return t == CUDA_R_16BF ? "bf16" : "f32"; };
+    auto type = [](cudaDataType_t t) {
+      return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_8F_E4M3 ? "e4m3" : t == CUDA_R_8F_E5M2 ? "e5m2" : "f32";
+    };
     profile_->label(cat(" [", p.m, " x ", p.n, " x ", p.k, p.trans_a ? " aT" : "", p.trans_b ? " bT" : "", " ",
                         type(p.ab_type), "->", type(p.c_type), p.beta != 0.f ? " +=" : "", p.bias ? " bias" : "",
                         p.gelu ? " gelu" : "", p.dgelu_in ? " dgelu" : "", "]"));
