@@ -64,9 +64,10 @@ __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, fl
     adamw_element(param, grad, exp_avg, exp_avg_sq, work, i, k);
 }
 
-// One block per chunk of kAdamWChunk elements; the block's threads stride over it.
+// One block per chunk of kAdamWChunk elements; the block's threads stride over it. The block's tensor is copied out
+// of the parameter space once (its fields read there by index, as multi_tensor_apply's kernels do).
 __global__ void adamw_many_kernel(AdamWPack pack, AdamWConstants k) {
-  const AdamWTensor& t = pack.tensor[pack.block_tensor[blockIdx.x]];
+  const AdamWTensor t = pack.tensor[pack.block_tensor[blockIdx.x]];
   const int64_t begin = int64_t(pack.block_chunk[blockIdx.x]) * kAdamWChunk;
   const int64_t end = begin + kAdamWChunk < t.count ? begin + kAdamWChunk : t.count;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
