@@ -7,10 +7,13 @@
 # Logs go to OUT (default /tmp/relay-gpu-check); a short summary is printed last. GoogleTest reads GTEST_FILTER from the
 # environment: e.g. GTEST_FILTER='*mla*:*group_router*:*Deepseek*' bench/gpu_check.sh tests runs only DeepSeek-V3's
 # CUDA rows (test_backend_ops) and its training case (test_gpu_training_mpi).
-# Usage: bench/gpu_check.sh [parts ("tests fp8 mlp lm profile"; also "plan": the planner calibrated on this GPU, and
+# Usage: bench/gpu_check.sh [parts ("tests fp8 mlp lm profile"; also "adamw", "plan": the planner calibrated on this GPU, and
 #   "moe-cpu": the MoE CPU benchmark on two of the host's cores, for its bf16)]
 # "fp8" (issue 43's CUDA part): the FP8 rows of test_backend_ops and test_gpu_training_mpi's FP8 case alone (they also
 #   run inside "tests"), then bench/bench_gpu_fp8.sh (FP8 GEMM at 8192^3 and the Llama 3 8B-shaped 4 layers vs bf16).
+# "adamw": the optimizer rows of test_backend_ops alone (also inside "tests"): every AdamW / SGD row against the CPU,
+#   the multi-tensor AdamW (adamw_many_*) among them, and BackendOpsAdamW.CudaManyEqualsEachTensorsStepBitwise (the
+#   fused kernel against the per-tensor one, bit for bit, over a launch's every boundary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/relay-gpu-check}
@@ -43,6 +46,13 @@ for part in $PARTS; do
       timeout ${FP8_BENCH_TIMEOUT:-300} bench/bench_gpu_fp8.sh build/relay ${FP8_STEPS:-8} >"$OUT/logs/bench_fp8.log" 2>&1
       echo "bench_gpu_fp8 (exit $?):" | tee -a "$summary"
       grep -v '^# lscpu\|^# load' "$OUT/logs/bench_fp8.log" | tee -a "$summary" ;;
+    adamw)
+      log=$OUT/logs/adamw-test_backend_ops.log
+      s=$SECONDS
+      timeout ${ADAMW_TEST_TIMEOUT:-120} build/tests/test_backend_ops --gtest_filter='*adamw*:*sgd*:*AdamW*' >"$log" 2>&1
+      rc=$?
+      { echo "adamw test_backend_ops: exit $rc in $((SECONDS - s)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr '\n' ' ')"
+        grep -E '^\[  FAILED  \]' "$log" | sort -u | head -40; } | tee -a "$summary" ;;
     mlp)
       timeout 120 bench/bench_gpu.sh build/relay 30 >"$OUT/logs/bench_mlp.log" 2>&1
       tail -n 12 "$OUT/logs/bench_mlp.log" >>"$summary" ;;

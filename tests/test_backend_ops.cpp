@@ -931,6 +931,38 @@ std::vector<OpCase> all_cases() {
     }
   }
 
+  // AdamW on many tensors in one call (adamw_step_many: CUDA's multi-tensor kernel, the CPU's one parallel pass):
+  // 41 tensors, more than a CUDA launch's pack of 36, one a chunk (65536 elements) and one more, the rest small.
+  for (bool with_work : {false, true})
+    add(std::string("adamw_many_3_steps_41_tensors") + (with_work ? "_bf16_work" : ""), kTolFp32, [=](Backend& be) {
+      std::vector<Tensor> p, m, v, work;
+      for (int64_t i = 0; i < 41; ++i) {
+        const Shape s = i == 7 ? Shape{65537} : i == 30 ? Shape{256, 256} : Shape{1 + (i * 37) % 90, 3};
+        p.push_back(input(be, s, 100 + uint64_t(i)));
+        m.emplace_back(be, s);
+        v.emplace_back(be, s);
+        be.fill(m.back(), 0.0f);
+        be.fill(v.back(), 0.0f);
+        work.push_back(with_work ? Tensor(be, s, DType::bf16) : Tensor());
+      }
+      for (int64_t step = 1; step <= 3; ++step) {
+        std::vector<Tensor> g;  // (each tensor's shape) this step's gradients
+        for (int64_t i = 0; i < 41; ++i)
+          g.push_back(input(be, p[size_t(i)].shape(), 300 + uint64_t(step * 41 + i), -0.1, 0.1));
+        std::vector<Backend::AdamWSlot> slots;
+        for (size_t i = 0; i < p.size(); ++i) slots.push_back({&p[i], &g[i], &m[i], &v[i], &work[i]});
+        be.adamw_step_many(slots, AdamWArgs{1e-2, 0.9, 0.999, 1e-8, 0.1, step});
+      }
+      std::vector<Output> o;
+      for (size_t i = 0; i < p.size(); ++i) {
+        const std::string t = std::to_string(i);
+        for (Output x : {out(be, "param" + t, p[i]), out(be, "exp_avg" + t, m[i]), out(be, "exp_avg_sq" + t, v[i])})
+          o.push_back(std::move(x));
+        if (with_work) o.push_back(out(be, "work" + t, work[i]));
+      }
+      return o;
+    });
+
   // GPT-2: embedding with repeated tokens (its backward accumulates), attention, KV-cache decoding
   struct Gpt { int64_t B, T, H, C, V; };
   for (Gpt g : {Gpt{1, 1, 1, 4, 7}, Gpt{2, 5, 2, 6, 11}, Gpt{3, 64, 4, 64, 300}, Gpt{2, 256, 12, 768, 50257}}) {
@@ -1653,11 +1685,12 @@ TEST_P(Bf16Ops, MatchFp32OnCpu) {
   cpu_backend().set_precision(Precision::fp32);
   const double tol = bf16_tolerance(p.bf16.name);
   for (const Output& g : got) {
-    const std::string ref_name = g.name == "work" ? "param" : g.name;
+    const bool work = g.name.rfind("work", 0) == 0;  // a working copy ("work", "work3"): its parameter's twin
+    const std::string ref_name = work ? "param" + g.name.substr(4) : g.name;
     auto r = std::find_if(ref.begin(), ref.end(), [&](const Output& o) { return o.name == ref_name; });
     ASSERT_NE(r, ref.end()) << p.fp32.name << " has no output " << ref_name;
     expect_within(p.bf16.name + " against " + p.fp32.name + ": output " + g.name, *r, g,
-                  r->exact ? kTolExact : g.name == "work" ? kBf16OneRounding : tol, "fp32", "bf16");
+                  r->exact ? kTolExact : work ? kBf16OneRounding : tol, "fp32", "bf16");
   }
 }
 
@@ -1751,6 +1784,60 @@ TEST(BackendOpsMoe, CudaRoutingIsBitwiseRepeatable) {
     const std::vector<Output> a = c->run(cuda_backend()), b = c->run(cuda_backend());
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].values, b[i].values) << name << ": output " << a[i].name;
+  }
+}
+
+// CUDA's multi-tensor AdamW (adamw_step_many) against its per-tensor kernel (adamw_step on each), bit for bit: the
+// same per-element function. 43 tensors: more than a launch's 36, one of 320 chunks of 65536 elements and 3 more (past
+// a launch's 320 blocks: its last chunks go to the next launch), one of a chunk exactly; with and without the bf16
+// working copy; two steps.
+TEST(BackendOpsAdamW, CudaManyEqualsEachTensorsStepBitwise) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << kNoCuda;
+  Backend& be = cuda_backend();
+  std::vector<Shape> shapes;
+  for (int64_t i = 0; i < 41; ++i) shapes.push_back({1 + (i * 97) % 1000});
+  shapes.insert(shapes.begin() + 20, Shape{320 * 65536 + 3});
+  shapes.insert(shapes.begin() + 5, Shape{65536});
+  for (bool with_work : {false, true}) {
+    struct State {
+      std::vector<Tensor> p, m, v, work;
+    } many, each;
+    for (State* st : {&many, &each})
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        st->p.push_back(input(be, shapes[i], 500 + i));
+        st->m.emplace_back(be, shapes[i]);
+        st->v.emplace_back(be, shapes[i]);
+        be.fill(st->m.back(), 0.0f);
+        be.fill(st->v.back(), 0.0f);
+        st->work.push_back(with_work ? Tensor(be, shapes[i], DType::bf16) : Tensor());
+      }
+    for (int64_t step = 1; step <= 2; ++step) {
+      const AdamWArgs args{1e-3, 0.9, 0.95, 1e-8, 0.1, step};
+      std::vector<Tensor> g;  // (each tensor's shape) this step's gradients, the same for both
+      for (size_t i = 0; i < shapes.size(); ++i) g.push_back(input(be, shapes[i], 700 + 64 * step + i, -0.1, 0.1));
+      std::vector<Backend::AdamWSlot> slots;
+      for (size_t i = 0; i < shapes.size(); ++i)
+        slots.push_back({&many.p[i], &g[i], &many.m[i], &many.v[i], &many.work[i]});
+      be.adamw_step_many(slots, args);
+      for (size_t i = 0; i < shapes.size(); ++i)
+        be.adamw_step(each.p[i], g[i], each.m[i], each.v[i], args, each.work[i]);
+    }
+    // The first element that differs (its index and both values), or none.
+    auto first_difference = [&](const Tensor& a, const Tensor& b) -> std::string {
+      const std::vector<double> x = out(be, "", a).values, y = out(be, "", b).values;
+      for (size_t j = 0; j < x.size(); ++j)
+        if (std::memcmp(&x[j], &y[j], sizeof(double)) != 0)
+          return cat("element ", j, ": many ", x[j], ", each ", y[j]);
+      return "";
+    };
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const std::string at =
+          cat("tensor ", i, " ", shape_str(shapes[i]), with_work ? " with the bf16 working copy" : "");
+      EXPECT_EQ(first_difference(many.p[i], each.p[i]), "") << "param of " << at;
+      EXPECT_EQ(first_difference(many.m[i], each.m[i]), "") << "exp_avg of " << at;
+      EXPECT_EQ(first_difference(many.v[i], each.v[i]), "") << "exp_avg_sq of " << at;
+      if (with_work) EXPECT_EQ(first_difference(many.work[i], each.work[i]), "") << "work of " << at;
+    }
   }
 }
 

@@ -1,7 +1,7 @@
-// FP8 codes, scales and a plain FP8 GEMM on the GPU. The conversions are device copies of core/fp8.hpp's
-// f32_to_fp8 / fp8_to_f32 and core/fp8_scaling.hpp's fp8_scale / fp8_quantize_value (those use std::memcpy and
-// are host-only): the same integer arithmetic on the float's bits, so the codes equal the CPU's bit for bit
-// (test_backend_ops' fp8_quantize rows). Divisions are written __fdiv_rn so that no fast-math flag changes them.
+// FP8 codes, scales and a plain FP8 GEMM on the GPU. The conversions are core/fp8.hpp's f32_to_fp8 / fp8_to_f32 and
+// core/fp8_scaling.hpp's fp8_scale / fp8_quantize_value themselves (RELAY_HOST_DEVICE: the CPU's one definition, its
+// divisions __fdiv_rn on the device so that no fast-math flag changes them), so the codes equal the CPU's bit for bit
+// (test_backend_ops' fp8_quantize rows).
 #include "kernels/cuda/fp8_quantize.cuh"
 
 #include <cfloat>
@@ -12,66 +12,11 @@
 
 namespace relay::cuda {
 
-// device conversions ----------------------------------------------------------------------------
-
-// core/fp8.hpp's f32_to_fp8: round to nearest even, saturating; NaN -> the format's NaN code with the sign kept.
-__device__ inline uint8_t d_f32_to_fp8(float f, Fp8Format fmt) {
-  const Fp8Spec s = fp8_spec(fmt);
-  const uint32_t u = __float_as_uint(f);
-  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint8_t(sign | s.nan_code);
-  const int shift = 23 - s.mantissa_bits;
-  const uint32_t min_normal = uint32_t(127 + 1 - s.bias) << 23;
-  uint32_t code;
-  if (a >= min_normal) {
-    const uint32_t rounded = (a + (1u << (shift - 1)) - 1u + ((a >> shift) & 1u)) >> shift;
-    code = rounded - (uint32_t(127 - s.bias) << s.mantissa_bits);
-  } else {
-    // |f| * 2^(bias - 1 + mantissa_bits) is exact (a power of two); rintf rounds to nearest even, as the CPU's
-    // nearbyintf in the default rounding mode.
-    const float steps_per_unit = float(1u << (s.bias - 1 + s.mantissa_bits));
-    code = uint32_t(rintf(__fmul_rn(__uint_as_float(a), steps_per_unit)));
-  }
-  return uint8_t(sign | (code > s.max_code ? s.max_code : code));
-}
-
-// core/fp8.hpp's fp8_to_f32: exact.
-__device__ inline float d_fp8_to_f32(uint8_t b, Fp8Format fmt) {
-  const Fp8Spec s = fp8_spec(fmt);
-  const uint32_t sign = uint32_t(b & 0x80u) << 24;
-  const uint32_t mag = b & 0x7fu;
-  const uint32_t exp = mag >> s.mantissa_bits, mant = mag & ((1u << s.mantissa_bits) - 1u);
-  if (fmt == Fp8Format::e4m3 && mag == 0x7fu) return __uint_as_float(sign | 0x7fc00000u);
-  if (fmt == Fp8Format::e5m2 && exp == 31) return __uint_as_float(sign | (mant == 0 ? 0x7f800000u : 0x7fc00000u));
-  if (exp == 0) {
-    const float v = __fdiv_rn(float(mant), float(1u << (s.bias - 1 + s.mantissa_bits)));  // exact
-    return __uint_as_float(__float_as_uint(v) | sign);
-  }
-  return __uint_as_float(sign | ((exp - uint32_t(s.bias) + 127u) << 23) | (mant << (23 - s.mantissa_bits)));
-}
-
-// core/fp8_scaling.hpp's fp8_scale.
-__device__ inline float d_fp8_scale(uint32_t amax_bits, Fp8Format fmt) {
-  if (amax_bits == 0 || amax_bits >= 0x7f800000u) return 1.f;
-  const float s = __fdiv_rn(__uint_as_float(amax_bits), fp8_spec(fmt).max_finite);
-  return s < FLT_MIN ? FLT_MIN : s;
-}
-
-// core/fp8_scaling.hpp's fp8_quantize_value.
-__device__ inline uint8_t d_fp8_quantize_value(float x, float scale, Fp8Format fmt) {
-  const uint32_t u = __float_as_uint(x), a = u & 0x7fffffffu;
-  if (a < 0x7f800000u) return d_f32_to_fp8(__fdiv_rn(x, scale), fmt);
-  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
-  if (fmt == Fp8Format::e5m2 && a == 0x7f800000u) return uint8_t(sign | 0x7c);
-  return uint8_t(sign | fp8_spec(fmt).nan_code);
-}
-
 // kernels ---------------------------------------------------------------------------------------
 
 __global__ void fp8_scales_kernel(const uint32_t* amax, int64_t count, Fp8Format fmt, float* scales) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
-    scales[i] = d_fp8_scale(amax[i], fmt);
+    scales[i] = fp8_scale(amax[i], fmt);
 }
 
 template <typename X>
@@ -80,7 +25,7 @@ __global__ void fp8_codes_kernel(const X* x, int64_t rows, int64_t cols, int64_t
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i % cols;
-    q[i] = d_fp8_quantize_value(load(x[i]), scales[(r / tile_rows) * grid_cols + c / tile_cols], fmt);
+    q[i] = fp8_quantize_value(load(x[i]), scales[(r / tile_rows) * grid_cols + c / tile_cols], fmt);
   }
 }
 
@@ -101,8 +46,8 @@ __global__ void fp8_gemm_kernel(Fp8Matrix a, bool trans_a, Fp8Matrix b, bool tra
     const int64_t end = k0 + kb < k ? k0 + kb : k;
     float partial = 0.f;  // this k block's unscaled sum: products of FP8 values are exact in float
     for (int64_t kk = k0; kk < end; ++kk)
-      partial += d_fp8_to_f32(a.q[op_index(trans_a, i, kk, a.cols)], a.format) *
-                 d_fp8_to_f32(b.q[op_index(trans_b, kk, j, b.cols)], b.format);
+      partial += fp8_to_f32(a.q[op_index(trans_a, i, kk, a.cols)], a.format) *
+                 fp8_to_f32(b.q[op_index(trans_b, kk, j, b.cols)], b.format);
     // The block's scales, indexed exactly as kernels/cpu/fp8_gemm.cpp's sa / sb.
     const float sa = trans_a ? a.scales[(k0 / ga.tile_rows) * ga.cols + i / ga.tile_cols]
                              : a.scales[(i / ga.tile_rows) * ga.cols + k0 / ga.tile_cols];

@@ -19,6 +19,22 @@ namespace relay::cuda {
 void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, __nv_bfloat16* work,
                 int64_t count, double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
                 cudaStream_t stream);
+// One tensor of a multi-tensor AdamW step: adamw_step's arguments, count elements each.
+struct AdamWTensor {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  __nv_bfloat16* work;  // null: no working copy
+  int64_t count;
+};
+// adamw_step on every tensor, bit for bit (the same per-element update), in a few launches instead of one per tensor
+// (PyTorch's multi_tensor_apply, llm.c's one AdamW launch over all parameters): each launch takes up to 36 tensors'
+// pointers and sizes and 320 chunks of 65536 elements in its arguments (optimizer.cu's AdamWPack), one block per
+// chunk. A tensor's count may be 0 (skipped); pointers as adamw_step's. A mixture of experts' hundreds of small
+// matrices then cost a handful of launches.
+void adamw_step_many(const AdamWTensor* tensors, int64_t n, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, int64_t step, cudaStream_t stream);
 // param, grad (count) f32; momentum_buffer (count) unused (may be null) when momentum == 0; work as above.
 //   d = g + wd p;  if momentum != 0: buf = first_step ? d : momentum buf + d; d = buf;  p -= lr d
 void sgd_step(float* param, const float* grad, float* momentum_buffer, __nv_bfloat16* work, int64_t count,

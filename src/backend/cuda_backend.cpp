@@ -1364,6 +1364,18 @@ class CudaBackend final : public Backend {
                      param.numel(), a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, stream_);
   }
 
+  // Every slot in a few launches (kernels/cuda/optimizer.cu's multi-tensor kernel), bit for bit adamw_step_impl's.
+  void adamw_step_many_impl(const std::vector<AdamWSlot>& slots, const AdamWArgs& a) override {
+    bind();
+    std::vector<cuda::AdamWTensor> tensors;
+    tensors.reserve(slots.size());
+    for (const AdamWSlot& t : slots)
+      tensors.push_back({t.param->f32(), t.grad->f32(), t.exp_avg->f32(), t.exp_avg_sq->f32(), bf16_work(*t.work),
+                         t.param->numel()});
+    cuda::adamw_step_many(tensors.data(), int64_t(tensors.size()), a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                          a.step, stream_);
+  }
+
   void sgd_step_impl(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdArgs& a,
                      Tensor& work) override {
     bind();

@@ -2,7 +2,7 @@
 // current amax (torchao's Float8 "dynamic" recipe, Megatron's --fp8-recipe tensorwise). Blockwise: DeepSeek-V3's
 // fine-grained scaling (arXiv:2412.19437, section 3.3.2): activations and output gradients per 1 x 128 tile along the
 // GEMM's reduction dimension, weights per 128 x 128 block. Shared by the CPU kernels and the CUDA ones, so that both
-// compute the same scales and the same codes.
+// compute the same scales and the same codes (fp8_scale and fp8_quantize_value are RELAY_HOST_DEVICE: one definition).
 #pragma once
 #include <cfloat>
 #include <cstdint>
@@ -51,32 +51,24 @@ constexpr int64_t fp8_k_block(int64_t k, int64_t a_k_tile, int64_t b_k_tile) {
 // amax is tracked as the bits of |x| (sign cleared): as unsigned integers they order like the values, and every NaN
 // sorts above infinity, so a max over them is exact, order-free (any thread split, atomicMax on a GPU) and a NaN
 // is never lost the way a float max's comparisons lose it.
-inline uint32_t fp8_abs_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u & 0x7fffffffu;
-}
+RELAY_HOST_DEVICE inline uint32_t fp8_abs_bits(float x) { return fp8_float_bits(x) & 0x7fffffffu; }
 
 // The dequantisation multiplier stored for a tile (DeepSeek-V3's scale; cuBLASLt's A/B scale): amax / max_finite, so
 // that x / scale spans the format. An all-zero tile gets 1. A tile holding an inf or NaN (amax_bits >= 0x7f800000)
 // also gets 1: its finite values saturate and its inf / NaN stay non-finite in the codes (fp8_quantize_value), so
 // the GEMM's output carries them and train.skip_nonfinite still sees the step's inf / NaN. At least FLT_MIN, so that
 // x / scale stays finite for a tile of float subnormals.
-inline float fp8_scale(uint32_t amax_bits, Fp8Format fmt) {
+RELAY_HOST_DEVICE inline float fp8_scale(uint32_t amax_bits, Fp8Format fmt) {
   if (amax_bits == 0 || amax_bits >= 0x7f800000u) return 1.f;
-  float amax;
-  std::memcpy(&amax, &amax_bits, 4);
-  const float s = amax / fp8_spec(fmt).max_finite;
+  const float s = fp8_div_rn(fp8_bits_float(amax_bits), fp8_spec(fmt).max_finite);
   return s < FLT_MIN ? FLT_MIN : s;
 }
 
 // One element's code: x / scale rounded to the format (saturating) when x is finite; an inf or NaN stays visible:
 // NaN in e4m3 (which has no infinity), inf or NaN in e5m2, sign kept.
-inline uint8_t fp8_quantize_value(float x, float scale, Fp8Format fmt) {
-  const uint32_t a = fp8_abs_bits(x);
-  if (a < 0x7f800000u) return f32_to_fp8(x / scale, fmt);
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
+RELAY_HOST_DEVICE inline uint8_t fp8_quantize_value(float x, float scale, Fp8Format fmt) {
+  const uint32_t u = fp8_float_bits(x), a = u & 0x7fffffffu;
+  if (a < 0x7f800000u) return f32_to_fp8(fp8_div_rn(x, scale), fmt);
   const uint8_t sign = uint8_t((u >> 24) & 0x80u);
   if (fmt == Fp8Format::e5m2 && a == 0x7f800000u) return uint8_t(sign | 0x7c);
   return uint8_t(sign | fp8_spec(fmt).nan_code);

@@ -151,10 +151,8 @@ class LlamaLayer final : public Block {
     be.rmsnorm_forward(res1, p_.norm2->compute(), eps, n2, rstd2);
     if (moe_) {  // the experts: under tp every rank routes the group's rows and runs its share of each expert
       const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
-      Tensor part = tp_.sequence_parallel() ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : y;  // (n, C) partial
-      moe_->forward(be, n2_all, part, &s.t[kCount]);                          // (n, C)
-      if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(part, y, "the experts' output reduce-scatter");  // (m, C)
-      else if (tp_.on()) tp_.allreduce_sum(y, "the experts' output all-reduce");
+      tp_.sum_rows(be, y, n, "the experts' output",  // (m, C)
+                   [&](Tensor& part) { moe_->forward(be, n2_all, part, &s.t[kCount]); });  // (n, C) partial over tp
       be.add(y, res1, y);                                                     // residual 2
       return;
     }
@@ -182,10 +180,8 @@ class LlamaLayer final : public Block {
            g_v = v(kGV), g_n1 = v(kGN1);
     if (moe_) {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
-      Tensor part = tp_.sequence_parallel() ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : g_n2;  // (n, C) partial
-      moe_->backward_input(be, dy_all, part, &s.t[kCount]);                   // (n, C) d n2
-      if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(part, g_n2, "the experts' input-gradient reduce-scatter");
-      else if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
+      tp_.sum_rows(be, g_n2, n, "the experts' input-gradient",  // (m, C) d n2
+                   [&](Tensor& part) { moe_->backward_input(be, dy_all, part, &s.t[kCount]); });  // (n, C) partial
     } else {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer

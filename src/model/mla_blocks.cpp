@@ -182,10 +182,8 @@ class MlaLayer final : public Block {
     be.rmsnorm_forward(res1, norm2_->compute(), eps, n2, rstd2);                   // (m, C)
     if (moe_) {  // under tp every rank routes all rows and runs its share of each expert's units
       const Tensor n2_all = gathered(be, s, n2, n, "the sequence-parallel all-gather of post_attention_layernorm");
-      Tensor part = tp_.sequence_parallel() ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : y;  // (n, C) partial
-      moe_->forward(be, n2_all, part, &s.t[kCount]);                               // (n, C) partial over tp
-      if (tp_.sequence_parallel()) tp_.reduce_scatter_rows(part, y, "the experts' output reduce-scatter");  // (m, C)
-      else if (tp_.on()) tp_.allreduce_sum(y, "the experts' output all-reduce");
+      tp_.sum_rows(be, y, n, "the experts' output",  // (m, C)
+                   [&](Tensor& part) { moe_->forward(be, n2_all, part, &s.t[kCount]); });  // (n, C) partial over tp
       be.add(y, res1, y);                                                          // residual 2
       return;
     }
@@ -212,10 +210,8 @@ class MlaLayer final : public Block {
     // The MLP: d n2 (m, C), summed over tp (reduce-scattered under sequence parallelism).
     if (moe_) {
       const Tensor dy_all = gathered(be, s, dy, n, "the sequence-parallel all-gather of the output gradient");
-      Tensor part = sp ? tp_.full_rows(be, n, spec_.in, spec_.dtype) : g_n2;       // (n, C) partial over tp
-      moe_->backward_input(be, dy_all, part, &s.t[kCount]);
-      if (sp) tp_.reduce_scatter_rows(part, g_n2, "the experts' input-gradient reduce-scatter");
-      else if (tp_.on()) tp_.allreduce_sum(g_n2, "the experts' input-gradient all-reduce");
+      tp_.sum_rows(be, g_n2, n, "the experts' input-gradient",  // (m, C) d n2
+                   [&](Tensor& part) { moe_->backward_input(be, dy_all, part, &s.t[kCount]); });  // (n, C) partial
     } else {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.matmul(be, dy_all, *down_, false, g_gate, 0.f);         // (n, F) d h

@@ -183,22 +183,32 @@ void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Fp8
   reduce_scatter_rows(full, y, what.c_str());
 }
 
+void TensorParallel::sum_rows(Backend& be, Tensor& out, int64_t n, const char* of,
+                              const std::function<void(Tensor& sums)>& partial) const {
+  const std::string what = sum_name(of, sequence_parallel());
+  if (!sequence_parallel()) {
+    partial(out);  // (n, C) partial over tp
+    return allreduce_sum(out, what.c_str());
+  }
+  Tensor sums = full_rows(be, n, out.size(1), out.dtype());  // (n, C) partial over tp
+  partial(sums);
+  reduce_scatter_rows(sums, out, what.c_str());  // (m, C)
+}
+
 void TensorParallel::column_input_grad(Backend& be, Tensor& dx, int64_t n, const char* of,
                                        const std::function<void(Tensor& sums)>& partial, bool early, const Tensor& x,
                                        const char* gather_what,
                                        const std::function<void(const Tensor& x_all)>& weights) const {
+  if (!early) return sum_rows(be, dx, n, of, partial);
   const std::string what = sum_name(of, sequence_parallel());
   if (!sequence_parallel()) {
     partial(dx);  // (n, C) partial over tp
-    if (early) return allreduce_sum_during(dx, what.c_str(), [&] { weights(x); });
-    return allreduce_sum(dx, what.c_str());
+    return allreduce_sum_during(dx, what.c_str(), [&] { weights(x); });
   }
-  PendingGather g;
-  if (early) g = start_gather_rows(be, x, gather_what);  // (n, C) travels during partial's GEMMs
+  PendingGather g = start_gather_rows(be, x, gather_what);  // (n, C) travels during partial's GEMMs
   Tensor sums = full_rows(be, n, dx.size(1), dx.dtype());  // (n, C) partial over tp
   partial(sums);
-  if (early) return reduce_scatter_during(sums, dx, what.c_str(), [&] { weights(finish_gather(g)); });
-  reduce_scatter_rows(sums, dx, what.c_str());
+  reduce_scatter_during(sums, dx, what.c_str(), [&] { weights(finish_gather(g)); });
 }
 
 void SpNormGrads::allocate(Backend& be, int64_t C) {

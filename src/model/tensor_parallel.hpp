@@ -129,6 +129,13 @@ struct TensorParallel {
   // `of` names what is summed ("the attention output"); the watchdog's name adds " all-reduce" or " reduce-scatter".
   void row_parallel_matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool trans_w, Tensor& y, const char* of,
                            const Fp8Linear& gemm = Fp8Linear()) const;
+  // A sum over the group of partial sums of a micro-batch's n rows into out (m, C): partial(sums) writes this rank's
+  // (n, C) into out itself, then all-reduced, or under sequence parallelism into the shared buffer, then
+  // reduce-scattered into out's m = n / tp rows (named `of` and the collective, as row_parallel_matmul's). The
+  // experts' output and input gradient (every tp rank runs its share of every expert on the group's rows) and
+  // column_input_grad's sum when nothing overlaps it.
+  void sum_rows(Backend& be, Tensor& out, int64_t n, const char* of,
+                const std::function<void(Tensor& sums)>& partial) const;
   // A column-parallel layer's input gradient dx (m, C), summed over the group (GPT's c_attn and c_fc, Llama's q, k, v
   // and gate, up, MLA's q and gate, up): partial(sums) writes this rank's partial sums of the n rows (n, C) (its
   // share of the output features' terms, the GEMMs dy_i (n, out_i / tp) @ W_i) into sums, dx itself or under sequence
