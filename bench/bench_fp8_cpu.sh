@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FP8 training's CPU cost (measures, never fails): tokens/s of train.precision = "fp8" (tensorwise and blockwise)
 # against "bf16" on the same GPT, back to back. On the CPU FP8 is an exact emulation (kernels/cpu/fp8_gemm.*: each
-# operand quantised per use, its codes widened to f32 and multiplied by sgemm), so it is correct, not fast: the
+# activation and gradient quantised per use, each weight once a step, its codes widened to f32 and multiplied by sgemm), so it is correct, not fast: the
 # column to read is the ratio, the cost of the emulation's extra passes. A weight's codes are made once per optimizer
 # step (model/param.hpp's Fp8WeightCache), so more micro-batches a step quantise the weights less often per token.
 #   model: configs/gpt-small-bytes.toml's shape (V 256, T 64, 4 layers, 4 heads, 128 wide), batch 16 in 4
