@@ -9,7 +9,9 @@
 namespace relay::cpu {
 
 // q (rows, cols) = fp8(x (rows, cols) / scale of its tile); scales (grid.rows, grid.cols) f32 as
-// fp8_grid(tiling, rows, cols) lays them out, each fp8_scale(tile's amax). X: float or bf16.
+// fp8_grid(tiling, rows, cols) lays them out, each fp8_scale(tile's amax). X: float or bf16. Blockwise tilings read x
+// from memory once (a 128 x 128 panel's amaxes, then its codes while it is in cache); tensorwise twice (the scale
+// needs the whole tensor's amax before the first code), as fp8_amax then fp8_quantize_amax.
 template <typename X>
 void fp8_quantize(const X* x, int64_t rows, int64_t cols, Fp8Tiling tiling, Fp8Format fmt, uint8_t* q, float* scales);
 // The codes alone, with given scales (fp8_grid's layout): q = fp8(x / scale of its tile), as fp8_quantize's second pass.

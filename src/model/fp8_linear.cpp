@@ -3,6 +3,7 @@
 #include "model/fp8_linear.hpp"
 
 #include "core/error.hpp"
+#include "core/memory.hpp"
 #include "model/block.hpp"
 #include "model/param.hpp"
 
@@ -19,30 +20,55 @@ struct Quantised {
   Fp8Tiling tiling;
 };
 
-// tp: the ranks holding shards of x (null: none); a tensorwise scale comes from the largest of their amaxes, so it is
-// the whole tensor's (an all-zero or non-finite shard included), and x is quantised with it.
-Quantised quantise(Backend& be, const Tensor& x, Fp8Recipe recipe, Role role, bool k_along_rows, Communicator* tp) {
-  Fp8Tiling tiling = Fp8Tiling::tensor;
-  DType dt = DType::fp8_e4m3;
-  if (recipe == Fp8Recipe::tensorwise) {
-    if (role == Role::output_grad) dt = DType::fp8_e5m2;  // gradients need e5m2's range more than e4m3's precision
-  } else {
-    tiling = role == Role::weight ? Fp8Tiling::block_128x128 : k_along_rows ? Fp8Tiling::col_128x1 : Fp8Tiling::row_1x128;
-  }
-  const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
-  Quantised out{Tensor(be, {x.size(0), x.size(1)}, dt), Tensor(be, {g.rows, g.cols}), tiling};  // (rows, cols), grid
-  if (!tp || tiling != Fp8Tiling::tensor) {
-    be.fp8_quantize(x, tiling, out.q, out.scales);
-    return out;
-  }
+// The tiling and format of an operand in its role (k_along_rows: the GEMM reduces over its rows). A weight's do not
+// depend on the GEMM: one tensorwise scale, or 128 x 128 blocks, e4m3 in both recipes.
+Fp8Tiling tiling_of(Fp8Recipe recipe, Role role, bool k_along_rows) {
+  if (recipe == Fp8Recipe::tensorwise) return Fp8Tiling::tensor;
+  return role == Role::weight ? Fp8Tiling::block_128x128 : k_along_rows ? Fp8Tiling::col_128x1 : Fp8Tiling::row_1x128;
+}
+DType format_of(Fp8Recipe recipe, Role role) {
+  // gradients need e5m2's range more than e4m3's precision (tensorwise; blockwise's 1 x 128 tiles take e4m3)
+  return recipe == Fp8Recipe::tensorwise && role == Role::output_grad ? DType::fp8_e5m2 : DType::fp8_e4m3;
+}
+
+// q (rows, cols) and scales (fp8_grid) of x with the tiling. tp: the ranks holding shards of x (null: none); a
+// tensorwise scale comes from the largest of their amaxes, so it is the whole tensor's (an all-zero or non-finite
+// shard included), and x is quantised with it.
+void quantise_into(Backend& be, const Tensor& x, Fp8Tiling tiling, Communicator* tp, Tensor& q, Tensor& scales) {
+  if (!tp || tiling != Fp8Tiling::tensor) return be.fp8_quantize(x, tiling, q, scales);
   // A shard: its amax (one read of x), the max over the group (exact: integer bits), then the codes (a second read).
   Tensor amax(be, {1, 1}, DType::i32);  // (1, 1) |x|'s max as float bits
   be.fp8_amax(x, tiling, amax);
   RequestPtr req = tp->iallreduce(amax, ReduceOp::max);
   req->what = "the FP8 tensorwise amax all-reduce (max over the tensor-parallel group)";
   req->wait();
-  be.fp8_quantize_amax(x, tiling, amax, out.q, out.scales);
+  be.fp8_quantize_amax(x, tiling, amax, q, scales);
+}
+
+Quantised quantise(Backend& be, const Tensor& x, Fp8Recipe recipe, Role role, bool k_along_rows, Communicator* tp) {
+  const Fp8Tiling tiling = tiling_of(recipe, role, k_along_rows);
+  const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
+  Quantised out{Tensor(be, {x.size(0), x.size(1)}, format_of(recipe, role)), Tensor(be, {g.rows, g.cols}), tiling};
+  quantise_into(be, x, tiling, tp, out.q, out.scales);  // (rows, cols), grid
   return out;
+}
+
+// A Param's weight through its cache: quantised when the working copy changed since, else as it was. The buffers are
+// the parameter's (MemKind::params, planned with it), allocated once and rewritten in place.
+Quantised cached_weight(Backend& be, const Tensor& w, Fp8WeightCache& c, Fp8Recipe recipe, Communicator* tp) {
+  const Fp8Tiling tiling = tiling_of(recipe, Role::weight, false);
+  if (!c.q.defined()) {
+    MemoryScope as_params(MemKind::params);
+    const Fp8Grid g = fp8_grid(tiling, w.size(0), w.size(1));
+    c.q = Tensor(be, {w.size(0), w.size(1)}, format_of(recipe, Role::weight));  // (out, in)
+    c.scales = Tensor(be, {g.rows, g.cols});                                    // grid
+  }
+  RELAY_ASSERT(c.q.size(0) == w.size(0) && c.q.size(1) == w.size(1), "Fp8Linear: a cached weight changed its shape");
+  if (!c.valid) {
+    quantise_into(be, w, tiling, tp, c.q, c.scales);
+    c.valid = true;
+  }
+  return {c.q, c.scales, tiling};
 }
 
 Activation activation_of(LinearAct act) {
@@ -52,7 +78,9 @@ Activation activation_of(LinearAct act) {
 
 }  // namespace
 
-Fp8Weight::Fp8Weight(const Param& p) : w(p.compute()), scale(p.fp8_scale.defined() ? &p.fp8_scale : nullptr) {}
+Fp8Weight::Fp8Weight(const Param& p)
+    : w(p.compute()), scale(p.fp8_scale.defined() ? &p.fp8_scale : nullptr),
+      cache(p.fp8_weight && !p.fp8_cache.off ? &p.fp8_cache : nullptr) {}
 
 void Fp8Linear::linear(Backend& be, const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& y, LinearAct act,
                        Tensor* pre_act) const {
@@ -85,7 +113,8 @@ void Fp8Linear::matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool tr
   const Quantised a = quantise(be, x, *recipe_, trans_w ? Role::activation : Role::output_grad, false, tp_);
   if (w.scale)  // gathered as codes (parallel.fp8_param_gather): what quantise would make of the working copy
     return be.fp8_matmul(a.q, a.scales, a.tiling, false, w.w, *w.scale, Fp8Tiling::tensor, trans_w, y, beta);
-  const Quantised b = quantise(be, w.w, *recipe_, Role::weight, !trans_w, tp_);
+  const Quantised b = w.cache ? cached_weight(be, w.w, *w.cache, *recipe_, tp_)
+                              : quantise(be, w.w, *recipe_, Role::weight, !trans_w, tp_);
   be.fp8_matmul(a.q, a.scales, a.tiling, false, b.q, b.scales, b.tiling, trans_w, y, beta);
 }
 

@@ -13,14 +13,18 @@
 namespace relay {
 
 struct BlockSpec;
+struct Fp8WeightCache;
 struct Param;
 
 // A GEMM's weight as Fp8Linear takes it: the working copy, or, under parallel.fp8_param_gather, the e4m3 codes that
 // ZeRO-3 gathered with their tensorwise scale (the codes and scale Fp8Linear would make from the working copy), which
 // the forward and the input gradient multiply as they are.
+// A Param marked fp8_weight also brings its cache (model/param.hpp's Fp8WeightCache): its codes and scales, made by
+// the first GEMM after the working copy last changed and taken as they are by the others.
 struct Fp8Weight {
   const Tensor& w;                // (out, in): bf16 / f32, or e4m3 codes
   const Tensor* scale = nullptr;  // (1, 1) f32: w's tensorwise scale when w holds codes
+  Fp8WeightCache* cache = nullptr;  // the Param's codes of w (null: a slice or an expert's weight, quantised per use)
   Fp8Weight(const Tensor& t) : w(t) {}  // NOLINT(google-explicit-constructor): a working copy passes as it is
   Fp8Weight(const Param& p);            // NOLINT(google-explicit-constructor): its compute copy, codes or not
 };
@@ -38,6 +42,9 @@ struct Fp8Weight {
 // quantised with the serial run's scale for the whole tensor (torchao's rule for sharded tensors); a replicated
 // operand's scale is the same on every rank anyway. Blockwise tiles end at a shard's edge (128-wide shards match the
 // serial tiles exactly).
+// A weight's codes do not depend on its use (e4m3; tensorwise one scale, blockwise 128 x 128 blocks, which serve K
+// along either dimension), so a Param's are made once per optimizer step (Fp8WeightCache) and serve the forward and
+// the input gradient of every micro-batch. This lives above the backend: the CUDA backend gets it as it is.
 class Fp8Linear {
  public:
   Fp8Linear() = default;  // off: every GEMM is the backend's own, in the working dtype

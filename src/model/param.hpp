@@ -40,6 +40,22 @@ inline ParamSpec fp8_gemm(ParamSpec s) {
   return s;
 }
 
+// train.precision = "fp8": a linear weight's FP8 codes and scales as Fp8Linear made them from the working copy, kept
+// and reused by every GEMM that reads the weight (the forward's W^T and the input gradient's W take the same codes:
+// e4m3, one tensorwise scale or 128 x 128 blocks) until the working copy changes: quantised once per optimizer step,
+// not once per micro-batch and use (torchao's Float8 and Transformer Engine cache the weight's cast across gradient
+// accumulation the same way). Whoever writes the working copy calls Param::weights_changed: the optimizer step (the
+// step loop), ZeRO-1/2's parameter all-gather, ZeRO-3's gathers, checkpoint loads (refresh_work). The memory plan
+// counts the codes and scales as parameter bytes (train/memory_plan.cpp).
+struct Fp8WeightCache {
+  Tensor q;            // (out, in) e4m3 codes of this rank's shard
+  Tensor scales;       // fp8_grid(tiling, out, in) f32: (1, 1) tensorwise, (ceil(out / 128), ceil(in / 128)) blockwise
+  bool valid = false;  // q and scales are those of the working copy as it is now
+  // ZeRO-3 gathers the weight for its uses and frees it after; keeping its codes would keep a whole copy of every
+  // weight, which ZeRO-3 is there to avoid: no cache (under parallel.fp8_param_gather the gathered codes are the cache).
+  bool off = false;
+};
+
 struct Param {
   std::string name;
   Tensor value;  // fp32 master, this rank's shard of the torch shape (the whole of it when not split)
@@ -57,12 +73,18 @@ struct Param {
   // codes. While gathered so, work holds the codes (out, in) and fp8_scale (1, 1) f32 their tensorwise scale.
   bool fp8_weight = false;
   Tensor fp8_scale = Tensor();
+  // fp8_weight's codes and scales, filled by the first FP8 GEMM that reads it after weights_changed (mutable: the
+  // GEMMs see the parameter as const; the cache changes nothing the parameter means).
+  mutable Fp8WeightCache fp8_cache = Fp8WeightCache();
+  // The working copy (or the value it follows) was written: the next FP8 GEMM quantises the weight again.
+  void weights_changed() { fp8_cache.valid = false; }
   bool sharded() const { return shape_numel(shape) != shape_numel(full_shape); }
   // What the model computes with: the bf16 working copy, or the fp32 value itself.
   const Tensor& compute() const { return work.defined() ? work : value; }
   // After value was written from outside the optimizer (initialisation, checkpoint, import).
   void refresh_work(Backend& be) {
     if (work.defined()) be.convert(value, work);
+    weights_changed();
   }
   // value (and the working copy) allocated whole and set from `initial`, which is then dropped: ParamStore's
   // parameters, and under ZeRO-3 the deferred ones no other rank shares (an expert with no other copy).

@@ -195,6 +195,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
         p->value = Tensor();
         p->work = Tensor();
         p->initial = nullptr;  // taken
+        p->fp8_cache.off = true;  // gathered for each use: no codes kept beyond it (model/param.hpp)
       } else if (b.zero) {  // the parameter moves into the bucket's flat buffer, initial values and all
         Tensor v = b.values.rows(at, n).view(p->value.shape());
         be.copy(v, p->value);
@@ -331,6 +332,7 @@ void GradBuckets::finish_gather(Bucket& b) {
   wait_for(*b.gather);
   b.gather.reset();
   point(b, b.full, b.work_dtype == DType::f32 && !b.fp8 ? &Param::value : &Param::work);
+  for (auto& [p, at] : b.members) p->weights_changed();
   if (b.fp8)
     for (size_t i = 0; i < b.members.size(); ++i) b.members[i].first->fp8_scale = b.fp8_scales.rows(int64_t(i), 1);
 }
@@ -340,7 +342,10 @@ void GradBuckets::release(Bucket& b) {
   b.gather.reset();
   b.full = Tensor();
   b.fp8_scales = Tensor();
-  for (auto& [p, at] : b.members) p->value = p->work = p->fp8_scale = Tensor();
+  for (auto& [p, at] : b.members) {
+    p->value = p->work = p->fp8_scale = Tensor();
+    p->weights_changed();
+  }
 }
 
 const std::vector<int>& GradBuckets::units_of(int block) const {
@@ -521,6 +526,7 @@ void GradBuckets::settle(Bucket& b) {
   wait_for(*b.gather);
   b.gather.reset();
   if (b.work.defined()) be_.convert(b.values, b.work);
+  for (auto& [p, at] : b.members) p->weights_changed();  // every replica's updated piece arrived
 }
 
 void GradBuckets::settle_params() {

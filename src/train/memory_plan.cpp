@@ -211,11 +211,18 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
 StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_rank) {
   StageParams out;
   std::set<std::string> seen;
-  for_each_stage_param(layout, pp_rank, [&](int, int, const ParamSpec& p, int64_t e) {
+  for_each_stage_param(layout, pp_rank, [&](int, int block, const ParamSpec& p, int64_t e) {
     if (!seen.insert(p.name).second) return;
-    const int64_t n = shape_numel(shard_shape(p.shape, p.split, tp, tp_rank));
+    const Shape shard = shard_shape(p.shape, p.split, tp, tp_rank);
+    const int64_t n = shape_numel(shard);
     out.numel += n;
     if (e >= 0) out.expert += n;
+    const std::optional<Fp8Recipe>& fp8 = layout.blocks()[size_t(block)].fp8;
+    if (fp8 && p.fp8_gemm) {  // Fp8Linear's weight codes (out, in) and their scales' grid
+      const Fp8Grid g = fp8_grid(*fp8 == Fp8Recipe::tensorwise ? Fp8Tiling::tensor : Fp8Tiling::block_128x128,
+                                 shard[0], shard[1]);
+      out.fp8_cache_bytes += n + 4 * g.rows * g.cols;
+    }
   });
   return out;
 }
@@ -252,7 +259,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
   // train.precision = "bf16", f32 otherwise); the gradient wire copies of parallel.grad_reduce = "bf16".
   const int64_t f32 = 4, act = int64_t(dtype_size(compute_dtype(cfg.train.precision)));
   const bool mixed = act != f32;
-  b.params = f32 * numel + (mixed ? act * numel : 0);
+  b.params = f32 * numel + (mixed ? act * numel : 0) + sp.fp8_cache_bytes;
   ZeroTwoBuckets z;
   if (ds.gradients) z = zero2_buckets(cfg, layout, stage, pp_rank, dp);
   // ZeRO-2, 3: the buckets with no other copy (experts when ep = dp x cp) are whole, parameters and gradients.

@@ -250,6 +250,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   const double clip = clip_factor(res.grad_norm, cfg.train.clip_grad_norm);
   if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
   r.optimizer->step(res.lr);
+  for (auto& [name, p] : r.params) p->weights_changed();  // FP8: the weights' cached codes are the last step's
   r.buckets->gather_params();  // ZeRO: every replica's updated piece to every replica (overlap: issued only)
   if (!r.expert_bias.empty() || r.verify_tied) r.buckets->settle_params();  // (these read the parameters)
   if (!r.expert_bias.empty()) update_expert_bias(r, res);
