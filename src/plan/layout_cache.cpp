@@ -8,9 +8,8 @@ namespace relay {
 LayoutFacts layout_facts(const Config& cfg) {
   LayoutFacts f;
   f.layout = make_layout(cfg, 0);
-  const int tp = int(cfg.parallel.tp), pp = int(cfg.parallel.pp);
-  f.first = stage_keys(f.layout, 0, tp, 0, /*with_bucket_keys=*/true);
-  f.last = pp > 1 ? stage_keys(f.layout, pp - 1, tp, 0, true) : f.first;
+  const int tp = int(cfg.parallel.tp);
+  f.stages = all_stage_keys(f.layout, tp, 0);
   f.tied = !f.layout.shared_params().empty();
   f.checkpoint_bytes = double(checkpoint_bytes(f.layout, cfg.optimizer));
   return f;

@@ -1,5 +1,5 @@
 // What the step model (plan/step_model.hpp) reads from a layout's shape alone, (tp, cp, ep, pp, v) and sequence
-// parallelism: the ModelLayout, the memory plan's stage keys of the first and last pipeline ranks, whether a weight is
+// parallelism: the ModelLayout, the memory plan's stage keys of every pipeline rank, whether a weight is
 // tied across stages and the checkpoint's bytes. Each walks every named parameter (DeepSeek-V3: 45,000), so the search
 // builds them once per shape and reuses them across the micro-batchings, schedules, ZeRO stages and recomputation.
 #pragma once
@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/config.hpp"
 #include "train/memory_plan.hpp"
@@ -16,7 +17,9 @@ namespace relay {
 
 struct LayoutFacts {
   ModelLayout layout;
-  StageKeys first, last;  // stage_keys of pipeline ranks 0 and pp - 1 (tp rank 0), bucket keys included
+  // (pp) stage_keys of every pipeline rank (tp rank 0), bucket keys included: any rank may hold the most (a middle
+  // rank of DeepSeek-V3 holds two MoE layers and more in-flight micro-batches than the last).
+  std::vector<StageKeys> stages;
   bool tied = false;      // a parameter held by two pipeline ranks (layout.shared_params())
   double checkpoint_bytes = 0;
 };

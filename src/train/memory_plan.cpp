@@ -33,20 +33,25 @@ void for_each_stage_param(const ModelLayout& layout, int pp_rank, F&& f) {
 }
 }  // namespace
 
-StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank, bool with_bucket_keys) {
+namespace {
+// stage_keys' bucket keys from the placements of pp rank 0 (`placement`) and each parameter's owning pp rank: a
+// placement differs between ranks only in owner and, through it, counts_in_norm.
+StageKeys stage_keys_placed(const ModelLayout& layout, int pp_rank, int tp, int tp_rank,
+                            const std::map<std::string, ParamPlacement>& placement,
+                            const std::map<std::string, int>& owner_rank) {
   StageKeys s;
   s.params = stage_params(layout, pp_rank, tp, tp_rank);
-  if (!with_bucket_keys) return s;
   s.has_bucket_keys = true;
   // The rank's parameters as the trainer hands them to GradBuckets (train/setup.cpp): first use in chunk and block
   // order, with their placement (of a MoE layer's experts under ep, ep rank 0's: every ep rank holds as many); and
   // every block that writes each.
   std::map<std::string, size_t> key_of;
-  const auto placement = layout.placements(pp_rank, tp, tp_rank);
   for_each_stage_param(layout, pp_rank, [&](int c, int i, const ParamSpec& p, int64_t) {
     auto [it, fresh] = key_of.insert({p.name, s.keys.size()});
     if (fresh) {
-      const ParamPlacement& pl = placement.at(p.name);
+      ParamPlacement pl = placement.at(p.name);
+      pl.owner = owner_rank.at(p.name) == pp_rank;
+      pl.counts_in_norm = pl.owner && !(tp_rank > 0 && p.split.replicated());
       // fp8: an FP8 GEMM's weight, in buckets apart under ZeRO-3 (zero2_buckets drops it for the other stages).
       s.keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
                         pl.tp_replicated, pl.expert, layout.blocks()[size_t(i)].fp8.has_value() && p.fp8_gemm});
@@ -55,6 +60,34 @@ StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank
     s.writers[it->second].push_back(i);
   });
   return s;
+}
+
+// Each parameter's owning pipeline rank: that of the first block using it (ModelLayout::placements' rule).
+std::map<std::string, int> owner_ranks(const ModelLayout& layout) {
+  std::map<std::string, int> out;
+  for (const BlockSpec& b : layout.blocks()) {
+    const int rank = layout.pp_rank_of_chunk(layout.chunk_of_block(b.index));
+    for (const ParamSpec& p : b.params) out.try_emplace(p.name, rank);
+  }
+  return out;
+}
+}  // namespace
+
+StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank, bool with_bucket_keys) {
+  if (!with_bucket_keys) {
+    StageKeys s;
+    s.params = stage_params(layout, pp_rank, tp, tp_rank);
+    return s;
+  }
+  return stage_keys_placed(layout, pp_rank, tp, tp_rank, layout.placements(pp_rank, tp, tp_rank), owner_ranks(layout));
+}
+
+std::vector<StageKeys> all_stage_keys(const ModelLayout& layout, int tp, int tp_rank) {
+  const auto placement = layout.placements(0, tp, tp_rank);
+  const auto owners = owner_ranks(layout);
+  std::vector<StageKeys> out;
+  for (int p = 0; p < layout.pp; ++p) out.push_back(stage_keys_placed(layout, p, tp, tp_rank, placement, owners));
+  return out;
 }
 
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp) {
@@ -321,6 +354,59 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
     b.activations += second ? 2 * one : one;
   }
   return b;
+}
+
+StageMemory stage_memory(const Config& cfg, const ModelSpec& model) {
+  StageMemory mem;
+  const int pp = int(cfg.parallel.pp), tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), ep = int(cfg.parallel.ep);
+  if (cfg.parallel.stage_memory_gib <= 0 || pp < 2 || cfg.parallel.virtual_stages != 1) return mem;
+  mem.budget = cfg.parallel.stage_memory_gib * double(int64_t(1) << 30);
+  const ScheduleShape shape = schedule_shape(cfg);
+  for (int r = 0; r < pp; ++r) mem.slots.push_back(double(plan_slots(generate_schedule(shape, r), shape.m).slots.at(r)));
+  // Bytes an element of a parameter holds: predict_memory's rules for the ZeRO stage (its shards, not ZeRO-2's pool).
+  const Sharding sh = describe_sharding(sharding_input(cfg));
+  const double f32 = 4, act = double(dtype_size(compute_dtype(cfg.train.precision)));
+  const double moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
+  auto per_element = [&](GradGroup group) {
+    const GroupSharding& g = sh.group(group);
+    const Move* sum = sh.find(group, Moved::gradients);
+    const double wire = sum && sum->dtype == DType::bf16 ? 2 : 0;
+    const double params = g.parameters ? f32 / g.shards() : f32 + (act != f32 ? act : 0);
+    const double grads = g.gradients ? (f32 + wire) / g.shards()
+                                     : f32 + wire + (g.optimizer_state ? (f32 + wire) / g.ranks : 0);
+    return params + grads + moments * f32 / g.shards();
+  };
+  const double dense_bytes = per_element(GradGroup::dense), expert_bytes = per_element(GradGroup::expert);
+  const bool recompute = cfg.train.recompute == "blocks", zb = shape.kind == ScheduleKind::zb_h1;
+  const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * model.seq_len / cp;
+  const int n = int(model.blocks.size());
+  const std::vector<BlockSpec>* blocks = &model.blocks;  // the layout's (experts split over ep); outlives the partition
+  const bool ce = model.language_model || cfg.model.loss == "cross_entropy";
+  const int64_t output_dim = model.output_dim;
+  const bool language_model = model.language_model, documents = cfg.data.document_mask;
+  mem.bytes = [=](int begin, int end) {
+    StageBytes s;
+    std::set<std::string> seen;  // a tied parameter once a stage
+    for (int i = begin; i < end; ++i) {
+      const BlockSpec& b = (*blocks)[size_t(i)];
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const ParamSpec& p = b.params[j];
+        const bool expert = ep > 1 && expert_of_param(b, j) >= 0;
+        if ((expert && expert_owner_of_param(b, j, ep) != 0) || !seen.insert(p.name).second) continue;
+        s.held += double(shape_numel(shard_shape(p.shape, p.split, tp, 0))) * (expert ? expert_bytes : dense_bytes);
+      }
+    }
+    const bool last = end == n;
+    const ChunkBytes cb = ModelChunk::planned_bytes(std::span<const BlockSpec>(blocks->data() + begin, size_t(end - begin)),
+                                                    tp, 0, rows, begin == 0, last, language_model && last, recompute,
+                                                    zb, documents, cp);
+    double loss = 0;
+    if (last) loss = double((ce ? 4 * rows : int64_t(act) * rows * output_dim) + 8 * rows + (tp > 1 && ce ? 12 * rows : 0));
+    s.held += double(cb.scratch) + double(m) * (double(cb.boundary) + loss);
+    s.per_slot = double(cb.slot);
+    return s;
+  };
+  return mem;
 }
 
 MemoryBytes measured_memory() {
