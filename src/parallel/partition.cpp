@@ -61,8 +61,7 @@ std::vector<ChunkRange> partition_blocks(const std::vector<BlockSpec>& blocks, i
                                           : measured_costs[static_cast<size_t>(i)];
   }
   // Minimise the most expensive chunk (linear partition by dynamic programming over units). With a memory term, only
-  // among the cuts whose every stage fits; when none does, the cut whose largest stage is the smallest (so that the
-  // planner reports the least memory the pipeline can need).
+  // among the cuts whose every stage fits; when none does, by compute alone as without it.
   std::vector<double> prefix(static_cast<size_t>(u) + 1, 0.0);
   for (int k = 0; k < u; ++k) prefix[static_cast<size_t>(k) + 1] = prefix[static_cast<size_t>(k)] + cost[static_cast<size_t>(k)];
   const double inf = std::numeric_limits<double>::infinity();
@@ -97,7 +96,8 @@ std::vector<ChunkRange> partition_blocks(const std::vector<BlockSpec>& blocks, i
     const double compute = prefix[static_cast<size_t>(k)] - prefix[static_cast<size_t>(j)];
     return !with_memory || bytes(c, j, k) <= memory.budget ? compute : inf;
   });
-  if (!fitted) solve(bytes);  // nothing fits: the least memory
+  // Nothing fits: the compute-balanced cut (the layout does not fit the device either way).
+  if (!fitted) solve([&](int, int j, int k) { return prefix[static_cast<size_t>(k)] - prefix[static_cast<size_t>(j)]; });
   std::vector<int> unit_bounds(static_cast<size_t>(chunks) + 1);
   unit_bounds[static_cast<size_t>(chunks)] = u;
   for (int c = chunks, k = u; c > 0; --c) {

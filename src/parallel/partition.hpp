@@ -3,7 +3,8 @@
 // start a stage (an MLP's parameter-free layer) kept with the block before it (GPipe's partitioning
 // by cost, arXiv:1811.06965). A GPT model's blocks are its embedding, n_layer transformer blocks and
 // its head. With a memory term (StageMemory) the cut is chosen among those whose every stage fits the rank's memory:
-// the most expensive stage's compute minimised subject to each stage's bytes <= the budget (as Megatron-LM's
+// the most expensive stage's compute minimised subject to each stage's bytes <= the budget, or by compute alone when no
+// cut fits (as Megatron-LM's
 // uneven first/last stages and DeepSpeed's partition by parameters trade compute for memory, arXiv:2104.04473).
 #pragma once
 #include <cstdint>

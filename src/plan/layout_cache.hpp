@@ -26,7 +26,8 @@ struct LayoutFacts {
 
 // One search's facts, by shape. Every config asked for must share the base's model, optimizer and precision keys (the
 // search varies only parallel.*, train.micro_batches and train.recompute, none of which the facts read besides the
-// shape in the key).
+// shape in the key). With parallel.stage_memory_gib the stages depend on the memory settings too: the shape's model is
+// cut again for each config (parallel/partition.hpp's memory term) and the facts kept by shape and cut.
 class LayoutCache {
  public:
   // The facts of cfg's shape, built on first use; throws the Error make_layout threw for this shape, every time.
@@ -39,10 +40,13 @@ class LayoutCache {
     std::unique_ptr<LayoutFacts> facts;
     std::string error;  // make_layout's refusal (the partition) for this shape
   };
-  std::map<Key, Entry> facts_;
+  std::map<Key, Entry> facts_;  // the shape's, cut by compute alone
+  std::map<std::pair<Key, std::vector<int>>, std::unique_ptr<LayoutFacts>> cut_;  // by shape and stage starts
 };
 
 // The facts of cfg's layout, built fresh (what LayoutCache::get stores).
 LayoutFacts layout_facts(const Config& cfg);
+// The facts of `layout` (cfg's model and shape) with its stages replaced by `chunks`.
+LayoutFacts layout_facts(const Config& cfg, ModelLayout layout, std::vector<ChunkRange> chunks);
 
 }  // namespace relay

@@ -384,18 +384,37 @@ StageMemory stage_memory(const Config& cfg, const ModelSpec& model) {
   const bool ce = model.language_model || cfg.model.loss == "cross_entropy";
   const int64_t output_dim = model.output_dim;
   const bool language_model = model.language_model, documents = cfg.data.document_mask;
+  // The parameters' bytes as prefix sums over blocks, and a parameter that several blocks use (a tied embedding) once
+  // a stage: its bytes taken off again for each further block of the stage that uses it.
+  std::vector<double> param_prefix(size_t(n) + 1, 0.0);
+  std::map<std::string, std::pair<double, std::vector<int>>> shared;  // name -> (bytes, the blocks using it)
+  for (int i = 0; i < n; ++i) {
+    const BlockSpec& b = model.blocks[size_t(i)];
+    double bytes = 0;
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const ParamSpec& p = b.params[j];
+      const bool expert = ep > 1 && expert_of_param(b, j) >= 0;
+      if (expert && expert_owner_of_param(b, j, ep) != 0) continue;
+      const double one = double(shape_numel(shard_shape(p.shape, p.split, tp, 0))) * (expert ? expert_bytes : dense_bytes);
+      bytes += one;
+      auto& [pb, users] = shared[p.name];
+      pb = one;
+      users.push_back(i);
+    }
+    param_prefix[size_t(i) + 1] = param_prefix[size_t(i)] + bytes;
+  }
+  std::vector<std::pair<double, std::vector<int>>> tied;
+  for (auto& [name, u] : shared)
+    if (u.second.size() > 1) tied.push_back(u);
+  const double budget = mem.budget;
   mem.bytes = [=](int begin, int end) {
     StageBytes s;
-    std::set<std::string> seen;  // a tied parameter once a stage
-    for (int i = begin; i < end; ++i) {
-      const BlockSpec& b = (*blocks)[size_t(i)];
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        const ParamSpec& p = b.params[j];
-        const bool expert = ep > 1 && expert_of_param(b, j) >= 0;
-        if ((expert && expert_owner_of_param(b, j, ep) != 0) || !seen.insert(p.name).second) continue;
-        s.held += double(shape_numel(shard_shape(p.shape, p.split, tp, 0))) * (expert ? expert_bytes : dense_bytes);
-      }
+    s.held = param_prefix[size_t(end)] - param_prefix[size_t(begin)];
+    for (const auto& [bytes, users] : tied) {
+      const auto inside = std::count_if(users.begin(), users.end(), [&](int i) { return i >= begin && i < end; });
+      if (inside > 1) s.held -= double(inside - 1) * bytes;
     }
+    if (s.held > budget) return s;  // does not fit whatever its activations: spares the chunk's plan
     const bool last = end == n;
     const ChunkBytes cb = ModelChunk::planned_bytes(std::span<const BlockSpec>(blocks->data() + begin, size_t(end - begin)),
                                                     tp, 0, rows, begin == 0, last, language_model && last, recompute,
