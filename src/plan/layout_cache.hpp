@@ -22,6 +22,7 @@ struct LayoutFacts {
   std::vector<StageKeys> stages;
   bool tied = false;      // a parameter held by two pipeline ranks (layout.shared_params())
   double checkpoint_bytes = 0;
+  BlockElements elements;  // the blocks' parameter elements on tp rank 0 (stage_memory's, for the memory term)
 };
 
 // One search's facts, by shape. Every config asked for must share the base's model, optimizer and precision keys (the

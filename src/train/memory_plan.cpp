@@ -356,7 +356,30 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
   return b;
 }
 
-StageMemory stage_memory(const Config& cfg, const ModelSpec& model) {
+BlockElements block_elements(const ModelSpec& model, int tp, int ep) {
+  BlockElements out;
+  std::map<std::string, BlockElements::Shared> by_name;
+  for (const BlockSpec& b : model.blocks) {
+    double dense = 0, expert = 0;
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const ParamSpec& p = b.params[j];
+      const bool is_expert = ep > 1 && expert_of_param(b, j) >= 0;
+      if (is_expert && expert_owner_of_param(b, j, ep) != 0) continue;
+      const double n = double(shape_numel(shard_shape(p.shape, p.split, tp, 0)));
+      (is_expert ? expert : dense) += n;
+      BlockElements::Shared& s = by_name[p.name];
+      s.elements = n, s.expert = is_expert;
+      s.users.push_back(b.index);
+    }
+    out.dense.push_back(dense);
+    out.expert.push_back(expert);
+  }
+  for (auto& [name, s] : by_name)
+    if (s.users.size() > 1) out.shared.push_back(std::move(s));
+  return out;
+}
+
+StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockElements* elements) {
   StageMemory mem;
   const int pp = int(cfg.parallel.pp), tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), ep = int(cfg.parallel.ep);
   if (cfg.parallel.stage_memory_gib <= 0 || pp < 2 || cfg.parallel.virtual_stages != 1) return mem;
@@ -386,26 +409,15 @@ StageMemory stage_memory(const Config& cfg, const ModelSpec& model) {
   const bool language_model = model.language_model, documents = cfg.data.document_mask;
   // The parameters' bytes as prefix sums over blocks, and a parameter that several blocks use (a tied embedding) once
   // a stage: its bytes taken off again for each further block of the stage that uses it.
+  const BlockElements own = elements ? BlockElements{} : block_elements(model, tp, ep);
+  const BlockElements& el = elements ? *elements : own;
   std::vector<double> param_prefix(size_t(n) + 1, 0.0);
-  std::map<std::string, std::pair<double, std::vector<int>>> shared;  // name -> (bytes, the blocks using it)
-  for (int i = 0; i < n; ++i) {
-    const BlockSpec& b = model.blocks[size_t(i)];
-    double bytes = 0;
-    for (size_t j = 0; j < b.params.size(); ++j) {
-      const ParamSpec& p = b.params[j];
-      const bool expert = ep > 1 && expert_of_param(b, j) >= 0;
-      if (expert && expert_owner_of_param(b, j, ep) != 0) continue;
-      const double one = double(shape_numel(shard_shape(p.shape, p.split, tp, 0))) * (expert ? expert_bytes : dense_bytes);
-      bytes += one;
-      auto& [pb, users] = shared[p.name];
-      pb = one;
-      users.push_back(i);
-    }
-    param_prefix[size_t(i) + 1] = param_prefix[size_t(i)] + bytes;
-  }
+  for (int i = 0; i < n; ++i)
+    param_prefix[size_t(i) + 1] =
+        param_prefix[size_t(i)] + el.dense[size_t(i)] * dense_bytes + el.expert[size_t(i)] * expert_bytes;
   std::vector<std::pair<double, std::vector<int>>> tied;
-  for (auto& [name, u] : shared)
-    if (u.second.size() > 1) tied.push_back(u);
+  for (const BlockElements::Shared& t : el.shared)
+    tied.push_back({t.elements * (t.expert ? expert_bytes : dense_bytes), t.users});
   const double budget = mem.budget;
   mem.bytes = [=](int begin, int end) {
     StageBytes s;

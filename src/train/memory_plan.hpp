@@ -82,7 +82,19 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
 // the ZeRO stage's shares of gradients and optimizer state, the chunk's planned slot, boundary and scratch buffers, the
 // loss's on the last), but not ZeRO-2's bucket pool, ZeRO-3's gathered blocks, cp's or sp's shared buffers, which the
 // memory plan adds on the chosen stages. Off (budget 0) without the key, under pp 1 or virtual stages.
-StageMemory stage_memory(const Config& cfg, const ModelSpec& model);
+// The parameter elements of each block on tp rank 0 (ep rank 0's experts), dense and experts', and the parameters
+// several blocks use (a tied embedding): what stage_memory reads of the model, built once per layout shape.
+struct BlockElements {
+  std::vector<double> dense, expert;  // (blocks)
+  struct Shared {
+    double elements = 0;
+    bool expert = false;
+    std::vector<int> users;  // the blocks using it
+  };
+  std::vector<Shared> shared;
+};
+BlockElements block_elements(const ModelSpec& model, int tp, int ep);
+StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockElements* elements = nullptr);
 
 // What this process's tensors hold now.
 MemoryBytes measured_memory();
