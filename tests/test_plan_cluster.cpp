@@ -29,6 +29,8 @@
 #include "plan/search.hpp"
 #include "plan/step_model.hpp"
 #include "support/test_support.hpp"
+#include "train/memory_plan.hpp"
+#include "train/model_layout.hpp"
 
 namespace relay {
 namespace {
@@ -609,6 +611,71 @@ TEST(PlanCluster, DeepseekV3MtpMovesLayersOffTheLastStage) {
   }
   EXPECT_EQ(last_layers[0], 2);
   EXPECT_EQ(last_layers[1], 1);
+}
+
+// `relay plan --config`'s per-rank memory table (predict_memory of every pipeline rank) and the cluster model's memory
+// (StepPrediction::memory_bytes_per_device) agree: the cluster's is the table's largest rank, with ZeRO-3's gathered
+// parameters and step gradients (printed beside the table), for the small DeepSeek-V3 with MTP on pp 2 and pp 4 (where
+// a middle rank may hold the most; the cluster model once read the first and last ranks only), through the search's
+// shape cache too.
+TEST(PlanCluster, DeepseekV3MtpStageMemoryAgreesWithPlanConfig) {
+  const Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
+  struct Row { int pp, zero; const char* recompute; int64_t m; };
+  for (const Row& r : {Row{2, 0, "none", 2}, Row{2, 1, "blocks", 4}, Row{2, 3, "none", 2}, Row{4, 0, "none", 4},
+                       Row{4, 3, "blocks", 8}}) {
+    const Config c = load_config(src("configs/deepseek-v3-small-bytes.toml"),
+                                 {"model.num_mtp_layers=1", "model.n_layer=6", cat("parallel.pp=", r.pp),
+                                  "parallel.dp=2", cat("optimizer.zero=", r.zero),
+                                  cat("train.recompute=\"", r.recompute, "\""), cat("train.micro_batches=", r.m)});
+    SCOPED_TRACE(describe_layout(c));
+    const ModelLayout layout = make_layout(c, 0);
+    double table = 0;
+    for (int p = 0; p < r.pp; ++p) {
+      const MemoryBytes b = predict_memory(c, layout, p, 0);
+      table = std::max(table, double(b.total() + b.gathered + b.step_grads));
+    }
+    LayoutCache cache;
+    EXPECT_EQ(predict_step(cl, c).memory_bytes_per_device, table);
+    EXPECT_EQ(predict_step(cl, c, cache.get(c)).memory_bytes_per_device, table);
+  }
+}
+
+// The memory term of the pipeline partition (parallel.stage_memory_gib): on pp 2 the small DeepSeek-V3 with MTP, a
+// 4096-token vocabulary and 512-token sequences cut by compute alone leaves two decoder layers with the MTP block and
+// the head, whose logits (twice: the head's and MTP's) make the last stage the larger; with a budget 10% under that
+// stage's bytes the cut that fits moves the layers to the first stage, and every rank's planned memory is within it.
+TEST(PlanCluster, DeepseekV3StageMemoryTermMovesLayersOffTheMtpStage) {
+  std::vector<std::string> keys = {"model.num_mtp_layers=1", "model.n_layer=8", "model.block_size=512",
+                                   "model.vocab_size=4096", "parallel.pp=2", "parallel.dp=1", "train.micro_batches=1"};
+  auto layers_on_last = [](const ModelLayout& l) {
+    int n = 0;
+    for (int i = l.chunks.back().begin; i < l.chunks.back().end; ++i) n += l.blocks()[size_t(i)].kind == BlockKind::mla_layer;
+    return n;
+  };
+  const Config by_compute = load_config(src("configs/deepseek-v3-small-bytes.toml"), keys);
+  const ModelLayout before = make_layout(by_compute, 0);
+  const double first = double(predict_memory(by_compute, before, 0, 0).total());
+  const double last = double(predict_memory(by_compute, before, 1, 0).total());
+  ASSERT_GT(last, 1.2 * first);  // the MTP block and the head's stage holds the most
+  ASSERT_EQ(layers_on_last(before), 2);
+  const double budget = 0.9 * last;
+  keys.push_back(cat("parallel.stage_memory_gib=", budget / double(1 << 30)));
+  const Config by_memory = load_config(src("configs/deepseek-v3-small-bytes.toml"), keys);
+  const ModelLayout after = make_layout(by_memory, 0);
+  EXPECT_EQ(layers_on_last(after), 0);
+  EXPECT_EQ(after.blocks()[size_t(after.chunks.back().begin)].kind, BlockKind::mtp);
+  for (int p = 0; p < 2; ++p) EXPECT_LE(double(predict_memory(by_memory, after, p, 0).total()), budget) << "pp rank " << p;
+  // The cluster model plans the same cut and memory (through the search's cache as well).
+  const Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
+  LayoutCache cache;
+  const StepPrediction fresh = predict_step(cl, by_memory), cached = predict_step(cl, by_memory, cache.get(by_memory));
+  EXPECT_LE(fresh.memory_bytes_per_device, budget);
+  EXPECT_EQ(cached.memory_bytes_per_device, fresh.memory_bytes_per_device);
+  EXPECT_EQ(cached.step_time_s, fresh.step_time_s);
+  // A budget nothing fits: the cut by compute alone, as without the key.
+  Config none = by_memory;
+  none.parallel.stage_memory_gib = 0.5 * first / double(1 << 30);
+  EXPECT_EQ(layers_on_last(make_layout(none, 0)), 2);
 }
 
 TEST(PlanCluster, DeepseekV3ParametersAndMlaFlops) {

@@ -43,6 +43,8 @@ std::string set_flags(const Config& c) {
   if (c.parallel.ep > 1) s += cat(" --set parallel.ep=", c.parallel.ep);
   if (c.parallel.pp > 1) s += cat(" --set parallel.schedule=", c.parallel.schedule);
   if (c.parallel.virtual_stages > 1) s += cat(" --set parallel.virtual_stages=", c.parallel.virtual_stages);
+  if (c.parallel.stage_memory_gib > 0 && c.parallel.pp > 1)
+    s += cat(" --set parallel.stage_memory_gib=", c.parallel.stage_memory_gib);
   if (c.parallel.sequence_parallel) s += " --set parallel.sequence_parallel=true";
   s += cat(" --set train.batch_size=", c.train.batch_size, " --set train.micro_batches=", c.train.micro_batches);
   if (c.optimizer.zero) s += cat(" --set optimizer.zero=", c.optimizer.zero);

@@ -37,7 +37,7 @@ const std::map<std::string, std::set<std::string>>& section_keys() {
                  "fp8_recipe"}},
       {"optimizer", {"name", "lr", "betas", "eps", "weight_decay", "momentum", "zero"}},
       {"lr_schedule", {"name", "warmup_steps", "min_lr"}},
-      {"parallel", {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "bucket_mb", "first_bucket_mb",
+      {"parallel", {"dp", "pp", "tp", "cp", "ep", "schedule", "virtual_stages", "balance", "stage_memory_gib", "bucket_mb", "first_bucket_mb",
                     "comm", "grad_reduce", "timeout", "sequence_parallel", "reshard_after_forward", "overlap",
                     "fp8_param_gather"}},
       {"checkpoint", {"dir", "every", "keep", "save_initial", "resume", "async"}},
@@ -467,6 +467,7 @@ void read_parallel(const Reading& r, Config& c) {
                                         " tokens per rank must be divisible by parallel.tp = ", c.parallel.tp,
                                         " (each tp rank holds an equal share of them)"));
   }
+  par.real("stage_memory_gib", c.parallel.stage_memory_gib, 0, 1e9);  // GiB a pipeline rank may hold; 0: compute alone
   if (auto* b = par.get("balance")) {
     auto* arr = b->as_array();
     if (!arr) par.fail("balance", cat("expected an array of integers, got ", type_name(*b)));
@@ -621,6 +622,7 @@ std::string Config::to_toml(const ModelKeys& family) const {
     for (size_t i = 0; i < parallel.balance.size(); ++i) o << (i ? ", " : "") << parallel.balance[i];
     o << "]\n";
   }
+  if (parallel.stage_memory_gib > 0) o << "stage_memory_gib = " << num(parallel.stage_memory_gib) << "\n";
   o << "bucket_mb = " << num(parallel.bucket_mb) << "\nfirst_bucket_mb = " << num(parallel.first_bucket_mb)
     << "\ncomm = " << q(parallel.comm)
     << "\ngrad_reduce = " << q(grad_reduce_name(parallel.grad_reduce))

@@ -127,6 +127,9 @@ struct Config {
     std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
     int64_t virtual_stages = 1;
     std::vector<int64_t> balance;   // layers per chunk; empty = balanced by FLOPs
+    // With pp > 1 and no balance: the bytes (GiB) a pipeline rank may hold. The partition keeps every stage's planned
+    // memory within it and balances compute among the partitions that do (parallel/partition.hpp); 0: compute alone.
+    double stage_memory_gib = 0;
     double bucket_mb = 25.0;
     double first_bucket_mb = 1.0;   // the first bucket the backward fills (PyTorch DDP's 1 MiB): communication starts early
     std::string comm = "auto";      // auto | nccl | mpi

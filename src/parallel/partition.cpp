@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 
 #include "core/error.hpp"
 
@@ -20,7 +21,7 @@ std::string model_blocks_hint(const std::vector<BlockSpec>& blocks) {
 
 std::vector<ChunkRange> partition_blocks(const std::vector<BlockSpec>& blocks, int chunks,
                                          const std::vector<int64_t>& balance,
-                                         const std::vector<double>& measured_costs) {
+                                         const std::vector<double>& measured_costs, const StageMemory& memory) {
   const int n = static_cast<int>(blocks.size());
   std::vector<ChunkRange> out;
   if (!balance.empty()) {
@@ -59,24 +60,44 @@ std::vector<ChunkRange> partition_blocks(const std::vector<BlockSpec>& blocks, i
                                           ? blocks[static_cast<size_t>(i)].flops
                                           : measured_costs[static_cast<size_t>(i)];
   }
-  // Minimise the most expensive chunk (linear partition by dynamic programming over units).
+  // Minimise the most expensive chunk (linear partition by dynamic programming over units). With a memory term, only
+  // among the cuts whose every stage fits; when none does, by compute alone as without it.
   std::vector<double> prefix(static_cast<size_t>(u) + 1, 0.0);
   for (int k = 0; k < u; ++k) prefix[static_cast<size_t>(k) + 1] = prefix[static_cast<size_t>(k)] + cost[static_cast<size_t>(k)];
   const double inf = std::numeric_limits<double>::infinity();
+  auto unit_block = [&](int k) { return k < u ? unit_start[static_cast<size_t>(k)] : n; };
+  const bool with_memory = memory.on() && static_cast<int>(memory.slots.size()) == chunks;
+  std::map<std::pair<int, int>, StageBytes> spans;  // by (begin, end): the same span on every stage but its slots
+  auto bytes = [&](int c, int j, int k) {
+    const int b = unit_block(j), e = unit_block(k);
+    auto it = spans.find({b, e});
+    if (it == spans.end()) it = spans.emplace(std::make_pair(b, e), memory.bytes(b, e)).first;
+    return it->second.held + memory.slots[static_cast<size_t>(c)] * it->second.per_slot;
+  };
   // best[c][k]: minimal max-cost splitting the first k units into c chunks; cut[c][k] the last cut.
-  std::vector<std::vector<double>> best(static_cast<size_t>(chunks) + 1, std::vector<double>(static_cast<size_t>(u) + 1, inf));
-  std::vector<std::vector<int>> cut(static_cast<size_t>(chunks) + 1, std::vector<int>(static_cast<size_t>(u) + 1, 0));
-  best[0][0] = 0;
-  for (int c = 1; c <= chunks; ++c)
-    for (int k = c; k <= u; ++k)
-      for (int j = c - 1; j < k; ++j) {
-        double v = std::max(best[static_cast<size_t>(c) - 1][static_cast<size_t>(j)],
-                            prefix[static_cast<size_t>(k)] - prefix[static_cast<size_t>(j)]);
-        if (v < best[static_cast<size_t>(c)][static_cast<size_t>(k)] - 1e-9) {
-          best[static_cast<size_t>(c)][static_cast<size_t>(k)] = v;
-          cut[static_cast<size_t>(c)][static_cast<size_t>(k)] = j;
+  std::vector<std::vector<double>> best;
+  std::vector<std::vector<int>> cut;
+  auto solve = [&](auto&& chunk_cost) {
+    best.assign(static_cast<size_t>(chunks) + 1, std::vector<double>(static_cast<size_t>(u) + 1, inf));
+    cut.assign(static_cast<size_t>(chunks) + 1, std::vector<int>(static_cast<size_t>(u) + 1, 0));
+    best[0][0] = 0;
+    for (int c = 1; c <= chunks; ++c)
+      for (int k = c; k <= u; ++k)
+        for (int j = c - 1; j < k; ++j) {
+          double v = std::max(best[static_cast<size_t>(c) - 1][static_cast<size_t>(j)], chunk_cost(c - 1, j, k));
+          if (v < best[static_cast<size_t>(c)][static_cast<size_t>(k)] - 1e-9) {
+            best[static_cast<size_t>(c)][static_cast<size_t>(k)] = v;
+            cut[static_cast<size_t>(c)][static_cast<size_t>(k)] = j;
+          }
         }
-      }
+    return best[static_cast<size_t>(chunks)][static_cast<size_t>(u)] < inf;
+  };
+  const bool fitted = solve([&](int c, int j, int k) {
+    const double compute = prefix[static_cast<size_t>(k)] - prefix[static_cast<size_t>(j)];
+    return !with_memory || bytes(c, j, k) <= memory.budget ? compute : inf;
+  });
+  // Nothing fits: the compute-balanced cut (the layout does not fit the device either way).
+  if (!fitted) solve([&](int, int j, int k) { return prefix[static_cast<size_t>(k)] - prefix[static_cast<size_t>(j)]; });
   std::vector<int> unit_bounds(static_cast<size_t>(chunks) + 1);
   unit_bounds[static_cast<size_t>(chunks)] = u;
   for (int c = chunks, k = u; c > 0; --c) {

@@ -121,6 +121,8 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                   c.parallel.virtual_stages = sc.v;
                   c.parallel.sequence_parallel = tp > 1 && (T / cp) % tp == 0 && family.sequence_parallel();
                   c.parallel.balance.clear();
+                  // The stages as the base config cuts them (parallel.stage_memory_gib, if given, is kept: setting it to
+                  // the device's memory here re-cuts every layout and made the DeepSeek-V3 search minutes slower).
                   c.train.micro_batches = m;
                   c.train.recompute = rc;
                   c.optimizer.zero = zero;

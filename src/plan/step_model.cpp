@@ -270,10 +270,11 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFa
 
   StepPrediction r;
   r.devices = dp * cp * tp * pp;
-  // Memory: the memory plan of the first and last pipeline ranks (the first holds the most micro-batches in flight,
-  // the last the head), tp rank 0; ZeRO-3 adds what is gathered at once and, under pp > 1, the whole gradients.
-  for (int p : {0, pp - 1}) {
-    const MemoryBytes b = predict_memory(cfg, layout, p == 0 ? facts.first : facts.last, p, 0);
+  // Memory: the memory plan of every pipeline rank, tp rank 0, as `relay plan --config` prints it (the first holds the
+  // most micro-batches in flight and the last the head, but a middle one may hold the most: DeepSeek-V3's MoE layers);
+  // ZeRO-3 adds what is gathered at once and, under pp > 1, the whole gradients.
+  for (int p = 0; p < pp; ++p) {
+    const MemoryBytes b = predict_memory(cfg, layout, facts.stages[size_t(p)], p, 0);
     r.memory_bytes_per_device =
         std::max(r.memory_bytes_per_device, double(b.total() + b.gathered) + double(b.step_grads));
   }

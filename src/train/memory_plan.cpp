@@ -33,20 +33,25 @@ void for_each_stage_param(const ModelLayout& layout, int pp_rank, F&& f) {
 }
 }  // namespace
 
-StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank, bool with_bucket_keys) {
+namespace {
+// stage_keys' bucket keys from the placements of pp rank 0 (`placement`) and each parameter's owning pp rank: a
+// placement differs between ranks only in owner and, through it, counts_in_norm.
+StageKeys stage_keys_placed(const ModelLayout& layout, int pp_rank, int tp, int tp_rank,
+                            const std::map<std::string, ParamPlacement>& placement,
+                            const std::map<std::string, int>& owner_rank) {
   StageKeys s;
   s.params = stage_params(layout, pp_rank, tp, tp_rank);
-  if (!with_bucket_keys) return s;
   s.has_bucket_keys = true;
   // The rank's parameters as the trainer hands them to GradBuckets (train/setup.cpp): first use in chunk and block
   // order, with their placement (of a MoE layer's experts under ep, ep rank 0's: every ep rank holds as many); and
   // every block that writes each.
   std::map<std::string, size_t> key_of;
-  const auto placement = layout.placements(pp_rank, tp, tp_rank);
   for_each_stage_param(layout, pp_rank, [&](int c, int i, const ParamSpec& p, int64_t) {
     auto [it, fresh] = key_of.insert({p.name, s.keys.size()});
     if (fresh) {
-      const ParamPlacement& pl = placement.at(p.name);
+      ParamPlacement pl = placement.at(p.name);
+      pl.owner = owner_rank.at(p.name) == pp_rank;
+      pl.counts_in_norm = pl.owner && !(tp_rank > 0 && p.split.replicated());
       // fp8: an FP8 GEMM's weight, in buckets apart under ZeRO-3 (zero2_buckets drops it for the other stages).
       s.keys.push_back({shape_numel(shard_shape(p.shape, p.split, tp, tp_rank)), c, i, pl.counts_in_norm, pl.tied,
                         pl.tp_replicated, pl.expert, layout.blocks()[size_t(i)].fp8.has_value() && p.fp8_gemm});
@@ -55,6 +60,34 @@ StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank
     s.writers[it->second].push_back(i);
   });
   return s;
+}
+
+// Each parameter's owning pipeline rank: that of the first block using it (ModelLayout::placements' rule).
+std::map<std::string, int> owner_ranks(const ModelLayout& layout) {
+  std::map<std::string, int> out;
+  for (const BlockSpec& b : layout.blocks()) {
+    const int rank = layout.pp_rank_of_chunk(layout.chunk_of_block(b.index));
+    for (const ParamSpec& p : b.params) out.try_emplace(p.name, rank);
+  }
+  return out;
+}
+}  // namespace
+
+StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank, bool with_bucket_keys) {
+  if (!with_bucket_keys) {
+    StageKeys s;
+    s.params = stage_params(layout, pp_rank, tp, tp_rank);
+    return s;
+  }
+  return stage_keys_placed(layout, pp_rank, tp, tp_rank, layout.placements(pp_rank, tp, tp_rank), owner_ranks(layout));
+}
+
+std::vector<StageKeys> all_stage_keys(const ModelLayout& layout, int tp, int tp_rank) {
+  const auto placement = layout.placements(0, tp, tp_rank);
+  const auto owners = owner_ranks(layout);
+  std::vector<StageKeys> out;
+  for (int p = 0; p < layout.pp; ++p) out.push_back(stage_keys_placed(layout, p, tp, tp_rank, placement, owners));
+  return out;
 }
 
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank, int dp) {
@@ -328,6 +361,90 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
     b.activations += second ? 2 * one : one;
   }
   return b;
+}
+
+BlockElements block_elements(const ModelSpec& model, int tp, int ep) {
+  BlockElements out;
+  std::map<std::string, BlockElements::Shared> by_name;
+  for (const BlockSpec& b : model.blocks) {
+    double dense = 0, expert = 0;
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const ParamSpec& p = b.params[j];
+      const bool is_expert = ep > 1 && expert_of_param(b, j) >= 0;
+      if (is_expert && expert_owner_of_param(b, j, ep) != 0) continue;
+      const double n = double(shape_numel(shard_shape(p.shape, p.split, tp, 0)));
+      (is_expert ? expert : dense) += n;
+      BlockElements::Shared& s = by_name[p.name];
+      s.elements = n, s.expert = is_expert;
+      s.users.push_back(b.index);
+    }
+    out.dense.push_back(dense);
+    out.expert.push_back(expert);
+  }
+  for (auto& [name, s] : by_name)
+    if (s.users.size() > 1) out.shared.push_back(std::move(s));
+  return out;
+}
+
+StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockElements* elements) {
+  StageMemory mem;
+  const int pp = int(cfg.parallel.pp), tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), ep = int(cfg.parallel.ep);
+  if (cfg.parallel.stage_memory_gib <= 0 || pp < 2 || cfg.parallel.virtual_stages != 1) return mem;
+  mem.budget = cfg.parallel.stage_memory_gib * double(int64_t(1) << 30);
+  const ScheduleShape shape = schedule_shape(cfg);
+  for (int r = 0; r < pp; ++r) mem.slots.push_back(double(plan_slots(generate_schedule(shape, r), shape.m).slots.at(r)));
+  // Bytes an element of a parameter holds: predict_memory's rules for the ZeRO stage (its shards, not ZeRO-2's pool).
+  const Sharding sh = describe_sharding(sharding_input(cfg));
+  const double f32 = 4, act = double(dtype_size(compute_dtype(cfg.train.precision)));
+  const double moments = cfg.optimizer.name == "adamw" ? 2 : cfg.optimizer.momentum != 0 ? 1 : 0;
+  auto per_element = [&](GradGroup group) {
+    const GroupSharding& g = sh.group(group);
+    const Move* sum = sh.find(group, Moved::gradients);
+    const double wire = sum && sum->dtype == DType::bf16 ? 2 : 0;
+    const double params = g.parameters ? f32 / g.shards() : f32 + (act != f32 ? act : 0);
+    const double grads = g.gradients ? (f32 + wire) / g.shards()
+                                     : f32 + wire + (g.optimizer_state ? (f32 + wire) / g.ranks : 0);
+    return params + grads + moments * f32 / g.shards();
+  };
+  const double dense_bytes = per_element(GradGroup::dense), expert_bytes = per_element(GradGroup::expert);
+  const bool recompute = cfg.train.recompute == "blocks", zb = shape.kind == ScheduleKind::zb_h1;
+  const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * model.seq_len / cp;
+  const int n = int(model.blocks.size());
+  const std::vector<BlockSpec>* blocks = &model.blocks;  // the layout's (experts split over ep); outlives the partition
+  const bool ce = model.language_model || cfg.model.loss == "cross_entropy";
+  const int64_t output_dim = model.output_dim;
+  const bool language_model = model.language_model, documents = cfg.data.document_mask;
+  // The parameters' bytes as prefix sums over blocks, and a parameter that several blocks use (a tied embedding) once
+  // a stage: its bytes taken off again for each further block of the stage that uses it.
+  const BlockElements own = elements ? BlockElements{} : block_elements(model, tp, ep);
+  const BlockElements& el = elements ? *elements : own;
+  std::vector<double> param_prefix(size_t(n) + 1, 0.0);
+  for (int i = 0; i < n; ++i)
+    param_prefix[size_t(i) + 1] =
+        param_prefix[size_t(i)] + el.dense[size_t(i)] * dense_bytes + el.expert[size_t(i)] * expert_bytes;
+  std::vector<std::pair<double, std::vector<int>>> tied;
+  for (const BlockElements::Shared& t : el.shared)
+    tied.push_back({t.elements * (t.expert ? expert_bytes : dense_bytes), t.users});
+  const double budget = mem.budget;
+  mem.bytes = [=](int begin, int end) {
+    StageBytes s;
+    s.held = param_prefix[size_t(end)] - param_prefix[size_t(begin)];
+    for (const auto& [bytes, users] : tied) {
+      const auto inside = std::count_if(users.begin(), users.end(), [&](int i) { return i >= begin && i < end; });
+      if (inside > 1) s.held -= double(inside - 1) * bytes;
+    }
+    if (s.held > budget) return s;  // does not fit whatever its activations: spares the chunk's plan
+    const bool last = end == n;
+    const ChunkBytes cb = ModelChunk::planned_bytes(std::span<const BlockSpec>(blocks->data() + begin, size_t(end - begin)),
+                                                    tp, 0, rows, begin == 0, last, language_model && last, recompute,
+                                                    zb, documents, cp);
+    double loss = 0;
+    if (last) loss = double((ce ? 4 * rows : int64_t(act) * rows * output_dim) + 8 * rows + (tp > 1 && ce ? 12 * rows : 0));
+    s.held += double(cb.scratch) + double(m) * (double(cb.boundary) + loss);
+    s.per_slot = double(cb.slot);
+    return s;
+  };
+  return mem;
 }
 
 MemoryBytes measured_memory() {

@@ -71,6 +71,8 @@ struct StageKeys {
   std::vector<std::vector<int>> writers;  // (stage parameters) the blocks that write each key's gradient
 };
 StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank, bool with_bucket_keys);
+// stage_keys(layout, p, tp, tp_rank, true) of every pipeline rank p, the model's parameters placed once for all.
+std::vector<StageKeys> all_stage_keys(const ModelLayout& layout, int tp, int tp_rank);
 ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank, int dp);
 
 // The rank at (pp_rank, tp_rank) of the config's layout (every replica holds the same); with `stage` (stage_keys of
@@ -78,6 +80,25 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank);
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank,
                            int tp_rank);
+// The memory term of the pipeline partition (parallel/partition.hpp) for cfg's layout, tp rank 0, with budget
+// parallel.stage_memory_gib: a stage's bytes by predict_memory's rules for a chunk of those blocks (its parameters once,
+// the ZeRO stage's shares of gradients and optimizer state, the chunk's planned slot, boundary and scratch buffers, the
+// loss's on the last), but not ZeRO-2's bucket pool, ZeRO-3's gathered blocks, cp's or sp's shared buffers, which the
+// memory plan adds on the chosen stages. Off (budget 0) without the key, under pp 1 or virtual stages.
+// The parameter elements of each block on tp rank 0 (ep rank 0's experts), dense and experts', and the parameters
+// several blocks use (a tied embedding): what stage_memory reads of the model, built once per layout shape.
+struct BlockElements {
+  std::vector<double> dense, expert;  // (blocks)
+  struct Shared {
+    double elements = 0;
+    bool expert = false;
+    std::vector<int> users;  // the blocks using it
+  };
+  std::vector<Shared> shared;
+};
+BlockElements block_elements(const ModelSpec& model, int tp, int ep);
+StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockElements* elements = nullptr);
+
 // What this process's tensors hold now.
 MemoryBytes measured_memory();
 

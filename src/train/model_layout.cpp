@@ -6,6 +6,7 @@
 #include "backend/backend.hpp"
 #include "model/expert_parallel.hpp"
 #include "model/fp8_linear.hpp"
+#include "train/memory_plan.hpp"
 
 namespace relay {
 
@@ -106,7 +107,9 @@ ModelLayout make_layout(const Config& cfg, int64_t input_dim, const std::vector<
   l.pp = static_cast<int>(cfg.parallel.pp);
   l.ep = static_cast<int>(cfg.parallel.ep);
   l.v = static_cast<int>(cfg.parallel.virtual_stages);
-  l.chunks = partition_blocks(l.model.blocks, l.pp * l.v, cfg.parallel.balance, measured_costs);
+  // parallel.stage_memory_gib: the stages chosen among those that fit it (train/memory_plan.hpp states their bytes).
+  l.chunks = partition_blocks(l.model.blocks, l.pp * l.v, cfg.parallel.balance, measured_costs,
+                              cfg.parallel.balance.empty() ? stage_memory(cfg, l.model) : StageMemory{});
   return l;
 }
 
