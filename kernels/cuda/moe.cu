@@ -15,24 +15,18 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_utils.cuh"
+#include "kernels/cuda/router_select.cuh"
 
 namespace relay::cuda {
 
 namespace {
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = kBlock / kWarp;  // router kernels: one warp per token row
-constexpr unsigned kFullMask = 0xffffffffu;
 
 unsigned router_grid(int64_t n) { return grid_rows((n + kRowsPerBlock - 1) / kRowsPerBlock); }
 }  // namespace
 
 // kernels ---------------------------------------------------------------------------------------
-
-// Whether candidate (score sa, expert ea) is chosen before (sb, eb): the larger score, the lower expert on equal scores
-// (the CPU scans experts upwards and replaces its best only on a strictly larger score). A strict total order on
-// (score, expert) pairs, so a butterfly reduction leaves every lane with the same winner. The empty candidate is
-// (-inf, INT_MAX): every expert, even one scoring -inf, comes before it.
-__device__ inline bool chosen_before(float sa, int ea, float sb, int eb) { return sa > sb || (sa == sb && ea < eb); }
 
 // grid (ceil(n / kRowsPerBlock)), block (kBlock): warp w of block b routes token row b * kRowsPerBlock + w.
 template <typename X>
@@ -77,16 +71,7 @@ __global__ void moe_router_forward_kernel(const X* logits, float* probs, float* 
         best_p = pe;
       }
     }
-    for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
-      const float os = __shfl_xor_sync(kFullMask, best_s, offset);
-      const int oe = __shfl_xor_sync(kFullMask, best_e, offset);
-      const float op = __shfl_xor_sync(kFullMask, best_p, offset);
-      if (chosen_before(os, oe, best_s, best_e)) {
-        best_s = os;
-        best_e = oe;
-        best_p = op;
-      }
-    }
+    warp_best(best_s, best_e, best_p);
     if (best_e % kWarp == lane) taken |= uint64_t(1) << (best_e / kWarp);
     top += best_p;
     if (lane == 0) {
