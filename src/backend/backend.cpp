@@ -791,25 +791,25 @@ namespace {
 void check_work(const Check& c, const Tensor& work, const Tensor& param) {
   if (work.defined()) c.tensor(work, "work", kBf16).numel(work, "work", param.numel());
 }
+// One AdamW update's tensors: f32 param, grad and state of param's size, and its optional bf16 working copy.
+void check_adamw(const Check& c, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                 const Tensor& exp_avg_sq, const Tensor& work) {
+  c.tensor(param, "param", kF32).tensor(grad, "grad", kF32).numel(grad, "grad", param.numel());
+  c.tensor(exp_avg, "exp_avg", kF32).numel(exp_avg, "exp_avg", param.numel());
+  c.tensor(exp_avg_sq, "exp_avg_sq", kF32).numel(exp_avg_sq, "exp_avg_sq", param.numel());
+  check_work(c, work, param);
+}
 }  // namespace
 
 void Backend::adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWArgs& args,
                          Tensor& work) {
   Check c(*this, "adamw_step");
-  c.tensor(param, "param", kF32).tensor(grad, "grad", kF32).numel(grad, "grad", param.numel());
-  c.tensor(exp_avg, "exp_avg", kF32).numel(exp_avg, "exp_avg", param.numel());
-  c.tensor(exp_avg_sq, "exp_avg_sq", kF32).numel(exp_avg_sq, "exp_avg_sq", param.numel());
-  check_work(c, work, param);
+  check_adamw(c, param, grad, exp_avg, exp_avg_sq, work);
   adamw_step_impl(param, grad, exp_avg, exp_avg_sq, args, work);
 }
 void Backend::adamw_step_many(const std::vector<AdamWSlot>& slots, const AdamWArgs& args) {
   Check c(*this, "adamw_step_many");
-  for (const AdamWSlot& t : slots) {
-    c.tensor(*t.param, "param", kF32).tensor(*t.grad, "grad", kF32).numel(*t.grad, "grad", t.param->numel());
-    c.tensor(*t.exp_avg, "exp_avg", kF32).numel(*t.exp_avg, "exp_avg", t.param->numel());
-    c.tensor(*t.exp_avg_sq, "exp_avg_sq", kF32).numel(*t.exp_avg_sq, "exp_avg_sq", t.param->numel());
-    check_work(c, *t.work, *t.param);
-  }
+  for (const AdamWSlot& t : slots) check_adamw(c, *t.param, *t.grad, *t.exp_avg, *t.exp_avg_sq, *t.work);
   adamw_step_many_impl(slots, args);
 }
 void Backend::adamw_step_many_impl(const std::vector<AdamWSlot>& slots, const AdamWArgs& args) {
