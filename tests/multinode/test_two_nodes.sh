@@ -13,6 +13,10 @@
 #     one line naming node1's owner, and the holder is not disturbed;
 #   - relay plan --measure --calibrate over both nodes (2 ranks each) measures the links through the communicator
 #     within a node (node1's pair) and between the nodes (their first ranks) and writes both.
+#   - overlap over a shaped link (issue 40): the link between the nodes capped by tc tbf, a GPT on dp 2 across them
+#     (one rank a node, real TCP), parallel.overlap on and off: the same losses bit for bit, and each rank's trace
+#     shows its first bucket all-reduce begun before its last backward ended (on) and after it (off). Event order,
+#     not durations: speed over shaped links is measured in bench/bench_overlap_shaped.sh.
 # Root only; exits 77 (skipped) with the reason where namespaces cannot be made.
 set -uo pipefail
 RELAY=$(realpath "$1")
@@ -126,4 +130,37 @@ grep -q "^# Measured through the communicator: one rank on each of 2 hosts (mpi,
   { cat "$WORK/cal.toml"; fail "no link measured between the nodes"; }
 grep -E "^(bandwidth|latency|reduce_bandwidth) =" "$WORK/cal.toml"
 echo "calibration over two nodes: the links within node1 and between node1 and node2 measured"
+
+# 5. Overlap over a shaped link: 100 Mbit/s both ways (3.2 MB of gradients a step, in buckets of ~0.25 MB).
+shape_link 100mbit 2>"$WORK/shape.err" || fail "$(cat "$WORK/shape.err")"
+"$RELAY" data tokenize --in "$(dirname "$0")/../../README.md" --out "$WORK/text.h5" --tokenizer bytes >/dev/null 2>&1 ||
+  fail "data tokenize"
+for ov in true false; do
+  on_node1 timeout 300 mpirun --host "${SUB}1:1,${SUB}2:1" "${MCA[@]}" --map-by node -np 2 -x OMP_NUM_THREADS=1 \
+    "$RELAY" train --config "$(dirname "$0")/../../configs/gpt-small-bytes.toml" --set "run.dir=\"$WORK/ov-$ov\"" \
+    --set "data.train=\"$WORK/text.h5\"" --set 'data.eval=""' --set parallel.dp=2 --set parallel.overlap=$ov \
+    --set parallel.bucket_mb=0.25 --set parallel.first_bucket_mb=0.25 --set train.steps=3 --set lr_schedule.warmup_steps=0 --set train.log_every=1 \
+    --set train.batch_size=8 --set 'trace.steps=[2, 2]' --set checkpoint.every=0 --set train.threads=1 \
+    > "$WORK/ov-$ov.log" 2>&1 || { tail -30 "$WORK/ov-$ov.log"; fail "the shaped-link run with overlap $ov failed"; }
+done
+[ "$(losses "$WORK/ov-true")" == "$(losses "$WORK/ov-false")" ] || fail "overlap on and off give different losses"
+python3 - "$WORK" <<'PY' || fail "the traces do not show the overlap"
+import json, sys
+def order(run):  # per rank: (end of its last backward span, begin of its first bucket all-reduce), us
+    last, first = {}, {}
+    for e in json.load(open(f"{sys.argv[1]}/{run}/trace.json"))["traceEvents"]:
+        r, op = e.get("pid"), e.get("args", {}).get("op")
+        if e["ph"] == "X" and op in ("backward", "backward_weight"):
+            last[r] = max(last.get(r, 0), e["ts"] + e["dur"])
+        if e["ph"] == "b" and op == "allreduce_grads":
+            first[r] = min(first.get(r, float("inf")), e["ts"])
+    assert sorted(first) == [0, 1], f"{run}: bucket all-reduces traced on ranks {sorted(first)}"
+    return {r: (last[r], first[r]) for r in first}
+for run, on in (("ov-true", True), ("ov-false", False)):
+    for r, (end, begin) in order(run).items():
+        print(f"{run}: rank {r} last backward ends {end:.0f} us, first bucket all-reduce begins {begin:.0f} us")
+        assert (begin < end) if on else (begin >= end), f"{run}: rank {r}"
+PY
+for ov in true false; do echo "overlap $ov:"; grep -A3 "exposed comm ms" "$WORK/ov-$ov.log" | tail -n +2; done
+echo "overlap across the shaped link: losses equal on and off; with it, the bucket all-reduces began inside the backward"
 echo "1 passed, 0 failed"
