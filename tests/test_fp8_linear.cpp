@@ -141,7 +141,8 @@ TEST(Fp8Linear, OffIsTheBackendsGemm) {
 // With operands that FP8 holds exactly (multiples of 1/8 up to 1.75: tensorwise scale 448 / 1.75 = 256, a power of
 // two) the FP8 linear is the bf16 backend's linear bit for bit, bias and GELU included: the only arithmetic FP8 adds
 // is the quantisation. (The bias is added to the GEMM's fp32 sums and rounded once, as Backend::linear's epilogue
-// does; rounding the GEMM's output to bf16 before adding the bias differed in 93 of these 640 outputs, 64 after the GELU.)
+// does; rounding the GEMM's output to bf16 before adding the bias differed in 93 of these 640 outputs, 64 after the
+// GELU.) The products are multiples of 1/64 below 2^8: exact in fp32 in any order of summation.
 TEST(Fp8Linear, ExactOperandsGiveTheBf16Linear) {
   RELAY_SKIP_WITHOUT_CPU_BF16();
   auto be = make_backend(BackendOptions{Device::cpu, 2});
