@@ -86,7 +86,8 @@ void Fp8Linear::linear(Backend& be, const Tensor& x, const Fp8Weight& w, const T
                        Tensor* pre_act) const {
   if (!on()) return be.linear(x, w.w, bias, y, act, pre_act);
   Tensor scratch;
-  if (act != LinearAct::none && !pre_act) scratch = Tensor(be, {y.size(0), y.size(1)}, y.dtype());  // (n, out): inference keeps no pre_act
+  if (act != LinearAct::none && !pre_act)  // inference keeps no pre_act
+    scratch = Tensor(be, {y.size(0), y.size(1)}, y.dtype());  // (n, out)
   Tensor& z = act == LinearAct::none ? y : pre_act ? *pre_act : scratch;  // (n, out): the GEMM's output plus the bias
   if (bias.defined() && z.dtype() != DType::f32) {
     // As Backend::linear's epilogue: the bias added to the GEMM's fp32 sums, rounded to z's dtype once (rounding the
