@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/bf16.hpp"
 #include "core/rng.hpp"
 #include "core/error.hpp"
 #include "model/family.hpp"
 #include "model/fp8_linear.hpp"
 #include "model/model_spec.hpp"
+#include "support/test_support.hpp"
 
 namespace relay {
 namespace {
@@ -134,6 +136,39 @@ TEST(Fp8Linear, OffIsTheBackendsGemm) {
   Fp8Linear().linear(*be, x, w, Tensor(), a);
   be->matmul(x, false, w, true, b, 1.f, 0.f);
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << i;
+}
+
+// With operands that FP8 holds exactly (multiples of 1/8 up to 1.75: tensorwise scale 448 / 1.75 = 256, a power of
+// two) the FP8 linear is the bf16 backend's linear bit for bit, bias and GELU included: the only arithmetic FP8 adds
+// is the quantisation. (The bias is added to the GEMM's fp32 sums and rounded once, as Backend::linear's epilogue
+// does; rounding the GEMM's output to bf16 before adding the bias differed in 93 of these 640 outputs, 64 after the
+// GELU.) The products are multiples of 1/64 below 2^8: exact in fp32 in any order of summation.
+TEST(Fp8Linear, ExactOperandsGiveTheBf16Linear) {
+  RELAY_SKIP_WITHOUT_CPU_BF16();
+  auto be = make_backend(BackendOptions{Device::cpu, 2});
+  const auto eighths = [&](int64_t rows, int64_t cols, uint64_t seed) {  // (rows, cols) bf16, k / 8 for |k| <= 14
+    std::vector<float> v(size_t(rows * cols));
+    Rng rng(seed, 0);
+    for (float& e : v) e = float(int(rng.uniform() * 29.0) - 14) / 8.f;
+    v[0] = 1.75f;  // the amax
+    Tensor t(*be, {rows, cols}, DType::bf16);
+    be->upload_f32(t, v.data());
+    return t;
+  };
+  const Tensor x = eighths(20, kIn, 14), w = eighths(kOut, kIn, 15);  // (20, in), (out, in)
+  Tensor bias(*be, {kOut}, DType::bf16);                                // (out): not multiples of 1/64
+  const Tensor b32 = matrix(*be, 1, kOut, 16, kOne, kOne);
+  be->convert(b32, bias);
+  const Fp8Linear fp8(Fp8Recipe::tensorwise);
+  for (LinearAct act : {LinearAct::none, LinearAct::gelu_tanh}) {
+    Tensor y(*be, {20, kOut}, DType::bf16), y_fp8(*be, {20, kOut}, DType::bf16);  // (20, out)
+    Tensor pre(*be, {20, kOut}, DType::bf16), pre_fp8(*be, {20, kOut}, DType::bf16);
+    be->linear(x, w, bias, y, act, &pre);
+    fp8.linear(*be, x, w, bias, y_fp8, act, &pre_fp8);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) differ += y.b16()[i].bits != y_fp8.b16()[i].bits;
+    EXPECT_EQ(differ, 0) << "of " << y.numel() << " outputs, act " << int(act);
+  }
 }
 
 // A weight handed over as e4m3 codes with its tensorwise scale (parallel.fp8_param_gather's gathered weight) gives the

@@ -85,17 +85,24 @@ Fp8Weight::Fp8Weight(const Param& p)
 void Fp8Linear::linear(Backend& be, const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& y, LinearAct act,
                        Tensor* pre_act) const {
   if (!on()) return be.linear(x, w.w, bias, y, act, pre_act);
-  if (act == LinearAct::none) {
-    matmul(be, x, w, true, y);  // (n, out)
-    if (bias.defined()) be.add_bias(y, bias);
-    return;
-  }
   Tensor scratch;
-  if (!pre_act) scratch = Tensor(be, {y.size(0), y.size(1)}, y.dtype());  // (n, out): inference keeps no pre_act
-  Tensor& pre = pre_act ? *pre_act : scratch;
-  matmul(be, x, w, true, pre);  // (n, out)
-  if (bias.defined()) be.add_bias(pre, bias);
-  be.activation_forward(activation_of(act), pre, y);
+  if (act != LinearAct::none && !pre_act)  // inference keeps no pre_act
+    scratch = Tensor(be, {y.size(0), y.size(1)}, y.dtype());  // (n, out)
+  Tensor& z = act == LinearAct::none ? y : pre_act ? *pre_act : scratch;  // (n, out): the GEMM's output plus the bias
+  if (bias.defined() && z.dtype() != DType::f32) {
+    // As Backend::linear's epilogue: the bias added to the GEMM's fp32 sums, rounded to z's dtype once (rounding the
+    // GEMM's output first and again after the bias would be arithmetic the bf16 run does not do).
+    Tensor acc(be, {z.size(0), z.size(1)});  // (n, out) f32
+    Tensor bias32(be, {bias.numel()});        // (out) f32
+    matmul(be, x, w, true, acc);
+    be.convert(bias, bias32);
+    be.add_bias(acc, bias32);
+    be.convert(acc, z);
+  } else {
+    matmul(be, x, w, true, z);
+    if (bias.defined()) be.add_bias(z, bias);
+  }
+  if (act != LinearAct::none) be.activation_forward(activation_of(act), z, y);
 }
 
 void Fp8Linear::linear_backward_input(Backend& be, const Tensor& dy, const Fp8Weight& w, Tensor& dx, LinearAct act,

@@ -52,8 +52,8 @@ class Fp8Linear {
   bool on() const { return recipe_.has_value(); }
 
   // y (n, out) = act(x (n, in) @ W (out, in)^T + bias (out)), bias possibly undefined; pre_act (n, out): the
-  // activation's input when act is not none (Backend::linear). In FP8 the GEMM's output is rounded to y's dtype
-  // before the bias is added.
+  // activation's input when act is not none (Backend::linear). In FP8 as in bf16 the bias is added to the GEMM's
+  // fp32 sums and the sum rounded to y's dtype once.
   void linear(Backend& be, const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& y,
               LinearAct act = LinearAct::none, Tensor* pre_act = nullptr) const;
   // dx (n, in) = act'(act_in) * (dy (n, out) @ W (out, in)) (Backend::linear_backward_input).
