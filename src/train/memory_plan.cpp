@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "backend/backend.hpp"
@@ -410,7 +411,15 @@ StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockE
   const bool recompute = cfg.train.recompute == "blocks", zb = shape.kind == ScheduleKind::zb_h1;
   const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * model.seq_len / cp;
   const int n = int(model.blocks.size());
-  const std::vector<BlockSpec>* blocks = &model.blocks;  // the layout's (experts split over ep); outlives the partition
+  // The chunks' planned bytes, one walk from each begin extended as far as asked (the partition asks for every span).
+  struct Walks {
+    ChunkBytesPlanner planner;
+    std::vector<ChunkBytesPlanner::Walk> walk;  // (begin) through block reached[begin] - 1
+    std::vector<int> reached;                   // (begin)
+    std::vector<std::vector<ChunkBytes>> by_end;  // (begin, end - begin - 1)
+  };
+  auto walks = std::make_shared<Walks>(Walks{ChunkBytesPlanner(model.blocks, tp, 0, rows, recompute, zb, documents, cp),
+                                             {}, {}, {}});
   const bool ce = model.language_model || cfg.model.loss == "cross_entropy";
   const int64_t output_dim = model.output_dim;
   const bool language_model = model.language_model, documents = cfg.data.document_mask;
@@ -435,9 +444,16 @@ StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockE
     }
     if (s.held > budget) return s;  // does not fit whatever its activations: spares the chunk's plan
     const bool last = end == n;
-    const ChunkBytes cb = ModelChunk::planned_bytes(std::span<const BlockSpec>(blocks->data() + begin, size_t(end - begin)),
-                                                    tp, 0, rows, begin == 0, last, language_model && last, recompute,
-                                                    zb, documents, cp);
+    Walks& w = *walks;
+    if (w.walk.empty()) w.walk.resize(size_t(n)), w.reached.assign(size_t(n), -1), w.by_end.resize(size_t(n));
+    const size_t b = size_t(begin);
+    if (w.reached[b] < 0) w.walk[b] = w.planner.start(begin, begin == 0), w.reached[b] = begin;
+    for (; w.reached[b] < end; ++w.reached[b]) {
+      w.planner.add(w.walk[b], w.reached[b]);
+      const bool at_end = w.reached[b] + 1 == n;
+      w.by_end[b].push_back(w.walk[b].bytes(at_end, language_model && at_end));
+    }
+    const ChunkBytes cb = w.by_end[b][size_t(end - begin - 1)];
     double loss = 0;
     if (last) loss = double((ce ? 4 * rows : int64_t(act) * rows * output_dim) + 8 * rows + (tp > 1 && ce ? 12 * rows : 0));
     s.held += double(cb.scratch) + double(m) * (double(cb.boundary) + loss);
