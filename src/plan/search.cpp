@@ -146,14 +146,18 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                     // every stage fits the device (only then: a cut that fits is already the compute-balanced one).
                     if (!l.prediction.fits && recut) {
                       c.parallel.stage_memory_gib = usable_gib;
-                      const LayoutFacts& cut = shapes.get(c);
-                      if (&cut != &facts) {
-                        StepPrediction p = predict_step(cl, c, cut, /*time_only_if_fits=*/true, attention);
-                        if (p.fits || p.memory_bytes_per_device < l.prediction.memory_bytes_per_device) {
-                          l.cfg = c;
-                          l.prediction = std::move(p);
-                          for (const ChunkRange& r : cut.layout.chunks) l.memory_cut.push_back(r.end - r.begin);
+                      try {
+                        const LayoutFacts& cut = shapes.get(c);
+                        if (&cut != &facts) {
+                          StepPrediction p = predict_step(cl, c, cut, /*time_only_if_fits=*/true, attention);
+                          if (p.fits || p.memory_bytes_per_device < l.prediction.memory_bytes_per_device) {
+                            l.cfg = c;
+                            l.prediction = std::move(p);
+                            for (const ChunkRange& r : cut.layout.chunks) l.memory_cut.push_back(r.end - r.begin);
+                          }
                         }
+                      } catch (const Error&) {
+                        // a cut Relay refuses: the layout stays as cut by compute
                       }
                       c = l.cfg;
                     }
