@@ -678,6 +678,44 @@ TEST(PlanCluster, DeepseekV3StageMemoryTermMovesLayersOffTheMtpStage) {
   EXPECT_EQ(layers_on_last(make_layout(none, 0)), 2);
 }
 
+TEST(PlanCluster, SearchCutsStagesToFitTheDevice) {
+  // One device a node on 2 nodes and one sequence a step: every layout is pp 2 (dp 1, tp 1). On a device 10% smaller
+  // than the compute-balanced cut's MTP + head stage, the search's best layout is cut by the memory term
+  // (parallel.stage_memory_gib = the device's usable GiB), which fits where the compute-balanced cut does not.
+  const std::vector<std::string> keys = {"model.num_mtp_layers=1", "model.n_layer=8", "model.block_size=512",
+                                         "model.vocab_size=4096", "train.batch_size=1", "train.micro_batches=1"};
+  const Config base = load_config(src("configs/deepseek-v3-small-bytes.toml"), keys);
+  Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
+  cl.devices_per_node = 1;
+  Config by_compute = base;
+  by_compute.parallel.pp = 2;
+  const StepPrediction before = predict_step(cl, by_compute);
+  ASSERT_EQ(before.stage_memory_bytes.size(), 2u);
+  const double usable = 0.9 * before.memory_bytes_per_device;
+  cl.device.memory_bytes = cl.device.reserved_bytes + usable;
+  const SearchResult r = search_layouts(cl, base, 2, 10);
+  ASSERT_FALSE(r.best.empty());
+  const PlannedLayout& best = r.best.front();
+  EXPECT_EQ(best.cfg.parallel.pp, 2);
+  EXPECT_EQ(best.cfg.parallel.virtual_stages, 1);
+  EXPECT_NEAR(best.cfg.parallel.stage_memory_gib, usable / double(1 << 30), 1e-9);
+  ASSERT_EQ(best.memory_cut.size(), 2u);
+  EXPECT_TRUE(best.prediction.fits);
+  ASSERT_EQ(best.prediction.stage_memory_bytes.size(), 2u);
+  for (double b : best.prediction.stage_memory_bytes) EXPECT_LE(b, usable);
+  EXPECT_NE(best.why.find("stages cut to fit the device"), std::string::npos) << best.why;
+  // The same layout cut by compute alone overfills a stage; the memory term's cut is what a run of it makes.
+  Config compute_cut = best.cfg;
+  compute_cut.parallel.stage_memory_gib = 0;
+  EXPECT_FALSE(predict_step(cl, compute_cut).fits);
+  const ModelLayout run = make_layout(best.cfg, 0);
+  ASSERT_EQ(run.chunks.size(), 2u);
+  for (size_t c = 0; c < 2; ++c) EXPECT_EQ(run.chunks[c].end - run.chunks[c].begin, best.memory_cut[c]) << "stage " << c;
+  const StepPrediction fresh = predict_step(cl, best.cfg, true);
+  EXPECT_EQ(fresh.memory_bytes_per_device, best.prediction.memory_bytes_per_device);
+  EXPECT_EQ(fresh.step_time_s, best.prediction.step_time_s);
+}
+
 TEST(PlanCluster, DeepseekV3ParametersAndMlaFlops) {
   const Config c = load_config(src("configs/models/deepseek-v3.toml"));
   const ModelSpec m = make_model_spec(c, 0);

@@ -77,7 +77,7 @@ int run_plan_cluster(const PlanOptions& o) {
       throw Error(cat("--layout: parallel.dp x cp x tp x pp = ", base.parallel.dp, " x ", base.parallel.cp, " x ",
                       base.parallel.tp, " x ", base.parallel.pp, " = ", config_world, " devices, but --nodes ", nodes,
                       " x ", cl.devices_per_node, " = ", world, "; hint: set parallel.dp with --set"));
-    rows.push_back({base, predict_step(cl, base, false, o.attention), ""});
+    rows.push_back({base, predict_step(cl, base, false, o.attention), "", {}});
     rows.back().why = rows.back().prediction.fits ? "the config's layout" : "the config's layout: DOES NOT FIT in memory";
   } else {
     sr = search_layouts(cl, base, nodes, std::max(1, o.top), o.attention);
@@ -111,7 +111,8 @@ int run_plan_cluster(const PlanOptions& o) {
     if (o.json) {
       nlohmann::json j = {{"step_time_s", p.step_time_s}, {"tokens_per_s_per_device", p.tokens_per_s_per_device},
                           {"mfu", p.mfu}, {"hardware_flops_per_s_per_device", p.hardware_flops_per_s_per_device},
-                          {"memory_bytes_per_device", p.memory_bytes_per_device}, {"fits", p.fits},
+                          {"memory_bytes_per_device", p.memory_bytes_per_device},
+                          {"stage_memory_bytes", p.stage_memory_bytes}, {"fits", p.fits},
                           {"bubble_fraction", p.bubble_fraction}, {"exposed_comm_s", p.exposed_comm_s},
                           {"checkpoint_every", every}, {"checkpoint_write_s", write_s}, {"devices", p.devices},
                           {"cluster", cl.name}, {"layout", layout_json(l.cfg)}, {"why", l.why}};

@@ -150,10 +150,11 @@ class SharedBuffers {
   Tensor get(Backend& be, size_t index, const BufferSpec& spec);
   // Bytes of the distinct buffers `lists` (each block's specs) would share: the same rule as get().
   static int64_t planned_bytes(const std::vector<std::vector<BufferSpec>>& lists);
-
- private:
+  // What makes two buffers one (ChunkBytesPlanner interns them).
   using Key = std::tuple<size_t, DType, Shape>;
   static Key key(size_t index, const BufferSpec& spec) { return {index, spec.dtype, spec.shape}; }
+
+ private:
   std::map<Key, Tensor> t_;
 };
 

@@ -2,6 +2,7 @@
 #include "model/chunk.hpp"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "core/memory.hpp"
@@ -43,43 +44,82 @@ bool ModelChunk::needs_input_grad(size_t k) const {
   return !(is_first_ && k <= first_param_block_) && blocks_[k]->spec().in > 0;
 }
 
-ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
-                                     bool is_first, bool is_last, bool alias_output_grad, bool recompute,
-                                     bool split_backward, bool documents, int cp) {
-  ChunkBytes b;
-  const BlockSpec& first = blocks.front();
-  const int64_t act = int64_t(dtype_size(first.dtype)), in_rows = block_in_rows(first, rows);
-  b.slot = first.in == 0 ? 4 * rows : act * in_rows * first.in;  // the input (token ids: one i32 per row)
+ChunkBytesPlanner::ChunkBytesPlanner(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
+                                     bool recompute, bool split_backward, bool documents, int cp)
+    : rows_(rows) {
   // The sequence layout: document starts (document mask), positions (either), places in the sequence (cp).
-  b.slot += 4 * rows * ((documents ? 1 : 0) + (documents || cp > 1 ? 1 : 0) + (cp > 1 ? 1 : 0));
-  if (!is_first) b.boundary = act * in_rows * first.in;       // the input gradient sent back
-  int64_t norm_grads = 0, moe_set = 0, dense_set = 0, scratch_out = 0;
-  std::vector<std::vector<BufferSpec>> shared;  // the kept blocks' lists, whose backward buffers they share
-  for (size_t k = 0; k < blocks.size(); ++k) {
-    const BlockSpec& s = blocks[k];
-    const int64_t w = block_out_width(s, tp, tp_rank), out = block_out_rows(s, rows) * w;
-    const bool last = k + 1 == blocks.size(), alias = last && alias_output_grad, sent = last && !is_last;
-    b.slot += act * out * (alias || sent ? 1 : 2);  // output (unless sent on) and its gradient
-    if (sent) b.boundary += act * out;               // the output sent on
-    if (recompute && s.recomputable) {  // one set per kind of block (with or without experts) and one output
-      int64_t& set = s.moe.on() ? moe_set : dense_set;
-      set = saved_bytes(s, rows, tp);
-      scratch_out = act * out;
-    }
+  sequence_bytes_ = 4 * rows * ((documents ? 1 : 0) + (documents || cp > 1 ? 1 : 0) + (cp > 1 ? 1 : 0));
+  std::map<SharedBuffers::Key, int> keys;
+  for (const BlockSpec& s : blocks) {
+    Block b;
+    b.act = int64_t(dtype_size(s.dtype));
+    b.in_grad = b.act * block_in_rows(s, rows) * s.in;
+    b.in_bytes = s.in == 0 ? 4 * rows : b.in_grad;
+    b.out = block_out_rows(s, rows) * block_out_width(s, tp, tp_rank);
+    b.moe = s.moe.on();
+    b.recomputed = recompute && s.recomputable;
+    if (b.recomputed) b.set = saved_bytes(s, rows, tp);
     else {
-      std::vector<BufferSpec> specs = saved_shapes(s, rows, tp);
-      for (const BufferSpec& sp : specs)
-        if (split_backward || !sp.backward) b.slot += sp.bytes();
-      if (!split_backward) shared.push_back(std::move(specs));
+      const std::vector<BufferSpec> specs = saved_shapes(s, rows, tp);
+      for (size_t i = 0; i < specs.size(); ++i) {
+        if (split_backward || !specs[i].backward) b.own += specs[i].bytes();
+        if (!split_backward && specs[i].backward) {
+          const int id = keys.try_emplace(SharedBuffers::key(i, specs[i]), int(keys.size())).first->second;
+          b.shared.push_back({id, specs[i].bytes()});
+        }
+      }
     }
     // Sequence parallelism: a block's norm-weight gradients of a micro-batch before the group's sum (4 x C f32).
     if (s.sp > 1 && (s.kind == BlockKind::transformer || s.kind == BlockKind::llama_layer || s.kind == BlockKind::head))
-      norm_grads += 4 * s.in * 4;
+      b.norm_grads += 4 * s.in * 4;
     // Tensor parallelism with q_norm / k_norm (Qwen3): their gradients from this rank's heads before the sum (4 x hd).
-    if (tp > 1 && s.qk_norm) norm_grads += 4 * head_dim(s) * 4;
+    if (tp > 1 && s.qk_norm) b.norm_grads += 4 * head_dim(s) * 4;
+    blocks_.push_back(std::move(b));
   }
-  b.scratch += moe_set + dense_set + scratch_out + norm_grads + SharedBuffers::planned_bytes(shared);
+  keys_ = int(keys.size());
+}
+
+ChunkBytesPlanner::Walk ChunkBytesPlanner::start(int begin, bool is_first) const {
+  const Block& first = blocks_.at(size_t(begin));
+  Walk w;
+  w.act = first.act;
+  w.slot = first.in_bytes + sequence_bytes_;    // the input and the sequence layout
+  if (!is_first) w.boundary = first.in_grad;  // the input gradient sent back
+  w.seen.assign(size_t(keys_), 0);
+  return w;
+}
+
+void ChunkBytesPlanner::add(Walk& w, int block) const {
+  const Block& b = blocks_[size_t(block)];
+  w.last_out = b.out;
+  w.slot += w.act * b.out * 2;  // output and its gradient (Walk::bytes takes the last block's back where sent on)
+  if (b.recomputed) {           // one set per kind of block (with or without experts) and one output
+    (b.moe ? w.moe_set : w.dense_set) = b.set;
+    w.scratch_out = w.act * b.out;
+  } else {
+    w.slot += b.own;
+    for (const auto& [key, bytes] : b.shared)
+      if (!w.seen[size_t(key)]) w.seen[size_t(key)] = 1, w.shared += bytes;
+  }
+  w.norm_grads += b.norm_grads;
+}
+
+ChunkBytes ChunkBytesPlanner::Walk::bytes(bool is_last, bool alias_output_grad) const {
+  ChunkBytes b;
+  const bool sent = !is_last;
+  b.slot = slot - (alias_output_grad || sent ? act * last_out : 0);  // the output's gradient aliased, or sent on
+  b.boundary = boundary + (sent ? act * last_out : 0);                 // the output sent on
+  b.scratch = moe_set + dense_set + scratch_out + norm_grads + shared;
   return b;
+}
+
+ChunkBytes ModelChunk::planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
+                                     bool is_first, bool is_last, bool alias_output_grad, bool recompute,
+                                     bool split_backward, bool documents, int cp) {
+  const ChunkBytesPlanner planner(blocks, tp, tp_rank, rows, recompute, split_backward, documents, cp);
+  ChunkBytesPlanner::Walk w = planner.start(0, is_first);
+  for (int k = 0; k < planner.size(); ++k) planner.add(w, k);
+  return w.bytes(is_last, alias_output_grad);
 }
 
 int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, int64_t rows, bool overlap) {

@@ -31,6 +31,43 @@ struct ChunkBytes {
   int64_t slot = 0, boundary = 0, scratch = 0;
 };
 
+// ModelChunk::planned_bytes block by block: what each block adds to a chunk (its output and gradient, saved buffers,
+// recomputation's sets, its keys among the shared backward buffers) built once, so the bytes of every chunk [begin, end)
+// of one model's blocks cost one pass from each begin (the pipeline partition's memory term, parallel/partition.hpp,
+// asks for all of them) instead of one pass over the chunk's blocks each. ModelChunk::planned_bytes is one walk.
+class ChunkBytesPlanner {
+ public:
+  ChunkBytesPlanner(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows, bool recompute,
+                    bool split_backward, bool documents = false, int cp = 1);
+  // The running sums of a chunk from `begin` through the blocks added so far.
+  struct Walk {
+    int64_t act = 0, slot = 0, boundary = 0, norm_grads = 0, moe_set = 0, dense_set = 0, scratch_out = 0, shared = 0;
+    int64_t last_out = 0;            // the last block's output elements
+    std::vector<char> seen;          // (shared keys) held by the chunk's backward buffers
+    // The chunk's bytes with the blocks added so far as its blocks.
+    ChunkBytes bytes(bool is_last, bool alias_output_grad) const;
+  };
+  Walk start(int begin, bool is_first) const;
+  void add(Walk& w, int block) const;  // the blocks in order from begin
+  int size() const { return int(blocks_.size()); }
+
+ private:
+  struct Block {
+    int64_t in_bytes = 0;     // the input the chunk keeps (token ids: one i32 a row)
+    int64_t in_grad = 0;      // its input's gradient (none for token ids)
+    int64_t act = 0;          // its dtype's bytes (a chunk's first block's sizes every output of the chunk)
+    int64_t out = 0;          // output elements
+    bool recomputed = false, moe = false;
+    int64_t set = 0;          // recomputed: its saved bytes (one set per kind of block)
+    int64_t own = 0;          // not recomputed: its saved bytes kept per slot
+    std::vector<std::pair<int, int64_t>> shared;  // not recomputed, not split: its backward buffers (key, bytes)
+    int64_t norm_grads = 0;
+  };
+  std::vector<Block> blocks_;
+  int keys_ = 0;
+  int64_t rows_ = 0, sequence_bytes_ = 0;  // the sequence layout's i32s per slot
+};
+
 // Bytes of a rank's CpAttention (model/context_parallel.hpp) for micro-batches of `rows` of its rows: the gathered
 // keys, values, their gradients and the rank-order buffer (cp x rows each), two permutations, and for GPT's packed
 // attention its q, k, v and gradients (rows each). 0 without context parallelism or attention blocks.
@@ -57,6 +94,7 @@ class ModelChunk {
   // exists (relay plan's memory prediction): the same rules as slot() below.
   // documents: data.document_mask (two i32 per row and slot); cp: context parallelism's size (rows are this rank's;
   // a third i32 per row; the gathered keys and values are the rank's, cp_attention_bytes).
+  // (ChunkBytesPlanner below, over these blocks alone.)
   static ChunkBytes planned_bytes(std::span<const BlockSpec> blocks, int tp, int tp_rank, int64_t rows,
                                   bool is_first, bool is_last, bool alias_output_grad, bool recompute,
                                   bool split_backward, bool documents = false, int cp = 1);

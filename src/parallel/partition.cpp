@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
 
 #include "core/error.hpp"
 
@@ -67,12 +66,14 @@ std::vector<ChunkRange> partition_blocks(const std::vector<BlockSpec>& blocks, i
   const double inf = std::numeric_limits<double>::infinity();
   auto unit_block = [&](int k) { return k < u ? unit_start[static_cast<size_t>(k)] : n; };
   const bool with_memory = memory.on() && static_cast<int>(memory.slots.size()) == chunks;
-  std::map<std::pair<int, int>, StageBytes> spans;  // by (begin, end): the same span on every stage but its slots
+  // By units (j, k): the same span on every stage but its slots; asked once each.
+  std::vector<StageBytes> spans;
+  std::vector<char> known;
+  if (with_memory) spans.resize(static_cast<size_t>(u + 1) * static_cast<size_t>(u + 1)), known.resize(spans.size(), 0);
   auto bytes = [&](int c, int j, int k) {
-    const int b = unit_block(j), e = unit_block(k);
-    auto it = spans.find({b, e});
-    if (it == spans.end()) it = spans.emplace(std::make_pair(b, e), memory.bytes(b, e)).first;
-    return it->second.held + memory.slots[static_cast<size_t>(c)] * it->second.per_slot;
+    const size_t at = static_cast<size_t>(j) * static_cast<size_t>(u + 1) + static_cast<size_t>(k);
+    if (!known[at]) spans[at] = memory.bytes(unit_block(j), unit_block(k)), known[at] = 1;
+    return spans[at].held + memory.slots[static_cast<size_t>(c)] * spans[at].per_slot;
   };
   // best[c][k]: minimal max-cost splitting the first k units into c chunks; cut[c][k] the last cut.
   std::vector<std::vector<double>> best;

@@ -37,7 +37,9 @@ const LayoutFacts& LayoutCache::get(const Config& cfg) {
       p.balance.empty() && p.stage_memory_gib > 0 && p.pp > 1 && p.virtual_stages == 1;
   if (!cut_by_memory) return *e.facts;
   if (e.facts->elements.dense.empty()) e.facts->elements = block_elements(e.facts->layout.model, int(p.tp), int(p.ep));
-  const StageMemory memory = stage_memory(cfg, e.facts->layout.model, &e.facts->elements);
+  auto [slots, new_shape] = slots_.try_emplace({p.schedule, p.pp, cfg.train.micro_batches});
+  if (new_shape) slots->second = stage_slots(cfg);
+  const StageMemory memory = stage_memory(cfg, e.facts->layout.model, &e.facts->elements, &slots->second);
   if (!memory.on()) return *e.facts;
   // make_layout's cut for cfg, from the shape's model (its experts already split over ep).
   const ModelLayout& base = e.facts->layout;

@@ -43,6 +43,8 @@ class LayoutCache {
   };
   std::map<Key, Entry> facts_;  // the shape's, cut by compute alone
   std::map<std::pair<Key, std::vector<int>>, std::unique_ptr<LayoutFacts>> cut_;  // by shape and stage starts
+  // stage_slots by schedule shape (schedule, pp, micro-batches; one chunk a rank): the memory term's, for every cut
+  std::map<std::tuple<std::string, int64_t, int64_t>, std::vector<double>> slots_;
 };
 
 // The facts of cfg's layout, built fresh (what LayoutCache::get stores).

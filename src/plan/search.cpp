@@ -51,6 +51,15 @@ std::string why_line(const Cluster& cl, const PlannedLayout& l, const std::map<s
                         std::round(100 * s.ep_comm_s / s.step_time_s), "% of the step in all-to-alls ",
                         inside ? "over NVLink" : "across nodes"));
   }
+  if (!l.memory_cut.empty()) {
+    // Where the memory term moved blocks: each stage's blocks and planned GiB (the compute-balanced cut overfilled one).
+    std::string b, m;
+    for (size_t i = 0; i < l.memory_cut.size(); ++i) {
+      b += cat(i ? "+" : "", l.memory_cut[i]);
+      m += cat(i ? "/" : "", gib(s.stage_memory_bytes.at(i)));
+    }
+    parts.push_back(cat("stages cut to fit the device (parallel.stage_memory_gib): ", b, " blocks, ", m, " GiB"));
+  }
   if (l.cfg.optimizer.zero) parts.push_back(cat("ZeRO-", l.cfg.optimizer.zero, " over ", p.dp * p.cp, " replicas"));
   if (l.cfg.train.recompute == "blocks") parts.push_back("recompute to fit activations");
   parts.push_back(cat(std::round(100 * s.exposed_comm_s / s.step_time_s), "% of the step in exposed communication"));
@@ -67,6 +76,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
   const int world = nodes * cl.devices_per_node;
   const int64_t B = base.train.batch_size, T = base.model.block_size;
   const int64_t blocks = base.model.n_layer + 2;
+  const double usable_gib = (cl.device.memory_bytes - cl.device.reserved_bytes) / double(int64_t(1) << 30);
   SearchResult res;
   res.smallest_memory_bytes = -1;
   std::vector<PlannedLayout> all;
@@ -100,6 +110,8 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
             for (int ep : divisors(dp))
               if (ep > 1 && family.ep_splits(base.model, ep)) eps.push_back(ep);
           for (const Sched& sc : scheds) {
+            // The memory term cuts one chunk a rank (parallel/partition.hpp); a config's own budget is kept.
+            const bool recut = pp > 1 && sc.v == 1 && base.parallel.stage_memory_gib <= 0;
             for (int ep : eps) {
               // Cheapest in time first: ZeRO and recomputation only save memory here (ZeRO-1's smaller optimizer
               // step aside), so once two settings of this shape fit, the rest would be slower.
@@ -121,15 +133,34 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                   c.parallel.virtual_stages = sc.v;
                   c.parallel.sequence_parallel = tp > 1 && (T / cp) % tp == 0 && family.sequence_parallel();
                   c.parallel.balance.clear();
-                  // The stages as the base config cuts them (parallel.stage_memory_gib, if given, is kept: setting it to
-                  // the device's memory here re-cuts every layout and made the DeepSeek-V3 search minutes slower).
                   c.train.micro_batches = m;
                   c.train.recompute = rc;
                   c.optimizer.zero = zero;
-                  PlannedLayout l{c, {}, {}};
+                  PlannedLayout l{c, {}, {}, {}};
                   try {
                     if (pp * sc.v > blocks) continue;
-                    l.prediction = predict_step(cl, c, shapes.get(c), /*time_only_if_fits=*/true, attention);
+                    const LayoutFacts& facts = shapes.get(c);
+                    l.prediction = predict_step(cl, c, facts, /*time_only_if_fits=*/true, attention);
+                    // The stages as the base config cuts them (by compute alone unless it gives
+                    // parallel.stage_memory_gib); where that cut overfills a stage, cut again among the cuts whose
+                    // every stage fits the device (only then: a cut that fits is already the compute-balanced one).
+                    if (!l.prediction.fits && recut) {
+                      c.parallel.stage_memory_gib = usable_gib;
+                      try {
+                        const LayoutFacts& cut = shapes.get(c);
+                        if (&cut != &facts) {
+                          StepPrediction p = predict_step(cl, c, cut, /*time_only_if_fits=*/true, attention);
+                          if (p.fits || p.memory_bytes_per_device < l.prediction.memory_bytes_per_device) {
+                            l.cfg = c;
+                            l.prediction = std::move(p);
+                            for (const ChunkRange& r : cut.layout.chunks) l.memory_cut.push_back(r.end - r.begin);
+                          }
+                        }
+                      } catch (const Error&) {
+                        // a cut Relay refuses: the layout stays as cut by compute
+                      }
+                      c = l.cfg;
+                    }
                   } catch (const Error&) {
                     continue;  // a shape Relay refuses (the interleaved schedule's micro-batch rule, the partition)
                   }

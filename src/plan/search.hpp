@@ -1,7 +1,9 @@
 // The layout search of `relay plan --cluster`: every layout Relay can run on the cluster's devices (dp, tp,
 // pp with its schedule and virtual stages, cp, ZeRO stage, recomputation, micro-batch size and count) whose
 // planned memory fits, each predicted by plan/step_model.hpp, best tokens/s first. tp stays inside a node and
-// sequence parallelism is on with tp (the same bytes as the all-reduces, less memory); GPipe is left out (1F1B
+// sequence parallelism is on with tp (the same bytes as the all-reduces, less memory); a pipelined layout (one chunk
+// a rank) whose compute-balanced cut overfills a stage is cut again among the cuts that fit the device, compute
+// balanced among them (parallel.stage_memory_gib, parallel/partition.hpp's memory term); GPipe is left out (1F1B
 // has its bubble with less memory); micro-batches of 1, 2 or 4 sequences. A mixture of experts adds ep (every divisor
 // of dp that divides n_experts, with every ZeRO stage), combined with tp and cp as for a dense model.
 #pragma once
@@ -18,6 +20,9 @@ struct PlannedLayout {
   Config cfg;  // the layout as the keys a training run reads
   StepPrediction prediction;
   std::string why;  // one line: why this layout (tp inside a node, pp to fit, the bubble, ...)
+  // (pp) blocks per pipeline stage where the compute-balanced cut overfilled a stage and the memory term
+  // (parallel.stage_memory_gib = the device's usable GiB, set in cfg) cut them to fit; empty otherwise
+  std::vector<int> memory_cut;
 };
 
 struct SearchResult {

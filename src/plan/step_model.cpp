@@ -275,8 +275,8 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFa
   // ZeRO-3 adds what is gathered at once and, under pp > 1, the whole gradients.
   for (int p = 0; p < pp; ++p) {
     const MemoryBytes b = predict_memory(cfg, layout, facts.stages[size_t(p)], p, 0);
-    r.memory_bytes_per_device =
-        std::max(r.memory_bytes_per_device, double(b.total() + b.gathered) + double(b.step_grads));
+    r.stage_memory_bytes.push_back(double(b.total() + b.gathered) + double(b.step_grads));
+    r.memory_bytes_per_device = std::max(r.memory_bytes_per_device, r.stage_memory_bytes.back());
   }
   r.fits = r.memory_bytes_per_device + dev.reserved_bytes <= dev.memory_bytes;
   r.checkpoint_bytes = facts.checkpoint_bytes;

@@ -6,6 +6,7 @@
 // (train/memory_plan.hpp). Nothing is allocated: a 405B model is planned as a 1M one.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "core/config.hpp"
 #include "plan/cluster.hpp"
@@ -20,6 +21,7 @@ struct StepPrediction {
   double mfu = 0;                         // model_flops_per_row (model/block_cost.hpp) x tokens / (time x devices x peak)
   double hardware_flops_per_s_per_device = 0;  // recomputation counted
   double memory_bytes_per_device = 0;     // the largest rank's planned bytes (what Relay allocates)
+  std::vector<double> stage_memory_bytes;  // (pp) each pipeline rank's planned bytes, tp rank 0
   bool fits = false;                      // memory + the device's reserved bytes <= its memory
   double bubble_fraction = 0;             // the simulator's idle share of the pipeline ranks
   double exposed_comm_s = 0;              // communication the step waits for (see step_model.cpp)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "backend/backend.hpp"
@@ -386,13 +387,22 @@ BlockElements block_elements(const ModelSpec& model, int tp, int ep) {
   return out;
 }
 
-StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockElements* elements) {
+std::vector<double> stage_slots(const Config& cfg) {
+  const ScheduleShape shape = schedule_shape(cfg);
+  std::vector<double> slots;
+  for (int r = 0; r < shape.pp; ++r)
+    slots.push_back(double(plan_slots(generate_schedule(shape, r), shape.m).slots.at(r)));
+  return slots;
+}
+
+StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockElements* elements,
+                         const std::vector<double>* slots) {
   StageMemory mem;
   const int pp = int(cfg.parallel.pp), tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), ep = int(cfg.parallel.ep);
   if (cfg.parallel.stage_memory_gib <= 0 || pp < 2 || cfg.parallel.virtual_stages != 1) return mem;
   mem.budget = cfg.parallel.stage_memory_gib * double(int64_t(1) << 30);
   const ScheduleShape shape = schedule_shape(cfg);
-  for (int r = 0; r < pp; ++r) mem.slots.push_back(double(plan_slots(generate_schedule(shape, r), shape.m).slots.at(r)));
+  mem.slots = slots ? *slots : stage_slots(cfg);
   // Bytes an element of a parameter holds: predict_memory's rules for the ZeRO stage (its shards, not ZeRO-2's pool).
   const Sharding sh = describe_sharding(sharding_input(cfg));
   const double f32 = 4, act = double(dtype_size(compute_dtype(cfg.train.precision)));
@@ -410,10 +420,18 @@ StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockE
   const bool recompute = cfg.train.recompute == "blocks", zb = shape.kind == ScheduleKind::zb_h1;
   const int64_t m = cfg.train.micro_batches, rows = micro_batch_rows(cfg) * model.seq_len / cp;
   const int n = int(model.blocks.size());
-  const std::vector<BlockSpec>* blocks = &model.blocks;  // the layout's (experts split over ep); outlives the partition
   const bool ce = model.language_model || cfg.model.loss == "cross_entropy";
   const int64_t output_dim = model.output_dim;
   const bool language_model = model.language_model, documents = cfg.data.document_mask;
+  // The chunks' planned bytes, one walk from each begin extended as far as asked (the partition asks for every span).
+  struct Walks {
+    ChunkBytesPlanner planner;
+    std::vector<ChunkBytesPlanner::Walk> walk;  // (begin) through block reached[begin] - 1
+    std::vector<int> reached;                   // (begin)
+    std::vector<std::vector<ChunkBytes>> by_end;  // (begin, end - begin - 1)
+  };
+  auto walks = std::make_shared<Walks>(Walks{ChunkBytesPlanner(model.blocks, tp, 0, rows, recompute, zb, documents, cp),
+                                             {}, {}, {}});
   // The parameters' bytes as prefix sums over blocks, and a parameter that several blocks use (a tied embedding) once
   // a stage: its bytes taken off again for each further block of the stage that uses it.
   const BlockElements own = elements ? BlockElements{} : block_elements(model, tp, ep);
@@ -435,9 +453,16 @@ StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockE
     }
     if (s.held > budget) return s;  // does not fit whatever its activations: spares the chunk's plan
     const bool last = end == n;
-    const ChunkBytes cb = ModelChunk::planned_bytes(std::span<const BlockSpec>(blocks->data() + begin, size_t(end - begin)),
-                                                    tp, 0, rows, begin == 0, last, language_model && last, recompute,
-                                                    zb, documents, cp);
+    Walks& w = *walks;
+    if (w.walk.empty()) w.walk.resize(size_t(n)), w.reached.assign(size_t(n), -1), w.by_end.resize(size_t(n));
+    const size_t b = size_t(begin);
+    if (w.reached[b] < 0) w.walk[b] = w.planner.start(begin, begin == 0), w.reached[b] = begin;
+    for (; w.reached[b] < end; ++w.reached[b]) {
+      w.planner.add(w.walk[b], w.reached[b]);
+      const bool at_end = w.reached[b] + 1 == n;
+      w.by_end[b].push_back(w.walk[b].bytes(at_end, language_model && at_end));
+    }
+    const ChunkBytes cb = w.by_end[b][size_t(end - begin - 1)];
     double loss = 0;
     if (last) loss = double((ce ? 4 * rows : int64_t(act) * rows * output_dim) + 8 * rows + (tp > 1 && ce ? 12 * rows : 0));
     s.held += double(cb.scratch) + double(m) * (double(cb.boundary) + loss);

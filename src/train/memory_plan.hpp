@@ -97,7 +97,11 @@ struct BlockElements {
   std::vector<Shared> shared;
 };
 BlockElements block_elements(const ModelSpec& model, int tp, int ep);
-StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockElements* elements = nullptr);
+// slots: stage_slots(cfg), when the caller holds them (the search's layouts of one schedule shape share them).
+StageMemory stage_memory(const Config& cfg, const ModelSpec& model, const BlockElements* elements = nullptr,
+                         const std::vector<double>* slots = nullptr);
+// (pp) the micro-batches in flight on each pipeline rank's chunk under cfg's schedule (one chunk a rank).
+std::vector<double> stage_slots(const Config& cfg);
 
 // What this process's tensors hold now.
 MemoryBytes measured_memory();
