@@ -1139,6 +1139,22 @@ std::vector<OpCase> all_cases() {
           return std::vector{out(be, "y", y), out(be, "inverse_inplace", xin)};
         });
     }
+    // MLA's rotary regrouping (gather_rotary, scatter_rotary): x (n, heads * w), columns [off, off + dr) of each head;
+    // one head of only rotary columns (k_pe), and (1024, 4 x 32) above the CPU's parallel threshold.
+    struct Rot { int64_t n, heads, w, off, dr; };
+    for (Rot g : {Rot{1, 1, 8, 0, 8}, Rot{37, 3, 12, 4, 8}, Rot{1024, 4, 32, 24, 8}})
+      for (bool il : {true, false}) {
+        const std::string d = "n" + std::to_string(g.n) + "_heads" + std::to_string(g.heads) + "_w" +
+                              std::to_string(g.w) + "_off" + std::to_string(g.off) + "_dr" + std::to_string(g.dr) +
+                              (il ? "_interleaved" : "");
+        add("rotary_columns_" + d + sx, kTolExact, [=](Backend& be) {
+          Tensor xin = input(be, {g.n, g.heads * g.w}, 134, x), pe(be, {g.n, g.heads * g.dr}, x);
+          Tensor into = input(be, {g.n, g.heads * g.w}, 135, x), pe2 = input(be, {g.n, g.heads * g.dr}, 136, x);
+          be.gather_rotary(xin, g.w, g.off, il, pe);
+          be.scatter_rotary(pe2, g.w, g.off, il, into);  // into's other columns stay
+          return std::vector{out(be, "pe", pe), out(be, "x", into)};
+        });
+      }
     struct Gqa { int64_t B, T, H, KV, hd; };
     for (Gqa g : {Gqa{1, 1, 1, 1, 16}, Gqa{2, 37, 4, 4, 16}, Gqa{2, 37, 4, 2, 16}, Gqa{2, 37, 4, 1, 16},
                   Gqa{1, 130, 4, 4, 64}, Gqa{1, 130, 4, 2, 64}, Gqa{2, 130, 4, 1, 64}}) {

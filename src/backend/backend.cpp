@@ -527,6 +527,33 @@ void Backend::rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, i
   rope_impl(x, T, head_dim, theta, pos0, inverse, y, positions, scaling);
 }
 
+namespace {
+// gather_rotary's and scatter_rotary's shapes: x (n, heads * head_width), pe (n, heads * dr), off + dr <= head_width.
+void check_rotary(const Check& c, const Tensor& x, int64_t head_width, int64_t off, bool interleaved, const Tensor& pe) {
+  c.tensor(x, "x", kFloat).tensor(pe, "pe", kFloat).same_dtype(pe, "pe", x, "x");
+  c.that(head_width > 0 && cols_of(x) % head_width == 0 && rows_of(pe) == rows_of(x),
+         cat("x ", shape_str(x.shape()), " must be (n, heads * ", head_width, ") and pe ", shape_str(pe.shape()),
+             " have its n rows"));
+  const int64_t heads = cols_of(x) / head_width, dr = heads > 0 ? cols_of(pe) / heads : 0;
+  c.that(heads > 0 && cols_of(pe) == heads * dr && dr > 0 && off >= 0 && off + dr <= head_width &&
+             (!interleaved || dr % 2 == 0),
+         cat("pe ", shape_str(pe.shape()), " must be (n, ", heads, " heads * dr) with columns [", off, ", ", off,
+             " + dr) inside each head of ", head_width, interleaved ? " and dr even" : ""));
+  c.that(x.raw() != pe.raw(), "pe must not alias x");
+}
+}  // namespace
+
+void Backend::gather_rotary(const Tensor& x, int64_t head_width, int64_t off, bool interleaved, Tensor& pe) {
+  Check c(*this, "gather_rotary");
+  check_rotary(c, x, head_width, off, interleaved, pe);
+  rotary_columns_impl(x, pe, head_width, off, interleaved, /*gather=*/true);
+}
+void Backend::scatter_rotary(const Tensor& pe, int64_t head_width, int64_t off, bool interleaved, Tensor& x) {
+  Check c(*this, "scatter_rotary");
+  check_rotary(c, x, head_width, off, interleaved, pe);
+  rotary_columns_impl(pe, x, head_width, off, interleaved, /*gather=*/false);
+}
+
 void Backend::cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
                             Tensor* dlogits) {
   const int64_t n = rows_of(logits);

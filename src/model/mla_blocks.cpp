@@ -476,46 +476,23 @@ class MlaLayer final : public Block {
   // in the input's pairing.
   void rope_part(Backend& be, Tensor& x, int64_t heads, int64_t w, int64_t off, Tensor pe, int64_t T,
                  bool backward) const {
-    const int64_t dr = m_.qk_rope, half = dr / 2;
-    // Forward reads the input layout; backward reads the rotated (contiguous) layout.
-    auto move = [&](bool to_pe, bool input_layout) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t xc = h * w + off, pc = h * dr;
-        if (!input_layout || !m_.rope_interleave) {
-          to_pe ? be.copy_columns(x, xc, pe, pc, dr) : be.copy_columns(pe, pc, x, xc, dr);
-          continue;
-        }
-        for (int64_t i = 0; i < half; ++i) {  // pair i: input columns 2i, 2i + 1 <-> pe columns i, half + i
-          if (to_pe) {
-            be.copy_columns(x, xc + 2 * i, pe, pc + i, 1);
-            be.copy_columns(x, xc + 2 * i + 1, pe, pc + half + i, 1);
-          } else {
-            be.copy_columns(pe, pc + i, x, xc + 2 * i, 1);
-            be.copy_columns(pe, pc + half + i, x, xc + 2 * i + 1, 1);
-          }
-        }
-      }
-    };
-    move(/*to_pe=*/true, /*input_layout=*/!backward);
+    const int64_t dr = m_.qk_rope;
+    RELAY_ASSERT(x.size(1) == heads * w, "mla rope_part: x has " << x.size(1) << " columns, expected " << heads * w);
+    // Forward reads the input layout (interleaved pairs with rope_interleave); backward reads the rotated
+    // (contiguous halves) layout and writes the input's pairing.
+    be.gather_rotary(x, w, off, m_.rope_interleave && !backward, pe);
     be.rope(pe, T, dr, spec_.rope_theta, 0, /*inverse=*/backward, pe, positions_, m_.rope_scaling);
-    move(/*to_pe=*/false, /*input_layout=*/backward);
+    be.scatter_rotary(pe, w, off, m_.rope_interleave && backward, x);
   }
 
   // Decode's rotation: the rotary part, columns [off, off + dr), of every row of x (rows, w) at position pos, through
   // pe (rows, dr) scratch; read in transformers' pairing, written back as contiguous halves, as rope_part's forward.
   // Rows may be (sequence, head) pairs: one position for all of them.
   void rope_at(Backend& be, Tensor x, int64_t off, Tensor pe, int64_t pos) const {
-    const int64_t dr = m_.qk_rope, half = dr / 2;
-    if (m_.rope_interleave) {
-      for (int64_t i = 0; i < half; ++i) {  // pair i: columns 2i, 2i + 1 -> pe columns i, half + i
-        be.copy_columns(x, off + 2 * i, pe, i, 1);
-        be.copy_columns(x, off + 2 * i + 1, pe, half + i, 1);
-      }
-    } else {
-      be.copy_columns(x, off, pe, 0, dr);
-    }
+    const int64_t dr = m_.qk_rope;
+    be.gather_rotary(x, x.size(1), off, m_.rope_interleave, pe);
     be.rope(pe, 1, dr, spec_.rope_theta, pos, /*inverse=*/false, pe, Tensor(), m_.rope_scaling);
-    be.copy_columns(pe, 0, x, off, dr);
+    be.scatter_rotary(pe, x.size(1), off, /*interleaved=*/false, x);
   }
 
   TensorParallel tp_;
