@@ -1865,6 +1865,18 @@ TEST(BackendOpsAdamW, CudaManyEqualsEachTensorsStepBitwise) {
 std::vector<double> values(const Tensor& t) { return out(cpu_backend(), "", t).values; }
 Output named(const std::string& name, std::vector<double> v) { return Output{name, std::move(v)}; }
 
+// The backend's checks build their messages only on failure (Check::that takes a callable): a failing check still
+// names the op, the columns and both shapes, and ends the process with exit 1.
+TEST(BackendChecks, FailedCheckNamesTheOpAndShapes) {
+  Backend& be = cpu_backend();
+  Tensor src(be, {4, 8}), dst(be, {4, 6});
+  EXPECT_EXIT(be.copy_columns(src, 0, dst, 0, 9), ::testing::ExitedWithCode(1),
+              "copy_columns: columns \\[0, 9\\) of src \\[4, 8\\] into \\[0, 9\\) of dst \\[4, 6\\]");
+  Tensor x(be, {3, 2 * 12}), pe(be, {3, 2 * 8});
+  EXPECT_EXIT(be.gather_rotary(x, 12, 6, true, pe), ::testing::ExitedWithCode(1),
+              "gather_rotary: pe \\[3, 16\\] must be \\(n, 2 heads \\* dr\\) with columns \\[6, 6 \\+ dr\\)");
+}
+
 TEST(LlamaOpsCpu, RmsNormMatchesDoubleReference) {
   Backend& be = cpu_backend();
   for (Shape s : {Shape{3, 7}, Shape{127, 513}}) {
