@@ -1139,6 +1139,22 @@ std::vector<OpCase> all_cases() {
           return std::vector{out(be, "y", y), out(be, "inverse_inplace", xin)};
         });
     }
+    // MLA's rotary regrouping (gather_rotary, scatter_rotary): x (n, heads * w), columns [off, off + dr) of each head;
+    // one head of only rotary columns (k_pe), and (1024, 4 x 32) above the CPU's parallel threshold.
+    struct Rot { int64_t n, heads, w, off, dr; };
+    for (Rot g : {Rot{1, 1, 8, 0, 8}, Rot{37, 3, 12, 4, 8}, Rot{1024, 4, 32, 24, 8}})
+      for (bool il : {true, false}) {
+        const std::string d = "n" + std::to_string(g.n) + "_heads" + std::to_string(g.heads) + "_w" +
+                              std::to_string(g.w) + "_off" + std::to_string(g.off) + "_dr" + std::to_string(g.dr) +
+                              (il ? "_interleaved" : "");
+        add("rotary_columns_" + d + sx, kTolExact, [=](Backend& be) {
+          Tensor xin = input(be, {g.n, g.heads * g.w}, 134, x), pe(be, {g.n, g.heads * g.dr}, x);
+          Tensor into = input(be, {g.n, g.heads * g.w}, 135, x), pe2 = input(be, {g.n, g.heads * g.dr}, 136, x);
+          be.gather_rotary(xin, g.w, g.off, il, pe);
+          be.scatter_rotary(pe2, g.w, g.off, il, into);  // into's other columns stay
+          return std::vector{out(be, "pe", pe), out(be, "x", into)};
+        });
+      }
     struct Gqa { int64_t B, T, H, KV, hd; };
     for (Gqa g : {Gqa{1, 1, 1, 1, 16}, Gqa{2, 37, 4, 4, 16}, Gqa{2, 37, 4, 2, 16}, Gqa{2, 37, 4, 1, 16},
                   Gqa{1, 130, 4, 4, 64}, Gqa{1, 130, 4, 2, 64}, Gqa{2, 130, 4, 1, 64}}) {
@@ -1848,6 +1864,18 @@ TEST(BackendOpsAdamW, CudaManyEqualsEachTensorsStepBitwise) {
 
 std::vector<double> values(const Tensor& t) { return out(cpu_backend(), "", t).values; }
 Output named(const std::string& name, std::vector<double> v) { return Output{name, std::move(v)}; }
+
+// The backend's checks build their messages only on failure (Check::that takes a callable): a failing check still
+// names the op, the columns and both shapes, and ends the process with exit 1.
+TEST(BackendChecks, FailedCheckNamesTheOpAndShapes) {
+  Backend& be = cpu_backend();
+  Tensor src(be, {4, 8}), dst(be, {4, 6});
+  EXPECT_EXIT(be.copy_columns(src, 0, dst, 0, 9), ::testing::ExitedWithCode(1),
+              "copy_columns: columns \\[0, 9\\) of src \\[4, 8\\] into \\[0, 9\\) of dst \\[4, 6\\]");
+  Tensor x(be, {3, 2 * 12}), pe(be, {3, 2 * 8});
+  EXPECT_EXIT(be.gather_rotary(x, 12, 6, true, pe), ::testing::ExitedWithCode(1),
+              "gather_rotary: pe \\[3, 16\\] must be \\(n, 2 heads \\* dr\\) with columns \\[6, 6 \\+ dr\\)");
+}
 
 TEST(LlamaOpsCpu, RmsNormMatchesDoubleReference) {
   Backend& be = cpu_backend();

@@ -194,6 +194,31 @@ TEST(CpuKernels, Mse) {
   }
 }
 
+// MLA's rotary regrouping (transformers' apply_rotary_pos_emb_interleave: view (d/2, 2), transpose, so evens then
+// odds): two heads of 6 columns whose rotary part is columns [2, 6); then a round trip through the parallel loop.
+TEST(CpuKernels, RotaryColumnsRegroupAsTransformersInterleave) {
+  const std::vector<float> x = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};  // (1, 2 heads * 6)
+  std::vector<float> pe(8);
+  cpu::rotary_columns(x.data(), pe.data(), 1, 2, 6, 2, 4, /*interleaved=*/true, /*gather=*/true);
+  EXPECT_EQ(pe, (std::vector<float>{2, 4, 3, 5, 8, 10, 9, 11}));
+  cpu::rotary_columns(x.data(), pe.data(), 1, 2, 6, 2, 4, /*interleaved=*/false, /*gather=*/true);
+  EXPECT_EQ(pe, (std::vector<float>{2, 3, 4, 5, 8, 9, 10, 11}));
+  std::vector<float> back(12, -1.f);  // scatter writes the rotary columns only
+  cpu::rotary_columns(pe.data(), back.data(), 1, 2, 6, 2, 4, /*interleaved=*/false, /*gather=*/false);
+  EXPECT_EQ(back, (std::vector<float>{-1, -1, 2, 3, 4, 5, -1, -1, 8, 9, 10, 11}));
+  // (1024, 4 heads * 32), rotary columns [24, 32): above kParallelElems, two threads; gather then scatter is x.
+  cpu::set_threads(2);
+  const int64_t rows = 1024, heads = 4, w = 32, dr = 8;
+  const auto big = randn(size_t(rows * heads * w), 20);
+  std::vector<float> big_pe(size_t(rows * heads * dr)), big_back = randn(big.size(), 21);
+  cpu::rotary_columns(big.data(), big_pe.data(), rows, heads, w, 24, dr, true, true);
+  cpu::rotary_columns(big_pe.data(), big_back.data(), rows, heads, w, 24, dr, true, false);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < heads * w; ++c)
+      if (c % w >= 24) ASSERT_EQ(big_back[size_t(r * heads * w + c)], big[size_t(r * heads * w + c)]) << r << ", " << c;
+  EXPECT_EQ(big_pe[size_t(1000 * heads * dr + 3 * dr + 5)], big[size_t(1000 * heads * w + 3 * w + 24 + 3)]);
+}
+
 // Positions restarting with each document (data.document_mask): rows 0-2 one document, rows 3-4 the next. Rotary
 // embeddings and the learned position table read row r at positions[r], so each document gets exactly what it
 // gets run alone (rows [0, 3) with T 3, rows [3, 5) with T 2); the position table's gradient sums by position.

@@ -103,6 +103,14 @@ template <typename X>
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
           bool inverse, const int32_t* positions = nullptr, const RopeScaling& scaling = RopeScaling());
 
+// The rotary part of each head, regrouped (DeepSeek-V3's MLA, transformers' apply_rotary_pos_emb_interleave):
+// pe (rows, heads * dr) against columns [off, off + dr) of each head of x (rows, heads * w). gather: src x, dst pe;
+// else src pe, dst x (x's other columns untouched). interleaved: x's pair (2i, 2i + 1) is pe's (i, dr/2 + i); else
+// the columns as they are.
+template <typename X>
+void rotary_columns(const X* src, X* dst, int64_t rows, int64_t heads, int64_t w, int64_t off, int64_t dr,
+                    bool interleaved, bool gather);
+
 // Softmax cross-entropy; dlogits may be null (and may alias logits). Targets must be in [0, classes).
 template <typename X>
 void cross_entropy(const X* logits, const int32_t* targets, float grad_scale, float* losses, X* dlogits, int64_t rows,

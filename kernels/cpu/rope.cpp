@@ -1,7 +1,8 @@
 // Rotary position embedding (Su et al., arXiv:2104.09864) as transformers applies it to Llama's queries
 // and keys: the rotate-half pairing (i, i + hd/2) within each head. float or bf16 storage, float math,
 // one rounding per output. The cos/sin table is built once per call for the distinct positions, with YaRN's
-// frequencies and factor when scaling is on (kernels/rope_angles.hpp).
+// frequencies and factor when scaling is on (kernels/rope_angles.hpp). rotary_columns: the regrouping of the rotary
+// columns DeepSeek-V3's MLA rotates (transformers' apply_rotary_pos_emb_interleave), a permutation, no arithmetic.
 #include <algorithm>
 #include <vector>
 
@@ -49,6 +50,28 @@ void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, 
 #define INST(X) \
   template void rope<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool, const int32_t*, \
                         const RopeScaling&);
+RELAY_FOR_FLOAT_TYPES(INST)
+#undef INST
+
+template <typename X>
+void rotary_columns(const X* src, X* dst, int64_t rows, int64_t heads, int64_t w, int64_t off, int64_t dr,
+                    bool interleaved, bool gather) {
+  const int64_t half = dr / 2;
+#pragma omp parallel for schedule(static) if (rows * heads * dr > kParallelElems)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t xo = r * heads * w + h * w + off, po = (r * heads + h) * dr;  // this head's rotary columns
+      for (int64_t j = 0; j < dr; ++j) {
+        // pe column j <-> x column: 2j (j < dr/2) or 2 (j - dr/2) + 1 interleaved, else j
+        const int64_t xj = !interleaved ? j : j < half ? 2 * j : 2 * (j - half) + 1;
+        if (gather) dst[po + j] = src[xo + xj];
+        else dst[xo + xj] = src[po + j];
+      }
+    }
+}
+
+#define INST(X) \
+  template void rotary_columns<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool);
 RELAY_FOR_FLOAT_TYPES(INST)
 #undef INST
 

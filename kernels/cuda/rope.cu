@@ -2,6 +2,7 @@
 // (in double, as kernels/rope_angles.hpp does on the CPU; YaRN's frequencies and factor when scaling is on) and
 // rotates the pair (i, i + hd/2) of every head.
 // Each pair is read before it is written by the same thread, so y may alias x.
+// rotary_columns: one thread per (row, head, pe column), a copy (MLA's regrouping of its rotary columns).
 #include "kernels/cuda/rope.cuh"
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -30,6 +31,20 @@ __global__ void rope_kernel(const X* x, X* y, int64_t rows, int64_t T, int64_t h
 }
 
 template <typename X>
+__global__ void rotary_columns_kernel(const X* src, X* dst, int64_t rows, int64_t heads, int64_t w, int64_t off,
+                                      int64_t dr, bool interleaved, bool gather) {
+  const int64_t half = dr / 2;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * heads * dr;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % dr, rh = i / dr;  // pe column j of (row, head) rh
+    const int64_t xj = !interleaved ? j : j < half ? 2 * j : 2 * (j - half) + 1;
+    const int64_t xi = rh * w + off + xj;  // rh = r * heads + h, and x's row r, head h starts at (r * heads + h) * w
+    if (gather) dst[i] = src[xi];
+    else dst[xi] = src[i];
+  }
+}
+
+template <typename X>
 void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, double theta, int64_t pos0,
           bool inverse, const int32_t* positions, const RopeScaling& scaling, cudaStream_t stream) {
   RELAY_ASSERT(rows >= 0 && T > 0 && heads > 0 && hd > 0 && hd % 2 == 0 && pos0 >= 0,
@@ -40,9 +55,22 @@ void rope(const X* x, X* y, int64_t rows, int64_t T, int64_t heads, int64_t hd, 
   CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename X>
+void rotary_columns(const X* src, X* dst, int64_t rows, int64_t heads, int64_t w, int64_t off, int64_t dr,
+                    bool interleaved, bool gather, cudaStream_t stream) {
+  RELAY_ASSERT(rows >= 0 && heads > 0 && dr > 0 && off >= 0 && off + dr <= w && (!interleaved || dr % 2 == 0),
+               "rotary_columns: rows " << rows << ", heads " << heads << ", head width " << w << ", columns [" << off
+                                       << ", " << off + dr << ")");
+  if (rows == 0) return;
+  rotary_columns_kernel<X><<<grid_for(rows * heads * dr), kBlock, 0, stream>>>(src, dst, rows, heads, w, off, dr,
+                                                                               interleaved, gather);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 #define INST(X) \
   template void rope<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool, const int32_t*, \
-                        const RopeScaling&, cudaStream_t);
+                        const RopeScaling&, cudaStream_t); \
+  template void rotary_columns<X>(const X*, X*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, cudaStream_t);
 RELAY_CUDA_FOR_FLOAT_TYPES(INST)
 #undef INST
 

@@ -8,6 +8,7 @@
 #endif
 
 #include <chrono>
+#include <type_traits>
 #include <initializer_list>
 #include <tuple>
 #include <vector>
@@ -96,8 +97,12 @@ class Check {
     tensor(t, name, kFloat);
     return same_dtype(t, name, x, xn).same_shape(t, name, x, xn);
   }
-  const Check& that(bool ok, const std::string& what) const {
-    RELAY_ASSERT(ok, op_ << ": " << what);
+  // what: the message, or a callable making it (called only on failure: the checks run on every op, the messages'
+  // formatting of shapes would cost more than the small ops themselves).
+  template <typename Msg>
+  const Check& that(bool ok, const Msg& what) const {
+    if constexpr (std::is_invocable_v<const Msg&>) RELAY_ASSERT(ok, op_ << ": " << what());
+    else RELAY_ASSERT(ok, op_ << ": " << what);
     return *this;
   }
 
@@ -110,12 +115,13 @@ class Check {
 // Returns k.
 int64_t check_gemm_shapes(const Check& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                           const Tensor& y) {
-  c.that(a.ndim() == 2 && b.ndim() == 2 && y.ndim() == 2, cat("a ", shape_str(a.shape()), ", b ", shape_str(b.shape()),
-                                                              ", y ", shape_str(y.shape()), " must be matrices"));
+  c.that(a.ndim() == 2 && b.ndim() == 2 && y.ndim() == 2,
+         [&] { return cat("a ", shape_str(a.shape()), ", b ", shape_str(b.shape()), ", y ", shape_str(y.shape()),
+                          " must be matrices"); });
   const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
   const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
   c.that(k == kb && y.size(0) == m && y.size(1) == n,
-         cat("op(a) is (", m, ", ", k, "), op(b) is (", kb, ", ", n, "), y is ", shape_str(y.shape())));
+         [&] { return cat("op(a) is (", m, ", ", k, "), op(b) is (", kb, ", ", n, "), y is ", shape_str(y.shape())); });
   return k;
 }
 
@@ -143,8 +149,9 @@ void Backend::gather_rows(const Tensor& src, const Tensor& index, Tensor& dst) {
   Check c(*this, "gather_rows");
   c.tensor(src, "src", kFloat).tensor(dst, "dst", kFloat).same_dtype(dst, "dst", src, "src");
   c.tensor(index, "index", kI32).numel(index, "index", rows_of(dst));
-  c.that(cols_of(dst) == cols_of(src), cat("dst ", shape_str(dst.shape()), " and src ", shape_str(src.shape()),
-                                           " must have rows of one width"));
+  c.that(cols_of(dst) == cols_of(src),
+         [&] { return cat("dst ", shape_str(dst.shape()), " and src ", shape_str(src.shape()),
+                          " must have rows of one width"); });
   c.that(dst.raw() != src.raw(), "dst must not alias src");
   gather_rows_impl(src, index, dst);
 }
@@ -153,8 +160,8 @@ void Backend::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int6
   c.tensor(src, "src", kFloat).tensor(dst, "dst", kFloat).same_dtype(dst, "dst", src, "src");
   c.that(rows_of(src) == rows_of(dst) && width >= 0 && src_col >= 0 && dst_col >= 0 &&
              src_col + width <= cols_of(src) && dst_col + width <= cols_of(dst),
-         cat("columns [", src_col, ", ", src_col + width, ") of src ", shape_str(src.shape()), " into [", dst_col, ", ",
-             dst_col + width, ") of dst ", shape_str(dst.shape())));
+         [&] { return cat("columns [", src_col, ", ", src_col + width, ") of src ", shape_str(src.shape()), " into [",
+                          dst_col, ", ", dst_col + width, ") of dst ", shape_str(dst.shape())); });
   copy_columns_impl(src, src_col, dst, dst_col, width);
 }
 void Backend::fill(Tensor& x, float value) {
@@ -182,12 +189,13 @@ namespace {
 // fp8_grid(tiling)'s shape.
 void check_fp8_quantize(Check& c, const Tensor& x, Fp8Tiling tiling, const Tensor& q, const Tensor& scales) {
   c.tensor(x, "x", kFloat).tensor(q, "q", kFp8).tensor(scales, "scales", kF32);
-  c.that(x.ndim() == 2 && q.shape() == x.shape(), cat("x ", shape_str(x.shape()), " must be a matrix and q ",
-                                                      shape_str(q.shape()), " its shape"));
+  c.that(x.ndim() == 2 && q.shape() == x.shape(),
+         [&] { return cat("x ", shape_str(x.shape()), " must be a matrix and q ", shape_str(q.shape()),
+                          " its shape"); });
   const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
   c.that(scales.shape() == Shape{g.rows, g.cols},
-         cat("scales ", shape_str(scales.shape()), " for ", fp8_tiling_name(tiling), " of x ", shape_str(x.shape()),
-             ", expected ", shape_str({g.rows, g.cols})));
+         [&] { return cat("scales ", shape_str(scales.shape()), " for ", fp8_tiling_name(tiling), " of x ",
+                          shape_str(x.shape()), ", expected ", shape_str({g.rows, g.cols})); });
 }
 }  // namespace
 
@@ -199,11 +207,11 @@ void Backend::fp8_quantize(const Tensor& x, Fp8Tiling tiling, Tensor& q, Tensor&
 void Backend::fp8_amax(const Tensor& x, Fp8Tiling tiling, Tensor& amax) {
   Check c(*this, "fp8_amax");
   c.tensor(x, "x", kFloat).tensor(amax, "amax", kI32);
-  c.that(x.ndim() == 2, cat("x ", shape_str(x.shape()), " must be a matrix"));
+  c.that(x.ndim() == 2, [&] { return cat("x ", shape_str(x.shape()), " must be a matrix"); });
   const Fp8Grid g = fp8_grid(tiling, x.size(0), x.size(1));
   c.that(amax.shape() == Shape{g.rows, g.cols},
-         cat("amax ", shape_str(amax.shape()), " for ", fp8_tiling_name(tiling), " of x ", shape_str(x.shape()),
-             ", expected ", shape_str({g.rows, g.cols})));
+         [&] { return cat("amax ", shape_str(amax.shape()), " for ", fp8_tiling_name(tiling), " of x ",
+                          shape_str(x.shape()), ", expected ", shape_str({g.rows, g.cols})); });
   fp8_amax_impl(x, tiling, amax);
 }
 void Backend::fp8_quantize_amax(const Tensor& x, Fp8Tiling tiling, const Tensor& amax, Tensor& q, Tensor& scales) {
@@ -211,7 +219,8 @@ void Backend::fp8_quantize_amax(const Tensor& x, Fp8Tiling tiling, const Tensor&
   check_fp8_quantize(c, x, tiling, q, scales);
   c.tensor(amax, "amax", kI32);
   c.that(amax.shape() == scales.shape(),
-         cat("amax ", shape_str(amax.shape()), " must have the scales' shape ", shape_str(scales.shape())));
+         [&] { return cat("amax ", shape_str(amax.shape()), " must have the scales' shape ",
+                          shape_str(scales.shape())); });
   fp8_quantize_amax_impl(x, tiling, amax, q, scales);
 }
 void Backend::fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_tiling, bool trans_a, const Tensor& b,
@@ -222,15 +231,15 @@ void Backend::fp8_matmul(const Tensor& a, const Tensor& a_scales, Fp8Tiling a_ti
   const int64_t k = check_gemm_shapes(c, a, trans_a, b, trans_b, y);
   for (auto [t, s, tiling, name] : {std::tuple{&a, &a_scales, a_tiling, "a"}, {&b, &b_scales, b_tiling, "b"}}) {
     const Fp8Grid g = fp8_grid(tiling, t->size(0), t->size(1));
-    c.that(s->shape() == Shape{g.rows, g.cols}, cat(name, "_scales ", shape_str(s->shape()), " for ",
-                                                    fp8_tiling_name(tiling), " of ", name, " ", shape_str(t->shape()),
-                                                    ", expected ", shape_str({g.rows, g.cols})));
+    c.that(s->shape() == Shape{g.rows, g.cols},
+           [&] { return cat(name, "_scales ", shape_str(s->shape()), " for ", fp8_tiling_name(tiling), " of ", name,
+                            " ", shape_str(t->shape()), ", expected ", shape_str({g.rows, g.cols})); });
   }
   c.that(fp8_k_block(k, fp8_k_tile(a_tiling, a.size(0), a.size(1), trans_a),
                      fp8_k_tile(b_tiling, b.size(0), b.size(1), !trans_b)) > 0,
-         cat("a's scales (", fp8_tiling_name(a_tiling), trans_a ? ", transposed" : "", ") and b's (",
-             fp8_tiling_name(b_tiling), trans_b ? ", transposed" : "", ") do not share blocks along k = ", k,
-             ": both must be one block along k, or both 128 along it"));
+         [&] { return cat("a's scales (", fp8_tiling_name(a_tiling), trans_a ? ", transposed" : "", ") and b's (",
+                          fp8_tiling_name(b_tiling), trans_b ? ", transposed" : "", ") do not share blocks along k = ",
+                          k, ": both must be one block along k, or both 128 along it"); });
   c.that(y.raw() != a.raw() && y.raw() != b.raw(), "y must not alias a or b");
   fp8_matmul_impl(a, a_scales, a_tiling, trans_a, b, b_scales, b_tiling, trans_b, y, beta);
 }
@@ -249,19 +258,23 @@ void Backend::fp8_matmul_impl(const Tensor&, const Tensor&, Fp8Tiling, bool, con
 }
 // The row groups of a grouped GEMM: ascending, within `rows` (messages built only on failure: per expert, per call).
 static void check_groups(const Check& c, const std::vector<int64_t>& offsets, size_t groups, int64_t rows) {
-  if (offsets.size() != groups + 1) c.that(false, cat(offsets.size(), " offsets for ", groups, " groups (expected groups + 1)"));
+  if (offsets.size() != groups + 1)
+    c.that(false, cat(offsets.size(), " offsets for ", groups, " groups (expected groups + 1)"));
   for (size_t g = 0; g + 1 < offsets.size(); ++g)
     if (offsets[g] < 0 || offsets[g] > offsets[g + 1])
-      c.that(false, cat("offsets[", g, "] = ", offsets[g], ", offsets[", g + 1, "] = ", offsets[g + 1],
-                        " (the groups are ascending row ranges)"));
-  if (offsets.back() > rows) c.that(false, cat("the groups end at row ", offsets.back(), " of ", rows));
+      c.that(false,
+             [&] { return cat("offsets[", g, "] = ", offsets[g], ", offsets[", g + 1, "] = ", offsets[g + 1],
+                              " (the groups are ascending row ranges)"); });
+  if (offsets.back() > rows) c.that(false, [&] { return cat("the groups end at row ", offsets.back(), " of ", rows); });
 }
 void Backend::grouped_matmul(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
                              const std::vector<int64_t>& offsets, float beta) {
   Check c(*this, "grouped_matmul");
   c.tensor(a, "a", kFloat).tensor(y, "y", kFloat).same_dtype(y, "y", a, "a");
   if (a.ndim() != 2 || y.ndim() != 2 || a.size(0) != y.size(0))
-    c.that(false, cat("a ", shape_str(a.shape()), " and y ", shape_str(y.shape()), " must be matrices of the same rows"));
+    c.that(false,
+           [&] { return cat("a ", shape_str(a.shape()), " and y ", shape_str(y.shape()),
+                            " must be matrices of the same rows"); });
   c.that(y.raw() != a.raw(), "y must not alias a");
   check_groups(c, offsets, b.size(), a.size(0));
   for (const Tensor& w : b) {
@@ -269,8 +282,9 @@ void Backend::grouped_matmul(const Tensor& a, const std::vector<Tensor>& b, bool
     const bool fits = w.ndim() == 2 && (trans_b ? w.size(1) : w.size(0)) == a.size(1) &&
                       (trans_b ? w.size(0) : w.size(1)) == y.size(1);
     if (!fits)
-      c.that(false, cat("op(b[g]) of b[g] ", shape_str(w.shape()), trans_b ? " transposed" : "", " for a ",
-                        shape_str(a.shape()), " and y ", shape_str(y.shape())));
+      c.that(false,
+             [&] { return cat("op(b[g]) of b[g] ", shape_str(w.shape()), trans_b ? " transposed" : "", " for a ",
+                              shape_str(a.shape()), " and y ", shape_str(y.shape())); });
     c.that(y.raw() != w.raw(), "y must not alias b[g]");
   }
   grouped_matmul_impl(a, b, trans_b, y, offsets, beta);
@@ -280,13 +294,17 @@ void Backend::grouped_matmul_weight(const Tensor& dy, const Tensor& x, const std
   Check c(*this, "grouped_matmul_weight");
   c.tensor(dy, "dy", kFloat).tensor(x, "x", kFloat).same_dtype(x, "x", dy, "dy");
   if (dy.ndim() != 2 || x.ndim() != 2 || dy.size(0) != x.size(0))
-    c.that(false, cat("dy ", shape_str(dy.shape()), " and x ", shape_str(x.shape()), " must be matrices of the same rows"));
+    c.that(false,
+           [&] { return cat("dy ", shape_str(dy.shape()), " and x ", shape_str(x.shape()),
+                            " must be matrices of the same rows"); });
   check_groups(c, offsets, dw.size(), dy.size(0));
   for (const Tensor& w : dw) {
     c.tensor(w, "dw[g]", kFloat);
     c.that(dy.dtype() == DType::bf16 || w.dtype() == DType::f32, "float32 inputs need float32 dw[g]");
     if (w.ndim() != 2 || w.size(0) != dy.size(1) || w.size(1) != x.size(1))
-      c.that(false, cat("dw[g] ", shape_str(w.shape()), " for dy ", shape_str(dy.shape()), " and x ", shape_str(x.shape())));
+      c.that(false,
+             [&] { return cat("dw[g] ", shape_str(w.shape()), " for dy ", shape_str(dy.shape()), " and x ",
+                              shape_str(x.shape())); });
     c.that(w.raw() != dy.raw() && w.raw() != x.raw(), "dw[g] must not alias dy or x");
   }
   grouped_matmul_weight_impl(dy, x, offsets, dw, beta);
@@ -301,11 +319,13 @@ void Backend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tenso
   Check c(*this, "linear");
   c.tensor(x, "x", kFloat).tensor(w, "w", kFloat).tensor(y, "y", kFloat);
   c.same_dtype(w, "w", x, "x").same_dtype(y, "y", x, "x");
-  c.that(x.ndim() == 2 && w.ndim() == 2 && y.ndim() == 2, cat("x ", shape_str(x.shape()), ", w ", shape_str(w.shape()),
-                                                              ", y ", shape_str(y.shape()), " must be matrices"));
+  c.that(x.ndim() == 2 && w.ndim() == 2 && y.ndim() == 2,
+         [&] { return cat("x ", shape_str(x.shape()), ", w ", shape_str(w.shape()), ", y ", shape_str(y.shape()),
+                          " must be matrices"); });
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   c.that(w.size(1) == in && y.size(0) == n && y.size(1) == out,
-         cat("x ", shape_str(x.shape()), " @ w ", shape_str(w.shape()), "^T does not give y ", shape_str(y.shape())));
+         [&] { return cat("x ", shape_str(x.shape()), " @ w ", shape_str(w.shape()), "^T does not give y ",
+                          shape_str(y.shape())); });
   if (bias.defined()) c.tensor(bias, "bias", kFloat).same_dtype(bias, "bias", x, "x").numel(bias, "bias", out);
   c.that(y.raw() != x.raw() && y.raw() != w.raw(), "y must not alias x or w");
   if (pre_act && act != LinearAct::none) {
@@ -320,11 +340,12 @@ void Backend::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& d
   Check c(*this, "linear_backward_input");
   c.tensor(dy, "dy", kFloat).tensor(w, "w", kFloat).tensor(dx, "dx", kFloat);
   c.same_dtype(w, "w", dy, "dy").same_dtype(dx, "dx", dy, "dy");
-  c.that(dy.ndim() == 2 && w.ndim() == 2 && dx.ndim() == 2, cat("dy ", shape_str(dy.shape()), ", w ",
-                                                                shape_str(w.shape()), ", dx ", shape_str(dx.shape()),
-                                                                " must be matrices"));
+  c.that(dy.ndim() == 2 && w.ndim() == 2 && dx.ndim() == 2,
+         [&] { return cat("dy ", shape_str(dy.shape()), ", w ", shape_str(w.shape()), ", dx ", shape_str(dx.shape()),
+                          " must be matrices"); });
   c.that(w.size(0) == dy.size(1) && dx.size(0) == dy.size(0) && dx.size(1) == w.size(1),
-         cat("dy ", shape_str(dy.shape()), " @ w ", shape_str(w.shape()), " does not give dx ", shape_str(dx.shape())));
+         [&] { return cat("dy ", shape_str(dy.shape()), " @ w ", shape_str(w.shape()), " does not give dx ",
+                          shape_str(dx.shape())); });
   c.that(dx.raw() != dy.raw() && dx.raw() != w.raw(), "dx must not alias dy or w");
   if (act != LinearAct::none) {
     c.like(act_in, "act_in", dx, "dx").that(act_in.ndim() == 2, "act_in must be a matrix");
@@ -435,7 +456,7 @@ void Backend::moe_router_backward(const Tensor& probs, const Tensor& lse, const 
   c.tensor(dweights, "dweights", kF32).numel(dweights, "dweights", n * k);
   c.tensor(dlogits, "dlogits", kFloat).numel(dlogits, "dlogits", n * E);
   if (seq_grad.defined()) {
-    c.that(T >= 1 && n % T == 0, cat("T = ", T, " must divide the ", n, " rows"));
+    c.that(T >= 1 && n % T == 0, [&] { return cat("T = ", T, " must divide the ", n, " rows"); });
     c.tensor(seq_grad, "seq_grad", kF32).numel(seq_grad, "seq_grad", n / T * E);
   }
   moe_router_backward_impl(probs, lse, experts, dweights, renormalize, seq_grad, T, z_scale, dlogits);
@@ -447,9 +468,10 @@ void Backend::moe_group_router_forward(const Tensor& logits, const GroupRouting&
   c.tensor(logits, "logits", kFloat).that(r.n_group >= 1 && E % r.n_group == 0,
                                           cat("n_group = ", r.n_group, " must divide E = ", E));
   c.that(r.topk_group >= 1 && r.topk_group <= r.n_group,
-         cat("topk_group = ", r.topk_group, " must be in [1, n_group = ", r.n_group, "]"));
+         [&] { return cat("topk_group = ", r.topk_group, " must be in [1, n_group = ", r.n_group, "]"); });
   c.that(r.k >= 1 && r.k <= r.topk_group * (E / r.n_group),
-         cat("k = ", r.k, " must be in [1, topk_group x E / n_group = ", r.topk_group * (E / r.n_group), "]"));
+         [&] { return cat("k = ", r.k, " must be in [1, topk_group x E / n_group = ", r.topk_group * (E / r.n_group),
+                          "]"); });
   c.tensor(probs, "probs", kF32).numel(probs, "probs", n * E);
   c.tensor(experts, "experts", kI32).numel(experts, "experts", n * r.k);
   c.tensor(weights, "weights", kF32).numel(weights, "weights", n * r.k);
@@ -464,7 +486,7 @@ void Backend::moe_group_router_backward(const Tensor& probs, const Tensor& exper
   c.tensor(dweights, "dweights", kF32).numel(dweights, "dweights", n * r.k);
   c.tensor(dlogits, "dlogits", kFloat).numel(dlogits, "dlogits", n * E);
   if (seq_grad.defined()) {
-    c.that(T >= 1 && n % T == 0, cat("T = ", T, " must divide the ", n, " rows"));
+    c.that(T >= 1 && n % T == 0, [&] { return cat("T = ", T, " must divide the ", n, " rows"); });
     c.tensor(seq_grad, "seq_grad", kF32).numel(seq_grad, "seq_grad", n / T * E);
   }
   moe_group_router_backward_impl(probs, experts, dweights, r, seq_grad, T, dlogits);
@@ -483,8 +505,9 @@ void Backend::moe_combine(const Tensor& rows, const Tensor& pos, const Tensor& w
   const int64_t n = rows_of(y), k = cols_of(pos);
   Check c(*this, "moe_combine");
   c.tensor(rows, "rows", kFloat).tensor(y, "y", kFloat).same_dtype(y, "y", rows, "rows");
-  c.that(cols_of(y) == cols_of(rows), cat("y ", shape_str(y.shape()), " and rows ", shape_str(rows.shape()),
-                                          " must have rows of one width"));
+  c.that(cols_of(y) == cols_of(rows),
+         [&] { return cat("y ", shape_str(y.shape()), " and rows ", shape_str(rows.shape()),
+                          " must have rows of one width"); });
   c.tensor(pos, "pos", kI32).numel(pos, "pos", n * k);
   if (weights.defined()) c.tensor(weights, "weights", kF32).numel(weights, "weights", n * k);
   c.that(y.raw() != rows.raw(), "y must not alias rows");
@@ -520,11 +543,40 @@ void Backend::rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, i
   Check c(*this, "rope");
   c.tensor(x, "x", kFloat).like(y, "y", x, "x");
   c.that(head_dim > 0 && head_dim % 2 == 0 && cols_of(x) % head_dim == 0,
-         cat("x ", shape_str(x.shape()), " must be (n, heads * head_dim) with an even head_dim, got head_dim ",
-             head_dim));
-  c.that(T > 0 && pos0 >= 0 && theta > 0, cat("T ", T, ", pos0 ", pos0, " and theta ", theta, " must be positive"));
+         [&] { return cat("x ", shape_str(x.shape()),
+                          " must be (n, heads * head_dim) with an even head_dim, got head_dim ", head_dim); });
+  c.that(T > 0 && pos0 >= 0 && theta > 0,
+         [&] { return cat("T ", T, ", pos0 ", pos0, " and theta ", theta, " must be positive"); });
   if (positions.defined()) c.tensor(positions, "positions", kI32).numel(positions, "positions", rows_of(x));
   rope_impl(x, T, head_dim, theta, pos0, inverse, y, positions, scaling);
+}
+
+namespace {
+// gather_rotary's and scatter_rotary's shapes: x (n, heads * head_width), pe (n, heads * dr), off + dr <= head_width.
+void check_rotary(const Check& c, const Tensor& x, int64_t head_width, int64_t off, bool interleaved,
+                  const Tensor& pe) {
+  c.tensor(x, "x", kFloat).tensor(pe, "pe", kFloat).same_dtype(pe, "pe", x, "x");
+  c.that(head_width > 0 && cols_of(x) % head_width == 0 && rows_of(pe) == rows_of(x),
+         [&] { return cat("x ", shape_str(x.shape()), " must be (n, heads * ", head_width, ") and pe ",
+                          shape_str(pe.shape()), " have its n rows"); });
+  const int64_t heads = cols_of(x) / head_width, dr = heads > 0 ? cols_of(pe) / heads : 0;
+  c.that(heads > 0 && cols_of(pe) == heads * dr && dr > 0 && off >= 0 && off + dr <= head_width &&
+             (!interleaved || dr % 2 == 0),
+         [&] { return cat("pe ", shape_str(pe.shape()), " must be (n, ", heads, " heads * dr) with columns [", off,
+                          ", ", off, " + dr) inside each head of ", head_width, interleaved ? " and dr even" : ""); });
+  c.that(x.raw() != pe.raw(), "pe must not alias x");
+}
+}  // namespace
+
+void Backend::gather_rotary(const Tensor& x, int64_t head_width, int64_t off, bool interleaved, Tensor& pe) {
+  Check c(*this, "gather_rotary");
+  check_rotary(c, x, head_width, off, interleaved, pe);
+  rotary_columns_impl(x, pe, head_width, off, interleaved, /*gather=*/true);
+}
+void Backend::scatter_rotary(const Tensor& pe, int64_t head_width, int64_t off, bool interleaved, Tensor& x) {
+  Check c(*this, "scatter_rotary");
+  check_rotary(c, x, head_width, off, interleaved, pe);
+  rotary_columns_impl(pe, x, head_width, off, interleaved, /*gather=*/false);
 }
 
 void Backend::cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,
@@ -582,8 +634,8 @@ void Backend::embedding_forward(const Tensor& tokens, const Tensor& wte, const T
   c.same_dtype(out, "out", wte, "wte").numel(out, "out", tokens.numel() * cols_of(wte));
   if (wpe.defined()) {
     c.tensor(wpe, "wpe", kFloat).same_dtype(wpe, "wpe", wte, "wte");
-    c.that(cols_of(wpe) == cols_of(wte) && T <= rows_of(wpe), cat("wpe ", shape_str(wpe.shape()), " for T ", T,
-                                                                  " and wte ", shape_str(wte.shape())));
+    c.that(cols_of(wpe) == cols_of(wte) && T <= rows_of(wpe),
+           [&] { return cat("wpe ", shape_str(wpe.shape()), " for T ", T, " and wte ", shape_str(wte.shape())); });
   }
   if (positions.defined()) c.tensor(positions, "positions", kI32).numel(positions, "positions", tokens.numel());
   embedding_forward_impl(tokens, wte, wpe, T, out, vocab_start, positions);
@@ -595,7 +647,8 @@ void Backend::embedding_backward(const Tensor& tokens, const Tensor& dout, int64
   c.numel(dout, "dout", tokens.numel() * cols_of(dwte));
   if (dwpe.defined()) {
     c.tensor(dwpe, "dwpe", kF32);
-    c.that(cols_of(dwpe) == cols_of(dwte) && T <= rows_of(dwpe), cat("dwpe ", shape_str(dwpe.shape()), " for T ", T));
+    c.that(cols_of(dwpe) == cols_of(dwte) && T <= rows_of(dwpe),
+           [&] { return cat("dwpe ", shape_str(dwpe.shape()), " for T ", T); });
   }
   if (positions.defined()) c.tensor(positions, "positions", kI32).numel(positions, "positions", tokens.numel());
   embedding_backward_impl(tokens, dout, T, dwte, dwpe, vocab_start, positions);
@@ -607,7 +660,7 @@ int64_t attention_width(const Check& c, const Tensor& qkv, int64_t B, int64_t T,
   const int64_t C = cols_of(qkv) / 3;
   c.tensor(qkv, "qkv", kFloat).numel(qkv, "qkv", B * T * 3 * C);
   c.that(H > 0 && C % H == 0 && cols_of(qkv) == 3 * C,
-         cat("qkv ", shape_str(qkv.shape()), " must be (B*T, 3C) with C divisible by H = ", H));
+         [&] { return cat("qkv ", shape_str(qkv.shape()), " must be (B*T, 3C) with C divisible by H = ", H); });
   return C;
 }
 }  // namespace
@@ -653,7 +706,8 @@ void Backend::attention_decode(const Tensor& qkv, Tensor& kcache, Tensor& vcache
   c.same_dtype(kcache, "kcache", qkv, "qkv").same_dtype(vcache, "vcache", qkv, "qkv");
   c.that(kcache.ndim() == 3 && kcache.shape() == vcache.shape() && kcache.size(0) == n && kcache.size(2) == C &&
              t >= 0 && t < kcache.size(1) && C % H == 0,
-         cat("caches ", shape_str(kcache.shape()), " for qkv ", shape_str(qkv.shape()), ", t ", t, ", H ", H));
+         [&] { return cat("caches ", shape_str(kcache.shape()), " for qkv ", shape_str(qkv.shape()), ", t ", t, ", H ",
+                          H); });
   c.tensor(out, "out", kFloat).same_dtype(out, "out", qkv, "qkv").numel(out, "out", n * C);
   attention_decode_impl(qkv, kcache, vcache, t, H, out);
 }
@@ -671,11 +725,12 @@ int64_t gqa_head_dim(const Check& c, const Tensor& q, const Tensor& k, const Ten
   else
     c.like(v, "v", k, "k");
   c.that(H > 0 && KV > 0 && H % KV == 0 && cols_of(q) % H == 0 && cols_of(q) > 0,
-         cat("q ", shape_str(q.shape()), " must be (rows, H*hd) with H = ", H, " a multiple of KV = ", KV));
+         [&] { return cat("q ", shape_str(q.shape()), " must be (rows, H*hd) with H = ", H, " a multiple of KV = ",
+                          KV); });
   const int64_t hd = cols_of(q) / H;
   c.that(rows_of(q) == rows && rows_of(k) == rows && cols_of(k) == KV * hd,
-         cat("q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), " must be (", rows, ", ", H, "*", hd, ") and (",
-             rows, ", ", KV, "*", hd, ")"));
+         [&] { return cat("q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), " must be (", rows, ", ", H, "*",
+                          hd, ") and (", rows, ", ", KV, "*", hd, ")"); });
   return hd;
 }
 }  // namespace
@@ -683,7 +738,7 @@ int64_t gqa_head_dim(const Check& c, const Tensor& q, const Tensor& k, const Ten
 void Backend::flash_attention_gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,
                                           int64_t H, int64_t KV, Tensor& out, Tensor& lse, const Tensor& doc_start) {
   Check c(*this, "flash_attention_gqa_forward");
-  c.that(B > 0 && T > 0, cat("B ", B, " and T ", T, " must be positive"));
+  c.that(B > 0 && T > 0, [&] { return cat("B ", B, " and T ", T, " must be positive"); });
   gqa_head_dim(c, q, k, v, B * T, H, KV, true);
   c.tensor(out, "out", kFloat).same_dtype(out, "out", q, "q").numel(out, "out", B * T * H * (cols_of(v) / KV));
   c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T);
@@ -694,7 +749,7 @@ void Backend::flash_attention_gqa_backward(const Tensor& dout, const Tensor& q, 
                                            const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t H,
                                            int64_t KV, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& doc_start) {
   Check c(*this, "flash_attention_gqa_backward");
-  c.that(B > 0 && T > 0, cat("B ", B, " and T ", T, " must be positive"));
+  c.that(B > 0 && T > 0, [&] { return cat("B ", B, " and T ", T, " must be positive"); });
   gqa_head_dim(c, q, k, v, B * T, H, KV, true);
   c.tensor(out, "out", kFloat).same_dtype(out, "out", q, "q").numel(out, "out", B * T * H * (cols_of(v) / KV));
   c.like(dout, "dout", out, "out");
@@ -709,13 +764,15 @@ namespace {
 int64_t attention_at_head_dim(const Check& c, const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t Tq,
                               int64_t Tk, const Tensor& q_pos, int64_t H, int64_t KV) {
   c.that(B > 0 && Tq > 0 && Tk >= Tq && H > 0 && KV > 0 && H % KV == 0,
-         cat("B ", B, ", Tq ", Tq, ", Tk ", Tk, ", H ", H, ", KV ", KV, ": need Tk >= Tq and KV dividing H"));
+         [&] { return cat("B ", B, ", Tq ", Tq, ", Tk ", Tk, ", H ", H, ", KV ", KV,
+                          ": need Tk >= Tq and KV dividing H"); });
   c.tensor(q, "q", kFloat).numel(q, "q", B * Tq * cols_of(q)).tensor(k, "k", kFloat).same_dtype(k, "k", q, "q");
   c.tensor(v, "v", kFloat).same_dtype(v, "v", q, "q").numel(k, "k", B * Tk * cols_of(k));
-  c.that(cols_of(v) % KV == 0 && cols_of(v) > 0, cat("v ", shape_str(v.shape()), " must be (rows, KV*hd_v)"));
+  c.that(cols_of(v) % KV == 0 && cols_of(v) > 0,
+         [&] { return cat("v ", shape_str(v.shape()), " must be (rows, KV*hd_v)"); });
   c.numel(v, "v", B * Tk * cols_of(v));
   c.that(cols_of(q) % H == 0 && cols_of(k) == cols_of(q) / H * KV,
-         cat("q ", shape_str(q.shape()), " and k ", shape_str(k.shape()), " for H ", H, ", KV ", KV));
+         [&] { return cat("q ", shape_str(q.shape()), " and k ", shape_str(k.shape()), " for H ", H, ", KV ", KV); });
   c.tensor(q_pos, "q_pos", kI32).numel(q_pos, "q_pos", B * Tq);
   return cols_of(q) / H;
 }
@@ -736,7 +793,7 @@ void Backend::attention_merge(Tensor& out, Tensor& lse, const Tensor& out2, cons
   Check c(*this, "attention_merge");
   c.tensor(out, "out", kFloat).like(out2, "out2", out, "out");
   c.that(rows_of(out) == B * T && cols_of(out) % H == 0,
-         cat("out ", shape_str(out.shape()), " for B ", B, ", T ", T, ", H ", H));
+         [&] { return cat("out ", shape_str(out.shape()), " for B ", B, ", T ", T, ", H ", H); });
   c.tensor(lse, "lse", kF32).numel(lse, "lse", B * H * T).tensor(lse2, "lse2", kF32).numel(lse2, "lse2", B * H * T);
   attention_merge_impl(out, lse, out2, lse2, B, T, H);
 }
@@ -762,7 +819,8 @@ void Backend::attention_decode_gqa(const Tensor& q, const Tensor& k, const Tenso
   c.same_dtype(kcache, "kcache", q, "q").same_dtype(vcache, "vcache", q, "q");
   c.that(kcache.ndim() == 3 && kcache.shape() == vcache.shape() && kcache.size(0) == n && kcache.size(2) == KV * hd &&
              t >= 0 && t < kcache.size(1),
-         cat("caches ", shape_str(kcache.shape()), " for k ", shape_str(k.shape()), ", t ", t, ", KV ", KV));
+         [&] { return cat("caches ", shape_str(kcache.shape()), " for k ", shape_str(k.shape()), ", t ", t, ", KV ",
+                          KV); });
   c.like(out, "out", q, "q");
   attention_decode_gqa_impl(q, k, v, kcache, vcache, t, H, KV, out);
 }
@@ -773,13 +831,16 @@ void Backend::attention_decode_latent(const Tensor& q, const Tensor& kv, Tensor&
   c.tensor(q, "q", kFloat).tensor(kv, "kv", kFloat).tensor(cache, "cache", kFloat).tensor(out, "out", kFloat);
   c.same_dtype(kv, "kv", q, "q").same_dtype(cache, "cache", q, "q").same_dtype(out, "out", q, "q");
   c.that(cache.ndim() == 3 && cache.size(0) == n && t >= 0 && t < cache.size(1),
-         cat("cache ", shape_str(cache.shape()), " must be (", n, ", Tmax > t = ", t, ", r + dr)"));
+         [&] { return cat("cache ", shape_str(cache.shape()), " must be (", n, ", Tmax > t = ", t, ", r + dr)"); });
   const int64_t dk = cache.ndim() == 3 ? cache.size(2) : 0;
-  c.that(rows_of(kv) == n && cols_of(kv) == dk, cat("kv ", shape_str(kv.shape()), " must be (", n, ", ", dk, ")"));
-  c.that(H > 0 && cols_of(q) == H * dk, cat("q ", shape_str(q.shape()), " must be (", n, ", H*(r + dr)) with H = ", H,
-                                             " and r + dr = ", dk));
+  c.that(rows_of(kv) == n && cols_of(kv) == dk,
+         [&] { return cat("kv ", shape_str(kv.shape()), " must be (", n, ", ", dk, ")"); });
+  c.that(H > 0 && cols_of(q) == H * dk,
+         [&] { return cat("q ", shape_str(q.shape()), " must be (", n, ", H*(r + dr)) with H = ", H, " and r + dr = ",
+                          dk); });
   c.that(rows_of(out) == n && cols_of(out) % H == 0 && cols_of(out) / H > 0 && cols_of(out) / H < dk,
-         cat("out ", shape_str(out.shape()), " must be (", n, ", H*r) with H = ", H, " and 0 < r < ", dk));
+         [&] { return cat("out ", shape_str(out.shape()), " must be (", n, ", H*r) with H = ", H, " and 0 < r < ",
+                          dk); });
   attention_decode_latent_impl(q, kv, cache, t, H, scale, out);
 }
 void Backend::attention_decode_latent_impl(const Tensor&, const Tensor&, Tensor&, int64_t, int64_t, float, Tensor&) {

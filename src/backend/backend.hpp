@@ -236,6 +236,14 @@ class Backend : public Allocator {
   void rope(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse, Tensor& y,
             const Tensor& positions = Tensor(), const RopeScaling& scaling = RopeScaling());
 
+  // The rotary columns of every head, regrouped (DeepSeek-V3's MLA rotates only columns [off, off + dr) of each
+  // head, and transformers' rope_interleave reads them as pairs (2i, 2i + 1)): pe (n, heads * dr) against those
+  // columns of x (n, heads * head_width). gather_rotary: pe = the columns, x's pair (2i, 2i + 1) going to pe's
+  // (i, dr/2 + i) when interleaved (the layout rope() rotates), as they are when not. scatter_rotary: the inverse
+  // (x's other columns untouched). One op instead of one copy_columns per column and head. x, pe: float, one dtype.
+  void gather_rotary(const Tensor& x, int64_t head_width, int64_t off, bool interleaved, Tensor& pe);
+  void scatter_rotary(const Tensor& pe, int64_t head_width, int64_t off, bool interleaved, Tensor& x);
+
   // --- losses (logits, pred, target and their gradients: float, one dtype; losses, row_max,
   //     partial, total: f32; targets, argmax out: i32) ----------------------------------------
   // logits (n, c), targets (n) -> losses (n) = -log softmax(logits)[target];
@@ -436,6 +444,9 @@ class Backend : public Allocator {
   virtual void moe_combine_impl(const Tensor& rows, const Tensor& pos, const Tensor& weights, Tensor& y) = 0;
   virtual void moe_combine_backward_impl(const Tensor& dy, const Tensor& rows, const Tensor& pos,
                                         const Tensor& weights, Tensor& drows, Tensor& dweights) = 0;
+  // gather: src x (n, heads * head_width), dst pe (n, heads * dr); else src pe, dst x.
+  virtual void rotary_columns_impl(const Tensor& src, Tensor& dst, int64_t head_width, int64_t off, bool interleaved,
+                                   bool gather) = 0;
   virtual void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
                          Tensor& y, const Tensor& positions, const RopeScaling& scaling) = 0;
   virtual void cross_entropy_impl(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& losses,

@@ -486,6 +486,17 @@ void CpuBackend::swiglu_backward_impl(const Tensor& dh, const Tensor& gate, cons
     cpu::swiglu_backward(ptr<X>(dh), ptr<X>(gate), ptr<X>(up), ptr<X>(dgate), ptr<X>(dup), gate.numel());
   });
 }
+void CpuBackend::rotary_columns_impl(const Tensor& src, Tensor& dst, int64_t head_width, int64_t off,
+                                     bool interleaved, bool gather) {
+  const Tensor& x = gather ? src : dst;
+  const Tensor& pe = gather ? dst : src;
+  const int64_t heads = cols_of(x) / head_width;
+  by_dtype(x, [&](auto* t) {
+    using X = X_OF(t);
+    cpu::rotary_columns(ptr<X>(src), ptr<X>(dst), rows_of(x), heads, head_width, off, cols_of(pe) / heads,
+                        interleaved, gather);
+  });
+}
 void CpuBackend::rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
                            Tensor& y, const Tensor& positions, const RopeScaling& scaling) {
   by_dtype(x, [&](auto* t) {

@@ -116,6 +116,8 @@ class CpuBackend final : public Backend {
   void swiglu_forward_impl(const Tensor& gate, const Tensor& up, Tensor& h) override;
   void swiglu_backward_impl(const Tensor& dh, const Tensor& gate, const Tensor& up, Tensor& dgate,
                             Tensor& dup) override;
+  void rotary_columns_impl(const Tensor& src, Tensor& dst, int64_t head_width, int64_t off, bool interleaved,
+                           bool gather) override;
   void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
                  Tensor& y, const Tensor& positions, const RopeScaling& scaling) override;
   void flash_attention_gqa_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, int64_t T,

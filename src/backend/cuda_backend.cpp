@@ -1118,6 +1118,19 @@ class CudaBackend final : public Backend {
     });
   }
 
+  void rotary_columns_impl(const Tensor& src, Tensor& dst, int64_t head_width, int64_t off, bool interleaved,
+                           bool gather) override {
+    bind();
+    const Tensor& x = gather ? src : dst;
+    const Tensor& pe = gather ? dst : src;
+    const int64_t heads = cols_of(x) / head_width;
+    by_dtype(x, [&](auto* t) {
+      using X = X_OF(t);
+      cuda::rotary_columns(ptr<X>(src), ptr<X>(dst), rows_of(x), heads, head_width, off, cols_of(pe) / heads,
+                           interleaved, gather, stream_);
+    });
+  }
+
   void rope_impl(const Tensor& x, int64_t T, int64_t head_dim, double theta, int64_t pos0, bool inverse,
                  Tensor& y, const Tensor& positions, const RopeScaling& scaling) override {
     // The angles, YaRN's included, are computed on the device from the host's formulas (kernels/rope_angles.hpp).

@@ -167,11 +167,11 @@ class MlaLayer final : public Block {
     be.rmsnorm_forward(lat, kv_a_norm_->compute(), eps, latn, rstd_lat);
     rope_part(be, kpe, 1, dr, 0, pe.view({n * H_ * dr}).rows(0, n * dr).view({n, dr}), T, false);  // rotated
     fp8_.linear(be, latn, *kv_b_, Tensor(), kv);                           // (n, H (dn + dv))
-    for (int64_t h = 0; h < H_; ++h) {
-      be.copy_columns(kv, h * w_kv, k, h * dqk, dn);                               // k_nope
-      be.copy_columns(kpe, 0, k, h * dqk + dn, dr);                                // the shared rotary key
-      be.copy_columns(kv, h * w_kv + dn, val, h * dv, dv);                         // v
-    }
+    // kv (n, H w_kv) and k (n, H dqk), val (n, H dv) read as one row per (token, head): two copies for every head.
+    Tensor kv_h = kv.view({n * H_, w_kv}), k_h = k.view({n * H_, dqk}), val_h = val.view({n * H_, dv});
+    be.copy_columns(kv_h, 0, k_h, 0, dn);                                          // k_nope (n H, dn)
+    be.copy_columns(kv_h, dn, val_h, 0, dv);                                       // v (n H, dv)
+    for (int64_t h = 0; h < H_; ++h) be.copy_columns(kpe, 0, k, h * dqk + dn, dr);  // the shared rotary key
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys and values
       cp_attn_->forward(be, q, k, val, T, H_, H_, q_pos_, doc_start_, atty, lse);  // (n, H dv)
     else
@@ -245,14 +245,13 @@ class MlaLayer final : public Block {
     // d k_pe: the heads' rotary-key gradients summed (this rank's heads; all-reduced below), then un-rotated.
     Tensor g_pe = v(kGPe), term = v(kKpe);
     be.copy_columns(g_k, dn, g_pe, 0, dr);
-    for (int64_t h = 0; h < H_; ++h) {
-      if (h > 0) {
-        be.copy_columns(g_k, h * dqk + dn, term, 0, dr);
-        be.add(g_pe, term, g_pe);
-      }
-      be.copy_columns(g_k, h * dqk, g_kv, h * w_kv, dn);                           // d k_nope
-      be.copy_columns(g_v, h * dv, g_kv, h * w_kv + dn, dv);                       // d v
+    for (int64_t h = 1; h < H_; ++h) {  // heads in order: the sum's order as before
+      be.copy_columns(g_k, h * dqk + dn, term, 0, dr);
+      be.add(g_pe, term, g_pe);
     }
+    Tensor g_kv_h = g_kv.view({n * H_, w_kv});  // one row per (token, head), as the forward's kv_h
+    be.copy_columns(g_k.view({n * H_, dqk}), 0, g_kv_h, 0, dn);                    // d k_nope (n H, dn)
+    be.copy_columns(g_v.view({n * H_, dv}), 0, g_kv_h, dn, dv);                    // d v (n H, dv)
     tp_.allreduce_sum(g_pe, "the rotary key's gradient all-reduce");
     rope_part(be, g_pe, 1, dr, 0, pe.view({n * H_ * dr}).rows(0, n * dr).view({n, dr}), T, true);
     // The latent: d kv_a_layernorm's output (partial over the heads), then its input.
@@ -476,46 +475,23 @@ class MlaLayer final : public Block {
   // in the input's pairing.
   void rope_part(Backend& be, Tensor& x, int64_t heads, int64_t w, int64_t off, Tensor pe, int64_t T,
                  bool backward) const {
-    const int64_t dr = m_.qk_rope, half = dr / 2;
-    // Forward reads the input layout; backward reads the rotated (contiguous) layout.
-    auto move = [&](bool to_pe, bool input_layout) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t xc = h * w + off, pc = h * dr;
-        if (!input_layout || !m_.rope_interleave) {
-          to_pe ? be.copy_columns(x, xc, pe, pc, dr) : be.copy_columns(pe, pc, x, xc, dr);
-          continue;
-        }
-        for (int64_t i = 0; i < half; ++i) {  // pair i: input columns 2i, 2i + 1 <-> pe columns i, half + i
-          if (to_pe) {
-            be.copy_columns(x, xc + 2 * i, pe, pc + i, 1);
-            be.copy_columns(x, xc + 2 * i + 1, pe, pc + half + i, 1);
-          } else {
-            be.copy_columns(pe, pc + i, x, xc + 2 * i, 1);
-            be.copy_columns(pe, pc + half + i, x, xc + 2 * i + 1, 1);
-          }
-        }
-      }
-    };
-    move(/*to_pe=*/true, /*input_layout=*/!backward);
+    const int64_t dr = m_.qk_rope;
+    RELAY_ASSERT(x.size(1) == heads * w, "mla rope_part: x has " << x.size(1) << " columns, expected " << heads * w);
+    // Forward reads the input layout (interleaved pairs with rope_interleave); backward reads the rotated
+    // (contiguous halves) layout and writes the input's pairing.
+    be.gather_rotary(x, w, off, m_.rope_interleave && !backward, pe);
     be.rope(pe, T, dr, spec_.rope_theta, 0, /*inverse=*/backward, pe, positions_, m_.rope_scaling);
-    move(/*to_pe=*/false, /*input_layout=*/backward);
+    be.scatter_rotary(pe, w, off, m_.rope_interleave && backward, x);
   }
 
   // Decode's rotation: the rotary part, columns [off, off + dr), of every row of x (rows, w) at position pos, through
   // pe (rows, dr) scratch; read in transformers' pairing, written back as contiguous halves, as rope_part's forward.
   // Rows may be (sequence, head) pairs: one position for all of them.
   void rope_at(Backend& be, Tensor x, int64_t off, Tensor pe, int64_t pos) const {
-    const int64_t dr = m_.qk_rope, half = dr / 2;
-    if (m_.rope_interleave) {
-      for (int64_t i = 0; i < half; ++i) {  // pair i: columns 2i, 2i + 1 -> pe columns i, half + i
-        be.copy_columns(x, off + 2 * i, pe, i, 1);
-        be.copy_columns(x, off + 2 * i + 1, pe, half + i, 1);
-      }
-    } else {
-      be.copy_columns(x, off, pe, 0, dr);
-    }
+    const int64_t dr = m_.qk_rope;
+    be.gather_rotary(x, x.size(1), off, m_.rope_interleave, pe);
     be.rope(pe, 1, dr, spec_.rope_theta, pos, /*inverse=*/false, pe, Tensor(), m_.rope_scaling);
-    be.copy_columns(pe, 0, x, off, dr);
+    be.scatter_rotary(pe, x.size(1), off, /*interleaved=*/false, x);
   }
 
   TensorParallel tp_;

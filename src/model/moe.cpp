@@ -395,6 +395,7 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
   seq_grad_.assign(size_t(B * E), 0.f);
   const double norm = double(E) / (double(k) * double(T_) * double(T_));
   std::vector<double> cp_stats(static_cast<size_t>(2 * B * E), 0.0);  // (B, 2, E) per sequence: c, then sum_t p
+  std::vector<int64_t> top;                                           // (k) a token's plain top-k
   for (int64_t b = 0; b < B; ++b) {
     double* c = cp_stats.data() + 2 * b * E;
     double* psum = c + E;
@@ -409,7 +410,8 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
       // DeepSeek-V3's complementary loss (report eq. 17-20, Megatron-core's sigmoid seq_aux_loss): its counts are of
       // the token's k best unbiased scores over all experts (no bias, no groups; the lower expert first on a tie),
       // its probabilities the scores normalised to sum 1 (as moe_group_router_backward differentiates them).
-      for (int64_t e : plain_top_k(p)) c[e] += 1;
+      plain_top_k(p, top);
+      for (int64_t e : top) c[e] += 1;
       float D = 1e-20f;
       for (int64_t e = 0; e < E; ++e) D += p[e];
       for (int64_t e = 0; e < E; ++e) psum[e] += p[e] / D;
@@ -429,8 +431,10 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
     if (cp_.rank == 0) stats_.aux_sum += norm * aux;  // each sequence once
   }
   for (float l : lse_) stats_.z_sum += double(l) * double(l);
-  if (k < E)
-    for (int64_t t = 0; t < n; ++t) stats_.min_margin = std::min(stats_.min_margin, choice_margin(t));
+  if (k < E) {
+    MarginScratch scratch;
+    for (int64_t t = 0; t < n; ++t) stats_.min_margin = std::min(stats_.min_margin, choice_margin(t, scratch));
+  }
   Tensor seq_grad = s[kSeqGrad].rows(0, B);
   be.upload(seq_grad, seq_grad_.data());
   if (sigmoid())
@@ -478,40 +482,49 @@ void MoeMlp::backward_weight(Backend& be, const Tensor& x, Tensor* s) {
   }
 }
 
-std::vector<int64_t> MoeMlp::plain_top_k(const float* p) const {
-  std::vector<int64_t> top;  // (k)
+void MoeMlp::plain_top_k(const float* p, std::vector<int64_t>& top) const {
+  top.clear();  // (k)
   for (int64_t j = 0; j < moe_.k; ++j) {
     int64_t best = -1;
     for (int64_t e = 0; e < moe_.n_experts; ++e)
       if (std::find(top.begin(), top.end(), e) == top.end() && (best < 0 || p[e] > p[best])) best = e;
     top.push_back(best);
   }
-  return top;
 }
 
-double MoeMlp::choice_margin(int64_t t) const {
-  const int64_t E = moe_.n_experts, k = moe_.k, G = E / moe_.n_group;
+double MoeMlp::choice_margin(int64_t t, MarginScratch& scratch) const {
+  const int64_t E = moe_.n_experts, k = moe_.k, G = E / moe_.n_group, NG = moe_.n_group;
   const float* p = probs_.data() + t * E;
   auto score = [&](int64_t e) { return host_bias_.empty() ? p[e] : p[e] + host_bias_[size_t(e)]; };
   const auto first = experts_.begin() + t * k, last = first + k;
   auto chosen = [&](int64_t e) { return std::find(first, last, int32_t(e)) != last; };
   // Group-limited routing: the groups ranked again by the sum of their two best choice scores; the margin is also
   // the one between the worst kept group and the best dropped one.
-  std::vector<char> kept(static_cast<size_t>(moe_.n_group), 1);
+  std::vector<char>& kept = scratch.kept;
+  kept.assign(static_cast<size_t>(NG), 1);
   double margin = INFINITY;
-  if (moe_.n_group != moe_.topk_group) {
-    std::vector<double> gscore(static_cast<size_t>(moe_.n_group));
-    for (int64_t g = 0; g < moe_.n_group; ++g) {
-      std::vector<float> v;
-      for (int64_t e = g * G; e < (g + 1) * G; ++e) v.push_back(score(e));
-      std::sort(v.begin(), v.end(), std::greater<float>());
-      gscore[size_t(g)] = G > 1 ? double(v[0] + v[1]) : double(v[0]);
+  if (NG != moe_.topk_group) {
+    std::vector<double>& gscore = scratch.gscore;
+    std::vector<int64_t>& order = scratch.order;
+    gscore.resize(static_cast<size_t>(NG));
+    order.resize(static_cast<size_t>(NG));
+    for (int64_t g = 0; g < NG; ++g) {
+      float best = -INFINITY, second = -INFINITY;  // the group's two largest scores (equal ones both counted)
+      for (int64_t e = g * G; e < (g + 1) * G; ++e) {
+        const float x = score(e);
+        if (x > best) {
+          second = best;
+          best = x;
+        } else if (x > second) {
+          second = x;
+        }
+      }
+      gscore[size_t(g)] = G > 1 ? double(best + second) : double(best);
+      order[size_t(g)] = g;
     }
-    std::vector<int64_t> order(static_cast<size_t>(moe_.n_group));
-    for (int64_t g = 0; g < moe_.n_group; ++g) order[size_t(g)] = g;
     std::stable_sort(order.begin(), order.end(),
                      [&](int64_t a, int64_t b) { return gscore[size_t(a)] > gscore[size_t(b)]; });
-    for (int64_t j = 0; j < moe_.n_group; ++j) kept[size_t(order[size_t(j)])] = j < moe_.topk_group;
+    for (int64_t j = 0; j < NG; ++j) kept[size_t(order[size_t(j)])] = j < moe_.topk_group;
     margin = gscore[size_t(order[size_t(moe_.topk_group - 1)])] - gscore[size_t(order[size_t(moe_.topk_group)])];
   }
   // The k-th largest choice score is the smallest chosen one; the (k+1)-th the largest of the kept rest.
@@ -521,7 +534,8 @@ double MoeMlp::choice_margin(int64_t t) const {
     if (kept[size_t(e / G)] && !chosen(e)) next = std::max(next, score(e));
   margin = std::min(margin, double(kth) - double(next));
   if (sigmoid() && moe_.aux_weight > 0) {  // the aux loss's own top-k of the unbiased scores, over all experts
-    const std::vector<int64_t> top = plain_top_k(p);
+    plain_top_k(p, scratch.top);
+    const std::vector<int64_t>& top = scratch.top;
     float last = INFINITY, rest = -INFINITY;
     for (int64_t e = 0; e < E; ++e)
       if (std::find(top.begin(), top.end(), e) != top.end()) last = std::min(last, p[e]);

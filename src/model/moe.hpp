@@ -107,10 +107,18 @@ class MoeMlp {
   }
   int64_t local_rows() const { return local_.back(); }
   // The top-k's margin of token t (RouterStats::min_margin) from the host's probs_, experts_ and host_bias_: with
-  // sigmoid scores also the groups' and, under the aux loss, its own top-k's.
-  double choice_margin(int64_t t) const;
-  // The k experts of the largest p (E) (the lower expert first on a tie): DeepSeek-V3's aux loss counts these.
-  std::vector<int64_t> plain_top_k(const float* p) const;
+  // sigmoid scores also the groups' and, under the aux loss, its own top-k's. scratch: reused by the caller's loop over
+  // the tokens (no allocation per token).
+  struct MarginScratch {
+    std::vector<double> gscore;  // (n_group) each group's two best choice scores summed
+    std::vector<int64_t> order;  // (n_group) the groups, best first
+    std::vector<char> kept;      // (n_group) among the topk_group best
+    std::vector<int64_t> top;    // (k) plain_top_k's
+  };
+  double choice_margin(int64_t t, MarginScratch& scratch) const;
+  // The k experts of the largest p (E) (the lower expert first on a tie) into top (k): DeepSeek-V3's aux loss counts
+  // these.
+  void plain_top_k(const float* p, std::vector<int64_t>& top) const;
   Backend::GroupRouting group_routing() const {
     return {moe_.k, moe_.n_group, moe_.topk_group, moe_.renormalize, float(moe_.routed_scaling)};
   }
