@@ -64,6 +64,7 @@ struct Fp8WeightCache {
   const void* made_from = nullptr;  // the working copy's storage they were made from (a re-pointed copy is caught)
   // ZeRO-3 gathers the weight for its uses and frees it after; keeping its codes would keep a whole copy of every
   // weight, which ZeRO-3 is there to avoid: no cache (under parallel.fp8_param_gather the gathered codes are the cache).
+  // Set on every parameter under ZeRO-3 (an expert's unit with no other copy included), as the memory plan counts.
   bool off = false;
 };
 
