@@ -519,9 +519,12 @@ TEST(PlanCluster, MaterialisedAttentionCostsTheScoresTraffic) {
 }
 
 // train.precision = "fp8" (issue 43): the linear layers' GEMMs at the device's FP8 peak plus their quantisation passes
-// (every operand quantised per use, as model/fp8_linear.cpp does today); faster than bf16 on an H100 for a large GPT,
-// blockwise's single quantisation pass cheaper than tensorwise's two; a device without FP8 (the A100 preset) refused
-// naming the key.
+// (activations and gradients per use, the weights once an optimizer step where their codes are cached, as
+// model/fp8_linear.cpp does); faster than bf16 on an H100 for a large GPT, blockwise's single quantisation pass
+// cheaper than tensorwise's two; a device without FP8 (the A100 preset) refused naming the key.
+// A block's cached weights take their quantisation out of every micro-batch's forward and input gradient (the same
+// seconds from each, the weights' bytes) into BlockTime::fp8_weights, once a step: with m micro-batches a step saves
+// 2m - 1 weight quantisations (ZeRO-3, which keeps no codes, still quantises in every use).
 TEST(PlanCluster, Fp8PlansAtTheFp8Peak) {
   const Cluster h100 = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
   auto plan = [&](const Cluster& cl, const char* precision, const char* recipe) {
@@ -539,6 +542,31 @@ TEST(PlanCluster, Fp8PlansAtTheFp8Peak) {
   std::printf("GPT 8 x 8192 at tp 8 on H100: bf16 %.4f s, fp8 tensorwise %.4f s (%.2fx), blockwise %.4f s (%.2fx)\n",
               bf16.step_time_s, tensorwise.step_time_s, bf16.step_time_s / tensorwise.step_time_s,
               blockwise.step_time_s, bf16.step_time_s / blockwise.step_time_s);
+  {
+    const ModelLayout layout = make_layout(load_config(src("configs/models/gpt3-175b.toml"),
+                                                       {"model.n_layer=2", "model.n_embd=8192", "model.n_head=64",
+                                                        "train.precision=\"fp8\""}),
+                                           0);
+    const BlockSpec& b = layout.blocks()[1];
+    ASSERT_EQ(b.kind, BlockKind::transformer);
+    ASSERT_TRUE(b.fp8.has_value());
+    BlockContext ctx;
+    ctx.rows = 8192, ctx.precision = Precision::fp8;
+    const BlockTime per_use = block_time(h100.device, b, ctx);
+    ctx.fp8_weights_cached = true;
+    const BlockTime cached = block_time(h100.device, b, ctx);
+    // The weights: c_attn 3C x C, c_proj C x C, c_fc 4C x C, c_proj C x 4C; tensorwise 5 bytes an element.
+    const double C = 8192, weights = 12 * C * C;
+    const double seconds = stream_s(h100.device, 5 * weights);
+    EXPECT_EQ(per_use.fp8_weights, 0.0);
+    EXPECT_NEAR(cached.fp8_weights, seconds, 1e-9 * seconds);
+    EXPECT_NEAR(per_use.forward - cached.forward, seconds, 1e-9 * seconds);
+    EXPECT_NEAR(per_use.backward_input - cached.backward_input, seconds, 1e-9 * seconds);
+    EXPECT_EQ(per_use.backward_weight, cached.backward_weight);  // dy and x only
+    std::printf("a GPT block of width 8192, 8192 rows, tensorwise: weights quantised %.3f ms a use; forward %.3f -> "
+                "%.3f ms, input gradient %.3f -> %.3f ms a micro-batch\n", 1e3 * seconds, 1e3 * per_use.forward,
+                1e3 * cached.forward, 1e3 * per_use.backward_input, 1e3 * cached.backward_input);
+  }
   const Cluster a100 = load_cluster(src("configs/clusters/a100-80gb-sxm-hdr.toml"));
   try {
     plan(a100, "fp8", nullptr);

@@ -2,6 +2,10 @@
 // Recipes after torchao's Float8 (tensorwise, dynamic scaling) and DeepSeek-V3 (arXiv:2412.19437, 1 x 128 / 128 x 128).
 #include "model/fp8_linear.hpp"
 
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 #include "core/error.hpp"
 #include "core/memory.hpp"
 #include "model/block.hpp"
@@ -53,9 +57,24 @@ Quantised quantise(Backend& be, const Tensor& x, Fp8Recipe recipe, Role role, bo
   return out;
 }
 
+// RELAY_CHECK_FP8_CACHE=1: every cached weight's use quantises it afresh and compares (model/param.hpp's version).
+bool check_cache() {
+  static const bool on = [] {
+    const char* v = std::getenv("RELAY_CHECK_FP8_CACHE");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+std::vector<uint8_t> host_bytes(Backend& be, const Tensor& t) {
+  std::vector<uint8_t> out(size_t(t.bytes()));
+  be.download(out.data(), t);
+  return out;
+}
+
 // A Param's weight through its cache: quantised when the working copy changed since, else as it was. The buffers are
 // the parameter's (MemKind::params, planned with it), allocated once and rewritten in place.
-Quantised cached_weight(Backend& be, const Tensor& w, Fp8WeightCache& c, Fp8Recipe recipe, Communicator* tp) {
+Quantised cached_weight(Backend& be, const Tensor& w, const Param& p, Fp8Recipe recipe, Communicator* tp) {
+  Fp8WeightCache& c = p.fp8_cache;
   const Fp8Tiling tiling = tiling_of(recipe, Role::weight, false);
   if (!c.q.defined()) {
     MemoryScope as_params(MemKind::params);
@@ -64,9 +83,24 @@ Quantised cached_weight(Backend& be, const Tensor& w, Fp8WeightCache& c, Fp8Reci
     c.scales = Tensor(be, {g.rows, g.cols});                                    // grid
   }
   RELAY_ASSERT(c.q.size(0) == w.size(0) && c.q.size(1) == w.size(1), "Fp8Linear: a cached weight changed its shape");
-  if (!c.valid) {
+  if (c.version != p.version) {
     quantise_into(be, w, tiling, tp, c.q, c.scales);
-    c.valid = true;
+    c.version = p.version;
+    c.made_from = w.raw();
+    return {c.q, c.scales, tiling};
+  }
+  // A hit: the working copy must be the one the codes came from. One that moved without a version bump is a writer
+  // that forgot Param::weights_changed (model/param.hpp).
+  RELAY_ASSERT(w.raw() == c.made_from, "Fp8Linear: parameter " << p.name << "'s working copy moved without a version "
+               "bump (version " << p.version << "): its cached FP8 codes are stale; whoever re-points it must call "
+               "Param::weights_changed");
+  if (check_cache()) {  // the same codes quantised afresh, compared byte for byte
+    Quantised fresh = quantise(be, w, recipe, Role::weight, false, tp);
+    RELAY_ASSERT(host_bytes(be, fresh.q) == host_bytes(be, c.q) &&
+                     host_bytes(be, fresh.scales) == host_bytes(be, c.scales),
+                 "Fp8Linear: parameter " << p.name << "'s working copy changed without a version bump (version "
+                 << p.version << "): its cached FP8 codes are stale; whoever writes it must call "
+                 "Param::weights_changed (caught by RELAY_CHECK_FP8_CACHE)");
   }
   return {c.q, c.scales, tiling};
 }
@@ -80,7 +114,7 @@ Activation activation_of(LinearAct act) {
 
 Fp8Weight::Fp8Weight(const Param& p)
     : w(p.compute()), scale(p.fp8_scale.defined() ? &p.fp8_scale : nullptr),
-      cache(p.fp8_weight && !p.fp8_cache.off ? &p.fp8_cache : nullptr) {}
+      cached((p.fp8_weight || p.fp8_expert) && !p.fp8_cache.off ? &p : nullptr) {}
 
 void Fp8Linear::linear(Backend& be, const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& y, LinearAct act,
                        Tensor* pre_act) const {
@@ -120,7 +154,7 @@ void Fp8Linear::matmul(Backend& be, const Tensor& x, const Fp8Weight& w, bool tr
   const Quantised a = quantise(be, x, *recipe_, trans_w ? Role::activation : Role::output_grad, false, tp_);
   if (w.scale)  // gathered as codes (parallel.fp8_param_gather): what quantise would make of the working copy
     return be.fp8_matmul(a.q, a.scales, a.tiling, false, w.w, *w.scale, Fp8Tiling::tensor, trans_w, y, beta);
-  const Quantised b = w.cache ? cached_weight(be, w.w, *w.cache, *recipe_, tp_)
+  const Quantised b = w.cached ? cached_weight(be, w.w, *w.cached, *recipe_, tp_)
                               : quantise(be, w.w, *recipe_, Role::weight, !trans_w, tp_);
   be.fp8_matmul(a.q, a.scales, a.tiling, false, b.q, b.scales, b.tiling, trans_w, y, beta);
 }
@@ -133,14 +167,18 @@ void Fp8Linear::weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tens
   be.fp8_matmul(a.q, a.scales, a.tiling, true, b.q, b.scales, b.tiling, false, dw, 1.f);
 }
 
-void Fp8Linear::grouped_matmul(Backend& be, const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
+void Fp8Linear::grouped_matmul(Backend& be, const Tensor& a, const std::vector<Param*>& b, bool trans_b, Tensor& y,
                                const std::vector<int64_t>& offsets, float beta) const {
-  if (!on()) return be.grouped_matmul(a, b, trans_b, y, offsets, beta);
+  if (!on()) {
+    std::vector<Tensor> w;  // each expert's working copy (out, in)
+    for (const Param* p : b) w.push_back(p->compute());
+    return be.grouped_matmul(a, w, trans_b, y, offsets, beta);
+  }
   for (size_t g = 0; g + 1 < offsets.size(); ++g) {
     const int64_t m = offsets[g + 1] - offsets[g];
     if (m == 0) continue;
     Tensor yg = y.rows(offsets[g], m);
-    matmul(be, a.rows(offsets[g], m), b[g], trans_b, yg, beta);  // (m_g, n)
+    matmul(be, a.rows(offsets[g], m), Fp8Weight(*b[g]), trans_b, yg, beta);  // (m_g, n), b[g]'s codes cached
   }
 }
 

@@ -19,12 +19,12 @@ struct Param;
 // A GEMM's weight as Fp8Linear takes it: the working copy, or, under parallel.fp8_param_gather, the e4m3 codes that
 // ZeRO-3 gathered with their tensorwise scale (the codes and scale Fp8Linear would make from the working copy), which
 // the forward and the input gradient multiply as they are.
-// A Param marked fp8_weight also brings its cache (model/param.hpp's Fp8WeightCache): its codes and scales, made by
-// the first GEMM after the working copy last changed and taken as they are by the others.
+// A Param marked fp8_weight or fp8_expert also brings its cache (model/param.hpp's Fp8WeightCache): its codes and
+// scales, made by the first GEMM that reads the working copy's version and taken as they are by the others.
 struct Fp8Weight {
   const Tensor& w;                // (out, in): bf16 / f32, or e4m3 codes
   const Tensor* scale = nullptr;  // (1, 1) f32: w's tensorwise scale when w holds codes
-  Fp8WeightCache* cache = nullptr;  // the Param's codes of w (null: a slice or an expert's weight, quantised per use)
+  const Param* cached = nullptr;  // the Param whose cache holds w's codes (null: a slice, quantised per use)
   Fp8Weight(const Tensor& t) : w(t) {}  // NOLINT(google-explicit-constructor): a working copy passes as it is
   Fp8Weight(const Param& p);            // NOLINT(google-explicit-constructor): its compute copy, codes or not
 };
@@ -66,8 +66,8 @@ class Fp8Linear {
   void weight_grad(Backend& be, const Tensor& dy, const Tensor& x, Tensor& dw) const;
   // A mixture of experts' grouped GEMMs (Backend::grouped_matmul, grouped_matmul_weight with beta 1), group g being
   // rows [offsets[g], offsets[g + 1]): in FP8 one group at a time, each group's operands quantised on their own
-  // (a tensorwise scale per expert's rows and weight).
-  void grouped_matmul(Backend& be, const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
+  // (a tensorwise scale per expert's rows and weight); b: the experts' Params, whose codes are cached (fp8_expert).
+  void grouped_matmul(Backend& be, const Tensor& a, const std::vector<Param*>& b, bool trans_b, Tensor& y,
                       const std::vector<int64_t>& offsets, float beta) const;
   void grouped_weight_grad(Backend& be, const Tensor& dy, const Tensor& x, const std::vector<int64_t>& offsets,
                            const std::vector<Tensor>& dw) const;

@@ -17,12 +17,7 @@ enum : size_t { kLogits, kProbs, kLse, kExperts, kWeights, kPos, kSrc, kOffsets,
                 kGYs, kGGate, kGUp, kGXs, kGWeights, kGLogits, kSeqGrad, kRecvCounts, kToLocal, kToRanks, kXl, kYl,
                 kGYl, kGXl, kStage, kSGate, kSUp, kSH, kSGY, kSGGate, kSGUp, kCount };
 
-// The local experts' weights for the GEMMs (their working copies under bf16), and their gradients.
-std::vector<Tensor> weights_of(const std::vector<Param*>& ps) {
-  std::vector<Tensor> w;
-  for (const Param* p : ps) w.push_back(p->compute());
-  return w;
-}
+// The local experts' weight gradients (the GEMMs take their Params: Fp8Linear::grouped_matmul).
 std::vector<Tensor> grads_of(const std::vector<Param*>& ps) {
   std::vector<Tensor> g;
   for (const Param* p : ps) g.push_back(p->grad);
@@ -225,28 +220,28 @@ void MoeMlp::experts_forward(Backend& be, const Tensor& xl, int64_t h, Tensor* s
   const int64_t R = local_rows();
   Tensor gate = s[kGate].rows(0, R), up = s[kUp].rows(0, R), hh = s[kH].rows(0, R);
   Tensor yl = ep_.on() ? s[kYl].rows(0, R) : s[kYs].rows(0, R);
-  fp8_.grouped_matmul(be, xl, weights_of(gate_), true, gate, lo, 0.f);                      // (Rl, F)
-  fp8_.grouped_matmul(be, xl, weights_of(up_), true, up, lo, 0.f);                          // (Rl, F)
+  fp8_.grouped_matmul(be, xl, gate_, true, gate, lo, 0.f);                      // (Rl, F)
+  fp8_.grouped_matmul(be, xl, up_, true, up, lo, 0.f);                          // (Rl, F)
   if (lo.back() > lo.front()) {
     Tensor hu = hh.rows(lo.front(), lo.back() - lo.front());
     be.swiglu_forward(gate.rows(lo.front(), lo.back() - lo.front()), up.rows(lo.front(), lo.back() - lo.front()),
                       hu);                                                                  // (rows, F)
   }
-  fp8_.grouped_matmul(be, hh, weights_of(down_), true, yl, lo, 0.f);                         // (Rl, C)
+  fp8_.grouped_matmul(be, hh, down_, true, yl, lo, 0.f);                         // (Rl, C)
 }
 
 void MoeMlp::experts_backward(Backend& be, const Tensor& gyl, Tensor& gxl, int64_t h, Tensor* s) {
   const std::vector<int64_t> lo = local_of(h);
   const int64_t R = local_rows();
   Tensor ggate = s[kGGate].rows(0, R), gup = s[kGUp].rows(0, R);
-  fp8_.grouped_matmul(be, gyl, weights_of(down_), false, ggate, lo, 0.f);                    // (Rl, F) d h
+  fp8_.grouped_matmul(be, gyl, down_, false, ggate, lo, 0.f);                    // (Rl, F) d h
   if (lo.back() > lo.front()) {
     const int64_t a = lo.front(), m = lo.back() - lo.front();
     Tensor gg = ggate.rows(a, m), gu = gup.rows(a, m);
     be.swiglu_backward(gg, s[kGate].rows(a, m), s[kUp].rows(a, m), gg, gu);                  // (rows, F) each
   }
-  fp8_.grouped_matmul(be, ggate, weights_of(gate_), false, gxl, lo, 0.f);                    // (Rl, C)
-  fp8_.grouped_matmul(be, gup, weights_of(up_), false, gxl, lo, 1.f);
+  fp8_.grouped_matmul(be, ggate, gate_, false, gxl, lo, 0.f);                    // (Rl, C)
+  fp8_.grouped_matmul(be, gup, up_, false, gxl, lo, 1.f);
 }
 
 void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
@@ -310,8 +305,8 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   Tensor sgate = rows(kSGate, ns), sup = rows(kSUp, ns), sh = rows(kSH, ns);  // (n, Fs) each with shared experts
   auto shared_swiglu = [&] {
     if (moe_.n_shared == 0) return;
-    fp8_.linear(be, x, shared_gate_->compute(), Tensor(), sgate);                       // (n, Fs)
-    fp8_.linear(be, x, shared_up_->compute(), Tensor(), sup);                           // (n, Fs)
+    fp8_.linear(be, x, *shared_gate_, Tensor(), sgate);                       // (n, Fs)
+    fp8_.linear(be, x, *shared_up_, Tensor(), sup);                           // (n, Fs)
     be.swiglu_forward(sgate, sup, sh);                                                  // (n, Fs)
   };
   if (!ep_.on()) {
@@ -352,7 +347,7 @@ void MoeMlp::forward(Backend& be, const Tensor& x, Tensor& y, Tensor* s) {
   be.moe_combine(ys, pos, weights, y);                                                  // (n, C)
   if (moe_.n_shared > 0) {  // y += shared(x): every token, this tp rank's Fs / tp units
     if (!(ep_.on() && parts_ > 1)) shared_swiglu();
-    fp8_.matmul(be, sh, shared_down_->compute(), true, y, 1.f);                         // (n, C)
+    fp8_.matmul(be, sh, *shared_down_, true, y, 1.f);                         // (n, C)
   }
 }
 
@@ -450,10 +445,10 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
   if (moe_.n_shared > 0) {  // + through the shared experts (this tp rank's units: a partial sum like the experts')
     Tensor sgy = rows(kSGY, n), sgg = rows(kSGGate, n), sgu = rows(kSGUp, n);
     be.copy(sgy, dy);                                                                   // (n, C) for backward_weight
-    fp8_.matmul(be, dy, shared_down_->compute(), false, sgg);                           // (n, Fs) d h
+    fp8_.matmul(be, dy, *shared_down_, false, sgg);                           // (n, Fs) d h
     be.swiglu_backward(sgg, rows(kSGate, n), rows(kSUp, n), sgg, sgu);                  // (n, Fs) d gate, d up
-    fp8_.matmul(be, sgg, shared_gate_->compute(), false, dx, 1.f);                      // (n, C)
-    fp8_.matmul(be, sgu, shared_up_->compute(), false, dx, 1.f);
+    fp8_.matmul(be, sgg, *shared_gate_, false, dx, 1.f);                      // (n, C)
+    fp8_.matmul(be, sgu, *shared_up_, false, dx, 1.f);
   }
 }
 

@@ -33,10 +33,20 @@ struct ParamSpec {
   // ZeRO-3 keeps it in buckets of its own, which parallel.fp8_param_gather gathers as e4m3 codes (make_block sets
   // Param::fp8_weight from it; the memory plan counts those buckets from it).
   bool fp8_gemm = false;
+  // A mixture of experts' weight (a routed or shared expert's gate, up or down) of FP8 GEMMs taken whole: its codes
+  // are cached as fp8_gemm's are (Fp8WeightCache), but ZeRO-3 keeps it in the experts' (or the dense) units as before.
+  bool fp8_expert = false;
+  // Its FP8 codes are cached (Param::fp8_cache) under train.precision = "fp8": the memory plan counts them.
+  bool fp8_cached() const { return fp8_gemm || fp8_expert; }
 };
 // s marked as a linear weight of FP8 GEMMs (ParamSpec::fp8_gemm).
 inline ParamSpec fp8_gemm(ParamSpec s) {
   s.fp8_gemm = true;
+  return s;
+}
+// s marked as an expert's weight of FP8 grouped GEMMs (ParamSpec::fp8_expert).
+inline ParamSpec fp8_expert(ParamSpec s) {
+  s.fp8_expert = true;
   return s;
 }
 
@@ -44,15 +54,17 @@ inline ParamSpec fp8_gemm(ParamSpec s) {
 // and reused by every GEMM that reads the weight (the forward's W^T and the input gradient's W take the same codes:
 // e4m3, one tensorwise scale or 128 x 128 blocks) until the working copy changes: quantised once per optimizer step,
 // not once per micro-batch and use (torchao's Float8 and Transformer Engine cache the weight's cast across gradient
-// accumulation the same way). Whoever writes the working copy calls Param::weights_changed: the optimizer step (the
-// step loop), ZeRO-1/2's parameter all-gather, ZeRO-3's gathers, checkpoint loads (refresh_work). The memory plan
-// counts the codes and scales as parameter bytes (train/memory_plan.cpp).
+// accumulation the same way). The cache holds the Param's version it was made from (Param::version): whoever writes the
+// working copy bumps the version (Param::weights_changed), and a cache of another version is made again. The memory
+// plan counts the codes and scales as parameter bytes (train/memory_plan.cpp).
 struct Fp8WeightCache {
   Tensor q;            // (out, in) e4m3 codes of this rank's shard
   Tensor scales;       // fp8_grid(tiling, out, in) f32: (1, 1) tensorwise, (ceil(out / 128), ceil(in / 128)) blockwise
-  bool valid = false;  // q and scales are those of the working copy as it is now
+  uint64_t version = 0;  // the Param::version q and scales were made from (0: never made; versions start at 1)
+  const void* made_from = nullptr;  // the working copy's storage they were made from (a re-pointed copy is caught)
   // ZeRO-3 gathers the weight for its uses and frees it after; keeping its codes would keep a whole copy of every
   // weight, which ZeRO-3 is there to avoid: no cache (under parallel.fp8_param_gather the gathered codes are the cache).
+  // Set on every parameter under ZeRO-3 (an expert's unit with no other copy included), as the memory plan counts.
   bool off = false;
 };
 
@@ -72,12 +84,20 @@ struct Param {
   // train.precision = "fp8": ZeRO-3 gives these units of their own, which parallel.fp8_param_gather gathers as e4m3
   // codes. While gathered so, work holds the codes (out, in) and fp8_scale (1, 1) f32 their tensorwise scale.
   bool fp8_weight = false;
+  bool fp8_expert = false;  // ParamSpec::fp8_expert: an expert's weight whose GEMMs take the Param (its codes cached)
   Tensor fp8_scale = Tensor();
-  // fp8_weight's codes and scales, filled by the first FP8 GEMM that reads it after weights_changed (mutable: the
-  // GEMMs see the parameter as const; the cache changes nothing the parameter means).
+  // fp8_weight's and fp8_expert's codes and scales, made by the first FP8 GEMM that reads this version of the working
+  // copy (mutable: the GEMMs see the parameter as const; the cache changes nothing the parameter means).
   mutable Fp8WeightCache fp8_cache = Fp8WeightCache();
+  // The working copy's version: every write of value or work bumps it (weights_changed), the one thing a cache of the
+  // working copy compares. The writers: the optimizer step and ZeRO-1/2's settle (GradBuckets), ZeRO-3's gather and
+  // release (GradBuckets), and every write from outside the optimizer through refresh_work (initialisation,
+  // checkpoint load, import). A writer that forgets is caught where it can be: a working copy re-pointed without a
+  // bump fails the cache's check of its storage (model/fp8_linear.cpp), and RELAY_CHECK_FP8_CACHE=1 in the environment
+  // compares every cached use with the codes quantised afresh (the FP8 layout tests set it).
+  uint64_t version = 1;
   // The working copy (or the value it follows) was written: the next FP8 GEMM quantises the weight again.
-  void weights_changed() { fp8_cache.valid = false; }
+  void weights_changed() { ++version; }
   bool sharded() const { return shape_numel(shape) != shape_numel(full_shape); }
   // What the model computes with: the bf16 working copy, or the fp32 value itself.
   const Tensor& compute() const { return work.defined() ? work : value; }

@@ -180,6 +180,9 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
     for (size_t i : g) {
       Param* p = params[i].param;
       const int64_t n = shape_numel(p->shape);
+      // ZeRO-3: gathered for each use, no codes kept beyond it (model/param.hpp); also an expert's whole unit with no
+      // other copy, as the memory plan counts ZeRO-3's parameters (their pieces, the whole units, no FP8 cache).
+      if (zero3_) p->fp8_cache.off = true;
       if (zero3_ && b.zero) {  // its elements in this rank's piece go into the masters; nothing whole is kept
         const int64_t piece = padded / shards, lo = piece * b.comm->rank(), a = std::max(lo, at),
                       e = std::min(lo + piece, at + n);
@@ -195,7 +198,6 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
         p->value = Tensor();
         p->work = Tensor();
         p->initial = nullptr;  // taken
-        p->fp8_cache.off = true;  // gathered for each use: no codes kept beyond it (model/param.hpp)
       } else if (b.zero) {  // the parameter moves into the bucket's flat buffer, initial values and all
         Tensor v = b.values.rows(at, n).view(p->value.shape());
         be.copy(v, p->value);
@@ -205,6 +207,7 @@ GradBuckets::GradBuckets(Backend& be, Communicator* comm, const std::vector<Buck
           be.copy(w, p->work);
           p->work = w;
         }
+        p->weights_changed();  // the same values at another address (model/param.hpp: a moved copy is a new version)
       } else if (!p->value.defined()) {  // ZeRO-3's deferred values of an expert with no other copy: made whole here
         p->materialize(be);
       }

@@ -53,13 +53,19 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // train.precision = "fp8": a block whose linear layers run in FP8 (BlockSpec::fp8) runs its GEMMs at the FP8 rate,
   // each operand first quantised for that GEMM (model/fp8_linear.hpp): read in bf16 and written in FP8, tensorwise
   // after a pass of its own for the amax (5 bytes an element), blockwise in one (3). Other blocks' GEMMs in bf16.
+  // The weight (K, N) is quantised for the forward and again for the input gradient of every micro-batch, unless its
+  // codes are cached (ctx.fp8_weights_cached): then once an optimizer step (t.fp8_weights), for both.
   const Precision gp = p == Precision::fp8 && !b.fp8 ? Precision::bf16 : p;
   const double quantise = gp != Precision::fp8 ? 0 : *b.fp8 == Fp8Recipe::tensorwise ? 5.0 : 3.0;
+  const double weight_quantise = ctx.fp8_weights_cached ? 0 : quantise;
   double experts_forward = 0, experts_backward = 0;  // seconds of the routed experts' GEMMs, for ep's overlap below
   for (size_t i = 0; i < cost.gemms.size(); ++i) {
     const Gemm& g = cost.gemms[i];
-    const double f = g.count * (gemm_s(d, gp, g.M, g.N, g.K) + stream_s(d, quantise * (g.M * g.K + g.K * g.N)));
-    const double bi = g.count * (gemm_s(d, gp, g.M, g.K, g.N) + stream_s(d, quantise * (g.M * g.N + g.N * g.K)));
+    const double f = g.count * (gemm_s(d, gp, g.M, g.N, g.K) +
+                                stream_s(d, quantise * g.M * g.K + weight_quantise * g.K * g.N));
+    const double bi = g.count * (gemm_s(d, gp, g.M, g.K, g.N) +
+                                 stream_s(d, quantise * g.M * g.N + weight_quantise * g.N * g.K));
+    if (ctx.fp8_weights_cached) t.fp8_weights += g.count * stream_s(d, quantise * g.K * g.N);
     t.forward += f;
     t.backward_input += bi;
     if (cost.routed_gemm > 0 && (i == cost.routed_gemm || i == cost.routed_gemm + 1))

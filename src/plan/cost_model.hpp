@@ -50,6 +50,10 @@ struct BlockContext {
   // min(reduce-scatter, those GEMMs): the reduce-scatter half of the entry), unless B and W run apart (split_backward:
   // zero-bubble schedules).
   bool overlap = false, split_backward = false;
+  // train.precision = "fp8": the weights' FP8 codes are cached (model/param.hpp's Fp8WeightCache), quantised once an
+  // optimizer step (BlockTime::fp8_weights) instead of in each micro-batch's forward and input gradient; false under
+  // ZeRO-3, which gathers each weight for its use and keeps no codes.
+  bool fp8_weights_cached = false;
 };
 
 struct BlockTime {
@@ -59,6 +63,9 @@ struct BlockTime {
   double cp_hidden = 0;  // seconds of the cp key/value all-gathers hidden behind the own rows' attention (overlap)
   double ep_hidden = 0;  // seconds of the ep all-to-alls hidden behind the other part's experts (overlap)
   double tp_hidden = 0;  // seconds of the tp input-gradient all-reduces hidden behind weight gradients (overlap)
+  // Seconds an optimizer step (not a micro-batch) quantising the block's weights for their cached FP8 codes
+  // (BlockContext::fp8_weights_cached); then forward and backward_input hold no weight quantisation.
+  double fp8_weights = 0;
 };
 BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockContext& ctx);
 

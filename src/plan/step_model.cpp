@@ -49,6 +49,8 @@ Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T, PlannedAtten
   ctx.sequence_parallel = cfg.parallel.sequence_parallel;
   ctx.recompute = cfg.train.recompute == "blocks";
   ctx.precision = cfg.train.precision;
+  // ZeRO-3 keeps no FP8 codes of the weights it gathers (parallel/data_parallel.cpp): quantised in every use there.
+  ctx.fp8_weights_cached = cfg.train.precision == Precision::fp8 && cfg.optimizer.zero < 3;
   ctx.attention = attention;
   ctx.overlap = cfg.parallel.overlap;
   ctx.split_backward = cfg.parallel.schedule == "zb-h1";
@@ -86,6 +88,7 @@ struct ChunkCosts {
   std::vector<double> cp_hidden;      // (chunks) per micro-batch: cp gathers hidden behind attention (parallel.overlap)
   std::vector<double> ep_hidden;      // (chunks) per micro-batch: ep all-to-alls hidden behind experts (parallel.overlap)
   std::vector<double> tp_hidden;      // (chunks) per micro-batch: tp all-reduces hidden behind weight gradients
+  std::vector<double> fp8_weights;    // (chunks) per optimizer step: the weights' cached FP8 codes made
   // (chunks) the chunk's dense parameters on a tp rank (every parameter at ep 1); under ep > 1, the rank's experts'
   // (1 / ep of them), summed over edp_path instead of dp_path.
   std::vector<double> params, experts;
@@ -105,7 +108,7 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
   costs.chunk_forward.assign(chunks, 0);
   costs.chunk_backward_input = costs.chunk_backward_weight = costs.chunk_forward;
   cc.comm.assign(chunks, 0);
-  cc.ep_comm = cc.params = cc.experts = cc.cp_hidden = cc.ep_hidden = cc.tp_hidden = cc.comm;
+  cc.ep_comm = cc.params = cc.experts = cc.cp_hidden = cc.ep_hidden = cc.tp_hidden = cc.fp8_weights = cc.comm;
   cc.blocks.resize(chunks);
   for (size_t c = 0; c < chunks; ++c) {
     const ChunkRange& cr = layout.chunks[c];
@@ -147,6 +150,7 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
       cc.cp_hidden[c] += t.cp_hidden;
       cc.ep_hidden[c] += t.ep_hidden;
       cc.tp_hidden[c] += t.tp_hidden;
+      cc.fp8_weights[c] += t.fp8_weights;
     }
   }
   return cc;
@@ -204,7 +208,7 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
     std::map<int, TimedAction> last_w;  // chunk -> its last backward (the one writing its weight gradients)
     std::map<int, double> first_f;      // chunk -> the start of its first forward
     double end = 0, comm_free = 0, busy = 0, params = 0, experts = 0, comm = 0, ep_comm = 0, cp_hidden = 0,
-           ep_hidden = 0, tp_hidden = 0;
+           ep_hidden = 0, tp_hidden = 0, fp8_weights = 0;
     for (const TimedAction& a : sim.timeline[size_t(rank)]) {
       end = std::max(end, a.end);
       busy += a.end - a.start;
@@ -224,6 +228,7 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
       cp_hidden += cc.cp_hidden[size_t(c)] * shape.m;
       ep_hidden += cc.ep_hidden[size_t(c)] * shape.m;
       tp_hidden += cc.tp_hidden[size_t(c)] * shape.m;
+      fp8_weights += cc.fp8_weights[size_t(c)];  // once a step, whatever the micro-batches
       // Dense buckets over every replica, then (ep > 1) the experts' over their copies.
       comm_free = reduce_chunk(g, sharding, cc, c, last_w.at(c), overlap, comm_free);
     }
@@ -235,7 +240,9 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
     // least).
     const double gather = param_gather_exposed(g, sharding, cc, first_f, overlap, params, experts) +
                           (pp > 1 ? dp_comm_s(sharding, g, params, experts, {Issued::block_first_run}) : 0);
-    const double rank_step = std::max(end, comm_free) + opt + gather;
+    // The FP8 weights' codes, made by the step's first forward of each block: priced once a step, added here (the
+    // simulator's per-micro-batch costs hold none of it).
+    const double rank_step = std::max(end, comm_free) + opt + gather + fp8_weights;
     if (rank_step > step) {
       step = rank_step;
       r.dp_comm_exposed_s = std::max(0.0, comm_free - end) + gather;
@@ -245,7 +252,7 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
       r.cp_hidden_s = cp_hidden;
       r.ep_hidden_s = ep_hidden;
       r.tp_hidden_s = tp_hidden;
-      r.compute_s = busy - comm;
+      r.compute_s = busy - comm + fp8_weights;
     }
   }
   r.step_time_s = step;

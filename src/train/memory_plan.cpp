@@ -252,7 +252,7 @@ StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_
     out.numel += n;
     if (e >= 0) out.expert += n;
     const std::optional<Fp8Recipe>& fp8 = layout.blocks()[size_t(block)].fp8;
-    if (fp8 && p.fp8_gemm) {  // Fp8Linear's weight codes (out, in) and their scales' grid
+    if (fp8 && p.fp8_cached()) {  // Fp8Linear's weight codes (out, in) and their scales' grid, experts' included
       const Fp8Grid g = fp8_grid(*fp8 == Fp8Recipe::tensorwise ? Fp8Tiling::tensor : Fp8Tiling::block_128x128,
                                  shard[0], shard[1]);
       out.fp8_cache_bytes += n + 4 * g.rows * g.cols;

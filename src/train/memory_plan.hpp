@@ -54,8 +54,8 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
 // a MoE layer's experts under parallel.ep only its own (every ep rank holds as many). expert: those of experts.
 struct StageParams {
   int64_t numel = 0, expert = 0;
-  // train.precision = "fp8": the FP8 linear weights' cached codes and scales (model/param.hpp's Fp8WeightCache), bytes
-  // (one an element, four a scale); ZeRO-3 keeps none.
+  // train.precision = "fp8": the FP8 linear and expert weights' cached codes and scales (model/param.hpp's
+  // Fp8WeightCache; ParamSpec::fp8_cached), bytes (one an element, four a scale); ZeRO-3 keeps none.
   int64_t fp8_cache_bytes = 0;
 };
 StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_rank);

@@ -232,15 +232,15 @@ class DeepseekV3Family final : public ModelFamily {
         const int64_t Fs = b.moe.shared_hidden();
         b.params.push_back(w(p + "mlp.gate.weight", {E, C}));
         if (Fs > 0) {
-          b.params.push_back(w(p + "mlp.shared_experts.gate_proj.weight", {Fs, C}, col));
-          b.params.push_back(w(p + "mlp.shared_experts.up_proj.weight", {Fs, C}, col));
-          b.params.push_back(w(p + "mlp.shared_experts.down_proj.weight", {C, Fs}, row));
+          b.params.push_back(fp8_expert(w(p + "mlp.shared_experts.gate_proj.weight", {Fs, C}, col)));
+          b.params.push_back(fp8_expert(w(p + "mlp.shared_experts.up_proj.weight", {Fs, C}, col)));
+          b.params.push_back(fp8_expert(w(p + "mlp.shared_experts.down_proj.weight", {C, Fs}, row)));
         }
         for (int64_t e = 0; e < E; ++e) {
           const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-          b.params.push_back(w(x + "gate_proj.weight", {Fe, C}, col));
-          b.params.push_back(w(x + "up_proj.weight", {Fe, C}, col));
-          b.params.push_back(w(x + "down_proj.weight", {C, Fe}, row));
+          b.params.push_back(fp8_expert(w(x + "gate_proj.weight", {Fe, C}, col)));
+          b.params.push_back(fp8_expert(w(x + "up_proj.weight", {Fe, C}, col)));
+          b.params.push_back(fp8_expert(w(x + "down_proj.weight", {C, Fe}, row)));
         }
         RELAY_ASSERT(b.params.size() == (ql > 0 ? 9 : 7) + MoeMlp::param_count(b.moe),
                      "deepseek_v3: layer " << i << " lists " << b.params.size() << " params");

@@ -138,9 +138,9 @@ ModelSpec llama_blocks(const Config& cfg, const ExpertNames* experts, bool qk_no
       for (int64_t e = 0; e < E; ++e) {
         const std::string x = moe + "experts." + std::to_string(e) + ".";
         // Tensor parallelism splits each expert like the dense SwiGLU; the router stays whole.
-        b.params.push_back(w(x + experts->gate + ".weight", {Fe, C}, col));
-        b.params.push_back(w(x + experts->up + ".weight", {Fe, C}, col));
-        b.params.push_back(w(x + experts->down + ".weight", {C, Fe}, row));
+        b.params.push_back(fp8_expert(w(x + experts->gate + ".weight", {Fe, C}, col)));
+        b.params.push_back(fp8_expert(w(x + experts->up + ".weight", {Fe, C}, col)));
+        b.params.push_back(fp8_expert(w(x + experts->down + ".weight", {C, Fe}, row)));
       }
       mlp_flops = 2.0 * double(C) * double(E) + double(e.experts_per_token) * 6.0 * double(C) * double(Fe);
     } else {
