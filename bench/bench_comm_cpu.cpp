@@ -4,7 +4,8 @@
 // tests as if it computed; per rank its process's user and system CPU seconds (getrusage), rank 0 the machine's
 // softirq seconds and NET_RX/NET_TX softirq counts from /proc (system wide: run it on a quiet machine, or read the
 // softirq figures as ours only because nothing else on it uses the network). Measures; never fails.
-// Usage: mpirun -np 2 bench_comm_cpu [MIB (64)] [REPS (4)] [POLL_US (50)]
+// POLL_US / MAX_POLL_US: the progress thread's first pause and the most it backs off to (equal: a fixed interval).
+// Usage: mpirun -np 2 bench_comm_cpu [MIB (64)] [REPS (4)] [POLL_US (50)] [MAX_POLL_US (1000)]
 #include <mpi.h>
 #include <sys/resource.h>
 
@@ -69,12 +70,13 @@ int main(int argc, char** argv) {
   const double mib = argc > 1 ? std::atof(argv[1]) : 64;
   const int reps = argc > 2 ? std::atoi(argv[2]) : 4;
   const int poll_us = argc > 3 ? std::atoi(argv[3]) : 50;
+  const int max_poll_us = argc > 4 ? std::atoi(argv[4]) : 1000;
   CpuBackend be(1);
   cpu::set_threads(1);
   MpiCommunicator comm(MPI_COMM_WORLD, be);
   Tensor grads(be, {static_cast<int64_t>(mib * 1024 * 1024 / 4)});  // (N) f32: the "gradients"
   be.fill(grads, 1.f);
-  ProgressThread progress(poll_us);
+  ProgressThread progress(poll_us, max_poll_us);
   set_active_progress(&progress);
   comm.set_background_progress(true);
   comm.iallreduce_sum(grads)->wait();  // warm up: connections made, buffers touched
@@ -97,7 +99,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     const double gb = mib * reps * 1024 * 1024 / 1e9;  // gradient bytes all-reduced
     const double user = all[0] + all[2], sys = all[1] + all[3];
-    std::printf("%8.0f %5d %7d %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f %10.0f %10.0f\n", mib, reps, poll_us, wall, gb / wall,
+    std::printf("%8.0f %5d %4d-%-5d %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f %10.0f %10.0f\n", mib, reps, poll_us, max_poll_us, wall, gb / wall,
                 user / gb, sys / gb, soft / gb, (user + sys + soft) / gb, static_cast<double>(rx) / gb,
                 static_cast<double>(tx) / gb);
   }

@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   const double alone = overlapped();
   std::vector<double> threaded;
   for (int poll : polls) {
-    ProgressThread progress(poll);
+    ProgressThread progress(poll, poll);  // a fixed interval: no back-off
     set_active_progress(&progress);
     comm.set_background_progress(true);
     threaded.push_back(overlapped());
