@@ -3,8 +3,10 @@
 # (tests/multinode/namespaces.sh) whose link is capped by tc tbf at RATE both ways, one rank of one thread on each,
 # Open MPI's TCP transport between them; GPT shapes chosen so that communication alone is about 0.5-0.8 x compute
 # alone (the issue's "communication costs about as much as compute"), one layout after another:
-#   dp-zero1, dp-zero3  dp 2 across the nodes: GPT 2 x 768, vocabulary 8192, 16 micro-batches of 128 tokens per rank
+#   dp-zero1            dp 2 across the nodes: GPT 2 x 768, vocabulary 8192, 8 micro-batches of 128 tokens per rank
 #                       and step (compute grows with the tokens, the gradient's bytes do not);
+#   dp-zero3            the same with 12 sequences in one micro-batch (ZeRO-3 gathers the parameters and
+#                       reduce-scatters the gradients every micro-batch: its bytes grow with the micro-batches);
 #   tp-sp               tp 2 across the nodes with sequence parallelism: GPT 2 x 1536 (12 heads), vocabulary 8192,
 #                       2 sequences of 512 (a tp collective moves tokens x width, its GEMMs tokens x width^2: the
 #                       width sets the ratio);
@@ -32,25 +34,25 @@ trap 'remove_two_nodes; rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_two_nodes "$work"
 shape_link "$RATE"
-random_gpt2_tokens "$work/tokens.h5" $((2 * 16 * 128 * (STEPS + 1) + 8192 + 1)) "$VOCAB"
+random_gpt2_tokens "$work/tokens.h5" $((2 * 12 * 128 * (STEPS + 1) + 8192 + 1)) "$VOCAB"
 printf "# shaped-link overlap: two namespace nodes, link %s (tc tbf) both ways, 1 rank x 1 thread per node, %d steps (means after the first 2)\n" "$RATE" "$STEPS"
 cpu_info
-# shape LAYOUT -> "layers width heads T seqs dp tp sp cp zero"
+# shape LAYOUT -> "layers width heads T seqs micro-batches dp tp sp cp zero"
 shape() {
   case $1 in
-    dp-zero1) echo 2 768 12 128 16 2 1 false 1 1 ;;
-    dp-zero3) echo 2 768 12 128 16 2 1 false 1 3 ;;
-    tp-sp)    echo 2 1536 12 512 2 1 2 true 1 0 ;;
-    cp)       echo 2 768 12 4096 1 1 1 false 2 0 ;;
+    dp-zero1) echo 2 768 12 128 8 8 2 1 false 1 1 ;;
+    dp-zero3) echo 2 768 12 128 12 1 2 1 false 1 3 ;;
+    tp-sp)    echo 2 1536 12 512 2 2 1 2 true 1 0 ;;
+    cp)       echo 2 768 12 4096 1 1 1 1 false 2 0 ;;
     *) echo "unknown layout $1" >&2; return 1 ;;
   esac
 }
-args() {  # run dir, overlap, layers width heads T seqs dp tp sp cp zero
-  local dir=$1 overlap=$2 L=$3 C=$4 H=$5 T=$6 S=$7 DP=$8 TP=$9 SP=${10} CP=${11} Z=${12}
+args() {  # run dir, overlap, layers width heads T seqs micro-batches dp tp sp cp zero
+  local dir=$1 overlap=$2 L=$3 C=$4 H=$5 T=$6 S=$7 M=$8 DP=$9 TP=${10} SP=${11} CP=${12} Z=${13}
   echo --config configs/gpt2-124m.toml --set "run.dir=\"$dir\"" --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' \
     --set train.steps=$STEPS --set model.n_layer=$L --set model.n_embd=$C --set model.n_head=$H --set model.vocab_size=$VOCAB \
     --set model.block_size=$T --set train.log_every=1 --set lr_schedule.warmup_steps=0 --set train.batch_size=$((DP * S)) \
-    --set train.micro_batches=$S --set parallel.dp=$DP --set parallel.tp=$TP --set parallel.sequence_parallel=$SP \
+    --set train.micro_batches=$M --set parallel.dp=$DP --set parallel.tp=$TP --set parallel.sequence_parallel=$SP \
     --set parallel.cp=$CP --set optimizer.zero=$Z --set parallel.overlap=$overlap --set checkpoint.every=0 \
     --set "checkpoint.dir=\"$dir/ckpt\"" --set 'parallel.timeout="300s"'
 }
@@ -71,19 +73,19 @@ relay_on() {  # hosts ranks log args... (mpirun started on node1)
 printf "%-9s %-34s %10s %10s %13s %9s %9s %11s %11s %7s %7s %10s\n" layout shape "compute s" "comm s" "comm/compute" \
   "off s" "on s" "exposed off" "exposed on" off/sum on/max loss
 for layout in $LAYOUTS; do
-  read -r L C H T S DP TP SP CP Z <<<"$(shape "$layout")"
-  desc="GPT ${L}x${C}, ${S}x${T} tok/rank"
+  read -r L C H T S M DP TP SP CP Z <<<"$(shape "$layout")"
+  desc="GPT ${L}x${C}, ${S}x${T} tok/rank in $M"
   [ "$CP" -gt 1 ] && desc="GPT ${L}x${C}, ${S}x${T} tok/cp pair"
   # Compute alone: dp's one rank on node1 at dp 1; tp's / cp's two ranks both on node1.
   if [ "$DP" -gt 1 ]; then
-    relay_on "${SUB}1:1" 1 "$work/$layout.alone.log" $(args "$work/$layout.alone" false $L $C $H $T $S 1 1 false 1 0) || continue
+    relay_on "${SUB}1:1" 1 "$work/$layout.alone.log" $(args "$work/$layout.alone" false $L $C $H $T $S $M 1 1 false 1 0) || continue
   else
-    relay_on "${SUB}1:2" 2 "$work/$layout.alone.log" $(args "$work/$layout.alone" false $L $C $H $T $S 1 $TP $SP $CP $Z) || continue
+    relay_on "${SUB}1:2" 2 "$work/$layout.alone.log" $(args "$work/$layout.alone" false $L $C $H $T $S $M 1 $TP $SP $CP $Z) || continue
   fi
   read -r compute _ _ <<<"$(means "$work/$layout.alone")"
   ok=1
   for overlap in false true; do
-    relay_on "${SUB}1:1,${SUB}2:1" 2 "$work/$layout.$overlap.log" $(args "$work/$layout.$overlap" $overlap $L $C $H $T $S $DP $TP $SP $CP $Z) || { ok=0; break; }
+    relay_on "${SUB}1:1,${SUB}2:1" 2 "$work/$layout.$overlap.log" $(args "$work/$layout.$overlap" $overlap $L $C $H $T $S $M $DP $TP $SP $CP $Z) || { ok=0; break; }
   done
   [ $ok = 1 ] || continue
   read -r off exp_off loss_off <<<"$(means "$work/$layout.false")"
