@@ -10,8 +10,9 @@
 #   tp-sp               tp 2 across the nodes with sequence parallelism: GPT 2 x 1536 (12 heads), vocabulary 8192,
 #                       2 sequences of 512 (a tp collective moves tokens x width, its GEMMs tokens x width^2: the
 #                       width sets the ratio);
-#   cp                  cp 2 across the nodes: GPT 2 x 768, vocabulary 8192, one sequence of 4096 (keys and values
-#                       move tokens x width, attention costs tokens^2 x width: the length sets the ratio).
+#   cp                  cp 2 across the nodes: GPT 2 x 768, vocabulary 8192, one sequence of 2048 (keys and values
+#                       move tokens x width, attention costs tokens^2 x width; the weight gradients' all-reduce
+#                       over the cp pair is most of the bytes: the length sets the ratio).
 # Each layout runs parallel.overlap off and on back to back. Per run the means after the first 2 steps of
 # metrics.jsonl's step_time_s and rank 0's exposed_comm_s (the time it waited on its collectives). "compute alone":
 # dp's rank alone at dp 1 on node1 (no link); tp's and cp's two ranks both on node1 (shared memory, no shaped link).
@@ -43,7 +44,7 @@ shape() {
     dp-zero1) echo 2 768 12 128 8 8 2 1 false 1 1 ;;
     dp-zero3) echo 2 768 12 128 12 1 2 1 false 1 3 ;;
     tp-sp)    echo 2 1536 12 512 2 2 1 2 true 1 0 ;;
-    cp)       echo 2 768 12 4096 1 1 1 1 false 2 0 ;;
+    cp)       echo 2 768 12 2048 1 1 1 1 false 2 0 ;;
     *) echo "unknown layout $1" >&2; return 1 ;;
   esac
 }
