@@ -1,49 +1,61 @@
 #!/usr/bin/env bash
 # Communication overlap over a real, slow link (issue 40; measures, never fails): two namespace nodes of this machine
 # (tests/multinode/namespaces.sh) whose link is capped by tc tbf at RATE both ways, one rank of one thread on each,
-# Open MPI's TCP transport between them. A GPT-2-small-wide model cut to LAYERS layers (n_embd 768, vocabulary 50257)
-# on dp 2 across the nodes, SEQS sequences of 128 tokens per rank and step, ZeRO 0, 1 and 3, parallel.overlap off and
-# on back to back. Per run, the means after the first 2 steps of metrics.jsonl's step_time_s and rank 0's
-# exposed_comm_s (the time it waited on its data-parallel collectives). "compute alone" is the same rank's step at
-# dp 1 on node1 (no link); "comm alone" is the overlap-off run's exposed communication (its collectives start after
-# the backward and nothing runs beside them). The issue's target: overlapped step <= 1.15 x max(compute, comm).
-# VOCAB (default 50257, GPT-2's): a smaller vocabulary puts more of the gradient in the blocks, whose buckets the
-# backward fills as it goes (the tied embedding's gradient is complete only when the backward ends, so with GPT-2's
-# 38.6 M-parameter embedding most of a 2-layer model's gradient cannot overlap anything).
-# TP=2: tensor parallelism across the two nodes instead (dp 1, no sequence parallelism, ZeRO 0): with overlap each
-# column-parallel input gradient's all-reduce travels behind that layer's weight-gradient GEMM (the forward's two
-# all-reduces per block stay exposed); exposed comm is rank 0's wait on the tp collectives, "compute alone" the same
-# tp 2 run with both ranks on node1 (shared memory, no shaped link). SP=true with TP=2: sequence parallelism, whose
-# forward all-gathers before c_attn and c_fc run as collective matmuls with overlap (model/collective_matmul.hpp).
-# Root only. Usage: [TP=2 [SP=true]] [ZEROS="0 1 3"] [VOCAB=N] bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [LAYERS (4)] [SEQS (4)] [steps (6)]
+# Open MPI's TCP transport between them; GPT shapes chosen so that communication alone is about 0.5-0.8 x compute
+# alone (the issue's "communication costs about as much as compute"), one layout after another:
+#   dp-zero1            dp 2 across the nodes: GPT 2 x 768, vocabulary 8192, 8 micro-batches of 128 tokens per rank
+#                       and step (compute grows with the tokens, the gradient's bytes do not);
+#   dp-zero3            the same with 12 sequences in one micro-batch (ZeRO-3 gathers the parameters and
+#                       reduce-scatters the gradients every micro-batch: its bytes grow with the micro-batches);
+#   tp-sp               tp 2 across the nodes with sequence parallelism: GPT 2 x 1536 (12 heads), vocabulary 8192,
+#                       2 sequences of 512 (a tp collective moves tokens x width, its GEMMs tokens x width^2: the
+#                       width sets the ratio);
+#   cp                  cp 2 across the nodes: GPT 2 x 768, vocabulary 8192, one sequence of 2048 (keys and values
+#                       move tokens x width, attention costs tokens^2 x width; the weight gradients' all-reduce
+#                       over the cp pair is most of the bytes: the length sets the ratio).
+# Each layout runs parallel.overlap off and on back to back. Per run the means after the first 2 steps of
+# metrics.jsonl's step_time_s and rank 0's exposed_comm_s (the time it waited on its collectives). "compute alone":
+# dp's rank alone at dp 1 on node1 (no link); tp's and cp's two ranks both on node1 (shared memory, no shaped link).
+# "comm alone": the overlap-off run's exposed communication (its collectives wait with nothing beside them). The
+# issue's target: step with overlap <= 1.15 x max(compute alone, comm alone); without, about their sum.
+# Speed needs a quiet machine: the ranks' compute and the TCP path's CPU work (bench/bench_comm_cpu_shaped.sh)
+# share the same cores. Root only.
+# Usage: [LAYOUTS="dp-zero1 dp-zero3 tp-sp cp"] bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [steps (5)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
 source bench/random_tokens.sh
 source tests/multinode/namespaces.sh
 RELAY=$(realpath "${1:-build/relay}")
-RATE=${2:-1gbit} LAYERS=${3:-4} SEQS=${4:-4} STEPS=${5:-6}
-TP=${TP:-1}
-[ "$TP" -gt 1 ] && ZEROS=${ZEROS:-0}
+RATE=${2:-1gbit} STEPS=${3:-5}
+LAYOUTS=${LAYOUTS:-dp-zero1 dp-zero3 tp-sp cp}
+VOCAB=8192
 work=$(mktemp -d /tmp/relay-bench-shaped-XXXXXX)
 trap 'remove_two_nodes; rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_two_nodes "$work"
 shape_link "$RATE"
-VOCAB=${VOCAB:-50257}
-random_gpt2_tokens "$work/tokens.h5" $((2 * SEQS * 128 * (STEPS + 1) + 1)) "$VOCAB"
-layout="dp 2"
-[ "$TP" -gt 1 ] && layout="tp $TP"
-SP=${SP:-false}
-[ "$SP" = true ] && layout="$layout (sequence parallel)"
-printf "# shaped-link overlap: GPT %d x 768, vocabulary %d, %d x 128 tokens per replica; %s over two namespace nodes, link %s (tc tbf) both ways, 1 rank x 1 thread per node\n" "$LAYERS" "$VOCAB" "$SEQS" "$layout" "$RATE"
+random_gpt2_tokens "$work/tokens.h5" $((2 * 12 * 128 * (STEPS + 1) + 8192 + 1)) "$VOCAB"
+printf "# shaped-link overlap: two namespace nodes, link %s (tc tbf) both ways, 1 rank x 1 thread per node, %d steps (means after the first 2)\n" "$RATE" "$STEPS"
 cpu_info
-args() {  # run dir, dp, zero, overlap[, tp]
-  echo --config configs/gpt2-124m.toml --set "run.dir=\"$1\"" --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' \
-    --set train.steps=$STEPS --set model.n_layer=$LAYERS --set model.vocab_size=$VOCAB --set model.block_size=128 --set train.log_every=1 \
-    --set lr_schedule.warmup_steps=0 --set train.batch_size=$(($2 * SEQS)) --set train.micro_batches=$SEQS \
-    --set parallel.dp=$2 --set parallel.tp=${5:-1} --set parallel.sequence_parallel=$([ "${5:-1}" -gt 1 ] && echo "$SP" || echo false) --set optimizer.zero=$3 --set parallel.overlap=$4 --set checkpoint.every=0 \
-    --set "checkpoint.dir=\"$1/ckpt\"" --set 'parallel.timeout="300s"'
+# shape LAYOUT -> "layers width heads T seqs micro-batches dp tp sp cp zero"
+shape() {
+  case $1 in
+    dp-zero1) echo 2 768 12 128 8 8 2 1 false 1 1 ;;
+    dp-zero3) echo 2 768 12 128 12 1 2 1 false 1 3 ;;
+    tp-sp)    echo 2 1536 12 512 2 2 1 2 true 1 0 ;;
+    cp)       echo 2 768 12 2048 1 1 1 1 false 2 0 ;;
+    *) echo "unknown layout $1" >&2; return 1 ;;
+  esac
+}
+args() {  # run dir, overlap, layers width heads T seqs micro-batches dp tp sp cp zero
+  local dir=$1 overlap=$2 L=$3 C=$4 H=$5 T=$6 S=$7 M=$8 DP=$9 TP=${10} SP=${11} CP=${12} Z=${13}
+  echo --config configs/gpt2-124m.toml --set "run.dir=\"$dir\"" --set "data.train=\"$work/tokens.h5\"" --set 'data.eval=""' \
+    --set train.steps=$STEPS --set model.n_layer=$L --set model.n_embd=$C --set model.n_head=$H --set model.vocab_size=$VOCAB \
+    --set model.block_size=$T --set train.log_every=1 --set lr_schedule.warmup_steps=0 --set train.batch_size=$((DP * S)) \
+    --set train.micro_batches=$M --set parallel.dp=$DP --set parallel.tp=$TP --set parallel.sequence_parallel=$SP \
+    --set parallel.cp=$CP --set optimizer.zero=$Z --set parallel.overlap=$overlap --set checkpoint.every=0 \
+    --set "checkpoint.dir=\"$dir/ckpt\"" --set 'parallel.timeout="300s"'
 }
 means() {  # run dir -> "step_s exposed_s loss"
   /usr/bin/python3 - "$1" <<'PY'
@@ -53,30 +65,37 @@ mean = lambda k: sum(r.get(k, 0.0) for r in recs) / len(recs)
 print("%.3f %.3f %.5f" % (mean("step_time_s"), mean("exposed_comm_s"), recs[-1]["loss"]))
 PY
 }
-# Compute alone: dp 2's rank alone (one rank, one thread, on node1), or tp's two ranks both on node1 (no shaped link).
-if [ "$TP" -gt 1 ]; then
-  on_node1 timeout 900 mpirun --host "${SUB}1:2" "${MCA[@]}" -np 2 --bind-to none -x OMP_NUM_THREADS=1 \
-    "$RELAY" train $(args "$work/alone" 1 0 false "$TP") >"$work/alone.log" 2>&1 || { tail -5 "$work/alone.log"; exit 1; }
-  where="tp $TP, both ranks on node1"
-else
-  on_node1 env OMP_NUM_THREADS=1 "$RELAY" train $(args "$work/alone" 1 0 false) >"$work/alone.log" 2>&1 ||
-    { tail -5 "$work/alone.log"; exit 1; }
-  where="dp 1, one rank on node1"
-fi
-read -r compute _ _ <<<"$(means "$work/alone")"
-printf "compute alone (%s): %.3f s a step\n\n" "$where" "$compute"
-printf "%-6s %-8s %9s %16s %14s %12s %10s\n" "zero" "overlap" "step s" "exposed comm s" "comm alone s" "step/max" "loss"
-for zero in ${ZEROS:-0 1 3}; do
-  comm=0
+relay_on() {  # hosts ranks log args... (mpirun started on node1)
+  local hosts=$1 np=$2 log=$3
+  shift 3
+  on_node1 timeout 900 mpirun --host "$hosts" "${MCA[@]}" -np "$np" --bind-to none -x OMP_NUM_THREADS=1 \
+    "$RELAY" train "$@" >"$log" 2>&1 || { echo "failed ($log):"; tail -5 "$log"; return 1; }
+}
+printf "%-9s %-34s %10s %10s %13s %9s %9s %11s %11s %7s %7s %10s\n" layout shape "compute s" "comm s" "comm/compute" \
+  "off s" "on s" "exposed off" "exposed on" off/sum on/max loss
+for layout in $LAYOUTS; do
+  read -r L C H T S M DP TP SP CP Z <<<"$(shape "$layout")"
+  desc="GPT ${L}x${C}, ${S}x${T} tok/rank in $M"
+  [ "$CP" -gt 1 ] && desc="GPT ${L}x${C}, ${S}x${T} tok/cp pair"
+  # Compute alone: dp's one rank on node1 at dp 1; tp's / cp's two ranks both on node1.
+  if [ "$DP" -gt 1 ]; then
+    relay_on "${SUB}1:1" 1 "$work/$layout.alone.log" $(args "$work/$layout.alone" false $L $C $H $T $S $M 1 1 false 1 0) || continue
+  else
+    relay_on "${SUB}1:2" 2 "$work/$layout.alone.log" $(args "$work/$layout.alone" false $L $C $H $T $S $M 1 $TP $SP $CP $Z) || continue
+  fi
+  read -r compute _ _ <<<"$(means "$work/$layout.alone")"
+  ok=1
   for overlap in false true; do
-    dir="$work/z${zero}_$overlap"
-    on_node1 timeout 900 mpirun --host "${SUB}1:1,${SUB}2:1" "${MCA[@]}" -np 2 --bind-to none -x OMP_NUM_THREADS=1 \
-      "$RELAY" train $(args "$dir" $((TP > 1 ? 1 : 2)) $zero $overlap "$TP") >"$dir.log" 2>&1 ||
-      { echo "zero $zero overlap $overlap failed:"; tail -5 "$dir.log"; continue; }
-    read -r step exposed loss <<<"$(means "$dir")"
-    [ "$overlap" = false ] && comm=$exposed
-    printf "%-6s %-8s %9.3f %16.3f %14.3f %12.2f %10s\n" "$zero" "$overlap" "$step" "$exposed" "$comm" \
-      "$(/usr/bin/python3 -c "print($step / max($compute, $comm))")" "$loss"
+    relay_on "${SUB}1:1,${SUB}2:1" 2 "$work/$layout.$overlap.log" $(args "$work/$layout.$overlap" $overlap $L $C $H $T $S $M $DP $TP $SP $CP $Z) || { ok=0; break; }
   done
+  [ $ok = 1 ] || continue
+  read -r off exp_off loss_off <<<"$(means "$work/$layout.false")"
+  read -r on exp_on loss_on <<<"$(means "$work/$layout.true")"
+  loss=$loss_on
+  [ "$loss_on" = "$loss_off" ] || loss="$loss_off/$loss_on"
+  printf "%-9s %-34s %10.3f %10.3f %13.2f %9.3f %9.3f %11.3f %11.3f %7.2f %7.2f %10s\n" "$layout" "$desc" "$compute" \
+    "$exp_off" "$(/usr/bin/python3 -c "print($exp_off / $compute)")" "$off" "$on" "$exp_off" "$exp_on" \
+    "$(/usr/bin/python3 -c "print($off / ($compute + $exp_off))")" "$(/usr/bin/python3 -c "print($on / max($compute, $exp_off))")" "$loss"
 done
+echo "# comm s: the overlap-off run's exposed communication (comm alone), meant to be 0.5-0.8 x compute; off/sum: step without overlap / (compute + comm), about 1 expected; on/max: step with overlap / max(compute, comm), the issue's target <= 1.15"
 load_at_end

@@ -2,6 +2,7 @@
 // interval; a completed request's flag is set (release) for the rank's thread to see (acquire).
 #include "comm/progress.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include "comm/mpi_check.hpp"
@@ -12,7 +13,8 @@ namespace {
 ProgressThread* g_active = nullptr;
 }
 
-ProgressThread::ProgressThread(int poll_us) : poll_us_(poll_us), thread_([this] { run(); }) {}
+ProgressThread::ProgressThread(int poll_us, int max_poll_us)
+    : poll_us_(poll_us), max_poll_us_(std::max(poll_us, max_poll_us)), thread_([this] { run(); }) {}
 
 ProgressThread::~ProgressThread() {
   {
@@ -46,12 +48,14 @@ void ProgressThread::run() {
   std::vector<Done> flags;           // each one's completion flag
   std::vector<int> finished;
   std::chrono::steady_clock::time_point spin_from{};  // when the current unpaused testing for a waiter began
+  int pause_us = poll_us_;  // the pause while the rank computes: doubles each fruitless round up to max_poll_us_
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Idle (nothing pending): sleep until a request comes, so the thread costs nothing between steps.
       if (pending.empty()) cv_.wait(lock, [this] { return stop_ || !incoming_.empty(); });
       if (stop_) return;
+      if (!incoming_.empty()) pause_us = poll_us_;  // a new request: its first rounds may be quick
       pending.insert(pending.end(), incoming_.begin(), incoming_.end());
       flags.insert(flags.end(), incoming_done_.begin(), incoming_done_.end());
       incoming_.clear();
@@ -76,6 +80,7 @@ void ProgressThread::run() {
       pending.resize(keep);
       flags.resize(keep);
       spin_from = {};
+      pause_us = poll_us_;
       continue;  // something finished: the next may be close behind
     }
     // The rank waits on one of these: test without pausing for 2 ms (its core is free then), after that every
@@ -84,7 +89,8 @@ void ProgressThread::run() {
     const auto now = std::chrono::steady_clock::now();
     if (waiters_.load(std::memory_order_relaxed) == 0) {
       spin_from = {};
-      std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
+      std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      pause_us = std::min(2 * pause_us, max_poll_us_);
     } else {
       if (spin_from == std::chrono::steady_clock::time_point{}) spin_from = now;
       if (now - spin_from < std::chrono::milliseconds(2)) std::this_thread::yield();

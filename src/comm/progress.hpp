@@ -23,8 +23,12 @@ class ProgressThread {
  public:
   using Done = std::shared_ptr<std::atomic<bool>>;
   // poll_us: the pause between two rounds of tests while requests are pending (a spinning thread would take the
-  // core from the rank's compute on a machine whose ranks share cores).
-  explicit ProgressThread(int poll_us = 50);
+  // core from the rank's compute on a machine whose ranks share cores). While the rank computes and rounds finish
+  // nothing, the pause doubles up to max_poll_us, back to poll_us once a request completes or a new one comes: a
+  // long collective over TCP needs a test only about every millisecond (the socket buffers hold more than that),
+  // and each wake-up costs CPU (bench/bench_comm_cpu_shaped.sh: 50 us polls for a whole all-reduce cost ~25% more
+  // CPU per GB than 1000 us ones; bench/RESULTS.md).
+  explicit ProgressThread(int poll_us = 50, int max_poll_us = 1000);
   // Stops the thread (requests still pending are left to MPI: the job is ending); never waits on a peer.
   ~ProgressThread();
   ProgressThread(const ProgressThread&) = delete;
@@ -41,6 +45,7 @@ class ProgressThread {
  private:
   void run();
   int poll_us_;
+  int max_poll_us_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -2,7 +2,8 @@
 # its own host name (a UTS namespace: node1, node2) and its own address on a private bridge (10.77.x.1 and .2, the
 # bridge in a third namespace), and plm_rsh_agent = a script that runs a command on a node with `ip netns exec`
 # instead of ssh, so that mpirun started on node1 reaches node2 through Open MPI's TCP transport.
-#   make_two_nodes WORK   makes them (WORK: a directory for the agent script); sets NS0 NS1 NS2 SUB MCA; on failure
+#   make_two_nodes WORK   makes them (WORK: a directory for the agent script); sets NS0 NS1 NS2 SUB MCA (and
+#                         MCA_BASE: MCA without the all-reduce algorithm's choice, for benchmarks of it); on failure
 #                         returns non-zero with the reason on stderr (callers skip). The caller's EXIT trap should
 #                         call remove_two_nodes.
 #   on_node1 CMD...       runs CMD on node1 (mpirun from there reaches both nodes with "${MCA[@]}").
@@ -21,6 +22,9 @@ make_two_nodes() {
     ip link add "v$n-$id" netns "$ns" type veth peer name "p$n" netns "$NS0" || { echo "cannot create veth pairs" >&2; return 1; }
     ip -n "$ns" link set "v$n-$id" name eth0
     ip -n "$ns" addr add "${SUB}$n/24" dev eth0
+    # MTU 65535 (the veth maximum) where allowed: the kernel's per-packet work for this machine's emulated link is
+    # the ranks' CPU, not a NIC's; it halves the NET_RX/NET_TX softirqs per GB (bench/bench_comm_cpu_shaped.sh).
+    ip -n "$ns" link set eth0 mtu 65535 2>/dev/null && ip -n "$NS0" link set "p$n" mtu 65535 2>/dev/null || true
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
     ip -n "$NS0" link set "p$n" master br0
@@ -39,8 +43,13 @@ esac
 exec ip netns exec \$ns unshare --uts bash -c "hostname \$name; \$*"
 AGENT
   chmod +x "$work/agent.sh"
-  MCA=(--mca plm_rsh_agent "$work/agent.sh" --mca btl tcp,self --mca btl_tcp_if_include "${SUB}0/24"
-       --mca oob_tcp_if_include "${SUB}0/24" --mca plm_rsh_no_tree_spawn 1)
+  MCA_BASE=(--mca plm_rsh_agent "$work/agent.sh" --mca btl tcp,self --mca btl_tcp_if_include "${SUB}0/24"
+            --mca oob_tcp_if_include "${SUB}0/24" --mca plm_rsh_no_tree_spawn 1)
+  # Open MPI's non-blocking all-reduce (libnbc) picks the binomial tree for fewer than 4 ranks: a reduce to rank 0,
+  # then a broadcast, each moving the whole buffer over one direction of the link while the other idles. Rabenseifner's
+  # reduce-scatter + all-gather uses both directions at once: a 64 MiB all-reduce between the nodes at 1 Gbit/s takes
+  # 0.61 s instead of 1.37 s and half the CPU per GB (bench/bench_comm_cpu_shaped.sh, bench/RESULTS.md).
+  MCA=("${MCA_BASE[@]}" --mca coll_libnbc_iallreduce_algorithm 3)
 }
 
 on_node1() { ip netns exec "$NS1" unshare --uts bash -c 'hostname node1; exec "$@"' _ "$@"; }
