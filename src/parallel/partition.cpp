@@ -93,12 +93,12 @@ std::vector<ChunkRange> partition_blocks(const std::vector<BlockSpec>& blocks, i
         }
     return best[static_cast<size_t>(chunks)][static_cast<size_t>(u)] < inf;
   };
+  auto compute = [&](int, int j, int k) { return prefix[static_cast<size_t>(k)] - prefix[static_cast<size_t>(j)]; };
   const bool fitted = solve([&](int c, int j, int k) {
-    const double compute = prefix[static_cast<size_t>(k)] - prefix[static_cast<size_t>(j)];
-    return !with_memory || bytes(c, j, k) <= memory.budget ? compute : inf;
+    return !with_memory || bytes(c, j, k) <= memory.budget ? compute(c, j, k) : inf;
   });
   // Nothing fits: the compute-balanced cut (the layout does not fit the device either way).
-  if (!fitted) solve([&](int, int j, int k) { return prefix[static_cast<size_t>(k)] - prefix[static_cast<size_t>(j)]; });
+  if (!fitted) solve(compute);
   std::vector<int> unit_bounds(static_cast<size_t>(chunks) + 1);
   unit_bounds[static_cast<size_t>(chunks)] = u;
   for (int c = chunks, k = u; c > 0; --c) {
