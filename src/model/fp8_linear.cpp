@@ -27,8 +27,8 @@ struct Quantised {
 // The tiling and format of an operand in its role (k_along_rows: the GEMM reduces over its rows). A weight's do not
 // depend on the GEMM: one tensorwise scale, or 128 x 128 blocks, e4m3 in both recipes.
 Fp8Tiling tiling_of(Fp8Recipe recipe, Role role, bool k_along_rows) {
-  if (recipe == Fp8Recipe::tensorwise) return Fp8Tiling::tensor;
-  return role == Role::weight ? Fp8Tiling::block_128x128 : k_along_rows ? Fp8Tiling::col_128x1 : Fp8Tiling::row_1x128;
+  if (recipe == Fp8Recipe::tensorwise || role == Role::weight) return fp8_weight_tiling(recipe);
+  return k_along_rows ? Fp8Tiling::col_128x1 : Fp8Tiling::row_1x128;
 }
 DType format_of(Fp8Recipe recipe, Role role) {
   // gradients need e5m2's range more than e4m3's precision (tensorwise; blockwise's 1 x 128 tiles take e4m3)
@@ -114,7 +114,7 @@ Activation activation_of(LinearAct act) {
 
 Fp8Weight::Fp8Weight(const Param& p)
     : w(p.compute()), scale(p.fp8_scale.defined() ? &p.fp8_scale : nullptr),
-      cached((p.fp8_weight || p.fp8_expert) && !p.fp8_cache.off ? &p : nullptr) {}
+      cached(p.fp8_cached && !p.fp8_cache.off ? &p : nullptr) {}
 
 void Fp8Linear::linear(Backend& be, const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& y, LinearAct act,
                        Tensor* pre_act) const {

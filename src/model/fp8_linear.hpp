@@ -13,14 +13,26 @@
 namespace relay {
 
 struct BlockSpec;
+
+// A weight's FP8 tiling under the recipe (one tensorwise scale, or 128 x 128 blocks; e4m3 either way), whatever GEMM
+// reads it: what Fp8Linear quantises and caches.
+inline Fp8Tiling fp8_weight_tiling(Fp8Recipe recipe) {
+  return recipe == Fp8Recipe::tensorwise ? Fp8Tiling::tensor : Fp8Tiling::block_128x128;
+}
+// Bytes of a cached weight (out, in) of the recipe (Fp8WeightCache): its e4m3 codes and its scales' f32 grid.
+inline int64_t fp8_weight_cache_bytes(Fp8Recipe recipe, int64_t out, int64_t in) {
+  const Fp8Grid g = fp8_grid(fp8_weight_tiling(recipe), out, in);
+  return out * in + 4 * g.rows * g.cols;
+}
 struct Fp8WeightCache;
 struct Param;
 
 // A GEMM's weight as Fp8Linear takes it: the working copy, or, under parallel.fp8_param_gather, the e4m3 codes that
 // ZeRO-3 gathered with their tensorwise scale (the codes and scale Fp8Linear would make from the working copy), which
 // the forward and the input gradient multiply as they are.
-// A Param marked fp8_weight or fp8_expert also brings its cache (model/param.hpp's Fp8WeightCache): its codes and
-// scales, made by the first GEMM that reads the working copy's version and taken as they are by the others.
+// A Param marked fp8_cached (a linear's or an expert's weight) also brings its cache (model/param.hpp's
+// Fp8WeightCache): its codes and scales, made by the first GEMM that reads the working copy's version and taken as
+// they are by the others.
 struct Fp8Weight {
   const Tensor& w;                // (out, in): bf16 / f32, or e4m3 codes
   const Tensor* scale = nullptr;  // (1, 1) f32: w's tensorwise scale when w holds codes

@@ -156,8 +156,8 @@ std::unique_ptr<Block> make_block(const BlockSpec& spec, ParamStore& store, cons
       params.push_back(store.get(spec.params[i]));
       // Its GEMMs take the Param (Fp8Weight): ZeRO-3 keeps it apart and may gather it as FP8 codes.
       if (spec.fp8 && spec.params[i].fp8_gemm) params.back()->fp8_weight = true;
-      // An expert's weight: its codes cached the same way, its ZeRO-3 units the experts' as ever.
-      if (spec.fp8 && spec.params[i].fp8_expert) params.back()->fp8_expert = true;
+      // A linear's or an expert's weight: its codes cached (an expert's ZeRO-3 units the experts' as ever).
+      if (spec.fp8 && spec.params[i].fp8_cached()) params.back()->fp8_cached = true;
     }
   switch (spec.kind) {
     case BlockKind::embedding:

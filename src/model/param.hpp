@@ -84,9 +84,9 @@ struct Param {
   // train.precision = "fp8": ZeRO-3 gives these units of their own, which parallel.fp8_param_gather gathers as e4m3
   // codes. While gathered so, work holds the codes (out, in) and fp8_scale (1, 1) f32 their tensorwise scale.
   bool fp8_weight = false;
-  bool fp8_expert = false;  // ParamSpec::fp8_expert: an expert's weight whose GEMMs take the Param (its codes cached)
+  bool fp8_cached = false;  // ParamSpec::fp8_cached() under FP8: its GEMMs take the Param and cache its codes
   Tensor fp8_scale = Tensor();
-  // fp8_weight's and fp8_expert's codes and scales, made by the first FP8 GEMM that reads this version of the working
+  // fp8_cached's codes and scales, made by the first FP8 GEMM that reads this version of the working
   // copy (mutable: the GEMMs see the parameter as const; the cache changes nothing the parameter means).
   mutable Fp8WeightCache fp8_cache = Fp8WeightCache();
   // The working copy's version: every write of value or work bumps it (weights_changed), the one thing a cache of the

@@ -11,6 +11,7 @@
 #include "model/chunk.hpp"
 #include "model/context_parallel.hpp"
 #include "model/expert_parallel.hpp"
+#include "model/fp8_linear.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/sharding.hpp"
 #include "parallel/slot_plan.hpp"
@@ -252,11 +253,8 @@ StageParams stage_params(const ModelLayout& layout, int pp_rank, int tp, int tp_
     out.numel += n;
     if (e >= 0) out.expert += n;
     const std::optional<Fp8Recipe>& fp8 = layout.blocks()[size_t(block)].fp8;
-    if (fp8 && p.fp8_cached()) {  // Fp8Linear's weight codes (out, in) and their scales' grid, experts' included
-      const Fp8Grid g = fp8_grid(*fp8 == Fp8Recipe::tensorwise ? Fp8Tiling::tensor : Fp8Tiling::block_128x128,
-                                 shard[0], shard[1]);
-      out.fp8_cache_bytes += n + 4 * g.rows * g.cols;
-    }
+    if (fp8 && p.fp8_cached())  // Fp8Linear's weight codes and their scales, experts' included
+      out.fp8_cache_bytes += fp8_weight_cache_bytes(*fp8, shard[0], shard[1]);
   });
   return out;
 }
