@@ -1,10 +1,12 @@
 #include "comm/mpi_communicator.hpp"
 
+#include <functional>
 #include <vector>
 
 #include "comm/host_transfer.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/progress.hpp"
+#include "comm/reduce_scatter.hpp"
 #include "comm/watchdog.hpp"
 
 namespace relay {
@@ -53,6 +55,10 @@ class MpiRequest final : public Request {
   MPI_Request* handle() { return &req_; }
   void* staging() { return staging_.data() + offset_; }
   std::vector<int>& counts() { return counts_; }  // an all-to-all's counts and displacements, alive until done
+  // Work on the received bytes once the request is done, in the thread that sees it done (before any upload): a
+  // reduce-scatter's sum of the pieces (comm/reduce_scatter.hpp).
+  void on_done(std::function<void(std::byte* staging)> f) { on_done_ = std::move(f); }
+  std::byte* staging_base() { return staging_.data(); }
   // Hands the started request to the job's progress thread, if there is one (parallel.overlap): from here on that
   // thread tests it, and this one only reads its completion flag.
   void hand_over() {
@@ -89,6 +95,7 @@ class MpiRequest final : public Request {
  private:
   void finish() {
     done_ = true;
+    if (on_done_) on_done_(staging_.data());
     if (dst_.defined()) be_.upload(dst_, staging_.data() + offset_);
   }
   Backend& be_;
@@ -99,6 +106,7 @@ class MpiRequest final : public Request {
   MPI_Request req_ = MPI_REQUEST_NULL;
   ProgressThread::Done flag_;  // set when the progress thread owns the request
   std::vector<int> counts_;
+  std::function<void(std::byte*)> on_done_;
   bool done_ = false;
 };
 
@@ -167,21 +175,33 @@ RequestPtr MpiCommunicator::iallreduce(Tensor& t, ReduceOp op) {
 RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
   RELAY_ASSERT(in.numel() == out.numel() * size_, "reduce-scatter of " << in.numel() << " into " << out.numel()
                                                                         << " x " << size_);
-  int count = static_cast<int>(out.numel());
+  RELAY_ASSERT(in.dtype() == out.dtype(), "reduce-scatter from " << dtype_name(in.dtype()) << " into "
+                                                                  << dtype_name(out.dtype()));
+  // The pieces' exchange, then their sum in libnbc's grouping (comm/reduce_scatter.hpp), done by the thread that sees
+  // the exchange complete. Host: the pieces (size x n) in the request's staging, the sum straight into out. Device:
+  // staging = the input (size x n), the pieces (size x n), the sum (n), uploaded into out.
+  const int count = static_cast<int>(out.numel());
+  const size_t elem = dtype_size(in.dtype()), piece_bytes = out.bytes(), all_bytes = in.bytes();
+  const DType dt = in.dtype();
+  const int size = size_;
   if (in.device() == Device::cpu) {
-    auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
+    auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>(all_bytes));
     r->what = "a gradient reduce-scatter";
-    MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
+    void* dst = out.raw();
+    r->on_done([dst, size, count, dt](std::byte* pieces) { sum_pieces(pieces, dst, size, count, dt); });
+    start_piece_exchange(comm_, in.raw(), r->staging_base(), count, elem, r->handle());
     if (background_) r->hand_over();
     return r;
   }
-  // Staged: the whole input then the result share one host buffer (input first).
-  std::vector<std::byte> host(in.bytes() + out.bytes());
+  std::vector<std::byte> host(2 * all_bytes + piece_bytes);
   be_.download(host.data(), in);
-  auto r = std::make_unique<MpiRequest>(be_, out, std::move(host), -1, in.bytes());
+  auto r = std::make_unique<MpiRequest>(be_, out, std::move(host), -1, 2 * all_bytes);
   r->what = "a gradient reduce-scatter";
-  auto* base = static_cast<std::byte*>(r->staging()) - in.bytes();
-  MPI_CHECK(MPI_Ireduce_scatter_block(base, r->staging(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
+  r->on_done([all_bytes, size, count, dt](std::byte* staging) {
+    sum_pieces(staging + all_bytes, staging + 2 * all_bytes, size, count, dt);
+  });
+  std::byte* base = r->staging_base();
+  start_piece_exchange(comm_, base, base + all_bytes, count, elem, r->handle());
   if (background_) r->hand_over();
   return r;
 }
