@@ -21,8 +21,8 @@ namespace relay {
 // must stay alive and untouched until req completes.
 void start_piece_exchange(MPI_Comm comm, const void* in, void* pieces, int count, size_t elem_bytes, MPI_Request* req);
 
-// After the exchange: out (count) = the sum of pieces' size blocks in libnbc's binomial grouping, in dtype (f32, i32, or
-// bf16 summed as float and rounded after every addition, as the MPI bf16 sum does). pieces is overwritten (the
+// After the exchange: out (count) = the sum of pieces' size blocks in libnbc's binomial grouping, in dtype (f32,
+// i32, or bf16 summed as float and rounded after every addition, as the MPI bf16 sum does). pieces is overwritten (the
 // partial sums); out may not overlap it.
 void sum_pieces(void* pieces, void* out, int size, int64_t count, DType dtype);
 
