@@ -1,10 +1,13 @@
 #include "comm/mpi_communicator.hpp"
 
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "comm/host_transfer.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/progress.hpp"
+#include "comm/reduce_scatter.hpp"
 #include "comm/watchdog.hpp"
 
 namespace relay {
@@ -53,6 +56,15 @@ class MpiRequest final : public Request {
   MPI_Request* handle() { return &req_; }
   void* staging() { return staging_.data() + offset_; }
   std::vector<int>& counts() { return counts_; }  // an all-to-all's counts and displacements, alive until done
+  // Work on the received bytes once the request is done, in the thread that sees it done (before any upload): a
+  // reduce-scatter's sum of the pieces (comm/reduce_scatter.hpp).
+  void on_done(std::function<void()> f) { on_done_ = std::move(f); }
+  // Host bytes the request owns until it is destroyed, not zeroed (a reduce-scatter's pieces: the exchange writes
+  // them; zeroing tens of MiB would cost the launching thread, and the pages are touched by the transfer instead).
+  std::byte* scratch(size_t bytes) {
+    scratch_.reset(new std::byte[bytes]);
+    return scratch_.get();
+  }
   // Hands the started request to the job's progress thread, if there is one (parallel.overlap): from here on that
   // thread tests it, and this one only reads its completion flag.
   void hand_over() {
@@ -89,6 +101,7 @@ class MpiRequest final : public Request {
  private:
   void finish() {
     done_ = true;
+    if (on_done_) on_done_();
     if (dst_.defined()) be_.upload(dst_, staging_.data() + offset_);
   }
   Backend& be_;
@@ -99,6 +112,8 @@ class MpiRequest final : public Request {
   MPI_Request req_ = MPI_REQUEST_NULL;
   ProgressThread::Done flag_;  // set when the progress thread owns the request
   std::vector<int> counts_;
+  std::function<void()> on_done_;
+  std::unique_ptr<std::byte[]> scratch_;
   bool done_ = false;
 };
 
@@ -167,21 +182,35 @@ RequestPtr MpiCommunicator::iallreduce(Tensor& t, ReduceOp op) {
 RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
   RELAY_ASSERT(in.numel() == out.numel() * size_, "reduce-scatter of " << in.numel() << " into " << out.numel()
                                                                         << " x " << size_);
-  int count = static_cast<int>(out.numel());
+  RELAY_ASSERT(in.dtype() == out.dtype(), "reduce-scatter from " << dtype_name(in.dtype()) << " into "
+                                                                  << dtype_name(out.dtype()));
+  // The pieces' exchange, then their sum in libnbc's grouping (comm/reduce_scatter.hpp), done by the thread that sees
+  // the exchange complete. The pieces (size x n) in the request's scratch; the sum straight into out (host) or into
+  // the scratch's tail and uploaded (device, whose input is staged through the request's staging buffer).
+  const int count = static_cast<int>(out.numel());
+  const size_t elem = dtype_size(in.dtype()), all_bytes = in.bytes();
+  const DType dt = in.dtype();
+  const int size = size_;
   if (in.device() == Device::cpu) {
     auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
     r->what = "a gradient reduce-scatter";
-    MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
+    std::byte* pieces = r->scratch(all_bytes);
+    void* dst = out.raw();
+    r->on_done([pieces, dst, size, count, dt] { sum_pieces(pieces, dst, size, count, dt); });
+    start_piece_exchange(comm_, in.raw(), pieces, count, elem, r->handle());
     if (background_) r->hand_over();
     return r;
   }
-  // Staged: the whole input then the result share one host buffer (input first).
-  std::vector<std::byte> host(in.bytes() + out.bytes());
-  be_.download(host.data(), in);
-  auto r = std::make_unique<MpiRequest>(be_, out, std::move(host), -1, in.bytes());
+  auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>(all_bytes));
   r->what = "a gradient reduce-scatter";
-  auto* base = static_cast<std::byte*>(r->staging()) - in.bytes();
-  MPI_CHECK(MPI_Ireduce_scatter_block(base, r->staging(), count, mpi_type(in.dtype()), mpi_op_of(ReduceOp::sum, in.dtype()), comm_, r->handle()));
+  be_.download(r->staging(), in);
+  std::byte* pieces = r->scratch(all_bytes + out.bytes());
+  Backend* be = &be_;
+  r->on_done([be, out, pieces, all_bytes, size, count, dt]() mutable {
+    sum_pieces(pieces, pieces + all_bytes, size, count, dt);
+    be->upload(out, pieces + all_bytes);
+  });
+  start_piece_exchange(comm_, r->staging(), pieces, count, elem, r->handle());
   if (background_) r->hand_over();
   return r;
 }

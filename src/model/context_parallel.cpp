@@ -137,8 +137,9 @@ void CpAttention::forward(Backend& be, const Tensor& q, const Tensor& k, const T
 
 void CpAttention::backward(Backend& be, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                            const Tensor& out, const Tensor& lse, int64_t T, int64_t H, int64_t KV, const Tensor& q_pos,
-                           const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv) {
-  if (overlap_) return backward_overlapped(be, dout, q, k, v, out, lse, T, H, KV, doc_start, dq, dk, dv);
+                           const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv,
+                           const std::function<void()>& meanwhile) {
+  if (overlap_) return backward_overlapped(be, dout, q, k, v, out, lse, T, H, KV, doc_start, dq, dk, dv, meanwhile);
   const int64_t n = q.size(0), rows = size_ * n, Tl = T / size_;
   prepare(be, n, T, k.size(1), v.size(1), k.dtype());
   Tensor kf = k_.rows(0, rows), vf = v_.rows(0, rows), dkf = dk_.rows(0, rows), dvf = dv_.rows(0, rows);
@@ -147,6 +148,7 @@ void CpAttention::backward(Backend& be, const Tensor& dout, const Tensor& q, con
   be.flash_attention_gqa_backward_at(dout, q, kf, vf, out, lse, n / Tl, Tl, T, q_pos, H, KV, dq, dkf, dvf, doc_start);
   reduce_scatter(be, dkf, dk, "the context-parallel key-gradient reduce-scatter", "cp reduce-scatter dk");
   reduce_scatter(be, dvf, dv, "the context-parallel value-gradient reduce-scatter", "cp reduce-scatter dv");
+  if (meanwhile) meanwhile();
 }
 
 namespace {
@@ -228,13 +230,22 @@ void CpAttention::forward_overlapped(Backend& be, const Tensor& q, const Tensor&
 // reduce-scatters then run together (still waited for before returning: the next block's backward needs dq).
 void CpAttention::backward_overlapped(Backend& be, const Tensor& dout, const Tensor& q, const Tensor& k,
                                       const Tensor& v, const Tensor& out, const Tensor& lse, int64_t T, int64_t H,
-                                      int64_t KV, const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv) {
+                                      int64_t KV, const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv,
+                                      const std::function<void()>& meanwhile) {
   const int64_t n = q.size(0), rows = size_ * n, rest = rows - n, Tl = T / size_, B = n / Tl;
   prepare(be, n, T, k.size(1), v.size(1), k.dtype());
-  const int64_t m0 = tracer_ ? tracer_->mark() : 0;
   Tensor kbuf = rank_order(rows, k.size(1)), vbuf = rank_order_v_.rows(0, rows);  // (cp n, KV*hd), (cp n, KV*hd_v)
-  RequestPtr rk = start_gather(be, k, kbuf, "the context-parallel key all-gather (backward)");
-  RequestPtr rv = start_gather(be, v, vbuf, "the context-parallel value all-gather (backward)");
+  RequestPtr rk, rv;
+  int64_t m0 = 0;
+  if (early_k_) {  // prefetch_backward_packed started them
+    rk = std::move(early_k_);
+    rv = std::move(early_v_);
+    m0 = early_mark_;
+  } else {
+    m0 = tracer_ ? tracer_->mark() : 0;
+    rk = start_gather(be, k, kbuf, "the context-parallel key all-gather (backward)");
+    rv = start_gather(be, v, vbuf, "the context-parallel value all-gather (backward)");
+  }
   Tensor local_doc, remote_doc;
   part_masks(be, doc_start, local_doc, remote_doc);
   Tensor dkl = dkl_.rows(0, n), dvl = dvl_.rows(0, n);  // (n, KV*hd), (n, KV*hd_v) own keys, own queries
@@ -274,6 +285,7 @@ void CpAttention::backward_overlapped(Backend& be, const Tensor& dout, const Ten
   sk->what = "the context-parallel key-gradient reduce-scatter";
   RequestPtr sv = comm_->ireduce_scatter_sum(vbuf, dv);
   sv->what = "the context-parallel value-gradient reduce-scatter";
+  if (meanwhile) meanwhile();
   wait(sk);
   wait(sv);
   if (tracer_) {
@@ -299,9 +311,23 @@ void CpAttention::forward_packed(Backend& be, const Tensor& qkv, int64_t T, int6
   forward(be, q, k, v, T, H, H, q_pos, doc_start, out, lse);
 }
 
+void CpAttention::prefetch_backward_packed(Backend& be, const Tensor& qkv, int64_t T) {
+  if (!overlap_ || early_k_) return;
+  const int64_t n = qkv.size(0), w = qkv.size(1) / 3, rows = size_ * n;
+  prepare_packed(be, n, w, qkv.dtype());
+  Tensor k = pk_.rows(0, n), v = pv_.rows(0, n);  // (n, Cl) each
+  be.copy_columns(qkv, w, k, 0, w);
+  be.copy_columns(qkv, 2 * w, v, 0, w);
+  prepare(be, n, T, w, w, qkv.dtype());
+  early_mark_ = tracer_ ? tracer_->mark() : 0;
+  Tensor kbuf = rank_order(rows, w), vbuf = rank_order_v_.rows(0, rows);  // (cp n, Cl) each, rank order
+  early_k_ = start_gather(be, k, kbuf, "the context-parallel key all-gather (backward)");
+  early_v_ = start_gather(be, v, vbuf, "the context-parallel value all-gather (backward)");
+}
+
 void CpAttention::backward_packed(Backend& be, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                   const Tensor& lse, int64_t T, int64_t H, const Tensor& q_pos, const Tensor& doc_start,
-                                  Tensor& dqkv) {
+                                  Tensor& dqkv, const std::function<void()>& meanwhile) {
   const int64_t n = qkv.size(0), w = qkv.size(1) / 3;
   prepare_packed(be, n, w, qkv.dtype());
   Tensor q = pq_.rows(0, n), k = pk_.rows(0, n), v = pv_.rows(0, n);
@@ -309,7 +335,7 @@ void CpAttention::backward_packed(Backend& be, const Tensor& dout, const Tensor&
   be.copy_columns(qkv, 0, q, 0, w);
   be.copy_columns(qkv, w, k, 0, w);
   be.copy_columns(qkv, 2 * w, v, 0, w);
-  backward(be, dout, q, k, v, out, lse, T, H, H, q_pos, doc_start, dq, dk, dv);
+  backward(be, dout, q, k, v, out, lse, T, H, H, q_pos, doc_start, dq, dk, dv, meanwhile);
   be.copy_columns(dq, 0, dqkv, 0, w);
   be.copy_columns(dk, 0, dqkv, w, w);
   be.copy_columns(dv, 0, dqkv, 2 * w, w);

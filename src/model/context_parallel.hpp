@@ -10,6 +10,7 @@
 // they arrive, and the two partials are merged as the online softmax does (FlashAttention arXiv:2205.14135).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -56,6 +57,7 @@ class CpAttention {
     tracer_ = tracer;
     trace_step_ = step;
   }
+  bool overlaps() const { return overlap_; }
   // Seconds this rank's thread waited on the cp exchanges since the last call (exposed communication: with overlap
   // what the own rows' attention did not cover; without it every gather and reduce-scatter whole).
   double take_waited_s() { return std::exchange(waited_s_, 0.0); }
@@ -66,15 +68,23 @@ class CpAttention {
                const Tensor& q_pos, const Tensor& doc_start, Tensor& out, Tensor& lse);
   // dout, q, k, v, out, lse as above -> dq (n, H*hd), dk, dv (n, KV*hd): this rank's rows, the keys' gradients summed
   // over the group's queries.
+  // meanwhile (optional): work that needs none of dq, dk, dv, run while the key-gradient reduce-scatters travel (with
+  // overlap; after them without).
   void backward(Backend& be, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                 const Tensor& lse, int64_t T, int64_t H, int64_t KV, const Tensor& q_pos, const Tensor& doc_start,
-                Tensor& dq, Tensor& dk, Tensor& dv);
+                Tensor& dq, Tensor& dk, Tensor& dv, const std::function<void()>& meanwhile = {});
   // The same for GPT's packed qkv (n, 3 Cl) = [q | k | v] of H heads (KV == H): the parts are copied into
   // contiguous scratch, and the backward's dq, dk, dv into dqkv's.
   void forward_packed(Backend& be, const Tensor& qkv, int64_t T, int64_t H, const Tensor& q_pos,
                       const Tensor& doc_start, Tensor& out, Tensor& lse);
   void backward_packed(Backend& be, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                       int64_t T, int64_t H, const Tensor& q_pos, const Tensor& doc_start, Tensor& dqkv);
+                       int64_t T, int64_t H, const Tensor& q_pos, const Tensor& doc_start, Tensor& dqkv,
+                       const std::function<void()>& meanwhile = {});
+  // parallel.overlap: start the backward's key/value all-gathers of packed qkv (n, 3 Cl) now, at the start of the
+  // block's backward, so that they travel behind the GEMMs that come before its attention (the MLP's and the output
+  // projection's input gradients); the next backward_packed takes them instead of starting its own. The same bytes
+  // gathered earlier: the results are unchanged. Without overlap, nothing.
+  void prefetch_backward_packed(Backend& be, const Tensor& qkv, int64_t T);
 
  private:
   // The packed scratch for n rows of width w: q, k, v and their gradients (n, w) each.
@@ -95,7 +105,8 @@ class CpAttention {
                           int64_t KV, const Tensor& doc_start, Tensor& out, Tensor& lse);
   void backward_overlapped(Backend& be, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                            const Tensor& out, const Tensor& lse, int64_t T, int64_t H, int64_t KV,
-                           const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv);
+                           const Tensor& doc_start, Tensor& dq, Tensor& dk, Tensor& dv,
+                           const std::function<void()>& meanwhile);
   // Starts the all-gather of local (n, w) into buf (cp n, w), rank order.
   RequestPtr start_gather(Backend& be, const Tensor& local, Tensor& buf, const char* what);
   // The document mask of the two parts from doc_start (n) (sequence positions): local_doc_ in the own rows'
@@ -127,6 +138,8 @@ class CpAttention {
   Tensor local_doc_, remote_doc_;      // i32 (n), i32 (n): the document masks of the two parts
   Tensor out2_, lse2_, dq2_;           // (n, H*hd_v), f32 (B, H, T / cp), (n, H*hd): the second part's
   Tensor dkl_, dvl_;                   // (n, w), (n, wv): the own keys' gradients from this rank's queries
+  RequestPtr early_k_, early_v_;       // prefetch_backward_packed's gathers in flight (into rank_order_, rank_order_v_)
+  int64_t early_mark_ = 0;             // when they started (traced)
 };
 
 }  // namespace relay

@@ -222,6 +222,7 @@ class Transformer final : public Block {
     const int64_t m = x.size(0), n = m * spec_.sp, T = spec_.seq_len;
     auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
+    if (cp_attn_) cp_attn_->prefetch_backward_packed(be, v(kQkv), T);  // overlap: behind the GEMMs up to attention
     const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
     fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
     tp_.column_input_grad(  // (m, C) d ln2
@@ -234,8 +235,13 @@ class Transformer final : public Block {
     const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
     Tensor g_atty = g_ln1.view({m * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
     fp8_.matmul(be, g_res1_all, *p_.proj_w, false, g_atty);                          // (n, Cl) d atty
-    if (cp_attn_)
-      cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv);
+    if (cp_attn_)  // cp_weights_early(): c_proj's and the output projection's weight gradients while dk, dv travel
+      cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv,
+                                [&] {
+                                  if (!cp_weights_early()) return;
+                                  linear_grad(be, dy, v(kFcg), *p_.mproj_w, p_.mproj_b);
+                                  linear_grad(be, g_res1, v(kAtty), *p_.proj_w, p_.proj_b);
+                                });
     else
       be.flash_attention_backward(g_atty, v(kQkv), v(kAtty), lse_view(s, n), n / T, T, H_, g_qkv, doc_start_);  // (n, 3Cl)
     tp_.column_input_grad(  // (m, C) d ln1
@@ -249,7 +255,14 @@ class Transformer final : public Block {
 
   // B and W together with the asynchronous input-gradient all-reduce (tp_.async_input_grads()): c_fc's and c_attn's
   // weight gradients are computed inside backward_input, while their input gradients' all-reduces travel.
-  bool weights_in_backward() const override { return tp_.async_input_grads(); }
+  bool weights_in_backward() const override {
+    return tp_.async_input_grads() || (cp_attn_ && cp_attn_->overlaps() && !tp_.on());
+  }
+  // Inside backward() under context parallelism with overlap (and no tp): besides c_fc's and c_attn's weight gradients
+  // (column_input_grad's early form, which without tp computes them at once), c_proj's and the output projection's
+  // are computed while the attention's key-gradient reduce-scatters travel. Independent GEMMs moved earlier: every
+  // gradient is the same sum as before.
+  bool cp_weights_early() const { return early_weights_ && cp_attn_ && !tp_.on(); }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp;
@@ -257,14 +270,16 @@ class Transformer final : public Block {
     const bool sp = tp_.sequence_parallel();
     if (sp) norm_grads_.begin(be);
     // Under sequence parallelism each operand of (n) rows is gathered when it is needed (one buffer at a time).
-    linear_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kFcg),
-                *p_.mproj_w, p_.mproj_b);
+    if (!cp_weights_early())
+      linear_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kFcg),
+                  *p_.mproj_w, p_.mproj_b);
     if (!early_weights_)
       linear_grad(be, v(kGFch), tp_.all_rows(be, v(kLn2), "the sequence-parallel all-gather of ln_2"), *p_.fc_w,
                   p_.fc_b);
     ln_grad(be, v(kGLn2), v(kRes1), v(kMean2), v(kRstd2), *p_.ln2_w, p_.ln2_b, 2);
-    linear_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.proj_w,
-                p_.proj_b);
+    if (!cp_weights_early())
+      linear_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty),
+                  *p_.proj_w, p_.proj_b);
     if (!early_weights_)
       linear_grad(be, v(kGQkv), tp_.all_rows(be, v(kLn1), "the sequence-parallel all-gather of ln_1"), *p_.attn_w,
                   p_.attn_b);
