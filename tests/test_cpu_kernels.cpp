@@ -247,3 +247,23 @@ TEST(CpuKernels, PositionsRestartWithEachDocument) {
       EXPECT_EQ(dwpe[size_t(p * C + c)], want) << "dwpe position " << p;
     }
 }
+
+// The weight gradient's column blocks narrow with the thread count (so that a 32- to 64-wide norm uses every thread);
+// each column's sum runs over the rows in order whatever block holds it, so the bits must not depend on the threads.
+TEST(CpuKernels, RmsNormWeightGradientIsThreadCountIndependent) {
+  const int64_t rows = 1024;
+  for (int64_t d : {32, 48, 64, 100, 200}) {
+    auto dy = randn(size_t(rows * d), 12), x = randn(size_t(rows * d), 13), rstd = randn(size_t(rows), 14);
+    std::vector<double> ref(static_cast<size_t>(d), 0.5);  // dgamma starts at 0.5: the kernel adds to it
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < d; ++i)
+        ref[size_t(i)] += double(dy[size_t(r * d + i)]) * x[size_t(r * d + i)] * rstd[size_t(r)];
+    std::vector<float> one(static_cast<size_t>(d), 0.5f), two = one;
+    cpu::set_threads(1);
+    cpu::rmsnorm_backward_weight(dy.data(), x.data(), rstd.data(), one.data(), rows, d);
+    cpu::set_threads(2);
+    cpu::rmsnorm_backward_weight(dy.data(), x.data(), rstd.data(), two.data(), rows, d);
+    for (int64_t i = 0; i < d; ++i) ASSERT_EQ(one[size_t(i)], two[size_t(i)]) << "d " << d << " column " << i;
+    expect_close(two, ref, 1e-5, 1e-4, "rmsnorm dgamma");
+  }
+}

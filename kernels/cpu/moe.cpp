@@ -6,13 +6,14 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/instantiate.hpp"
+#include "kernels/cpu/simd.hpp"
 
 namespace relay::cpu {
 
 template <typename X>
 void moe_router_forward(const X* logits, float* probs, float* lse, int32_t* experts, float* weights, int64_t n,
                         int64_t E, int64_t k, bool renormalize, const float* bias) {
-#pragma omp parallel for schedule(static) if (n * E > 16384)
+#pragma omp parallel for schedule(static) if (n * E > kParallelScores)
   for (int64_t t = 0; t < n; ++t) {
     const X* z = logits + t * E;
     float* p = probs + t * E;
@@ -51,7 +52,7 @@ template <typename X>
 void moe_router_backward(const float* probs, const float* lse, const int32_t* experts, const float* dweights,
                          bool renormalize, const float* seq_grad, int64_t T, float z_scale, X* dlogits, int64_t n,
                          int64_t E, int64_t k) {
-#pragma omp parallel for schedule(static) if (n * E > 16384)
+#pragma omp parallel for schedule(static) if (n * E > kParallelScores)
   for (int64_t t = 0; t < n; ++t) {
     const float* p = probs + t * E;
     const int32_t* ex = experts + t * k;

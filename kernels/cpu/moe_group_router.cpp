@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/instantiate.hpp"
+#include "kernels/cpu/simd.hpp"
 
 namespace relay::cpu {
 
@@ -15,7 +16,7 @@ void moe_group_router_forward(const X* logits, float* probs, int32_t* experts, f
                               int64_t k, int64_t n_group, int64_t topk_group, bool renormalize, float scale,
                               const float* bias) {
   const int64_t G = E / n_group;  // experts per group
-#pragma omp parallel for schedule(static) if (n * E > 16384)
+#pragma omp parallel for schedule(static) if (n * E > kParallelScores)
   for (int64_t t = 0; t < n; ++t) {
     const X* z = logits + t * E;
     float* p = probs + t * E;
@@ -69,7 +70,7 @@ template <typename X>
 void moe_group_router_backward(const float* probs, const int32_t* experts, const float* dweights, bool renormalize,
                                float scale, const float* seq_grad, int64_t T, X* dlogits, int64_t n, int64_t E,
                                int64_t k) {
-#pragma omp parallel for schedule(static) if (n * E > 16384)
+#pragma omp parallel for schedule(static) if (n * E > kParallelScores)
   for (int64_t t = 0; t < n; ++t) {
     const float* p = probs + t * E;
     const int32_t* ex = experts + t * k;

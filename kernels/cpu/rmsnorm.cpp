@@ -14,7 +14,7 @@ namespace relay::cpu {
 template <typename X>
 RELAY_CPU_CLONES
 void rmsnorm_forward(const X* x, const X* gamma, float eps, X* y, float* rstd, int64_t rows, int64_t d) {
-#pragma omp parallel for schedule(static) if (rows * d > 32768)
+#pragma omp parallel for schedule(static) if (rows * d > kParallelElems)
   for (int64_t r = 0; r < rows; ++r) {
     const X* xr = x + r * d;
     double ss = 0;
@@ -33,7 +33,7 @@ template <typename X>
 RELAY_CPU_CLONES
 void rmsnorm_backward_input(const X* dy, const X* x, const X* gamma, const float* rstd, X* dx, int64_t rows,
                             int64_t d) {
-#pragma omp parallel for schedule(static) if (rows * d > 32768)
+#pragma omp parallel for schedule(static) if (rows * d > kParallelElems)
   for (int64_t r = 0; r < rows; ++r) {
     const X* xr = x + r * d;
     const X* dyr = dy + r * d;
@@ -49,15 +49,22 @@ void rmsnorm_backward_input(const X* dy, const X* x, const X* gamma, const float
   }
 }
 
-// Column blocks in parallel, rows in order within each (deterministic, and row-major reads).
+// Column blocks in parallel, rows in order within each (deterministic, and row-major reads). A column's sum is the
+// same whatever block holds it, so the block width is free: up to 64 columns, narrower (down to 16) so that every
+// thread has a block where d is small (a 64-wide model's norms, MLA's 48- and 32-wide low-rank norms were one block,
+// summed on one thread).
 template <typename X>
 RELAY_CPU_CLONES
 void rmsnorm_backward_weight(const X* dy, const X* x, const float* rstd, float* dgamma, int64_t rows, int64_t d) {
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (d + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (rows * d > 32768)
+  constexpr int64_t kBlock = 64, kMinBlock = 16;
+  const bool parallel = rows * d > kParallelElems;
+  const int64_t share = (d + threads() - 1) / threads();  // columns a thread, rounded up to kMinBlock below
+  const int64_t width = parallel ? std::clamp((share + kMinBlock - 1) / kMinBlock * kMinBlock, kMinBlock, kBlock)
+                                 : kBlock;
+  const int64_t blocks = (d + width - 1) / width;
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t bi = 0; bi < blocks; ++bi) {
-    const int64_t c0 = bi * kBlock, c1 = std::min(d, c0 + kBlock);
+    const int64_t c0 = bi * width, c1 = std::min(d, c0 + width);
     double sg[kBlock] = {};
     for (int64_t r = 0; r < rows; ++r) {
       const double rs = rstd[r];

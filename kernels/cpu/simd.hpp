@@ -24,4 +24,8 @@ namespace relay::cpu {
 // spinning (OMP_WAIT_POLICY active by default), 16384 bf16 elements of an add ~5 us on one core. Above 65536 the
 // 64-wide models' residual adds (1024 rows x 64) and their experts' SwiGLU ran on one thread while the other spun.
 inline constexpr int64_t kParallelElems = 16384;
+// A router's loop over tokens, counted in scores (tokens x experts): each score costs an exp and k selection passes,
+// about eight elementwise ops' work, so 2048 of them are worth a region. At kParallelElems a 64-wide model's router
+// (1024 tokens x 8 experts = 8192 scores, with DeepSeek-V3's group ranking) ran on one thread while the other spun.
+inline constexpr int64_t kParallelScores = kParallelElems / 8;
 }  // namespace relay::cpu

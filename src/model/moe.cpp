@@ -384,6 +384,7 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
   probs_.resize(size_t(n * E));
   lse_.resize(size_t(n));
   experts_.resize(size_t(R));
+  plain_top_.resize(sigmoid() ? size_t(R) : 0);
   be.download(probs_.data(), rows(kProbs, n));
   be.download(lse_.data(), rows(kLse, n));
   be.download(experts_.data(), rows(kExperts, n));
@@ -406,6 +407,7 @@ void MoeMlp::backward_input(Backend& be, const Tensor& dy, Tensor& dx, Tensor* s
       // the token's k best unbiased scores over all experts (no bias, no groups; the lower expert first on a tie),
       // its probabilities the scores normalised to sum 1 (as moe_group_router_backward differentiates them).
       plain_top_k(p, top);
+      std::copy(top.begin(), top.end(), plain_top_.begin() + t * k);  // for choice_margin
       for (int64_t e : top) c[e] += 1;
       float D = 1e-20f;
       for (int64_t e = 0; e < E; ++e) D += p[e];
@@ -529,11 +531,10 @@ double MoeMlp::choice_margin(int64_t t, MarginScratch& scratch) const {
     if (kept[size_t(e / G)] && !chosen(e)) next = std::max(next, score(e));
   margin = std::min(margin, double(kth) - double(next));
   if (sigmoid() && moe_.aux_weight > 0) {  // the aux loss's own top-k of the unbiased scores, over all experts
-    plain_top_k(p, scratch.top);
-    const std::vector<int64_t>& top = scratch.top;
+    const auto top = plain_top_.begin() + t * k, top_end = top + k;  // backward_input's plain_top_k of token t
     float last = INFINITY, rest = -INFINITY;
     for (int64_t e = 0; e < E; ++e)
-      if (std::find(top.begin(), top.end(), e) != top.end()) last = std::min(last, p[e]);
+      if (std::find(top, top_end, e) != top_end) last = std::min(last, p[e]);
       else rest = std::max(rest, p[e]);
     margin = std::min(margin, double(last) - double(rest));
   }

@@ -107,13 +107,12 @@ class MoeMlp {
   }
   int64_t local_rows() const { return local_.back(); }
   // The top-k's margin of token t (RouterStats::min_margin) from the host's probs_, experts_ and host_bias_: with
-  // sigmoid scores also the groups' and, under the aux loss, its own top-k's. scratch: reused by the caller's loop over
-  // the tokens (no allocation per token).
+  // sigmoid scores also the groups' and, under the aux loss, its own top-k's (plain_top_, found once per token by
+  // backward_input's statistics). scratch: reused by the caller's loop over the tokens (no allocation per token).
   struct MarginScratch {
     std::vector<double> gscore;  // (n_group) each group's two best choice scores summed
     std::vector<int64_t> order;  // (n_group) the groups, best first
     std::vector<char> kept;      // (n_group) among the topk_group best
-    std::vector<int64_t> top;    // (k) plain_top_k's
   };
   double choice_margin(int64_t t, MarginScratch& scratch) const;
   // The k experts of the largest p (E) (the lower expert first on a tie) into top (k): DeepSeek-V3's aux loss counts
@@ -142,6 +141,7 @@ class MoeMlp {
   std::vector<int64_t> send_rows_, recv_rows_;     // (parts, ep) rows to and from each rank
   std::vector<int64_t> local_;                     // (parts x E / ep + 1) part h's local expert j's rows here
   std::vector<float> probs_, lse_, seq_grad_;
+  std::vector<int64_t> plain_top_;  // (n, k) sigmoid scores: each token's plain_top_k, from the aux statistics' loop
   Tensor bias_;                   // (E) f32 on the device: moe.expert_bias's, undefined until set_bias
   std::vector<float> host_bias_;  // (E) the same values (the top-k margin is over the biased scores)
   RouterStats stats_;
