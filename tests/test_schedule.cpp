@@ -493,6 +493,29 @@ TEST(RenderGrid, ShowsChunksAndWeightGradients) {
   EXPECT_NE(zb_grid.find("rank 1 | .  F0 B0 F1 B1 W0 W1"), std::string::npos) << zb_grid;
 }
 
+// plan_schedule (what the planner's search keeps per schedule shape): every rank's list is generate_schedule's and every
+// chunk's slots are plan_slots' of its rank's list, tied or not (the memory plan reads these instead of its own).
+TEST(SlotPlan, PlannedScheduleIsEveryRanksListAndSlots) {
+  for (ScheduleKind kind : kAllKinds)
+    for (int pp : {2, 4})
+      for (int m : {4, 8})
+        for (bool tied : {false, true}) {
+          ScheduleShape s{kind, pp, kind == ScheduleKind::interleaved ? 2 : 1, m};
+          s.tied = tied;
+          const PlannedSchedule planned = plan_schedule(s);
+          ASSERT_EQ(planned.lists.size(), size_t(pp));
+          ASSERT_EQ(planned.slots.size(), size_t(num_chunks(s)));
+          for (int r = 0; r < pp; ++r) {
+            EXPECT_EQ(planned.lists[size_t(r)], generate_schedule(s, r));
+            for (auto& [c, n] : plan_slots(generate_schedule(s, r), m).slots) {
+              EXPECT_EQ(chunk_rank(s, c), r);
+              EXPECT_GT(n, 0);
+              EXPECT_EQ(planned.slots[size_t(c)], n) << schedule_kind_name(kind) << " pp " << pp << " m " << m << " chunk " << c;
+            }
+          }
+        }
+}
+
 // Activation slots (parallel/slot_plan.hpp): a chunk needs as many as micro-batches it holds at once,
 // which is the simulator's live count; no two micro-batches alive at once share one.
 TEST(SlotPlan, SlotsAreTheLiveMicroBatchesAndNeverShared) {

@@ -32,4 +32,11 @@ SlotPlan plan_slots(const std::vector<Action>& actions, int m) {
   return plan;
 }
 
+PlannedSchedule plan_schedule(const ScheduleShape& s) {
+  PlannedSchedule out{s, generate_all(s), std::vector<int>(size_t(num_chunks(s)), 0)};
+  for (int rank = 0; rank < s.pp; ++rank)
+    for (const auto& [chunk, n] : plan_slots(out.lists[size_t(rank)], s.m).slots) out.slots.at(size_t(chunk)) = n;
+  return out;
+}
+
 }  // namespace relay

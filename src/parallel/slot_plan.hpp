@@ -19,4 +19,13 @@ struct SlotPlan {
 // actions: one pp rank's list for one step; m: micro-batches.
 SlotPlan plan_slots(const std::vector<Action>& actions, int m);
 
+// A schedule as the planner reads it for every layout of its shape: every rank's list and the slots each chunk needs.
+// A function of the shape alone, so `relay plan --cluster`'s search builds it once a shape (plan/layout_cache.hpp).
+struct PlannedSchedule {
+  ScheduleShape shape;
+  std::vector<std::vector<Action>> lists;  // (pp) generate_all(shape)
+  std::vector<int> slots;                  // (pp x v chunks) plan_slots(the chunk's rank's list, m).slots[chunk]
+};
+PlannedSchedule plan_schedule(const ScheduleShape& s);
+
 }  // namespace relay

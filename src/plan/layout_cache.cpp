@@ -18,6 +18,12 @@ LayoutFacts layout_facts(const Config& cfg, ModelLayout layout, std::vector<Chun
   return f;
 }
 
+const PlannedSchedule& ScheduleCache::get(const ScheduleShape& shape) {
+  auto& s = schedules_[{int(shape.kind), shape.pp, shape.v, shape.m, shape.tied}];
+  if (!s) s = std::make_unique<PlannedSchedule>(plan_schedule(shape));
+  return *s;
+}
+
 const LayoutFacts& LayoutCache::get(const Config& cfg) {
   const auto& p = cfg.parallel;
   const Key key{p.tp, p.cp, p.ep, p.pp, p.virtual_stages, p.sequence_parallel};
@@ -37,9 +43,9 @@ const LayoutFacts& LayoutCache::get(const Config& cfg) {
       p.balance.empty() && p.stage_memory_gib > 0 && p.pp > 1 && p.virtual_stages == 1;
   if (!cut_by_memory) return *e.facts;
   if (e.facts->elements.dense.empty()) e.facts->elements = block_elements(e.facts->layout.model, int(p.tp), int(p.ep));
-  auto [slots, new_shape] = slots_.try_emplace({p.schedule, p.pp, cfg.train.micro_batches});
-  if (new_shape) slots->second = stage_slots(cfg);
-  const StageMemory memory = stage_memory(cfg, e.facts->layout.model, &e.facts->elements, &slots->second);
+  const PlannedSchedule& schedule = schedules_->get(schedule_shape(cfg));
+  const std::vector<double> slots(schedule.slots.begin(), schedule.slots.end());  // stage_slots(cfg): v = 1
+  const StageMemory memory = stage_memory(cfg, e.facts->layout.model, &e.facts->elements, &slots);
   if (!memory.on()) return *e.facts;
   // make_layout's cut for cfg, from the shape's model (its experts already split over ep).
   const ModelLayout& base = e.facts->layout;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "parallel/slot_plan.hpp"
 #include "train/memory_plan.hpp"
 #include "train/model_layout.hpp"
 
@@ -25,15 +26,31 @@ struct LayoutFacts {
   BlockElements elements;  // the blocks' parameter elements on tp rank 0 (stage_memory's, for the memory term)
 };
 
+// One search's schedules, by shape (kind, pp, v, micro-batches, tied): plan_schedule's lists and slots, which the
+// memory plan of every pipeline rank and the simulator read for every layout of that shape.
+class ScheduleCache {
+ public:
+  // Throws the Error validate_schedule_shape throws for a shape the kind cannot run, every time.
+  const PlannedSchedule& get(const ScheduleShape& shape);
+
+ private:
+  std::map<std::tuple<int, int, int, int, bool>, std::unique_ptr<PlannedSchedule>> schedules_;
+};
+
 // One search's facts, by shape. Every config asked for must share the base's model, optimizer and precision keys (the
 // search varies only parallel.*, train.micro_batches and train.recompute, none of which the facts read besides the
 // shape in the key). With parallel.stage_memory_gib the stages depend on the memory settings too: the shape's model is
 // cut again for each config (parallel/partition.hpp's memory term) and the facts kept by shape and cut.
 class LayoutCache {
  public:
+  // schedules: the search's (kept across layout shapes), or nullptr for one of this cache's own.
+  explicit LayoutCache(ScheduleCache* schedules = nullptr) : schedules_(schedules ? schedules : &own_schedules_) {}
+  LayoutCache(const LayoutCache&) = delete;
+  LayoutCache& operator=(const LayoutCache&) = delete;
   // The facts of cfg's shape, built on first use; throws the Error make_layout threw for this shape, every time.
   const LayoutFacts& get(const Config& cfg);
   size_t size() const { return facts_.size(); }
+  ScheduleCache& schedules() { return *schedules_; }
 
  private:
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;  // tp, cp, ep, pp, v, sp
@@ -43,8 +60,8 @@ class LayoutCache {
   };
   std::map<Key, Entry> facts_;  // the shape's, cut by compute alone
   std::map<std::pair<Key, std::vector<int>>, std::unique_ptr<LayoutFacts>> cut_;  // by shape and stage starts
-  // stage_slots by schedule shape (schedule, pp, micro-batches; one chunk a rank): the memory term's, for every cut
-  std::map<std::tuple<std::string, int64_t, int64_t>, std::vector<double>> slots_;
+  ScheduleCache own_schedules_;
+  ScheduleCache* schedules_;  // the memory term's slots (one chunk a rank: stage_slots), for every cut
 };
 
 // The facts of cfg's layout, built fresh (what LayoutCache::get stores).

@@ -86,6 +86,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
   // stage), and each expert over tp like the dense SwiGLU (the family's tp_splits).
   const ModelFamily& family = model_family(base);
   const bool moe = family.has_experts();
+  ScheduleCache schedules;  // every schedule shape's lists and slots, kept for the whole search
   for (int tp : divisors(cl.devices_per_node)) {
     if (world % tp || !tp_splits(base, tp)) continue;
     for (int cp = 1; cp <= world / tp; cp *= 2) {
@@ -98,7 +99,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
         if (B % dp) continue;
         // The layouts of this (tp, cp, pp) share their model layouts, stage parameters and bucket keys by (ep, v):
         // built once each here, then dropped (DeepSeek-V3's hold 45,000 named parameters each).
-        LayoutCache shapes;
+        LayoutCache shapes(&schedules);
         for (int64_t mbs : {1, 2, 4}) {
           if ((B / dp) % mbs) continue;
           const int64_t m = B / dp / mbs;
@@ -140,7 +141,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                   try {
                     if (pp * sc.v > blocks) continue;
                     const LayoutFacts& facts = shapes.get(c);
-                    l.prediction = predict_step(cl, c, facts, /*time_only_if_fits=*/true, attention);
+                    l.prediction = predict_step(cl, c, facts, schedules, /*time_only_if_fits=*/true, attention);
                     // The stages as the base config cuts them (by compute alone unless it gives
                     // parallel.stage_memory_gib); where that cut overfills a stage, cut again among the cuts whose
                     // every stage fits the device (only then: a cut that fits is already the compute-balanced one).
@@ -149,7 +150,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                       try {
                         const LayoutFacts& cut = shapes.get(c);
                         if (&cut != &facts) {
-                          StepPrediction p = predict_step(cl, c, cut, /*time_only_if_fits=*/true, attention);
+                          StepPrediction p = predict_step(cl, c, cut, schedules, /*time_only_if_fits=*/true, attention);
                           if (p.fits || p.memory_bytes_per_device < l.prediction.memory_bytes_per_device) {
                             l.cfg = c;
                             l.prediction = std::move(p);

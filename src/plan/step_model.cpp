@@ -266,6 +266,12 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only
 
 StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFacts& facts, bool time_only_if_fits,
                             PlannedAttention attention) {
+  ScheduleCache schedules;
+  return predict_step(cl, cfg, facts, schedules, time_only_if_fits, attention);
+}
+
+StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFacts& facts, ScheduleCache& schedules,
+                            bool time_only_if_fits, PlannedAttention attention) {
   const Cluster::Device& dev = cl.device;
   const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), pp = int(cfg.parallel.pp);
   const ModelLayout& layout = facts.layout;
@@ -280,8 +286,9 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFa
   // Memory: the memory plan of every pipeline rank, tp rank 0, as `relay plan --config` prints it (the first holds the
   // most micro-batches in flight and the last the head, but a middle one may hold the most: DeepSeek-V3's MoE layers);
   // ZeRO-3 adds what is gathered at once and, under pp > 1, the whole gradients.
+  const PlannedSchedule& memory_schedule = schedules.get(schedule_shape(cfg));  // untied, as a run's memory plan reads it
   for (int p = 0; p < pp; ++p) {
-    const MemoryBytes b = predict_memory(cfg, layout, facts.stages[size_t(p)], p, 0);
+    const MemoryBytes b = predict_memory(cfg, layout, facts.stages[size_t(p)], p, 0, &memory_schedule);
     r.stage_memory_bytes.push_back(double(b.total() + b.gathered) + double(b.step_grads));
     r.memory_bytes_per_device = std::max(r.memory_bytes_per_device, r.stage_memory_bytes.back());
   }
@@ -297,7 +304,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFa
   const double boundary = e * double(g.ctx.rows) * double(layout.model.blocks[1].in) / (g.ctx.sequence_parallel ? tp : 1);
   cc.costs.comm = pp > 1 ? send_s(cl, tp * cp * dp, boundary) : 0;
   r.pipeline_comm_s = cc.costs.comm;
-  const SimResult sim = simulate(shape, generate_all(shape), cc.costs);
+  const SimResult sim = simulate(shape, schedules.get(shape).lists, cc.costs);
   r.bubble_fraction = sim.bubble_fraction;
   rank_steps(dev, g, sharding, cc, shape, sim, e != 4, cfg.parallel.overlap, r);
 

@@ -49,6 +49,10 @@ StepPrediction predict_step(const Cluster& cluster, const Config& cfg, bool time
 // of one shape): the same prediction, bit for bit, as building them here.
 StepPrediction predict_step(const Cluster& cluster, const Config& cfg, const LayoutFacts& facts,
                             bool time_only_if_fits = false, PlannedAttention attention = PlannedAttention::flash);
+// ... and the schedule's lists and slots from `schedules` (the search's, shared by the layouts of one schedule shape).
+StepPrediction predict_step(const Cluster& cluster, const Config& cfg, const LayoutFacts& facts,
+                            ScheduleCache& schedules, bool time_only_if_fits = false,
+                            PlannedAttention attention = PlannedAttention::flash);
 
 // "dp 24, tp 8, pp 8 (1f1b), mbs 1 x 96, ZeRO-1, recompute": the layout's keys in one line (", ep 8" after tp / cp
 // under expert parallelism).

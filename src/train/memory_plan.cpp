@@ -96,7 +96,8 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, int p
   return zero2_buckets(cfg, layout, stage_keys(layout, pp_rank, int(cfg.parallel.tp), tp_rank, true), pp_rank, dp);
 }
 
-ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank, int dp) {
+ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank, int dp,
+                             const std::vector<Action>* actions) {
   RELAY_ASSERT(stage.has_bucket_keys, "zero2_buckets: stage_keys built without bucket keys");
   const int edp = dp / layout.ep;
   ShardingInput in = sharding_input(cfg);
@@ -212,8 +213,8 @@ ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const
   Zero2Pool pool;
   const Zero2Pool::Reclaim nothing = [](int) {};
   std::vector<int> open(bl.groups.size(), -1);
-  ScheduleShape shape = schedule_shape(cfg);
-  for (const Action& a : generate_schedule(shape, pp_rank)) {
+  const std::vector<Action> generated = actions ? std::vector<Action>() : generate_schedule(schedule_shape(cfg), pp_rank);
+  for (const Action& a : actions ? *actions : generated) {
     if (a.op == Op::reduce_tied_grads || a.op == Op::optimizer_step) {
       pool.drain(nothing);
       continue;
@@ -266,7 +267,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_
 }
 
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank,
-                           int tp_rank) {
+                           int tp_rank, const PlannedSchedule* schedule) {
   // Replicas: the dp x cp ranks holding the same parameters (ZeRO shards over them); a rank's rows: its T / cp of
   // every sequence of a micro-batch.
   const int tp = static_cast<int>(cfg.parallel.tp), cp = static_cast<int>(cfg.parallel.cp);
@@ -293,7 +294,13 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
   const bool mixed = act != f32;
   b.params = f32 * numel + (mixed ? act * numel : 0) + sp.fp8_cache_bytes;
   ZeroTwoBuckets z;
-  if (ds.gradients) z = zero2_buckets(cfg, layout, stage, pp_rank, dp);
+  ScheduleShape shape = schedule_shape(cfg);
+  if (schedule) {
+    const ScheduleShape& s = schedule->shape;
+    RELAY_ASSERT(s.kind == shape.kind && s.pp == shape.pp && s.v == shape.v && s.m == shape.m,
+                 "predict_memory: a planned schedule of another shape");
+  }
+  if (ds.gradients) z = zero2_buckets(cfg, layout, stage, pp_rank, dp, schedule ? &schedule->lists.at(size_t(pp_rank)) : nullptr);
   // ZeRO-2, 3: the buckets with no other copy (experts when ep = dp x cp) are whole, parameters and gradients.
   if (ds.parameters) {
     b.params = f32 * z.shards + (f32 + (mixed ? act : 0)) * z.whole;  // the masters' pieces, the whole buckets
@@ -319,8 +326,8 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
   b.optimizer = moments * f32 * (dense / ds.shards() + expert_numel / es.shards());
   // Activations: the schedule's slots per chunk (parallel/slot_plan.hpp), a boundary pair per
   // micro-batch, the loss's buffers per micro-batch on the last chunk.
-  ScheduleShape shape = schedule_shape(cfg);
-  const SlotPlan plan = plan_slots(generate_schedule(shape, pp_rank), shape.m);
+  const SlotPlan plan = schedule ? SlotPlan() : plan_slots(generate_schedule(shape, pp_rank), shape.m);
+  auto slots = [&](int c) { return schedule ? int64_t(schedule->slots.at(size_t(c))) : int64_t(plan.slots.at(c)); };
   const int last = layout.num_chunks() - 1;
   for (int c = pp_rank; c <= last; c += layout.pp) {
     const ChunkRange& cr = layout.chunks[static_cast<size_t>(c)];
@@ -334,7 +341,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
       per_mb += (ce ? 4 * rows : act * rows * layout.model.output_dim) + 4 * rows * 2;  // targets, losses, predictions
       if (tp > 1 && ce) per_mb += 4 * rows * 3;                                // row maxima, partial sums
     }
-    b.activations += plan.slots.at(c) * cb.slot + m * (cb.boundary + per_mb) + cb.scratch;
+    b.activations += slots(c) * cb.slot + m * (cb.boundary + per_mb) + cb.scratch;
   }
   // Context parallelism: the rank's one CpAttention, shared by its attention blocks.
   if (cp > 1) {  // (the blocks copied only where there is something to find: each holds its parameters' names)

@@ -14,6 +14,7 @@
 #include "core/config.hpp"
 #include "core/memory.hpp"  // mib()
 #include "parallel/data_parallel.hpp"  // BucketCaps
+#include "parallel/slot_plan.hpp"
 #include "train/model_layout.hpp"
 
 namespace relay {
@@ -73,13 +74,16 @@ struct StageKeys {
 StageKeys stage_keys(const ModelLayout& layout, int pp_rank, int tp, int tp_rank, bool with_bucket_keys);
 // stage_keys(layout, p, tp, tp_rank, true) of every pipeline rank p, the model's parameters placed once for all.
 std::vector<StageKeys> all_stage_keys(const ModelLayout& layout, int tp, int tp_rank);
-ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank, int dp);
+// actions: the rank's list of cfg's schedule when the caller holds it (generate_schedule's otherwise).
+ZeroTwoBuckets zero2_buckets(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank, int dp,
+                             const std::vector<Action>* actions = nullptr);
 
 // The rank at (pp_rank, tp_rank) of the config's layout (every replica holds the same); with `stage` (stage_keys of
-// the same layout, rank and tp, bucket keys included) instead of walking the parameters again: the same bytes.
+// the same layout, rank and tp, bucket keys included) instead of walking the parameters again, and `schedule`
+// (plan_schedule of cfg's schedule shape) instead of generating and replaying the rank's list: the same bytes.
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, int pp_rank, int tp_rank);
 MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const StageKeys& stage, int pp_rank,
-                           int tp_rank);
+                           int tp_rank, const PlannedSchedule* schedule = nullptr);
 // The memory term of the pipeline partition (parallel/partition.hpp) for cfg's layout, tp rank 0, with budget
 // parallel.stage_memory_gib: a stage's bytes by predict_memory's rules for a chunk of those blocks (its parameters once,
 // the ZeRO stage's shares of gradients and optimizer state, the chunk's planned slot, boundary and scratch buffers, the
