@@ -43,15 +43,20 @@ Tensor filled(Backend& be, Shape shape, DType dt, float v = 0.01f) {
   return t;
 }
 
-// A link's three keys: the fitted ones, or the copy bandwidth halved where nothing was measured.
+std::string measured_key(const char* op, double busbw) {
+  return busbw > 0 ? cat(op, "_bandwidth = ", busbw, "\n") : std::string();
+}
+
+// A link's keys: the fitted ones, or the copy bandwidth halved where nothing was measured.
 std::string link_keys(const LinkFit& fit, double copy_bandwidth) {
   if (!fit.ok) return cat("bandwidth = ", copy_bandwidth / 2, "\nefficiency = 1.0\nlatency = 2e-6\n\n");
   return cat("bandwidth = ", fit.busbw, "   # fitted bus bandwidth, bytes/s\n",
              "efficiency = 1.0              # the measured bandwidth is what a collective reaches\n",
              "latency = ", fit.latency, "   # fitted seconds per ring step\n",
-             fit.reduce_bw > 0 ? cat("reduce_bandwidth = ", fit.reduce_bw, "   # fitted: what summing a reduction adds to its copy, bytes/s\n")
-                               : std::string(),
-             "\n");
+             "# Each collective's own bus bandwidth over its sizes of 1 MiB and more, MPI's sums included (plan/cluster.hpp):\n",
+             measured_key("all_reduce", fit.measured.all_reduce), measured_key("all_gather", fit.measured.all_gather),
+             measured_key("reduce_scatter", fit.measured.reduce_scatter),
+             measured_key("all_to_all", fit.measured.all_to_all), "\n");
 }
 
 // The comment over a measured link: how, and the table with the fit against each time.
@@ -131,7 +136,12 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
                         }) / 200;
 
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
-  const int devices = gpu ? std::max(1, cuda_device_count()) : std::max(1, cores / std::max(1, threads));
+  // A CPU node's devices: its cores / threads a rank; launched over several hosts, the ranks each host was given (the
+  // run under the same launch groups its ranks so: one rank a host makes every dp group cross the link between them).
+  const bool across_hosts = links && links->nodes >= 2;
+  const int devices = gpu            ? std::max(1, cuda_device_count())
+                      : across_hosts ? std::max(1, links->ranks_per_node)
+                                     : std::max(1, cores / std::max(1, threads));
   const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   const double memory = gpu ? free_at_start : ram / devices;
   char host[256] = "this machine";
@@ -169,7 +179,10 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
       "# rank of ", gpu ? std::string("one GPU") : cat(threads, " thread(s)"), ", ", precision_name(precision), ", at ", n,
       " rows of ", layout.model.blocks.size(), "-block model's shapes (src/plan/calibration.hpp).\n",
       "name = \"this-machine\"\n\n[node]\ndevices = ", devices, "                    # ",
-      gpu ? std::string("visible GPUs") : cat(cores, " cores / ", threads, " thread(s) a rank"), "\n\n[device]\nname = \"",
+      gpu            ? std::string("visible GPUs")
+      : across_hosts ? cat("ranks a host in the launch measured (", cores, " cores here)")
+                     : cat(cores, " cores / ", threads, " thread(s) a rank"),
+      "\n\n[device]\nname = \"",
       be.describe(), "\"\n", device_lines,
       "memory_bytes = ", memory, gpu ? "   # free on the GPU with the CUDA context up\n" : "   # physical memory / devices\n",
       "reserved_bytes = 0\n",

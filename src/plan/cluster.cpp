@@ -47,6 +47,13 @@ struct Reader {
     l.efficiency = number(section, "efficiency", 0.01, 1);
     l.latency = number(section, "latency", 0, 1);
     if (has(section, "reduce_bandwidth")) l.reduce_bandwidth = number(section, "reduce_bandwidth", 1, 1e15);
+    auto measured = [&](const char* key, double& v) {
+      if (has(section, key)) v = number(section, key, 1, 1e15);
+    };
+    measured("all_reduce_bandwidth", l.measured.all_reduce);
+    measured("all_gather_bandwidth", l.measured.all_gather);
+    measured("reduce_scatter_bandwidth", l.measured.reduce_scatter);
+    measured("all_to_all_bandwidth", l.measured.all_to_all);
     return l;
   }
 };

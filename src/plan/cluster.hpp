@@ -1,7 +1,7 @@
 // A cluster description for the planner (configs/clusters/*.toml): devices per node, one device's peaks
 // (FLOP/s by precision, memory, bandwidth) and achieved-efficiency defaults, and the two links a
-// collective can cross (within a node, between nodes). Every key is required but a link's reduce_bandwidth and device.peak_fp8_flops: a missing
-// one is an Error naming the file and the key.
+// collective can cross (within a node, between nodes). Every key is required but a link's reduce_bandwidth and
+// <collective>_bandwidth and device.peak_fp8_flops: a missing one is an Error naming the file and the key.
 #pragma once
 #include <string>
 
@@ -17,6 +17,14 @@ struct Link {
   // that is slower than the link: MPI reduces in a loop on the CPU after each copy (measured by --calibrate). 0 (the
   // presets): NCCL reduces inside its copy kernels at line rate.
   double reduce_bandwidth = 0;
+  // Optional (written by --calibrate): each collective's own bus bandwidth as measured through the communicator, its
+  // sums included, bytes/s (nccl-tests' busbw). MPI's algorithms differ by collective: Open MPI 4.1's non-blocking
+  // reduce-scatter between two ranks reduces to one rank and scatters back, at a third of its all-reduce's busbw over
+  // TCP. Where one is set, that collective is priced with it (and the latency) alone; 0: the alpha-beta form of
+  // bandwidth, efficiency and reduce_bandwidth.
+  struct Measured {
+    double all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0;
+  } measured;
   double busbw() const { return bandwidth * efficiency; }
 };
 

@@ -18,6 +18,25 @@ double CollectiveSample::reduced_bytes() const {
   return op == "all_reduce" || op == "reduce_scatter" ? bytes * (ranks - 1) / ranks : 0;
 }
 
+namespace {
+
+// The field of `m` that holds collective `op`'s bus bandwidth (null: not one of the four).
+template <class M>
+auto* measured_of(M& m, const std::string& op) {
+  return op == "all_reduce"       ? &m.all_reduce
+         : op == "all_gather"     ? &m.all_gather
+         : op == "reduce_scatter" ? &m.reduce_scatter
+         : op == "all_to_all"     ? &m.all_to_all
+                                  : nullptr;
+}
+
+}  // namespace
+
+double LinkFit::op_busbw(const CollectiveSample& s) const {
+  const double* v = measured_of(measured, s.op);
+  return v ? *v : 0;
+}
+
 double CollectiveSample::steps() const { return op == "all_reduce" ? 2.0 * (ranks - 1) : double(ranks - 1); }
 
 namespace {
@@ -142,6 +161,12 @@ LinkFit fit_link(const std::vector<CollectiveSample>& samples) {
                            [](const CollectiveSample& s) { return s.reduced_bytes(); },
                            [&](const CollectiveSample& s) { return s.seconds - f.predict(s); });
     if (r > 0) f.reduce_bw = 1 / r;
+  }
+  // Each collective's own busbw: 1 / the slope of its large samples' time beyond the latency over their bus bytes.
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}) {
+    const double k = slope(samples, [&](const CollectiveSample& s) { return s.op == op && s.bytes >= kLarge; }, bus_bytes,
+                           [&](const CollectiveSample& s) { return s.seconds - f.latency * s.steps(); });
+    if (k > 0) *measured_of(f.measured, op) = 1 / k;
   }
   double sq = 0;
   for (const CollectiveSample& s : samples) {

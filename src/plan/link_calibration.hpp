@@ -7,14 +7,17 @@
 // steps = 2(n-1) for the ring all-reduce and n - 1 for the others; reduced bytes = (n-1)/n of the buffer for
 // all-reduce and reduce-scatter, which MPI sums on the CPU after copying (on this 2-core machine at a third of the
 // copy's rate), so the moves (all-gather, all-to-all) give alpha (small ones) and busbw (large ones) and the
-// reductions' remainder gives reduce_bw. They become the cluster file's `latency`, `bandwidth` (efficiency 1: the measured figure already is what
-// a collective reaches) and `reduce_bandwidth`; the table goes into the file as a comment.
+// reductions' remainder gives reduce_bw. They become the cluster file's `latency` and `bandwidth` (efficiency 1: the
+// measured figure already is what a collective reaches); each collective's own busbw over its large sizes becomes its
+// `<collective>_bandwidth` (MPI runs each with its own algorithm: one line for all of them was off by -50% to +30% over
+// TCP, bench/RESULTS.md); the table goes into the file as a comment.
 #pragma once
 #include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
+#include "plan/cluster.hpp"
 
 namespace relay {
 
@@ -36,8 +39,14 @@ struct LinkFit {
   double busbw = 0;    // bytes/s
   double latency = 0;  // seconds per step (alpha)
   double reduce_bw = 0;  // bytes/s; 0: the reductions cost no more than the moves
+  // Each collective's own bus bandwidth from its samples of 1 MiB and more (after the latency), sums included: what
+  // the cluster file's <collective>_bandwidth keys carry (plan/cluster.hpp); 0 where it has none.
+  Link::Measured measured;
   double rms_error = 0;  // the fit's root-mean-square relative error over the samples
+  double op_busbw(const CollectiveSample& s) const;  // the collective's measured busbw, or 0
   double predict(const CollectiveSample& s) const {
+    const double own = op_busbw(s);
+    if (own > 0) return s.steps() * latency + s.bytes * s.bus_factor() / own;
     return s.steps() * latency + s.bytes * s.bus_factor() / busbw + (reduce_bw > 0 ? s.reduced_bytes() / reduce_bw : 0);
   }
 };

@@ -23,6 +23,7 @@ namespace relay {
 BlockTimes time_block(Backend& be, const BlockSpec& planned, int64_t rows) {
   BlockSpec spec = planned;
   spec.moe.ep = spec.moe.cp = spec.moe.parts = 1;  // one process: every expert here, whole sequences
+  spec.sp = 1;  // and every row (the layout's sequence parallelism splits rows over tp ranks this process is not)
   ParamStore store(be, 1, 1, 0, spec.dtype);
   auto layer = make_block(spec, store);
   const bool tokens = spec.in == 0;
