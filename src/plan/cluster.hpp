@@ -25,12 +25,22 @@ struct Link {
   struct Measured {
     double all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0;
   } measured;
+  // Optional (written by --calibrate): the seconds of compute a rank loses for each second one of this link's
+  // collectives runs beside it, hidden by parallel.overlap: the progress thread's tests and the transport's own CPU
+  // work (TCP copies, the kernel's packet path) on cores the ranks' compute also needs. 0 (the presets): a GPU's
+  // collectives run on their own engines and the host's spare cores.
+  double overlap_compute_share = 0;
   double busbw() const { return bandwidth * efficiency; }
 };
 
 struct Cluster {
   std::string source, name;
   int devices_per_node = 0;
+  // Optional [node] async_progress: whether a started collective moves while its rank computes without Relay's
+  // progress thread (parallel.overlap = false). NCCL's kernels do (true, the default); Open MPI's TCP and shared-memory
+  // transports move only inside the rank's MPI calls (--calibrate writes false for the mpi communicator), so without
+  // the thread ZeRO-3's prefetched gathers and ZeRO-2/3's bucket reduce-scatters wait in full.
+  bool async_progress = true;
   struct Device {
     std::string name;
     double peak_bf16 = 0, peak_tf32 = 0, peak_fp32 = 0;  // dense FLOP/s

@@ -19,6 +19,7 @@ GroupPath group_path(const Cluster& c, int size, int stride) {
     g.reduce_bw = c.intra_node.reduce_bandwidth;
     g.latency = c.intra_node.latency;
     g.measured = c.intra_node.measured;
+    g.compute_share = c.intra_node.overlap_compute_share;
     g.members_per_node = size;
     return g;
   }
@@ -29,6 +30,7 @@ GroupPath group_path(const Cluster& c, int size, int stride) {
   g.busbw = std::min(c.intra_node.busbw(), c.inter_node.busbw() * g.members_per_node);
   g.latency = c.inter_node.latency;
   g.reduce_bw = c.inter_node.reduce_bandwidth;
+  g.compute_share = c.inter_node.overlap_compute_share;
   auto across = [&](double inter) { return inter > 0 ? std::min(c.intra_node.busbw(), inter * g.members_per_node) : 0; };
   const Link::Measured& m = c.inter_node.measured;
   g.measured = {across(m.all_reduce), across(m.all_gather), across(m.reduce_scatter), across(m.all_to_all)};

@@ -23,6 +23,8 @@ struct GroupPath {
   // above prices it), across nodes times the members driving their own adapters as busbw is.
   Link::Measured measured;
   double intra_all_to_all = 0, inter_all_to_all = 0;  // each link's measured all-to-all busbw, else its busbw
+  // The crossed link's overlap_compute_share: compute lost per second of the group's collectives hidden behind it.
+  double compute_share = 0;
   double reduce_s(double bytes) const { return reduce_bw > 0 ? bytes / reduce_bw : 0; }
 };
 GroupPath group_path(const Cluster& c, int size, int stride);

@@ -39,7 +39,7 @@ struct LinkFit {
   double busbw = 0;    // bytes/s
   double latency = 0;  // seconds per step (alpha)
   double reduce_bw = 0;  // bytes/s; 0: the reductions cost no more than the moves
-  // Each collective's own bus bandwidth from its samples of 1 MiB and more (after the latency), sums included: what
+  // Each collective's own bus bandwidth from its samples of 4 MiB and more (after the latency), sums included: what
   // the cluster file's <collective>_bandwidth keys carry (plan/cluster.hpp); 0 where it has none.
   Link::Measured measured;
   double rms_error = 0;  // the fit's root-mean-square relative error over the samples
@@ -55,6 +55,13 @@ struct LinkFit {
 // member's time of each).
 std::vector<CollectiveSample> time_collectives(Communicator& group, Backend& be);
 
+// Link::overlap_compute_share of the group's link: every member times 256^3 GEMMs alone (all members at once, as a
+// run's ranks compute), then the same GEMMs while 16 MiB all-reduces, one after another for about half a second
+// (`allreduce_16mib_s`: one's time alone, from time_collectives), are moved by a progress thread as parallel.overlap
+// moves a step's collectives: 1 - the GEMM rate beside them / alone, the members' mean, in [0, 1]. Needs
+// MPI_THREAD_MULTIPLE (-1 without it: not measured).
+double overlap_compute_share(Communicator& group, Backend& be, double allreduce_16mib_s);
+
 // The alpha-beta fit, relative-error weighted (each time by 1 / t): busbw from the moves (all-gather, all-to-all;
 // every sample when there are none) of 1 MiB and more, as nccl-tests' headline figure; alpha >= 0 from the moves of
 // 64 KiB and less; reduce_bw from what the reductions of 1 MiB and more take beyond a move of their bytes (none when
@@ -69,6 +76,7 @@ struct LinkCalibration {
   int world = 1, nodes = 1, ranks_per_node = 1;
   std::vector<CollectiveSample> intra, inter;  // within node 0 (ranks_per_node >= 2); between nodes' first ranks
   LinkFit intra_fit, inter_fit;
+  double intra_share = -1, inter_share = -1;  // overlap_compute_share of each link (-1: not measured)
   std::string comm;  // the communicator's name
 };
 
