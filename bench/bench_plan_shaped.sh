@@ -5,7 +5,7 @@
 # trained with overlap off and on with `--plan-cluster` of that calibration. Per run: the step time and rank 0's
 # exposed communication predicted (metrics.jsonl's first record, {"plan": ...}) against measured (the means after the
 # first 2 steps of step_time_s and exposed_comm_s), and the step's error = measured / predicted - 1. Also the link the
-# calibration measured (inter-node bus bandwidth, its `comm_cpu_share`: docs/planning.md). Measures; never fails.
+# calibration measured (the inter-node all-reduce bus bandwidth, overlap_compute_share: docs/planning.md). Measures; never fails.
 # Root only. Speed needs a quiet machine; under load the calibration, taken under the same load, still speaks for it.
 # Usage: [LAYOUTS="dp-zero1 dp-zero3 tp-sp cp"] bench/bench_plan_shaped.sh [relay (build/relay)] [RATE (1gbit)] [steps (5)]
 set -euo pipefail
@@ -45,13 +45,13 @@ mean = lambda k: sum(r.get(k, 0.0) for r in recs) / len(recs)
 print("%.4f %.4f %.4f %.4f" % (plan["step_time_s"], plan["exposed_comm_s"], mean("step_time_s"), mean("exposed_comm_s")))
 PY
 }
-# calibration file -> "inter-node busbw GB/s, comm_cpu_share"
+# calibration file -> "inter-node all-reduce busbw GB/s, overlap_compute_share"
 link_of() {
-  awk '/^\[inter_node\]/{s=1} /^\[/{if($0!="[inter_node]")s=0} s&&/^bandwidth =/{bw=$3} s&&/^comm_cpu_share =/{c=$3}
+  awk '/^\[inter_node\]/{s=1} /^\[/{if($0!="[inter_node]")s=0} s&&/^all_reduce_bandwidth =/{bw=$3} s&&/^overlap_compute_share =/{c=$3}
        END{printf "%.3f %s\n", bw/1e9, c==""?"-":c}' "$1"
 }
 printf "%-9s %-8s %9s %9s %8s %11s %11s %9s %12s %9s\n" layout overlap "pred s" "meas s" "error" "exp pred s" \
-  "exp meas s" "exp err s" "link GB/s" "cpu share"
+  "exp meas s" "exp err s" "AR GB/s" "cpu share"
 for layout in $LAYOUTS; do
   read -r L C H T S M DP TP SP CP Z <<<"$(shape "$layout")"
   on_two "$work/$layout.cal.log" plan $(args "$work/$layout.cal" false $L $C $H $T $S $M $DP $TP $SP $CP $Z) \
@@ -66,5 +66,5 @@ for layout in $LAYOUTS; do
       "$busbw" "$share"
   done
 done
-echo "# error: measured step / predicted - 1 (the issue's target: within 15%); exp: rank 0's exposed communication a step, predicted (the plan record) and measured (metrics.jsonl exposed_comm_s); link: the calibration's inter-node bus bandwidth and comm_cpu_share"
+echo "# error: measured step / predicted - 1 (the issue's target: within 15%); exp: rank 0's exposed communication a step, predicted (the plan record) and measured (metrics.jsonl exposed_comm_s); link: the calibration's inter-node all-reduce bus bandwidth and its overlap_compute_share"
 load_at_end
