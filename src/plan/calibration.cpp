@@ -43,14 +43,26 @@ Tensor filled(Backend& be, Shape shape, DType dt, float v = 0.01f) {
   return t;
 }
 
-// A link's three keys: the fitted ones, or the copy bandwidth halved where nothing was measured.
-std::string link_keys(const LinkFit& fit, double copy_bandwidth) {
+std::string measured_key(const char* op, double busbw) {
+  return busbw > 0 ? cat(op, "_bandwidth = ", busbw, "\n") : std::string();
+}
+
+// A link's keys: the fitted ones, or the copy bandwidth halved where nothing was measured.
+std::string link_keys(const LinkFit& fit, double copy_bandwidth, double share) {
   if (!fit.ok) return cat("bandwidth = ", copy_bandwidth / 2, "\nefficiency = 1.0\nlatency = 2e-6\n\n");
+  char share_text[32];
+  std::snprintf(share_text, sizeof share_text, "%.3f", share);
   return cat("bandwidth = ", fit.busbw, "   # fitted bus bandwidth, bytes/s\n",
              "efficiency = 1.0              # the measured bandwidth is what a collective reaches\n",
              "latency = ", fit.latency, "   # fitted seconds per ring step\n",
-             fit.reduce_bw > 0 ? cat("reduce_bandwidth = ", fit.reduce_bw, "   # fitted: what summing a reduction adds to its copy, bytes/s\n")
-                               : std::string(),
+             "# Each collective's own bus bandwidth over its sizes of 4 MiB and more, MPI's sums included (plan/cluster.hpp):\n",
+             measured_key("all_reduce", fit.measured.all_reduce), measured_key("all_gather", fit.measured.all_gather),
+             measured_key("reduce_scatter", fit.measured.reduce_scatter),
+             measured_key("all_to_all", fit.measured.all_to_all),
+             share >= 0 ? cat("# Compute lost per second of a collective hidden behind it (GEMMs beside 16 MiB all-reduces moved by\n",
+                              "# a progress thread, against GEMMs alone, every member at once):\n",
+                              "overlap_compute_share = ", share_text, "\n")
+                        : std::string(),
              "\n");
 }
 
@@ -131,7 +143,14 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
                         }) / 200;
 
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
-  const int devices = gpu ? std::max(1, cuda_device_count()) : std::max(1, cores / std::max(1, threads));
+  // A CPU node's devices: its cores / threads a rank; launched over several hosts, the ranks each host was given (the
+  // run under the same launch groups its ranks so: one rank a host makes every dp group cross the link between them).
+  const bool across_hosts = links && links->nodes >= 2;
+  // NCCL's collectives move on the GPU by themselves; MPI's (every CPU run, and parallel.comm = "mpi") do not.
+  const bool async = gpu && !(links && links->comm == "mpi");
+  const int devices = gpu            ? std::max(1, cuda_device_count())
+                      : across_hosts ? std::max(1, links->ranks_per_node)
+                                     : std::max(1, cores / std::max(1, threads));
   const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   const double memory = gpu ? free_at_start : ram / devices;
   char host[256] = "this machine";
@@ -147,12 +166,13 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
     intra += links ? "# Not measured: one rank a host. The copy bandwidth halved (shared memory copies twice).\n"
                    : "# Not measured (one process; run it under mpirun -np 2 or more to measure the links through the\n"
                      "# communicator): the copy bandwidth halved (shared memory copies twice).\n";
-  intra += link_keys(links ? links->intra_fit : LinkFit{}, bandwidth);
+  intra += link_keys(links ? links->intra_fit : LinkFit{}, bandwidth, links ? links->intra_share : -1);
   if (links && links->inter_fit.ok)
     inter += measured(cat("one rank on each of ", links->nodes, " hosts (", how, ")"), links->inter, links->inter_fit) +
-             link_keys(links->inter_fit, bandwidth);
+             link_keys(links->inter_fit, bandwidth, links->inter_share);
   else
-    inter += "# No second host measured: as within the node.\n" + link_keys(links ? links->intra_fit : LinkFit{}, bandwidth);
+    inter += "# No second host measured: as within the node.\n" +
+             link_keys(links ? links->intra_fit : LinkFit{}, bandwidth, links ? links->intra_share : -1);
   const std::string device_lines =
       sheet > 0
           ? cat("# The data sheet's dense peaks (backend/gpu_peaks.hpp); gemm_efficiency is the GEMM rate measured over the\n",
@@ -169,7 +189,11 @@ std::string calibrate_this_machine(Backend& be, const ModelLayout& layout, int64
       "# rank of ", gpu ? std::string("one GPU") : cat(threads, " thread(s)"), ", ", precision_name(precision), ", at ", n,
       " rows of ", layout.model.blocks.size(), "-block model's shapes (src/plan/calibration.hpp).\n",
       "name = \"this-machine\"\n\n[node]\ndevices = ", devices, "                    # ",
-      gpu ? std::string("visible GPUs") : cat(cores, " cores / ", threads, " thread(s) a rank"), "\n\n[device]\nname = \"",
+      gpu            ? std::string("visible GPUs")
+      : across_hosts ? cat("ranks a host in the launch measured (", cores, " cores here)")
+                     : cat(cores, " cores / ", threads, " thread(s) a rank"),
+      "\n", async ? "" : "async_progress = false         # MPI moves a collective only inside an MPI call (plan/cluster.hpp)\n",
+      "\n[device]\nname = \"",
       be.describe(), "\"\n", device_lines,
       "memory_bytes = ", memory, gpu ? "   # free on the GPU with the CUDA context up\n" : "   # physical memory / devices\n",
       "reserved_bytes = 0\n",

@@ -36,6 +36,11 @@ struct Reader {
     if (!(v >= lo && v <= hi)) throw Error(cat(source, ": ", name, " = ", v, ": must be in [", lo, ", ", hi, "]"));
     return v;
   }
+  bool flag(const std::string& section, const std::string& key) const {
+    const toml::node& n = node(section, key);
+    if (!n.is_boolean()) throw Error(cat(source, ": ", section + "." + key, ": expected true or false"));
+    return n.value<bool>().value();
+  }
   std::string text(const std::string& section, const std::string& key) const {
     const toml::node& n = node(section, key);
     if (!n.is_string()) throw Error(cat(source, ": ", section.empty() ? key : section + "." + key, ": expected a string"));
@@ -47,6 +52,15 @@ struct Reader {
     l.efficiency = number(section, "efficiency", 0.01, 1);
     l.latency = number(section, "latency", 0, 1);
     if (has(section, "reduce_bandwidth")) l.reduce_bandwidth = number(section, "reduce_bandwidth", 1, 1e15);
+    auto measured = [&](const char* key, double& v) {
+      if (has(section, key)) v = number(section, key, 1, 1e15);
+    };
+    measured("all_reduce_bandwidth", l.measured.all_reduce);
+    measured("all_gather_bandwidth", l.measured.all_gather);
+    measured("reduce_scatter_bandwidth", l.measured.reduce_scatter);
+    measured("all_to_all_bandwidth", l.measured.all_to_all);
+    if (has(section, "overlap_compute_share"))
+      l.overlap_compute_share = number(section, "overlap_compute_share", 0, 1);
     return l;
   }
 };
@@ -65,6 +79,7 @@ Cluster parse_cluster_text(const std::string& text, const std::string& source) {
   c.source = source;
   c.name = r.text("", "name");
   c.devices_per_node = static_cast<int>(r.number("node", "devices", 1, 1024));
+  if (r.has("node", "async_progress")) c.async_progress = r.flag("node", "async_progress");
   Cluster::Device& d = c.device;
   d.name = r.text("device", "name");
   d.peak_bf16 = r.number("device", "peak_bf16_flops", 1, 1e18);

@@ -1,7 +1,7 @@
 // A cluster description for the planner (configs/clusters/*.toml): devices per node, one device's peaks
 // (FLOP/s by precision, memory, bandwidth) and achieved-efficiency defaults, and the two links a
-// collective can cross (within a node, between nodes). Every key is required but a link's reduce_bandwidth and device.peak_fp8_flops: a missing
-// one is an Error naming the file and the key.
+// collective can cross (within a node, between nodes). Every key is required but a link's reduce_bandwidth and
+// <collective>_bandwidth and device.peak_fp8_flops: a missing one is an Error naming the file and the key.
 #pragma once
 #include <string>
 
@@ -17,12 +17,30 @@ struct Link {
   // that is slower than the link: MPI reduces in a loop on the CPU after each copy (measured by --calibrate). 0 (the
   // presets): NCCL reduces inside its copy kernels at line rate.
   double reduce_bandwidth = 0;
+  // Optional (written by --calibrate): each collective's own bus bandwidth as measured through the communicator, its
+  // sums included, bytes/s (nccl-tests' busbw). MPI's algorithms differ by collective: Open MPI 4.1's non-blocking
+  // reduce-scatter between two ranks reduces to one rank and scatters back, at a third of its all-reduce's busbw over
+  // TCP. Where one is set, that collective is priced with it (and the latency) alone; 0: the alpha-beta form of
+  // bandwidth, efficiency and reduce_bandwidth.
+  struct Measured {
+    double all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0;
+  } measured;
+  // Optional (written by --calibrate): the seconds of compute a rank loses for each second one of this link's
+  // collectives runs beside it, hidden by parallel.overlap: the progress thread's tests and the transport's own CPU
+  // work (TCP copies, the kernel's packet path) on cores the ranks' compute also needs. 0 (the presets): a GPU's
+  // collectives run on their own engines and the host's spare cores.
+  double overlap_compute_share = 0;
   double busbw() const { return bandwidth * efficiency; }
 };
 
 struct Cluster {
   std::string source, name;
   int devices_per_node = 0;
+  // Optional [node] async_progress: whether a started collective moves while its rank computes without Relay's
+  // progress thread (parallel.overlap = false). NCCL's kernels do (true, the default); Open MPI's TCP and shared-memory
+  // transports move only inside the rank's MPI calls (--calibrate writes false for the mpi communicator), so without
+  // the thread ZeRO-3's prefetched gathers and ZeRO-2/3's bucket reduce-scatters wait in full.
+  bool async_progress = true;
   struct Device {
     std::string name;
     double peak_bf16 = 0, peak_tf32 = 0, peak_fp32 = 0;  // dense FLOP/s

@@ -19,6 +19,12 @@ struct GroupPath {
   double busbw = 0, latency = 0;  // bytes/s per rank of a large ring collective; seconds per step
   double intra_busbw = 0, inter_busbw = 0;  // each rank's own links: NVLink, its network adapter (all-to-all)
   double reduce_bw = 0;  // the crossed link's reduce_bandwidth (0: reductions at line rate)
+  // The crossed link's measured bus bandwidth of each collective (Link::measured; 0: not measured, the alpha-beta form
+  // above prices it), across nodes times the members driving their own adapters as busbw is.
+  Link::Measured measured;
+  double intra_all_to_all = 0, inter_all_to_all = 0;  // each link's measured all-to-all busbw, else its busbw
+  // The crossed link's overlap_compute_share: compute lost per second of the group's collectives hidden behind it.
+  double compute_share = 0;
   double reduce_s(double bytes) const { return reduce_bw > 0 ? bytes / reduce_bw : 0; }
 };
 GroupPath group_path(const Cluster& c, int size, int stride);
@@ -26,7 +32,8 @@ GroupPath group_path(const Cluster& c, int size, int stride);
 // Seconds for a buffer of `bytes` (the whole buffer: each rank's input for all-reduce, the gathered
 // result for all-gather and the reduce-scatter's input): the faster of ring and tree for all-reduce,
 // rings otherwise; all-reduce and reduce-scatter also sum (n - 1)/n of the buffer (the tree: all of it) at the link's
-// reduce_bandwidth where it has one. 0 for a group of one.
+// reduce_bandwidth where it has one; a collective whose bus bandwidth the link measured (Link::measured) is priced by
+// the ring's steps x latency + bus bytes / that bandwidth instead. 0 for a group of one.
 double all_reduce_s(const GroupPath& g, double bytes);
 double all_gather_s(const GroupPath& g, double bytes);
 double reduce_scatter_s(const GroupPath& g, double bytes);

@@ -32,6 +32,10 @@ namespace {
 double collective_s(const BlockCollective& c, const BlockContext& ctx, double dtype_bytes) {
   const GroupPath& g = c.dim == ParallelDim::tp ? ctx.tp_path : c.dim == ParallelDim::cp ? ctx.cp_path : ctx.ep_path;
   const double bytes = c.buffer_bytes(dtype_bytes);
+  // Under sequence parallelism a tp entry (an all-reduce's bytes) is run as an all-gather and a reduce-scatter: priced
+  // as those two (a link's measured figures differ by collective; the alpha-beta ring gives their sum the all-reduce's).
+  if (c.dim == ParallelDim::tp && ctx.sequence_parallel && c.op == CollectiveOp::all_reduce)
+    return all_gather_s(g, bytes) + reduce_scatter_s(g, bytes);
   switch (c.op) {
     case CollectiveOp::all_reduce: return all_reduce_s(g, bytes);
     case CollectiveOp::all_gather: return all_gather_s(g, bytes);
@@ -185,6 +189,14 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     backward[int(ParallelDim::cp)] -= hb;
     t.cp_hidden = hf + hb;
   }
+  // What hiding costs the compute (Link::overlap_compute_share, measured by --calibrate): each second of a collective
+  // hidden behind the block's work takes that share of a second from it (the progress thread and the transport's CPU
+  // work on the cores the compute runs on). 0 on the presets.
+  const double tp_hidden_backward = t.tp_hidden - tp_hidden_forward;
+  t.forward += ctx.tp_path.compute_share * tp_hidden_forward + ctx.cp_path.compute_share * hf +
+               ctx.ep_path.compute_share * ef;
+  t.backward_input += ctx.tp_path.compute_share * tp_hidden_backward + ctx.cp_path.compute_share * hb +
+                      ctx.ep_path.compute_share * eb;
   const int tp = int(ParallelDim::tp), cp = int(ParallelDim::cp), ep = int(ParallelDim::ep);
   t.comm_forward = forward[tp] + forward[cp] + forward[ep];
   t.comm_backward = backward[tp] + backward[cp] + backward[ep];

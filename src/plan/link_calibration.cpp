@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "comm/progress.hpp"
 #include "core/error.hpp"
 
 namespace relay {
@@ -16,6 +17,25 @@ double CollectiveSample::bus_factor() const {
 
 double CollectiveSample::reduced_bytes() const {
   return op == "all_reduce" || op == "reduce_scatter" ? bytes * (ranks - 1) / ranks : 0;
+}
+
+namespace {
+
+// The field of `m` that holds collective `op`'s bus bandwidth (null: not one of the four).
+template <class M>
+auto* measured_of(M& m, const std::string& op) {
+  return op == "all_reduce"       ? &m.all_reduce
+         : op == "all_gather"     ? &m.all_gather
+         : op == "reduce_scatter" ? &m.reduce_scatter
+         : op == "all_to_all"     ? &m.all_to_all
+                                  : nullptr;
+}
+
+}  // namespace
+
+double LinkFit::op_busbw(const CollectiveSample& s) const {
+  const double* v = measured_of(measured, s.op);
+  return v ? *v : 0;
 }
 
 double CollectiveSample::steps() const { return op == "all_reduce" ? 2.0 * (ranks - 1) : double(ranks - 1); }
@@ -96,6 +116,46 @@ std::vector<CollectiveSample> time_collectives(Communicator& g, Backend& be) {
   return out;
 }
 
+double overlap_compute_share(Communicator& g, Backend& be, double allreduce_16mib_s) {
+  if (!ProgressThread::supported()) return -1;
+  constexpr int64_t k = 256;
+  Tensor a = zeros(be, {k, k}), b = zeros(be, {k, k}), y = zeros(be, {k, k});  // (k, k) y = a b
+  auto gemm = [&] {
+    be.matmul(a, false, b, false, y, 1.f, 0.f);
+    be.synchronize();
+  };
+  gemm();
+  // Alone: GEMMs for 0.3 s on every member at once.
+  g.barrier();
+  double t0 = now(), t = t0;
+  int64_t alone = 0;
+  for (; t - t0 < 0.3; t = now()) gemm(), ++alone;
+  const double rate_alone = double(alone) / (t - t0);
+  // Beside: the same while the all-reduces run, each started when the last is done, moved by a progress thread.
+  const int reps = int(std::clamp(0.5 / std::max(allreduce_16mib_s, 1e-6), 2.0, 200.0));
+  Tensor buf = zeros(be, {int64_t(4) << 20});  // (4 Mi) f32: 16 MiB
+  double rate_beside = 0;
+  {
+    ProgressThread progress;
+    set_active_progress(&progress);
+    g.set_background_progress(true);
+    g.barrier();
+    int64_t beside = 0;
+    t0 = now();
+    for (int i = 0; i < reps; ++i) {
+      auto req = g.iallreduce_sum(buf);
+      while (!req->test()) gemm(), ++beside;
+      req->wait();
+    }
+    rate_beside = double(beside) / (now() - t0);
+    g.set_background_progress(false);
+    set_active_progress(nullptr);
+  }
+  double share = std::clamp(1 - rate_beside / rate_alone, 0.0, 1.0);
+  g.allreduce_host(&share, 1, ReduceOp::sum, "a calibration timing");
+  return share / g.size();
+}
+
 namespace {
 
 // Weighted least squares of y(s) = k x(s) through the origin over the samples `use` keeps, each weighted by 1 / t
@@ -142,6 +202,15 @@ LinkFit fit_link(const std::vector<CollectiveSample>& samples) {
                            [](const CollectiveSample& s) { return s.reduced_bytes(); },
                            [&](const CollectiveSample& s) { return s.seconds - f.predict(s); });
     if (r > 0) f.reduce_bw = 1 / r;
+  }
+  // Each collective's own busbw: 1 / the slope of its largest samples' time beyond the latency over their bus bytes
+  // (4 MiB and more: a rank descheduled for a time slice on a loaded machine stretches a 1 MiB collective over a slow
+  // link by half; the runs' buckets are tens of MiB).
+  constexpr double kBucket = 4 << 20;
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}) {
+    const double k = slope(samples, [&](const CollectiveSample& s) { return s.op == op && s.bytes >= kBucket; }, bus_bytes,
+                           [&](const CollectiveSample& s) { return s.seconds - f.latency * s.steps(); });
+    if (k > 0) *measured_of(f.measured, op) = 1 / k;
   }
   double sq = 0;
   for (const CollectiveSample& s : samples) {

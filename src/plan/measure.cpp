@@ -23,6 +23,7 @@ namespace relay {
 BlockTimes time_block(Backend& be, const BlockSpec& planned, int64_t rows) {
   BlockSpec spec = planned;
   spec.moe.ep = spec.moe.cp = spec.moe.parts = 1;  // one process: every expert here, whole sequences
+  spec.sp = 1;  // and every row (the layout's sequence parallelism splits rows over tp ranks this process is not)
   ParamStore store(be, 1, 1, 0, spec.dtype);
   auto layer = make_block(spec, store);
   const bool tokens = spec.in == 0;
@@ -92,7 +93,8 @@ bool LaunchedRanks::launched() {
 
 LaunchedRanks::LaunchedRanks() {
   int provided = 0;
-  MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+  // MULTIPLE where the library gives it: overlap_compute_share runs a progress thread as parallel.overlap does.
+  MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
 }
@@ -121,11 +123,21 @@ LinkCalibration LaunchedRanks::measure(const Config& cfg) {
 #endif
     return std::make_unique<MpiCommunicator>(c, *be);
   };
+  // What hiding a collective costs the compute, where Relay's progress thread moves it (MPI; NCCL's kernels need no
+  // host thread): with the largest all-reduce's time alone.
+  auto share = [&](Communicator& c, const std::vector<CollectiveSample>& samples) {
+    if (c.name() != "mpi") return -1.0;
+    double big = 0, s = 0;
+    for (const CollectiveSample& x : samples)
+      if (x.op == "all_reduce" && x.bytes > big) big = x.bytes, s = x.seconds;
+    return overlap_compute_share(c, *be, s * (16 << 20) / std::max(big, 1.0));
+  };
   if (node_size >= 2) {  // every host at once, as a run's tp or ep groups would; rank 0 keeps its host's
     auto c = communicator(node);
     l.comm = c->name();
     l.intra = time_collectives(*c, *be);
     l.intra_fit = fit_link(l.intra);
+    l.intra_share = share(*c, l.intra);
   }
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, node_rank == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders));
   if (leaders != MPI_COMM_NULL && l.nodes >= 2) {
@@ -133,6 +145,7 @@ LinkCalibration LaunchedRanks::measure(const Config& cfg) {
     l.comm = c->name();
     l.inter = time_collectives(*c, *be);
     l.inter_fit = fit_link(l.inter);
+    l.inter_share = share(*c, l.inter);
   }
   if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
   MPI_Comm_free(&node);

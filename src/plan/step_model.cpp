@@ -89,6 +89,7 @@ struct ChunkCosts {
   std::vector<double> ep_hidden;      // (chunks) per micro-batch: ep all-to-alls hidden behind experts (parallel.overlap)
   std::vector<double> tp_hidden;      // (chunks) per micro-batch: tp all-reduces hidden behind weight gradients
   std::vector<double> fp8_weights;    // (chunks) per optimizer step: the weights' cached FP8 codes made
+  std::vector<double> zero_exposed;   // (chunks) per micro-batch: ZeRO-2/3's per-block moves the blocks wait for
   // (chunks) the chunk's dense parameters on a tp rank (every parameter at ep 1); under ep > 1, the rank's experts'
   // (1 / ep of them), summed over edp_path instead of dp_path.
   std::vector<double> params, experts;
@@ -100,15 +101,18 @@ struct ChunkCosts {
   std::vector<std::vector<Block>> blocks;
 };
 
+// moves_progress: whether ZeRO-2/3's per-block moves travel while the blocks compute (parallel.overlap's progress
+// thread, or a communicator that progresses alone: Cluster::async_progress); otherwise each waits in full.
 ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, const Groups& g, const Sharding& sharding,
-                       int tp, int ep, int pp) {
+                       int tp, int ep, int pp, bool moves_progress) {
   const size_t chunks = size_t(layout.num_chunks());
   ChunkCosts cc;
   Costs& costs = cc.costs;
   costs.chunk_forward.assign(chunks, 0);
   costs.chunk_backward_input = costs.chunk_backward_weight = costs.chunk_forward;
   cc.comm.assign(chunks, 0);
-  cc.ep_comm = cc.params = cc.experts = cc.cp_hidden = cc.ep_hidden = cc.tp_hidden = cc.fp8_weights = cc.comm;
+  cc.ep_comm = cc.params = cc.experts = cc.cp_hidden = cc.ep_hidden = cc.tp_hidden = cc.fp8_weights = cc.zero_exposed =
+      cc.comm;
   cc.blocks.resize(chunks);
   for (size_t c = 0; c < chunks; ++c) {
     const ChunkRange& cr = layout.chunks[c];
@@ -139,8 +143,13 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
           dp_comm_s(sharding, g, params, experts, {step_buckets ? Issued::allreduce_grads : Issued::bucket_done});
       const double gather =
           pp == 1 ? dp_comm_s(sharding, g, params, experts, {Issued::block_run, Issued::block_first_run}) : 0;
-      if (gather > 0) f += std::max(0.0, gather - prev_compute);
-      if (bucket_rs + gather > 0) bw += std::max(0.0, bucket_rs + gather - (t.backward_input + t.backward_weight));
+      // Without progress nothing hides: the gather is waited for before the block, the reduce-scatter after it. What
+      // hides costs the compute its share (Link::overlap_compute_share).
+      const double hidden_f = moves_progress ? std::min(gather, prev_compute) : 0,
+                   hidden_b = moves_progress ? std::min(bucket_rs + gather, t.backward_input + t.backward_weight) : 0;
+      f += gather - hidden_f + g.dp_path.compute_share * hidden_f;
+      bw += bucket_rs + gather - hidden_b + g.dp_path.compute_share * hidden_b;
+      cc.zero_exposed[c] += gather - hidden_f + bucket_rs + gather - hidden_b;
       prev_compute = t.forward - t.comm_forward;
       costs.chunk_forward[c] += f;
       costs.chunk_backward_input[c] += bi;
@@ -160,8 +169,9 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
 // start as the last micro-batch's backward finishes the block (DDP's rule; `last` is that backward, the chunk's blocks
 // taking their share of it in reverse block order), otherwise the whole chunk's at the end of `last`. They run one
 // after another from comm_free; returns when the last is done.
+// `hidden` gains the seconds of them that ran before `last` ended (behind the compute).
 double reduce_chunk(const Groups& g, const Sharding& sharding, const ChunkCosts& cc, int c, const TimedAction& last,
-                    bool overlap, double comm_free) {
+                    bool overlap, double comm_free, double& hidden) {
   const auto& blocks = cc.blocks[size_t(c)];
   if (!overlap) {
     const double reduce = dp_comm_s(sharding, g, cc.params[size_t(c)], cc.experts[size_t(c)], {Issued::allreduce_grads});
@@ -174,7 +184,10 @@ double reduce_chunk(const Groups& g, const Sharding& sharding, const ChunkCosts&
     done += it->backward;
     const double ready = last.start + (total > 0 ? done / total : 1.0) * (last.end - last.start);
     const double reduce = dp_comm_s(sharding, g, it->params, it->experts, {Issued::allreduce_grads});
-    if (reduce > 0) comm_free = std::max(comm_free, ready) + reduce;
+    if (reduce <= 0) continue;
+    const double start = std::max(comm_free, ready);
+    comm_free = start + reduce;
+    hidden += std::max(0.0, std::min(comm_free, last.end) - start);
   }
   return comm_free;
 }
@@ -183,8 +196,10 @@ double reduce_chunk(const Groups& g, const Sharding& sharding, const ChunkCosts&
 // it, issued block after block in the order the next forward reads them (parallel/data_parallel.cpp gather_params) and
 // waited for where the forward first reads a block. `first_forward` (chunks): when the rank's first forward of each
 // chunk starts in the step. Returns the seconds the step waits.
+// `hidden` gains the seconds of the gather that ran behind the forward.
 double param_gather_exposed(const Groups& g, const Sharding& sharding, const ChunkCosts& cc,
-                            const std::map<int, double>& first_forward, bool overlap, double params, double experts) {
+                            const std::map<int, double>& first_forward, bool overlap, double params, double experts,
+                            double& hidden) {
   if (!overlap) return dp_comm_s(sharding, g, params, experts, {Issued::after_optimizer});
   double arrived = 0, exposed = 0;
   for (const auto& [c, start] : first_forward) {
@@ -195,6 +210,7 @@ double param_gather_exposed(const Groups& g, const Sharding& sharding, const Chu
       need += b.forward;
     }
   }
+  hidden += arrived - exposed;
   return exposed;
 }
 
@@ -208,7 +224,7 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
     std::map<int, TimedAction> last_w;  // chunk -> its last backward (the one writing its weight gradients)
     std::map<int, double> first_f;      // chunk -> the start of its first forward
     double end = 0, comm_free = 0, busy = 0, params = 0, experts = 0, comm = 0, ep_comm = 0, cp_hidden = 0,
-           ep_hidden = 0, tp_hidden = 0, fp8_weights = 0;
+           ep_hidden = 0, tp_hidden = 0, fp8_weights = 0, zero_exposed = 0, dp_hidden = 0;
     for (const TimedAction& a : sim.timeline[size_t(rank)]) {
       end = std::max(end, a.end);
       busy += a.end - a.start;
@@ -229,8 +245,9 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
       ep_hidden += cc.ep_hidden[size_t(c)] * shape.m;
       tp_hidden += cc.tp_hidden[size_t(c)] * shape.m;
       fp8_weights += cc.fp8_weights[size_t(c)];  // once a step, whatever the micro-batches
+      zero_exposed += cc.zero_exposed[size_t(c)] * shape.m;
       // Dense buckets over every replica, then (ep > 1) the experts' over their copies.
-      comm_free = reduce_chunk(g, sharding, cc, c, last_w.at(c), overlap, comm_free);
+      comm_free = reduce_chunk(g, sharding, cc, c, last_w.at(c), overlap, comm_free, dp_hidden);
     }
     const double shard = params / sharding.group(GradGroup::dense).shards() +
                          experts / sharding.group(GradGroup::expert).shards();
@@ -238,21 +255,23 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
     // ZeRO-1/2 all-gather the updated parameters after the optimizer (param_gather_exposed); ZeRO-3 under pp > 1
     // gathers the stage's parameters at the start of the next step before its first forward (its first block's at
     // least).
-    const double gather = param_gather_exposed(g, sharding, cc, first_f, overlap, params, experts) +
+    const double gather = param_gather_exposed(g, sharding, cc, first_f, overlap, params, experts, dp_hidden) +
                           (pp > 1 ? dp_comm_s(sharding, g, params, experts, {Issued::block_first_run}) : 0);
+    // The reductions and gathers hidden behind the compute take their share of it (Link::overlap_compute_share).
+    end += g.dp_path.compute_share * dp_hidden;
     // The FP8 weights' codes, made by the step's first forward of each block: priced once a step, added here (the
     // simulator's per-micro-batch costs hold none of it).
     const double rank_step = std::max(end, comm_free) + opt + gather + fp8_weights;
     if (rank_step > step) {
       step = rank_step;
-      r.dp_comm_exposed_s = std::max(0.0, comm_free - end) + gather;
+      r.dp_comm_exposed_s = std::max(0.0, comm_free - end) + gather + zero_exposed;
       r.optimizer_s = opt;
       r.tp_cp_comm_s = comm;
       r.ep_comm_s = ep_comm;
       r.cp_hidden_s = cp_hidden;
       r.ep_hidden_s = ep_hidden;
       r.tp_hidden_s = tp_hidden;
-      r.compute_s = busy - comm + fp8_weights;
+      r.compute_s = busy - comm - zero_exposed + g.dp_path.compute_share * dp_hidden + fp8_weights;
     }
   }
   r.step_time_s = step;
@@ -298,7 +317,8 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFa
 
   const Groups g = step_groups(cl, cfg, T, attention);
   const Sharding sharding = describe_sharding(sharding_input(cfg));
-  ChunkCosts cc = chunk_costs(dev, layout, g, sharding, tp, int(cfg.parallel.ep), pp);
+  ChunkCosts cc = chunk_costs(dev, layout, g, sharding, tp, int(cfg.parallel.ep), pp,
+                              cfg.parallel.overlap || cl.async_progress);
   // A pipeline send: one (rows, C) activation (rows / tp of it under sequence parallelism), to the rank tp x cp x dp
   // ranks on.
   const double boundary = e * double(g.ctx.rows) * double(layout.model.blocks[1].in) / (g.ctx.sequence_parallel ? tp : 1);

@@ -11,8 +11,10 @@
 #   - run.dir ownership across nodes: while a job whose rank 0 is on node1 holds a run.dir, a job
 #     started on node2 on the same directory (this machine's filesystem, seen by both) is refused with
 #     one line naming node1's owner, and the holder is not disturbed;
-#   - relay plan --measure --calibrate over both nodes (2 ranks each) measures the links through the communicator
-#     within a node (node1's pair) and between the nodes (their first ranks) and writes both.
+#   - relay plan --measure --calibrate over both nodes (2 ranks each), the link between them shaped to 1 Gbit/s,
+#     measures the links through the communicator within a node (node1's pair) and between the nodes (their first
+#     ranks) and writes both: the shaped one's all-reduce near the tc rate; the plan of dp 4
+#     over both nodes on that file predicts overlap on shorter than off, by no more than the exposed time it hides.
 #   - overlap over a shaped link (issue 40): the link between the nodes capped by tc tbf, a GPT on dp 2 across them
 #     (one rank a node, real TCP), parallel.overlap on and off: the same losses bit for bit, and each rank's trace
 #     shows its first bucket all-reduce begun before its last backward ended (on) and after it (off). Event order,
@@ -119,8 +121,9 @@ assert steps == list(range(1, len(steps) + 1)), steps[:10]
 PY
 echo "run.dir held by node1's job: node2's job refused naming node1; the holder ran on to its time limit (exit 75)"
 
-# 4. The planner's calibration across the nodes: every rank times the collectives within its node, the nodes' first
-#    ranks between them; rank 0 writes both links.
+# 4. The planner's calibration across the nodes, the link between them shaped to 1 Gbit/s: every rank times the
+#    collectives within its node, the nodes' first ranks between them; rank 0 writes both links.
+shape_link 1gbit 2>"$WORK/shape.err" || fail "$(cat "$WORK/shape.err")"
 on_node1 timeout 300 mpirun --host "${SUB}1:2,${SUB}2:2" "${MCA[@]}" --map-by slot -np 4 -x OMP_NUM_THREADS \
   "$RELAY" plan --config "$(dirname "$0")/../../configs/gpt-small-bytes.toml" --measure --calibrate "$WORK/cal.toml" \
   > "$WORK/cal.log" 2>&1 || { tail -30 "$WORK/cal.log"; fail "the calibration across two nodes failed"; }
@@ -128,8 +131,33 @@ grep -q "^# Measured through the communicator: 2 ranks on one host (mpi, 4 ranks
   { cat "$WORK/cal.toml"; fail "no link measured within a node"; }
 grep -q "^# Measured through the communicator: one rank on each of 2 hosts (mpi, 4 ranks on 2 host(s))" "$WORK/cal.toml" ||
   { cat "$WORK/cal.toml"; fail "no link measured between the nodes"; }
-grep -E "^(bandwidth|latency|reduce_bandwidth) =" "$WORK/cal.toml"
-echo "calibration over two nodes: the links within node1 and between node1 and node2 measured"
+grep -E "^(devices|async_progress|bandwidth|latency|[a-z_]*_bandwidth|overlap_compute_share) =" "$WORK/cal.toml"
+# The shaped link as measured: its all-reduce near the tc rate (125 MB/s; 0.07-0.12 GB/s of bus bandwidth under loads
+# of 2 to 10 here; an unshaped link, loopback TCP within node1 included, measures 0.3 GB/s and more); then the plan of dp 4 over both nodes on that file: overlap on
+# shorter than off, by no more than the exposed communication it hides.
+python3 - "$WORK/cal.toml" <<'PY' || fail "the calibrated links are not the shaped ones"
+import sys, tomllib
+c = tomllib.load(open(sys.argv[1], "rb"))
+inter, intra = c["inter_node"]["all_reduce_bandwidth"], c["intra_node"]["bandwidth"]
+print(f"inter-node all-reduce busbw {inter / 1e9:.3f} GB/s (tc rate 0.125), intra-node busbw {intra / 1e9:.3f} GB/s")
+assert 0.02e9 < inter < 0.15e9, inter
+assert c["node"]["async_progress"] is False and c["node"]["devices"] == 2
+assert 0 <= c["inter_node"]["overlap_compute_share"] <= 1
+PY
+for ov in true false; do
+  "$RELAY" plan --cluster "$WORK/cal.toml" --nodes 2 --layout --json --config "$(dirname "$0")/../../configs/gpt-small-bytes.toml" \
+    --set parallel.dp=4 --set train.batch_size=8 --set parallel.overlap=$ov > "$WORK/plan-$ov.json" || fail "plan with overlap $ov"
+done
+python3 - "$WORK/plan-true.json" "$WORK/plan-false.json" <<'PY' || fail "the plan does not predict the overlap"
+import json, sys
+on, off = (json.loads(open(f).readline()) for f in sys.argv[1:])
+print(f"plan dp 4 over the shaped link: step {off['step_time_s']:.4f} s -> {on['step_time_s']:.4f} s, exposed comm "
+      f"{off['exposed_comm_s']:.4f} -> {on['exposed_comm_s']:.4f} s (overlap off -> on)")
+assert on["exposed_comm_s"] < off["exposed_comm_s"]
+assert on["step_time_s"] < off["step_time_s"]
+assert off["step_time_s"] - on["step_time_s"] <= off["exposed_comm_s"] - on["exposed_comm_s"] + 1e-6
+PY
+echo "calibration over two nodes: the links within node1 and between node1 and node2 measured, the shaped one as shaped"
 
 # 5. Overlap over a shaped link: 100 Mbit/s both ways (3.2 MB of gradients a step, in buckets of ~0.25 MB).
 shape_link 100mbit 2>"$WORK/shape.err" || fail "$(cat "$WORK/shape.err")"
