@@ -30,7 +30,7 @@ MPI_Datatype mpi_type(DType dt) {
 void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const bf16* a = static_cast<const bf16*>(in);
   bf16* b = static_cast<bf16*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+  for (int i = 0; i < *len; ++i) b[i] = bf16_add(a[i], b[i]);
 }
 
 MPI_Op mpi_op_of(ReduceOp op, DType dt) {
@@ -188,7 +188,7 @@ RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
   // the exchange complete. The pieces (size x n) in the request's scratch; the sum straight into out (host) or into
   // the scratch's tail and uploaded (device, whose input is staged through the request's staging buffer).
   const int count = static_cast<int>(out.numel());
-  const size_t elem = dtype_size(in.dtype()), all_bytes = in.bytes();
+  const size_t all_bytes = in.bytes();
   const DType dt = in.dtype();
   const int size = size_;
   if (in.device() == Device::cpu) {
@@ -197,7 +197,7 @@ RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
     std::byte* pieces = r->scratch(all_bytes);
     void* dst = out.raw();
     r->on_done([pieces, dst, size, count, dt] { sum_pieces(pieces, dst, size, count, dt); });
-    start_piece_exchange(comm_, in.raw(), pieces, count, elem, r->handle());
+    MPI_CHECK(MPI_Ialltoall(in.raw(), count, mpi_type(dt), pieces, count, mpi_type(dt), comm_, r->handle()));
     if (background_) r->hand_over();
     return r;
   }
@@ -210,7 +210,7 @@ RequestPtr MpiCommunicator::ireduce_scatter_sum(const Tensor& in, Tensor& out) {
     sum_pieces(pieces, pieces + all_bytes, size, count, dt);
     be->upload(out, pieces + all_bytes);
   });
-  start_piece_exchange(comm_, r->staging(), pieces, count, elem, r->handle());
+  MPI_CHECK(MPI_Ialltoall(r->staging(), count, mpi_type(dt), pieces, count, mpi_type(dt), comm_, r->handle()));
   if (background_) r->hand_over();
   return r;
 }

@@ -1,24 +1,12 @@
-// The pieces' exchange (MPI_Ialltoall of one block per member) and their sum in the binomial tree's grouping.
+// The reduce-scatter's local sum of the exchanged pieces in the binomial tree's grouping.
 #include "comm/reduce_scatter.hpp"
 
 #include <cstring>
-#include <limits>
 
-#include "comm/mpi_check.hpp"
 #include "core/bf16.hpp"
 #include "core/error.hpp"
 
 namespace relay {
-
-void start_piece_exchange(MPI_Comm comm, const void* in, void* pieces, int count, size_t elem_bytes, MPI_Request* req) {
-  // One contiguous type per element size, so that a block is `count` of them whatever the dtype.
-  RELAY_ASSERT(elem_bytes <= size_t(std::numeric_limits<int>::max()), "elements of " << elem_bytes << " bytes");
-  MPI_Datatype elem;
-  MPI_CHECK(MPI_Type_contiguous(int(elem_bytes), MPI_BYTE, &elem));
-  MPI_CHECK(MPI_Type_commit(&elem));
-  MPI_CHECK(MPI_Ialltoall(in, count, elem, pieces, count, elem, comm, req));
-  MPI_Type_free(&elem);  // a pending operation keeps using it (MPI 4.0, 5.1.9)
-}
 
 namespace {
 template <class T, class Add>
@@ -50,7 +38,7 @@ void sum_pieces(void* pieces, void* out, int size, int64_t count, DType dtype) {
       return;
     case DType::bf16:
       tree_sum(static_cast<bf16*>(pieces), static_cast<bf16*>(out), size, count,
-               [](bf16 a, bf16 b) { return f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(b)); });
+               bf16_add);
       return;
     case DType::i32:
       tree_sum(static_cast<int32_t*>(pieces), static_cast<int32_t*>(out), size, count,

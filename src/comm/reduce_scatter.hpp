@@ -8,22 +8,16 @@
 // them: round r adds member i + 2^(r-1)'s partial sum into member i's for every i divisible by 2^r. IEEE addition is
 // commutative, so only the grouping decides the bits, and the sums are libnbc's bit for bit at every size.
 #pragma once
-#include <mpi.h>
-
 #include <cstdint>
 
 #include "core/tensor.hpp"
 
 namespace relay {
 
-// Starts the exchange over comm: in (size x count elements of elem_bytes bytes, member order) block p to member p;
-// pieces (size x count) receives block `rank` of every member, in member order (its own copied at once). in and pieces
-// must stay alive and untouched until req completes.
-void start_piece_exchange(MPI_Comm comm, const void* in, void* pieces, int count, size_t elem_bytes, MPI_Request* req);
-
-// After the exchange: out (count) = the sum of pieces' size blocks in libnbc's binomial grouping, in dtype (f32,
-// i32, or bf16 summed as float and rounded after every addition, as the MPI bf16 sum does). pieces is overwritten (the
-// partial sums); out may not overlap it.
+// After the exchange (MpiCommunicator::ireduce_scatter_sum: an MPI_Ialltoall of one block per member): pieces
+// (size x count, member p's copy of this member's block at p) -> out (count) = their sum in libnbc's binomial
+// grouping, in dtype (f32, i32, or bf16 added in float and rounded after every addition: bf16_add). pieces is
+// overwritten (the partial sums); out may not overlap it.
 void sum_pieces(void* pieces, void* out, int size, int64_t count, DType dtype);
 
 }  // namespace relay

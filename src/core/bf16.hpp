@@ -38,4 +38,8 @@ inline void store(bf16& dst, float v) { dst = f32_to_bf16(v); }
 // Rounds a float to the nearest bf16 value and back (what a bf16 round trip does to it).
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
+// One step of a bf16 sum as the communicators form it: added in float, rounded to bf16 (an NCCL bf16 all-reduce's
+// partial sums; the MPI user reduction and the reduce-scatter's local sum).
+inline bf16 bf16_add(bf16 a, bf16 b) { return f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(b)); }
+
 }  // namespace relay
