@@ -333,8 +333,10 @@ void CpAttention::backward_packed(Backend& be, const Tensor& dout, const Tensor&
   Tensor q = pq_.rows(0, n), k = pk_.rows(0, n), v = pv_.rows(0, n);
   Tensor dq = pdq_.rows(0, n), dk = pdk_.rows(0, n), dv = pdv_.rows(0, n);
   be.copy_columns(qkv, 0, q, 0, w);
-  be.copy_columns(qkv, w, k, 0, w);
-  be.copy_columns(qkv, 2 * w, v, 0, w);
+  if (!early_k_) {  // else prefetch_backward_packed copied k and v, and its gathers in flight read them
+    be.copy_columns(qkv, w, k, 0, w);
+    be.copy_columns(qkv, 2 * w, v, 0, w);
+  }
   backward(be, dout, q, k, v, out, lse, T, H, H, q_pos, doc_start, dq, dk, dv, meanwhile);
   be.copy_columns(dq, 0, dqkv, 0, w);
   be.copy_columns(dk, 0, dqkv, w, w);

@@ -294,13 +294,19 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
   const bool mixed = act != f32;
   b.params = f32 * numel + (mixed ? act * numel : 0) + sp.fp8_cache_bytes;
   ZeroTwoBuckets z;
-  ScheduleShape shape = schedule_shape(cfg);
+  // This rank's list: the search's planned schedule's, or generated here once (the ZeRO-2/3 replay and the slots
+  // below both read it).
+  const ScheduleShape shape = schedule_shape(cfg);
+  std::vector<Action> own;
   if (schedule) {
     const ScheduleShape& s = schedule->shape;
     RELAY_ASSERT(s.kind == shape.kind && s.pp == shape.pp && s.v == shape.v && s.m == shape.m,
                  "predict_memory: a planned schedule of another shape");
+  } else {
+    own = generate_schedule(shape, pp_rank);
   }
-  if (ds.gradients) z = zero2_buckets(cfg, layout, stage, pp_rank, dp, schedule ? &schedule->lists.at(size_t(pp_rank)) : nullptr);
+  const std::vector<Action>& actions = schedule ? schedule->lists.at(size_t(pp_rank)) : own;
+  if (ds.gradients) z = zero2_buckets(cfg, layout, stage, pp_rank, dp, &actions);
   // ZeRO-2, 3: the buckets with no other copy (experts when ep = dp x cp) are whole, parameters and gradients.
   if (ds.parameters) {
     b.params = f32 * z.shards + (f32 + (mixed ? act : 0)) * z.whole;  // the masters' pieces, the whole buckets
@@ -326,7 +332,7 @@ MemoryBytes predict_memory(const Config& cfg, const ModelLayout& layout, const S
   b.optimizer = moments * f32 * (dense / ds.shards() + expert_numel / es.shards());
   // Activations: the schedule's slots per chunk (parallel/slot_plan.hpp), a boundary pair per
   // micro-batch, the loss's buffers per micro-batch on the last chunk.
-  const SlotPlan plan = schedule ? SlotPlan() : plan_slots(generate_schedule(shape, pp_rank), shape.m);
+  const SlotPlan plan = schedule ? SlotPlan() : plan_slots(actions, shape.m);
   auto slots = [&](int c) { return schedule ? int64_t(schedule->slots.at(size_t(c))) : int64_t(plan.slots.at(c)); };
   const int last = layout.num_chunks() - 1;
   for (int c = pp_rank; c <= last; c += layout.pp) {
