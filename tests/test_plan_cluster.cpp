@@ -518,6 +518,25 @@ TEST(PlanCluster, MaterialisedAttentionCostsTheScoresTraffic) {
   std::printf("materialised / flash step: h 2304 %.3f, h 12288 %.3f\n", small, large);
 }
 
+// The named elementwise option: PyTorch eager's decomposed RMSNorm, RoPE, SwiGLU and f32 loss make a Llama's step
+// longer than Relay's fused kernels do, by more at a small width (elementwise traffic grows as C, the GEMMs as C^2);
+// GPT-2's LayerNorm and GELU are single kernels in eager too, so its step moves by the attention output's copy alone.
+TEST(PlanCluster, EagerElementwiseCostsTheDecomposedKernels) {
+  const Cluster cl = load_cluster(src("configs/clusters/a100-80gb-sxm-hdr.toml"));
+  const PlannedKernels eager{PlannedAttention::flash, PlannedElementwise::eager};
+  auto slowdown = [&](const char* model) {
+    const Config c = load_config(src(cat("configs/", model, ".toml")),
+                                 {"parallel.dp=8", "train.batch_size=8", "train.micro_batches=1"});
+    return predict_step(cl, c, false, eager).step_time_s / predict_step(cl, c).step_time_s;
+  };
+  const double small = slowdown("smollm2-135m"), large = slowdown("models/llama3-70b"), gpt = slowdown("gpt2-124m");
+  EXPECT_GT(large, 1.03);
+  EXPECT_GT(small, large);
+  EXPECT_GT(gpt, 1.0);
+  EXPECT_LT(gpt, small);
+  std::printf("eager / fused step: SmolLM2-135M %.3f, Llama 3 70B %.3f, GPT-2 124M %.3f\n", small, large, gpt);
+}
+
 // train.precision = "fp8" (issue 43): the linear layers' GEMMs at the device's FP8 peak plus their quantisation passes
 // (activations and gradients per use, the weights once an optimizer step where their codes are cached, as
 // model/fp8_linear.cpp does); faster than bf16 on an H100 for a large GPT, blockwise's single quantisation pass

@@ -54,6 +54,12 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions& o) {
                 "scores written to memory, as Megatron-LM 2021 ran; to compare with such published runs)")
       ->transform(CLI::CheckedTransformer(std::map<std::string, PlannedAttention>{
           {"flash", PlannedAttention::flash}, {"materialised", PlannedAttention::materialised}}));
+  c->add_option("--elementwise", o.elementwise,
+                "With --cluster: the memory-bound kernels to price: fused (Relay's, the default) or eager (PyTorch "
+                "eager's one kernel per op: RMSNorm, RoPE and SwiGLU decomposed, an f32 loss; to compare with runs "
+                "such as torchtitan's published ones)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, PlannedElementwise>{
+          {"fused", PlannedElementwise::fused}, {"eager", PlannedElementwise::eager}}));
   return c;
 }
 

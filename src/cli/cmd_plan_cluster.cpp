@@ -77,10 +77,10 @@ int run_plan_cluster(const PlanOptions& o) {
       throw Error(cat("--layout: parallel.dp x cp x tp x pp = ", base.parallel.dp, " x ", base.parallel.cp, " x ",
                       base.parallel.tp, " x ", base.parallel.pp, " = ", config_world, " devices, but --nodes ", nodes,
                       " x ", cl.devices_per_node, " = ", world, "; hint: set parallel.dp with --set"));
-    rows.push_back({base, predict_step(cl, base, false, o.attention), "", {}});
+    rows.push_back({base, predict_step(cl, base, false, {o.attention, o.elementwise}), "", {}});
     rows.back().why = rows.back().prediction.fits ? "the config's layout" : "the config's layout: DOES NOT FIT in memory";
   } else {
-    sr = search_layouts(cl, base, nodes, std::max(1, o.top), o.attention);
+    sr = search_layouts(cl, base, nodes, std::max(1, o.top), {o.attention, o.elementwise});
     if (sr.evaluated == 0)
       throw Error(cat("--nodes ", nodes, ": no layout Relay can run uses ", world, " devices for this model and batch "
                       "(train.batch_size = ", base.train.batch_size, " must divide over dp, n_layer = ",

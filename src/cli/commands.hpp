@@ -28,6 +28,7 @@ struct PlanOptions {
   double device_mtbf_hours = 0;  // 0 = the default (cmd_plan_cluster.cpp cites it)
   std::string calibrate;         // with --measure: write this machine as a cluster file (plan/calibration.hpp)
   PlannedAttention attention = PlannedAttention::flash;  // --attention (plan/cost_model.hpp)
+  PlannedElementwise elementwise = PlannedElementwise::fused;  // --elementwise (plan/cost_model.hpp)
 };
 CLI::App* add_plan_command(CLI::App& app, PlanOptions& o);
 int run_plan_command(const PlanOptions& o);

@@ -56,13 +56,31 @@ void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, Bloc
   }
 }
 
+// PyTorch eager's extra traffic over Relay's fused kernels (Streaming::eager_extra_per_row), per row, in elements of
+// the working dtype (bf16; an f32 tensor counts twice), for the math as torchtitan's Llama writes it:
+// - an RMSNorm over w: x.float() (r 1, w 2), pow (r 2, w 2), mean (r 2), x * rsqrt (r 2, w 2), type_as (r 2, w 1),
+//   * weight (r 1, w 1): 18 w in 7 kernels where the fused norm moves 2 w;
+// - RoPE over w (q's or k's columns): float (r 1, w 2), the complex product (r 2, w 2), type_as (r 2, w 1): 10 w in 3
+//   kernels against 2 w;
+// - SwiGLU over F: silu (r 1, w 1) and mul (r 2, w 1): 5 F in 2 kernels against 3 F;
+// - GPT's GELU MLP and LayerNorm are one kernel each in eager too (F.gelu, F.layer_norm; the biases inside addmm);
+// - the attention's output transposed back and made contiguous (r 1, w 1 over the query heads' width), and under GQA
+//   repeat_kv's copies of k and v (read the kv heads, write the query heads' width, each).
+constexpr double kEagerNormExtra = 18 - 2, kEagerRopeExtra = 10 - 2, kEagerSwigluExtra = 5 - 3;
+constexpr int kEagerNormKernels = 7 - 1, kEagerRopeKernels = 3 - 1, kEagerSwigluKernels = 2 - 1;
+
+// The attention's own eager extras: the output made contiguous, repeat_kv's copies where kv heads < query heads.
+double eager_attention_extra(double Hq, double Hkv) { return 2 * Hq + (Hkv < Hq ? 2 * (Hkv + Hq) : 0.0); }
+int eager_attention_kernels(double Hq, double Hkv) { return 1 + (Hkv < Hq ? 2 : 0); }
+
 // GPT-2's transformer block: c_attn (3C), c_proj, c_fc (4C), the MLP's c_proj. Streaming: ln_1 and ln_2 (read, write C
 // each), the two residual adds (read 2C, write C each), the two row-parallel biases (C each way) on rows / sp; the qkv
 // bias (3C / tp each way), the fc bias and GELU (4C / tp each way, twice).
 void transformer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) {
   const double C = double(b.in), t = double(s.tp), sp = double(s.sp);
   c.gemms = {{n, 3 * C / t, C}, {n, C, C / t}, {n, 4 * C / t, C}, {n, C, 4 * C / t}};
-  c.forward_streaming = {(2 * 2 + 2 * 3 + 2 * 2) * C / sp + (2 * 3 + 4 * 4) * C / t, 12};
+  c.forward_streaming = {(2 * 2 + 2 * 3 + 2 * 2) * C / sp + (2 * 3 + 4 * 4) * C / t, 12,
+                         eager_attention_extra(C, C) / t, eager_attention_kernels(C, C)};
   c.mlp_hidden = 4 * b.in;
   decoder_collectives(b, s, n, c, {0}, {2}, /*collective_gemms=*/true, {1}, {3});
 }
@@ -82,18 +100,23 @@ void llama_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c
   const double Hq = double(b.n_head) * hd, Hkv = double(b.n_kv_head) * hd;
   c.gemms = {{n, Hq / t, C}, {n, Hkv / t, C}, {n, Hkv / t, C}, {n, C, Hq / t}};
   const double attn = (2 * 2 + 2 * 3) * C / sp + 2 * (Hq + Hkv) / t;
+  const double eager_attn = 2 * kEagerNormExtra * C / sp + kEagerRopeExtra * (Hq + Hkv) / t +
+                            eager_attention_extra(Hq, Hkv) / t;
+  const int eager_attn_kernels = 2 * kEagerNormKernels + 2 * kEagerRopeKernels + eager_attention_kernels(Hq, Hkv);
   if (b.moe.on()) {
     const double E = double(b.moe.n_experts), k = double(b.moe.k), F = double(b.moe.ffn_hidden) / t, local = E / ep;
     const double rows = n * k * ep / E;  // (rows, C) per local expert
     c.routed_gemm = c.gemms.size() + 1;
     c.gemms.insert(c.gemms.end(), {{n, E, C}, {rows, F, C, 2 * local}, {rows, C, F, local}});
     c.forward_streaming = {attn + 2 * E + 2 * k * C + 3 * k * F + (k + 1) * C + (s.ep > 1 ? 4 * k * C : 0),
-                           s.ep > 1 ? 14 : 12};
+                           s.ep > 1 ? 14 : 12, eager_attn + kEagerSwigluExtra * k * F,
+                           eager_attn_kernels + kEagerSwigluKernels};
     c.mlp_hidden = b.moe.ffn_hidden;
   } else {
     const double F = double(b.ffn_hidden);
     c.gemms.insert(c.gemms.end(), {{n, F / t, C}, {n, F / t, C}, {n, C, F / t}});
-    c.forward_streaming = {attn + 3 * F / t, 9};
+    c.forward_streaming = {attn + 3 * F / t, 9, eager_attn + kEagerSwigluExtra * F / t,
+                           eager_attn_kernels + kEagerSwigluKernels};
     // backward_weight remakes the SwiGLU output from the kept gate and up (read 2F, write F).
     c.weight_streaming = {3.0 * F / t, 1};
     c.mlp_hidden = b.ffn_hidden;
@@ -131,6 +154,11 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
   const double sp = double(s.sp);
   const double attn =
       2 * (2 * C / sp + r + ql) + 2 * 3 * C / sp + 2 * 2 * H * double(m.qk_rope) + 2 * H * (double(m.qk_nope) + dv);
+  const double Hqk = H * dqk, norms = 2 * C / sp + r + ql;  // the query heads' width; what the norms run over
+  const double eager_attn = kEagerNormExtra * norms + kEagerRopeExtra * 2 * H * double(m.qk_rope) +
+                            eager_attention_extra(H * dv, H * dv);
+  const int eager_attn_kernels = (m.q_lora_rank > 0 ? 4 : 3) * kEagerNormKernels + 2 * kEagerRopeKernels +
+                                 eager_attention_kernels(Hqk, Hqk);
   const int q_w = m.q_lora_rank > 0 ? 4 : 3, mlp_w = int(c.gemms.size());  // q_b's (or q's) and gate's indices
   if (b.moe.on()) {  // the router, the shared experts' SwiGLU on every row, the routed experts as Llama's MoE layer's
     const double E = double(b.moe.n_experts), k = double(b.moe.k), Fe = double(b.moe.ffn_hidden) / t;
@@ -139,11 +167,12 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
     c.gemms.insert(c.gemms.end(), {{n, E, C}, {rows, Fe, C, 2 * E / ep}, {rows, C, Fe, E / ep}});
     if (Fs > 0) c.gemms.insert(c.gemms.end(), {{n, Fs, C}, {n, Fs, C}, {n, C, Fs}});
     c.forward_streaming = {attn + 4 * E + 2 * k * C + 3 * k * Fe + (k + 1) * C + 3 * Fs + (s.ep > 1 ? 4 * k * C : 0),
-                           s.ep > 1 ? 20 : 18};
+                           s.ep > 1 ? 20 : 18, eager_attn + kEagerSwigluExtra * (k * Fe + Fs),
+                           eager_attn_kernels + 2 * kEagerSwigluKernels};
     c.mlp_hidden = b.moe.ffn_hidden;
   } else {
     c.gemms.insert(c.gemms.end(), {{n, F, C}, {n, F, C}, {n, C, F}});
-    c.forward_streaming = {attn + 3 * F, 12};
+    c.forward_streaming = {attn + 3 * F, 12, eager_attn + kEagerSwigluExtra * F, eager_attn_kernels + kEagerSwigluKernels};
     c.weight_streaming = {3.0 * F, 1};
     c.mlp_hidden = b.ffn_hidden;
   }
@@ -198,7 +227,14 @@ BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
       // it (logits read, softmax and gradient written, f32); under tp the loss's row maxima and sums summed over the
       // group in the forward (f32), the input gradient in the backward.
       c.gemms = {{n, std::ceil(double(b.out) / t), C}};
-      c.forward_streaming = {2 * C / s.sp + 4.0 * std::ceil(double(b.out) / t), 4};
+      // Eager: the final RMSNorm decomposed (a LayerNorm is one kernel there too), and the logits cast to f32 (r 1,
+      // w 2) before log_softmax reads them twice and writes them (r 4, w 2): 9 V against the fused loss's 4 V.
+      {
+        const bool rms = b.norm == NormKind::rmsnorm;
+        c.forward_streaming = {2 * C / s.sp + 4.0 * std::ceil(double(b.out) / t), 4,
+                               (rms ? kEagerNormExtra * C / s.sp : 0.0) + 5.0 * std::ceil(double(b.out) / t),
+                               (rms ? kEagerNormKernels : 0) + 2};
+      }
       if (s.tp > 1) {
         c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, false, 2, 0, 4 * n));
         c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, n * C));
@@ -212,6 +248,8 @@ BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
         c.gemms.insert(c.gemms.end(), ic.gemms.begin(), ic.gemms.end());
         c.forward_streaming.elements_per_row += ic.forward_streaming.elements_per_row;
         c.forward_streaming.kernels += ic.forward_streaming.kernels;
+        c.forward_streaming.eager_extra_per_row += ic.forward_streaming.eager_extra_per_row;
+        c.forward_streaming.eager_extra_kernels += ic.forward_streaming.eager_extra_kernels;
         c.weight_streaming.elements_per_row += ic.weight_streaming.elements_per_row;
         c.weight_streaming.kernels += ic.weight_streaming.kernels;
         for (BlockCollective col : ic.collectives) {  // the inner layer runs B and W apart here: nothing hidden

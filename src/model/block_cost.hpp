@@ -21,10 +21,14 @@ struct Gemm {
 };
 
 // Elements the memory-bound kernels (norms, activations, biases, residual adds, RoPE, routing, the loss) read and write
-// per row, and how many kernels they are.
+// per row, and how many kernels they are. eager_extra: what PyTorch eager's decomposition of the same math moves
+// besides, one kernel per op (the planner's named option PlannedElementwise::eager, plan/cost_model.hpp), in elements
+// of the working dtype (an f32 copy of a bf16 tensor counts twice).
 struct Streaming {
   double elements_per_row = 0;
   int kernels = 0;
+  double eager_extra_per_row = 0;
+  int eager_extra_kernels = 0;
 };
 
 enum class ParallelDim { tp, cp, ep };

@@ -101,7 +101,10 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
                         stream_s(d, scores * (5 * e + 1)) + 2 * d.kernel_launch_s;  // dropout (r, mask, w), softmax (r r w)
   }
   const Streaming& s = cost.forward_streaming;
-  const double elementwise = stream_s(d, e * s.elements_per_row * n) + s.kernels * d.kernel_launch_s;
+  const bool eager = ctx.elementwise == PlannedElementwise::eager;
+  const double streamed = s.elements_per_row + (eager ? s.eager_extra_per_row : 0.0);
+  const int kernels = s.kernels + (eager ? s.eager_extra_kernels : 0);
+  const double elementwise = stream_s(d, e * streamed * n) + kernels * d.kernel_launch_s;
   t.forward += elementwise;
   t.backward_input += 2 * elementwise;
   const Streaming& w = cost.weight_streaming;

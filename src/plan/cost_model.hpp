@@ -33,6 +33,23 @@ double stream_s(const Cluster::Device& d, double bytes);
 // batched GEMMs and the dropout and softmax backward over the same matrix.
 enum class PlannedAttention { flash, materialised };
 
+// The memory-bound kernels the planner prices. fused: Relay's (one kernel per norm, activation, RoPE: the blocks'
+// Streaming). eager (`relay plan --elementwise eager`; the published torchtitan rows state it): PyTorch eager's
+// decomposition of the same math as torchtitan's Llama writes it, each op its own kernel over the whole tensor: an
+// RMSNorm as x.float(), pow, mean, rsqrt, mul, type_as and the weight's mul; RoPE as float, the complex product and
+// type_as on q and k; SwiGLU as silu and mul; repeat_kv's copies of k and v under GQA; the attention output made
+// contiguous; the loss's logits cast to f32 before log_softmax (model/block_cost.hpp: Streaming::eager_extra_per_row).
+enum class PlannedElementwise { fused, eager };
+
+// Both named choices of the kernels priced; a PlannedAttention alone converts (Relay's elementwise kernels).
+struct PlannedKernels {
+  PlannedAttention attention = PlannedAttention::flash;
+  PlannedElementwise elementwise = PlannedElementwise::fused;
+  PlannedKernels() = default;
+  PlannedKernels(PlannedAttention a) : attention(a) {}  // NOLINT: implicit on purpose
+  PlannedKernels(PlannedAttention a, PlannedElementwise e) : attention(a), elementwise(e) {}
+};
+
 // Where the block runs: its rows (tokens of the micro-batch on this rank), tp and cp groups, settings.
 struct BlockContext {
   int64_t rows = 0;           // micro-batch tokens on the rank (samples x T / cp)
@@ -40,6 +57,7 @@ struct BlockContext {
   bool sequence_parallel = false, recompute = false;
   Precision precision = Precision::bf16;
   PlannedAttention attention = PlannedAttention::flash;
+  PlannedElementwise elementwise = PlannedElementwise::fused;
   GroupPath tp_path, cp_path, ep_path;
   // parallel.overlap: context parallelism's key/value all-gathers travel while the rank's queries attend to its own
   // rows (model/context_parallel.cpp), 1/cp of the attention work: min(gather, that part) of each gather is hidden.

@@ -72,7 +72,7 @@ std::string why_line(const Cluster& cl, const PlannedLayout& l, const std::map<s
 
 }  // namespace
 
-SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, int top, PlannedAttention attention) {
+SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, int top, PlannedKernels kernels) {
   const int world = nodes * cl.devices_per_node;
   const int64_t B = base.train.batch_size, T = base.model.block_size;
   const int64_t blocks = base.model.n_layer + 2;
@@ -141,7 +141,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                   try {
                     if (pp * sc.v > blocks) continue;
                     const LayoutFacts& facts = shapes.get(c);
-                    l.prediction = predict_step(cl, c, facts, schedules, /*time_only_if_fits=*/true, attention);
+                    l.prediction = predict_step(cl, c, facts, schedules, /*time_only_if_fits=*/true, kernels);
                     // The stages as the base config cuts them (by compute alone unless it gives
                     // parallel.stage_memory_gib); where that cut overfills a stage, cut again among the cuts whose
                     // every stage fits the device (only then: a cut that fits is already the compute-balanced one).
@@ -150,7 +150,7 @@ SearchResult search_layouts(const Cluster& cl, const Config& base, int nodes, in
                       try {
                         const LayoutFacts& cut = shapes.get(c);
                         if (&cut != &facts) {
-                          StepPrediction p = predict_step(cl, c, cut, schedules, /*time_only_if_fits=*/true, attention);
+                          StepPrediction p = predict_step(cl, c, cut, schedules, /*time_only_if_fits=*/true, kernels);
                           if (p.fits || p.memory_bytes_per_device < l.prediction.memory_bytes_per_device) {
                             l.cfg = c;
                             l.prediction = std::move(p);

@@ -35,7 +35,7 @@ struct SearchResult {
 
 // The layouts of `base` (model, batch and sequence as given) on nodes x cluster.devices_per_node devices.
 SearchResult search_layouts(const Cluster& cluster, const Config& base, int nodes, int top,
-                            PlannedAttention attention = PlannedAttention::flash);
+                            PlannedKernels kernels = {});
 
 // Young/Daly: the checkpoint interval that minimises expected lost work, sqrt(2 x write time x the job's MTBF),
 // the job's MTBF being the device MTBF over the job's devices; in steps of step_time_s (at least 1).

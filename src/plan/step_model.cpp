@@ -39,7 +39,7 @@ struct Groups {
   GroupPath edp_path;  // under ep, an expert's copies: the dp x cp / ep ranks holding the same experts
 };
 
-Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T, PlannedAttention attention) {
+Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T, PlannedKernels kernels) {
   const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), ep = int(cfg.parallel.ep);
   Groups g;
   BlockContext& ctx = g.ctx;
@@ -51,7 +51,8 @@ Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T, PlannedAtten
   ctx.precision = cfg.train.precision;
   // ZeRO-3 keeps no FP8 codes of the weights it gathers (parallel/data_parallel.cpp): quantised in every use there.
   ctx.fp8_weights_cached = cfg.train.precision == Precision::fp8 && cfg.optimizer.zero < 3;
-  ctx.attention = attention;
+  ctx.attention = kernels.attention;
+  ctx.elementwise = kernels.elementwise;
   ctx.overlap = cfg.parallel.overlap;
   ctx.split_backward = cfg.parallel.schedule == "zb-h1";
   ctx.tp_path = group_path(cl, tp, 1);
@@ -279,18 +280,18 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
 
 }  // namespace
 
-StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only_if_fits, PlannedAttention attention) {
-  return predict_step(cl, cfg, layout_facts(cfg), time_only_if_fits, attention);
+StepPrediction predict_step(const Cluster& cl, const Config& cfg, bool time_only_if_fits, PlannedKernels kernels) {
+  return predict_step(cl, cfg, layout_facts(cfg), time_only_if_fits, kernels);
 }
 
 StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFacts& facts, bool time_only_if_fits,
-                            PlannedAttention attention) {
+                            PlannedKernels kernels) {
   ScheduleCache schedules;
-  return predict_step(cl, cfg, facts, schedules, time_only_if_fits, attention);
+  return predict_step(cl, cfg, facts, schedules, time_only_if_fits, kernels);
 }
 
 StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFacts& facts, ScheduleCache& schedules,
-                            bool time_only_if_fits, PlannedAttention attention) {
+                            bool time_only_if_fits, PlannedKernels kernels) {
   const Cluster::Device& dev = cl.device;
   const int tp = int(cfg.parallel.tp), cp = int(cfg.parallel.cp), dp = int(cfg.parallel.dp), pp = int(cfg.parallel.pp);
   const ModelLayout& layout = facts.layout;
@@ -315,7 +316,7 @@ StepPrediction predict_step(const Cluster& cl, const Config& cfg, const LayoutFa
   r.checkpoint_bytes = facts.checkpoint_bytes;
   if (time_only_if_fits && !r.fits) return r;
 
-  const Groups g = step_groups(cl, cfg, T, attention);
+  const Groups g = step_groups(cl, cfg, T, kernels);
   const Sharding sharding = describe_sharding(sharding_input(cfg));
   ChunkCosts cc = chunk_costs(dev, layout, g, sharding, tp, int(cfg.parallel.ep), pp,
                               cfg.parallel.overlap || cl.async_progress);

@@ -41,18 +41,18 @@ struct StepPrediction {
 
 // The prediction for cfg's layout (parallel.*, train.*, optimizer.zero, model.*) on `cluster`. Throws Error
 // (naming the key) for a layout Relay cannot run. With time_only_if_fits, a layout whose memory does not fit
-// gets its memory only (the search's shortcut). attention: the kernels priced (plan/cost_model.hpp; Relay's own by
-// default, another only to compare with published runs that used them).
+// gets its memory only (the search's shortcut). kernels: the attention and elementwise kernels priced
+// (plan/cost_model.hpp; Relay's own by default, another only to compare with published runs that used them).
 StepPrediction predict_step(const Cluster& cluster, const Config& cfg, bool time_only_if_fits = false,
-                            PlannedAttention attention = PlannedAttention::flash);
+                            PlannedKernels kernels = {});
 // The same from facts already built for cfg's layout shape (plan/layout_cache.hpp: the search's, shared by the layouts
 // of one shape): the same prediction, bit for bit, as building them here.
 StepPrediction predict_step(const Cluster& cluster, const Config& cfg, const LayoutFacts& facts,
-                            bool time_only_if_fits = false, PlannedAttention attention = PlannedAttention::flash);
+                            bool time_only_if_fits = false, PlannedKernels kernels = {});
 // ... and the schedule's lists and slots from `schedules` (the search's, shared by the layouts of one schedule shape).
 StepPrediction predict_step(const Cluster& cluster, const Config& cfg, const LayoutFacts& facts,
                             ScheduleCache& schedules, bool time_only_if_fits = false,
-                            PlannedAttention attention = PlannedAttention::flash);
+                            PlannedKernels kernels = {});
 
 // "dp 24, tp 8, pp 8 (1f1b), mbs 1 x 96, ZeRO-1, recompute": the layout's keys in one line (", ep 8" after tp / cp
 // under expert parallelism).
