@@ -46,6 +46,10 @@ struct Outcome {
   // Per rank, in step 2: the end of its last backward span and the begin of its earliest bucket all-reduce (us).
   std::map<int, double> last_backward_end, first_allreduce_begin;
   bool exposed_reported = false;  // every window's exposed_comm_s in metrics.jsonl and the end table's column
+  // Per rank, in step 2: the optimizer span [begin, end) and its parameter all-gathers (ZeRO-1/2): bucket and issue
+  // time, in issue order.
+  std::map<int, std::pair<double, double>> optimizer;
+  std::map<int, std::vector<std::pair<int, double>>> gathers;
 };
 
 Outcome train_run(const Problem& p, const std::string& run, const Case& c, bool overlap) {
@@ -72,6 +76,12 @@ Outcome train_run(const Problem& p, const std::string& run, const Case& c, bool 
       const double end = e["ts"].get<double>() + e["dur"].get<double>();
       out.last_backward_end[rank] = std::max(out.last_backward_end[rank], end);
     }
+    if (e["ph"] == "X" && e["args"]["op"] == "optimizer_step" && e["args"]["step"] == 2)
+      out.optimizer[rank] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+    if (e["ph"] == "b" && e["args"]["op"] == "gather_params" && e["args"]["step"] == 2) {
+      const std::string name = e["name"];  // "param gather bucket 7"
+      out.gathers[rank].push_back({std::stoi(name.substr(name.rfind(' ') + 1)), e["ts"].get<double>()});
+    }
     if (e["ph"] == "b" && e["args"]["op"] == "allreduce_grads") {
       const double ts = e["ts"].get<double>();
       auto it = out.first_allreduce_begin.find(rank);
@@ -93,6 +103,24 @@ TEST_P(Overlap, OnAndOffBitwiseEqual) {
   EXPECT_EQ(on.norms, off.norms) << "every step's gradient norm, overlap on and off";
   expect_same_tensors(on.tensors, off.tensors, 0.0, "overlap on and off, " + c.name());
   EXPECT_TRUE(on.exposed_reported && off.exposed_reported) << "exposed_comm_s in metrics.jsonl and the end table";
+  if ((c.zero == 1 || c.zero == 2) && c.pp == 1) {
+    // ZeRO-1/2: each bucket's parameter all-gather is traced, issued inside the optimizer's span (with overlap on,
+    // right after the bucket's own update), in the order the next forward reads them: the backward-filled buckets
+    // last to first.
+    for (const Outcome* o : {&on, &off}) {
+      ASSERT_EQ(o->gathers.size(), size_t(c.ranks())) << "traced parameter all-gathers on every rank";
+      for (auto& [rank, g] : o->gathers) {
+        ASSERT_GE(g.size(), 2u) << "rank " << rank;
+        auto sorted = g;
+        std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.second < b.second; });
+        for (size_t i = 0; i < sorted.size(); ++i) {
+          EXPECT_GE(sorted[i].second, o->optimizer.at(rank).first) << "rank " << rank << ": issued before the step";
+          EXPECT_LE(sorted[i].second, o->optimizer.at(rank).second) << "rank " << rank << ": issued after it";
+          if (i > 0) EXPECT_LT(sorted[i].first, sorted[i - 1].first) << "rank " << rank << ": not in forward order";
+        }
+      }
+    }
+  }
   if (c.zero == 2 || c.dp == 1) return;  // ZeRO-2 reduce-scatters each bucket as it fills, either way; dp 1: none
   ASSERT_EQ(on.first_allreduce_begin.size(), size_t(c.ranks())) << "a traced bucket all-reduce on every rank";
   for (const auto& [rank, end] : off.last_backward_end)

@@ -19,13 +19,15 @@ enum TraceTrack : int { kTrackCompute = 0, kTrackComm = 1, kTrackInput = 2 };
 struct TraceSpan {
   std::string name;  // "F3", "B3.1", "W3", "recv act 3", "allreduce", "optimizer", "data", "eval", "checkpoint"
   std::string op;    // forward | backward | backward_input | backward_weight | optimizer_step | recv_activation |
-                     // recv_grad | allreduce_grads | reduce_tied_grads | data_wait | eval | checkpoint
+                     // recv_grad | allreduce_grads | gather_params | reduce_tied_grads | data_wait | eval |
+                     // checkpoint
   int track = kTrackCompute;
   int64_t step = 0;
   int micro_batch = -1, chunk = -1;
   int64_t begin = 0, end = 0;  // backend timing marks
   int64_t async_id = -1;       // >= 0: an async span ("b"/"e" events), which may overlap others on its
-                               // track: a gradient bucket's all-reduce, from its launch to its completion
+                               // track: a gradient bucket's all-reduce or a parameter all-gather, from its
+                               // launch to its completion
 };
 
 class Tracer {

@@ -19,13 +19,23 @@ class AdamW final : public Optimizer {
     }
   }
   std::string name() const override { return "adamw"; }
-  void step(double lr) override {
+  void step(double lr, const UpdateGroups* groups) override {
     ++step_;
     AdamWArgs a{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_};
     if (slots_.empty())
       for (size_t i = 0; i < params_.size(); ++i)
         slots_.push_back({&params_[i].value, &params_[i].grad, &m_[i], &v_[i], &params_[i].work});
-    be_.adamw_step_many(slots_, a);
+    if (!groups) {
+      be_.adamw_step_many(slots_, a);
+      return;
+    }
+    std::vector<Backend::AdamWSlot> group;
+    for (size_t g = 0; g < groups->slices.size(); ++g) {
+      group.clear();
+      for (size_t i : groups->slices[g]) group.push_back(slots_[i]);
+      if (!group.empty()) be_.adamw_step_many(group, a);
+      groups->after(g);
+    }
   }
   std::vector<OptimizerState> state() override {
     std::vector<OptimizerState> s;
@@ -56,9 +66,17 @@ class Sgd final : public Optimizer {
     }
   }
   std::string name() const override { return "sgd"; }
-  void step(double lr) override {
+  void step(double lr, const UpdateGroups* groups) override {
     SgdArgs a{lr, cfg_.momentum, cfg_.weight_decay, step_ == 0};
-    for (size_t i = 0; i < params_.size(); ++i) be_.sgd_step(params_[i].value, params_[i].grad, buf_[i], a, params_[i].work);
+    auto update = [&](size_t i) { be_.sgd_step(params_[i].value, params_[i].grad, buf_[i], a, params_[i].work); };
+    if (!groups) {
+      for (size_t i = 0; i < params_.size(); ++i) update(i);
+    } else {
+      for (size_t g = 0; g < groups->slices.size(); ++g) {
+        for (size_t i : groups->slices[g]) update(i);
+        groups->after(g);
+      }
+    }
     ++step_;
   }
   std::vector<OptimizerState> state() override {

@@ -2,6 +2,7 @@
 // decay with bias correction; SGD with momentum as torch.optim.SGD, dampening 0, no Nesterov).
 // State tensors are named as in torch.optim's state: exp_avg, exp_avg_sq, momentum_buffer.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,12 +30,21 @@ struct OptimizerState {
   int64_t offset = 0;  // the slice's first element in the parameter's local flat data
 };
 
+// One update done in groups of slices, each group followed by `after(group)` (ZeRO-1/2: a bucket's pieces, then its
+// parameter all-gather issued at once; parallel/data_parallel.hpp's update_groups). Every slice in exactly one group.
+// Each element's arithmetic is the same as in one update of every slice: the same bits.
+struct UpdateGroups {
+  std::vector<std::vector<size_t>> slices;  // (groups) indices into the optimizer's slices, in update order
+  std::function<void(size_t group)> after;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
-  // One update of every parameter with learning rate lr; increments step_count().
-  virtual void step(double lr) = 0;
+  // One update of every parameter with learning rate lr, in one pass or (groups) group after group; increments
+  // step_count() once.
+  virtual void step(double lr, const UpdateGroups* groups = nullptr) = 0;
   // Every state tensor, for checkpoints.
   virtual std::vector<OptimizerState> state() = 0;
   int64_t step_count() const { return step_; }

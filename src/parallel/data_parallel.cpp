@@ -286,6 +286,7 @@ void GradBuckets::start_gather(Bucket& b) {
   else be_.convert(b.master, mine);
   b.gather = b.comm->iallgather(b.full);
   b.gather->what = b.fp8 ? "the ZeRO-3 parameter all-gather (FP8 codes)" : "the ZeRO-3 parameter all-gather";
+  trace_gather_issued(b);
   if (kill_in_gather_) std::raise(SIGKILL);  // test only: a rank lost mid-collective
 }
 
@@ -334,6 +335,7 @@ void GradBuckets::finish_gather(Bucket& b) {
   if (!b.gather) return;  // ready
   wait_for(*b.gather);
   b.gather.reset();
+  trace_gather_done(b);
   point(b, b.full, b.work_dtype == DType::f32 && !b.fp8 ? &Param::value : &Param::work);
   for (auto& [p, at] : b.members) p->weights_changed();
   if (b.fp8)
@@ -341,7 +343,10 @@ void GradBuckets::finish_gather(Bucket& b) {
 }
 
 void GradBuckets::release(Bucket& b) {
-  if (b.gather) wait_for(*b.gather);  // a prefetch nobody used
+  if (b.gather) {  // a prefetch nobody used
+    wait_for(*b.gather);
+    trace_gather_done(b);
+  }
   b.gather.reset();
   b.full = Tensor();
   b.fp8_scales = Tensor();
@@ -507,27 +512,73 @@ void GradBuckets::gather_params() {
   // issued here and waited for where the next forward first reads the bucket (before_params) or at settle_params();
   // without, all are waited for at once.
   settle_params();  // (none in flight: the step's forward settled them all)
-  // Issued in the order the next forward reads them, so that the first block's parameters arrive first: chunk after
-  // chunk, and each chunk's buckets (filled in reverse block order) last to first. Every rank issues the same order.
+  for (size_t bi : gather_order()) issue_gather(buckets_[bi]);
+  params_in_flight_ = true;
+  if (micro_batches_ == 0) settle_params();
+}
+
+// The order the next forward reads the buckets, so that the first block's parameters arrive first: chunk after
+// chunk, and each chunk's buckets (filled in reverse block order) last to first. Every rank has the same order.
+std::vector<size_t> GradBuckets::gather_order() const {
   std::vector<size_t> order(buckets_.size());
   std::iota(order.begin(), order.end(), size_t(0));
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
     return buckets_[x].chunk != buckets_[y].chunk ? buckets_[x].chunk < buckets_[y].chunk : x > y;
   });
-  for (size_t bi : order) {
-    Bucket& b = buckets_[bi];
-    if (!b.zero) continue;
-    b.gather = b.comm->iallgather(b.values);
-    b.gather->what = "the ZeRO parameter all-gather";
+  return order;
+}
+
+void GradBuckets::issue_gather(Bucket& b) {
+  if (!b.zero) return;
+  b.gather = b.comm->iallgather(b.values);
+  b.gather->what = "the ZeRO parameter all-gather";
+  trace_gather_issued(b);
+}
+
+void GradBuckets::trace_gather_issued(Bucket& b) {
+  b.gather_tracer = tracer_;
+  if (!tracer_) return;
+  b.gather_mark = tracer_->mark();
+  b.gather_step = trace_step_;
+}
+
+void GradBuckets::trace_gather_done(Bucket& b) {
+  Tracer* t = std::exchange(b.gather_tracer, nullptr);
+  if (!t) return;  // issued outside the traced steps
+  const auto k = static_cast<size_t>(&b - buckets_.data());
+  t->add({cat("param gather bucket ", k), "gather_params", kTrackComm, b.gather_step, -1, b.chunk, b.gather_mark,
+          t->mark(), static_cast<int64_t>(buckets_.size()) + gather_spans_++});
+}
+
+std::optional<UpdateGroups> GradBuckets::update_groups() {
+  if (!zero_ || zero3_ || micro_batches_ == 0) return std::nullopt;
+  settle_params();  // (none in flight: the step's forward settled them all)
+  // Each bucket's slices, as optimizer_slices() lists them (bucket after bucket, members in order, own pieces only).
+  std::vector<std::vector<size_t>> by_bucket(buckets_.size());
+  size_t slice = 0;
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    for (size_t i = 0; i < b.members.size(); ++i) {
+      if (b.zero) {
+        const int64_t lo = own_begin(b), hi = lo + b.shard.numel(), at = b.members[i].second;
+        if (std::max(lo, at) >= std::min(hi, at + shape_numel(b.shapes[i]))) continue;  // another replica's piece
+      }
+      by_bucket[bi].push_back(slice++);
+    }
   }
+  UpdateGroups g;
+  std::vector<size_t> order = gather_order();
+  for (size_t bi : order) g.slices.push_back(std::move(by_bucket[bi]));
+  g.after = [this, order](size_t group) { issue_gather(buckets_[order[group]]); };
   params_in_flight_ = true;
-  if (micro_batches_ == 0) settle_params();
+  return g;
 }
 
 void GradBuckets::settle(Bucket& b) {
   if (!b.gather) return;
   wait_for(*b.gather);
   b.gather.reset();
+  trace_gather_done(b);
   if (b.work.defined()) be_.convert(b.values, b.work);
   for (auto& [p, at] : b.members) p->weights_changed();  // every replica's updated piece arrived
 }

@@ -44,6 +44,7 @@
 #include <functional>
 #include <utility>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -170,6 +171,10 @@ class GradBuckets : public BlockHooks {
   // issued, and waited for just before the next forward's first block that reads it, or at settle_params());
   // ZeRO-3: free any still gathered (they are stale).
   void gather_params();
+  // ZeRO-1, 2 with launch_when_filled: the optimizer's update bucket by bucket (optimizer_slices' indices), in the
+  // order the next forward reads the buckets, each bucket's parameter all-gather issued as soon as its pieces are
+  // updated (Megatron-core's --overlap-param-gather); then gather_params() is not called. Empty otherwise.
+  std::optional<UpdateGroups> update_groups();
   // ZeRO-1, 2 with launch_when_filled: wait for every parameter all-gather still in flight (before anything outside a
   // block's forward or backward reads the parameters: evaluation, checkpoints, checks).
   void settle_params();
@@ -221,6 +226,8 @@ class GradBuckets : public BlockHooks {
     bool widened = false;  // grad_reduce bf16: the wire's sum is back in the f32 gradients (finish() runs twice
                            // in a step with tied weights; the second must not undo the tied sum)
     int64_t launch_mark = 0;  // when traced
+    Tracer* gather_tracer = nullptr;       // the parameter all-gather's, issued in a traced step (else nullptr),
+    int64_t gather_mark = 0, gather_step = 0;  // and its issue's mark and step (its span ends where it is waited for)
     int buffer = -1;           // ZeRO-2: the pool buffer holding its gradients now, or -1
   };
   // ZeRO-2: a pooled gradient buffer and what its reduce-scatter sends and receives.
@@ -232,6 +239,11 @@ class GradBuckets : public BlockHooks {
     int64_t launch_mark = 0;
   };
   void launch(Bucket& b);
+  std::vector<size_t> gather_order() const;  // ZeRO-1, 2: buckets in the order the next forward reads them
+  void issue_gather(Bucket& b);              // ZeRO-1, 2: start its parameter all-gather
+  // The trace's span of a parameter all-gather (track 1, "param gather bucket k"): from its issue to its wait's end.
+  void trace_gather_issued(Bucket& b);
+  void trace_gather_done(Bucket& b);
   const std::vector<int>& units_of(int block) const;  // ZeRO-3: the buckets block reads (none otherwise)
   void start_gather(Bucket& b);   // ZeRO-3: issue the unit's all-gather (if not gathered or in flight)
   void quantise_piece(Bucket& b);  // ZeRO-3, fp8: this rank's piece as e4m3 codes into full, each member's scale
@@ -265,6 +277,7 @@ class GradBuckets : public BlockHooks {
   // launch_when_filled: each block's buckets (the whole ones reduced once a step), and per bucket the weight-gradient
   // passes that write it in a step and those still to come in this one (at 0 it is launched).
   int micro_batches_ = 0;
+  int64_t gather_spans_ = 0;  // traced parameter all-gathers so far: each one's async id past the buckets'
   std::map<int, std::vector<int>> fills_;
   std::vector<int> writes_per_step_, writes_left_;
   Tracer* tracer_ = nullptr;
