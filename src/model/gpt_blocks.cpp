@@ -223,8 +223,17 @@ class Transformer final : public Block {
     auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
     if (cp_attn_) cp_attn_->prefetch_backward_packed(be, v(kQkv), T);  // overlap: behind the GEMMs up to attention
-    const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
-    fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
+    if (tp_.collective_matmul(fp8_)) {  // (n, 4Cl) d fch, chunk by chunk as the output gradient's rows arrive
+      gather_rows_matmul(be, tp_, dy, "the sequence-parallel all-gather of the output gradient",
+                         [&](int64_t r0, const Tensor& d) {
+                           Tensor out = g_fch.rows(r0, m);  // (m, 4Cl)
+                           fp8_.linear_backward_input(be, d, *p_.mproj_w, out, LinearAct::gelu_tanh,
+                                                      v(kFch).rows(r0, m));
+                         });
+    } else {
+      const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
+      fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
+    }
     tp_.column_input_grad(  // (m, C) d ln2
         be, g_ln2, n, "the MLP input-gradient", [&](Tensor& sums) { fp8_.matmul(be, g_fch, *p_.fc_w, false, sums); },
         early_weights_, v(kLn2), "the sequence-parallel all-gather of ln_2",
@@ -232,9 +241,17 @@ class Transformer final : public Block {
     Tensor tmp = g_ln1;                                                               // (m, C) scratch
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
-    const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
     Tensor g_atty = g_ln1.view({m * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
-    fp8_.matmul(be, g_res1_all, *p_.proj_w, false, g_atty);                          // (n, Cl) d atty
+    if (tp_.collective_matmul(fp8_)) {  // (n, Cl) d atty, chunk by chunk as d res1's rows arrive
+      gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1",
+                         [&](int64_t r0, const Tensor& d) {
+                           Tensor out = g_atty.rows(r0, m);  // (m, Cl)
+                           fp8_.matmul(be, d, *p_.proj_w, false, out);
+                         });
+    } else {
+      const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
+      fp8_.matmul(be, g_res1_all, *p_.proj_w, false, g_atty);                        // (n, Cl) d atty
+    }
     if (cp_attn_)  // cp_weights_early(): c_proj's and the output projection's weight gradients while dk, dv travel
       cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv,
                                 [&] {
@@ -376,6 +393,14 @@ class Head final : public Block {
     Tensor lnf = s.t[0].rows(0, m), mean = s.t[1].rows(0, m), rstd = s.t[2].rows(0, m);
     if (spec_.norm == NormKind::rmsnorm) be.rmsnorm_forward(x, ln_w_->compute(), float(spec_.eps), lnf, rstd);
     else be.layernorm_forward(x, ln_w_->compute(), beta_or_zero(ln_b_, zero_), float(spec_.eps), lnf, mean, rstd);
+    if (tp_.collective_matmul(Fp8Linear())) {  // (n, Vl), chunk by chunk as the final norm's rows arrive
+      gather_rows_matmul(be, tp_, lnf, "the sequence-parallel all-gather of the final norm",
+                         [&](int64_t r0, const Tensor& x) {
+                           Tensor out = y.rows(r0, m);  // (m, Vl)
+                           be.matmul(x, false, w_->compute(), true, out, 1.f, 0.f);
+                         });
+      return;
+    }
     const Tensor lnf_all = tp_.all_rows(be, lnf, "the sequence-parallel all-gather of the final norm");  // (n, C)
     be.matmul(lnf_all, false, w_->compute(), true, y, 1.f, 0.f);  // (n, C) @ (C, Vl): this rank's vocabulary columns
   }

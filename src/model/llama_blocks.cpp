@@ -183,8 +183,16 @@ class LlamaLayer final : public Block {
       tp_.sum_rows(be, g_n2, n, "the experts' input-gradient",  // (m, C) d n2
                    [&](Tensor& part) { moe_->backward_input(be, dy_all, part, &s.t[kCount]); });  // (n, C) partial
     } else {
-      const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
-      fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer
+      if (tp_.collective_matmul(fp8_)) {  // (n, F) d h, chunk by chunk as the output gradient's rows arrive
+        gather_rows_matmul(be, tp_, dy, "the sequence-parallel all-gather of the output gradient",
+                           [&](int64_t r0, const Tensor& d) {
+                             Tensor out = g_gate.rows(r0, m);  // (m, F)
+                             fp8_.matmul(be, d, *p_.down, false, out);
+                           });
+      } else {
+        const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
+        fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer
+      }
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
       sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient",  // (m, C) d n2
                   v(kN2), "the sequence-parallel all-gather of post_attention_layernorm",
@@ -194,10 +202,17 @@ class LlamaLayer final : public Block {
     be.rmsnorm_backward_input(g_n2, v(kRes1), p_.norm2->compute(), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                  // (m, C) d res1
     const int64_t Hq = H_ * hd_;
-    const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
     Tensor g_atty = s.t[kGAtty].size(0) > 0 ? v(kGAtty)                        // (n, Hq) scratch
                                              : g_n1.view({m * spec_.in}).rows(0, n * Hq).view({n, Hq});
-    fp8_.matmul(be, g_res1_all, *p_.o, false, g_atty);              // (n, Hq) d atty
+    if (tp_.collective_matmul(fp8_)) {  // (n, Hq) d atty, chunk by chunk as d res1's rows arrive
+      gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1", [&](int64_t r0, const Tensor& d) {
+        Tensor out = g_atty.rows(r0, m);  // (m, Hq)
+        fp8_.matmul(be, d, *p_.o, false, out);
+      });
+    } else {
+      const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
+      fp8_.matmul(be, g_res1_all, *p_.o, false, g_atty);            // (n, Hq) d atty
+    }
     // With q_norm / k_norm the attention's q and k gradients are the normalised ones' (kept for the norms' weights).
     Tensor g_qa = spec_.qk_norm ? v(kGQn) : g_q, g_ka = spec_.qk_norm ? v(kGKn) : g_k;
     if (cp_attn_)

@@ -171,10 +171,10 @@ void TensorParallel::row_parallel_matmul(Backend& be, const Tensor& x, const Fp8
     allreduce_sum(y, what.c_str());
     return;
   }
-  if (trans_w && collective_matmul(gemm)) {  // a forward's: the collective matmul's reduce-scatter ring
+  if (collective_matmul(gemm)) {  // the collective matmul's reduce-scatter ring (a forward's, the head's backward)
     const int64_t m = y.size(0);
     matmul_reduce_scatter(be, *this, y, what.c_str(), [&](int64_t row0, Tensor& out) {
-      gemm.matmul(be, x.rows(row0, m), w, true, out);  // (m, out) of this rank's partial sums
+      gemm.matmul(be, x.rows(row0, m), w, trans_w, out);  // (m, out) of this rank's partial sums
     });
     return;
   }
