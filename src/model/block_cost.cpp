@@ -30,7 +30,8 @@ BlockCollective collective(ParallelDim dim, CollectiveOp op, bool backward, doub
 // it (GPT's and Llama's blocks: collective_gemms) the reduce-scatter half of each entry does.
 // Under sequence parallelism the forward's all-gathers feed the same column-parallel GEMMs chunk by chunk (the
 // collective matmul; collective_gemms: the block runs one), and its reduce-scatters come from the row-parallel GEMMs
-// (attn_row: o_proj / c_proj, mlp_row: down / the MLP's c_proj; none for the experts) chunk by chunk.
+// (attn_row: o_proj / c_proj, mlp_row: down / the MLP's c_proj; none for the experts) chunk by chunk; the backward's
+// all-gathers (of the output gradient, of d res1) feed those row-parallel GEMMs' input gradients chunk by chunk.
 void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c, std::vector<int> attn_w,
                          std::vector<int> mlp_w, bool collective_gemms = false, std::vector<int> attn_row = {},
                          std::vector<int> mlp_row = {}) {
@@ -43,9 +44,10 @@ void decoder_collectives(const BlockSpec& b, const BlockShard& s, double n, Bloc
         c.collectives.back().scatter_from = part == 0 ? attn_row : mlp_row;
       }
     }
-    for (std::vector<int>* w : {&attn_w, &mlp_w}) {
+    for (int part = 0; part < 2; ++part) {
       c.collectives.push_back(collective(ParallelDim::tp, CollectiveOp::all_reduce, true, 1, act));
-      if (s.sp == 1 || collective_gemms) c.collectives.back().behind_weight_grads = *w;
+      if (s.sp == 1 || collective_gemms) c.collectives.back().behind_weight_grads = part == 0 ? attn_w : mlp_w;
+      if (s.sp > 1 && collective_gemms) c.collectives.back().backward_gather_feeds = part == 0 ? attn_row : mlp_row;
     }
   }
   if (s.cp > 1) {
@@ -172,7 +174,8 @@ void mla_layer(const BlockSpec& b, const BlockShard& s, double n, BlockCost& c) 
     c.mlp_hidden = b.moe.ffn_hidden;
   } else {
     c.gemms.insert(c.gemms.end(), {{n, F, C}, {n, F, C}, {n, C, F}});
-    c.forward_streaming = {attn + 3 * F, 12, eager_attn + kEagerSwigluExtra * F, eager_attn_kernels + kEagerSwigluKernels};
+    c.forward_streaming = {attn + 3 * F, 12, eager_attn + kEagerSwigluExtra * F,
+                           eager_attn_kernels + kEagerSwigluKernels};
     c.weight_streaming = {3.0 * F, 1};
     c.mlp_hidden = b.ffn_hidden;
   }
@@ -256,6 +259,7 @@ BlockCost block_cost(const BlockSpec& b, const BlockShard& s, double n) {
           col.behind_weight_grads.clear();
           col.gather_feeds.clear();
           col.scatter_from.clear();
+          col.backward_gather_feeds.clear();
           c.collectives.push_back(col);
         }
       }

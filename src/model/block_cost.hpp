@@ -52,6 +52,9 @@ struct BlockCollective {
   std::vector<int> gather_feeds;
   // And its reduce-scatter run the same way: the row-parallel GEMMs (indices into gemms) whose chunks produce it.
   std::vector<int> scatter_from;
+  // A backward entry's all-gather (of the output gradient, of d res1) run as a collective matmul: the row-parallel
+  // GEMMs (indices into gemms) whose input-gradient GEMMs its chunks feed.
+  std::vector<int> backward_gather_feeds;
   double buffer_bytes(double dtype_bytes) const { return dtype_bytes * elements + bytes; }
 };
 

@@ -190,7 +190,8 @@ class LlamaLayer final : public Block {
                              fp8_.matmul(be, d, *p_.down, false, out);
                            });
       } else {
-        const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
+        // (n, C)
+        const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");
         fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer
       }
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
@@ -205,10 +206,11 @@ class LlamaLayer final : public Block {
     Tensor g_atty = s.t[kGAtty].size(0) > 0 ? v(kGAtty)                        // (n, Hq) scratch
                                              : g_n1.view({m * spec_.in}).rows(0, n * Hq).view({n, Hq});
     if (tp_.collective_matmul(fp8_)) {  // (n, Hq) d atty, chunk by chunk as d res1's rows arrive
-      gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1", [&](int64_t r0, const Tensor& d) {
-        Tensor out = g_atty.rows(r0, m);  // (m, Hq)
-        fp8_.matmul(be, d, *p_.o, false, out);
-      });
+      gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1",
+                         [&](int64_t r0, const Tensor& d) {
+                           Tensor out = g_atty.rows(r0, m);  // (m, Hq)
+                           fp8_.matmul(be, d, *p_.o, false, out);
+                         });
     } else {
       const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
       fp8_.matmul(be, g_res1_all, *p_.o, false, g_atty);            // (n, Hq) d atty
