@@ -231,25 +231,7 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     t.ep_backward += t.ep_forward;
     t.cp_hidden += hf;
     t.ep_hidden += ef;
-    // And the backward's all-gathers (the output gradient's, d res1's) as collective matmuls behind the row-parallel
-  // GEMMs' input gradients dX (M, K) = dY (M, N) W (N, K), chunked the same way (not under zb-h1's split either: B
-  // runs them, the same code).
-  if (ctx.overlap && ctx.sequence_parallel && ctx.tp > 1 && gp != Precision::fp8)
-    for (const BlockCollective& c : cost.collectives) {
-      if (c.backward_gather_feeds.empty()) continue;
-      double gemms = 0;
-      for (int i : c.backward_gather_feeds) {
-        const Gemm& g = cost.gemms[size_t(i)];
-        const double chunked = g.count * ctx.tp * gemm_s(d, gp, g.M / ctx.tp, g.K, g.N);
-        t.backward_input += chunked - g.count * gemm_s(d, gp, g.M, g.K, g.N);
-        gemms += chunked;
-      }
-      const double gather = all_gather_s(ctx.tp_path, c.buffer_bytes(e));
-      const double hidden = c.count * std::min(gather, gemms * (ctx.tp - 1) / ctx.tp);
-      backward[int(ParallelDim::tp)] -= hidden;
-      t.tp_hidden += hidden;
-    }
-  t.tp_hidden += tp_hidden_forward;
+    t.tp_hidden += tp_hidden_forward;
   }
   return t;
 }
