@@ -475,21 +475,35 @@ void GradBuckets::launch(Bucket& b) {
   test_fault_point("bucket");  // test only: a rank stopped or lost mid-collective
 }
 
-std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
-  std::vector<OptimSlice> out;
-  for (const Bucket& b : buckets_)
+void GradBuckets::for_each_slice(const std::function<void(size_t, size_t, int64_t, int64_t)>& fn) const {
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
     for (size_t i = 0; i < b.members.size(); ++i) {
-      auto& [p, at] = b.members[i];
+      const int64_t at = b.members[i].second, n = shape_numel(b.shapes[i]);
       if (!b.zero) {
-        out.push_back(whole(p));
+        fn(bi, i, at, at + n);
         continue;
       }
-      const int64_t lo = own_begin(b), hi = lo + b.shard.numel(), n = shape_numel(b.shapes[i]);
+      const int64_t lo = own_begin(b), hi = lo + b.shard.numel();
       const int64_t a = std::max(lo, at), e = std::min(hi, at + n);
-      if (a >= e) continue;  // another replica's piece
+      if (a < e) fn(bi, i, a, e);  // (else another replica's piece)
+    }
+  }
+}
+
+std::vector<OptimSlice> GradBuckets::optimizer_slices() const {
+  std::vector<OptimSlice> out;
+  for_each_slice([&](size_t bi, size_t i, int64_t a, int64_t e) {
+    const Bucket& b = buckets_[bi];
+    auto& [p, at] = b.members[i];
+    if (!b.zero) {
+      out.push_back(whole(p));
+    } else {
+      const int64_t lo = own_begin(b);
       Tensor value = zero3_ ? b.master.rows(a - lo, e - a) : b.values.rows(a, e - a);
       out.push_back({p, value, b.shard.rows(a - lo, e - a), a - at, Tensor()});  // work: gathered when used
     }
+  });
   return out;
 }
 
@@ -553,19 +567,10 @@ void GradBuckets::trace_gather_done(Bucket& b) {
 std::optional<UpdateGroups> GradBuckets::update_groups() {
   if (!zero_ || zero3_ || micro_batches_ == 0) return std::nullopt;
   settle_params();  // (none in flight: the step's forward settled them all)
-  // Each bucket's slices, as optimizer_slices() lists them (bucket after bucket, members in order, own pieces only).
+  // Each bucket's slices (indices into optimizer_slices(), which lists them in the same walk).
   std::vector<std::vector<size_t>> by_bucket(buckets_.size());
   size_t slice = 0;
-  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-    const Bucket& b = buckets_[bi];
-    for (size_t i = 0; i < b.members.size(); ++i) {
-      if (b.zero) {
-        const int64_t lo = own_begin(b), hi = lo + b.shard.numel(), at = b.members[i].second;
-        if (std::max(lo, at) >= std::min(hi, at + shape_numel(b.shapes[i]))) continue;  // another replica's piece
-      }
-      by_bucket[bi].push_back(slice++);
-    }
-  }
+  for_each_slice([&](size_t bi, size_t, int64_t, int64_t) { by_bucket[bi].push_back(slice++); });
   UpdateGroups g;
   std::vector<size_t> order = gather_order();
   for (size_t bi : order) g.slices.push_back(std::move(by_bucket[bi]));

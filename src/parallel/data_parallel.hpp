@@ -239,6 +239,9 @@ class GradBuckets : public BlockHooks {
     int64_t launch_mark = 0;
   };
   void launch(Bucket& b);
+  // The optimizer's slices in order: bucket bi's member i, elements [a, e) of the bucket's flat layout that this
+  // rank updates (the whole member where the bucket is not sharded). optimizer_slices and update_groups walk it.
+  void for_each_slice(const std::function<void(size_t bi, size_t i, int64_t a, int64_t e)>& fn) const;
   std::vector<size_t> gather_order() const;  // ZeRO-1, 2: buckets in the order the next forward reads them
   void issue_gather(Bucket& b);              // ZeRO-1, 2: start its parameter all-gather
   // The trace's span of a parameter all-gather (track 1, "param gather bucket k"): from its issue to its wait's end.

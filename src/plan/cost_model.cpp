@@ -158,18 +158,23 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // chunk's sum travels while the next chunk's partial is computed, up to (tp - 1) / tp of the GEMM.
   // The ring runs each of those GEMMs as tp GEMMs of n / tp rows: priced so (their tiles' waves, the weight read tp
   // times, tp launches), the difference from the one GEMM added to the forward.
-  if (ctx.overlap && ctx.sequence_parallel && ctx.tp > 1 && gp != Precision::fp8)
+  const bool rings = ctx.overlap && ctx.sequence_parallel && ctx.tp > 1 && gp != Precision::fp8;
+  // The ring's GEMMs gemms[idx] (forward: y (M, N) = x W; input_grad: dX (M, K) = dY W^T) as tp GEMMs of M / tp rows,
+  // the difference from one GEMM added to `phase`; returns (tp - 1) / tp of them: what can hide the ring's messages.
+  auto ring_gemms = [&](const std::vector<int>& idx, bool input_grad, double& phase) {
+    double sum = 0;
+    for (int i : idx) {
+      const Gemm& g = cost.gemms[size_t(i)];
+      const double N = input_grad ? g.K : g.N, K = input_grad ? g.N : g.K;
+      const double chunked = g.count * ctx.tp * gemm_s(d, gp, g.M / ctx.tp, N, K);
+      phase += chunked - g.count * gemm_s(d, gp, g.M, N, K);
+      sum += chunked;
+    }
+    return sum * (ctx.tp - 1) / ctx.tp;
+  };
+  if (rings)
     for (const BlockCollective& c : cost.collectives) {
-      auto forward_gemms = [&](const std::vector<int>& idx) {
-        double sum = 0;
-        for (int i : idx) {
-          const Gemm& g = cost.gemms[size_t(i)];
-          const double chunked = g.count * ctx.tp * gemm_s(d, gp, g.M / ctx.tp, g.N, g.K);
-          t.forward += chunked - g.count * gemm_s(d, gp, g.M, g.N, g.K);
-          sum += chunked;
-        }
-        return sum * (ctx.tp - 1) / ctx.tp;
-      };
+      auto forward_gemms = [&](const std::vector<int>& idx) { return ring_gemms(idx, false, t.forward); };
       double hidden = 0;
       if (!c.gather_feeds.empty())
         hidden += std::min(all_gather_s(ctx.tp_path, c.buffer_bytes(e)), forward_gemms(c.gather_feeds));
@@ -182,18 +187,11 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // And the backward's all-gathers (the output gradient's, d res1's) as collective matmuls behind the row-parallel
   // GEMMs' input gradients dX (M, K) = dY (M, N) W (N, K), chunked the same way (not under zb-h1's split either: B
   // runs them, the same code).
-  if (ctx.overlap && ctx.sequence_parallel && ctx.tp > 1 && gp != Precision::fp8)
+  if (rings)
     for (const BlockCollective& c : cost.collectives) {
       if (c.backward_gather_feeds.empty()) continue;
-      double gemms = 0;
-      for (int i : c.backward_gather_feeds) {
-        const Gemm& g = cost.gemms[size_t(i)];
-        const double chunked = g.count * ctx.tp * gemm_s(d, gp, g.M / ctx.tp, g.K, g.N);
-        t.backward_input += chunked - g.count * gemm_s(d, gp, g.M, g.K, g.N);
-        gemms += chunked;
-      }
-      const double gather = all_gather_s(ctx.tp_path, c.buffer_bytes(e));
-      const double hidden = c.count * std::min(gather, gemms * (ctx.tp - 1) / ctx.tp);
+      const double gemms = ring_gemms(c.backward_gather_feeds, true, t.backward_input);
+      const double hidden = c.count * std::min(all_gather_s(ctx.tp_path, c.buffer_bytes(e)), gemms);
       backward[int(ParallelDim::tp)] -= hidden;
       t.tp_hidden += hidden;
     }

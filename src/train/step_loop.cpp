@@ -251,14 +251,10 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   if (clip < 1.0) r.buckets->scale(static_cast<float>(clip));
   // ZeRO-1/2 with overlap: bucket by bucket, each bucket's parameter all-gather issued as soon as it is updated;
   // otherwise one update, then gather_params (ZeRO: every replica's updated piece to every replica).
-  if (const std::optional<UpdateGroups> groups = r.buckets->update_groups()) {
-    r.optimizer->step(res.lr, &*groups);
-    for (auto& [name, p] : r.params) p->weights_changed();  // FP8: the weights' cached codes are the last step's
-  } else {
-    r.optimizer->step(res.lr);
-    for (auto& [name, p] : r.params) p->weights_changed();
-    r.buckets->gather_params();  // (overlap: issued only)
-  }
+  const std::optional<UpdateGroups> groups = r.buckets->update_groups();
+  r.optimizer->step(res.lr, groups ? &*groups : nullptr);
+  for (auto& [name, p] : r.params) p->weights_changed();  // FP8: the weights' cached codes are the last step's
+  if (!groups) r.buckets->gather_params();  // (overlap: issued only)
   if (!r.expert_bias.empty() || r.verify_tied) r.buckets->settle_params();  // (these read the parameters)
   if (!r.expert_bias.empty()) update_expert_bias(r, res);
   span("optimizer", "optimizer_step", kTrackCompute, m_opt);  // norm, reductions, clipping, update
