@@ -47,8 +47,10 @@ t_ref=$(seconds_since "$t")
 log "reference run: $steps steps in $t_ref s (job $JOB)"
 
 # 1. kill -9 of rank 3 once a third of the steps are logged.
+# Rank 0 sleeps 4 ms in every forward (RELAY_TEST_SLOW_*; losses unchanged) so that the run lasts seconds,
+# not the ~1 s in which an idle machine can finish all of it before the victim's pid is found.
 for launcher in srun mpirun; do
-  submit "killed-$launcher" RELAY_LAUNCHER=$launcher
+  submit "killed-$launcher" RELAY_LAUNCHER=$launcher RELAY_TEST_SLOW_RANK=0 RELAY_TEST_SLOW_MS=4
   t=$(date +%s.%N)
   _third_done() { (( $(metrics_steps "$RUN_DIR") >= steps / 3 )) || ! [[ $(job_field "$JOB" JobState) =~ ^(PENDING|RUNNING)$ ]]; }
   wait_until 300 _third_done || { show "$OUT"; fail "job $JOB logged $(metrics_steps "$RUN_DIR") steps in 300 s"; }
