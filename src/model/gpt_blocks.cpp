@@ -23,7 +23,8 @@
 // from every row), the head gathers ln_f's output. The LayerNorm weight gradients are summed over the group.
 // With parallel.overlap (issue 40) the gathers before QKV and c_fc and the reduce-scatters after the c_projs run as
 // collective matmuls (model/collective_matmul.hpp), and B and W together all-reduce (under sequence parallelism
-// reduce-scatter) QKV's and c_fc's input gradients while their weight gradients are computed (model/tensor_parallel.hpp).
+// reduce-scatter) QKV's and c_fc's input gradients while their weight gradients are computed (model/tensor_parallel.hpp);
+// the backward's rings of the output gradient and d res1 feed the c_projs' weight gradients too (ring_weights_early).
 #include <cmath>
 
 #include "model/blocks.hpp"
@@ -224,12 +225,13 @@ class Transformer final : public Block {
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
     if (cp_attn_) cp_attn_->prefetch_backward_packed(be, v(kQkv), T);  // overlap: behind the GEMMs up to attention
     if (tp_.collective_matmul(fp8_)) {  // (n, 4Cl) d fch, chunk by chunk as the output gradient's rows arrive
-      gather_rows_matmul(be, tp_, dy, "the sequence-parallel all-gather of the output gradient",
-                         [&](int64_t r0, const Tensor& d) {
-                           Tensor out = g_fch.rows(r0, m);  // (m, 4Cl)
-                           fp8_.linear_backward_input(be, d, *p_.mproj_w, out, LinearAct::gelu_tanh,
-                                                      v(kFch).rows(r0, m));
-                         });
+      const Tensor dy_all = gather_rows_matmul(be, tp_, dy, "the sequence-parallel all-gather of the output gradient",
+                                               [&](int64_t r0, const Tensor& d) {
+                                                 Tensor out = g_fch.rows(r0, m);  // (m, 4Cl)
+                                                 fp8_.linear_backward_input(be, d, *p_.mproj_w, out,
+                                                                            LinearAct::gelu_tanh, v(kFch).rows(r0, m));
+                                               });  // (n, C)
+      if (ring_weights_early()) linear_grad(be, dy_all, v(kFcg), *p_.mproj_w, p_.mproj_b);
     } else {
       const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
       fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
@@ -243,11 +245,12 @@ class Transformer final : public Block {
     be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
     Tensor g_atty = g_ln1.view({m * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
     if (tp_.collective_matmul(fp8_)) {  // (n, Cl) d atty, chunk by chunk as d res1's rows arrive
-      gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1",
-                         [&](int64_t r0, const Tensor& d) {
-                           Tensor out = g_atty.rows(r0, m);  // (m, Cl)
-                           fp8_.matmul(be, d, *p_.proj_w, false, out);
-                         });
+      const Tensor g_res1_all = gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1",
+                                                   [&](int64_t r0, const Tensor& d) {
+                                                     Tensor out = g_atty.rows(r0, m);  // (m, Cl)
+                                                     fp8_.matmul(be, d, *p_.proj_w, false, out);
+                                                   });  // (n, C)
+      if (ring_weights_early()) linear_grad(be, g_res1_all, v(kAtty), *p_.proj_w, p_.proj_b);
     } else {
       const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
       fp8_.matmul(be, g_res1_all, *p_.proj_w, false, g_atty);                        // (n, Cl) d atty
@@ -280,6 +283,11 @@ class Transformer final : public Block {
   // are computed while the attention's key-gradient reduce-scatters travel. Independent GEMMs moved earlier: every
   // gradient is the same sum as before.
   bool cp_weights_early() const { return early_weights_ && cp_attn_ && !tp_.on(); }
+  // Inside backward() with sequence parallelism's collective matmuls: c_proj's and the output projection's weight
+  // gradients right after the ring that gathered their output gradients' rows (the output gradient, d res1), from
+  // those rows, instead of gathering them again in backward_weight, where that gather waited with nothing beside it.
+  // The same GEMM on the same operands: the same bits.
+  bool ring_weights_early() const { return early_weights_ && tp_.collective_matmul(fp8_); }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp;
@@ -287,14 +295,14 @@ class Transformer final : public Block {
     const bool sp = tp_.sequence_parallel();
     if (sp) norm_grads_.begin(be);
     // Under sequence parallelism each operand of (n) rows is gathered when it is needed (one buffer at a time).
-    if (!cp_weights_early())
+    if (!cp_weights_early() && !ring_weights_early())
       linear_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), v(kFcg),
                   *p_.mproj_w, p_.mproj_b);
     if (!early_weights_)
       linear_grad(be, v(kGFch), tp_.all_rows(be, v(kLn2), "the sequence-parallel all-gather of ln_2"), *p_.fc_w,
                   p_.fc_b);
     ln_grad(be, v(kGLn2), v(kRes1), v(kMean2), v(kRstd2), *p_.ln2_w, p_.ln2_b, 2);
-    if (!cp_weights_early())
+    if (!cp_weights_early() && !ring_weights_early())
       linear_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty),
                   *p_.proj_w, p_.proj_b);
     if (!early_weights_)

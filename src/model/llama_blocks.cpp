@@ -184,11 +184,12 @@ class LlamaLayer final : public Block {
                    [&](Tensor& part) { moe_->backward_input(be, dy_all, part, &s.t[kCount]); });  // (n, C) partial
     } else {
       if (tp_.collective_matmul(fp8_)) {  // (n, F) d h, chunk by chunk as the output gradient's rows arrive
-        gather_rows_matmul(be, tp_, dy, "the sequence-parallel all-gather of the output gradient",
-                           [&](int64_t r0, const Tensor& d) {
-                             Tensor out = g_gate.rows(r0, m);  // (m, F)
-                             fp8_.matmul(be, d, *p_.down, false, out);
-                           });
+        const Tensor dy_all = gather_rows_matmul(be, tp_, dy, "the sequence-parallel all-gather of the output gradient",
+                                                 [&](int64_t r0, const Tensor& d) {
+                                                   Tensor out = g_gate.rows(r0, m);  // (m, F)
+                                                   fp8_.matmul(be, d, *p_.down, false, out);
+                                                 });  // (n, C)
+        if (ring_weights_early()) down_weight_grad(be, dy_all, s, m, n);
       } else {
         // (n, C)
         const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");
@@ -206,11 +207,12 @@ class LlamaLayer final : public Block {
     Tensor g_atty = s.t[kGAtty].size(0) > 0 ? v(kGAtty)                        // (n, Hq) scratch
                                              : g_n1.view({m * spec_.in}).rows(0, n * Hq).view({n, Hq});
     if (tp_.collective_matmul(fp8_)) {  // (n, Hq) d atty, chunk by chunk as d res1's rows arrive
-      gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1",
-                         [&](int64_t r0, const Tensor& d) {
-                           Tensor out = g_atty.rows(r0, m);  // (m, Hq)
-                           fp8_.matmul(be, d, *p_.o, false, out);
-                         });
+      const Tensor g_res1_all = gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1",
+                                                   [&](int64_t r0, const Tensor& d) {
+                                                     Tensor out = g_atty.rows(r0, m);  // (m, Hq)
+                                                     fp8_.matmul(be, d, *p_.o, false, out);
+                                                   });  // (n, C)
+      if (ring_weights_early()) weight_grad(be, g_res1_all, v(kAtty), *p_.o);
     } else {
       const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
       fp8_.matmul(be, g_res1_all, *p_.o, false, g_atty);            // (n, Hq) d atty
@@ -241,6 +243,18 @@ class LlamaLayer final : public Block {
   // q, k and v's weight gradients are computed inside backward_input, while their input gradients' all-reduces travel
   // (not the experts': their input gradient is all-reduced in today's order).
   bool weights_in_backward() const override { return tp_.async_input_grads(); }
+  // Inside backward() with sequence parallelism's collective matmuls: down's and o's weight gradients right after the
+  // ring that gathered their output gradients' rows, from those rows, instead of gathering them again in
+  // backward_weight, where that gather waited with nothing beside it. The same GEMMs on the same operands: the same
+  // bits.
+  bool ring_weights_early() const { return early_weights_ && tp_.collective_matmul(fp8_); }
+  // down's weight gradient from the output gradient's rows dy_all (n, C): h (n, F) recomputed from the kept gate and
+  // up (a micro-batch does not keep it from its forward).
+  void down_weight_grad(Backend& be, const Tensor& dy_all, BlockSaved& s, int64_t m, int64_t n) {
+    Tensor h = view(s, kH, m, n);  // (n, F)
+    be.swiglu_forward(view(s, kGate, m, n), view(s, kUp, m, n), h);
+    weight_grad(be, dy_all, h, *p_.down);
+  }
 
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0), n = m * spec_.sp;
@@ -253,16 +267,16 @@ class LlamaLayer final : public Block {
       moe_->backward_weight(be, tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm"),
                             &s.t[kCount]);
     } else {
-      Tensor h = v(kH);  // (n, F) recomputed from the kept gate and up: a micro-batch does not keep it from its forward
-      be.swiglu_forward(v(kGate), v(kUp), h);
-      weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), h, *p_.down);
+      if (!ring_weights_early())
+        down_weight_grad(be, tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient"), s, m, n);
       if (!early_weights_)
         gate_up_weight_grads(
             be, tp_.all_rows(be, v(kN2), "the sequence-parallel all-gather of post_attention_layernorm"), v(kGGate),
             v(kGUp));
     }
     be.rmsnorm_backward_weight(v(kGN2), v(kRes1), v(kRstd2), dnorm2);
-    weight_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.o);
+    if (!ring_weights_early())
+      weight_grad(be, tp_.all_rows(be, v(kGRes1), "the sequence-parallel all-gather of d res1"), v(kAtty), *p_.o);
     if (!early_weights_)
       qkv_weight_grads(be, tp_.all_rows(be, v(kN1), "the sequence-parallel all-gather of input_layernorm"), v(kGQ),
                        v(kGK), v(kGV));
