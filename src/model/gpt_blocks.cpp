@@ -412,18 +412,32 @@ class Head final : public Block {
     const Tensor lnf_all = tp_.all_rows(be, lnf, "the sequence-parallel all-gather of the final norm");  // (n, C)
     be.matmul(lnf_all, false, w_->compute(), true, y, 1.f, 0.f);  // (n, C) @ (C, Vl): this rank's vocabulary columns
   }
+  // Sequence parallelism with overlap: B and W together, so that the final norm's rows W's gradient needs are
+  // gathered while the input gradient's ring runs (ring_weights_early).
+  bool weights_in_backward() const override { return tp_.collective_matmul(Fp8Linear()); }
+  // Inside backward() with sequence parallelism's collective matmuls: the final norm's rows are gathered (into the
+  // second buffer) while the input gradient's reduce-scatter ring and the norm's backward run, and W's gradient is
+  // computed from them at the end of backward_input, instead of gathering them in backward_weight with nothing
+  // beside it. The same GEMM on the same rows, in the same place among W's other contributions: the same bits.
+  bool ring_weights_early() const { return early_weights_ && tp_.collective_matmul(Fp8Linear()); }
   void backward_input(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx, BlockSaved& s) override {
     const int64_t m = x.size(0);
     Tensor g = s.t[3].rows(0, m);
+    TensorParallel::PendingGather lnf;  // (n, C) the final norm's rows, travelling (ring_weights_early)
+    if (ring_weights_early())
+      lnf = tp_.start_gather_rows(be, s.t[0].rows(0, m), "the sequence-parallel all-gather of the final norm");
     // (n, Vl) @ (Vl, C), partial over tp: summed into g (m, C)
     tp_.row_parallel_matmul(be, dy, w_->compute(), false, g, "the head's input-gradient");
     if (spec_.norm == NormKind::rmsnorm) be.rmsnorm_backward_input(g, x, ln_w_->compute(), s.t[2].rows(0, m), dx);
     else be.layernorm_backward_input(g, x, ln_w_->compute(), s.t[1].rows(0, m), s.t[2].rows(0, m), dx);
+    if (ring_weights_early()) be.matmul(dy, true, tp_.finish_gather(lnf), false, w_->grad, 1.f, 1.f);  // (V, n) @ (n, C)
   }
   void backward_weight(Backend& be, const Tensor& x, const Tensor& dy, BlockSaved& s) override {
     const int64_t m = x.size(0);
-    const Tensor lnf_all = tp_.all_rows(be, s.t[0].rows(0, m), "the sequence-parallel all-gather of the final norm");
-    be.matmul(dy, true, lnf_all, false, w_->grad, 1.f, 1.f);  // (V, n) @ (n, C)
+    if (!ring_weights_early()) {
+      const Tensor lnf_all = tp_.all_rows(be, s.t[0].rows(0, m), "the sequence-parallel all-gather of the final norm");
+      be.matmul(dy, true, lnf_all, false, w_->grad, 1.f, 1.f);  // (V, n) @ (n, C)
+    }
     const bool sp = tp_.sequence_parallel();
     if (sp) norm_grads_.begin(be);
     Tensor dw = sp ? norm_grads_.part(0) : ln_w_->grad;
