@@ -82,6 +82,12 @@ Cluster parse_cluster_text(const std::string& text, const std::string& source) {
   if (r.has("node", "async_progress")) c.async_progress = r.flag("node", "async_progress");
   Cluster::Device& d = c.device;
   d.name = r.text("device", "name");
+  if (r.has("device", "backend")) {
+    const std::string b = r.text("device", "backend");
+    if (b != "cpu" && b != "cuda")
+      throw Error(cat(source, ": device.backend = \"", b, "\": must be \"cpu\" or \"cuda\""));
+    d.backend = b == "cpu" ? Device::cpu : Device::cuda;
+  }
   d.peak_bf16 = r.number("device", "peak_bf16_flops", 1, 1e18);
   d.peak_tf32 = r.number("device", "peak_tf32_flops", 1, 1e18);
   d.peak_fp32 = r.number("device", "peak_fp32_flops", 1, 1e18);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/precision.hpp"
+#include "core/tensor.hpp"
 
 namespace relay {
 
@@ -43,6 +44,11 @@ struct Cluster {
   bool async_progress = true;
   struct Device {
     std::string name;
+    // Optional [device] backend = "cuda" (the default: the presets are GPUs) | "cpu" (`relay plan --calibrate` writes
+    // the backend it measured): which of Relay's overlaps the step model prices, those the backend runs
+    // (tp_overlaps, ep_overlaps: the tensor-parallel collective matmuls and asynchronous input-gradient sums and the
+    // expert all-to-alls in two parts run on the CPU backend only for now).
+    ::relay::Device backend = ::relay::Device::cuda;
     double peak_bf16 = 0, peak_tf32 = 0, peak_fp32 = 0;  // dense FLOP/s
     double peak_fp8 = 0;  // dense FP8 (e4m3 / e5m2) tensor-core FLOP/s; 0: the device has none (optional key)
     double memory_bytes = 0, reserved_bytes = 0;         // capacity; what the runtime takes before Relay

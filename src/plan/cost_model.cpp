@@ -120,7 +120,7 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
     if (c.dim == ParallelDim::ep && c.elements > 0) (c.backward ? ep_rows_backward : ep_rows_forward) += s;
   }
   double ef = 0, eb = 0;  // seconds of the forward's and the backward's ep all-to-alls hidden
-  if (ctx.overlap && ctx.ep > 1 && b.moe.n_experts / ctx.ep >= 2) {
+  if (ctx.ep_overlap && ctx.ep > 1 && b.moe.n_experts / ctx.ep >= 2) {
     // With parallel.overlap a micro-batch's rows go in two parts, those of each rank's first half of its experts and
     // the rest's (balanced routing: half the rows each): part B's dispatch travels while part A's experts run, A's
     // return while B's run; A's dispatch and B's return stay exposed. With a = one all-to-all of the whole micro-batch
@@ -135,7 +135,7 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // travels while the weight gradients of the projections whose input gradient it sums are computed, so
   // min(all-reduce, those GEMMs) of it is hidden. Under sequence parallelism the entry is an all-gather and a
   // reduce-scatter; the reduce-scatter travels behind those weight gradients: min(reduce-scatter, those GEMMs).
-  if (ctx.overlap && ctx.tp > 1 && !ctx.split_backward)
+  if (ctx.tp_overlap && ctx.tp > 1 && !ctx.split_backward)
     for (const BlockCollective& c : cost.collectives) {
       if (c.behind_weight_grads.empty()) continue;
       double weight_grads = 0;
@@ -158,7 +158,7 @@ BlockTime block_time(const Cluster::Device& d, const BlockSpec& b, const BlockCo
   // chunk's sum travels while the next chunk's partial is computed, up to (tp - 1) / tp of the GEMM.
   // The ring runs each of those GEMMs as tp GEMMs of n / tp rows: priced so (their tiles' waves, the weight read tp
   // times, tp launches), the difference from the one GEMM added to the forward.
-  const bool rings = ctx.overlap && ctx.sequence_parallel && ctx.tp > 1 && gp != Precision::fp8;
+  const bool rings = ctx.tp_overlap && ctx.sequence_parallel && ctx.tp > 1 && gp != Precision::fp8;
   // The ring's GEMMs gemms[idx] (forward: y (M, N) = x W; input_grad: dX (M, K) = dY W^T) as tp GEMMs of M / tp rows,
   // the difference from one GEMM added to `phase`; returns (tp - 1) / tp of them: what can hide the ring's messages.
   auto ring_gemms = [&](const std::vector<int>& idx, bool input_grad, double& phase) {

@@ -68,6 +68,10 @@ struct BlockContext {
   // min(reduce-scatter, those GEMMs): the reduce-scatter half of the entry), unless B and W run apart (split_backward:
   // zero-bubble schedules).
   bool overlap = false, split_backward = false;
+  // The tensor- and expert-parallel overlaps above need the backend to run them (model/tensor_parallel.hpp
+  // tp_overlaps, model/expert_parallel.hpp ep_overlaps: the CPU backend's for now; CUDA runs today's order):
+  // parallel.overlap and the cluster's device.backend through those same two functions (step_groups).
+  bool tp_overlap = false, ep_overlap = false;
   // train.precision = "fp8": the weights' FP8 codes are cached (model/param.hpp's Fp8WeightCache), quantised once an
   // optimizer step (BlockTime::fp8_weights) instead of in each micro-batch's forward and input gradient; false under
   // ZeRO-3, which gathers each weight for its use and keeps no codes.

@@ -6,6 +6,7 @@
 
 #include "model/block_cost.hpp"
 #include "model/expert_parallel.hpp"
+#include "model/tensor_parallel.hpp"
 #include "parallel/sharding.hpp"
 #include "parallel/simulator.hpp"
 #include "plan/collectives.hpp"
@@ -54,6 +55,8 @@ Groups step_groups(const Cluster& cl, const Config& cfg, int64_t T, PlannedKerne
   ctx.attention = kernels.attention;
   ctx.elementwise = kernels.elementwise;
   ctx.overlap = cfg.parallel.overlap;
+  ctx.tp_overlap = tp_overlaps(cfg.parallel.overlap, cl.device.backend);
+  ctx.ep_overlap = ep_overlaps(cfg.parallel.overlap, ep, cl.device.backend);
   ctx.split_backward = cfg.parallel.schedule == "zb-h1";
   ctx.tp_path = group_path(cl, tp, 1);
   ctx.cp_path = group_path(cl, cp, tp);
