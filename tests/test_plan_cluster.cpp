@@ -88,6 +88,26 @@ TEST(PlanCluster, MissingKeyNamesTheKey) {
   EXPECT_NE(r.output.find("intra_node.latency: required key is missing"), std::string::npos) << r.output;
 }
 
+// [device] backend: optional ("cuda" unless said), "cpu" or "cuda"; anything else names the key and the value.
+TEST(PlanCluster, DeviceBackendIsCpuOrCuda) {
+  const std::string text = read(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
+  EXPECT_EQ(parse_cluster_text(text, "x.toml").device.backend, Device::cuda);
+  auto with_backend = [&](const std::string& value) {
+    std::string t = text;
+    const size_t at = t.find("[device]\n") + std::string("[device]\n").size();
+    return t.insert(at, "backend = \"" + value + "\"\n");
+  };
+  EXPECT_EQ(parse_cluster_text(with_backend("cpu"), "x.toml").device.backend, Device::cpu);
+  EXPECT_EQ(parse_cluster_text(with_backend("cuda"), "x.toml").device.backend, Device::cuda);
+  try {
+    parse_cluster_text(with_backend("tpu"), "x.toml");
+    ADD_FAILURE() << "no error for backend = tpu";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x.toml: device.backend = \"tpu\": must be \"cpu\" or \"cuda\""),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(PlanCluster, ModelFittingNoLayoutPrintsTheSmallestMemory) {
   // Llama 3 405B on one A100 node: 405B parameters x 6 bytes (fp32 masters, bf16 copies) alone exceed 8 x 80 GB.
   const RunResult r = run_command(relay_binary() + " plan --cluster " + src("configs/clusters/a100-80gb-sxm-hdr.toml") +
