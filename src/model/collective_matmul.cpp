@@ -37,6 +37,14 @@ Tensor gather_rows_matmul(Backend& be, const TensorParallel& tp, const Tensor& l
   return full;
 }
 
+Tensor gather_rows_matmul(Backend& be, const TensorParallel& tp, bool ring, const Tensor& local, const char* what,
+                          const std::function<void(int64_t row0, const Tensor& chunk)>& each) {
+  if (ring) return gather_rows_matmul(be, tp, local, what, each);
+  const Tensor all = tp.all_rows(be, local, what);  // (tp m, w)
+  each(0, all);
+  return all;
+}
+
 void matmul_reduce_scatter(Backend& be, const TensorParallel& tp, Tensor& local, const char* what,
                            const std::function<void(int64_t row0, Tensor& out)>& partial) {
   const int P = tp.size, r = tp.rank;

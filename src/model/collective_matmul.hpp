@@ -18,6 +18,11 @@ namespace relay {
 // same dot products, but a GEMM library may block M differently (docs/parallelism.md says what the tests found).
 Tensor gather_rows_matmul(Backend& be, const TensorParallel& tp, const Tensor& local, const char* what,
                           const std::function<void(int64_t row0, const Tensor& chunk)>& each);
+// The same with or without the ring: ring (the caller's tp.collective_matmul(gemm)) -> gather_rows_matmul; otherwise
+// the group's rows gathered at once (TensorParallel::all_rows) and each(0, every row) run once: one GEMM over all
+// rows, the order without overlap. Returns the gathered rows either way. `each` sizes its output by chunk.size(0).
+Tensor gather_rows_matmul(Backend& be, const TensorParallel& tp, bool ring, const Tensor& local, const char* what,
+                          const std::function<void(int64_t row0, const Tensor& chunk)>& each);
 
 // The group's sum of row-parallel partial sums, reduce-scattered by rows: local (m, w) = this rank's rows of
 // sum over the members of their partial(row0, out) (each the member's partial sums of rows [row0, row0 + m) into out

@@ -190,15 +190,12 @@ class Transformer final : public Block {
     Tensor ln1 = v(kLn1), mean1 = v(kMean1), rstd1 = v(kRstd1), qkv = v(kQkv), lse = lse_view(s, n), atty = v(kAtty);
     Tensor res1 = v(kRes1), ln2 = v(kLn2), mean2 = v(kMean2), rstd2 = v(kRstd2), fch = v(kFch), fcg = v(kFcg);
     be.layernorm_forward(x, p_.ln1_w->compute(), beta_or_zero(p_.ln1_b, zero_), float(spec_.eps), ln1, mean1, rstd1);
-    if (tp_.collective_matmul(fp8_)) {  // (n, 3Cl) column-parallel, chunk by chunk as ln_1's rows arrive
-      gather_rows_matmul(be, tp_, ln1, "the sequence-parallel all-gather of ln_1", [&](int64_t r0, const Tensor& x) {
-        Tensor out = qkv.rows(r0, m);  // (m, 3Cl)
-        fp8_.linear(be, x, *p_.attn_w, bias_of(p_.attn_b), out);
-      });
-    } else {
-      const Tensor ln1_all = tp_.all_rows(be, ln1, "the sequence-parallel all-gather of ln_1");  // (n, C)
-      fp8_.linear(be, ln1_all, *p_.attn_w, bias_of(p_.attn_b), qkv);  // (n, 3Cl) column-parallel
-    }
+    // (n, 3Cl) column-parallel; with the collective matmul chunk by chunk as ln_1's rows arrive
+    gather_rows_matmul(be, tp_, tp_.collective_matmul(fp8_), ln1, "the sequence-parallel all-gather of ln_1",
+                       [&](int64_t r0, const Tensor& x) {
+                         Tensor out = qkv.rows(r0, x.size(0));  // (rows, 3Cl)
+                         fp8_.linear(be, x, *p_.attn_w, bias_of(p_.attn_b), out);
+                       });
     if (cp_attn_)  // context parallelism: this rank's chunks against the group's gathered keys
       cp_attn_->forward_packed(be, qkv, T, H_, q_pos_, doc_start_, atty, lse);  // (n, Cl)
     else
@@ -206,15 +203,12 @@ class Transformer final : public Block {
     row_linear(be, atty, *p_.proj_w, p_.proj_b, res1, "the attention output");  // (m, C)
     be.add(res1, x, res1);                                                // residual 1
     be.layernorm_forward(res1, p_.ln2_w->compute(), beta_or_zero(p_.ln2_b, zero_), float(spec_.eps), ln2, mean2, rstd2);
-    if (tp_.collective_matmul(fp8_)) {  // (n, 4Cl), chunk by chunk as ln_2's rows arrive
-      gather_rows_matmul(be, tp_, ln2, "the sequence-parallel all-gather of ln_2", [&](int64_t r0, const Tensor& x) {
-        Tensor out = fcg.rows(r0, m), pre = fch.rows(r0, m);  // (m, 4Cl) each
-        fp8_.linear(be, x, *p_.fc_w, bias_of(p_.fc_b), out, LinearAct::gelu_tanh, &pre);
-      });
-    } else {
-      const Tensor ln2_all = tp_.all_rows(be, ln2, "the sequence-parallel all-gather of ln_2");  // (n, C)
-      fp8_.linear(be, ln2_all, *p_.fc_w, bias_of(p_.fc_b), fcg, LinearAct::gelu_tanh, &fch);  // (n, 4Cl)
-    }
+    // (n, 4Cl); with the collective matmul chunk by chunk as ln_2's rows arrive
+    gather_rows_matmul(be, tp_, tp_.collective_matmul(fp8_), ln2, "the sequence-parallel all-gather of ln_2",
+                       [&](int64_t r0, const Tensor& x) {
+                         Tensor out = fcg.rows(r0, x.size(0)), pre = fch.rows(r0, x.size(0));  // (rows, 4Cl) each
+                         fp8_.linear(be, x, *p_.fc_w, bias_of(p_.fc_b), out, LinearAct::gelu_tanh, &pre);
+                       });
     row_linear(be, fcg, *p_.mproj_w, p_.mproj_b, y, "the MLP output");  // (m, C)
     be.add(y, res1, y);                                                   // residual 2
   }
@@ -224,18 +218,14 @@ class Transformer final : public Block {
     auto v = [&](size_t k) { return view(s, k, m, n); };
     Tensor g_res1 = v(kGRes1), g_fch = v(kGFch), g_ln2 = v(kGLn2), g_qkv = v(kGQkv), g_ln1 = v(kGLn1);
     if (cp_attn_) cp_attn_->prefetch_backward_packed(be, v(kQkv), T);  // overlap: behind the GEMMs up to attention
-    if (tp_.collective_matmul(fp8_)) {  // (n, 4Cl) d fch, chunk by chunk as the output gradient's rows arrive
-      const Tensor dy_all = gather_rows_matmul(be, tp_, dy, "the sequence-parallel all-gather of the output gradient",
-                                               [&](int64_t r0, const Tensor& d) {
-                                                 Tensor out = g_fch.rows(r0, m);  // (m, 4Cl)
-                                                 fp8_.linear_backward_input(be, d, *p_.mproj_w, out,
-                                                                            LinearAct::gelu_tanh, v(kFch).rows(r0, m));
-                                               });  // (n, C)
-      if (ring_weights_early()) linear_grad(be, dy_all, v(kFcg), *p_.mproj_w, p_.mproj_b);
-    } else {
-      const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");  // (n, C)
-      fp8_.linear_backward_input(be, dy_all, *p_.mproj_w, g_fch, LinearAct::gelu_tanh, v(kFch));  // (n, 4Cl)
-    }
+    // (n, 4Cl) d fch; with the collective matmul chunk by chunk as the output gradient's rows arrive
+    const Tensor dy_all = gather_rows_matmul(  // (n, C)
+        be, tp_, tp_.collective_matmul(fp8_), dy, "the sequence-parallel all-gather of the output gradient",
+        [&](int64_t r0, const Tensor& d) {
+          Tensor out = g_fch.rows(r0, d.size(0));  // (rows, 4Cl)
+          fp8_.linear_backward_input(be, d, *p_.mproj_w, out, LinearAct::gelu_tanh, v(kFch).rows(r0, d.size(0)));
+        });
+    if (ring_weights_early()) linear_grad(be, dy_all, v(kFcg), *p_.mproj_w, p_.mproj_b);
     tp_.column_input_grad(  // (m, C) d ln2
         be, g_ln2, n, "the MLP input-gradient", [&](Tensor& sums) { fp8_.matmul(be, g_fch, *p_.fc_w, false, sums); },
         early_weights_, v(kLn2), "the sequence-parallel all-gather of ln_2",
@@ -244,17 +234,14 @@ class Transformer final : public Block {
     be.layernorm_backward_input(g_ln2, v(kRes1), p_.ln2_w->compute(), v(kMean2), v(kRstd2), tmp);
     be.add(dy, tmp, g_res1);                                                          // (m, C) d res1
     Tensor g_atty = g_ln1.view({m * spec_.in}).rows(0, n * Cl_).view({n, Cl_});      // (n, Cl) scratch
-    if (tp_.collective_matmul(fp8_)) {  // (n, Cl) d atty, chunk by chunk as d res1's rows arrive
-      const Tensor g_res1_all = gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1",
-                                                   [&](int64_t r0, const Tensor& d) {
-                                                     Tensor out = g_atty.rows(r0, m);  // (m, Cl)
-                                                     fp8_.matmul(be, d, *p_.proj_w, false, out);
-                                                   });  // (n, C)
-      if (ring_weights_early()) linear_grad(be, g_res1_all, v(kAtty), *p_.proj_w, p_.proj_b);
-    } else {
-      const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
-      fp8_.matmul(be, g_res1_all, *p_.proj_w, false, g_atty);                        // (n, Cl) d atty
-    }
+    // (n, Cl) d atty; with the collective matmul chunk by chunk as d res1's rows arrive
+    const Tensor g_res1_all = gather_rows_matmul(  // (n, C)
+        be, tp_, tp_.collective_matmul(fp8_), g_res1, "the sequence-parallel all-gather of d res1",
+        [&](int64_t r0, const Tensor& d) {
+          Tensor out = g_atty.rows(r0, d.size(0));  // (rows, Cl)
+          fp8_.matmul(be, d, *p_.proj_w, false, out);
+        });
+    if (ring_weights_early()) linear_grad(be, g_res1_all, v(kAtty), *p_.proj_w, p_.proj_b);
     if (cp_attn_)  // cp_weights_early(): c_proj's and the output projection's weight gradients while dk, dv travel
       cp_attn_->backward_packed(be, g_atty, v(kQkv), v(kAtty), lse_view(s, n), T, H_, q_pos_, doc_start_, g_qkv,
                                 [&] {
@@ -401,16 +388,13 @@ class Head final : public Block {
     Tensor lnf = s.t[0].rows(0, m), mean = s.t[1].rows(0, m), rstd = s.t[2].rows(0, m);
     if (spec_.norm == NormKind::rmsnorm) be.rmsnorm_forward(x, ln_w_->compute(), float(spec_.eps), lnf, rstd);
     else be.layernorm_forward(x, ln_w_->compute(), beta_or_zero(ln_b_, zero_), float(spec_.eps), lnf, mean, rstd);
-    if (tp_.collective_matmul(Fp8Linear())) {  // (n, Vl), chunk by chunk as the final norm's rows arrive
-      gather_rows_matmul(be, tp_, lnf, "the sequence-parallel all-gather of the final norm",
-                         [&](int64_t r0, const Tensor& x) {
-                           Tensor out = y.rows(r0, m);  // (m, Vl)
-                           be.matmul(x, false, w_->compute(), true, out, 1.f, 0.f);
-                         });
-      return;
-    }
-    const Tensor lnf_all = tp_.all_rows(be, lnf, "the sequence-parallel all-gather of the final norm");  // (n, C)
-    be.matmul(lnf_all, false, w_->compute(), true, y, 1.f, 0.f);  // (n, C) @ (C, Vl): this rank's vocabulary columns
+    // (n, C) @ (C, Vl): this rank's vocabulary columns; with the collective matmul chunk by chunk as the final norm's
+    // rows arrive
+    gather_rows_matmul(be, tp_, tp_.collective_matmul(Fp8Linear()), lnf,
+                       "the sequence-parallel all-gather of the final norm", [&](int64_t r0, const Tensor& x) {
+                         Tensor out = y.rows(r0, x.size(0));  // (rows, Vl)
+                         be.matmul(x, false, w_->compute(), true, out, 1.f, 0.f);
+                       });
   }
   // Sequence parallelism with overlap: B and W together, so that the final norm's rows W's gradient needs are
   // gathered while the input gradient's ring runs (ring_weights_early).

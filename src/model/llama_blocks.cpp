@@ -156,18 +156,15 @@ class LlamaLayer final : public Block {
       be.add(y, res1, y);                                                     // residual 2
       return;
     }
-    if (tp_.collective_matmul(fp8_)) {  // gate and up chunk by chunk as post_attention_layernorm's rows arrive
-      gather_rows_matmul(be, tp_, n2, "the sequence-parallel all-gather of post_attention_layernorm",
-                         [&](int64_t r0, const Tensor& rows) {
-                           Tensor g = gate.rows(r0, m), u = up.rows(r0, m);  // (m, F) each
-                           fp8_.linear(be, rows, *p_.gate, Tensor(), g);
-                           fp8_.linear(be, rows, *p_.up, Tensor(), u);
-                         });
-    } else {
-      const Tensor n2_all = tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm");
-      fp8_.linear(be, n2_all, *p_.gate, Tensor(), gate);              // (n, F) column-parallel
-      fp8_.linear(be, n2_all, *p_.up, Tensor(), up);                  // (n, F) column-parallel
-    }
+    // gate and up (n, F) column-parallel; with the collective matmul chunk by chunk as post_attention_layernorm's
+    // rows arrive
+    gather_rows_matmul(
+        be, tp_, tp_.collective_matmul(fp8_), n2, "the sequence-parallel all-gather of post_attention_layernorm",
+        [&](int64_t r0, const Tensor& rows) {
+          Tensor g = gate.rows(r0, rows.size(0)), u = up.rows(r0, rows.size(0));  // (rows, F) each
+          fp8_.linear(be, rows, *p_.gate, Tensor(), g);
+          fp8_.linear(be, rows, *p_.up, Tensor(), u);
+        });
     be.swiglu_forward(gate, up, h);                                           // (n, F)
     tp_.row_parallel_matmul(be, h, *p_.down, true, y, "the MLP output", fp8_);  // (m, C)
     be.add(y, res1, y);                                                       // residual 2
@@ -183,18 +180,15 @@ class LlamaLayer final : public Block {
       tp_.sum_rows(be, g_n2, n, "the experts' input-gradient",  // (m, C) d n2
                    [&](Tensor& part) { moe_->backward_input(be, dy_all, part, &s.t[kCount]); });  // (n, C) partial
     } else {
-      if (tp_.collective_matmul(fp8_)) {  // (n, F) d h, chunk by chunk as the output gradient's rows arrive
-        const Tensor dy_all = gather_rows_matmul(be, tp_, dy, "the sequence-parallel all-gather of the output gradient",
-                                                 [&](int64_t r0, const Tensor& d) {
-                                                   Tensor out = g_gate.rows(r0, m);  // (m, F)
-                                                   fp8_.matmul(be, d, *p_.down, false, out);
-                                                 });  // (n, C)
-        if (ring_weights_early()) down_weight_grad(be, dy_all, s, m, n);
-      } else {
-        // (n, C)
-        const Tensor dy_all = tp_.all_rows(be, dy, "the sequence-parallel all-gather of the output gradient");
-        fp8_.matmul(be, dy_all, *p_.down, false, g_gate);             // (n, F) d h, into d gate's buffer
-      }
+      // (n, F) d h, into d gate's buffer; with the collective matmul chunk by chunk as the output gradient's rows
+      // arrive
+      const Tensor dy_all = gather_rows_matmul(  // (n, C)
+          be, tp_, tp_.collective_matmul(fp8_), dy, "the sequence-parallel all-gather of the output gradient",
+          [&](int64_t r0, const Tensor& d) {
+            Tensor out = g_gate.rows(r0, d.size(0));  // (rows, F)
+            fp8_.matmul(be, d, *p_.down, false, out);
+          });
+      if (ring_weights_early()) down_weight_grad(be, dy_all, s, m, n);
       be.swiglu_backward(g_gate, v(kGate), v(kUp), g_gate, g_up);             // (n, F) d gate, d up
       sum_over_tp(be, {{g_gate, p_.gate}, {g_up, p_.up}}, g_n2, "the MLP input-gradient",  // (m, C) d n2
                   v(kN2), "the sequence-parallel all-gather of post_attention_layernorm",
@@ -206,17 +200,14 @@ class LlamaLayer final : public Block {
     const int64_t Hq = H_ * hd_;
     Tensor g_atty = s.t[kGAtty].size(0) > 0 ? v(kGAtty)                        // (n, Hq) scratch
                                              : g_n1.view({m * spec_.in}).rows(0, n * Hq).view({n, Hq});
-    if (tp_.collective_matmul(fp8_)) {  // (n, Hq) d atty, chunk by chunk as d res1's rows arrive
-      const Tensor g_res1_all = gather_rows_matmul(be, tp_, g_res1, "the sequence-parallel all-gather of d res1",
-                                                   [&](int64_t r0, const Tensor& d) {
-                                                     Tensor out = g_atty.rows(r0, m);  // (m, Hq)
-                                                     fp8_.matmul(be, d, *p_.o, false, out);
-                                                   });  // (n, C)
-      if (ring_weights_early()) weight_grad(be, g_res1_all, v(kAtty), *p_.o);
-    } else {
-      const Tensor g_res1_all = tp_.all_rows(be, g_res1, "the sequence-parallel all-gather of d res1");  // (n, C)
-      fp8_.matmul(be, g_res1_all, *p_.o, false, g_atty);            // (n, Hq) d atty
-    }
+    // (n, Hq) d atty; with the collective matmul chunk by chunk as d res1's rows arrive
+    const Tensor g_res1_all = gather_rows_matmul(  // (n, C)
+        be, tp_, tp_.collective_matmul(fp8_), g_res1, "the sequence-parallel all-gather of d res1",
+        [&](int64_t r0, const Tensor& d) {
+          Tensor out = g_atty.rows(r0, d.size(0));  // (rows, Hq)
+          fp8_.matmul(be, d, *p_.o, false, out);
+        });
+    if (ring_weights_early()) weight_grad(be, g_res1_all, v(kAtty), *p_.o);
     // With q_norm / k_norm the attention's q and k gradients are the normalised ones' (kept for the norms' weights).
     Tensor g_qa = spec_.qk_norm ? v(kGQn) : g_q, g_ka = spec_.qk_norm ? v(kGKn) : g_k;
     if (cp_attn_)

@@ -151,10 +151,8 @@ class MlaLayer final : public Block {
       fp8_.linear(be, rows, w_kva.rows(0, r), Tensor(), out_lat);                 // (rows, r)
       fp8_.linear(be, rows, w_kva.rows(r, dr), Tensor(), out_kpe);                // (rows, dr) k_pe
     };
-    if (tp_.collective_matmul(fp8_))
-      gather_rows_matmul(be, tp_, n1, "the sequence-parallel all-gather of input_layernorm", project);
-    else
-      project(0, tp_.all_rows(be, n1, "the sequence-parallel all-gather of input_layernorm"));  // (n, C) every row
+    gather_rows_matmul(be, tp_, tp_.collective_matmul(fp8_), n1, "the sequence-parallel all-gather of input_layernorm",
+                       project);
     // Queries: (n, H dqk), [q_nope | q_pe] per head.
     if (q_a_) {
       Tensor qan = v(kQaN), rstd_qa = v(kRstdQa);
@@ -192,10 +190,8 @@ class MlaLayer final : public Block {
       fp8_.linear(be, rows, *gate_, Tensor(), g);
       fp8_.linear(be, rows, *up_, Tensor(), u);
     };
-    if (tp_.collective_matmul(fp8_))
-      gather_rows_matmul(be, tp_, n2, "the sequence-parallel all-gather of post_attention_layernorm", gate_up);
-    else
-      gate_up(0, tp_.all_rows(be, n2, "the sequence-parallel all-gather of post_attention_layernorm"));  // (n, C)
+    gather_rows_matmul(be, tp_, tp_.collective_matmul(fp8_), n2,
+                       "the sequence-parallel all-gather of post_attention_layernorm", gate_up);
     be.swiglu_forward(gate, up, hid);                                              // (n, F)
     tp_.row_parallel_matmul(be, hid, *down_, true, y, "the MLP output", fp8_);  // (m, C)
     be.add(y, res1, y);                                                            // residual 2
