@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "comm/host_pool.hpp"
 #include "comm/reduce_scatter.hpp"
 #include "core/bf16.hpp"
 
@@ -51,4 +52,33 @@ TEST(ReduceScatterSum, BlocksOfManyElements) {
     for (int64_t k = 0; k < n; ++k) pieces[size_t(i * n + k)] = float(i * 10 + k);
   sum_pieces(pieces.data(), out.data(), size, n, DType::f32);
   for (int64_t k = 0; k < n; ++k) EXPECT_EQ(out[size_t(k)], float(k) + float(10 + k) + float(20 + k));
+}
+
+// The reduce-scatter's pieces come from comm/host_pool.hpp: a returned block of a size is handed out again for that
+// size (its pages already faulted in), another size gets a new block, and idle blocks stay under the allowance.
+TEST(HostPool, ReturnsTheSameBlockForTheSameSize) {
+  const size_t base = HostPool::idle_bytes();
+  std::byte* first = nullptr;
+  {
+    HostPool::Block b = HostPool::take(3 << 20);
+    first = b.get();
+    first[0] = std::byte{7};
+  }
+  EXPECT_EQ(HostPool::idle_bytes(), base + (3 << 20));
+  HostPool::Block other = HostPool::take(5 << 20);
+  EXPECT_NE(other.get(), first);
+  HostPool::Block again = HostPool::take(3 << 20);
+  EXPECT_EQ(again.get(), first);
+  EXPECT_EQ(again.get()[0], std::byte{7});  // not zeroed: the exchange overwrites it
+  EXPECT_EQ(HostPool::idle_bytes(), base);
+}
+
+TEST(HostPool, KeepsAtMostItsAllowance) {
+  {
+    HostPool::Block a = HostPool::take(HostPool::kKeepBytes / 2 + 1);
+    HostPool::Block b = HostPool::take(HostPool::kKeepBytes / 2 + 1);
+  }  // b, then a returned: a's return frees b (the oldest) to fit
+  EXPECT_LE(HostPool::idle_bytes(), HostPool::kKeepBytes);
+  { HostPool::Block huge = HostPool::take(HostPool::kKeepBytes + 64); }  // larger than the allowance: freed
+  EXPECT_LE(HostPool::idle_bytes(), HostPool::kKeepBytes);
 }

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/host_pool.hpp"
 #include "comm/host_transfer.hpp"
 #include "comm/mpi_check.hpp"
 #include "comm/progress.hpp"
@@ -60,9 +61,10 @@ class MpiRequest final : public Request {
   // reduce-scatter's sum of the pieces (comm/reduce_scatter.hpp).
   void on_done(std::function<void()> f) { on_done_ = std::move(f); }
   // Host bytes the request owns until it is destroyed, not zeroed (a reduce-scatter's pieces: the exchange writes
-  // them; zeroing tens of MiB would cost the launching thread, and the pages are touched by the transfer instead).
+  // them), from the process's pool (comm/host_pool.hpp: the same sizes come back every step, their pages already
+  // faulted in) and returned to it with the request.
   std::byte* scratch(size_t bytes) {
-    scratch_.reset(new std::byte[bytes]);
+    scratch_ = HostPool::take(bytes);
     return scratch_.get();
   }
   // Hands the started request to the job's progress thread, if there is one (parallel.overlap): from here on that
@@ -113,7 +115,7 @@ class MpiRequest final : public Request {
   ProgressThread::Done flag_;  // set when the progress thread owns the request
   std::vector<int> counts_;
   std::function<void()> on_done_;
-  std::unique_ptr<std::byte[]> scratch_;
+  HostPool::Block scratch_;
   bool done_ = false;
 };
 
