@@ -75,6 +75,8 @@ class MpiRequest final : public Request {
       req_ = MPI_REQUEST_NULL;
     }
   }
+  // Started later by the progress thread (its lane): only the completion flag is this request's.
+  void queued(ProgressThread::Done flag) { flag_ = std::move(flag); }
   void wait() override {
     if (done_) return;
     if (flag_) {
@@ -235,6 +237,34 @@ RequestPtr MpiCommunicator::iallgather(Tensor& buf) {
                            r->handle()));
   if (background_) r->hand_over();
   return r;
+}
+
+RequestPtr MpiCommunicator::iallgather_in_turn(Tensor& buf) {
+  ProgressThread* p = background_ ? active_progress() : nullptr;
+  if (!p || buf.device() != Device::cpu) return iallgather(buf);
+  RELAY_ASSERT(buf.numel() % size_ == 0, "all-gather of " << buf.numel() << " over " << size_);
+  // Its own communicator: collectives on comm_ that the rank's thread starts meanwhile (a loss reduction, the next
+  // bucket's) may not interleave with these in another order on another member. The first call makes it (every
+  // member makes its first in-turn call at the same point).
+  if (lane_ == MPI_COMM_NULL) MPI_CHECK(MPI_Comm_dup(comm_, &lane_));
+  auto r = std::make_unique<MpiRequest>(be_, Tensor(), std::vector<std::byte>());
+  r->what = "a parameter all-gather";
+  void* data = buf.raw();
+  const int count = static_cast<int>(buf.numel() / size_);
+  const MPI_Datatype type = mpi_type(buf.dtype());
+  const MPI_Comm lane = lane_;
+  r->queued(p->enqueue([data, count, type, lane] {
+    MPI_Request q;
+    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count, type, lane, &q));
+    return q;
+  }));
+  return r;
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (lane_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&lane_);
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {

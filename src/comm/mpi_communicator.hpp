@@ -14,6 +14,7 @@ class MpiCommunicator final : public Communicator {
  public:
   // Does not take ownership of comm.
   MpiCommunicator(MPI_Comm comm, Backend& backend);
+  ~MpiCommunicator() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
@@ -25,6 +26,7 @@ class MpiCommunicator final : public Communicator {
   RequestPtr iallreduce(Tensor& t, ReduceOp op) override;
   RequestPtr ireduce_scatter_sum(const Tensor& in, Tensor& out) override;
   RequestPtr iallgather(Tensor& buf) override;
+  RequestPtr iallgather_in_turn(Tensor& buf) override;
   void broadcast(Tensor& t, int root) override;
   void alltoall_rows(const Tensor& send, const std::vector<int64_t>& send_rows, Tensor& recv,
                      const std::vector<int64_t>& recv_rows, const std::string& what) override;
@@ -51,6 +53,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   bool background_ = false;  // set_background_progress
   std::vector<int> world_rank_;  // of each member, for the watchdog's messages
+  MPI_Comm lane_ = MPI_COMM_NULL;  // a duplicate of comm_ for the in-turn gathers (the progress thread's lane only)
 };
 
 }  // namespace relay

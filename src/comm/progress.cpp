@@ -13,8 +13,11 @@ namespace {
 ProgressThread* g_active = nullptr;
 }
 
-ProgressThread::ProgressThread(int poll_us, int max_poll_us)
-    : poll_us_(poll_us), max_poll_us_(std::max(poll_us, max_poll_us)), thread_([this] { run(); }) {}
+ProgressThread::ProgressThread(int poll_us, int max_poll_us, int lane_depth)
+    : poll_us_(poll_us),
+      max_poll_us_(std::max(poll_us, max_poll_us)),
+      lane_depth_(static_cast<size_t>(std::max(1, lane_depth))),
+      thread_([this] { run(); }) {}
 
 ProgressThread::~ProgressThread() {
   {
@@ -43,23 +46,48 @@ ProgressThread::Done ProgressThread::adopt(MPI_Request req) {
   return done;
 }
 
+ProgressThread::Done ProgressThread::enqueue(std::function<MPI_Request()> start) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lane_.emplace_back(std::move(start), done);
+  }
+  cv_.notify_one();
+  return done;
+}
+
 void ProgressThread::run() {
   std::vector<MPI_Request> pending;  // the requests this thread owns, in the order they were handed over
   std::vector<Done> flags;           // each one's completion flag
   std::vector<int> finished;
   std::chrono::steady_clock::time_point spin_from{};  // when the current unpaused testing for a waiter began
   int pause_us = poll_us_;  // the pause while the rank computes: doubles each fruitless round up to max_poll_us_
+  std::vector<Done> lane_flight;  // the lane's collectives started and not yet done
   for (;;) {
+    std::vector<std::pair<std::function<MPI_Request()>, Done>> starts;  // the lane's to start now
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Idle (nothing pending): sleep until a request comes, so the thread costs nothing between steps.
-      if (pending.empty()) cv_.wait(lock, [this] { return stop_ || !incoming_.empty(); });
+      if (pending.empty()) cv_.wait(lock, [this] { return stop_ || !incoming_.empty() || !lane_.empty(); });
       if (stop_) return;
       if (!incoming_.empty()) pause_us = poll_us_;  // a new request: its first rounds may be quick
       pending.insert(pending.end(), incoming_.begin(), incoming_.end());
       flags.insert(flags.end(), incoming_done_.begin(), incoming_done_.end());
       incoming_.clear();
       incoming_done_.clear();
+      lane_flight.erase(std::remove_if(lane_flight.begin(), lane_flight.end(),
+                                       [](const Done& d) { return d->load(std::memory_order_relaxed); }),
+                        lane_flight.end());
+      while (lane_flight.size() + starts.size() < lane_depth_ && !lane_.empty()) {
+        starts.push_back(std::move(lane_.front()));
+        lane_.pop_front();
+      }
+    }
+    for (auto& [start, flag] : starts) {  // posted outside the lock (an MPI call may take a while)
+      pending.push_back(start());
+      flags.push_back(flag);
+      lane_flight.push_back(std::move(flag));
+      pause_us = poll_us_;
     }
     finished.resize(pending.size());
     int count = 0;
