@@ -49,7 +49,11 @@ AGENT
   # then a broadcast, each moving the whole buffer over one direction of the link while the other idles. Rabenseifner's
   # reduce-scatter + all-gather uses both directions at once: a 64 MiB all-reduce between the nodes at 1 Gbit/s takes
   # 0.61 s instead of 1.37 s and half the CPU per GB (bench/bench_comm_cpu_shaped.sh, bench/RESULTS.md).
-  MCA=("${MCA_BASE[@]}" --mca coll_libnbc_iallreduce_algorithm 3)
+  # Two TCP connections a pair (btl_tcp_links 2): one connection does not fill the tbf-shaped link here (a 28 MB
+  # all-gather between the nodes at 1 Gbit/s: 72 MB/s sent a rank over one, 125 MB/s over two, the cap; several
+  # collectives at once filled it either way), so single collectives (ZeRO-3's block gathers, the lane's first
+  # bucket) ran at about half the rate the planner's calibrated all-reduce measured (bench/RESULTS.md, session 19).
+  MCA=("${MCA_BASE[@]}" --mca coll_libnbc_iallreduce_algorithm 3 --mca btl_tcp_links 2)
 }
 
 on_node1() { ip netns exec "$NS1" unshare --uts bash -c 'hostname node1; exec "$@"' _ "$@"; }
