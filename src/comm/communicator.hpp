@@ -55,10 +55,10 @@ class Communicator {
   // buf (size x n) copied to every member. Non-blocking.
   virtual RequestPtr ireduce_scatter_sum(const Tensor& in, Tensor& out) = 0;
   virtual RequestPtr iallgather(Tensor& buf) = 0;
-  // The same all-gather, started in turn: after this communicator's earlier in-turn gathers have finished, one at a
-  // time (ZeRO-1/2's parameter gathers after the update: started together they share the link, and the bucket the
-  // next forward reads first arrives only when nearly all have). Every member calls it in the same order. NCCL runs a
-  // stream's collectives in order anyway (this default starts it now); MPI queues it on the progress thread's lane.
+  // The same all-gather, started in turn: in the order of the calls, a few travelling at once (ZeRO-1/2's parameter
+  // gathers after the update: started together they share the link, and the bucket the next forward reads first
+  // arrives only when nearly all have). Every member calls it in the same order. NCCL runs a stream's collectives in
+  // order anyway (this default starts it now); MPI queues it on the progress thread's lane (comm/progress.hpp).
   virtual RequestPtr iallgather_in_turn(Tensor& buf) { return iallgather(buf); }
   virtual void broadcast(Tensor& t, int root) = 0;
   // Expert parallelism's exchange, blocking and watched: send's first send_rows[0] rows (dim 0) go to member 0, the

@@ -42,7 +42,7 @@ class ProgressThread {
   // The lane: collectives this thread starts itself in the order they were queued, at most lane_depth travelling at
   // once, the next started when one finishes (start posts it and returns its request; the flag turns true once it is
   // done). ZeRO-1/2's parameter all-gathers, all started together after the update, shared the link and each arrived
-  // only when nearly all had: the next forward's first bucket came last but one. One at a time, a single all-gather
+  // only when nearly all had, the next forward's first bucket among them. One at a time, a single all-gather
   // moved ~0.07 GB/s over the 1 Gbit/s (0.125 GB/s) shaped link (Open MPI's TCP pipeline of one message); three at a
   // time gave the shortest steps (dp 2 ZeRO-1, 5-step runs: depth 1 7.29-7.42 s, 2 6.97-7.30, 3 6.76-6.99, 4 6.82-7.18,
   // 6 6.96-7.11, all 13 at once 7.65-7.80; bench/RESULTS.md). Every rank must queue the same collectives in the same

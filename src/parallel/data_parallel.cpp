@@ -544,7 +544,7 @@ std::vector<size_t> GradBuckets::gather_order() const {
 
 void GradBuckets::issue_gather(Bucket& b) {
   if (!b.zero) return;
-  b.gather = b.comm->iallgather_in_turn(b.values);  // one at a time, the next forward's first first
+  b.gather = b.comm->iallgather_in_turn(b.values);  // in gather_order(), a few at a time
   b.gather->what = "the ZeRO parameter all-gather";
   trace_gather_issued(b);
 }
