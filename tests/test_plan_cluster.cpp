@@ -20,6 +20,7 @@
 #include "model/block_cost.hpp"
 #include "model/family.hpp"
 #include "model/model_spec.hpp"
+#include "parallel/data_parallel.hpp"
 #include "parallel/partition.hpp"
 #include "plan/cluster.hpp"
 #include "plan/layout_cache.hpp"
@@ -361,6 +362,31 @@ TEST(PlanCluster, ExpertParallelMemoryEqualsTheRunsMeasurement) {
 // With parallel.overlap the gradient reduce-scatters start block after block inside the last micro-batch's backward
 // and the parameter all-gather hides behind the next forward: less exposed communication and a shorter step than
 // overlap = false (which is what the planner printed before: 1.60 s, 0.93 s exposed), and never more than the sum.
+// ZeRO-2/3's per-block moves on one stage, timed as Relay issues them (plan/step_model.hpp zero_block_waits), by hand:
+// three blocks of forward 1 s and backward 2 s. A gather of 0.5 s: the forward waits for the first block's only (the
+// next one's travels behind the block before); the backward for its first block's gather and the last reduce-scatter
+// (launched as the backward ends). A gather of 1.5 s, longer than a forward block: each one waits behind the last on
+// the link, and the forward ends when the link has carried all three and the last block has run (4.5 + 1 s).
+TEST(PlanCluster, ZeroBlockMovesWaitAsTheyAreIssued) {
+  ASSERT_EQ(Zero2Pool::kInFlight, 1u);  // the hand timings below assume one reduce-scatter in flight
+  const std::vector<BlockMoves> fast(3, BlockMoves{1.0, 2.0, 0.5, 0.5, 0.5, true});
+  const ZeroWaits f = zero_block_waits(fast);
+  EXPECT_DOUBLE_EQ(f.forward, 0.5);
+  EXPECT_DOUBLE_EQ(f.backward, 1.0);
+  EXPECT_DOUBLE_EQ(f.hidden_forward, 1.0);   // 1.5 s of gathers, 0.5 waited
+  EXPECT_DOUBLE_EQ(f.hidden_backward, 2.0);  // 1.5 s of gathers and 1.5 of reduce-scatters, 1.0 waited
+  const std::vector<BlockMoves> slow(3, BlockMoves{1.0, 2.0, 1.5, 0.0, 0.0, true});
+  const ZeroWaits s = zero_block_waits(slow);
+  EXPECT_DOUBLE_EQ(s.forward, 2.5);
+  EXPECT_DOUBLE_EQ(3 * 1.0 + s.forward, 3 * 1.5 + 1.0);
+  EXPECT_DOUBLE_EQ(s.backward, 0.0);
+  // A block without parameters runs no hooks: it neither waits nor prefetches the next block's gather.
+  std::vector<BlockMoves> gap = fast;
+  gap[1] = BlockMoves{1.0, 2.0, 0.0, 0.0, 0.0, false};
+  const ZeroWaits g = zero_block_waits(gap);
+  EXPECT_DOUBLE_EQ(g.forward, 1.0);  // block 0's gather, then block 2's issued only when it starts
+}
+
 TEST(PlanCluster, OverlapHidesDataParallelCommunication) {
   const Cluster cl = load_cluster(src("configs/clusters/h100-80gb-sxm-ndr.toml"));
   const std::vector<std::string> layout = {

@@ -1,12 +1,14 @@
 #include "plan/step_model.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <initializer_list>
 #include <map>
 
 #include "model/block_cost.hpp"
 #include "model/expert_parallel.hpp"
 #include "model/tensor_parallel.hpp"
+#include "parallel/data_parallel.hpp"
 #include "parallel/sharding.hpp"
 #include "parallel/simulator.hpp"
 #include "plan/collectives.hpp"
@@ -105,6 +107,59 @@ struct ChunkCosts {
   std::vector<std::vector<Block>> blocks;
 };
 
+}  // namespace
+
+ZeroWaits zero_block_waits(const std::vector<BlockMoves>& blocks) {
+  ZeroWaits w;
+  const size_t n = blocks.size();
+  double t = 0, link = 0, moved_f = 0, moved_b = 0;
+  std::vector<double> ready(n, -1);  // (blocks) when the block's gather is done; -1: not issued
+  auto issue = [&](size_t k, double at, double seconds) {
+    link = std::max(at, link) + seconds;
+    ready[k] = link;
+  };
+  auto run = [&](size_t k, double compute, size_t next, bool has_next, double BlockMoves::*gather, double& wait) {
+    const BlockMoves& b = blocks[k];
+    if (!b.hooks) {
+      t += compute;
+      return;
+    }
+    if (ready[k] < 0) issue(k, t, b.*gather);
+    const double start = std::max(t, ready[k]);
+    wait += start - t;
+    if (has_next && blocks[next].hooks && ready[next] < 0) issue(next, start, blocks[next].*gather);
+    t = start + compute;
+  };
+  for (size_t k = 0; k < n; ++k) {
+    run(k, blocks[k].forward, k + 1, k + 1 < n, &BlockMoves::gather_f, w.forward);
+    moved_f += blocks[k].gather_f;
+  }
+  std::fill(ready.begin(), ready.end(), -1.0);
+  std::deque<double> flight;  // the reduce-scatters in flight: when each is done
+  auto reclaim = [&] {
+    const double done = flight.front();
+    flight.pop_front();
+    if (done > t) {
+      w.backward += done - t;
+      t = done;
+    }
+  };
+  for (size_t k = n; k-- > 0;) {
+    run(k, blocks[k].backward, k - 1, k > 0, &BlockMoves::gather_b, w.backward);
+    moved_b += blocks[k].gather_b + blocks[k].reduce_scatter;
+    if (blocks[k].reduce_scatter <= 0) continue;
+    link = std::max(t, link) + blocks[k].reduce_scatter;
+    flight.push_back(link);
+    while (flight.size() > Zero2Pool::kInFlight) reclaim();
+  }
+  while (!flight.empty()) reclaim();
+  w.hidden_forward = std::max(0.0, moved_f - w.forward);
+  w.hidden_backward = std::max(0.0, moved_b - w.backward);
+  return w;
+}
+
+namespace {
+
 // moves_progress: whether ZeRO-2/3's per-block moves travel while the blocks compute (parallel.overlap's progress
 // thread, or a communicator that progresses alone: Cluster::async_progress); otherwise each waits in full.
 ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, const Groups& g, const Sharding& sharding,
@@ -121,6 +176,7 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
   for (size_t c = 0; c < chunks; ++c) {
     const ChunkRange& cr = layout.chunks[c];
     double prev_compute = 0;
+    std::vector<BlockMoves> moves;  // (blocks) on one stage with progress: timed by zero_block_waits below
     for (int i = cr.begin; i < cr.end; ++i) {
       const BlockSpec& b = layout.blocks()[size_t(i)];
       const BlockTime t = block_time(dev, b, g.ctx);
@@ -135,25 +191,31 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
       cc.experts[c] += experts;
       cc.blocks[c].push_back({t.forward, t.backward_input + t.backward_weight, params, experts});
       double f = t.forward, bi = t.backward_input, bw = t.backward_weight;
-      // ZeRO-2/3: each micro-batch's gradient buckets are reduce-scattered as the backward finishes their blocks
-      // (hidden behind the backward unless the collective is the longer); ZeRO-3 on one stage also gathers each
-      // block's parameters for its forward and again for its backward, the next block's while this one runs (priced
-      // so under parallel.reshard_after_forward = false too, where a block is gathered once and kept: an upper bound).
+      // ZeRO-2/3: each micro-batch's gradient buckets are reduce-scattered as the backward finishes their blocks;
+      // ZeRO-3 on one stage also gathers each block's parameters for its forward and again for its backward
+      // (parallel.reshard_after_forward; once, kept, otherwise: priced in every micro-batch's forward, an upper bound).
       // ZeRO-3 under pp > 1 reduce-scatters once, at allreduce_grads (priced below), yet this model has also priced
       // a reduce-scatter per block in its backward since before parallel/sharding.hpp: kept, so that the predictions
       // stay what they were.
       const bool step_buckets = sharding.group(GradGroup::dense).grads == GradHold::step_buckets;
       const double bucket_rs =
           dp_comm_s(sharding, g, params, experts, {step_buckets ? Issued::allreduce_grads : Issued::bucket_done});
-      const double gather =
+      const double gather_f =
           pp == 1 ? dp_comm_s(sharding, g, params, experts, {Issued::block_run, Issued::block_first_run}) : 0;
-      // Without progress nothing hides: the gather is waited for before the block, the reduce-scatter after it. What
-      // hides costs the compute its share (Link::overlap_compute_share).
-      const double hidden_f = moves_progress ? std::min(gather, prev_compute) : 0,
-                   hidden_b = moves_progress ? std::min(bucket_rs + gather, t.backward_input + t.backward_weight) : 0;
-      f += gather - hidden_f + g.dp_path.compute_share * hidden_f;
-      bw += bucket_rs + gather - hidden_b + g.dp_path.compute_share * hidden_b;
-      cc.zero_exposed[c] += gather - hidden_f + bucket_rs + gather - hidden_b;
+      const double gather_b = pp == 1 ? dp_comm_s(sharding, g, params, experts, {Issued::block_run}) : 0;
+      if (pp == 1 && moves_progress) {  // timed below, block after block, as the blocks run them
+        moves.push_back({f, bi + bw, gather_f, gather_b, bucket_rs, !b.params.empty()});
+      } else {
+        // Each block's moves hidden behind the block before (the gather) and its own backward (the reduce-scatter)
+        // unless the collective is the longer; without progress nothing hides: the gather is waited for before the
+        // block, the reduce-scatter after it. What hides costs the compute its share (Link::overlap_compute_share).
+        const double gather = gather_f;
+        const double hidden_f = moves_progress ? std::min(gather, prev_compute) : 0,
+                     hidden_b = moves_progress ? std::min(bucket_rs + gather, t.backward_input + t.backward_weight) : 0;
+        f += gather - hidden_f + g.dp_path.compute_share * hidden_f;
+        bw += bucket_rs + gather - hidden_b + g.dp_path.compute_share * hidden_b;
+        cc.zero_exposed[c] += gather - hidden_f + bucket_rs + gather - hidden_b;
+      }
       prev_compute = t.forward - t.comm_forward;
       costs.chunk_forward[c] += f;
       costs.chunk_backward_input[c] += bi;
@@ -165,6 +227,11 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
       cc.tp_hidden[c] += t.tp_hidden;
       cc.fp8_weights[c] += t.fp8_weights;
     }
+    if (moves.empty()) continue;
+    const ZeroWaits w = zero_block_waits(moves);
+    costs.chunk_forward[c] += w.forward + g.dp_path.compute_share * w.hidden_forward;
+    costs.chunk_backward_weight[c] += w.backward + g.dp_path.compute_share * w.hidden_backward;
+    cc.zero_exposed[c] += w.forward + w.backward;
   }
   return cc;
 }

@@ -54,6 +54,29 @@ StepPrediction predict_step(const Cluster& cluster, const Config& cfg, const Lay
                             ScheduleCache& schedules, bool time_only_if_fits = false,
                             PlannedKernels kernels = {});
 
+// One block's ZeRO-2/3 moves on one stage (pp 1), per micro-batch: its compute, its parameters' gather before its
+// forward and before its backward, its buckets' reduce-scatter after its backward; hooks: the block has parameters
+// (ModelChunk calls the hooks of those blocks only).
+struct BlockMoves {
+  double forward, backward, gather_f, gather_b, reduce_scatter;
+  bool hooks;
+};
+struct ZeroWaits {
+  double forward = 0, backward = 0;                // seconds the blocks wait on the moves, per micro-batch
+  double hidden_forward = 0, hidden_backward = 0;  // seconds of the moves that ran behind the compute
+};
+
+// The moves timed as Relay issues them (parallel/data_parallel.cpp, model/chunk.cpp), one link carrying them one after
+// another in the order issued: a block's gather is waited for before it runs and the next block's started then (one
+// block ahead); after a block's backward its buckets' reduce-scatter starts, and once more than Zero2Pool::kInFlight
+// are in flight the oldest is waited for; a micro-batch's last ones are waited for at its end (Relay waits for the
+// last micro-batch's before the optimizer, earlier ones' at the next bucket's close: an upper bound there). The
+// per-block sum this replaced (a block's gather hidden behind the block before, its reduce-scatter behind its own
+// backward, each up to that block's compute) missed the chain: a gather issued late delays the next one behind it on
+// the link, and the last blocks' reduce-scatters start only as the backward ends. It predicted 0.42 s a step exposed
+// for dp 2 ZeRO-3 on a shaped link that measured 2.2 (bench/RESULTS.md).
+ZeroWaits zero_block_waits(const std::vector<BlockMoves>& blocks);
+
 // "dp 24, tp 8, pp 8 (1f1b), mbs 1 x 96, ZeRO-1, recompute": the layout's keys in one line (", ep 8" after tp / cp
 // under expert parallelism).
 std::string describe_layout(const Config& cfg);
