@@ -364,15 +364,16 @@ TEST(PlanCluster, ExpertParallelMemoryEqualsTheRunsMeasurement) {
 // overlap = false (which is what the planner printed before: 1.60 s, 0.93 s exposed), and never more than the sum.
 // ZeRO-2/3's per-block moves on one stage, timed as Relay issues them (plan/step_model.hpp zero_block_waits), by hand:
 // three blocks of forward 1 s and backward 2 s. A gather of 0.5 s: the forward waits for the first block's only (the
-// next one's travels behind the block before); the backward for its first block's gather and the last reduce-scatter
-// (launched as the backward ends). A gather of 1.5 s, longer than a forward block: each one waits behind the last on
+// next one's travels behind the block before); the backward for its first block's gather, and then (once a step) for
+// the last reduce-scatter, launched as the backward ends. A gather of 1.5 s, longer than a forward block: each one waits behind the last on
 // the link, and the forward ends when the link has carried all three and the last block has run (4.5 + 1 s).
 TEST(PlanCluster, ZeroBlockMovesWaitAsTheyAreIssued) {
   ASSERT_EQ(Zero2Pool::kInFlight, 1u);  // the hand timings below assume one reduce-scatter in flight
   const std::vector<BlockMoves> fast(3, BlockMoves{1.0, 2.0, 0.5, 0.5, 0.5, true});
   const ZeroWaits f = zero_block_waits(fast);
   EXPECT_DOUBLE_EQ(f.forward, 0.5);
-  EXPECT_DOUBLE_EQ(f.backward, 1.0);
+  EXPECT_DOUBLE_EQ(f.backward, 0.5);
+  EXPECT_DOUBLE_EQ(f.drain, 0.5);  // the last reduce-scatter, launched as the backward ends
   EXPECT_DOUBLE_EQ(f.hidden_forward, 1.0);   // 1.5 s of gathers, 0.5 waited
   EXPECT_DOUBLE_EQ(f.hidden_backward, 2.0);  // 1.5 s of gathers and 1.5 of reduce-scatters, 1.0 waited
   const std::vector<BlockMoves> slow(3, BlockMoves{1.0, 2.0, 1.5, 0.0, 0.0, true});
@@ -380,6 +381,7 @@ TEST(PlanCluster, ZeroBlockMovesWaitAsTheyAreIssued) {
   EXPECT_DOUBLE_EQ(s.forward, 2.5);
   EXPECT_DOUBLE_EQ(3 * 1.0 + s.forward, 3 * 1.5 + 1.0);
   EXPECT_DOUBLE_EQ(s.backward, 0.0);
+  EXPECT_DOUBLE_EQ(s.drain, 0.0);
   // A block without parameters runs no hooks: it neither waits nor prefetches the next block's gather.
   std::vector<BlockMoves> gap = fast;
   gap[1] = BlockMoves{1.0, 2.0, 0.0, 0.0, 0.0, false};

@@ -96,6 +96,7 @@ struct ChunkCosts {
   std::vector<double> tp_hidden;      // (chunks) per micro-batch: tp all-reduces hidden behind weight gradients
   std::vector<double> fp8_weights;    // (chunks) per optimizer step: the weights' cached FP8 codes made
   std::vector<double> zero_exposed;   // (chunks) per micro-batch: ZeRO-2/3's per-block moves the blocks wait for
+  std::vector<double> zero_drain;     // (chunks) once a step: its last reduce-scatters, waited for after the backward
   // (chunks) the chunk's dense parameters on a tp rank (every parameter at ep 1); under ep > 1, the rank's experts'
   // (1 / ep of them), summed over edp_path instead of dp_path.
   std::vector<double> params, experts;
@@ -136,11 +137,11 @@ ZeroWaits zero_block_waits(const std::vector<BlockMoves>& blocks) {
   }
   std::fill(ready.begin(), ready.end(), -1.0);
   std::deque<double> flight;  // the reduce-scatters in flight: when each is done
-  auto reclaim = [&] {
+  auto reclaim = [&](double& wait) {
     const double done = flight.front();
     flight.pop_front();
     if (done > t) {
-      w.backward += done - t;
+      wait += done - t;
       t = done;
     }
   };
@@ -150,11 +151,11 @@ ZeroWaits zero_block_waits(const std::vector<BlockMoves>& blocks) {
     if (blocks[k].reduce_scatter <= 0) continue;
     link = std::max(t, link) + blocks[k].reduce_scatter;
     flight.push_back(link);
-    while (flight.size() > Zero2Pool::kInFlight) reclaim();
+    while (flight.size() > Zero2Pool::kInFlight) reclaim(w.backward);
   }
-  while (!flight.empty()) reclaim();
+  while (!flight.empty()) reclaim(w.drain);
   w.hidden_forward = std::max(0.0, moved_f - w.forward);
-  w.hidden_backward = std::max(0.0, moved_b - w.backward);
+  w.hidden_backward = std::max(0.0, moved_b - w.backward - w.drain);
   return w;
 }
 
@@ -171,7 +172,7 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
   costs.chunk_backward_input = costs.chunk_backward_weight = costs.chunk_forward;
   cc.comm.assign(chunks, 0);
   cc.ep_comm = cc.params = cc.experts = cc.cp_hidden = cc.ep_hidden = cc.tp_hidden = cc.fp8_weights = cc.zero_exposed =
-      cc.comm;
+      cc.zero_drain = cc.comm;
   cc.blocks.resize(chunks);
   for (size_t c = 0; c < chunks; ++c) {
     const ChunkRange& cr = layout.chunks[c];
@@ -232,6 +233,7 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
     costs.chunk_forward[c] += w.forward + g.dp_path.compute_share * w.hidden_forward;
     costs.chunk_backward_weight[c] += w.backward + g.dp_path.compute_share * w.hidden_backward;
     cc.zero_exposed[c] += w.forward + w.backward;
+    cc.zero_drain[c] = w.drain;
   }
   return cc;
 }
@@ -295,7 +297,7 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
     std::map<int, TimedAction> last_w;  // chunk -> its last backward (the one writing its weight gradients)
     std::map<int, double> first_f;      // chunk -> the start of its first forward
     double end = 0, comm_free = 0, busy = 0, params = 0, experts = 0, comm = 0, ep_comm = 0, cp_hidden = 0,
-           ep_hidden = 0, tp_hidden = 0, fp8_weights = 0, zero_exposed = 0, dp_hidden = 0;
+           ep_hidden = 0, tp_hidden = 0, fp8_weights = 0, zero_exposed = 0, zero_drain = 0, dp_hidden = 0;
     for (const TimedAction& a : sim.timeline[size_t(rank)]) {
       end = std::max(end, a.end);
       busy += a.end - a.start;
@@ -317,6 +319,7 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
       tp_hidden += cc.tp_hidden[size_t(c)] * shape.m;
       fp8_weights += cc.fp8_weights[size_t(c)];  // once a step, whatever the micro-batches
       zero_exposed += cc.zero_exposed[size_t(c)] * shape.m;
+      zero_drain += cc.zero_drain[size_t(c)];  // once a step, after the last micro-batch's backward
       // Dense buckets over every replica, then (ep > 1) the experts' over their copies.
       comm_free = reduce_chunk(g, sharding, cc, c, last_w.at(c), overlap, comm_free, dp_hidden);
     }
@@ -332,10 +335,10 @@ void rank_steps(const Cluster::Device& dev, const Groups& g, const Sharding& sha
     end += g.dp_path.compute_share * dp_hidden;
     // The FP8 weights' codes, made by the step's first forward of each block: priced once a step, added here (the
     // simulator's per-micro-batch costs hold none of it).
-    const double rank_step = std::max(end, comm_free) + opt + gather + fp8_weights;
+    const double rank_step = std::max(end, comm_free) + zero_drain + opt + gather + fp8_weights;
     if (rank_step > step) {
       step = rank_step;
-      r.dp_comm_exposed_s = std::max(0.0, comm_free - end) + gather + zero_exposed;
+      r.dp_comm_exposed_s = std::max(0.0, comm_free - end) + gather + zero_exposed + zero_drain;
       r.optimizer_s = opt;
       r.tp_cp_comm_s = comm;
       r.ep_comm_s = ep_comm;

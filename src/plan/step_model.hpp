@@ -63,14 +63,15 @@ struct BlockMoves {
 };
 struct ZeroWaits {
   double forward = 0, backward = 0;                // seconds the blocks wait on the moves, per micro-batch
+  double drain = 0;                                // then waiting for the reduce-scatters still in flight (once a step)
   double hidden_forward = 0, hidden_backward = 0;  // seconds of the moves that ran behind the compute
 };
 
 // The moves timed as Relay issues them (parallel/data_parallel.cpp, model/chunk.cpp), one link carrying them one after
 // another in the order issued: a block's gather is waited for before it runs and the next block's started then (one
 // block ahead); after a block's backward its buckets' reduce-scatter starts, and once more than Zero2Pool::kInFlight
-// are in flight the oldest is waited for; a micro-batch's last ones are waited for at its end (Relay waits for the
-// last micro-batch's before the optimizer, earlier ones' at the next bucket's close: an upper bound there). The
+// are in flight the oldest is waited for; the last ones are waited for at the end (drain: Relay waits for the last
+// micro-batch's before the optimizer, an earlier one's behind the next micro-batch, taken as hidden there). The
 // per-block sum this replaced (a block's gather hidden behind the block before, its reduce-scatter behind its own
 // backward, each up to that block's compute) missed the chain: a gather issued late delays the next one behind it on
 // the link, and the last blocks' reduce-scatters start only as the backward ends. It predicted 0.42 s a step exposed
