@@ -1,11 +1,12 @@
 // Communication overlap (parallel.overlap, issue 40; docs/parallelism.md#communication-overlap): with it on, a progress
 // thread moves the gradient collectives while the rank computes, and each ZeRO-0/1 bucket's all-reduce /
 // reduce-scatter is launched as soon as the last micro-batch's backward has filled it. The real binary trains the GPT
-// problem (small buckets, about one block each) on dp 2 with ZeRO 0, 1 and 2 and on pp 2 x dp 2, overlap on and off:
+// problem (small buckets, about one block each) on dp 2 with ZeRO 0, 1, 2 and 3 and on pp 2 x dp 2, overlap on and off:
 // the same buckets summed by the same collectives, so every step's loss and gradient norm and every final tensor are
 // bitwise equal, and two runs with overlap are bitwise. (ZeRO-1 and 2 with overlap also leave the parameter all-gather
 // after the update in flight until the next forward reads the bucket, or an evaluation or checkpoint needs it: both
-// come every few steps here.) Its trace shows the difference: with overlap a bucket's
+// come every few steps here. ZeRO-3 keeps the head's gathered parameters from its forward into its backward, traced
+// as one gather fewer.) Its trace shows the difference: with overlap a bucket's
 // all-reduce begins before the step's last backward ends; without, every one begins after it. A rank stopped (SIGSTOP)
 // or killed (SIGKILL) right after it starts a bucket's all-reduce inside the backward, a tp input gradient's all-reduce
 // or an ep dispatch still ends the job within seconds, named: the progress thread neither hides the stall from the watchdog nor keeps the job alive. On tp 2
@@ -46,7 +47,7 @@ struct Outcome {
   // Per rank, in step 2: the end of its last backward span and the begin of its earliest bucket all-reduce (us).
   std::map<int, double> last_backward_end, first_allreduce_begin;
   bool exposed_reported = false;  // every window's exposed_comm_s in metrics.jsonl and the end table's column
-  // Per rank, in step 2: the optimizer span [begin, end) and its parameter all-gathers (ZeRO-1/2): bucket and issue
+  // Per rank, in step 2: the optimizer span [begin, end) and its parameter all-gathers (ZeRO-1/2, 3): bucket and issue
   // time, in issue order.
   std::map<int, std::pair<double, double>> optimizer;
   std::map<int, std::vector<std::pair<int, double>>> gathers;
@@ -78,7 +79,7 @@ Outcome train_run(const Problem& p, const std::string& run, const Case& c, bool 
     }
     if (e["ph"] == "X" && e["args"]["op"] == "optimizer_step" && e["args"]["step"] == 2)
       out.optimizer[rank] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
-    if (e["ph"] == "b" && e["args"]["op"] == "gather_params" && e["args"]["step"] == 2) {
+    if (e["ph"] == "b" && e["args"]["op"] == "gather_params" && e["args"]["step"] == 2) {  // ZeRO-1/2 and 3
       const std::string name = e["name"];  // "param gather bucket 7"
       out.gathers[rank].push_back({std::stoi(name.substr(name.rfind(' ') + 1)), e["ts"].get<double>()});
     }
@@ -121,6 +122,22 @@ TEST_P(Overlap, OnAndOffBitwiseEqual) {
       }
     }
   }
+  if (c.zero == 3) {
+    // ZeRO-3 on one stage gathers each block's parameters for its forward and again for its backward, except the
+    // last block's (the head's), kept from its forward into its backward: its own unit is gathered once a
+    // micro-batch, and the tied embedding's three times (the embedding's forward, the head's, the embedding's
+    // backward), not twice and four times.
+    for (const Outcome* o : {&on, &off})
+      for (auto& [rank, g] : o->gathers) {
+        std::map<int, int> times;  // bucket -> gathers in step 2
+        for (auto& [bucket, at] : g) ++times[bucket];
+        int least = 1 << 30, most = 0;
+        for (auto& [bucket, n] : times) least = std::min(least, n), most = std::max(most, n);
+        EXPECT_EQ(least, c.m) << "rank " << rank << ": the head's backward gathered its parameters again";
+        EXPECT_EQ(most, 3 * c.m) << "rank " << rank << ": the tied embedding's gathers";
+      }
+    return;
+  }
   if (c.zero == 2 || c.dp == 1) return;  // ZeRO-2 reduce-scatters each bucket as it fills, either way; dp 1: none
   ASSERT_EQ(on.first_allreduce_begin.size(), size_t(c.ranks())) << "a traced bucket all-reduce on every rank";
   for (const auto& [rank, end] : off.last_backward_end)
@@ -132,7 +149,8 @@ TEST_P(Overlap, OnAndOffBitwiseEqual) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Overlap,
-                         ::testing::Values(Case{0, 2, 1, 2}, Case{1, 2, 1, 2}, Case{2, 2, 1, 2}, Case{1, 2, 2, 4},
+                         ::testing::Values(Case{0, 2, 1, 2}, Case{1, 2, 1, 2}, Case{2, 2, 1, 2}, Case{3, 2, 1, 2},
+                                           Case{1, 2, 2, 4},
                                            Case{0, 1, 1, 2, 2}, Case{0, 1, 1, 2, 2, true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name(); });
 

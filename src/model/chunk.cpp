@@ -235,8 +235,11 @@ void ModelChunk::params_in(size_t k, int64_t next) {
   hooks_->before_params(blocks_[k]->spec().index);
   if (next >= 0 && next < int64_t(blocks_.size())) hooks_->prefetch_params(blocks_[size_t(next)]->spec().index);
 }
-void ModelChunk::params_out(size_t k) {
-  if (hooks_ && !blocks_[k]->params().empty()) hooks_->after_params(blocks_[k]->spec().index);
+void ModelChunk::params_out(size_t k, bool forward) {
+  if (!hooks_ || blocks_[k]->params().empty()) return;
+  bool last = forward && is_last_;  // the forward's last block with parameters: its backward reads them first
+  for (size_t j = k + 1; last && j < blocks_.size(); ++j) last = blocks_[j]->params().empty();
+  hooks_->after_params(blocks_[k]->spec().index, last);
 }
 
 Tensor ModelChunk::forward(int mb, int64_t rows) {
@@ -246,7 +249,7 @@ Tensor ModelChunk::forward(int mb, int64_t rows) {
     hand_documents(sl, k, rows);
     params_in(k, int64_t(k) + 1);
     blocks_[k]->forward(be_, act(sl, k, rows), y, saved(sl, k));
-    params_out(k);
+    params_out(k, true);
   }
   return act(sl, blocks_.size(), rows);
 }

@@ -78,13 +78,15 @@ int64_t cp_attention_bytes(std::span<const BlockSpec> blocks, int tp, int cp, in
 // before/after_weight_grads: the block is about to accumulate its parameter gradients of a micro-batch, and has.
 // before/after_params: the block is about to read its parameters (its forward, or its backward: the recomputed
 // forward and the input gradient), and is done with them; prefetch_params: the block that runs next will.
+// backward_next: the last chunk's last block with parameters ends its forward, and its backward may come next (the
+// same parameters read again at once).
 class BlockHooks {
  public:
   virtual ~BlockHooks() = default;
   virtual void before_weight_grads(int block) = 0;
   virtual void after_weight_grads(int block) = 0;
   virtual void before_params(int) {}
-  virtual void after_params(int) {}
+  virtual void after_params(int, bool /*backward_next*/) {}
   virtual void prefetch_params(int) {}
 };
 
@@ -169,7 +171,7 @@ class ModelChunk {
   void weight_grads(size_t k, const Tensor& x, const Tensor& dy, BlockSaved& sv);
   // The parameter hooks around block k's use of its parameters; `next` the block visited after it (-1: none).
   void params_in(size_t k, int64_t next);
-  void params_out(size_t k);
+  void params_out(size_t k, bool forward = false);  // forward: this is the forward's (its last block may be kept)
 
   Backend& be_;
   int id_;

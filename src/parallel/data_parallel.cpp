@@ -366,7 +366,12 @@ void GradBuckets::before_params(int block) {
   if (params_in_flight_)  // the values this block reads come back from the last step's all-gather
     if (auto it = buckets_of_block_.find(block); it != buckets_of_block_.end())
       for (int bi : it->second) settle(buckets_[static_cast<size_t>(bi)]);
-  for (int bi : units_of(block)) {
+  const std::vector<int>& mine = units_of(block);
+  for (int bi : std::exchange(kept_, {})) {  // kept for a backward that did not come next: let go
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    if (b.users == 0 && std::find(mine.begin(), mine.end(), bi) == mine.end()) release(b);
+  }
+  for (int bi : mine) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     finish_gather(b);
     ++b.users;
@@ -377,11 +382,13 @@ void GradBuckets::prefetch_params(int block) {
   for (int bi : units_of(block)) start_gather(buckets_[static_cast<size_t>(bi)]);
 }
 
-void GradBuckets::after_params(int block) {
+void GradBuckets::after_params(int block, bool backward_next) {
   for (int bi : units_of(block)) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     RELAY_ASSERT(b.users > 0, "ZeRO-3: block " << block << " let go of parameters it did not hold");
-    if (--b.users == 0 && reshard_) release(b);
+    if (--b.users > 0 || !reshard_) continue;
+    if (backward_next) kept_.push_back(bi);  // its backward reads them first: not gathered twice in a row
+    else release(b);
   }
 }
 
@@ -520,6 +527,7 @@ void GradBuckets::gather_params() {
       RELAY_ASSERT(b.users == 0, "ZeRO-3: parameters still in use after the step");
       if (b.zero) release(b);  // (a bucket with no other copy keeps its parameters whole)
     }
+    kept_.clear();
     return;
   }
   // ZeRO-1, 2: every replica's updated piece to every replica. With launch_when_filled each bucket's gather is only

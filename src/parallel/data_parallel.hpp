@@ -161,7 +161,7 @@ class GradBuckets : public BlockHooks {
   void before_weight_grads(int block) override;
   void after_weight_grads(int block) override;
   void before_params(int block) override;
-  void after_params(int block) override;
+  void after_params(int block, bool backward_next) override;
   void prefetch_params(int block) override;
   // What the optimizer updates: every parameter whole, or (ZeRO) the pieces this replica owns.
   std::vector<OptimSlice> optimizer_slices() const;
@@ -263,6 +263,9 @@ class GradBuckets : public BlockHooks {
   bool zero_;
   bool per_micro_batch_;  // ZeRO-2 and 3
   bool zero3_ = false, reshard_ = true;
+  // ZeRO-3: the buckets the forward's last block let go of, kept gathered for its backward (FSDP keeps the root's
+  // parameters so): released before any other block reads its parameters, so never more than two blocks' are held.
+  std::vector<int> kept_;
   bool step_grads_ = false;  // ZeRO-3 under pp > 1: whole gradient buckets only during the step
   bool kill_in_gather_ = false;
   bool params_in_flight_ = false;  // ZeRO-1, 2 with launch_when_filled: gather_params' all-gathers not yet settled

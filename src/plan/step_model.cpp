@@ -178,6 +178,9 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
     const ChunkRange& cr = layout.chunks[c];
     double prev_compute = 0;
     std::vector<BlockMoves> moves;  // (blocks) on one stage with progress: timed by zero_block_waits below
+    int last_with_params = -1;      // its parameters stay gathered from its forward into its backward (one stage)
+    for (int i = cr.begin; i < cr.end; ++i)
+      if (!layout.blocks()[size_t(i)].params.empty()) last_with_params = i;
     for (int i = cr.begin; i < cr.end; ++i) {
       const BlockSpec& b = layout.blocks()[size_t(i)];
       const BlockTime t = block_time(dev, b, g.ctx);
@@ -203,19 +206,23 @@ ChunkCosts chunk_costs(const Cluster::Device& dev, const ModelLayout& layout, co
           dp_comm_s(sharding, g, params, experts, {step_buckets ? Issued::allreduce_grads : Issued::bucket_done});
       const double gather_f =
           pp == 1 ? dp_comm_s(sharding, g, params, experts, {Issued::block_run, Issued::block_first_run}) : 0;
-      const double gather_b = pp == 1 ? dp_comm_s(sharding, g, params, experts, {Issued::block_run}) : 0;
+      // The stage's last block with parameters keeps them from its forward into its backward (GradBuckets::kept_).
+      const double gather_b =
+          pp == 1 && i != last_with_params ? dp_comm_s(sharding, g, params, experts, {Issued::block_run}) : 0;
       if (pp == 1 && moves_progress) {  // timed below, block after block, as the blocks run them
         moves.push_back({f, bi + bw, gather_f, gather_b, bucket_rs, !b.params.empty()});
       } else {
         // Each block's moves hidden behind the block before (the gather) and its own backward (the reduce-scatter)
         // unless the collective is the longer; without progress nothing hides: the gather is waited for before the
         // block, the reduce-scatter after it. What hides costs the compute its share (Link::overlap_compute_share).
-        const double gather = gather_f;
+        // (Under parallel.reshard_after_forward = false the backward's gather is priced as the forward's: an upper
+        // bound, as before.)
+        const double gather = gather_f, again = i == last_with_params ? gather_b : gather;
         const double hidden_f = moves_progress ? std::min(gather, prev_compute) : 0,
-                     hidden_b = moves_progress ? std::min(bucket_rs + gather, t.backward_input + t.backward_weight) : 0;
+                     hidden_b = moves_progress ? std::min(bucket_rs + again, t.backward_input + t.backward_weight) : 0;
         f += gather - hidden_f + g.dp_path.compute_share * hidden_f;
-        bw += bucket_rs + gather - hidden_b + g.dp_path.compute_share * hidden_b;
-        cc.zero_exposed[c] += gather - hidden_f + bucket_rs + gather - hidden_b;
+        bw += bucket_rs + again - hidden_b + g.dp_path.compute_share * hidden_b;
+        cc.zero_exposed[c] += gather - hidden_f + bucket_rs + again - hidden_b;
       }
       prev_compute = t.forward - t.comm_forward;
       costs.chunk_forward[c] += f;
