@@ -378,6 +378,13 @@ void GradBuckets::before_params(int block) {
   }
 }
 
+void GradBuckets::release_kept() {
+  for (int bi : std::exchange(kept_, {})) {
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    if (b.users == 0) release(b);
+  }
+}
+
 void GradBuckets::prefetch_params(int block) {
   for (int bi : units_of(block)) start_gather(buckets_[static_cast<size_t>(bi)]);
 }

@@ -437,6 +437,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     if (eval_now) {
       const int64_t m = tr ? tr->mark() : 0;
       EvalResult e = evaluate(r);
+      r.buckets->release_kept();  // (ZeRO-3: no backward follows the evaluation's forward)
       if (tr) tr->add({"eval", "eval", kTrackCompute, step, -1, -1, m, tr->mark()});
       if (rank0) s.log->eval(step, e.loss, e.accuracy, r.layout.model.language_model || cfg.model.loss == "cross_entropy");
     }
