@@ -367,10 +367,7 @@ void GradBuckets::before_params(int block) {
     if (auto it = buckets_of_block_.find(block); it != buckets_of_block_.end())
       for (int bi : it->second) settle(buckets_[static_cast<size_t>(bi)]);
   const std::vector<int>& mine = units_of(block);
-  for (int bi : std::exchange(kept_, {})) {  // kept for a backward that did not come next: let go
-    Bucket& b = buckets_[static_cast<size_t>(bi)];
-    if (b.users == 0 && std::find(mine.begin(), mine.end(), bi) == mine.end()) release(b);
-  }
+  release_kept(mine);  // kept for a backward that did not come next (those this block reads stay)
   for (int bi : mine) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     finish_gather(b);
@@ -378,10 +375,10 @@ void GradBuckets::before_params(int block) {
   }
 }
 
-void GradBuckets::release_kept() {
+void GradBuckets::release_kept(const std::vector<int>& still_read) {
   for (int bi : std::exchange(kept_, {})) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
-    if (b.users == 0) release(b);
+    if (b.users == 0 && std::find(still_read.begin(), still_read.end(), bi) == still_read.end()) release(b);
   }
 }
 

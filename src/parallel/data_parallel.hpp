@@ -178,8 +178,9 @@ class GradBuckets : public BlockHooks {
   // ZeRO-1, 2 with launch_when_filled: wait for every parameter all-gather still in flight (before anything outside a
   // block's forward or backward reads the parameters: evaluation, checkpoints, checks).
   void settle_params();
-  // ZeRO-3: let go of the head's parameters kept for a backward that does not come (after an evaluation's forward).
-  void release_kept();
+  // ZeRO-3: let go of the head's parameters kept for a backward that does not come (after an evaluation's forward,
+  // or before another block reads its parameters), but for the buckets in still_read.
+  void release_kept(const std::vector<int>& still_read = {});
   void zero();                    // start of a step
   void launch_chunk(int chunk);   // allreduce_grads(chunk): start the chunk's all-reduces
   void progress();                // let MPI advance outstanding all-reduces
