@@ -231,35 +231,40 @@ TEST(MoeGroupRouter, Bf16LogitsMatchF32) {
   for (size_t i = 0; i < dz[0].size(); ++i) EXPECT_EQ(dz[1][i], round_bf16(dz[0][i])) << i;
 }
 
+// C = 3 takes only the kernels' column tails; 37 one 16-lane pass of the backward's dot products and a tail; 300 a full
+// 256-column block of the forward and a partial one.
 TEST(MoeCombine, ForwardAndBackwardMatchNaive) {
   auto be = cpu();
-  const int64_t n = 5, k = 2, C = 3, R = n * k;
-  const auto rows = randn(size_t(R * C), 5), w = randn(size_t(n * k), 6), dy = randn(size_t(n * C), 7);
-  std::vector<int32_t> pos(static_cast<size_t>(R));
-  std::iota(pos.begin(), pos.end(), 0);
-  std::reverse(pos.begin(), pos.end());  // any permutation of the rows
-  Tensor trows = make(*be, {R, C}, rows), tw = make(*be, {n, k}, w), tdy = make(*be, {n, C}, dy);
-  Tensor tpos(*be, {n, k}, DType::i32), y(*be, {n, C}), drows(*be, {R, C}), dw(*be, {n, k});
-  be->upload(tpos, pos.data());
-  be->moe_combine(trows, tpos, tw, y);
-  be->moe_combine_backward(tdy, trows, tpos, tw, drows, dw);
-  const auto gy = get<float>(*be, y), gdr = get<float>(*be, drows), gdw = get<float>(*be, dw);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t r = pos[size_t(t * k + j)];
-      double dot = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        dot += double(dy[size_t(t * C + c)]) * rows[size_t(r * C + c)];
-        EXPECT_NEAR(gdr[size_t(r * C + c)], double(w[size_t(t * k + j)]) * dy[size_t(t * C + c)], 1e-6);
+  for (const int64_t C : {3, 37, 300}) {
+    const int64_t n = 5, k = 2, R = n * k;
+    const auto rows = randn(size_t(R * C), 5), w = randn(size_t(n * k), 6), dy = randn(size_t(n * C), 7);
+    std::vector<int32_t> pos(static_cast<size_t>(R));
+    std::iota(pos.begin(), pos.end(), 0);
+    std::reverse(pos.begin(), pos.end());  // any permutation of the rows
+    Tensor trows = make(*be, {R, C}, rows), tw = make(*be, {n, k}, w), tdy = make(*be, {n, C}, dy);
+    Tensor tpos(*be, {n, k}, DType::i32), y(*be, {n, C}), drows(*be, {R, C}), dw(*be, {n, k});
+    be->upload(tpos, pos.data());
+    be->moe_combine(trows, tpos, tw, y);
+    be->moe_combine_backward(tdy, trows, tpos, tw, drows, dw);
+    const auto gy = get<float>(*be, y), gdr = get<float>(*be, drows), gdw = get<float>(*be, dw);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = pos[size_t(t * k + j)];
+        double dot = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          dot += double(dy[size_t(t * C + c)]) * rows[size_t(r * C + c)];
+          EXPECT_NEAR(gdr[size_t(r * C + c)], double(w[size_t(t * k + j)]) * dy[size_t(t * C + c)], 1e-6) << "C " << C;
+        }
+        EXPECT_NEAR(gdw[size_t(t * k + j)], dot, 1e-5 * (1 + std::fabs(dot))) << "C " << C;
       }
-      EXPECT_NEAR(gdw[size_t(t * k + j)], dot, 1e-5);
-    }
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t c = 0; c < C; ++c) {
-      double s = 0;
-      for (int64_t j = 0; j < k; ++j) s += double(w[size_t(t * k + j)]) * rows[size_t(pos[size_t(t * k + j)] * C + c)];
-      EXPECT_NEAR(gy[size_t(t * C + c)], s, 1e-5);
-    }
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        double s = 0;
+        for (int64_t j = 0; j < k; ++j)
+          s += double(w[size_t(t * k + j)]) * rows[size_t(pos[size_t(t * k + j)] * C + c)];
+        EXPECT_NEAR(gy[size_t(t * C + c)], s, 1e-5) << "C " << C << " row " << t << " column " << c;
+      }
+  }
 }
 
 namespace {

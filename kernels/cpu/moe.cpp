@@ -1,6 +1,7 @@
 // Mixture-of-experts routing on the CPU: the top-k router (softmax in f32, as transformers' MixtralTopKRouter and
 // Qwen3MoeTopKRouter compute it; Shazeer et al., arXiv:1701.06538) with its backward, and the weighted combine of
 // expert outputs back into token rows (with its backward). Row-parallel over tokens; every sum has a fixed order.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -76,26 +77,40 @@ void moe_router_backward(const float* probs, const float* lse, const int32_t* ex
   }
 }
 
+// The combine and its backward run over a token's columns in blocks of kCombineCols, the k experts' rows added into
+// a float block column by column (the same sum, 0 + w_0 x_0 + w_1 x_1 + ..., for every element as a loop over
+// the experts inside the column loop forms), so that the column loops vectorise (cloned per ISA: simd.hpp).
+// Before (a column's k terms inside, scalar bf16 loads, baseline SSE2), DeepSeek-V3 small's combine took ~0.5 ms of
+// CPU a 10 ms step (bench/RESULTS.md, issue 42).
+constexpr int64_t kCombineCols = 256;
+// The backward's dot products d weight = sum_c dy_c x_c, in kCombineLanes partial sums (lane l takes the columns
+// c = l mod kCombineLanes, each in column order) added in lane order at the end: a fixed order on every CPU.
+constexpr int64_t kCombineLanes = 16;
+
 template <typename X>
-void moe_combine(const X* rows, const int32_t* pos, const float* weights, X* y, int64_t n, int64_t k, int64_t C) {
-#pragma omp parallel for schedule(static) if (n * k * C > 65536)
+RELAY_CPU_CLONES void moe_combine(const X* rows, const int32_t* pos, const float* weights, X* y, int64_t n, int64_t k,
+                                  int64_t C) {
+#pragma omp parallel for schedule(static) if (n * k * C > kParallelElems)
   for (int64_t t = 0; t < n; ++t) {
     X* out = y + t * C;
-    for (int64_t c = 0; c < C; ++c) {
-      float s = 0;
+    for (int64_t c0 = 0; c0 < C; c0 += kCombineCols) {
+      const int64_t cn = std::min(kCombineCols, C - c0);
+      float s[kCombineCols];  // (cn) this block's sums
+      for (int64_t c = 0; c < cn; ++c) s[c] = 0.f;
       for (int64_t j = 0; j < k; ++j) {
         const float w = weights ? weights[t * k + j] : 1.f;
-        s += w * load(rows[int64_t(pos[t * k + j]) * C + c]);
+        const X* x = rows + int64_t(pos[t * k + j]) * C + c0;
+        for (int64_t c = 0; c < cn; ++c) s[c] += w * load(x[c]);
       }
-      store(out[c], s);
+      for (int64_t c = 0; c < cn; ++c) store(out[c0 + c], s[c]);
     }
   }
 }
 
 template <typename X>
-void moe_combine_backward(const X* dy, const X* rows, const int32_t* pos, const float* weights, X* drows,
-                          float* dweights, int64_t n, int64_t k, int64_t C) {
-#pragma omp parallel for schedule(static) if (n * k * C > 65536)
+RELAY_CPU_CLONES void moe_combine_backward(const X* dy, const X* rows, const int32_t* pos, const float* weights,
+                                           X* drows, float* dweights, int64_t n, int64_t k, int64_t C) {
+#pragma omp parallel for schedule(static) if (n * k * C > kParallelElems)
   for (int64_t t = 0; t < n; ++t) {
     const X* g = dy + t * C;
     for (int64_t j = 0; j < k; ++j) {
@@ -103,12 +118,21 @@ void moe_combine_backward(const X* dy, const X* rows, const int32_t* pos, const 
       const float w = weights[t * k + j];
       const X* x = rows + r * C;
       X* d = drows + r * C;
-      float dot = 0;
-      for (int64_t c = 0; c < C; ++c) {
+      float lane[kCombineLanes] = {};
+      int64_t c = 0;
+      for (; c + kCombineLanes <= C; c += kCombineLanes)
+        for (int64_t l = 0; l < kCombineLanes; ++l) {
+          const float gc = load(g[c + l]);
+          lane[l] += gc * load(x[c + l]);
+          store(d[c + l], w * gc);
+        }
+      for (int64_t l = 0; c < C; ++c, ++l) {
         const float gc = load(g[c]);
-        dot += gc * load(x[c]);
+        lane[l] += gc * load(x[c]);
         store(d[c], w * gc);
       }
+      float dot = 0;
+      for (int64_t l = 0; l < kCombineLanes; ++l) dot += lane[l];
       dweights[t * k + j] = dot;
     }
   }
