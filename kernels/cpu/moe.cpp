@@ -80,8 +80,8 @@ void moe_router_backward(const float* probs, const float* lse, const int32_t* ex
 // The combine and its backward run over a token's columns in blocks of kCombineCols, the k experts' rows added into
 // a float block column by column (the same sum, 0 + w_0 x_0 + w_1 x_1 + ..., for every element as a loop over
 // the experts inside the column loop forms), so that the column loops vectorise (cloned per ISA: simd.hpp).
-// Before (a column's k terms inside, scalar bf16 loads, baseline SSE2), DeepSeek-V3 small's combine took ~0.5 ms of
-// CPU a 10 ms step (bench/RESULTS.md, issue 42).
+// Before (a column's k terms inside, scalar bf16 loads, baseline SSE2), DeepSeek-V3 small's combine and its backward
+// took 0.47 + 0.31 ms of CPU a step, 0.08 + 0.07 after (perf samples; bench/RESULTS.md, issue 42).
 constexpr int64_t kCombineCols = 256;
 // The backward's dot products d weight = sum_c dy_c x_c, in kCombineLanes partial sums (lane l takes the columns
 // c = l mod kCombineLanes, each in column order) added in lane order at the end: a fixed order on every CPU.
