@@ -51,6 +51,11 @@ const X* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<X>() : nullp
 CpuBackend::CpuBackend(int threads, std::string bf16_gemm, bool time_bf16_gemm)
     : threads_(threads < 1 ? 1 : threads), bf16_gemm_(std::move(bf16_gemm)), time_bf16_gemm_(time_bf16_gemm) {
   cpu::set_threads(threads_);
+  if (const char* v = std::getenv("RELAY_OP_PROFILE"); v && std::string(v) != "0" && std::string(v) != "")
+    profile_ = std::make_unique<CpuOpProfile>();
+}
+CpuBackend::~CpuBackend() {
+  if (profile_) profile_->print(describe());
 }
 
 int64_t CpuBackend::available_bytes() const {

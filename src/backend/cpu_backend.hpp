@@ -1,6 +1,9 @@
 // The CPU backend: the reference implementation of every Backend operation (oneDNN GEMMs, OpenMP loops).
 #pragma once
+#include <memory>
+
 #include "backend/backend.hpp"
+#include "backend/cpu_op_profile.hpp"
 
 namespace relay {
 
@@ -10,6 +13,7 @@ class CpuBackend final : public Backend {
   // whether "auto" times the test GEMM here; false: another rank times it (world rank 0 of a job, train/setup.cpp) and
   // bf16 GEMMs run widened (correct on every CPU) until adopt_bf16_gemm gives this one its choice.
   explicit CpuBackend(int threads, std::string bf16_gemm = "auto", bool time_bf16_gemm = true);
+  ~CpuBackend() override;
   Device device() const override { return Device::cpu; }
   std::string describe() const override;
   int64_t available_bytes() const override;
@@ -28,6 +32,16 @@ class CpuBackend final : public Backend {
   void upload(Tensor& dst, const void* host_src) override;
   void download(void* host_dst, const Tensor& src) override;
   void synchronize() override {}
+  // RELAY_OP_PROFILE=1: wall time by op (cpu_op_profile.hpp).
+  void op_begin(const char* op) const override {
+    if (profile_) profile_->begin(op);
+  }
+  void op_end() const override {
+    if (profile_) profile_->end();
+  }
+  void op_profile_restart() override {
+    if (profile_) profile_->restart();
+  }
 
  protected:
   void copy_impl(Tensor& dst, const Tensor& src) override;
@@ -141,6 +155,7 @@ class CpuBackend final : public Backend {
   std::string bf16_note_;  // how bf16 GEMMs run, for describe(); empty until set_precision(bf16)
   int auto_widen_ = -1;    // "auto"'s timed choice (1 widened, 0 native), made by the first set_precision(bf16)
   bool time_bf16_gemm_;    // whether "auto" times its test GEMM here (else widened until adopt_bf16_gemm)
+  std::unique_ptr<CpuOpProfile> profile_;  // RELAY_OP_PROFILE=1 only
 };
 
 }  // namespace relay
