@@ -539,6 +539,89 @@ INSTANTIATE_TEST_SUITE_P(Groups, GroupedMatmul,
                                            std::vector<int64_t>{0, 9, 9, 17, 25, 33, 41, 50, 58}),
                          [](const auto& info) { return info.index == 0 ? "skewed" : "spread"; });
 
+// The bf16 grouped GEMMs run each group's rows in pieces of whole multiples of 64 (or of an eighth of the octave above
+// 1024 rows) and the last < 64 rows padded to 64 with zero rows in scratch (cpu_backend.cpp, by_pieces): against one
+// matmul a group, within one bf16 rounding of the output (a row's sums may be formed in another order, a weight
+// gradient's pieces are summed in float and rounded once). Groups of 0, 5, 64, 100, 250 and 1500 rows (a padded
+// piece alone, one whole piece, one of each, pieces at both granularities) spread over 2 threads, then the same rows
+// in three groups, one after another with each GEMM threaded; beta 0 and 1; rows in no group keep their bits. Then
+// 300 different row counts in [600, 900) add at most 7 primitives (multiples of 64 and the padded tail's shape).
+TEST(GroupedMatmulBf16, PiecesEqualOneMatmulAGroup) {
+  auto be = make_backend(BackendOptions{Device::cpu, 2});
+  try {
+    be->set_precision(Precision::bf16);
+  } catch (const Error&) {
+    GTEST_SKIP() << "no bf16 matmul on this CPU";
+  }
+  if (cpu::bf16_gemm() != cpu::Bf16Gemm::native) GTEST_SKIP() << "bf16 GEMMs widened here: one piece a group";
+  const int64_t rows = 1926, n = 48, k = 64;
+  auto filled = [&](relay::Shape shape, uint64_t seed) {
+    Tensor t(*be, shape, DType::bf16);
+    Rng rng(seed, 0);
+    std::vector<float> v(size_t(t.numel()));
+    for (float& x : v) x = float(rng.uniform(-2.0, 2.0));
+    be->upload_f32(t, v.data());
+    return t;
+  };
+  auto host = [&](const Tensor& t) {  // a bf16 tensor's values
+    std::vector<bf16> raw(size_t(t.numel()));
+    be->download(raw.data(), t);
+    std::vector<float> v(raw.size());
+    for (size_t j = 0; j < raw.size(); ++j) v[j] = bf16_to_f32(raw[j]);
+    return v;
+  };
+  // One bf16 rounding at the largest magnitude: 2^-8 of it.
+  auto expect_close = [&](const Tensor& got_t, const Tensor& want_t, const std::string& what) {
+    const std::vector<float> got = host(got_t), want = host(want_t);
+    double scale = 0, worst = 0;
+    for (size_t j = 0; j < want.size(); ++j) {
+      scale = std::max(scale, std::fabs(double(want[j])));
+      worst = std::max(worst, std::fabs(double(got[j]) - double(want[j])));
+    }
+    EXPECT_LE(worst, scale / 256) << what;
+    return got;
+  };
+  for (const std::vector<int64_t>& offsets :
+       {std::vector<int64_t>{0, 0, 5, 69, 169, 419, 1919}, std::vector<int64_t>{0, 250, 1750, 1919}}) {
+    const int64_t G = int64_t(offsets.size()) - 1;
+    for (const bool tb : {true, false})
+      for (const float beta : {0.f, 1.f}) {
+        const std::string what = cat(G, " groups, ", tb ? "b transposed" : "b", ", beta ", beta);
+        Tensor a = filled({rows, k}, 1), y = filled({rows, n}, 2), ref = filled({rows, n}, 2);  // (1926, 64), (1926, 48)
+        std::vector<Tensor> b;
+        for (int64_t g = 0; g < G; ++g) b.push_back(filled(tb ? relay::Shape{n, k} : relay::Shape{k, n}, 10 + g));
+        be->grouped_matmul(a, b, tb, y, offsets, beta);
+        for (int64_t g = 0; g < G; ++g)
+          if (offsets[g + 1] > offsets[g]) {
+            Tensor rg = ref.rows(offsets[g], offsets[g + 1] - offsets[g]);
+            be->matmul(a.rows(offsets[g], offsets[g + 1] - offsets[g]), false, b[size_t(g)], tb, rg, 1.f, beta);
+          }
+        const std::vector<float> got = expect_close(y, ref, what), want = host(ref);
+        for (size_t j = size_t(offsets.back() * n); j < want.size(); ++j)
+          ASSERT_EQ(got[j], want[j]) << what << ": row " << j / size_t(n) << " is in no group";
+      }
+    for (const float beta : {0.f, 1.f}) {
+      Tensor dy = filled({rows, n}, 3), x = filled({rows, k}, 4);  // (1926, 48), (1926, 64)
+      std::vector<Tensor> dw, ref;
+      for (int64_t g = 0; g < G; ++g) dw.push_back(filled({n, k}, 20 + g)), ref.push_back(filled({n, k}, 20 + g));
+      be->grouped_matmul_weight(dy, x, offsets, dw, beta);
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t m = offsets[g + 1] - offsets[g];
+        if (m > 0) be->matmul(dy.rows(offsets[g], m), true, x.rows(offsets[g], m), false, ref[size_t(g)], 1.f, beta);
+        else if (beta != 1.f) be->fill(ref[size_t(g)], 0.f);
+        expect_close(dw[size_t(g)], ref[size_t(g)], cat("dw[", g, "] of ", m, " rows, ", G, " groups, beta ", beta));
+      }
+    }
+  }
+  Tensor a = filled({900, k}, 5), y(*be, {900, n}, DType::bf16), w = filled({n, k}, 6);
+  std::vector<int64_t> counts;
+  for (int64_t c = 600; c < 900; ++c) counts.push_back(c);
+  be->grouped_matmul(a, {w}, true, y, {0, counts[0]}, 0.f);  // the padded tail's shape and a first whole one
+  const size_t before = cpu::matmul_cache_size();
+  for (int64_t c : counts) be->grouped_matmul(a, {w}, true, y, {0, c}, 0.f);
+  EXPECT_LE(cpu::matmul_cache_size() - before, 7u) << "primitives made for 300 row counts in [600, 900)";
+}
+
 // Backend::linear_backward_input against matmul + activation_backward: the same ops on the CPU, so the
 // same bits in f32 and bf16.
 TEST(Linear, CpuBackwardInputEqualsUnfusedOps) {
@@ -583,6 +666,30 @@ TEST(Linear, FrontDoorNamesTheTensorAtFault) {
   EXPECT_EXIT(be->linear(x, w, bias, y), ::testing::ExitedWithCode(1), "linear: bias .*has 6 elements, expected 5");
   EXPECT_EXIT(be->linear(x, w, Tensor(), y, LinearAct::gelu_tanh, &pre), ::testing::ExitedWithCode(1),
               "linear: pre_act .* vs y ");
+}
+
+// RELAY_OP_PROFILE=1 on the CPU: the backend prints, when destroyed, each outermost op's count and wall time since
+// op_profile_restart (the ops before it are not counted; a matmul inside linear is linear's).
+TEST(OpProfile, CpuPrintsTheOpsSinceRestart) {
+  ::setenv("RELAY_OP_PROFILE", "1", 1);
+  testing::internal::CaptureStderr();
+  {
+    auto be = make_backend(BackendOptions{Device::cpu, 2});
+    Tensor a(*be, {8, 4}), w(*be, {6, 4}), y(*be, {8, 6});  // (8, 4), (6, 4), (8, 6)
+    be->fill(a, 1.f);
+    be->op_profile_restart();
+    be->fill(w, 0.5f);
+    for (int i = 0; i < 3; ++i) be->matmul(a, false, w, true, y, 1.f, 0.f);
+    be->linear(a, w, Tensor(), y);
+  }
+  ::unsetenv("RELAY_OP_PROFILE");
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("relay: CPU wall time by op (RELAY_OP_PROFILE) on cpu (oneDNN, 2 threads): 5 ops"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("% 3 x matmul\n"), std::string::npos) << err;
+  EXPECT_NE(err.find("% 1 x fill\n"), std::string::npos) << err;
+  EXPECT_NE(err.find("% 1 x linear\n"), std::string::npos) << err;
 }
 
 }  // namespace

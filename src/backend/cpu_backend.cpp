@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
 #include <mutex>
+#include <vector>
 
 #include "kernels/cpu/attention_merge.hpp"
 #include "kernels/cpu/cpu_kernels.hpp"
@@ -223,25 +225,53 @@ void CpuBackend::fp8_matmul_impl(const Tensor& a, const Tensor& a_scales, Fp8Til
 }
 
 namespace {
-// A group's rows [0, count) in pieces of power-of-two sizes >= 16 and one remainder below 16 (count's binary digits):
-// oneDNN caches a primitive per GEMM shape and creating one costs milliseconds, so the experts' row counts, different
-// every micro-batch, take at most log2(rows) + 16 shapes instead of one each. f32 GEMMs run through dnnl_sgemm
-// (cpu::gemm), which caches nothing per shape: one piece.
-// Whether by_pieces cuts count into more than one piece: bf16, 16 or more rows that are not a power of two.
-// Widened bf16 GEMMs (cpu::Bf16Gemm::widened) run on dnnl_sgemm too: one piece.
-bool several_pieces(DType t, int64_t count) {
-  return t != DType::f32 && cpu::bf16_gemm() == cpu::Bf16Gemm::native && count >= 16 && (count & (count - 1)) != 0;
-}
+// A group's rows [0, count) in pieces that keep the bf16 primitives few, in shapes and in calls: oneDNN caches a
+// primitive per GEMM shape and creating one costs milliseconds, while the experts' row counts change every
+// micro-batch; and each call costs ~5 us beside the GEMM (the lookup, the execution's set-up), as much as a
+// 64 x 48 x 64 GEMM. So: pieces of whole multiples of q rows, q = 64 below 1024 rows and an eighth of the largest
+// power of two in the rest above (8 shapes an octave), then the last < 64 rows as one piece of kTail rows, copied
+// into zeroed scratch (padded). 250 rows: 192 + 58 padded; 300: 256 + 44 padded; 1500: 1408 + 64 + 28 padded. Up
+// to 15 + 8 log2(rows / 1024) shapes plus kTail's instead of one a row count; two calls a group where they were
+// about five (count's binary digits down to 16 rows). f32 GEMMs run through dnnl_sgemm (cpu::gemm), which caches
+// nothing per shape, and so do widened bf16 GEMMs (cpu::Bf16Gemm::widened): one piece of count rows.
+constexpr int64_t kTail = 64;
+bool in_pieces(DType t) { return t != DType::f32 && cpu::bf16_gemm() == cpu::Bf16Gemm::native; }
+// f(at, len, padded) for each piece in order.
 template <typename F>
 void by_pieces(DType t, int64_t count, F&& f) {
-  if (!several_pieces(t, count)) {
-    if (count > 0) f(0, count);
+  if (!in_pieces(t)) {
+    if (count > 0) f(int64_t(0), count, false);
     return;
   }
   int64_t at = 0;
-  for (int64_t bit = int64_t(1) << 40; bit >= 16; bit >>= 1)
-    if (count & bit) f(at, bit), at += bit;
-  if (count > at) f(at, count - at);
+  while (count - at >= kTail) {
+    const int64_t rest = count - at;
+    int64_t top = kTail;  // the largest power of two <= rest
+    while (top * 2 <= rest) top *= 2;
+    const int64_t q = std::max(kTail, top / 8), len = rest / q * q;
+    f(at, len, false);
+    at += len;
+  }
+  if (count > at) f(at, count - at, true);
+}
+// Whether by_pieces cuts count into more than one piece (a bf16 sum over the rows then accumulates in float).
+bool several_pieces(DType t, int64_t count) {
+  int pieces = 0;
+  by_pieces(t, count, [&](int64_t, int64_t, bool) { ++pieces; });
+  return pieces > 1;
+}
+// The scratch of a padded piece: kTail rows of each operand, the rows past the piece's zero. Per thread (the groups
+// may run on every thread at once); grown, never shrunk.
+struct PadScratch {
+  std::vector<std::byte> a, b, c;
+};
+thread_local PadScratch pad_scratch;
+// dst (kTail rows of row_bytes) = src's rows [0, rows) then zeros.
+void* padded_rows(std::vector<std::byte>& dst, const void* src, int64_t rows, size_t row_bytes) {
+  dst.resize(size_t(kTail) * row_bytes);
+  if (rows > 0) std::memcpy(dst.data(), src, size_t(rows) * row_bytes);
+  std::memset(dst.data() + size_t(rows) * row_bytes, 0, size_t(kTail - rows) * row_bytes);
+  return dst.data();
 }
 
 // Whether a grouped GEMM spreads its groups over the threads, each group's GEMMs on one, so that it forks and joins
@@ -283,13 +313,22 @@ void for_groups(bool across, size_t groups, F&& f) {
 }
 }  // namespace
 
-// The groups with the cached oneDNN GEMMs, in row pieces.
+// The groups with the cached oneDNN GEMMs, in row pieces. A padded piece's output rows past its own are dropped.
 void CpuBackend::grouped_matmul_impl(const Tensor& a, const std::vector<Tensor>& b, bool trans_b, Tensor& y,
                                      const std::vector<int64_t>& offsets, float beta) {
   for_groups(across_groups(offsets), b.size(), [&](size_t g) {
-    by_pieces(a.dtype(), offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
+    by_pieces(a.dtype(), offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len, bool padded) {
+      const Tensor ag = a.rows(offsets[g] + at, len);                           // (len, k)
       Tensor yg = y.rows(offsets[g] + at, len);                                 // (len, n)
-      matmul_impl(a.rows(offsets[g] + at, len), false, b[g], trans_b, yg, 1.f, beta);
+      if (!padded) return matmul_impl(ag, false, b[g], trans_b, yg, 1.f, beta);
+      cpu::MatmulArgs m = matmul_args(ag, false, b[g], trans_b, yg, 1.f, beta);
+      const size_t a_row = size_t(m.k) * dtype_size(a.dtype()), y_row = size_t(m.n) * dtype_size(y.dtype());
+      m.m = kTail;
+      PadScratch& ps = pad_scratch;
+      const void* pa = padded_rows(ps.a, ag.raw(), len, a_row);                 // (kTail, k)
+      void* py = padded_rows(ps.c, beta != 0.f ? yg.raw() : nullptr, beta != 0.f ? len : 0, y_row);  // (kTail, n)
+      cpu::matmul(m, pa, b[g].raw(), py);
+      std::memcpy(yg.raw(), py, size_t(len) * y_row);
     });
   });
 }
@@ -299,7 +338,7 @@ void CpuBackend::grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, c
   // A bf16 dw summed in more than one piece accumulates in float and is rounded once, as one GEMM (and CUDA's
   // grouped GEMM) rounds it: rounding every piece's partial sum cost up to one bf16 ulp (seen on an AVX512 host).
   // Tensors are made on the calling thread (its memory scope counts them): across the threads, every group's
-  // accumulator before the loop; one after another, each in its turn.
+  // accumulator before the loop; one after another, each in its turn. A padded piece's zero rows add exact zeros.
   auto widened = [&](size_t g) {
     const bool widen = dw[g].dtype() == DType::bf16 && several_pieces(dy.dtype(), offsets[g + 1] - offsets[g]);
     return widen ? Tensor(*this, dw[g].shape(), DType::f32) : dw[g];  // (n, k)
@@ -317,8 +356,18 @@ void CpuBackend::grouped_matmul_weight_impl(const Tensor& dy, const Tensor& x, c
     Tensor sum = acc[g].defined() ? acc[g] : widened(g);  // (n, k)
     if (sum.dtype() != w.dtype() && beta != 0.f) convert_impl(w, sum);
     float b = beta;  // the first piece scales dw[g] by beta, the others add to it
-    by_pieces(dy.dtype(), offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len) {
-      matmul_impl(dy.rows(offsets[g] + at, len), true, x.rows(offsets[g] + at, len), false, sum, 1.f, b);
+    by_pieces(dy.dtype(), offsets[g + 1] - offsets[g], [&](int64_t at, int64_t len, bool padded) {
+      const Tensor dyg = dy.rows(offsets[g] + at, len), xg = x.rows(offsets[g] + at, len);  // (len, n), (len, k)
+      if (!padded) {
+        matmul_impl(dyg, true, xg, false, sum, 1.f, b);
+      } else {
+        cpu::MatmulArgs m = matmul_args(dyg, true, xg, false, sum, 1.f, b);
+        m.k = kTail;
+        PadScratch& ps = pad_scratch;
+        const void* pdy = padded_rows(ps.a, dyg.raw(), len, size_t(m.m) * dtype_size(dy.dtype()));  // (kTail, n)
+        const void* px = padded_rows(ps.b, xg.raw(), len, size_t(m.n) * dtype_size(x.dtype()));     // (kTail, k)
+        cpu::matmul(m, pdy, px, sum.raw());
+      }
       b = 1.f;
     });
     if (sum.dtype() != w.dtype()) convert_impl(sum, w);
