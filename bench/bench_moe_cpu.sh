@@ -14,6 +14,7 @@
 # "vs dense" of deepseek-small is against llama-ds, of the others against llama-small.
 # tokens/s: mean of the per-step tokens/s after the first max(2, steps / 4) steps.
 # "vs dense": relay tokens/s / relay's dense Llama's (llama-small or llama-ds) at the same precision (the issues' target: >= 0.75 in bf16);
+#   with rounds > 1 also paired by round (each round's ratio, and their median) below the table;
 # "vs torch": relay / torch2 at the same precision (target: >= 2 in bf16 for qwen3_moe and deepseek_v3).
 # check: ok when every run's first loss is within 5% of ln(V) (a small-init model starts near uniform).
 # Rounds: every run that many times, rounds in turn; cells are medians over the rounds (their values are printed).
@@ -129,6 +130,18 @@ for name, runs in rows.items():
     print(" %-14s %11s %11s %11s %13s %9s %9s %9s %9s %6s" % (name, tps(r[0]), tps(r[1]), tps(r[2]), tps(r[3]),
           ratio(r[0], dense[0]), ratio(r[1], dense[1]), ratio(r[0], r[2]), ratio(r[1], r[3]), "ok" if ok else "BAD"))
 if rounds > 1:
+    # The same ratio paired by round: a model's run against its dense twin's of the same round (two runs apart in
+    # time), whose median a slow spell of the machine moves less than it moves the ratio of two medians.
+    print("# vs dense paired by round (relay fp32, relay bf16: each round's ratio; their median):")
+    for name, runs in rows.items():
+        if dense_of[name] == name:
+            continue
+        cols = []
+        for i in (0, 1):
+            pairs = [a[i][0] / b[i][0] for a, b in zip(runs, rows[dense_of[name]]) if a[i] is not None and b[i] is not None]
+            cols.append(("median %.2fx (" % statistics.median(pairs) + " ".join("%.2f" % x for x in pairs) + ")")
+                        if pairs else "n/a")
+        print("#  %-14s fp32 %s  |  bf16 %s" % (name, cols[0], cols[1]))
     print("# each round's tok/s (relay fp32, relay bf16, torch2 fp32, torch2 bf16):")
     for name, runs in rows.items():
         print("#  %-14s " % name + "  |  ".join(" ".join(tps(c) for c in run) for run in runs))
