@@ -58,6 +58,7 @@ struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
   double input_wait_s = 0;  // waiting for the prefetcher's next batch
   bool stop = false;  // a stop signal or the time limit, agreed by every rank
+  int stop_signal = 0;  // the signal that asked it (the largest number any rank saw), 0: the time limit
   bool skipped = false;  // a non-finite loss or gradient norm: no update (train.skip_nonfinite)
   StepStats stats;
   // MoE models: the means of the load-balancing and z losses (model/moe.hpp; in `loss` with their coefficients) and
@@ -180,8 +181,10 @@ void skip_nonfinite_step(Run& r, int64_t step, double loss, double grad_norm) {
 }
 
 // One optimizer step: this step's batch, the schedule (forward, backward, all-reduces), the global
-// loss and gradient norm, clipping and the update. `want_stop` is this rank's vote to stop after it.
-StepResult train_step(Run& r, int64_t step, bool want_stop) {
+// loss and gradient norm, clipping and the update. `stop_vote` is this rank's vote to stop after it: the number of the
+// signal it received, 0.5 for the time limit, 0 to go on (max-reduced, so every rank knows which signal asked, also
+// a rank the signal never reached: rank 0 names it in the log).
+StepResult train_step(Run& r, int64_t step, double stop_vote) {
   const Config& cfg = r.cfg;
   Tracer* tr = r.tracer && r.tracer->on(step) ? r.tracer.get() : nullptr;
   r.executor->set_trace(tr, step);
@@ -223,7 +226,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
   res.grad_norm = std::sqrt(sq);
   // The tp ranks of the last stage computed the same loss: count it once.
   double loss_sum = r.grid.tp_rank == 0 ? res.stats.loss_sum : 0.0;
-  double flags[2] = {want_stop ? 1.0 : 0.0, finite_here ? 0.0 : 1.0};  // (stop vote, non-finite seen here)
+  double flags[2] = {stop_vote, finite_here ? 0.0 : 1.0};  // (stop vote, non-finite seen here)
   r.world->allreduce_host(&loss_sum, 1, ReduceOp::sum, "the loss reduction");
   r.world->allreduce_host(flags, 2, ReduceOp::max, "the stop-flag reduction");
   res.loss = loss_sum / (data.counted_targets > 0 ? double(data.counted_targets)
@@ -238,6 +241,7 @@ StepResult train_step(Run& r, int64_t step, bool want_stop) {
     res.ep_rows_sent = rows;
   }
   res.stop = flags[0] > 0;
+  res.stop_signal = flags[0] >= 1 ? int(flags[0]) : 0;
   res.lr = learning_rate(cfg.lr_schedule, cfg.optimizer.lr, step, cfg.train.steps);
   // The same decision on every rank: a max-reduced flag, and sums every rank received alike.
   if (flags[1] > 0 || !std::isfinite(res.loss) || !std::isfinite(res.grad_norm)) {
@@ -407,7 +411,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     }
     if (step == r.start_step + 2) r.be->op_profile_restart();  // RELAY_OP_PROFILE: from the second step on
     const double step_t0 = now_s();
-    StepResult res = train_step(r, step, stop_requested() || out_of_time);
+    StepResult res = train_step(r, step, stop_signal() > 0 ? double(stop_signal()) : out_of_time ? 0.5 : 0.0);
     res.stats.exposed_comm_s = r.buckets->take_waited_s();  // the step's, the ZeRO all-gather after the update included
     if (r.cp.attention) res.stats.exposed_comm_s += r.cp.attention->take_waited_s();  // cp's key/value exchanges
     if (r.ep.stats) res.stats.exposed_comm_s += r.ep.stats->seconds;  // ep's all-to-alls (their waits, with overlap)
@@ -454,6 +458,7 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     }
     if (stop) {
       out.stopped = true;
+      out.stop_signal = res.stop_signal;
       return out;
     }
   }

@@ -32,6 +32,7 @@ struct LoopSetup {
 struct LoopOutcome {
   int64_t last_step = 0;     // the last step run
   bool stopped = false;      // a stop request honoured with a checkpoint before train.steps
+  int stop_signal = 0;       // the signal that asked on any rank (agreed by all), 0: train.time_limit
   StepStats totals;          // this rank's compute, waiting and step time summed over the steps run
   // For the plan comparison: the wall time of the steps after the first, and the tensors' bytes after the first step.
   double steps_after_first_s = 0, memory_after_first = 0;

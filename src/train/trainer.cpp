@@ -252,7 +252,7 @@ int run_training(const Config& cfg, const RunPrediction& plan) {
     if (rank0) {
       std::printf("relay: stopping at step %lld on %s; checkpoint written, exit code %d (resumable)\n",
                   static_cast<long long>(out.last_step),
-                  stop_signal() ? cat("signal ", stop_signal()).c_str() : "train.time_limit", kExitResumable);
+                  out.stop_signal ? cat("signal ", out.stop_signal).c_str() : "train.time_limit", kExitResumable);
       std::fflush(stdout);
     }
     stragglers.report(out.totals.compute_s, out.totals.wait_s, out.totals.exposed_comm_s, out.last_step - r.start_step);
