@@ -469,6 +469,16 @@ TEST(Linear, CpuEqualsUnfusedOps) {
   }
 }
 
+// Backend::grouped_matmul's reference: y's rows of group g = a's rows of g @ op(b[g]) (+ beta y), one matmul a group.
+void matmul_a_group(Backend& be, const Tensor& a, const std::vector<Tensor>& b, bool tb, Tensor& y,
+                    const std::vector<int64_t>& offsets, float beta) {
+  for (size_t g = 0; g + 1 < offsets.size(); ++g)
+    if (offsets[g + 1] > offsets[g]) {
+      Tensor yg = y.rows(offsets[g], offsets[g + 1] - offsets[g]);  // (rows of g, n)
+      be.matmul(a.rows(offsets[g], offsets[g + 1] - offsets[g]), false, b[g], tb, yg, 1.f, beta);
+    }
+}
+
 // Backend::grouped_matmul and grouped_matmul_weight (a MoE layer's experts in one pass) against one matmul a group,
 // in f32, on 2 threads: groups of 0, 37, 1, 0 and 20 rows of 64 (one group above a thread's share of the rows: the
 // groups one after another, each GEMM threaded), and eight groups of 0 to 9 rows (the groups spread over the
@@ -500,11 +510,7 @@ TEST_P(GroupedMatmul, CpuEqualsOneMatmulAGroup) {
       std::vector<Tensor> b;
       for (int64_t g = 0; g < G; ++g) b.push_back(filled(tb ? relay::Shape{n, k} : relay::Shape{k, n}, 10 + g));
       be->grouped_matmul(a, b, tb, y, offsets, beta);
-      for (int64_t g = 0; g < G; ++g)
-        if (offsets[g + 1] > offsets[g]) {
-          Tensor rg = ref.rows(offsets[g], offsets[g + 1] - offsets[g]);
-          be->matmul(a.rows(offsets[g], offsets[g + 1] - offsets[g]), false, b[size_t(g)], tb, rg, 1.f, beta);
-        }
+      matmul_a_group(*be, a, b, tb, ref, offsets, beta);
       const std::vector<float> got = host(y), want = host(ref);
       double scale = 0, worst = 0;
       for (size_t j = 0; j < want.size(); ++j) {
@@ -591,11 +597,7 @@ TEST(GroupedMatmulBf16, PiecesEqualOneMatmulAGroup) {
         std::vector<Tensor> b;
         for (int64_t g = 0; g < G; ++g) b.push_back(filled(tb ? relay::Shape{n, k} : relay::Shape{k, n}, 10 + g));
         be->grouped_matmul(a, b, tb, y, offsets, beta);
-        for (int64_t g = 0; g < G; ++g)
-          if (offsets[g + 1] > offsets[g]) {
-            Tensor rg = ref.rows(offsets[g], offsets[g + 1] - offsets[g]);
-            be->matmul(a.rows(offsets[g], offsets[g + 1] - offsets[g]), false, b[size_t(g)], tb, rg, 1.f, beta);
-          }
+        matmul_a_group(*be, a, b, tb, ref, offsets, beta);
         const std::vector<float> got = expect_close(y, ref, what), want = host(ref);
         for (size_t j = size_t(offsets.back() * n); j < want.size(); ++j)
           ASSERT_EQ(got[j], want[j]) << what << ": row " << j / size_t(n) << " is in no group";
