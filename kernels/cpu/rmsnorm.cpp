@@ -18,13 +18,14 @@ namespace relay::cpu {
 constexpr int64_t kNormLanes = 8;
 inline double lane_total(const double* l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
 
-template <typename X>
-inline double sum_squares_row(const X* x, int64_t d) {
+// sum over i < d of term(i), in the lanes above.
+template <typename F>
+inline double lane_sum(int64_t d, F&& term) {
   double lane[kNormLanes] = {};
   int64_t i = 0;
   for (; i + kNormLanes <= d; i += kNormLanes)
-    for (int64_t l = 0; l < kNormLanes; ++l) lane[l] += double(load(x[i + l])) * double(load(x[i + l]));
-  for (int64_t l = 0; i < d; ++i, ++l) lane[l] += double(load(x[i])) * double(load(x[i]));
+    for (int64_t l = 0; l < kNormLanes; ++l) lane[l] += term(i + l);
+  for (int64_t l = 0; i < d; ++i, ++l) lane[l] += term(i);
   return lane_total(lane);
 }
 
@@ -41,7 +42,10 @@ void rmsnorm_forward(const X* x, const X* gamma, float eps, X* y, float* rstd, i
   for (int64_t bi = 0; bi < blocks; ++bi) {
     const int64_t r0 = bi * kRowBlock, nr = std::min(kRowBlock, rows - r0);
     double rs[kRowBlock];
-    for (int64_t j = 0; j < nr; ++j) rs[j] = sum_squares_row(x + (r0 + j) * d, d);
+    for (int64_t j = 0; j < nr; ++j) {
+      const X* xr = x + (r0 + j) * d;
+      rs[j] = lane_sum(d, [&](int64_t i) { return double(load(xr[i])) * double(load(xr[i])); });
+    }
     for (int64_t j = 0; j < nr; ++j) rs[j] = 1.0 / std::sqrt(rs[j] / double(d) + double(eps));
     for (int64_t j = 0; j < nr; ++j) {
       const X* xr = x + (r0 + j) * d;
@@ -62,16 +66,11 @@ void rmsnorm_backward_input(const X* dy, const X* x, const X* gamma, const float
     const X* xr = x + r * d;
     const X* dyr = dy + r * d;
     const double rs = rstd[r];
-    double lane[kNormLanes] = {};
-    int64_t i = 0;
-    for (; i + kNormLanes <= d; i += kNormLanes)
-      for (int64_t l = 0; l < kNormLanes; ++l)
-        lane[l] += double(load(dyr[i + l])) * load(gamma[i + l]) * load(xr[i + l]);
-    for (int64_t l = 0; i < d; ++i, ++l) lane[l] += double(load(dyr[i])) * load(gamma[i]) * load(xr[i]);
-    const double c = lane_total(lane) / double(d) * rs * rs * rs;
+    const double sgx = lane_sum(d, [&](int64_t i) { return double(load(dyr[i])) * load(gamma[i]) * load(xr[i]); });
+    const double c = sgx / double(d) * rs * rs * rs;
     X* dxr = dx + r * d;
-    for (int64_t i2 = 0; i2 < d; ++i2)
-      store(dxr[i2], float(rs * (double(load(dyr[i2])) * load(gamma[i2])) - double(load(xr[i2])) * c));
+    for (int64_t i = 0; i < d; ++i)
+      store(dxr[i], float(rs * (double(load(dyr[i])) * load(gamma[i])) - double(load(xr[i])) * c));
   }
 }
 

@@ -7,10 +7,11 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include "backend/op_profile_table.hpp"
 
 namespace relay {
 
@@ -23,15 +24,9 @@ class CpuOpProfile {
 
  private:
   using Clock = std::chrono::steady_clock;
-  struct Total {
-    double ms = 0;
-    int64_t count = 0;
-  };
   static constexpr double kLongGapMs = 50;  // a gap this long is evaluation, a checkpoint or logging: counted apart
   mutable std::mutex m_;
-  std::map<std::string, Total> totals_;
-  double busy_ms_ = 0, short_gaps_ms_ = 0, long_gaps_ms_ = 0;
-  int64_t ops_ = 0;
+  OpProfileTotals t_;  // busy_ms and the gaps: the step thread's ops only
   Clock::time_point last_end_{};  // the previous op's end on the thread that runs the step
   bool has_last_ = false;
   std::thread::id step_thread_;  // whose ops make the gaps: the first to run an op after restart()

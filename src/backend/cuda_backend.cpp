@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/op_profile_table.hpp"
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/attention_decode_latent.cuh"
 #include "kernels/cuda/attention_merge.cuh"
@@ -239,14 +240,14 @@ class OpProfile {
     for (auto& [op, e] : pending_) {
       float ms = 0.f, gap = 0.f;
       CUDA_CHECK(cudaEventElapsedTime(&ms, e.first, e.second));
-      Total& t = totals_[op];
+      OpTotal& t = t_.ops[op];
       t.ms += ms;
       ++t.count;
-      busy_ms_ += ms;
-      ++ops_;
+      t_.busy_ms += ms;
+      ++t_.count;
       if (last_end_) {
         CUDA_CHECK(cudaEventElapsedTime(&gap, last_end_, e.first));
-        (gap < kLongGapMs ? short_gaps_ms_ : long_gaps_ms_) += gap;
+        (gap < kLongGapMs ? t_.short_gaps_ms : t_.long_gaps_ms) += gap;
       } else {
         CUDA_CHECK(cudaEventCreate(&last_end_));  // a spare, handed to the pair below
       }
@@ -257,41 +258,20 @@ class OpProfile {
   }
   void restart() {
     flush();
-    totals_.clear();
-    busy_ms_ = short_gaps_ms_ = long_gaps_ms_ = 0;
-    ops_ = 0;
+    t_ = OpProfileTotals();
   }
   void print(const std::string& device) const {
-    std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-    std::string out = cat("relay: GPU time by op (RELAY_OP_PROFILE) on ", device, ": ", ops_, " ops, ",
-                          fixed(busy_ms_, 1), " ms busy; gaps between ops ", fixed(short_gaps_ms_, 1), " ms (each < ",
-                          kLongGapMs, " ms) + ", fixed(long_gaps_ms_, 1), " ms (longer: evaluation, checkpoints), from the second training step on\n");
-    for (const auto& [op, t] : rows)
-      out += cat("  ", fixed(t.ms, 2), " ms ", fixed(100.0 * t.ms / std::max(busy_ms_, 1e-9), 1), "% ", t.count, " x ",
-                 op, "\n");
-    std::fputs(out.c_str(), stderr);
+    std::fputs(op_profile_table("GPU time", device, "ms busy", "gaps between ops", kLongGapMs, t_).c_str(), stderr);
   }
 
  private:
-  static std::string fixed(double v, int digits) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-    return buf;
-  }
-  struct Total {
-    double ms = 0;
-    int64_t count = 0;
-  };
   static constexpr size_t kFlushOps = 8192;
   static constexpr float kLongGapMs = 50.f;
   std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>> open_;
   std::vector<std::pair<std::string, std::pair<cudaEvent_t, cudaEvent_t>>> pending_;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> free_;
-  std::map<std::string, Total> totals_;
+  OpProfileTotals t_;
   cudaEvent_t last_end_ = nullptr;
-  double busy_ms_ = 0, short_gaps_ms_ = 0, long_gaps_ms_ = 0;
-  int64_t ops_ = 0;
 };
 
 // An optional i32 tensor's device pointer: positions, document starts (undefined: null, the kernel's default).
