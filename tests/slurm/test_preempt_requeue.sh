@@ -7,10 +7,12 @@
 # The three jobs (the uninterrupted reference, the srun one and the mpirun one) run at the same time,
 # so that one job's requeue (its credential's 5 s expiry, then scheduling) overlaps the others' steps.
 #   bash tests/slurm/test_preempt_requeue.sh [path/to/relay]     exit 0 pass, 1 fail, 77 skipped
-# RELAY_TEST_PREEMPT_STEPS (default 3000) and RELAY_TEST_PREEMPT_HIDDEN (4096) set the run's length:
-# each job is signalled once it has logged steps/30 (100) steps, leaving ~2900 to go. (Signalled at a
-# third, the mpirun job of a CI run on 2 cores finished its 3000 steps first: with 12 busy ranks the
-# poll behind the signal lagged ~5 s, and the run had ~0.6 s left when USR1 reached it.)
+# RELAY_TEST_PREEMPT_STEPS (default 10000) and RELAY_TEST_PREEMPT_HIDDEN (4096) set the run's length:
+# each job is signalled once it has logged 100 steps (steps/30 for shorter runs), far from done. The
+# signal's way (scancel -> slurmctld -> slurmd -> the batch shell's trap -> the launcher -> every rank)
+# took 0.5-1.2 s on an idle 2-core machine but ~6.5 s in a CI run with the three jobs' 12 ranks busy:
+# with 3000 steps the srun job there finished its last ~2900 steps (6.6 s) before USR1 reached it.
+# 10000 steps leave ~3x that delay after the signal at CI's fastest rate.
 set -uo pipefail
 source "$(dirname "$0")/harness.sh"
 source "$(dirname "$0")/relay_fixture.sh"
@@ -18,7 +20,7 @@ use_relay_binary "${1:-}"
 
 slurm_start 12  # three jobs of four tasks side by side
 make_data "$WORK_DIR/data"
-steps=${RELAY_TEST_PREEMPT_STEPS:-3000}
+steps=${RELAY_TEST_PREEMPT_STEPS:-10000}
 write_config "$WORK_DIR/test.toml" "$WORK_DIR/data" "${RELAY_TEST_PREEMPT_HIDDEN:-4096}"
 
 # submit LAUNCHER NAME: sbatch relay-cpu.sbatch; sets JOB[NAME], RUN_DIR[NAME] and OUT[NAME].
@@ -38,8 +40,9 @@ t=$(date +%s.%N)
 submit srun reference
 for launcher in srun mpirun; do submit "$launcher" "$launcher"; done
 
-# Signal each job once steps/30 of its steps are logged: Relay is up, its handlers installed, far from done.
-first=$(( steps / 30 > 1 ? steps / 30 : 1 ))
+# Signal each job once 100 of its steps are logged (steps/30 if fewer): Relay is up, its handlers installed, far
+# from done.
+first=$(( steps / 30 < 1 ? 1 : steps / 30 < 100 ? steps / 30 : 100 ))
 _signal_at_third() {
   local l done=0
   for l in srun mpirun; do
