@@ -44,7 +44,7 @@
 # them). The issue's target: step with overlap <= 1.15 x max(compute alone, comm alone); without, about their sum.
 # Speed needs a quiet machine: the ranks' compute and the TCP path's CPU work (bench/bench_comm_cpu_shaped.sh)
 # share the same cores. Root only.
-# Usage: [LAYOUTS="dp-zero1 dp-zero3 tp-sp cp"] bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [steps (5)]
+# Usage: [LAYOUTS="dp-zero1 dp-zero3 tp-sp cp"] [VOCAB=8192] bench/bench_overlap_shaped.sh [relay (build/relay)] [RATE (1gbit)] [steps (5)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/cpu_info.sh
@@ -53,14 +53,14 @@ source tests/multinode/namespaces.sh
 RELAY=$(realpath "${1:-build/relay}")
 RATE=${2:-1gbit} STEPS=${3:-5}
 LAYOUTS=${LAYOUTS:-dp-zero1 dp-zero3 tp-sp cp}
-VOCAB=8192
+VOCAB=${VOCAB:-8192}  # the shapes' vocabulary (the tied embedding's bytes, all on the step boundary)
 work=$(mktemp -d /tmp/relay-bench-shaped-XXXXXX)
 trap 'remove_two_nodes; rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make_two_nodes "$work"
 shape_link "$RATE"
 random_gpt2_tokens "$work/tokens.h5" $((2 * 8 * 128 * (STEPS + 1) + 2 * 2048 * (STEPS + 1) + 8192 + 1)) "$VOCAB"
-printf "# shaped-link overlap: two namespace nodes, link %s (tc tbf) both ways, 1 rank x 1 thread per node, %d steps (means after the first 2)\n" "$RATE" "$STEPS"
+printf "# shaped-link overlap: two namespace nodes, link %s (tc tbf) both ways, 1 rank x 1 thread per node, %d steps (means after the first 2), vocabulary %d\n" "$RATE" "$STEPS" "$VOCAB"
 cpu_info
 # shape LAYOUT -> "layers width heads T seqs micro-batches dp tp sp cp zero"
 shape() {
