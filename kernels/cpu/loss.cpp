@@ -2,8 +2,8 @@
 // (grad_scale = 1 / global batch) so that micro-batches and replicas add up to the global mean. A negative
 // cross-entropy target is ignored (torch's ignore_index): loss 0 and a zero gradient row.
 // Logits may be float or bf16; the softmax terms are float (fast_math's exp, relative error < 2e-7,
-// vectorised: a GPT-2 vocabulary has 50257 of them per token) summed in double, in 16 fixed lanes (the sum's grouping
-// is the code's, not the vectoriser's). The row passes are compiled into each ISA clone (RELAY_CPU_INLINE).
+// vectorised: a GPT-2 vocabulary has 50257 of them per token) summed in double, in simd.hpp's lane_sum (the sum's
+// grouping is the code's, not the vectoriser's). The row passes are compiled into each ISA clone (RELAY_CPU_INLINE).
 #include <algorithm>
 #include <cmath>
 
@@ -22,21 +22,10 @@ RELAY_CPU_INLINE float max_of(const X* z, int64_t n) {
   for (int64_t c = 1; c < n; ++c) mx = std::max(mx, load(z[c]));
   return mx;
 }
-// sum_c exp(z[c] - shift), every argument <= 0: lane j adds the terms c = j (mod 16) of the whole 16-blocks in order,
-// then the lanes in order, then the tail.
+// sum_c exp(z[c] - shift), every argument <= 0, in 16 of lane_sum's fixed lanes.
 template <typename X>
 RELAY_CPU_INLINE double sum_exp(const X* z, int64_t n, float shift) {
-  constexpr int64_t kLanes = 16;
-  double lane[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) {
-#pragma omp simd
-    for (int64_t j = 0; j < kLanes; ++j) lane[j] += double(exp_neg_approx(load(z[c + j]) - shift));
-  }
-  double s = 0;
-  for (int64_t j = 0; j < kLanes; ++j) s += lane[j];
-  for (; c < n; ++c) s += double(exp_neg_approx(load(z[c]) - shift));
-  return s;
+  return lane_sum<16>(n, [&](int64_t c) { return double(exp_neg_approx(load(z[c]) - shift)); });
 }
 // d[c] = (exp(z[c] - lse) - [c == t]) * grad_scale; d may alias z.
 template <typename X>

@@ -11,23 +11,7 @@
 
 namespace relay::cpu {
 
-// A row's sums in kNormLanes double partial sums (lane l takes the columns i = l mod kNormLanes, each in column order),
-// added in a fixed tree at the end: one order in every clone, whatever its vector width. The OpenMP simd reductions
-// they replace spilled their vector lanes to the stack and added them one by one, per row, which cost more than the
-// row's arithmetic at the widths of a 64-wide model and of MLA's low-rank norms.
-constexpr int64_t kNormLanes = 8;
-inline double lane_total(const double* l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
-
-// sum over i < d of term(i), in the lanes above.
-template <typename F>
-inline double lane_sum(int64_t d, F&& term) {
-  double lane[kNormLanes] = {};
-  int64_t i = 0;
-  for (; i + kNormLanes <= d; i += kNormLanes)
-    for (int64_t l = 0; l < kNormLanes; ++l) lane[l] += term(i + l);
-  for (int64_t l = 0; i < d; ++i, ++l) lane[l] += term(i);
-  return lane_total(lane);
-}
+constexpr int64_t kNormLanes = 8;  // a row's sums: simd.hpp's lane_sum
 
 // Rows in blocks of kRowBlock: the block's sums first, then its reciprocal square roots together (they vectorise
 // across the rows; one a row, a chain of a divide and a square root, was a third of the forward's time), then the
@@ -44,7 +28,7 @@ void rmsnorm_forward(const X* x, const X* gamma, float eps, X* y, float* rstd, i
     double rs[kRowBlock];
     for (int64_t j = 0; j < nr; ++j) {
       const X* xr = x + (r0 + j) * d;
-      rs[j] = lane_sum(d, [&](int64_t i) { return double(load(xr[i])) * double(load(xr[i])); });
+      rs[j] = lane_sum<kNormLanes>(d, [&](int64_t i) { return double(load(xr[i])) * double(load(xr[i])); });
     }
     for (int64_t j = 0; j < nr; ++j) rs[j] = 1.0 / std::sqrt(rs[j] / double(d) + double(eps));
     for (int64_t j = 0; j < nr; ++j) {
@@ -66,7 +50,8 @@ void rmsnorm_backward_input(const X* dy, const X* x, const X* gamma, const float
     const X* xr = x + r * d;
     const X* dyr = dy + r * d;
     const double rs = rstd[r];
-    const double sgx = lane_sum(d, [&](int64_t i) { return double(load(dyr[i])) * load(gamma[i]) * load(xr[i]); });
+    const double sgx =
+        lane_sum<kNormLanes>(d, [&](int64_t i) { return double(load(dyr[i])) * load(gamma[i]) * load(xr[i]); });
     const double c = sgx / double(d) * rs * rs * rs;
     X* dxr = dx + r * d;
     for (int64_t i = 0; i < d; ++i)

@@ -37,4 +37,33 @@ inline constexpr int64_t kParallelElems = 16384;
 // about eight elementwise ops' work, so 2048 of them are worth a region. At kParallelElems a 64-wide model's router
 // (1024 tokens x 8 experts = 8192 scores, with DeepSeek-V3's group ranking) ran on one thread while the other spun.
 inline constexpr int64_t kParallelScores = kParallelElems / 8;
+
+// A row's sum in Lanes double partial sums (lane l takes the columns i = l mod Lanes, each in column order), added in a
+// fixed tree at the end: one order in every clone, whatever its vector width. OpenMP simd reductions spilled their
+// vector lanes to the stack and added them one by one, per row, which cost more than the row's arithmetic at the
+// widths of a 64-wide model and of MLA's low-rank norms. RMSNorm sums 8 lanes; the cross-entropy's exp sum 16, so
+// that its float exps vectorise at full width (8 lanes cost it 13-28%).
+// The tree folds the upper half of the lanes onto the lower until one is left (8: ((l0 + l4) + (l2 + l6)) + ((l1 + l5)
+// + (l3 + l7))).
+template <int64_t Lanes>
+RELAY_CPU_INLINE double lane_total(const double* l) {
+  static_assert(Lanes > 0 && (Lanes & (Lanes - 1)) == 0, "a power of two");
+  if constexpr (Lanes == 1) {
+    return l[0];
+  } else {
+    double half[Lanes / 2];
+    for (int64_t j = 0; j < Lanes / 2; ++j) half[j] = l[j] + l[j + Lanes / 2];
+    return lane_total<Lanes / 2>(half);
+  }
+}
+// sum over i < d of term(i), in the lanes above.
+template <int64_t Lanes, typename F>
+RELAY_CPU_INLINE double lane_sum(int64_t d, F&& term) {
+  double lane[Lanes] = {};
+  int64_t i = 0;
+  for (; i + Lanes <= d; i += Lanes)
+    for (int64_t l = 0; l < Lanes; ++l) lane[l] += term(i + l);
+  for (int64_t l = 0; i < d; ++i, ++l) lane[l] += term(i);
+  return lane_total<Lanes>(lane);
+}
 }  // namespace relay::cpu
