@@ -411,7 +411,8 @@ LoopOutcome run_steps(Run& r, LoopSetup& s) {
     }
     if (step == r.start_step + 2) r.be->op_profile_restart();  // RELAY_OP_PROFILE: from the second step on
     const double step_t0 = now_s();
-    StepResult res = train_step(r, step, stop_signal() > 0 ? double(stop_signal()) : out_of_time ? 0.5 : 0.0);
+    const int sig = stop_signal();  // read once: a signal may arrive at any time
+    StepResult res = train_step(r, step, sig > 0 ? double(sig) : out_of_time ? 0.5 : 0.0);
     res.stats.exposed_comm_s = r.buckets->take_waited_s();  // the step's, the ZeRO all-gather after the update included
     if (r.cp.attention) res.stats.exposed_comm_s += r.cp.attention->take_waited_s();  // cp's key/value exchanges
     if (r.ep.stats) res.stats.exposed_comm_s += r.ep.stats->seconds;  // ep's all-to-alls (their waits, with overlap)
